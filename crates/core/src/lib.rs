@@ -1,0 +1,29 @@
+//! # justitia-core
+//!
+//! The policy engine of Justitia (NSDI'22), shared by the daemon, the simulator and the
+//! tests. It performs no I/O and never reads a clock: every call that depends on time is
+//! handed `now` (a [`std::time::Duration`] since an arbitrary epoch chosen by the caller) and
+//! returns a decision. Given the same inputs it returns the same outputs, so a result seen in
+//! simulation is a result of the code that ships.
+//!
+//! | module | what it owns | paper |
+//! | --- | --- | --- |
+//! | [`flow`] | flow classes, flow and tenant identities, weights | Justitia §2.1, §3 |
+//! | [`profile`] | RNIC profiles (MaxRate, MaxTput, MTU, chunk sizes), TOML loading | Justitia §4.2.2, §5.1 |
+//! | [`estimator`] | tail-latency estimate over the reference flow's recent samples | Justitia §4.2.1 |
+//! | [`controller`] | the SafeUtil AIMD controller, soft admission, unattainable-target mode | Justitia §4.2.2, Pseudocode 1, §4.5 |
+//! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
+//! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
+//! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
+//! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §4.3 |
+//! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
+
+pub mod allotment;
+pub mod chunk;
+pub mod classifier;
+pub mod controller;
+pub mod estimator;
+pub mod flow;
+pub mod profile;
+pub mod remote_read;
+pub mod yield_plan;

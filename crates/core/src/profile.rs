@@ -1,0 +1,321 @@
+//! RNIC profiles: the per-device constants the policy needs.
+//!
+//! Justitia pre-determines, per RNIC model, the application-level line rate (MaxRate) and
+//! the highest message rate (MaxTput) with benchmark flows (§4.2.2), and keeps a small
+//! dictionary of chunk sizes (§5.1): 1 MB when no latency-sensitive flow is present, and
+//! the smallest chunk that still saturates most of the line rate otherwise (5 KB by
+//! default). A profile carries exactly these; models of the RNIC's internals (used by the
+//! simulator) live elsewhere.
+//!
+//! Profiles are built in for the hardware of the papers' measurements
+//! ([`RnicProfile::builtin`]) and can be loaded from TOML ([`RnicProfile::from_toml`]):
+//!
+//! ```toml
+//! name = "IB-56"
+//! max_rate_gbps = 48.0        # application-level bytes on the wire, Gb/s
+//! max_tput_mops = 30.0        # million operations per second
+//! mtu = 4096                  # bytes
+//! chunk_bytes_with_latency = 5120
+//! chunk_bytes_without_latency = 1048576
+//! ```
+//!
+//! Invariants of a valid profile: rates are finite and positive; the MTU is a power of two
+//! between 256 and 4096 (the RDMA path MTUs); chunk sizes are positive and the chunk used
+//! with latency flows is no larger than the one used without.
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes in one kibibyte.
+pub const KIB: u32 = 1024;
+/// Bytes in one mebibyte.
+pub const MIB: u32 = 1024 * 1024;
+
+/// The chunk size used while latency-sensitive flows are present (§5.1: 5 KB).
+pub const DEFAULT_CHUNK_WITH_LATENCY: u32 = 5 * KIB;
+/// The chunk size used while no latency-sensitive flow is present (§5.1: 1 MB).
+pub const DEFAULT_CHUNK_WITHOUT_LATENCY: u32 = MIB;
+
+/// What the policy knows about one RNIC model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RnicProfile {
+    /// A short name, e.g. `IB-56`.
+    pub name: String,
+    /// MaxRate: the application-level bandwidth the RNIC sustains, in Gb/s (10^9 bits/s).
+    pub max_rate_gbps: f64,
+    /// MaxTput: the highest message rate the RNIC sustains, in millions of operations/s.
+    pub max_tput_mops: f64,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// Chunk size in bytes while latency-sensitive flows are present.
+    #[serde(default = "default_chunk_with_latency")]
+    pub chunk_bytes_with_latency: u32,
+    /// Chunk size in bytes while no latency-sensitive flow is present.
+    #[serde(default = "default_chunk_without_latency")]
+    pub chunk_bytes_without_latency: u32,
+}
+
+fn default_chunk_with_latency() -> u32 {
+    DEFAULT_CHUNK_WITH_LATENCY
+}
+
+fn default_chunk_without_latency() -> u32 {
+    DEFAULT_CHUNK_WITHOUT_LATENCY
+}
+
+/// Why a profile was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// The TOML text did not parse or had a field of the wrong type.
+    #[error("RNIC profile: {0}")]
+    Parse(String),
+    /// A field parsed but its value is out of range.
+    #[error("RNIC profile `{profile}`: field `{field}` {reason}")]
+    Invalid {
+        /// The profile's name.
+        profile: String,
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No built-in profile has that name.
+    #[error("no built-in RNIC profile named `{0}` (known: {known})", known = RnicProfile::BUILTIN_NAMES.join(", "))]
+    UnknownBuiltin(String),
+}
+
+impl RnicProfile {
+    /// Names of the built-in profiles, in the order of `validation-targets.md`.
+    pub const BUILTIN_NAMES: [&'static str; 5] =
+        ["IB-56", "RoCE-40", "RoCE-10", "IB-100", "RoCE-100"];
+
+    /// A built-in profile by name (case-insensitive).
+    ///
+    /// Figures: IB-56 is ConnectX-3 Pro at 48 Gb/s application level and 30 M ops/s
+    /// (Justitia §4.2.3); RoCE-40 is ConnectX-4 RoCEv2, whose bandwidth flows reach about
+    /// 37 Gb/s; RoCE-10 is ConnectX-4 Lx at about 9.4 Gb/s with 5.6 M msgs/s for one
+    /// throughput flow (Justitia Fig 19); IB-100 is ConnectX-4 at about 96 Gb/s
+    /// (Justitia App. C); RoCE-100 is ConnectX-6 at about 97 Gb/s and 105 M msgs/s with
+    /// 9 QPs (PeRF §2.2, Table 1). RoCE profiles use a 1 KB MTU, InfiniBand 4 KB.
+    pub fn builtin(name: &str) -> Result<Self, ProfileError> {
+        let (canonical, gbps, mops, mtu) = match name.to_ascii_lowercase().as_str() {
+            "ib-56" => ("IB-56", 48.0, 30.0, 4096),
+            "roce-40" => ("RoCE-40", 37.0, 35.0, 1024),
+            "roce-10" | "roce-10-dcqcn" => ("RoCE-10", 9.4, 15.0, 1024),
+            "ib-100" => ("IB-100", 96.0, 75.0, 4096),
+            "roce-100" => ("RoCE-100", 97.0, 105.0, 1024),
+            _ => return Err(ProfileError::UnknownBuiltin(name.to_string())),
+        };
+        Ok(RnicProfile {
+            name: canonical.to_string(),
+            max_rate_gbps: gbps,
+            max_tput_mops: mops,
+            mtu,
+            chunk_bytes_with_latency: DEFAULT_CHUNK_WITH_LATENCY,
+            chunk_bytes_without_latency: DEFAULT_CHUNK_WITHOUT_LATENCY,
+        })
+    }
+
+    /// All built-in profiles.
+    pub fn builtins() -> Vec<Self> {
+        Self::BUILTIN_NAMES
+            .iter()
+            .filter_map(|n| Self::builtin(n).ok())
+            .collect()
+    }
+
+    /// Parses and validates a profile from TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
+        let profile: RnicProfile =
+            toml::from_str(text).map_err(|e| ProfileError::Parse(e.message().to_string()))?;
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    /// Checks the invariants listed in the module documentation.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let invalid = |field: &'static str, reason: String| ProfileError::Invalid {
+            profile: self.name.clone(),
+            field,
+            reason,
+        };
+        if self.name.trim().is_empty() {
+            return Err(invalid("name", "must not be empty".into()));
+        }
+        if !(self.max_rate_gbps.is_finite() && self.max_rate_gbps > 0.0) {
+            return Err(invalid(
+                "max_rate_gbps",
+                format!(
+                    "must be a positive number of Gb/s, got {}",
+                    self.max_rate_gbps
+                ),
+            ));
+        }
+        if !(self.max_tput_mops.is_finite() && self.max_tput_mops > 0.0) {
+            return Err(invalid(
+                "max_tput_mops",
+                format!(
+                    "must be a positive number of M ops/s, got {}",
+                    self.max_tput_mops
+                ),
+            ));
+        }
+        if !(self.mtu.is_power_of_two() && (256..=4096).contains(&self.mtu)) {
+            return Err(invalid(
+                "mtu",
+                format!("must be 256, 512, 1024, 2048 or 4096, got {}", self.mtu),
+            ));
+        }
+        if self.chunk_bytes_with_latency == 0 {
+            return Err(invalid(
+                "chunk_bytes_with_latency",
+                "must be positive".into(),
+            ));
+        }
+        if self.chunk_bytes_without_latency < self.chunk_bytes_with_latency {
+            return Err(invalid(
+                "chunk_bytes_without_latency",
+                format!(
+                    "({}) must be at least chunk_bytes_with_latency ({})",
+                    self.chunk_bytes_without_latency, self.chunk_bytes_with_latency
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// MaxRate in bytes per second.
+    pub fn max_rate_bytes_per_sec(&self) -> f64 {
+        self.max_rate_gbps * 1e9 / 8.0
+    }
+
+    /// MaxTput in operations per second.
+    pub fn max_ops_per_sec(&self) -> f64 {
+        self.max_tput_mops * 1e6
+    }
+
+    /// Operations that one byte of allotted bandwidth is worth: MaxTput / MaxRate. The
+    /// ratio is fixed for an RNIC, which is why the controller reasons in bytes alone
+    /// (§4.2.2) and derives operations from bytes.
+    pub fn ops_per_byte(&self) -> f64 {
+        self.max_ops_per_sec() / self.max_rate_bytes_per_sec()
+    }
+
+    /// The chunk size for bandwidth flows, given whether latency flows are present (§5.1).
+    pub fn chunk_bytes(&self, latency_flows_present: bool) -> u32 {
+        if latency_flows_present {
+            self.chunk_bytes_with_latency
+        } else {
+            self.chunk_bytes_without_latency
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_is_valid() {
+        let all = RnicProfile::builtins();
+        assert_eq!(all.len(), RnicProfile::BUILTIN_NAMES.len());
+        for p in all {
+            assert_eq!(p.validate(), Ok(()), "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn builtin_lookup_is_case_insensitive_and_rejects_unknown() {
+        assert_eq!(
+            RnicProfile::builtin("ib-56").map(|p| p.name).ok(),
+            Some("IB-56".to_string())
+        );
+        let err = RnicProfile::builtin("cx9").err();
+        assert!(matches!(err, Some(ProfileError::UnknownBuiltin(_))));
+        assert!(err
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("RoCE-100"));
+    }
+
+    #[test]
+    fn ib56_token_ratio_matches_paper_example() {
+        // §4.2.3: 48 Gb/s and 30 M ops/s with 1 MB tokens gives about 5000 ops per token.
+        let p = RnicProfile::builtin("IB-56").ok();
+        let ops = p.map(|p| p.ops_per_byte() * f64::from(MIB)).unwrap_or(0.0);
+        assert!(
+            (ops - 5000.0).abs() / 5000.0 < 0.06,
+            "ops per 1 MB token = {ops}"
+        );
+    }
+
+    #[test]
+    fn chunk_size_depends_on_latency_flows() {
+        let p = RnicProfile::builtin("RoCE-100").ok();
+        assert_eq!(p.as_ref().map(|p| p.chunk_bytes(true)), Some(5 * KIB));
+        assert_eq!(p.as_ref().map(|p| p.chunk_bytes(false)), Some(MIB));
+    }
+
+    #[test]
+    fn toml_round_trip_and_defaults() {
+        let text = "name = \"lab\"\nmax_rate_gbps = 25\nmax_tput_mops = 20\nmtu = 1024\n";
+        let p = RnicProfile::from_toml(text);
+        assert_eq!(
+            p,
+            Ok(RnicProfile {
+                name: "lab".into(),
+                max_rate_gbps: 25.0,
+                max_tput_mops: 20.0,
+                mtu: 1024,
+                chunk_bytes_with_latency: DEFAULT_CHUNK_WITH_LATENCY,
+                chunk_bytes_without_latency: DEFAULT_CHUNK_WITHOUT_LATENCY,
+            })
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let cases = [
+            ("max_rate_gbps = -1", "max_rate_gbps"),
+            ("max_tput_mops = 0", "max_tput_mops"),
+            ("mtu = 1500", "mtu"),
+            ("chunk_bytes_with_latency = 0", "chunk_bytes_with_latency"),
+            (
+                "chunk_bytes_without_latency = 100",
+                "chunk_bytes_without_latency",
+            ),
+        ];
+        for (line, field) in cases {
+            let mut fields = vec![
+                ("name", "\"x\"".to_string()),
+                ("max_rate_gbps", "10".to_string()),
+                ("max_tput_mops", "10".to_string()),
+                ("mtu", "1024".to_string()),
+            ];
+            let (key, value) = line.split_once(" = ").unwrap_or((line, ""));
+            fields.retain(|(k, _)| *k != key);
+            fields.push((key, value.to_string()));
+            let text: String = fields.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+            match RnicProfile::from_toml(&text) {
+                Err(ProfileError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{line}: expected an error on {field}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_and_mistyped_fields_are_parse_errors() {
+        let text =
+            "name = \"x\"\nmax_rate_gbps = 10\nmax_tput_mops = 10\nmtu = 1024\nmax_rate = 3\n";
+        let err = RnicProfile::from_toml(text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("max_rate"), "{err}");
+        let text = "name = \"x\"\nmax_rate_gbps = \"fast\"\nmax_tput_mops = 10\nmtu = 1024\n";
+        assert!(matches!(
+            RnicProfile::from_toml(text),
+            Err(ProfileError::Parse(_))
+        ));
+    }
+}

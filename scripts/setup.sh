@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need on a fresh Debian machine of this project's kind.
+# Safe to run again: it installs only what is missing. Set JUSTITIA_SKIP_APT=1 to skip apt.
+set -euo pipefail
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+# Debian packages: the verbs stack and perftest (used inside the QEMU guest through a
+# read-only share of this file system), QEMU itself, and valgrind for instruction counts.
+APT_PACKAGES=(
+  qemu-system-x86 busybox-static cpio kmod
+  rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
+  iproute2 valgrind
+)
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    log "cargo not found; install Rust with rustup (https://rustup.rs) and run again"
+    exit 1
+  fi
+fi
+# rust-toolchain.toml asks for rustfmt and clippy; rustup installs them on first use.
+rustup show active-toolchain >/dev/null 2>&1 || true
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "${JUSTITIA_SKIP_APT:-0}" = 1 ]; then
+    log "JUSTITIA_SKIP_APT=1: not installing ${missing[*]}"
+  elif [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    log "not root and no sudo: cannot install ${missing[*]}; tests that need them will say so"
+  else
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
