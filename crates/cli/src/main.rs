@@ -4,6 +4,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
+mod demo;
+
 /// Software performance isolation for shared RDMA NICs.
 #[derive(Parser)]
 #[command(name = "justitia", version, about)]
@@ -16,6 +18,12 @@ struct Cli {
 enum Command {
     /// List the built-in RNIC profiles.
     Profiles,
+    /// Walk through the policy engine's decisions on a built-in RNIC profile.
+    Demo {
+        /// Built-in RNIC profile to use.
+        #[arg(long, default_value = "IB-56")]
+        profile: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -33,6 +41,7 @@ fn main() -> Result<()> {
                 );
             }
         }
+        Command::Demo { profile } => demo::run(&profile)?,
     }
     Ok(())
 }

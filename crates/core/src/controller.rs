@@ -1,1 +1,704 @@
-//! Placeholder; see the crate documentation.
+//! The SafeUtil controller: how much of the RNIC resource-hungry flows may use.
+//!
+//! Justitia caps the total rate of all bandwidth- and throughput-sensitive flows at SafeUtil
+//! and moves that cap with an AIMD rule driven by Current99, the tail latency of its
+//! reference flow (§4.2.2, Pseudocode 1). Once per RefPeriod the host calls
+//! [`SafeUtilController::update`] with the flow counts L, B, T and Current99:
+//!
+//! - no latency-sensitive flow (L = 0): SafeUtil = MaxRate;
+//! - Current99 > Target99: SafeUtil = max(SafeUtil / 2, (B+T)/(L+B+T) x MaxRate), the floor
+//!   being the sharing incentive: n flows get at least 1/n of the RNIC between them (§4.1);
+//! - otherwise: SafeUtil grows by a fixed step ([`ControllerConfig::increase_step`]);
+//! - and the token interval is tau = TokenBytes / SafeUtil (§4.2.3).
+//!
+//! Two companions from the paper live here too. *Soft admission control* (§4.1, §4.2.1):
+//! asking to admit a latency-sensitive flow while Current99 exceeds Target99 returns a
+//! warning carrying both figures ([`Admission::TargetAtRisk`]). *Unattainable-target mode*
+//! (§4.5), an operator option that is on by default: once Current99 has stayed above
+//! Target99 for delta ([`ControllerConfig::unattainable_after`], 5 s as in §6.5.2), latency
+//! flows are ignored and SafeUtil = MaxRate is shared among the resource-hungry flows. The
+//! mode is left only when L/(B+T) grows beyond its value on entry; while it stays equal or
+//! shrinks (fewer latency flows or more resource-hungry ones) the target is no more
+//! attainable than before.
+//!
+//! Invariants after every update: 0 < SafeUtil <= MaxRate; SafeUtil = MaxRate when L = 0
+//! or in unattainable mode; otherwise SafeUtil >= the sharing floor of the current counts.
+//! The pseudocode enforces the floor only when decreasing; here it is also kept when
+//! increasing or holding, so a flow that arrives while SafeUtil is low gets its share at
+//! the next update. When B+T = 0 the floor is computed as if one resource-hungry flow were
+//! present: the guarantee a newcomer would get, and it keeps SafeUtil (and tau) finite.
+
+use std::time::Duration;
+
+use crate::allotment::Token;
+use crate::flow::FlowCounts;
+use crate::profile::RnicProfile;
+
+/// Operator settings of the controller. [`Default`] gives the paper's evaluation values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ControllerConfig {
+    /// Target99: the tail latency latency-sensitive flows should see. Default 2 us, the
+    /// target of the paper's evaluation (§6).
+    pub target_p99: Duration,
+    /// RefPeriod: how often the reference flow sends and [`SafeUtilController::update`] is
+    /// expected to be called. Default 0.5 ms (§4.2.1).
+    pub ref_period: Duration,
+    /// TokenBytes: the bytes one multi-resource token is worth. Default 1 MB (10^6 bytes),
+    /// the §4.2.3 example: 48 Gb/s and 30 M ops/s give 5000 ops per token and tau = 167 us.
+    pub token_bytes: u64,
+    /// Additive increase per update, as a fraction of MaxRate, in (0, 1]. The paper says
+    /// "+1" without a unit; the default 0.001 (0.1% of MaxRate) recovers from a floor of
+    /// f x MaxRate to MaxRate in ceil((1 - f) / 0.001) updates: 0.25 s from the one-half
+    /// floor of one latency and one bandwidth flow at RefPeriod 0.5 ms, and at most 0.5 s
+    /// from any floor. That is slow next to the halving (a few RefPeriods), as the paper
+    /// intends: latency flows are hurt by overshoot, bandwidth flows only by slow recovery.
+    pub increase_step: f64,
+    /// delta: how long Current99 must stay above Target99 before the target is deemed
+    /// unattainable (§4.5). Default 5 s (§6.5.2); `None` turns the mode off.
+    pub unattainable_after: Option<Duration>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            target_p99: Duration::from_micros(2),
+            ref_period: Duration::from_micros(500),
+            token_bytes: 1_000_000,
+            increase_step: 0.001,
+            unattainable_after: Some(Duration::from_secs(5)),
+        }
+    }
+}
+
+/// Why a controller could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControllerError {
+    /// A duration or size that must be positive was zero.
+    #[error("controller setting `{0}` must be positive")]
+    NotPositive(&'static str),
+    /// The increase step is not a fraction in (0, 1].
+    #[error("controller setting `increase_step` must be in (0, 1], got {0}")]
+    IncreaseStep(f64),
+    /// The RNIC profile's MaxRate is not a positive, finite rate.
+    #[error("RNIC profile `{profile}` has no usable MaxRate ({bytes_per_sec} bytes/s)")]
+    MaxRate {
+        /// The profile's name.
+        profile: String,
+        /// Its MaxRate in bytes/s.
+        bytes_per_sec: f64,
+    },
+}
+
+impl ControllerConfig {
+    /// Checks every setting, naming the first one out of range.
+    pub fn validate(&self) -> Result<(), ControllerError> {
+        if self.target_p99.is_zero() {
+            return Err(ControllerError::NotPositive("target_p99"));
+        }
+        if self.ref_period.is_zero() {
+            return Err(ControllerError::NotPositive("ref_period"));
+        }
+        if self.token_bytes == 0 {
+            return Err(ControllerError::NotPositive("token_bytes"));
+        }
+        if !(self.increase_step > 0.0 && self.increase_step <= 1.0) {
+            return Err(ControllerError::IncreaseStep(self.increase_step));
+        }
+        if self.unattainable_after.is_some_and(|d| d.is_zero()) {
+            return Err(ControllerError::NotPositive("unattainable_after"));
+        }
+        Ok(())
+    }
+}
+
+/// What one [`SafeUtilController::update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlAction {
+    /// No latency-sensitive flow: SafeUtil reset to MaxRate.
+    Reset,
+    /// No Current99 yet (the reference window is empty): SafeUtil kept, raised to the
+    /// sharing floor if the counts raised it.
+    Hold,
+    /// Current99 above Target99: SafeUtil halved, but not below the sharing floor.
+    Decrease,
+    /// Current99 at or below Target99: SafeUtil increased by the step, up to MaxRate.
+    Increase,
+    /// In unattainable-target mode (entered now or earlier): SafeUtil = MaxRate.
+    Unattainable,
+}
+
+/// Whether the controller is pursuing Target99.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMode {
+    /// Pseudocode 1: pursue Target99.
+    Normal,
+    /// Target99 deemed unattainable (§4.5): latency flows ignored.
+    Unattainable {
+        /// When the mode was entered.
+        entered_at: Duration,
+        /// The flow counts at entry; the mode lasts while L/(B+T) does not exceed theirs.
+        entry_counts: FlowCounts,
+    },
+}
+
+/// The answer of soft admission control to a new latency-sensitive flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Current99 is within Target99 (or not yet known): no warning.
+    Admitted,
+    /// Current99 already exceeds Target99, so the new flow will likely miss it too. The
+    /// flow is still admitted; this is a warning, not a refusal.
+    TargetAtRisk {
+        /// The latest Current99.
+        current_p99: Duration,
+        /// Target99.
+        target_p99: Duration,
+    },
+}
+
+/// Justitia's SafeUtil controller (Pseudocode 1 with soft admission and §4.5).
+#[derive(Debug, Clone)]
+pub struct SafeUtilController {
+    config: ControllerConfig,
+    max_rate: f64,
+    token: Token,
+    safe_util: f64,
+    last_p99: Option<Duration>,
+    /// Start of the current unbroken run of updates with Current99 > Target99.
+    violation_since: Option<Duration>,
+    mode: ControlMode,
+}
+
+impl SafeUtilController {
+    /// A controller for an RNIC, starting at SafeUtil = MaxRate in normal mode.
+    pub fn new(config: ControllerConfig, profile: &RnicProfile) -> Result<Self, ControllerError> {
+        config.validate()?;
+        let max_rate = profile.max_rate_bytes_per_sec();
+        if !(max_rate.is_finite() && max_rate > 0.0) {
+            return Err(ControllerError::MaxRate {
+                profile: profile.name.clone(),
+                bytes_per_sec: max_rate,
+            });
+        }
+        Ok(SafeUtilController {
+            config,
+            max_rate,
+            token: Token::for_profile(config.token_bytes, profile),
+            safe_util: max_rate,
+            last_p99: None,
+            violation_since: None,
+            mode: ControlMode::Normal,
+        })
+    }
+
+    /// One step of the controller, to be called every RefPeriod (and may be called when the
+    /// counts change). `counts` are the active L, B, T; `current_p99` is the estimator's
+    /// Current99, `None` while its window is empty. `now` only needs to be monotonic.
+    pub fn update(
+        &mut self,
+        now: Duration,
+        counts: FlowCounts,
+        current_p99: Option<Duration>,
+    ) -> ControlAction {
+        self.last_p99 = current_p99;
+        let violated =
+            counts.latency > 0 && current_p99.is_some_and(|p99| p99 > self.config.target_p99);
+        self.violation_since = if violated {
+            self.violation_since.or(Some(now))
+        } else {
+            None
+        };
+
+        if let ControlMode::Unattainable { entry_counts, .. } = self.mode {
+            if latency_ratio_exceeds(counts, entry_counts) {
+                // Back to pursuing the target; a new violation run starts from scratch.
+                self.mode = ControlMode::Normal;
+                self.violation_since = violated.then_some(now);
+            } else {
+                self.safe_util = self.max_rate;
+                return ControlAction::Unattainable;
+            }
+        }
+
+        if counts.latency == 0 {
+            self.safe_util = self.max_rate;
+            return ControlAction::Reset;
+        }
+        let floor = self.sharing_floor(counts);
+        if current_p99.is_none() {
+            self.safe_util = self.safe_util.max(floor).min(self.max_rate);
+            return ControlAction::Hold;
+        }
+        if violated {
+            if self.unattainable_for_long_enough(now, counts) {
+                self.mode = ControlMode::Unattainable {
+                    entered_at: now,
+                    entry_counts: counts,
+                };
+                self.safe_util = self.max_rate;
+                return ControlAction::Unattainable;
+            }
+            self.safe_util = (self.safe_util / 2.0).max(floor);
+            ControlAction::Decrease
+        } else {
+            let step = self.config.increase_step * self.max_rate;
+            self.safe_util = (self.safe_util + step).max(floor).min(self.max_rate);
+            ControlAction::Increase
+        }
+    }
+
+    /// True when the violation run has lasted delta and giving up on the target would help
+    /// someone (there are resource-hungry flows to give the RNIC to).
+    fn unattainable_for_long_enough(&self, now: Duration, counts: FlowCounts) -> bool {
+        match (self.config.unattainable_after, self.violation_since) {
+            (Some(delta), Some(since)) => {
+                counts.resource_hungry() > 0 && now.saturating_sub(since) >= delta
+            }
+            _ => false,
+        }
+    }
+
+    /// The sharing-incentive floor (B+T)/(L+B+T) x MaxRate, with B+T counted as at least 1
+    /// (see the module documentation).
+    pub fn sharing_floor(&self, counts: FlowCounts) -> f64 {
+        let hungry = f64::from(counts.resource_hungry().max(1));
+        let total = hungry + f64::from(counts.latency);
+        hungry / total * self.max_rate
+    }
+
+    /// Answers a request to admit a new latency-sensitive flow, from the Current99 of the
+    /// latest update.
+    pub fn admit_latency_flow(&self) -> Admission {
+        match self.last_p99 {
+            Some(current_p99) if current_p99 > self.config.target_p99 => Admission::TargetAtRisk {
+                current_p99,
+                target_p99: self.config.target_p99,
+            },
+            _ => Admission::Admitted,
+        }
+    }
+
+    /// SafeUtil in bytes/s: the total rate resource-hungry flows may use now.
+    pub fn safe_util(&self) -> f64 {
+        self.safe_util
+    }
+
+    /// SafeUtil as a fraction of MaxRate, in (0, 1].
+    pub fn safe_util_fraction(&self) -> f64 {
+        self.safe_util / self.max_rate
+    }
+
+    /// tau = TokenBytes / SafeUtil: the interval between two multi-resource tokens.
+    /// Saturates at [`Duration::MAX`] for absurd settings rather than panicking.
+    pub fn tau(&self) -> Duration {
+        Duration::try_from_secs_f64(self.config.token_bytes as f64 / self.safe_util)
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// The size of one multi-resource token: TokenBytes, and TokenOps from the profile's
+    /// MaxTput/MaxRate.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// MaxRate in bytes/s.
+    pub fn max_rate(&self) -> f64 {
+        self.max_rate
+    }
+
+    /// The Current99 given to the latest update.
+    pub fn last_p99(&self) -> Option<Duration> {
+        self.last_p99
+    }
+
+    /// Whether the controller pursues Target99 or has given up on it.
+    pub fn mode(&self) -> ControlMode {
+        self.mode
+    }
+
+    /// The settings the controller runs with.
+    pub fn config(&self) -> &ControllerConfig {
+        &self.config
+    }
+}
+
+/// True when L/(B+T) of `now` exceeds that of `entry` (whose B+T is positive). With B+T = 0
+/// the ratio is infinite if L > 0 and zero otherwise.
+fn latency_ratio_exceeds(now: FlowCounts, entry: FlowCounts) -> bool {
+    let (latency, hungry) = (u64::from(now.latency), u64::from(now.resource_hungry()));
+    let (entry_latency, entry_hungry) =
+        (u64::from(entry.latency), u64::from(entry.resource_hungry()));
+    if hungry == 0 {
+        return latency > 0;
+    }
+    latency * entry_hungry > entry_latency * hungry
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const TARGET: Duration = Duration::from_micros(2);
+    const HIGH: Option<Duration> = Some(Duration::from_micros(5));
+    const LOW: Option<Duration> = Some(Duration::from_micros(1));
+
+    fn ib56() -> RnicProfile {
+        RnicProfile::builtin("IB-56").unwrap()
+    }
+
+    fn controller(config: ControllerConfig) -> SafeUtilController {
+        SafeUtilController::new(config, &ib56()).unwrap()
+    }
+
+    fn counts(latency: u32, bandwidth: u32, throughput: u32) -> FlowCounts {
+        FlowCounts {
+            latency,
+            bandwidth,
+            throughput,
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn defaults_match_the_paper() {
+        let config = ControllerConfig::default();
+        assert_eq!(config.target_p99, TARGET);
+        assert_eq!(config.ref_period, Duration::from_micros(500));
+        assert_eq!(config.token_bytes, 1_000_000);
+        assert_eq!(config.unattainable_after, Some(Duration::from_secs(5)));
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_name() {
+        let bad = [
+            (
+                ControllerConfig {
+                    target_p99: Duration::ZERO,
+                    ..Default::default()
+                },
+                ControllerError::NotPositive("target_p99"),
+            ),
+            (
+                ControllerConfig {
+                    ref_period: Duration::ZERO,
+                    ..Default::default()
+                },
+                ControllerError::NotPositive("ref_period"),
+            ),
+            (
+                ControllerConfig {
+                    token_bytes: 0,
+                    ..Default::default()
+                },
+                ControllerError::NotPositive("token_bytes"),
+            ),
+            (
+                ControllerConfig {
+                    unattainable_after: Some(Duration::ZERO),
+                    ..Default::default()
+                },
+                ControllerError::NotPositive("unattainable_after"),
+            ),
+        ];
+        for (config, error) in bad {
+            assert_eq!(SafeUtilController::new(config, &ib56()).err(), Some(error));
+        }
+        for step in [0.0, -0.1, 1.5, f64::NAN] {
+            let config = ControllerConfig {
+                increase_step: step,
+                ..Default::default()
+            };
+            assert!(matches!(
+                config.validate(),
+                Err(ControllerError::IncreaseStep(_))
+            ));
+        }
+        let mut broken = ib56();
+        broken.max_rate_gbps = 0.0;
+        assert!(matches!(
+            SafeUtilController::new(ControllerConfig::default(), &broken),
+            Err(ControllerError::MaxRate { .. })
+        ));
+    }
+
+    #[test]
+    fn starts_at_max_rate() {
+        let c = controller(ControllerConfig::default());
+        assert_eq!(c.safe_util(), c.max_rate());
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert_eq!(c.last_p99(), None);
+    }
+
+    #[test]
+    fn no_latency_flows_resets_to_max_rate() {
+        let mut c = controller(ControllerConfig::default());
+        c.update(ms(0), counts(1, 1, 0), HIGH);
+        assert!(c.safe_util() < c.max_rate());
+        assert_eq!(c.update(ms(1), counts(0, 3, 1), HIGH), ControlAction::Reset);
+        assert_eq!(c.safe_util(), c.max_rate());
+    }
+
+    #[test]
+    fn violation_halves_safe_util() {
+        let mut c = controller(ControllerConfig::default());
+        // Three latency flows and one bandwidth flow: the floor is 1/4, two halvings away.
+        let n = counts(3, 1, 0);
+        assert_eq!(c.update(ms(0), n, HIGH), ControlAction::Decrease);
+        assert!(close(c.safe_util(), c.max_rate() / 2.0));
+        assert_eq!(c.update(ms(1), n, HIGH), ControlAction::Decrease);
+        assert!(close(c.safe_util(), c.max_rate() / 4.0));
+    }
+
+    #[test]
+    fn halving_stops_at_the_sharing_floor() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(1, 2, 1);
+        for i in 0..10 {
+            c.update(ms(i), n, HIGH);
+        }
+        assert!(close(c.safe_util(), 0.75 * c.max_rate()));
+        assert!(close(c.sharing_floor(n), 0.75 * c.max_rate()));
+    }
+
+    #[test]
+    fn floor_counts_at_least_one_resource_hungry_flow() {
+        let c = controller(ControllerConfig::default());
+        assert!(close(c.sharing_floor(counts(3, 0, 0)), c.max_rate() / 4.0));
+        assert!(close(c.sharing_floor(counts(0, 0, 0)), c.max_rate()));
+    }
+
+    #[test]
+    fn meeting_the_target_increases_by_the_step() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(3, 1, 0);
+        c.update(ms(0), n, HIGH);
+        let before = c.safe_util();
+        assert_eq!(c.update(ms(1), n, LOW), ControlAction::Increase);
+        assert!(close(c.safe_util(), before + 0.001 * c.max_rate()));
+        // Current99 exactly at Target99 is not a violation.
+        assert_eq!(c.update(ms(2), n, Some(TARGET)), ControlAction::Increase);
+    }
+
+    #[test]
+    fn increase_is_capped_at_max_rate() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(1, 1, 0);
+        for i in 0..5 {
+            assert_eq!(c.update(ms(i), n, LOW), ControlAction::Increase);
+            assert_eq!(c.safe_util(), c.max_rate());
+        }
+    }
+
+    #[test]
+    fn recovery_from_the_floor_takes_the_documented_number_of_updates() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(1, 1, 0);
+        c.update(ms(0), n, HIGH);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        let mut updates = 0;
+        while c.safe_util() < c.max_rate() {
+            c.update(ms(1 + updates), n, LOW);
+            updates += 1;
+        }
+        // ceil(0.5 / 0.001) = 500 updates, i.e. 0.25 s at RefPeriod 0.5 ms (allow one
+        // update of floating-point slack).
+        assert!((500..=501).contains(&updates), "{updates} updates");
+    }
+
+    #[test]
+    fn increase_keeps_the_floor_when_flows_arrive() {
+        let mut c = controller(ControllerConfig::default());
+        for i in 0..20 {
+            c.update(ms(i), counts(7, 1, 0), HIGH);
+        }
+        assert!(close(c.safe_util_fraction(), 1.0 / 8.0));
+        c.update(ms(20), counts(1, 3, 0), LOW);
+        assert!(close(c.safe_util_fraction(), 0.75));
+    }
+
+    #[test]
+    fn missing_estimate_holds_but_keeps_the_floor() {
+        let mut c = controller(ControllerConfig::default());
+        c.update(ms(0), counts(3, 1, 0), HIGH);
+        let before = c.safe_util();
+        assert_eq!(c.update(ms(1), counts(3, 1, 0), None), ControlAction::Hold);
+        assert_eq!(c.safe_util(), before);
+        assert_eq!(c.update(ms(2), counts(1, 3, 0), None), ControlAction::Hold);
+        assert!(close(c.safe_util_fraction(), 0.75));
+    }
+
+    #[test]
+    fn tau_is_token_bytes_over_safe_util() {
+        let mut c = controller(ControllerConfig::default());
+        // 10^6 bytes at 6 * 10^9 bytes/s: 166.7 us.
+        assert!((166_666..=166_667).contains(&c.tau().as_nanos()));
+        c.update(ms(0), counts(3, 1, 0), HIGH);
+        assert!((333_333..=333_334).contains(&c.tau().as_nanos()));
+        assert_eq!(c.token().bytes, 1_000_000);
+        assert_eq!(c.token().ops, 5_000);
+    }
+
+    #[test]
+    fn admission_warns_only_while_the_target_is_missed() {
+        let mut c = controller(ControllerConfig::default());
+        assert_eq!(c.admit_latency_flow(), Admission::Admitted);
+        c.update(ms(0), counts(1, 1, 0), LOW);
+        assert_eq!(c.admit_latency_flow(), Admission::Admitted);
+        c.update(ms(1), counts(1, 1, 0), HIGH);
+        assert_eq!(
+            c.admit_latency_flow(),
+            Admission::TargetAtRisk {
+                current_p99: Duration::from_micros(5),
+                target_p99: TARGET,
+            }
+        );
+    }
+
+    /// Runs updates every millisecond from `from` to `to` (exclusive) with the same inputs.
+    fn run(
+        c: &mut SafeUtilController,
+        from: u64,
+        to: u64,
+        n: FlowCounts,
+        p99: Option<Duration>,
+    ) -> ControlAction {
+        let mut last = ControlAction::Hold;
+        for t in from..to {
+            last = c.update(ms(t), n, p99);
+        }
+        last
+    }
+
+    #[test]
+    fn unattainable_mode_entered_after_delta_of_violation() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(4, 4, 0);
+        assert_eq!(run(&mut c, 0, 5_000, n, HIGH), ControlAction::Decrease);
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        assert_eq!(c.update(ms(5_000), n, HIGH), ControlAction::Unattainable);
+        assert_eq!(
+            c.mode(),
+            ControlMode::Unattainable {
+                entered_at: ms(5_000),
+                entry_counts: n
+            }
+        );
+        assert_eq!(c.safe_util(), c.max_rate());
+    }
+
+    #[test]
+    fn interrupted_violation_restarts_the_delta_clock() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(4, 4, 0);
+        run(&mut c, 0, 4_000, n, HIGH);
+        c.update(ms(4_000), n, LOW);
+        assert_eq!(run(&mut c, 4_001, 9_001, n, HIGH), ControlAction::Decrease);
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert_eq!(c.update(ms(9_001), n, HIGH), ControlAction::Unattainable);
+    }
+
+    #[test]
+    fn unattainable_mode_can_be_turned_off() {
+        let mut c = controller(ControllerConfig {
+            unattainable_after: None,
+            ..Default::default()
+        });
+        let n = counts(4, 4, 0);
+        assert_eq!(run(&mut c, 0, 20_000, n, HIGH), ControlAction::Decrease);
+        assert_eq!(c.mode(), ControlMode::Normal);
+    }
+
+    #[test]
+    fn no_unattainable_mode_without_resource_hungry_flows() {
+        let mut c = controller(ControllerConfig::default());
+        assert_eq!(
+            run(&mut c, 0, 10_000, counts(2, 0, 0), HIGH),
+            ControlAction::Decrease
+        );
+        assert_eq!(c.mode(), ControlMode::Normal);
+    }
+
+    fn unattainable_with(entry: FlowCounts) -> SafeUtilController {
+        let mut c = controller(ControllerConfig::default());
+        run(&mut c, 0, 5_001, entry, HIGH);
+        assert!(matches!(c.mode(), ControlMode::Unattainable { .. }));
+        c
+    }
+
+    #[test]
+    fn unattainable_mode_stays_while_ratio_is_equal_or_smaller() {
+        let mut c = unattainable_with(counts(2, 2, 0));
+        let stays = [
+            counts(2, 2, 0), // same
+            counts(4, 2, 2), // equal ratio, more flows
+            counts(1, 2, 0), // fewer latency flows
+            counts(2, 3, 1), // more resource-hungry flows
+            counts(0, 2, 0), // no latency flows at all
+        ];
+        for (i, n) in stays.into_iter().enumerate() {
+            assert_eq!(
+                c.update(ms(6_000 + i as u64), n, HIGH),
+                ControlAction::Unattainable,
+                "{n:?}"
+            );
+            assert_eq!(c.safe_util(), c.max_rate());
+        }
+        // Even once the target is met the mode persists: only the ratio ends it.
+        assert_eq!(
+            c.update(ms(7_000), counts(2, 2, 0), LOW),
+            ControlAction::Unattainable
+        );
+    }
+
+    #[test]
+    fn unattainable_mode_left_when_latency_flows_grow() {
+        let mut c = unattainable_with(counts(2, 2, 0));
+        assert_eq!(
+            c.update(ms(6_000), counts(3, 2, 0), HIGH),
+            ControlAction::Decrease
+        );
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        // The delta clock restarted at the exit.
+        run(&mut c, 6_001, 11_000, counts(3, 2, 0), HIGH);
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert_eq!(
+            c.update(ms(11_000), counts(3, 2, 0), HIGH),
+            ControlAction::Unattainable
+        );
+    }
+
+    #[test]
+    fn unattainable_mode_left_when_resource_hungry_flows_shrink() {
+        let mut c = unattainable_with(counts(2, 2, 1));
+        assert_eq!(
+            c.update(ms(6_000), counts(2, 2, 0), LOW),
+            ControlAction::Increase
+        );
+        assert_eq!(c.mode(), ControlMode::Normal);
+        let mut c = unattainable_with(counts(2, 2, 1));
+        c.update(ms(6_000), counts(2, 0, 0), LOW);
+        assert_eq!(c.mode(), ControlMode::Normal);
+    }
+
+    #[test]
+    fn latency_ratio_comparison() {
+        let entry = counts(2, 3, 0);
+        assert!(!latency_ratio_exceeds(counts(2, 3, 0), entry));
+        assert!(!latency_ratio_exceeds(counts(4, 6, 0), entry));
+        assert!(latency_ratio_exceeds(counts(3, 3, 0), entry));
+        assert!(latency_ratio_exceeds(counts(2, 1, 1), entry));
+        assert!(latency_ratio_exceeds(counts(1, 0, 0), entry));
+        assert!(!latency_ratio_exceeds(counts(0, 0, 0), entry));
+    }
+}

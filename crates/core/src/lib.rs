@@ -15,7 +15,7 @@
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
-//! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §4.3 |
+//! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
 //! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
 
 pub mod allotment;
