@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Instructions the shaper's pass-through path adds to one post and one poll.
+#
+# Runs examples/post_poll_loop under callgrind twice, straight to the mock provider and
+# through the shaper with no class set, counts the instructions executed inside the post
+# and poll calls only, and prints both per request and their difference.
+# Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+target=${CARGO_TARGET_DIR:-target}
+cargo build --quiet --release -p justitia-preload --example post_poll_loop
+bin="$target/release/examples/post_poll_loop"
+n=${N:-100000}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+count() {
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/$1.out" \
+    --toggle-collect=justitia_bench_post --toggle-collect=justitia_bench_poll \
+    "$bin" "$1" "$n" >"$tmp/$1.log" 2>&1 || { cat "$tmp/$1.log" >&2; exit 1; }
+  awk '/^(summary|totals):/ {print $2; exit}' "$tmp/$1.out"
+}
+
+direct=$(count direct)
+shaped=$(count shaper)
+awk -v d="$direct" -v s="$shaped" -v n="$n" 'BEGIN {
+  printf "instructions per post+poll, %d iterations (callgrind, mock provider)\n", n
+  printf "  direct to provider : %8.1f\n", d / n
+  printf "  through the shaper : %8.1f\n", s / n
+  printf "  added by the shaper: %8.1f (target: under 50)\n", (s - d) / n
+}'

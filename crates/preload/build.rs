@@ -1,0 +1,6 @@
+//! Gives the shared library the symbol versions of the verbs it interposes.
+fn main() {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    println!("cargo:rerun-if-changed=exports.map");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={dir}/exports.map");
+}

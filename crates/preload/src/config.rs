@@ -1,0 +1,353 @@
+//! The shaper's settings, from environment variables.
+//!
+//! | variable | values | default |
+//! | --- | --- | --- |
+//! | `JUSTITIA_CLASS` | `latency`, `throughput`, `bandwidth`, `auto` | unset: observe and count only |
+//! | `JUSTITIA_POLICY` | `justitia` (split and pace), `preempt` (split, yield, no pacing) | `justitia` |
+//! | `JUSTITIA_CHUNK` | bytes, binary suffixes `K`, `M` (`64K`) | the core profile's 5 KiB |
+//! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`) | unset: unpaced |
+//! | `JUSTITIA_SUBMSG` | sub-message bytes for `preempt`, binary suffixes | 16K |
+//! | `JUSTITIA_YIELD_UNIT` | bytes of sub-message per yield, binary suffixes | 1K |
+//! | `JUSTITIA_STATS` | path of a JSON file written at exit (`%p` becomes the pid) | none |
+//! | `JUSTITIA_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
+//!
+//! A value that does not parse is an error naming the variable; the shaper then falls back
+//! to passing everything through (it never aborts the application).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use justitia_core::flow::FlowClass;
+use justitia_core::profile::DEFAULT_CHUNK_WITH_LATENCY;
+use justitia_core::yield_plan::{YieldConfig, DEFAULT_SUB_MESSAGE_BYTES, DEFAULT_YIELD_UNIT_BYTES};
+
+use crate::log::LogLevel;
+
+/// How each queue pair's class is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassSetting {
+    /// Every QP has this class.
+    Fixed(FlowClass),
+    /// The core classifier infers each QP's class from its traffic.
+    Auto,
+}
+
+/// What the shaper does to bandwidth flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Split into chunks and pace them with the token bucket (Justitia).
+    Justitia,
+    /// Split into sub-messages with zero-length WRITE yields between them, unpaced (PeRF).
+    Preempt,
+}
+
+/// A pacing rate: bytes per second, and optionally operations per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate {
+    /// Bytes per second; finite and positive.
+    pub bytes_per_sec: f64,
+    /// Work requests per second; finite and positive when set.
+    pub ops_per_sec: Option<f64>,
+}
+
+/// The shaper's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `None`: observe and count only.
+    pub class: Option<ClassSetting>,
+    /// Policy for bandwidth flows.
+    pub policy: Policy,
+    /// Largest chunk of a split request, in bytes (at least 1).
+    pub chunk_bytes: u32,
+    /// `None`: unpaced.
+    pub rate: Option<Rate>,
+    /// Sub-message size and yield unit for `preempt`.
+    pub yields: YieldConfig,
+    /// Where to write the counters at exit.
+    pub stats_path: Option<PathBuf>,
+    /// How much to say on stderr.
+    pub log: LogLevel,
+}
+
+impl Default for Config {
+    /// Observe and count only.
+    fn default() -> Self {
+        Config {
+            class: None,
+            policy: Policy::Justitia,
+            chunk_bytes: DEFAULT_CHUNK_WITH_LATENCY,
+            rate: None,
+            yields: YieldConfig {
+                sub_message_bytes: DEFAULT_SUB_MESSAGE_BYTES,
+                yield_unit_bytes: DEFAULT_YIELD_UNIT_BYTES,
+            },
+            stats_path: None,
+            log: LogLevel::Warn,
+        }
+    }
+}
+
+/// A variable whose value does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{var}=`{value}` is not valid: {reason}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What was expected.
+    pub reason: String,
+}
+
+impl Config {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings through `lookup` (the environment, or a table in tests). An empty
+    /// value counts as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let get = |var: &'static str| {
+            lookup(var)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .map(|v| (var, v))
+        };
+        let mut config = Config::default();
+        if let Some((var, v)) = get("JUSTITIA_LOG") {
+            config.log = v
+                .parse()
+                .map_err(|()| error(var, &v, "expected off, warn, info or debug"))?;
+        }
+        config.stats_path = get("JUSTITIA_STATS").map(|(_, v)| PathBuf::from(v));
+        if let Some((var, v)) = get("JUSTITIA_CLASS") {
+            config.class = Some(match v.to_ascii_lowercase().as_str() {
+                "auto" => ClassSetting::Auto,
+                other => ClassSetting::Fixed(other.parse().map_err(|_| {
+                    error(var, &v, "expected latency, throughput, bandwidth or auto")
+                })?),
+            });
+        }
+        if let Some((var, v)) = get("JUSTITIA_POLICY") {
+            config.policy = match v.to_ascii_lowercase().as_str() {
+                "justitia" => Policy::Justitia,
+                "preempt" => Policy::Preempt,
+                _ => return Err(error(var, &v, "expected justitia or preempt")),
+            };
+        }
+        if let Some((var, v)) = get("JUSTITIA_CHUNK") {
+            config.chunk_bytes = parse_binary_size(&v).ok_or_else(|| {
+                error(
+                    var,
+                    &v,
+                    "expected a size in bytes from 1 to 4G-1, e.g. 5120 or 64K",
+                )
+            })?;
+        }
+        if let Some((var, v)) = get("JUSTITIA_RATE") {
+            config.rate = Some(parse_rate(&v).ok_or_else(|| {
+                error(var, &v, "expected <bytes/s>[:<ops/s>], e.g. 20M or 20M:50K")
+            })?);
+        }
+        if let Some((var, v)) = get("JUSTITIA_SUBMSG") {
+            config.yields.sub_message_bytes = parse_binary_size(&v)
+                .ok_or_else(|| error(var, &v, "expected a size in bytes, e.g. 16K"))?;
+        }
+        if let Some((var, v)) = get("JUSTITIA_YIELD_UNIT") {
+            config.yields.yield_unit_bytes = parse_binary_size(&v)
+                .ok_or_else(|| error(var, &v, "expected a size in bytes, e.g. 1K"))?;
+        }
+        if let Err(e) = config.yields.validate() {
+            let v = format!(
+                "{}/{}",
+                config.yields.sub_message_bytes, config.yields.yield_unit_bytes
+            );
+            return Err(error("JUSTITIA_YIELD_UNIT", &v, &e.to_string()));
+        }
+        Ok(config)
+    }
+
+    /// The stats path with `%p` replaced by `pid`, so that the two sides of a test (or any
+    /// processes sharing one environment) write separate files.
+    pub fn stats_path_for(&self, pid: u32) -> Option<PathBuf> {
+        self.stats_path
+            .as_ref()
+            .map(|p| PathBuf::from(p.to_string_lossy().replace("%p", &pid.to_string())))
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.class {
+            None => write!(f, "class unset (observe only)")?,
+            Some(ClassSetting::Auto) => write!(f, "class auto")?,
+            Some(ClassSetting::Fixed(c)) => write!(f, "class {c}")?,
+        }
+        write!(
+            f,
+            ", policy {:?}, chunk {} B",
+            self.policy, self.chunk_bytes
+        )?;
+        match self.rate {
+            None => write!(f, ", unpaced")?,
+            Some(r) => {
+                write!(f, ", rate {} B/s", r.bytes_per_sec)?;
+                if let Some(ops) = r.ops_per_sec {
+                    write!(f, " and {ops} ops/s")?;
+                }
+            }
+        }
+        write!(
+            f,
+            ", sub-message {} B, yield unit {} B",
+            self.yields.sub_message_bytes, self.yields.yield_unit_bytes
+        )
+    }
+}
+
+fn error(var: &'static str, value: &str, reason: &str) -> ConfigError {
+    ConfigError {
+        var,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// `123`, `64K`, `1M` (binary multiples), as a positive `u32`.
+fn parse_binary_size(text: &str) -> Option<u32> {
+    let t = text.trim();
+    let (digits, mult) = match t.char_indices().last()? {
+        (i, 'k' | 'K') => (&t[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&t[..i], 1 << 20),
+        (i, 'g' | 'G') => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = digits.trim().parse().ok()?;
+    let bytes = n.checked_mul(mult)?;
+    u32::try_from(bytes).ok().filter(|&b| b > 0)
+}
+
+/// `20M`, `1.5G`, `500` (decimal multiples), as a finite positive number.
+fn parse_decimal_rate(text: &str) -> Option<f64> {
+    let t = text.trim();
+    let (digits, mult) = match t.char_indices().last()? {
+        (i, 'k' | 'K') => (&t[..i], 1e3),
+        (i, 'm' | 'M') => (&t[..i], 1e6),
+        (i, 'g' | 'G') => (&t[..i], 1e9),
+        _ => (t, 1.0),
+    };
+    let n: f64 = digits.trim().parse().ok()?;
+    let v = n * mult;
+    (v.is_finite() && v > 0.0).then_some(v)
+}
+
+/// `<bytes/s>[:<ops/s>]`.
+fn parse_rate(text: &str) -> Option<Rate> {
+    let (bytes, ops) = match text.split_once(':') {
+        Some((b, o)) => (b, Some(parse_decimal_rate(o)?)),
+        None => (text, None),
+    };
+    Some(Rate {
+        bytes_per_sec: parse_decimal_rate(bytes)?,
+        ops_per_sec: ops,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_observe_only_with_paper_defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.class, None);
+        assert_eq!(c.chunk_bytes, 5 * 1024);
+        assert_eq!(c.yields.sub_message_bytes, 16 * 1024);
+        assert_eq!(c.yields.yield_unit_bytes, 1024);
+        assert_eq!(c.log, LogLevel::Warn);
+    }
+
+    #[test]
+    fn every_variable_parses() {
+        let c = parse(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_POLICY", "preempt"),
+            ("JUSTITIA_CHUNK", "64K"),
+            ("JUSTITIA_RATE", "20M:50K"),
+            ("JUSTITIA_SUBMSG", "32K"),
+            ("JUSTITIA_YIELD_UNIT", "2K"),
+            ("JUSTITIA_STATS", "/tmp/s-%p.json"),
+            ("JUSTITIA_LOG", "debug"),
+        ])
+        .unwrap();
+        assert_eq!(c.class, Some(ClassSetting::Fixed(FlowClass::Bandwidth)));
+        assert_eq!(c.policy, Policy::Preempt);
+        assert_eq!(c.chunk_bytes, 65_536);
+        assert_eq!(
+            c.rate,
+            Some(Rate {
+                bytes_per_sec: 20e6,
+                ops_per_sec: Some(50e3)
+            })
+        );
+        assert_eq!(c.yields.sub_message_bytes, 32 * 1024);
+        assert_eq!(c.yields.yield_unit_bytes, 2048);
+        assert_eq!(c.stats_path_for(42), Some(PathBuf::from("/tmp/s-42.json")));
+        assert_eq!(c.log, LogLevel::Debug);
+        assert_eq!(
+            parse(&[("JUSTITIA_CLASS", "AUTO")]).unwrap().class,
+            Some(ClassSetting::Auto)
+        );
+        assert_eq!(
+            parse(&[("JUSTITIA_RATE", "1.5G")]).unwrap().rate,
+            Some(Rate {
+                bytes_per_sec: 1.5e9,
+                ops_per_sec: None
+            })
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        let cases = [
+            ("JUSTITIA_CLASS", "elephant"),
+            ("JUSTITIA_POLICY", "fast"),
+            ("JUSTITIA_CHUNK", "0"),
+            ("JUSTITIA_CHUNK", "64Q"),
+            ("JUSTITIA_CHUNK", "8G"),
+            ("JUSTITIA_RATE", "-5M"),
+            ("JUSTITIA_RATE", "20M:"),
+            ("JUSTITIA_RATE", "inf"),
+            ("JUSTITIA_SUBMSG", "x"),
+            ("JUSTITIA_YIELD_UNIT", "1"),
+            ("JUSTITIA_LOG", "loud"),
+        ];
+        for (var, value) in cases {
+            let err = parse(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var, "{var}={value}");
+            let text = err.to_string();
+            assert!(text.contains(var) && text.contains(value), "{text}");
+            assert!(!text.contains('\n'), "{text}");
+        }
+    }
+
+    #[test]
+    fn empty_values_count_as_unset() {
+        assert_eq!(
+            parse(&[("JUSTITIA_CLASS", " "), ("JUSTITIA_RATE", "")]).unwrap(),
+            Config::default()
+        );
+    }
+}

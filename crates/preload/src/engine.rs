@@ -1,0 +1,891 @@
+//! The shaper's state for each device context, queue pair and completion queue, the shaped
+//! post and poll paths, and the pacer.
+//!
+//! An [`Engine`] holds one process's settings, clock, counters and token bucket. In the
+//! preloaded library there is one, made from the environment on first use; tests make
+//! their own with a virtual clock and a manual pacer. Device contexts are attached to an
+//! engine ([`attach_context`]), which installs the shaper's function pointers in them
+//! ([`crate::hooks`]); QPs and CQs are registered as they are created. The state of every
+//! object lives in lock-free maps keyed by the object's address, so the pass-through path
+//! costs one lookup. State of destroyed objects is kept until its context is closed,
+//! because a concurrent poll may still hold a pointer to it.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use justitia_core::classifier::{ClassifierConfig, FlowClassifier};
+use justitia_core::flow::FlowClass;
+use justitia_core::yield_plan::YieldPlanner;
+use justitia_verbs::sys::*;
+
+use crate::bucket::TokenBucket;
+use crate::clock::Clock;
+use crate::config::{ClassSetting, Config, Policy};
+use crate::log::log;
+use crate::qp_ex::{QpExOps, WrBatch};
+use crate::registry::PtrMap;
+use crate::send_queue::{Blocked, DrainEnv, OwnedWr, SendQueue, Treatment, Verdict};
+use crate::stats::{Counters, StatsSnapshot};
+
+/// `ibv_context.ops.post_send`.
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+/// `ibv_context.ops.post_recv`.
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_context.ops.poll_cq`.
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+/// `ibv_context.ops.req_notify_cq`.
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+/// `verbs_context.create_qp_ex`.
+pub type CreateQpExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+/// `verbs_context.create_cq_ex`.
+pub type CreateCqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+
+/// Attached device contexts.
+pub(crate) static CONTEXTS: PtrMap<CtxShared, 256> = PtrMap::new();
+/// Registered queue pairs.
+pub(crate) static QPS: PtrMap<QpShared, 16384> = PtrMap::new();
+/// What one shaped QP adds to [`CqShared`]'s work count (synthesized completions add 1).
+const SHAPED_QP: u64 = 1 << 32;
+
+/// Registered completion queues.
+pub(crate) static CQS: PtrMap<CqShared, 4096> = PtrMap::new();
+
+/// Who drives the pacer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacerMode {
+    /// A background thread, started when something first waits for tokens.
+    Thread,
+    /// The caller, through [`Engine::pacer_tick`] (tests with a virtual clock).
+    Manual,
+}
+
+/// QPs waiting for tokens, with the time each may go.
+struct Pacer {
+    mode: PacerMode,
+    waiting: Mutex<Vec<(Arc<QpShared>, Duration)>>,
+    wake: Condvar,
+    /// The process that started the thread (a forked child must start its own).
+    thread_pid: Mutex<Option<u32>>,
+}
+
+/// One process's shaper: settings, clock, counters, token bucket and pacer.
+pub struct Engine {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    counters: Counters,
+    bucket: Option<Mutex<TokenBucket>>,
+    planner: YieldPlanner,
+    classifier: ClassifierConfig,
+    pacer: Pacer,
+}
+
+impl Engine {
+    /// An engine with `config`, reading time from `clock`.
+    pub fn new(config: Config, clock: Arc<dyn Clock>, pacer: PacerMode) -> Arc<Engine> {
+        let now = clock.now();
+        let planner = YieldPlanner::new(config.yields).unwrap_or_default();
+        Arc::new(Engine {
+            bucket: config.rate.map(|r| Mutex::new(TokenBucket::new(r, now))),
+            planner,
+            classifier: ClassifierConfig::default(),
+            pacer: Pacer {
+                mode: pacer,
+                waiting: Mutex::new(Vec::new()),
+                wake: Condvar::new(),
+                thread_pid: Mutex::new(None),
+            },
+            config,
+            clock,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The live counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// The current time of the engine's clock.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Whether a new QP of `qp_type` is shaped (else it is only observed).
+    fn shapes(&self, qp_type: ibv_qp_type) -> bool {
+        qp_type == IBV_QPT_RC
+            && matches!(
+                self.config.class,
+                Some(ClassSetting::Auto)
+                    | Some(ClassSetting::Fixed(
+                        FlowClass::Throughput | FlowClass::Bandwidth
+                    ))
+            )
+    }
+
+    /// The treatment of one request of `bytes` on a QP.
+    fn treatment(&self, state: &mut QpState, now: Duration, bytes: u64) -> Treatment {
+        let class = match (self.config.class, state.classifier.as_mut()) {
+            (Some(ClassSetting::Fixed(c)), _) => c,
+            (Some(ClassSetting::Auto), Some(cl)) => {
+                cl.on_post(now, u32::try_from(bytes).unwrap_or(u32::MAX));
+                cl.on_depth_sample(
+                    now,
+                    u32::try_from(state.sq.outstanding()).unwrap_or(u32::MAX),
+                );
+                cl.class(now)
+            }
+            _ => FlowClass::Latency,
+        };
+        match class {
+            FlowClass::Latency => Treatment::Whole,
+            FlowClass::Throughput if self.bucket.is_some() => Treatment::WholePaced,
+            FlowClass::Throughput => Treatment::Whole,
+            FlowClass::Bandwidth => match self.config.policy {
+                Policy::Justitia => Treatment::Split {
+                    chunk_bytes: self.config.chunk_bytes,
+                    paced: self.bucket.is_some(),
+                },
+                Policy::Preempt => Treatment::Preempt(self.planner),
+            },
+        }
+    }
+
+    /// Queues `qp` to be drained at `at`.
+    fn schedule(self: &Arc<Self>, qp: Arc<QpShared>, at: Duration) {
+        if qp.in_pacer.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.pacer
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((qp, at));
+        if self.pacer.mode == PacerMode::Thread {
+            self.ensure_pacer_thread();
+            self.pacer.wake.notify_one();
+        }
+    }
+
+    /// Drains every waiting QP whose time has come; returns when the next one is due.
+    pub fn pacer_tick(self: &Arc<Self>, now: Duration) -> Option<Duration> {
+        let due: Vec<Arc<QpShared>> = {
+            let mut waiting = self.pacer.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let mut due = Vec::new();
+            waiting.retain(|(qp, at)| {
+                if *at <= now {
+                    due.push(Arc::clone(qp));
+                    false
+                } else {
+                    true
+                }
+            });
+            due
+        };
+        for qp in due {
+            qp.in_pacer.store(false, Ordering::Release);
+            qp.drain(now);
+        }
+        self.pacer
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, at)| *at)
+            .min()
+    }
+
+    fn ensure_pacer_thread(self: &Arc<Self>) {
+        let pid = std::process::id();
+        let mut started = self
+            .pacer
+            .thread_pid
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *started == Some(pid) {
+            return;
+        }
+        let engine = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("justitia-pacer".into())
+            .spawn(move || pacer_loop(engine));
+        match spawned {
+            Ok(_) => *started = Some(pid),
+            Err(e) => log!(
+                Warn,
+                "cannot start the pacer thread ({e}); paced requests wait for completions"
+            ),
+        }
+    }
+}
+
+/// The pacer thread: sleeps until the earliest waiting QP is due, drains, repeats.
+fn pacer_loop(engine: Weak<Engine>) {
+    loop {
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let now = engine.clock.now();
+        // A panic here loses one tick, never the thread.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.pacer_tick(now)));
+        // The deadline is read under the lock that `schedule` pushes under, so a QP queued
+        // after the tick is either seen here or wakes the wait.
+        let waiting = engine
+            .pacer
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let sleep = waiting
+            .iter()
+            .map(|(_, at)| *at)
+            .min()
+            .map_or(Duration::from_millis(100), |at| {
+                at.saturating_sub(engine.clock.now())
+            });
+        if !sleep.is_zero() {
+            let _unused = engine.pacer.wake.wait_timeout(waiting, sleep);
+        }
+    }
+}
+
+/// The shaper's state for one device context: the provider's own function pointers, which
+/// the shaper's replace and forward to.
+pub struct CtxShared {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) post_send: Option<PostSendFn>,
+    pub(crate) post_recv: Option<PostRecvFn>,
+    pub(crate) poll_cq: Option<PollCqFn>,
+    pub(crate) req_notify_cq: Option<ReqNotifyFn>,
+    pub(crate) create_qp_ex: Option<CreateQpExFn>,
+    pub(crate) create_cq_ex: Option<CreateCqExFn>,
+    /// State of destroyed QPs and CQs, freed when the context closes.
+    graveyard: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
+}
+
+// SAFETY: the function pointers are the provider's, callable from any thread.
+unsafe impl Send for CtxShared {}
+// SAFETY: as above.
+unsafe impl Sync for CtxShared {}
+
+/// Attaches `ctx` to `engine`: saves the provider's function pointers and installs the
+/// shaper's. Returns false when it was attached already.
+///
+/// # Safety
+/// `ctx` must be a live, just-opened context that no other thread uses yet.
+pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool {
+    if CONTEXTS.get(ctx.cast()).is_some() {
+        return false;
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let ops = &mut (*ctx).ops;
+        let vctx = justitia_verbs::ops::verbs_get_ctx(ctx);
+        let has = |off| !vctx.is_null() && justitia_verbs::ops::verbs_ctx_has(vctx, off);
+        let create_qp_ex = if has(std::mem::offset_of!(verbs_context, create_qp_ex)) {
+            (*vctx).create_qp_ex
+        } else {
+            None
+        };
+        let create_cq_ex = if has(std::mem::offset_of!(verbs_context, create_cq_ex)) {
+            (*vctx).create_cq_ex
+        } else {
+            None
+        };
+        let shared = Arc::new(CtxShared {
+            engine,
+            post_send: ops.post_send,
+            post_recv: ops.post_recv,
+            poll_cq: ops.poll_cq,
+            req_notify_cq: ops.req_notify_cq,
+            create_qp_ex,
+            create_cq_ex,
+            graveyard: Mutex::new(Vec::new()),
+        });
+        if CONTEXTS.insert(ctx.cast(), shared).is_err() {
+            log!(
+                Warn,
+                "too many open devices; this one passes through unobserved"
+            );
+            return false;
+        }
+        if ops.post_send.is_some() {
+            ops.post_send = Some(crate::hooks::post_send);
+        }
+        if ops.post_recv.is_some() {
+            ops.post_recv = Some(crate::hooks::post_recv);
+        }
+        if ops.poll_cq.is_some() {
+            ops.poll_cq = Some(crate::hooks::poll_cq);
+        }
+        if ops.req_notify_cq.is_some() {
+            ops.req_notify_cq = Some(crate::hooks::req_notify_cq);
+        }
+        if create_qp_ex.is_some() {
+            (*vctx).create_qp_ex = Some(crate::hooks::create_qp_ex);
+        }
+        if create_cq_ex.is_some() {
+            (*vctx).create_cq_ex = Some(crate::hooks::create_cq_ex);
+        }
+    }
+    true
+}
+
+/// Forgets `ctx` (it is about to be closed) and everything registered under it.
+pub fn detach_context(ctx: *mut ibv_context) {
+    if let Some(p) = CONTEXTS.get(ctx.cast()) {
+        if let Some(shared) = CONTEXTS.remove(ctx.cast(), p) {
+            shared
+                .graveyard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+    }
+}
+
+/// The state of an attached context.
+pub(crate) fn context(ctx: *mut ibv_context) -> Option<&'static CtxShared> {
+    // SAFETY: context state is freed only by detach_context, when the context closes and no
+    // verb of it can be running.
+    CONTEXTS.get(ctx.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+/// What registration needs to know about a new QP.
+#[derive(Clone, Copy, Debug)]
+pub struct QpInit {
+    /// Its send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Its receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// `IBV_QPT_*`.
+    pub qp_type: ibv_qp_type,
+    /// Every request generates a completion.
+    pub sig_all: bool,
+    /// The capacities the provider granted.
+    pub cap: ibv_qp_cap,
+}
+
+/// The shaper's state for one QP.
+pub struct QpShared {
+    me: Weak<QpShared>,
+    pub(crate) qp: *mut ibv_qp,
+    pub(crate) qp_num: u32,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) post_send: PostSendFn,
+    pub(crate) post_recv: Option<PostRecvFn>,
+    pub(crate) shaped: bool,
+    send_cq: Option<Arc<CqShared>>,
+    pub(crate) state: Mutex<QpState>,
+    in_pacer: AtomicBool,
+    pub(crate) ex: Option<QpExOps>,
+}
+
+// SAFETY: the QP pointer is only passed to the provider, which allows any thread.
+unsafe impl Send for QpShared {}
+// SAFETY: as above; mutable state is behind the mutex.
+unsafe impl Sync for QpShared {}
+
+/// Mutable state of a shaped QP.
+pub struct QpState {
+    pub(crate) sq: SendQueue,
+    classifier: Option<FlowClassifier>,
+    pub(crate) batch: WrBatch,
+}
+
+/// Registers a QP created on an attached context. `qpx` is its extended form when it was
+/// created with `ibv_wr_*` send operations, whose pointers the shaper then replaces.
+///
+/// # Safety
+/// `qp` must be a live QP of `ctx`, just created; `qpx` its extended form or null.
+pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *mut ibv_qp_ex) {
+    let engine = Arc::clone(&ctx.engine);
+    let Some(post_send) = ctx.post_send else {
+        return;
+    };
+    Counters::add(&engine.counters.qps, 1);
+    let shaped = engine.shapes(init.qp_type);
+    let send_cq = CQS.get_arc(init.send_cq.cast());
+    // SAFETY: the caller guarantees qp is live.
+    let qp_num = unsafe { (*qp).qp_num };
+    let classifier = (shaped && engine.config.class == Some(ClassSetting::Auto))
+        .then(|| FlowClassifier::new(engine.classifier).ok())
+        .flatten();
+    // SAFETY: qpx is null or the QP's extended form; its pointers are the provider's.
+    let ex = unsafe { qpx.as_mut() }.map(|x| QpExOps::save(x));
+    let shared = Arc::new_cyclic(|me| QpShared {
+        me: me.clone(),
+        qp,
+        qp_num,
+        post_send,
+        post_recv: ctx.post_recv,
+        shaped,
+        send_cq: send_cq.clone(),
+        state: Mutex::new(QpState {
+            sq: SendQueue::new(
+                qp_num,
+                init.cap.max_send_wr,
+                init.cap.max_send_sge,
+                init.sig_all,
+            ),
+            classifier,
+            batch: WrBatch::default(),
+        }),
+        in_pacer: AtomicBool::new(false),
+        ex,
+        engine,
+    });
+    if shaped {
+        if let Some(cq) = &send_cq {
+            cq.qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::clone(&shared));
+            cq.shaped.fetch_add(1, Ordering::AcqRel);
+            cq.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+        }
+    }
+    log!(
+        Info,
+        "QP {qp_num}: {} (send queue {} deep)",
+        if shaped { "shaped" } else { "observed" },
+        init.cap.max_send_wr
+    );
+    if let Ok(Some(old)) = QPS.insert(qp.cast(), Arc::clone(&shared)) {
+        ctx.bury(old);
+    }
+    if !qpx.is_null() {
+        // SAFETY: qpx is the live extended QP whose pointers were saved above.
+        unsafe { crate::qp_ex::install(&mut *qpx, shaped) };
+    }
+}
+
+/// The registration of a QP, to pass to [`unregister_qp`] once it is destroyed.
+pub fn qp_token(qp: *mut ibv_qp) -> Option<NonNull<QpShared>> {
+    QPS.get(qp.cast())
+}
+
+/// Forgets a destroyed QP, if its registration is still `token` (taken before the destroy
+/// call, so that a new QP at the same address is not forgotten instead).
+pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>, ctx: *mut ibv_context) {
+    let Some(shared) = QPS.remove(qp.cast(), token) else {
+        return;
+    };
+    if let Some(cq) = &shared.send_cq {
+        let mut qps = cq.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let before = qps.len();
+        qps.retain(|q| !Arc::ptr_eq(q, &shared));
+        if qps.len() < before {
+            cq.shaped.fetch_sub(1, Ordering::AcqRel);
+            cq.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
+        }
+    }
+    shared
+        .engine
+        .pacer
+        .waiting
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(q, _)| !Arc::ptr_eq(q, &shared));
+    match context(ctx) {
+        Some(c) => c.bury(shared),
+        None => drop(shared),
+    }
+}
+
+impl CtxShared {
+    fn bury(&self, state: Arc<dyn Any + Send + Sync>) {
+        self.graveyard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(state);
+    }
+}
+
+/// Requests and payload bytes of a request list.
+///
+/// # Safety
+/// `wr` must be a valid request list.
+unsafe fn count_list(mut wr: *const ibv_send_wr) -> (u64, u64) {
+    let mut n = 0u64;
+    let mut bytes = 0u64;
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        while let Some(w) = wr.as_ref() {
+            n += 1;
+            let sges = usize::try_from(w.num_sge).unwrap_or(0);
+            if sges != 0 && !w.sg_list.is_null() {
+                for s in std::slice::from_raw_parts(w.sg_list, sges) {
+                    bytes += u64::from(s.length);
+                }
+            }
+            wr = w.next;
+        }
+    }
+    (n, bytes)
+}
+
+/// The state of a registered QP if it is found without probing (see
+/// [`PtrMap::get_at_home`]).
+#[inline(always)]
+pub(crate) fn qp_fast(qp: *mut ibv_qp) -> Option<&'static QpShared> {
+    // SAFETY: as in `qp`.
+    QPS.get_at_home(qp.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+/// The state of a registered CQ if it is found without probing.
+#[inline(always)]
+pub(crate) fn cq_fast(cq: *mut ibv_cq) -> Option<&'static CqShared> {
+    // SAFETY: as in `cq`.
+    CQS.get_at_home(cq.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+/// The state of a registered QP.
+#[inline(always)]
+pub(crate) fn qp(qp: *mut ibv_qp) -> Option<&'static QpShared> {
+    // SAFETY: QP state is freed only when its context closes (see `bury`).
+    QPS.get(qp.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+impl QpShared {
+    fn lock(&self) -> MutexGuard<'_, QpState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a single request with one SGE posted on an observed QP (the usual case,
+    /// kept free of calls so the hook stays a leaf that tail-calls the provider).
+    #[inline(always)]
+    pub(crate) fn observe_one(&self, bytes: u32) {
+        let counters = &self.engine.counters;
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes
+            .fetch_add(u64::from(bytes), Ordering::Relaxed);
+    }
+
+    /// Counts what an observed QP posts, any list.
+    ///
+    /// # Safety
+    /// `wr` must be a valid request list.
+    pub(crate) unsafe fn observe(&self, wr: *const ibv_send_wr) {
+        // SAFETY: guaranteed by the caller.
+        let (n, bytes) = unsafe { count_list(wr) };
+        let counters = &self.engine.counters;
+        counters.requests.fetch_add(n, Ordering::Relaxed);
+        counters.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The shaped `ibv_post_send`.
+    ///
+    /// # Safety
+    /// `wr` must be a valid request list and `bad_wr` writable.
+    pub(crate) unsafe fn post_send_shaped(
+        &self,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+    ) -> c_int {
+        let now = self.engine.clock.now();
+        let mut st = self.lock();
+        let mut rc = 0;
+        let mut index = 0usize;
+        let mut cur = wr;
+        // SAFETY: guaranteed by the caller.
+        while let Some(w) = unsafe { cur.as_ref() } {
+            // SAFETY: as above.
+            let owned = unsafe { OwnedWr::copy_from(w) };
+            let treatment = self.engine.treatment(&mut st, now, owned.payload_len());
+            if let Err(e) = st.sq.accept(owned, treatment, index) {
+                rc = e;
+                break;
+            }
+            index += 1;
+            cur = w.next;
+        }
+        let (refused, synthesized, blocked) = self.drain_locked(&mut st, now);
+        st.sq.end_call();
+        drop(st);
+        if let Some((at, e)) = refused {
+            rc = e;
+            cur = wr;
+            for _ in 0..at {
+                // SAFETY: at is within the list just walked.
+                cur = unsafe { (*cur).next };
+            }
+        }
+        if rc != 0 && !bad_wr.is_null() {
+            // SAFETY: guaranteed writable by the caller.
+            unsafe { *bad_wr = cur };
+        }
+        self.after_drain(synthesized, blocked, now);
+        rc
+    }
+
+    /// Accepts requests collected by the `ibv_wr_*` interface, all or none.
+    pub(crate) fn post_batch(&self, batch: Vec<OwnedWr>) -> c_int {
+        let now = self.engine.clock.now();
+        let mut st = self.lock();
+        if st.sq.outstanding() + batch.len() > st.sq.capacity() as usize {
+            return libc::ENOMEM;
+        }
+        for (index, owned) in batch.into_iter().enumerate() {
+            let treatment = self.engine.treatment(&mut st, now, owned.payload_len());
+            if let Err(e) = st.sq.accept(owned, treatment, index) {
+                return e;
+            }
+        }
+        let (refused, synthesized, blocked) = self.drain_locked(&mut st, now);
+        st.sq.end_call();
+        drop(st);
+        self.after_drain(synthesized, blocked, now);
+        refused.map_or(0, |(_, e)| e)
+    }
+
+    /// Posts what the send queue allows now.
+    fn drain_locked(
+        &self,
+        st: &mut QpState,
+        now: Duration,
+    ) -> (Option<(usize, c_int)>, Vec<ibv_wc>, Blocked) {
+        let qp = self.qp;
+        let post_send = self.post_send;
+        let mut post = |wr: &mut ibv_send_wr| {
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: qp is live (its state is registered); wr and its SGEs live for the call.
+            unsafe { post_send(qp, wr, &mut bad) }
+        };
+        let mut synthesized = Vec::new();
+        let outcome = st.sq.drain(
+            now,
+            &mut DrainEnv {
+                post: &mut post,
+                bucket: self.engine.bucket.as_ref(),
+                counters: &self.engine.counters,
+                synthesized: &mut synthesized,
+            },
+        );
+        self.engine
+            .counters
+            .note_queued(u64::try_from(st.sq.queued()).unwrap_or(u64::MAX));
+        (outcome.refused, synthesized, outcome.blocked)
+    }
+
+    fn after_drain(&self, synthesized: Vec<ibv_wc>, blocked: Blocked, now: Duration) {
+        if !synthesized.is_empty() {
+            if let Some(cq) = &self.send_cq {
+                cq.push_synthesized(synthesized);
+            }
+        }
+        if let Blocked::Tokens(wait) = blocked {
+            if let Some(me) = self.me.upgrade() {
+                self.engine.schedule(me, now + wait);
+            }
+        }
+    }
+
+    /// Posts what slots and tokens allow now (after completions, or when the pacer says).
+    pub(crate) fn drain(&self, now: Duration) {
+        let mut st = self.lock();
+        let (_, synthesized, blocked) = self.drain_locked(&mut st, now);
+        drop(st);
+        self.after_drain(synthesized, blocked, now);
+    }
+
+    /// Notes a state change made with `ibv_modify_qp`.
+    pub(crate) fn on_modify(&self, state: ibv_qp_state) {
+        let mut st = self.lock();
+        match state {
+            IBV_QPS_RESET => st.sq.reset(),
+            IBV_QPS_ERR => st.sq.set_failed(),
+            _ => {}
+        }
+    }
+}
+
+/// The shaper's state for one CQ.
+pub struct CqShared {
+    pub(crate) poll_cq: PollCqFn,
+    pub(crate) req_notify_cq: Option<ReqNotifyFn>,
+    pub(crate) engine: Arc<Engine>,
+    /// Shaped QPs that send their completions here.
+    pub(crate) shaped: AtomicU32,
+    pub(crate) qps: Mutex<Vec<Arc<QpShared>>>,
+    synthesized: Mutex<VecDeque<ibv_wc>>,
+    /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
+    /// means a poll passes straight through, with one load to find out.
+    work: AtomicU64,
+    pub(crate) ex: Option<crate::cq_ex::CqExOps>,
+    pub(crate) ex_current: Mutex<crate::cq_ex::Current>,
+}
+
+// SAFETY: function pointers are the provider's; mutable state is behind mutexes.
+unsafe impl Send for CqShared {}
+// SAFETY: as above.
+unsafe impl Sync for CqShared {}
+
+/// Registers a CQ created on an attached context; `cqx` is its extended form (from
+/// `ibv_create_cq_ex`) or null.
+///
+/// # Safety
+/// `cq` must be a live CQ of `ctx`, just created.
+pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex, wc_flags: u64) {
+    let Some(poll_cq) = ctx.poll_cq else {
+        return;
+    };
+    // SAFETY: cqx is null or the live extended CQ.
+    let ex = unsafe { cqx.as_ref() }.and_then(|x| crate::cq_ex::CqExOps::save(x, wc_flags));
+    let shared = Arc::new(CqShared {
+        poll_cq,
+        req_notify_cq: ctx.req_notify_cq,
+        engine: Arc::clone(&ctx.engine),
+        shaped: AtomicU32::new(0),
+        qps: Mutex::new(Vec::new()),
+        synthesized: Mutex::new(VecDeque::new()),
+        work: AtomicU64::new(0),
+        ex,
+        ex_current: Mutex::new(crate::cq_ex::Current::default()),
+    });
+    if let Ok(Some(old)) = CQS.insert(cq.cast(), shared) {
+        ctx.bury(old);
+    }
+    if !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some() {
+        // SAFETY: cqx is the live extended CQ whose pointers were saved above.
+        unsafe { crate::cq_ex::install(&mut *cqx) };
+    }
+}
+
+/// The registration of a CQ, to pass to [`unregister_cq`] once it is destroyed.
+pub fn cq_token(cq: *mut ibv_cq) -> Option<NonNull<CqShared>> {
+    CQS.get(cq.cast())
+}
+
+/// Forgets a destroyed CQ, if its registration is still `token`.
+pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>, ctx: *mut ibv_context) {
+    if let Some(shared) = CQS.remove(cq.cast(), token) {
+        match context(ctx) {
+            Some(c) => c.bury(shared),
+            None => drop(shared),
+        }
+    }
+}
+
+/// The state of a registered CQ.
+#[inline(always)]
+pub(crate) fn cq(cq: *mut ibv_cq) -> Option<&'static CqShared> {
+    // SAFETY: CQ state is freed only when its context closes (see `bury`).
+    CQS.get(cq.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+impl CqShared {
+    /// True when a poll must look at the completions.
+    #[inline(always)]
+    pub(crate) fn needs_shaping(&self) -> bool {
+        self.work.load(Ordering::Relaxed) != 0
+    }
+
+    fn push_synthesized(&self, wcs: Vec<ibv_wc>) {
+        let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+        self.work.fetch_add(wcs.len() as u64, Ordering::AcqRel);
+        q.extend(wcs);
+    }
+
+    /// Translates one completion; returns whether to deliver it, and the QP it touched.
+    pub(crate) fn translate(
+        &self,
+        qps: &[Arc<QpShared>],
+        wc: &mut ibv_wc,
+        synthesized: &mut Vec<ibv_wc>,
+    ) -> (bool, Option<Arc<QpShared>>) {
+        let Some(q) = qps.iter().find(|q| q.qp_num == wc.qp_num) else {
+            return (true, None);
+        };
+        let verdict = q.lock().sq.complete(wc, &self.engine.counters, synthesized);
+        (verdict != Verdict::Hide, Some(Arc::clone(q)))
+    }
+
+    /// The shaped `ibv_poll_cq`: polls the provider until `n` completions are kept or the
+    /// CQ is empty, hides internal ones, rewrites split requests' ones, appends synthesized
+    /// ones, then lets the QPs it heard from post more.
+    ///
+    /// # Safety
+    /// `cq` is this CQ and `wc` has room for `n` entries.
+    pub(crate) unsafe fn poll_shaped(&self, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+        let want_total = usize::try_from(n).unwrap_or(0);
+        let mut out = 0usize;
+        let mut touched: Vec<Arc<QpShared>> = Vec::new();
+        let mut synthesized = Vec::new();
+        {
+            let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+            while out < want_total {
+                let want = want_total - out;
+                // SAFETY: wc has room for want_total entries, out of which `out` are used.
+                let got = unsafe {
+                    (self.poll_cq)(cq, c_int::try_from(want).unwrap_or(c_int::MAX), wc.add(out))
+                };
+                if got < 0 {
+                    if out == 0 {
+                        return got;
+                    }
+                    break;
+                }
+                let got = usize::try_from(got).unwrap_or(0);
+                let mut kept = out;
+                for i in out..out + got {
+                    // SAFETY: i < out + got <= want_total, written by the provider.
+                    let mut e = unsafe { *wc.add(i) };
+                    let (deliver, q) = self.translate(&qps, &mut e, &mut synthesized);
+                    if let Some(q) = q {
+                        if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                            touched.push(q);
+                        }
+                    }
+                    if deliver {
+                        // SAFETY: kept <= i, within the buffer.
+                        unsafe { *wc.add(kept) = e };
+                        kept += 1;
+                    }
+                }
+                out = kept;
+                if got < want {
+                    break;
+                }
+            }
+        }
+        if !synthesized.is_empty() {
+            self.push_synthesized(synthesized);
+        }
+        if self.work.load(Ordering::Acquire) % SHAPED_QP > 0 && out < want_total {
+            let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+            while out < want_total {
+                let Some(e) = q.pop_front() else {
+                    break;
+                };
+                self.work.fetch_sub(1, Ordering::AcqRel);
+                // SAFETY: out < want_total.
+                unsafe { *wc.add(out) = e };
+                out += 1;
+            }
+        }
+        let now = self.engine.clock.now();
+        for q in touched {
+            q.drain(now);
+        }
+        c_int::try_from(out).unwrap_or(c_int::MAX)
+    }
+}

@@ -1,0 +1,487 @@
+//! The exported verbs that the library interposes, and the process's engine.
+//!
+//! Each wrapped verb is exported twice, like libibverbs exports it: the current version
+//! (`@@IBVERBS_1.1`, what programs built against rdma-core bind to) runs the shaper around
+//! the real verb, and the compatibility version (`@IBVERBS_1.0`, what programs built
+//! against the old libibverbs bind to) forwards to libibverbs' own 1.0 entry, whose
+//! compatibility layer calls the 1.1 verbs through the global scope and so reaches the
+//! shaper too. The versions come from `.symver` directives below and the version script
+//! `exports.map` (passed to the linker by `build.rs`). The real verbs are found with
+//! `dlvsym(RTLD_NEXT, ...)` at the exact version.
+//!
+//! A thread-local flag marks when the shaper itself is inside a real verb, so that a verb
+//! libibverbs or a provider calls from there passes straight through. No wrapper unwinds:
+//! the shaper's part runs under `catch_unwind` and the real verb's result is returned
+//! whatever happens to it.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use justitia_verbs::loader::next_symbol;
+use justitia_verbs::ops::set_errno;
+use justitia_verbs::sys::*;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::config::Config;
+use crate::engine::{self, Engine, PacerMode, QpInit};
+use crate::hooks::guarded;
+use crate::log::{self, log, LogLevel};
+
+thread_local! {
+    static IN_SHAPER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while the calling thread is inside a real verb called by the shaper.
+pub fn in_shaper() -> bool {
+    IN_SHAPER.with(Cell::get)
+}
+
+/// Marks the thread as inside the shaper until dropped.
+struct Reentry;
+
+impl Reentry {
+    /// `None` when the thread is already inside.
+    fn enter() -> Option<Reentry> {
+        IN_SHAPER.with(|f| (!f.replace(true)).then_some(Reentry))
+    }
+}
+
+impl Drop for Reentry {
+    fn drop(&mut self) {
+        IN_SHAPER.with(|f| f.set(false));
+    }
+}
+
+static ENGINE: OnceLock<Option<Arc<Engine>>> = OnceLock::new();
+
+/// The process's engine, made from the environment on first use; `None` when a setting
+/// was invalid (the shaper is then off and everything passes through).
+pub fn global_engine() -> Option<&'static Arc<Engine>> {
+    ENGINE
+        .get_or_init(|| {
+            let engine = engine_from(
+                |name| std::env::var(name).ok(),
+                Arc::new(MonotonicClock::new()),
+                PacerMode::Thread,
+            )?;
+            if engine.config().stats_path.is_some() {
+                // SAFETY: registers a function with no preconditions to run at exit.
+                if unsafe { libc::atexit(write_stats_at_exit) } != 0 {
+                    log!(
+                        Warn,
+                        "cannot register the exit handler; JUSTITIA_STATS will not be written"
+                    );
+                }
+            }
+            Some(engine)
+        })
+        .as_ref()
+}
+
+/// An engine with the settings read through `lookup`. When a setting is invalid, says so
+/// in one line on stderr (naming the variable) and returns `None`: the shaper is then off
+/// and traffic passes through unshaped. It never aborts the application.
+pub fn engine_from(
+    lookup: impl Fn(&str) -> Option<String>,
+    clock: Arc<dyn Clock>,
+    pacer: PacerMode,
+) -> Option<Arc<Engine>> {
+    match Config::from_lookup(&lookup) {
+        Ok(config) => {
+            log::set_level(config.log);
+            log!(Info, "{config}");
+            Some(Engine::new(config, clock, pacer))
+        }
+        Err(e) => {
+            let level = lookup("JUSTITIA_LOG")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(LogLevel::Warn);
+            log::set_level(level);
+            log!(
+                Warn,
+                "{e}; the shaper is off, traffic passes through unshaped"
+            );
+            None
+        }
+    }
+}
+
+extern "C" fn write_stats_at_exit() {
+    guarded(
+        || {
+            let Some(Some(engine)) = ENGINE.get() else {
+                return;
+            };
+            if let Some(path) = engine.config().stats_path_for(std::process::id()) {
+                if let Err(e) = engine.stats().write_to(&path) {
+                    log!(
+                        Warn,
+                        "cannot write JUSTITIA_STATS to {}: {e}",
+                        path.display()
+                    );
+                }
+            }
+        },
+        || (),
+    );
+}
+
+/// Resolves (once) the real verb `$name` at version `$ver` as a `$ty`.
+macro_rules! real {
+    ($name:literal, $ver:literal, $ty:ty) => {{
+        static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+        let mut p = CACHE.load(Ordering::Acquire);
+        if p.is_null() {
+            let name = CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes());
+            let ver = CStr::from_bytes_with_nul(concat!($ver, "\0").as_bytes());
+            if let (Ok(name), Ok(ver)) = (name, ver) {
+                // SAFETY: the address is transmuted below only to the verb's C signature.
+                p = unsafe { next_symbol(name, Some(ver)) }.unwrap_or(std::ptr::null_mut());
+                CACHE.store(p, Ordering::Release);
+            }
+        }
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: p is the verb $name@$ver, whose C signature is $ty.
+            Some(unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+        }
+    }};
+}
+
+type OpenDevice = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
+type CloseDevice = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+type CreateQp = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type CreateCq = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+
+/// The shaper's part of `ibv_open_device`: attach the new context to the process's engine.
+///
+/// # Safety
+/// `ctx` is null or a context just opened.
+pub unsafe fn on_open_device(ctx: *mut ibv_context) {
+    if ctx.is_null() {
+        return;
+    }
+    if let Some(engine) = global_engine() {
+        // SAFETY: guaranteed by the caller.
+        guarded(
+            || unsafe { engine::attach_context(ctx, Arc::clone(engine)) },
+            || false,
+        );
+    }
+}
+
+/// The shaper's part of `ibv_create_qp`: register the new QP.
+///
+/// # Safety
+/// `qp` is null or a QP just created with `attr` on `pd`.
+pub unsafe fn on_create_qp(qp: *mut ibv_qp, attr: *const ibv_qp_init_attr) {
+    // SAFETY: guaranteed by the caller.
+    let (Some(q), Some(a)) = (unsafe { qp.as_ref() }, unsafe { attr.as_ref() }) else {
+        return;
+    };
+    let Some(c) = engine::context(q.context) else {
+        return;
+    };
+    let init = QpInit {
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        qp_type: a.qp_type,
+        sig_all: a.sq_sig_all != 0,
+        cap: a.cap,
+    };
+    // SAFETY: qp was just created on its context.
+    guarded(
+        || unsafe { engine::register_qp(c, qp, init, std::ptr::null_mut()) },
+        || (),
+    );
+}
+
+/// The shaper's part of `ibv_create_cq`: register the new CQ.
+///
+/// # Safety
+/// `cq` is null or a CQ just created on `ctx`.
+pub unsafe fn on_create_cq(ctx: *mut ibv_context, cq: *mut ibv_cq) {
+    if cq.is_null() {
+        return;
+    }
+    if let Some(c) = engine::context(ctx) {
+        // SAFETY: cq was just created on ctx.
+        guarded(
+            || unsafe { engine::register_cq(c, cq, std::ptr::null_mut(), 0) },
+            || (),
+        );
+    }
+}
+
+/// `ibv_open_device@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_open_device`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_open_device_1_1(dev: *mut ibv_device) -> *mut ibv_context {
+    let Some(real) = real!("ibv_open_device", "IBVERBS_1.1", OpenDevice) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(dev) };
+    };
+    // SAFETY: the real verb with the caller's arguments.
+    let ctx = unsafe { real(dev) };
+    // SAFETY: ctx was just opened.
+    unsafe { on_open_device(ctx) };
+    ctx
+}
+
+/// `ibv_close_device@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_close_device`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_close_device_1_1(ctx: *mut ibv_context) -> c_int {
+    let Some(real) = real!("ibv_close_device", "IBVERBS_1.1", CloseDevice) else {
+        return libc::ENOSYS;
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(ctx) };
+    };
+    guarded(|| engine::detach_context(ctx), || ());
+    // SAFETY: the real verb with the caller's arguments.
+    unsafe { real(ctx) }
+}
+
+/// `ibv_create_qp@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_create_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_create_qp_1_1(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    let Some(real) = real!("ibv_create_qp", "IBVERBS_1.1", CreateQp) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(pd, attr) };
+    };
+    // SAFETY: the real verb with the caller's arguments.
+    let qp = unsafe { real(pd, attr) };
+    // SAFETY: qp was just created with attr.
+    unsafe { on_create_qp(qp, attr) };
+    qp
+}
+
+/// `ibv_destroy_qp@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
+    let Some(real) = real!("ibv_destroy_qp", "IBVERBS_1.1", DestroyQp) else {
+        return libc::ENOSYS;
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(qp) };
+    };
+    let token = engine::qp_token(qp);
+    // SAFETY: the caller passes a live QP.
+    let ctx = unsafe { qp.as_ref() }.map_or(std::ptr::null_mut(), |q| q.context);
+    // SAFETY: the real verb with the caller's arguments.
+    let rc = unsafe { real(qp) };
+    if rc == 0 {
+        if let Some(token) = token {
+            guarded(|| engine::unregister_qp(qp, token, ctx), || ());
+        }
+    }
+    rc
+}
+
+/// `ibv_modify_qp@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_modify_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    let Some(real) = real!("ibv_modify_qp", "IBVERBS_1.1", ModifyQp) else {
+        return libc::ENOSYS;
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(qp, attr, mask) };
+    };
+    // SAFETY: the real verb with the caller's arguments.
+    let rc = unsafe { real(qp, attr, mask) };
+    // SAFETY: the caller's attribute block.
+    if let (0, Some(a)) = (rc, unsafe { attr.as_ref() }) {
+        if mask as u32 & IBV_QP_STATE != 0 {
+            if let Some(q) = engine::qp(qp) {
+                guarded(|| q.on_modify(a.qp_state), || ());
+            }
+        }
+    }
+    rc
+}
+
+/// `ibv_create_cq@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_create_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_create_cq_1_1(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    let Some(real) = real!("ibv_create_cq", "IBVERBS_1.1", CreateCq) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
+    };
+    // SAFETY: the real verb with the caller's arguments.
+    let cq = unsafe { real(ctx, cqe, cq_context, channel, comp_vector) };
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    cq
+}
+
+/// `ibv_destroy_cq@@IBVERBS_1.1`.
+///
+/// # Safety
+/// As `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_destroy_cq_1_1(cq: *mut ibv_cq) -> c_int {
+    let Some(real) = real!("ibv_destroy_cq", "IBVERBS_1.1", DestroyCq) else {
+        return libc::ENOSYS;
+    };
+    let Some(_inside) = Reentry::enter() else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(cq) };
+    };
+    let token = engine::cq_token(cq);
+    // SAFETY: the caller passes a live CQ.
+    let ctx = unsafe { cq.as_ref() }.map_or(std::ptr::null_mut(), |c| c.context);
+    // SAFETY: the real verb with the caller's arguments.
+    let rc = unsafe { real(cq) };
+    if rc == 0 {
+        if let Some(token) = token {
+            guarded(|| engine::unregister_cq(cq, token, ctx), || ());
+        }
+    }
+    rc
+}
+
+/// The IBVERBS_1.0 entries: forward to libibverbs' own compatibility entries, which call
+/// the 1.1 verbs (and so the shaper) themselves. Their structures are the old ones, opaque
+/// here.
+macro_rules! forward_1_0 {
+    ($export:ident, $name:literal, fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty, $fail:expr) => {
+        /// The IBVERBS_1.0 entry of the verb of the same name, forwarded unchanged.
+        ///
+        /// # Safety
+        /// As the 1.0 verb.
+        #[no_mangle]
+        pub unsafe extern "C" fn $export($($arg: $ty),*) -> $ret {
+            match real!($name, "IBVERBS_1.0", unsafe extern "C" fn($($ty),*) -> $ret) {
+                // SAFETY: the real 1.0 verb with the caller's arguments.
+                Some(f) => unsafe { f($($arg),*) },
+                None => $fail,
+            }
+        }
+    };
+}
+
+forward_1_0!(
+    justitia_ibv_open_device_1_0,
+    "ibv_open_device",
+    fn(dev: *mut c_void) -> *mut c_void,
+    std::ptr::null_mut()
+);
+forward_1_0!(
+    justitia_ibv_close_device_1_0,
+    "ibv_close_device",
+    fn(ctx: *mut c_void) -> c_int,
+    libc::ENOSYS
+);
+forward_1_0!(
+    justitia_ibv_create_qp_1_0,
+    "ibv_create_qp",
+    fn(pd: *mut c_void, attr: *mut c_void) -> *mut c_void,
+    std::ptr::null_mut()
+);
+forward_1_0!(
+    justitia_ibv_destroy_qp_1_0,
+    "ibv_destroy_qp",
+    fn(qp: *mut c_void) -> c_int,
+    libc::ENOSYS
+);
+forward_1_0!(
+    justitia_ibv_modify_qp_1_0,
+    "ibv_modify_qp",
+    fn(qp: *mut c_void, attr: *mut c_void, mask: c_int) -> c_int,
+    libc::ENOSYS
+);
+forward_1_0!(
+    justitia_ibv_create_cq_1_0,
+    "ibv_create_cq",
+    fn(
+        ctx: *mut c_void,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut c_void,
+        comp_vector: c_int,
+    ) -> *mut c_void,
+    std::ptr::null_mut()
+);
+forward_1_0!(
+    justitia_ibv_destroy_cq_1_0,
+    "ibv_destroy_cq",
+    fn(cq: *mut c_void) -> c_int,
+    libc::ENOSYS
+);
+
+// The versioned names of the entries above. Left out of the crate's own tests, which link
+// without the version script that defines the version nodes.
+#[cfg(not(test))]
+std::arch::global_asm!(
+    ".symver justitia_ibv_open_device_1_1, ibv_open_device@@IBVERBS_1.1",
+    ".symver justitia_ibv_open_device_1_0, ibv_open_device@IBVERBS_1.0",
+    ".symver justitia_ibv_close_device_1_1, ibv_close_device@@IBVERBS_1.1",
+    ".symver justitia_ibv_close_device_1_0, ibv_close_device@IBVERBS_1.0",
+    ".symver justitia_ibv_create_qp_1_1, ibv_create_qp@@IBVERBS_1.1",
+    ".symver justitia_ibv_create_qp_1_0, ibv_create_qp@IBVERBS_1.0",
+    ".symver justitia_ibv_destroy_qp_1_1, ibv_destroy_qp@@IBVERBS_1.1",
+    ".symver justitia_ibv_destroy_qp_1_0, ibv_destroy_qp@IBVERBS_1.0",
+    ".symver justitia_ibv_modify_qp_1_1, ibv_modify_qp@@IBVERBS_1.1",
+    ".symver justitia_ibv_modify_qp_1_0, ibv_modify_qp@IBVERBS_1.0",
+    ".symver justitia_ibv_create_cq_1_1, ibv_create_cq@@IBVERBS_1.1",
+    ".symver justitia_ibv_create_cq_1_0, ibv_create_cq@IBVERBS_1.0",
+    ".symver justitia_ibv_destroy_cq_1_1, ibv_destroy_cq@@IBVERBS_1.1",
+    ".symver justitia_ibv_destroy_cq_1_0, ibv_destroy_cq@IBVERBS_1.0",
+);

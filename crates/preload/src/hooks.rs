@@ -1,0 +1,250 @@
+//! The function pointers the shaper installs in a device context: `ops.post_send`,
+//! `ops.post_recv`, `ops.poll_cq`, `ops.req_notify_cq` (what the static-inline verbs call)
+//! and the extended context's `create_qp_ex` and `create_cq_ex`.
+//!
+//! Every one is an `extern "C"` entry from the application, so none may unwind: the shaped
+//! paths run under `catch_unwind` and fall back to the provider's own function (fail open).
+//! The pass-through path of an observed QP or a CQ without shaped QPs is a map lookup, two
+//! counter additions and the provider call.
+
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use justitia_verbs::ops::set_errno;
+use justitia_verbs::sys::*;
+
+use crate::engine::{self, QpInit};
+use crate::log::log;
+
+/// Runs `shaped`; if it panics, says so once and runs `fallback` instead.
+pub(crate) fn guarded<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(shaped)) {
+        Ok(r) => r,
+        Err(_) => {
+            log!(
+                Warn,
+                "internal error in the shaper; this call passes through unshaped"
+            );
+            fallback()
+        }
+    }
+}
+
+/// `ops.post_send`.
+///
+/// # Safety
+/// Called by `ibv_post_send` with a live QP, a valid request list and a writable `bad_wr`.
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if let Some(q) = engine::qp_fast(qp) {
+        // SAFETY: guaranteed by the caller.
+        if let Some(w) = unsafe { wr.as_ref() } {
+            if !q.shaped && w.next.is_null() && w.num_sge == 1 {
+                // SAFETY: one readable SGE; then the provider's own post_send.
+                unsafe {
+                    q.observe_one((*w.sg_list).length);
+                    return (q.post_send)(qp, wr, bad_wr);
+                }
+            }
+        }
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { post_send_slow(qp, wr, bad_wr) }
+}
+
+/// `ops.post_send` of a shaped or unregistered QP.
+///
+/// # Safety
+/// As [`post_send`].
+#[cold]
+#[inline(never)]
+unsafe extern "C" fn post_send_slow(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if let Some(q) = engine::qp(qp) {
+        if !q.shaped {
+            // SAFETY: guaranteed by the caller.
+            unsafe {
+                q.observe(wr);
+                return (q.post_send)(qp, wr, bad_wr);
+            }
+        }
+        return guarded(
+            // SAFETY: guaranteed by the caller.
+            || unsafe { q.post_send_shaped(wr, bad_wr) },
+            // SAFETY: as above.
+            || unsafe { (q.post_send)(qp, wr, bad_wr) },
+        );
+    }
+    // SAFETY: a live QP has a live context.
+    match engine::context(unsafe { (*qp).context }).and_then(|c| c.post_send) {
+        // SAFETY: the provider's own post_send, with the caller's arguments.
+        Some(f) => unsafe { f(qp, wr, bad_wr) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ops.post_recv`: receives are never shaped (two-sided splitting needs the peer).
+///
+/// # Safety
+/// Called by `ibv_post_recv` with a live QP and valid arguments.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let f = match engine::qp(qp).and_then(|q| q.post_recv) {
+        Some(f) => Some(f),
+        // SAFETY: a live QP has a live context.
+        None => engine::context(unsafe { (*qp).context }).and_then(|c| c.post_recv),
+    };
+    match f {
+        // SAFETY: the provider's own post_recv, with the caller's arguments.
+        Some(f) => unsafe { f(qp, wr, bad_wr) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ops.poll_cq`.
+///
+/// # Safety
+/// Called by `ibv_poll_cq` with a live CQ and room for `n` completions.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if let Some(c) = engine::cq_fast(cq) {
+        if !c.needs_shaping() {
+            // SAFETY: the provider's own poll_cq, with the caller's arguments.
+            return unsafe { (c.poll_cq)(cq, n, wc) };
+        }
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { poll_cq_slow(cq, n, wc) }
+}
+
+/// `ops.poll_cq` of a CQ with shaped QPs or pending synthesized completions, or an
+/// unregistered one.
+///
+/// # Safety
+/// As [`poll_cq`].
+#[cold]
+#[inline(never)]
+unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if let Some(c) = engine::cq(cq) {
+        if !c.needs_shaping() {
+            // SAFETY: the provider's own poll_cq, with the caller's arguments.
+            return unsafe { (c.poll_cq)(cq, n, wc) };
+        }
+        return guarded(
+            // SAFETY: guaranteed by the caller.
+            || unsafe { c.poll_shaped(cq, n, wc) },
+            // SAFETY: as above.
+            || unsafe { (c.poll_cq)(cq, n, wc) },
+        );
+    }
+    // SAFETY: a live CQ has a live context.
+    match engine::context(unsafe { (*cq).context }).and_then(|c| c.poll_cq) {
+        // SAFETY: the provider's own poll_cq.
+        Some(f) => unsafe { f(cq, n, wc) },
+        None => -libc::EOPNOTSUPP,
+    }
+}
+
+/// `ops.req_notify_cq`: passed through; a hidden completion may wake an event-driven
+/// application, which then polls, finds nothing new and waits again.
+///
+/// # Safety
+/// Called by `ibv_req_notify_cq` with a live CQ.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    let f = match engine::cq(cq).and_then(|c| c.req_notify_cq) {
+        Some(f) => Some(f),
+        // SAFETY: a live CQ has a live context.
+        None => engine::context(unsafe { (*cq).context }).and_then(|c| c.req_notify_cq),
+    };
+    match f {
+        // SAFETY: the provider's own req_notify_cq.
+        Some(f) => unsafe { f(cq, solicited_only) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `verbs_context.create_qp_ex` (reached by the inline `ibv_create_qp_ex`).
+///
+/// # Safety
+/// Called with a live context and a valid attribute block.
+pub unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    let Some(c) = engine::context(ctx) else {
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    };
+    let Some(real) = c.create_qp_ex else {
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the provider's own create_qp_ex, with the caller's arguments.
+    let qp = unsafe { real(ctx, attr) };
+    if qp.is_null() || attr.is_null() || crate::exports::in_shaper() {
+        return qp;
+    }
+    guarded(
+        || {
+            // SAFETY: attr is the caller's valid block, updated by the provider.
+            let a = unsafe { &*attr };
+            let init = QpInit {
+                send_cq: a.send_cq,
+                recv_cq: a.recv_cq,
+                qp_type: a.qp_type,
+                sig_all: a.sq_sig_all != 0,
+                cap: a.cap,
+            };
+            // rdma-core allocates a QP as part of its extended form, whose first member
+            // is the ibv_qp (ibv_qp_to_qp_ex is that cast once the send ops were asked for).
+            let qpx = if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+                qp.cast::<ibv_qp_ex>()
+            } else {
+                std::ptr::null_mut()
+            };
+            // SAFETY: qp was just created on ctx.
+            unsafe { engine::register_qp(c, qp, init, qpx) };
+        },
+        || (),
+    );
+    qp
+}
+
+/// `verbs_context.create_cq_ex` (reached by the inline `ibv_create_cq_ex`).
+///
+/// # Safety
+/// Called with a live context and a valid attribute block.
+pub unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    let Some(c) = engine::context(ctx) else {
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    };
+    let Some(real) = c.create_cq_ex else {
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the provider's own create_cq_ex, with the caller's arguments.
+    let cqx = unsafe { real(ctx, attr) };
+    if cqx.is_null() || crate::exports::in_shaper() {
+        return cqx;
+    }
+    // SAFETY: attr is the caller's valid block.
+    let wc_flags = unsafe { attr.as_ref() }.map_or(0, |a| a.wc_flags);
+    guarded(
+        // SAFETY: the extended CQ begins with the ibv_cq (ibv_cq_ex_to_cq is a cast).
+        || unsafe { engine::register_cq(c, cqx.cast::<ibv_cq>(), cqx, wc_flags) },
+        || (),
+    );
+    cqx
+}

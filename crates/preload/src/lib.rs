@@ -1,0 +1,20 @@
+//! # libjustitia.so: the transparent shaper
+//!
+//! Loaded into an unmodified RDMA application with `LD_PRELOAD`.
+
+pub mod bucket;
+pub mod clock;
+pub mod config;
+pub mod cq_ex;
+pub mod engine;
+pub mod exports;
+pub mod hooks;
+pub mod log;
+pub mod mock;
+pub mod qp_ex;
+pub mod registry;
+pub mod send_queue;
+pub mod stats;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,592 @@
+//! An in-process mock verbs provider, for the shaper's tests and benchmarks.
+//!
+//! A [`MockDevice`] is an extended device context whose function pointers (`post_send`,
+//! `poll_cq`, `create_qp_ex`, the `ibv_wr_*` and extended-CQ poll pointers of its objects)
+//! are this module's. It records every work request that reaches it, keeps each QP's send
+//! queue with its depth (refusing the request past it with `ENOMEM`, as a provider does),
+//! and executes queued requests on demand in order: WRITE copies the local bytes to the
+//! remote address and READ copies back (both in this process's memory), and completions
+//! are generated as an RC QP would generate them (for signaled requests, and for every
+//! request once the QP has failed). No libibverbs is involved.
+
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::sync::Mutex;
+
+use justitia_verbs::sys::*;
+use justitia_verbs::VERBS_ABI_IS_EXTENDED;
+
+/// A work request as it reached the mock provider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostedWr {
+    /// The QP it was posted on.
+    pub qp_num: u32,
+    /// Its `wr_id`.
+    pub wr_id: u64,
+    /// `IBV_WR_*`.
+    pub opcode: ibv_wr_opcode,
+    /// `IBV_SEND_*` flags.
+    pub send_flags: u32,
+    /// Its SGEs.
+    pub sges: Vec<ibv_sge>,
+    /// Remote address (RDMA and atomics).
+    pub remote_addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Immediate data as posted.
+    pub imm_data: u32,
+}
+
+impl PostedWr {
+    /// True when it asked for a completion.
+    pub fn signaled(&self) -> bool {
+        self.send_flags & IBV_SEND_SIGNALED != 0
+    }
+
+    /// Sum of its SGE lengths.
+    pub fn len(&self) -> u64 {
+        self.sges.iter().map(|s| u64::from(s.length)).sum()
+    }
+
+    /// True when it carries no payload.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+struct MockQp {
+    qpx: Box<UnsafeCell<ibv_qp_ex>>,
+    depth: u32,
+    send_cq: *mut ibv_cq,
+    sig_all: bool,
+    sq: VecDeque<PostedWr>,
+    failed: bool,
+    fail_next: Option<ibv_wc_status>,
+    refuse_next: Option<c_int>,
+    batch: Vec<PostedWr>,
+}
+
+struct MockCq {
+    cqx: Box<UnsafeCell<ibv_cq_ex>>,
+    entries: VecDeque<ibv_wc>,
+    current: Option<ibv_wc>,
+}
+
+#[derive(Default)]
+struct MockState {
+    qps: Vec<MockQp>,
+    cqs: Vec<MockCq>,
+    log: Vec<PostedWr>,
+    next_qp_num: u32,
+    notify_calls: u32,
+}
+
+struct MockInner {
+    vctx: UnsafeCell<verbs_context>,
+    state: Mutex<MockState>,
+}
+
+/// One mock device context and everything created on it.
+pub struct MockDevice {
+    inner: Box<MockInner>,
+}
+
+// SAFETY: all mutable state is behind the mutex; the context is only written at creation.
+unsafe impl Send for MockDevice {}
+// SAFETY: as above.
+unsafe impl Sync for MockDevice {}
+
+impl Default for MockDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn inner_of(ctx: *mut ibv_context) -> &'static MockInner {
+    // SAFETY: every object of a mock device points to the mock's context, whose extended
+    // part holds the address of its MockInner; devices outlive their objects' use in tests.
+    unsafe {
+        let vctx = justitia_verbs::ops::verbs_get_ctx(ctx);
+        &*(*vctx).priv_.cast::<MockInner>()
+    }
+}
+
+impl MockDevice {
+    /// A device context with the mock's operations installed.
+    pub fn new() -> Self {
+        let inner = Box::new(MockInner {
+            vctx: UnsafeCell::new(verbs_context::default()),
+            state: Mutex::new(MockState {
+                next_qp_num: 0x100,
+                ..Default::default()
+            }),
+        });
+        let me = (&*inner as *const MockInner).cast_mut();
+        // SAFETY: nobody else sees the context yet.
+        unsafe {
+            let v = &mut *inner.vctx.get();
+            v.sz = std::mem::size_of::<verbs_context>();
+            v.priv_ = me.cast();
+            v.create_qp_ex = Some(mock_create_qp_ex);
+            v.create_cq_ex = Some(mock_create_cq_ex);
+            v.context.abi_compat = VERBS_ABI_IS_EXTENDED;
+            v.context.ops.post_send = Some(mock_post_send);
+            v.context.ops.post_recv = Some(mock_post_recv);
+            v.context.ops.poll_cq = Some(mock_poll_cq);
+            v.context.ops.req_notify_cq = Some(mock_req_notify_cq);
+        }
+        MockDevice { inner }
+    }
+
+    /// The device context.
+    pub fn context(&self) -> *mut ibv_context {
+        // SAFETY: a field pointer of the live context.
+        unsafe { &mut (*self.inner.vctx.get()).context }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, MockState> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Creates a CQ the way `ibv_create_cq` would (the shaper is not involved).
+    pub fn create_cq(&self) -> *mut ibv_cq {
+        create_cq(self.context()).cast()
+    }
+
+    /// Creates a QP the way `ibv_create_qp` would, writing the granted capacities back
+    /// into `attr` (the shaper is not involved).
+    pub fn create_qp(&self, attr: &mut ibv_qp_init_attr) -> *mut ibv_qp {
+        create_qp(
+            self.context(),
+            attr.send_cq,
+            attr.recv_cq,
+            attr.qp_type,
+            attr.sq_sig_all != 0,
+            &mut attr.cap,
+        )
+        .cast()
+    }
+
+    /// Every work request that reached the provider, in order.
+    pub fn log(&self) -> Vec<PostedWr> {
+        self.state().log.clone()
+    }
+
+    /// Work requests queued (posted, not executed) on `qp`.
+    pub fn queued(&self, qp: *mut ibv_qp) -> usize {
+        let st = self.state();
+        st.qps
+            .iter()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+            .map_or(0, |q| q.sq.len())
+    }
+
+    /// `ibv_req_notify_cq` calls that reached the provider.
+    pub fn notify_calls(&self) -> u32 {
+        self.state().notify_calls
+    }
+
+    /// The next executed request of `qp` fails with `status`; the QP then flushes.
+    pub fn fail_next(&self, qp: *mut ibv_qp, status: ibv_wc_status) {
+        if let Some(q) = self
+            .state()
+            .qps
+            .iter_mut()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        {
+            q.fail_next = Some(status);
+        }
+    }
+
+    /// The next post on `qp` is refused with `errno`.
+    pub fn refuse_next_post(&self, qp: *mut ibv_qp, errno: c_int) {
+        if let Some(q) = self
+            .state()
+            .qps
+            .iter_mut()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        {
+            q.refuse_next = Some(errno);
+        }
+    }
+
+    /// Executes up to `n` queued requests of `qp` in order; returns how many ran.
+    pub fn execute(&self, qp: *mut ibv_qp, n: usize) -> usize {
+        let mut st = self.state();
+        let MockState { qps, cqs, .. } = &mut *st;
+        let Some(q) = qps.iter_mut().find(|q| q.qpx.get().cast::<ibv_qp>() == qp) else {
+            return 0;
+        };
+        let cq = cqs
+            .iter_mut()
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == q.send_cq);
+        let mut completions = Vec::new();
+        let mut ran = 0;
+        while ran < n {
+            let Some(wr) = q.sq.pop_front() else {
+                break;
+            };
+            ran += 1;
+            let status = if q.failed {
+                IBV_WC_WR_FLUSH_ERR
+            } else if let Some(s) = q.fail_next.take() {
+                q.failed = true;
+                s
+            } else {
+                // SAFETY: tests post requests over their own live buffers.
+                unsafe { move_data(&wr) };
+                IBV_WC_SUCCESS
+            };
+            if status != IBV_WC_SUCCESS || wr.signaled() || q.sig_all {
+                completions.push(ibv_wc {
+                    wr_id: wr.wr_id,
+                    status,
+                    opcode: if status == IBV_WC_SUCCESS {
+                        match wr.opcode {
+                            IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+                            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => IBV_WC_SEND,
+                            IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
+                            IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
+                            _ => IBV_WC_RDMA_WRITE,
+                        }
+                    } else {
+                        0
+                    },
+                    byte_len: u32::try_from(wr.len()).unwrap_or(u32::MAX),
+                    qp_num: wr.qp_num,
+                    ..Default::default()
+                });
+            }
+        }
+        if let Some(cq) = cq {
+            cq.entries.extend(completions);
+        }
+        ran
+    }
+
+    /// Executes everything queued on `qp`.
+    pub fn execute_all(&self, qp: *mut ibv_qp) -> usize {
+        self.execute(qp, usize::MAX)
+    }
+}
+
+/// Performs a WRITE or READ between this process's buffers.
+///
+/// # Safety
+/// The request's local and remote ranges must be live memory of this process.
+unsafe fn move_data(wr: &PostedWr) {
+    let mut remote = wr.remote_addr as *mut u8;
+    for s in &wr.sges {
+        let local = s.addr as *mut u8;
+        let len = s.length as usize;
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            match wr.opcode {
+                IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM if len > 0 => {
+                    std::ptr::copy(local, remote, len);
+                }
+                IBV_WR_RDMA_READ if len > 0 => std::ptr::copy(remote, local, len),
+                _ => {}
+            }
+            remote = remote.add(len);
+        }
+    }
+}
+
+fn create_cq(ctx: *mut ibv_context) -> *mut ibv_cq_ex {
+    let inner = inner_of(ctx);
+    let mut cqx = ibv_cq_ex {
+        context: ctx,
+        ..Default::default()
+    };
+    cqx.start_poll = Some(mock_start_poll);
+    cqx.next_poll = Some(mock_next_poll);
+    cqx.end_poll = Some(mock_end_poll);
+    cqx.read_opcode = Some(mock_read_opcode);
+    cqx.read_byte_len = Some(mock_read_byte_len);
+    cqx.read_qp_num = Some(mock_read_qp_num);
+    let cell = Box::new(UnsafeCell::new(cqx));
+    let p = cell.get();
+    inner
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .cqs
+        .push(MockCq {
+            cqx: cell,
+            entries: VecDeque::new(),
+            current: None,
+        });
+    p
+}
+
+fn create_qp(
+    ctx: *mut ibv_context,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    qp_type: ibv_qp_type,
+    sig_all: bool,
+    cap: &mut ibv_qp_cap,
+) -> *mut ibv_qp_ex {
+    let inner = inner_of(ctx);
+    let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    st.next_qp_num += 1;
+    let mut qpx = ibv_qp_ex::default();
+    qpx.qp_base.context = ctx;
+    qpx.qp_base.send_cq = send_cq;
+    qpx.qp_base.recv_cq = recv_cq;
+    qpx.qp_base.qp_type = qp_type;
+    qpx.qp_base.qp_num = st.next_qp_num;
+    qpx.wr_start = Some(mock_wr_start);
+    qpx.wr_complete = Some(mock_wr_complete);
+    qpx.wr_abort = Some(mock_wr_abort);
+    qpx.wr_rdma_write = Some(mock_wr_rdma_write);
+    qpx.wr_rdma_read = Some(mock_wr_rdma_read);
+    qpx.wr_set_sge = Some(mock_wr_set_sge);
+    cap.max_send_wr = cap.max_send_wr.max(1);
+    cap.max_send_sge = cap.max_send_sge.max(1);
+    let cell = Box::new(UnsafeCell::new(qpx));
+    let p = cell.get();
+    st.qps.push(MockQp {
+        qpx: cell,
+        depth: cap.max_send_wr,
+        send_cq,
+        sig_all,
+        sq: VecDeque::new(),
+        failed: false,
+        fail_next: None,
+        refuse_next: None,
+        batch: Vec::new(),
+    });
+    p
+}
+
+fn with_qp<R>(qp: *mut ibv_qp, f: impl FnOnce(&mut MockQp, &mut Vec<PostedWr>) -> R) -> Option<R> {
+    // SAFETY: a mock QP points to its mock context.
+    let inner = inner_of(unsafe { (*qp).context });
+    let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    let MockState { qps, log, .. } = &mut *st;
+    qps.iter_mut()
+        .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        .map(|q| f(q, log))
+}
+
+fn with_cq<R>(cq: *mut ibv_cq, f: impl FnOnce(&mut MockCq) -> R) -> Option<R> {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    st.cqs
+        .iter_mut()
+        .find(|c| c.cqx.get().cast::<ibv_cq>() == cq)
+        .map(f)
+}
+
+unsafe extern "C" fn mock_post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    let qp_num = unsafe { (*qp).qp_num };
+    with_qp(qp, |q, log| {
+        if let Some(e) = q.refuse_next.take() {
+            // SAFETY: bad_wr is writable.
+            unsafe { *bad_wr = wr };
+            return e;
+        }
+        let mut cur = wr;
+        // SAFETY: the caller passes a valid list.
+        while let Some(w) = unsafe { cur.as_ref() } {
+            if q.sq.len() >= q.depth as usize {
+                // SAFETY: bad_wr is writable.
+                unsafe { *bad_wr = cur };
+                return libc::ENOMEM;
+            }
+            let n = usize::try_from(w.num_sge).unwrap_or(0);
+            let sges = if n == 0 || w.sg_list.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: num_sge readable entries.
+                unsafe { std::slice::from_raw_parts(w.sg_list, n) }.to_vec()
+            };
+            // SAFETY: plain-data union fields.
+            let (remote_addr, rkey, imm_data) = unsafe {
+                (
+                    w.wr.rdma.remote_addr,
+                    w.wr.rdma.rkey,
+                    w.__bindgen_anon_1.imm_data,
+                )
+            };
+            let posted = PostedWr {
+                qp_num,
+                wr_id: w.wr_id,
+                opcode: w.opcode,
+                send_flags: w.send_flags,
+                sges,
+                remote_addr,
+                rkey,
+                imm_data,
+            };
+            log.push(posted.clone());
+            q.sq.push_back(posted);
+            cur = w.next;
+        }
+        0
+    })
+    .unwrap_or(libc::EINVAL)
+}
+
+unsafe extern "C" fn mock_post_recv(
+    _qp: *mut ibv_qp,
+    _wr: *mut ibv_recv_wr,
+    _bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    0
+}
+
+unsafe extern "C" fn mock_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    with_cq(cq, |c| {
+        let mut got = 0;
+        while got < n {
+            let Some(e) = c.entries.pop_front() else {
+                break;
+            };
+            // SAFETY: wc has room for n entries.
+            unsafe { *wc.add(usize::try_from(got).unwrap_or(0)) = e };
+            got += 1;
+        }
+        got
+    })
+    .unwrap_or(-libc::EINVAL)
+}
+
+unsafe extern "C" fn mock_req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    inner
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .notify_calls += 1;
+    0
+}
+
+unsafe extern "C" fn mock_create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    // SAFETY: the caller passes a valid attribute block.
+    let a = unsafe { &mut *attr };
+    create_qp(
+        ctx,
+        a.send_cq,
+        a.recv_cq,
+        a.qp_type,
+        a.sq_sig_all != 0,
+        &mut a.cap,
+    )
+    .cast()
+}
+
+unsafe extern "C" fn mock_create_cq_ex(
+    ctx: *mut ibv_context,
+    _attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    create_cq(ctx)
+}
+
+fn present(cqx: *mut ibv_cq_ex, c: &mut MockCq) -> c_int {
+    c.current = c.entries.pop_front();
+    match c.current {
+        Some(e) => {
+            // SAFETY: the live mock CQ.
+            unsafe {
+                (*cqx).wr_id = e.wr_id;
+                (*cqx).status = e.status;
+            }
+            0
+        }
+        None => libc::ENOENT,
+    }
+}
+
+unsafe extern "C" fn mock_start_poll(cqx: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL)
+}
+
+unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
+    with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL)
+}
+
+unsafe extern "C" fn mock_end_poll(cqx: *mut ibv_cq_ex) {
+    with_cq(cqx.cast(), |c| c.current = None);
+}
+
+unsafe extern "C" fn mock_read_opcode(cqx: *mut ibv_cq_ex) -> ibv_wc_opcode {
+    with_cq(cqx.cast(), |c| c.current.map_or(0, |e| e.opcode)).unwrap_or(0)
+}
+
+unsafe extern "C" fn mock_read_byte_len(cqx: *mut ibv_cq_ex) -> u32 {
+    with_cq(cqx.cast(), |c| c.current.map_or(0, |e| e.byte_len)).unwrap_or(0)
+}
+
+unsafe extern "C" fn mock_read_qp_num(cqx: *mut ibv_cq_ex) -> u32 {
+    with_cq(cqx.cast(), |c| c.current.map_or(0, |e| e.qp_num)).unwrap_or(0)
+}
+
+unsafe extern "C" fn mock_wr_start(qpx: *mut ibv_qp_ex) {
+    with_qp(qpx.cast(), |q, _| q.batch.clear());
+}
+
+unsafe extern "C" fn mock_wr_abort(qpx: *mut ibv_qp_ex) {
+    with_qp(qpx.cast(), |q, _| q.batch.clear());
+}
+
+fn mock_wr_begin(qpx: *mut ibv_qp_ex, opcode: ibv_wr_opcode, rkey: u32, remote_addr: u64) {
+    // SAFETY: the live mock QP.
+    let (wr_id, flags, qp_num) = unsafe { ((*qpx).wr_id, (*qpx).wr_flags, (*qpx).qp_base.qp_num) };
+    with_qp(qpx.cast(), |q, _| {
+        q.batch.push(PostedWr {
+            qp_num,
+            wr_id,
+            opcode,
+            send_flags: flags,
+            sges: Vec::new(),
+            remote_addr,
+            rkey,
+            imm_data: 0,
+        })
+    });
+}
+
+unsafe extern "C" fn mock_wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    mock_wr_begin(qpx, IBV_WR_RDMA_WRITE, rkey, remote_addr);
+}
+
+unsafe extern "C" fn mock_wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    mock_wr_begin(qpx, IBV_WR_RDMA_READ, rkey, remote_addr);
+}
+
+unsafe extern "C" fn mock_wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    with_qp(qpx.cast(), |q, _| {
+        if let Some(w) = q.batch.last_mut() {
+            w.sges = vec![ibv_sge { addr, length, lkey }];
+        }
+    });
+}
+
+unsafe extern "C" fn mock_wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    with_qp(qpx.cast(), |q, log| {
+        if q.sq.len() + q.batch.len() > q.depth as usize {
+            q.batch.clear();
+            return libc::ENOMEM;
+        }
+        for w in q.batch.drain(..) {
+            log.push(w.clone());
+            q.sq.push_back(w);
+        }
+        0
+    })
+    .unwrap_or(libc::EINVAL)
+}

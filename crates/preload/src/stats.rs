@@ -1,0 +1,115 @@
+//! Per-process counters, written as JSON at exit when `JUSTITIA_STATS` names a file.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// The live counters. Every field only grows (`queued_max` is a running maximum).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Send requests the application posted (every QP, shaped or not).
+    pub requests: AtomicU64,
+    /// Requests that were split into two or more chunks.
+    pub split_requests: AtomicU64,
+    /// Chunks posted for split requests.
+    pub chunks: AtomicU64,
+    /// Payload bytes of the application's send requests.
+    pub bytes: AtomicU64,
+    /// Zero-length yields posted (`preempt`).
+    pub yields: AtomicU64,
+    /// Total time work requests waited for pacing tokens, in nanoseconds.
+    pub pacing_delay_ns: AtomicU64,
+    /// Most application requests waiting in the software queues at once.
+    pub queued_max: AtomicU64,
+    /// Queue pairs created.
+    pub qps: AtomicU64,
+    /// Error completions reported to the application, and posts the shaper had to fail.
+    pub errors: AtomicU64,
+}
+
+/// A copy of the counters, in the JSON form written at exit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// See [`Counters::requests`].
+    pub requests: u64,
+    /// See [`Counters::split_requests`].
+    pub split_requests: u64,
+    /// See [`Counters::chunks`].
+    pub chunks: u64,
+    /// See [`Counters::bytes`].
+    pub bytes: u64,
+    /// See [`Counters::yields`].
+    pub yields: u64,
+    /// See [`Counters::pacing_delay_ns`].
+    pub pacing_delay_ns: u64,
+    /// See [`Counters::queued_max`].
+    pub queued_max: u64,
+    /// See [`Counters::qps`].
+    pub qps: u64,
+    /// See [`Counters::errors`].
+    pub errors: u64,
+}
+
+impl Counters {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Raises the running maximum of queued requests to `queued`.
+    pub fn note_queued(&self, queued: u64) {
+        self.queued_max.fetch_max(queued, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            requests: get(&self.requests),
+            split_requests: get(&self.split_requests),
+            chunks: get(&self.chunks),
+            bytes: get(&self.bytes),
+            yields: get(&self.yields),
+            pacing_delay_ns: get(&self.pacing_delay_ns),
+            queued_max: get(&self.queued_max),
+            qps: get(&self.qps),
+            errors: get(&self.errors),
+        }
+    }
+}
+
+impl StatsSnapshot {
+    /// The one-line JSON object.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Writes the JSON object and a newline to `path` (replacing the file).
+    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, format!("{}\n", self.to_json()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn json_has_exactly_the_documented_keys() {
+        let c = Counters::default();
+        Counters::add(&c.requests, 3);
+        Counters::add(&c.chunks, 16);
+        c.note_queued(5);
+        c.note_queued(2);
+        let json = c.snapshot().to_json();
+        assert_eq!(
+            json,
+            "{\"requests\":3,\"split_requests\":0,\"chunks\":16,\"bytes\":0,\"yields\":0,\
+             \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0}"
+        );
+        let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c.snapshot());
+    }
+}

@@ -1,0 +1,980 @@
+//! The shaper against the in-process mock provider: what reaches the provider, what the
+//! application sees, and when.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::c_int;
+use std::sync::Arc;
+use std::time::Duration;
+
+use justitia_verbs::ops;
+use justitia_verbs::sys::*;
+
+use crate::clock::{Clock, VirtualClock};
+use crate::engine::{self, Engine, PacerMode};
+use crate::exports::{engine_from, on_create_cq, on_create_qp};
+use crate::mock::{MockDevice, PostedWr};
+
+const RKEY: u32 = 0x77;
+
+/// A mock device with one RC QP whose send and receive CQ is one CQ, attached to an engine
+/// with a virtual clock and a manual pacer.
+struct Rig {
+    dev: MockDevice,
+    engine: Arc<Engine>,
+    clock: Arc<VirtualClock>,
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+}
+
+fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+}
+
+fn rig_with(vars: &[(&str, &str)], depth: u32, sig_all: bool) -> Rig {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(lookup(vars), clock.clone(), PacerMode::Manual).unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        sq_sig_all: c_int::from(sig_all),
+        cap: ibv_qp_cap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        },
+        ..Default::default()
+    };
+    let qp = dev.create_qp(&mut attr);
+    // SAFETY: qp was just created with attr.
+    unsafe { on_create_qp(qp, &attr) };
+    Rig {
+        dev,
+        engine,
+        clock,
+        cq,
+        qp,
+    }
+}
+
+fn rig(vars: &[(&str, &str)]) -> Rig {
+    rig_with(vars, 64, false)
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let ctx = self.dev.context();
+        if let Some(t) = engine::qp_token(self.qp) {
+            engine::unregister_qp(self.qp, t, ctx);
+        }
+        if let Some(t) = engine::cq_token(self.cq) {
+            engine::unregister_cq(self.cq, t, ctx);
+        }
+        engine::detach_context(ctx);
+    }
+}
+
+fn rdma(
+    opcode: ibv_wr_opcode,
+    wr_id: u64,
+    sges: &mut [ibv_sge],
+    remote: u64,
+    signaled: bool,
+) -> ibv_send_wr {
+    let mut wr = ibv_send_wr {
+        wr_id,
+        sg_list: sges.as_mut_ptr(),
+        num_sge: sges.len() as c_int,
+        opcode,
+        send_flags: if signaled { IBV_SEND_SIGNALED } else { 0 },
+        ..Default::default()
+    };
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = RKEY;
+    wr
+}
+
+fn sge(buf: &[u8], offset: usize, len: usize) -> ibv_sge {
+    ibv_sge {
+        addr: buf.as_ptr() as u64 + offset as u64,
+        length: len as u32,
+        lkey: 1,
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+impl Rig {
+    /// Posts `wrs` as one list; returns the result and the index `bad_wr` points at.
+    fn post(&self, wrs: &mut [ibv_send_wr]) -> (c_int, Option<usize>) {
+        for i in 1..wrs.len() {
+            let next: *mut ibv_send_wr = &mut wrs[i];
+            wrs[i - 1].next = next;
+        }
+        if let Some(last) = wrs.last_mut() {
+            last.next = std::ptr::null_mut();
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a live QP and a valid list.
+        let rc = unsafe { ops::post_send(self.qp, wrs.as_mut_ptr(), &mut bad) };
+        let index = (!bad.is_null()).then(|| {
+            // SAFETY: bad points into wrs.
+            usize::try_from(unsafe { bad.offset_from(wrs.as_ptr()) }).unwrap()
+        });
+        (rc, index)
+    }
+
+    /// Polls until the CQ is empty.
+    fn poll(&self) -> Vec<ibv_wc> {
+        let mut out = Vec::new();
+        let mut buf = [ibv_wc::default(); 4];
+        loop {
+            // SAFETY: a live CQ and room for 4 entries.
+            let n = unsafe { ops::poll_cq(self.cq, 4, buf.as_mut_ptr()) };
+            assert!(n >= 0);
+            out.extend_from_slice(&buf[..n as usize]);
+            if n < 4 {
+                return out;
+            }
+        }
+    }
+
+    /// Executes and polls until nothing moves; returns the completions the application saw.
+    fn run(&self) -> Vec<ibv_wc> {
+        let mut seen = Vec::new();
+        loop {
+            let ran = self.dev.execute_all(self.qp);
+            let got = self.poll();
+            let moved = ran > 0 || !got.is_empty();
+            seen.extend(got);
+            if !moved {
+                return seen;
+            }
+        }
+    }
+
+    fn log(&self) -> Vec<PostedWr> {
+        self.dev.log()
+    }
+}
+
+const BANDWIDTH_64K: &[(&str, &str)] =
+    &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")];
+
+#[test]
+fn unset_class_only_observes_and_counts() {
+    let r = rig(&[]);
+    let src = pattern(1 << 20, 1);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut wrs = [rdma(
+        IBV_WR_RDMA_WRITE,
+        7,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut wrs), (0, None));
+    let log = r.log();
+    assert_eq!(log.len(), 1, "not split");
+    assert_eq!(log[0].wr_id, 7);
+    assert_eq!(log[0].len(), 1 << 20);
+    let wcs = r.run();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].byte_len), (7, 1 << 20));
+    assert_eq!(src, dst);
+    let stats = r.engine.stats();
+    assert_eq!(
+        (stats.requests, stats.bytes, stats.chunks, stats.qps),
+        (1, 1 << 20, 0, 1)
+    );
+}
+
+#[test]
+fn latency_class_passes_through() {
+    let r = rig(&[("JUSTITIA_CLASS", "latency"), ("JUSTITIA_CHUNK", "1K")]);
+    let src = pattern(8192, 2);
+    let mut dst = vec![0u8; 8192];
+    let mut s = [sge(&src, 0, 8192)];
+    let mut wrs = [rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    assert_eq!(r.log().len(), 1);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn large_write_is_split_in_order_with_one_completion() {
+    let r = rig(BANDWIDTH_64K);
+    let src = pattern(1 << 20, 3);
+    let mut dst = vec![0u8; 1 << 20];
+    let remote = dst.as_mut_ptr() as u64;
+    let mut s = [sge(&src, 0, src.len())];
+    let mut wrs = [rdma(IBV_WR_RDMA_WRITE, 42, &mut s, remote, true)];
+    assert_eq!(r.post(&mut wrs), (0, None));
+    let log = r.log();
+    assert_eq!(log.len(), 16);
+    for (i, w) in log.iter().enumerate() {
+        assert_eq!(w.opcode, IBV_WR_RDMA_WRITE);
+        assert_eq!(
+            w.remote_addr,
+            remote + (i as u64) * 65_536,
+            "chunk {i} in order"
+        );
+        assert_eq!(w.rkey, RKEY);
+        assert_eq!(w.len(), 65_536);
+        assert_eq!(w.wr_id, 42, "every chunk carries the request's wr_id");
+        assert_eq!(w.signaled(), i == 15, "only the last chunk is signaled");
+    }
+    let wcs = r.run();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].wr_id, 42);
+    assert_eq!(wcs[0].status, IBV_WC_SUCCESS);
+    assert_eq!(wcs[0].opcode, IBV_WC_RDMA_WRITE);
+    assert_eq!(wcs[0].byte_len, 1 << 20);
+    assert_eq!(src, dst);
+    let stats = r.engine.stats();
+    assert_eq!(
+        (stats.requests, stats.split_requests, stats.chunks),
+        (1, 1, 16)
+    );
+}
+
+#[test]
+fn write_with_imm_keeps_the_immediate_on_the_last_chunk_only() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
+    let src = pattern(10_000, 4);
+    let mut dst = vec![0u8; 10_000];
+    let mut s = [sge(&src, 0, 10_000)];
+    let mut wr = rdma(
+        IBV_WR_RDMA_WRITE_WITH_IMM,
+        5,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    );
+    wr.__bindgen_anon_1.imm_data = 0xabcd_0123;
+    wr.send_flags |= IBV_SEND_SOLICITED | IBV_SEND_FENCE;
+    assert_eq!(r.post(&mut [wr]).0, 0);
+    let log = r.log();
+    let ops: Vec<_> = log.iter().map(|w| w.opcode).collect();
+    assert_eq!(
+        ops,
+        [
+            IBV_WR_RDMA_WRITE,
+            IBV_WR_RDMA_WRITE,
+            IBV_WR_RDMA_WRITE_WITH_IMM
+        ]
+    );
+    assert_eq!(log[2].imm_data, 0xabcd_0123);
+    assert_eq!(log[2].send_flags & IBV_SEND_SOLICITED, IBV_SEND_SOLICITED);
+    assert_eq!(
+        log[0].send_flags & IBV_SEND_FENCE,
+        IBV_SEND_FENCE,
+        "fence on the first"
+    );
+    assert_eq!(log[1].send_flags & (IBV_SEND_FENCE | IBV_SEND_SOLICITED), 0);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn read_is_split_and_lands_in_the_local_sges() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "3000")]);
+    let remote = pattern(9000, 5);
+    let local_a = vec![0u8; 4000];
+    let local_b = vec![0u8; 5000];
+    let mut s = [sge(&local_a, 0, 4000), sge(&local_b, 0, 5000)];
+    let mut wrs = [rdma(
+        IBV_WR_RDMA_READ,
+        9,
+        &mut s,
+        remote.as_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    let log = r.log();
+    assert_eq!(log.len(), 3);
+    assert!(log.iter().all(|w| w.opcode == IBV_WR_RDMA_READ));
+    // The second chunk spans the two local SGEs.
+    assert_eq!(log[1].sges.len(), 2);
+    assert_eq!(log[1].remote_addr, remote.as_ptr() as u64 + 3000);
+    let wcs = r.run();
+    assert_eq!(
+        (wcs.len(), wcs[0].wr_id, wcs[0].opcode, wcs[0].byte_len),
+        (1, 9, IBV_WC_RDMA_READ, 9000)
+    );
+    assert_eq!(&remote[..4000], &local_a[..]);
+    assert_eq!(&remote[4000..], &local_b[..]);
+}
+
+#[test]
+fn many_small_sges_are_split_within_the_sge_limit() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]);
+    let src = pattern(4 * 700, 6);
+    let mut dst = vec![0u8; 4 * 700];
+    let mut s: Vec<ibv_sge> = (0..4).map(|i| sge(&src, i * 700, 700)).collect();
+    let mut wrs = [rdma(
+        IBV_WR_RDMA_WRITE,
+        3,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    let log = r.log();
+    assert!(log.iter().all(|w| w.sges.len() <= 4 && w.len() <= 1024));
+    assert_eq!(log.iter().map(PostedWr::len).sum::<u64>(), 2800);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn two_sided_atomic_and_inline_requests_are_not_split() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]);
+    let src = pattern(8192, 7);
+    let mut s1 = [sge(&src, 0, 8192)];
+    let send = rdma(IBV_WR_SEND, 1, &mut s1, 0, true);
+    let mut s2 = [sge(&src, 0, 8)];
+    let mut word = 0u64;
+    let mut atomic = rdma(IBV_WR_ATOMIC_FETCH_AND_ADD, 2, &mut s2, 0, true);
+    atomic.wr.atomic.remote_addr = &mut word as *mut u64 as u64;
+    atomic.wr.atomic.compare_add = 1;
+    let mut s3 = [sge(&src, 0, 60)];
+    let mut dst = vec![0u8; 60];
+    let mut inline = rdma(IBV_WR_RDMA_WRITE, 3, &mut s3, dst.as_mut_ptr() as u64, true);
+    inline.send_flags |= IBV_SEND_INLINE;
+    assert_eq!(r.post(&mut [send, atomic, inline]).0, 0);
+    let log = r.log();
+    assert_eq!(log.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(log[0].len(), 8192);
+    // The inline payload was copied at post time into the shaper's own buffer.
+    assert_ne!(log[2].sges[0].addr, src.as_ptr() as u64);
+    assert_eq!(r.run().len(), 3);
+    assert_eq!(&dst[..], &src[..60]);
+}
+
+#[test]
+fn unsignaled_requests_complete_silently() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]);
+    let src = pattern(4096, 8);
+    let mut dst = vec![0u8; 4096 * 3];
+    let base = dst.as_mut_ptr() as u64;
+    let mut s = [sge(&src, 0, 4096)];
+    let mut s2 = s;
+    let mut s3 = s;
+    let mut wrs = [
+        rdma(IBV_WR_RDMA_WRITE, 1, &mut s, base, false),
+        rdma(IBV_WR_RDMA_WRITE, 2, &mut s2, base + 4096, false),
+        rdma(IBV_WR_RDMA_WRITE, 3, &mut s3, base + 8192, true),
+    ];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    assert_eq!(r.log().len(), 12);
+    let wcs = r.run();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [3]);
+    for part in dst.chunks(4096) {
+        assert_eq!(part, &src[..]);
+    }
+    // Unsignaled requests alone produce nothing the application sees.
+    let mut s4 = [sge(&src, 0, 4096)];
+    assert_eq!(
+        r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 4, &mut s4, base, false)])
+            .0,
+        0
+    );
+    assert!(r.run().is_empty());
+}
+
+#[test]
+fn internal_signals_keep_slots_flowing_when_the_application_rarely_signals() {
+    // Depth 8: a 16-chunk unsignaled request cannot fit; the shaper signals internally,
+    // hides those completions, and drains the rest on completions.
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")],
+        8,
+        false,
+    );
+    let src = pattern(16 * 1024, 9);
+    let mut dst = vec![0u8; 16 * 1024];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut s2 = [sge(&src, 0, 16)];
+    let mut wrs = [
+        rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, false),
+        rdma(IBV_WR_RDMA_WRITE, 2, &mut s2, dst.as_mut_ptr() as u64, true),
+    ];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    assert!(
+        r.dev.queued(r.qp) <= 8,
+        "never more than the hardware queue holds"
+    );
+    let wcs = r.run();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [2]);
+    assert_eq!(r.log().len(), 17);
+    assert!(r.log().iter().filter(|w| w.signaled()).count() >= 2);
+    assert_eq!(&dst[16..], &src[16..]);
+}
+
+#[test]
+fn queue_depth_is_the_applications_and_the_software_queue_drains() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")],
+        4,
+        false,
+    );
+    let src = pattern(16 * 1024, 10);
+    let mut dst = vec![0u8; 16 * 1024];
+    let base = dst.as_mut_ptr() as u64;
+    let mut sg: Vec<[ibv_sge; 1]> = (0..5).map(|_| [sge(&src, 0, src.len())]).collect();
+    let mut wrs: Vec<ibv_send_wr> = sg
+        .iter_mut()
+        .enumerate()
+        .map(|(i, s)| rdma(IBV_WR_RDMA_WRITE, i as u64, s, base, true))
+        .collect();
+    // Four requests (64 chunks) are accepted; the fifth exceeds max_send_wr.
+    let (rc, bad) = r.post(&mut wrs);
+    assert_eq!((rc, bad), (libc::ENOMEM, Some(4)));
+    assert_eq!(r.dev.queued(r.qp), 4, "the hardware queue holds 4 WQEs");
+    assert_eq!(r.engine.stats().queued_max, 4);
+    let wcs = r.run();
+    assert_eq!(
+        wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(r.log().len(), 64);
+    // Retired: there is room for four more.
+    let mut more = vec![wrs[4]];
+    assert_eq!(r.post(&mut more).0, 0);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn an_error_on_a_chunk_is_reported_once_on_the_original_request() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]);
+    let src = pattern(8192, 11);
+    let mut dst = vec![0u8; 8192];
+    let base = dst.as_mut_ptr() as u64;
+    let mut s = [sge(&src, 0, 8192)];
+    let mut s2 = s;
+    let mut s3 = s;
+    let mut wrs = [
+        rdma(IBV_WR_RDMA_WRITE, 10, &mut s, base, true),
+        rdma(IBV_WR_RDMA_WRITE, 11, &mut s2, base, false),
+        rdma(IBV_WR_RDMA_WRITE, 12, &mut s3, base, true),
+    ];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    // The first request completes; the third chunk of the second fails.
+    r.dev.execute(r.qp, 8);
+    let first = r.poll();
+    assert_eq!(
+        first
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(10, IBV_WC_SUCCESS)]
+    );
+    r.dev.execute(r.qp, 2);
+    r.dev.fail_next(r.qp, IBV_WC_REM_ACCESS_ERR);
+    let rest = r.run();
+    let got: Vec<_> = rest.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [(11, IBV_WC_REM_ACCESS_ERR), (12, IBV_WC_WR_FLUSH_ERR)]
+    );
+    assert_eq!(r.engine.stats().errors, 2);
+    // A request posted to the failed QP gets its flush error too.
+    let mut s4 = [sge(&src, 0, 8192)];
+    assert_eq!(
+        r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 13, &mut s4, base, false)])
+            .0,
+        0
+    );
+    let late = r.run();
+    assert_eq!(
+        late.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(13, IBV_WC_WR_FLUSH_ERR)]
+    );
+}
+
+#[test]
+fn a_refused_first_post_is_returned_to_the_application() {
+    let r = rig(BANDWIDTH_64K);
+    let src = pattern(1 << 18, 12);
+    let mut dst = vec![0u8; 1 << 18];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut s2 = s;
+    let mut wrs = [
+        rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true),
+        rdma(IBV_WR_RDMA_WRITE, 2, &mut s2, dst.as_mut_ptr() as u64, true),
+    ];
+    r.dev.refuse_next_post(r.qp, libc::EINVAL);
+    assert_eq!(r.post(&mut wrs), (libc::EINVAL, Some(0)));
+    assert!(r.log().is_empty());
+    // Nothing was kept: the whole capacity is the application's again.
+    assert_eq!(r.post(&mut wrs).0, 0);
+    assert_eq!(r.run().len(), 2);
+}
+
+#[test]
+fn signal_all_qps_see_one_completion_per_request() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")],
+        16,
+        true,
+    );
+    let src = pattern(4096, 13);
+    let mut dst = vec![0u8; 4096];
+    let mut s = [sge(&src, 0, 4096)];
+    let mut wrs = [rdma(
+        IBV_WR_RDMA_WRITE,
+        77,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        false,
+    )];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    let wcs = r.run();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [77]);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn preempt_inserts_zero_length_yields_between_sub_messages() {
+    let r = rig(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_POLICY", "preempt"),
+        ("JUSTITIA_SUBMSG", "16K"),
+        ("JUSTITIA_YIELD_UNIT", "1K"),
+    ]);
+    let src = pattern(64 * 1024, 14);
+    let mut dst = vec![0u8; 64 * 1024];
+    let remote = dst.as_mut_ptr() as u64;
+    let mut s = [sge(&src, 0, src.len())];
+    let mut wrs = [rdma(IBV_WR_RDMA_WRITE, 8, &mut s, remote, true)];
+    assert_eq!(r.post(&mut wrs).0, 0);
+    let log = r.log();
+    // 4 sub-messages, 16 yields after each but the last.
+    assert_eq!(log.len(), 4 + 3 * 16);
+    let payload: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| !w.is_empty())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(payload, [0, 17, 34, 51]);
+    for y in log.iter().filter(|w| w.is_empty()) {
+        assert_eq!(
+            (y.opcode, y.sges.len(), y.remote_addr, y.rkey),
+            (IBV_WR_RDMA_WRITE, 0, remote, RKEY)
+        );
+        assert!(!y.signaled() || r.log().len() > 32);
+    }
+    let wcs = r.run();
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(8, 65_536)]
+    );
+    assert_eq!(src, dst);
+    let stats = r.engine.stats();
+    assert_eq!(
+        (stats.yields, stats.chunks, stats.pacing_delay_ns),
+        (48, 4, 0)
+    );
+}
+
+#[test]
+fn pacing_conforms_to_the_rate_on_a_virtual_clock() {
+    let r = rig_with(
+        &[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "64K"),
+            ("JUSTITIA_RATE", "10M"),
+        ],
+        128,
+        false,
+    );
+    let src = pattern(1 << 20, 15);
+    let mut dst = vec![0u8; 1 << 20];
+    let remote = dst.as_mut_ptr() as u64;
+    let horizon = Duration::from_secs(10);
+    let mut outstanding = 0usize;
+    let mut next_id = 0u64;
+    while r.clock.now() < horizon {
+        while outstanding < 4 {
+            let mut s = [sge(&src, 0, src.len())];
+            let mut w = [rdma(IBV_WR_RDMA_WRITE, next_id, &mut s, remote, true)];
+            assert_eq!(r.post(&mut w).0, 0, "posting never blocks");
+            next_id += 1;
+            outstanding += 1;
+        }
+        let next = r.engine.pacer_tick(r.clock.now());
+        r.dev.execute_all(r.qp);
+        outstanding -= r.poll().len();
+        r.clock
+            .set(next.unwrap_or(r.clock.now() + Duration::from_millis(1)));
+    }
+    let bytes: u64 = r.log().iter().map(PostedWr::len).sum();
+    let rate = bytes as f64 / horizon.as_secs_f64();
+    assert!((rate / 10e6 - 1.0).abs() < 0.02, "paced at {rate} B/s");
+    let stats = r.engine.stats();
+    assert!(stats.pacing_delay_ns > 0);
+    // Requests are counted when their first chunk goes; at most the 4 outstanding wait.
+    assert!(stats.requests <= next_id && stats.requests + 4 >= next_id);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn throughput_class_is_paced_by_operations() {
+    let r = rig(&[
+        ("JUSTITIA_CLASS", "throughput"),
+        ("JUSTITIA_RATE", "1G:1000"),
+    ]);
+    let src = pattern(16, 16);
+    let mut dst = vec![0u8; 16];
+    let mut outstanding = 0usize;
+    while r.clock.now() < Duration::from_secs(2) {
+        if outstanding == 0 {
+            let mut s: Vec<[ibv_sge; 1]> = (0..32).map(|_| [sge(&src, 0, 16)]).collect();
+            let mut wrs: Vec<ibv_send_wr> = s
+                .iter_mut()
+                .map(|s| rdma(IBV_WR_RDMA_WRITE, 0, s, dst.as_mut_ptr() as u64, true))
+                .collect();
+            assert_eq!(r.post(&mut wrs).0, 0);
+            outstanding = 32;
+        }
+        let next = r.engine.pacer_tick(r.clock.now());
+        r.dev.execute_all(r.qp);
+        outstanding -= r.poll().len();
+        r.clock
+            .set(next.unwrap_or(r.clock.now() + Duration::from_millis(1)));
+    }
+    let ops = r.log().len() as f64 / 2.0;
+    assert!((ops / 1000.0 - 1.0).abs() < 0.02, "{ops} ops/s");
+    assert!(r.log().iter().all(|w| w.len() == 16), "not split");
+}
+
+#[test]
+fn wr_batches_are_collected_and_split() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(lookup(BANDWIDTH_64K), clock, PacerMode::Manual).unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: fresh mock context.
+    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = ibv_qp_init_attr_ex {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 32,
+            max_send_sge: 2,
+            ..Default::default()
+        },
+        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        ..Default::default()
+    };
+    // SAFETY: a live context, through the shaper's create_qp_ex.
+    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    assert!(!qp.is_null());
+    let qpx = qp.cast::<ibv_qp_ex>();
+    let src = pattern(256 * 1024, 17);
+    let mut dst = vec![0u8; 256 * 1024];
+    // SAFETY: the pointers the shaper installed, called as the inline ibv_wr_* do.
+    unsafe {
+        let x = &mut *qpx;
+        x.wr_start.unwrap()(qpx);
+        for (i, half) in [0usize, 128 * 1024].iter().enumerate() {
+            x.wr_id = 100 + i as u64;
+            x.wr_flags = IBV_SEND_SIGNALED;
+            x.wr_rdma_write.unwrap()(qpx, RKEY, dst.as_mut_ptr() as u64 + *half as u64);
+            x.wr_set_sge.unwrap()(qpx, 1, src.as_ptr() as u64 + *half as u64, 128 * 1024);
+        }
+        assert_eq!(x.wr_complete.unwrap()(qpx), 0);
+    }
+    let log = dev.log();
+    assert_eq!(log.len(), 4, "two requests of two chunks each");
+    assert_eq!(
+        log.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        [100, 100, 101, 101]
+    );
+    dev.execute_all(qp);
+    let mut wc = [ibv_wc::default(); 8];
+    // SAFETY: a live CQ with room for 8.
+    let n = unsafe { ops::poll_cq(cq, 8, wc.as_mut_ptr()) };
+    assert_eq!(n, 2);
+    assert_eq!((wc[0].wr_id, wc[1].wr_id), (100, 101));
+    assert_eq!(src, dst);
+    // A batch larger than the free capacity is refused whole.
+    // SAFETY: as above.
+    unsafe {
+        let x = &mut *qpx;
+        x.wr_start.unwrap()(qpx);
+        for _ in 0..33 {
+            x.wr_rdma_write.unwrap()(qpx, RKEY, dst.as_mut_ptr() as u64);
+            x.wr_set_sge.unwrap()(qpx, 1, src.as_ptr() as u64, 8);
+        }
+        assert_eq!(x.wr_complete.unwrap()(qpx), libc::ENOMEM);
+    }
+    assert_eq!(dev.log().len(), 4);
+    if let Some(t) = engine::qp_token(qp) {
+        engine::unregister_qp(qp, t, ctx);
+    }
+    if let Some(t) = engine::cq_token(cq) {
+        engine::unregister_cq(cq, t, ctx);
+    }
+    engine::detach_context(ctx);
+}
+
+#[test]
+fn observed_wr_batches_reach_the_provider_and_are_counted() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(lookup(&[]), clock, PacerMode::Manual).unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: fresh mock context.
+    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = ibv_qp_init_attr_ex {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 8,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        ..Default::default()
+    };
+    // SAFETY: a live context.
+    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    let qpx = qp.cast::<ibv_qp_ex>();
+    let src = pattern(1 << 20, 18);
+    let mut dst = vec![0u8; 1 << 20];
+    // SAFETY: the installed pointers.
+    unsafe {
+        let x = &mut *qpx;
+        x.wr_start.unwrap()(qpx);
+        x.wr_id = 5;
+        x.wr_flags = IBV_SEND_SIGNALED;
+        x.wr_rdma_write.unwrap()(qpx, RKEY, dst.as_mut_ptr() as u64);
+        x.wr_set_sge.unwrap()(qpx, 1, src.as_ptr() as u64, 1 << 20);
+        assert_eq!(x.wr_complete.unwrap()(qpx), 0);
+    }
+    assert_eq!(
+        dev.log().len(),
+        1,
+        "forwarded whole to the provider's own wr_*"
+    );
+    dev.execute_all(qp);
+    assert_eq!(src, dst);
+    let stats = engine.stats();
+    assert_eq!((stats.requests, stats.bytes), (1, 1 << 20));
+    if let Some(t) = engine::qp_token(qp) {
+        engine::unregister_qp(qp, t, ctx);
+    }
+    engine::detach_context(ctx);
+}
+
+#[test]
+fn extended_cq_polling_hides_internal_entries_and_rewrites_the_length() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]),
+        clock,
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: fresh mock context.
+    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    let mut cq_attr = ibv_cq_init_attr_ex {
+        cqe: 64,
+        wc_flags: u64::from(IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_BYTE_LEN),
+        ..Default::default()
+    };
+    // SAFETY: a live context, through the shaper's create_cq_ex.
+    let cqx = unsafe { ops::create_cq_ex(ctx, &mut cq_attr) };
+    let cq = cqx.cast::<ibv_cq>();
+    let mut attr = ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        sq_sig_all: 1,
+        cap: ibv_qp_cap {
+            max_send_wr: 16,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let qp = dev.create_qp(&mut attr);
+    // SAFETY: just created.
+    unsafe { on_create_qp(qp, &attr) };
+    let src = pattern(4096, 19);
+    let mut dst = vec![0u8; 4096];
+    let mut s = [sge(&src, 0, 4096)];
+    let mut w = rdma(IBV_WR_RDMA_WRITE, 31, &mut s, dst.as_mut_ptr() as u64, true);
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP.
+    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    dev.execute_all(qp);
+    let mut seen = Vec::new();
+    // SAFETY: the installed poll pointers, used as the inline ibv_start_poll & co.
+    unsafe {
+        let c = &mut *cqx;
+        let mut attr = ibv_poll_cq_attr::default();
+        let mut rc = c.start_poll.unwrap()(cqx, &mut attr);
+        if rc == 0 {
+            while rc == 0 {
+                seen.push(((*cqx).wr_id, (*cqx).status, c.read_byte_len.unwrap()(cqx)));
+                rc = c.next_poll.unwrap()(cqx);
+            }
+            c.end_poll.unwrap()(cqx);
+        }
+    }
+    assert_eq!(seen, [(31, IBV_WC_SUCCESS, 4096)]);
+    assert_eq!(src, dst);
+    if let Some(t) = engine::qp_token(qp) {
+        engine::unregister_qp(qp, t, ctx);
+    }
+    engine::detach_context(ctx);
+}
+
+#[test]
+fn notify_requests_reach_the_provider() {
+    let r = rig(BANDWIDTH_64K);
+    // SAFETY: a live CQ.
+    assert_eq!(unsafe { ops::req_notify_cq(r.cq, 0) }, 0);
+    assert_eq!(r.dev.notify_calls(), 1);
+}
+
+#[test]
+fn bad_settings_turn_the_shaper_off_instead_of_failing() {
+    let clock = Arc::new(VirtualClock::new());
+    for (var, value) in [
+        ("JUSTITIA_CLASS", "mouse"),
+        ("JUSTITIA_RATE", "fast"),
+        ("JUSTITIA_CHUNK", "-1"),
+        ("JUSTITIA_POLICY", "x"),
+    ] {
+        assert!(engine_from(lookup(&[(var, value)]), clock.clone(), PacerMode::Manual).is_none());
+    }
+    // An application on a device whose open found no engine runs on the provider alone.
+    let dev = MockDevice::new();
+    let cq = dev.create_cq();
+    let mut attr = ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 4,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let qp = dev.create_qp(&mut attr);
+    let src = pattern(1 << 16, 20);
+    let mut dst = vec![0u8; 1 << 16];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP.
+    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    dev.execute_all(qp);
+    assert_eq!(dev.log().len(), 1);
+    assert_eq!(src, dst);
+}
+
+#[test]
+fn the_pacer_thread_posts_what_waits_for_tokens() {
+    let engine = engine_from(
+        lookup(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "16K"),
+            ("JUSTITIA_RATE", "2M"),
+        ]),
+        Arc::new(crate::clock::MonotonicClock::new()),
+        PacerMode::Thread,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    let cq = dev.create_cq();
+    // SAFETY: just created.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 64,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let qp = dev.create_qp(&mut attr);
+    // SAFETY: just created.
+    unsafe { on_create_qp(qp, &attr) };
+    let src = pattern(200_000, 21);
+    let mut dst = vec![0u8; 200_000];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
+    let mut bad = std::ptr::null_mut();
+    let start = std::time::Instant::now();
+    // SAFETY: a live QP.
+    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    let mut done = false;
+    while !done && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+        dev.execute_all(qp);
+        let mut wc = [ibv_wc::default(); 1];
+        // SAFETY: a live CQ with room for one.
+        done = unsafe { ops::poll_cq(cq, 1, wc.as_mut_ptr()) } == 1;
+    }
+    let took = start.elapsed();
+    assert!(done, "the paced request completed");
+    // 200 kB at 2 MB/s is 100 ms, less the first chunk and the burst.
+    assert!(took >= Duration::from_millis(80), "{took:?}");
+    assert_eq!(src, dst);
+    if let Some(t) = engine::qp_token(qp) {
+        engine::unregister_qp(qp, t, ctx);
+    }
+    engine::detach_context(ctx);
+}
