@@ -1,10 +1,17 @@
 //! `justitia`: the command-line front end.
 
+use std::process::ExitCode;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
 mod demo;
+mod export;
+mod plot;
+mod progress;
+mod simulate;
+mod table;
 
 /// Software performance isolation for shared RDMA NICs.
 #[derive(Parser)]
@@ -16,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run simulated experiments (scenario files) and report, export and plot the results.
+    Sim(simulate::SimArgs),
     /// List the built-in RNIC profiles.
     Profiles,
     /// Walk through the policy engine's decisions on a built-in RNIC profile.
@@ -26,8 +35,35 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {}", describe(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes, outermost first, each said once: some errors repeat their
+/// cause's text in their own message, and a reader needs it only once.
+fn describe(err: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !parts
+            .last()
+            .is_some_and(|previous| previous.contains(&text))
+        {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Sim(args) => simulate::run(&args)?,
         Command::Profiles => {
             for p in RnicProfile::builtins() {
                 println!(
@@ -44,4 +80,26 @@ fn main() -> Result<()> {
         Command::Demo { profile } => demo::run(&profile)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn describe_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let repeated = anyhow::Error::new(io)
+            .context("reading x.toml: no such file")
+            .context("loading scenario file x.toml");
+        assert_eq!(
+            describe(&repeated),
+            "loading scenario file x.toml: reading x.toml: no such file"
+        );
+        let plain: Result<(), std::io::Error> =
+            Err(std::io::Error::new(std::io::ErrorKind::NotFound, "gone"));
+        let err = plain.context("opening y").err().map(|e| describe(&e));
+        assert_eq!(err.as_deref(), Some("opening y: gone"));
+    }
 }

@@ -75,7 +75,7 @@ fn full_refcount_window_of_reference_latencies() {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        let nanos = 1_300 + state % 200 + if state % 50 == 0 { 10_000 } else { 0 };
+        let nanos = 1_300 + state % 200 + if state.is_multiple_of(50) { 10_000 } else { 0 };
         all.push(nanos);
         estimator.record(Duration::from_nanos(nanos));
     }

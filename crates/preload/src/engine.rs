@@ -870,7 +870,7 @@ impl CqShared {
         if !synthesized.is_empty() {
             self.push_synthesized(synthesized);
         }
-        if self.work.load(Ordering::Acquire) % SHAPED_QP > 0 && out < want_total {
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) && out < want_total {
             let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
             while out < want_total {
                 let Some(e) = q.pop_front() else {

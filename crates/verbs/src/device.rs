@@ -176,7 +176,7 @@ impl Context {
             let dev = unsafe { *list.add(i) };
             // SAFETY: as above.
             let dev_name = unsafe { device_name(&verbs, dev) };
-            if chosen.is_none() && name.map_or(true, |want| want == dev_name) {
+            if chosen.is_none() && name.is_none_or(|want| want == dev_name) {
                 chosen = Some((dev, dev_name.clone()));
             }
             names.push(dev_name);
@@ -419,7 +419,7 @@ impl MemoryRegion {
     /// A scatter/gather entry for `len` bytes at `offset`, refused if it leaves the region.
     pub fn sge(&self, offset: usize, len: u32) -> Result<ibv_sge, VerbsError> {
         let end = offset.checked_add(len as usize);
-        if end.map_or(true, |end| end > self.buf.len()) {
+        if end.is_none_or(|end| end > self.buf.len()) {
             return Err(VerbsError::InvalidArgument(format!(
                 "SGE of {len} bytes at offset {offset} leaves a region of {} bytes",
                 self.buf.len()

@@ -1,0 +1,116 @@
+//! Application models: what the papers' benchmark programs and services do with an RNIC.
+//!
+//! | model | module | from |
+//! | --- | --- | --- |
+//! | latency flow (ping-pong or post-and-poll, size, inline, optional gap) | [`latency`] | perftest `*_lat`; Justitia §2.1; PeRF D_App |
+//! | throughput flow (batches of small messages, outstanding depth) | [`throughput`] | Justitia §2.1; PeRF M_App |
+//! | bandwidth flow (message size, depth, busy or event-driven polling) | [`bandwidth`] | perftest `*_bw`; KBNets study; PeRF B_App |
+//! | RPC service (batched small requests and responses) | [`rpc`] | FaSST, eRPC (Justitia §2.2) |
+//! | storage service (objects moved as 1 MB splits) | [`storage`] | the blob store of Justitia §2.2.1 |
+//!
+//! An application owns queue pairs on both ends of its connection(s). It posts work
+//! requests (through the host's policy, which may shape them), learns of completions of its
+//! own requests, and of messages delivered to its side of a connection. It reacts after the
+//! host's polling delay: about `host.poll_ns` when it busy-polls, `host.wakeup_us` more
+//! when it sleeps until a completion event.
+
+pub mod bandwidth;
+pub mod latency;
+pub mod rpc;
+pub mod storage;
+pub mod throughput;
+
+use rand_core::Rng;
+use rand_pcg::Pcg64Mcg;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::EventQueue;
+use crate::metrics::FlowMetrics;
+use crate::rnic::{QpId, WorkRequest};
+use crate::time::Picos;
+use crate::world::Event;
+
+/// How an application learns of completions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Polling {
+    /// A thread spins on the completion queue: it reacts after a delay uniform in
+    /// [0, 2 x `host.poll_ns`] (where in its polling loop the CQE lands).
+    #[default]
+    Busy,
+    /// A thread sleeps until a completion event: it reacts after `host.wakeup_us`, and
+    /// handles every completion that arrived meanwhile in the same wake-up.
+    Event,
+}
+
+/// What an application may do while handling a callback.
+pub(crate) struct AppIo<'a> {
+    pub(crate) now: Picos,
+    pub(crate) app: u32,
+    pub(crate) queue: &'a mut EventQueue<Event>,
+    pub(crate) posts: &'a mut Vec<(QpId, WorkRequest)>,
+    pub(crate) metrics: &'a mut FlowMetrics,
+    pub(crate) poll: Picos,
+    pub(crate) wakeup: Picos,
+    pub(crate) rng: &'a mut Pcg64Mcg,
+}
+
+impl AppIo<'_> {
+    /// Now.
+    pub(crate) fn now(&self) -> Picos {
+        self.now
+    }
+
+    /// Posts a work request (it goes through the host's policy).
+    pub(crate) fn post(&mut self, qp: QpId, wr: WorkRequest) {
+        self.posts.push((qp, wr));
+    }
+
+    /// Calls [`AppModel::on_timer`] with `tag` at `at`.
+    pub(crate) fn timer(&mut self, at: Picos, tag: u64) {
+        self.queue
+            .schedule(at, Event::AppTimer { app: self.app, tag });
+    }
+
+    /// The delay before this application acts on a completion.
+    pub(crate) fn reaction(&mut self, polling: Polling) -> Picos {
+        let poll = self.rng.next_u64() % (2 * self.poll + 1);
+        match polling {
+            Polling::Busy => poll,
+            Polling::Event => self.wakeup + poll,
+        }
+    }
+
+    /// Records one latency sample observed at `at`.
+    pub(crate) fn record_latency(&mut self, at: Picos, latency: Picos) {
+        self.metrics.record_latency(at, latency);
+    }
+
+    /// Records one completed application-level message observed at `at`.
+    pub(crate) fn record_message(&mut self, at: Picos) {
+        self.metrics.record_message(at);
+    }
+}
+
+/// An application model.
+pub(crate) trait AppModel {
+    /// The flow starts: post the first requests.
+    fn start(&mut self, io: &mut AppIo<'_>);
+    /// The flow stops: post nothing new (requests in flight still complete).
+    fn stop(&mut self);
+    /// A timer set with [`AppIo::timer`] fired.
+    fn on_timer(&mut self, io: &mut AppIo<'_>, tag: u64);
+    /// A work request this application posted on `qp` completed (the CQE is visible).
+    fn on_completion(&mut self, io: &mut AppIo<'_>, qp: QpId, tag: u64);
+    /// A message arrived on this application's side `qp` of a connection and is in memory.
+    fn on_delivery(&mut self, io: &mut AppIo<'_>, qp: QpId, bytes: u32);
+}
+
+/// Queue pairs of one connection of an application: the requester's and the responder's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Connection {
+    /// On the host that posts the flow's requests.
+    pub(crate) client: QpId,
+    /// On the other host.
+    pub(crate) server: QpId,
+}

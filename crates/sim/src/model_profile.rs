@@ -1,0 +1,357 @@
+//! Model profiles: everything the simulator needs to know about one RNIC model and its
+//! fabric.
+//!
+//! A model profile embeds the policy-facing [`RnicProfile`] of `justitia-core` (MaxRate,
+//! MaxTput, MTU, chunk sizes: what the daemon would be configured with) and adds the
+//! parameters of the simulated hardware, grouped by the model that reads them:
+//!
+//! | table | model | parameters |
+//! | --- | --- | --- |
+//! | `[policy]` | the daemon and shapers | see [`RnicProfile`] |
+//! | `[link]` | [`crate::link`] | signalling rate, propagation, per-packet header bytes |
+//! | `[pcie]` | [`crate::rnic`] | doorbell, DMA read/write latencies, payload read bandwidth |
+//! | `[rnic]` | [`crate::rnic`] | processing units, message-rate caps, transmit FIFO, inline limit |
+//! | `[host]` | [`crate::app`] | CPU cost of a post, poll detection, event wake-up, jitter |
+//!
+//! The profiles of the papers' hardware live in `profiles/*.toml` at the repository root,
+//! each parameter with a comment naming the measurement it was fitted to; they are also
+//! compiled in ([`ModelProfile::builtin`]) so that the library works from any directory.
+
+use std::path::Path;
+
+use justitia_core::profile::{ProfileError, RnicProfile};
+use serde::{Deserialize, Serialize};
+
+use crate::time::{self, ByteTime, Picos};
+
+/// The simulated hardware of one RNIC model, plus the policy's view of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfile {
+    /// What the policy is configured with (MaxRate, MaxTput, MTU, chunk sizes).
+    pub policy: RnicProfile,
+    /// The wire between two nodes.
+    pub link: LinkParams,
+    /// The PCIe path between host memory and the RNIC.
+    pub pcie: PcieParams,
+    /// The RNIC's internals.
+    pub rnic: RnicParams,
+    /// The host CPU's side of posting and polling.
+    pub host: HostParams,
+}
+
+/// Parameters of a link.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkParams {
+    /// Data rate on the wire in Gb/s, after line coding (FDR 4x: 54.5; 40GbE: 40).
+    pub gbps: f64,
+    /// One-way propagation from one host's port to the other's, in ns, including the
+    /// forwarding latency of the single cut-through switch of the papers' testbeds.
+    pub propagation_ns: f64,
+    /// Bytes every packet adds on the wire: transport and network headers, CRCs, and for
+    /// Ethernet the preamble and inter-frame gap.
+    pub header_bytes: u32,
+    /// Extra bytes on the first packet of a WRITE or READ request (the RETH).
+    #[serde(default)]
+    pub first_packet_extra_bytes: u32,
+    /// Bytes of an acknowledgement on the wire.
+    pub ack_bytes: u32,
+}
+
+/// Parameters of the PCIe path.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieParams {
+    /// Time from the CPU's doorbell write until the RNIC sees it, in ns.
+    pub doorbell_ns: f64,
+    /// Round trip of a DMA read (WQE fetch, first payload read), in ns.
+    pub read_latency_ns: f64,
+    /// Time for a DMA write (payload at the receiver, a CQE) to become visible, in ns.
+    pub write_latency_ns: f64,
+    /// Payload read bandwidth in Gb/s; 0 when PCIe never limits transmission.
+    #[serde(default)]
+    pub read_gbps: f64,
+    /// Half-width of the uniform variation of each packet's payload read time, in ns
+    /// (read completions do not return at a perfectly even pace).
+    #[serde(default)]
+    pub read_jitter_ns: f64,
+}
+
+/// Parameters of the RNIC.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RnicParams {
+    /// Processing units; queue pair `i` is served by unit `i mod processing_units`.
+    pub processing_units: u32,
+    /// Message-rate cap of one processing unit (so of one queue pair), in M msgs/s.
+    pub qp_mops: f64,
+    /// Message-rate cap of the whole RNIC (its packet scheduler), in M packets/s.
+    pub nic_mops: f64,
+    /// Time a processing unit needs to turn a fetched WQE into its first packet, in ns.
+    pub wqe_process_ns: f64,
+    /// Receive-side processing of a packet before it is acknowledged or written, in ns.
+    pub rx_process_ns: f64,
+    /// Capacity of the transmit FIFO behind the round-robin arbiter, in bytes on the wire.
+    pub tx_fifo_bytes: u32,
+    /// Largest payload that can be posted inline (copied into the WQE by the CPU).
+    pub max_inline_bytes: u32,
+}
+
+/// Parameters of the host CPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostParams {
+    /// CPU time to build and post one work request, in ns.
+    pub post_ns: f64,
+    /// Mean delay from a completion becoming visible to a busy-polling thread acting on it,
+    /// in ns; the delay is uniform in [0, 2 x this] (where in its loop the thread is).
+    pub poll_ns: f64,
+    /// Delay from a completion to an event-driven thread acting on it (interrupt,
+    /// wake-up, re-arm, poll), in us.
+    pub wakeup_us: f64,
+    /// Mean of an exponentially distributed extra delay on every doorbell, in ns: the
+    /// spread of PCIe and cache latencies that makes even an idle RNIC's tail differ
+    /// from its median.
+    pub jitter_ns: f64,
+}
+
+/// Why a model profile was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelProfileError {
+    /// The file could not be read.
+    #[error("reading RNIC model profile {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse, or had unknown or mistyped fields.
+    #[error("RNIC model profile {origin}: {message}")]
+    Parse {
+        /// Where the text came from.
+        origin: String,
+        /// The parser's message, naming the field.
+        message: String,
+    },
+    /// The `[policy]` table is invalid.
+    #[error("RNIC model profile {origin}: [policy] {source}")]
+    Policy {
+        /// Where the text came from.
+        origin: String,
+        /// The core's validation error.
+        source: ProfileError,
+    },
+    /// A hardware parameter is out of range.
+    #[error("RNIC model profile {origin}: field `{field}` {reason}")]
+    Invalid {
+        /// Where the text came from.
+        origin: String,
+        /// The offending field, as `table.key`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No built-in profile has that name.
+    #[error("no RNIC model profile named `{0}` (built in: {known})", known = ModelProfile::BUILTIN_NAMES.join(", "))]
+    UnknownBuiltin(String),
+}
+
+const BUILTIN_TEXTS: [(&str, &str); 4] = [
+    ("IB-56", include_str!("../../../profiles/ib-56.toml")),
+    ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
+    ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
+    ("RoCE-100", include_str!("../../../profiles/roce-100.toml")),
+];
+
+impl ModelProfile {
+    /// Names of the built-in model profiles (the files in `profiles/`).
+    pub const BUILTIN_NAMES: [&'static str; 4] = ["IB-56", "RoCE-40", "RoCE-10", "RoCE-100"];
+
+    /// A built-in profile by name, case-insensitive (`ib-56`, `RoCE-100`, ...).
+    pub fn builtin(name: &str) -> Result<Self, ModelProfileError> {
+        let (canonical, text) = BUILTIN_TEXTS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.trim()))
+            .ok_or_else(|| ModelProfileError::UnknownBuiltin(name.to_string()))?;
+        Self::from_toml(text, &format!("built-in {canonical}"))
+    }
+
+    /// Parses and validates a profile; `origin` names the source in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ModelProfileError> {
+        let profile: ModelProfile = toml::from_str(text).map_err(|e| ModelProfileError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim().to_string(),
+        })?;
+        profile.validate(origin)?;
+        Ok(profile)
+    }
+
+    /// Reads and validates a profile file.
+    pub fn from_file(path: &Path) -> Result<Self, ModelProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelProfileError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Checks every parameter's range.
+    pub fn validate(&self, origin: &str) -> Result<(), ModelProfileError> {
+        self.policy
+            .validate()
+            .map_err(|source| ModelProfileError::Policy {
+                origin: origin.to_string(),
+                source,
+            })?;
+        let invalid = |field: &'static str, reason: String| ModelProfileError::Invalid {
+            origin: origin.to_string(),
+            field,
+            reason,
+        };
+        let positive = |field: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(invalid(
+                    field,
+                    format!("must be a positive number, got {v}"),
+                ))
+            }
+        };
+        let non_negative = |field: &'static str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(invalid(field, format!("must be zero or positive, got {v}")))
+            }
+        };
+        positive("link.gbps", self.link.gbps)?;
+        non_negative("link.propagation_ns", self.link.propagation_ns)?;
+        if self.link.ack_bytes == 0 {
+            return Err(invalid("link.ack_bytes", "must be positive".into()));
+        }
+        non_negative("pcie.doorbell_ns", self.pcie.doorbell_ns)?;
+        non_negative("pcie.read_latency_ns", self.pcie.read_latency_ns)?;
+        non_negative("pcie.write_latency_ns", self.pcie.write_latency_ns)?;
+        non_negative("pcie.read_gbps", self.pcie.read_gbps)?;
+        non_negative("pcie.read_jitter_ns", self.pcie.read_jitter_ns)?;
+        if self.rnic.processing_units == 0 {
+            return Err(invalid(
+                "rnic.processing_units",
+                "must be at least 1".into(),
+            ));
+        }
+        positive("rnic.qp_mops", self.rnic.qp_mops)?;
+        positive("rnic.nic_mops", self.rnic.nic_mops)?;
+        non_negative("rnic.wqe_process_ns", self.rnic.wqe_process_ns)?;
+        non_negative("rnic.rx_process_ns", self.rnic.rx_process_ns)?;
+        if self.rnic.tx_fifo_bytes == 0 {
+            return Err(invalid("rnic.tx_fifo_bytes", "must be positive".into()));
+        }
+        non_negative("host.post_ns", self.host.post_ns)?;
+        non_negative("host.poll_ns", self.host.poll_ns)?;
+        non_negative("host.wakeup_us", self.host.wakeup_us)?;
+        non_negative("host.jitter_ns", self.host.jitter_ns)?;
+        Ok(())
+    }
+
+    /// The profile's name (that of its `[policy]` table).
+    pub fn name(&self) -> &str {
+        &self.policy.name
+    }
+
+    /// Path MTU in bytes.
+    pub fn mtu(&self) -> u32 {
+        self.policy.mtu
+    }
+
+    /// The wire's byte time.
+    pub fn wire_byte_time(&self) -> ByteTime {
+        ByteTime::from_gbps(self.link.gbps)
+    }
+
+    /// The payload DMA's byte time (zero when PCIe never limits).
+    pub fn dma_byte_time(&self) -> ByteTime {
+        ByteTime::from_gbps(self.pcie.read_gbps)
+    }
+
+    /// Bytes a data packet with `payload` bytes occupies on the wire.
+    pub fn wire_bytes(&self, payload: u32, first_of_request: bool) -> u32 {
+        let extra = if first_of_request {
+            self.link.first_packet_extra_bytes
+        } else {
+            0
+        };
+        payload + self.link.header_bytes + extra
+    }
+
+    /// The highest payload rate one flow of `message_bytes`-byte WRITEs can reach on the
+    /// wire alone, in Gb/s: the lower of the wire after headers and the payload DMA.
+    pub fn payload_gbps_limit(&self, message_bytes: u64) -> f64 {
+        let mtu = u64::from(self.mtu());
+        let packets = message_bytes.div_ceil(mtu).max(1);
+        let wire = message_bytes
+            + packets * u64::from(self.link.header_bytes)
+            + u64::from(self.link.first_packet_extra_bytes);
+        let wire_limit = self.link.gbps * message_bytes as f64 / wire as f64;
+        if self.pcie.read_gbps > 0.0 {
+            wire_limit.min(self.pcie.read_gbps)
+        } else {
+            wire_limit
+        }
+    }
+
+    /// The host's event wake-up delay.
+    pub fn wakeup(&self) -> Picos {
+        time::from_us(self.host.wakeup_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn every_builtin_parses_and_validates() {
+        for name in ModelProfile::BUILTIN_NAMES {
+            let p = ModelProfile::builtin(name).unwrap();
+            assert_eq!(p.name(), name);
+        }
+        assert!(ModelProfile::builtin("roce-100").is_ok());
+        assert!(matches!(
+            ModelProfile::builtin("cx9"),
+            Err(ModelProfileError::UnknownBuiltin(_))
+        ));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let text = include_str!("../../../profiles/ib-56.toml");
+        let bad = text.replace("tx_fifo_bytes", "tx_fifo_byte");
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tx_fifo_byte"), "{err}");
+        let bad = text.replace("qp_mops = ", "qp_mops = -");
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rnic.qp_mops"), "{err}");
+        let bad = text.replace("mtu = 4096", "mtu = 1500");
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mtu"), "{err}");
+    }
+
+    #[test]
+    fn ib56_bandwidth_ceiling_is_the_papers_application_level_rate() {
+        // Justitia §2: about 48 Gb/s application level on the 56 Gb/s ConnectX-3 Pro.
+        let p = ModelProfile::builtin("IB-56").unwrap();
+        let limit = p.payload_gbps_limit(1 << 20);
+        assert!((limit - 48.0).abs() < 1.5, "{limit}");
+    }
+}

@@ -1,0 +1,136 @@
+//! The policy boundary: what a host runs between its applications and its RNIC.
+//!
+//! A [`Policy`] sees every work request that an application on its host posts, decides
+//! when (and in what pieces) it reaches the RNIC, sees every completion of what it posted,
+//! and decides what the application is told. It may own queue pairs of its own (a probe)
+//! and timers. This is the position of Justitia's shaper and daemon (§4), and of PeRF's
+//! interposed library: a new policy (preemption, hardware priority, an adaptive one)
+//! implements this trait and needs no change to the RNIC model.
+//!
+//! One instance runs per host. Policies are built by name from scenarios
+//! ([`crate::scenario::PolicySpec`]).
+
+pub mod justitia;
+pub mod native;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use justitia_core::flow::FlowSpec;
+
+use crate::engine::EventQueue;
+use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
+use crate::time::Picos;
+use crate::topology::HostId;
+use crate::world::{Event, Notice};
+
+/// A flow as a host's policy sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlowInfo {
+    /// Identity, tenant, class and weight, as the policy core's allotment wants them.
+    pub spec: FlowSpec,
+    /// The scenario's name for it.
+    pub name: String,
+    /// The queue pairs on this host on which the flow posts.
+    pub qps: Vec<QpId>,
+    /// The host at the other end.
+    pub peer: HostId,
+}
+
+/// What a policy may do while handling a call.
+pub struct PolicyContext<'a> {
+    pub(crate) host: HostId,
+    pub(crate) fabric: &'a mut Fabric,
+    pub(crate) queue: &'a mut EventQueue<Event>,
+    pub(crate) notices: &'a mut VecDeque<Notice>,
+}
+
+impl PolicyContext<'_> {
+    /// Now.
+    pub fn now(&self) -> Picos {
+        self.queue.now()
+    }
+
+    /// The host this policy runs on.
+    pub fn host(&self) -> HostId {
+        self.host
+    }
+
+    /// Hands a work request to the RNIC (the host CPU's post and doorbell costs apply).
+    pub fn post(&mut self, qp: QpId, wr: WorkRequest) {
+        self.fabric.post(qp, wr, self.queue);
+    }
+
+    /// Tells the application that owns `qp` that its request `tag` completed.
+    pub fn complete(&mut self, qp: QpId, tag: u64) {
+        if let QpOwner::App(app) = self.fabric.owner(qp) {
+            self.notices.push_back(Notice { app, qp, tag });
+        }
+    }
+
+    /// Calls [`Policy::on_timer`] with `tag` at `at`.
+    pub fn set_timer(&mut self, at: Picos, tag: u64) {
+        self.queue.schedule(
+            at,
+            Event::PolicyTimer {
+                host: self.host,
+                tag,
+            },
+        );
+    }
+
+    /// Opens a connection of the policy's own from this host to `peer` (e.g. the reference
+    /// flow's); returns the local queue pair. Its completions come to
+    /// [`Policy::on_completion`] and are never shown to applications.
+    pub fn connect_probe(&mut self, peer: HostId) -> QpId {
+        let end = |host| Endpoint {
+            host,
+            owner: QpOwner::Policy,
+            deliver: false,
+        };
+        let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
+        local
+    }
+
+    /// Requests posted on `qp` that have not completed.
+    pub fn outstanding(&self, qp: QpId) -> usize {
+        self.fabric.outstanding(qp)
+    }
+}
+
+/// Figures a policy reports about itself at the end of a run (e.g. the SafeUtil it
+/// settled on), by name.
+pub type PolicyFigures = BTreeMap<String, f64>;
+
+/// A host's isolation policy.
+pub trait Policy {
+    /// The policy's name, as written in scenarios.
+    fn name(&self) -> &str;
+
+    /// Called once before the first event, with the flows that post from this host.
+    fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
+        let _ = (ctx, flows);
+    }
+
+    /// A flow of this host started (`true`) or stopped sending (`false`).
+    fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
+        let _ = (ctx, flow, active);
+    }
+
+    /// An application posted `wr` on `qp`.
+    fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest);
+
+    /// A request this policy handed to the RNIC on `qp` completed.
+    fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
+        ctx.complete(qp, tag);
+    }
+
+    /// A timer set with [`PolicyContext::set_timer`] fired.
+    fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
+        let _ = (ctx, tag);
+    }
+
+    /// Figures worth reporting at the end of the run.
+    fn figures(&self) -> PolicyFigures {
+        PolicyFigures::new()
+    }
+}

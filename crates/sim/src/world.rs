@@ -1,0 +1,401 @@
+//! One run: the event loop that ties applications, policies and the fabric together.
+//!
+//! Every event is handled by exactly one model. Calls between models that happen at the
+//! same instant (an application posting, the policy handing the request to the RNIC, a
+//! completion being passed up to the application) go through two queues drained after
+//! each event, in order, so no model ever holds a reference into another.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
+use rand_core::SeedableRng;
+use rand_pcg::Pcg64Mcg;
+
+use crate::app::bandwidth::BandwidthApp;
+use crate::app::latency::LatencyApp;
+use crate::app::rpc::RpcApp;
+use crate::app::storage::StorageApp;
+use crate::app::throughput::ThroughputApp;
+use crate::app::{AppIo, AppModel, Connection};
+use crate::engine::EventQueue;
+use crate::metrics::FlowMetrics;
+use crate::policy::justitia::{JustitiaError, JustitiaPolicy};
+use crate::policy::native::NativePolicy;
+use crate::policy::{FlowInfo, Policy, PolicyContext};
+use crate::report::{jain_index, FlowReport, RunReport};
+use crate::rnic::{Completion, Endpoint, Fabric, Packet, QpId, QpOwner, WorkRequest};
+use crate::scenario::{AppSpec, Experiment, PolicySpec, ResolvedVariant, TopologyKind};
+use crate::time::{self, Picos};
+use crate::topology::{HostId, LinkId, Topology};
+
+/// Everything that can happen.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event {
+    /// A queue pair may have a packet ready for its arbiter.
+    QpReady(QpId),
+    /// A host's arbiter decides (stale when `gen` is not the current generation).
+    ArbiterWake { host: HostId, gen: u32 },
+    /// The last bit of a packet reached the far end of a link.
+    PacketArrive { link: LinkId, packet: Packet },
+    /// CQEs for all messages up to `upto` on `qp` are in host memory.
+    CqeVisible { qp: QpId, upto: u32 },
+    /// A received message of `bytes` is in the memory of `qp`'s host.
+    Deliver { qp: QpId, bytes: u32 },
+    /// An application's timer.
+    AppTimer { app: u32, tag: u64 },
+    /// A policy's timer.
+    PolicyTimer { host: HostId, tag: u64 },
+    /// A flow starts.
+    FlowStart(u32),
+    /// A flow stops posting.
+    FlowStop(u32),
+}
+
+/// A completion to pass up to an application.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Notice {
+    pub(crate) app: u32,
+    pub(crate) qp: QpId,
+    pub(crate) tag: u64,
+}
+
+struct FlowRuntime {
+    name: String,
+    class: FlowClass,
+    app_kind: &'static str,
+    /// (host, what that host's policy is told) for every host on which the flow posts.
+    infos: Vec<(HostId, FlowInfo)>,
+}
+
+pub(crate) struct World {
+    queue: EventQueue<Event>,
+    fabric: Fabric,
+    apps: Vec<Box<dyn AppModel>>,
+    metrics: Vec<FlowMetrics>,
+    policies: Vec<Box<dyn Policy>>,
+    flows: Vec<FlowRuntime>,
+    posts: Vec<(QpId, WorkRequest)>,
+    notices: VecDeque<Notice>,
+    completions: Vec<Completion>,
+    poll: Picos,
+    wakeup: Picos,
+    app_rng: Pcg64Mcg,
+    window: (Picos, Picos),
+    max_rate_gbps: f64,
+    variant: String,
+    policy_name: String,
+}
+
+impl World {
+    /// Builds the run `variant` of `experiment`.
+    pub(crate) fn build(
+        experiment: &Experiment,
+        variant: &ResolvedVariant,
+    ) -> Result<Self, JustitiaError> {
+        let scenario = &experiment.scenario;
+        let profile = &experiment.profile;
+        let end = time::from_ms(scenario.duration_ms);
+        let window = (time::from_ms(scenario.warmup_ms), end);
+        let topology = match scenario.topology.kind {
+            TopologyKind::BackToBack => {
+                let h = &scenario.topology.hosts;
+                Topology::back_to_back([h[0].as_str(), h[1].as_str()], &profile.link)
+            }
+        };
+        let hosts = topology.host_count();
+        let mut fabric = Fabric::new(topology, profile, scenario.seed, window);
+        let mut queue = EventQueue::new();
+        let mut apps: Vec<Box<dyn AppModel>> = Vec::new();
+        let mut metrics = Vec::new();
+        let mut flows = Vec::new();
+        for (index, flow_ref) in variant.flows.iter().enumerate() {
+            let spec = &scenario.flows[flow_ref.spec];
+            let Some(app_spec) = spec.app() else {
+                continue;
+            };
+            let (from, to) = scenario.endpoints(spec);
+            let (Some(a), Some(b)) = (
+                fabric.topology().host_by_name(&from),
+                fabric.topology().host_by_name(&to),
+            ) else {
+                continue;
+            };
+            let app_index = index as u32;
+            let server_posts = app_spec.server_posts();
+            let conns: Vec<Connection> = (0..app_spec.connections())
+                .map(|_| {
+                    let end = |host| Endpoint {
+                        host,
+                        owner: QpOwner::App(app_index),
+                        deliver: server_posts,
+                    };
+                    let (client, server) = fabric.connect(end(a), end(b), Some(app_index));
+                    Connection { client, server }
+                })
+                .collect();
+            let app: Box<dyn AppModel> = match app_spec {
+                AppSpec::Latency(p) => Box::new(LatencyApp::new(p, conns[0])),
+                AppSpec::Throughput(p) => Box::new(ThroughputApp::new(p, conns.clone())),
+                AppSpec::Bandwidth(p) => Box::new(BandwidthApp::new(p, conns.clone())),
+                AppSpec::Rpc(p) => Box::new(RpcApp::new(p, conns.clone())),
+                AppSpec::Storage(p) => Box::new(StorageApp::new(p, conns.clone())),
+            };
+            apps.push(app);
+            metrics.push(FlowMetrics::new(window));
+            let core_spec = FlowSpec {
+                id: FlowId(u64::from(app_index)),
+                // Without a tenant, every flow (and every copy) is an application of its own.
+                tenant: TenantId(spec.tenant.unwrap_or(1_000_000 + u64::from(app_index))),
+                class: spec.class(),
+                weight: spec.weight.unwrap_or(Weight::ONE),
+            };
+            let mut infos = vec![(
+                a,
+                FlowInfo {
+                    spec: core_spec,
+                    name: flow_ref.name.clone(),
+                    qps: conns.iter().map(|c| c.client).collect(),
+                    peer: b,
+                },
+            )];
+            if server_posts {
+                infos.push((
+                    b,
+                    FlowInfo {
+                        spec: core_spec,
+                        name: flow_ref.name.clone(),
+                        qps: conns.iter().map(|c| c.server).collect(),
+                        peer: a,
+                    },
+                ));
+            }
+            flows.push(FlowRuntime {
+                name: flow_ref.name.clone(),
+                class: spec.class(),
+                app_kind: app_spec.kind(),
+                infos,
+            });
+            queue.schedule(time::from_ms(spec.start_ms), Event::FlowStart(app_index));
+            if let Some(stop) = spec.stop_ms {
+                queue.schedule(time::from_ms(stop), Event::FlowStop(app_index));
+            }
+        }
+        let policies = (0..hosts)
+            .map(|_| -> Result<Box<dyn Policy>, JustitiaError> {
+                Ok(match variant.policy {
+                    PolicySpec::Native => Box::new(NativePolicy),
+                    PolicySpec::Justitia => {
+                        Box::new(JustitiaPolicy::new(profile, &variant.justitia)?)
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(World {
+            queue,
+            fabric,
+            apps,
+            metrics,
+            policies,
+            flows,
+            posts: Vec::new(),
+            notices: VecDeque::new(),
+            completions: Vec::new(),
+            poll: time::from_ns(profile.host.poll_ns),
+            wakeup: profile.wakeup(),
+            // A stream of its own, so that application timing does not shift the fabric's.
+            app_rng: Pcg64Mcg::seed_from_u64(scenario.seed ^ 0x5EED_A995),
+            window,
+            max_rate_gbps: profile.policy.max_rate_gbps,
+            variant: variant.name.clone(),
+            policy_name: variant.policy.as_str().to_string(),
+        })
+    }
+
+    fn host_flow_infos(&self, host: HostId) -> Vec<FlowInfo> {
+        self.flows
+            .iter()
+            .flat_map(|f| f.infos.iter())
+            .filter(|(h, _)| *h == host)
+            .map(|(_, info)| info.clone())
+            .collect()
+    }
+
+    /// Runs to the end of the window; `progress` is told the simulated time now and then.
+    pub(crate) fn run(mut self, progress: &mut dyn FnMut(Picos)) -> RunReport {
+        let started = Instant::now();
+        for h in 0..self.policies.len() {
+            let host = HostId(h as u16);
+            let infos = self.host_flow_infos(host);
+            let mut ctx = PolicyContext {
+                host,
+                fabric: &mut self.fabric,
+                queue: &mut self.queue,
+                notices: &mut self.notices,
+            };
+            self.policies[h].on_start(&mut ctx, &infos);
+        }
+        self.drain();
+        let end = self.window.1;
+        while let Some((_, event)) = self.queue.pop_until(end) {
+            self.dispatch(event);
+            self.drain();
+            if self.queue.popped().is_multiple_of(1 << 16) {
+                progress(self.queue.now());
+            }
+        }
+        self.queue.advance_to(end);
+        progress(end);
+        self.report(started.elapsed().as_secs_f64())
+    }
+
+    fn app_io(&mut self, app: u32) -> (&mut Box<dyn AppModel>, AppIo<'_>) {
+        let i = app as usize;
+        let io = AppIo {
+            now: self.queue.now(),
+            app,
+            queue: &mut self.queue,
+            posts: &mut self.posts,
+            metrics: &mut self.metrics[i],
+            poll: self.poll,
+            wakeup: self.wakeup,
+            rng: &mut self.app_rng,
+        };
+        (&mut self.apps[i], io)
+    }
+
+    fn policy_ctx(&mut self, host: HostId) -> (&mut Box<dyn Policy>, PolicyContext<'_>) {
+        let ctx = PolicyContext {
+            host,
+            fabric: &mut self.fabric,
+            queue: &mut self.queue,
+            notices: &mut self.notices,
+        };
+        (&mut self.policies[usize::from(host.0)], ctx)
+    }
+
+    fn dispatch(&mut self, event: Event) {
+        match event {
+            Event::QpReady(qp) => self.fabric.on_qp_ready(qp, &mut self.queue),
+            Event::ArbiterWake { host, gen } => {
+                self.fabric.on_arbiter_wake(host, gen, &mut self.queue)
+            }
+            Event::PacketArrive { link, packet } => {
+                self.fabric.on_packet_arrive(link, packet, &mut self.queue)
+            }
+            Event::CqeVisible { qp, upto } => {
+                let mut done = std::mem::take(&mut self.completions);
+                done.clear();
+                self.fabric.take_completions(qp, upto, &mut done);
+                let host = self.fabric.host_of(qp);
+                for c in &done {
+                    let (policy, mut ctx) = self.policy_ctx(host);
+                    policy.on_completion(&mut ctx, c.qp, c.tag);
+                }
+                self.completions = done;
+            }
+            Event::Deliver { qp, bytes } => {
+                if let QpOwner::App(app) = self.fabric.owner(qp) {
+                    let (model, mut io) = self.app_io(app);
+                    model.on_delivery(&mut io, qp, bytes);
+                }
+            }
+            Event::AppTimer { app, tag } => {
+                let (model, mut io) = self.app_io(app);
+                model.on_timer(&mut io, tag);
+            }
+            Event::PolicyTimer { host, tag } => {
+                let (policy, mut ctx) = self.policy_ctx(host);
+                policy.on_timer(&mut ctx, tag);
+            }
+            Event::FlowStart(app) => self.set_flow_active(app, true),
+            Event::FlowStop(app) => self.set_flow_active(app, false),
+        }
+    }
+
+    fn set_flow_active(&mut self, app: u32, active: bool) {
+        let infos = self.flows[app as usize].infos.clone();
+        for (host, info) in &infos {
+            let (policy, mut ctx) = self.policy_ctx(*host);
+            policy.on_flow_active(&mut ctx, info, active);
+        }
+        let (model, mut io) = self.app_io(app);
+        if active {
+            model.start(&mut io);
+        } else {
+            model.stop();
+        }
+    }
+
+    /// Passes same-instant calls along until nothing is left.
+    fn drain(&mut self) {
+        let mut posts = Vec::new();
+        loop {
+            if !self.posts.is_empty() {
+                std::mem::swap(&mut posts, &mut self.posts);
+                for (qp, wr) in posts.drain(..) {
+                    let host = self.fabric.host_of(qp);
+                    let (policy, mut ctx) = self.policy_ctx(host);
+                    policy.on_post(&mut ctx, qp, wr);
+                }
+                continue;
+            }
+            let Some(notice) = self.notices.pop_front() else {
+                break;
+            };
+            let (model, mut io) = self.app_io(notice.app);
+            model.on_completion(&mut io, notice.qp, notice.tag);
+        }
+    }
+
+    fn report(self, wall_seconds: f64) -> RunReport {
+        let seconds = time::to_secs(self.window.1 - self.window.0);
+        let flows: Vec<FlowReport> = self
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let m = &self.metrics[i];
+                let bytes = self.fabric.flow_bytes(i as u32);
+                FlowReport {
+                    name: f.name.clone(),
+                    class: f.class,
+                    app: f.app_kind.to_string(),
+                    messages: m.messages(),
+                    msgs_per_sec: m.messages() as f64 / seconds,
+                    gbps: bytes as f64 * 8.0 / seconds / 1e9,
+                    latency: m.latency().map(Into::into),
+                }
+            })
+            .collect();
+        let busiest = self
+            .fabric
+            .host_payload_bytes()
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        let utilisation = busiest as f64 * 8.0 / seconds / 1e9 / self.max_rate_gbps;
+        let bandwidth: Vec<f64> = flows
+            .iter()
+            .filter(|f| f.class == FlowClass::Bandwidth)
+            .map(|f| f.gbps)
+            .collect();
+        let mut policy_figures = std::collections::BTreeMap::new();
+        for (h, p) in self.policies.iter().enumerate() {
+            let host = &self.fabric.topology().host_names()[h];
+            for (k, v) in p.figures() {
+                policy_figures.insert(format!("{host}.{k}"), v);
+            }
+        }
+        RunReport {
+            variant: self.variant,
+            policy: self.policy_name,
+            flows,
+            utilisation,
+            jain_bandwidth: jain_index(&bandwidth),
+            policy_figures,
+            events: self.queue.popped(),
+            wall_seconds,
+        }
+    }
+}

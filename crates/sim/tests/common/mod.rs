@@ -1,0 +1,77 @@
+//! Helpers shared by the simulator's regression tests.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use justitia_sim::{Experiment, FlowReport, LatencyReport, RunReport, ScenarioReport};
+
+/// The repository's `scenarios/` folder.
+pub fn scenarios_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
+}
+
+/// Loads `scenarios/<name>.toml`.
+pub fn experiment(name: &str) -> Experiment {
+    let path = scenarios_dir().join(format!("{name}.toml"));
+    Experiment::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Runs `scenarios/<name>.toml` once per test binary; later calls get the same report.
+pub fn report(name: &str) -> ScenarioReport {
+    static CACHE: OnceLock<Mutex<BTreeMap<String, ScenarioReport>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(BTreeMap::new()));
+    if let Some(r) = cache.lock().unwrap().get(name) {
+        return r.clone();
+    }
+    let r = experiment(name).run().unwrap();
+    cache.lock().unwrap().insert(name.to_string(), r.clone());
+    r
+}
+
+/// A run of a report, by variant name.
+pub fn run<'a>(report: &'a ScenarioReport, variant: &str) -> &'a RunReport {
+    report
+        .run(variant)
+        .unwrap_or_else(|| panic!("{}: no run `{variant}`", report.scenario))
+}
+
+/// A flow of a run, by name.
+pub fn flow<'a>(run: &'a RunReport, name: &str) -> &'a FlowReport {
+    run.flow(name)
+        .unwrap_or_else(|| panic!("run `{}`: no flow `{name}`", run.variant))
+}
+
+/// The latency percentiles of a flow.
+pub fn latency(run: &RunReport, name: &str) -> LatencyReport {
+    flow(run, name)
+        .latency
+        .unwrap_or_else(|| panic!("run `{}`: flow `{name}` has no samples", run.variant))
+}
+
+/// Asserts `actual` is within `tolerance` (a fraction) of `expected` (a paper's figure, or
+/// what the model gives in a reference run).
+pub fn assert_near(what: &str, actual: f64, expected: f64, tolerance: f64) {
+    let error = (actual - expected) / expected;
+    assert!(
+        error.abs() <= tolerance,
+        "{what}: model {actual:.3}, expected {expected:.3}: off by {:+.1}% (tolerance {:.0}%)",
+        error * 100.0,
+        tolerance * 100.0
+    );
+    eprintln!(
+        "{what}: model {actual:.3}, expected {expected:.3} ({:+.1}%)",
+        error * 100.0
+    );
+}
+
+/// Asserts `actual` lies in `[low, high]`.
+pub fn assert_between(what: &str, actual: f64, low: f64, high: f64) {
+    assert!(
+        (low..=high).contains(&actual),
+        "{what}: model {actual:.3}, expected in [{low:.3}, {high:.3}]"
+    );
+    eprintln!("{what}: model {actual:.3} in [{low:.3}, {high:.3}]");
+}

@@ -1,0 +1,309 @@
+//! The `justitia` policy against the effects its paper reports (validation targets J1-J8).
+//!
+//! J1, J3 and J4 must be within 30% of the paper and in the right direction; the others are
+//! checked with the tolerance written at each assertion, or, where the model does not
+//! reach the paper, the test says why and asserts what the model does show.
+
+mod common;
+
+use common::{assert_between, assert_near, flow, latency, report, run};
+use justitia_sim::report::jain_index;
+
+/// Justitia's effects: within 30% of the paper.
+const EFFECT: f64 = 0.30;
+
+/// J1: with Target99 set to the latency flow's alone p99, Justitia brings its median back
+/// to the alone value (1.3 us IB, 1.8 us RoCE) and limits the bandwidth flow to half
+/// (sharing incentive) (Justitia Fig 9).
+#[test]
+fn j1_latency_isolation_with_sharing_incentive() {
+    for (scenario, paper_median) in [("lat-vs-1mb-bw-ib56", 1.3), ("lat-vs-1mb-bw-roce40", 1.8)] {
+        let r = report(scenario);
+        let native = latency(run(&r, "with bw"), "lat");
+        let justitia = latency(run(&r, "with bw + justitia"), "lat");
+        assert_near(
+            &format!("J1 {scenario} median with Justitia (us)"),
+            justitia.p50_us,
+            paper_median,
+            EFFECT,
+        );
+        assert!(
+            justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
+            "J1 {scenario}: Justitia {justitia:?} must beat native {native:?}"
+        );
+        let alone = flow(run(&r, "bw alone"), "bw").gbps;
+        assert_near(
+            &format!("J1 {scenario} bandwidth flow share"),
+            flow(run(&r, "with bw + justitia"), "bw").gbps / alone,
+            0.5,
+            EFFECT,
+        );
+    }
+}
+
+/// J2: with a relaxed target (10 us) and the bandwidth flow on 4 QPs, Justitia keeps most
+/// of the bandwidth and bounds the latency: IB median 2.2 us, p99 3.2 us, 41.3 Gb/s
+/// (Justitia Fig 10). Checked within 30%.
+///
+/// Gap on RoCE-40: the paper measured 6.7 / 7.1 us and 29.7 Gb/s; the model gives about
+/// 2.2 us at 36.5 Gb/s, because its 5 KB chunks paced below the line rate never let the
+/// transmit FIFO fill, whatever the target. The test asserts that Justitia is no worse
+/// than native in latency and keeps at least 80% of the native bandwidth there.
+#[test]
+fn j2_relaxed_target_keeps_bandwidth() {
+    let r = report("lat-vs-1mb-bw-4qps-ib56");
+    let j = run(&r, "with bw + justitia");
+    let l = latency(j, "lat");
+    assert_near("J2 IB-56 median (us)", l.p50_us, 2.2, EFFECT);
+    assert_near("J2 IB-56 p99 (us)", l.p99_us, 3.2, EFFECT);
+    assert_near(
+        "J2 IB-56 bandwidth (Gb/s)",
+        flow(j, "bw").gbps,
+        41.3,
+        EFFECT,
+    );
+
+    let r = report("lat-vs-1mb-bw-4qps-roce40");
+    let native = run(&r, "with bw");
+    let j = run(&r, "with bw + justitia");
+    assert!(latency(j, "lat").p50_us <= latency(native, "lat").p50_us);
+    assert_between(
+        "J2 RoCE-40 bandwidth with Justitia / native",
+        flow(j, "bw").gbps / flow(native, "bw").gbps,
+        0.8,
+        1.01,
+    );
+}
+
+/// J3: Justitia gives a 1 MB and a 1 GB flow equal shares (against x1.42 / x1.22
+/// natively), at a bandwidth cost under 6% on IB and 2% on RoCE (Justitia §6.1.2, Fig 11).
+#[test]
+fn j3_equal_shares_regardless_of_message_size() {
+    for (scenario, overhead) in [("1mb-vs-1gb-bw-ib56", 0.06), ("1mb-vs-1gb-bw-roce40", 0.02)] {
+        let r = report(scenario);
+        let native = run(&r, "1MB vs 1GB, event");
+        let j = run(&r, "1MB vs 1GB, event + justitia");
+        let ratio = flow(j, "1GB").gbps / flow(j, "1MB").gbps;
+        assert_near(&format!("J3 {scenario} 1GB / 1MB"), ratio, 1.0, EFFECT);
+        let native_ratio = flow(native, "1GB").gbps / flow(native, "1MB").gbps;
+        assert!(
+            (ratio - 1.0).abs() < (native_ratio - 1.0).abs(),
+            "J3 {scenario}: Justitia {ratio} must be fairer than native {native_ratio}"
+        );
+        let total = |run: &justitia_sim::RunReport| flow(run, "1GB").gbps + flow(run, "1MB").gbps;
+        assert_between(
+            &format!("J3 {scenario} bandwidth lost to Justitia"),
+            1.0 - total(j) / total(native),
+            -0.01,
+            overhead,
+        );
+    }
+}
+
+/// J4: against a 1 MB flow, Justitia gives the throughput flow half its alone rate and the
+/// bandwidth flow half its bandwidth (Justitia Fig 12).
+#[test]
+fn j4_throughput_and_bandwidth_halve() {
+    let r = report("tput-vs-1mb-bw-ib56");
+    let tput_alone = flow(run(&r, "alone"), "tput").msgs_per_sec;
+    let native = run(&r, "with bw");
+    let j = run(&r, "with bw + justitia");
+    assert_near(
+        "J4 throughput flow with Justitia / alone",
+        flow(j, "tput").msgs_per_sec / tput_alone,
+        0.5,
+        EFFECT,
+    );
+    assert!(flow(j, "tput").msgs_per_sec > flow(native, "tput").msgs_per_sec);
+    let bw_alone = flow(run(&r, "bw alone"), "bw").gbps;
+    assert_near(
+        "J4 bandwidth flow with Justitia / alone",
+        flow(j, "bw").gbps / bw_alone,
+        0.5,
+        EFFECT,
+    );
+}
+
+/// J5: on 10 Gb/s RoCE with DCQCN, Justitia gives the throughput flow 2.6 M msgs/s and the
+/// bandwidth flow 4.1 Gb/s (Justitia Fig 19). Checked within 30%.
+#[test]
+fn j5_throughput_vs_bandwidth_roce10() {
+    let r = report("tput-vs-1mb-bw-roce10");
+    let j = run(&r, "with bw + justitia");
+    assert_near(
+        "J5 throughput flow (M msgs/s)",
+        flow(j, "tput").msgs_per_sec / 1e6,
+        2.6,
+        EFFECT,
+    );
+    assert_near("J5 bandwidth flow (Gb/s)", flow(j, "bw").gbps, 4.1, EFFECT);
+}
+
+/// J6: eight latency flows against eight bandwidth flows of 1 MB to 1 GB: natively x71.4
+/// the alone median (x79.8 p99); Justitia improves the median x48.8 and the p99 x16.4
+/// (Justitia §6.5.1, Fig 22).
+///
+/// Gap: the model's native degradation is about x2 (each of the eight QPs adds one MTU
+/// packet of waiting, see N3/N4), so there is far less for Justitia to win back. The test
+/// asserts the direction (Justitia improves median and p99, the median close to the alone
+/// value) and sharing incentive among the bandwidth flows.
+#[test]
+fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
+    let r = report("many-latency-vs-arriving-bw-ib56");
+    let alone = latency(run(&r, "latency alone"), "lat#1");
+    let native = latency(run(&r, "with bw"), "lat#1");
+    let j = run(&r, "with bw + justitia");
+    let justitia = latency(j, "lat#1");
+    assert!(
+        native.p50_us > alone.p50_us,
+        "native {native:?} vs alone {alone:?}"
+    );
+    assert!(
+        justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
+        "Justitia {justitia:?} must beat native {native:?}"
+    );
+    assert_near(
+        "J6 median with Justitia vs alone",
+        justitia.p50_us,
+        alone.p50_us,
+        0.30,
+    );
+    let bw: Vec<f64> = j
+        .flows
+        .iter()
+        .filter(|f| f.name.starts_with("bw"))
+        .map(|f| f.gbps)
+        .collect();
+    assert_between(
+        "J6 Jain index of the bandwidth flows",
+        jain_index(&bw).unwrap_or(0.0),
+        0.98,
+        1.0,
+    );
+}
+
+/// J7: many bandwidth flows, or many throughput flows, all get equal shares and the total
+/// stays near capacity (Justitia §6.3.1, Fig 16).
+#[test]
+fn j7_many_flows_equal_shares() {
+    let r = report("many-flows-equal-shares-ib56");
+    for variant in ["8 bw + justitia", "mixed sizes + justitia"] {
+        let j = run(&r, variant);
+        assert_between(
+            &format!("J7 {variant}: Jain index"),
+            j.jain_bandwidth.unwrap_or(0.0),
+            0.98,
+            1.0,
+        );
+        let total: f64 = j.flows.iter().map(|f| f.gbps).sum();
+        assert_between(
+            &format!("J7 {variant}: total / MaxRate 48 Gb/s"),
+            total / 48.0,
+            0.9,
+            1.05,
+        );
+    }
+    let j = run(&r, "8 tput + justitia");
+    let rates: Vec<f64> = j.flows.iter().map(|f| f.msgs_per_sec).collect();
+    assert_between(
+        "J7 Jain index of 8 throughput flows",
+        jain_index(&rates).unwrap_or(0.0),
+        0.98,
+        1.0,
+    );
+    let native_total: f64 = run(&r, "8 tput").flows.iter().map(|f| f.msgs_per_sec).sum();
+    assert_between(
+        "J7 throughput total with Justitia / native",
+        rates.iter().sum::<f64>() / native_total,
+        0.9,
+        1.01,
+    );
+}
+
+/// J8: when Target99 cannot be met, Justitia holds resource-hungry flows at the sharing
+/// floor, (B+T)/(L+B+T) = 2/3 of MaxRate here; with the unattainable-target option it
+/// gives up after delta and shares the whole RNIC equally among them (Justitia §4.5,
+/// §6.5.2, Fig 23). The scenario's delta is 20 ms instead of 5 s, so the run stays short.
+#[test]
+fn j8_unattainable_target() {
+    let r = report("unattainable-target-ib56");
+    let total = |variant: &str| -> f64 {
+        run(&r, variant)
+            .flows
+            .iter()
+            .filter(|f| f.name.starts_with("bw"))
+            .map(|f| f.gbps)
+            .sum()
+    };
+    assert_near(
+        "J8 target pursued: bandwidth total (Gb/s)",
+        total("justitia, target pursued"),
+        48.0 * 2.0 / 3.0,
+        0.10,
+    );
+    let given_up = run(&r, "justitia, gives up after delta");
+    assert_between(
+        "J8 after delta: bandwidth total / MaxRate",
+        total("justitia, gives up after delta") / 48.0,
+        0.9,
+        1.05,
+    );
+    assert_between(
+        "J8 after delta: Jain index",
+        given_up.jain_bandwidth.unwrap_or(0.0),
+        0.99,
+        1.0,
+    );
+}
+
+/// The application-level models of Justitia §2.2 and §6.2: an RPC service loses most of its
+/// rate to a storage service moving 1 MB splits (FaSST: -74%), and Justitia gives much of
+/// it back (FaSST: x2.5) while the storage service keeps about half its bandwidth.
+#[test]
+fn rpc_service_against_storage_service() {
+    let r = report("fasst-vs-storage-ib56");
+    let alone = flow(run(&r, "rpc alone"), "rpc").msgs_per_sec;
+    let native = flow(run(&r, "with storage"), "rpc").msgs_per_sec;
+    let j = run(&r, "with storage + justitia");
+    assert_between("RPC rate lost to storage", 1.0 - native / alone, 0.6, 0.95);
+    assert_between(
+        "RPC rate gained with Justitia",
+        flow(j, "rpc").msgs_per_sec / native,
+        2.0,
+        6.0,
+    );
+    assert_between(
+        "storage share with Justitia / native",
+        flow(j, "storage").gbps / flow(run(&r, "with storage"), "storage").gbps,
+        0.4,
+        0.7,
+    );
+}
+
+/// READs issued by the remote host make the local RNIC send their responses, which compete
+/// with its own sends in its arbiter: the local latency flow suffers as from a local
+/// bandwidth flow (Justitia §4.4, §6.6, Fig 24c-d). With Justitia the requester paces its
+/// READs like a local bandwidth flow and the latency flow recovers.
+#[test]
+fn remote_reads_compete_with_local_sends() {
+    let r = report("lat-vs-remote-read-ib56");
+    let alone = latency(run(&r, "alone"), "lat");
+    let native = latency(run(&r, "with remote read"), "lat");
+    let j = latency(run(&r, "with remote read + justitia"), "lat");
+    assert_between(
+        "READ responses: latency with / alone",
+        native.p50_us / alone.p50_us,
+        1.5,
+        3.0,
+    );
+    assert_near(
+        "READ flow alone (Gb/s)",
+        flow(run(&r, "read alone"), "remote read").gbps,
+        48.0,
+        0.05,
+    );
+    assert!(
+        j.p50_us < native.p50_us,
+        "Justitia {j:?} vs native {native:?}"
+    );
+}
