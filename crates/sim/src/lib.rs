@@ -20,7 +20,7 @@
 //! | module | what it models |
 //! | --- | --- |
 //! | [`engine`] | the event queue: integer picoseconds, (time, sequence) order |
-//! | [`topology`], [`link`] | nodes joined by links; serialization and propagation |
+//! | [`topology`], [`link`], [`switch`] | hosts and switches joined by links; input buffers, credits, FCFS or round-robin arbitration, virtual lanes |
 //! | [`rnic`] | queue pairs, PCIe, processing units, round-robin arbiter, transmit FIFO, receive side |
 //! | [`app`] | latency, throughput and bandwidth flows; an RPC and a storage service |
 //! | [`policy`] | the plug-in boundary, `native` and `justitia` |
@@ -37,6 +37,7 @@ pub mod policy;
 pub mod report;
 pub mod rnic;
 pub mod scenario;
+pub mod switch;
 pub mod time;
 pub mod topology;
 pub mod units;

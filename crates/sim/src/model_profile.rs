@@ -38,6 +38,62 @@ pub struct ModelProfile {
     pub rnic: RnicParams,
     /// The host CPU's side of posting and polling.
     pub host: HostParams,
+    /// The switch of switched topologies; profiles of back-to-back testbeds have none.
+    #[serde(default)]
+    pub switch: Option<SwitchParams>,
+}
+
+/// How a switch output port picks among the input buffers that hold a packet for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputArbitration {
+    /// The packet that entered the switch first, among the heads of the input buffers.
+    #[default]
+    Fcfs,
+    /// The next input port in turn that has a head packet for this output.
+    RoundRobin,
+}
+
+/// How a switch output port shares itself among virtual lanes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VlArbitration {
+    /// The highest-numbered virtual lane with a packet goes first.
+    #[default]
+    Strict,
+    /// Weighted round robin in bytes, by `vl_weights`.
+    Weighted,
+}
+
+/// Number of virtual lanes the model carries (service level `n` maps to lane `n`).
+pub const VIRTUAL_LANES: usize = 4;
+
+/// Parameters of a switch (InfiniBand: credit-based, lossless).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchParams {
+    /// One-way propagation of each cable (host to switch, switch to switch), in ns.
+    pub cable_ns: f64,
+    /// Cut-through forwarding latency from the head of a packet entering to it leaving,
+    /// with an idle output, in ns.
+    pub port_latency_ns: f64,
+    /// Extra forwarding latency of each packet, uniform in [0, this], in ns; a packet never
+    /// overtakes an earlier one of the same input buffer.
+    #[serde(default)]
+    pub jitter_ns: f64,
+    /// Buffer of each input port, per virtual lane, in bytes on the wire: the credits its
+    /// upstream sender starts with.
+    pub input_buffer_bytes: u32,
+    /// Input arbitration at each output port.
+    #[serde(default)]
+    pub arbitration: InputArbitration,
+    /// Arbitration among virtual lanes.
+    #[serde(default)]
+    pub vl_arbitration: VlArbitration,
+    /// Weights of the virtual lanes under weighted arbitration (lane 0 first); lanes
+    /// left out weigh 1.
+    #[serde(default)]
+    pub vl_weights: Vec<u32>,
 }
 
 /// Parameters of a link.
@@ -158,16 +214,21 @@ pub enum ModelProfileError {
     UnknownBuiltin(String),
 }
 
-const BUILTIN_TEXTS: [(&str, &str); 4] = [
+const BUILTIN_TEXTS: [(&str, &str); 5] = [
     ("IB-56", include_str!("../../../profiles/ib-56.toml")),
     ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
     ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
     ("RoCE-100", include_str!("../../../profiles/roce-100.toml")),
+    (
+        "IB-56-switch",
+        include_str!("../../../profiles/ib-56-switch.toml"),
+    ),
 ];
 
 impl ModelProfile {
     /// Names of the built-in model profiles (the files in `profiles/`).
-    pub const BUILTIN_NAMES: [&'static str; 4] = ["IB-56", "RoCE-40", "RoCE-10", "RoCE-100"];
+    pub const BUILTIN_NAMES: [&'static str; 5] =
+        ["IB-56", "RoCE-40", "RoCE-10", "RoCE-100", "IB-56-switch"];
 
     /// A built-in profile by name, case-insensitive (`ib-56`, `RoCE-100`, ...).
     pub fn builtin(name: &str) -> Result<Self, ModelProfileError> {
@@ -254,6 +315,27 @@ impl ModelProfile {
         non_negative("host.poll_ns", self.host.poll_ns)?;
         non_negative("host.wakeup_us", self.host.wakeup_us)?;
         non_negative("host.jitter_ns", self.host.jitter_ns)?;
+        if let Some(sw) = &self.switch {
+            non_negative("switch.cable_ns", sw.cable_ns)?;
+            non_negative("switch.port_latency_ns", sw.port_latency_ns)?;
+            non_negative("switch.jitter_ns", sw.jitter_ns)?;
+            if sw.input_buffer_bytes < self.mtu() + self.link.header_bytes * 2 {
+                return Err(invalid(
+                    "switch.input_buffer_bytes",
+                    format!(
+                        "must hold at least one MTU packet ({} bytes), got {}",
+                        self.mtu() + self.link.header_bytes * 2,
+                        sw.input_buffer_bytes
+                    ),
+                ));
+            }
+            if sw.vl_weights.len() > VIRTUAL_LANES || sw.vl_weights.contains(&0) {
+                return Err(invalid(
+                    "switch.vl_weights",
+                    format!("at most {VIRTUAL_LANES} weights, each at least 1"),
+                ));
+            }
+        }
         Ok(())
     }
 

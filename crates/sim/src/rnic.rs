@@ -42,9 +42,10 @@ use rand_pcg::Pcg64Mcg;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EventQueue;
-use crate::model_profile::ModelProfile;
+use crate::model_profile::{ModelProfile, VIRTUAL_LANES};
+use crate::switch::{Queued, Switch};
 use crate::time::{self, ByteTime, Picos};
-use crate::topology::{HostId, LinkId, NodeKind, Topology};
+use crate::topology::{HostId, LinkId, NodeKind, SwitchId, Topology};
 use crate::world::Event;
 
 /// A queue pair, unique across all hosts.
@@ -114,6 +115,8 @@ pub struct Packet {
     pub wire: u32,
     /// For a READ request: the bytes to read.
     pub request_bytes: u32,
+    /// The virtual lane it travels on (its queue pair's service level).
+    pub lane: u8,
 }
 
 /// One side of a connection: where it is, who owns it, whether its owner wants to hear of
@@ -167,6 +170,8 @@ struct ResponseJob {
 struct Unacked {
     msn: u32,
     tag: u64,
+    /// When the last bit of the request left the RNIC (`Picos::MAX` until then).
+    sent_at: Picos,
 }
 
 struct Qp {
@@ -187,6 +192,10 @@ struct Qp {
     rx_message_bytes: u32,
     ready_listed: bool,
     ready_event_at: Picos,
+    /// Service level (= virtual lane) of its packets.
+    lane: u8,
+    /// The latest request's network round trip as RPerf measures it.
+    last_wire_rtt: Option<Picos>,
 }
 
 /// The transmit FIFO between the arbiter and the wire. Its occupancy is the wire bytes not
@@ -276,6 +285,10 @@ struct Rnic {
     payload_bytes_in_window: u64,
 }
 
+/// Credits of a link into a switch, per virtual lane, in wire bytes; they may dip below
+/// zero only by acknowledgements, which an RNIC sends without asking.
+type Credits = [i64; VIRTUAL_LANES];
+
 /// Queue-pair numbers in ascending order. A sorted vector: an RNIC has few ready queue
 /// pairs at a time, and this is faster than a tree for that.
 #[derive(Default)]
@@ -352,6 +365,12 @@ pub(crate) struct Fabric {
     rng: Pcg64Mcg,
     window: (Picos, Picos),
     flow_bytes: Vec<u64>,
+    switches: Vec<Switch>,
+    /// Per link: its sender's credits when it ends at a switch.
+    credits: Vec<Option<Credits>>,
+    /// Per link: the (switch, port) that sends on it, when a switch does.
+    sent_by_switch: Vec<Option<(usize, usize)>>,
+    switch_rng: Pcg64Mcg,
 }
 
 impl Fabric {
@@ -400,6 +419,24 @@ impl Fabric {
                 payload_bytes_in_window: 0,
             })
             .collect();
+        let mut credits = vec![None; topology.links().len()];
+        let mut sent_by_switch = vec![None; topology.links().len()];
+        let mut switches = Vec::new();
+        if let Some(params) = &profile.switch {
+            let full = i64::from(params.input_buffer_bytes);
+            for (l, link) in topology.links().iter().enumerate() {
+                if matches!(topology.node(link.to), NodeKind::Switch(_)) {
+                    credits[l] = Some([full; VIRTUAL_LANES]);
+                }
+            }
+            let mtu_wire = profile.mtu() + profile.link.header_bytes;
+            for (s, ports) in topology.switches().iter().enumerate() {
+                for (p, port) in ports.ports.iter().enumerate() {
+                    sent_by_switch[port.output.0 as usize] = Some((s, p));
+                }
+                switches.push(Switch::new(ports.clone(), params, mtu_wire));
+            }
+        }
         Fabric {
             topology,
             rnics,
@@ -408,6 +445,11 @@ impl Fabric {
             rng: Pcg64Mcg::seed_from_u64(seed),
             window,
             flow_bytes: Vec::new(),
+            switches,
+            credits,
+            sent_by_switch,
+            // A stream of its own, so that switch jitter does not shift the RNICs' draws.
+            switch_rng: Pcg64Mcg::seed_from_u64(seed ^ 0x0057_17C4),
         }
     }
 
@@ -441,6 +483,8 @@ impl Fabric {
                 rx_message_bytes: 0,
                 ready_listed: false,
                 ready_event_at: Picos::MAX,
+                lane: 0,
+                last_wire_rtt: None,
             });
         }
         if let Some(f) = flow {
@@ -450,6 +494,18 @@ impl Fabric {
             }
         }
         (ia, ib)
+    }
+
+    /// Puts a queue pair's packets on virtual lane `lane` (its service level).
+    pub(crate) fn set_lane(&mut self, qp: QpId, lane: u8) {
+        self.qps[qp.index()].lane = lane.min(VIRTUAL_LANES as u8 - 1);
+    }
+
+    /// The network round trip of the queue pair's latest acknowledged request, as RPerf
+    /// measures it: from the request's last bit leaving the RNIC to its ACK arriving,
+    /// less the receive processing that RPerf's loopback message also goes through.
+    pub(crate) fn last_wire_rtt(&self, qp: QpId) -> Option<Picos> {
+        self.qps[qp.index()].last_wire_rtt
     }
 
     /// The host a queue pair lives on.
@@ -635,11 +691,22 @@ impl Fabric {
         // `arbiter_pending` stays set while deciding, so that queue pairs made ready on the
         // way do not schedule a second wake-up.
         let now = q.now();
-        while let Some(qp) = self.rnics[h].next_in_turn() {
-            let Some((wire, dma)) = self.peek_packet(qp) else {
-                self.rnics[h].ready.remove(qp.0);
-                self.qps[qp.index()].ready_listed = false;
+        let uplink = self.rnics[h].uplink.0 as usize;
+        while let Some(turn) = self.rnics[h].next_in_turn() {
+            let Some((wire, dma)) = self.peek_packet(turn) else {
+                self.rnics[h].ready.remove(turn.0);
+                self.qps[turn.index()].ready_listed = false;
                 continue;
+            };
+            let (qp, wire, dma) = if self.credits[uplink].is_some() {
+                // Into a switch: the queue pair in turn may lack credits for its lane
+                // while another has them.
+                match self.next_with_credit(h) {
+                    Some(found) => found,
+                    None => break,
+                }
+            } else {
+                (turn, wire, dma)
             };
             let nic = &mut self.rnics[h];
             nic.fifo.drain(now);
@@ -649,6 +716,10 @@ impl Fabric {
                 return;
             }
             nic.last_served = qp.0;
+            let lane = usize::from(self.qps[qp.index()].lane);
+            if let Some(credits) = &mut self.credits[uplink] {
+                credits[lane] -= i64::from(wire);
+            }
             self.send_packet(qp, wire, dma, q);
             self.rnics[h].next_decision = now + self.costs.decision_interval;
             if self.next_ready(qp, now) > now {
@@ -669,6 +740,33 @@ impl Fabric {
             break;
         }
         self.rnics[h].arbiter_pending = false;
+    }
+
+    /// The first ready queue pair in turn whose next packet the uplink has credits for,
+    /// with that packet's (wire, DMA) bytes; queue pairs found with nothing to send leave
+    /// the ready set.
+    fn next_with_credit(&mut self, h: usize) -> Option<(QpId, u32, u32)> {
+        let uplink = self.rnics[h].uplink.0 as usize;
+        let credits = self.credits[uplink]?;
+        let ready = &self.rnics[h].ready.0;
+        let start = ready.partition_point(|&m| m <= self.rnics[h].last_served);
+        let order: Vec<u32> = ready[start..]
+            .iter()
+            .chain(&ready[..start])
+            .copied()
+            .collect();
+        for n in order {
+            let qp = QpId(n);
+            let Some((wire, dma)) = self.peek_packet(qp) else {
+                self.rnics[h].ready.remove(n);
+                self.qps[qp.index()].ready_listed = false;
+                continue;
+            };
+            if credits[usize::from(self.qps[qp.index()].lane)] >= i64::from(wire) {
+                return Some((qp, wire, dma));
+            }
+        }
+        None
     }
 
     fn sleep_until(&mut self, host: HostId, at: Picos, q: &mut EventQueue<Event>) {
@@ -713,11 +811,22 @@ impl Fabric {
             payload,
             wire,
             request_bytes: m.request_bytes,
+            lane: self.qps[qp.index()].lane,
         };
         let entry = &mut self.qps[qp.index()];
         entry.current = if last { None } else { Some(m) };
         let service = c.wire.of(u64::from(wire)).max(self.dma_time(dma));
         let done = self.rnics[h].fifo.admit(now, wire, service);
+        if last && m.kind != PacketKind::ReadResponse {
+            if let Some(u) = self.qps[qp.index()]
+                .unacked
+                .iter_mut()
+                .rev()
+                .find(|u| u.msn == m.msn)
+            {
+                u.sent_at = done;
+            }
+        }
         self.transmit(host, packet, done, q);
     }
 
@@ -736,7 +845,11 @@ impl Fabric {
         } else if let Some(w) = entry.sq.pop_front() {
             let msn = entry.next_msn;
             entry.next_msn = entry.next_msn.wrapping_add(1);
-            entry.unacked.push_back(Unacked { msn, tag: w.tag });
+            entry.unacked.push_back(Unacked {
+                msn,
+                tag: w.tag,
+                sent_at: Picos::MAX,
+            });
             let read = w.opcode == Opcode::Read;
             TxMessage {
                 kind: if read {
@@ -762,13 +875,33 @@ impl Fabric {
         let link_id = self.rnics[usize::from(host.0)].uplink;
         let link = self.topology.link(link_id);
         let arrival = link.arrival(done);
-        let to_host = matches!(self.topology.node(link.to), NodeKind::Host(_));
         if packet.payload > 0 && arrival >= self.window.0 && arrival < self.window.1 {
             self.rnics[usize::from(host.0)].payload_bytes_in_window += u64::from(packet.payload);
         }
+        let head_leaves = done.saturating_sub(link.serialization(packet.wire));
+        self.forward(link_id, packet, head_leaves, done, q);
+    }
+
+    /// Sends `packet` down `link_id`, whose sender puts its first bit on the wire at
+    /// `head_leaves` and its last at `done`: into a switch's input buffer, or to a host.
+    pub(crate) fn forward(
+        &mut self,
+        link_id: LinkId,
+        packet: Packet,
+        head_leaves: Picos,
+        done: Picos,
+        q: &mut EventQueue<Event>,
+    ) {
+        let link = self.topology.link(link_id);
+        let arrival = link.arrival(done);
+        if let NodeKind::Switch(sw) = self.topology.node(link.to) {
+            let head_arrives = link.arrival(head_leaves);
+            self.enter_switch(sw, link_id, packet, head_arrives, q);
+            return;
+        }
         let silent =
             !packet.last && matches!(packet.kind, PacketKind::Data | PacketKind::ReadResponse);
-        if to_host && silent {
+        if silent {
             // A packet in the middle of a message changes nothing at the receiving host but
             // its byte counts; links keep packets in order, so those are kept now, and no
             // event is spent on it. (A switch on the way would need every packet.)
@@ -810,11 +943,9 @@ impl Fabric {
         q: &mut EventQueue<Event>,
     ) {
         let to = self.topology.link(link).to;
-        match self.topology.node(to) {
-            NodeKind::Host(host) => {
-                debug_assert_eq!(host, packet.dst);
-                self.receive(packet, q);
-            }
+        if let NodeKind::Host(host) = self.topology.node(to) {
+            debug_assert_eq!(host, packet.dst);
+            self.receive(packet, q);
         }
     }
 
@@ -830,7 +961,8 @@ impl Fabric {
                 }
                 let entry = &mut self.qps[qp.index()];
                 let bytes = std::mem::take(&mut entry.rx_message_bytes);
-                let (host, peer, deliver) = (entry.host, entry.peer, entry.wants_delivery);
+                let (host, peer, deliver, lane) =
+                    (entry.host, entry.peer, entry.wants_delivery, entry.lane);
                 if deliver {
                     q.schedule(
                         now + c.rx_process + c.dma_write,
@@ -846,13 +978,17 @@ impl Fabric {
                     payload: 0,
                     wire: c.ack_wire,
                     request_bytes: 0,
+                    lane,
                 };
                 let service = c.wire.of(u64::from(c.ack_wire));
-                let done = self.rnics[usize::from(host.0)].fifo.admit(
-                    now + c.rx_process,
-                    c.ack_wire,
-                    service,
-                );
+                let h = usize::from(host.0);
+                let done = self.rnics[h]
+                    .fifo
+                    .admit(now + c.rx_process, c.ack_wire, service);
+                let uplink = self.rnics[h].uplink.0 as usize;
+                if let Some(credits) = &mut self.credits[uplink] {
+                    credits[usize::from(ack.lane)] -= i64::from(c.ack_wire);
+                }
                 self.transmit(host, ack, done, q);
             }
             PacketKind::ReadRequest => {
@@ -876,6 +1012,12 @@ impl Fabric {
                 }
             }
             PacketKind::Ack => {
+                let entry = &mut self.qps[qp.index()];
+                if let Some(u) = entry.unacked.iter().find(|u| u.msn == packet.msn) {
+                    if u.sent_at <= now {
+                        entry.last_wire_rtt = Some((now - u.sent_at).saturating_sub(c.rx_process));
+                    }
+                }
                 q.schedule(
                     now + c.rx_process + c.dma_write,
                     Event::CqeVisible {
@@ -898,6 +1040,142 @@ impl Fabric {
             }
             out.push(Completion { qp, tag: u.tag });
             entry.unacked.pop_front();
+        }
+    }
+
+    /// A packet's head reaches switch `sw` by `link` at `head_arrives`: it becomes eligible
+    /// for its output after the forwarding latency and jitter, never before the packet
+    /// ahead of it in the same input port.
+    fn enter_switch(
+        &mut self,
+        sw: SwitchId,
+        link: LinkId,
+        packet: Packet,
+        head_arrives: Picos,
+        q: &mut EventQueue<Event>,
+    ) {
+        let Some(port) = self.topology.input_port(link) else {
+            return;
+        };
+        let s = usize::from(sw.0);
+        let switch = &mut self.switches[s];
+        let jitter = if switch.jitter > 0 {
+            self.switch_rng.next_u64() % (switch.jitter + 1)
+        } else {
+            0
+        };
+        let p = usize::from(port);
+        let eligible = (head_arrives + switch.latency + jitter).max(switch.last_eligible[p]);
+        switch.last_eligible[p] = eligible;
+        q.schedule(
+            eligible,
+            Event::SwitchArrive {
+                switch: sw.0,
+                port,
+                packet,
+            },
+        );
+    }
+
+    /// Handles [`Event::SwitchArrive`]: the packet joins its input buffer.
+    pub(crate) fn on_switch_arrive(
+        &mut self,
+        switch: u16,
+        port: u8,
+        packet: Packet,
+        q: &mut EventQueue<Event>,
+    ) {
+        let s = usize::from(switch);
+        let sw = &mut self.switches[s];
+        let buffer = &mut sw.inputs[usize::from(port)][usize::from(packet.lane)];
+        buffer.push_back(Queued {
+            entered: q.now(),
+            packet,
+        });
+        if buffer.len() == 1 {
+            let output = sw.route(&packet);
+            self.kick_output(s, output, q);
+        }
+    }
+
+    /// Makes sure output `output` of switch `s` decides once it is free.
+    fn kick_output(&mut self, s: usize, output: usize, q: &mut EventQueue<Event>) {
+        let out = &mut self.switches[s].outputs[output];
+        if !out.pending {
+            out.pending = true;
+            q.schedule(
+                out.free_at.max(q.now()),
+                Event::SwitchOutput {
+                    switch: s as u16,
+                    port: output as u8,
+                },
+            );
+        }
+    }
+
+    /// Handles [`Event::SwitchOutput`]: the output port is free and picks its next packet.
+    pub(crate) fn on_switch_output(&mut self, switch: u16, port: u8, q: &mut EventQueue<Event>) {
+        let (s, o) = (usize::from(switch), usize::from(port));
+        let now = q.now();
+        self.switches[s].outputs[o].pending = false;
+        let out_link = self.switches[s].ports.ports[o].output;
+        let next_hop = self.credits[out_link.0 as usize];
+        let can_send =
+            |lane: usize, p: &Packet| next_hop.is_none_or(|c| c[lane] >= i64::from(p.wire));
+        let Some(pick) = self.switches[s].arbitrate(o, &can_send) else {
+            return;
+        };
+        let sw = &mut self.switches[s];
+        let Some(queued) = sw.inputs[pick.input][pick.lane].pop_front() else {
+            return;
+        };
+        let packet = queued.packet;
+        let link = self.topology.link(out_link);
+        let done = now + link.serialization(packet.wire);
+        sw.outputs[o].free_at = done;
+        // The buffer space is free again: its credits travel back up the input cable.
+        let in_link = sw.ports.ports[pick.input].input;
+        let back = self.topology.link(in_link).propagation();
+        q.schedule(
+            now + back,
+            Event::CreditReturn {
+                link: in_link,
+                lane: packet.lane,
+                bytes: packet.wire,
+            },
+        );
+        if let Some(credits) = &mut self.credits[out_link.0 as usize] {
+            credits[usize::from(packet.lane)] -= i64::from(packet.wire);
+        }
+        if let Some(next) = self.switches[s].inputs[pick.input][pick.lane].front() {
+            let output = self.switches[s].route(&next.packet);
+            if output != o {
+                self.kick_output(s, output, q);
+            }
+        }
+        self.kick_output(s, o, q);
+        self.forward(out_link, packet, now, done, q);
+    }
+
+    /// Handles [`Event::CreditReturn`]: the sender on `link` may use `bytes` more of
+    /// `lane`'s buffer at the far end.
+    pub(crate) fn on_credit_return(
+        &mut self,
+        link: LinkId,
+        lane: u8,
+        bytes: u32,
+        q: &mut EventQueue<Event>,
+    ) {
+        let l = link.0 as usize;
+        if let Some(credits) = &mut self.credits[l] {
+            credits[usize::from(lane)] += i64::from(bytes);
+        }
+        if let Some((s, o)) = self.sent_by_switch[l] {
+            self.kick_output(s, o, q);
+        } else if let NodeKind::Host(host) = self.topology.node(self.topology.link(link).from) {
+            if !self.rnics[usize::from(host.0)].ready.is_empty() {
+                self.kick(host, q);
+            }
         }
     }
 

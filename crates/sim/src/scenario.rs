@@ -47,7 +47,9 @@ use crate::app::latency::{LatencyMode, LatencyParams};
 use crate::app::rpc::RpcParams;
 use crate::app::storage::StorageParams;
 use crate::app::throughput::ThroughputParams;
-use crate::model_profile::{ModelProfile, ModelProfileError};
+use crate::model_profile::{
+    InputArbitration, ModelProfile, ModelProfileError, SwitchParams, VlArbitration, VIRTUAL_LANES,
+};
 use crate::policy::justitia::JustitiaParams;
 use crate::units::ByteSize;
 
@@ -101,6 +103,13 @@ pub struct TopologySpec {
     /// Host names; flows refer to them.
     #[serde(default = "default_hosts")]
     pub hosts: Vec<String>,
+    /// With `kind = "two-switches"`: the hosts cabled to the second (downstream) switch;
+    /// the others are on the first.
+    #[serde(default)]
+    pub downstream: Vec<String>,
+    /// Changes to the profile's `[switch]` table for this scenario.
+    #[serde(default)]
+    pub switch: SwitchOverrides,
 }
 
 impl Default for TopologySpec {
@@ -108,7 +117,64 @@ impl Default for TopologySpec {
         TopologySpec {
             kind: TopologyKind::default(),
             hosts: default_hosts(),
+            downstream: Vec::new(),
+            switch: SwitchOverrides::default(),
         }
+    }
+}
+
+/// A scenario's changes to the switch of its profile (e.g. RPerf's simulated switch: 32 KB
+/// input buffers, no jitter, FCFS or round robin).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchOverrides {
+    /// Input arbitration.
+    #[serde(default)]
+    pub arbitration: Option<InputArbitration>,
+    /// Buffer of each input port per virtual lane, bytes.
+    #[serde(default)]
+    pub input_buffer_bytes: Option<ByteSize>,
+    /// Forwarding latency, ns.
+    #[serde(default)]
+    pub port_latency_ns: Option<f64>,
+    /// Per-packet forwarding jitter, ns.
+    #[serde(default)]
+    pub jitter_ns: Option<f64>,
+    /// Arbitration among virtual lanes.
+    #[serde(default)]
+    pub vl_arbitration: Option<VlArbitration>,
+    /// Weights of the virtual lanes.
+    #[serde(default)]
+    pub vl_weights: Option<Vec<u32>>,
+}
+
+impl SwitchOverrides {
+    fn is_empty(&self) -> bool {
+        *self == SwitchOverrides::default()
+    }
+
+    /// `params` with these changes.
+    pub fn apply(&self, params: &SwitchParams) -> SwitchParams {
+        let mut p = params.clone();
+        if let Some(a) = self.arbitration {
+            p.arbitration = a;
+        }
+        if let Some(b) = self.input_buffer_bytes {
+            p.input_buffer_bytes = b.bytes().min(u64::from(u32::MAX)) as u32;
+        }
+        if let Some(l) = self.port_latency_ns {
+            p.port_latency_ns = l;
+        }
+        if let Some(j) = self.jitter_ns {
+            p.jitter_ns = j;
+        }
+        if let Some(v) = self.vl_arbitration {
+            p.vl_arbitration = v;
+        }
+        if let Some(w) = &self.vl_weights {
+            p.vl_weights = w.clone();
+        }
+        p
     }
 }
 
@@ -124,6 +190,11 @@ pub enum TopologyKind {
     /// forwarding latency folded into the link's propagation).
     #[default]
     BackToBack,
+    /// Every host cabled to one switch (needs a profile with a `[switch]` table).
+    Switch,
+    /// Two switches joined by one inter-switch link; `downstream` names the hosts of the
+    /// second one.
+    TwoSwitches,
 }
 
 /// A policy by name.
@@ -195,6 +266,10 @@ pub struct FlowSpec {
     /// When it stops posting, in ms; it runs to the end when absent.
     #[serde(default)]
     pub stop_ms: Option<f64>,
+    /// Service level of its queue pairs (0-3), which a switch maps to the virtual lane of
+    /// the same number.
+    #[serde(default)]
+    pub sl: u8,
     /// A latency flow.
     #[serde(default)]
     pub latency: Option<LatencyParams>,
@@ -469,6 +544,30 @@ impl Scenario {
             }
             _ => {}
         }
+        if self.topology.kind == TopologyKind::BackToBack && !self.topology.switch.is_empty() {
+            return Err(invalid(
+                "topology.switch".into(),
+                "only a switched topology has a switch".into(),
+            ));
+        }
+        if let Some(h) = self.topology.downstream.iter().find(|d| !hosts.contains(d)) {
+            return Err(invalid(
+                "topology.downstream".into(),
+                format!("`{h}` is not in topology.hosts"),
+            ));
+        }
+        if self.topology.kind != TopologyKind::TwoSwitches && !self.topology.downstream.is_empty() {
+            return Err(invalid(
+                "topology.downstream".into(),
+                "only a two-switches topology has a downstream switch".into(),
+            ));
+        }
+        if hosts.len() < 2 {
+            return Err(invalid(
+                "topology.hosts".into(),
+                "at least 2 hosts are needed".into(),
+            ));
+        }
         if hosts.iter().collect::<BTreeSet<_>>().len() != hosts.len() {
             return Err(invalid(
                 "topology.hosts".into(),
@@ -508,6 +607,12 @@ impl Scenario {
             }
             if from == to {
                 return Err(invalid(at("to"), "a flow needs two different hosts".into()));
+            }
+            if usize::from(flow.sl) >= VIRTUAL_LANES {
+                return Err(invalid(
+                    at("sl"),
+                    format!("must be below {VIRTUAL_LANES}, got {}", flow.sl),
+                ));
             }
             if !(flow.start_ms.is_finite()
                 && flow.start_ms >= 0.0
@@ -659,11 +764,30 @@ impl Experiment {
     /// lookup), if any.
     pub fn from_toml(name: &str, text: &str, dir: Option<&Path>) -> Result<Self, ScenarioError> {
         let scenario = Scenario::from_toml(text, name)?;
-        let profile =
+        let mut profile =
             resolve_profile(&scenario.profile, dir).map_err(|source| ScenarioError::Profile {
                 origin: name.to_string(),
                 source,
             })?;
+        if scenario.topology.kind != TopologyKind::BackToBack {
+            let Some(params) = &profile.switch else {
+                return Err(ScenarioError::Invalid {
+                    origin: name.to_string(),
+                    field: "topology.kind".into(),
+                    reason: format!(
+                        "profile {} has no [switch] table for a switched topology",
+                        profile.name()
+                    ),
+                });
+            };
+            profile.switch = Some(scenario.topology.switch.apply(params));
+            profile
+                .validate(name)
+                .map_err(|source| ScenarioError::Profile {
+                    origin: name.to_string(),
+                    source,
+                })?;
+        }
         Ok(Experiment {
             name: name.to_string(),
             scenario,

@@ -34,6 +34,16 @@ use crate::topology::{HostId, LinkId, Topology};
 pub(crate) enum Event {
     /// A queue pair may have a packet ready for its arbiter.
     QpReady(QpId),
+    /// A packet is eligible in a switch's input buffer.
+    SwitchArrive {
+        switch: u16,
+        port: u8,
+        packet: Packet,
+    },
+    /// A switch's output port picks its next packet.
+    SwitchOutput { switch: u16, port: u8 },
+    /// Buffer credits reach the sender on a link into a switch.
+    CreditReturn { link: LinkId, lane: u8, bytes: u32 },
     /// A host's arbiter decides (stale when `gen` is not the current generation).
     ArbiterWake { host: HostId, gen: u32 },
     /// The last bit of a packet reached the far end of a link.
@@ -97,10 +107,29 @@ impl World {
         let profile = &experiment.profile;
         let end = time::from_ms(scenario.duration_ms);
         let window = (time::from_ms(scenario.warmup_ms), end);
-        let topology = match scenario.topology.kind {
+        let spec = &scenario.topology;
+        let h = &spec.hosts;
+        let cable = || {
+            let mut link = profile.link.clone();
+            if let Some(sw) = &profile.switch {
+                link.propagation_ns = sw.cable_ns;
+            }
+            link
+        };
+        let topology = match spec.kind {
             TopologyKind::BackToBack => {
-                let h = &scenario.topology.hosts;
                 Topology::back_to_back([h[0].as_str(), h[1].as_str()], &profile.link)
+            }
+            TopologyKind::Switch => {
+                let hosts: Vec<(&str, usize)> = h.iter().map(|n| (n.as_str(), 0)).collect();
+                Topology::switched(&hosts, 1, &cable())
+            }
+            TopologyKind::TwoSwitches => {
+                let hosts: Vec<(&str, usize)> = h
+                    .iter()
+                    .map(|n| (n.as_str(), usize::from(spec.downstream.contains(n))))
+                    .collect();
+                Topology::switched(&hosts, 2, &cable())
             }
         };
         let hosts = topology.host_count();
@@ -131,6 +160,8 @@ impl World {
                         deliver: server_posts,
                     };
                     let (client, server) = fabric.connect(end(a), end(b), Some(app_index));
+                    fabric.set_lane(client, spec.sl);
+                    fabric.set_lane(server, spec.sl);
                     Connection { client, server }
                 })
                 .collect();
@@ -260,6 +291,7 @@ impl World {
             poll: self.poll,
             wakeup: self.wakeup,
             rng: &mut self.app_rng,
+            wire_rtt: None,
         };
         (&mut self.apps[i], io)
     }
@@ -282,6 +314,20 @@ impl World {
             }
             Event::PacketArrive { link, packet } => {
                 self.fabric.on_packet_arrive(link, packet, &mut self.queue)
+            }
+            Event::SwitchArrive {
+                switch,
+                port,
+                packet,
+            } => self
+                .fabric
+                .on_switch_arrive(switch, port, packet, &mut self.queue),
+            Event::SwitchOutput { switch, port } => {
+                self.fabric.on_switch_output(switch, port, &mut self.queue)
+            }
+            Event::CreditReturn { link, lane, bytes } => {
+                self.fabric
+                    .on_credit_return(link, lane, bytes, &mut self.queue)
             }
             Event::CqeVisible { qp, upto } => {
                 let mut done = std::mem::take(&mut self.completions);
@@ -343,7 +389,9 @@ impl World {
             let Some(notice) = self.notices.pop_front() else {
                 break;
             };
+            let wire_rtt = self.fabric.last_wire_rtt(notice.qp);
             let (model, mut io) = self.app_io(notice.app);
+            io.wire_rtt = wire_rtt;
             model.on_completion(&mut io, notice.qp, notice.tag);
         }
     }

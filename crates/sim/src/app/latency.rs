@@ -26,6 +26,10 @@ pub enum LatencyMode {
     PostPoll,
     /// Write, the peer writes back: sample = half the round trip.
     PingPong,
+    /// RPerf's LSG (§IV): post, busy-poll the completion; sample = the network round trip
+    /// from the request leaving the RNIC to its ACK coming back, with the local and remote
+    /// processing left out (RPerf subtracts a loopback message's completion time).
+    Rperf,
 }
 
 /// Parameters of a latency flow.
@@ -69,13 +73,14 @@ pub(crate) struct LatencyApp {
     posted_at: Picos,
     next_tag: u64,
     stopped: bool,
+    wire_rtt: Picos,
 }
 
 impl LatencyApp {
     pub(crate) fn new(params: &LatencyParams, conn: Connection) -> Self {
         let opcode = match params.mode {
             LatencyMode::PingPong => Opcode::Write,
-            LatencyMode::PostPoll => params.opcode,
+            LatencyMode::PostPoll | LatencyMode::Rperf => params.opcode,
         };
         LatencyApp {
             conn,
@@ -90,6 +95,7 @@ impl LatencyApp {
             posted_at: 0,
             next_tag: 0,
             stopped: false,
+            wire_rtt: 0,
         }
     }
 
@@ -133,6 +139,7 @@ impl AppModel for LatencyApp {
                 let sample = match self.mode {
                     LatencyMode::PostPoll => sample,
                     LatencyMode::PingPong => sample / 2,
+                    LatencyMode::Rperf => self.wire_rtt,
                 };
                 let now = io.now();
                 io.record_latency(now, sample);
@@ -147,7 +154,8 @@ impl AppModel for LatencyApp {
     }
 
     fn on_completion(&mut self, io: &mut AppIo<'_>, qp: QpId, _tag: u64) {
-        if self.mode == LatencyMode::PostPoll && qp == self.conn.client {
+        if self.mode != LatencyMode::PingPong && qp == self.conn.client {
+            self.wire_rtt = io.wire_rtt.unwrap_or(0);
             let at = io.now() + io.reaction(Polling::Busy);
             io.timer(at, SEEN);
         }

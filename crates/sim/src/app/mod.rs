@@ -53,6 +53,9 @@ pub(crate) struct AppIo<'a> {
     pub(crate) poll: Picos,
     pub(crate) wakeup: Picos,
     pub(crate) rng: &'a mut Pcg64Mcg,
+    /// In a completion callback: the completed request's network round trip as RPerf
+    /// measures it, when the queue pair has had one acknowledged.
+    pub(crate) wire_rtt: Option<Picos>,
 }
 
 impl AppIo<'_> {

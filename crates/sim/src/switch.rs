@@ -1,0 +1,319 @@
+//! The switch model: per-input buffers, credit-based lossless flow control, input
+//! arbitration at each output port, and virtual lanes.
+//!
+//! What a packet goes through (InfiniBand, as RPerf §II-D and §VIII describe it):
+//!
+//! 1. **Credits.** The sender on a link into a switch (an RNIC or another switch's output
+//!    port) holds, per virtual lane, credits worth the input buffer of the far port
+//!    (`switch.input_buffer_bytes`). It spends a packet's wire bytes when it sends it and
+//!    gets them back when the packet leaves that input buffer plus one cable delay. A
+//!    sender without credits waits: nothing is ever dropped.
+//! 2. **Input buffer.** A packet is eligible `switch.port_latency_ns` (plus up to
+//!    `switch.jitter_ns`) after its head arrived: forwarding is cut-through. Each (input
+//!    port, virtual lane) is one FIFO whatever the packets' outputs, so a packet for an idle
+//!    output can wait behind one for a busy output (head-of-line blocking, RPerf's two-hop
+//!    case).
+//! 3. **Output arbitration.** When an output port is free it picks a virtual lane (strict
+//!    priority, or weighted round robin in bytes), then, among the input buffers of that
+//!    lane whose head packet goes to this output, the oldest head (`fcfs`) or the next
+//!    input port in turn (`round-robin`).
+//!
+//! Every packet that crosses a switch costs three events (eligible at the input, its
+//! output's next decision, its credit coming back); middle packets into a host still cost
+//! none.
+
+use std::collections::VecDeque;
+
+use crate::model_profile::{InputArbitration, SwitchParams, VlArbitration, VIRTUAL_LANES};
+use crate::rnic::Packet;
+use crate::time::{self, Picos};
+use crate::topology::SwitchPorts;
+
+/// A packet waiting in an input buffer, with the time it entered the switch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queued {
+    pub(crate) entered: Picos,
+    pub(crate) packet: Packet,
+}
+
+/// Deficit round robin state of one output port over virtual lanes.
+#[derive(Clone, Debug, Default)]
+struct LaneTurn {
+    lane: usize,
+    deficit: [i64; VIRTUAL_LANES],
+    credited: bool,
+}
+
+/// One output port.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OutputPort {
+    /// When the port finishes sending its current packet.
+    pub(crate) free_at: Picos,
+    /// Whether a decision event is scheduled.
+    pub(crate) pending: bool,
+    /// Per lane: the input port served last (round robin).
+    last_input: [usize; VIRTUAL_LANES],
+    lanes: LaneTurn,
+}
+
+/// The choice of an output port: the input buffer to take the head packet from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pick {
+    pub(crate) input: usize,
+    pub(crate) lane: usize,
+}
+
+/// One switch's buffers and ports.
+pub(crate) struct Switch {
+    /// The switch's ports and routing table.
+    pub(crate) ports: SwitchPorts,
+    /// Per input port, per lane: the packets in the buffer, in arrival order.
+    pub(crate) inputs: Vec<[VecDeque<Queued>; VIRTUAL_LANES]>,
+    /// When the last packet into each input port becomes eligible (packets keep their
+    /// order through jitter).
+    pub(crate) last_eligible: Vec<Picos>,
+    /// The output ports.
+    pub(crate) outputs: Vec<OutputPort>,
+    arbitration: InputArbitration,
+    vl_arbitration: VlArbitration,
+    quantum: [i64; VIRTUAL_LANES],
+    /// Forwarding latency with an idle output.
+    pub(crate) latency: Picos,
+    /// Upper bound of the extra per-packet latency.
+    pub(crate) jitter: Picos,
+}
+
+impl Switch {
+    /// A switch with `ports`, configured by `params`; `mtu_wire` is the wire size of a full
+    /// packet (the quantum of one unit of lane weight).
+    pub(crate) fn new(ports: SwitchPorts, params: &SwitchParams, mtu_wire: u32) -> Self {
+        let n = ports.ports.len();
+        let mut quantum = [i64::from(mtu_wire); VIRTUAL_LANES];
+        for (q, w) in quantum.iter_mut().zip(&params.vl_weights) {
+            *q = i64::from(*w) * i64::from(mtu_wire);
+        }
+        Switch {
+            ports,
+            inputs: (0..n).map(|_| Default::default()).collect(),
+            last_eligible: vec![0; n],
+            outputs: vec![OutputPort::default(); n],
+            arbitration: params.arbitration,
+            vl_arbitration: params.vl_arbitration,
+            quantum,
+            latency: time::from_ns(params.port_latency_ns),
+            jitter: time::from_ns(params.jitter_ns),
+        }
+    }
+
+    /// The output port a packet leaves by.
+    pub(crate) fn route(&self, packet: &Packet) -> usize {
+        usize::from(self.ports.route[usize::from(packet.dst.0)])
+    }
+
+    /// The input buffer of `lane` whose head goes to `output` and that `can_send` allows,
+    /// chosen by the input arbitration.
+    fn pick_in_lane(
+        &self,
+        output: usize,
+        lane: usize,
+        can_send: &dyn Fn(usize, &Packet) -> bool,
+    ) -> Option<usize> {
+        let n = self.inputs.len();
+        let eligible = |i: usize| {
+            self.inputs[i][lane]
+                .front()
+                .filter(|q| self.route(&q.packet) == output && can_send(lane, &q.packet))
+        };
+        match self.arbitration {
+            InputArbitration::Fcfs => (0..n)
+                .filter_map(|i| eligible(i).map(|q| (q.entered, i)))
+                .min()
+                .map(|(_, i)| i),
+            InputArbitration::RoundRobin => {
+                let last = self.outputs[output].last_input[lane];
+                (1..=n)
+                    .map(|k| (last + k) % n)
+                    .find(|&i| eligible(i).is_some())
+            }
+        }
+    }
+
+    /// Decides what `output` sends next; `None` when no input buffer has a sendable packet
+    /// for it. `can_send(lane, packet)` says whether the next hop has credits for it.
+    pub(crate) fn arbitrate(
+        &mut self,
+        output: usize,
+        can_send: &dyn Fn(usize, &Packet) -> bool,
+    ) -> Option<Pick> {
+        let pick = match self.vl_arbitration {
+            VlArbitration::Strict => (0..VIRTUAL_LANES)
+                .rev()
+                .find_map(|lane| self.pick_in_lane(output, lane, can_send).map(|i| (i, lane))),
+            VlArbitration::Weighted => self.weighted(output, can_send),
+        };
+        let (input, lane) = pick?;
+        self.outputs[output].last_input[lane] = input;
+        Some(Pick { input, lane })
+    }
+
+    /// Deficit round robin over lanes, decided one packet at a time: a lane visited gets
+    /// its quantum once and sends while its deficit covers the head packet.
+    fn weighted(
+        &mut self,
+        output: usize,
+        can_send: &dyn Fn(usize, &Packet) -> bool,
+    ) -> Option<(usize, usize)> {
+        let heads: [Option<(usize, i64)>; VIRTUAL_LANES] = std::array::from_fn(|lane| {
+            self.pick_in_lane(output, lane, can_send).and_then(|i| {
+                self.inputs[i][lane]
+                    .front()
+                    .map(|q| (i, i64::from(q.packet.wire)))
+            })
+        });
+        if heads.iter().all(Option::is_none) {
+            return None;
+        }
+        let turn = &mut self.outputs[output].lanes;
+        // Each visit adds a quantum of at least one packet, so two rounds always decide.
+        for _ in 0..=2 * VIRTUAL_LANES {
+            let lane = turn.lane;
+            match heads[lane] {
+                None => {
+                    turn.deficit[lane] = 0;
+                    turn.credited = false;
+                    turn.lane = (lane + 1) % VIRTUAL_LANES;
+                }
+                Some((input, wire)) => {
+                    if !turn.credited {
+                        turn.deficit[lane] += self.quantum[lane];
+                        turn.credited = true;
+                    }
+                    if turn.deficit[lane] >= wire {
+                        turn.deficit[lane] -= wire;
+                        return Some((input, lane));
+                    }
+                    turn.credited = false;
+                    turn.lane = (lane + 1) % VIRTUAL_LANES;
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::rnic::{PacketKind, QpId};
+    use crate::topology::{HostId, LinkId, SwitchPort};
+
+    fn switch(arbitration: InputArbitration, vl: VlArbitration, weights: Vec<u32>) -> Switch {
+        let port = |i: u32| SwitchPort {
+            input: LinkId(2 * i),
+            output: LinkId(2 * i + 1),
+        };
+        let ports = SwitchPorts {
+            ports: (0..4).map(port).collect(),
+            route: vec![0, 1, 2, 3],
+        };
+        let params = SwitchParams {
+            cable_ns: 0.0,
+            port_latency_ns: 100.0,
+            jitter_ns: 0.0,
+            input_buffer_bytes: 32_768,
+            arbitration,
+            vl_arbitration: vl,
+            vl_weights: weights,
+        };
+        Switch::new(ports, &params, 1_000)
+    }
+
+    fn packet(dst: u16, wire: u32) -> Packet {
+        Packet {
+            kind: PacketKind::Data,
+            last: true,
+            dst: HostId(dst),
+            qp: QpId(0),
+            msn: 0,
+            payload: wire,
+            wire,
+            request_bytes: 0,
+            lane: 0,
+        }
+    }
+
+    fn push(s: &mut Switch, input: usize, lane: usize, entered: Picos, wire: u32) {
+        s.inputs[input][lane].push_back(Queued {
+            entered,
+            packet: packet(0, wire),
+        });
+    }
+
+    fn serve(s: &mut Switch, n: usize) -> Vec<(usize, usize)> {
+        let all = |_: usize, _: &Packet| true;
+        (0..n)
+            .map_while(|_| {
+                let p = s.arbitrate(0, &all)?;
+                s.inputs[p.input][p.lane].pop_front();
+                Some((p.input, p.lane))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fcfs_serves_the_oldest_head_and_round_robin_takes_turns() {
+        let mut fcfs = switch(InputArbitration::Fcfs, VlArbitration::Strict, vec![]);
+        let mut rr = switch(InputArbitration::RoundRobin, VlArbitration::Strict, vec![]);
+        for s in [&mut fcfs, &mut rr] {
+            // Input 1 holds three old packets; input 2's single packet came after them.
+            for t in [10, 20, 30] {
+                push(s, 1, 0, t, 100);
+            }
+            push(s, 2, 0, 35, 100);
+        }
+        let order: Vec<usize> = serve(&mut fcfs, 4).iter().map(|p| p.0).collect();
+        assert_eq!(
+            order,
+            vec![1, 1, 1, 2],
+            "FCFS: the late packet waits for all older ones"
+        );
+        let order: Vec<usize> = serve(&mut rr, 4).iter().map(|p| p.0).collect();
+        assert_eq!(
+            order,
+            vec![1, 2, 1, 1],
+            "round robin: one packet per input per turn"
+        );
+    }
+
+    #[test]
+    fn strict_lanes_go_first_and_weights_share_bytes() {
+        let mut strict = switch(InputArbitration::Fcfs, VlArbitration::Strict, vec![]);
+        push(&mut strict, 1, 0, 0, 100);
+        push(&mut strict, 2, 1, 50, 100);
+        assert_eq!(serve(&mut strict, 2), vec![(2, 1), (1, 0)]);
+
+        // Lane 1 weighs 3, lane 0 weighs 1: with both backlogged, lane 1 sends three
+        // packets of a quantum's size for each of lane 0.
+        let mut weighted = switch(InputArbitration::Fcfs, VlArbitration::Weighted, vec![1, 3]);
+        for t in 0..40 {
+            push(&mut weighted, 1, 0, t, 1_000);
+            push(&mut weighted, 2, 1, t, 1_000);
+        }
+        let served = serve(&mut weighted, 40);
+        let high = served.iter().filter(|p| p.1 == 1).count();
+        assert_eq!(high, 30, "{served:?}");
+    }
+
+    #[test]
+    fn blocked_next_hop_is_skipped() {
+        let mut s = switch(InputArbitration::Fcfs, VlArbitration::Strict, vec![]);
+        push(&mut s, 1, 1, 0, 100);
+        push(&mut s, 2, 0, 10, 100);
+        let lane0_only = |lane: usize, _: &Packet| lane == 0;
+        let p = s.arbitrate(0, &lane0_only).unwrap();
+        assert_eq!((p.input, p.lane), (2, 0));
+        let none = |_: usize, _: &Packet| false;
+        assert_eq!(s.arbitrate(0, &none), None);
+    }
+}
