@@ -23,7 +23,7 @@
 //! | [`topology`], [`link`], [`switch`] | hosts and switches joined by links; input buffers, credits, FCFS or round-robin arbitration, virtual lanes |
 //! | [`rnic`] | queue pairs, PCIe, processing units, round-robin arbiter, transmit FIFO, receive side |
 //! | [`app`] | latency, throughput and bandwidth flows; an RPC and a storage service |
-//! | [`policy`] | the plug-in boundary, `native` and `justitia` |
+//! | [`policy`] | the plug-in boundary; `native`, `justitia`, `preempt` and `adaptive` |
 //! | [`model_profile`] | the calibrated parameters of each RNIC (`profiles/*.toml`) |
 //! | [`scenario`] | experiments as TOML (`scenarios/*.toml`) |
 //! | [`metrics`], [`report`] | percentiles, rates, utilisation, fairness |
@@ -50,15 +50,15 @@ pub use scenario::{list_scenarios, Experiment, Scenario, ScenarioError, Scenario
 /// Why a run could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The `justitia` policy refused its parameters.
-    #[error("scenario {scenario}, run `{variant}`: justitia policy: {source}")]
-    Justitia {
+    /// A policy refused its parameters.
+    #[error("scenario {scenario}, run `{variant}`: {source}")]
+    Policy {
         /// The scenario.
         scenario: String,
         /// The run.
         variant: String,
         /// The policy's error.
-        source: policy::justitia::JustitiaError,
+        source: policy::PolicyBuildError,
     },
 }
 
@@ -107,7 +107,7 @@ impl Experiment {
             .enumerate()
             .map(|(run, variant)| {
                 let world =
-                    world::World::build(self, variant).map_err(|source| RunError::Justitia {
+                    world::World::build(self, variant).map_err(|source| RunError::Policy {
                         scenario: self.name.clone(),
                         variant: variant.name.clone(),
                         source,

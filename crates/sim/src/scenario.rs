@@ -51,6 +51,7 @@ use crate::model_profile::{
     InputArbitration, ModelProfile, ModelProfileError, SwitchParams, VlArbitration, VIRTUAL_LANES,
 };
 use crate::policy::justitia::JustitiaParams;
+use crate::policy::preempt::PreemptParams;
 use crate::units::ByteSize;
 
 /// A scenario file's contents.
@@ -78,6 +79,9 @@ pub struct Scenario {
     /// Parameters of the `justitia` policy for every run that uses it.
     #[serde(default)]
     pub justitia: JustitiaParams,
+    /// Parameters of the `preempt` policy, and the yield baseline of `adaptive`.
+    #[serde(default)]
+    pub preempt: PreemptParams,
     /// The flows.
     pub flows: Vec<FlowSpec>,
     /// Runs to compare (e.g. alone / with competitor / with policy).
@@ -206,6 +210,10 @@ pub enum PolicySpec {
     Native,
     /// Justitia (NSDI'22).
     Justitia,
+    /// PeRF's preemption (ATC'24): sub-messages and zero-length yields, not paced.
+    Preempt,
+    /// Justitia's latency controller steering PeRF's yield density.
+    Adaptive,
 }
 
 impl PolicySpec {
@@ -214,6 +222,8 @@ impl PolicySpec {
         match self {
             PolicySpec::Native => "native",
             PolicySpec::Justitia => "justitia",
+            PolicySpec::Preempt => "preempt",
+            PolicySpec::Adaptive => "adaptive",
         }
     }
 }
@@ -233,6 +243,9 @@ pub struct VariantSpec {
     /// Parameters of the `justitia` policy for this run, replacing the scenario's.
     #[serde(default)]
     pub justitia: Option<JustitiaParams>,
+    /// Parameters of the `preempt` policy for this run, replacing the scenario's.
+    #[serde(default)]
+    pub preempt: Option<PreemptParams>,
 }
 
 /// A flow: an application between two hosts.
@@ -420,6 +433,8 @@ pub struct ResolvedVariant {
     pub policy: PolicySpec,
     /// The `justitia` parameters in force.
     pub justitia: JustitiaParams,
+    /// The `preempt` parameters in force.
+    pub preempt: PreemptParams,
     /// The flows that run, in scenario order, copies expanded.
     pub flows: Vec<FlowRef>,
 }
@@ -475,6 +490,7 @@ impl Scenario {
                     name: p.as_str().to_string(),
                     policy: p,
                     justitia: self.justitia.clone(),
+                    preempt: self.preempt.clone(),
                     flows: all.clone(),
                 })
                 .collect();
@@ -485,6 +501,7 @@ impl Scenario {
                 name: v.name.clone(),
                 policy: v.policy,
                 justitia: v.justitia.clone().unwrap_or_else(|| self.justitia.clone()),
+                preempt: v.preempt.clone().unwrap_or_else(|| self.preempt.clone()),
                 flows: match &v.flows {
                     None => all.clone(),
                     Some(names) => (0..self.flows.len())
@@ -577,6 +594,9 @@ impl Scenario {
         self.justitia
             .validate()
             .map_err(|(field, reason)| invalid(format!("justitia.{field}"), reason))?;
+        self.preempt
+            .validate()
+            .map_err(|(field, reason)| invalid(format!("preempt.{field}"), reason))?;
         if self.flows.is_empty() {
             return Err(invalid(
                 "flows".into(),
@@ -659,6 +679,10 @@ impl Scenario {
             if let Some(j) = &v.justitia {
                 j.validate()
                     .map_err(|(field, reason)| invalid(at(&format!("justitia.{field}")), reason))?;
+            }
+            if let Some(pp) = &v.preempt {
+                pp.validate()
+                    .map_err(|(field, reason)| invalid(at(&format!("preempt.{field}")), reason))?;
             }
         }
         Ok(())

@@ -20,8 +20,11 @@ use crate::app::throughput::ThroughputApp;
 use crate::app::{AppIo, AppModel, Connection};
 use crate::engine::EventQueue;
 use crate::metrics::FlowMetrics;
-use crate::policy::justitia::{JustitiaError, JustitiaPolicy};
+use crate::policy::adaptive::AdaptivePolicy;
+use crate::policy::justitia::JustitiaPolicy;
 use crate::policy::native::NativePolicy;
+use crate::policy::preempt::PreemptPolicy;
+use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, Endpoint, Fabric, Packet, QpId, QpOwner, WorkRequest};
@@ -102,7 +105,7 @@ impl World {
     pub(crate) fn build(
         experiment: &Experiment,
         variant: &ResolvedVariant,
-    ) -> Result<Self, JustitiaError> {
+    ) -> Result<Self, PolicyBuildError> {
         let scenario = &experiment.scenario;
         let profile = &experiment.profile;
         let end = time::from_ms(scenario.duration_ms);
@@ -213,12 +216,18 @@ impl World {
             }
         }
         let policies = (0..hosts)
-            .map(|_| -> Result<Box<dyn Policy>, JustitiaError> {
+            .map(|_| -> Result<Box<dyn Policy>, PolicyBuildError> {
                 Ok(match variant.policy {
                     PolicySpec::Native => Box::new(NativePolicy),
                     PolicySpec::Justitia => {
                         Box::new(JustitiaPolicy::new(profile, &variant.justitia)?)
                     }
+                    PolicySpec::Preempt => Box::new(PreemptPolicy::new(&variant.preempt)?),
+                    PolicySpec::Adaptive => Box::new(AdaptivePolicy::new(
+                        profile,
+                        &variant.justitia,
+                        &variant.preempt,
+                    )?),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -24,17 +24,18 @@
 //! requester like a local bandwidth flow) and the flow-control messages of split SENDs
 //! (the peer is assumed to cooperate).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::allotment::TokenStream;
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
 use justitia_core::controller::{ControllerConfig, ControllerError, SafeUtilController};
 use justitia_core::estimator::{EstimatorError, Quantile, TailEstimator};
-use justitia_core::flow::{FlowClass, FlowCounts, FlowSpec, TenantId};
+use justitia_core::flow::{FlowClass, FlowCounts, FlowSpec};
 use justitia_core::profile::RnicProfile;
 use serde::{Deserialize, Serialize};
 
+use super::reference::active_counts;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
@@ -127,7 +128,7 @@ impl JustitiaParams {
         Ok(())
     }
 
-    fn controller_config(&self, token_bytes: u32) -> ControllerConfig {
+    pub(crate) fn controller_config(&self, token_bytes: u32) -> ControllerConfig {
         ControllerConfig {
             target_p99: Duration::from_nanos(time::from_us(self.target99_us) / 1_000),
             ref_period: Duration::from_nanos(time::from_us(self.ref_period_us) / 1_000),
@@ -249,17 +250,7 @@ impl JustitiaPolicy {
 
     /// L, B, T of the active flows, a tenant's flows of one class counting once.
     fn counts(&self) -> FlowCounts {
-        let distinct: BTreeSet<(FlowClass, TenantId)> = self
-            .flows
-            .iter()
-            .filter(|f| f.active)
-            .map(|f| (f.info.spec.class, f.info.spec.tenant))
-            .collect();
-        let mut counts = FlowCounts::default();
-        for (class, _) in distinct {
-            counts.add(class);
-        }
-        counts
+        active_counts(self.flows.iter().filter(|f| f.active).map(|f| &f.info.spec))
     }
 
     /// Rebuilds controller and token stream when latency flows appear or all leave: the

@@ -7,11 +7,22 @@
 //! interposed library: a new policy (preemption, hardware priority, an adaptive one)
 //! implements this trait and needs no change to the RNIC model.
 //!
+//! | policy | what it does |
+//! | --- | --- |
+//! | [`native`] | nothing: requests reach the RNIC as posted |
+//! | [`justitia`] | Justitia (NSDI'22): reference flow, SafeUtil, tokens, paced chunks |
+//! | [`preempt`] | PeRF (ATC'24): sub-messages with zero-length yield writes, not paced |
+//! | [`adaptive`] | Justitia's controller steering the yield density; pacing only as a last resort |
+//!
 //! One instance runs per host. Policies are built by name from scenarios
 //! ([`crate::scenario::PolicySpec`]).
 
+pub mod adaptive;
 pub mod justitia;
 pub mod native;
+pub mod preempt;
+pub mod reference;
+pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -95,6 +106,20 @@ impl PolicyContext<'_> {
     pub fn outstanding(&self, qp: QpId) -> usize {
         self.fabric.outstanding(qp)
     }
+}
+
+/// Why a host's policy could not be built for a run.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyBuildError {
+    /// The `justitia` policy refused its parameters.
+    #[error("justitia policy: {0}")]
+    Justitia(#[from] justitia::JustitiaError),
+    /// The `preempt` policy refused its parameters.
+    #[error("preempt policy: {0}")]
+    Preempt(#[from] justitia_core::yield_plan::YieldConfigError),
+    /// The `adaptive` policy refused its parameters.
+    #[error("adaptive policy: {0}")]
+    Adaptive(#[from] adaptive::AdaptiveError),
 }
 
 /// Figures a policy reports about itself at the end of a run (e.g. the SafeUtil it

@@ -1,0 +1,173 @@
+//! The `preempt` policy against PeRF's reported effects (validation targets P1, P2), and
+//! `adaptive` against both `justitia` and `preempt`, on RoCE-100
+//! (`scenarios/preempt-vs-justitia-roce100.toml`).
+//!
+//! Effects are checked within 30% of the paper; where the model cannot reach a figure the
+//! test says why and asserts the direction and what the model does show.
+
+mod common;
+
+use common::{assert_between, assert_near, flow, latency, report, run};
+use justitia_sim::ScenarioReport;
+
+/// PeRF's effects: within 30% of the paper.
+const EFFECT: f64 = 0.30;
+
+const SCENARIO: &str = "preempt-vs-justitia-roce100";
+
+fn gbps(r: &ScenarioReport, variant: &str, name: &str) -> f64 {
+    flow(run(r, variant), name).gbps
+}
+
+fn mmsgs(r: &ScenarioReport, variant: &str, name: &str) -> f64 {
+    flow(run(r, variant), name).msgs_per_sec / 1e6
+}
+
+/// P1 with the D_App: PeRF keeps the B_App within about 5% of native while the D_App's
+/// latency approaches a strict-priority queue (PeRF §5.2.1, Fig 7a).
+///
+/// Gaps, both from the standard-verbs form of the yield. (1) Each yield is a header-only
+/// packet: 16 x 82 B of RoCE headers per 16 KB sub-message, 8.0% of the payload, which
+/// PeRF's vendor zero-wait request does not put on the wire; the bound on the B_App's loss
+/// is the paper's 5% plus that, within 30%. (2) A sub-message enters the model's 24 KB
+/// transmit FIFO as one 16 KB burst, so a D_App message still waits behind most of one:
+/// the median falls (about 3.6 to 3.1 us) but stays well above the alone 1.55 us a strict
+/// priority queue would give; the test asserts the direction only.
+#[test]
+fn p1_preempt_keeps_bandwidth_and_helps_the_delay_app() {
+    let r = report(SCENARIO);
+    let native_bw = gbps(&r, "D_App + B_App native", "B_App");
+    let preempt_bw = gbps(&r, "D_App + B_App preempt", "B_App");
+    let yield_headers = 16.0 * 82.0 / 16384.0;
+    assert_between(
+        "P1 B_App bandwidth lost to preempt (D_App case)",
+        1.0 - preempt_bw / native_bw,
+        0.0,
+        (0.05 + yield_headers) * (1.0 + EFFECT),
+    );
+    let native = latency(run(&r, "D_App + B_App native"), "D_App");
+    let preempt = latency(run(&r, "D_App + B_App preempt"), "D_App");
+    let alone = latency(run(&r, "D_App alone"), "D_App");
+    assert!(
+        preempt.p50_us < native.p50_us && preempt.p99_us <= native.p99_us,
+        "P1: preempt {preempt:?} must beat native {native:?}"
+    );
+    assert!(preempt.p50_us > alone.p50_us);
+    eprintln!(
+        "P1 D_App p50/p99 (us): alone {:.2}/{:.2}, native {:.2}/{:.2}, preempt {:.2}/{:.2}",
+        alone.p50_us, alone.p99_us, native.p50_us, native.p99_us, preempt.p50_us, preempt.p99_us
+    );
+}
+
+/// P1 with the M_App: PeRF gives the M_App close to the rate a strict-priority queue would
+/// (its alone rate; natively it collapses, N10), within 30%, while the B_App keeps most of
+/// its bandwidth (PeRF §5.2.1, Fig 7b). The B_App's loss here also counts the wire the
+/// recovered M_App takes (about 8.6 Gb/s of headers and payload at 11 M msgs/s), so it is
+/// bounded by that plus the yields' headers and the paper's 5%, within 30%.
+#[test]
+fn p1_preempt_restores_the_message_app() {
+    let r = report(SCENARIO);
+    let alone = mmsgs(&r, "M_App alone", "M_App");
+    let native = mmsgs(&r, "M_App + B_App native", "M_App");
+    let preempt = mmsgs(&r, "M_App + B_App preempt", "M_App");
+    assert_near(
+        "P1 M_App rate with preempt / alone",
+        preempt / alone,
+        1.0,
+        EFFECT,
+    );
+    assert!(
+        preempt > 2.0 * native,
+        "P1: preempt {preempt} vs native {native}"
+    );
+    let lost = 1.0
+        - gbps(&r, "M_App + B_App preempt", "B_App") / gbps(&r, "M_App + B_App native", "B_App");
+    let m_app_wire = preempt * 1e6 * (16.0 + 82.0) * 8.0 / 1e9 / 100.0;
+    assert_between(
+        "P1 B_App bandwidth lost to preempt (M_App case)",
+        lost,
+        0.0,
+        (0.05 + 16.0 * 82.0 / 16384.0 + m_app_wire) * (1.0 + EFFECT),
+    );
+}
+
+/// P2: PeRF gets about x2.04 the B_App throughput of Justitia, because Justitia halves the
+/// B_App (and the M_App) when they share (PeRF §1, §5.2.2, Fig 8). Within 30%.
+///
+/// Gap: "at similar latency" does not hold for the D_App in the model (see P1: preempt's
+/// median stays about twice Justitia's); asserted is only that preempt beats native.
+#[test]
+fn p2_preempt_doubles_bandwidth_over_justitia() {
+    let r = report(SCENARIO);
+    for case in ["D_App", "M_App"] {
+        let ratio = gbps(&r, &format!("{case} + B_App preempt"), "B_App")
+            / gbps(&r, &format!("{case} + B_App justitia"), "B_App");
+        assert_near(
+            &format!("P2 B_App preempt / justitia ({case})"),
+            ratio,
+            2.04,
+            EFFECT,
+        );
+    }
+    let b_alone = gbps(&r, "B_App alone", "B_App");
+    assert_near(
+        "P2 B_App with justitia / alone (M_App case)",
+        gbps(&r, "M_App + B_App justitia", "B_App") / b_alone,
+        0.5,
+        EFFECT,
+    );
+    assert_near(
+        "P2 M_App with justitia / alone",
+        mmsgs(&r, "M_App + B_App justitia", "M_App") / mmsgs(&r, "M_App alone", "M_App"),
+        0.5,
+        EFFECT,
+    );
+    assert!(
+        mmsgs(&r, "M_App + B_App preempt", "M_App") > mmsgs(&r, "M_App + B_App justitia", "M_App")
+    );
+}
+
+/// `adaptive` in the headline setting (D_App + B_App, Target99 2 us), against the better of
+/// `justitia` and `preempt` on the latency-vs-bandwidth trade-off.
+///
+/// Where it stands: the D_App's p99 under preempt (about 3.7 us) misses the target, so the
+/// controller raises the yields to 2 x 16 and, with the target still missed, falls back to
+/// pacing at SafeUtil. It then matches Justitia's bandwidth (within 5%) with a better
+/// median than preempt, but it LOSES to Justitia on the tail: Justitia's 5 KB paced chunks
+/// keep the D_App's p99 near 2.0 us, while adaptive's 16 KB sub-messages, paced, still
+/// put a 16 KB burst into the transmit FIFO (p99 about 2.9 us). It does not dominate
+/// either policy; the assertions pin that ordering. With the M_App instead of the D_App
+/// (no latency flow), adaptive keeps PeRF's baseline yields and no pacing, so it matches
+/// preempt.
+#[test]
+fn adaptive_against_justitia_and_preempt() {
+    let r = report(SCENARIO);
+    let j = latency(run(&r, "D_App + B_App justitia"), "D_App");
+    let p = latency(run(&r, "D_App + B_App preempt"), "D_App");
+    let a = latency(run(&r, "D_App + B_App adaptive"), "D_App");
+    let j_bw = gbps(&r, "D_App + B_App justitia", "B_App");
+    let a_bw = gbps(&r, "D_App + B_App adaptive", "B_App");
+    eprintln!(
+        "headline D_App p50/p99 (us) and B_App Gb/s: justitia {:.2}/{:.2} {:.1}, preempt {:.2}/{:.2} {:.1}, adaptive {:.2}/{:.2} {:.1}",
+        j.p50_us, j.p99_us, j_bw, p.p50_us, p.p99_us,
+        gbps(&r, "D_App + B_App preempt", "B_App"), a.p50_us, a.p99_us, a_bw
+    );
+    assert!(
+        a_bw >= 0.95 * j_bw,
+        "adaptive {a_bw} Gb/s vs justitia {j_bw}"
+    );
+    assert!(
+        a.p50_us < p.p50_us && a.p99_us < p.p99_us,
+        "adaptive {a:?} vs preempt {p:?}"
+    );
+    assert!(
+        a.p99_us > j.p99_us,
+        "adaptive now beats justitia's tail ({a:?} vs {j:?}): turn this into a dominance test"
+    );
+    assert_near(
+        "adaptive M_App rate / preempt's",
+        mmsgs(&r, "M_App + B_App adaptive", "M_App") / mmsgs(&r, "M_App + B_App preempt", "M_App"),
+        1.0,
+        0.05,
+    );
+}
