@@ -6,6 +6,7 @@
 
 use hdrhistogram::Histogram;
 
+use crate::report::LatencyReport;
 use crate::time::Picos;
 
 /// Measurements of one flow.
@@ -13,23 +14,6 @@ pub struct FlowMetrics {
     window: (Picos, Picos),
     latency_ns: Histogram<u64>,
     messages: u64,
-}
-
-/// Percentiles of a latency distribution, in microseconds.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LatencyPercentiles {
-    /// Number of samples.
-    pub samples: u64,
-    /// Median.
-    pub p50_us: f64,
-    /// 99th percentile.
-    pub p99_us: f64,
-    /// 99.9th percentile.
-    pub p999_us: f64,
-    /// Mean.
-    pub mean_us: f64,
-    /// Largest sample.
-    pub max_us: f64,
 }
 
 impl FlowMetrics {
@@ -70,13 +54,13 @@ impl FlowMetrics {
     }
 
     /// The latency percentiles, or `None` without samples.
-    pub fn latency(&self) -> Option<LatencyPercentiles> {
+    pub fn latency(&self) -> Option<LatencyReport> {
         let h = &self.latency_ns;
         if h.is_empty() {
             return None;
         }
         let us = |ns: u64| ns as f64 / 1e3;
-        Some(LatencyPercentiles {
+        Some(LatencyReport {
             samples: h.len(),
             p50_us: us(h.value_at_quantile(0.5)),
             p99_us: us(h.value_at_quantile(0.99)),

@@ -176,12 +176,12 @@ pub struct HostParams {
 #[derive(Debug, thiserror::Error)]
 pub enum ModelProfileError {
     /// The file could not be read.
-    #[error("reading RNIC model profile {path}: {source}")]
+    #[error("reading RNIC model profile {path}: {cause}")]
     Io {
         /// The file.
         path: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause, said in the message (not also returned as `source()`).
+        cause: std::io::Error,
     },
     /// The TOML did not parse, or had unknown or mistyped fields.
     #[error("RNIC model profile {origin}: {message}")]
@@ -192,12 +192,13 @@ pub enum ModelProfileError {
         message: String,
     },
     /// The `[policy]` table is invalid.
-    #[error("RNIC model profile {origin}: [policy] {source}")]
+    #[error("RNIC model profile {origin}: [policy] {cause}")]
     Policy {
         /// Where the text came from.
         origin: String,
-        /// The core's validation error.
-        source: ProfileError,
+        /// The core's validation error, said in the message (not also returned as
+        /// `source()`).
+        cause: ProfileError,
     },
     /// A hardware parameter is out of range.
     #[error("RNIC model profile {origin}: field `{field}` {reason}")]
@@ -251,9 +252,9 @@ impl ModelProfile {
 
     /// Reads and validates a profile file.
     pub fn from_file(path: &Path) -> Result<Self, ModelProfileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelProfileError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| ModelProfileError::Io {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         Self::from_toml(&text, &path.display().to_string())
     }
@@ -262,9 +263,9 @@ impl ModelProfile {
     pub fn validate(&self, origin: &str) -> Result<(), ModelProfileError> {
         self.policy
             .validate()
-            .map_err(|source| ModelProfileError::Policy {
+            .map_err(|cause| ModelProfileError::Policy {
                 origin: origin.to_string(),
-                source,
+                cause,
             })?;
         let invalid = |field: &'static str, reason: String| ModelProfileError::Invalid {
             origin: origin.to_string(),
@@ -427,6 +428,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("mtu"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_says_its_cause_once() {
+        let e = ModelProfile::from_file(Path::new("/nonexistent/rnic.toml")).unwrap_err();
+        let said = e.to_string();
+        assert!(
+            said.starts_with("reading RNIC model profile /nonexistent/rnic.toml: "),
+            "{said}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
     }
 
     #[test]

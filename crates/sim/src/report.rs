@@ -5,8 +5,6 @@ use std::collections::BTreeMap;
 use justitia_core::flow::FlowClass;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::LatencyPercentiles;
-
 /// All runs of one scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioReport {
@@ -68,7 +66,7 @@ pub struct FlowReport {
     pub latency: Option<LatencyReport>,
 }
 
-/// Latency percentiles in microseconds.
+/// Percentiles of a flow's latency samples, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencyReport {
     /// Samples.
@@ -83,19 +81,6 @@ pub struct LatencyReport {
     pub mean_us: f64,
     /// Largest.
     pub max_us: f64,
-}
-
-impl From<LatencyPercentiles> for LatencyReport {
-    fn from(p: LatencyPercentiles) -> Self {
-        LatencyReport {
-            samples: p.samples,
-            p50_us: p.p50_us,
-            p99_us: p.p99_us,
-            p999_us: p.p999_us,
-            mean_us: p.mean_us,
-            max_us: p.max_us,
-        }
-    }
 }
 
 impl ScenarioReport {

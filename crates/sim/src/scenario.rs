@@ -52,6 +52,7 @@ use crate::model_profile::{
 };
 use crate::policy::justitia::JustitiaParams;
 use crate::policy::preempt::PreemptParams;
+use crate::rnic::Opcode;
 use crate::units::ByteSize;
 
 /// A scenario file's contents.
@@ -389,12 +390,20 @@ impl FlowSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     /// The file could not be read.
-    #[error("reading scenario {path}: {source}")]
+    #[error("reading scenario {path}: {cause}")]
     Io {
         /// The file.
         path: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause, said in the message (not also returned as `source()`).
+        cause: std::io::Error,
+    },
+    /// The folder of scenarios does not exist or could not be listed.
+    #[error("cannot read scenario folder {path}: {cause}")]
+    Folder {
+        /// The folder.
+        path: String,
+        /// The cause, said in the message (not also returned as `source()`).
+        cause: std::io::Error,
     },
     /// The TOML did not parse, or had unknown or mistyped fields.
     #[error("scenario {origin}: {message}")]
@@ -415,12 +424,12 @@ pub enum ScenarioError {
         reason: String,
     },
     /// The profile could not be found or is invalid.
-    #[error("scenario {origin}: profile: {source}")]
+    #[error("scenario {origin}: profile: {cause}")]
     Profile {
         /// Where the scenario came from.
         origin: String,
-        /// The profile's error.
-        source: ModelProfileError,
+        /// The profile's error, said in the message (not also returned as `source()`).
+        cause: ModelProfileError,
     },
 }
 
@@ -712,6 +721,15 @@ fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
     match app {
         AppSpec::Latency(p) => {
             check_size("size", p.size)?;
+            // RPerf times a request by its ACK, and a READ is answered by data, not an ACK.
+            if p.mode == LatencyMode::Rperf && p.opcode == Opcode::Read {
+                return Err((
+                    "opcode".into(),
+                    "cannot be `read` with mode = \"rperf\": a READ gets no ACK to time, \
+                     so the flow would take no samples"
+                        .into(),
+                ));
+            }
             if !(p.interval_us.is_finite() && p.interval_us >= 0.0) {
                 return Err(("interval_us".into(), "must be zero or positive".into()));
             }
@@ -773,9 +791,9 @@ impl Experiment {
     /// Loads a scenario file and resolves its profile.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ScenarioError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| ScenarioError::Io {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         let name = path
             .file_stem()
@@ -789,9 +807,9 @@ impl Experiment {
     pub fn from_toml(name: &str, text: &str, dir: Option<&Path>) -> Result<Self, ScenarioError> {
         let scenario = Scenario::from_toml(text, name)?;
         let mut profile =
-            resolve_profile(&scenario.profile, dir).map_err(|source| ScenarioError::Profile {
+            resolve_profile(&scenario.profile, dir).map_err(|cause| ScenarioError::Profile {
                 origin: name.to_string(),
-                source,
+                cause,
             })?;
         if scenario.topology.kind != TopologyKind::BackToBack {
             let Some(params) = &profile.switch else {
@@ -807,9 +825,9 @@ impl Experiment {
             profile.switch = Some(scenario.topology.switch.apply(params));
             profile
                 .validate(name)
-                .map_err(|source| ScenarioError::Profile {
+                .map_err(|cause| ScenarioError::Profile {
                     origin: name.to_string(),
-                    source,
+                    cause,
                 })?;
         }
         Ok(Experiment {
@@ -860,9 +878,9 @@ pub struct ScenarioSummary {
 /// The scenarios in a folder, sorted by name. Files that do not parse are reported as
 /// errors rather than skipped, so a broken scenario cannot hide.
 pub fn list_scenarios(dir: &Path) -> Result<Vec<ScenarioSummary>, ScenarioError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ScenarioError::Io {
+    let entries = std::fs::read_dir(dir).map_err(|cause| ScenarioError::Folder {
         path: dir.display().to_string(),
-        source,
+        cause,
     })?;
     let mut paths: Vec<PathBuf> = entries
         .filter_map(Result::ok)
@@ -990,5 +1008,39 @@ depth = 4
         assert!(err(&bad_variant).contains("variants[0] (x): flows"));
         let bad_policy = format!("{BASE}\n[[variants]]\nname = \"x\"\npolicy = \"magic\"\n");
         assert!(err(&bad_policy).contains("magic"));
+    }
+
+    #[test]
+    fn rperf_latency_flow_must_not_read() {
+        let rperf = |opcode: &str| {
+            BASE.replace(
+                "size = 16",
+                &format!("size = 16\nmode = \"rperf\"\nopcode = \"{opcode}\""),
+            )
+        };
+        let refused = err(&rperf("read"));
+        assert!(
+            refused.contains("flows[0] (lat): latency.opcode"),
+            "{refused}"
+        );
+        assert!(Experiment::from_toml("t", &rperf("write"), None).is_ok());
+    }
+
+    #[test]
+    fn io_errors_say_their_cause_once() {
+        let missing = Path::new("/nonexistent/scenarios");
+        let e = list_scenarios(missing).unwrap_err();
+        assert!(matches!(e, ScenarioError::Folder { .. }), "{e:?}");
+        let said = e.to_string();
+        assert!(
+            said.starts_with("cannot read scenario folder /nonexistent/scenarios: "),
+            "{said}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        let e = Experiment::load(missing.join("x.toml")).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("reading scenario /nonexistent/scenarios/x.toml: "));
+        assert!(std::error::Error::source(&e).is_none());
     }
 }

@@ -421,7 +421,7 @@ impl World {
                     messages: m.messages(),
                     msgs_per_sec: m.messages() as f64 / seconds,
                     gbps: bytes as f64 * 8.0 / seconds / 1e9,
-                    latency: m.latency().map(Into::into),
+                    latency: m.latency(),
                 }
             })
             .collect();

@@ -8,13 +8,11 @@
 //! gap. Several queue pairs (`qps`) model an application that opens more connections
 //! (Justitia Fig 5b, PeRF's B_App_multi).
 
-use std::collections::VecDeque;
-
 use serde::{Deserialize, Serialize};
 
-use super::{AppIo, AppModel, Connection, Polling};
+use super::lanes::Lanes;
+use super::{AppIo, AppModel, CompletionWatch, Connection, Polling};
 use crate::rnic::{Opcode, QpId, WorkRequest};
-use crate::time::Picos;
 use crate::units::ByteSize;
 
 /// Parameters of a bandwidth flow.
@@ -49,115 +47,53 @@ fn write() -> Opcode {
     Opcode::Write
 }
 
-const WAKE: u64 = u64::MAX;
-
-struct Lane {
-    conn: Connection,
-    posted_at: VecDeque<Picos>,
-    refill_pending: bool,
-}
-
-/// A bandwidth flow.
+/// A bandwidth flow: lanes that post one message at a time.
 pub(crate) struct BandwidthApp {
-    lanes: Vec<Lane>,
-    wr: WorkRequest,
-    depth: usize,
-    polling: Polling,
-    wake_at: Option<Picos>,
-    next_tag: u64,
-    stopped: bool,
+    lanes: Lanes,
+    watch: CompletionWatch,
 }
 
 impl BandwidthApp {
     pub(crate) fn new(params: &BandwidthParams, conns: Vec<Connection>) -> Self {
+        let wr = WorkRequest {
+            tag: 0,
+            opcode: params.opcode,
+            bytes: params.size.bytes().min(u64::from(u32::MAX)) as u32,
+            inline: false,
+        };
         BandwidthApp {
-            lanes: conns
-                .into_iter()
-                .map(|conn| Lane {
-                    conn,
-                    posted_at: VecDeque::new(),
-                    refill_pending: false,
-                })
-                .collect(),
-            wr: WorkRequest {
-                tag: 0,
-                opcode: params.opcode,
-                bytes: params.size.bytes().min(u64::from(u32::MAX)) as u32,
-                inline: false,
-            },
-            depth: params.depth.max(1) as usize,
-            polling: params.polling,
-            wake_at: None,
-            next_tag: 0,
-            stopped: false,
-        }
-    }
-
-    fn refill(&mut self, io: &mut AppIo<'_>, lane: usize) {
-        if self.stopped {
-            return;
-        }
-        let now = io.now();
-        while self.lanes[lane].posted_at.len() < self.depth {
-            self.next_tag += 1;
-            let wr = WorkRequest {
-                tag: self.next_tag,
-                ..self.wr
-            };
-            io.post(self.lanes[lane].conn.client, wr);
-            self.lanes[lane].posted_at.push_back(now);
+            lanes: Lanes::new(conns, wr, 1, params.depth.max(1) as usize),
+            watch: CompletionWatch::new(params.polling),
         }
     }
 }
 
 impl AppModel for BandwidthApp {
     fn start(&mut self, io: &mut AppIo<'_>) {
-        for lane in 0..self.lanes.len() {
-            self.refill(io, lane);
-        }
+        self.lanes.refill_all(io);
     }
 
     fn stop(&mut self) {
-        self.stopped = true;
+        self.lanes.stop();
     }
 
     fn on_timer(&mut self, io: &mut AppIo<'_>, tag: u64) {
-        if tag == WAKE {
-            self.wake_at = None;
-            for lane in 0..self.lanes.len() {
-                self.refill(io, lane);
-            }
-        } else if let Some(lane) = self.lanes.get_mut(tag as usize) {
-            lane.refill_pending = false;
-            self.refill(io, tag as usize);
+        if self.watch.woke(tag) {
+            self.lanes.refill_all(io);
+        } else {
+            self.lanes.on_refill_timer(io, tag as usize);
         }
     }
 
     fn on_completion(&mut self, io: &mut AppIo<'_>, qp: QpId, _tag: u64) {
-        let Some(lane) = self.lanes.iter().position(|l| l.conn.client == qp) else {
+        let Some(lane) = self.lanes.of_qp(qp) else {
             return;
         };
-        let seen = match (self.polling, self.wake_at) {
-            (Polling::Busy, _) => {
-                let seen = io.now() + io.reaction(Polling::Busy);
-                if !self.lanes[lane].refill_pending {
-                    self.lanes[lane].refill_pending = true;
-                    io.timer(seen, lane as u64);
-                }
-                seen
-            }
-            // One wake-up serves every completion that arrives until it.
-            (Polling::Event, Some(wake)) => wake,
-            (Polling::Event, None) => {
-                let wake = io.now() + io.reaction(Polling::Event);
-                self.wake_at = Some(wake);
-                io.timer(wake, WAKE);
-                wake
-            }
-        };
-        if let Some(posted) = self.lanes[lane].posted_at.pop_front() {
-            io.record_latency(seen, seen - posted);
-            io.record_message(seen);
+        let seen = self.watch.seen(io);
+        self.lanes.complete_oldest(io, lane, seen);
+        // A sleeping thread refills every lane at its wake-up.
+        if self.watch.polling() == Polling::Busy {
+            self.lanes.schedule_refill(io, lane, seen);
         }
     }
 

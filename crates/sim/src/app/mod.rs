@@ -15,6 +15,7 @@
 //! when it sleeps until a completion event.
 
 pub mod bandwidth;
+mod lanes;
 pub mod latency;
 pub mod rpc;
 pub mod storage;
@@ -41,6 +42,55 @@ pub enum Polling {
     /// A thread sleeps until a completion event: it reacts after `host.wakeup_us`, and
     /// handles every completion that arrived meanwhile in the same wake-up.
     Event,
+}
+
+/// Timer tag of a sleeping thread's wake-up; the applications' own tags stay below it.
+pub(crate) const WAKE: u64 = u64::MAX;
+
+/// When a thread notices its completions: a busy-polling thread each one after its own
+/// polling delay; a sleeping thread at one wake-up (a [`WAKE`] timer) for every completion
+/// that arrives until it.
+pub(crate) struct CompletionWatch {
+    polling: Polling,
+    wake_at: Option<Picos>,
+}
+
+impl CompletionWatch {
+    /// A thread that polls this way.
+    pub(crate) fn new(polling: Polling) -> Self {
+        CompletionWatch {
+            polling,
+            wake_at: None,
+        }
+    }
+
+    /// How the thread polls.
+    pub(crate) fn polling(&self) -> Polling {
+        self.polling
+    }
+
+    /// When a completion that arrives now is noticed.
+    pub(crate) fn seen(&mut self, io: &mut AppIo<'_>) -> Picos {
+        match (self.polling, self.wake_at) {
+            (Polling::Busy, _) => io.now() + io.reaction(Polling::Busy),
+            (Polling::Event, Some(wake)) => wake,
+            (Polling::Event, None) => {
+                let wake = io.now() + io.reaction(Polling::Event);
+                self.wake_at = Some(wake);
+                io.timer(wake, WAKE);
+                wake
+            }
+        }
+    }
+
+    /// A timer fired: true, and the thread is awake, if it was the wake-up.
+    pub(crate) fn woke(&mut self, tag: u64) -> bool {
+        let woke = tag == WAKE;
+        if woke {
+            self.wake_at = None;
+        }
+        woke
+    }
 }
 
 /// What an application may do while handling a callback.

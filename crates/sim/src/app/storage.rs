@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AppIo, AppModel, Connection, Polling};
+use super::{AppIo, AppModel, CompletionWatch, Connection, Polling};
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::time::Picos;
 use crate::units::ByteSize;
@@ -52,8 +52,6 @@ fn event() -> Polling {
     Polling::Event
 }
 
-const WAKE: u64 = u64::MAX;
-
 struct Object {
     started: Picos,
     unfinished: u64,
@@ -66,12 +64,11 @@ pub(crate) struct StorageApp {
     split_bytes: u32,
     splits_per_object: u64,
     depth: u64,
-    polling: Polling,
+    watch: CompletionWatch,
     next_split: u64,
     in_flight: u64,
     objects: VecDeque<Object>,
     first_object: u64,
-    wake_at: Option<Picos>,
     stopped: bool,
 }
 
@@ -83,12 +80,11 @@ impl StorageApp {
             split_bytes: split as u32,
             splits_per_object: params.object_size.bytes().div_ceil(split).max(1),
             depth: u64::from(params.depth.max(1)),
-            polling: params.polling,
+            watch: CompletionWatch::new(params.polling),
             next_split: 0,
             in_flight: 0,
             objects: VecDeque::new(),
             first_object: 0,
-            wake_at: None,
             stopped: false,
         }
     }
@@ -131,28 +127,17 @@ impl AppModel for StorageApp {
     }
 
     fn on_timer(&mut self, io: &mut AppIo<'_>, tag: u64) {
-        if tag == WAKE {
-            self.wake_at = None;
-        }
+        self.watch.woke(tag);
         self.fill(io);
     }
 
     fn on_completion(&mut self, io: &mut AppIo<'_>, _qp: QpId, tag: u64) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        let seen = match (self.polling, self.wake_at) {
-            (Polling::Busy, _) => {
-                let seen = io.now() + io.reaction(Polling::Busy);
-                io.timer(seen, 0);
-                seen
-            }
-            (Polling::Event, Some(wake)) => wake,
-            (Polling::Event, None) => {
-                let wake = io.now() + io.reaction(Polling::Event);
-                self.wake_at = Some(wake);
-                io.timer(wake, WAKE);
-                wake
-            }
-        };
+        let seen = self.watch.seen(io);
+        // A sleeping thread fills at its wake-up; a busy one as soon as it notices.
+        if self.watch.polling() == Polling::Busy {
+            io.timer(seen, 0);
+        }
         let object = tag / self.splits_per_object;
         if let Some(o) = object
             .checked_sub(self.first_object)

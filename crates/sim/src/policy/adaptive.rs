@@ -93,8 +93,8 @@ impl AdaptivePolicy {
         let config = justitia.controller_config(policy_profile.chunk_bytes(true));
         let controller = SafeUtilController::new(config, &policy_profile)
             .map_err(|e| AdaptiveError::Justitia(e.into()))?;
-        let size = u32::try_from(justitia.ref_size.bytes()).unwrap_or(u32::MAX);
-        let probe = ReferenceProbe::new(size, justitia.ref_window)
+        let probe = justitia
+            .reference_probe()
             .map_err(|e| AdaptiveError::Justitia(e.into()))?;
         let planner = YieldPlanner::new(preempt.yield_config()?)?;
         Ok(AdaptivePolicy {

@@ -2,9 +2,9 @@
 //!
 //! One instance per host plays the daemon and the shapers of that host's flows:
 //!
-//! - **Reference flow** (§4.2.1): while a latency-sensitive flow of this host is active, a
-//!   `ref_size` message goes to the peer on the policy's own queue pair every `ref_period`;
-//!   each post-to-completion time feeds the core's [`TailEstimator`] (RefCount samples).
+//! - **Reference flow** (§4.2.1): while a latency-sensitive flow of this host is active, the
+//!   [`ReferenceProbe`] sends a `ref_size` message to the peer every `ref_period`; its
+//!   post-to-completion times give Current99 over the last RefCount samples.
 //! - **SafeUtil** (§4.2.2, Pseudocode 1): every RefPeriod the core's
 //!   [`SafeUtilController`] is updated with the active L, B, T (flows of one tenant count
 //!   once) and Current99.
@@ -30,17 +30,16 @@ use std::time::Duration;
 use justitia_core::allotment::TokenStream;
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
 use justitia_core::controller::{ControllerConfig, ControllerError, SafeUtilController};
-use justitia_core::estimator::{EstimatorError, Quantile, TailEstimator};
+use justitia_core::estimator::EstimatorError;
 use justitia_core::flow::{FlowClass, FlowCounts, FlowSpec};
 use justitia_core::profile::RnicProfile;
 use serde::{Deserialize, Serialize};
 
-use super::reference::active_counts;
+use super::reference::{active_counts, ReferenceProbe};
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::time::{self, Picos};
-use crate::topology::HostId;
 use crate::units::ByteSize;
 
 /// Parameters of the `justitia` policy; the defaults are the paper's.
@@ -138,6 +137,12 @@ impl JustitiaParams {
             ..ControllerConfig::default()
         }
     }
+
+    /// The reference flow these parameters describe.
+    pub(crate) fn reference_probe(&self) -> Result<ReferenceProbe, EstimatorError> {
+        let size = u32::try_from(self.ref_size.bytes()).unwrap_or(u32::MAX);
+        ReferenceProbe::new(size, self.ref_window)
+    }
 }
 
 /// Why the policy could not be set up.
@@ -193,12 +198,10 @@ pub struct JustitiaPolicy {
     controller: SafeUtilController,
     /// The controller's tau, kept from its last update (it is asked for every token).
     tau: Duration,
-    estimator: TailEstimator,
+    probe: ReferenceProbe,
     stream: TokenStream,
     token_bytes: u32,
     latency_present: bool,
-    probe: Option<QpId>,
-    probes_posted: VecDeque<Picos>,
     /// Requests handed to the RNIC, by tag: entry `i` is tag `first_tag + i`. Tags are
     /// handed out in order and mostly complete in order, so this stays short.
     in_flight: VecDeque<Option<InFlight>>,
@@ -221,7 +224,7 @@ impl JustitiaPolicy {
         let token_bytes = policy_profile.chunk_bytes(false);
         let controller =
             SafeUtilController::new(params.controller_config(token_bytes), &policy_profile)?;
-        let estimator = TailEstimator::new(params.ref_window as usize, Quantile::P99)?;
+        let probe = params.reference_probe()?;
         let stream = TokenStream::new(controller.token(), Duration::ZERO);
         Ok(JustitiaPolicy {
             profile: policy_profile,
@@ -232,12 +235,10 @@ impl JustitiaPolicy {
             active_hungry: Vec::new(),
             tau: controller.tau(),
             controller,
-            estimator,
+            probe,
             stream,
             token_bytes,
             latency_present: false,
-            probe: None,
-            probes_posted: VecDeque::new(),
             in_flight: VecDeque::new(),
             first_tag: 1,
             token_generation: 0,
@@ -268,7 +269,7 @@ impl JustitiaPolicy {
             self.tau = self.controller.tau();
         }
         self.stream = TokenStream::new(self.controller.token(), duration(ctx.now()));
-        self.estimator.clear();
+        self.probe.clear();
         // What bandwidth flows have not sent yet is cut to the new chunk size.
         let limits = self.bandwidth_limits();
         for flow in &mut self.flows {
@@ -429,21 +430,10 @@ impl JustitiaPolicy {
         self.follow_latency_presence(ctx);
         let counts = self.counts();
         if counts.latency > 0 {
-            if let Some(probe) = self.probe {
-                self.probes_posted.push_back(now);
-                ctx.post(
-                    probe,
-                    WorkRequest {
-                        tag: 0,
-                        opcode: Opcode::Write,
-                        bytes: self.params.ref_size.bytes().min(u64::from(u32::MAX)) as u32,
-                        inline: true,
-                    },
-                );
-            }
+            self.probe.send(ctx);
         }
         self.controller
-            .update(duration(now), counts, self.estimator.estimate());
+            .update(duration(now), counts, self.probe.current99());
         self.tau = self.controller.tau();
         self.safe_util_sum += self.controller.safe_util();
         self.updates += 1;
@@ -501,13 +491,7 @@ impl Policy for JustitiaPolicy {
                 credit: 0,
             });
         }
-        let peer: Option<HostId> = flows
-            .iter()
-            .find(|f| f.spec.class == FlowClass::Latency)
-            .map(|f| f.peer);
-        if let Some(peer) = peer {
-            self.probe = Some(ctx.connect_probe(peer));
-        }
+        self.probe.connect(ctx, flows);
         let first = ctx.now() + self.ref_period;
         ctx.set_timer(first, REFERENCE_TICK);
     }
@@ -558,10 +542,7 @@ impl Policy for JustitiaPolicy {
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
-        if Some(qp) == self.probe {
-            if let Some(posted) = self.probes_posted.pop_front() {
-                self.estimator.record(duration(ctx.now() - posted));
-            }
+        if self.probe.on_completion(ctx, qp) {
             return;
         }
         if let Some(InFlight {
@@ -591,7 +572,7 @@ impl Policy for JustitiaPolicy {
                 gbps(self.safe_util_sum / self.updates as f64),
             );
         }
-        if let Some(p99) = self.estimator.estimate() {
+        if let Some(p99) = self.probe.current99() {
             f.insert("current99_us".into(), p99.as_secs_f64() * 1e6);
         }
         f.insert("token_bytes".into(), f64::from(self.token_bytes));
