@@ -1,10 +1,12 @@
 //! One 16-byte RDMA WRITE posted and its completion polled, `N` times, against the mock
-//! provider: either straight to the provider (`direct`) or through the shaper's
-//! pass-through path (`shaper`, class unset: observe and count). Run by
-//! `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
-//! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
+//! provider: either straight to the provider (`direct`), through the shaper's pass-through
+//! path (`shaper`, class unset: observe and count), or through its shaped path (`shaped`,
+//! bandwidth class: the request is too small to split, but is queued, posted and its
+//! completion translated by the shaper). Run by `crates/preload/bench/callgrind.sh`, which
+//! counts the instructions spent inside `justitia_bench_post` and `justitia_bench_poll`
+//! under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper N`
+//! Usage: `post_poll_loop direct|shaper|shaped N`
 
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -37,16 +39,18 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "shaper".into());
     let iterations: u64 = args.next().unwrap_or_else(|| "100000".into()).parse()?;
-    let shaped = match mode.as_str() {
-        "direct" => false,
-        "shaper" => true,
-        other => anyhow::bail!("mode must be direct or shaper, not {other}"),
+    let (shaped, class) = match mode.as_str() {
+        "direct" => (false, None),
+        "shaper" => (true, None),
+        "shaped" => (true, Some("bandwidth".to_string())),
+        other => anyhow::bail!("mode must be direct, shaper or shaped, not {other}"),
     };
 
     let dev = MockDevice::new();
     let ctx = dev.context();
     if shaped {
-        let engine = engine_from(|_| None, Arc::new(MonotonicClock::new()), PacerMode::Manual)
+        let lookup = |name: &str| (name == "JUSTITIA_CLASS").then(|| class.clone()).flatten();
+        let engine = engine_from(lookup, Arc::new(MonotonicClock::new()), PacerMode::Manual)
             .ok_or_else(|| anyhow::anyhow!("no engine"))?;
         // SAFETY: a fresh mock context.
         unsafe { engine::attach_context(ctx, engine) };

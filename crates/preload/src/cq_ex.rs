@@ -1,21 +1,29 @@
 //! Polling of extended CQs (`ibv_create_cq_ex`): `ibv_start_poll`, `ibv_next_poll`,
 //! `ibv_end_poll` and the `ibv_wc_read_*` accessors are function pointers in the CQ.
 //!
-//! The shaper wraps the three poll verbs and `read_byte_len`. When the CQ serves shaped
-//! QPs, each entry the provider presents is translated like an `ibv_poll_cq` completion:
+//! The shaper wraps the three poll verbs and the accessors. When the CQ serves shaped QPs,
+//! each entry the provider presents is translated like an `ibv_poll_cq` completion:
 //! internal and duplicate entries are skipped (the shaper moves on with the provider's
 //! `next_poll`), and a split request's entry shows the original `wr_id` (a field of the CQ)
-//! and length (through `read_byte_len`). Synthesized completions (requests that never
-//! reached a failed QP) are delivered through `ibv_poll_cq` only.
+//! and length (through `read_byte_len`). When the provider has nothing more, synthesized
+//! completions (requests that never reached a failed QP) are presented the same way, their
+//! fields served by the wrapped accessors; the provider's poll is then ended first, so the
+//! application's `ibv_end_poll` ends it exactly once.
+//!
+//! Entries are attributed to QPs by QP number; the shaper asks for QP numbers when it
+//! creates the CQ (see [`crate::hooks::create_cq_ex`]). Without them, the tags of internal
+//! WQEs and the `wr_id` each QP expects next attribute them instead.
 
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use justitia_verbs::sys::*;
 
 use crate::engine::{self, CqShared, QpShared};
 use crate::hooks::guarded;
+
+type ReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
+type ReadU8 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
 
 /// The provider's own poll pointers of one extended CQ.
 #[derive(Clone, Copy)]
@@ -24,8 +32,15 @@ pub struct CqExOps {
     next_poll: unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int,
     end_poll: unsafe extern "C" fn(*mut ibv_cq_ex),
     read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> ibv_wc_opcode>,
-    read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
-    read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    read_vendor_err: Option<ReadU32>,
+    read_byte_len: Option<ReadU32>,
+    read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> __be32>,
+    read_qp_num: Option<ReadU32>,
+    read_src_qp: Option<ReadU32>,
+    read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> std::ffi::c_uint>,
+    read_slid: Option<ReadU32>,
+    read_sl: Option<ReadU8>,
+    read_dlid_path_bits: Option<ReadU8>,
     /// The CQ reports QP numbers (`IBV_WC_EX_WITH_QP_NUM`).
     has_qp_num: bool,
 }
@@ -39,26 +54,57 @@ impl CqExOps {
             next_poll: cqx.next_poll?,
             end_poll: cqx.end_poll?,
             read_opcode: cqx.read_opcode,
+            read_vendor_err: cqx.read_vendor_err,
             read_byte_len: cqx.read_byte_len,
+            read_imm_data: cqx.read_imm_data,
             read_qp_num: cqx.read_qp_num,
-            has_qp_num: wc_flags & u64::from(IBV_WC_EX_WITH_QP_NUM) != 0,
+            read_src_qp: cqx.read_src_qp,
+            read_wc_flags: cqx.read_wc_flags,
+            read_slid: cqx.read_slid,
+            read_sl: cqx.read_sl,
+            read_dlid_path_bits: cqx.read_dlid_path_bits,
+            has_qp_num: wc_flags & u64::from(IBV_WC_EX_WITH_QP_NUM) != 0
+                && cqx.read_qp_num.is_some(),
         })
     }
 }
 
-/// The entry being presented to the application, and the QPs heard from in this poll.
+/// The poll in progress on one extended CQ.
 #[derive(Default)]
 pub struct Current {
+    /// The provider's poll was started and not yet ended.
+    provider_active: bool,
+    /// The length to show for the provider's current entry (a split request's).
     byte_len: Option<u32>,
+    /// The synthesized completion presented instead of a provider entry.
+    synthetic: Option<ibv_wc>,
+    /// QPs heard from in this poll, to let post more when it ends.
     touched: Vec<Arc<QpShared>>,
 }
 
-/// Installs the shaper's poll pointers in `cqx`.
+/// Installs the shaper's poll pointers in `cqx`, and its accessors in place of the
+/// provider's it has.
 pub fn install(cqx: &mut ibv_cq_ex) {
     cqx.start_poll = Some(start_poll);
     cqx.next_poll = Some(next_poll);
     cqx.end_poll = Some(end_poll);
-    cqx.read_byte_len = Some(read_byte_len);
+    macro_rules! wrap {
+        ($($field:ident => $hook:ident),*) => {
+            $( if cqx.$field.is_some() { cqx.$field = Some($hook); } )*
+        };
+    }
+    wrap!(
+        read_opcode => read_opcode,
+        read_vendor_err => read_vendor_err,
+        read_byte_len => read_byte_len,
+        read_imm_data => read_imm_data,
+        read_qp_num => read_qp_num,
+        read_src_qp => read_src_qp,
+        read_wc_flags => read_wc_flags,
+        read_slid => read_slid,
+        read_sl => read_sl,
+        read_dlid_path_bits => read_dlid_path_bits
+    );
 }
 
 fn state(cqx: *mut ibv_cq_ex) -> Option<(&'static CqShared, CqExOps)> {
@@ -67,16 +113,25 @@ fn state(cqx: *mut ibv_cq_ex) -> Option<(&'static CqShared, CqExOps)> {
 }
 
 impl CqShared {
+    fn current(&self) -> MutexGuard<'_, Current> {
+        self.ex_current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Skips entries the application must not see, starting from the one the provider
     /// presents after a poll verb returned `rc`; returns the verb's result for the
     /// application.
     ///
     /// # Safety
-    /// `cqx` is this CQ, inside a poll.
-    unsafe fn filter_ex(&self, cqx: *mut ibv_cq_ex, ops: CqExOps, mut rc: c_int) -> c_int {
-        let mut current = self.ex_current.lock().unwrap_or_else(|e| e.into_inner());
+    /// `cqx` is this CQ, inside a provider poll.
+    unsafe fn filter_ex(
+        &self,
+        cqx: *mut ibv_cq_ex,
+        ops: CqExOps,
+        mut rc: c_int,
+        current: &mut Current,
+    ) -> c_int {
         current.byte_len = None;
-        if self.shaped.load(Ordering::Relaxed) == 0 {
+        if self.shaped.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return rc;
         }
         let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
@@ -95,16 +150,13 @@ impl CqShared {
                     byte_len: ops.read_byte_len.map_or(0, |f| f(cqx)),
                     qp_num: match (ops.has_qp_num, ops.read_qp_num) {
                         (true, Some(f)) => f(cqx),
-                        // Without QP numbers, an entry can only be attributed when one
-                        // shaped QP uses the CQ.
-                        _ if qps.len() == 1 => qps[0].qp_num,
-                        _ => u32::MAX,
+                        _ => 0,
                     },
                     ..Default::default()
                 }
             };
             let before = wc.byte_len;
-            let (deliver, q) = self.translate(&qps, &mut wc, &mut synthesized);
+            let (deliver, q) = self.translate(&qps, &mut wc, ops.has_qp_num, &mut synthesized);
             if let Some(q) = q {
                 if !current.touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
                     current.touched.push(q);
@@ -116,12 +168,117 @@ impl CqShared {
                 if wc.byte_len != before {
                     current.byte_len = Some(wc.byte_len);
                 }
-                return 0;
+                break;
             }
             // SAFETY: inside a poll.
             rc = unsafe { (ops.next_poll)(cqx) };
         }
+        drop(qps);
+        if !synthesized.is_empty() {
+            self.push_synthesized(synthesized);
+        }
         rc
+    }
+
+    /// Presents the next synthesized completion, if any, as the current entry.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ, inside the application's poll.
+    unsafe fn present_synthesized(&self, cqx: *mut ibv_cq_ex, current: &mut Current) -> c_int {
+        current.synthetic = self.pop_synthesized();
+        match current.synthetic {
+            Some(wc) => {
+                // SAFETY: the application's live CQ.
+                unsafe {
+                    (*cqx).wr_id = wc.wr_id;
+                    (*cqx).status = wc.status;
+                }
+                0
+            }
+            None => libc::ENOENT,
+        }
+    }
+
+    /// `ibv_start_poll` after the provider's returned `rc`.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ.
+    unsafe fn start_ex(&self, cqx: *mut ibv_cq_ex, ops: CqExOps, mut rc: c_int) -> c_int {
+        let mut current = self.current();
+        current.synthetic = None;
+        current.provider_active = rc == 0;
+        if rc == 0 {
+            // SAFETY: a provider poll has started.
+            rc = unsafe { self.filter_ex(cqx, ops, 0, &mut current) };
+            if rc == 0 {
+                return 0;
+            }
+            // Everything the provider had was internal, or it failed: the application
+            // will not call end_poll after an error from start_poll, so end it here.
+            // SAFETY: the provider's poll is active.
+            unsafe { (ops.end_poll)(cqx) };
+            current.provider_active = false;
+        }
+        if rc == libc::ENOENT {
+            // SAFETY: no provider poll is active; cqx is this CQ.
+            rc = unsafe { self.present_synthesized(cqx, &mut current) };
+        }
+        if rc != 0 {
+            let touched = std::mem::take(&mut current.touched);
+            drop(current);
+            self.drain_touched(touched);
+        }
+        rc
+    }
+
+    /// `ibv_next_poll`.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ, inside the application's poll.
+    unsafe fn next_ex(&self, cqx: *mut ibv_cq_ex, ops: CqExOps) -> c_int {
+        let mut current = self.current();
+        if current.provider_active {
+            // SAFETY: the provider's poll is active.
+            let rc = unsafe { (ops.next_poll)(cqx) };
+            // SAFETY: as above.
+            let rc = unsafe { self.filter_ex(cqx, ops, rc, &mut current) };
+            if rc != libc::ENOENT || !self.has_synthesized() {
+                return rc;
+            }
+            // The provider is done; end its poll now, and go on with synthesized ones.
+            // SAFETY: the provider's poll is active.
+            unsafe { (ops.end_poll)(cqx) };
+            current.provider_active = false;
+        }
+        // SAFETY: no provider poll is active; cqx is this CQ.
+        unsafe { self.present_synthesized(cqx, &mut current) }
+    }
+
+    /// `ibv_end_poll`.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ, inside the application's poll.
+    unsafe fn end_ex(&self, cqx: *mut ibv_cq_ex, ops: CqExOps) {
+        let touched = {
+            let mut current = self.current();
+            if current.provider_active {
+                // SAFETY: the provider's poll is active.
+                unsafe { (ops.end_poll)(cqx) };
+                current.provider_active = false;
+            }
+            current.byte_len = None;
+            current.synthetic = None;
+            std::mem::take(&mut current.touched)
+        };
+        self.drain_touched(touched);
+    }
+
+    /// Lets the QPs heard from post more.
+    fn drain_touched(&self, touched: Vec<Arc<QpShared>>) {
+        let now = self.engine.now();
+        for q in touched {
+            q.drain(now);
+        }
     }
 }
 
@@ -131,70 +288,76 @@ unsafe extern "C" fn start_poll(cqx: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr
     };
     // SAFETY: the provider's own start_poll, with the caller's arguments.
     let rc = unsafe { (ops.start_poll)(cqx, attr) };
-    if rc != 0 {
-        return rc;
-    }
-    guarded(
-        || {
-            // SAFETY: a poll has started on cqx.
-            let rc = unsafe { c.filter_ex(cqx, ops, 0) };
-            if rc == libc::ENOENT {
-                // Everything the provider had was internal: the application will not call
-                // end_poll after ENOENT, so end the provider's poll here.
-                // SAFETY: a poll has started on cqx.
-                unsafe { end_poll(cqx) };
-            }
-            rc
-        },
-        || 0,
-    )
+    // SAFETY: cqx is the CQ whose state this is.
+    guarded(|| unsafe { c.start_ex(cqx, ops, rc) }, || rc)
 }
 
 unsafe extern "C" fn next_poll(cqx: *mut ibv_cq_ex) -> c_int {
     let Some((c, ops)) = state(cqx) else {
         return libc::ENOENT;
     };
-    // SAFETY: the provider's own next_poll, inside the application's poll.
-    let rc = unsafe { (ops.next_poll)(cqx) };
-    // SAFETY: inside a poll.
-    guarded(|| unsafe { c.filter_ex(cqx, ops, rc) }, || rc)
+    // SAFETY: inside the application's poll of this CQ.
+    guarded(
+        || unsafe { c.next_ex(cqx, ops) },
+        || unsafe { (ops.next_poll)(cqx) },
+    )
 }
 
 unsafe extern "C" fn end_poll(cqx: *mut ibv_cq_ex) {
     let Some((c, ops)) = state(cqx) else {
         return;
     };
-    // SAFETY: the provider's own end_poll, ending the poll.
-    unsafe { (ops.end_poll)(cqx) };
-    guarded(
-        || {
-            let touched = {
-                let mut current = c.ex_current.lock().unwrap_or_else(|e| e.into_inner());
-                current.byte_len = None;
-                std::mem::take(&mut current.touched)
-            };
-            let now = c.engine.now();
-            for q in touched {
-                q.drain(now);
-            }
-        },
-        || (),
-    );
+    // SAFETY: ending the application's poll of this CQ.
+    guarded(|| unsafe { c.end_ex(cqx, ops) }, || ());
 }
+
+/// The synthesized entry being presented, and the length to show for a provider one.
+fn presented(c: &CqShared) -> (Option<ibv_wc>, Option<u32>) {
+    let current = c.current();
+    (current.synthetic, current.byte_len)
+}
+
+/// An accessor that reads a synthesized entry's field, else asks the provider.
+macro_rules! accessor {
+    ($name:ident, $field:ident, $ty:ty, |$wc:ident| $synthetic:expr) => {
+        unsafe extern "C" fn $name(cqx: *mut ibv_cq_ex) -> $ty {
+            let Some((c, ops)) = state(cqx) else {
+                return Default::default();
+            };
+            match (presented(c).0, ops.$field) {
+                (Some($wc), _) => $synthetic,
+                // SAFETY: the provider's own accessor, inside the application's poll.
+                (None, Some(f)) => unsafe { f(cqx) },
+                (None, None) => Default::default(),
+            }
+        }
+    };
+}
+
+accessor!(read_opcode, read_opcode, ibv_wc_opcode, |wc| wc.opcode);
+accessor!(read_vendor_err, read_vendor_err, u32, |wc| wc.vendor_err);
+// SAFETY (imm_data): both members of the union are plain 32-bit integers.
+accessor!(read_imm_data, read_imm_data, __be32, |wc| unsafe {
+    wc.__bindgen_anon_1.imm_data
+});
+accessor!(read_qp_num, read_qp_num, u32, |wc| wc.qp_num);
+accessor!(read_src_qp, read_src_qp, u32, |wc| wc.src_qp);
+accessor!(read_wc_flags, read_wc_flags, std::ffi::c_uint, |wc| wc
+    .wc_flags);
+accessor!(read_slid, read_slid, u32, |wc| u32::from(wc.slid));
+accessor!(read_sl, read_sl, u8, |wc| wc.sl);
+accessor!(read_dlid_path_bits, read_dlid_path_bits, u8, |wc| wc
+    .dlid_path_bits);
 
 unsafe extern "C" fn read_byte_len(cqx: *mut ibv_cq_ex) -> u32 {
     let Some((c, ops)) = state(cqx) else {
         return 0;
     };
-    let over = c
-        .ex_current
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .byte_len;
-    match (over, ops.read_byte_len) {
-        (Some(len), _) => len,
+    match (presented(c), ops.read_byte_len) {
+        ((Some(wc), _), _) => wc.byte_len,
+        ((None, Some(len)), _) => len,
         // SAFETY: the provider's own accessor, inside the application's poll.
-        (None, Some(f)) => unsafe { f(cqx) },
-        (None, None) => 0,
+        ((None, None), Some(f)) => unsafe { f(cqx) },
+        ((None, None), None) => 0,
     }
 }

@@ -388,6 +388,8 @@ pub struct QpShared {
     me: Weak<QpShared>,
     pub(crate) qp: *mut ibv_qp,
     pub(crate) qp_num: u32,
+    /// The `wr_id` tags its send queue gives internal WQEs.
+    tags: std::ops::Range<u64>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) post_send: PostSendFn,
     pub(crate) post_recv: Option<PostRecvFn>,
@@ -421,8 +423,10 @@ pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *
         return;
     };
     Counters::add(&engine.counters.qps, 1);
-    let shaped = engine.shapes(init.qp_type);
     let send_cq = CQS.get_arc(init.send_cq.cast());
+    // Completions of a shaped QP must be translated, so its send CQ must be one the shaper
+    // knows; a QP whose CQ it does not know is only observed.
+    let shaped = engine.shapes(init.qp_type) && send_cq.is_some();
     // SAFETY: the caller guarantees qp is live.
     let qp_num = unsafe { (*qp).qp_num };
     let classifier = (shaped && engine.config.class == Some(ClassSetting::Auto))
@@ -430,21 +434,24 @@ pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *
         .flatten();
     // SAFETY: qpx is null or the QP's extended form; its pointers are the provider's.
     let ex = unsafe { qpx.as_mut() }.map(|x| QpExOps::save(x));
+    let sq = SendQueue::new(
+        qp_num,
+        init.cap.max_send_wr,
+        init.cap.max_send_sge,
+        init.sig_all,
+    );
+    let tags = sq.tag_range();
     let shared = Arc::new_cyclic(|me| QpShared {
         me: me.clone(),
         qp,
         qp_num,
+        tags,
         post_send,
         post_recv: ctx.post_recv,
         shaped,
         send_cq: send_cq.clone(),
         state: Mutex::new(QpState {
-            sq: SendQueue::new(
-                qp_num,
-                init.cap.max_send_wr,
-                init.cap.max_send_sge,
-                init.sig_all,
-            ),
+            sq,
             classifier,
             batch: WrBatch::default(),
         }),
@@ -665,10 +672,23 @@ impl QpShared {
     ) -> (Option<(usize, c_int)>, Vec<ibv_wc>, Blocked) {
         let qp = self.qp;
         let post_send = self.post_send;
-        let mut post = |wr: &mut ibv_send_wr| {
+        let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
+            let base = wrs.as_mut_ptr();
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: qp is live (its state is registered); wr and its SGEs live for the call.
-            unsafe { post_send(qp, wr, &mut bad) }
+            // SAFETY: qp is live (its state is registered); the list and its SGEs live for
+            // the call.
+            let rc = unsafe { post_send(qp, base, &mut bad) };
+            if rc == 0 {
+                return Ok(());
+            }
+            // The provider names the first WQE it did not take; one outside the list (or
+            // none) means it took nothing.
+            let index = (bad as usize)
+                .checked_sub(base as usize)
+                .map(|bytes| bytes / std::mem::size_of::<ibv_send_wr>())
+                .filter(|&i| i < wrs.len())
+                .unwrap_or(0);
+            Err((index, rc))
         };
         let mut synthesized = Vec::new();
         let outcome = st.sq.drain(
@@ -707,13 +727,20 @@ impl QpShared {
         self.after_drain(synthesized, blocked, now);
     }
 
-    /// Notes a state change made with `ibv_modify_qp`.
+    /// Notes a state change made with `ibv_modify_qp`. Moving to the error state
+    /// completes, with a flush error, every request that has nothing on the hardware queue
+    /// (the hardware will flush the rest).
     pub(crate) fn on_modify(&self, state: ibv_qp_state) {
+        let mut synthesized = Vec::new();
         let mut st = self.lock();
         match state {
             IBV_QPS_RESET => st.sq.reset(),
-            IBV_QPS_ERR => st.sq.set_failed(),
+            IBV_QPS_ERR => st.sq.set_failed(&self.engine.counters, &mut synthesized),
             _ => {}
+        }
+        drop(st);
+        if let (false, Some(cq)) = (synthesized.is_empty(), &self.send_cq) {
+            cq.push_synthesized(synthesized);
         }
     }
 }
@@ -732,6 +759,14 @@ pub struct CqShared {
     work: AtomicU64,
     pub(crate) ex: Option<crate::cq_ex::CqExOps>,
     pub(crate) ex_current: Mutex<crate::cq_ex::Current>,
+    /// The CQ itself (what an event names).
+    pub(crate) cq: *mut ibv_cq,
+    /// Its completion channel, or null.
+    pub(crate) channel: *mut ibv_comp_channel,
+    /// The application asked for an event on the next completion and has not had it.
+    pub(crate) armed: AtomicBool,
+    /// Events the shaper delivered for synthesized completions, not yet acknowledged.
+    pub(crate) synthetic_events: AtomicU32,
 }
 
 // SAFETY: function pointers are the provider's; mutable state is behind mutexes.
@@ -760,8 +795,20 @@ pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex,
         work: AtomicU64::new(0),
         ex,
         ex_current: Mutex::new(crate::cq_ex::Current::default()),
+        cq,
+        // SAFETY: the caller guarantees cq is live.
+        channel: unsafe { (*cq).channel },
+        armed: AtomicBool::new(false),
+        synthetic_events: AtomicU32::new(0),
     });
+    if ctx.engine.config.class.is_some() {
+        crate::channel::attach(&shared);
+    }
     if let Ok(Some(old)) = CQS.insert(cq.cast(), shared) {
+        // A CQ destroyed behind the shaper's back, whose address was reused.
+        if let Some(channel) = crate::channel::detach(&old) {
+            ctx.bury(channel);
+        }
         ctx.bury(old);
     }
     if !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some() {
@@ -778,8 +825,14 @@ pub fn cq_token(cq: *mut ibv_cq) -> Option<NonNull<CqShared>> {
 /// Forgets a destroyed CQ, if its registration is still `token`.
 pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>, ctx: *mut ibv_context) {
     if let Some(shared) = CQS.remove(cq.cast(), token) {
+        let channel = crate::channel::detach(&shared);
         match context(ctx) {
-            Some(c) => c.bury(shared),
+            Some(c) => {
+                c.bury(shared);
+                if let Some(channel) = channel {
+                    c.bury(channel);
+                }
+            }
             None => drop(shared),
         }
     }
@@ -799,22 +852,82 @@ impl CqShared {
         self.work.load(Ordering::Relaxed) != 0
     }
 
-    fn push_synthesized(&self, wcs: Vec<ibv_wc>) {
-        let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
-        self.work.fetch_add(wcs.len() as u64, Ordering::AcqRel);
-        q.extend(wcs);
+    /// Queues completions the hardware will not produce, and wakes an application that
+    /// waits for an event on this CQ.
+    pub(crate) fn push_synthesized(&self, wcs: Vec<ibv_wc>) {
+        {
+            let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+            self.work.fetch_add(wcs.len() as u64, Ordering::AcqRel);
+            q.extend(wcs);
+        }
+        if self.armed.load(Ordering::Acquire) {
+            crate::channel::notify(self);
+        }
+    }
+
+    /// True when synthesized completions wait to be delivered.
+    pub(crate) fn has_synthesized(&self) -> bool {
+        !self
+            .synthesized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Takes the next synthesized completion.
+    pub(crate) fn pop_synthesized(&self) -> Option<ibv_wc> {
+        let wc = self
+            .synthesized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        if wc.is_some() {
+            self.work.fetch_sub(1, Ordering::AcqRel);
+        }
+        wc
+    }
+
+    /// The application armed the CQ: an event is due now if synthesized completions wait.
+    pub(crate) fn on_armed(&self) {
+        self.armed.store(true, Ordering::Release);
+        if self.has_synthesized() {
+            crate::channel::notify(self);
+        }
     }
 
     /// Translates one completion; returns whether to deliver it, and the QP it touched.
+    /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
+    /// completions are then attributed by their tags, or by which QP expects the
+    /// application's `wr_id` next.
     pub(crate) fn translate(
         &self,
         qps: &[Arc<QpShared>],
         wc: &mut ibv_wc,
+        qp_num_known: bool,
         synthesized: &mut Vec<ibv_wc>,
     ) -> (bool, Option<Arc<QpShared>>) {
-        let Some(q) = qps.iter().find(|q| q.qp_num == wc.qp_num) else {
+        let owner = if qp_num_known {
+            qps.iter().find(|q| q.qp_num == wc.qp_num)
+        } else {
+            qps.iter().find(|q| q.tags.contains(&wc.wr_id)).or_else(|| {
+                let mut expecting = qps.iter().filter(|q| {
+                    wc.status == IBV_WC_SUCCESS
+                        && wc.opcode & IBV_WC_RECV == 0
+                        && q.lock().sq.expects_visible(wc.wr_id)
+                });
+                // Two QPs expecting the same wr_id cannot be told apart: deliver as is.
+                match (expecting.next(), expecting.next()) {
+                    (Some(q), None) => Some(q),
+                    _ => None,
+                }
+            })
+        };
+        let Some(q) = owner else {
             return (true, None);
         };
+        if !qp_num_known {
+            wc.qp_num = q.qp_num;
+        }
         let verdict = q.lock().sq.complete(wc, &self.engine.counters, synthesized);
         (verdict != Verdict::Hide, Some(Arc::clone(q)))
     }
@@ -849,7 +962,7 @@ impl CqShared {
                 for i in out..out + got {
                     // SAFETY: i < out + got <= want_total, written by the provider.
                     let mut e = unsafe { *wc.add(i) };
-                    let (deliver, q) = self.translate(&qps, &mut e, &mut synthesized);
+                    let (deliver, q) = self.translate(&qps, &mut e, true, &mut synthesized);
                     if let Some(q) = q {
                         if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
                             touched.push(q);
@@ -870,13 +983,11 @@ impl CqShared {
         if !synthesized.is_empty() {
             self.push_synthesized(synthesized);
         }
-        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) && out < want_total {
-            let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
             while out < want_total {
-                let Some(e) = q.pop_front() else {
+                let Some(e) = self.pop_synthesized() else {
                     break;
                 };
-                self.work.fetch_sub(1, Ordering::AcqRel);
                 // SAFETY: out < want_total.
                 unsafe { *wc.add(out) = e };
                 out += 1;

@@ -7,12 +7,16 @@
 //! compatibility layer calls the 1.1 verbs through the global scope and so reaches the
 //! shaper too. The versions come from `.symver` directives below and the version script
 //! `exports.map` (passed to the linker by `build.rs`). The real verbs are found with
-//! `dlvsym(RTLD_NEXT, ...)` at the exact version.
+//! `dlvsym(RTLD_NEXT, ...)` at the exact version. `ibv_get_cq_event` and
+//! `ibv_ack_cq_events` are exported at 1.1 only: their 1.0 entries take old-layout CQs,
+//! and a program bound to them is served by libibverbs alone.
 //!
 //! A thread-local flag marks when the shaper itself is inside a real verb, so that a verb
 //! libibverbs or a provider calls from there passes straight through. No wrapper unwinds:
 //! the shaper's part runs under `catch_unwind` and the real verb's result is returned
-//! whatever happens to it.
+//! whatever happens to it. The exception is `ibv_get_cq_event`, which blocks at a POSIX
+//! cancellation point: a cancelled thread must unwind through it, which `catch_unwind`
+//! would turn into an abort, so it holds nothing that could panic or needs dropping there.
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
@@ -23,6 +27,7 @@ use justitia_verbs::loader::next_symbol;
 use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
 
+use crate::channel::{AckCqEventsFn, GetCqEventFn};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
 use crate::engine::{self, Engine, PacerMode, QpInit};
@@ -397,6 +402,39 @@ pub unsafe extern "C" fn justitia_ibv_destroy_cq_1_1(cq: *mut ibv_cq) -> c_int {
     rc
 }
 
+/// `ibv_get_cq_event@@IBVERBS_1.1`: the kernel's events, and the shaper's own for
+/// synthesized completions (see [`crate::channel`]).
+///
+/// # Safety
+/// As `ibv_get_cq_event`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_get_cq_event_1_1(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    let Some(real) = real!("ibv_get_cq_event", "IBVERBS_1.1", GetCqEventFn) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // No guard and no catch_unwind here: the call blocks at a cancellation point, and a
+    // cancelled thread must unwind through this frame (see crate::channel).
+    // SAFETY: the caller's arguments and libibverbs' own verb.
+    unsafe { crate::channel::get_cq_event(channel, cq, cq_context, real) }
+}
+
+/// `ibv_ack_cq_events@@IBVERBS_1.1`: acknowledges the shaper's own events itself.
+///
+/// # Safety
+/// As `ibv_ack_cq_events`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_ack_cq_events_1_1(cq: *mut ibv_cq, nevents: u32) {
+    if let Some(real) = real!("ibv_ack_cq_events", "IBVERBS_1.1", AckCqEventsFn) {
+        // SAFETY: the caller's arguments and libibverbs' own verb.
+        unsafe { crate::channel::ack_cq_events(cq, nevents, real) };
+    }
+}
+
 /// The IBVERBS_1.0 entries: forward to libibverbs' own compatibility entries, which call
 /// the 1.1 verbs (and so the shaper) themselves. Their structures are the old ones, opaque
 /// here.
@@ -484,4 +522,6 @@ std::arch::global_asm!(
     ".symver justitia_ibv_create_cq_1_0, ibv_create_cq@IBVERBS_1.0",
     ".symver justitia_ibv_destroy_cq_1_1, ibv_destroy_cq@@IBVERBS_1.1",
     ".symver justitia_ibv_destroy_cq_1_0, ibv_destroy_cq@IBVERBS_1.0",
+    ".symver justitia_ibv_get_cq_event_1_1, ibv_get_cq_event@@IBVERBS_1.1",
+    ".symver justitia_ibv_ack_cq_events_1_1, ibv_ack_cq_events@@IBVERBS_1.1",
 );

@@ -154,21 +154,28 @@ unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) ->
 }
 
 /// `ops.req_notify_cq`: passed through; a hidden completion may wake an event-driven
-/// application, which then polls, finds nothing new and waits again.
+/// application, which then polls, finds nothing new and waits again. The shaper notes that
+/// the CQ is armed, so that a synthesized completion can raise an event (see
+/// [`crate::channel`]).
 ///
 /// # Safety
 /// Called by `ibv_req_notify_cq` with a live CQ.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let f = match engine::cq(cq).and_then(|c| c.req_notify_cq) {
+    let shared = engine::cq(cq);
+    let f = match shared.and_then(|c| c.req_notify_cq) {
         Some(f) => Some(f),
         // SAFETY: a live CQ has a live context.
         None => engine::context(unsafe { (*cq).context }).and_then(|c| c.req_notify_cq),
     };
-    match f {
+    let rc = match f {
         // SAFETY: the provider's own req_notify_cq.
         Some(f) => unsafe { f(cq, solicited_only) },
         None => libc::EOPNOTSUPP,
+    };
+    if let (0, Some(c)) = (rc, shared) {
+        c.on_armed();
     }
+    rc
 }
 
 /// `verbs_context.create_qp_ex` (reached by the inline `ibv_create_qp_ex`).
@@ -220,6 +227,12 @@ pub unsafe extern "C" fn create_qp_ex(
 
 /// `verbs_context.create_cq_ex` (reached by the inline `ibv_create_cq_ex`).
 ///
+/// When the shaper may shape, it asks the provider for QP numbers in the completions
+/// (`IBV_WC_EX_WITH_QP_NUM`) even if the application did not, so that completions of
+/// several shaped QPs sharing the CQ are attributed exactly; if the provider refuses, the
+/// CQ is created as the application asked. The application's attribute block is left as
+/// it gave it.
+///
 /// # Safety
 /// Called with a live context and a valid attribute block.
 pub unsafe extern "C" fn create_cq_ex(
@@ -234,13 +247,31 @@ pub unsafe extern "C" fn create_cq_ex(
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
     };
-    // SAFETY: the provider's own create_cq_ex, with the caller's arguments.
-    let cqx = unsafe { real(ctx, attr) };
+    let qp_num = u64::from(IBV_WC_EX_WITH_QP_NUM);
+    // SAFETY: attr is the caller's valid block (or null).
+    let asked = unsafe { attr.as_ref() }.map(|a| a.wc_flags);
+    let mut wc_flags = asked.unwrap_or(0);
+    let mut cqx = std::ptr::null_mut();
+    if let (Some(flags), true) = (asked, c.engine.config().class.is_some()) {
+        if flags & qp_num == 0 {
+            // SAFETY: attr is non-null here; the provider's own create_cq_ex.
+            unsafe {
+                (*attr).wc_flags = flags | qp_num;
+                cqx = real(ctx, attr);
+                (*attr).wc_flags = flags;
+            }
+            if !cqx.is_null() {
+                wc_flags = flags | qp_num;
+            }
+        }
+    }
+    if cqx.is_null() {
+        // SAFETY: the provider's own create_cq_ex, with the caller's arguments.
+        cqx = unsafe { real(ctx, attr) };
+    }
     if cqx.is_null() || crate::exports::in_shaper() {
         return cqx;
     }
-    // SAFETY: attr is the caller's valid block.
-    let wc_flags = unsafe { attr.as_ref() }.map_or(0, |a| a.wc_flags);
     guarded(
         // SAFETY: the extended CQ begins with the ibv_cq (ibv_cq_ex_to_cq is a cast).
         || unsafe { engine::register_cq(c, cqx.cast::<ibv_cq>(), cqx, wc_flags) },

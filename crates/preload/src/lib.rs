@@ -3,6 +3,7 @@
 //! Loaded into an unmodified RDMA application with `LD_PRELOAD`.
 
 pub mod bucket;
+pub mod channel;
 pub mod clock;
 pub mod config;
 pub mod cq_ex;

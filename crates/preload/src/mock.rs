@@ -63,7 +63,8 @@ struct MockQp {
     sq: VecDeque<PostedWr>,
     failed: bool,
     fail_next: Option<ibv_wc_status>,
-    refuse_next: Option<c_int>,
+    /// Refuse the WQE at this position of the next post call's list, with this error.
+    refuse_next: Option<(usize, c_int)>,
     batch: Vec<PostedWr>,
 }
 
@@ -80,6 +81,10 @@ struct MockState {
     log: Vec<PostedWr>,
     next_qp_num: u32,
     notify_calls: u32,
+    post_calls: u32,
+    end_polls: u32,
+    /// `ibv_create_cq_ex` refuses to report QP numbers.
+    refuse_qp_num: bool,
 }
 
 struct MockInner {
@@ -151,7 +156,7 @@ impl MockDevice {
 
     /// Creates a CQ the way `ibv_create_cq` would (the shaper is not involved).
     pub fn create_cq(&self) -> *mut ibv_cq {
-        create_cq(self.context()).cast()
+        create_cq(self.context(), u64::from(IBV_WC_EX_WITH_QP_NUM)).cast()
     }
 
     /// Creates a QP the way `ibv_create_qp` would, writing the granted capacities back
@@ -182,6 +187,39 @@ impl MockDevice {
             .map_or(0, |q| q.sq.len())
     }
 
+    /// Completions waiting in `cq`.
+    pub fn cq_entries(&self, cq: *mut ibv_cq) -> usize {
+        let st = self.state();
+        st.cqs
+            .iter()
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == cq)
+            .map_or(0, |c| c.entries.len())
+    }
+
+    /// `end_poll` calls that reached the provider.
+    pub fn end_polls(&self) -> u32 {
+        self.state().end_polls
+    }
+
+    /// `post_send` calls that reached the provider (one per list).
+    pub fn post_calls(&self) -> u32 {
+        self.state().post_calls
+    }
+
+    /// From now on `ibv_create_cq_ex` fails when asked for QP numbers (as a provider that
+    /// does not support them would).
+    pub fn refuse_qp_numbers(&self) {
+        self.state().refuse_qp_num = true;
+    }
+
+    /// Creates a CQ bound to `channel` (the shaper is not involved).
+    pub fn create_cq_on(&self, channel: *mut ibv_comp_channel) -> *mut ibv_cq {
+        let cqx = create_cq(self.context(), u64::from(IBV_WC_EX_WITH_QP_NUM));
+        // SAFETY: the CQ was just created and is not shared yet.
+        unsafe { (*cqx).channel = channel };
+        cqx.cast()
+    }
+
     /// `ibv_req_notify_cq` calls that reached the provider.
     pub fn notify_calls(&self) -> u32 {
         self.state().notify_calls
@@ -201,13 +239,19 @@ impl MockDevice {
 
     /// The next post on `qp` is refused with `errno`.
     pub fn refuse_next_post(&self, qp: *mut ibv_qp, errno: c_int) {
+        self.refuse_in_next_post(qp, 0, errno);
+    }
+
+    /// The next post call on `qp` takes the WQEs before `position` of its list and
+    /// refuses the one there with `errno`, as a provider does with a bad WQE in a list.
+    pub fn refuse_in_next_post(&self, qp: *mut ibv_qp, position: usize, errno: c_int) {
         if let Some(q) = self
             .state()
             .qps
             .iter_mut()
             .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
         {
-            q.refuse_next = Some(errno);
+            q.refuse_next = Some((position, errno));
         }
     }
 
@@ -294,7 +338,8 @@ unsafe fn move_data(wr: &PostedWr) {
     }
 }
 
-fn create_cq(ctx: *mut ibv_context) -> *mut ibv_cq_ex {
+/// A CQ whose extended form reports what `wc_flags` asks for (QP numbers only if asked).
+fn create_cq(ctx: *mut ibv_context, wc_flags: u64) -> *mut ibv_cq_ex {
     let inner = inner_of(ctx);
     let mut cqx = ibv_cq_ex {
         context: ctx,
@@ -305,7 +350,9 @@ fn create_cq(ctx: *mut ibv_context) -> *mut ibv_cq_ex {
     cqx.end_poll = Some(mock_end_poll);
     cqx.read_opcode = Some(mock_read_opcode);
     cqx.read_byte_len = Some(mock_read_byte_len);
-    cqx.read_qp_num = Some(mock_read_qp_num);
+    if wc_flags & u64::from(IBV_WC_EX_WITH_QP_NUM) != 0 {
+        cqx.read_qp_num = Some(mock_read_qp_num);
+    }
     let cell = Box::new(UnsafeCell::new(cqx));
     let p = cell.get();
     inner
@@ -389,15 +436,24 @@ unsafe extern "C" fn mock_post_send(
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
     let qp_num = unsafe { (*qp).qp_num };
+    // SAFETY: a mock QP points to its mock context.
+    inner_of(unsafe { (*qp).context })
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .post_calls += 1;
     with_qp(qp, |q, log| {
-        if let Some(e) = q.refuse_next.take() {
-            // SAFETY: bad_wr is writable.
-            unsafe { *bad_wr = wr };
-            return e;
-        }
+        let refuse = q.refuse_next.take();
         let mut cur = wr;
+        let mut position = 0;
         // SAFETY: the caller passes a valid list.
         while let Some(w) = unsafe { cur.as_ref() } {
+            if let Some((_, e)) = refuse.filter(|(at, _)| *at == position) {
+                // SAFETY: bad_wr is writable.
+                unsafe { *bad_wr = cur };
+                return e;
+            }
+            position += 1;
             if q.sq.len() >= q.depth as usize {
                 // SAFETY: bad_wr is writable.
                 unsafe { *bad_wr = cur };
@@ -491,9 +547,23 @@ unsafe extern "C" fn mock_create_qp_ex(
 
 unsafe extern "C" fn mock_create_cq_ex(
     ctx: *mut ibv_context,
-    _attr: *mut ibv_cq_init_attr_ex,
+    attr: *mut ibv_cq_init_attr_ex,
 ) -> *mut ibv_cq_ex {
-    create_cq(ctx)
+    // SAFETY: the caller passes a valid attribute block.
+    let a = unsafe { &*attr };
+    let refuse = inner_of(ctx)
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .refuse_qp_num;
+    if refuse && a.wc_flags & u64::from(IBV_WC_EX_WITH_QP_NUM) != 0 {
+        justitia_verbs::ops::set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    }
+    let cqx = create_cq(ctx, a.wc_flags);
+    // SAFETY: just created.
+    unsafe { (*cqx).channel = a.channel };
+    cqx
 }
 
 fn present(cqx: *mut ibv_cq_ex, c: &mut MockCq) -> c_int {
@@ -521,6 +591,12 @@ unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
 
 unsafe extern "C" fn mock_end_poll(cqx: *mut ibv_cq_ex) {
     with_cq(cqx.cast(), |c| c.current = None);
+    // SAFETY: a mock CQ points to its mock context.
+    inner_of(unsafe { (*cqx).context })
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .end_polls += 1;
 }
 
 unsafe extern "C" fn mock_read_opcode(cqx: *mut ibv_cq_ex) -> ibv_wc_opcode {

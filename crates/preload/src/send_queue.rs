@@ -2,8 +2,8 @@
 //!
 //! The application's requests are *accepted* into a FIFO; their work queue entries (WQEs:
 //! whole requests, chunks, yields) are *posted* to the hardware queue in order as slots and
-//! tokens allow; completions are *translated* back into what the application would have
-//! seen without the shaper.
+//! tokens allow, as many as are ready in one provider call (one doorbell); completions are
+//! *translated* back into what the application would have seen without the shaper.
 //!
 //! Queue depth is kept in two currencies. The application may have at most `capacity`
 //! requests outstanding (accepted and not yet retired), exactly as its `max_send_wr`
@@ -11,19 +11,19 @@
 //! `capacity` WQEs; the rest wait here. A request retires when its last WQE has been
 //! completed, as the application learns from a completion of it or of a later request.
 //!
-//! Completions are matched by order: RC send completions of one QP arrive in the order the
-//! WQEs were posted, so the shaper keeps a FIFO of posted WQEs and a completion belongs to
-//! the first signaled one (unsignaled WQEs before it completed silently). Nothing relies on
-//! `wr_id` values, which remain the application's: every WQE of a request carries the
-//! request's own `wr_id`, so an error on any chunk is already reported on the original
-//! request; the shaper only hides the extra completions. To keep slots flowing when the
-//! application signals rarely, the shaper signals an internal WQE at least every half queue
-//! and hides its completion; the hidden completions never exceed the WQEs in flight, so the
-//! completion queue the application sized for its own requests does not overflow.
+//! Which WQE a completion belongs to: the last WQE of a request the application will see a
+//! completion for carries the application's `wr_id`, flags and immediate; every other WQE
+//! carries a tag the shaper owns (see `TagSpace`), so an error completion names exactly the
+//! WQE that failed even when the application gives many requests one `wr_id`. Successful
+//! completions arrive in posting order (RC), so the unsignaled WQEs before a signaled one
+//! completed silently. To keep slots flowing when the application signals rarely, the
+//! shaper signals an internal WQE at least every half queue and hides its completion; the
+//! completions of one QP waiting in its completion queue never outnumber its WQEs in
+//! flight, which never outnumber its `max_send_wr`.
 //!
 //! Errors: the first error completion marks the QP failed; every request gets exactly one
-//! error completion (the hardware flushes what was posted; requests never posted get a
-//! synthesized `IBV_WC_WR_FLUSH_ERR` once the hardware queue is empty).
+//! error completion (the first of its WQEs to report one, or a synthesized
+//! `IBV_WC_WR_FLUSH_ERR` for requests with nothing left on the hardware queue).
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -225,7 +225,7 @@ impl OwnedWr {
 }
 
 /// A split request's progress.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct SplitBody {
     plan: ChunkPlan,
     /// The next chunk to post, taken from the plan ahead of time.
@@ -233,6 +233,33 @@ struct SplitBody {
     /// Yields still to post before `next` (`preempt`).
     yields_due: u32,
     planner: Option<YieldPlanner>,
+}
+
+impl SplitBody {
+    /// What the next WQE is (a yield or not), and its payload, without taking it.
+    fn peek(&self) -> Option<(bool, u32)> {
+        if self.yields_due > 0 {
+            return Some((true, 0));
+        }
+        let chunk = self.next.as_ref()?;
+        Some((
+            false,
+            u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX),
+        ))
+    }
+
+    /// Takes the next WQE, which [`Self::peek`] said is a yield.
+    fn take_yield(&mut self) {
+        self.yields_due = self.yields_due.saturating_sub(1);
+    }
+
+    /// Takes the next WQE, which [`Self::peek`] said is a chunk.
+    fn take_chunk(&mut self) -> Option<Chunk> {
+        let chunk = self.next.take()?;
+        self.yields_due = self.planner.map_or(0, |p| p.yields_after(&chunk));
+        self.next = self.plan.next();
+        Some(chunk)
+    }
 }
 
 #[derive(Debug)]
@@ -268,11 +295,69 @@ struct Request {
 /// A WQE on the hardware queue.
 #[derive(Clone, Copy, Debug)]
 struct Posted {
+    /// The request it belongs to.
     seq: u64,
+    /// The `wr_id` it carries: the application's for a visible WQE, else a tag.
     wr_id: u64,
     signaled: bool,
     /// Its completion is the application's (the last WQE of a visible request).
     visible: bool,
+}
+
+/// What kind of WQE a built entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WqeKind {
+    Whole,
+    Chunk,
+    Yield,
+}
+
+/// A WQE built for the next post call, with what committing it changes.
+#[derive(Clone, Copy, Debug)]
+struct Built {
+    /// Index of its request in the queue.
+    request: usize,
+    kind: WqeKind,
+    /// Where its SGEs are in the batch's SGE buffer (chunks only).
+    sges: (usize, usize),
+    is_last: bool,
+    posted: Posted,
+}
+
+/// `wr_id` values for the WQEs whose completions the application never sees (chunks before
+/// the last, yields, the WQEs of unsignaled requests). They are addresses inside a block
+/// the shaper owns, one byte per send-queue slot, so they identify the QP and the WQE
+/// exactly, cannot be a pointer the application owns, and are never shown to it: an error
+/// completion names exactly the WQE that failed even when the application reuses `wr_id`s.
+#[derive(Debug)]
+struct TagSpace {
+    block: Box<[u8]>,
+}
+
+impl TagSpace {
+    fn new(slots: u32) -> Self {
+        TagSpace {
+            block: vec![0u8; slots.max(1) as usize].into_boxed_slice(),
+        }
+    }
+
+    fn base(&self) -> u64 {
+        self.block.as_ptr() as u64
+    }
+
+    fn len(&self) -> u64 {
+        self.block.len() as u64
+    }
+
+    /// The tag of the WQE with sequence number `seq`; unique among the WQEs in flight,
+    /// which never outnumber the slots.
+    fn tag(&self, seq: u64) -> u64 {
+        self.base() + seq % self.len()
+    }
+
+    fn contains(&self, wr_id: u64) -> bool {
+        wr_id.wrapping_sub(self.base()) < self.len()
+    }
 }
 
 /// Why posting stopped.
@@ -299,11 +384,15 @@ pub enum Verdict {
     Hide,
 }
 
+/// Posts a list of WQEs (linked through `next`, first to last) to the hardware queue.
+/// On failure it reports the index of the first WQE not posted, and the error.
+pub type PostList<'a> = dyn FnMut(&mut [ibv_send_wr]) -> Result<(), (usize, c_int)> + 'a;
+
 /// What a drain needs from outside: the real post verb, the bucket, the counters, and a
 /// place for synthesized completions.
 pub struct DrainEnv<'a> {
-    /// Posts one WQE to the hardware queue; returns 0 or an errno.
-    pub post: &'a mut dyn FnMut(&mut ibv_send_wr) -> c_int,
+    /// Posts a list of WQEs.
+    pub post: &'a mut PostList<'a>,
     /// The process's token bucket, when pacing is configured.
     pub bucket: Option<&'a Mutex<TokenBucket>>,
     /// The process's counters.
@@ -323,8 +412,11 @@ pub struct DrainOutcome {
     pub refused: Option<(usize, c_int)>,
 }
 
+/// Most WQEs handed to the provider in one call: enough that a split request's chunks and
+/// yields go with one doorbell, few enough that the list stays in cache.
+pub const MAX_WQES_PER_POST: usize = 256;
+
 /// The send side of one shaped QP.
-#[derive(Debug)]
 pub struct SendQueue {
     qp_num: u32,
     capacity: u32,
@@ -334,13 +426,35 @@ pub struct SendQueue {
     unsignaled_run: u32,
     requests: VecDeque<Request>,
     first_seq: u64,
+    /// The first request with WQEs not yet posted.
     cursor: usize,
     posted: VecDeque<Posted>,
+    /// Sequence number of the next WQE posted (for its tag).
+    next_wqe: u64,
+    tags: TagSpace,
     failed: bool,
-    /// After the first error: the failed request's wr_id and how many more of its WQEs
-    /// may still report a flush.
-    stray: Option<(u64, u32)>,
+    /// The list being built for one post call, and its SGEs (kept to reuse the memory).
+    batch: Vec<Built>,
+    batch_wrs: Vec<ibv_send_wr>,
+    batch_sges: Vec<ibv_sge>,
 }
+
+impl std::fmt::Debug for SendQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("qp_num", &self.qp_num)
+            .field("capacity", &self.capacity)
+            .field("requests", &self.requests.len())
+            .field("cursor", &self.cursor)
+            .field("posted", &self.posted.len())
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers in the batch buffers are only meaningful during a drain, which
+// holds the queue exclusively; between drains they are stale and never followed.
+unsafe impl Send for SendQueue {}
 
 fn add(counter: &AtomicU64, n: u64) {
     Counters::add(counter, n);
@@ -362,8 +476,12 @@ impl SendQueue {
             first_seq: 0,
             cursor: 0,
             posted: VecDeque::new(),
+            next_wqe: 0,
+            tags: TagSpace::new(capacity),
             failed: false,
-            stray: None,
+            batch: Vec::new(),
+            batch_wrs: Vec::new(),
+            batch_sges: Vec::new(),
         }
     }
 
@@ -390,6 +508,12 @@ impl SendQueue {
     /// True once an error completion was seen (until the QP is reset).
     pub fn failed(&self) -> bool {
         self.failed
+    }
+
+    /// The `wr_id` values this queue gives its internal WQEs, as a range: a completion
+    /// carrying one belongs to this QP whatever the completion queue says.
+    pub fn tag_range(&self) -> std::ops::Range<u64> {
+        self.tags.base()..self.tags.base() + self.tags.len()
     }
 
     /// Accepts one request, or refuses it with `ENOMEM` when the application already has
@@ -439,6 +563,10 @@ impl SendQueue {
 
     /// The body for a request to split: the chunk plan when the planner splits it, else
     /// the request whole. Returns the body, whether it is split, and whether it is paced.
+    ///
+    /// An RDMA WRITE with immediate stays whole: it consumes a receive at the peer, whose
+    /// completion reports the length of the message that carried the immediate, so a split
+    /// would show the peer the last chunk's length instead of the request's.
     fn split_body(
         &self,
         wr: OwnedWr,
@@ -451,8 +579,10 @@ impl SendQueue {
             max_sge: self.max_sge,
             split_two_sided: false,
         };
-        let plan = wr
-            .to_work_request()
+        let plan = Some(&wr)
+            .filter(|w| w.payload_len() > u64::from(chunk_bytes))
+            .filter(|w| w.opcode() != IBV_WR_RDMA_WRITE_WITH_IMM)
+            .and_then(OwnedWr::to_work_request)
             .and_then(|req| ChunkPlan::new(req, limits).ok())
             .filter(ChunkPlan::is_split);
         match plan {
@@ -479,7 +609,7 @@ impl SendQueue {
         }
     }
 
-    /// Posts what slots and tokens allow, in order.
+    /// Posts what slots and tokens allow, in order, as few provider calls as possible.
     pub fn drain(&mut self, now: Duration, env: &mut DrainEnv<'_>) -> DrainOutcome {
         let mut outcome = DrainOutcome {
             blocked: Blocked::Idle,
@@ -491,151 +621,280 @@ impl SendQueue {
                 outcome.blocked = Blocked::Failed;
                 return outcome;
             }
-            if self.cursor >= self.requests.len() {
-                return outcome;
-            }
-            if self.posted.len() >= self.capacity as usize {
-                outcome.blocked = Blocked::Slots;
-                return outcome;
-            }
-            let seq = self.first_seq + self.cursor as u64;
-            let Some(req) = self.requests.get_mut(self.cursor) else {
-                return outcome;
+            let mut snapshots = Vec::new();
+            let (stop, waiting) = self.build(now, env.bucket, &mut snapshots);
+            // The request that found no tokens starts waiting now (after the WQEs built
+            // before it are committed, which must not count its wait).
+            let mark_waiting = |q: &mut SendQueue| {
+                if let Some(req) = waiting.and_then(|i| q.requests.get_mut(i)) {
+                    req.blocked_since.get_or_insert(now);
+                }
             };
+            if self.batch.is_empty() {
+                mark_waiting(self);
+                outcome.blocked = stop;
+                return outcome;
+            }
+            match self.post_batch(env) {
+                Ok(()) => {
+                    let built = std::mem::take(&mut self.batch);
+                    for b in &built {
+                        self.commit(b, now, env.counters);
+                    }
+                    self.batch = built;
+                    self.batch.clear();
+                    mark_waiting(self);
+                    if stop != Blocked::Idle {
+                        outcome.blocked = stop;
+                        return outcome;
+                    }
+                }
+                Err((index, rc)) => {
+                    if let Some(refused) = self.refused_at(index, rc, now, env, snapshots) {
+                        outcome.refused = Some(refused);
+                        return outcome;
+                    }
+                }
+            }
+        }
+    }
 
-            // The next WQE of the request, and what it is.
-            let mut yield_wr;
-            let mut chunk_wr;
-            let (wr, payload, is_last, is_yield): (&mut ibv_send_wr, u32, bool, bool) =
-                match &mut req.body {
-                    Body::Whole(w) => {
-                        chunk_wr = w.as_wr();
-                        (&mut chunk_wr, req.len, true, false)
-                    }
-                    Body::Split(s) => {
-                        if s.yields_due > 0 {
-                            yield_wr = yield_wr_for(s.plan.request(), req.wr_id);
-                            (&mut yield_wr, 0, false, true)
-                        } else if let Some(chunk) = s.next.as_mut() {
-                            let bytes =
-                                u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX);
-                            chunk_wr = chunk_to_wr(chunk, req.wr_id);
-                            (&mut chunk_wr, bytes, chunk.is_last, false)
-                        } else {
-                            // A plan that ran dry early; never expected.
-                            req.done_posting = true;
-                            self.cursor += 1;
-                            self.retire_front();
-                            continue;
-                        }
-                    }
+    /// Builds the next list of WQEs into the batch, in order, taking tokens for paced
+    /// ones; returns why it stopped, and the request that found no tokens if that was why.
+    /// Split requests it takes WQEs from are saved in `snapshots` first, so a list the
+    /// provider refuses in part can be rolled back.
+    fn build(
+        &mut self,
+        now: Duration,
+        bucket: Option<&Mutex<TokenBucket>>,
+        snapshots: &mut Vec<(usize, Box<SplitBody>)>,
+    ) -> (Blocked, Option<usize>) {
+        self.batch.clear();
+        self.batch_wrs.clear();
+        self.batch_sges.clear();
+        let room = (self.capacity as usize).saturating_sub(self.posted.len());
+        let limit = room.min(MAX_WQES_PER_POST);
+        let mut run = self.unsignaled_run;
+        let mut index = self.cursor;
+        while let Some(req) = self.requests.get_mut(index) {
+            if self.batch.len() >= limit {
+                let why = if limit == room {
+                    Blocked::Slots
+                } else {
+                    Blocked::Idle
                 };
-
+                return (why, None);
+            }
+            let (is_yield, payload) = match &req.body {
+                Body::Whole(_) => (false, req.len),
+                Body::Split(s) => match s.peek() {
+                    Some(next) => next,
+                    None => {
+                        // A plan that ran dry early; never expected. Nothing is left to post.
+                        req.done_posting = true;
+                        if index == self.cursor {
+                            self.cursor += 1;
+                        }
+                        index += 1;
+                        continue;
+                    }
+                },
+            };
             if req.paced && !is_yield {
-                if let Some(bucket) = env.bucket {
+                if let Some(bucket) = bucket {
                     let taken = bucket
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .try_take(now, payload);
                     if let Err(wait) = taken {
-                        req.blocked_since.get_or_insert(now);
-                        outcome.blocked = Blocked::Tokens(wait);
-                        return outcome;
+                        return (Blocked::Tokens(wait), Some(index));
                     }
                 }
             }
-
-            let visible = is_last && req.visible;
-            let signaled = self.sig_all || visible || self.unsignaled_run + 1 >= self.signal_every;
-            if signaled {
-                wr.send_flags |= IBV_SEND_SIGNALED;
-            } else {
-                wr.send_flags &= !IBV_SEND_SIGNALED;
-            }
-            let rc = (env.post)(wr);
-            if rc != 0 {
-                if !req.posted_any {
-                    if let Some(index) = req.call_index {
-                        // Refused before anything of it reached the queue: take it and the
-                        // rest of the call back, as the provider does with a list.
-                        self.requests.truncate(self.cursor);
-                        outcome.refused = Some((index, rc));
-                        return outcome;
-                    }
-                }
-                self.abandon_cursor(seq, env);
-                continue;
-            }
-
-            // Posted: account for it and move the request on.
-            if let Some(t) = req.blocked_since.take() {
-                add(
-                    &env.counters.pacing_delay_ns,
-                    u64::try_from(now.saturating_sub(t).as_nanos()).unwrap_or(u64::MAX),
-                );
-            }
-            if !req.posted_any {
-                req.posted_any = true;
-                add(&env.counters.requests, 1);
-                add(&env.counters.bytes, u64::from(req.len));
-                if req.split {
-                    add(&env.counters.split_requests, 1);
-                }
-            }
-            req.inflight += 1;
-            self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
-            self.posted.push_back(Posted {
-                seq,
-                wr_id: req.wr_id,
-                signaled,
-                visible,
-            });
-            match &mut req.body {
-                Body::Whole(_) => {}
+            let seq = self.first_seq + index as u64;
+            let (kind, sges, is_last, mut wr) = match &mut req.body {
+                Body::Whole(w) => (WqeKind::Whole, (0, 0), true, w.as_wr()),
                 Body::Split(s) => {
+                    if !snapshots.iter().any(|(i, _)| *i == index) {
+                        snapshots.push((index, s.clone()));
+                    }
                     if is_yield {
-                        s.yields_due -= 1;
-                        add(&env.counters.yields, 1);
+                        s.take_yield();
+                        (
+                            WqeKind::Yield,
+                            (0, 0),
+                            false,
+                            yield_wr_for(s.plan.request()),
+                        )
                     } else {
-                        add(&env.counters.chunks, 1);
-                        if let Some(chunk) = s.next.take() {
-                            s.yields_due = s.planner.map_or(0, |p| p.yields_after(&chunk));
-                        }
-                        s.next = s.plan.next();
+                        let Some(chunk) = s.take_chunk() else {
+                            continue;
+                        };
+                        let start = self.batch_sges.len();
+                        self.batch_sges
+                            .extend(chunk.request.sges.iter().map(|s| ibv_sge {
+                                addr: s.addr,
+                                length: s.length,
+                                lkey: s.lkey,
+                            }));
+                        let range = (start, self.batch_sges.len());
+                        (WqeKind::Chunk, range, chunk.is_last, chunk_to_wr(&chunk))
                     }
                 }
-            }
+            };
+            let visible = is_last && req.visible;
+            let signaled = self.sig_all || visible || run + 1 >= self.signal_every;
+            run = if signaled { 0 } else { run + 1 };
+            wr.send_flags = if signaled {
+                wr.send_flags | IBV_SEND_SIGNALED
+            } else {
+                wr.send_flags & !IBV_SEND_SIGNALED
+            };
+            let wqe = self.next_wqe + self.batch.len() as u64;
+            wr.wr_id = if visible {
+                req.wr_id
+            } else {
+                self.tags.tag(wqe)
+            };
+            self.batch_wrs.push(wr);
+            self.batch.push(Built {
+                request: index,
+                kind,
+                sges,
+                is_last,
+                posted: Posted {
+                    seq,
+                    wr_id: wr.wr_id,
+                    signaled,
+                    visible,
+                },
+            });
             if is_last {
-                req.done_posting = true;
-                self.cursor += 1;
+                index += 1;
             }
+        }
+        (Blocked::Idle, None)
+    }
+
+    /// Hands the batch to the provider as one list.
+    fn post_batch(&mut self, env: &mut DrainEnv<'_>) -> Result<(), (usize, c_int)> {
+        let n = self.batch.len();
+        self.batch_wrs.truncate(n);
+        let sge_base = self.batch_sges.as_mut_ptr();
+        let wr_base = self.batch_wrs.as_mut_ptr();
+        for (i, b) in self.batch.iter().enumerate() {
+            let wr = &mut self.batch_wrs[i];
+            if b.kind == WqeKind::Chunk {
+                let (start, end) = b.sges;
+                // SAFETY: start is within the SGE buffer, which is not resized until the
+                // list has been posted.
+                wr.sg_list = unsafe { sge_base.add(start) };
+                wr.num_sge = c_int::try_from(end - start).unwrap_or(0);
+            }
+            wr.next = if i + 1 < n {
+                // SAFETY: i + 1 < n, within the list.
+                unsafe { wr_base.add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+        }
+        (env.post)(&mut self.batch_wrs[..n])
+    }
+
+    /// Accounts for one WQE the provider accepted.
+    fn commit(&mut self, b: &Built, now: Duration, counters: &Counters) {
+        self.next_wqe += 1;
+        self.unsignaled_run = if b.posted.signaled {
+            0
+        } else {
+            self.unsignaled_run + 1
+        };
+        self.posted.push_back(b.posted);
+        let Some(req) = self.requests.get_mut(b.request) else {
+            return;
+        };
+        if let Some(t) = req.blocked_since.take() {
+            add(
+                &counters.pacing_delay_ns,
+                u64::try_from(now.saturating_sub(t).as_nanos()).unwrap_or(u64::MAX),
+            );
+        }
+        if !req.posted_any {
+            req.posted_any = true;
+            add(&counters.requests, 1);
+            add(&counters.bytes, u64::from(req.len));
+            if req.split {
+                add(&counters.split_requests, 1);
+            }
+        }
+        req.inflight += 1;
+        match b.kind {
+            WqeKind::Whole => {}
+            WqeKind::Chunk => add(&counters.chunks, 1),
+            WqeKind::Yield => add(&counters.yields, 1),
+        }
+        if b.is_last {
+            req.done_posting = true;
+            self.cursor = self.cursor.max(b.request + 1);
         }
     }
 
-    /// Gives up on the request at the cursor after the provider refused one of its WQEs:
-    /// it gets one error completion, and what was not posted of it is dropped.
-    fn abandon_cursor(&mut self, seq: u64, env: &mut DrainEnv<'_>) {
-        let qp_num = self.qp_num;
-        if let Some(req) = self.requests.get_mut(self.cursor) {
-            if !req.reported {
-                req.reported = true;
-                add(&env.counters.errors, 1);
-                env.synthesized.push(error_wc(
-                    req.wr_id,
-                    IBV_WC_GENERAL_ERR,
-                    req.wc_opcode,
-                    qp_num,
-                ));
-            }
-            req.done_posting = true;
-            req.call_index = None;
-            self.cursor += 1;
+    /// The provider took the batch up to `index` and refused the WQE there with `rc`.
+    /// Commits what it took. A request of the running post call that had nothing posted
+    /// is taken back with the rest of the call (returned, for the caller's `bad_wr`);
+    /// any other request gets one error completion and loses its unposted WQEs, and the
+    /// requests after it are rolled back to be built again.
+    fn refused_at(
+        &mut self,
+        index: usize,
+        rc: c_int,
+        now: Duration,
+        env: &mut DrainEnv<'_>,
+        snapshots: Vec<(usize, Box<SplitBody>)>,
+    ) -> Option<(usize, c_int)> {
+        let built = std::mem::take(&mut self.batch);
+        let index = index.min(built.len().saturating_sub(1));
+        for b in &built[..index] {
+            self.commit(b, now, env.counters);
         }
+        let failed = built[index].request;
+        self.batch = built;
+        self.batch.clear();
+        for (i, body) in snapshots {
+            if i > failed {
+                if let Some(req) = self.requests.get_mut(i) {
+                    req.body = Body::Split(body);
+                }
+            }
+        }
+        let req = self.requests.get_mut(failed)?;
+        if !req.posted_any {
+            if let Some(call_index) = req.call_index {
+                self.requests.truncate(failed);
+                return Some((call_index, rc));
+            }
+        }
+        let seq = self.first_seq + failed as u64;
+        if !req.reported {
+            req.reported = true;
+            add(&env.counters.errors, 1);
+            env.synthesized.push(error_wc(
+                req.wr_id,
+                IBV_WC_GENERAL_ERR,
+                req.wc_opcode,
+                self.qp_num,
+            ));
+        }
+        req.done_posting = true;
+        req.call_index = None;
+        self.cursor = failed + 1;
         crate::log::log!(
             Warn,
-            "QP {qp_num}: the provider refused a work request of request #{seq}; it completes with an error"
+            "QP {}: the provider refused a work request of request #{seq} (error {rc}); it completes with an error",
+            self.qp_num
         );
         self.retire_front();
+        None
     }
 
     /// Retires requests at the front that are fully posted and complete.
@@ -665,19 +924,50 @@ impl SendQueue {
         }
     }
 
-    /// Translates one completion of this QP (`wc.qp_num` matched).
+    /// True when `wr_id` is one of this queue's tags.
+    pub fn owns_tag(&self, wr_id: u64) -> bool {
+        self.tags.contains(wr_id)
+    }
+
+    /// True when the next completion of this QP could carry `wr_id` as the application's
+    /// own: the first signaled WQE in flight is visible and carries it.
+    pub fn expects_visible(&self, wr_id: u64) -> bool {
+        self.posted
+            .iter()
+            .find(|p| p.signaled)
+            .is_some_and(|p| p.visible && p.wr_id == wr_id)
+    }
+
+    /// Translates one completion of this QP (matched by `wc.qp_num` or by its tag).
+    ///
+    /// A successful completion belongs to the first signaled WQE in flight carrying its
+    /// `wr_id` (RC completes WQEs in order; the unsignaled ones before it completed
+    /// silently). An error names its WQE exactly: by tag, or, for the application's own
+    /// `wr_id`, the first WQE carrying it (only visible WQEs carry one, and they complete
+    /// in order). The first error marks the QP failed: every request then gets exactly one
+    /// error completion, from the first of its WQEs to report one, or synthesized for
+    /// requests with nothing left on the hardware queue.
     pub fn complete(
         &mut self,
         wc: &mut ibv_wc,
         counters: &Counters,
         synthesized: &mut Vec<ibv_wc>,
     ) -> Verdict {
+        let ours = if self.tags.contains(wc.wr_id) {
+            Verdict::Hide
+        } else {
+            Verdict::NotOurs
+        };
         if wc.status == IBV_WC_SUCCESS {
             if wc.opcode & IBV_WC_RECV != 0 {
                 return Verdict::NotOurs;
             }
-            let Some(index) = self.posted.iter().position(|p| p.signaled) else {
-                return Verdict::NotOurs;
+            let Some(index) = self
+                .posted
+                .iter()
+                .position(|p| p.signaled && p.wr_id == wc.wr_id)
+            else {
+                return ours;
             };
             let entry = self.posted[index];
             let info = self.request_info(entry.seq);
@@ -696,51 +986,13 @@ impl SendQueue {
             };
         }
 
-        // An error. Every WQE of a request carries the request's wr_id, so the completion
-        // names the request but not which of its WQEs failed: unsignaled ones ahead of the
-        // failed one completed silently. The whole request is taken off the FIFO, and up
-        // to its remaining WQE count of flushes with its wr_id that follow are its own.
-        // From then on every posted WQE completes (flushed), in order.
-        if self.failed {
-            if let Some((wr_id, left)) = self.stray.as_mut() {
-                if *wr_id == wc.wr_id && *left > 0 {
-                    *left -= 1;
-                    return Verdict::Hide;
-                }
-                self.stray = None;
-            }
-        }
-        let window = if self.failed {
-            1
-        } else {
-            self.posted
-                .iter()
-                .position(|p| p.signaled)
-                .map_or(self.posted.len(), |i| i + 1)
-        };
-        let Some(index) = self
-            .posted
-            .iter()
-            .take(window)
-            .position(|p| p.wr_id == wc.wr_id)
-        else {
-            return Verdict::NotOurs;
+        let Some(index) = self.posted.iter().position(|p| p.wr_id == wc.wr_id) else {
+            return ours;
         };
         let entry = self.posted[index];
-        let last = self
-            .posted
-            .iter()
-            .rposition(|p| p.seq == entry.seq)
-            .unwrap_or(index);
-        let through = if self.failed {
-            index
-        } else {
-            self.stray = Some((entry.wr_id, u32::try_from(last - index).unwrap_or(u32::MAX)));
-            last
-        };
         let info = self.request_info(entry.seq);
         self.failed = true;
-        self.pop_posted_through(through);
+        self.pop_posted_through(index);
         let verdict = match info {
             Some((wr_id, _, _, false)) => {
                 wc.wr_id = wr_id;
@@ -801,12 +1053,13 @@ impl SendQueue {
         self.cursor = 0;
         self.unsignaled_run = 0;
         self.failed = false;
-        self.stray = None;
     }
 
-    /// The QP was moved to the error state: what is posted will be flushed.
-    pub fn set_failed(&mut self) {
+    /// The QP was moved to the error state: what is posted will be flushed, and what was
+    /// never posted gets its flush completion now if nothing is left on the hardware queue.
+    pub fn set_failed(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
         self.failed = true;
+        self.flush_if_idle(counters, synthesized);
     }
 }
 
@@ -835,10 +1088,9 @@ fn error_wc(wr_id: u64, status: ibv_wc_status, opcode: ibv_wc_opcode, qp_num: u3
     }
 }
 
-/// The work request for one chunk, carrying the original request's `wr_id` (the planner
-/// leaves intermediate chunks at 0; the shaper wants an error on any chunk to name the
-/// application's request).
-fn chunk_to_wr(chunk: &mut Chunk, wr_id: u64) -> ibv_send_wr {
+/// The work request for one chunk, without its SGE list (the batch points it at its own
+/// copy) and `wr_id` (set by the batch).
+fn chunk_to_wr(chunk: &Chunk) -> ibv_send_wr {
     let req = &chunk.request;
     let (opcode, imm) = match req.opcode {
         Opcode::Write => (IBV_WR_RDMA_WRITE, 0),
@@ -856,18 +1108,7 @@ fn chunk_to_wr(chunk: &mut Chunk, wr_id: u64) -> ibv_send_wr {
     if req.flags.solicited {
         flags |= IBV_SEND_SOLICITED;
     }
-    let sges = req.sges.as_slice();
     let mut wr = ibv_send_wr {
-        wr_id,
-        next: std::ptr::null_mut(),
-        // Sge has the layout of ibv_sge (checked in the core); the provider copies the list
-        // during the post call, while the chunk is borrowed.
-        sg_list: if sges.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            sges.as_ptr().cast::<ibv_sge>().cast_mut()
-        },
-        num_sge: c_int::try_from(sges.len()).unwrap_or(0),
         opcode,
         send_flags: flags,
         ..Default::default()
@@ -880,15 +1121,20 @@ fn chunk_to_wr(chunk: &mut Chunk, wr_id: u64) -> ibv_send_wr {
     wr
 }
 
-/// A yield: the core's zero-length unsignaled WRITE, aimed at the request's own remote
-/// address and key (a responder need not check them for a zero-length write, but this
-/// keeps even a strict one content), carrying the request's `wr_id`.
-fn yield_wr_for(original: &WorkRequest, wr_id: u64) -> ibv_send_wr {
+/// A yield: the core's zero-length request, aimed at the split request's own remote
+/// address and key (a responder checks neither for a zero-length operation, but this keeps
+/// even a strict one content). It is an RDMA WRITE, except between the pieces of an RDMA
+/// READ, where it is a zero-length READ: the peer may grant this QP remote reads only
+/// (perftest's `ib_read_bw` does), and would refuse a write, failing the QP.
+fn yield_wr_for(original: &WorkRequest) -> ibv_send_wr {
     let mut y = yield_request();
     y.remote = original.remote.or(y.remote);
+    let opcode = match original.opcode {
+        Opcode::Read => IBV_WR_RDMA_READ,
+        _ => IBV_WR_RDMA_WRITE,
+    };
     let mut wr = ibv_send_wr {
-        wr_id,
-        opcode: IBV_WR_RDMA_WRITE,
+        opcode,
         ..Default::default()
     };
     if let Some(remote) = y.remote {

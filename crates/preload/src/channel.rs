@@ -1,0 +1,248 @@
+//! Completion-channel events for completions the hardware never produces.
+//!
+//! An event-driven application arms its CQ (`ibv_req_notify_cq`), blocks in
+//! `ibv_get_cq_event` until the kernel reports a new completion on the channel, then polls.
+//! Completions the shaper synthesizes (flush errors for requests that never reached a
+//! failed QP, an error for a request the provider refused part-way) produce no kernel event,
+//! so such an application would wait for ever. The shaper therefore keeps, per channel, an
+//! eventfd and the CQs bound to it; when it queues a synthesized completion on an armed CQ,
+//! it signals the eventfd, and its `ibv_get_cq_event` (see [`get_cq_event`]) waits on both
+//! file descriptors and returns the CQ itself when the wake-up is the shaper's. Such an
+//! event has no kernel counterpart, so [`ack_cq_events`] keeps it out of the count of
+//! acknowledged events that `ibv_destroy_cq` compares with the kernel's.
+//!
+//! The wait is a POSIX cancellation point (rping cancels its completion thread there), so
+//! while blocked the shaper's frames hold nothing with a destructor: a thread cancelled
+//! there unwinds through them cleanly.
+//!
+//! Limit: an application that waits on the channel's file descriptor with its own `poll`
+//! or `epoll` sees synthesized completions at its next poll of the CQ, not as an event.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use justitia_verbs::sys::*;
+
+use crate::engine::{self, CqShared};
+use crate::registry::PtrMap;
+
+/// `ibv_get_cq_event`.
+pub type GetCqEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+/// `ibv_ack_cq_events`.
+pub type AckCqEventsFn = unsafe extern "C" fn(*mut ibv_cq, u32);
+
+/// The shaper's state for one completion channel.
+pub struct ChannelShared {
+    /// Signalled when a synthesized completion is queued on an armed CQ of the channel.
+    wake: c_int,
+    /// The registered CQs bound to the channel.
+    cqs: Mutex<Vec<Arc<CqShared>>>,
+}
+
+impl Drop for ChannelShared {
+    fn drop(&mut self) {
+        // SAFETY: the eventfd is this value's own.
+        unsafe { libc::close(self.wake) };
+    }
+}
+
+/// Channels with registered CQs.
+static CHANNELS: PtrMap<ChannelShared, 1024> = PtrMap::new();
+
+fn channel(ch: *mut ibv_comp_channel) -> Option<&'static ChannelShared> {
+    // SAFETY: channel state is removed only when its last CQ is destroyed, and is then kept
+    // with the context's other retired state until the context closes.
+    CHANNELS.get(ch.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+/// Binds a newly registered CQ to its completion channel, if it has one.
+pub(crate) fn attach(cq: &Arc<CqShared>) {
+    let ch = cq.channel;
+    if ch.is_null() {
+        return;
+    }
+    let state = match CHANNELS.get_arc(ch.cast()) {
+        Some(state) => state,
+        None => {
+            // SAFETY: creates a file descriptor owned by the new state.
+            let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if wake < 0 {
+                crate::log::log!(
+                    Warn,
+                    "cannot create an eventfd ({}); synthesized completions on this channel raise no event",
+                    std::io::Error::last_os_error()
+                );
+                return;
+            }
+            let state = Arc::new(ChannelShared {
+                wake,
+                cqs: Mutex::new(Vec::new()),
+            });
+            if CHANNELS.insert(ch.cast(), Arc::clone(&state)).is_err() {
+                crate::log::log!(
+                    Warn,
+                    "too many completion channels; synthesized completions on this one raise no event"
+                );
+                return;
+            }
+            state
+        }
+    };
+    state
+        .cqs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::clone(cq));
+}
+
+/// Unbinds a destroyed CQ from its channel; returns the channel's state when that was its
+/// last CQ (removed from the registry, to be kept until the context closes).
+pub(crate) fn detach(cq: &CqShared) -> Option<Arc<ChannelShared>> {
+    let ch = cq.channel;
+    let state = channel(ch)?;
+    let empty = {
+        let mut cqs = state.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        cqs.retain(|c| !std::ptr::eq(Arc::as_ptr(c), cq));
+        cqs.is_empty()
+    };
+    if empty {
+        let token = CHANNELS.get(ch.cast())?;
+        return CHANNELS.remove(ch.cast(), token);
+    }
+    None
+}
+
+/// Wakes a thread waiting on `cq`'s channel in [`get_cq_event`].
+pub(crate) fn notify(cq: &CqShared) {
+    if let Some(state) = channel(cq.channel) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes to the state's own eventfd; a full counter only means a
+        // wake-up is already pending.
+        unsafe { libc::write(state.wake, (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl ChannelShared {
+    /// An armed CQ of the channel with synthesized completions waiting, disarmed and
+    /// counted as having had a shaper event.
+    fn take_ready(&self) -> Option<*mut ibv_cq> {
+        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = cqs
+            .iter()
+            .find(|c| c.has_synthesized() && c.armed.load(Ordering::Acquire))?;
+        ready.armed.store(false, Ordering::Release);
+        ready.synthetic_events.fetch_add(1, Ordering::AcqRel);
+        Some(ready.cq)
+    }
+
+    /// Empties the eventfd.
+    fn clear_wake(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes from the state's own non-blocking eventfd.
+        unsafe { libc::read(self.wake, (&mut value as *mut u64).cast(), 8) };
+    }
+}
+
+/// The shaper's `ibv_get_cq_event`: an event for an armed CQ with synthesized completions
+/// waiting if there is one, else the kernel's next event (`real`), waiting for whichever
+/// comes first when the channel blocks.
+///
+/// # Safety
+/// As `ibv_get_cq_event`; `real` must be libibverbs' own.
+pub unsafe fn get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+    real: GetCqEventFn,
+) -> c_int {
+    let Some(state) = channel(ch) else {
+        // SAFETY: the real verb with the caller's arguments.
+        return unsafe { real(ch, cq_out, ctx_out) };
+    };
+    // SAFETY: the caller passes a live channel.
+    let fd = unsafe { (*ch).fd };
+    // SAFETY: F_GETFL only reads the descriptor's flags.
+    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        if let Some(cq) = state.take_ready() {
+            // SAFETY: the caller's out-pointers; cq is a live registered CQ.
+            unsafe {
+                *cq_out = cq;
+                *ctx_out = (*cq).cq_context;
+            }
+            return 0;
+        }
+        if nonblocking {
+            break;
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: state.wake,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfd entries. A cancellation point: nothing here has a
+        // destructor.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break;
+        }
+        if fds[1].revents != 0 {
+            state.clear_wake();
+        }
+        if fds[0].revents != 0 {
+            break;
+        }
+    }
+    // SAFETY: the real verb with the caller's arguments.
+    let rc = unsafe { real(ch, cq_out, ctx_out) };
+    if rc == 0 {
+        // SAFETY: the real verb wrote the CQ of the event.
+        if let Some(c) = engine::cq(unsafe { *cq_out }) {
+            c.armed.store(false, Ordering::Release);
+        }
+    }
+    rc
+}
+
+/// The shaper's `ibv_ack_cq_events`: acknowledges the shaper's own events of `cq` first
+/// and passes only the kernel's on to `real`.
+///
+/// # Safety
+/// As `ibv_ack_cq_events`; `real` must be libibverbs' own.
+pub unsafe fn ack_cq_events(cq: *mut ibv_cq, nevents: u32, real: AckCqEventsFn) {
+    let mut kernel = nevents;
+    if let Some(c) = engine::cq(cq) {
+        let mut ours = c.synthetic_events.load(Ordering::Acquire);
+        loop {
+            let take = ours.min(nevents);
+            match c.synthetic_events.compare_exchange(
+                ours,
+                ours - take,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    kernel = nevents - take;
+                    break;
+                }
+                Err(now) => ours = now,
+            }
+        }
+    }
+    if kernel > 0 {
+        // SAFETY: the real verb with the caller's CQ.
+        unsafe { real(cq, kernel) };
+    }
+}
