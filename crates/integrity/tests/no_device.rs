@@ -1,0 +1,26 @@
+//! The checker's behaviour on a machine without a usable RDMA device (such as a build host
+//! whose kernel has no InfiniBand support): a clear error and a failing exit status, never
+//! a panic. Where a device does exist, the checker must instead pass a short run.
+
+use std::process::Command;
+
+#[test]
+fn without_a_device_the_error_says_what_is_missing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
+        .args(["--transfers", "20", "--max-size", "64K", "--seed", "1"])
+        .env_remove("LD_PRELOAD")
+        .output();
+    let Ok(out) = out else {
+        panic!("cannot run the checker binary");
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("seed 1 (replay with --seed 1)"), "{stdout}");
+    if out.status.success() {
+        assert!(stdout.contains("PASS: 2"), "{stdout}");
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+        assert!(stderr.contains("needs an RDMA device"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

@@ -1,0 +1,358 @@
+#!/bin/bash
+# Inside the guest (in the chroot, rxe0 up): the real-verbs test suite. Run by
+# tests/vm/run-tests.sh through guest.sh; one line per test goes to RESULTS/results.txt
+# ("PASS name: detail", "FAIL name: why", "SKIP name: why") and every tool's output to
+# RESULTS/logs/.
+#
+#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN
+#
+# SHAPER_LIB may be "-" when the shaper is not built: the runs that need it are then
+# reported as skipped, with the reason.
+set -uo pipefail
+
+RESULTS=$1
+LIB=$2
+INTEGRITY=$3
+LOGS=$RESULTS/logs
+mkdir -p "$LOGS"
+: > "$RESULTS/results.txt"
+
+DEV=rxe0
+GID=0
+STEP_TIMEOUT=${STEP_TIMEOUT:-150}
+PORT=19000
+NO_SHAPER="shaper not built (no libjustitia.so)"
+
+# One result line, with the seconds spent since the previous one (the test's own time).
+LAST_RESULT=$SECONDS
+result() { # STATUS NAME DETAIL
+  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
+  LAST_RESULT=$SECONDS
+}
+
+have_shaper() { [ "$LIB" != "-" ] && [ -e "$LIB" ]; }
+
+# The environment of each mode of a transparency test: "plain" is the baseline; "preload"
+# loads the shaper with no JUSTITIA_* variable at all (it must only observe); "shaped"
+# makes every QP a bandwidth QP with 16 KiB chunks, so perftest's 64 KiB messages split.
+mode_env() { # MODE STATS_PREFIX
+  case $1 in
+    plain) ;;
+    preload) echo "LD_PRELOAD=$LIB" ;;
+    shaped) echo "LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_STATS=$2.%p.stats.json" ;;
+  esac
+}
+
+mode_label() { # MODE
+  case $1 in
+    preload) echo "preload, no JUSTITIA_* set" ;;
+    shaped) echo "shaped, bandwidth class, 16K chunks" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+wait_tcp_listen() { # PORT
+  local _
+  for _ in $(seq 200); do
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+wait_cm_listen() {
+  local _
+  for _ in $(seq 200); do
+    rdma resource show cm_id 2>/dev/null | grep -q LISTEN && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# The counts a tool reports, one "side=..." word per side, from its log.
+perftest_counts() { # LOG: "#bytes x #iterations" of the result row
+  awk '/#bytes/ && /#iterations/ {h = 1; next} h && $1 ~ /^[0-9]+$/ {print $1 "x" $2; exit}' "$1"
+}
+pingpong_counts() { # LOG: "bytes x iterations"
+  awk '/ bytes in / {b = $1} / iters in / {i = $1} END {if (b != "") print b "x" i}' "$1"
+}
+rping_counts() { # LOG: number of verified pings
+  local n
+  n=$(grep -c 'ping data: rdma-ping-' "$1")
+  [ "$n" -gt 0 ] && echo "${n}pings"
+}
+
+# Problems a preloaded run must not show: the loader refusing the library, or the shaper
+# saying anything at its default log level when it has nothing to shape.
+preload_problems() { # LOG...
+  grep -h -m1 -E "cannot be preloaded|justitia" "$@" 2>/dev/null | head -n 1
+}
+
+# run_pair NAME ENV KIND WAIT TOOL ARGS...: server then client of one tool, both with the
+# NAME=value words of ENV in their environment; sets COUNTS ("client=... server=...") and
+# ERROR; returns 0 on success.
+run_pair() {
+  local name=$1 env_words=$2 kind=$3 wait=$4 tool=$5
+  shift 5
+  local port=$((PORT++)) srv cli spid crc src
+  srv=$LOGS/$name.server.log
+  cli=$LOGS/$name.client.log
+  COUNTS="" ERROR=""
+  local server_args=("$@") client_args=("$@")
+  case $kind in
+    perftest) server_args+=(-p "$port"); client_args+=(-p "$port" localhost) ;;
+    pingpong) server_args+=(-p "$port"); client_args+=(-p "$port" localhost) ;;
+    rping)
+      local addr
+      addr=$(ip -6 -o addr show dev veth0 scope link | awk '{print $4}' | cut -d/ -f1)
+      server_args+=(-s -a "$addr%veth0" -p "$port")
+      client_args+=(-c -a "$addr%veth0" -p "$port")
+      ;;
+  esac
+  # shellcheck disable=SC2086 # env_words is a list of NAME=value words without spaces
+  env $env_words timeout "$STEP_TIMEOUT" "$tool" "${server_args[@]}" > "$srv" 2>&1 &
+  spid=$!
+  if ! "$wait" "$port"; then
+    kill "$spid" 2>/dev/null
+    wait "$spid" 2>/dev/null
+    ERROR="server did not start listening (log: $srv)"
+    return 1
+  fi
+  # shellcheck disable=SC2086
+  env $env_words timeout "$STEP_TIMEOUT" "$tool" "${client_args[@]}" > "$cli" 2>&1
+  crc=$?
+  [ "$crc" = 0 ] || kill "$spid" 2>/dev/null
+  wait "$spid"
+  src=$?
+  if [ "$crc" != 0 ] || [ "$src" != 0 ]; then
+    local why
+    why=$(grep -h -i -m1 -E "error|fail|couldn't|unable|cannot|can't" "$cli" "$srv" | head -n 1)
+    ERROR="client exit $crc, server exit $src (logs: $cli, $srv)${why:+: $why}"
+    return 1
+  fi
+  local c s
+  c=$("${kind}_counts" "$cli")
+  s=$("${kind}_counts" "$srv")
+  if [ -z "$c" ]; then
+    ERROR="no counts in the client's output ($cli)"
+    return 1
+  fi
+  COUNTS="client=$c server=${s:-none}"
+  return 0
+}
+
+# run_pair_retried: run_pair, again on failure. Under emulation perftest now and then
+# fails without the shaper too: it cannot calibrate its cycle counter ("Correlation
+# coefficient r^2 < 0.9", then "Can't produce a report"), or its bandwidth tests lose the
+# closing out-of-band handshake. A failure gets one more attempt, a calibration failure up
+# to two; NOTE then says so, and each failed attempt's logs are kept as *.attemptN.log.
+run_pair_retried() { # NAME ENV KIND WAIT TOOL ARGS...
+  local name=$1 attempt=1 history="" f
+  NOTE=""
+  while ! run_pair "$@"; do
+    history="$history${history:+; }attempt $attempt: $ERROR"
+    for f in "$LOGS/$name".*.log; do
+      case $f in *.attempt*.log) ;; *) mv "$f" "${f%.log}.attempt$attempt.log" ;; esac
+    done
+    rm -f "$LOGS/$name".*.stats.json
+    if [ "$attempt" -ge 3 ] || { [ "$attempt" -ge 2 ] \
+      && ! grep -q "Correlation coefficient" "$LOGS/$name".*.attempt"$attempt".log; }; then
+      ERROR=$history
+      return 1
+    fi
+    attempt=$((attempt + 1))
+  done
+  [ -z "$history" ] || NOTE=" [passed on attempt $attempt; $history]"
+  return 0
+}
+
+# transparency TEST KIND WAIT TOOL ARGS...: the same run plain, under the unconfigured
+# shaper and shaped; the counts must be identical.
+transparency() {
+  local test=$1 kind=$2 wait=$3 tool=$4
+  shift 4
+  local base slug
+  slug=$(echo "$test" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.=-')
+  if ! run_pair_retried "$slug.plain" "" "$kind" "$wait" "$tool" "$@"; then
+    result FAIL "$test (plain)" "$ERROR"
+    for mode in preload shaped; do
+      result FAIL "$test ($(mode_label "$mode"))" "no baseline to compare with"
+    done
+    return
+  fi
+  base=$COUNTS
+  result PASS "$test (plain)" "$base$NOTE"
+  for mode in preload shaped; do
+    local label
+    label=$(mode_label "$mode")
+    if ! have_shaper; then
+      result SKIP "$test ($label)" "$NO_SHAPER"
+    elif ! run_pair_retried "$slug.$mode" "$(mode_env "$mode" "$LOGS/$slug.$mode")" "$kind" "$wait" "$tool" "$@"; then
+      result FAIL "$test ($label)" "$ERROR"
+    elif [ "$mode" = preload ] && [ -n "$(preload_problems "$LOGS/$slug.$mode".*.log)" ]; then
+      result FAIL "$test ($label)" "the unconfigured shaper changed the output: $(preload_problems "$LOGS/$slug.$mode".*.log)"
+    elif [ "$mode" = shaped ] && ! ls "$LOGS/$slug.$mode".*.stats.json >/dev/null 2>&1; then
+      result FAIL "$test ($label)" "the shaper wrote no statistics, so it was not in the data path"
+    elif [ "$COUNTS" != "$base" ]; then
+      result FAIL "$test ($label)" "counts $COUNTS differ from the plain run's $base"
+    else
+      result PASS "$test ($label)" "same counts as plain: $COUNTS$NOTE"
+    fi
+  done
+}
+
+json_field() { # FILE KEY
+  grep -o "\"$2\": *[0-9]*" "$1" 2>/dev/null | head -n 1 | grep -o '[0-9]*$'
+}
+
+# ---------------------------------------------------------------------------------------
+echo "== shaper"
+if have_shaper; then
+  if LD_PRELOAD=$LIB grep -q libjustitia /proc/self/maps; then
+    result PASS "shaper loads" "$LIB is mapped into a process started with LD_PRELOAD"
+  else
+    result FAIL "shaper loads" "$LIB is not mapped under LD_PRELOAD: $(LD_PRELOAD=$LIB true 2>&1 | head -n 1)"
+  fi
+else
+  result SKIP "shaper loads" "$NO_SHAPER"
+fi
+
+echo "== transparency (test 2; the 'preload' runs are test 5: no configuration)"
+transparency "ibv_rc_pingpong" pingpong wait_tcp_listen ibv_rc_pingpong -d "$DEV" -g "$GID"
+transparency "ibv_rc_pingpong -N" pingpong wait_tcp_listen ibv_rc_pingpong -d "$DEV" -g "$GID" -N
+transparency "rping" rping wait_cm_listen rping -C 10 -v
+for tool in ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_lat; do
+  help=$("$tool" --help 2>&1)
+  for variant in "" --use_old_post_send -e; do
+    if [ -n "$variant" ] && ! grep -qE -- "(^|[ ,])$variant([ ,=]|$)" <<< "$help"; then
+      result SKIP "$tool $variant" "$tool does not accept $variant"
+      continue
+    fi
+    # shellcheck disable=SC2086 # an empty variant adds no argument
+    transparency "$tool ${variant:-(defaults)}" perftest wait_tcp_listen "$tool" -d "$DEV" -x "$GID" $variant
+  done
+done
+
+echo "== splitting (test 3)"
+# split NAME POLICY_ENV EXPECT TOOL: 1 MiB messages under the bandwidth class with 64 KiB
+# chunks; the requester's statistics must show the chunks (and, for preempt, the yields).
+split_test() {
+  local test=$1 env_extra=$2 expect=$3 tool=$4
+  local slug=${test// /_} stats n=100
+  if ! have_shaper; then
+    result SKIP "$test" "$NO_SHAPER"
+    return
+  fi
+  slug=$(echo "$slug" | tr -cd 'A-Za-z0-9_.=-')
+  local env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K $env_extra JUSTITIA_STATS=$LOGS/$slug.%p.stats.json"
+  if ! run_pair_retried "$slug" "$env_words" perftest wait_tcp_listen "$tool" -d "$DEV" -x "$GID" -s 1048576 -n "$n"; then
+    result FAIL "$test" "$ERROR"
+    return
+  fi
+  # The requester is the process that split: the one whose statistics count requests.
+  local best="" f r s c y
+  for f in "$LOGS/$slug".*.stats.json; do
+    r=$(json_field "$f" split_requests)
+    [ -n "$r" ] && [ "$r" -gt 0 ] && best=$f
+  done
+  if [ -z "$best" ]; then
+    result FAIL "$test" "no process split a request ($(cat "$LOGS/$slug".*.stats.json 2>/dev/null | tr '\n' ' '))"
+    return
+  fi
+  r=$(json_field "$best" requests)
+  s=$(json_field "$best" split_requests)
+  c=$(json_field "$best" chunks)
+  y=$(json_field "$best" yields)
+  local detail="$COUNTS; requests=$r split_requests=$s chunks=$c yields=$y$NOTE"
+  if [ "${COUNTS#"client=1048576x$n "}" = "$COUNTS" ]; then
+    result FAIL "$test" "unexpected counts: $detail"
+  elif [ "$c" -lt $((16 * s)) ]; then
+    result FAIL "$test" "fewer than 16 chunks per split request: $detail"
+  elif [ "$expect" = yields ] && [ "${y:-0}" -le 0 ]; then
+    result FAIL "$test" "no yields: $detail"
+  else
+    result PASS "$test" "$detail"
+  fi
+}
+for tool in ib_write_bw ib_read_bw; do
+  split_test "$tool 1M split into 64K chunks" "" chunks "$tool"
+  split_test "$tool 1M preempt" "JUSTITIA_POLICY=preempt" yields "$tool"
+done
+
+echo "== data integrity (test 4)"
+INTEGRITY_TRANSFERS=${INTEGRITY_TRANSFERS:-200}
+shaped_transfers=0
+integrity_ok=1
+# integrity NAME CHECK ENV...: one run of the checker; CHECK names the statistic that must
+# be positive (split_requests, yields, pacing_delay_ns), or is "-" (none), or "unconfigured"
+# (the shaper is preloaded with no JUSTITIA_* variable at all, ENV is empty).
+integrity() {
+  local test=$1 check=$2
+  shift 2
+  local slug log stats boundary="" v
+  slug=$(echo "integrity_$test" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.=-')
+  log=$LOGS/$slug.log
+  stats=$LOGS/$slug.stats.json
+  if { [ $# -gt 0 ] || [ "$check" = unconfigured ]; } && ! have_shaper; then
+    result SKIP "integrity $test" "$NO_SHAPER"
+    return
+  fi
+  for v in "$@"; do
+    case $v in JUSTITIA_CHUNK=*) boundary="--boundary ${v#JUSTITIA_CHUNK=}" ;; esac
+  done
+  local env_words=()
+  [ $# -gt 0 ] && env_words=("LD_PRELOAD=$LIB" "$@" "JUSTITIA_STATS=$stats")
+  [ "$check" = unconfigured ] && env_words=("LD_PRELOAD=$LIB")
+  # shellcheck disable=SC2086 # boundary is empty or two words
+  env "${env_words[@]}" timeout $((STEP_TIMEOUT * 3)) "$INTEGRITY" -d "$DEV" -x "$GID" \
+    -n "$INTEGRITY_TRANSFERS" $boundary > "$log" 2>&1
+  local rc=$? summary
+  summary=$(grep -E 'PASS:|FAIL:|error:' "$log" | tail -n 1 | sed 's/^justitia-integrity: //')
+  if [ "$rc" != 0 ]; then
+    integrity_ok=0
+    result FAIL "integrity $test" "exit $rc: ${summary:-no summary} (log: $log)"
+    return
+  fi
+  local n
+  n=$(echo "$summary" | grep -o 'PASS: [0-9]*' | grep -o '[0-9]*$')
+  if [ "$check" = unconfigured ] && grep -qv '^justitia-integrity: ' "$log"; then
+    integrity_ok=0
+    result FAIL "integrity $test" "the unconfigured shaper printed: $(grep -v '^justitia-integrity: ' "$log" | head -n 1)"
+    return
+  fi
+  if [ $# -gt 0 ]; then
+    if [ ! -s "$stats" ]; then
+      integrity_ok=0
+      result FAIL "integrity $test" "the shaper wrote no statistics to $stats"
+      return
+    fi
+    v=$(json_field "$stats" "$check")
+    if [ "$check" != - ] && ! [ "${v:-0}" -gt 0 ]; then
+      integrity_ok=0
+      result FAIL "integrity $test" "$check is 0 in $(tr -d '\n' < "$stats"): the shaper did not act"
+      return
+    fi
+    shaped_transfers=$((shaped_transfers + n))
+    summary="$summary; shaper: $(tr -d '\n ' < "$stats")"
+  fi
+  result PASS "integrity $test" "$summary"
+}
+integrity "without the shaper" -
+integrity "preload, no JUSTITIA_* set" unconfigured
+integrity "bandwidth, default chunk" split_requests JUSTITIA_CLASS=bandwidth
+integrity "bandwidth, chunk 4K" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=4K
+integrity "bandwidth, chunk 64K" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K
+integrity "bandwidth, chunk 1M" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=1M
+integrity "bandwidth, chunk 12345" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=12345
+integrity "bandwidth, chunk 64K, paced 40M:20K" pacing_delay_ns JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_RATE=40M:20K
+integrity "auto class" - JUSTITIA_CLASS=auto
+integrity "preempt" yields JUSTITIA_CLASS=bandwidth JUSTITIA_POLICY=preempt
+integrity "preempt, sub-message 48K, yield unit 3K" yields JUSTITIA_CLASS=bandwidth JUSTITIA_POLICY=preempt JUSTITIA_SUBMSG=48K JUSTITIA_YIELD_UNIT=3K
+if have_shaper; then
+  if [ "$integrity_ok" = 1 ] && [ "$shaped_transfers" -ge 1000 ]; then
+    result PASS "integrity total" "$shaped_transfers transfers through the shaper, zero mismatches"
+  else
+    result FAIL "integrity total" "$shaped_transfers transfers through the shaper (at least 1000 needed), all clean: $([ "$integrity_ok" = 1 ] && echo yes || echo no)"
+  fi
+fi
+echo "== suite done"

@@ -1,0 +1,201 @@
+# shellcheck shell=bash
+# Host-side helpers for the Soft-RoCE guest: prerequisites, the cached Debian kernel,
+# the busybox initramfs and the QEMU invocation. Sourced by guest.sh, run-tests.sh and
+# isolation-bench.sh; see tests/vm/README.md for what the guest looks like from inside.
+#
+# Facts this relies on (measured on this kind of machine, see the project notes): the
+# host kernel has no InfiniBand, so Soft-RoCE runs in a TCG guest (KVM hangs at boot);
+# the guest uses the host's own user space through a read-only 9p share of "/".
+
+VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VM_REPO=$(cd "$VM_DIR/../.." && pwd)
+VM_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/justitia/vm
+# depmod, modprobe and rdma live in the sbin directories, which a user's PATH may lack.
+PATH=$PATH:/usr/sbin:/sbin
+
+# The modules the guest needs (modprobe's dependency walk adds what they depend on):
+# virtio and 9p for the shares, Soft-RoCE and veth for the device, the connection manager
+# for rping and rdma_cm-based tools. crc32_generic is not a declared dependency of
+# rdma_rxe, but without it "rdma link add" fails with ENOENT.
+VM_MODULES=(virtio_pci 9pnet_virtio 9p crc32_generic rdma_rxe veth rdma_ucm)
+
+# Debian packages whose commands the harness and the guest use, as "command:package".
+VM_PREREQS=(
+  qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip depmod:kmod modprobe:kmod
+  ibv_devinfo:ibverbs-utils ibv_rc_pingpong:ibverbs-utils rping:rdmacm-utils
+  ib_write_bw:perftest rdma:iproute2 ip:iproute2 timeout:coreutils
+)
+
+vm_log() { printf 'vm: %s\n' "$*" >&2; }
+
+# Prints one "what (package)" line per missing prerequisite; prints nothing when all are there.
+vm_missing_prereqs() {
+  local entry cmd pkg
+  for entry in "${VM_PREREQS[@]}"; do
+    cmd=${entry%%:*}
+    pkg=${entry#*:}
+    command -v "$cmd" >/dev/null 2>&1 || echo "$cmd ($pkg)"
+  done
+  # The initramfs needs a statically linked busybox; Debian's busybox-static installs it here.
+  if ! [ -x /bin/busybox ] || ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed"; then
+    echo "static /bin/busybox (busybox-static)"
+  fi
+  ls /usr/lib/*/libibverbs/librxe-* >/dev/null 2>&1 || echo "Soft-RoCE provider librxe (ibverbs-providers)"
+  if ! vm_cached_kernel_dir >/dev/null && ! command -v apt-get >/dev/null 2>&1; then
+    echo "a cached guest kernel or apt-get to download one (apt)"
+  fi
+}
+
+# The newest complete kernel already in the cache, if any.
+vm_cached_kernel_dir() {
+  local k newest=""
+  for k in "$VM_CACHE"/linux-image-6.1.0-*-amd64; do
+    [ -e "$k/complete" ] && newest=$(printf '%s\n%s\n' "$newest" "$k" | sort -V | tail -n 1)
+  done
+  [ -n "$newest" ] && echo "$newest"
+}
+
+# The newest Debian 6.1 kernel image package apt offers (JUSTITIA_VM_KERNEL_PKG overrides).
+vm_newest_kernel_package() {
+  if [ -n "${JUSTITIA_VM_KERNEL_PKG:-}" ]; then
+    echo "$JUSTITIA_VM_KERNEL_PKG"
+    return
+  fi
+  apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' 2>/dev/null \
+    | awk '{print $1}' | sort -V | tail -n 1
+}
+
+# Makes sure a kernel (vmlinuz, the needed modules and their load order) is cached and
+# prints its directory. Downloads with "apt-get download" and unpacks with dpkg -x; the
+# package is never installed.
+vm_ensure_kernel() {
+  local pkg dir work ver kdir line
+  pkg=$(vm_newest_kernel_package)
+  if [ -z "$pkg" ] && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >&2 || true
+    pkg=$(vm_newest_kernel_package)
+  fi
+  if [ -z "$pkg" ]; then
+    if dir=$(vm_cached_kernel_dir); then
+      echo "$dir"
+      return 0
+    fi
+    vm_log "apt offers no linux-image-6.1.0-NN-amd64 package and none is cached"
+    return 1
+  fi
+  dir=$VM_CACHE/$pkg
+  if [ -e "$dir/complete" ]; then
+    echo "$dir"
+    return 0
+  fi
+  vm_log "downloading $pkg into $VM_CACHE"
+  rm -rf "$dir"
+  mkdir -p "$dir/modules"
+  work=$(mktemp -d "$VM_CACHE/unpack.XXXXXX")
+  # apt-get download runs as _apt when it can; a private directory it can write avoids
+  # the "unsandboxed" warning and works for root and for users alike.
+  chmod 0777 "$work"
+  if ! (cd "$work" && timeout 300 apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2); then
+    rm -rf "$work"
+    vm_log "apt-get download $pkg failed"
+    return 1
+  fi
+  dpkg -x "$work"/"$pkg"_*.deb "$work/root" || { rm -rf "$work"; return 1; }
+  ver=${pkg#linux-image-}
+  kdir=$work/root/lib/modules/$ver
+  depmod -b "$work/root" "$ver" || { rm -rf "$work"; return 1; }
+  cp "$work/root/boot/vmlinuz-$ver" "$dir/vmlinuz"
+  : > "$dir/modules.order"
+  for m in "${VM_MODULES[@]}"; do
+    modprobe -d "$work/root" -S "$ver" --show-depends "$m" | while read -r line; do
+      case $line in
+        insmod\ *)
+          line=${line#insmod }
+          line=${line%% *}
+          name=$(basename "$line" .ko)
+          if ! grep -qx "$name" "$dir/modules.order"; then
+            cp "$line" "$dir/modules/$name.ko"
+            echo "$name" >> "$dir/modules.order"
+          fi
+          ;;
+      esac
+    done
+  done
+  echo "$ver" > "$dir/version"
+  rm -rf "$work"
+  touch "$dir/complete"
+  echo "$dir"
+}
+
+# Builds (or reuses) the initramfs for a cached kernel and prints its path. The cache key
+# covers everything that goes into it: the init script, busybox and the module set.
+vm_ensure_initramfs() {
+  local kdir=$1 key out root m
+  key=$(cat "$VM_DIR/initramfs-init.sh" /bin/busybox "$kdir/modules.order" | sha256sum | cut -c1-16)
+  out=$kdir/initramfs-$key.cpio.gz
+  if [ -s "$out" ]; then
+    echo "$out"
+    return 0
+  fi
+  root=$(mktemp -d "$VM_CACHE/initramfs.XXXXXX")
+  mkdir -p "$root"/{bin,dev,proc,sys,host,lib/modules}
+  cp /bin/busybox "$root/bin/busybox"
+  for m in sh mount umount insmod mkdir poweroff sleep sync cat chroot; do
+    ln -s busybox "$root/bin/$m"
+  done
+  cp "$VM_DIR/initramfs-init.sh" "$root/init"
+  chmod 0755 "$root/init"
+  cp "$kdir/modules.order" "$root/modules.order"
+  cp "$kdir"/modules/*.ko "$root/lib/modules/"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.tmp" && mv "$out.tmp" "$out"
+  rm -rf "$root"
+  echo "$out"
+}
+
+# vm_boot OUT TIMEOUT: boots the guest, which runs OUT/job.sh in the chroot with at most
+# TIMEOUT seconds, and waits for it to power off. The console goes to OUT/console.log,
+# the job's output to OUT/job.log and its status to OUT/job.rc. Returns the job's status,
+# 124 if the job or the guest timed out, 125 if the guest failed before the job ran.
+vm_boot() {
+  local out=$1 limit=$2 kdir initrd rc
+  kdir=$(vm_ensure_kernel) || return 125
+  initrd=$(vm_ensure_initramfs "$kdir") || return 125
+  rm -f "$out/job.rc" "$out/boot-error"
+  # The guest gets the job's limit; QEMU gets that plus room for boot and power-off.
+  timeout --kill-after=10 $((limit + 120)) qemu-system-x86_64 \
+    -accel tcg -smp 2 -m 2048 -nodefaults -nic none -display none -no-reboot \
+    -serial "file:$out/console.log" -monitor none \
+    -kernel "$kdir/vmlinuz" -initrd "$initrd" \
+    -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off justitia_out=$out justitia_timeout=$limit" \
+    -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+    </dev/null >"$out/qemu.log" 2>&1
+  rc=$?
+  if [ -s "$out/job.rc" ]; then
+    return "$(cat "$out/job.rc")"
+  fi
+  if [ -s "$out/boot-error" ]; then
+    vm_log "guest failed before the job ran: $(cat "$out/boot-error") (console: $out/console.log)"
+    return 125
+  fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    vm_log "guest timed out after $((limit + 120)) s (console: $out/console.log)"
+    return 124
+  fi
+  vm_log "guest stopped without a job status (qemu status $rc; console: $out/console.log, qemu: $out/qemu.log)"
+  return 125
+}
+
+# vm_write_job OUT CMD...: the script the guest runs: bring up rxe0, then CMD from the
+# repository root.
+vm_write_job() {
+  local out=$1
+  shift
+  {
+    echo '#!/bin/bash'
+    echo "cd $(printf '%q' "$VM_REPO") || exit 125"
+    echo 'tests/vm/guest/rdma-up.sh || exit 125'
+    printf '%q ' "$@"
+    echo
+  } > "$out/job.sh"
+}

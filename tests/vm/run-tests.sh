@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The real-verbs test suite: boots one QEMU guest with Soft-RoCE and runs, inside it,
+# transparency runs of ibv_rc_pingpong, rping and perftest with and without the shaper,
+# splitting runs with 1 MiB messages, and the data-integrity checker (tests/vm/guest/suite.sh).
+#
+# Prints one line per test, then exactly "vm: N passed, M failed"; exits non-zero on any
+# failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
+# (CI=true), where setup should have installed it, so it fails.
+#
+# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 1500),
+# INTEGRITY_TRANSFERS (per checker run, default 200), CARGO_TARGET_DIR.
+set -uo pipefail
+# shellcheck source=tests/vm/lib.sh
+source "$(dirname "$0")/lib.sh"
+cd "$VM_REPO" || exit 1
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+in_ci() { [ "${CI:-}" = true ] || [ "${CI:-}" = 1 ]; }
+
+# A prerequisite is missing: skip outside CI, fail in it.
+missing() {
+  if in_ci; then
+    echo "FAIL vm prerequisites: $*"
+    echo "vm: 0 passed, 1 failed"
+    exit 1
+  fi
+  echo "SKIPPED vm tests: $* (run scripts/setup.sh as root to install)"
+  exit 0
+}
+
+prereqs=$(vm_missing_prereqs | paste -sd ';' | sed 's/;/; /g')
+[ -z "$prereqs" ] || missing "missing $prereqs"
+if ! kdir=$(vm_ensure_kernel); then
+  missing "no guest kernel (apt-get download linux-image-6.1.0-NN-amd64 failed and none is cached in $VM_CACHE)"
+fi
+vm_log "guest kernel $(cat "$kdir/version")"
+
+target=${CARGO_TARGET_DIR:-$VM_REPO/target}
+locked=()
+in_ci && locked=(--locked)
+fails=0
+passes=0
+
+echo "vm: building justitia-integrity (release)"
+if ! cargo build --release "${locked[@]}" -q -p justitia-integrity; then
+  echo "FAIL build justitia-integrity"
+  echo "vm: 0 passed, 1 failed"
+  exit 1
+fi
+lib=-
+if [ -f crates/preload/Cargo.toml ]; then
+  echo "vm: building the shaper, justitia-preload (release)"
+  if cargo build --release "${locked[@]}" -q -p justitia-preload && [ -f "$target/release/libjustitia.so" ]; then
+    lib=$target/release/libjustitia.so
+  else
+    echo "FAIL build justitia-preload (no $target/release/libjustitia.so)"
+    fails=$((fails + 1))
+  fi
+else
+  echo "vm: the shaper is not built (crates/preload does not exist yet): runs under the shaper are skipped"
+fi
+
+mkdir -p "$target/vm"
+out=$(mktemp -d "$target/vm/suite.XXXXXX")
+echo "vm: booting the guest (logs in $out)"
+start=$(date +%s)
+vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
+  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity"
+vm_boot "$out" "${VM_SUITE_TIMEOUT:-1500}"
+rc=$?
+echo "vm: guest ran for $(($(date +%s) - start)) s"
+
+skips=0
+if [ -f "$out/results.txt" ]; then
+  while IFS= read -r line; do
+    echo "$line"
+    case $line in
+      PASS\ *) passes=$((passes + 1)) ;;
+      FAIL\ *) fails=$((fails + 1)) ;;
+      SKIP\ *) skips=$((skips + 1)) ;;
+    esac
+  done < "$out/results.txt"
+fi
+if [ "$rc" != 0 ]; then
+  echo "FAIL vm suite: the guest run ended with status $rc (see $out/job.log and $out/console.log)"
+  fails=$((fails + 1))
+  tail -n 20 "$out/job.log" 2>/dev/null | sed 's/^/  job: /'
+  tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/  console: /'
+fi
+[ "$skips" = 0 ] || echo "vm: $skips skipped"
+echo "vm: $passes passed, $fails failed"
+[ "$fails" = 0 ]
