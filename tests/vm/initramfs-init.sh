@@ -4,7 +4,7 @@
 # Loads the kernel modules listed in /modules.order, mounts the host's root file system
 # read-only (9p tag "host") and the writable output directory (9p tag "out") at the same
 # path it has on the host, gives the chroot the pseudo file systems and tmpfs scratch it
-# needs, runs "$justitia_out/job.sh" inside the chroot and powers off. The kernel passes
+# needs (keeping the paths in $justitia_out/keep visible), runs "$justitia_out/job.sh" inside the chroot and powers off. The kernel passes
 # unknown "name=value" command-line parameters to init as environment variables; that is
 # how justitia_out and justitia_timeout arrive.
 export PATH=/bin
@@ -43,7 +43,24 @@ mkdir -p /host
 # directory entries and pages makes every binary and library load cheaper under TCG.
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose host /host \
     || fail "mount host root over 9p"
-mount -t tmpfs -o mode=1777 tmpfs /host/tmp || fail "tmpfs /tmp"
+# The chroot's /tmp and /var/tmp are scratch tmpfs, but the host paths the job needs that
+# lie under them (the repository and the build output, listed one per line in
+# $justitia_out/keep) stay visible: a clone in /tmp must test itself, not an empty directory.
+keep=""
+[ -f "/host$justitia_out/keep" ] && keep=$(cat "/host$justitia_out/keep")
+for scratch in /tmp /var/tmp; do
+    mkdir -p "/hidden$scratch"
+    mount -o bind "/host$scratch" "/hidden$scratch" || fail "bind $scratch aside"
+    mount -t tmpfs -o mode=1777 tmpfs "/host$scratch" || fail "tmpfs $scratch"
+    printf '%s\n' "$keep" | while IFS= read -r path; do
+        case $path in
+            "$scratch"/*)
+                mkdir -p "/host$path" || fail "mkdir $path"
+                mount -o bind "/hidden$path" "/host$path" || fail "keep $path visible"
+                ;;
+        esac
+    done
+done
 mkdir -p "/host$justitia_out"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 out "/host$justitia_out" \
     || fail "mount output directory over 9p"
@@ -54,7 +71,6 @@ mkdir -p /host/dev/pts /host/dev/shm
 mount -t devpts devpts /host/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /host/dev/shm
 mount -t tmpfs tmpfs /host/run || fail "tmpfs /run"
-mount -t tmpfs -o mode=1777 tmpfs /host/var/tmp || fail "tmpfs /var/tmp"
 log "file systems ready; running the job"
 
 chroot /host /usr/bin/env -i \

@@ -161,6 +161,12 @@ vm_boot() {
   kdir=$(vm_ensure_kernel) || return 125
   initrd=$(vm_ensure_initramfs "$kdir") || return 125
   rm -f "$out/job.rc" "$out/boot-error"
+  # Host paths the guest must not hide behind its scratch /tmp and /var/tmp.
+  {
+    echo "$VM_REPO"
+    [ -z "${CARGO_TARGET_DIR:-}" ] || realpath -m "$CARGO_TARGET_DIR"
+    [ -z "${JUSTITIA_VM_KEEP:-}" ] || tr ':' '\n' <<<"$JUSTITIA_VM_KEEP"
+  } > "$out/keep"
   # The guest gets the job's limit; QEMU gets that plus room for boot and power-off.
   timeout --kill-after=10 $((limit + 120)) qemu-system-x86_64 \
     -accel tcg -smp 2 -m 2048 -nodefaults -nic none -display none -no-reboot \

@@ -273,12 +273,13 @@ impl CqShared {
         self.drain_touched(touched);
     }
 
-    /// Lets the QPs heard from post more.
+    /// Lets the QPs heard from post more, and releases paced requests that are due.
     fn drain_touched(&self, touched: Vec<Arc<QpShared>>) {
         let now = self.engine.now();
         for q in touched {
             q.drain(now);
         }
+        self.engine.on_poll(now);
     }
 }
 

@@ -68,13 +68,45 @@ pub enum PacerMode {
     Manual,
 }
 
-/// QPs waiting for tokens, with the time each may go.
+/// How long after a poll drained the pacer's queue the application counts as polling:
+/// while it does, its polls release paced requests on time and the pacer thread only
+/// stands behind them.
+const POLLS_DRIVE_FOR: Duration = Duration::from_millis(20);
+
+/// How late behind the deadline the pacer thread wakes while polls drive pacing. Every
+/// thread wake-up costs the host a context switch, and on a busy or emulated host it can
+/// cost a co-located latency flow a scheduler tick, so a polling application should see
+/// few of them; a request left waiting this long is still credited (see [`crate::bucket`]).
+const BACKSTOP_DELAY: Duration = Duration::from_millis(10);
+
+/// How long an idle pacer thread sleeps before checking whether its engine is gone.
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
+/// QPs waiting for tokens, with the time each may go, and when the thread will look.
+#[derive(Default)]
+struct PacerQueue {
+    waiting: Vec<(Arc<QpShared>, Duration)>,
+    /// When the sleeping pacer thread wakes; `None` while it runs or before it starts.
+    thread_wakes_at: Option<Duration>,
+}
+
+/// Releases paced requests when their tokens are due: from the application's own polls of
+/// a shaped CQ when it polls (exact, and free of extra wake-ups), else from a thread.
 struct Pacer {
     mode: PacerMode,
-    waiting: Mutex<Vec<(Arc<QpShared>, Duration)>>,
+    queue: Mutex<PacerQueue>,
     wake: Condvar,
+    /// The earliest deadline in the queue, in nanoseconds of the engine's clock
+    /// (`u64::MAX` when empty), so that a poll finds out with one load whether it has work.
+    next_due_ns: AtomicU64,
+    /// When a poll last released requests, in nanoseconds (0: never).
+    last_poll_release_ns: AtomicU64,
     /// The process that started the thread (a forked child must start its own).
     thread_pid: Mutex<Option<u32>>,
+}
+
+fn nanos(t: Duration) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One process's shaper: settings, clock, counters, token bucket and pacer.
@@ -99,8 +131,10 @@ impl Engine {
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
                 mode: pacer,
-                waiting: Mutex::new(Vec::new()),
+                queue: Mutex::new(PacerQueue::default()),
                 wake: Condvar::new(),
+                next_due_ns: AtomicU64::new(u64::MAX),
+                last_poll_release_ns: AtomicU64::new(0),
                 thread_pid: Mutex::new(None),
             },
             config,
@@ -169,28 +203,56 @@ impl Engine {
         }
     }
 
+    fn pacer_queue(&self) -> MutexGuard<'_, PacerQueue> {
+        self.pacer.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the application's polls have been releasing paced requests lately.
+    fn polls_drive(&self, now: Duration) -> bool {
+        let last = self.pacer.last_poll_release_ns.load(Ordering::Relaxed);
+        last != 0 && nanos(now).saturating_sub(last) < nanos(POLLS_DRIVE_FOR)
+    }
+
+    /// When the pacer thread should wake for a deadline `at`.
+    fn thread_deadline(&self, at: Duration, now: Duration) -> Duration {
+        if self.polls_drive(now) {
+            at + BACKSTOP_DELAY
+        } else {
+            at
+        }
+    }
+
     /// Queues `qp` to be drained at `at`.
-    fn schedule(self: &Arc<Self>, qp: Arc<QpShared>, at: Duration) {
+    fn schedule(self: &Arc<Self>, qp: Arc<QpShared>, at: Duration, now: Duration) {
         if qp.in_pacer.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.pacer
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((qp, at));
+        let notify = {
+            let mut queue = self.pacer_queue();
+            queue.waiting.push((qp, at));
+            self.pacer
+                .next_due_ns
+                .fetch_min(nanos(at), Ordering::AcqRel);
+            // A running thread looks at the queue before it sleeps; a sleeping one needs a
+            // nudge only when this deadline comes before its own.
+            queue
+                .thread_wakes_at
+                .is_some_and(|t| self.thread_deadline(at, now) < t)
+        };
         if self.pacer.mode == PacerMode::Thread {
             self.ensure_pacer_thread();
-            self.pacer.wake.notify_one();
+            if notify {
+                self.pacer.wake.notify_one();
+            }
         }
     }
 
     /// Drains every waiting QP whose time has come; returns when the next one is due.
     pub fn pacer_tick(self: &Arc<Self>, now: Duration) -> Option<Duration> {
         let due: Vec<Arc<QpShared>> = {
-            let mut waiting = self.pacer.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let mut queue = self.pacer_queue();
             let mut due = Vec::new();
-            waiting.retain(|(qp, at)| {
+            queue.waiting.retain(|(qp, at)| {
                 if *at <= now {
                     due.push(Arc::clone(qp));
                     false
@@ -198,19 +260,29 @@ impl Engine {
                     true
                 }
             });
+            let next = queue.waiting.iter().map(|(_, at)| nanos(*at)).min();
+            self.pacer
+                .next_due_ns
+                .store(next.unwrap_or(u64::MAX), Ordering::Release);
             due
         };
         for qp in due {
             qp.in_pacer.store(false, Ordering::Release);
             qp.drain(now);
         }
+        self.pacer_queue().waiting.iter().map(|(_, at)| *at).min()
+    }
+
+    /// Called by every shaped poll: releases the requests whose tokens are due. Costs one
+    /// load when none is.
+    pub(crate) fn on_poll(self: &Arc<Self>, now: Duration) {
+        if nanos(now) < self.pacer.next_due_ns.load(Ordering::Acquire) {
+            return;
+        }
         self.pacer
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(_, at)| *at)
-            .min()
+            .last_poll_release_ns
+            .store(nanos(now).max(1), Ordering::Relaxed);
+        self.pacer_tick(now);
     }
 
     fn ensure_pacer_thread(self: &Arc<Self>) {
@@ -237,7 +309,8 @@ impl Engine {
     }
 }
 
-/// The pacer thread: sleeps until the earliest waiting QP is due, drains, repeats.
+/// The pacer thread: sleeps until the earliest waiting QP is due (later while the
+/// application's polls release requests themselves), drains, repeats.
 fn pacer_loop(engine: Weak<Engine>) {
     loop {
         let Some(engine) = engine.upgrade() else {
@@ -248,20 +321,23 @@ fn pacer_loop(engine: Weak<Engine>) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.pacer_tick(now)));
         // The deadline is read under the lock that `schedule` pushes under, so a QP queued
         // after the tick is either seen here or wakes the wait.
-        let waiting = engine
-            .pacer
+        let mut queue = engine.pacer_queue();
+        let now = engine.clock.now();
+        let wake_at = queue
             .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let sleep = waiting
             .iter()
             .map(|(_, at)| *at)
             .min()
-            .map_or(Duration::from_millis(100), |at| {
-                at.saturating_sub(engine.clock.now())
-            });
+            .map_or(now + IDLE_SLEEP, |at| engine.thread_deadline(at, now));
+        let sleep = wake_at.saturating_sub(now);
         if !sleep.is_zero() {
-            let _unused = engine.pacer.wake.wait_timeout(waiting, sleep);
+            queue.thread_wakes_at = Some(wake_at);
+            let (mut queue, _) = engine
+                .pacer
+                .wake
+                .wait_timeout(queue, sleep)
+                .unwrap_or_else(|e| e.into_inner());
+            queue.thread_wakes_at = None;
         }
     }
 }
@@ -504,12 +580,11 @@ pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>, ctx: *mut ibv_co
             cq.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
         }
     }
+    // A stale `next_due_ns` left behind only costs one needless tick.
     shared
         .engine
-        .pacer
+        .pacer_queue()
         .waiting
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
         .retain(|(q, _)| !Arc::ptr_eq(q, &shared));
     match context(ctx) {
         Some(c) => c.bury(shared),
@@ -714,7 +789,7 @@ impl QpShared {
         }
         if let Blocked::Tokens(wait) = blocked {
             if let Some(me) = self.me.upgrade() {
-                self.engine.schedule(me, now + wait);
+                self.engine.schedule(me, now + wait, now);
             }
         }
     }
@@ -997,6 +1072,7 @@ impl CqShared {
         for q in touched {
             q.drain(now);
         }
+        self.engine.on_poll(now);
         c_int::try_from(out).unwrap_or(c_int::MAX)
     }
 }
