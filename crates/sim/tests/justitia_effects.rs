@@ -307,3 +307,33 @@ fn remote_reads_compete_with_local_sends() {
         "Justitia {j:?} vs native {native:?}"
     );
 }
+
+/// The headline on RoCE-100 (the speed benchmark's scenario): Justitia brings the latency
+/// flow back near its alone figures (within 30%) and beats native at the median and p99,
+/// while the bandwidth flow keeps at least its sharing-incentive floor, half the NIC with
+/// one latency and one bandwidth flow.
+#[test]
+fn headline_roce100_isolates_and_keeps_the_floor() {
+    let r = report("lat-vs-1mb-bw-roce100");
+    let alone = latency(run(&r, "alone"), "lat");
+    let native = latency(run(&r, "with bw"), "lat");
+    let justitia = latency(run(&r, "with bw + justitia"), "lat");
+    assert_near(
+        "RoCE-100 median with Justitia vs alone (us)",
+        justitia.p50_us,
+        alone.p50_us,
+        EFFECT,
+    );
+    assert!(
+        justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
+        "Justitia {justitia:?} must beat native {native:?}"
+    );
+    let native_bw = flow(run(&r, "with bw"), "bw").gbps;
+    let shared_bw = flow(run(&r, "with bw + justitia"), "bw").gbps;
+    assert_between(
+        "RoCE-100 bandwidth flow under Justitia / native",
+        shared_bw / native_bw,
+        0.5 * (1.0 - 0.05),
+        1.0,
+    );
+}
