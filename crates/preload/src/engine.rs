@@ -76,7 +76,8 @@ const POLLS_DRIVE_FOR: Duration = Duration::from_millis(20);
 /// How late behind the deadline the pacer thread wakes while polls drive pacing. Every
 /// thread wake-up costs the host a context switch, and on a busy or emulated host it can
 /// cost a co-located latency flow a scheduler tick, so a polling application should see
-/// few of them; a request left waiting this long is still credited (see [`crate::bucket`]).
+/// few of them; the tokens a request loses by waiting longer are owed back (see
+/// [`crate::bucket`]).
 const BACKSTOP_DELAY: Duration = Duration::from_millis(10);
 
 /// How long an idle pacer thread sleeps before checking whether its engine is gone.
