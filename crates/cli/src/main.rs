@@ -65,9 +65,11 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
         Command::Profiles => {
-            for p in RnicProfile::builtins() {
+            let profiles = RnicProfile::builtins();
+            let width = profiles.iter().map(|p| p.name.len()).max().unwrap_or(0);
+            for p in profiles {
                 println!(
-                    "{:<10} {:>6.1} Gb/s {:>6.1} Mops/s  mtu {:>4}  chunk {} B / {} B",
+                    "{:<width$}  {:>6.1} Gb/s {:>6.1} Mops/s  mtu {:>4}  chunk {} B / {} B",
                     p.name,
                     p.max_rate_gbps,
                     p.max_tput_mops,

@@ -13,7 +13,9 @@
 //!   decide a class forever;
 //! - **hysteresis**: once a flow has a class, a different class is adopted only after the
 //!   rule has indicated it at every evaluation for `dwell`, so traffic hovering around a
-//!   threshold does not flip the class back and forth.
+//!   threshold does not flip the class back and forth. Evaluations further apart than
+//!   `dwell`, or one without evidence, break that run: an indication seen before a long idle
+//!   time and again after it is evidence of one moment, not of a whole dwell.
 //!
 //! The first evidence (the first evaluation after a message was posted) decides the class at
 //! once, so a new bandwidth flow is not passed through unshaped for a dwell time. An
@@ -34,6 +36,16 @@ use crate::flow::FlowClass;
 
 /// The most depth slots (depth window / sample period) a classifier keeps, to bound memory.
 pub const MAX_DEPTH_SLOTS: u64 = 100_000;
+
+/// A class the rule keeps indicating while the flow has another.
+#[derive(Clone, Copy, Debug)]
+struct PendingClass {
+    class: FlowClass,
+    /// The first evaluation of the unbroken run that indicated `class`.
+    since: Duration,
+    /// The latest evaluation that indicated it.
+    last_seen: Duration,
+}
 
 /// Thresholds and periods of the classification rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,8 +155,8 @@ pub struct FlowClassifier {
     /// Ring of per-period depth peaks covering the depth window.
     depth: Vec<Option<DepthSlot>>,
     inferred: Option<FlowClass>,
-    /// A class the rule indicates, different from `inferred`, and since when.
-    pending: Option<(FlowClass, Duration)>,
+    /// A class the rule indicates, different from `inferred`.
+    pending: Option<PendingClass>,
     explicit: Option<FlowClass>,
     next_evaluation: Duration,
     latest: Duration,
@@ -277,6 +289,7 @@ impl FlowClassifier {
     /// Applies the rule and the hysteresis at `now`.
     fn evaluate(&mut self, now: Duration) {
         let Some(indicated) = self.indicated(now) else {
+            self.pending = None;
             return;
         };
         let Some(current) = self.inferred else {
@@ -287,16 +300,20 @@ impl FlowClassifier {
             self.pending = None;
             return;
         }
+        let dwell = self.config.dwell;
         let since = match self.pending {
-            Some((class, since)) if class == indicated => since,
-            _ => {
-                self.pending = Some((indicated, now));
-                now
-            }
+            Some(p) if p.class == indicated && now.saturating_sub(p.last_seen) <= dwell => p.since,
+            _ => now,
         };
-        if now.saturating_sub(since) >= self.config.dwell {
+        if now.saturating_sub(since) >= dwell {
             self.inferred = Some(indicated);
             self.pending = None;
+        } else {
+            self.pending = Some(PendingClass {
+                class: indicated,
+                since,
+                last_seen: now,
+            });
         }
     }
 
@@ -456,6 +473,33 @@ mod tests {
             last_indication = indication;
         }
         assert!(indication_changes >= 30, "{indication_changes}");
+    }
+
+    #[test]
+    fn an_indication_before_and_after_a_long_idle_time_does_not_skip_the_dwell() {
+        // A 1 ms half-life forgets the small messages within the idle time, so one large
+        // message afterwards indicates bandwidth at once; it must still wait out the dwell.
+        let mut c = FlowClassifier::new(ClassifierConfig {
+            size_half_life: ms(1),
+            ..ClassifierConfig::default()
+        })
+        .unwrap();
+        c.on_post(ms(0), 16);
+        assert_eq!(c.class(ms(0)), FlowClass::Latency);
+        c.on_post(ms(5), 1 << 20);
+        assert_eq!(c.class(ms(5)), FlowClass::Latency, "dwell not yet over");
+        c.on_post(ms(20_000), 1 << 20);
+        assert_eq!(
+            c.class(ms(20_000)),
+            FlowClass::Latency,
+            "idle time broke the run"
+        );
+        for t in (20_005..20_100).step_by(5) {
+            c.on_post(ms(t), 1 << 20);
+            assert_eq!(c.class(ms(t)), FlowClass::Latency, "at {t} ms");
+        }
+        c.on_post(ms(20_100), 1 << 20);
+        assert_eq!(c.class(ms(20_100)), FlowClass::Bandwidth);
     }
 
     #[test]

@@ -84,36 +84,66 @@ pub enum ProfileError {
     UnknownBuiltin(String),
 }
 
-impl RnicProfile {
-    /// Names of the built-in profiles, in the order of `validation-targets.md`.
-    pub const BUILTIN_NAMES: [&'static str; 5] =
-        ["IB-56", "RoCE-40", "RoCE-10", "IB-100", "RoCE-100"];
+/// The profile files of `profiles/`, compiled in: `(name, TOML text)`, in the order of
+/// [`RnicProfile::BUILTIN_NAMES`]. A file's `[policy]` table is the policy's view of the RNIC
+/// ([`RnicProfile`]); its other tables model the hardware for the simulator. Compiling the
+/// files in keeps one source for both and lets every tool work from any directory.
+pub const BUILTIN_PROFILE_FILES: [(&str, &str); 6] = [
+    ("IB-56", include_str!("../../../profiles/ib-56.toml")),
+    ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
+    ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
+    ("IB-100", include_str!("../../../profiles/ib-100.toml")),
+    ("RoCE-100", include_str!("../../../profiles/roce-100.toml")),
+    (
+        "IB-56-switch",
+        include_str!("../../../profiles/ib-56-switch.toml"),
+    ),
+];
 
-    /// A built-in profile by name (case-insensitive).
-    ///
-    /// Figures: IB-56 is ConnectX-3 Pro at 48 Gb/s application level and 30 M ops/s
-    /// (Justitia §4.2.3); RoCE-40 is ConnectX-4 RoCEv2, whose bandwidth flows reach about
-    /// 37 Gb/s; RoCE-10 is ConnectX-4 Lx at about 9.4 Gb/s with 5.6 M msgs/s for one
-    /// throughput flow (Justitia Fig 19); IB-100 is ConnectX-4 at about 96 Gb/s
-    /// (Justitia App. C); RoCE-100 is ConnectX-6 at about 97 Gb/s and 105 M msgs/s with
-    /// 9 QPs (PeRF §2.2, Table 1). RoCE profiles use a 1 KB MTU, InfiniBand 4 KB.
+/// The built-in profile file of that name, case-insensitive (`RoCE-10-DCQCN` names
+/// `RoCE-10`, the same testbed): its canonical name and TOML text.
+pub fn builtin_profile_text(name: &str) -> Option<(&'static str, &'static str)> {
+    let name = name.trim();
+    let name = if name.eq_ignore_ascii_case("RoCE-10-DCQCN") {
+        "RoCE-10"
+    } else {
+        name
+    };
+    BUILTIN_PROFILE_FILES
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .copied()
+}
+
+impl RnicProfile {
+    /// Names of the built-in profiles: the hardware of `validation-targets.md`, in its order,
+    /// and RPerf's switched testbed.
+    pub const BUILTIN_NAMES: [&'static str; 6] = [
+        "IB-56",
+        "RoCE-40",
+        "RoCE-10",
+        "IB-100",
+        "RoCE-100",
+        "IB-56-switch",
+    ];
+
+    /// A built-in profile by name (case-insensitive; `RoCE-10-DCQCN` is `RoCE-10`): the
+    /// `[policy]` table of its file in `profiles/` (see [`builtin_profile_text`]), where each
+    /// figure names the measurement it comes from.
     pub fn builtin(name: &str) -> Result<Self, ProfileError> {
-        let (canonical, gbps, mops, mtu) = match name.to_ascii_lowercase().as_str() {
-            "ib-56" => ("IB-56", 48.0, 30.0, 4096),
-            "roce-40" => ("RoCE-40", 37.0, 35.0, 1024),
-            "roce-10" | "roce-10-dcqcn" => ("RoCE-10", 9.4, 15.0, 1024),
-            "ib-100" => ("IB-100", 96.0, 75.0, 4096),
-            "roce-100" => ("RoCE-100", 97.0, 105.0, 1024),
-            _ => return Err(ProfileError::UnknownBuiltin(name.to_string())),
-        };
-        Ok(RnicProfile {
-            name: canonical.to_string(),
-            max_rate_gbps: gbps,
-            max_tput_mops: mops,
-            mtu,
-            chunk_bytes_with_latency: DEFAULT_CHUNK_WITH_LATENCY,
-            chunk_bytes_without_latency: DEFAULT_CHUNK_WITHOUT_LATENCY,
-        })
+        let (canonical, text) = builtin_profile_text(name)
+            .ok_or_else(|| ProfileError::UnknownBuiltin(name.to_string()))?;
+        let broken =
+            |reason: String| ProfileError::Parse(format!("built-in {canonical}: {reason}"));
+        let mut file: toml::Table = toml::from_str(text).map_err(|e| broken(e.to_string()))?;
+        let policy = file
+            .remove("policy")
+            .ok_or_else(|| broken("no [policy] table".to_string()))?;
+        let profile: RnicProfile = policy
+            .try_into()
+            .map_err(|e: toml::de::Error| broken(e.to_string()))?;
+        profile.validate()?;
+        Ok(profile)
     }
 
     /// All built-in profiles.
@@ -126,8 +156,8 @@ impl RnicProfile {
 
     /// Parses and validates a profile from TOML text.
     pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
-        let profile: RnicProfile =
-            toml::from_str(text).map_err(|e| ProfileError::Parse(e.message().to_string()))?;
+        let profile: RnicProfile = toml::from_str(text)
+            .map_err(|e| ProfileError::Parse(e.to_string().trim().to_string()))?;
         profile.validate()?;
         Ok(profile)
     }
@@ -219,9 +249,19 @@ mod tests {
     fn every_builtin_is_valid() {
         let all = RnicProfile::builtins();
         assert_eq!(all.len(), RnicProfile::BUILTIN_NAMES.len());
-        for p in all {
+        for (p, name) in all.iter().zip(RnicProfile::BUILTIN_NAMES) {
+            assert_eq!(
+                p.name, name,
+                "the file's [policy] name is the name it is built in as"
+            );
             assert_eq!(p.validate(), Ok(()), "{}", p.name);
         }
+        let files: Vec<&str> = BUILTIN_PROFILE_FILES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(files, RnicProfile::BUILTIN_NAMES);
+        assert_eq!(
+            RnicProfile::builtin("roce-10-dcqcn").map(|p| p.name).ok(),
+            Some("RoCE-10".to_string())
+        );
     }
 
     #[test]
@@ -313,9 +353,10 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains("max_rate"), "{err}");
         let text = "name = \"x\"\nmax_rate_gbps = \"fast\"\nmax_tput_mops = 10\nmtu = 1024\n";
-        assert!(matches!(
-            RnicProfile::from_toml(text),
-            Err(ProfileError::Parse(_))
-        ));
+        let err = RnicProfile::from_toml(text);
+        assert!(matches!(err, Err(ProfileError::Parse(_))), "{err:?}");
+        let message = err.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("max_rate_gbps"), "{message}");
+        assert!(message.contains("line 2"), "{message}");
     }
 }

@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use justitia_core::profile::{ProfileError, RnicProfile};
+use justitia_core::profile::{builtin_profile_text, ProfileError, RnicProfile};
 use serde::{Deserialize, Serialize};
 
 use crate::time::{self, ByteTime, Picos};
@@ -215,27 +215,13 @@ pub enum ModelProfileError {
     UnknownBuiltin(String),
 }
 
-const BUILTIN_TEXTS: [(&str, &str); 5] = [
-    ("IB-56", include_str!("../../../profiles/ib-56.toml")),
-    ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
-    ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
-    ("RoCE-100", include_str!("../../../profiles/roce-100.toml")),
-    (
-        "IB-56-switch",
-        include_str!("../../../profiles/ib-56-switch.toml"),
-    ),
-];
-
 impl ModelProfile {
     /// Names of the built-in model profiles (the files in `profiles/`).
-    pub const BUILTIN_NAMES: [&'static str; 5] =
-        ["IB-56", "RoCE-40", "RoCE-10", "RoCE-100", "IB-56-switch"];
+    pub const BUILTIN_NAMES: [&'static str; 6] = RnicProfile::BUILTIN_NAMES;
 
     /// A built-in profile by name, case-insensitive (`ib-56`, `RoCE-100`, ...).
     pub fn builtin(name: &str) -> Result<Self, ModelProfileError> {
-        let (canonical, text) = BUILTIN_TEXTS
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name.trim()))
+        let (canonical, text) = builtin_profile_text(name)
             .ok_or_else(|| ModelProfileError::UnknownBuiltin(name.to_string()))?;
         Self::from_toml(text, &format!("built-in {canonical}"))
     }
