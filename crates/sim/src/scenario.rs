@@ -542,10 +542,16 @@ impl Scenario {
         if self.description.trim().is_empty() {
             return Err(invalid("description".into(), "must not be empty".into()));
         }
-        if !(self.duration_ms.is_finite() && self.duration_ms > 0.0) {
+        if !(self.duration_ms.is_finite()
+            && self.duration_ms > 0.0
+            && self.duration_ms <= MAX_DURATION_MS)
+        {
             return Err(invalid(
                 "duration_ms".into(),
-                format!("must be a positive number of ms, got {}", self.duration_ms),
+                format!(
+                    "must be a positive number of ms up to {MAX_DURATION_MS}, got {}",
+                    self.duration_ms
+                ),
             ));
         }
         if !(self.warmup_ms.is_finite()
@@ -621,8 +627,8 @@ impl Scenario {
                     "must not be empty".into(),
                 ));
             }
-            if flow.copies == 0 {
-                return Err(invalid(at("copies"), "must be at least 1".into()));
+            if let Err((_, reason)) = count_within("copies", flow.copies, MAX_COPIES) {
+                return Err(invalid(at("copies"), reason));
             }
             if !names.insert(flow.name.as_str()) {
                 return Err(invalid(at("name"), "two flows have this name".into()));
@@ -709,11 +715,27 @@ fn check_size(field: &'static str, size: ByteSize) -> Result<(), (String, String
     }
 }
 
-fn at_least_one(field: &'static str, v: u32) -> Result<(), (String, String)> {
-    if v == 0 {
-        Err((field.into(), "must be at least 1".into()))
-    } else {
+/// The longest run a scenario may ask for, in simulated ms: an hour, far beyond any
+/// experiment here, and well inside what picosecond time can count (about five hours).
+pub const MAX_DURATION_MS: f64 = 3_600_000.0;
+/// The most copies of one flow.
+pub const MAX_COPIES: u32 = 4096;
+/// The most queue pairs (threads, backends) of one flow.
+pub const MAX_QPS_PER_FLOW: u32 = 4096;
+/// The deepest send queue, and so the largest batch or outstanding depth, a flow may ask
+/// for: the most work requests a ConnectX send queue holds.
+pub const MAX_QUEUE_DEPTH: u32 = 32768;
+
+/// A count that must be at least 1 and at most `max`: a bound that keeps a typo such as
+/// `depth = 4e9` from becoming a run that never ends.
+fn count_within(field: &'static str, v: u32, max: u32) -> Result<(), (String, String)> {
+    if (1..=max).contains(&v) {
         Ok(())
+    } else {
+        Err((
+            field.into(),
+            format!("must be between 1 and {max}, got {v}"),
+        ))
     }
 }
 
@@ -736,19 +758,22 @@ fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
         }
         AppSpec::Throughput(p) => {
             check_size("size", p.size)?;
-            at_least_one("batch", p.batch)?;
-            at_least_one("qps", p.qps)?;
-            if p.depth.is_some_and(|d| d < p.batch) {
-                return Err((
-                    "depth".into(),
-                    format!("must be at least batch ({})", p.batch),
-                ));
+            count_within("batch", p.batch, MAX_QUEUE_DEPTH)?;
+            count_within("qps", p.qps, MAX_QPS_PER_FLOW)?;
+            if let Some(depth) = p.depth {
+                count_within("depth", depth, MAX_QUEUE_DEPTH)?;
+                if depth < p.batch {
+                    return Err((
+                        "depth".into(),
+                        format!("must be at least batch ({})", p.batch),
+                    ));
+                }
             }
         }
         AppSpec::Bandwidth(p) => {
             check_size("size", p.size)?;
-            at_least_one("depth", p.depth)?;
-            at_least_one("qps", p.qps)?;
+            count_within("depth", p.depth, MAX_QUEUE_DEPTH)?;
+            count_within("qps", p.qps, MAX_QPS_PER_FLOW)?;
             if p.size.bytes() == 0 {
                 return Err(("size".into(), "must be positive".into()));
             }
@@ -758,8 +783,8 @@ fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
             if let Some(r) = p.response_size {
                 check_size("response_size", r)?;
             }
-            at_least_one("batch", p.batch)?;
-            at_least_one("threads", p.threads)?;
+            count_within("batch", p.batch, MAX_QUEUE_DEPTH)?;
+            count_within("threads", p.threads, MAX_QPS_PER_FLOW)?;
         }
         AppSpec::Storage(p) => {
             check_size("split_size", p.split_size)?;
@@ -769,8 +794,8 @@ fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
             if p.object_size.bytes() == 0 {
                 return Err(("object_size".into(), "must be positive".into()));
             }
-            at_least_one("backends", p.backends)?;
-            at_least_one("depth", p.depth)?;
+            count_within("backends", p.backends, MAX_QPS_PER_FLOW)?;
+            count_within("depth", p.depth, MAX_QUEUE_DEPTH)?;
         }
     }
     Ok(())
@@ -991,6 +1016,15 @@ depth = 4
             err(&BASE.replace("depth = 4", "depth = 0")).contains("flows[1] (bw): bandwidth.depth")
         );
         assert!(err(&BASE.replace("duration_ms = 5", "duration_ms = -5")).contains("duration_ms"));
+        assert!(
+            err(&BASE.replace("duration_ms = 5", "duration_ms = 1e300")).contains("duration_ms")
+        );
+        assert!(err(&BASE.replace("depth = 4", "depth = 4000000000"))
+            .contains("flows[1] (bw): bandwidth.depth: must be between 1 and 32768"));
+        assert!(
+            err(&BASE.replace("name = \"bw\"", "name = \"bw\"\ncopies = 100000"))
+                .contains("copies")
+        );
         assert!(err(&BASE.replace("warmup_ms = 1", "warmup_ms = 9")).contains("warmup_ms"));
         assert!(err(&BASE.replace("profile = \"IB-56\"", "profile = \"CX9\"")).contains("CX9"));
         assert!(err(&BASE.replace("size = 16", "size = \"16XB\"")).contains("XB"));
