@@ -78,8 +78,6 @@ pub struct CsvRow<'a> {
     pub jain_bandwidth: Option<f64>,
     /// Events the run handled.
     pub events: u64,
-    /// Wall-clock seconds the run took.
-    pub wall_seconds: f64,
 }
 
 /// The rows of a report, runs in order and flows in order within each run.
@@ -109,7 +107,6 @@ pub fn csv_rows(report: &ScenarioReport) -> Vec<CsvRow<'_>> {
                     utilisation: run.utilisation,
                     jain_bandwidth: run.jain_bandwidth,
                     events: run.events,
-                    wall_seconds: run.wall_seconds,
                 }
             })
         })

@@ -21,7 +21,8 @@ const SCENARIO_DIR: &str = "scenarios";
 Output:
   stdout       one table per run: per flow its class, latency percentiles (us), message rate
                (msgs/s) and goodput (Gb/s); per run its policy, utilisation, Jain's index
-               among the bandwidth flows, events and wall time. See docs/simulator.md.
+               among the bandwidth flows and events. Same scenario and seed, same bytes.
+  stderr       the wall time of each scenario, a progress bar on a terminal, the files written.
   --out DIR    DIR/<scenario>.json: the whole report (every field the simulator measured);
                DIR/<scenario>.csv: one row per flow and run, for spreadsheets and plotting tools.
   --plot DIR   DIR/<scenario>-latency.svg: p50 and p99 latency per flow, one bar per run;
@@ -94,6 +95,12 @@ pub fn run(args: &SimArgs) -> Result<()> {
         for file in written {
             eprintln!("wrote {}", file.display());
         }
+        let wall: f64 = report.runs.iter().map(|r| r.wall_seconds).sum();
+        eprintln!(
+            "{}: {} runs in {wall:.2} s wall time",
+            experiment.name,
+            report.runs.len()
+        );
     }
     Ok(())
 }

@@ -109,13 +109,12 @@ fn run_summary(run: &RunReport) -> String {
         .jain_bandwidth
         .map_or_else(|| "-".to_string(), |j| format!("{j:.3}"));
     format!(
-        "{}: policy {}, utilisation {:.1} %, Jain index (bandwidth flows) {}, {} events, {:.2} s wall",
+        "{}: policy {}, utilisation {:.1} %, Jain index (bandwidth flows) {}, {} events",
         run.variant,
         run.policy,
         run.utilisation * 100.0,
         jain,
         count(run.events),
-        run.wall_seconds
     )
 }
 
@@ -242,7 +241,7 @@ mod tests {
         assert!(text.starts_with("s: a test\n"));
         assert!(text.contains("30 ms simulated per run (first 2.5 ms not measured), seed 1"));
         assert!(text.contains(
-            "[1/1] with bw: policy native, utilisation 97.8 %, Jain index (bandwidth flows) 1.000, 1.2 M events, 0.50 s wall"
+            "[1/1] with bw: policy native, utilisation 97.8 %, Jain index (bandwidth flows) 1.000, 1.2 M events"
         ));
         for heading in FLOW_COLUMNS {
             assert!(text.contains(heading), "missing column {heading}");

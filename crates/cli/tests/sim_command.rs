@@ -138,10 +138,55 @@ fn a_scenario_runs_prints_its_table_and_exports_json_and_csv() {
     // One row per flow and run: 1 + 2 + 2.
     assert_eq!(lines.count(), 5);
 
-    // Machine output goes to files; stderr only says which (no progress bar off a terminal).
+    // Machine output goes to files; stderr only says which, and how long the scenario
+    // took (no progress bar off a terminal).
     let said = stderr(&out);
-    assert_eq!(said.lines().count(), 2, "{said}");
-    assert!(said.lines().all(|l| l.starts_with("wrote ")), "{said}");
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{said}");
+    assert!(lines[..2].iter().all(|l| l.starts_with("wrote ")), "{said}");
+    assert!(
+        lines[2].starts_with("tiny: 3 runs in ") && lines[2].ends_with(" s wall time"),
+        "{said}"
+    );
+}
+
+#[test]
+fn same_scenario_and_seed_give_the_same_bytes_on_stdout_and_in_every_file() {
+    let run = || {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().display().to_string();
+        let out = justitia(
+            &["sim", &data("tiny.toml"), "--out", &path, "--plot", &path],
+            &crate_dir(),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut files: Vec<(String, Vec<u8>)> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                (name, fs::read(&p).unwrap())
+            })
+            .collect();
+        files.sort();
+        (out.stdout, files)
+    };
+    let (first_stdout, first_files) = run();
+    let (second_stdout, second_files) = run();
+    let names: Vec<&str> = first_files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tiny-latency.svg",
+            "tiny-throughput.svg",
+            "tiny.csv",
+            "tiny.json"
+        ]
+    );
+    assert!(first_stdout == second_stdout, "the tables differ");
+    for ((name, a), (_, b)) in first_files.iter().zip(&second_files) {
+        assert!(a == b, "{name} differs between two runs of one seed");
+    }
 }
 
 #[test]

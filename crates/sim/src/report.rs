@@ -42,7 +42,9 @@ pub struct RunReport {
     /// Events the run handled.
     pub events: u64,
     /// Wall-clock time the run took, in seconds. The only field that differs between two
-    /// runs with the same seed.
+    /// runs with the same seed, so it is not serialized: a written report depends on the
+    /// scenario and its seed alone.
+    #[serde(skip)]
     pub wall_seconds: f64,
 }
 
