@@ -137,7 +137,14 @@ fn n4_more_bandwidth_flows_hurt_more() {
 }
 
 /// N5: a throughput flow (batches of 64 x 16 B) loses 69.5% of its messages per second to
-/// one 1 MB flow on InfiniBand (Justitia §1), and x2.85 or more on every fabric (§2.1.2).
+/// one 1 MB flow on InfiniBand (Justitia §1), and x2.85 or more on every fabric (§2.1.2);
+/// against 16 bandwidth flows it loses 90% (§2.1.3).
+///
+/// Gap: against 16 flows the model's throughput flow loses 98% (91.6 k msgs/s of 4.87 M),
+/// not 90%: the model's arbiter gives its one QP one packet per turn of 17, and each turn
+/// costs 16 packets of 4 KB, while the real RNIC evidently serves small messages faster
+/// than that (several processing units fetching and sending in parallel). The direction,
+/// a loss of at least 90%, is asserted.
 #[test]
 fn n5_throughput_flow_behind_one_bandwidth_flow() {
     let r = report("tput-vs-1mb-bw-ib56");
@@ -156,6 +163,14 @@ fn n5_throughput_flow_behind_one_bandwidth_flow() {
         bw_with / bw_alone,
         0.95,
         1.01,
+    );
+
+    let sixteen = flow(run(&r, "with 16 bw"), "tput").msgs_per_sec;
+    assert_between(
+        "N5 IB-56 share kept against 16 bandwidth flows",
+        sixteen / alone,
+        0.0,
+        0.10,
     );
 
     let r = report("tput-vs-1mb-bw-roce40");
@@ -276,11 +291,13 @@ fn n9_throughput_vs_bandwidth_roce10() {
 fn n10_message_app_vs_bandwidth_app_roce100() {
     let r = report("mapp-dapp-vs-bapp-roce100");
     let both = run(&r, "M_App vs B_App");
+    // The published range itself, with 2% for the model's packet-level timing: a 25% band
+    // around a figure this close to line rate would reach beyond the link.
     assert_between(
         "N10 B_App next to M_App (Gb/s)",
         flow(both, "B_App").gbps,
-        94.8 * (1.0 - NATIVE),
-        96.9 * (1.0 + NATIVE),
+        94.8 * 0.98,
+        96.9 * 1.02,
     );
     let alone = flow(run(&r, "M_App alone"), "M_App").msgs_per_sec;
     let with = flow(both, "M_App").msgs_per_sec;

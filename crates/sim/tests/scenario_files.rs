@@ -23,7 +23,7 @@ fn every_validation_target_has_a_scenario() {
     let all: String = list.iter().map(|s| s.description.as_str()).collect();
     for target in [
         "N1", "N2", "N3", "N4", "N5", "N6", "N7", "N8", "N9", "N10", "N11", "J1", "J2", "J3", "J4",
-        "J5", "J6", "J7", "J8",
+        "J5", "J6", "J7", "J8", "R1", "R2", "R3", "R4", "R5", "R6", "R7", "R8", "P1", "P2",
     ] {
         assert!(
             all.contains(&format!("{target},")) || all.contains(&format!("{target})")),

@@ -70,6 +70,13 @@ fn r1_r2_one_to_one_through_the_switch() {
 /// RPerf's equation (2) says), so from two BSGs on it sits one buffer (about 5 us) above
 /// the published points, whose growth starts one BSG later. The step per BSG, which
 /// `switch.input_buffer_bytes` is fitted to, is checked; so are 1 BSG and the totals.
+///
+/// Gap: the real switch loses bandwidth as BSGs are added (52.2 Gb/s in total with one,
+/// 48.4 with five), the model does not: its total rises towards the output's payload rate
+/// (about 54 Gb/s) as more senders keep the output busy. Whatever costs the SX6012 that
+/// bandwidth (arbitration between inputs, credit turnaround) is not modelled, so the two
+/// totals are checked against the paper within 25% and the model's trend against the
+/// output's capacity, not against the paper's.
 #[test]
 fn r3_lsg_vs_bsgs_real_switch() {
     let r = report("switch-lsg-vs-bsgs-ib56");
@@ -98,11 +105,12 @@ fn r3_lsg_vs_bsgs_real_switch() {
         52.2,
         MEASURED,
     );
-    assert_near(
-        "R3 BSG total, 5 BSGs (Gb/s)",
-        bandwidth_total(run(&r, "5 BSGs")),
-        48.4,
-        MEASURED,
+    let five = bandwidth_total(run(&r, "5 BSGs"));
+    assert_near("R3 BSG total, 5 BSGs (Gb/s)", five, 48.4, MEASURED);
+    let output_payload_gbps = 54.54 * 4096.0 / (4096.0 + 26.0);
+    assert!(
+        five <= output_payload_gbps,
+        "R3: five BSGs share one output: {five:.1} Gb/s above its {output_payload_gbps:.1}"
     );
 }
 
@@ -110,11 +118,16 @@ fn r3_lsg_vs_bsgs_real_switch() {
 /// LinkBandwidth (equation (2)), checked within 10%. Published: 0.4 us (0 BSG), 0.6 (1),
 /// 4.5/4.6 (2), 18.2/18.3 (5).
 ///
-/// Gap: the published 2-BSG point (4.5 us) is one buffer, not the two that equation (2)
-/// gives; the model follows the equation (about 9 us), so 2 BSGs is checked for
-/// direction only, 0 and 5 BSGs within 25%. With 1 BSG the model's LSG (0.77 us) is 28%
-/// over the published 0.6 us: it queues behind the BSG packet being forwarded, which RPerf's
-/// simulator seems to cut short; only the direction is asserted.
+/// The model follows the equation within 10%, and each added BSG costs the LSG what it
+/// costs in RPerf's simulator (3.9 to 4.6 us; the model 4.2 to 4.3 us).
+///
+/// Gap: RPerf's own published points do not follow its equation: with 2 BSGs the LSG
+/// waited one buffer (4.5 us), not two, and every later point is about one buffer under
+/// the equation. The model keeps the equation, so it sits above the published points:
+/// 2 BSGs 9.1 us against 4.5 (checked for direction), 5 BSGs 21.8 us against 18.2 (+20%,
+/// checked to lie at most one buffer above). With 1 BSG the model's LSG (0.77 us) is 28%
+/// over the published 0.6 us: it queues behind the BSG packet being forwarded, which
+/// RPerf's simulator seems to cut short; only the direction is asserted.
 #[test]
 fn r4_fcfs_waits_for_every_full_buffer() {
     let r = report("switch-fcfs-lsg-vs-bsgs-sim");
@@ -135,9 +148,32 @@ fn r4_fcfs_waits_for_every_full_buffer() {
             ANALYTIC,
         );
     }
+    let medians: Vec<f64> = ["2 BSGs", "3 BSGs", "4 BSGs", "5 BSGs"]
+        .iter()
+        .map(|v| latency(run(&r, v), "lsg").p50_us)
+        .collect();
+    for pair in medians.windows(2) {
+        assert_between(
+            "R4 step per added BSG (us)",
+            pair[1] - pair[0],
+            3.9 * (1.0 - ANALYTIC),
+            4.6 * (1.0 + ANALYTIC),
+        );
+    }
+    let buffer_us = 32_768.0 * 8.0 / LINK_BITS_PER_US;
     let five = latency(run(&r, "5 BSGs"), "lsg");
-    assert_near("R4 5 BSGs median (us)", five.p50_us, 18.2, MEASURED);
-    assert_near("R4 5 BSGs p99.9 (us)", five.p999_us, 18.3, MEASURED);
+    assert_between(
+        "R4 5 BSGs median, published 18.2 us, at most one buffer above (us)",
+        five.p50_us,
+        18.2,
+        18.2 + buffer_us,
+    );
+    assert_between(
+        "R4 5 BSGs p99.9, published 18.3 us, at most one buffer above (us)",
+        five.p999_us,
+        18.3,
+        18.3 + buffer_us,
+    );
     let two = latency(run(&r, "2 BSGs"), "lsg").p50_us;
     assert!(
         two > 4.5,
@@ -150,13 +186,22 @@ fn r4_fcfs_waits_for_every_full_buffer() {
 ///
 /// Gap: the model's median with 5 BSGs (about 1.9 us) is within the analytic bound but
 /// 25% under the published 2.5 us: where the LSG's packet falls in the turn is set by its
-/// closed loop, which the model and RPerf's simulator need not share.
+/// closed loop, which the model and RPerf's simulator need not share. For the same reason
+/// the model's median does not grow with every BSG (3 BSGs: 0.65 us, 2 and 4: 1.26 us),
+/// so only the bound and the published 5-BSG point's direction are asserted. With 1 BSG
+/// the LSG is 0.77 us against the published 0.6, as under FCFS (see R4).
 #[test]
 fn r5_round_robin_bounds_the_wait_by_one_packet_per_input() {
     let r = report("switch-rr-lsg-vs-bsgs-sim");
     let base = latency(run(&r, "0 BSG"), "lsg").p50_us;
     assert_near("R5 0 BSG median (us)", base, 0.4, MEASURED);
-    for (variant, n) in [("2 BSGs", 2.0), ("3 BSGs", 3.0), ("5 BSGs", 5.0)] {
+    for (variant, n) in [
+        ("1 BSG", 1.0),
+        ("2 BSGs", 2.0),
+        ("3 BSGs", 3.0),
+        ("4 BSGs", 4.0),
+        ("5 BSGs", 5.0),
+    ] {
         let l = latency(run(&r, variant), "lsg");
         assert_between(
             &format!("R5 {variant} p99.9 within base + N packets (us)"),
