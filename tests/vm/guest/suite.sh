@@ -345,7 +345,13 @@ integrity "bandwidth, chunk 64K" split_requests JUSTITIA_CLASS=bandwidth JUSTITI
 integrity "bandwidth, chunk 1M" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=1M
 integrity "bandwidth, chunk 12345" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=12345
 integrity "bandwidth, chunk 64K, paced 40M:20K" pacing_delay_ns JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_RATE=40M:20K
-integrity "auto class" - JUSTITIA_CLASS=auto
+# Chunk sizes drawn at random on every run (the line names them, so a failure can be
+# replayed with the same JUSTITIA_CHUNK and the seed the checker prints).
+small_chunk=$((2048 + (RANDOM * 32768 + RANDOM) % (64 * 1024 - 2048)))
+large_chunk=$((64 * 1024 + (RANDOM * 32768 + RANDOM) % (4 * 1024 * 1024 - 64 * 1024)))
+integrity "bandwidth, random chunk $small_chunk" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=$small_chunk
+integrity "bandwidth, random chunk $large_chunk" split_requests JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=$large_chunk
+integrity "auto class" split_requests JUSTITIA_CLASS=auto
 integrity "preempt" yields JUSTITIA_CLASS=bandwidth JUSTITIA_POLICY=preempt
 integrity "preempt, sub-message 48K, yield unit 3K" yields JUSTITIA_CLASS=bandwidth JUSTITIA_POLICY=preempt JUSTITIA_SUBMSG=48K JUSTITIA_YIELD_UNIT=3K
 if have_shaper; then
