@@ -30,6 +30,11 @@ pub const BURST: Duration = Duration::from_millis(1);
 /// this is a stall, not latency.
 pub const MAX_LATENESS_CREDIT: Duration = Duration::from_millis(50);
 
+/// The longest wait [`TokenBucket::try_take`] names. A longer debt (a huge request at a
+/// tiny rate) is repaid over several waits: the caller comes back, is refused again and
+/// told the rest, instead of a conversion of years of seconds overflowing a `Duration`.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// One resource's balance (bytes or operations).
 #[derive(Clone, Debug)]
 struct Balance {
@@ -85,7 +90,6 @@ impl Balance {
 /// Token balances for bytes and operations.
 #[derive(Clone, Debug)]
 pub struct TokenBucket {
-    rate: Rate,
     bytes: Balance,
     ops: Option<Balance>,
     last: Duration,
@@ -97,17 +101,11 @@ impl TokenBucket {
     /// A full bucket at `now`.
     pub fn new(rate: Rate, now: Duration) -> Self {
         TokenBucket {
-            rate,
             bytes: Balance::full(rate.bytes_per_sec),
             ops: rate.ops_per_sec.map(Balance::full),
             last: now,
             promised: None,
         }
-    }
-
-    /// The configured rate.
-    pub fn rate(&self) -> Rate {
-        self.rate
     }
 
     fn refill(&mut self, now: Duration) {
@@ -130,7 +128,7 @@ impl TokenBucket {
     }
 
     /// Takes `bytes` and one operation if the balances allow it at `now`; otherwise returns
-    /// how long until they will.
+    /// how long until they will, at most [`MAX_WAIT`].
     pub fn try_take(&mut self, now: Duration, bytes: u32) -> Result<(), Duration> {
         self.refill(now);
         if self.bytes.tokens >= 0.0 && self.ops.as_ref().is_none_or(|o| o.tokens >= 0.0) {
@@ -144,8 +142,15 @@ impl TokenBucket {
             .bytes
             .wait()
             .max(self.ops.as_ref().map_or(0.0, Balance::wait));
+        // A NaN (never expected: rates are finite and positive) waits the longest, so that
+        // it cannot turn into a busy loop.
+        let secs = if wait.is_nan() {
+            MAX_WAIT.as_secs_f64()
+        } else {
+            wait.clamp(0.0, MAX_WAIT.as_secs_f64())
+        };
         // Round up to a whole nanosecond so that waking at now + wait always succeeds.
-        let wait = Duration::from_secs_f64(wait) + Duration::from_nanos(1);
+        let wait = Duration::try_from_secs_f64(secs).unwrap_or(MAX_WAIT) + Duration::from_nanos(1);
         self.promised = Some(now + wait);
         Err(wait)
     }
@@ -279,6 +284,22 @@ mod tests {
         let bound = 1e6 * (1.0 + (BURST + MAX_LATENESS_CREDIT).as_secs_f64()) + 2_000.0;
         assert!(sent as f64 <= bound, "{sent} > {bound}");
         assert!(sent as f64 >= 1e6 * 1.04, "{sent}");
+    }
+
+    #[test]
+    fn an_extreme_debt_waits_in_bounded_steps_instead_of_panicking() {
+        // 4 GiB at 1e-12 B/s is 4e21 s of debt, past what a Duration holds.
+        let rate = Rate {
+            bytes_per_sec: 1e-12,
+            ops_per_sec: Some(1e-12),
+        };
+        let mut b = TokenBucket::new(rate, Duration::ZERO);
+        assert!(b.try_take(Duration::ZERO, u32::MAX).is_ok());
+        let wait = b.try_take(Duration::ZERO, 1).unwrap_err();
+        assert_eq!(wait, MAX_WAIT + Duration::from_nanos(1));
+        // Coming back when told is refused again, with another bounded wait.
+        let again = b.try_take(wait, 1).unwrap_err();
+        assert_eq!(again, MAX_WAIT + Duration::from_nanos(1));
     }
 
     #[test]

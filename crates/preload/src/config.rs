@@ -5,7 +5,7 @@
 //! | `JUSTITIA_CLASS` | `latency`, `throughput`, `bandwidth`, `auto` | unset: observe and count only |
 //! | `JUSTITIA_POLICY` | `justitia` (split and pace), `preempt` (split, yield, no pacing) | `justitia` |
 //! | `JUSTITIA_CHUNK` | bytes, binary suffixes `K`, `M` (`64K`) | the core profile's 5 KiB |
-//! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`) | unset: unpaced |
+//! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`); at least `1K:1` | unset: unpaced |
 //! | `JUSTITIA_SUBMSG` | sub-message bytes for `preempt`, binary suffixes | 16K |
 //! | `JUSTITIA_YIELD_UNIT` | bytes of sub-message per yield, binary suffixes | 1K |
 //! | `JUSTITIA_STATS` | path of a JSON file written at exit (`%p` becomes the pid) | none |
@@ -22,6 +22,13 @@ use justitia_core::profile::DEFAULT_CHUNK_WITH_LATENCY;
 use justitia_core::yield_plan::{YieldConfig, DEFAULT_SUB_MESSAGE_BYTES, DEFAULT_YIELD_UNIT_BYTES};
 
 use crate::log::LogLevel;
+
+/// The lowest `JUSTITIA_RATE` in bytes per second: below it a single 64 KiB chunk would wait
+/// over a minute, which is a stalled flow, not a paced one (and far lower rates are typos).
+pub const MIN_BYTES_PER_SEC: f64 = 1e3;
+
+/// The lowest `JUSTITIA_RATE` in operations per second, for the same reason.
+pub const MIN_OPS_PER_SEC: f64 = 1.0;
 
 /// How each queue pair's class is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,11 +107,6 @@ pub struct ConfigError {
 }
 
 impl Config {
-    /// Reads the settings from the process environment.
-    pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
     /// Reads the settings through `lookup` (the environment, or a table in tests). An empty
     /// value counts as unset.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
@@ -146,9 +148,19 @@ impl Config {
             })?;
         }
         if let Some((var, v)) = get("JUSTITIA_RATE") {
-            config.rate = Some(parse_rate(&v).ok_or_else(|| {
+            let rate = parse_rate(&v).ok_or_else(|| {
                 error(var, &v, "expected <bytes/s>[:<ops/s>], e.g. 20M or 20M:50K")
-            })?);
+            })?;
+            if rate.bytes_per_sec < MIN_BYTES_PER_SEC
+                || rate.ops_per_sec.is_some_and(|o| o < MIN_OPS_PER_SEC)
+            {
+                return Err(error(
+                    var,
+                    &v,
+                    "expected at least 1K bytes/s and 1 op/s, e.g. 20M or 20M:50K",
+                ));
+            }
+            config.rate = Some(rate);
         }
         if let Some((var, v)) = get("JUSTITIA_SUBMSG") {
             config.yields.sub_message_bytes = parse_binary_size(&v)
@@ -330,6 +342,9 @@ mod tests {
             ("JUSTITIA_RATE", "-5M"),
             ("JUSTITIA_RATE", "20M:"),
             ("JUSTITIA_RATE", "inf"),
+            ("JUSTITIA_RATE", "1e-12"),
+            ("JUSTITIA_RATE", "999"),
+            ("JUSTITIA_RATE", "20M:0.5"),
             ("JUSTITIA_SUBMSG", "x"),
             ("JUSTITIA_YIELD_UNIT", "1"),
             ("JUSTITIA_LOG", "loud"),
@@ -341,6 +356,19 @@ mod tests {
             assert!(text.contains(var) && text.contains(value), "{text}");
             assert!(!text.contains('\n'), "{text}");
         }
+    }
+
+    #[test]
+    fn the_lowest_rates_accepted_are_1k_bytes_and_1_op_per_second() {
+        assert_eq!(
+            parse(&[("JUSTITIA_RATE", "1K:1")]).unwrap().rate,
+            Some(Rate {
+                bytes_per_sec: 1e3,
+                ops_per_sec: Some(1.0)
+            })
+        );
+        let err = parse(&[("JUSTITIA_RATE", "1e-12")]).unwrap_err();
+        assert!(err.to_string().contains("1K bytes/s"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! because a concurrent poll may still hold a pointer to it.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ptr::NonNull;
@@ -475,6 +476,8 @@ pub struct QpShared {
     pub(crate) state: Mutex<QpState>,
     in_pacer: AtomicBool,
     pub(crate) ex: Option<QpExOps>,
+    /// The shaper failed (panicked) on this QP's post path: its posts pass through.
+    failed_open: AtomicBool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -489,17 +492,36 @@ pub struct QpState {
     pub(crate) batch: WrBatch,
 }
 
+/// Said once per process when [`QPS`] is full.
+static QPS_FULL_SAID: AtomicBool = AtomicBool::new(false);
+
 /// Registers a QP created on an attached context. `qpx` is its extended form when it was
 /// created with `ibv_wr_*` send operations, whose pointers the shaper then replaces.
 ///
 /// # Safety
 /// `qp` must be a live QP of `ctx`, just created; `qpx` its extended form or null.
 pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *mut ibv_qp_ex) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { register_qp_in(&QPS, ctx, qp, init, qpx) };
+}
+
+/// [`register_qp`] into `qps` ([`QPS`], or a small map in tests). Returns false when the
+/// QP is not registered: it then passes through untouched, its `ibv_wr_*` pointers left
+/// the provider's, since the shaper's would find no state to work with.
+///
+/// # Safety
+/// As [`register_qp`].
+pub(crate) unsafe fn register_qp_in<const N: usize>(
+    qps: &PtrMap<QpShared, N>,
+    ctx: &CtxShared,
+    qp: *mut ibv_qp,
+    init: QpInit,
+    qpx: *mut ibv_qp_ex,
+) -> bool {
     let engine = Arc::clone(&ctx.engine);
     let Some(post_send) = ctx.post_send else {
-        return;
+        return false;
     };
-    Counters::add(&engine.counters.qps, 1);
     let send_cq = CQS.get_arc(init.send_cq.cast());
     // Completions of a shaped QP must be translated, so its send CQ must be one the shaper
     // knows; a QP whose CQ it does not know is only observed.
@@ -535,7 +557,23 @@ pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *
         in_pacer: AtomicBool::new(false),
         ex,
         engine,
+        failed_open: AtomicBool::new(false),
     });
+    // Registered first: a QP the map has no room for must leave no trace in its CQ either.
+    match qps.insert(qp.cast(), Arc::clone(&shared)) {
+        Ok(Some(old)) => ctx.bury(old),
+        Ok(None) => {}
+        Err(_) => {
+            if !QPS_FULL_SAID.swap(true, Ordering::Relaxed) {
+                log!(
+                    Warn,
+                    "more than {N} queue pairs; the ones past that pass through unobserved"
+                );
+            }
+            return false;
+        }
+    }
+    Counters::add(&shared.engine.counters.qps, 1);
     if shaped {
         if let Some(cq) = &send_cq {
             cq.qps
@@ -552,13 +590,11 @@ pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *
         if shaped { "shaped" } else { "observed" },
         init.cap.max_send_wr
     );
-    if let Ok(Some(old)) = QPS.insert(qp.cast(), Arc::clone(&shared)) {
-        ctx.bury(old);
-    }
     if !qpx.is_null() {
         // SAFETY: qpx is the live extended QP whose pointers were saved above.
         unsafe { crate::qp_ex::install(&mut *qpx, shaped) };
     }
+    true
 }
 
 /// The registration of a QP, to pass to [`unregister_qp`] once it is destroyed.
@@ -625,6 +661,21 @@ unsafe fn count_list(mut wr: *const ibv_send_wr) -> (u64, u64) {
     (n, bytes)
 }
 
+/// The request at position `n` of the list `wr`, or null past its end.
+///
+/// # Safety
+/// `wr` must be a valid request list.
+unsafe fn nth(mut wr: *mut ibv_send_wr, n: usize) -> *mut ibv_send_wr {
+    for _ in 0..n {
+        // SAFETY: guaranteed by the caller.
+        match unsafe { wr.as_ref() } {
+            Some(w) => wr = w.next,
+            None => break,
+        }
+    }
+    wr
+}
+
 /// The state of a registered QP if it is found without probing (see
 /// [`PtrMap::get_at_home`]).
 #[inline(always)]
@@ -675,7 +726,15 @@ impl QpShared {
         counters.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// The shaped `ibv_post_send`.
+    /// True while the shaper shapes this QP's posts: it is shaped and has not failed open.
+    #[inline(always)]
+    pub(crate) fn shapes_posts(&self) -> bool {
+        self.shaped && !self.failed_open.load(Ordering::Relaxed)
+    }
+
+    /// The shaped `ibv_post_send`. `settled` receives the call's result and how many
+    /// requests of the list the shaper holds as soon as both are final, so that a panic
+    /// after that point can still report them (see [`Self::recover_post`]).
     ///
     /// # Safety
     /// `wr` must be a valid request list and `bad_wr` writable.
@@ -683,6 +742,7 @@ impl QpShared {
         &self,
         wr: *mut ibv_send_wr,
         bad_wr: *mut *mut ibv_send_wr,
+        settled: &Cell<Option<(c_int, usize)>>,
     ) -> c_int {
         let now = self.engine.clock.now();
         let mut st = self.lock();
@@ -691,6 +751,8 @@ impl QpShared {
         let mut cur = wr;
         // SAFETY: guaranteed by the caller.
         while let Some(w) = unsafe { cur.as_ref() } {
+            #[cfg(test)]
+            fault::hit(fault::PostFault::BeforeAccept(index));
             // SAFETY: as above.
             let owned = unsafe { OwnedWr::copy_from(w) };
             let treatment = self.engine.treatment(&mut st, now, owned.payload_len());
@@ -702,22 +764,74 @@ impl QpShared {
             cur = w.next;
         }
         let (refused, synthesized, blocked) = self.drain_locked(&mut st, now);
-        st.sq.end_call();
-        drop(st);
-        if let Some((at, e)) = refused {
-            rc = e;
-            cur = wr;
-            for _ in 0..at {
-                // SAFETY: at is within the list just walked.
-                cur = unsafe { (*cur).next };
+        #[cfg(test)]
+        fault::hit(fault::PostFault::AfterDrain);
+        let held = match refused {
+            Some((at, e)) => {
+                rc = e;
+                at
             }
-        }
+            None => index,
+        };
+        st.sq.end_call();
+        settled.set(Some((rc, held)));
+        drop(st);
         if rc != 0 && !bad_wr.is_null() {
-            // SAFETY: guaranteed writable by the caller.
-            unsafe { *bad_wr = cur };
+            // SAFETY: guaranteed writable by the caller; held is within the list.
+            unsafe { *bad_wr = nth(wr, held) };
         }
+        #[cfg(test)]
+        fault::hit(fault::PostFault::AfterSettled);
         self.after_drain(synthesized, blocked, now);
         rc
+    }
+
+    /// Recovers from a panic inside [`Self::post_send_shaped`], given what it had
+    /// `settled`. The QP's posts pass through from now on (fail open). Of the list, the
+    /// requests the shaper holds (the first ones: accepted with WQEs posted, or all of them
+    /// once the call had settled) stay the shaper's, and still go out once; the rest are
+    /// refused with `EIO`, `bad_wr` naming the first of them, as `ibv_post_send` refuses a
+    /// list's tail. Posting the whole list to the provider instead would send the held
+    /// requests twice.
+    ///
+    /// # Safety
+    /// As [`Self::post_send_shaped`], with the same `wr` and `bad_wr`.
+    pub(crate) unsafe fn recover_post(
+        &self,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+        settled: Option<(c_int, usize)>,
+    ) -> c_int {
+        self.fail_open();
+        let (rc, held) = match settled {
+            Some(done) => done,
+            None => {
+                let held = self.lock().sq.take_back_call();
+                // SAFETY: held is within the list (the queue held that many of it).
+                let rest = unsafe { nth(wr, held) };
+                (if rest.is_null() { 0 } else { libc::EIO }, held)
+            }
+        };
+        // The panic may have cut a drain short or kept the pacer from being told: restart
+        // the flow of what the shaper holds.
+        let now = self.engine.clock.now();
+        crate::hooks::guarded(|| self.drain(now), || ());
+        if rc != 0 && !bad_wr.is_null() {
+            // SAFETY: guaranteed writable by the caller; held is within the list.
+            unsafe { *bad_wr = nth(wr, held) };
+        }
+        rc
+    }
+
+    /// Stops shaping this QP's posts after an internal error; says so once.
+    fn fail_open(&self) {
+        if !self.failed_open.swap(true, Ordering::AcqRel) {
+            log!(
+                Warn,
+                "QP {}: internal error in the shaper; its requests pass through unshaped from now on",
+                self.qp_num
+            );
+        }
     }
 
     /// Accepts requests collected by the `ibv_wr_*` interface, all or none.
@@ -1075,5 +1189,39 @@ impl CqShared {
         }
         self.engine.on_poll(now);
         c_int::try_from(out).unwrap_or(c_int::MAX)
+    }
+}
+
+/// Panics injected into the shaped post path by tests, to exercise [`QpShared::recover_post`].
+#[cfg(test)]
+pub(crate) mod fault {
+    use std::cell::Cell;
+
+    /// Where the shaped post path panics.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum PostFault {
+        /// Before accepting the request at this position of the list.
+        BeforeAccept(usize),
+        /// After posting what the queue allows, before the call is settled.
+        AfterDrain,
+        /// After the call is settled, before the pacer is told.
+        AfterSettled,
+    }
+
+    thread_local! {
+        static ARMED: Cell<Option<PostFault>> = const { Cell::new(None) };
+    }
+
+    /// The next post on this thread that reaches `at` panics there.
+    pub(crate) fn inject(at: PostFault) {
+        ARMED.set(Some(at));
+    }
+
+    /// Panics if a fault is armed at `at`.
+    pub(crate) fn hit(at: PostFault) {
+        if ARMED.get() == Some(at) {
+            ARMED.set(None);
+            panic!("fault injected at {at:?}");
+        }
     }
 }

@@ -44,11 +44,11 @@ pub fn in_shaper() -> bool {
 }
 
 /// Marks the thread as inside the shaper until dropped.
-struct Reentry;
+pub(crate) struct Reentry;
 
 impl Reentry {
     /// `None` when the thread is already inside.
-    fn enter() -> Option<Reentry> {
+    pub(crate) fn enter() -> Option<Reentry> {
         IN_SHAPER.with(|f| (!f.replace(true)).then_some(Reentry))
     }
 }

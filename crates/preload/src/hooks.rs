@@ -3,10 +3,13 @@
 //! and the extended context's `create_qp_ex` and `create_cq_ex`.
 //!
 //! Every one is an `extern "C"` entry from the application, so none may unwind: the shaped
-//! paths run under `catch_unwind` and fall back to the provider's own function (fail open).
+//! paths run under `catch_unwind` and fall back to the provider's own function (fail open),
+//! except `post_send`, where the shaper may already hold part of the list: a panic there
+//! refuses the rest of the list and makes the QP's posts pass through from then on.
 //! The pass-through path of an observed QP or a CQ without shaped QPs is a map lookup, two
 //! counter additions and the provider call.
 
+use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -67,19 +70,34 @@ unsafe extern "C" fn post_send_slow(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     if let Some(q) = engine::qp(qp) {
-        if !q.shaped {
+        if !q.shapes_posts() {
             // SAFETY: guaranteed by the caller.
             unsafe {
                 q.observe(wr);
                 return (q.post_send)(qp, wr, bad_wr);
             }
         }
-        return guarded(
+        let settled = Cell::new(None);
+        // SAFETY: guaranteed by the caller.
+        return match catch_unwind(AssertUnwindSafe(|| unsafe {
+            q.post_send_shaped(wr, bad_wr, &settled)
+        })) {
+            Ok(rc) => rc,
+            // Not the provider's post_send with the whole list: the shaper may hold part
+            // of it already (see QpShared::recover_post).
             // SAFETY: guaranteed by the caller.
-            || unsafe { q.post_send_shaped(wr, bad_wr) },
-            // SAFETY: as above.
-            || unsafe { (q.post_send)(qp, wr, bad_wr) },
-        );
+            Err(_) => catch_unwind(AssertUnwindSafe(|| unsafe {
+                q.recover_post(wr, bad_wr, settled.get())
+            }))
+            .unwrap_or_else(|_| {
+                // What the shaper holds of the list is unknown now: all of it is refused.
+                if !bad_wr.is_null() {
+                    // SAFETY: guaranteed writable by the caller.
+                    unsafe { *bad_wr = wr };
+                }
+                libc::EIO
+            }),
+        };
     }
     // SAFETY: a live QP has a live context.
     match engine::context(unsafe { (*qp).context }).and_then(|c| c.post_send) {

@@ -495,19 +495,9 @@ impl SendQueue {
         self.requests.len() - self.cursor
     }
 
-    /// WQEs on the hardware queue.
-    pub fn in_hardware(&self) -> usize {
-        self.posted.len()
-    }
-
     /// The application's send capacity.
     pub fn capacity(&self) -> u32 {
         self.capacity
-    }
-
-    /// True once an error completion was seen (until the QP is reset).
-    pub fn failed(&self) -> bool {
-        self.failed
     }
 
     /// The `wr_id` values this queue gives its internal WQEs, as a range: a completion
@@ -607,6 +597,28 @@ impl SendQueue {
                 break;
             }
         }
+    }
+
+    /// Ends a post call that was cut short (the shaper panicked inside it): its requests
+    /// with nothing posted are taken back, as a provider refusing them would have; the
+    /// ones with WQEs on the hardware queue stay. Returns how many of the call's list
+    /// stay: the call's requests are the last ones of the queue, in list order, and WQEs
+    /// are posted in order, so the ones that stay are the first of the list.
+    pub fn take_back_call(&mut self) -> usize {
+        let start = self
+            .requests
+            .iter()
+            .position(|r| r.call_index.is_some())
+            .unwrap_or(self.requests.len());
+        let kept = self
+            .requests
+            .range(start..)
+            .take_while(|r| r.posted_any)
+            .count();
+        self.requests.truncate(start + kept);
+        self.cursor = self.cursor.min(self.requests.len());
+        self.end_call();
+        kept
     }
 
     /// Posts what slots and tokens allow, in order, as few provider calls as possible.
@@ -886,7 +898,6 @@ impl SendQueue {
             ));
         }
         req.done_posting = true;
-        req.call_index = None;
         self.cursor = failed + 1;
         crate::log::log!(
             Warn,
@@ -922,11 +933,6 @@ impl SendQueue {
                 r.inflight = r.inflight.saturating_sub(1);
             }
         }
-    }
-
-    /// True when `wr_id` is one of this queue's tags.
-    pub fn owns_tag(&self, wr_id: u64) -> bool {
-        self.tags.contains(wr_id)
     }
 
     /// True when the next completion of this QP could carry `wr_id` as the application's

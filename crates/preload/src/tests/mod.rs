@@ -15,6 +15,7 @@ use crate::engine::{self, Engine, PacerMode};
 use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::{MockDevice, PostedWr};
 
+mod hardening;
 mod regressions;
 
 const RKEY: u32 = 0x77;
@@ -1013,18 +1014,26 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
     let start = std::time::Instant::now();
     // SAFETY: a live QP.
     assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
-    let mut done = false;
-    while !done && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
-        dev.execute_all(qp);
-        let mut wc = [ibv_wc::default(); 1];
-        // SAFETY: a live CQ with room for one.
-        done = unsafe { ops::poll_cq(cq, 1, wc.as_mut_ptr()) } == 1;
+    let chunks = 200_000usize.div_ceil(16 * 1024);
+    assert!(dev.log().len() < chunks, "the rest waits for tokens");
+    // No poll until every chunk is out: a poll would release paced chunks itself, so only
+    // the pacer thread can have posted them.
+    while dev.log().len() < chunks && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
     }
     let took = start.elapsed();
-    assert!(done, "the paced request completed");
+    assert_eq!(
+        dev.log().len(),
+        chunks,
+        "the pacer thread posted every chunk"
+    );
     // 200 kB at 2 MB/s is 100 ms, less the first chunk and the burst.
     assert!(took >= Duration::from_millis(80), "{took:?}");
+    dev.execute_all(qp);
+    let mut wc = [ibv_wc::default(); 2];
+    // SAFETY: a live CQ with room for two.
+    let n = unsafe { ops::poll_cq(cq, 2, wc.as_mut_ptr()) };
+    assert_eq!((n, wc[0].wr_id, wc[0].byte_len), (1, 1, 200_000));
     assert_eq!(src, dst);
     if let Some(t) = engine::qp_token(qp) {
         engine::unregister_qp(qp, t, ctx);
