@@ -21,9 +21,9 @@
 //! | --- | --- |
 //! | [`engine`] | the event queue: integer picoseconds, (time, sequence) order |
 //! | [`topology`], [`link`], [`switch`] | hosts and switches joined by links; input buffers, credits, FCFS or round-robin arbitration, virtual lanes |
-//! | [`rnic`] | queue pairs, PCIe, processing units, round-robin arbiter, transmit FIFO, receive side |
+//! | [`rnic`] | queue pairs, PCIe, processing units, strict-priority round-robin arbiter, transmit FIFO, receive side |
 //! | [`app`] | latency, throughput and bandwidth flows; an RPC and a storage service |
-//! | [`policy`] | the plug-in boundary; `native`, `justitia`, `preempt` and `adaptive` |
+//! | [`policy`] | the plug-in boundary; `native`, `justitia`, `preempt`, `adaptive` and `priority` |
 //! | [`model_profile`] | the calibrated parameters of each RNIC (`profiles/*.toml`) |
 //! | [`scenario`] | experiments as TOML (`scenarios/*.toml`) |
 //! | [`metrics`], [`report`] | percentiles, rates, utilisation, fairness |

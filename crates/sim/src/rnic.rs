@@ -16,7 +16,15 @@
 //! 3. **Arbiter.** The arbiter takes one packet (at most one MTU) from the next queue pair,
 //!    in round-robin order of queue-pair number, that has a packet ready: service is
 //!    round-robin over queue pairs at MTU-packet granularity, whatever the message sizes
-//!    (PeRF §2.2). It decides at most `rnic.nic_mops` times per second.
+//!    (PeRF §2.2). It decides at most `rnic.nic_mops` times per second. Queue pairs on a
+//!    higher virtual lane (service level, set by the scenario's `sl` or by a policy) come
+//!    first: the arbiter serves the highest lane that has a ready queue pair, round-robin
+//!    within that lane with a turn of its own, as an RNIC whose traffic classes are
+//!    configured for strict priority (ETS strict-priority classes, one per lane) does.
+//!    Into a switch, a lane without credits for its next packet is passed over for a
+//!    lower one. While every ready queue pair of an RNIC is on lane 0 (always, in
+//!    scenarios without `sl` or the `priority` policy) this is plain round robin, and a
+//!    decision looks at no lane.
 //! 4. **Transmit FIFO.** A chosen packet enters a FIFO behind the arbiter; the arbiter
 //!    stalls while the FIFO holds `rnic.tx_fifo_bytes` wire bytes or more. The FIFO
 //!    drains at the wire rate, or at `pcie.read_gbps` for payload that must still be read
@@ -24,6 +32,11 @@
 //!    ±`pcie.read_jitter_ns`, so packet departures do not form a perfect grid that a
 //!    closed-loop latency flow could lock onto. This FIFO is why a small message waits
 //!    behind the bandwidth flow's packets already in the pipeline (Justitia §2.4, N2).
+//!    It is one FIFO for all lanes: priority acts only where the arbiter picks, so a
+//!    high-priority packet still waits behind the bytes of lower lanes already admitted
+//!    (up to `rnic.tx_fifo_bytes` plus a packet). Not modelled: transmit queues split per
+//!    traffic class after the arbiter, weighted (ETS bandwidth-share) classes at the RNIC,
+//!    per-lane limits on the processing units, and PFC pauses per priority.
 //! 5. **Receive side.** After `rnic.rx_process_ns` the receiving RNIC acknowledges the
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
@@ -272,11 +285,13 @@ impl TxFifo {
 
 struct Rnic {
     uplink: LinkId,
-    /// Queue pairs with a packet ready, by number: the arbiter serves the first one after
-    /// the last served, wrapping around (a round-robin pointer, not a queue in order of
-    /// readiness, so a queue pair that was briefly not ready keeps its turn).
+    /// Queue pairs with a packet ready, by number: the arbiter serves, on the highest lane
+    /// among them, the first one after the last served on that lane, wrapping around (a
+    /// round-robin pointer, not a queue in order of readiness, so a queue pair that was
+    /// briefly not ready keeps its turn).
     ready: ReadySet,
-    last_served: u32,
+    /// Per lane, the number of the queue pair served last on it.
+    last_served: [u32; VIRTUAL_LANES],
     fifo: TxFifo,
     pu_free: Vec<Picos>,
     next_decision: Picos,
@@ -289,39 +304,107 @@ struct Rnic {
 /// zero only by acknowledgements, which an RNIC sends without asking.
 type Credits = [i64; VIRTUAL_LANES];
 
-/// Queue-pair numbers in ascending order. A sorted vector: an RNIC has few ready queue
-/// pairs at a time, and this is faster than a tree for that.
+/// Ready queue-pair numbers in ascending order, and the lanes of those above lane 0.
+/// Sorted vectors: an RNIC has few ready queue pairs at a time, and this is faster than a
+/// tree for that.
 #[derive(Default)]
-struct ReadySet(Vec<u32>);
+struct ReadySet {
+    /// Every listed number.
+    all: Vec<u32>,
+    /// The listed numbers on a lane above 0, with their lanes: while it is empty (always,
+    /// unless a queue pair was put on another lane) the turn is plain round robin over
+    /// `all` and no lane is looked at.
+    raised: Vec<(u32, u8)>,
+}
+
+/// The first of `list` after `n`, wrapping around, then the rest in turn.
+fn turn_after<T>(list: &[T], key: impl Fn(&T) -> u32, n: u32) -> impl Iterator<Item = &T> {
+    let at = list.partition_point(|e| key(e) <= n);
+    list[at..].iter().chain(&list[..at])
+}
 
 impl ReadySet {
-    fn insert(&mut self, n: u32) {
-        if let Err(at) = self.0.binary_search(&n) {
-            self.0.insert(at, n);
+    fn insert(&mut self, n: u32, lane: u8) {
+        if let Err(at) = self.all.binary_search(&n) {
+            self.all.insert(at, n);
+            if lane > 0 {
+                self.set_raised(n, lane);
+            }
         }
     }
 
     fn remove(&mut self, n: u32) {
-        if let Ok(at) = self.0.binary_search(&n) {
-            self.0.remove(at);
+        if let Ok(at) = self.all.binary_search(&n) {
+            self.all.remove(at);
+            if !self.raised.is_empty() {
+                self.set_raised(n, 0);
+            }
+        }
+    }
+
+    /// Moves a listed queue pair to another lane (nothing if it is not listed).
+    fn set_lane(&mut self, n: u32, lane: u8) {
+        if self.all.binary_search(&n).is_ok() {
+            self.set_raised(n, lane);
+        }
+    }
+
+    /// Records `n` on `lane` in `raised` (0: not there).
+    fn set_raised(&mut self, n: u32, lane: u8) {
+        match self.raised.binary_search_by_key(&n, |e| e.0) {
+            Ok(at) if lane > 0 => self.raised[at].1 = lane,
+            Ok(at) => {
+                self.raised.remove(at);
+            }
+            Err(at) if lane > 0 => self.raised.insert(at, (n, lane)),
+            Err(_) => {}
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.all.is_empty()
     }
 
-    /// The first number after `n`, wrapping around.
-    fn after(&self, n: u32) -> Option<u32> {
-        let at = self.0.partition_point(|&m| m <= n);
-        self.0.get(at).or_else(|| self.0.first()).copied()
+    /// The highest lane with an entry above 0, if any.
+    fn top_lane(&self) -> Option<u8> {
+        self.raised.iter().map(|e| e.1).max()
+    }
+
+    /// Whose turn it is: on the highest lane listed, the first number after that lane's
+    /// `last_served`, wrapping around.
+    fn next(&self, last_served: &[u32; VIRTUAL_LANES]) -> Option<u32> {
+        let Some(top) = self.top_lane() else {
+            let at = self.all.partition_point(|&m| m <= last_served[0]);
+            return self.all.get(at).or_else(|| self.all.first()).copied();
+        };
+        turn_after(&self.raised, |e| e.0, last_served[usize::from(top)])
+            .find(|e| e.1 == top)
+            .map(|e| e.0)
+    }
+
+    /// Every listed number in the order the arbiter would serve them if each were the only
+    /// one it could send: lanes from the highest down, each from its turn on.
+    fn service_order(&self, last_served: &[u32; VIRTUAL_LANES]) -> Vec<u32> {
+        let lane_0 = turn_after(&self.all, |&m| m, last_served[0]);
+        let Some(top) = self.top_lane() else {
+            return lane_0.copied().collect();
+        };
+        let raised = (1..=top).rev().flat_map(|lane| {
+            turn_after(&self.raised, |e| e.0, last_served[usize::from(lane)])
+                .filter(move |e| e.1 == lane)
+                .map(|e| e.0)
+        });
+        let rest = lane_0
+            .filter(|&&m| self.raised.binary_search_by_key(&m, |e| e.0).is_err())
+            .copied();
+        raised.chain(rest).collect()
     }
 }
 
 impl Rnic {
     /// The ready queue pair whose turn it is.
     fn next_in_turn(&self) -> Option<QpId> {
-        self.ready.after(self.last_served).map(QpId)
+        self.ready.next(&self.last_served).map(QpId)
     }
 }
 
@@ -405,7 +488,7 @@ impl Fabric {
             .map(|h| Rnic {
                 uplink: topology.uplink(HostId(h as u16)),
                 ready: ReadySet::default(),
-                last_served: 0,
+                last_served: [0; VIRTUAL_LANES],
                 fifo: TxFifo {
                     capacity: profile.rnic.tx_fifo_bytes,
                     queue: VecDeque::new(),
@@ -496,9 +579,21 @@ impl Fabric {
         (ia, ib)
     }
 
-    /// Puts a queue pair's packets on virtual lane `lane` (its service level).
+    /// Puts the packets of `qp`'s connection, both ways, on virtual lane `lane` (its
+    /// service level; clamped to the lanes there are): switches buffer and arbitrate them
+    /// on that lane, and each end's arbiter serves it before lower lanes. Takes effect from
+    /// each end's next packet.
     pub(crate) fn set_lane(&mut self, qp: QpId, lane: u8) {
-        self.qps[qp.index()].lane = lane.min(VIRTUAL_LANES as u8 - 1);
+        let lane = lane.min(VIRTUAL_LANES as u8 - 1);
+        let peer = self.qps[qp.index()].peer;
+        for end in [qp, peer] {
+            let entry = &mut self.qps[end.index()];
+            entry.lane = lane;
+            if entry.ready_listed {
+                let host = usize::from(entry.host.0);
+                self.rnics[host].ready.set_lane(end.0, lane);
+            }
+        }
     }
 
     /// The network round trip of the queue pair's latest acknowledged request, as RPerf
@@ -615,8 +710,10 @@ impl Fabric {
         }
         if ready <= q.now() {
             let host = self.qps[qp.index()].host;
-            self.qps[qp.index()].ready_listed = true;
-            self.rnics[usize::from(host.0)].ready.insert(qp.0);
+            let entry = &mut self.qps[qp.index()];
+            entry.ready_listed = true;
+            let lane = entry.lane;
+            self.rnics[usize::from(host.0)].ready.insert(qp.0, lane);
             self.kick(host, q);
         } else if ready < self.qps[qp.index()].ready_event_at {
             self.qps[qp.index()].ready_event_at = ready;
@@ -715,8 +812,8 @@ impl Fabric {
                 self.sleep_until(host, at, q);
                 return;
             }
-            nic.last_served = qp.0;
             let lane = usize::from(self.qps[qp.index()].lane);
+            nic.last_served[lane] = qp.0;
             if let Some(credits) = &mut self.credits[uplink] {
                 credits[lane] -= i64::from(wire);
             }
@@ -742,19 +839,14 @@ impl Fabric {
         self.rnics[h].arbiter_pending = false;
     }
 
-    /// The first ready queue pair in turn whose next packet the uplink has credits for,
-    /// with that packet's (wire, DMA) bytes; queue pairs found with nothing to send leave
-    /// the ready set.
+    /// The first ready queue pair in service order (highest lane first, round robin
+    /// within a lane) whose next packet the uplink has credits for, with that packet's
+    /// (wire, DMA) bytes; queue pairs found with nothing to send leave the ready set.
     fn next_with_credit(&mut self, h: usize) -> Option<(QpId, u32, u32)> {
         let uplink = self.rnics[h].uplink.0 as usize;
         let credits = self.credits[uplink]?;
-        let ready = &self.rnics[h].ready.0;
-        let start = ready.partition_point(|&m| m <= self.rnics[h].last_served);
-        let order: Vec<u32> = ready[start..]
-            .iter()
-            .chain(&ready[..start])
-            .copied()
-            .collect();
+        let nic = &self.rnics[h];
+        let order = nic.ready.service_order(&nic.last_served);
         for n in order {
             let qp = QpId(n);
             let Some((wire, dma)) = self.peek_packet(qp) else {
@@ -1187,29 +1279,150 @@ impl Fabric {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::expect_used)]
+
     use super::*;
 
     #[test]
     fn ready_set_turns_round_robin() {
         let mut r = ReadySet::default();
         for n in [7, 2, 5, 2] {
-            r.insert(n);
+            r.insert(n, 0);
         }
-        assert_eq!(r.0, vec![2, 5, 7]);
-        assert_eq!(r.after(2), Some(5));
-        assert_eq!(r.after(5), Some(7));
-        assert_eq!(r.after(7), Some(2), "wraps around");
+        assert_eq!(r.all, vec![2, 5, 7]);
+        let after = |r: &ReadySet, n| {
+            let mut last = [0; VIRTUAL_LANES];
+            last[0] = n;
+            r.next(&last)
+        };
+        assert_eq!(after(&r, 2), Some(5));
+        assert_eq!(after(&r, 5), Some(7));
+        assert_eq!(after(&r, 7), Some(2), "wraps around");
         assert_eq!(
-            r.after(3),
+            after(&r, 3),
             Some(5),
             "a number that left keeps its place in the turn"
         );
+        let mut last = [0; VIRTUAL_LANES];
+        last[0] = 5;
+        assert_eq!(r.service_order(&last), vec![7, 2, 5]);
         r.remove(5);
-        assert_eq!(r.after(2), Some(7));
+        assert_eq!(after(&r, 2), Some(7));
         r.remove(2);
         r.remove(7);
         assert!(r.is_empty());
-        assert_eq!(r.after(0), None);
+        assert_eq!(after(&r, 0), None);
+    }
+
+    #[test]
+    fn ready_set_serves_the_highest_lane_first() {
+        let mut r = ReadySet::default();
+        for (n, lane) in [(1, 0), (3, 1), (5, 0), (7, 2), (9, 1)] {
+            r.insert(n, lane);
+        }
+        assert_eq!(r.raised, vec![(3, 1), (7, 2), (9, 1)]);
+        let mut last = [0; VIRTUAL_LANES];
+        assert_eq!(r.next(&last), Some(7), "lane 2 before all others");
+        assert_eq!(r.service_order(&last), vec![7, 3, 9, 1, 5]);
+        r.remove(7);
+        assert_eq!(r.raised.len(), 2);
+        last[1] = 3;
+        assert_eq!(r.next(&last), Some(9), "round robin within lane 1");
+        last[1] = 9;
+        assert_eq!(r.next(&last), Some(3), "and around");
+        assert_eq!(r.service_order(&last), vec![3, 9, 1, 5]);
+        r.set_lane(3, 0);
+        r.set_lane(9, 0);
+        r.set_lane(4, 3);
+        assert!(r.raised.is_empty(), "a number not listed is not added");
+        last[0] = 3;
+        assert_eq!(r.next(&last), Some(5), "lane 0 keeps its own turn");
+        assert_eq!(r.service_order(&last), vec![5, 9, 1, 3]);
+    }
+
+    /// Bytes a queue pair still has to send.
+    fn unsent(f: &Fabric, qp: QpId) -> u64 {
+        let q = &f.qps[qp.index()];
+        let current = q.current.map_or(0, |m| u64::from(m.remaining));
+        current + q.sq.iter().map(|w| u64::from(w.bytes)).sum::<u64>()
+    }
+
+    /// Three queue pairs of one host, on `lanes`, post four MTU-sized packets each at
+    /// once. Returns the packets' queue pairs in the order the arbiter served them, and the
+    /// queue pairs.
+    fn served_order(lanes: [u8; 3]) -> (Vec<QpId>, Vec<QpId>) {
+        let mut profile = ModelProfile::builtin("RoCE-100").expect("built-in profile");
+        // No randomness, so that all three are ready at the same instant.
+        profile.host.jitter_ns = 0.0;
+        profile.pcie.read_jitter_ns = 0.0;
+        let topology = Topology::back_to_back(["a", "b"], &profile.link);
+        let mut f = Fabric::new(topology, &profile, 1, (0, Picos::MAX));
+        let end = |host| Endpoint {
+            host: HostId(host),
+            owner: QpOwner::Policy,
+            deliver: false,
+        };
+        let mut q = EventQueue::new();
+        let mut qps = Vec::new();
+        for lane in lanes {
+            let (qp, _) = f.connect(end(0), end(1), None);
+            f.set_lane(qp, lane);
+            let peer = f.qps[qp.index()].peer;
+            assert_eq!(
+                f.qps[peer.index()].lane,
+                lane,
+                "both ends of the connection"
+            );
+            qps.push(qp);
+        }
+        for (tag, &qp) in qps.iter().enumerate() {
+            let wr = WorkRequest {
+                tag: tag as u64,
+                opcode: Opcode::Write,
+                bytes: 4 * profile.mtu(),
+                inline: false,
+            };
+            f.post(qp, wr, &mut q);
+        }
+        let mut order = Vec::new();
+        while let Some((_, event)) = q.pop_until(Picos::MAX) {
+            match event {
+                Event::QpReady(qp) => f.on_qp_ready(qp, &mut q),
+                Event::ArbiterWake { host, gen } if host == HostId(0) => {
+                    let before: Vec<u64> = qps.iter().map(|&qp| unsent(&f, qp)).collect();
+                    f.on_arbiter_wake(host, gen, &mut q);
+                    order.extend(
+                        qps.iter()
+                            .zip(before)
+                            .filter(|&(&qp, b)| unsent(&f, qp) < b)
+                            .map(|(&qp, _)| qp),
+                    );
+                }
+                _ => {}
+            }
+        }
+        (order, qps)
+    }
+
+    #[test]
+    fn a_higher_lane_is_served_first_and_lane_0_keeps_its_round_robin() {
+        let (order, qps) = served_order([0, 1, 0]);
+        assert_eq!(order.len(), 12, "one packet per decision: {order:?}");
+        assert_eq!(order[..4], [qps[1]; 4], "lane 1 first, whole: {order:?}");
+        let rest = &order[4..];
+        assert!(
+            rest.windows(2).all(|w| w[0] != w[1])
+                && rest.iter().filter(|&&q| q == qps[0]).count() == 4,
+            "the two lane-0 queue pairs alternate: {order:?}"
+        );
+        let (plain, qps) = served_order([0, 0, 0]);
+        assert_eq!(plain.len(), 12);
+        assert!(
+            plain
+                .windows(3)
+                .all(|w| w[0] != w[1] && w[1] != w[2] && w[0] != w[2]),
+            "all on lane 0: round robin over the three, {plain:?} of {qps:?}"
+        );
     }
 
     #[test]

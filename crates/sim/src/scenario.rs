@@ -215,6 +215,8 @@ pub enum PolicySpec {
     Preempt,
     /// Justitia's latency controller steering PeRF's yield density.
     Adaptive,
+    /// Hardware strict priority: latency and throughput flows on higher lanes.
+    Priority,
 }
 
 impl PolicySpec {
@@ -225,6 +227,7 @@ impl PolicySpec {
             PolicySpec::Justitia => "justitia",
             PolicySpec::Preempt => "preempt",
             PolicySpec::Adaptive => "adaptive",
+            PolicySpec::Priority => "priority",
         }
     }
 }
@@ -975,11 +978,22 @@ depth = 4
     fn policies_list_expands_to_runs() {
         let text = BASE.replace(
             "warmup_ms = 1",
-            "warmup_ms = 1\npolicies = [\"native\", \"justitia\"]",
+            "warmup_ms = 1\npolicies = [\"native\", \"justitia\", \"priority\"]",
         );
         let e = Experiment::from_toml("t", &text, None).unwrap();
         let names: Vec<_> = e.scenario.variants().into_iter().map(|v| v.name).collect();
-        assert_eq!(names, vec!["native", "justitia"]);
+        assert_eq!(names, vec!["native", "justitia", "priority"]);
+    }
+
+    #[test]
+    fn unknown_policy_names_the_field_and_the_policies() {
+        let text = BASE.replace("warmup_ms = 1", "warmup_ms = 1\npolicies = [\"strict\"]");
+        let err = Experiment::from_toml("t", &text, None)
+            .unwrap_err()
+            .to_string();
+        for needle in ["policies", "strict", "`adaptive`, `priority`"] {
+            assert!(err.contains(needle), "{needle} not in: {err}");
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::policy::adaptive::AdaptivePolicy;
 use crate::policy::justitia::JustitiaPolicy;
 use crate::policy::native::NativePolicy;
 use crate::policy::preempt::PreemptPolicy;
+use crate::policy::priority::PriorityPolicy;
 use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
@@ -164,7 +165,6 @@ impl World {
                     };
                     let (client, server) = fabric.connect(end(a), end(b), Some(app_index));
                     fabric.set_lane(client, spec.sl);
-                    fabric.set_lane(server, spec.sl);
                     Connection { client, server }
                 })
                 .collect();
@@ -228,6 +228,7 @@ impl World {
                         &variant.justitia,
                         &variant.preempt,
                     )?),
+                    PolicySpec::Priority => Box::new(PriorityPolicy),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -1,5 +1,6 @@
-//! The `preempt` policy against PeRF's reported effects (validation targets P1, P2), and
-//! `adaptive` against both `justitia` and `preempt`, on RoCE-100
+//! The `preempt` policy against PeRF's reported effects (validation targets P1, P2),
+//! `adaptive` against both `justitia` and `preempt`, and `priority` (hardware strict
+//! priority, P1's reference point), on RoCE-100
 //! (`scenarios/preempt-vs-justitia-roce100.toml`).
 //!
 //! Effects are checked within 30% of the paper; where the model cannot reach a figure the
@@ -89,6 +90,99 @@ fn p1_preempt_restores_the_message_app() {
         0.0,
         (0.05 + 16.0 * 82.0 / 16384.0 + m_app_wire) * (1.0 + EFFECT),
     );
+}
+
+/// P1's reference point, hardware strict priority (PeRF's SP, §5.2.1, Fig 7a): the D_App's
+/// latency close to its alone latency while the B_App keeps its bandwidth; PeRF claims to
+/// come close to it.
+///
+/// Measured, D_App p50/p99 (us): alone 1.55/1.66, native 3.64/3.84, priority 3.64/3.84,
+/// preempt 3.10/3.74; B_App (Gb/s): alone 98.0, native 97.95, priority 97.95, preempt 89.6.
+///
+/// Gap: the model's strict priority does not reach the reference; it gives exactly native's
+/// figures here. Priority acts where the arbiter picks among ready queue pairs, and with a
+/// single B_App queue pair round robin already serves the D_App's packet next; what delays
+/// it is the transmit FIFO behind the arbiter, about 24 KB of the B_App's bytes (2 us at
+/// 100 Gb/s) that the model does not split per traffic class (see the `rnic` module doc).
+/// (With `tx_fifo_bytes` cut to one packet, 4200, in a scratch copy of the profile, native
+/// and priority both fall to a 2.05 us median, still equal.) Asserted: the B_App keeps its bandwidth under priority (within PeRF's 5% of native),
+/// the D_App is no worse than native, and the gap itself, so that a model with per-class
+/// transmit queues fails here and this becomes the check of P1's reference point (median
+/// within 30% of alone). `preempt` is then within 10% of `priority` on the D_App's median
+/// and p99 or better (measured ratios 0.85 and 0.97), which says only that it approaches
+/// this model's strict priority, not the near-alone latency PeRF's SP shows.
+#[test]
+fn p1_priority_reference_point() {
+    let r = report(SCENARIO);
+    let native_bw = gbps(&r, "D_App + B_App native", "B_App");
+    let priority_bw = gbps(&r, "D_App + B_App priority", "B_App");
+    assert_between(
+        "P1 B_App bandwidth lost to priority (D_App case)",
+        1.0 - priority_bw / native_bw,
+        0.0,
+        0.05,
+    );
+    let alone = latency(run(&r, "D_App alone"), "D_App");
+    let native = latency(run(&r, "D_App + B_App native"), "D_App");
+    let priority = latency(run(&r, "D_App + B_App priority"), "D_App");
+    let preempt = latency(run(&r, "D_App + B_App preempt"), "D_App");
+    eprintln!(
+        "P1 D_App p50/p99 (us): alone {:.2}/{:.2}, native {:.2}/{:.2}, priority {:.2}/{:.2}, preempt {:.2}/{:.2}",
+        alone.p50_us, alone.p99_us, native.p50_us, native.p99_us, priority.p50_us,
+        priority.p99_us, preempt.p50_us, preempt.p99_us
+    );
+    assert!(
+        priority.p50_us <= native.p50_us && priority.p99_us <= native.p99_us,
+        "P1: priority {priority:?} must not be worse than native {native:?}"
+    );
+    assert!(
+        priority.p50_us > 1.5 * alone.p50_us,
+        "P1: priority ({priority:?}) now approaches alone ({alone:?}): make this the check of \
+         P1's reference point (median within 30% of alone)"
+    );
+    for (what, p, q) in [
+        ("p50", preempt.p50_us, priority.p50_us),
+        ("p99", preempt.p99_us, priority.p99_us),
+    ] {
+        assert_between(
+            &format!("P1 D_App {what} preempt / priority"),
+            p / q,
+            0.0,
+            1.1,
+        );
+    }
+}
+
+/// SP with the M_App (PeRF §5.2.1, Fig 7b): strict priority lets the M_App's small
+/// messages dominate the RNIC, and the B_App's throughput is severely degraded.
+///
+/// Measured: M_App 13.0 M msgs/s alone, 2.91 M native, 5.67 M priority, 10.9 M preempt;
+/// B_App 95.4 Gb/s native, 93.0 priority, 80.7 preempt.
+///
+/// Gap: the model's B_App is not degraded and the M_App gets under half its alone rate.
+/// The arbiter stalls whenever the shared transmit FIFO is full, whatever the lanes; while
+/// the M_App's one queue pair waits for its processing unit's next slot, the B_App's 4 KB
+/// packets fill the FIFO, so the M_App gets about two messages in per B_App packet.
+/// Asserted: what the model does show, priority between native and preempt for the
+/// M_App, and the B_App keeping 90% of native (a model with per-class transmit queues
+/// should fail the latter and reproduce the starvation).
+#[test]
+fn p1_priority_with_the_message_app() {
+    let r = report(SCENARIO);
+    let native = mmsgs(&r, "M_App + B_App native", "M_App");
+    let priority = mmsgs(&r, "M_App + B_App priority", "M_App");
+    let preempt = mmsgs(&r, "M_App + B_App preempt", "M_App");
+    assert!(
+        priority > 1.5 * native && priority < preempt,
+        "M_App (M msgs/s): native {native}, priority {priority}, preempt {preempt}"
+    );
+    let kept =
+        gbps(&r, "M_App + B_App priority", "B_App") / gbps(&r, "M_App + B_App native", "B_App");
+    assert!(
+        kept > 0.9,
+        "SP now starves the B_App (keeps {kept:.2} of native), as in PeRF Fig 7b: update this test"
+    );
+    eprintln!("SP M_App case: M_App {priority:.2} M msgs/s, B_App keeps {kept:.3} of native");
 }
 
 /// P2: PeRF gets about x2.04 the B_App throughput of Justitia, because Justitia halves the

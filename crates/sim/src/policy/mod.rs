@@ -5,7 +5,9 @@
 //! and decides what the application is told. It may own queue pairs of its own (a probe)
 //! and timers. This is the position of Justitia's shaper and daemon (§4), and of PeRF's
 //! interposed library: a new policy (preemption, hardware priority, an adaptive one)
-//! implements this trait and needs no change to the RNIC model.
+//! implements this trait and needs no change to the RNIC model. Hardware priority is
+//! reached through [`PolicyContext::set_priority`], which stands for the operator's
+//! configuration of the RNIC's and switches' traffic classes.
 //!
 //! | policy | what it does |
 //! | --- | --- |
@@ -13,6 +15,7 @@
 //! | [`justitia`] | Justitia (NSDI'22): reference flow, SafeUtil, tokens, paced chunks |
 //! | [`preempt`] | PeRF (ATC'24): sub-messages with zero-length yield writes, not paced |
 //! | [`adaptive`] | Justitia's controller steering the yield density; pacing only as a last resort |
+//! | [`priority`] | hardware strict priority: latency, then throughput flows on higher lanes |
 //!
 //! One instance runs per host. Policies are built by name from scenarios
 //! ([`crate::scenario::PolicySpec`]).
@@ -21,6 +24,7 @@ pub mod adaptive;
 pub mod justitia;
 pub mod native;
 pub mod preempt;
+pub mod priority;
 pub mod reference;
 pub mod yielding;
 
@@ -100,6 +104,19 @@ impl PolicyContext<'_> {
         };
         let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
         local
+    }
+
+    /// Puts the connection of `qp` (both of its ends) on virtual lane `lane`, its service
+    /// level. Lanes run from 0, the lowest, where every connection starts, to
+    /// [`VIRTUAL_LANES`](crate::model_profile::VIRTUAL_LANES) - 1; a higher `lane` is
+    /// clamped to that. Every RNIC's arbiter serves ready queue pairs of a higher lane
+    /// strictly before those of a lower one (round-robin within a lane), and switches
+    /// buffer and arbitrate the connection's packets on that lane, as the scenario's `sl`
+    /// would (this replaces it). Meant for [`Policy::on_start`], as a real queue pair's
+    /// service level is fixed when it is connected; a later change takes effect from each
+    /// end's next packet.
+    pub fn set_priority(&mut self, qp: QpId, lane: u8) {
+        self.fabric.set_lane(qp, lane);
     }
 
     /// Requests posted on `qp` that have not completed.
