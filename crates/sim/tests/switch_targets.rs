@@ -10,7 +10,7 @@ mod common;
 
 use common::{assert_between, assert_near, flow, latency, report, run};
 use justitia_core::flow::FlowClass;
-use justitia_sim::RunReport;
+use justitia_sim::{RunReport, ScenarioReport};
 
 /// Analytic cases.
 const ANALYTIC: f64 = 0.10;
@@ -27,6 +27,24 @@ fn bandwidth_total(run: &RunReport) -> f64 {
         .filter(|f| f.class == FlowClass::Bandwidth)
         .map(|f| f.gbps)
         .sum()
+}
+
+/// The LSG's median with 2 to 5 BSGs, each step from one to the next checked to lie in
+/// `step` (us).
+fn medians_from_two_bsgs(r: &ScenarioReport, target: &str, step: (f64, f64)) -> Vec<f64> {
+    let medians: Vec<f64> = ["2 BSGs", "3 BSGs", "4 BSGs", "5 BSGs"]
+        .iter()
+        .map(|v| latency(run(r, v), "lsg").p50_us)
+        .collect();
+    for pair in medians.windows(2) {
+        assert_between(
+            &format!("{target} step per added BSG (us)"),
+            pair[1] - pair[0],
+            step.0,
+            step.1,
+        );
+    }
+    medians
 }
 
 /// R1: zero-load RTT through the switch, median 432-498 ns for 64 B to 4 KB, tail (p99.9)
@@ -82,18 +100,7 @@ fn r3_lsg_vs_bsgs_real_switch() {
     let r = report("switch-lsg-vs-bsgs-ib56");
     let one = latency(run(&r, "1 BSG"), "lsg");
     assert_between("R3 1 BSG median (us)", one.p50_us, 0.6, 0.6 * 1.4);
-    let medians: Vec<f64> = ["2 BSGs", "3 BSGs", "4 BSGs", "5 BSGs"]
-        .iter()
-        .map(|v| latency(run(&r, v), "lsg").p50_us)
-        .collect();
-    for pair in medians.windows(2) {
-        assert_between(
-            "R3 step per added BSG (us)",
-            pair[1] - pair[0],
-            4.8 * (1.0 - MEASURED),
-            6.1 * (1.0 + MEASURED),
-        );
-    }
+    let medians = medians_from_two_bsgs(&r, "R3", (4.8 * (1.0 - MEASURED), 6.1 * (1.0 + MEASURED)));
     assert!(
         medians[0] > 5.2,
         "R3 direction: 2 BSGs at least the published 5.2 us, model {:.2}",
@@ -148,18 +155,7 @@ fn r4_fcfs_waits_for_every_full_buffer() {
             ANALYTIC,
         );
     }
-    let medians: Vec<f64> = ["2 BSGs", "3 BSGs", "4 BSGs", "5 BSGs"]
-        .iter()
-        .map(|v| latency(run(&r, v), "lsg").p50_us)
-        .collect();
-    for pair in medians.windows(2) {
-        assert_between(
-            "R4 step per added BSG (us)",
-            pair[1] - pair[0],
-            3.9 * (1.0 - ANALYTIC),
-            4.6 * (1.0 + ANALYTIC),
-        );
-    }
+    medians_from_two_bsgs(&r, "R4", (3.9 * (1.0 - ANALYTIC), 4.6 * (1.0 + ANALYTIC)));
     let buffer_us = 32_768.0 * 8.0 / LINK_BITS_PER_US;
     let five = latency(run(&r, "5 BSGs"), "lsg");
     assert_between(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{lookup, pattern, rdma, rig, rig_with, sge, Rig, RKEY};
+use super::{forget, lookup, pattern, rdma, rig, rig_with, sge, Rig, RKEY};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::fault::{self, PostFault};
 use crate::engine::{self, Engine, PacerMode, QpInit, QpShared};
@@ -155,19 +155,6 @@ fn device(vars: &[(&str, &str)]) -> (MockDevice, Arc<Engine>, *mut ibv_cq) {
     // SAFETY: cq was just created on the context.
     unsafe { on_create_cq(dev.context(), cq) };
     (dev, engine, cq)
-}
-
-fn forget(dev: &MockDevice, qps: &[*mut ibv_qp], cq: *mut ibv_cq) {
-    let ctx = dev.context();
-    for &qp in qps {
-        if let Some(t) = engine::qp_token(qp) {
-            engine::unregister_qp(qp, t, ctx);
-        }
-    }
-    if let Some(t) = engine::cq_token(cq) {
-        engine::unregister_cq(cq, t, ctx);
-    }
-    engine::detach_context(ctx);
 }
 
 /// Writes `len` bytes of `src` to `remote` with the `ibv_wr_*` verbs installed in `qp`,

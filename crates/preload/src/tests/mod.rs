@@ -85,15 +85,23 @@ fn rig(vars: &[(&str, &str)]) -> Rig {
 
 impl Drop for Rig {
     fn drop(&mut self) {
-        let ctx = self.dev.context();
-        if let Some(t) = engine::qp_token(self.qp) {
-            engine::unregister_qp(self.qp, t, ctx);
-        }
-        if let Some(t) = engine::cq_token(self.cq) {
-            engine::unregister_cq(self.cq, t, ctx);
-        }
-        engine::detach_context(ctx);
+        forget(&self.dev, &[self.qp], self.cq);
     }
+}
+
+/// Unregisters `qps` and `cq` (null: none) from the engine and detaches the mock's context,
+/// as the destroy and close verbs would, so that tests sharing the global maps stay apart.
+fn forget(dev: &MockDevice, qps: &[*mut ibv_qp], cq: *mut ibv_cq) {
+    let ctx = dev.context();
+    for &qp in qps {
+        if let Some(t) = engine::qp_token(qp) {
+            engine::unregister_qp(qp, t, ctx);
+        }
+    }
+    if let Some(t) = engine::cq_token(cq) {
+        engine::unregister_cq(cq, t, ctx);
+    }
+    engine::detach_context(ctx);
 }
 
 fn rdma(
@@ -799,13 +807,7 @@ fn wr_batches_are_collected_and_split() {
         assert_eq!(x.wr_complete.unwrap()(qpx), libc::ENOMEM);
     }
     assert_eq!(dev.log().len(), 4);
-    if let Some(t) = engine::qp_token(qp) {
-        engine::unregister_qp(qp, t, ctx);
-    }
-    if let Some(t) = engine::cq_token(cq) {
-        engine::unregister_cq(cq, t, ctx);
-    }
-    engine::detach_context(ctx);
+    forget(&dev, &[qp], cq);
 }
 
 #[test]
@@ -855,10 +857,7 @@ fn observed_wr_batches_reach_the_provider_and_are_counted() {
     assert_eq!(src, dst);
     let stats = engine.stats();
     assert_eq!((stats.requests, stats.bytes), (1, 1 << 20));
-    if let Some(t) = engine::qp_token(qp) {
-        engine::unregister_qp(qp, t, ctx);
-    }
-    engine::detach_context(ctx);
+    forget(&dev, &[qp], std::ptr::null_mut());
 }
 
 #[test]
@@ -921,10 +920,7 @@ fn extended_cq_polling_hides_internal_entries_and_rewrites_the_length() {
     }
     assert_eq!(seen, [(31, IBV_WC_SUCCESS, 4096)]);
     assert_eq!(src, dst);
-    if let Some(t) = engine::qp_token(qp) {
-        engine::unregister_qp(qp, t, ctx);
-    }
-    engine::detach_context(ctx);
+    forget(&dev, &[qp], std::ptr::null_mut());
 }
 
 #[test]
@@ -1035,8 +1031,5 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
     let n = unsafe { ops::poll_cq(cq, 2, wc.as_mut_ptr()) };
     assert_eq!((n, wc[0].wr_id, wc[0].byte_len), (1, 1, 200_000));
     assert_eq!(src, dst);
-    if let Some(t) = engine::qp_token(qp) {
-        engine::unregister_qp(qp, t, ctx);
-    }
-    engine::detach_context(ctx);
+    forget(&dev, &[qp], std::ptr::null_mut());
 }

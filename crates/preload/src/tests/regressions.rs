@@ -8,7 +8,7 @@ use std::sync::Arc;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{lookup, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
+use super::{forget, lookup, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
 use crate::channel;
 use crate::clock::VirtualClock;
 use crate::engine::{self, PacerMode};
@@ -158,19 +158,6 @@ fn qp_on(dev: &MockDevice, cq: *mut ibv_cq, depth: u32) -> *mut ibv_qp {
     // SAFETY: just created with attr.
     unsafe { on_create_qp(qp, &attr) };
     qp
-}
-
-fn forget(dev: &MockDevice, qps: &[*mut ibv_qp], cq: *mut ibv_cq) {
-    let ctx = dev.context();
-    for &qp in qps {
-        if let Some(t) = engine::qp_token(qp) {
-            engine::unregister_qp(qp, t, ctx);
-        }
-    }
-    if let Some(t) = engine::cq_token(cq) {
-        engine::unregister_cq(cq, t, ctx);
-    }
-    engine::detach_context(ctx);
 }
 
 fn post_list(qp: *mut ibv_qp, wrs: &mut [ibv_send_wr]) -> c_int {
