@@ -824,6 +824,18 @@ impl QpShared {
     }
 
     /// Stops shaping this QP's posts after an internal error; says so once.
+    /// Recovers from a panic inside [`Self::post_batch`]: the batch's requests with nothing
+    /// posted are taken back and the QP fails open, as after a panic in the shaped
+    /// `ibv_post_send`. The batch is refused (`EIO`); requests of it that already had work
+    /// at the provider, if any, still complete, since a WQE cannot be recalled.
+    pub(crate) fn recover_batch(&self) -> c_int {
+        self.fail_open();
+        self.lock().sq.take_back_call();
+        let now = self.engine.clock.now();
+        crate::hooks::guarded(|| self.drain(now), || ());
+        libc::EIO
+    }
+
     fn fail_open(&self) {
         if !self.failed_open.swap(true, Ordering::AcqRel) {
             log!(
@@ -834,15 +846,24 @@ impl QpShared {
         }
     }
 
-    /// Accepts requests collected by the `ibv_wr_*` interface, all or none.
+    /// Accepts requests collected by the `ibv_wr_*` interface, all or none. After
+    /// [`Self::fail_open`] they are taken whole and unpaced: the interface's pointers stay
+    /// the shaper's, so passing through means posting as the application asked.
     pub(crate) fn post_batch(&self, batch: Vec<OwnedWr>) -> c_int {
         let now = self.engine.clock.now();
         let mut st = self.lock();
         if st.sq.outstanding() + batch.len() > st.sq.capacity() as usize {
             return libc::ENOMEM;
         }
+        let shaping = self.shapes_posts();
         for (index, owned) in batch.into_iter().enumerate() {
-            let treatment = self.engine.treatment(&mut st, now, owned.payload_len());
+            #[cfg(test)]
+            fault::hit(fault::PostFault::BeforeAccept(index));
+            let treatment = if shaping {
+                self.engine.treatment(&mut st, now, owned.payload_len())
+            } else {
+                Treatment::Whole
+            };
             if let Err(e) = st.sq.accept(owned, treatment, index) {
                 return e;
             }

@@ -174,7 +174,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
                 .collect();
             q.post_batch(batch)
         },
-        || libc::EIO,
+        || guarded(|| q.recover_batch(), || libc::EIO),
     )
 }
 

@@ -375,3 +375,47 @@ fn auto_class_splits_large_writes_and_passes_small_ones_whole() {
         engine::unregister_qp(small, t, r.dev.context());
     }
 }
+
+/// A panic inside `ibv_wr_complete` used to refuse the batch and leave the QP shaped, with
+/// whatever the panic left behind. Now the batch is refused with nothing of it posted, and
+/// the QP fails open: the next batch goes out whole, unsplit.
+#[test]
+fn a_panic_in_a_wr_batch_refuses_it_and_the_qp_passes_through() {
+    let (dev, _engine, cq) = device(SPLIT_1K);
+    let mut attr = ibv_qp_init_attr_ex {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 16,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        ..Default::default()
+    };
+    // SAFETY: a live context, through the shaper's create_qp_ex.
+    let qp = unsafe { ops::create_qp_ex(dev.context(), &mut attr) };
+    assert!(!qp.is_null());
+    let src = pattern(8192, 64);
+    let mut dst = vec![0u8; 8192];
+    let remote = dst.as_mut_ptr() as u64;
+    fault::inject(PostFault::BeforeAccept(0));
+    assert_eq!(wr_write(qp, 1, &src[..4096], remote), libc::EIO);
+    assert!(
+        dev.log().is_empty(),
+        "nothing of the refused batch is posted"
+    );
+    assert_eq!(wr_write(qp, 2, &src[4096..], remote + 4096), 0);
+    assert_eq!(
+        dev.log()
+            .iter()
+            .map(|w| (w.wr_id, w.len()))
+            .collect::<Vec<_>>(),
+        [(2, 4096)],
+        "whole: the QP no longer splits"
+    );
+    dev.execute_all(qp);
+    assert_eq!(src[4096..], dst[4096..]);
+    forget(&dev, &[qp], cq);
+}
