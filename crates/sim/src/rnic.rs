@@ -32,11 +32,11 @@
 //!    ±`pcie.read_jitter_ns`, so packet departures do not form a perfect grid that a
 //!    closed-loop latency flow could lock onto. This FIFO is why a small message waits
 //!    behind the bandwidth flow's packets already in the pipeline (Justitia §2.4, N2).
-//!    It is one FIFO for all lanes: priority acts only where the arbiter picks, so a
-//!    high-priority packet still waits behind the bytes of lower lanes already admitted
-//!    (up to `rnic.tx_fifo_bytes` plus a packet). Not modelled: transmit queues split per
-//!    traffic class after the arbiter, weighted (ETS bandwidth-share) classes at the RNIC,
-//!    per-lane limits on the processing units, and PFC pauses per priority.
+//!    It is one FIFO for all lanes, but while an RNIC has queue pairs on a lane above 0,
+//!    a lane-0 packet enters it only when it is empty: a higher lane then waits for at
+//!    most the packet being sent, as behind an RNIC whose traffic classes queue apart and
+//!    are picked at every packet. Not modelled: weighted (ETS bandwidth-share) classes at
+//!    the RNIC, per-lane limits on the processing units, and PFC pauses per priority.
 //! 5. **Receive side.** After `rnic.rx_process_ns` the receiving RNIC acknowledges the
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
@@ -246,17 +246,18 @@ impl TxFifo {
         self.queued - sent
     }
 
-    /// True while fewer than `capacity` bytes wait: the arbiter pushes whole packets while
+    /// True while fewer than `limit` bytes wait (the FIFO's capacity, or less for a lower
+    /// lane's packet: see [`Rnic::fifo_limit`]): the arbiter pushes whole packets while
     /// there is room left, so the FIFO may overshoot by less than one packet. (A strict
     /// limit in bytes would let a 58-byte packet be refused behind two 4 KB ones, an
     /// artefact of the granularity, not a behaviour of the hardware.)
-    fn has_room(&self, now: Picos) -> bool {
-        self.occupancy(now) < u64::from(self.capacity)
+    fn has_room(&self, now: Picos, limit: u32) -> bool {
+        self.occupancy(now) < u64::from(limit)
     }
 
-    /// The earliest time at which fewer than `capacity` bytes wait, given what is queued.
-    fn room_at(&self) -> Picos {
-        let capacity = u64::from(self.capacity);
+    /// The earliest time at which fewer than `limit` bytes wait, given what is queued.
+    fn room_at(&self, limit: u32) -> Picos {
+        let capacity = u64::from(limit);
         let mut waiting = self.queued;
         for &(start, done, bytes) in &self.queue {
             let bytes = u64::from(bytes);
@@ -292,6 +293,9 @@ struct Rnic {
     ready: ReadySet,
     /// Per lane, the number of the queue pair served last on it.
     last_served: [u32; VIRTUAL_LANES],
+    /// Queue pairs of this RNIC on a lane above 0, ready or not: while there are any, the
+    /// RNIC's traffic classes are in use and lane 0 may fill less of the FIFO.
+    raised_qps: u32,
     fifo: TxFifo,
     pu_free: Vec<Picos>,
     next_decision: Picos,
@@ -406,6 +410,20 @@ impl Rnic {
     fn next_in_turn(&self) -> Option<QpId> {
         self.ready.next(&self.last_served).map(QpId)
     }
+
+    /// Below how many waiting bytes the transmit FIFO takes a packet of `lane`: its
+    /// capacity, except for lane 0 on an RNIC with queue pairs on higher lanes, where a
+    /// packet enters only an empty FIFO. An RNIC with strict-priority traffic classes
+    /// queues each class apart and picks among them at every packet, so a higher class
+    /// waits for at most the packet being sent; lane 0 entering only an empty FIFO gives
+    /// that bound, and the arbiter, woken as the FIFO empties, still keeps the wire busy.
+    fn fifo_limit(&self, lane: u8) -> u32 {
+        if lane == 0 && self.raised_qps > 0 {
+            1
+        } else {
+            self.fifo.capacity
+        }
+    }
 }
 
 /// Costs derived once from the profile, in picoseconds.
@@ -489,6 +507,7 @@ impl Fabric {
                 uplink: topology.uplink(HostId(h as u16)),
                 ready: ReadySet::default(),
                 last_served: [0; VIRTUAL_LANES],
+                raised_qps: 0,
                 fifo: TxFifo {
                     capacity: profile.rnic.tx_fifo_bytes,
                     queue: VecDeque::new(),
@@ -588,10 +607,16 @@ impl Fabric {
         let peer = self.qps[qp.index()].peer;
         for end in [qp, peer] {
             let entry = &mut self.qps[end.index()];
+            let was = entry.lane;
             entry.lane = lane;
+            let nic = &mut self.rnics[usize::from(entry.host.0)];
             if entry.ready_listed {
-                let host = usize::from(entry.host.0);
-                self.rnics[host].ready.set_lane(end.0, lane);
+                nic.ready.set_lane(end.0, lane);
+            }
+            match (was > 0, lane > 0) {
+                (false, true) => nic.raised_qps += 1,
+                (true, false) => nic.raised_qps -= 1,
+                _ => {}
             }
         }
     }
@@ -805,10 +830,11 @@ impl Fabric {
             } else {
                 (turn, wire, dma)
             };
+            let limit = self.rnics[h].fifo_limit(self.qps[qp.index()].lane);
             let nic = &mut self.rnics[h];
             nic.fifo.drain(now);
-            if !nic.fifo.has_room(now) {
-                let at = nic.fifo.room_at();
+            if !nic.fifo.has_room(now, limit) {
+                let at = nic.fifo.room_at(limit);
                 self.sleep_until(host, at, q);
                 return;
             }
@@ -825,11 +851,14 @@ impl Fabric {
                 self.refresh(qp, q);
             }
             if !self.rnics[h].ready.is_empty() {
+                // The next packet's lane is not known yet: wake when the FIFO has room for
+                // the highest lane's, and look again then.
                 let nic = &self.rnics[h];
-                let at = if nic.fifo.has_room(now) {
+                let capacity = nic.fifo.capacity;
+                let at = if nic.fifo.has_room(now, capacity) {
                     nic.next_decision
                 } else {
-                    nic.next_decision.max(nic.fifo.room_at())
+                    nic.next_decision.max(nic.fifo.room_at(capacity))
                 };
                 self.sleep_until(host, at, q);
                 return;
@@ -1433,18 +1462,18 @@ mod tests {
             queued: 0,
             engine_free: 0,
         };
-        assert!(f.has_room(0));
+        assert!(f.has_room(0, f.capacity));
         assert_eq!(f.admit(0, 4_000, 400), 400);
         assert_eq!(f.admit(0, 4_000, 400), 800);
-        assert!(!f.has_room(0), "8000 bytes wait");
+        assert!(!f.has_room(0, f.capacity), "8000 bytes wait");
         assert_eq!(
             f.occupancy(100),
             7_000,
             "a quarter of the first packet has left"
         );
         // Below 6000 bytes once more than 2000 have left: at 200 ps plus one byte's time.
-        assert_eq!(f.room_at(), 201);
-        assert!(f.has_room(201));
+        assert_eq!(f.room_at(f.capacity), 201);
+        assert!(f.has_room(201, f.capacity));
         f.drain(400);
         assert_eq!(f.occupancy(400), 4_000);
         // A packet that may not start yet waits for its time, not for the queue.

@@ -32,8 +32,8 @@ fn mmsgs(r: &ScenarioReport, variant: &str, name: &str) -> f64 {
 /// PeRF's vendor zero-wait request does not put on the wire; the bound on the B_App's loss
 /// is the paper's 5% plus that, within 30%. (2) A sub-message enters the model's 24 KB
 /// transmit FIFO as one 16 KB burst, so a D_App message still waits behind most of one:
-/// the median falls (about 3.6 to 3.1 us) but stays well above the alone 1.55 us a strict
-/// priority queue would give; the test asserts the direction only.
+/// the median falls (about 3.6 to 3.1 us) but stays well above the 1.72 us of the model's
+/// strict priority (`p1_priority_reference_point`); the test asserts the direction only.
 #[test]
 fn p1_preempt_keeps_bandwidth_and_helps_the_delay_app() {
     let r = report(SCENARIO);
@@ -93,24 +93,15 @@ fn p1_preempt_restores_the_message_app() {
 }
 
 /// P1's reference point, hardware strict priority (PeRF's SP, §5.2.1, Fig 7a): the D_App's
-/// latency close to its alone latency while the B_App keeps its bandwidth; PeRF claims to
-/// come close to it.
+/// latency close to its alone latency while the B_App keeps its bandwidth. Within 30%.
 ///
-/// Measured, D_App p50/p99 (us): alone 1.55/1.66, native 3.64/3.84, priority 3.64/3.84,
-/// preempt 3.10/3.74; B_App (Gb/s): alone 98.0, native 97.95, priority 97.95, preempt 89.6.
+/// Measured, D_App p50/p99 (us): alone 1.55/1.66, native 3.64/3.84, priority 1.72/1.93,
+/// preempt 3.10/3.74; B_App (Gb/s): native 97.95, priority 97.94, preempt 89.6.
 ///
-/// Gap: the model's strict priority does not reach the reference; it gives exactly native's
-/// figures here. Priority acts where the arbiter picks among ready queue pairs, and with a
-/// single B_App queue pair round robin already serves the D_App's packet next; what delays
-/// it is the transmit FIFO behind the arbiter, about 24 KB of the B_App's bytes (2 us at
-/// 100 Gb/s) that the model does not split per traffic class (see the `rnic` module doc).
-/// (With `tx_fifo_bytes` cut to one packet, 4200, in a scratch copy of the profile, native
-/// and priority both fall to a 2.05 us median, still equal.) Asserted: the B_App keeps its bandwidth under priority (within PeRF's 5% of native),
-/// the D_App is no worse than native, and the gap itself, so that a model with per-class
-/// transmit queues fails here and this becomes the check of P1's reference point (median
-/// within 30% of alone). `preempt` is then within 10% of `priority` on the D_App's median
-/// and p99 or better (measured ratios 0.85 and 0.97), which says only that it approaches
-/// this model's strict priority, not the near-alone latency PeRF's SP shows.
+/// Gap: PeRF reports its preemption close to SP; in the model `preempt` stays about 1.8
+/// times SP's median (its 16 KB sub-message enters the transmit FIFO as one burst; see
+/// `p1_preempt_keeps_bandwidth_and_helps_the_delay_app`), so only its direction between
+/// native and SP is asserted.
 #[test]
 fn p1_priority_reference_point() {
     let r = report(SCENARIO);
@@ -131,41 +122,38 @@ fn p1_priority_reference_point() {
         alone.p50_us, alone.p99_us, native.p50_us, native.p99_us, priority.p50_us,
         priority.p99_us, preempt.p50_us, preempt.p99_us
     );
-    assert!(
-        priority.p50_us <= native.p50_us && priority.p99_us <= native.p99_us,
-        "P1: priority {priority:?} must not be worse than native {native:?}"
+    assert_near(
+        "P1 SP D_App median / alone",
+        priority.p50_us / alone.p50_us,
+        1.0,
+        EFFECT,
+    );
+    assert_near(
+        "P1 SP D_App p99 / alone",
+        priority.p99_us / alone.p99_us,
+        1.0,
+        EFFECT,
     );
     assert!(
-        priority.p50_us > 1.5 * alone.p50_us,
-        "P1: priority ({priority:?}) now approaches alone ({alone:?}): make this the check of \
-         P1's reference point (median within 30% of alone)"
+        priority.p50_us < preempt.p50_us && preempt.p50_us < native.p50_us,
+        "P1 direction: SP {priority:?} below preempt {preempt:?} below native {native:?}"
     );
-    for (what, p, q) in [
-        ("p50", preempt.p50_us, priority.p50_us),
-        ("p99", preempt.p99_us, priority.p99_us),
-    ] {
-        assert_between(
-            &format!("P1 D_App {what} preempt / priority"),
-            p / q,
-            0.0,
-            1.1,
-        );
-    }
 }
 
 /// SP with the M_App (PeRF §5.2.1, Fig 7b): strict priority lets the M_App's small
 /// messages dominate the RNIC, and the B_App's throughput is severely degraded.
 ///
-/// Measured: M_App 13.0 M msgs/s alone, 2.91 M native, 5.67 M priority, 10.9 M preempt;
-/// B_App 95.4 Gb/s native, 93.0 priority, 80.7 preempt.
+/// Measured: M_App 13.0 M msgs/s alone, 2.91 M native, 5.66 M priority, 10.9 M preempt;
+/// B_App 95.4 Gb/s native, 92.8 priority, 80.7 preempt.
 ///
 /// Gap: the model's B_App is not degraded and the M_App gets under half its alone rate.
-/// The arbiter stalls whenever the shared transmit FIFO is full, whatever the lanes; while
-/// the M_App's one queue pair waits for its processing unit's next slot, the B_App's 4 KB
-/// packets fill the FIFO, so the M_App gets about two messages in per B_App packet.
-/// Asserted: what the model does show, priority between native and preempt for the
-/// M_App, and the B_App keeping 90% of native (a model with per-class transmit queues
-/// should fail the latter and reproduce the starvation).
+/// Strict priority picks per packet and cannot take back a packet already sent: the
+/// M_App's one queue pair has a message ready only every 77 ns (its processing unit's
+/// 13 M msgs/s), and in every such gap the arbiter sends one 4 KB B_App packet (330 ns),
+/// so the M_App gets about two messages in per B_App packet. How PeRF's SP starves the
+/// B_App is not described closely enough to model. Asserted: what the model shows,
+/// priority between native and preempt for the M_App, and the B_App keeping 90% of
+/// native.
 #[test]
 fn p1_priority_with_the_message_app() {
     let r = report(SCENARIO);

@@ -7,11 +7,9 @@
 //! the start, with [`PolicyContext::set_priority`], and otherwise passes requests through
 //! as `native` does: no splitting, no pacing, no probe. What the hardware then does is the
 //! RNIC model's ([`crate::rnic`]): its arbiter serves a ready queue pair of a higher lane
-//! before any of a lower one, round-robin within a lane, and switches on the way buffer
-//! and arbitrate each lane apart. Priority acts where the arbiter picks, not behind it: a
-//! latency message still waits behind the lower lanes' bytes already in the shared
-//! transmit FIFO, so this is a somewhat weaker strict priority than a NIC that queues each
-//! class separately up to the wire.
+//! before any of a lower one, round-robin within a lane, lets a lane-0 packet into its
+//! transmit FIFO only when the FIFO is empty, so a latency message waits for at most the
+//! packet being sent, and switches on the way buffer and arbitrate each lane apart.
 //!
 //! Why Justitia and PeRF exist although hardware can do this:
 //!
