@@ -1,6 +1,7 @@
 //! The checker on real verbs: two connected RC queue pairs in one process, the memory
 //! regions the plans place data in, and the checks of every completion and every byte.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use justitia_verbs::{
 
 use crate::pattern;
 use crate::plan::{Batch, Operation, Placement, PlanConfig, Transfer, GUARD};
+use crate::post_api::{create_wr_requester, post_wr, send_ops_flags, send_ops_names, PostApi};
 
 /// Why a run stopped. Data mismatches do not stop a run; they are counted in [`Report`].
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +21,21 @@ pub enum CheckError {
     /// Setting up or using the verbs failed.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// `--post-api wr` was asked for, but no QP with the extended send interface could be
+    /// had. The checker does not fall back to `ibv_post_send`.
+    #[error(
+        "--post-api wr needs an RC QP from ibv_create_qp_ex with send ops {ops} on {device}, \
+         and it is not available there (no fallback to ibv_post_send; use --post-api \
+         post-send to check the classic path): {reason}"
+    )]
+    ExtendedApiUnsupported {
+        /// The device.
+        device: String,
+        /// The send-ops flags asked for, by name.
+        ops: String,
+        /// What failed.
+        reason: String,
+    },
     /// A completion was wrong (status, identity, order, opcode, length, immediate).
     #[error("bad completion on the {queue} queue: {detail}")]
     Completion {
@@ -52,6 +69,9 @@ pub struct RigOptions {
     pub gid_index: u8,
     /// How long to wait for the completions of one batch.
     pub completion_timeout: Duration,
+    /// How the requester posts: `ibv_post_send`, or `ibv_wr_*` on a QP from
+    /// `ibv_create_qp_ex`.
+    pub post_api: PostApi,
 }
 
 /// Counts of what a run checked.
@@ -108,6 +128,31 @@ struct Guarded {
     after: Vec<u8>,
 }
 
+/// The queue pair that posts every request, and its extended send interface when the
+/// chosen [`PostApi`] is `wr`.
+struct Requester {
+    qp: QueuePair,
+    wr: Option<NonNull<ibv_qp_ex>>,
+}
+
+// SAFETY: `wr` points into the QP that `qp` keeps alive, and verbs objects may be used from
+// any thread (as justitia-verbs' own are); the requester is not `Sync`, so one thread at a
+// time drives its extended send interface.
+unsafe impl Send for Requester {}
+
+impl Requester {
+    /// Posts `requests` with one `ibv_post_send` call, or between one `ibv_wr_start` and
+    /// one `ibv_wr_complete`.
+    fn post(&self, requests: &[SendRequest]) -> Result<(), VerbsError> {
+        match self.wr {
+            // SAFETY: the extended form of self.qp, which is live; the rig, and so the QP,
+            // is driven by one thread.
+            Some(qpx) => unsafe { post_wr(qpx.as_ptr(), requests) },
+            None => self.qp.post_send(requests),
+        }
+    }
+}
+
 /// Two connected RC queue pairs on one device and the memory the plans use: the
 /// *requester* posts every request; the *responder* only posts receives for
 /// WRITE_WITH_IMM. Both live in this process, so on Soft-RoCE the traffic loops back
@@ -117,7 +162,7 @@ pub struct Rig {
     ctx: Context,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
-    requester: QueuePair,
+    requester: Requester,
     responder: QueuePair,
     local: Vec<MemoryRegion>,
     remote: Vec<MemoryRegion>,
@@ -146,14 +191,28 @@ impl Rig {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let requester = QueuePair::create_rc(&pd, &send_cq, &unused_cq, caps)?;
+        let requester = match options.post_api {
+            PostApi::PostSend => Requester {
+                qp: QueuePair::create_rc(&pd, &send_cq, &unused_cq, caps)?,
+                wr: None,
+            },
+            PostApi::Wr => {
+                let (qp, qpx) = create_wr_requester(&pd, &send_cq, &unused_cq, caps, plan.with_imm)
+                    .map_err(|reason| CheckError::ExtendedApiUnsupported {
+                        device: ctx.name().to_string(),
+                        ops: send_ops_names(send_ops_flags(plan.with_imm)),
+                        reason,
+                    })?;
+                Requester { qp, wr: Some(qpx) }
+            }
+        };
         let responder = QueuePair::create_rc(&pd, &unused_cq, &recv_cq, caps)?;
         let (port, gid) = (options.port, options.gid_index);
         let psn_a = 0x1234;
         let psn_b = 0x5678;
-        let a = requester.endpoint(port, gid, psn_a)?;
+        let a = requester.qp.endpoint(port, gid, psn_a)?;
         let b = responder.endpoint(port, gid, psn_b)?;
-        requester.connect(port, gid, psn_a, &b)?;
+        requester.qp.connect(port, gid, psn_a, &b)?;
         responder.connect(port, gid, psn_b, &a)?;
         let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
         let region = |_| MemoryRegion::new(&pd, plan.region_len(), access);
@@ -222,16 +281,17 @@ impl Rig {
             .iter()
             .map(|t| self.request(t))
             .collect::<Result<Vec<_>, _>>()?;
+        // One ibv_post_send call, or one ibv_wr_start ... ibv_wr_complete, per list.
         if batch.post_as_list {
-            self.requester.post_send(&requests)?;
+            self.requester.post(&requests)?;
         } else {
             for r in &requests {
-                self.requester.post_send(std::slice::from_ref(r))?;
+                self.requester.post(std::slice::from_ref(r))?;
             }
         }
 
         let signaled: Vec<&Transfer> = batch.transfers.iter().filter(|t| t.signaled).collect();
-        let requester_qpn = self.requester.qp_num();
+        let requester_qpn = self.requester.qp.qp_num();
         let responder_qpn = self.responder.qp_num();
         let verbs = Arc::clone(&self.verbs);
         wait_for(
@@ -584,4 +644,15 @@ fn check_recv_completion(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rig_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<Rig>();
+    }
 }

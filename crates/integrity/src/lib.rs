@@ -20,7 +20,18 @@
 //! - [`checker`] posts a batch, checks every completion (status, `wr_id`, opcode, byte
 //!   count, immediate data, queue pair, order, no extra ones) and every byte of every
 //!   destination plus guard bytes around it.
+//! - [`post_api`] chooses how the requester posts (`--post-api`): with `ibv_post_send` on a
+//!   QP from `ibv_create_qp` (`post-send`, the default), or through the extended send
+//!   interface on a QP from `ibv_create_qp_ex` with send-ops flags (`wr`): `wr_id` and
+//!   `wr_flags` set on the `ibv_qp_ex` before each request, then `ibv_wr_rdma_write`,
+//!   `ibv_wr_rdma_write_imm` or `ibv_wr_rdma_read` and `ibv_wr_set_sge_list`, one
+//!   `ibv_wr_start` ... `ibv_wr_complete` wherever `post-send` makes one `ibv_post_send`
+//!   call. That is perftest's default on Soft-RoCE, and the shaper intercepts it apart from
+//!   `ibv_post_send`. Planning, verification and the report are the same for both, so one
+//!   seed gives the same transfers with either. If the device or libibverbs cannot create
+//!   such a QP, `wr` fails with an error saying so; it never falls back to `ibv_post_send`.
 
 pub mod checker;
 pub mod pattern;
 pub mod plan;
+pub mod post_api;

@@ -2,6 +2,8 @@
 //! between two RC queue pairs of one device and verifies every byte and every completion.
 //! Run it plainly, or under the shaper (`LD_PRELOAD=.../libjustitia.so` with `JUSTITIA_*`
 //! settings) to prove that splitting and pacing are invisible to the application.
+//! `--post-api wr` posts through the extended `ibv_wr_*` interface of a QP created with
+//! `ibv_create_qp_ex` instead of `ibv_post_send`; the same seed gives the same transfers.
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,6 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use justitia_integrity::checker::{CheckError, Report, Rig, RigOptions};
 use justitia_integrity::plan::{PlanConfig, Planner};
+use justitia_integrity::post_api::PostApi;
 
 /// Verify RDMA transfers byte by byte and completion by completion.
 #[derive(Parser, Debug)]
@@ -48,6 +51,14 @@ struct Args {
     /// Seconds to wait for the completions of one batch.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// How requests are posted: `post-send` (ibv_post_send on a QP from ibv_create_qp) or
+    /// `wr` (a QP from ibv_create_qp_ex with send-ops flags, each batch posted between
+    /// ibv_wr_start and ibv_wr_complete, as perftest does on Soft-RoCE). The same seed draws
+    /// the same transfers with either; `wr` fails if the device cannot create such a QP.
+    /// (rxe in rdma-core 44 miscounts multi-SGE requests in ibv_wr_set_sge_list: there, use
+    /// --max-sges 1 unless a shaping LD_PRELOAD reposts the requests.)
+    #[arg(long, value_enum, default_value_t = PostApi::PostSend)]
+    post_api: PostApi,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -105,6 +116,41 @@ fn summary(r: &Report) -> String {
     )
 }
 
+/// The shape of the random batches. It does not depend on `--post-api`: a seed draws the
+/// same transfers whichever interface posts them.
+fn plan_config(args: &Args) -> PlanConfig {
+    PlanConfig {
+        max_size: args.max_size,
+        max_sges: args.max_sges,
+        max_batch: args.max_batch,
+        local_regions: 3,
+        remote_regions: 2,
+        boundary: args.boundary,
+        with_imm: !args.no_imm,
+    }
+}
+
+/// The options that replay a run with `seed` (the posting interface when not the default).
+fn replay_options(seed: u64, post_api: PostApi) -> String {
+    match post_api {
+        PostApi::PostSend => format!("--seed {seed}"),
+        other => format!("--seed {seed} --post-api {}", other.as_str()),
+    }
+}
+
+/// A hint for a completion error in `wr` mode with several SGEs per request, where a known
+/// provider bug is the likeliest cause; empty otherwise.
+fn provider_hint(post_api: PostApi, max_sges: usize, error: &CheckError) -> &'static str {
+    let completion = matches!(error, CheckError::Completion { .. });
+    if post_api == PostApi::Wr && max_sges > 1 && completion {
+        " (note: rxe's ibv_wr_set_sge_list in rdma-core before PR #1744, e.g. Debian's 44, \
+         miscounts requests of several SGEs; if the same --seed passes with --post-api \
+         post-send, that is the cause: use --max-sges 1 with rxe's own ibv_wr_* verbs)"
+    } else {
+        ""
+    }
+}
+
 fn run(args: &Args) -> Result<bool> {
     if args.max_sges == 0 || args.max_batch == 0 {
         bail!("--max-sges and --max-batch must be at least 1");
@@ -117,25 +163,21 @@ fn run(args: &Args) -> Result<bool> {
         );
     }
     let seed = args.seed.unwrap_or_else(clock_seed);
-    println!("justitia-integrity: seed {seed} (replay with --seed {seed})");
+    println!(
+        "justitia-integrity: seed {seed} (replay with {})",
+        replay_options(seed, args.post_api)
+    );
     println!(
         "justitia-integrity: shaper settings: {}",
         shaper_environment()
     );
-    let plan = PlanConfig {
-        max_size: args.max_size,
-        max_sges: args.max_sges,
-        max_batch: args.max_batch,
-        local_regions: 3,
-        remote_regions: 2,
-        boundary: args.boundary,
-        with_imm: !args.no_imm,
-    };
+    let plan = plan_config(args);
     let options = RigOptions {
         device: args.device.clone(),
         port: args.port,
         gid_index: args.gid_index,
         completion_timeout: Duration::from_secs(args.timeout),
+        post_api: args.post_api,
     };
     let mut rig = Rig::open(&options, &plan).map_err(|e| match e {
         // The verbs error's text already names its cause; a chained context would repeat it.
@@ -152,17 +194,23 @@ fn run(args: &Args) -> Result<bool> {
         args.gid_index,
         args.max_size
     );
+    println!(
+        "justitia-integrity: posting with {} (--post-api {})",
+        args.post_api.describe(),
+        args.post_api.as_str()
+    );
     let mut planner = Planner::new(seed, plan);
     let mut report = Report::default();
     while report.transfers < args.transfers {
         let batch = planner.next_batch();
-        rig.run_batch(&batch, &mut report).with_context(|| {
-            format!(
-                "after {} good transfers (seed {seed}): {}",
+        if let Err(e) = rig.run_batch(&batch, &mut report) {
+            let hint = provider_hint(args.post_api, args.max_sges, &e);
+            return Err(anyhow::Error::new(e).context(format!(
+                "after {} good transfers (seed {seed}): {}{hint}",
                 report.transfers,
                 summary(&report)
-            )
-        })?;
+            )));
+        }
     }
     rig.finish()
         .with_context(|| format!("after the last batch (seed {seed})"))?;
@@ -201,5 +249,91 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("K").is_err());
         assert!(parse_size("12Q").is_err());
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("justitia-integrity").chain(extra.iter().copied()))
+    }
+
+    #[test]
+    fn the_post_api_defaults_to_post_send_and_takes_wr() {
+        assert_eq!(parse(&[]).map(|a| a.post_api).ok(), Some(PostApi::PostSend));
+        for (words, api) in [
+            (&["--post-api", "post-send"][..], PostApi::PostSend),
+            (&["--post-api", "wr"][..], PostApi::Wr),
+            (&["--post-api=wr"][..], PostApi::Wr),
+        ] {
+            assert_eq!(
+                parse(words).map(|a| a.post_api).ok(),
+                Some(api),
+                "{words:?}"
+            );
+        }
+        for bad in [
+            &["--post-api", "ex"][..],
+            &["--post-api"][..],
+            &["--post-api", ""][..],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn the_help_names_both_post_apis() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("--post-api"), "{help}");
+        assert!(help.contains("post-send") && help.contains("wr"), "{help}");
+        assert!(help.contains("ibv_create_qp_ex"), "{help}");
+    }
+
+    #[test]
+    fn the_post_api_does_not_change_the_plan() {
+        let words = [
+            "--seed",
+            "7",
+            "--max-size",
+            "1M",
+            "--boundary",
+            "12345",
+            "-n",
+            "50",
+        ];
+        let classic = parse(&words).map_err(|e| e.to_string());
+        let wr = parse(&[&words[..], &["--post-api", "wr"]].concat()).map_err(|e| e.to_string());
+        let (Ok(classic), Ok(wr)) = (classic, wr) else {
+            panic!("the test's arguments were refused");
+        };
+        assert_eq!(wr.post_api, PostApi::Wr);
+        assert_eq!(plan_config(&classic), plan_config(&wr));
+        let mut a = Planner::new(7, plan_config(&classic));
+        let mut b = Planner::new(7, plan_config(&wr));
+        for _ in 0..200 {
+            assert_eq!(a.next_batch(), b.next_batch());
+        }
+    }
+
+    #[test]
+    fn the_provider_hint_shows_only_for_wr_completions_with_several_sges() {
+        let completion = || CheckError::Completion {
+            queue: "send",
+            detail: "local protection error".into(),
+        };
+        assert!(provider_hint(PostApi::Wr, 6, &completion()).contains("--max-sges 1"));
+        assert_eq!(provider_hint(PostApi::Wr, 1, &completion()), "");
+        assert_eq!(provider_hint(PostApi::PostSend, 6, &completion()), "");
+        let timeout = CheckError::Timeout {
+            queue: "send",
+            waited: Duration::from_secs(1),
+            missing: 1,
+            next_wr_id: 0,
+        };
+        assert_eq!(provider_hint(PostApi::Wr, 6, &timeout), "");
+    }
+
+    #[test]
+    fn the_replay_hint_names_a_non_default_post_api() {
+        assert_eq!(replay_options(5, PostApi::PostSend), "--seed 5");
+        assert_eq!(replay_options(5, PostApi::Wr), "--seed 5 --post-api wr");
     }
 }

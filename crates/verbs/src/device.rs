@@ -39,6 +39,28 @@ pub struct QpCaps {
     pub max_inline_data: u32,
 }
 
+impl QpCaps {
+    fn to_raw(self) -> ibv_qp_cap {
+        ibv_qp_cap {
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            max_send_sge: self.max_send_sge,
+            max_recv_sge: self.max_recv_sge,
+            max_inline_data: self.max_inline_data,
+        }
+    }
+
+    fn from_raw(cap: ibv_qp_cap) -> Self {
+        QpCaps {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        }
+    }
+}
+
 impl Default for QpCaps {
     fn default() -> Self {
         QpCaps {
@@ -606,13 +628,7 @@ impl QueuePair {
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
             srq: ptr::null_mut(),
-            cap: ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
-                max_inline_data: caps.max_inline_data,
-            },
+            cap: caps.to_raw(),
             qp_type: IBV_QPT_RC,
             sq_sig_all: 0,
         };
@@ -620,23 +636,66 @@ impl QueuePair {
         let qp = unsafe { (pd.inner.ctx.verbs.ibv_create_qp)(pd.as_ptr(), &mut attr) };
         let qp = NonNull::new(qp)
             .ok_or_else(|| VerbsError::from_errno(format!("ibv_create_qp(RC, {caps:?})")))?;
-        // The provider writes back the capacities it granted (at least those asked for).
-        let granted = QpCaps {
-            max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
-            max_send_sge: attr.cap.max_send_sge,
-            max_recv_sge: attr.cap.max_recv_sge,
-            max_inline_data: attr.cap.max_inline_data,
+        Ok(Self::adopt(pd, qp, attr.cap, send_cq, recv_cq))
+    }
+
+    /// As [`QueuePair::create_rc`], with `ibv_create_qp_ex` and the send-ops flags
+    /// `send_ops` (`IBV_QP_EX_WITH_*`), so that the QP can also be posted to through its
+    /// extended send interface ([`QueuePair::extended`]).
+    pub fn create_rc_ex(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        send_ops: u64,
+    ) -> Result<Self, VerbsError> {
+        let mut attr = ibv_qp_init_attr_ex {
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            cap: caps.to_raw(),
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 0,
+            comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+            pd: pd.as_ptr(),
+            send_ops_flags: send_ops,
+            ..Default::default()
         };
-        Ok(QueuePair {
+        // SAFETY: live context, PD and CQs; attr is initialised for every bit of comp_mask.
+        let qp = unsafe { ops::create_qp_ex(pd.inner.ctx.ctx.as_ptr(), &mut attr) };
+        let qp = NonNull::new(qp).ok_or_else(|| {
+            VerbsError::from_errno(format!(
+                "ibv_create_qp_ex(RC, {caps:?}, send ops {send_ops:#x})"
+            ))
+        })?;
+        Ok(Self::adopt(pd, qp, attr.cap, send_cq, recv_cq))
+    }
+
+    /// Takes ownership of a QP just created on `pd` with the capacities the provider
+    /// wrote back (at least those asked for).
+    fn adopt(
+        pd: &ProtectionDomain,
+        qp: NonNull<ibv_qp>,
+        granted: ibv_qp_cap,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Self {
+        QueuePair {
             inner: Arc::new(QpInner {
                 pd: Arc::clone(&pd.inner),
                 qp,
-                caps: granted,
+                caps: QpCaps::from_raw(granted),
                 _send_cq: Arc::clone(&send_cq.inner),
                 _recv_cq: Arc::clone(&recv_cq.inner),
             }),
-        })
+        }
+    }
+
+    /// The QP's extended send interface (`ibv_qp_to_qp_ex`): its `ibv_wr_*` verbs are
+    /// usable when the QP was made by [`QueuePair::create_rc_ex`] with their send ops.
+    /// `None` when the provider gives none.
+    pub fn extended(&self) -> Option<NonNull<ibv_qp_ex>> {
+        // SAFETY: the QP is live.
+        NonNull::new(unsafe { (self.inner.pd.ctx.verbs.ibv_qp_to_qp_ex)(self.as_ptr()) })
     }
 
     /// The raw QP.
