@@ -173,6 +173,22 @@ fn wr_write(qp: *mut ibv_qp, wr_id: u64, src: &[u8], remote: u64) -> c_int {
     }
 }
 
+/// Attributes of an RC QP with the `ibv_wr_*` send operations, for `create_qp_ex`.
+fn rc_ex_attr(cq: *mut ibv_cq) -> ibv_qp_init_attr_ex {
+    ibv_qp_init_attr_ex {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: 16,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        ..Default::default()
+    }
+}
+
 fn rc_attr(cq: *mut ibv_cq, qp_type: ibv_qp_type) -> ibv_qp_init_attr {
     ibv_qp_init_attr {
         send_cq: cq,
@@ -259,18 +275,7 @@ fn a_qp_the_map_has_no_room_for_passes_through_untouched() {
 fn a_qp_created_inside_the_shaper_is_not_registered() {
     let (dev, _engine, cq) = device(SPLIT_1K);
     let ctx = dev.context();
-    let mut attr = ibv_qp_init_attr_ex {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 16,
-            max_send_sge: 1,
-            ..Default::default()
-        },
-        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-        ..Default::default()
-    };
+    let mut attr = rc_ex_attr(cq);
     let inside = {
         let _guard = Reentry::enter().unwrap();
         // SAFETY: a live context, through the shaper's create_qp_ex.
@@ -382,18 +387,7 @@ fn auto_class_splits_large_writes_and_passes_small_ones_whole() {
 #[test]
 fn a_panic_in_a_wr_batch_refuses_it_and_the_qp_passes_through() {
     let (dev, _engine, cq) = device(SPLIT_1K);
-    let mut attr = ibv_qp_init_attr_ex {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 16,
-            max_send_sge: 1,
-            ..Default::default()
-        },
-        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-        ..Default::default()
-    };
+    let mut attr = rc_ex_attr(cq);
     // SAFETY: a live context, through the shaper's create_qp_ex.
     let qp = unsafe { ops::create_qp_ex(dev.context(), &mut attr) };
     assert!(!qp.is_null());
