@@ -2,17 +2,23 @@
 //! whose kernel has no InfiniBand support): a clear error and a failing exit status, never
 //! a panic. Where a device does exist, the checker must instead pass a short run.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
-#[test]
-fn without_a_device_the_error_says_what_is_missing() {
+/// Runs the checker with `args`, never under the shaper.
+fn checker(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
-        .args(["--transfers", "20", "--max-size", "64K", "--seed", "1"])
+        .args(args)
         .env_remove("LD_PRELOAD")
         .output();
     let Ok(out) = out else {
         panic!("cannot run the checker binary");
     };
+    out
+}
+
+#[test]
+fn without_a_device_the_error_says_what_is_missing() {
+    let out = checker(&["--transfers", "20", "--max-size", "64K", "--seed", "1"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stdout.contains("seed 1 (replay with --seed 1)"), "{stdout}");
@@ -27,22 +33,16 @@ fn without_a_device_the_error_says_what_is_missing() {
 
 #[test]
 fn the_wr_post_api_fails_as_clearly_without_a_device() {
-    let out = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
-        .args([
-            "--transfers",
-            "20",
-            "--max-size",
-            "64K",
-            "--seed",
-            "1",
-            "--post-api",
-            "wr",
-        ])
-        .env_remove("LD_PRELOAD")
-        .output();
-    let Ok(out) = out else {
-        panic!("cannot run the checker binary");
-    };
+    let out = checker(&[
+        "--transfers",
+        "20",
+        "--max-size",
+        "64K",
+        "--seed",
+        "1",
+        "--post-api",
+        "wr",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -66,13 +66,7 @@ fn the_wr_post_api_fails_as_clearly_without_a_device() {
 
 #[test]
 fn an_unknown_post_api_is_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
-        .args(["--post-api", "ibv_post_send"])
-        .env_remove("LD_PRELOAD")
-        .output();
-    let Ok(out) = out else {
-        panic!("cannot run the checker binary");
-    };
+    let out = checker(&["--post-api", "ibv_post_send"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
