@@ -6,8 +6,11 @@
 //! against the old libibverbs bind to) forwards to libibverbs' own 1.0 entry, whose
 //! compatibility layer calls the 1.1 verbs through the global scope and so reaches the
 //! shaper too. The versions come from `.symver` directives below and the version script
-//! `exports.map` (passed to the linker by `build.rs`). The real verbs are found with
-//! `dlvsym(RTLD_NEXT, ...)` at the exact version. `ibv_get_cq_event` and
+//! `exports.map` (passed to the linker by `build.rs`). The real verbs are found at the exact
+//! version in the libibverbs the process actually loaded, linked or loaded later with
+//! `dlopen(RTLD_LOCAL)` (see [`justitia_verbs::loader::real_symbol`]). A verb that cannot be
+//! found is looked for again at the next call; until then the call fails as libibverbs
+//! would without a device (said once on stderr), never because of the shaper's settings. `ibv_get_cq_event` and
 //! `ibv_ack_cq_events` are exported at 1.1 only: their 1.0 entries take old-layout CQs,
 //! and a program bound to them is served by libibverbs alone.
 //!
@@ -20,10 +23,10 @@
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use justitia_verbs::loader::next_symbol;
+use justitia_verbs::loader::real_symbol;
 use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
 
@@ -133,7 +136,29 @@ extern "C" fn write_stats_at_exit() {
     );
 }
 
-/// Resolves (once) the real verb `$name` at version `$ver` as a `$ty`.
+/// The real verb `name` at `version`, or null when no loaded libibverbs defines it (said
+/// once per process on stderr).
+fn find_real(name: &CStr, version: &CStr) -> *mut c_void {
+    // SAFETY: the address is only transmuted by `real!` to the verb's C signature.
+    match unsafe { real_symbol(name, Some(version)) } {
+        Some(p) => p,
+        None => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                log!(
+                    Warn,
+                    "{}@{} is not in any libibverbs loaded in this process; the call fails as it would without RDMA",
+                    name.to_string_lossy(),
+                    version.to_string_lossy()
+                );
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Resolves the real verb `$name` at version `$ver` as a `$ty`; a found address is cached,
+/// a missing one looked for again next time (libibverbs may be loaded later).
 macro_rules! real {
     ($name:literal, $ver:literal, $ty:ty) => {{
         static CACHE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
@@ -142,8 +167,7 @@ macro_rules! real {
             let name = CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes());
             let ver = CStr::from_bytes_with_nul(concat!($ver, "\0").as_bytes());
             if let (Ok(name), Ok(ver)) = (name, ver) {
-                // SAFETY: the address is transmuted below only to the verb's C signature.
-                p = unsafe { next_symbol(name, Some(ver)) }.unwrap_or(std::ptr::null_mut());
+                p = find_real(name, ver);
                 CACHE.store(p, Ordering::Release);
             }
         }

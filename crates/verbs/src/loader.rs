@@ -9,7 +9,11 @@
 //!
 //! [`next_symbol`] is the other direction, for the shaper itself: the definition that comes
 //! *after* the caller's object in the search order (`RTLD_NEXT`), optionally at an exact
-//! symbol version.
+//! symbol version. [`real_symbol`] is what the shaper uses: the verb in the libibverbs the
+//! process actually loaded, which `RTLD_NEXT` misses when the library was loaded later with
+//! `dlopen(RTLD_LOCAL)` (language bindings through ctypes or JNI, NCCL, UCX's transport
+//! modules): the global scope then does not contain it, but the loaded object can still be
+//! found by name with `RTLD_NOLOAD`.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -49,6 +53,114 @@ pub unsafe fn next_symbol(name: &CStr, version: Option<&CStr>) -> Option<*mut c_
         }
     };
     (!addr.is_null()).then_some(addr)
+}
+
+/// The address of `name` (at `version` when given) in the already loaded library `library`
+/// (a soname or a path), found with `dlopen(RTLD_NOLOAD)` whatever scope it was loaded in.
+/// `None` when the library is not loaded or does not define the symbol. Never loads
+/// anything.
+///
+/// # Safety
+/// As [`next_symbol`].
+pub unsafe fn loaded_symbol(
+    library: &CStr,
+    name: &CStr,
+    version: Option<&CStr>,
+) -> Option<*mut c_void> {
+    // SAFETY: RTLD_NOLOAD only looks for an object already loaded; it runs no constructor.
+    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: the handle is live; the lookups take NUL-terminated names.
+    let addr = unsafe {
+        match version {
+            Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()),
+            None => libc::dlsym(handle, name.as_ptr()),
+        }
+    };
+    // SAFETY: drops the reference RTLD_NOLOAD took; the object stays loaded by its owner.
+    unsafe { libc::dlclose(handle) };
+    (!addr.is_null()).then_some(addr)
+}
+
+/// Paths of the loaded objects whose file name starts with `libibverbs.so` (a libibverbs
+/// loaded by path, under a name `RTLD_NOLOAD` with the soname would not match).
+fn loaded_libibverbs_paths() -> Vec<std::ffi::CString> {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: the loader passes a valid entry; data is the Vec below.
+        let (info, out) = unsafe { (&*info, &mut *data.cast::<Vec<std::ffi::CString>>()) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: dlpi_name is a NUL-terminated path owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dlpi_name) };
+        let file = path
+            .to_bytes()
+            .rsplit(|&b| b == b'/')
+            .next()
+            .unwrap_or_default();
+        if file.starts_with(b"libibverbs.so") {
+            out.push(path.to_owned());
+        }
+        0
+    }
+    let mut out: Vec<std::ffi::CString> = Vec::new();
+    // SAFETY: visit only reads each entry and appends to `out`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(visit),
+            (&mut out as *mut Vec<std::ffi::CString>).cast(),
+        )
+    };
+    out
+}
+
+/// The real verb `name` at `version`: in the libibverbs the process loaded (by soname, in
+/// any scope), else the next definition after the caller (`RTLD_NEXT`), else in any loaded
+/// object named `libibverbs.so*`. `None` when no loaded libibverbs defines it.
+///
+/// # Safety
+/// As [`next_symbol`]. The caller must not itself be a libibverbs.
+pub unsafe fn real_symbol(name: &CStr, version: Option<&CStr>) -> Option<*mut c_void> {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        loaded_symbol(LIBIBVERBS, name, version)
+            .or_else(|| next_symbol(name, version))
+            .or_else(|| {
+                loaded_libibverbs_paths()
+                    .iter()
+                    .find_map(|path| loaded_symbol(path, name, version))
+            })
+    }
+}
+
+/// The rdma-core release of the libibverbs the process loaded, read from the name of its
+/// file (`libibverbs.so.1.14.44.0` is rdma-core 44): the soname stays `libibverbs.so.1`
+/// across releases, so the file's full name is where the release shows. `None` when no
+/// libibverbs is loaded or its file name does not say.
+pub fn loaded_rdma_core_release() -> Option<u32> {
+    loaded_libibverbs_paths().iter().find_map(|path| {
+        let path = std::path::Path::new(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+        );
+        let real = std::fs::canonicalize(path).ok()?;
+        rdma_core_release_of(real.file_name()?.to_str()?)
+    })
+}
+
+/// The rdma-core release in a libibverbs file name (`libibverbs.so.1.14.44.0` gives 44).
+pub fn rdma_core_release_of(file_name: &str) -> Option<u32> {
+    let rest = file_name.strip_prefix("libibverbs.so.")?;
+    let parts: Vec<&str> = rest.split('.').collect();
+    match parts.as_slice() {
+        [_major, _minor, release, ..] => release.parse().ok(),
+        _ => None,
+    }
 }
 
 macro_rules! verbs_table {
@@ -176,6 +288,22 @@ impl Ibverbs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_library_that_is_not_loaded_yields_no_symbol_and_is_not_loaded() {
+        // SAFETY: the address is never used.
+        let found =
+            unsafe { loaded_symbol(c"libjustitia-not-a-library.so.3", c"ibv_open_device", None) };
+        assert!(found.is_none());
+    }
+
+    #[test]
+    fn the_rdma_core_release_is_read_from_the_file_name() {
+        assert_eq!(rdma_core_release_of("libibverbs.so.1.14.44.0"), Some(44));
+        assert_eq!(rdma_core_release_of("libibverbs.so.1.15.50.0"), Some(50));
+        assert_eq!(rdma_core_release_of("libibverbs.so.1"), None);
+        assert_eq!(rdma_core_release_of("librdmacm.so.1.3.44.0"), None);
+    }
 
     #[test]
     fn a_missing_library_is_reported_with_its_name() {

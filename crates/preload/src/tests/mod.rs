@@ -16,6 +16,7 @@ use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::{MockDevice, PostedWr};
 
 mod hardening;
+mod real_apps;
 mod regressions;
 
 const RKEY: u32 = 0x77;
