@@ -13,7 +13,12 @@
 //!
 //! The wait is a POSIX cancellation point (rping cancels its completion thread there), so
 //! while blocked the shaper's frames hold nothing with a destructor: a thread cancelled
-//! there unwinds through them cleanly.
+//! there unwinds through them cleanly. The channel's state is held across the wait by a
+//! counted reference taken as a raw pointer, given back after the wait: a cancelled thread
+//! leaves one channel's state (and its eventfd) behind, never a dangling one.
+//!
+//! A channel's state, with its eventfd, is freed when its last registered CQ is destroyed
+//! and no thread waits on it.
 //!
 //! Limit: an application that waits on the channel's file descriptor with its own `poll`
 //! or `epoll` sees synthesized completions at its next poll of the CQ, not as an event.
@@ -50,12 +55,6 @@ impl Drop for ChannelShared {
 
 /// Channels with registered CQs.
 static CHANNELS: PtrMap<ChannelShared, 1024> = PtrMap::new();
-
-fn channel(ch: *mut ibv_comp_channel) -> Option<&'static ChannelShared> {
-    // SAFETY: channel state is removed only when its last CQ is destroyed, and is then kept
-    // with the context's other retired state until the context closes.
-    CHANNELS.get(ch.cast()).map(|p| unsafe { &*p.as_ptr() })
-}
 
 /// Binds a newly registered CQ to its completion channel, if it has one.
 pub(crate) fn attach(cq: &Arc<CqShared>) {
@@ -98,10 +97,13 @@ pub(crate) fn attach(cq: &Arc<CqShared>) {
 }
 
 /// Unbinds a destroyed CQ from its channel; returns the channel's state when that was its
-/// last CQ (removed from the registry, to be kept until the context closes).
+/// last CQ (removed from the registry; freed when the caller and any waiter drop it).
 pub(crate) fn detach(cq: &CqShared) -> Option<Arc<ChannelShared>> {
     let ch = cq.channel;
-    let state = channel(ch)?;
+    if ch.is_null() {
+        return None;
+    }
+    let state = CHANNELS.get_arc(ch.cast())?;
     let empty = {
         let mut cqs = state.cqs.lock().unwrap_or_else(|e| e.into_inner());
         cqs.retain(|c| !std::ptr::eq(Arc::as_ptr(c), cq));
@@ -116,7 +118,10 @@ pub(crate) fn detach(cq: &CqShared) -> Option<Arc<ChannelShared>> {
 
 /// Wakes a thread waiting on `cq`'s channel in [`get_cq_event`].
 pub(crate) fn notify(cq: &CqShared) {
-    if let Some(state) = channel(cq.channel) {
+    if cq.channel.is_null() {
+        return;
+    }
+    if let Some(state) = CHANNELS.get_arc(cq.channel.cast()) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes to the state's own eventfd; a full counter only means a
         // wake-up is already pending.
@@ -157,20 +162,26 @@ pub unsafe fn get_cq_event(
     ctx_out: *mut *mut c_void,
     real: GetCqEventFn,
 ) -> c_int {
-    let Some(state) = channel(ch) else {
+    // A counted reference as a raw pointer: nothing with a destructor lives in this frame
+    // across the cancellation point below.
+    let Some(held) = CHANNELS.get_arc(ch.cast()).map(Arc::into_raw) else {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(ch, cq_out, ctx_out) };
     };
+    // SAFETY: `held` is a counted reference, given back below.
+    let state = unsafe { &*held };
     // SAFETY: the caller passes a live channel.
     let fd = unsafe { (*ch).fd };
     // SAFETY: F_GETFL only reads the descriptor's flags.
     let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
         if let Some(cq) = state.take_ready() {
-            // SAFETY: the caller's out-pointers; cq is a live registered CQ.
+            // SAFETY: the caller's out-pointers; cq is a live registered CQ. `held` is the
+            // reference taken above.
             unsafe {
                 *cq_out = cq;
                 *ctx_out = (*cq).cq_context;
+                drop(Arc::from_raw(held));
             }
             return 0;
         }
@@ -205,6 +216,8 @@ pub unsafe fn get_cq_event(
             break;
         }
     }
+    // SAFETY: the reference taken above; the wait is over.
+    drop(unsafe { Arc::from_raw(held) });
     // SAFETY: the real verb with the caller's arguments.
     let rc = unsafe { real(ch, cq_out, ctx_out) };
     if rc == 0 {

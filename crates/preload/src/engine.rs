@@ -7,10 +7,14 @@
 //! engine ([`attach_context`]), which installs the shaper's function pointers in them
 //! ([`crate::hooks`]); QPs and CQs are registered as they are created. The state of every
 //! object lives in lock-free maps keyed by the object's address, so the pass-through path
-//! costs one lookup. State of destroyed objects is kept until its context is closed,
-//! because a concurrent poll may still hold a pointer to it.
+//! costs one lookup. A lookup borrows the state without a reference count; that is sound
+//! because only the application's own calls on an object borrow it that way, and verbs
+//! forbid destroying an object while another call uses it. Everything else that reaches
+//! an object's state from elsewhere (the pacer, another CQ's poll, a completion channel)
+//! holds an `Arc`. So the state of a destroyed QP or CQ is freed at its destroy call: a
+//! long-running rdma_cm server, whose contexts are never closed, keeps no state (and no
+//! descriptor) per connection it has dropped.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -354,8 +358,6 @@ pub struct CtxShared {
     pub(crate) req_notify_cq: Option<ReqNotifyFn>,
     pub(crate) create_qp_ex: Option<CreateQpExFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
-    /// State of destroyed QPs and CQs, freed when the context closes.
-    graveyard: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
 }
 
 // SAFETY: the function pointers are the provider's, callable from any thread.
@@ -395,7 +397,6 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
             req_notify_cq: ops.req_notify_cq,
             create_qp_ex,
             create_cq_ex,
-            graveyard: Mutex::new(Vec::new()),
         });
         if CONTEXTS.insert(ctx.cast(), shared).is_err() {
             log!(
@@ -426,16 +427,10 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
     true
 }
 
-/// Forgets `ctx` (it is about to be closed) and everything registered under it.
+/// Forgets `ctx` (it is about to be closed).
 pub fn detach_context(ctx: *mut ibv_context) {
     if let Some(p) = CONTEXTS.get(ctx.cast()) {
-        if let Some(shared) = CONTEXTS.remove(ctx.cast(), p) {
-            shared
-                .graveyard
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
-        }
+        drop(CONTEXTS.remove(ctx.cast(), p));
     }
 }
 
@@ -488,6 +483,8 @@ unsafe impl Sync for QpShared {}
 /// Mutable state of a shaped QP.
 pub struct QpState {
     pub(crate) sq: SendQueue,
+    /// The QP is being destroyed: nothing more reaches the provider.
+    destroyed: bool,
     classifier: Option<FlowClassifier>,
     pub(crate) batch: WrBatch,
 }
@@ -551,6 +548,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         send_cq: send_cq.clone(),
         state: Mutex::new(QpState {
             sq,
+            destroyed: false,
             classifier,
             batch: WrBatch::default(),
         }),
@@ -561,7 +559,8 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     match qps.insert(qp.cast(), Arc::clone(&shared)) {
-        Ok(Some(old)) => ctx.bury(old),
+        // A QP destroyed behind the shaper's back, whose address was reused.
+        Ok(Some(old)) => old.detach(),
         Ok(None) => {}
         Err(_) => {
             if !QPS_FULL_SAID.swap(true, Ordering::Relaxed) {
@@ -602,39 +601,84 @@ pub fn qp_token(qp: *mut ibv_qp) -> Option<NonNull<QpShared>> {
     QPS.get(qp.cast())
 }
 
-/// Forgets a destroyed QP, if its registration is still `token` (taken before the destroy
-/// call, so that a new QP at the same address is not forgotten instead).
-pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>, ctx: *mut ibv_context) {
-    let Some(shared) = QPS.remove(qp.cast(), token) else {
-        return;
+/// Destroys a QP with `real` (the provider's destroy), the shaper's state first.
+///
+/// The state is detached before the provider destroys the QP, so that nothing the shaper
+/// runs on other threads can reach a destroyed QP: the QP is marked destroyed under its
+/// lock (which waits for a drain in progress, and keeps the pacer and other CQs' polls
+/// from posting its held requests), taken out of the registry, its CQ and the pacer's
+/// queue, and the completions the shaper still held for it are purged (a provider purges
+/// a destroyed QP's completions). If the provider refuses the destroy, the QP is
+/// registered again as it was. Otherwise its state is freed here.
+pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
+    let Some(token) = qp_token(qp) else {
+        return real();
     };
-    if let Some(cq) = &shared.send_cq {
-        let mut qps = cq.qps.lock().unwrap_or_else(|e| e.into_inner());
-        let before = qps.len();
-        qps.retain(|q| !Arc::ptr_eq(q, &shared));
-        if qps.len() < before {
-            cq.shaped.fetch_sub(1, Ordering::AcqRel);
-            cq.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
-        }
+    let Some(shared) = unregister_qp_in(&QPS, qp, token) else {
+        return real();
+    };
+    let rc = real();
+    if rc != 0 {
+        shared.reinstate(&QPS);
     }
-    // A stale `next_due_ns` left behind only costs one needless tick.
-    shared
-        .engine
-        .pacer_queue()
-        .waiting
-        .retain(|(q, _)| !Arc::ptr_eq(q, &shared));
-    match context(ctx) {
-        Some(c) => c.bury(shared),
-        None => drop(shared),
-    }
+    rc
 }
 
-impl CtxShared {
-    fn bury(&self, state: Arc<dyn Any + Send + Sync>) {
-        self.graveyard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(state);
+/// Forgets a destroyed QP, if its registration is still `token` (taken before the destroy
+/// call, so that a new QP at the same address is not forgotten instead).
+pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>) {
+    drop(unregister_qp_in(&QPS, qp, token));
+}
+
+/// [`unregister_qp`] from `qps`; returns the state, detached.
+pub(crate) fn unregister_qp_in<const N: usize>(
+    qps: &PtrMap<QpShared, N>,
+    qp: *mut ibv_qp,
+    token: NonNull<QpShared>,
+) -> Option<Arc<QpShared>> {
+    // SAFETY: the token is the registered state, alive while it is in the map.
+    unsafe { token.as_ref() }.lock().destroyed = true;
+    let shared = qps.remove(qp.cast(), token)?;
+    shared.detach();
+    Some(shared)
+}
+
+impl QpShared {
+    /// Takes this (destroyed) QP out of its CQ and the pacer's queue, and purges the
+    /// completions the shaper holds for it.
+    fn detach(self: &Arc<Self>) {
+        self.lock().destroyed = true;
+        if let Some(cq) = &self.send_cq {
+            let mut qps = cq.qps.lock().unwrap_or_else(|e| e.into_inner());
+            let before = qps.len();
+            qps.retain(|q| !Arc::ptr_eq(q, self));
+            if qps.len() < before {
+                cq.shaped.fetch_sub(1, Ordering::AcqRel);
+                cq.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
+            }
+            cq.purge_qp(self.qp_num);
+        }
+        // A stale `next_due_ns` left behind only costs one needless tick.
+        let mut queue = self.engine.pacer_queue();
+        queue.waiting.retain(|(q, _)| !Arc::ptr_eq(q, self));
+        self.in_pacer.store(false, Ordering::Release);
+    }
+
+    /// Registers again a QP whose destroy the provider refused.
+    fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>) {
+        self.lock().destroyed = false;
+        if qps.insert(self.qp.cast(), Arc::clone(self)).is_err() {
+            return;
+        }
+        if let (true, Some(cq)) = (self.shaped, &self.send_cq) {
+            cq.qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::clone(self));
+            cq.shaped.fetch_add(1, Ordering::AcqRel);
+            cq.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+        }
+        self.drain(self.engine.clock.now());
     }
 }
 
@@ -694,7 +738,8 @@ pub(crate) fn cq_fast(cq: *mut ibv_cq) -> Option<&'static CqShared> {
 /// The state of a registered QP.
 #[inline(always)]
 pub(crate) fn qp(qp: *mut ibv_qp) -> Option<&'static QpShared> {
-    // SAFETY: QP state is freed only when its context closes (see `bury`).
+    // SAFETY: QP state is freed at the QP's destroy, which verbs forbid while a call on the
+    // QP runs (see the module's documentation).
     QPS.get(qp.cast()).map(|p| unsafe { &*p.as_ptr() })
 }
 
@@ -881,6 +926,9 @@ impl QpShared {
         st: &mut QpState,
         now: Duration,
     ) -> (Option<(usize, c_int)>, Vec<ibv_wc>, Blocked) {
+        if st.destroyed {
+            return (None, Vec::new(), Blocked::Idle);
+        }
         let qp = self.qp;
         let post_send = self.post_send;
         let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
@@ -1017,10 +1065,7 @@ pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex,
     }
     if let Ok(Some(old)) = CQS.insert(cq.cast(), shared) {
         // A CQ destroyed behind the shaper's back, whose address was reused.
-        if let Some(channel) = crate::channel::detach(&old) {
-            ctx.bury(channel);
-        }
-        ctx.bury(old);
+        drop(crate::channel::detach(&old));
     }
     if !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some() {
         // SAFETY: cqx is the live extended CQ whose pointers were saved above.
@@ -1033,26 +1078,19 @@ pub fn cq_token(cq: *mut ibv_cq) -> Option<NonNull<CqShared>> {
     CQS.get(cq.cast())
 }
 
-/// Forgets a destroyed CQ, if its registration is still `token`.
-pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>, ctx: *mut ibv_context) {
+/// Forgets a destroyed CQ, if its registration is still `token`; its state (and its
+/// channel's, when it was the channel's last CQ) is freed here.
+pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>) {
     if let Some(shared) = CQS.remove(cq.cast(), token) {
-        let channel = crate::channel::detach(&shared);
-        match context(ctx) {
-            Some(c) => {
-                c.bury(shared);
-                if let Some(channel) = channel {
-                    c.bury(channel);
-                }
-            }
-            None => drop(shared),
-        }
+        drop(crate::channel::detach(&shared));
     }
 }
 
 /// The state of a registered CQ.
 #[inline(always)]
 pub(crate) fn cq(cq: *mut ibv_cq) -> Option<&'static CqShared> {
-    // SAFETY: CQ state is freed only when its context closes (see `bury`).
+    // SAFETY: CQ state is freed at the CQ's destroy, which verbs forbid while a call on the
+    // CQ runs (see the module's documentation).
     CQS.get(cq.cast()).map(|p| unsafe { &*p.as_ptr() })
 }
 
@@ -1083,6 +1121,15 @@ impl CqShared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
+    }
+
+    /// Drops the completions held for the QP `qp_num`, which was destroyed.
+    pub(crate) fn purge_qp(&self, qp_num: u32) {
+        let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        q.retain(|wc| wc.qp_num != qp_num);
+        self.work
+            .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
     }
 
     /// Takes the next synthesized completion.

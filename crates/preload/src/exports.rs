@@ -330,17 +330,11 @@ pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(qp) };
     };
-    let token = engine::qp_token(qp);
-    // SAFETY: the caller passes a live QP.
-    let ctx = unsafe { qp.as_ref() }.map_or(std::ptr::null_mut(), |q| q.context);
     // SAFETY: the real verb with the caller's arguments.
-    let rc = unsafe { real(qp) };
-    if rc == 0 {
-        if let Some(token) = token {
-            guarded(|| engine::unregister_qp(qp, token, ctx), || ());
-        }
-    }
-    rc
+    guarded(
+        || engine::destroy_qp(qp, || unsafe { real(qp) }),
+        || libc::EIO,
+    )
 }
 
 /// `ibv_modify_qp@@IBVERBS_1.1`.
@@ -414,13 +408,11 @@ pub unsafe extern "C" fn justitia_ibv_destroy_cq_1_1(cq: *mut ibv_cq) -> c_int {
         return unsafe { real(cq) };
     };
     let token = engine::cq_token(cq);
-    // SAFETY: the caller passes a live CQ.
-    let ctx = unsafe { cq.as_ref() }.map_or(std::ptr::null_mut(), |c| c.context);
     // SAFETY: the real verb with the caller's arguments.
     let rc = unsafe { real(cq) };
     if rc == 0 {
         if let Some(token) = token {
-            guarded(|| engine::unregister_cq(cq, token, ctx), || ());
+            guarded(|| engine::unregister_cq(cq, token), || ());
         }
     }
     rc

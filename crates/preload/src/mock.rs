@@ -66,6 +66,8 @@ struct MockQp {
     /// Refuse the WQE at this position of the next post call's list, with this error.
     refuse_next: Option<(usize, c_int)>,
     batch: Vec<PostedWr>,
+    /// Destroyed: a post reaching it is a use after destroy.
+    destroyed: bool,
 }
 
 struct MockCq {
@@ -85,6 +87,8 @@ struct MockState {
     end_polls: u32,
     /// `ibv_create_cq_ex` refuses to report QP numbers.
     refuse_qp_num: bool,
+    /// Post calls that reached a destroyed QP.
+    posts_after_destroy: u32,
 }
 
 struct MockInner {
@@ -309,6 +313,39 @@ impl MockDevice {
         ran
     }
 
+    /// Destroys `qp` as a provider would: its queued requests are dropped, its completions
+    /// purged from its CQ, and any later post on it is counted as a use after destroy.
+    pub fn destroy_qp(&self, qp: *mut ibv_qp) {
+        let mut st = self.state();
+        let MockState { qps, cqs, .. } = &mut *st;
+        if let Some(q) = qps.iter_mut().find(|q| q.qpx.get().cast::<ibv_qp>() == qp) {
+            q.destroyed = true;
+            q.sq.clear();
+            // SAFETY: the mock's own QP object, alive as long as the device.
+            let qp_num = unsafe { (*q.qpx.get()).qp_base.qp_num };
+            for c in cqs.iter_mut() {
+                c.entries.retain(|e| e.qp_num != qp_num);
+            }
+        }
+    }
+
+    /// Post calls that reached a destroyed QP (each one a use after destroy).
+    pub fn posts_after_destroy(&self) -> u32 {
+        self.state().posts_after_destroy
+    }
+
+    /// Queues `wc` on `cq` as if the hardware had produced it.
+    pub fn push_completion(&self, cq: *mut ibv_cq, wc: ibv_wc) {
+        if let Some(c) = self
+            .state()
+            .cqs
+            .iter_mut()
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == cq)
+        {
+            c.entries.push_back(wc);
+        }
+    }
+
     /// Executes everything queued on `qp`.
     pub fn execute_all(&self, qp: *mut ibv_qp) -> usize {
         self.execute(qp, usize::MAX)
@@ -405,6 +442,7 @@ fn create_qp(
         fail_next: None,
         refuse_next: None,
         batch: Vec::new(),
+        destroyed: false,
     });
     p
 }
@@ -442,6 +480,16 @@ unsafe extern "C" fn mock_post_send(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .post_calls += 1;
+    let dead = with_qp(qp, |q, _| q.destroyed).unwrap_or(false);
+    if dead {
+        // SAFETY: a mock QP points to its mock context.
+        inner_of(unsafe { (*qp).context })
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .posts_after_destroy += 1;
+        return libc::EINVAL;
+    }
     with_qp(qp, |q, log| {
         let refuse = q.refuse_next.take();
         let mut cur = wr;

@@ -377,7 +377,7 @@ fn auto_class_splits_large_writes_and_passes_small_ones_whole() {
     let stats = r.engine.stats();
     assert_eq!((stats.requests, stats.split_requests), (5, 1));
     if let Some(t) = engine::qp_token(small) {
-        engine::unregister_qp(small, t, r.dev.context());
+        engine::unregister_qp(small, t);
     }
 }
 

@@ -96,11 +96,11 @@ fn forget(dev: &MockDevice, qps: &[*mut ibv_qp], cq: *mut ibv_cq) {
     let ctx = dev.context();
     for &qp in qps {
         if let Some(t) = engine::qp_token(qp) {
-            engine::unregister_qp(qp, t, ctx);
+            engine::unregister_qp(qp, t);
         }
     }
     if let Some(t) = engine::cq_token(cq) {
-        engine::unregister_cq(cq, t, ctx);
+        engine::unregister_cq(cq, t);
     }
     engine::detach_context(ctx);
 }

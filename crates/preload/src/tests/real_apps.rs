@@ -2,6 +2,15 @@
 //! requests held, moving QPs to the error state, not polling, forking. Each test here
 //! reproduces one way an application that runs without the shaper failed with it.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use justitia_verbs::sys::*;
+
+use super::{lookup, pattern, rdma, rig_with, sge};
+use crate::clock::{Clock, VirtualClock};
+use crate::engine::{self, PacerMode};
+use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::MockDevice;
 
 /// An application (NCCL, a ctypes binding) loads libibverbs with `dlopen(RTLD_LOCAL)` after
@@ -48,4 +57,180 @@ fn real_verbs_are_found_in_a_libibverbs_loaded_with_rtld_local() {
         1,
         "the real verb was reached"
     );
+}
+
+const PACED_64K: &[(&str, &str)] = &[
+    ("JUSTITIA_CLASS", "bandwidth"),
+    ("JUSTITIA_CHUNK", "64K"),
+    ("JUSTITIA_RATE", "10M"),
+];
+
+/// `ibv_destroy_qp` used to destroy through the provider first and forget the QP after,
+/// while the pacer thread (or another CQ's poll) could drain the QP's held requests into the
+/// provider's `post_send` in between. Here the pacer runs inside the provider's destroy,
+/// where that thread could: nothing may reach the destroyed QP, then or later.
+#[test]
+fn destroying_a_qp_with_paced_requests_held_posts_nothing_to_it() {
+    let r = rig_with(PACED_64K, 64, false);
+    let src = pattern(1 << 20, 3);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    let posted = r.log().len();
+    assert!(posted < 16, "chunks are held for tokens ({posted} posted)");
+    let later = r.clock.now() + Duration::from_secs(1);
+    let rc = engine::destroy_qp(r.qp, || {
+        r.dev.destroy_qp(r.qp);
+        r.engine.pacer_tick(later);
+        0
+    });
+    assert_eq!(rc, 0);
+    r.clock.set(later + Duration::from_secs(1));
+    r.engine.pacer_tick(r.clock.now());
+    assert!(r.poll().is_empty());
+    assert_eq!(r.dev.posts_after_destroy(), 0);
+    assert_eq!(r.log().len(), posted);
+    assert!(engine::qp_token(r.qp).is_none(), "forgotten");
+}
+
+/// A provider that refuses the destroy leaves the QP as it was: still shaped, its held
+/// requests still going out.
+#[test]
+fn a_refused_destroy_leaves_the_qp_shaped() {
+    let r = rig_with(PACED_64K, 64, false);
+    let src = pattern(1 << 20, 4);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        9,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    assert_eq!(engine::destroy_qp(r.qp, || libc::EBUSY), libc::EBUSY);
+    let mut seen = Vec::new();
+    for _ in 0..1000 {
+        r.clock.advance(Duration::from_millis(10));
+        r.engine.pacer_tick(r.clock.now());
+        seen.extend(r.run());
+        if !seen.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [9]);
+    assert_eq!(r.log().len(), 16);
+    assert_eq!(src, dst);
+}
+
+/// Completions the shaper made for a QP (flush errors of requests that never reached a
+/// failed QP) were still delivered after the QP was destroyed; a provider purges a
+/// destroyed QP's completions, and so must the shaper.
+#[test]
+fn completions_held_for_a_destroyed_qp_are_not_delivered() {
+    let r = rig_with(PACED_64K, 64, false);
+    let src = pattern(1 << 20, 5);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        2,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    let mut s2 = [sge(&src, 0, 4096)];
+    let mut w2 = [rdma(
+        IBV_WR_RDMA_WRITE,
+        3,
+        &mut s2,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w2).0, 0);
+    // The first chunk fails: the rest is flushed, with completions the shaper makes.
+    r.dev.fail_next(r.qp, IBV_WC_REM_ACCESS_ERR);
+    r.dev.execute_all(r.qp);
+    let mut first = [ibv_wc::default(); 1];
+    // SAFETY: a live CQ and room for one completion.
+    let n = unsafe { justitia_verbs::ops::poll_cq(r.cq, 1, first.as_mut_ptr()) };
+    assert_eq!(
+        (n, first[0].wr_id, first[0].status),
+        (1, 2, IBV_WC_REM_ACCESS_ERR)
+    );
+    let rc = engine::destroy_qp(r.qp, || {
+        r.dev.destroy_qp(r.qp);
+        0
+    });
+    assert_eq!(rc, 0);
+    assert!(r.poll().is_empty(), "nothing of the destroyed QP");
+}
+
+/// State of destroyed QPs, CQs and completion channels (an eventfd each) was kept until the
+/// device context closed, which librdmacm never does: a server dropping connections ran
+/// out of descriptors. Now it is freed at destroy, and the descriptor count stays flat.
+#[test]
+fn destroyed_qps_cqs_and_channels_free_their_state_and_descriptors() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[("JUSTITIA_CLASS", "bandwidth")]),
+        clock,
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    let open_fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let before = open_fds();
+    let mut channels: Vec<Box<ibv_comp_channel>> = Vec::new();
+    let mut weak = None;
+    for _ in 0..400 {
+        let mut ch = Box::new(ibv_comp_channel {
+            context: ctx,
+            fd: -1,
+            refcnt: 0,
+        });
+        let cq = dev.create_cq_on(&mut *ch);
+        // SAFETY: cq was just created on ctx.
+        unsafe { on_create_cq(ctx, cq) };
+        let mut attr = ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 16,
+                max_send_sge: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let qp = dev.create_qp(&mut attr);
+        // SAFETY: qp was just created with attr.
+        unsafe { on_create_qp(qp, &attr) };
+        weak = Some(Arc::downgrade(&engine::QPS.get_arc(qp.cast()).unwrap()));
+        assert_eq!(engine::destroy_qp(qp, || 0), 0);
+        engine::unregister_cq(cq, engine::cq_token(cq).unwrap());
+        channels.push(ch);
+    }
+    let after = open_fds();
+    assert!(
+        after <= before + 50,
+        "descriptors grew from {before} to {after} over 400 connections"
+    );
+    assert!(
+        weak.and_then(|w| w.upgrade()).is_none(),
+        "the last QP's state is freed"
+    );
+    engine::detach_context(ctx);
 }
