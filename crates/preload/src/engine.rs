@@ -1155,8 +1155,8 @@ impl CqShared {
 
     /// Translates one completion; returns whether to deliver it, and the QP it touched.
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
-    /// completions are then attributed by their tags, or by which QP expects the
-    /// application's `wr_id` next.
+    /// completions are then attributed by their tags (every WQE the shaper posts carries
+    /// one).
     pub(crate) fn translate(
         &self,
         qps: &[Arc<QpShared>],
@@ -1167,18 +1167,7 @@ impl CqShared {
         let owner = if qp_num_known {
             qps.iter().find(|q| q.qp_num == wc.qp_num)
         } else {
-            qps.iter().find(|q| q.tags.contains(&wc.wr_id)).or_else(|| {
-                let mut expecting = qps.iter().filter(|q| {
-                    wc.status == IBV_WC_SUCCESS
-                        && wc.opcode & IBV_WC_RECV == 0
-                        && q.lock().sq.expects_visible(wc.wr_id)
-                });
-                // Two QPs expecting the same wr_id cannot be told apart: deliver as is.
-                match (expecting.next(), expecting.next()) {
-                    (Some(q), None) => Some(q),
-                    _ => None,
-                }
-            })
+            qps.iter().find(|q| q.tags.contains(&wc.wr_id))
         };
         let Some(q) = owner else {
             return (true, None);

@@ -106,6 +106,15 @@ unsafe impl Send for MockDevice {}
 // SAFETY: as above.
 unsafe impl Sync for MockDevice {}
 
+impl Drop for MockDevice {
+    fn drop(&mut self) {
+        // The context's address may be reused by the next mock: the shaper must not take
+        // it for this one (a test that fails before forgetting its context would otherwise
+        // fail every test after it).
+        crate::engine::detach_context(self.context());
+    }
+}
+
 impl Default for MockDevice {
     fn default() -> Self {
         Self::new()

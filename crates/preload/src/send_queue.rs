@@ -11,10 +11,12 @@
 //! `capacity` WQEs; the rest wait here. A request retires when its last WQE has been
 //! completed, as the application learns from a completion of it or of a later request.
 //!
-//! Which WQE a completion belongs to: the last WQE of a request the application will see a
-//! completion for carries the application's `wr_id`, flags and immediate; every other WQE
-//! carries a tag the shaper owns (see `TagSpace`), so an error completion names exactly the
-//! WQE that failed even when the application gives many requests one `wr_id`. Successful
+//! Which WQE a completion belongs to: every WQE carries a tag the shaper owns (see
+//! `TagSpace`) as its `wr_id`, and the completion the application sees gets its own
+//! `wr_id` back. So an error completion names exactly the WQE that failed even when the
+//! application gives many requests one `wr_id`, and a completion that carries no tag is
+//! never this send queue's: a receive flush with the same `wr_id` as a send (whose opcode
+//! is undefined, as for any error completion) is left alone. Successful
 //! completions arrive in posting order (RC), so the unsignaled WQEs before a signaled one
 //! completed silently. To keep slots flowing when the application signals rarely, the
 //! shaper signals an internal WQE at least every half queue and hides its completion; the
@@ -22,8 +24,12 @@
 //! flight, which never outnumber its `max_send_wr`.
 //!
 //! Errors: the first error completion marks the QP failed; every request gets exactly one
-//! error completion (the first of its WQEs to report one, or a synthesized
-//! `IBV_WC_WR_FLUSH_ERR` for requests with nothing left on the hardware queue).
+//! error completion, in order: the first of its WQEs to report one, or a synthesized
+//! `IBV_WC_WR_FLUSH_ERR` for a request whose own completion cannot come from the hardware.
+//! Only a request's last, signaled WQE is sure to produce a completion once the QP has
+//! failed (flushed if not done); its unsignaled chunks may have finished silently before
+//! the failure and then produce nothing. So a request is flushed by the shaper as soon as
+//! every request before it has had its completion and its own last WQE is not in flight.
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -324,11 +330,10 @@ struct Built {
     posted: Posted,
 }
 
-/// `wr_id` values for the WQEs whose completions the application never sees (chunks before
-/// the last, yields, the WQEs of unsignaled requests). They are addresses inside a block
-/// the shaper owns, one byte per send-queue slot, so they identify the QP and the WQE
-/// exactly, cannot be a pointer the application owns, and are never shown to it: an error
-/// completion names exactly the WQE that failed even when the application reuses `wr_id`s.
+/// `wr_id` values for the WQEs the shaper posts. They are addresses inside a block the
+/// shaper owns, one byte per send-queue slot, so they identify the QP and the WQE exactly,
+/// cannot be a pointer the application owns, and are never shown to it: an error completion
+/// names exactly the WQE that failed even when the application reuses `wr_id`s.
 #[derive(Debug)]
 struct TagSpace {
     block: Box<[u8]>,
@@ -433,6 +438,8 @@ pub struct SendQueue {
     next_wqe: u64,
     tags: TagSpace,
     failed: bool,
+    /// The failure came as an error completion: every WQE after it reports (flushed).
+    hardware_flushes: bool,
     /// The list being built for one post call, and its SGEs (kept to reuse the memory).
     batch: Vec<Built>,
     batch_wrs: Vec<ibv_send_wr>,
@@ -479,6 +486,7 @@ impl SendQueue {
             next_wqe: 0,
             tags: TagSpace::new(capacity),
             failed: false,
+            hardware_flushes: false,
             batch: Vec::new(),
             batch_wrs: Vec::new(),
             batch_sges: Vec::new(),
@@ -629,7 +637,7 @@ impl SendQueue {
         };
         loop {
             if self.failed {
-                self.flush_if_idle(env.counters, env.synthesized);
+                self.flush_settled(env.counters, env.synthesized);
                 outcome.blocked = Blocked::Failed;
                 return outcome;
             }
@@ -763,11 +771,7 @@ impl SendQueue {
                 wr.send_flags & !IBV_SEND_SIGNALED
             };
             let wqe = self.next_wqe + self.batch.len() as u64;
-            wr.wr_id = if visible {
-                req.wr_id
-            } else {
-                self.tags.tag(wqe)
-            };
+            wr.wr_id = self.tags.tag(wqe);
             self.batch_wrs.push(wr);
             self.batch.push(Built {
                 request: index,
@@ -926,44 +930,36 @@ impl SendQueue {
             let Some(p) = self.posted.pop_front() else {
                 break;
             };
-            if let Some(r) = self
-                .requests
-                .get_mut(usize::try_from(p.seq - self.first_seq).unwrap_or(usize::MAX))
+            // A WQE of a request already flushed and dropped has no request left.
+            if let Some(r) = p
+                .seq
+                .checked_sub(self.first_seq)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| self.requests.get_mut(i))
             {
                 r.inflight = r.inflight.saturating_sub(1);
             }
         }
     }
 
-    /// True when the next completion of this QP could carry `wr_id` as the application's
-    /// own: the first signaled WQE in flight is visible and carries it.
-    pub fn expects_visible(&self, wr_id: u64) -> bool {
-        self.posted
-            .iter()
-            .find(|p| p.signaled)
-            .is_some_and(|p| p.visible && p.wr_id == wr_id)
-    }
-
     /// Translates one completion of this QP (matched by `wc.qp_num` or by its tag).
     ///
-    /// A successful completion belongs to the first signaled WQE in flight carrying its
-    /// `wr_id` (RC completes WQEs in order; the unsignaled ones before it completed
-    /// silently). An error names its WQE exactly: by tag, or, for the application's own
-    /// `wr_id`, the first WQE carrying it (only visible WQEs carry one, and they complete
-    /// in order). The first error marks the QP failed: every request then gets exactly one
-    /// error completion, from the first of its WQEs to report one, or synthesized for
-    /// requests with nothing left on the hardware queue.
+    /// A completion names its WQE exactly, by tag (RC completes WQEs in order, so the
+    /// unsignaled ones before a successful one completed silently). A completion without
+    /// a tag is not this send queue's. The first error marks the QP failed: every request
+    /// then gets exactly one error completion, from the first of its WQEs to report one,
+    /// or synthesized (see [`Self::set_failed`]).
     pub fn complete(
         &mut self,
         wc: &mut ibv_wc,
         counters: &Counters,
         synthesized: &mut Vec<ibv_wc>,
     ) -> Verdict {
-        let ours = if self.tags.contains(wc.wr_id) {
-            Verdict::Hide
-        } else {
-            Verdict::NotOurs
-        };
+        if !self.tags.contains(wc.wr_id) {
+            return Verdict::NotOurs;
+        }
+        // A tag no WQE in flight carries: a stale completion of the shaper's own.
+        let ours = Verdict::Hide;
         if wc.status == IBV_WC_SUCCESS {
             if wc.opcode & IBV_WC_RECV != 0 {
                 return Verdict::NotOurs;
@@ -978,8 +974,7 @@ impl SendQueue {
             let entry = self.posted[index];
             let info = self.request_info(entry.seq);
             self.pop_posted_through(index);
-            self.retire_front();
-            return match info {
+            let verdict = match info {
                 Some((wr_id, len, split, reported)) if entry.visible && !reported => {
                     wc.wr_id = wr_id;
                     if split {
@@ -990,6 +985,9 @@ impl SendQueue {
                 }
                 _ => Verdict::Hide,
             };
+            self.retire_front();
+            self.flush_settled(counters, synthesized);
+            return verdict;
         }
 
         let Some(index) = self.posted.iter().position(|p| p.wr_id == wc.wr_id) else {
@@ -998,6 +996,7 @@ impl SendQueue {
         let entry = self.posted[index];
         let info = self.request_info(entry.seq);
         self.failed = true;
+        self.hardware_flushes = true;
         self.pop_posted_through(index);
         let verdict = match info {
             Some((wr_id, _, _, false)) => {
@@ -1009,7 +1008,7 @@ impl SendQueue {
             _ => Verdict::Hide,
         };
         self.retire_front();
-        self.flush_if_idle(counters, synthesized);
+        self.flush_settled(counters, synthesized);
         verdict
     }
 
@@ -1030,24 +1029,55 @@ impl SendQueue {
         }
     }
 
-    /// After a failure, once the hardware has flushed everything posted: one flush error
-    /// for every request that has not had its completion, and an empty queue.
-    fn flush_if_idle(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
-        if !self.failed || !self.posted.is_empty() {
+    /// After a failure, settles in order every request that has not had its completion.
+    ///
+    /// When the failure came as an error completion, the hardware reports every WQE after
+    /// that one (flushed): a request with a WQE in flight has its completion coming, and
+    /// settling stops there, to keep the QP's completions in order; the others get a
+    /// flush error now. When the application moved the QP to the error state, WQEs in
+    /// flight may instead have finished silently before it (unsignaled ones then never
+    /// report, which kept the queue from ever emptying), so:
+    /// - one whose last, signaled WQE is in flight will have it from the hardware (done or
+    ///   flushed): settling stops there;
+    /// - one never fully posted cannot have completed: it gets a flush error now;
+    /// - one fully posted and unsignaled may have finished silently before the failure (its
+    ///   WQEs then never report, which is what kept the queue from ever emptying): it
+    ///   counts as done, as it may have natively; a flush of its WQEs, if any comes, carries
+    ///   tags and is hidden.
+    ///
+    /// Once every request is settled, the queue is emptied.
+    fn flush_settled(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
+        if !self.failed {
             return;
         }
-        self.first_seq += self.requests.len() as u64;
-        for r in self.requests.drain(..) {
-            if !r.reported {
-                Counters::add(&counters.errors, 1);
-                synthesized.push(error_wc(
-                    r.wr_id,
-                    IBV_WC_WR_FLUSH_ERR,
-                    r.wc_opcode,
-                    self.qp_num,
-                ));
+        for (i, r) in self.requests.iter_mut().enumerate() {
+            if r.reported {
+                continue;
             }
+            let seq = self.first_seq + i as u64;
+            let all = self.hardware_flushes;
+            if self
+                .posted
+                .iter()
+                .any(|p| p.seq == seq && (all || p.visible))
+            {
+                return;
+            }
+            r.reported = true;
+            if !all && r.done_posting && !r.visible {
+                continue;
+            }
+            r.done_posting = true;
+            Counters::add(&counters.errors, 1);
+            synthesized.push(error_wc(
+                r.wr_id,
+                IBV_WC_WR_FLUSH_ERR,
+                r.wc_opcode,
+                self.qp_num,
+            ));
         }
+        self.first_seq += self.requests.len() as u64;
+        self.requests.clear();
         self.cursor = 0;
     }
 
@@ -1059,13 +1089,15 @@ impl SendQueue {
         self.cursor = 0;
         self.unsignaled_run = 0;
         self.failed = false;
+        self.hardware_flushes = false;
     }
 
-    /// The QP was moved to the error state: what is posted will be flushed, and what was
-    /// never posted gets its flush completion now if nothing is left on the hardware queue.
+    /// The QP was moved to the error state (as `rdma_disconnect` does): requests whose
+    /// completion the hardware will not deliver get their flush errors now, in order (see
+    /// [`Self::flush_settled`]).
     pub fn set_failed(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
         self.failed = true;
-        self.flush_if_idle(counters, synthesized);
+        self.flush_settled(counters, synthesized);
     }
 }
 
@@ -1148,4 +1180,197 @@ fn yield_wr_for(original: &WorkRequest) -> ibv_send_wr {
         wr.wr.rdma.rkey = remote.rkey;
     }
     wr
+}
+
+#[cfg(test)]
+mod tests {
+    //! The send queue alone, with a closure as the provider.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A send queue and what its provider (a closure) was handed.
+    struct Harness {
+        sq: SendQueue,
+        counters: Counters,
+        /// `(wr_id, signaled, payload)` of every WQE posted, in order.
+        wire: Vec<(u64, bool, u32)>,
+        synthesized: Vec<ibv_wc>,
+    }
+
+    impl Harness {
+        fn new(capacity: u32) -> Self {
+            Harness {
+                sq: SendQueue::new(7, capacity, 4, false),
+                counters: Counters::default(),
+                wire: Vec::new(),
+                synthesized: Vec::new(),
+            }
+        }
+
+        fn accept(&mut self, wr_id: u64, len: u32, signaled: bool, treatment: Treatment) {
+            let mut wr = ibv_send_wr {
+                wr_id,
+                opcode: IBV_WR_RDMA_WRITE,
+                send_flags: if signaled { IBV_SEND_SIGNALED } else { 0 },
+                ..Default::default()
+            };
+            wr.wr.rdma.remote_addr = 0x10_0000;
+            wr.wr.rdma.rkey = 5;
+            let sge = ibv_sge {
+                addr: 0x20_0000,
+                length: len,
+                lkey: 1,
+            };
+            let owned = OwnedWr::from_parts(wr, vec![sge], None);
+            self.sq.accept(owned, treatment, 0).unwrap();
+            self.sq.end_call();
+        }
+
+        fn drain(&mut self) -> DrainOutcome {
+            let wire = &mut self.wire;
+            let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
+                for w in wrs.iter() {
+                    // SAFETY: the queue hands over WQEs with their SGE lists live.
+                    let len = unsafe { (*w.sg_list).length };
+                    wire.push((w.wr_id, w.send_flags & IBV_SEND_SIGNALED != 0, len));
+                }
+                Ok(())
+            };
+            self.sq.drain(
+                Duration::ZERO,
+                &mut DrainEnv {
+                    post: &mut post,
+                    bucket: None,
+                    counters: &self.counters,
+                    synthesized: &mut self.synthesized,
+                },
+            )
+        }
+
+        /// The hardware's completion of the posted WQE `index`, as the application's poll
+        /// would translate it.
+        fn complete(&mut self, index: usize, status: ibv_wc_status) -> (Verdict, ibv_wc) {
+            let mut wc = ibv_wc {
+                wr_id: self.wire[index].0,
+                status,
+                opcode: IBV_WC_RDMA_WRITE,
+                qp_num: 7,
+                ..Default::default()
+            };
+            let v = self
+                .sq
+                .complete(&mut wc, &self.counters, &mut self.synthesized);
+            (v, wc)
+        }
+    }
+
+    const SPLIT_4K: Treatment = Treatment::Split {
+        chunk_bytes: 4096,
+        paced: false,
+    };
+
+    #[test]
+    fn a_split_request_goes_out_in_chunks_each_with_a_tag_and_completes_once() {
+        let mut h = Harness::new(16);
+        h.accept(42, 16384, true, SPLIT_4K);
+        assert_eq!(h.drain().blocked, Blocked::Idle);
+        assert_eq!(h.wire.len(), 4);
+        assert!(h.wire.iter().all(|&(id, _, len)| id != 42 && len == 4096));
+        assert_eq!(
+            h.wire.iter().map(|w| w.1).collect::<Vec<_>>(),
+            [false, false, false, true],
+            "only the last chunk is signaled"
+        );
+        let (v, wc) = h.complete(3, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id, wc.byte_len), (Verdict::Deliver, 42, 16384));
+        assert_eq!(h.sq.outstanding(), 0, "retired");
+    }
+
+    #[test]
+    fn a_full_hardware_queue_blocks_on_slots_and_completions_free_them() {
+        let mut h = Harness::new(4);
+        h.accept(1, 32768, true, SPLIT_4K);
+        assert_eq!(h.drain().blocked, Blocked::Slots);
+        assert_eq!(h.wire.len(), 4);
+        // The shaper signals an internal WQE every half queue, so slots come back.
+        assert!(h.wire[1].1, "internal signal at half the queue");
+        assert_eq!(h.complete(1, IBV_WC_SUCCESS).0, Verdict::Hide);
+        h.drain();
+        assert_eq!(h.wire.len(), 6);
+    }
+
+    /// Issue 10, item 2: the QP is moved to the error state (as `rdma_disconnect` does)
+    /// after an unsignaled request's last chunk finished silently, while a signaled request
+    /// is held (for tokens). The flush used to wait for the WQEs in flight to report, which
+    /// an unsignaled WQE that already finished never does: the held request never had its
+    /// completion.
+    #[test]
+    fn moving_to_error_flushes_held_requests_behind_silently_finished_chunks() {
+        let mut h = Harness::new(4);
+        h.accept(1, 12288, false, SPLIT_4K);
+        h.drain();
+        assert_eq!(
+            h.wire.iter().map(|w| w.1).collect::<Vec<_>>(),
+            [false, true, false],
+            "an internal signal at half the queue"
+        );
+        assert_eq!(h.complete(1, IBV_WC_SUCCESS).0, Verdict::Hide);
+        // Request 2 is accepted and held (not drained: its tokens are not due).
+        h.accept(2, 4096, true, Treatment::Whole);
+        // The last chunk finishes silently; then the application moves the QP to error.
+        h.sq.set_failed(&h.counters, &mut h.synthesized);
+        assert_eq!(
+            h.synthesized
+                .iter()
+                .map(|w| (w.wr_id, w.status))
+                .collect::<Vec<_>>(),
+            [(2, IBV_WC_WR_FLUSH_ERR)],
+            "the held request is flushed, the silent one stays silent"
+        );
+        assert_eq!(h.sq.outstanding(), 0);
+    }
+
+    /// After an error completion the hardware flushes every later WQE, so a request with
+    /// WQEs in flight gets its error from them, in order, not a synthesized one first.
+    #[test]
+    fn after_an_error_completion_requests_in_flight_wait_for_their_own_flush() {
+        let mut h = Harness::new(8);
+        h.accept(1, 4096, true, Treatment::Whole);
+        h.accept(2, 4096, false, Treatment::Whole);
+        h.accept(3, 4096, true, Treatment::Whole);
+        h.drain();
+        let (v, wc) = h.complete(0, IBV_WC_REM_ACCESS_ERR);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 1));
+        assert!(h.synthesized.is_empty(), "2 and 3 are still to be flushed");
+        let (v, wc) = h.complete(1, IBV_WC_WR_FLUSH_ERR);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 2));
+        let (v, wc) = h.complete(2, IBV_WC_WR_FLUSH_ERR);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 3));
+        assert!(h.synthesized.is_empty());
+    }
+
+    /// Issue 10, item 6: an error completion without one of the queue's tags is never the
+    /// queue's (a receive flushed with the same `wr_id` as a send).
+    #[test]
+    fn an_error_completion_without_a_tag_is_not_the_send_queues() {
+        let mut h = Harness::new(8);
+        h.accept(7, 4096, true, Treatment::Whole);
+        h.drain();
+        let mut recv_flush = ibv_wc {
+            wr_id: 7,
+            status: IBV_WC_WR_FLUSH_ERR,
+            qp_num: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            h.sq.complete(&mut recv_flush, &h.counters, &mut h.synthesized),
+            Verdict::NotOurs
+        );
+        let (v, wc) = h.complete(0, IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(
+            (v, wc.wr_id, wc.status),
+            (Verdict::Deliver, 7, IBV_WC_REM_ACCESS_ERR)
+        );
+    }
 }

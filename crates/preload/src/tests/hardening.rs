@@ -354,8 +354,11 @@ fn auto_class_splits_large_writes_and_passes_small_ones_whole() {
             .collect()
     };
     assert_eq!(
-        on(small_num),
-        [(10, 16), (11, 16), (12, 16), (13, 16)],
+        on(small_num)
+            .iter()
+            .map(|&(_, len)| len)
+            .collect::<Vec<_>>(),
+        [16, 16, 16, 16],
         "whole and unpaced"
     );
     let mut seen = Vec::new();
@@ -402,11 +405,8 @@ fn a_panic_in_a_wr_batch_refuses_it_and_the_qp_passes_through() {
     );
     assert_eq!(wr_write(qp, 2, &src[4096..], remote + 4096), 0);
     assert_eq!(
-        dev.log()
-            .iter()
-            .map(|w| (w.wr_id, w.len()))
-            .collect::<Vec<_>>(),
-        [(2, 4096)],
+        dev.log().iter().map(|w| w.len()).collect::<Vec<_>>(),
+        [4096],
         "whole: the QP no longer splits"
     );
     dev.execute_all(qp);

@@ -234,3 +234,48 @@ fn destroyed_qps_cqs_and_channels_free_their_state_and_descriptors() {
     );
     engine::detach_context(ctx);
 }
+
+/// Issue 10, item 6: the QP's receives complete on the same CQ as its sends. When it fails,
+/// a receive is flushed carrying the same `wr_id` as a send in flight; error completions
+/// have no meaningful opcode, and the shaper used to take the receive's flush for the
+/// send's completion, hiding the send's real status and then dropping the receive's.
+#[test]
+fn a_receive_flush_with_a_sends_wr_id_is_not_taken_for_the_send() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")],
+        16,
+        false,
+    );
+    let src = pattern(8192, 6);
+    let mut dst = vec![0u8; 8192];
+    let mut s = [sge(&src, 0, 8192)];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        7,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    assert_eq!(r.log().len(), 2, "two chunks");
+    // SAFETY: the rig's live QP.
+    let qp_num = unsafe { (*r.qp).qp_num };
+    r.dev.push_completion(
+        r.cq,
+        ibv_wc {
+            wr_id: 7,
+            status: IBV_WC_WR_FLUSH_ERR,
+            qp_num,
+            ..Default::default()
+        },
+    );
+    r.dev.fail_next(r.qp, IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(
+        r.run()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(7, IBV_WC_WR_FLUSH_ERR), (7, IBV_WC_REM_ACCESS_ERR)],
+        "the receive's flush, then the send's own error (its first chunk's)"
+    );
+}
