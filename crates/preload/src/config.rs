@@ -23,6 +23,9 @@ use justitia_core::yield_plan::{YieldConfig, DEFAULT_SUB_MESSAGE_BYTES, DEFAULT_
 
 use crate::log::LogLevel;
 
+/// The smallest path MTU (`IBV_MTU_256`): chunks are floored at their QP's path MTU.
+pub const MIN_CHUNK_BYTES: u32 = 256;
+
 /// The lowest `JUSTITIA_RATE` in bytes per second: below it a single 64 KiB chunk would wait
 /// over a minute, which is a stalled flow, not a paced one (and far lower rates are typos).
 pub const MIN_BYTES_PER_SEC: f64 = 1e3;
@@ -180,6 +183,25 @@ impl Config {
         Ok(config)
     }
 
+    /// Settings that are valid but do not do what they may seem to, one line each, to be
+    /// said when the shaper starts.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.chunk_bytes < MIN_CHUNK_BYTES {
+            notes.push(format!(
+                "JUSTITIA_CHUNK={} is below the smallest path MTU; chunks are never smaller than their QP's path MTU",
+                self.chunk_bytes
+            ));
+        }
+        if self.policy == Policy::Preempt && self.rate.is_some() {
+            notes.push(
+                "JUSTITIA_RATE has no effect with JUSTITIA_POLICY=preempt, which yields instead of pacing"
+                    .to_string(),
+            );
+        }
+        notes
+    }
+
     /// The stats path with `%p` replaced by `pid`, so that the two sides of a test (or any
     /// processes sharing one environment) write separate files.
     pub fn stats_path_for(&self, pid: u32) -> Option<PathBuf> {
@@ -328,6 +350,26 @@ mod tests {
                 bytes_per_sec: 1.5e9,
                 ops_per_sec: None
             })
+        );
+    }
+
+    /// Issue 10, item 9: `JUSTITIA_CHUNK=1` and a rate under `preempt` were accepted
+    /// silently.
+    #[test]
+    fn a_chunk_below_the_mtu_and_a_rate_under_preempt_are_said() {
+        let notes = parse(&[("JUSTITIA_CHUNK", "1")]).unwrap().notes();
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("JUSTITIA_CHUNK=1"), "{notes:?}");
+        let notes = parse(&[("JUSTITIA_POLICY", "preempt"), ("JUSTITIA_RATE", "20M")])
+            .unwrap()
+            .notes();
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("JUSTITIA_RATE"), "{notes:?}");
+        assert!(
+            parse(&[("JUSTITIA_CHUNK", "64K"), ("JUSTITIA_RATE", "20M")])
+                .unwrap()
+                .notes()
+                .is_empty()
         );
     }
 

@@ -181,8 +181,9 @@ impl Engine {
             )
     }
 
-    /// The treatment of one request of `bytes` on a QP.
-    fn treatment(&self, state: &mut QpState, now: Duration, bytes: u64) -> Treatment {
+    /// The treatment of one request on a QP.
+    fn treatment(&self, state: &mut QpState, now: Duration, wr: &OwnedWr) -> Treatment {
+        let bytes = wr.payload_len();
         let class = match (self.config.class, state.classifier.as_mut()) {
             (Some(ClassSetting::Fixed(c)), _) => c,
             (Some(ClassSetting::Auto), Some(cl)) => {
@@ -201,7 +202,7 @@ impl Engine {
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia => Treatment::Split {
-                    chunk_bytes: self.config.chunk_bytes,
+                    chunk_bytes: state.chunk_bytes_for(self.config.chunk_bytes, wr, bytes),
                     paced: self.bucket.is_some(),
                 },
                 Policy::Preempt => Treatment::Preempt(self.planner),
@@ -485,8 +486,33 @@ pub struct QpState {
     pub(crate) sq: SendQueue,
     /// The QP is being destroyed: nothing more reaches the provider.
     destroyed: bool,
+    /// Its path MTU in bytes (the smallest, 256, until `ibv_modify_qp` sets it).
+    path_mtu: u32,
+    /// RDMA READs it may have outstanding as initiator (`max_rd_atomic`; 0: not set yet).
+    max_rd_atomic: u32,
     classifier: Option<FlowClassifier>,
     pub(crate) batch: WrBatch,
+}
+
+/// The smallest path MTU (`IBV_MTU_256`), the floor of a chunk until the QP's own is set.
+const MIN_PATH_MTU: u32 = 256;
+
+impl QpState {
+    /// The chunk size for `wr` of `bytes` on this QP, from the configured `chunk`.
+    ///
+    /// A chunk is never smaller than the path MTU: smaller WQEs only add per-WQE cost (a
+    /// 1-byte setting would turn 1 MiB into a million WQEs) and the wire carries an MTU per
+    /// packet anyway. An RDMA READ is never cut into more pieces than the QP's
+    /// `max_rd_atomic`: the NIC holds back READs beyond that many until one has returned,
+    /// so each further piece costs a round trip without freeing the link any sooner.
+    fn chunk_bytes_for(&self, chunk: u32, wr: &OwnedWr, bytes: u64) -> u32 {
+        let mut chunk = chunk.max(self.path_mtu);
+        if wr.opcode() == IBV_WR_RDMA_READ && self.max_rd_atomic > 0 {
+            let per_read = bytes.div_ceil(u64::from(self.max_rd_atomic));
+            chunk = chunk.max(u32::try_from(per_read).unwrap_or(u32::MAX));
+        }
+        chunk
+    }
 }
 
 /// Said once per process when [`QPS`] is full.
@@ -549,6 +575,8 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         state: Mutex::new(QpState {
             sq,
             destroyed: false,
+            path_mtu: MIN_PATH_MTU,
+            max_rd_atomic: 0,
             classifier,
             batch: WrBatch::default(),
         }),
@@ -575,12 +603,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     Counters::add(&shared.engine.counters.qps, 1);
     if shaped {
         if let Some(cq) = &send_cq {
-            cq.qps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Arc::clone(&shared));
-            cq.shaped.fetch_add(1, Ordering::AcqRel);
-            cq.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+            cq.add_qp(&shared);
         }
     }
     log!(
@@ -649,13 +672,7 @@ impl QpShared {
     fn detach(self: &Arc<Self>) {
         self.lock().destroyed = true;
         if let Some(cq) = &self.send_cq {
-            let mut qps = cq.qps.lock().unwrap_or_else(|e| e.into_inner());
-            let before = qps.len();
-            qps.retain(|q| !Arc::ptr_eq(q, self));
-            if qps.len() < before {
-                cq.shaped.fetch_sub(1, Ordering::AcqRel);
-                cq.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
-            }
+            cq.remove_qp(self);
             cq.purge_qp(self.qp_num);
         }
         // A stale `next_due_ns` left behind only costs one needless tick.
@@ -671,12 +688,7 @@ impl QpShared {
             return;
         }
         if let (true, Some(cq)) = (self.shaped, &self.send_cq) {
-            cq.qps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Arc::clone(self));
-            cq.shaped.fetch_add(1, Ordering::AcqRel);
-            cq.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+            cq.add_qp(self);
         }
         self.drain(self.engine.clock.now());
     }
@@ -800,7 +812,7 @@ impl QpShared {
             fault::hit(fault::PostFault::BeforeAccept(index));
             // SAFETY: as above.
             let owned = unsafe { OwnedWr::copy_from(w) };
-            let treatment = self.engine.treatment(&mut st, now, owned.payload_len());
+            let treatment = self.engine.treatment(&mut st, now, &owned);
             if let Err(e) = st.sq.accept(owned, treatment, index) {
                 rc = e;
                 break;
@@ -905,7 +917,7 @@ impl QpShared {
             #[cfg(test)]
             fault::hit(fault::PostFault::BeforeAccept(index));
             let treatment = if shaping {
-                self.engine.treatment(&mut st, now, owned.payload_len())
+                self.engine.treatment(&mut st, now, &owned)
             } else {
                 Treatment::Whole
             };
@@ -986,16 +998,24 @@ impl QpShared {
         self.after_drain(synthesized, blocked, now);
     }
 
-    /// Notes a state change made with `ibv_modify_qp`. Moving to the error state
-    /// completes, with a flush error, every request that has nothing on the hardware queue
-    /// (the hardware will flush the rest).
-    pub(crate) fn on_modify(&self, state: ibv_qp_state) {
+    /// Notes what an `ibv_modify_qp` with `mask` set: the path MTU, the READ depth, and
+    /// the state. Moving to the error state settles the requests whose completion the
+    /// hardware will not deliver (see [`SendQueue::set_failed`]).
+    pub(crate) fn on_modify(&self, attr: &ibv_qp_attr, mask: u32) {
         let mut synthesized = Vec::new();
         let mut st = self.lock();
-        match state {
-            IBV_QPS_RESET => st.sq.reset(),
-            IBV_QPS_ERR => st.sq.set_failed(&self.engine.counters, &mut synthesized),
-            _ => {}
+        if mask & IBV_QP_PATH_MTU != 0 && (IBV_MTU_256..=IBV_MTU_4096).contains(&attr.path_mtu) {
+            st.path_mtu = 128 << attr.path_mtu;
+        }
+        if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
+            st.max_rd_atomic = u32::from(attr.max_rd_atomic);
+        }
+        if mask & IBV_QP_STATE != 0 {
+            match attr.qp_state {
+                IBV_QPS_RESET => st.sq.reset(),
+                IBV_QPS_ERR => st.sq.set_failed(&self.engine.counters, &mut synthesized),
+                _ => {}
+            }
         }
         drop(st);
         if let (false, Some(cq)) = (synthesized.is_empty(), &self.send_cq) {
@@ -1011,6 +1031,7 @@ pub struct CqShared {
     pub(crate) engine: Arc<Engine>,
     /// Shaped QPs that send their completions here.
     pub(crate) shaped: AtomicU32,
+    /// Those QPs, in QP-number order.
     pub(crate) qps: Mutex<Vec<Arc<QpShared>>>,
     synthesized: Mutex<VecDeque<ibv_wc>>,
     /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
@@ -1123,6 +1144,27 @@ impl CqShared {
             .is_empty()
     }
 
+    /// Adds a shaped QP that sends its completions here, in QP-number order (so that a
+    /// completion finds its QP by binary search, not by a scan of every QP).
+    fn add_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let at = qps.partition_point(|q| q.qp_num < qp.qp_num);
+        qps.insert(at, Arc::clone(qp));
+        self.shaped.fetch_add(1, Ordering::AcqRel);
+        self.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+    }
+
+    /// Removes a QP added with [`Self::add_qp`].
+    fn remove_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let before = qps.len();
+        qps.retain(|q| !Arc::ptr_eq(q, qp));
+        if qps.len() < before {
+            self.shaped.fetch_sub(1, Ordering::AcqRel);
+            self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
+        }
+    }
+
     /// Drops the completions held for the QP `qp_num`, which was destroyed.
     pub(crate) fn purge_qp(&self, qp_num: u32) {
         let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
@@ -1165,7 +1207,9 @@ impl CqShared {
         synthesized: &mut Vec<ibv_wc>,
     ) -> (bool, Option<Arc<QpShared>>) {
         let owner = if qp_num_known {
-            qps.iter().find(|q| q.qp_num == wc.qp_num)
+            qps.binary_search_by_key(&wc.qp_num, |q| q.qp_num)
+                .ok()
+                .and_then(|i| qps.get(i))
         } else {
             qps.iter().find(|q| q.tags.contains(&wc.wr_id))
         };

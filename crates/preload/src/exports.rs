@@ -100,6 +100,9 @@ pub fn engine_from(
         Ok(config) => {
             log::set_level(config.log);
             log!(Info, "{config}");
+            for note in config.notes() {
+                log!(Warn, "{note}");
+            }
             Some(Engine::new(config, clock, pacer))
         }
         Err(e) => {
@@ -358,10 +361,8 @@ pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
     let rc = unsafe { real(qp, attr, mask) };
     // SAFETY: the caller's attribute block.
     if let (0, Some(a)) = (rc, unsafe { attr.as_ref() }) {
-        if mask as u32 & IBV_QP_STATE != 0 {
-            if let Some(q) = engine::qp(qp) {
-                guarded(|| q.on_modify(a.qp_state), || ());
-            }
+        if let Some(q) = engine::qp(qp) {
+            guarded(|| q.on_modify(a, mask as u32), || ());
         }
     }
     rc

@@ -193,6 +193,15 @@ impl Rig {
     }
 }
 
+/// What `ibv_modify_qp(qp, {qp_state: ERR}, IBV_QP_STATE)` tells the shaper.
+fn to_error(qp: *mut ibv_qp) {
+    let attr = ibv_qp_attr {
+        qp_state: IBV_QPS_ERR,
+        ..Default::default()
+    };
+    engine::qp(qp).unwrap().on_modify(&attr, IBV_QP_STATE);
+}
+
 const BANDWIDTH_64K: &[(&str, &str)] =
     &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")];
 

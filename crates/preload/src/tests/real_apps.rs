@@ -279,3 +279,151 @@ fn a_receive_flush_with_a_sends_wr_id_is_not_taken_for_the_send() {
         "the receive's flush, then the send's own error (its first chunk's)"
     );
 }
+
+/// Tells the shaper what `ibv_modify_qp(qp, attr, mask)` set.
+fn modify(qp: *mut ibv_qp, attr: ibv_qp_attr, mask: u32) {
+    engine::qp(qp).unwrap().on_modify(&attr, mask);
+}
+
+/// Issue 10, item 9: `JUSTITIA_CHUNK=1` turned a request into a WQE per byte. Chunks are
+/// now floored at the QP's path MTU.
+#[test]
+fn a_one_byte_chunk_setting_is_floored_at_the_path_mtu() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1")],
+        64,
+        false,
+    );
+    modify(
+        r.qp,
+        ibv_qp_attr {
+            path_mtu: IBV_MTU_1024,
+            ..Default::default()
+        },
+        IBV_QP_PATH_MTU,
+    );
+    let src = pattern(16384, 8);
+    let mut dst = vec![0u8; 16384];
+    let mut s = [sge(&src, 0, 16384)];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    let lens: Vec<u64> = r.log().iter().map(|w| w.len()).collect();
+    assert_eq!(lens, vec![1024; 16], "one MTU per chunk");
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(src, dst);
+}
+
+/// Issue 10, item 10: a READ was cut into chunks regardless of `max_rd_atomic`; the NIC
+/// holds back READs beyond that depth, so each extra piece cost a round trip. A READ now
+/// goes in at most `max_rd_atomic` pieces.
+#[test]
+fn a_read_is_cut_into_no_more_pieces_than_max_rd_atomic() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")],
+        64,
+        false,
+    );
+    modify(
+        r.qp,
+        ibv_qp_attr {
+            max_rd_atomic: 4,
+            ..Default::default()
+        },
+        IBV_QP_MAX_QP_RD_ATOMIC,
+    );
+    let remote = pattern(65536, 9);
+    let local = vec![0u8; 65536];
+    let mut s = [sge(&local, 0, 65536)];
+    let mut w = [rdma(
+        IBV_WR_RDMA_READ,
+        3,
+        &mut s,
+        remote.as_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    let lens: Vec<u64> = r.log().iter().map(|w| w.len()).collect();
+    assert_eq!(lens, vec![16384; 4]);
+    let wcs = r.run();
+    assert_eq!((wcs.len(), wcs[0].wr_id, wcs[0].byte_len), (1, 3, 65536));
+    assert_eq!(remote, local);
+    // A WRITE on the same QP is still cut at the configured chunk.
+    let mut s = [sge(&local, 0, 16384)];
+    let mut dst = vec![0u8; 16384];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        4,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    assert_eq!(r.log().len(), 8);
+    r.run();
+    assert_eq!(&dst[..], &local[..16384]);
+}
+
+/// Many QPs share one CQ: every completion is attributed to its own QP (found by number).
+#[test]
+fn completions_of_many_qps_on_one_cq_reach_their_own_qp() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")],
+        16,
+        false,
+    );
+    let mut qps = Vec::new();
+    for _ in 0..40 {
+        let mut attr = ibv_qp_init_attr {
+            send_cq: r.cq,
+            recv_cq: r.cq,
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 8,
+                max_send_sge: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let qp = r.dev.create_qp(&mut attr);
+        // SAFETY: qp was just created with attr.
+        unsafe { on_create_qp(qp, &attr) };
+        qps.push(qp);
+    }
+    let src = pattern(8192, 10);
+    let mut dst = vec![0u8; 8192 * 40];
+    for (i, &qp) in qps.iter().enumerate().rev() {
+        let mut s = [sge(&src, 0, 8192)];
+        let mut w = [rdma(
+            IBV_WR_RDMA_WRITE,
+            1000 + i as u64,
+            &mut s,
+            dst.as_mut_ptr() as u64 + 8192 * i as u64,
+            true,
+        )];
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP and a valid list.
+        assert_eq!(
+            unsafe { justitia_verbs::ops::post_send(qp, w.as_mut_ptr(), &mut bad) },
+            0
+        );
+        r.dev.execute_all(qp);
+    }
+    let mut got: Vec<(u64, u32)> = r.poll().iter().map(|w| (w.wr_id, w.qp_num)).collect();
+    got.sort_unstable();
+    let want: Vec<(u64, u32)> = qps
+        .iter()
+        .enumerate()
+        // SAFETY: live QPs.
+        .map(|(i, &qp)| (1000 + i as u64, unsafe { (*qp).qp_num }))
+        .collect();
+    assert_eq!(got, want);
+    for &qp in &qps {
+        assert_eq!(engine::destroy_qp(qp, || 0), 0);
+    }
+}

@@ -326,7 +326,7 @@ fn moving_to_the_error_state_flushes_what_waits_in_software() {
     );
     assert_eq!(r.log().len(), 1, "the second waits for tokens");
     assert_eq!(r.run().len(), 1);
-    engine::qp(r.qp).unwrap().on_modify(IBV_QPS_ERR);
+    super::to_error(r.qp);
     assert_eq!(
         r.poll()
             .iter()
@@ -370,7 +370,7 @@ fn synthesized_completions_raise_a_completion_channel_event() {
     assert_eq!(r.run().len(), 1);
     // SAFETY: a live CQ.
     assert_eq!(unsafe { ops::req_notify_cq(r.cq, 0) }, 0);
-    engine::qp(r.qp).unwrap().on_modify(IBV_QPS_ERR);
+    super::to_error(r.qp);
 
     let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: a registered channel and writable out-pointers.
@@ -442,7 +442,7 @@ fn a_thread_waiting_for_an_event_wakes_for_a_synthesized_completion() {
             (rc, cq as usize)
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
-        engine::qp(r.qp).unwrap().on_modify(IBV_QPS_ERR);
+        super::to_error(r.qp);
         waiter.join().unwrap()
     });
     assert_eq!(got, (0, r.cq as usize));
