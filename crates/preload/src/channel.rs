@@ -163,8 +163,11 @@ pub unsafe fn get_cq_event(
     real: GetCqEventFn,
 ) -> c_int {
     // A counted reference as a raw pointer: nothing with a destructor lives in this frame
-    // across the cancellation point below.
-    let Some(held) = CHANNELS.get_arc(ch.cast()).map(Arc::into_raw) else {
+    // across the cancellation point below. A forked child passes through.
+    let held = (!crate::ffi::in_forked_child())
+        .then(|| CHANNELS.get_arc(ch.cast()).map(Arc::into_raw))
+        .flatten();
+    let Some(held) = held else {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(ch, cq_out, ctx_out) };
     };

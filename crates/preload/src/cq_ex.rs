@@ -20,7 +20,7 @@ use std::sync::{Arc, MutexGuard};
 use justitia_verbs::sys::*;
 
 use crate::engine::{self, CqShared, QpShared};
-use crate::hooks::guarded;
+use crate::ffi::guarded;
 
 type ReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
 type ReadU8 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
@@ -308,6 +308,10 @@ unsafe extern "C" fn end_poll(cqx: *mut ibv_cq_ex) {
     let Some((c, ops)) = state(cqx) else {
         return;
     };
+    if crate::ffi::in_forked_child() {
+        // SAFETY: the provider's own end_poll; in a child every poll verb passes through.
+        return unsafe { (ops.end_poll)(cqx) };
+    }
     // SAFETY: ending the application's poll of this CQ.
     guarded(|| unsafe { c.end_ex(cqx, ops) }, || ());
 }

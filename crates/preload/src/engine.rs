@@ -129,6 +129,7 @@ pub struct Engine {
 impl Engine {
     /// An engine with `config`, reading time from `clock`.
     pub fn new(config: Config, clock: Arc<dyn Clock>, pacer: PacerMode) -> Arc<Engine> {
+        crate::ffi::watch_forks();
         let now = clock.now();
         let planner = YieldPlanner::new(config.yields).unwrap_or_default();
         Arc::new(Engine {
@@ -872,7 +873,7 @@ impl QpShared {
         // The panic may have cut a drain short or kept the pacer from being told: restart
         // the flow of what the shaper holds.
         let now = self.engine.clock.now();
-        crate::hooks::guarded(|| self.drain(now), || ());
+        crate::ffi::guarded(|| self.drain(now), || ());
         if rc != 0 && !bad_wr.is_null() {
             // SAFETY: guaranteed writable by the caller; held is within the list.
             unsafe { *bad_wr = nth(wr, held) };
@@ -889,7 +890,7 @@ impl QpShared {
         self.fail_open();
         self.lock().sq.take_back_call();
         let now = self.engine.clock.now();
-        crate::hooks::guarded(|| self.drain(now), || ());
+        crate::ffi::guarded(|| self.drain(now), || ());
         libc::EIO
     }
 

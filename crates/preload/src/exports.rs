@@ -21,7 +21,6 @@
 //! cancellation point: a cancelled thread must unwind through it, which `catch_unwind`
 //! would turn into an abort, so it holds nothing that could panic or needs dropping there.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,33 +33,8 @@ use crate::channel::{AckCqEventsFn, GetCqEventFn};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
 use crate::engine::{self, Engine, PacerMode, QpInit};
-use crate::hooks::guarded;
+use crate::ffi::{guarded, Reentry};
 use crate::log::{self, log, LogLevel};
-
-thread_local! {
-    static IN_SHAPER: Cell<bool> = const { Cell::new(false) };
-}
-
-/// True while the calling thread is inside a real verb called by the shaper.
-pub fn in_shaper() -> bool {
-    IN_SHAPER.with(Cell::get)
-}
-
-/// Marks the thread as inside the shaper until dropped.
-pub(crate) struct Reentry;
-
-impl Reentry {
-    /// `None` when the thread is already inside.
-    pub(crate) fn enter() -> Option<Reentry> {
-        IN_SHAPER.with(|f| (!f.replace(true)).then_some(Reentry))
-    }
-}
-
-impl Drop for Reentry {
-    fn drop(&mut self) {
-        IN_SHAPER.with(|f| f.set(false));
-    }
-}
 
 static ENGINE: OnceLock<Option<Arc<Engine>>> = OnceLock::new();
 
@@ -69,6 +43,7 @@ static ENGINE: OnceLock<Option<Arc<Engine>>> = OnceLock::new();
 pub fn global_engine() -> Option<&'static Arc<Engine>> {
     ENGINE
         .get_or_init(|| {
+            crate::ffi::watch_forks();
             let engine = engine_from(
                 |name| std::env::var(name).ok(),
                 Arc::new(MonotonicClock::new()),
@@ -202,7 +177,7 @@ type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 /// # Safety
 /// `ctx` is null or a context just opened.
 pub unsafe fn on_open_device(ctx: *mut ibv_context) {
-    if ctx.is_null() {
+    if ctx.is_null() || crate::ffi::in_forked_child() {
         return;
     }
     if let Some(engine) = global_engine() {

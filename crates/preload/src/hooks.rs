@@ -17,21 +17,7 @@ use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
 
 use crate::engine::{self, QpInit};
-use crate::log::log;
-
-/// Runs `shaped`; if it panics, says so once and runs `fallback` instead.
-pub(crate) fn guarded<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(shaped)) {
-        Ok(r) => r,
-        Err(_) => {
-            log!(
-                Warn,
-                "internal error in the shaper; this call passes through unshaped"
-            );
-            fallback()
-        }
-    }
-}
+use crate::ffi::{guarded, in_forked_child, in_shaper};
 
 /// `ops.post_send`.
 ///
@@ -70,7 +56,7 @@ unsafe extern "C" fn post_send_slow(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     if let Some(q) = engine::qp(qp) {
-        if !q.shapes_posts() {
+        if !q.shapes_posts() || in_forked_child() {
             // SAFETY: guaranteed by the caller.
             unsafe {
                 q.observe(wr);
@@ -214,7 +200,7 @@ pub unsafe extern "C" fn create_qp_ex(
     };
     // SAFETY: the provider's own create_qp_ex, with the caller's arguments.
     let qp = unsafe { real(ctx, attr) };
-    if qp.is_null() || attr.is_null() || crate::exports::in_shaper() {
+    if qp.is_null() || attr.is_null() || in_shaper() {
         return qp;
     }
     guarded(
@@ -287,7 +273,7 @@ pub unsafe extern "C" fn create_cq_ex(
         // SAFETY: the provider's own create_cq_ex, with the caller's arguments.
         cqx = unsafe { real(ctx, attr) };
     }
-    if cqx.is_null() || crate::exports::in_shaper() {
+    if cqx.is_null() || in_shaper() {
         return cqx;
     }
     guarded(

@@ -9,6 +9,7 @@ pub mod config;
 pub mod cq_ex;
 pub mod engine;
 pub mod exports;
+pub mod ffi;
 pub mod hooks;
 pub mod log;
 pub mod mock;

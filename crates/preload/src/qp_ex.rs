@@ -14,7 +14,7 @@ use std::ffi::{c_int, c_void};
 use justitia_verbs::sys::*;
 
 use crate::engine::{self, QpShared};
-use crate::hooks::guarded;
+use crate::ffi::guarded;
 use crate::send_queue::OwnedWr;
 use crate::stats::Counters;
 

@@ -13,7 +13,8 @@ use super::{forget, lookup, pattern, rdma, rig, rig_with, sge, Rig, RKEY};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::fault::{self, PostFault};
 use crate::engine::{self, Engine, PacerMode, QpInit, QpShared};
-use crate::exports::{engine_from, on_create_cq, on_create_qp, Reentry};
+use crate::exports::{engine_from, on_create_cq, on_create_qp};
+use crate::ffi::Reentry;
 use crate::mock::MockDevice;
 use crate::registry::PtrMap;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use justitia_verbs::sys::*;
 
-use super::{lookup, pattern, rdma, rig_with, sge};
+use super::{lookup, pattern, rdma, rig, rig_with, sge};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::{self, PacerMode};
 use crate::exports::{engine_from, on_create_cq, on_create_qp};
@@ -426,4 +426,59 @@ fn completions_of_many_qps_on_one_cq_reach_their_own_qp() {
     for &qp in &qps {
         assert_eq!(engine::destroy_qp(qp, || 0), 0);
     }
+}
+
+/// Issue 10, item 11: `fork()` while another thread holds one of the shaper's locks (the
+/// pacer draining a QP) left that lock held for ever in the child, whose next post on the
+/// QP hung. The child now passes every call through.
+#[test]
+fn a_child_forked_while_a_qp_is_locked_passes_its_posts_through() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
+    let src = pattern(8192, 11);
+    let mut dst = vec![0u8; 8192];
+    let state = &engine::qp(r.qp).unwrap().state;
+    let held = state.lock().unwrap();
+    // SAFETY: the child only posts on the mock (no lock another thread can hold in it
+    // but the shaper's) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut s = [sge(&src, 0, 8192)];
+        let mut w = [rdma(
+            IBV_WR_RDMA_WRITE,
+            1,
+            &mut s,
+            dst.as_mut_ptr() as u64,
+            true,
+        )];
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP (the child's copy of the mock) and a valid list.
+        let rc = unsafe { justitia_verbs::ops::post_send(r.qp, w.as_mut_ptr(), &mut bad) };
+        let whole = r.log().len() == 1;
+        // SAFETY: leaves the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(if rc == 0 && whole { 0 } else { 1 }) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    let mut done = false;
+    for _ in 0..500 {
+        // SAFETY: waits for our own child without blocking.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !done {
+        // SAFETY: our own hung child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, &mut status, 0);
+        }
+    }
+    drop(held);
+    assert!(done, "the child hung on the shaper's lock");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's post passed through whole (status {status})"
+    );
 }
