@@ -456,6 +456,48 @@ pub struct QpInit {
     pub sig_all: bool,
     /// The capacities the provider granted.
     pub cap: ibv_qp_cap,
+    /// False when the QP uses verbs the shaper does not know (see
+    /// [`shapable_send_ops`]): it is then only observed.
+    pub shapable: bool,
+}
+
+/// The `ibv_wr_*` send operations the shaper collects and reposts: what an application may
+/// ask for in `send_ops_flags` on a shaped QP.
+const SHAPED_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+
+/// Whether a QP asking for the `ibv_wr_*` operations `send_ops_flags` can be shaped.
+///
+/// The shaper replaces every `ibv_wr_*` pointer it knows, those of the rdma-core its
+/// bindings describe. An operation it does not know (one a later rdma-core added, such as
+/// `ibv_wr_flush` in rdma-core 45, whose pointer lies past the end of the bindings'
+/// `ibv_qp_ex` and would stay the provider's) would reach the provider between the shaper's
+/// own `ibv_wr_start` and `ibv_wr_complete`, and never be posted; one it knows but cannot
+/// express as a send request (atomic write, TSO) would be refused. Either way the QP passes
+/// through whole instead, said once with the running rdma-core's release.
+pub fn shapable_send_ops(send_ops_flags: u64) -> bool {
+    if send_ops_flags & !SHAPED_SEND_OPS == 0 {
+        return true;
+    }
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let running = justitia_verbs::loader::loaded_rdma_core_release()
+            .map_or_else(|| "unknown".to_string(), |r| r.to_string());
+        log!(
+            Warn,
+            "a QP asks for ibv_wr_* operations the shaper does not handle (send_ops_flags {send_ops_flags:#x}; bindings of rdma-core {}, running rdma-core {running}); such QPs pass through unshaped",
+            justitia_verbs::BINDINGS_RDMA_CORE_RELEASE
+        );
+    }
+    false
 }
 
 /// The shaper's state for one QP.
@@ -469,6 +511,8 @@ pub struct QpShared {
     pub(crate) post_send: PostSendFn,
     pub(crate) post_recv: Option<PostRecvFn>,
     pub(crate) shaped: bool,
+    /// Its `max_send_wr`: the most completions it can have waiting in its send CQ.
+    send_depth: u32,
     send_cq: Option<Arc<CqShared>>,
     pub(crate) state: Mutex<QpState>,
     in_pacer: AtomicBool,
@@ -548,8 +592,18 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     };
     let send_cq = CQS.get_arc(init.send_cq.cast());
     // Completions of a shaped QP must be translated, so its send CQ must be one the shaper
-    // knows; a QP whose CQ it does not know is only observed.
-    let shaped = engine.shapes(init.qp_type) && send_cq.is_some();
+    // knows; a QP whose CQ it does not know is only observed. The CQ's QP list stays locked
+    // until the QP is in it, so that two QPs created at once cannot both take the CQ's
+    // last room.
+    let mut cq_qps = send_cq
+        .as_ref()
+        .map(|c| c.qps.lock().unwrap_or_else(|e| e.into_inner()));
+    let shaped = engine.shapes(init.qp_type)
+        && init.shapable
+        && match (&send_cq, &cq_qps) {
+            (Some(cq), Some(qps)) => cq.has_room_for(qps, init.cap.max_send_wr),
+            _ => false,
+        };
     // SAFETY: the caller guarantees qp is live.
     let qp_num = unsafe { (*qp).qp_num };
     let classifier = (shaped && engine.config.class == Some(ClassSetting::Auto))
@@ -572,6 +626,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         post_send,
         post_recv: ctx.post_recv,
         shaped,
+        send_depth: init.cap.max_send_wr,
         send_cq: send_cq.clone(),
         state: Mutex::new(QpState {
             sq,
@@ -602,11 +657,10 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         }
     }
     Counters::add(&shared.engine.counters.qps, 1);
-    if shaped {
-        if let Some(cq) = &send_cq {
-            cq.add_qp(&shared);
-        }
+    if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
+        cq.add_qp_locked(qps, &shared);
     }
+    drop(cq_qps);
     log!(
         Info,
         "QP {qp_num}: {} (send queue {} deep)",
@@ -1034,6 +1088,8 @@ pub struct CqShared {
     pub(crate) shaped: AtomicU32,
     /// Those QPs, in QP-number order.
     pub(crate) qps: Mutex<Vec<Arc<QpShared>>>,
+    /// Its size (`ibv_cq.cqe`, what the provider granted).
+    cqe: u32,
     synthesized: Mutex<VecDeque<ibv_wc>>,
     /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
     /// means a poll passes straight through, with one load to find out.
@@ -1072,6 +1128,8 @@ pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex,
         engine: Arc::clone(&ctx.engine),
         shaped: AtomicU32::new(0),
         qps: Mutex::new(Vec::new()),
+        // SAFETY: the caller guarantees cq is live.
+        cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
         synthesized: Mutex::new(VecDeque::new()),
         work: AtomicU64::new(0),
         ex,
@@ -1145,10 +1203,37 @@ impl CqShared {
             .is_empty()
     }
 
+    /// Whether the CQ can hold every completion of its shaped QPs (`qps`) and of one more
+    /// of `depth` send slots. A shaped QP has at most its `max_send_wr` completions
+    /// waiting, but may have more than the application's own signaling would leave (the
+    /// shaper signals internal WQEs to recycle slots), so a CQ the application sized to its
+    /// own pattern could overflow: such a QP is only observed (said once).
+    fn has_room_for(&self, qps: &[Arc<QpShared>], depth: u32) -> bool {
+        let needed: u64 =
+            qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>() + u64::from(depth);
+        if needed <= u64::from(self.cqe) {
+            return true;
+        }
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            log!(
+                Warn,
+                "a CQ of {} entries is too small for the send queues of its shaped QPs ({needed}); QPs past its size pass through unshaped",
+                self.cqe
+            );
+        }
+        false
+    }
+
     /// Adds a shaped QP that sends its completions here, in QP-number order (so that a
     /// completion finds its QP by binary search, not by a scan of every QP).
     fn add_qp(&self, qp: &Arc<QpShared>) {
         let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        self.add_qp_locked(&mut qps, qp);
+    }
+
+    /// [`Self::add_qp`] with the QP list already locked.
+    fn add_qp_locked(&self, qps: &mut Vec<Arc<QpShared>>, qp: &Arc<QpShared>) {
         let at = qps.partition_point(|q| q.qp_num < qp.qp_num);
         qps.insert(at, Arc::clone(qp));
         self.shaped.fetch_add(1, Ordering::AcqRel);

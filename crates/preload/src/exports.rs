@@ -207,6 +207,7 @@ pub unsafe fn on_create_qp(qp: *mut ibv_qp, attr: *const ibv_qp_init_attr) {
         qp_type: a.qp_type,
         sig_all: a.sq_sig_all != 0,
         cap: a.cap,
+        shapable: true,
     };
     // SAFETY: qp was just created on its context.
     guarded(

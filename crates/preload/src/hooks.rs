@@ -207,16 +207,20 @@ pub unsafe extern "C" fn create_qp_ex(
         || {
             // SAFETY: attr is the caller's valid block, updated by the provider.
             let a = unsafe { &*attr };
+            let send_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+            let shapable = !send_ops || engine::shapable_send_ops(a.send_ops_flags);
             let init = QpInit {
                 send_cq: a.send_cq,
                 recv_cq: a.recv_cq,
                 qp_type: a.qp_type,
                 sig_all: a.sq_sig_all != 0,
                 cap: a.cap,
+                shapable,
             };
             // rdma-core allocates a QP as part of its extended form, whose first member
             // is the ibv_qp (ibv_qp_to_qp_ex is that cast once the send ops were asked for).
-            let qpx = if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            // A QP that passes through whole keeps every pointer the provider's.
+            let qpx = if send_ops && shapable {
                 qp.cast::<ibv_qp_ex>()
             } else {
                 std::ptr::null_mut()

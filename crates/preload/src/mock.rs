@@ -17,6 +17,10 @@ use std::sync::Mutex;
 use justitia_verbs::sys::*;
 use justitia_verbs::VERBS_ABI_IS_EXTENDED;
 
+/// The size of a mock CQ unless a test sets another ([`MockDevice::set_cq_size`]):
+/// room for any test's QPs.
+pub const MOCK_CQE: c_int = 1 << 16;
+
 /// A work request as it reached the mock provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostedWr {
@@ -170,6 +174,19 @@ impl MockDevice {
     /// Creates a CQ the way `ibv_create_cq` would (the shaper is not involved).
     pub fn create_cq(&self) -> *mut ibv_cq {
         create_cq(self.context(), u64::from(IBV_WC_EX_WITH_QP_NUM)).cast()
+    }
+
+    /// Sets the size a CQ reports (`ibv_cq.cqe`), before the shaper registers it.
+    pub fn set_cq_size(&self, cq: *mut ibv_cq, cqe: c_int) {
+        if let Some(c) = self
+            .state()
+            .cqs
+            .iter()
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == cq)
+        {
+            // SAFETY: the mock's own CQ object, not yet shared with another thread.
+            unsafe { (*c.cqx.get()).cqe = cqe };
+        }
     }
 
     /// Creates a QP the way `ibv_create_qp` would, writing the granted capacities back
@@ -389,6 +406,7 @@ fn create_cq(ctx: *mut ibv_context, wc_flags: u64) -> *mut ibv_cq_ex {
     let inner = inner_of(ctx);
     let mut cqx = ibv_cq_ex {
         context: ctx,
+        cqe: MOCK_CQE,
         ..Default::default()
     };
     cqx.start_poll = Some(mock_start_poll);

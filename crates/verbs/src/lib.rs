@@ -30,6 +30,9 @@ pub use device::{
 pub use error::VerbsError;
 pub use loader::Ibverbs;
 
+/// The rdma-core release whose `<infiniband/verbs.h>` the bindings in [`sys`] describe.
+pub const BINDINGS_RDMA_CORE_RELEASE: u32 = 44;
+
 /// The value of `ibv_context.abi_compat` that marks a context as embedded in a
 /// [`sys::verbs_context`] (`__VERBS_ABI_IS_EXTENDED` in the header: all bits set).
 pub const VERBS_ABI_IS_EXTENDED: *mut core::ffi::c_void = usize::MAX as *mut core::ffi::c_void;

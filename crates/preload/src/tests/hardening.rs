@@ -211,6 +211,7 @@ fn init_of(a: &ibv_qp_init_attr) -> QpInit {
         qp_type: a.qp_type,
         sig_all: a.sq_sig_all != 0,
         cap: a.cap,
+        shapable: true,
     }
 }
 

@@ -482,3 +482,118 @@ fn a_child_forked_while_a_qp_is_locked_passes_its_posts_through() {
         "the child's post passed through whole (status {status})"
     );
 }
+
+/// Issue 10, item 7: a QP asking for an `ibv_wr_*` operation the bindings do not know (here
+/// a flag past rdma-core 44's, as `IBV_QP_EX_WITH_FLUSH` is for rdma-core 45) used to get
+/// the shaper's pointers for the operations it knows, while the unknown one stayed the
+/// provider's and ran between the shaper's `ibv_wr_start` and `ibv_wr_complete`, never
+/// posted. Such a QP now passes through whole, every pointer the provider's.
+#[test]
+fn a_qp_asking_for_send_ops_the_shaper_does_not_know_passes_through_whole() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
+    let ctx = r.dev.context();
+    let create = |flags: u64| {
+        let mut attr = ibv_qp_init_attr_ex {
+            send_cq: r.cq,
+            recv_cq: r.cq,
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 16,
+                max_send_sge: 1,
+                ..Default::default()
+            },
+            comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+            send_ops_flags: flags,
+            ..Default::default()
+        };
+        // SAFETY: the mock context, through the shaper's installed create_qp_ex.
+        let qp = unsafe { justitia_verbs::ops::create_qp_ex(ctx, &mut attr) };
+        assert!(!qp.is_null());
+        qp
+    };
+    let known = create(u64::from(IBV_QP_EX_WITH_RDMA_WRITE));
+    let unknown = create(u64::from(IBV_QP_EX_WITH_RDMA_WRITE) | 1 << 20);
+    let wr_start = |qp: *mut ibv_qp| {
+        // SAFETY: a live extended QP.
+        unsafe { (*qp.cast::<ibv_qp_ex>()).wr_start }.map(|f| f as usize)
+    };
+    let mock = MockDevice::new();
+    let mock_qp = mock.create_qp(&mut ibv_qp_init_attr {
+        qp_type: IBV_QPT_RC,
+        ..Default::default()
+    });
+    assert_ne!(wr_start(known), wr_start(mock_qp), "shaped: the shaper's");
+    assert_eq!(wr_start(unknown), wr_start(mock_qp), "the provider's own");
+    assert!(engine::qp(known).unwrap().shaped);
+    assert!(!engine::qp(unknown).unwrap().shaped);
+    for qp in [known, unknown] {
+        assert_eq!(engine::destroy_qp(qp, || 0), 0);
+    }
+}
+
+/// Issue 10, item 8: the shaper's own signaled WQEs could overflow a CQ the application
+/// sized for its own signaling. A QP whose send queue does not fit in what is left of its
+/// CQ is only observed: its requests go whole, as the application posted them.
+#[test]
+fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
+    let engine = engine_from(
+        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]),
+        Arc::new(VirtualClock::new()),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    dev.set_cq_size(cq, 24);
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let new_qp = || {
+        let mut attr = ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 16,
+                max_send_sge: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let qp = dev.create_qp(&mut attr);
+        // SAFETY: qp was just created with attr.
+        unsafe { on_create_qp(qp, &attr) };
+        qp
+    };
+    let first = new_qp();
+    let second = new_qp();
+    assert!(engine::qp(first).unwrap().shaped, "16 of 24 entries");
+    assert!(!engine::qp(second).unwrap().shaped, "32 > 24 entries");
+    let src = pattern(16384, 12);
+    let mut dst = vec![0u8; 16384];
+    let mut s = [sge(&src, 0, 16384)];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP and a valid list.
+    assert_eq!(
+        unsafe { justitia_verbs::ops::post_send(second, w.as_mut_ptr(), &mut bad) },
+        0
+    );
+    assert_eq!(dev.log().len(), 1, "posted whole");
+    // The first QP's room comes back when it is destroyed.
+    assert_eq!(engine::destroy_qp(first, || 0), 0);
+    let third = new_qp();
+    assert!(engine::qp(third).unwrap().shaped);
+    for qp in [second, third] {
+        assert_eq!(engine::destroy_qp(qp, || 0), 0);
+    }
+    engine::unregister_cq(cq, engine::cq_token(cq).unwrap());
+}
