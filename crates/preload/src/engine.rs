@@ -85,6 +85,10 @@ const POLLS_DRIVE_FOR: Duration = Duration::from_millis(20);
 /// [`crate::bucket`]).
 const BACKSTOP_DELAY: Duration = Duration::from_millis(10);
 
+/// How long a QP blocked on send-queue slots waits before the pacer polls its send CQ on
+/// the application's behalf (see [`QpShared::progress`]).
+const SLOT_POLL_DELAY: Duration = Duration::from_millis(1);
+
 /// How long an idle pacer thread sleeps before checking whether its engine is gone.
 const IDLE_SLEEP: Duration = Duration::from_millis(100);
 
@@ -276,7 +280,7 @@ impl Engine {
         };
         for qp in due {
             qp.in_pacer.store(false, Ordering::Release);
-            qp.drain(now);
+            qp.progress(now);
         }
         self.pacer_queue().waiting.iter().map(|(_, at)| *at).min()
     }
@@ -1038,11 +1042,32 @@ impl QpShared {
                 cq.push_synthesized(synthesized);
             }
         }
-        if let Blocked::Tokens(wait) = blocked {
-            if let Some(me) = self.me.upgrade() {
-                self.engine.schedule(me, now + wait, now);
-            }
+        let wait = match blocked {
+            Blocked::Tokens(wait) => wait,
+            Blocked::Slots => SLOT_POLL_DELAY,
+            Blocked::Idle | Blocked::Failed => return,
+        };
+        if let Some(me) = self.me.upgrade() {
+            self.engine.schedule(me, now + wait, now);
         }
+    }
+
+    /// The pacer's turn for this QP: posts what is due and, when the hardware queue is
+    /// full, first polls the send CQ itself.
+    ///
+    /// Slots come back only when completions are polled. An application may post a large
+    /// unsignaled request and a small one, then wait for the peer's reply without polling
+    /// its send CQ: natively both are on the wire at once, but the shaper's chunks fill the
+    /// queue and the small request would wait for a poll that never comes. So the pacer
+    /// polls the provider's CQ on the application's behalf, under the CQ's poll lock,
+    /// hides what is internal and holds the rest for the application's next poll, which
+    /// delivers held completions before newer ones (see [`CqShared::poll_for_pacer`]).
+    pub(crate) fn progress(&self, now: Duration) {
+        let full = self.lock().sq.blocked_on_slots();
+        if let (true, Some(cq)) = (full, &self.send_cq) {
+            cq.poll_for_pacer(now);
+        }
+        self.drain(now);
     }
 
     /// Posts what slots and tokens allow now (after completions, or when the pacer says).
@@ -1309,9 +1334,59 @@ impl CqShared {
         (verdict != Verdict::Hide, Some(Arc::clone(q)))
     }
 
-    /// The shaped `ibv_poll_cq`: polls the provider until `n` completions are kept or the
-    /// CQ is empty, hides internal ones, rewrites split requests' ones, appends synthesized
-    /// ones, then lets the QPs it heard from post more.
+    /// Polls the provider's CQ for the pacer (see [`QpShared::progress`]): internal
+    /// completions are hidden and the QPs they came from post more; the application's are
+    /// held, queued before any completion the shaper makes later, for its next poll.
+    ///
+    /// Only a CQ polled with `ibv_poll_cq`: an extended CQ's provider keeps its own lock
+    /// from `ibv_start_poll` to `ibv_end_poll`, across calls the shaper cannot join, so a
+    /// QP on one still depends on its application polling.
+    pub(crate) fn poll_for_pacer(&self, now: Duration) {
+        if self.ex.is_some() {
+            return;
+        }
+        let mut touched: Vec<Arc<QpShared>> = Vec::new();
+        {
+            let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = Vec::new();
+            let mut synthesized = Vec::new();
+            let mut buf = [ibv_wc::default(); 16];
+            loop {
+                // SAFETY: this CQ is live (its QP is registered); room for 16 entries.
+                let got = unsafe { (self.poll_cq)(self.cq, 16, buf.as_mut_ptr()) };
+                let got = usize::try_from(got).unwrap_or(0);
+                for e in buf.iter_mut().take(got) {
+                    let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
+                    if deliver {
+                        held.push(*e);
+                    }
+                    if let Some(q) = q {
+                        if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                            touched.push(q);
+                        }
+                    }
+                }
+                if got < buf.len() {
+                    break;
+                }
+            }
+            held.extend(synthesized);
+            // Queued under the poll lock: an application poll waiting for it finds them
+            // before what the provider has next.
+            if !held.is_empty() {
+                self.push_synthesized(held);
+            }
+        }
+        for q in touched {
+            q.drain(now);
+        }
+    }
+
+    /// The shaped `ibv_poll_cq`: first the completions the shaper holds (the pacer's, and
+    /// synthesized ones, which are older than anything the provider has left for their
+    /// QP), then the provider's until `n` completions are kept or the CQ is empty, hiding
+    /// internal ones and rewriting split requests' ones; then lets the QPs it heard from
+    /// post more.
     ///
     /// # Safety
     /// `cq` is this CQ and `wc` has room for `n` entries.
@@ -1322,6 +1397,16 @@ impl CqShared {
         let mut synthesized = Vec::new();
         {
             let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+                while out < want_total {
+                    let Some(e) = self.pop_synthesized() else {
+                        break;
+                    };
+                    // SAFETY: out < want_total.
+                    unsafe { *wc.add(out) = e };
+                    out += 1;
+                }
+            }
             while out < want_total {
                 let want = want_total - out;
                 // SAFETY: wc has room for want_total entries, out of which `out` are used.

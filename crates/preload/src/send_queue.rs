@@ -498,6 +498,12 @@ impl SendQueue {
         self.requests.len()
     }
 
+    /// True when requests wait in software and the hardware queue is full: only polled
+    /// completions will let them go.
+    pub fn blocked_on_slots(&self) -> bool {
+        self.queued() > 0 && self.posted.len() >= self.capacity as usize
+    }
+
     /// Requests waiting in software (not fully posted).
     pub fn queued(&self) -> usize {
         self.requests.len() - self.cursor

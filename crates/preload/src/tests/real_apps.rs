@@ -597,3 +597,53 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
     }
     engine::unregister_cq(cq, engine::cq_token(cq).unwrap());
 }
+
+/// Issue 10, item 3: an application posts an unsignaled 1 MiB WRITE and a SEND, then waits
+/// for the peer's reply without polling its send CQ. Natively both go at once; under the
+/// shaper the WRITE's chunks filled the send queue and the SEND waited for slots that only
+/// a poll gives back, for ever. The pacer now polls the send CQ itself, and the completion
+/// it finds is held for the application's next poll.
+#[test]
+fn requests_blocked_on_slots_go_out_without_the_application_polling() {
+    let r = rig_with(
+        &[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")],
+        4,
+        false,
+    );
+    let src = pattern(1 << 20, 13);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s1 = [sge(&src, 0, 1 << 20)];
+    let mut s2 = [sge(&src, 0, 64)];
+    let write = rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s1,
+        dst.as_mut_ptr() as u64,
+        false,
+    );
+    let mut send = rdma(IBV_WR_SEND, 2, &mut s2, 0, true);
+    send.opcode = IBV_WR_SEND;
+    assert_eq!(r.post(&mut [write, send]).0, 0);
+    assert_eq!(r.log().len(), 4, "the queue is full of chunks");
+    let sent = |r: &super::Rig| r.log().iter().any(|w| w.opcode == IBV_WR_SEND);
+    for _ in 0..100 {
+        if sent(&r) {
+            break;
+        }
+        r.dev.execute_all(r.qp);
+        r.clock.advance(Duration::from_millis(2));
+        r.engine.pacer_tick(r.clock.now());
+    }
+    assert!(sent(&r), "the SEND went out with nobody polling");
+    assert_eq!(r.log().len(), 17);
+    r.dev.execute_all(r.qp);
+    assert_eq!(src, dst);
+    let wcs = r.run();
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.opcode, w.status))
+            .collect::<Vec<_>>(),
+        [(2, IBV_WC_SEND, IBV_WC_SUCCESS)],
+        "the SEND completes once"
+    );
+}
