@@ -12,7 +12,7 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use justitia::clock::MonotonicClock;
-use justitia::engine::{self, PacerMode};
+use justitia::engine::PacerMode;
 use justitia::exports::{engine_from, on_create_cq, on_create_qp};
 use justitia::mock::MockDevice;
 use justitia_verbs::ops;
@@ -53,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         let engine = engine_from(lookup, Arc::new(MonotonicClock::new()), PacerMode::Manual)
             .ok_or_else(|| anyhow::anyhow!("no engine"))?;
         // SAFETY: a fresh mock context.
-        unsafe { engine::attach_context(ctx, engine) };
+        unsafe { justitia::install::attach_context(ctx, engine) };
     }
     let cq = dev.create_cq();
     let mut attr = ibv_qp_init_attr {

@@ -11,7 +11,7 @@
 //! application's `ibv_end_poll` ends it exactly once.
 //!
 //! Entries are attributed to QPs by QP number; the shaper asks for QP numbers when it
-//! creates the CQ (see [`crate::hooks::create_cq_ex`]). Without them, the tags of internal
+//! creates the CQ (see [`crate::install::create_cq_ex`]). Without them, the tags of internal
 //! WQEs and the `wr_id` each QP expects next attribute them instead.
 
 use std::ffi::c_int;
@@ -19,68 +19,9 @@ use std::sync::{Arc, MutexGuard};
 
 use justitia_verbs::sys::*;
 
+use crate::engine::ex_state::{CqExOps, Current};
 use crate::engine::{self, CqShared, QpShared};
 use crate::ffi::guarded;
-
-type ReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
-type ReadU8 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
-
-/// The provider's own poll pointers of one extended CQ.
-#[derive(Clone, Copy)]
-pub struct CqExOps {
-    start_poll: unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int,
-    next_poll: unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int,
-    end_poll: unsafe extern "C" fn(*mut ibv_cq_ex),
-    read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> ibv_wc_opcode>,
-    read_vendor_err: Option<ReadU32>,
-    read_byte_len: Option<ReadU32>,
-    read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> __be32>,
-    read_qp_num: Option<ReadU32>,
-    read_src_qp: Option<ReadU32>,
-    read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> std::ffi::c_uint>,
-    read_slid: Option<ReadU32>,
-    read_sl: Option<ReadU8>,
-    read_dlid_path_bits: Option<ReadU8>,
-    /// The CQ reports QP numbers (`IBV_WC_EX_WITH_QP_NUM`).
-    has_qp_num: bool,
-}
-
-impl CqExOps {
-    /// Saves the pointers of `cqx`, created with `wc_flags`; `None` when the provider
-    /// lacks the poll verbs.
-    pub fn save(cqx: &ibv_cq_ex, wc_flags: u64) -> Option<Self> {
-        Some(CqExOps {
-            start_poll: cqx.start_poll?,
-            next_poll: cqx.next_poll?,
-            end_poll: cqx.end_poll?,
-            read_opcode: cqx.read_opcode,
-            read_vendor_err: cqx.read_vendor_err,
-            read_byte_len: cqx.read_byte_len,
-            read_imm_data: cqx.read_imm_data,
-            read_qp_num: cqx.read_qp_num,
-            read_src_qp: cqx.read_src_qp,
-            read_wc_flags: cqx.read_wc_flags,
-            read_slid: cqx.read_slid,
-            read_sl: cqx.read_sl,
-            read_dlid_path_bits: cqx.read_dlid_path_bits,
-            has_qp_num: wc_flags & u64::from(IBV_WC_EX_WITH_QP_NUM) != 0
-                && cqx.read_qp_num.is_some(),
-        })
-    }
-}
-
-/// The poll in progress on one extended CQ.
-#[derive(Default)]
-pub struct Current {
-    /// The provider's poll was started and not yet ended.
-    provider_active: bool,
-    /// The length to show for the provider's current entry (a split request's).
-    byte_len: Option<u32>,
-    /// The synthesized completion presented instead of a provider entry.
-    synthetic: Option<ibv_wc>,
-    /// QPs heard from in this poll, to let post more when it ends.
-    touched: Vec<Arc<QpShared>>,
-}
 
 /// Installs the shaper's poll pointers in `cqx`, and its accessors in place of the
 /// provider's it has.

@@ -183,7 +183,7 @@ pub unsafe fn on_open_device(ctx: *mut ibv_context) {
     if let Some(engine) = global_engine() {
         // SAFETY: guaranteed by the caller.
         guarded(
-            || unsafe { engine::attach_context(ctx, Arc::clone(engine)) },
+            || unsafe { crate::install::attach_context(ctx, Arc::clone(engine)) },
             || false,
         );
     }
@@ -211,7 +211,7 @@ pub unsafe fn on_create_qp(qp: *mut ibv_qp, attr: *const ibv_qp_init_attr) {
     };
     // SAFETY: qp was just created on its context.
     guarded(
-        || unsafe { engine::register_qp(c, qp, init, std::ptr::null_mut()) },
+        || unsafe { crate::install::register_qp(c, qp, init, std::ptr::null_mut()) },
         || (),
     );
 }
@@ -227,7 +227,7 @@ pub unsafe fn on_create_cq(ctx: *mut ibv_context, cq: *mut ibv_cq) {
     if let Some(c) = engine::context(ctx) {
         // SAFETY: cq was just created on ctx.
         guarded(
-            || unsafe { engine::register_cq(c, cq, std::ptr::null_mut(), 0) },
+            || unsafe { crate::install::register_cq(c, cq, std::ptr::null_mut(), 0) },
             || (),
         );
     }

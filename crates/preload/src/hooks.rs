@@ -1,6 +1,6 @@
-//! The function pointers the shaper installs in a device context: `ops.post_send`,
-//! `ops.post_recv`, `ops.poll_cq`, `ops.req_notify_cq` (what the static-inline verbs call)
-//! and the extended context's `create_qp_ex` and `create_cq_ex`.
+//! The data-path function pointers the shaper installs in a device context:
+//! `ops.post_send`, `ops.post_recv`, `ops.poll_cq` and `ops.req_notify_cq` (what the
+//! static-inline verbs call). Where they go is declared in [`crate::install`].
 //!
 //! Every one is an `extern "C"` entry from the application, so none may unwind: the shaped
 //! paths run under `catch_unwind` and fall back to the provider's own function (fail open),
@@ -13,11 +13,10 @@ use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
 
-use crate::engine::{self, QpInit};
-use crate::ffi::{guarded, in_forked_child, in_shaper};
+use crate::engine;
+use crate::ffi::{guarded, in_forked_child};
 
 /// `ops.post_send`.
 ///
@@ -180,110 +179,4 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         c.on_armed();
     }
     rc
-}
-
-/// `verbs_context.create_qp_ex` (reached by the inline `ibv_create_qp_ex`).
-///
-/// # Safety
-/// Called with a live context and a valid attribute block.
-pub unsafe extern "C" fn create_qp_ex(
-    ctx: *mut ibv_context,
-    attr: *mut ibv_qp_init_attr_ex,
-) -> *mut ibv_qp {
-    let Some(c) = engine::context(ctx) else {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
-    };
-    let Some(real) = c.create_qp_ex else {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
-    };
-    // SAFETY: the provider's own create_qp_ex, with the caller's arguments.
-    let qp = unsafe { real(ctx, attr) };
-    if qp.is_null() || attr.is_null() || in_shaper() {
-        return qp;
-    }
-    guarded(
-        || {
-            // SAFETY: attr is the caller's valid block, updated by the provider.
-            let a = unsafe { &*attr };
-            let send_ops = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
-            let shapable = !send_ops || engine::shapable_send_ops(a.send_ops_flags);
-            let init = QpInit {
-                send_cq: a.send_cq,
-                recv_cq: a.recv_cq,
-                qp_type: a.qp_type,
-                sig_all: a.sq_sig_all != 0,
-                cap: a.cap,
-                shapable,
-            };
-            // rdma-core allocates a QP as part of its extended form, whose first member
-            // is the ibv_qp (ibv_qp_to_qp_ex is that cast once the send ops were asked for).
-            // A QP that passes through whole keeps every pointer the provider's.
-            let qpx = if send_ops && shapable {
-                qp.cast::<ibv_qp_ex>()
-            } else {
-                std::ptr::null_mut()
-            };
-            // SAFETY: qp was just created on ctx.
-            unsafe { engine::register_qp(c, qp, init, qpx) };
-        },
-        || (),
-    );
-    qp
-}
-
-/// `verbs_context.create_cq_ex` (reached by the inline `ibv_create_cq_ex`).
-///
-/// When the shaper may shape, it asks the provider for QP numbers in the completions
-/// (`IBV_WC_EX_WITH_QP_NUM`) even if the application did not, so that completions of
-/// several shaped QPs sharing the CQ are attributed exactly; if the provider refuses, the
-/// CQ is created as the application asked. The application's attribute block is left as
-/// it gave it.
-///
-/// # Safety
-/// Called with a live context and a valid attribute block.
-pub unsafe extern "C" fn create_cq_ex(
-    ctx: *mut ibv_context,
-    attr: *mut ibv_cq_init_attr_ex,
-) -> *mut ibv_cq_ex {
-    let Some(c) = engine::context(ctx) else {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
-    };
-    let Some(real) = c.create_cq_ex else {
-        set_errno(libc::EOPNOTSUPP);
-        return std::ptr::null_mut();
-    };
-    let qp_num = u64::from(IBV_WC_EX_WITH_QP_NUM);
-    // SAFETY: attr is the caller's valid block (or null).
-    let asked = unsafe { attr.as_ref() }.map(|a| a.wc_flags);
-    let mut wc_flags = asked.unwrap_or(0);
-    let mut cqx = std::ptr::null_mut();
-    if let (Some(flags), true) = (asked, c.engine.config().class.is_some()) {
-        if flags & qp_num == 0 {
-            // SAFETY: attr is non-null here; the provider's own create_cq_ex.
-            unsafe {
-                (*attr).wc_flags = flags | qp_num;
-                cqx = real(ctx, attr);
-                (*attr).wc_flags = flags;
-            }
-            if !cqx.is_null() {
-                wc_flags = flags | qp_num;
-            }
-        }
-    }
-    if cqx.is_null() {
-        // SAFETY: the provider's own create_cq_ex, with the caller's arguments.
-        cqx = unsafe { real(ctx, attr) };
-    }
-    if cqx.is_null() || in_shaper() {
-        return cqx;
-    }
-    guarded(
-        // SAFETY: the extended CQ begins with the ibv_cq (ibv_cq_ex_to_cq is a cast).
-        || unsafe { engine::register_cq(c, cqx.cast::<ibv_cq>(), cqx, wc_flags) },
-        || (),
-    );
-    cqx
 }

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod exports;
 pub mod ffi;
 pub mod hooks;
+pub mod install;
 pub mod log;
 pub mod mock;
 pub mod qp_ex;

@@ -13,37 +13,11 @@ use std::ffi::{c_int, c_void};
 
 use justitia_verbs::sys::*;
 
+use crate::engine::ex_state::{Collected, WrBatch};
 use crate::engine::{self, QpShared};
 use crate::ffi::guarded;
 use crate::send_queue::OwnedWr;
 use crate::stats::Counters;
-
-/// The provider's own `ibv_wr_*` pointers of one QP.
-#[derive(Clone, Copy)]
-pub struct QpExOps(ibv_qp_ex);
-
-impl QpExOps {
-    /// Saves the pointers of `qpx`.
-    pub fn save(qpx: &ibv_qp_ex) -> Self {
-        QpExOps(*qpx)
-    }
-}
-
-/// One request being collected.
-#[derive(Default)]
-struct Collected {
-    wr: ibv_send_wr,
-    sges: Vec<ibv_sge>,
-    inline: Option<Vec<u8>>,
-}
-
-/// The requests between `ibv_wr_start` and `ibv_wr_complete`.
-#[derive(Default)]
-pub struct WrBatch {
-    wrs: Vec<Collected>,
-    /// A verb the shaper cannot express as a send request was used.
-    unsupported: Option<&'static str>,
-}
 
 /// Installs the shaper's pointers in `qpx`: all of them when `shaped`, else the counting
 /// wrappers of the verbs that start a request or set its SGEs.

@@ -151,7 +151,7 @@ fn device(vars: &[(&str, &str)]) -> (MockDevice, Arc<Engine>, *mut ibv_cq) {
     .unwrap();
     let dev = MockDevice::new();
     // SAFETY: a fresh mock context.
-    assert!(unsafe { engine::attach_context(dev.context(), Arc::clone(&engine)) });
+    assert!(unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) });
     let cq = dev.create_cq();
     // SAFETY: cq was just created on the context.
     unsafe { on_create_cq(dev.context(), cq) };
@@ -229,15 +229,18 @@ fn a_qp_the_map_has_no_room_for_passes_through_untouched() {
         let mut a = rc_attr(cq, IBV_QPT_UD);
         let q = dev.create_qp(&mut a);
         // SAFETY: just created on the context.
-        assert!(unsafe { engine::register_qp_in(&map, ctx, q, init_of(&a), std::ptr::null_mut()) });
+        assert!(unsafe {
+            crate::install::register_qp_in(&map, ctx, q, init_of(&a), std::ptr::null_mut())
+        });
         fillers.push(q);
     }
     // A shaped QP with ibv_wr_* send operations finds no room.
     let mut a = rc_attr(cq, IBV_QPT_RC);
     let qp = dev.create_qp(&mut a);
     // SAFETY: just created; the mock allocates every QP as an extended one.
-    let registered =
-        unsafe { engine::register_qp_in(&map, ctx, qp, init_of(&a), qp.cast::<ibv_qp_ex>()) };
+    let registered = unsafe {
+        crate::install::register_qp_in(&map, ctx, qp, init_of(&a), qp.cast::<ibv_qp_ex>())
+    };
     assert!(!registered);
     assert_eq!(engine::cq(cq).unwrap().shaped.load(Ordering::Relaxed), 0);
     let src = pattern(8192, 63);

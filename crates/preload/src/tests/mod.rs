@@ -50,7 +50,7 @@ fn rig_on(vars: &[(&str, &str)], depth: u32, sig_all: bool, channel: *mut ibv_co
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: a fresh mock context.
-    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let cq = dev.create_cq_on(channel);
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
@@ -770,7 +770,7 @@ fn wr_batches_are_collected_and_split() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: fresh mock context.
-    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
     let cq = dev.create_cq();
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
@@ -839,7 +839,7 @@ fn observed_wr_batches_reach_the_provider_and_are_counted() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: fresh mock context.
-    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
     let cq = dev.create_cq();
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
@@ -894,7 +894,7 @@ fn extended_cq_polling_hides_internal_entries_and_rewrites_the_length() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: fresh mock context.
-    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
     let mut cq_attr = ibv_cq_init_attr_ex {
         cqe: 64,
         wc_flags: u64::from(IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_BYTE_LEN),
@@ -1006,7 +1006,7 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: a fresh mock context.
-    unsafe { engine::attach_context(ctx, Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
     let cq = dev.create_cq();
     // SAFETY: just created.
     unsafe { on_create_cq(ctx, cq) };

@@ -190,7 +190,7 @@ fn destroyed_qps_cqs_and_channels_free_their_state_and_descriptors() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: a fresh mock context.
-    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let open_fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
     let before = open_fds();
     let mut channels: Vec<Box<ibv_comp_channel>> = Vec::new();
@@ -545,7 +545,7 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: a fresh mock context.
-    assert!(unsafe { engine::attach_context(ctx, Arc::clone(&engine)) });
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let cq = dev.create_cq();
     dev.set_cq_size(cq, 24);
     // SAFETY: cq was just created on ctx.

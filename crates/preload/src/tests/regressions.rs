@@ -129,7 +129,7 @@ fn ex_rig(
         dev.refuse_qp_numbers();
     }
     // SAFETY: a fresh mock context.
-    unsafe { engine::attach_context(dev.context(), Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) };
     let mut attr = ibv_cq_init_attr_ex {
         cqe: 64,
         wc_flags: u64::from(wc_flags),
@@ -590,7 +590,7 @@ fn a_qp_on_an_unknown_cq_is_observed_not_shaped() {
     .unwrap();
     let dev = MockDevice::new();
     // SAFETY: a fresh mock context.
-    unsafe { engine::attach_context(dev.context(), Arc::clone(&engine)) };
+    unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) };
     let cq = dev.create_cq();
     let qp = qp_on(&dev, cq, 16);
     let src = pattern(8192, 48);

@@ -4,8 +4,9 @@
 //! An [`Engine`] holds one process's settings, clock, counters and token bucket. In the
 //! preloaded library there is one, made from the environment on first use; tests make
 //! their own with a virtual clock and a manual pacer. Device contexts are attached to an
-//! engine ([`attach_context`]), which installs the shaper's function pointers in them
-//! ([`crate::hooks`]); QPs and CQs are registered as they are created. The state of every
+//! engine ([`attach_context`], which saves the provider's function pointers); QPs and CQs
+//! are registered as they are created. This module never names a hook: which functions
+//! replace the provider's, and where, is [`crate::install`]'s business. The state of every
 //! object lives in lock-free maps keyed by the object's address, so the pass-through path
 //! costs one lookup. A lookup borrows the state without a reference count; that is sound
 //! because only the application's own calls on an object borrow it that way, and verbs
@@ -32,8 +33,11 @@ use crate::bucket::TokenBucket;
 use crate::clock::Clock;
 use crate::config::{ClassSetting, Config, Policy};
 use crate::log::log;
-use crate::qp_ex::{QpExOps, WrBatch};
 use crate::registry::PtrMap;
+use ex_state::{QpExOps, WrBatch};
+
+pub mod channels;
+pub mod ex_state;
 use crate::send_queue::{Blocked, DrainEnv, OwnedWr, SendQueue, Treatment, Verdict};
 use crate::stats::{Counters, StatsSnapshot};
 
@@ -371,8 +375,9 @@ unsafe impl Send for CtxShared {}
 // SAFETY: as above.
 unsafe impl Sync for CtxShared {}
 
-/// Attaches `ctx` to `engine`: saves the provider's function pointers and installs the
-/// shaper's. Returns false when it was attached already.
+/// Attaches `ctx` to `engine`: saves the provider's function pointers, for the shaper's to
+/// forward to. Returns false when it was attached already (or cannot be); the caller then
+/// leaves the context's pointers alone.
 ///
 /// # Safety
 /// `ctx` must be a live, just-opened context that no other thread uses yet.
@@ -410,24 +415,6 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
                 "too many open devices; this one passes through unobserved"
             );
             return false;
-        }
-        if ops.post_send.is_some() {
-            ops.post_send = Some(crate::hooks::post_send);
-        }
-        if ops.post_recv.is_some() {
-            ops.post_recv = Some(crate::hooks::post_recv);
-        }
-        if ops.poll_cq.is_some() {
-            ops.poll_cq = Some(crate::hooks::poll_cq);
-        }
-        if ops.req_notify_cq.is_some() {
-            ops.req_notify_cq = Some(crate::hooks::req_notify_cq);
-        }
-        if create_qp_ex.is_some() {
-            (*vctx).create_qp_ex = Some(crate::hooks::create_qp_ex);
-        }
-        if create_cq_ex.is_some() {
-            (*vctx).create_cq_ex = Some(crate::hooks::create_cq_ex);
         }
     }
     true
@@ -568,18 +555,25 @@ impl QpState {
 static QPS_FULL_SAID: AtomicBool = AtomicBool::new(false);
 
 /// Registers a QP created on an attached context. `qpx` is its extended form when it was
-/// created with `ibv_wr_*` send operations, whose pointers the shaper then replaces.
+/// created with `ibv_wr_*` send operations, whose pointers are saved (the caller installs
+/// the shaper's, see [`crate::install`]).
 ///
 /// # Safety
 /// `qp` must be a live QP of `ctx`, just created; `qpx` its extended form or null.
-pub unsafe fn register_qp(ctx: &CtxShared, qp: *mut ibv_qp, init: QpInit, qpx: *mut ibv_qp_ex) {
+pub unsafe fn register_qp(
+    ctx: &CtxShared,
+    qp: *mut ibv_qp,
+    init: QpInit,
+    qpx: *mut ibv_qp_ex,
+) -> bool {
     // SAFETY: guaranteed by the caller.
-    unsafe { register_qp_in(&QPS, ctx, qp, init, qpx) };
+    unsafe { register_qp_in(&QPS, ctx, qp, init, qpx) }
 }
 
 /// [`register_qp`] into `qps` ([`QPS`], or a small map in tests). Returns false when the
-/// QP is not registered: it then passes through untouched, its `ibv_wr_*` pointers left
-/// the provider's, since the shaper's would find no state to work with.
+/// QP is not registered: it then passes through untouched, and the caller must leave its
+/// `ibv_wr_*` pointers the provider's, since the shaper's would find no state to work
+/// with.
 ///
 /// # Safety
 /// As [`register_qp`].
@@ -671,10 +665,6 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         if shaped { "shaped" } else { "observed" },
         init.cap.max_send_wr
     );
-    if !qpx.is_null() {
-        // SAFETY: qpx is the live extended QP whose pointers were saved above.
-        unsafe { crate::qp_ex::install(&mut *qpx, shaped) };
-    }
     true
 }
 
@@ -1119,8 +1109,8 @@ pub struct CqShared {
     /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
     /// means a poll passes straight through, with one load to find out.
     work: AtomicU64,
-    pub(crate) ex: Option<crate::cq_ex::CqExOps>,
-    pub(crate) ex_current: Mutex<crate::cq_ex::Current>,
+    pub(crate) ex: Option<ex_state::CqExOps>,
+    pub(crate) ex_current: Mutex<ex_state::Current>,
     /// The CQ itself (what an event names).
     pub(crate) cq: *mut ibv_cq,
     /// Its completion channel, or null.
@@ -1137,16 +1127,22 @@ unsafe impl Send for CqShared {}
 unsafe impl Sync for CqShared {}
 
 /// Registers a CQ created on an attached context; `cqx` is its extended form (from
-/// `ibv_create_cq_ex`) or null.
+/// `ibv_create_cq_ex`) or null. Returns true when the extended CQ's poll verbs are to be
+/// the shaper's (it may shape, and the provider has them).
 ///
 /// # Safety
 /// `cq` must be a live CQ of `ctx`, just created.
-pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex, wc_flags: u64) {
+pub unsafe fn register_cq(
+    ctx: &CtxShared,
+    cq: *mut ibv_cq,
+    cqx: *mut ibv_cq_ex,
+    wc_flags: u64,
+) -> bool {
     let Some(poll_cq) = ctx.poll_cq else {
-        return;
+        return false;
     };
     // SAFETY: cqx is null or the live extended CQ.
-    let ex = unsafe { cqx.as_ref() }.and_then(|x| crate::cq_ex::CqExOps::save(x, wc_flags));
+    let ex = unsafe { cqx.as_ref() }.and_then(|x| ex_state::CqExOps::save(x, wc_flags));
     let shared = Arc::new(CqShared {
         poll_cq,
         req_notify_cq: ctx.req_notify_cq,
@@ -1158,7 +1154,7 @@ pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex,
         synthesized: Mutex::new(VecDeque::new()),
         work: AtomicU64::new(0),
         ex,
-        ex_current: Mutex::new(crate::cq_ex::Current::default()),
+        ex_current: Mutex::new(ex_state::Current::default()),
         cq,
         // SAFETY: the caller guarantees cq is live.
         channel: unsafe { (*cq).channel },
@@ -1166,16 +1162,13 @@ pub unsafe fn register_cq(ctx: &CtxShared, cq: *mut ibv_cq, cqx: *mut ibv_cq_ex,
         synthetic_events: AtomicU32::new(0),
     });
     if ctx.engine.config.class.is_some() {
-        crate::channel::attach(&shared);
+        channels::attach(&shared);
     }
     if let Ok(Some(old)) = CQS.insert(cq.cast(), shared) {
         // A CQ destroyed behind the shaper's back, whose address was reused.
-        drop(crate::channel::detach(&old));
+        drop(channels::detach(&old));
     }
-    if !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some() {
-        // SAFETY: cqx is the live extended CQ whose pointers were saved above.
-        unsafe { crate::cq_ex::install(&mut *cqx) };
-    }
+    !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some()
 }
 
 /// The registration of a CQ, to pass to [`unregister_cq`] once it is destroyed.
@@ -1187,7 +1180,7 @@ pub fn cq_token(cq: *mut ibv_cq) -> Option<NonNull<CqShared>> {
 /// channel's, when it was the channel's last CQ) is freed here.
 pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>) {
     if let Some(shared) = CQS.remove(cq.cast(), token) {
-        drop(crate::channel::detach(&shared));
+        drop(channels::detach(&shared));
     }
 }
 
@@ -1215,7 +1208,7 @@ impl CqShared {
             q.extend(wcs);
         }
         if self.armed.load(Ordering::Acquire) {
-            crate::channel::notify(self);
+            channels::notify(self);
         }
     }
 
@@ -1302,7 +1295,7 @@ impl CqShared {
     pub(crate) fn on_armed(&self) {
         self.armed.store(true, Ordering::Release);
         if self.has_synthesized() {
-            crate::channel::notify(self);
+            channels::notify(self);
         }
     }
 
