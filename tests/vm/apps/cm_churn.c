@@ -41,6 +41,11 @@ struct target {
 
 static const char *role = "?";
 static int served;
+/* The client's time in each phase of a connection, summed, for the report: where the
+ * time of a churn goes (under emulation it is mostly the connection handshake). */
+enum phase { RESOLVE, CONNECT, EXCHANGE, DISCONNECT, TEARDOWN, PHASES };
+static double phase_s[PHASES];
+static const char *phase_name[PHASES] = {"resolve", "connect", "exchange", "disconnect", "teardown"};
 
 static long open_fds(void)
 {
@@ -73,7 +78,13 @@ static long rss_kb(void)
 static void report(int conns, long *fds, long *rss)
 {
 	long f = open_fds(), r = rss_kb();
-	printf("cm_churn %s: conns=%d fds=%ld rss_kb=%ld\n", role, conns, f, r);
+	printf("cm_churn %s: conns=%d fds=%ld rss_kb=%ld", role, conns, f, r);
+	if (!strcmp(role, "client") && conns > 0) {
+		printf(" seconds:");
+		for (int p = 0; p < PHASES; p++)
+			printf(" %s=%.1f", phase_name[p], phase_s[p]);
+	}
+	printf("\n");
 	if (fds)
 		*fds = f;
 	if (rss)
@@ -209,9 +220,10 @@ static void serve_one(struct rdma_cm_id *id, struct conn *c)
 		die(0, "connection %d: the ping is garbled", served);
 	bad = check_fill(c->buf, conn);
 	snprintf(c->buf + WRITE_LEN, MSG_LEN, "%s %d", bad < 0 ? "ok" : "bad", conn);
+	/* The reply's own completion is not awaited: the client disconnects as soon as the
+	 * reply lands, possibly before its acknowledgement reaches this side, and then the
+	 * SEND completes with an error status or not at all. release() drains the CQ. */
 	post_one(id->qp, IBV_WR_SEND, 2, c->mr, c->buf + WRITE_LEN, MSG_LEN, 0, 0, 1);
-	if (!poll_one(c->cq, &wc, WAIT_S, "the reply's SEND"))
-		die(0, "connection %d: the reply did not complete in %d s", served, WAIT_S);
 	if (bad >= 0)
 		die(0, "connection %d: the client's WRITE differs at byte %d", conn, bad);
 }
@@ -219,6 +231,9 @@ static void serve_one(struct rdma_cm_id *id, struct conn *c)
 static void release(struct rdma_cm_id *id)
 {
 	struct conn *c = id->context;
+	struct ibv_wc wc[4];
+	while (ibv_poll_cq(c->cq, 4, wc) > 0)
+		; /* the reply's completion, whatever its status */
 	rdma_destroy_qp(id);
 	if (ibv_dereg_mr(c->mr) || ibv_destroy_cq(c->cq) || ibv_destroy_comp_channel(c->channel) ||
 	    ibv_dealloc_pd(c->pd))
@@ -289,11 +304,13 @@ static void client_one(struct rdma_event_channel *ec, struct addrinfo *ai, int c
 	struct rdma_cm_id *id;
 	struct ibv_qp_init_attr ia;
 	struct rdma_conn_param param;
-	struct target t;
+	struct target target;
 	struct ibv_wc wc;
 	char *buf = calloc(1, WRITE_LEN + 2 * MSG_LEN);
 	if (!buf)
 		die(ENOMEM, "calloc");
+	double t = now_s(), t2;
+#define PHASE(p) (t2 = now_s(), phase_s[p] += t2 - t, t = t2)
 	if (rdma_create_id(ec, &id, NULL, RDMA_PS_TCP))
 		die(errno, "connection %d: rdma_create_id", conn);
 	if (rdma_resolve_addr(id, NULL, ai->ai_addr, WAIT_S * 1000))
@@ -302,6 +319,7 @@ static void client_one(struct rdma_event_channel *ec, struct addrinfo *ai, int c
 	if (rdma_resolve_route(id, WAIT_S * 1000))
 		die(errno, "connection %d: rdma_resolve_route", conn);
 	expect_event(ec, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL);
+	PHASE(RESOLVE);
 	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
 	if (!pd)
 		die(errno, "connection %d: ibv_alloc_pd", conn);
@@ -327,10 +345,11 @@ static void client_one(struct rdma_event_channel *ec, struct addrinfo *ai, int c
 	param.rnr_retry_count = 7;
 	if (rdma_connect(id, &param))
 		die(errno, "connection %d: rdma_connect", conn);
-	expect_event(ec, RDMA_CM_EVENT_ESTABLISHED, &t);
+	expect_event(ec, RDMA_CM_EVENT_ESTABLISHED, &target);
+	PHASE(CONNECT);
 
 	fill(buf, conn);
-	post_one(id->qp, IBV_WR_RDMA_WRITE, 2, mr, buf, WRITE_LEN, t.addr, t.rkey, 0);
+	post_one(id->qp, IBV_WR_RDMA_WRITE, 2, mr, buf, WRITE_LEN, target.addr, target.rkey, 0);
 	snprintf(buf + WRITE_LEN, MSG_LEN, "ping %d", conn);
 	post_one(id->qp, IBV_WR_SEND, 3, mr, buf + WRITE_LEN, MSG_LEN, 0, 0, 1);
 	/* The SEND's completion and the reply, in either order. */
@@ -351,15 +370,19 @@ static void client_one(struct rdma_event_channel *ec, struct addrinfo *ai, int c
 	if (strcmp(buf + WRITE_LEN + MSG_LEN, expect) != 0)
 		die(0, "connection %d: the server replied \"%.20s\", not \"%s\"", conn, buf + WRITE_LEN + MSG_LEN,
 		    expect);
+	PHASE(EXCHANGE);
 	if (rdma_disconnect(id))
 		die(errno, "connection %d: rdma_disconnect", conn);
 	expect_event(ec, RDMA_CM_EVENT_DISCONNECTED, NULL);
+	PHASE(DISCONNECT);
 	rdma_destroy_qp(id);
 	if (ibv_dereg_mr(mr) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd))
 		die(errno, "connection %d: freeing its verbs objects", conn);
 	if (rdma_destroy_id(id))
 		die(errno, "connection %d: rdma_destroy_id", conn);
 	free(buf);
+	PHASE(TEARDOWN);
+#undef PHASE
 }
 
 static int client(const char *addr, const char *port, int total)
