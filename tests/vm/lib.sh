@@ -24,6 +24,7 @@ VM_PREREQS=(
   qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip depmod:kmod modprobe:kmod
   ibv_devinfo:ibverbs-utils ibv_rc_pingpong:ibverbs-utils rping:rdmacm-utils
   ib_write_bw:perftest rdma:iproute2 ip:iproute2 timeout:coreutils
+  cc:gcc valgrind:valgrind python3:python3
 )
 
 vm_log() { printf 'vm: %s\n' "$*" >&2; }

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The real-verbs test suite: boots one QEMU guest with Soft-RoCE and runs, inside it,
 # transparency runs of ibv_rc_pingpong, rping and perftest with and without the shaper,
-# splitting runs with 1 MiB messages, and the data-integrity checker (tests/vm/guest/suite.sh).
+# splitting runs with 1 MiB messages, the data-integrity checker, and the test applications
+# of tests/vm/apps (dlopen and ctypes, rdma_cm churn, destroy with work held, the hang
+# case) (tests/vm/guest/suite.sh).
 #
 # Prints one line per test, then exactly "vm: N passed, M failed"; exits non-zero on any
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
 # (CI=true), where setup should have installed it, so it fails.
 #
-# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 1500),
-# INTEGRITY_TRANSFERS (per checker run, default 200), CARGO_TARGET_DIR.
+# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 1800),
+# INTEGRITY_TRANSFERS (per checker run, default 200), HANG_TIMEOUT, DESTROY_ITERATIONS,
+# CM_CONNECTIONS, CM_FD_SLACK, CM_RSS_SLACK_KB (the application tests, see the README),
+# CARGO_TARGET_DIR.
 set -uo pipefail
 # shellcheck source=tests/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -60,13 +64,25 @@ else
   echo "vm: the shaper is not built (crates/preload does not exist yet): runs under the shaper are skipped"
 fi
 
+# The test applications (C programs built with the host's compiler against its
+# libibverbs and librdmacm headers; the Python one needs no build).
+apps=$target/vm-apps
+echo "vm: building the test applications (tests/vm/apps) into $apps"
+if ! tests/vm/apps/build.sh "$apps" > "$target/vm-apps.build.log" 2>&1; then
+  echo "FAIL build the test applications: $(grep -m1 -E 'error|not found' "$target/vm-apps.build.log") (log: $target/vm-apps.build.log)"
+  fails=$((fails + 1))
+  apps=-
+fi
+
 mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
-  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity"
-vm_boot "$out" "${VM_SUITE_TIMEOUT:-1500}"
+  HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
+  CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
+  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps"
+vm_boot "$out" "${VM_SUITE_TIMEOUT:-1800}"
 rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"
 

@@ -2,7 +2,8 @@
 //! regions the plans place data in, and the checks of every completion and every byte.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use justitia_verbs::sys::*;
@@ -11,6 +12,7 @@ use justitia_verbs::{
     RecvRequest, SendRequest, VerbsError,
 };
 
+use crate::ledger::Ledger;
 use crate::pattern;
 use crate::plan::{Batch, Operation, Placement, PlanConfig, Transfer, GUARD};
 use crate::post_api::{create_wr_requester, post_wr, send_ops_flags, send_ops_names, PostApi};
@@ -113,6 +115,25 @@ impl Report {
         self.mismatched_transfers == 0 && self.overruns == 0 && self.bad_completions == 0
     }
 
+    /// Adds the counts of `other` (another rig's run) to these, keeping the first
+    /// problems of both up to the limit.
+    pub fn absorb(&mut self, other: Report) {
+        self.transfers += other.transfers;
+        self.bytes += other.bytes;
+        self.writes += other.writes;
+        self.reads += other.reads;
+        self.writes_with_imm += other.writes_with_imm;
+        self.unsignaled += other.unsignaled;
+        self.send_completions += other.send_completions;
+        self.recv_completions += other.recv_completions;
+        self.mismatched_transfers += other.mismatched_transfers;
+        self.overruns += other.overruns;
+        self.bad_completions += other.bad_completions;
+        for p in other.problems {
+            self.problem(p);
+        }
+    }
+
     fn problem(&mut self, text: String) {
         if self.problems.len() < Self::KEEP {
             self.problems.push(text);
@@ -160,16 +181,130 @@ impl Requester {
 pub struct Rig {
     verbs: Arc<Ibverbs>,
     ctx: Context,
-    send_cq: CompletionQueue,
+    send: SendCompletions,
     recv_cq: CompletionQueue,
     requester: Requester,
     responder: QueuePair,
     local: Vec<MemoryRegion>,
     remote: Vec<MemoryRegion>,
     timeout: Duration,
+    /// Where signaled requests are entered before posting, when several rigs share one
+    /// send CQ.
+    ledger: Option<Arc<Mutex<Ledger>>>,
     // Kept alive for the objects above.
     _pd: ProtectionDomain,
     _unused_cq: CompletionQueue,
+}
+
+/// Where a rig's send completions come from: its own CQ, or the thread that polls a send
+/// CQ several rigs share, which hands each rig the completions of its requester's QP.
+enum SendCompletions {
+    Own(CompletionQueue),
+    Routed(Receiver<ibv_wc>),
+}
+
+impl SendCompletions {
+    /// Up to `wc.len()` completions. A routed rig waits up to 2 ms for the first one, so
+    /// that a thread waiting on the router sleeps instead of spinning.
+    fn poll(&self, wc: &mut [ibv_wc]) -> Result<usize, VerbsError> {
+        let rx = match self {
+            SendCompletions::Own(cq) => return cq.poll(wc),
+            SendCompletions::Routed(rx) => rx,
+        };
+        let stopped =
+            || VerbsError::InvalidArgument("the thread polling the shared send CQ stopped".into());
+        let mut n = 0;
+        while n < wc.len() {
+            let next = if n == 0 {
+                match rx.recv_timeout(Duration::from_millis(2)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return Err(stopped()),
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => return Err(stopped()),
+                }
+            };
+            let Some(c) = next else { break };
+            wc[n] = c;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// An open device and its protection domain.
+struct Opened {
+    verbs: Arc<Ibverbs>,
+    ctx: Context,
+    pd: ProtectionDomain,
+}
+
+/// The objects several rigs share: the device, a protection domain and one send CQ that
+/// all their requesters complete into.
+pub struct SharedSendCq {
+    verbs: Arc<Ibverbs>,
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+}
+
+impl SharedSendCq {
+    /// Opens the device and creates a send CQ deep enough for `rigs` rigs of `plan`.
+    pub fn open(options: &RigOptions, plan: &PlanConfig, rigs: usize) -> Result<Self, CheckError> {
+        let verbs = Arc::new(Ibverbs::load()?);
+        let ctx = Context::open(Arc::clone(&verbs), options.device.as_deref())?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let depth = u32::try_from(rigs.max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_mul(queue_depth(plan));
+        let cq = CompletionQueue::new(&ctx, depth, None)?;
+        Ok(SharedSendCq { verbs, ctx, pd, cq })
+    }
+
+    /// The shared CQ, for the thread that polls it.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        self.ctx.name()
+    }
+
+    /// A rig whose requester completes into the shared CQ. The completions of its QP
+    /// ([`Rig::requester_qp_num`]) must be handed to it through `routed`; it enters each
+    /// signaled request in `ledger` before posting it.
+    pub fn rig(
+        &self,
+        options: &RigOptions,
+        plan: &PlanConfig,
+        routed: Receiver<ibv_wc>,
+        ledger: Arc<Mutex<Ledger>>,
+    ) -> Result<Rig, CheckError> {
+        let dev = Opened {
+            verbs: Arc::clone(&self.verbs),
+            ctx: self.ctx.clone(),
+            pd: self.pd.clone(),
+        };
+        let mut rig = Rig::build(
+            dev,
+            &self.cq,
+            SendCompletions::Routed(routed),
+            options,
+            plan,
+        )?;
+        rig.ledger = Some(ledger);
+        Ok(rig)
+    }
+}
+
+/// Send and receive queue depth (and per-rig CQ depth) for batches of `plan`.
+fn queue_depth(plan: &PlanConfig) -> u32 {
+    4 * u32::try_from(plan.max_batch.max(1)).unwrap_or(u32::MAX / 8) + 16
 }
 
 impl Rig {
@@ -179,8 +314,22 @@ impl Rig {
         let verbs = Arc::new(Ibverbs::load()?);
         let ctx = Context::open(Arc::clone(&verbs), options.device.as_deref())?;
         let pd = ProtectionDomain::new(&ctx)?;
-        let depth = 4 * plan.max_batch.max(1) as u32 + 16;
-        let send_cq = CompletionQueue::new(&ctx, depth, None)?;
+        let send_cq = CompletionQueue::new(&ctx, queue_depth(plan), None)?;
+        let own = SendCompletions::Own(send_cq.clone());
+        Self::build(Opened { verbs, ctx, pd }, &send_cq, own, options, plan)
+    }
+
+    /// The rig on an open device: the requester completes into `send_cq`, whose
+    /// completions reach the rig through `send`.
+    fn build(
+        dev: Opened,
+        send_cq: &CompletionQueue,
+        send: SendCompletions,
+        options: &RigOptions,
+        plan: &PlanConfig,
+    ) -> Result<Self, CheckError> {
+        let Opened { verbs, ctx, pd } = dev;
+        let depth = queue_depth(plan);
         let recv_cq = CompletionQueue::new(&ctx, depth, None)?;
         let unused_cq = CompletionQueue::new(&ctx, 16, None)?;
         let sges = u32::try_from(plan.max_sges.max(1)).unwrap_or(u32::MAX);
@@ -193,11 +342,11 @@ impl Rig {
         };
         let requester = match options.post_api {
             PostApi::PostSend => Requester {
-                qp: QueuePair::create_rc(&pd, &send_cq, &unused_cq, caps)?,
+                qp: QueuePair::create_rc(&pd, send_cq, &unused_cq, caps)?,
                 wr: None,
             },
             PostApi::Wr => {
-                let (qp, qpx) = create_wr_requester(&pd, &send_cq, &unused_cq, caps, plan.with_imm)
+                let (qp, qpx) = create_wr_requester(&pd, send_cq, &unused_cq, caps, plan.with_imm)
                     .map_err(|reason| CheckError::ExtendedApiUnsupported {
                         device: ctx.name().to_string(),
                         ops: send_ops_names(send_ops_flags(plan.with_imm)),
@@ -225,16 +374,22 @@ impl Rig {
         Ok(Rig {
             verbs,
             ctx,
-            send_cq,
+            send,
             recv_cq,
             requester,
             responder,
             local,
             remote,
             timeout: options.completion_timeout,
+            ledger: None,
             _pd: pd,
             _unused_cq: unused_cq,
         })
+    }
+
+    /// The requester's queue pair number (the one its send completions carry).
+    pub fn requester_qp_num(&self) -> u32 {
+        self.requester.qp.qp_num()
     }
 
     /// The device's name.
@@ -281,6 +436,13 @@ impl Rig {
             .iter()
             .map(|t| self.request(t))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(ledger) = &self.ledger {
+            let qpn = self.requester.qp.qp_num();
+            let mut l = ledger.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in batch.transfers.iter().filter(|t| t.signaled) {
+                l.expect(qpn, t.wr_id);
+            }
+        }
         // One ibv_post_send call, or one ibv_wr_start ... ibv_wr_complete, per list.
         if batch.post_as_list {
             self.requester.post(&requests)?;
@@ -295,7 +457,7 @@ impl Rig {
         let responder_qpn = self.responder.qp_num();
         let verbs = Arc::clone(&self.verbs);
         wait_for(
-            &self.send_cq,
+            |wc| self.send.poll(wc),
             "send",
             &signaled,
             self.timeout,
@@ -303,7 +465,7 @@ impl Rig {
             |wc, t| check_send_completion(&verbs, wc, t, requester_qpn),
         )?;
         wait_for(
-            &self.recv_cq,
+            |wc| self.recv_cq.poll(wc),
             "receive",
             &receives,
             self.timeout,
@@ -344,9 +506,13 @@ impl Rig {
 
     /// Fails if either completion queue holds a completion nobody asked for.
     fn expect_no_completion(&self) -> Result<(), CheckError> {
-        for (cq, queue) in [(&self.send_cq, "send"), (&self.recv_cq, "receive")] {
+        for queue in ["send", "receive"] {
             let mut wc = [ibv_wc::default(); 4];
-            let extra = cq.poll(&mut wc)?;
+            let extra = if queue == "send" {
+                self.send.poll(&mut wc)?
+            } else {
+                self.recv_cq.poll(&mut wc)?
+            };
             if extra > 0 {
                 return Err(CheckError::Completion {
                     queue,
@@ -482,10 +648,10 @@ enum Fault {
     Detail(String),
 }
 
-/// Polls `cq` until one completion per entry of `expected` has arrived, in order, each
-/// accepted by `check`; wrong details are counted in `report`.
+/// Polls with `poll` until one completion per entry of `expected` has arrived, in order,
+/// each accepted by `check`; wrong details are counted in `report`.
 fn wait_for(
-    cq: &CompletionQueue,
+    mut poll: impl FnMut(&mut [ibv_wc]) -> Result<usize, VerbsError>,
     queue: &'static str,
     expected: &[&Transfer],
     timeout: Duration,
@@ -496,7 +662,7 @@ fn wait_for(
     let mut next = 0;
     let mut wc = [ibv_wc::default(); 8];
     while next < expected.len() {
-        let n = cq.poll(&mut wc)?;
+        let n = poll(&mut wc)?;
         for c in &wc[..n] {
             let Some(t) = expected.get(next) else {
                 return Err(CheckError::Completion {
@@ -649,6 +815,43 @@ fn check_recv_completion(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absorbing_reports_adds_every_count_and_caps_problems() {
+        let one = Report {
+            transfers: 3,
+            bytes: 300,
+            writes: 1,
+            reads: 1,
+            writes_with_imm: 1,
+            unsignaled: 2,
+            send_completions: 1,
+            recv_completions: 1,
+            mismatched_transfers: 1,
+            overruns: 0,
+            bad_completions: 2,
+            problems: vec!["a".into(); 15],
+        };
+        let mut total = Report::default();
+        total.absorb(one.clone());
+        total.absorb(one);
+        assert_eq!(
+            (total.transfers, total.bytes, total.writes, total.reads),
+            (6, 600, 2, 2)
+        );
+        assert_eq!((total.writes_with_imm, total.unsignaled), (2, 4));
+        assert_eq!((total.send_completions, total.recv_completions), (2, 2));
+        assert_eq!(
+            (
+                total.mismatched_transfers,
+                total.overruns,
+                total.bad_completions
+            ),
+            (2, 0, 4)
+        );
+        assert_eq!(total.problems.len(), Report::KEEP);
+        assert!(!total.clean());
+    }
 
     #[test]
     fn a_rig_can_move_to_another_thread() {

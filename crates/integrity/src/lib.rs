@@ -32,6 +32,7 @@
 //!   such a QP, `wr` fails with an error saying so; it never falls back to `ibv_post_send`.
 
 pub mod checker;
+pub mod ledger;
 pub mod pattern;
 pub mod plan;
 pub mod post_api;

@@ -4,15 +4,25 @@
 //! settings) to prove that splitting and pacing are invisible to the application.
 //! `--post-api wr` posts through the extended `ibv_wr_*` interface of a QP created with
 //! `ibv_create_qp_ex` instead of `ibv_post_send`; the same seed gives the same transfers.
+//! `--threads N` runs N rigs at once, one thread each, whose requesters share one send CQ
+//! polled by one more thread that hands every completion to its QP's thread and checks
+//! that every signaled request completes exactly once.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use justitia_integrity::checker::{CheckError, Report, Rig, RigOptions};
+use justitia_integrity::checker::{CheckError, Report, Rig, RigOptions, SharedSendCq};
+use justitia_integrity::ledger::Ledger;
 use justitia_integrity::plan::{PlanConfig, Planner};
 use justitia_integrity::post_api::PostApi;
+use justitia_verbs::sys::ibv_wc;
+use justitia_verbs::CompletionQueue;
 
 /// Verify RDMA transfers byte by byte and completion by completion.
 #[derive(Parser, Debug)]
@@ -59,6 +69,13 @@ struct Args {
     /// --max-sges 1 unless a shaping LD_PRELOAD reposts the requests.)
     #[arg(long, value_enum, default_value_t = PostApi::PostSend)]
     post_api: PostApi,
+    /// Posting threads (1 to 16). Above 1, each thread drives its own pair of QPs and
+    /// memory, all requesters share one send CQ, and one more thread polls it and hands
+    /// each completion to its QP's thread; every signaled request must complete exactly
+    /// once. --transfers is then shared among the threads, each with its own seed (the
+    /// printed seed plus the thread's index).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    threads: u8,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -151,6 +168,154 @@ fn provider_hint(post_api: PostApi, max_sges: usize, error: &CheckError) -> &'st
     }
 }
 
+/// The error for a rig that cannot be set up: the verbs error's text already names its
+/// cause, so a chained context would repeat it.
+fn setup_error(e: CheckError) -> anyhow::Error {
+    match e {
+        CheckError::Verbs(v) => anyhow::anyhow!(
+            "cannot set up two connected RC queue pairs; this needs an RDMA device \
+             (hardware, or Soft-RoCE: `rdma link add rxe0 type rxe netdev <if>`): {v}"
+        ),
+        other => other.into(),
+    }
+}
+
+/// The thread that polls the shared send CQ until `stop`: enters every completion in the
+/// ledger and hands it to the thread whose QP it names. Returns what did not fit the
+/// ledger (the first few), or the polling error that ended it.
+fn route_completions(
+    cq: &CompletionQueue,
+    routes: HashMap<u32, Sender<ibv_wc>>,
+    ledger: &Mutex<Ledger>,
+    stop: &AtomicBool,
+) -> Vec<String> {
+    let mut faults = Vec::new();
+    let mut wc = [ibv_wc::default(); 16];
+    loop {
+        // Read before polling, so that the last completions are drained after the stop.
+        let stopping = stop.load(Ordering::Acquire);
+        let n = match cq.poll(&mut wc) {
+            Ok(n) => n,
+            Err(e) => {
+                faults.push(format!("polling the shared send CQ: {e}"));
+                return faults;
+            }
+        };
+        for c in &wc[..n] {
+            let fit = ledger
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .complete(c.qp_num, c.wr_id);
+            if let Err(f) = fit {
+                if faults.len() < 20 {
+                    faults.push(f.to_string());
+                }
+            }
+            // A thread that has stopped takes nothing more; the ledger has it anyway.
+            if let Some(tx) = routes.get(&c.qp_num) {
+                let _ = tx.send(*c);
+            }
+        }
+        if n == 0 {
+            if stopping {
+                return faults;
+            }
+            // Soft-RoCE does its work in kernel threads; leave them the CPU.
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// `--threads` above 1: the rigs share one send CQ polled by a routing thread.
+fn run_threads(args: &Args, seed: u64, plan: &PlanConfig, options: &RigOptions) -> Result<bool> {
+    let threads = usize::from(args.threads);
+    let shared = SharedSendCq::open(options, plan, threads).map_err(setup_error)?;
+    let ledger = Arc::new(Mutex::new(Ledger::new()));
+    let mut routes = HashMap::new();
+    let mut rigs = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let (tx, rx) = mpsc::channel();
+        let rig = shared
+            .rig(options, plan, rx, Arc::clone(&ledger))
+            .map_err(setup_error)?;
+        routes.insert(rig.requester_qp_num(), tx);
+        rigs.push(rig);
+    }
+    println!(
+        "justitia-integrity: device {}, {threads} threads on {threads} QPs sharing one send CQ, \
+         polled by one more thread; up to {} bytes per transfer",
+        shared.device(),
+        args.max_size
+    );
+    let per_thread = args.transfers.div_ceil(threads as u64);
+    let stop = AtomicBool::new(false);
+    let (results, faults) = std::thread::scope(|s| {
+        let router = s.spawn(|| route_completions(shared.cq(), routes, &ledger, &stop));
+        let workers: Vec<_> = rigs
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut rig)| {
+                let thread_seed = seed.wrapping_add(k as u64);
+                s.spawn(move || {
+                    let mut planner = Planner::new(thread_seed, plan.clone());
+                    let mut report = Report::default();
+                    while report.transfers < per_thread {
+                        rig.run_batch(&planner.next_batch(), &mut report)
+                            .map_err(|e| (report.transfers, e))?;
+                    }
+                    rig.finish().map_err(|e| (report.transfers, e))?;
+                    Ok::<_, (u64, CheckError)>(report)
+                })
+            })
+            .collect();
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        stop.store(true, Ordering::Release);
+        let faults = router
+            .join()
+            .unwrap_or_else(|_| vec!["the routing thread panicked".to_string()]);
+        (results, faults)
+    });
+    let mut report = Report::default();
+    let mut errors = Vec::new();
+    for (k, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(Ok(part)) => report.absorb(part),
+            Ok(Err((done, e))) => errors.push(format!(
+                "thread {k} (seed {}) after {done} good transfers: {e}",
+                seed.wrapping_add(k as u64)
+            )),
+            Err(_) => errors.push(format!("thread {k} panicked")),
+        }
+    }
+    let books = ledger
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .summary();
+    for p in report.problems.iter().chain(&faults) {
+        println!("justitia-integrity: PROBLEM {p}");
+    }
+    if !errors.is_empty() {
+        bail!("{}; so far: {}", errors.join("; "), summary(&report));
+    }
+    let once = books.exactly_once() && faults.is_empty();
+    let verdict = if report.clean() && once {
+        "PASS"
+    } else {
+        "FAIL"
+    };
+    println!(
+        "justitia-integrity: {verdict}: {}; {threads} threads sharing one send CQ: {} signaled \
+         requests, {} completed exactly once, {} missing, {} duplicated, {} unknown; seed {seed}",
+        summary(&report),
+        books.expected,
+        books.exact,
+        books.missing,
+        books.duplicates,
+        books.unknown
+    );
+    Ok(report.clean() && once)
+}
+
 fn run(args: &Args) -> Result<bool> {
     if args.max_sges == 0 || args.max_batch == 0 {
         bail!("--max-sges and --max-batch must be at least 1");
@@ -179,14 +344,10 @@ fn run(args: &Args) -> Result<bool> {
         completion_timeout: Duration::from_secs(args.timeout),
         post_api: args.post_api,
     };
-    let mut rig = Rig::open(&options, &plan).map_err(|e| match e {
-        // The verbs error's text already names its cause; a chained context would repeat it.
-        CheckError::Verbs(v) => anyhow::anyhow!(
-            "cannot set up two connected RC queue pairs; this needs an RDMA device \
-             (hardware, or Soft-RoCE: `rdma link add rxe0 type rxe netdev <if>`): {v}"
-        ),
-        other => other.into(),
-    })?;
+    if args.threads > 1 {
+        return run_threads(args, seed, &plan, &options);
+    }
+    let mut rig = Rig::open(&options, &plan).map_err(setup_error)?;
     println!(
         "justitia-integrity: device {}, port {}, GID index {}, up to {} bytes per transfer",
         rig.device(),
@@ -275,6 +436,19 @@ mod tests {
             &["--post-api", ""][..],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn threads_default_to_one_and_stay_within_sixteen() {
+        assert_eq!(parse(&[]).map(|a| a.threads).ok(), Some(1));
+        assert_eq!(parse(&["--threads", "4"]).map(|a| a.threads).ok(), Some(4));
+        assert_eq!(parse(&["--threads=16"]).map(|a| a.threads).ok(), Some(16));
+        for bad in ["0", "17", "-1", "four"] {
+            assert!(
+                parse(&["--threads", bad]).is_err(),
+                "--threads {bad} accepted"
+            );
         }
     }
 

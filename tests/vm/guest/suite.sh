@@ -4,15 +4,17 @@
 # ("PASS name: detail", "FAIL name: why", "SKIP name: why") and every tool's output to
 # RESULTS/logs/.
 #
-#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN
+#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN [APPS_DIR]
 #
 # SHAPER_LIB may be "-" when the shaper is not built: the runs that need it are then
-# reported as skipped, with the reason.
+# reported as skipped, with the reason. APPS_DIR holds the test applications built from
+# tests/vm/apps (tests/vm/apps/build.sh); "-" or absent skips their tests, saying so.
 set -uo pipefail
 
 RESULTS=$1
 LIB=$2
 INTEGRITY=$3
+APPS=${4:--}
 LOGS=$RESULTS/logs
 mkdir -p "$LOGS"
 : > "$RESULTS/results.txt"
@@ -377,11 +379,187 @@ integrity "wr API, single SGE, preload, no JUSTITIA_* set" unconfigured --post-a
 integrity "wr API, bandwidth, chunk 64K" split_requests --post-api=wr JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K
 integrity "wr API, bandwidth, random chunk $small_chunk" split_requests --post-api=wr JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=$small_chunk
 integrity "wr API, preempt" yields --post-api=wr JUSTITIA_CLASS=bandwidth JUSTITIA_POLICY=preempt
+# Four threads posting on four QPs that share one send CQ, polled by a fifth, split and
+# paced: the checker's byte checks, and every signaled request completed exactly once.
+integrity "4 threads, one shared send CQ, chunk 64K, paced 40M:20K" pacing_delay_ns --threads=4 --max-size=1M \
+  JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_RATE=40M:20K
 if have_shaper; then
   if [ "$integrity_ok" = 1 ] && [ "$shaped_transfers" -ge 1000 ]; then
     result PASS "integrity total" "$shaped_transfers transfers through the shaper, zero mismatches"
   else
     result FAIL "integrity total" "$shaped_transfers transfers through the shaper (at least 1000 needed), all clean: $([ "$integrity_ok" = 1 ] && echo yes || echo no)"
+  fi
+fi
+
+echo "== real applications (dlopen, ctypes, rdma_cm churn, destroy with work held, the hang case, threads)"
+# The test applications of tests/vm/apps, built on the host by run-tests.sh into APPS.
+have_apps() { [ "$APPS" != - ] && [ -x "$APPS/dlopen_app" ]; }
+NO_APPS="the test applications were not built (tests/vm/apps/build.sh failed or was not run)"
+
+# app_modes TEST CMD...: the application plain, under the unconfigured shaper and shaped
+# (bandwidth, 16K chunks); each must exit 0 and print the same "result" line.
+app_modes() {
+  local test=$1
+  shift
+  local slug base="" mode label log rc res why
+  slug=$(echo "app_$test" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.=-')
+  for mode in plain preload shaped; do
+    label=$(mode_label "$mode")
+    if ! have_apps; then
+      result SKIP "$test ($label)" "$NO_APPS"
+      continue
+    fi
+    if [ "$mode" != plain ] && ! have_shaper; then
+      result SKIP "$test ($label)" "$NO_SHAPER"
+      continue
+    fi
+    log=$LOGS/$slug.$mode.log
+    # shellcheck disable=SC2046 # mode_env prints NAME=value words without spaces
+    env $(mode_env "$mode" "$LOGS/$slug.$mode") timeout "$STEP_TIMEOUT" "$@" > "$log" 2>&1
+    rc=$?
+    res=$(grep -o 'result .*' "$log" | head -n 1)
+    why=$(grep -h -m1 -E 'error|rror:' "$log" | head -n 1)
+    if [ "$rc" != 0 ]; then
+      result FAIL "$test ($label)" "exit $rc${why:+: $why} (log: $log)"
+    elif [ -z "$res" ]; then
+      result FAIL "$test ($label)" "no result line (log: $log)"
+    elif [ "$mode" = plain ]; then
+      base=$res
+      result PASS "$test ($label)" "$res"
+    elif [ -z "$base" ]; then
+      result FAIL "$test ($label)" "no plain result to compare with; got: $res"
+    elif [ "$res" != "$base" ]; then
+      result FAIL "$test ($label)" "result differs from plain: $res"
+    elif [ "$mode" = preload ] && [ -n "$(preload_problems "$log")" ]; then
+      result FAIL "$test ($label)" "the unconfigured shaper printed: $(preload_problems "$log")"
+    else
+      result PASS "$test ($label)" "same result as plain: $res"
+    fi
+  done
+}
+app_modes "dlopen libibverbs RTLD_LOCAL (C)" "$APPS/dlopen_app" "$DEV" "$GID"
+app_modes "dlopen plugin linked to libibverbs RTLD_LOCAL (C)" "$APPS/dlopen_app" --plugin "$APPS/libping_plugin.so" "$DEV"
+app_modes "ctypes libibverbs (Python)" /usr/bin/python3 tests/vm/apps/ctypes_app.py "$DEV"
+app_modes "ctypes plugin linked to libibverbs (Python)" /usr/bin/python3 tests/vm/apps/ctypes_app.py --plugin "$APPS/libping_plugin.so" "$DEV"
+
+# The hang case: an unsignaled 1 MiB WRITE and a signaled SEND on a 16-deep send queue,
+# then the reply awaited on the receive CQ only. Plain (the baseline), then shaped with
+# 16K chunks (64 chunks per WRITE: the queue fills); each bounded by HANG_TIMEOUT.
+HANG_TIMEOUT=${HANG_TIMEOUT:-60}
+hang_case() { # LABEL ENV...
+  local label=$1 log rc
+  shift
+  log=$LOGS/app_hang.$(echo "$label" | tr -cd 'a-z').log
+  env "$@" timeout "$HANG_TIMEOUT" "$APPS/hang_app" "$DEV" 5 20 > "$log" 2>&1
+  rc=$?
+  if [ "$rc" = 0 ]; then
+    result PASS "hang case, reply polled on the receive CQ only ($label)" "$(grep -o 'PASS: .*' "$log")"
+  elif [ "$rc" = 124 ]; then
+    result FAIL "hang case, reply polled on the receive CQ only ($label)" "still running after $HANG_TIMEOUT s (log: $log)"
+  else
+    result FAIL "hang case, reply polled on the receive CQ only ($label)" "exit $rc: $(grep -h -m1 -E 'FAIL|error' "$log") (log: $log)"
+  fi
+}
+if ! have_apps; then
+  result SKIP "hang case" "$NO_APPS"
+else
+  hang_case plain
+  if have_shaper; then
+    hang_case "shaped, bandwidth class, 16K chunks, send queue 16" LD_PRELOAD="$LIB" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K
+  else
+    result SKIP "hang case (shaped)" "$NO_SHAPER"
+  fi
+fi
+
+# Destroying QPs with paced requests held, under valgrind's memcheck: the shaper's Rust
+# code, libibverbs and the provider are all checked (ASan would see only the C program's
+# own code). Zero errors and a clean exit are required; the plain run is the baseline that
+# shows the program and rdma-core are clean alone.
+DESTROY_ITERATIONS=${DESTROY_ITERATIONS:-200}
+destroy_case() { # LABEL ITERATIONS ENV...
+  local label=$1 iterations=$2 log vlog rc errors
+  shift 2
+  log=$LOGS/app_destroy.$(echo "$label" | tr -cd 'a-z').log
+  vlog=${log%.log}.valgrind.log
+  env "$@" timeout $((STEP_TIMEOUT * 2)) valgrind --tool=memcheck --error-exitcode=99 \
+    --log-file="$vlog" "$APPS/destroy_held" "$DEV" "$iterations" 4 > "$log" 2>&1
+  rc=$?
+  errors=$(grep -o 'ERROR SUMMARY: [0-9]* errors' "$vlog" | tail -n 1 | grep -o '[0-9]*')
+  local test="destroy QPs with requests held, under valgrind ($label)"
+  if [ "$rc" = 0 ] && [ "${errors:-x}" = 0 ]; then
+    result PASS "$test" "$(grep -o 'PASS: .*' "$log"); valgrind: 0 errors"
+  elif [ "$rc" = 124 ]; then
+    result FAIL "$test" "still running after $((STEP_TIMEOUT * 2)) s (logs: $log, $vlog)"
+  else
+    local first
+    first=$(grep -m1 -E '^==[0-9]+== (Invalid|Conditional|Use of|Syscall|Mismatched|Source and)' "$vlog" | sed 's/^==[0-9]*== //')
+    result FAIL "$test" "exit $rc, valgrind errors: ${errors:-none reported}${first:+, first: $first}; $(grep -h -m1 error "$log") (logs: $log, $vlog)"
+  fi
+}
+if ! have_apps; then
+  result SKIP "destroy QPs with requests held" "$NO_APPS"
+elif ! command -v valgrind > /dev/null; then
+  result FAIL "destroy QPs with requests held" "valgrind is not installed (scripts/setup.sh installs it)"
+else
+  destroy_case plain 20
+  if have_shaper; then
+    destroy_case "bandwidth, 64K chunks, paced 10M" "$DESTROY_ITERATIONS" LD_PRELOAD="$LIB" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_RATE=10M
+  else
+    result SKIP "destroy QPs with requests held (shaped)" "$NO_SHAPER"
+  fi
+fi
+
+# rdma_cm churn: a server accepts, serves and drops CM_CONNECTIONS connections, one at a
+# time, under the shaper (shaped class, so it keeps per-QP state); the server's descriptor
+# count and RSS after all of them may exceed those after the first 5% by at most
+# CM_FD_SLACK descriptors and CM_RSS_SLACK_KB KiB. The figures go into the result line.
+CM_CONNECTIONS=${CM_CONNECTIONS:-2000}
+# The plain run is the baseline that shows the program and rdma-core alone hold steady;
+# fewer connections keep its time down.
+CM_PLAIN_CONNECTIONS=${CM_PLAIN_CONNECTIONS:-400}
+CM_FD_SLACK=${CM_FD_SLACK:-16}
+CM_RSS_SLACK_KB=${CM_RSS_SLACK_KB:-4096}
+cm_case() { # LABEL CONNECTIONS ENV...
+  local label=$1 conns=$2 port=$((PORT++)) addr srv cli spid crc src figures
+  shift 2
+  local test="rdma_cm churn, $conns connections ($label)"
+  srv=$LOGS/app_cm.$(echo "$label" | tr -cd 'a-z').server.log
+  cli=${srv%.server.log}.client.log
+  addr=$(ip -6 -o addr show dev veth0 scope link | awk '{print $4}' | cut -d/ -f1)
+  env "$@" timeout $((STEP_TIMEOUT * 3)) "$APPS/cm_churn" server "$addr%veth0" "$port" "$conns" \
+    "$CM_FD_SLACK" "$CM_RSS_SLACK_KB" > "$srv" 2>&1 &
+  spid=$!
+  if ! wait_cm_listen; then
+    kill "$spid" 2> /dev/null
+    wait "$spid" 2> /dev/null
+    result FAIL "$test" "the server did not start listening (log: $srv)"
+    return
+  fi
+  env "$@" timeout $((STEP_TIMEOUT * 3)) "$APPS/cm_churn" client "$addr%veth0" "$port" "$conns" > "$cli" 2>&1
+  crc=$?
+  [ "$crc" = 0 ] || kill "$spid" 2> /dev/null
+  wait "$spid"
+  src=$?
+  figures=$(grep -E '^cm_churn server: (at exit: )?conns=' "$srv" \
+    | sed -E 's/^cm_churn server: //; s/conns=([0-9]+) fds=(-?[0-9]+) rss_kb=(-?[0-9]+).*/\1 conns: \2 fds, \3 kB/' \
+    | paste -sd ';' | sed 's/;/; /g')
+  if [ "$crc" = 0 ] && [ "$src" = 0 ]; then
+    result PASS "$test" "$(grep -o 'PASS: .*' "$srv"); server at $figures; client at $(grep '^cm_churn client: conns=' "$cli" | tail -n 1 | sed 's/^cm_churn client: //')"
+  else
+    # The programs' own verdict first; lines the shaper printed come after.
+    local why
+    why=$( (grep -h -E '^cm_churn.*(FAIL|error)' "$srv" "$cli"; grep -h -E 'FAIL|error' "$srv" "$cli") | head -n 1)
+    result FAIL "$test" "client exit $crc, server exit $src: $why; server at $figures (logs: $srv, $cli)"
+  fi
+}
+if ! have_apps; then
+  result SKIP "rdma_cm churn" "$NO_APPS"
+else
+  cm_case plain "$CM_PLAIN_CONNECTIONS"
+  if have_shaper; then
+    cm_case "shaped, bandwidth class, 16K chunks" "$CM_CONNECTIONS" LD_PRELOAD="$LIB" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K
+  else
+    result SKIP "rdma_cm churn (shaped)" "$NO_SHAPER"
   fi
 fi
 echo "== suite done"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the guest's test applications with the host's C compiler against the installed
+# libibverbs and librdmacm headers: tests/vm/apps/build.sh OUTDIR. dlopen_app is not linked
+# with libibverbs (it loads it with dlopen); the others link it as applications do.
+# Warnings are errors: these programs are small and must stay clean.
+set -euo pipefail
+src=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: build.sh OUTDIR}
+mkdir -p "$out"
+cc=${CC:-cc}
+flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
+"$cc" "${flags[@]}" -o "$out/dlopen_app" "$src/dlopen_app.c" -ldl
+"$cc" "${flags[@]}" -pthread -o "$out/hang_app" "$src/hang_app.c" -libverbs
+"$cc" "${flags[@]}" -pthread -o "$out/destroy_held" "$src/destroy_held.c" -libverbs
+"$cc" "${flags[@]}" -o "$out/cm_churn" "$src/cm_churn.c" -lrdmacm -libverbs
+"$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libping_plugin.so" "$src/ping_plugin.c" -libverbs
