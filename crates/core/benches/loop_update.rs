@@ -5,7 +5,9 @@
 //! Target99 once in 100 updates, so every update moves SafeUtil (99 steps up, one
 //! halving to the floor) and rewrites every allotment: the most an update does without a
 //! change of flows. `update_after_flow_change` adds one flow going idle or
-//! resuming before each update, so the counts and the division are redone too.
+//! resuming before each update, so the counts and the division are redone too; in
+//! `update_after_flow_change_many_tenants` every bandwidth flow is a tenant of its own,
+//! with weights 1 to 4, so the division is weighted across as many tenants as flows.
 
 // criterion's macros generate the bench's entry points without documentation.
 #![allow(missing_docs)]
@@ -21,11 +23,12 @@ use justitia_core::profile::RnicProfile;
 
 const TARGET: Duration = Duration::from_micros(5);
 
-/// A loop with one latency flow (tenant 0) and `flows - 1` bandwidth flows of tenant 1,
-/// all active, after its first update. One latency and one resource-hungry tenant put the
-/// sharing floor at one half, so SafeUtil moves on every update and every allotment is
-/// rewritten.
-fn setup(flows: u64) -> (ControlLoop, Duration) {
+/// A loop with one latency flow (tenant 0) and `flows - 1` bandwidth flows, all active,
+/// after its first update. The bandwidth flows are one tenant (tenant 1, weight 1), or
+/// with `many_tenants` a tenant each (weights 1 to 4). One latency and one resource-hungry
+/// tenant put the sharing floor at one half, so SafeUtil moves on every update and every
+/// allotment is rewritten.
+fn setup(flows: u64, many_tenants: bool) -> (ControlLoop, Duration) {
     let profile = RnicProfile::builtin("RoCE-100").unwrap_or_else(|e| panic!("{e}"));
     let config = LoopConfig {
         target: Target99::Absolute(TARGET),
@@ -41,11 +44,16 @@ fn setup(flows: u64) -> (ControlLoop, Duration) {
         } else {
             FlowClass::Bandwidth
         };
+        let (tenant, weight) = if many_tenants {
+            (id, (id % 4) as u32 + 1)
+        } else {
+            (id.min(1), 1)
+        };
         let spec = FlowSpec {
             id: FlowId(id),
-            tenant: TenantId(id.min(1)),
+            tenant: TenantId(tenant),
             class,
-            weight: Weight::ONE,
+            weight: Weight::new(weight).unwrap_or_else(|e| panic!("{e}")),
         };
         lp.register_flow(Duration::ZERO, FlowRegistration { spec, qps: 1 })
             .unwrap_or_else(|e| panic!("{e}"));
@@ -84,7 +92,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("control_loop");
     for flows in [1u64, 100, 10_000] {
         group.bench_with_input(BenchmarkId::new("update", flows), &flows, |b, &flows| {
-            let (mut lp, mut now) = setup(flows);
+            let (mut lp, mut now) = setup(flows, false);
             let mut probe = None;
             let mut count = 0u64;
             b.iter(|| {
@@ -92,11 +100,12 @@ fn bench(c: &mut Criterion) {
                 step(&mut lp, &mut now, &mut probe, count.is_multiple_of(100));
             });
         });
-        group.bench_with_input(
-            BenchmarkId::new("update_after_flow_change", flows),
-            &flows,
-            |b, &flows| {
-                let (mut lp, mut now) = setup(flows);
+        for (name, many_tenants) in [
+            ("update_after_flow_change", false),
+            ("update_after_flow_change_many_tenants", true),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, flows), &flows, |b, &flows| {
+                let (mut lp, mut now) = setup(flows, many_tenants);
                 let mut probe = None;
                 let mut count = 0u64;
                 b.iter(|| {
@@ -105,8 +114,8 @@ fn bench(c: &mut Criterion) {
                     let _ = lp.set_flow_active(now, FlowId(flows - 1), count.is_multiple_of(2));
                     step(&mut lp, &mut now, &mut probe, count.is_multiple_of(100));
                 });
-            },
-        );
+            });
+        }
     }
     group.finish();
 }

@@ -44,10 +44,10 @@
 //! # Decisions and their timing
 //! Inputs never trigger a decision by themselves: they are recorded, and the *update*
 //! that acts on them runs on the RefPeriod clock, in [`handle_timeout`](ControlLoop::handle_timeout).
-//! An update recounts L, B, T if the flows changed, steps the controller with Current99,
+//! An update takes L, B, T as they are now, steps the controller with Current99,
 //! re-divides SafeUtil among the active resource-hungry flows (weighted max-min across
-//! tenants, equal within a tenant, [`crate::allotment::allot_rates`]) and asks for a
-//! probe. So a flow that goes idle gives its share to the others, and one that resumes
+//! tenants, equal within a tenant: exactly what [`crate::allotment::allot_rates`] gives
+//! with unbounded demands) and asks for a probe. So a flow that goes idle gives its share to the others, and one that resumes
 //! gets it back, at the next update: within one RefPeriod.
 //!
 //! # Target99 and the estimator window
@@ -80,11 +80,19 @@
 //! - the chunk size is the profile's chunk with latency flows when an active latency
 //!   flow is counted, the one without otherwise;
 //! - every generation number is larger than those before it.
+//!
+//! # Cost
+//! An update runs every RefPeriod, so it allocates nothing once the flows are registered
+//! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
+//! tenant and class, a count of active flows); a division after a change of flows takes
+//! two passes over the flows, which are kept in a vector sorted by id, and one over the
+//! tenants, and reuses its buffers. Registering or removing a flow moves the flows after
+//! it in that vector.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use crate::allotment::{allot_rates, Demand, FlowDemand, Token};
+use crate::allotment::Token;
 use crate::controller::{
     Admission, ControlAction, ControlMode, ControllerConfig, ControllerError, IncreaseLaw,
     SafeUtilController,
@@ -304,11 +312,60 @@ pub enum Event {
 #[derive(Debug, Clone)]
 struct FlowState {
     spec: FlowSpec,
+    /// Its tenant's index in `ControlLoop::tenants`.
+    tenant: usize,
     qps: u32,
     active: bool,
     /// Fraction of SafeUtil, from the latest division.
     share: f64,
     allotment: Option<Allotment>,
+}
+
+impl FlowState {
+    /// Whether the flow takes part in the division.
+    fn shares(&self) -> bool {
+        self.active && self.spec.class.is_resource_hungry()
+    }
+}
+
+/// A tenant's aggregates: kept up to date by the inputs (`flows`, `active`) or filled by
+/// each division (the rest), so that neither counting nor dividing needs a map.
+#[derive(Debug, Clone)]
+struct TenantState {
+    id: TenantId,
+    /// Registered flows; the slot is freed when the last one goes.
+    flows: u32,
+    /// Active flows by class (latency, throughput, bandwidth): the tenant counts once in
+    /// L, B or T while its count of that class is not zero.
+    active: [u32; 3],
+    /// The division that last filled the fields below (divisions are numbered from 1).
+    division: u64,
+    /// The largest weight among its active resource-hungry flows.
+    weight: u32,
+    /// Its active resource-hungry flows.
+    hungry: u32,
+    /// During a division: what is left of the tenant's share and how many of its flows
+    /// are still to be served.
+    remaining: f64,
+    flows_left: f64,
+}
+
+/// The index of a class in [`TenantState::active`].
+fn class_index(class: FlowClass) -> usize {
+    match class {
+        FlowClass::Latency => 0,
+        FlowClass::Throughput => 1,
+        FlowClass::Bandwidth => 2,
+    }
+}
+
+/// The count of a class in L, B, T.
+fn class_count(counts: &mut FlowCounts, class: FlowClass) -> &mut u32 {
+    match class {
+        FlowClass::Latency => &mut counts.latency,
+        FlowClass::Throughput => &mut counts.throughput,
+        FlowClass::Bandwidth => &mut counts.bandwidth,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -328,10 +385,22 @@ pub struct ControlLoop {
     /// The idle baseline's samples, while it is being measured.
     baseline: Option<TailEstimator>,
     idle_p99: Option<Duration>,
-    flows: BTreeMap<FlowId, FlowState>,
+    /// The registered flows, sorted by id: divisions serve a tenant's flows, and tenants
+    /// by their first flow, in id order.
+    flows: Vec<FlowState>,
+    /// Tenants with registered flows, by slot; `tenant_slots` finds a tenant's slot and
+    /// `free_tenants` lists the slots to reuse.
+    tenants: Vec<TenantState>,
+    tenant_slots: BTreeMap<TenantId, usize>,
+    free_tenants: Vec<usize>,
+    /// The number of the latest division, and its tenants in the order they are served.
+    division: u64,
+    division_order: Vec<usize>,
     /// The flows changed since the last update (counts and shares must be redone).
     flows_changed: bool,
+    /// L, B, T as of the latest update, and as of now.
     counts: FlowCounts,
+    active_counts: FlowCounts,
     /// Active resource-hungry flows, and how many times that set has gone from empty to
     /// not empty (a baseline probe must not straddle one).
     hungry_active: usize,
@@ -374,9 +443,15 @@ impl ControlLoop {
             controller,
             baseline,
             idle_p99: None,
-            flows: BTreeMap::new(),
+            flows: Vec::new(),
+            tenants: Vec::new(),
+            tenant_slots: BTreeMap::new(),
+            free_tenants: Vec::new(),
+            division: 0,
+            division_order: Vec::new(),
             flows_changed: false,
             counts: FlowCounts::default(),
+            active_counts: FlowCounts::default(),
             hungry_active: 0,
             hungry_epoch: 0,
             chunk_bytes,
@@ -406,9 +481,9 @@ impl ControlLoop {
         flow: FlowRegistration,
     ) -> Result<Admission, LoopError> {
         self.advance(now);
-        if self.flows.contains_key(&flow.spec.id) {
+        let Err(index) = self.find(flow.spec.id) else {
             return Err(LoopError::DuplicateFlow(flow.spec.id));
-        }
+        };
         let allotment = flow.spec.class.is_resource_hungry().then(|| Allotment {
             bytes_per_sec: 0.0,
             ops_per_sec: 0.0,
@@ -416,10 +491,13 @@ impl ControlLoop {
             token: self.controller.token(),
             generation: self.generation,
         });
+        let tenant = self.tenant_slot(flow.spec.tenant);
+        self.tenants[tenant].flows += 1;
         self.flows.insert(
-            flow.spec.id,
+            index,
             FlowState {
                 spec: flow.spec,
+                tenant,
                 qps: flow.qps,
                 active: false,
                 share: 0.0,
@@ -435,8 +513,49 @@ impl ControlLoop {
     /// Forgets a flow; its share goes to the others at the next update.
     pub fn remove_flow(&mut self, now: Duration, id: FlowId) -> Result<(), LoopError> {
         self.set_flow_active(now, id, false)?;
-        self.flows.remove(&id);
+        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
+        let tenant = self.flows.remove(index).tenant;
+        let state = &mut self.tenants[tenant];
+        state.flows -= 1;
+        if state.flows == 0 {
+            self.tenant_slots.remove(&state.id);
+            self.free_tenants.push(tenant);
+        }
         Ok(())
+    }
+
+    /// Where a flow is in `flows`, or where it would go.
+    fn find(&self, id: FlowId) -> Result<usize, usize> {
+        self.flows.binary_search_by_key(&id, |f| f.spec.id)
+    }
+
+    /// The slot of a tenant, taking a free one for a tenant without flows.
+    fn tenant_slot(&mut self, id: TenantId) -> usize {
+        if let Some(&slot) = self.tenant_slots.get(&id) {
+            return slot;
+        }
+        let state = TenantState {
+            id,
+            flows: 0,
+            active: [0; 3],
+            division: 0,
+            weight: 0,
+            hungry: 0,
+            remaining: 0.0,
+            flows_left: 0.0,
+        };
+        let slot = match self.free_tenants.pop() {
+            Some(slot) => {
+                self.tenants[slot] = state;
+                slot
+            }
+            None => {
+                self.tenants.push(state);
+                self.tenants.len() - 1
+            }
+        };
+        self.tenant_slots.insert(id, slot);
+        slot
     }
 
     /// Records whether a flow has work. Counted from the next update on.
@@ -447,12 +566,27 @@ impl ControlLoop {
         active: bool,
     ) -> Result<(), LoopError> {
         self.advance(now);
-        let flow = self.flows.get_mut(&id).ok_or(LoopError::UnknownFlow(id))?;
+        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
+        let flow = &mut self.flows[index];
         if flow.active == active {
             return Ok(());
         }
         flow.active = active;
         self.flows_changed = true;
+        let class = flow.spec.class;
+        let tenant_count = &mut self.tenants[flow.tenant].active[class_index(class)];
+        let total = class_count(&mut self.active_counts, class);
+        if active {
+            if *tenant_count == 0 {
+                *total += 1;
+            }
+            *tenant_count += 1;
+        } else {
+            *tenant_count -= 1;
+            if *tenant_count == 0 {
+                *total -= 1;
+            }
+        }
         if flow.spec.class.is_resource_hungry() {
             if active {
                 if self.hungry_active == 0 {
@@ -581,12 +715,11 @@ impl ControlLoop {
     /// One update: counts, controller, division, probe.
     fn update(&mut self, now: Duration) {
         self.updates += 1;
-        let mut reshare = false;
-        if self.flows_changed {
-            self.flows_changed = false;
-            self.recount();
-            reshare = true;
+        let redivide = std::mem::take(&mut self.flows_changed);
+        if redivide {
+            self.counts = self.active_counts;
         }
+        let mut reshare = redivide;
         let latency_present = self.counts.latency > 0;
         let chunk_bytes = self.profile.chunk_bytes(latency_present);
         if chunk_bytes != self.chunk_bytes {
@@ -609,6 +742,9 @@ impl ControlLoop {
         if std::mem::discriminant(&mode) != std::mem::discriminant(&before.1) {
             self.events.push_back(Event::ModeChanged(mode));
         }
+        if redivide {
+            self.divide();
+        }
         if reshare || self.controller.safe_util() != before.0 {
             self.reallot();
         }
@@ -622,37 +758,52 @@ impl ControlLoop {
         self.forget_before = now;
     }
 
-    /// L, B, T of the active flows (a tenant's flows of one class count once), and each
-    /// active resource-hungry flow's fraction of SafeUtil.
-    fn recount(&mut self) {
-        let distinct: BTreeSet<(FlowClass, TenantId)> = self
-            .flows
-            .values()
-            .filter(|f| f.active)
-            .map(|f| (f.spec.class, f.spec.tenant))
-            .collect();
-        let mut counts = FlowCounts::default();
-        for (class, _) in distinct {
-            counts.add(class);
-        }
-        self.counts = counts;
-        let demands: Vec<FlowDemand> = self
-            .flows
-            .values()
-            .filter(|f| f.active && f.spec.class.is_resource_hungry())
-            .map(|f| FlowDemand {
-                spec: f.spec,
-                demand: Demand::Unbounded,
-            })
-            .collect();
-        let shares = allot_rates(1.0, &self.profile, &demands);
-        for flow in self.flows.values_mut() {
-            flow.share = 0.0;
-        }
-        for rate in shares {
-            if let Some(flow) = self.flows.get_mut(&rate.flow) {
-                flow.share = rate.bytes_per_sec;
+    /// Each active resource-hungry flow's fraction of SafeUtil: `allot_rates` of SafeUtil
+    /// 1 with every demand unbounded, step for step, so the fractions are the same to the
+    /// last bit. With unbounded demands its water-filling serves the tenants in the order
+    /// of their first flow and a tenant's flows in id order, each taking its weighted part
+    /// of what is left.
+    fn divide(&mut self) {
+        self.division += 1;
+        let division = self.division;
+        self.division_order.clear();
+        for flow in self.flows.iter().filter(|f| f.shares()) {
+            let tenant = &mut self.tenants[flow.tenant];
+            if tenant.division != division {
+                tenant.division = division;
+                tenant.weight = 0;
+                tenant.hungry = 0;
+                self.division_order.push(flow.tenant);
             }
+            tenant.weight = tenant.weight.max(flow.spec.weight.get());
+            tenant.hungry += 1;
+        }
+        // Integer weights sum exactly in f64, as they do in `allot_rates`.
+        let mut weight_left: f64 = self
+            .division_order
+            .iter()
+            .map(|&t| f64::from(self.tenants[t].weight))
+            .sum();
+        let mut remaining = 1.0f64;
+        for &slot in &self.division_order {
+            let tenant = &mut self.tenants[slot];
+            let weight = f64::from(tenant.weight);
+            let share = remaining * weight / weight_left;
+            remaining = (remaining - share).max(0.0);
+            weight_left -= weight;
+            tenant.remaining = share;
+            tenant.flows_left = f64::from(tenant.hungry);
+        }
+        for flow in &mut self.flows {
+            flow.share = 0.0;
+            if !flow.shares() {
+                continue;
+            }
+            let tenant = &mut self.tenants[flow.tenant];
+            let share = tenant.remaining / tenant.flows_left;
+            tenant.remaining = (tenant.remaining - share).max(0.0);
+            tenant.flows_left -= 1.0;
+            flow.share = share;
         }
     }
 
@@ -664,7 +815,7 @@ impl ControlLoop {
         let token = self.controller.token();
         let chunk_bytes = self.chunk_bytes;
         let mut changed = false;
-        for flow in self.flows.values_mut() {
+        for flow in &mut self.flows {
             let Some(current) = &mut flow.allotment else {
                 continue;
             };
@@ -701,12 +852,12 @@ impl ControlLoop {
 
     /// A resource-hungry flow's allotment; `None` for latency flows and unknown ids.
     pub fn allotment(&self, id: FlowId) -> Option<Allotment> {
-        self.flows.get(&id).and_then(|f| f.allotment)
+        self.find(id).ok().and_then(|i| self.flows[i].allotment)
     }
 
     /// The number of queue pairs a flow was registered with.
     pub fn flow_qps(&self, id: FlowId) -> Option<u32> {
-        self.flows.get(&id).map(|f| f.qps)
+        self.find(id).ok().map(|i| self.flows[i].qps)
     }
 
     /// SafeUtil in bytes/s.
