@@ -84,10 +84,12 @@
 //! # Cost
 //! An update runs every RefPeriod, so it allocates nothing once the flows are registered
 //! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
-//! tenant and class, a count of active flows); a division after a change of flows takes
-//! two passes over the flows, which are kept in a vector sorted by id, and one over the
-//! tenants, and reuses its buffers. Registering or removing a flow moves the flows after
-//! it in that vector.
+//! tenant and class, a count of active flows, and the largest weight of its active
+//! resource-hungry flows); a division after a change of flows takes one pass over the
+//! tenants, and the pass over the flows that rewrites their allotments hands each its
+//! tenant's share. No share waits on another's computation. The flows are kept in a
+//! vector sorted by id, found by binary search; registering or removing a flow moves the
+//! flows after it in that vector.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -309,6 +311,9 @@ pub enum Event {
     },
 }
 
+/// A registered flow. Its allotment (for a resource-hungry flow) is stored without the
+/// chunk size and token: those are the loop's, the same for every allotment, because an
+/// update that changes them rewrites them all.
 #[derive(Debug, Clone)]
 struct FlowState {
     spec: FlowSpec,
@@ -318,7 +323,9 @@ struct FlowState {
     active: bool,
     /// Fraction of SafeUtil, from the latest division.
     share: f64,
-    allotment: Option<Allotment>,
+    bytes_per_sec: f64,
+    ops_per_sec: f64,
+    generation: u64,
 }
 
 impl FlowState {
@@ -328,8 +335,8 @@ impl FlowState {
     }
 }
 
-/// A tenant's aggregates: kept up to date by the inputs (`flows`, `active`) or filled by
-/// each division (the rest), so that neither counting nor dividing needs a map.
+/// A tenant's aggregates, kept up to date by the inputs so that neither counting nor
+/// dividing needs a map or a pass over the flows.
 #[derive(Debug, Clone)]
 struct TenantState {
     id: TenantId,
@@ -338,16 +345,33 @@ struct TenantState {
     /// Active flows by class (latency, throughput, bandwidth): the tenant counts once in
     /// L, B or T while its count of that class is not zero.
     active: [u32; 3],
-    /// The division that last filled the fields below (divisions are numbered from 1).
-    division: u64,
-    /// The largest weight among its active resource-hungry flows.
+    /// The largest weight among its active resource-hungry flows (0 without any), and how
+    /// many of them have it. When the last of those goes idle while others remain, the
+    /// next largest is unknown: `weight_stale` says so until the next division finds it.
     weight: u32,
+    weight_count: u32,
+    weight_stale: bool,
+    /// Each of its active resource-hungry flows' fraction of SafeUtil, from the latest
+    /// division.
+    flow_share: f64,
+}
+
+impl TenantState {
     /// Its active resource-hungry flows.
-    hungry: u32,
-    /// During a division: what is left of the tenant's share and how many of its flows
-    /// are still to be served.
-    remaining: f64,
-    flows_left: f64,
+    fn hungry(&self) -> u32 {
+        self.active[class_index(FlowClass::Throughput)]
+            + self.active[class_index(FlowClass::Bandwidth)]
+    }
+
+    /// Counts an active resource-hungry flow of weight `weight` in the largest weight.
+    fn add_weight(&mut self, weight: u32) {
+        if weight > self.weight {
+            self.weight = weight;
+            self.weight_count = 1;
+        } else if weight == self.weight {
+            self.weight_count += 1;
+        }
+    }
 }
 
 /// The index of a class in [`TenantState::active`].
@@ -385,17 +409,15 @@ pub struct ControlLoop {
     /// The idle baseline's samples, while it is being measured.
     baseline: Option<TailEstimator>,
     idle_p99: Option<Duration>,
-    /// The registered flows, sorted by id: divisions serve a tenant's flows, and tenants
-    /// by their first flow, in id order.
+    /// The registered flows, sorted by id (found by binary search, walked in order).
     flows: Vec<FlowState>,
     /// Tenants with registered flows, by slot; `tenant_slots` finds a tenant's slot and
     /// `free_tenants` lists the slots to reuse.
     tenants: Vec<TenantState>,
     tenant_slots: BTreeMap<TenantId, usize>,
     free_tenants: Vec<usize>,
-    /// The number of the latest division, and its tenants in the order they are served.
-    division: u64,
-    division_order: Vec<usize>,
+    /// Some tenant's largest weight must be found again (see `TenantState::weight`).
+    weights_stale: bool,
     /// The flows changed since the last update (counts and shares must be redone).
     flows_changed: bool,
     /// L, B, T as of the latest update, and as of now.
@@ -447,8 +469,7 @@ impl ControlLoop {
             tenants: Vec::new(),
             tenant_slots: BTreeMap::new(),
             free_tenants: Vec::new(),
-            division: 0,
-            division_order: Vec::new(),
+            weights_stale: false,
             flows_changed: false,
             counts: FlowCounts::default(),
             active_counts: FlowCounts::default(),
@@ -484,13 +505,6 @@ impl ControlLoop {
         let Err(index) = self.find(flow.spec.id) else {
             return Err(LoopError::DuplicateFlow(flow.spec.id));
         };
-        let allotment = flow.spec.class.is_resource_hungry().then(|| Allotment {
-            bytes_per_sec: 0.0,
-            ops_per_sec: 0.0,
-            chunk_bytes: self.chunk_bytes,
-            token: self.controller.token(),
-            generation: self.generation,
-        });
         let tenant = self.tenant_slot(flow.spec.tenant);
         self.tenants[tenant].flows += 1;
         self.flows.insert(
@@ -501,7 +515,9 @@ impl ControlLoop {
                 qps: flow.qps,
                 active: false,
                 share: 0.0,
-                allotment,
+                bytes_per_sec: 0.0,
+                ops_per_sec: 0.0,
+                generation: self.generation,
             },
         );
         Ok(match flow.spec.class {
@@ -538,11 +554,10 @@ impl ControlLoop {
             id,
             flows: 0,
             active: [0; 3],
-            division: 0,
             weight: 0,
-            hungry: 0,
-            remaining: 0.0,
-            flows_left: 0.0,
+            weight_count: 0,
+            weight_stale: false,
+            flow_share: 0.0,
         };
         let slot = match self.free_tenants.pop() {
             Some(slot) => {
@@ -573,8 +588,9 @@ impl ControlLoop {
         }
         flow.active = active;
         self.flows_changed = true;
-        let class = flow.spec.class;
-        let tenant_count = &mut self.tenants[flow.tenant].active[class_index(class)];
+        let (class, weight) = (flow.spec.class, flow.spec.weight.get());
+        let tenant = &mut self.tenants[flow.tenant];
+        let tenant_count = &mut tenant.active[class_index(class)];
         let total = class_count(&mut self.active_counts, class);
         if active {
             if *tenant_count == 0 {
@@ -585,6 +601,20 @@ impl ControlLoop {
             *tenant_count -= 1;
             if *tenant_count == 0 {
                 *total -= 1;
+            }
+        }
+        if class.is_resource_hungry() && !tenant.weight_stale {
+            if active {
+                tenant.add_weight(weight);
+            } else if tenant.hungry() == 0 {
+                tenant.weight = 0;
+                tenant.weight_count = 0;
+            } else if weight == tenant.weight {
+                tenant.weight_count -= 1;
+                if tenant.weight_count == 0 {
+                    tenant.weight_stale = true;
+                    self.weights_stale = true;
+                }
             }
         }
         if flow.spec.class.is_resource_hungry() {
@@ -719,7 +749,7 @@ impl ControlLoop {
         if redivide {
             self.counts = self.active_counts;
         }
-        let mut reshare = redivide;
+        let mut rechunked = false;
         let latency_present = self.counts.latency > 0;
         let chunk_bytes = self.profile.chunk_bytes(latency_present);
         if chunk_bytes != self.chunk_bytes {
@@ -729,7 +759,7 @@ impl ControlLoop {
             self.controller
                 .set_token(Token::for_profile(u64::from(chunk_bytes), &self.profile));
             self.restart_window(now);
-            reshare = true;
+            rechunked = true;
         }
         let before = (self.controller.safe_util(), self.controller.mode());
         let p99 = self.target_value().and_then(|_| self.estimator.estimate());
@@ -745,8 +775,8 @@ impl ControlLoop {
         if redivide {
             self.divide();
         }
-        if reshare || self.controller.safe_util() != before.0 {
-            self.reallot();
+        if redivide || rechunked || self.controller.safe_util() != before.0 {
+            self.reallot(redivide, rechunked);
         }
         if latency_present || (self.baseline.is_some() && self.hungry_active == 0) {
             self.events.push_back(Event::ProbeDue);
@@ -758,76 +788,82 @@ impl ControlLoop {
         self.forget_before = now;
     }
 
-    /// Each active resource-hungry flow's fraction of SafeUtil: `allot_rates` of SafeUtil
-    /// 1 with every demand unbounded, step for step, so the fractions are the same to the
-    /// last bit. With unbounded demands its water-filling serves the tenants in the order
-    /// of their first flow and a tenant's flows in id order, each taking its weighted part
-    /// of what is left.
+    /// Each tenant's fraction of SafeUtil per active resource-hungry flow: what
+    /// `allot_rates` gives of SafeUtil 1 with every demand unbounded, computed the same way
+    /// so that it is the same to the last bit. With unbounded demands the water level is
+    /// reached at once: a tenant of weight w gets 1 x w / (the sum of the weights), and its
+    /// n flows each get that divided by n. [`reallot`](Self::reallot) hands the fractions
+    /// to the flows.
     fn divide(&mut self) {
-        self.division += 1;
-        let division = self.division;
-        self.division_order.clear();
-        for flow in self.flows.iter().filter(|f| f.shares()) {
-            let tenant = &mut self.tenants[flow.tenant];
-            if tenant.division != division {
-                tenant.division = division;
-                tenant.weight = 0;
-                tenant.hungry = 0;
-                self.division_order.push(flow.tenant);
-            }
-            tenant.weight = tenant.weight.max(flow.spec.weight.get());
-            tenant.hungry += 1;
+        if std::mem::take(&mut self.weights_stale) {
+            self.find_stale_weights();
         }
-        // Integer weights sum exactly in f64, as they do in `allot_rates`.
-        let mut weight_left: f64 = self
-            .division_order
+        // Integer weights sum exactly in f64, in any order, as they do in `allot_rates`.
+        let total_weight: u64 = self
+            .tenants
             .iter()
-            .map(|&t| f64::from(self.tenants[t].weight))
+            .filter(|t| t.hungry() > 0)
+            .map(|t| u64::from(t.weight))
             .sum();
-        let mut remaining = 1.0f64;
-        for &slot in &self.division_order {
-            let tenant = &mut self.tenants[slot];
-            let weight = f64::from(tenant.weight);
-            let share = remaining * weight / weight_left;
-            remaining = (remaining - share).max(0.0);
-            weight_left -= weight;
-            tenant.remaining = share;
-            tenant.flows_left = f64::from(tenant.hungry);
-        }
-        for flow in &mut self.flows {
-            flow.share = 0.0;
-            if !flow.shares() {
+        let total_weight = total_weight as f64;
+        for tenant in &mut self.tenants {
+            let hungry = tenant.hungry();
+            if hungry == 0 {
                 continue;
             }
-            let tenant = &mut self.tenants[flow.tenant];
-            let share = tenant.remaining / tenant.flows_left;
-            tenant.remaining = (tenant.remaining - share).max(0.0);
-            tenant.flows_left -= 1.0;
-            flow.share = share;
+            // `allot_rates` multiplies by the capacity, 1, which is exact; so is dividing
+            // by one flow, skipped because a division costs more than the rest.
+            let share = f64::from(tenant.weight) / total_weight;
+            tenant.flow_share = if hungry == 1 {
+                share
+            } else {
+                share / f64::from(hungry)
+            };
         }
     }
 
-    /// Rewrites every allotment from the shares and SafeUtil; emits an event if any moved.
-    fn reallot(&mut self) {
+    /// The largest weight of every tenant marked stale, from its active flows.
+    fn find_stale_weights(&mut self) {
+        for tenant in self.tenants.iter_mut().filter(|t| t.weight_stale) {
+            tenant.weight = 0;
+            tenant.weight_count = 0;
+        }
+        for flow in self.flows.iter().filter(|f| f.shares()) {
+            let tenant = &mut self.tenants[flow.tenant];
+            if tenant.weight_stale {
+                tenant.add_weight(flow.spec.weight.get());
+            }
+        }
+        for tenant in &mut self.tenants {
+            tenant.weight_stale = false;
+        }
+    }
+
+    /// Rewrites the allotments from the shares and SafeUtil, taking each flow's share
+    /// from its tenant after a division; all of them change with the chunk size. Emits an
+    /// event if any changed.
+    fn reallot(&mut self, divided: bool, rechunked: bool) {
         let generation = self.generation + 1;
         let safe_util = self.controller.safe_util();
         let ops_per_byte = self.profile.ops_per_byte();
-        let token = self.controller.token();
-        let chunk_bytes = self.chunk_bytes;
         let mut changed = false;
+        let tenants = &self.tenants;
         for flow in &mut self.flows {
-            let Some(current) = &mut flow.allotment else {
-                continue;
-            };
-            let bytes_per_sec = flow.share * safe_util;
-            if current.bytes_per_sec != bytes_per_sec || current.chunk_bytes != chunk_bytes {
-                *current = Allotment {
-                    bytes_per_sec,
-                    ops_per_sec: bytes_per_sec * ops_per_byte,
-                    chunk_bytes,
-                    token,
-                    generation,
+            if divided {
+                flow.share = if flow.shares() {
+                    tenants[flow.tenant].flow_share
+                } else {
+                    0.0
                 };
+            }
+            if !flow.spec.class.is_resource_hungry() {
+                continue;
+            }
+            let bytes_per_sec = flow.share * safe_util;
+            if rechunked || flow.bytes_per_sec != bytes_per_sec {
+                flow.bytes_per_sec = bytes_per_sec;
+                flow.ops_per_sec = bytes_per_sec * ops_per_byte;
+                flow.generation = generation;
                 changed = true;
             }
         }
@@ -852,7 +888,14 @@ impl ControlLoop {
 
     /// A resource-hungry flow's allotment; `None` for latency flows and unknown ids.
     pub fn allotment(&self, id: FlowId) -> Option<Allotment> {
-        self.find(id).ok().and_then(|i| self.flows[i].allotment)
+        let flow = &self.flows[self.find(id).ok()?];
+        flow.spec.class.is_resource_hungry().then(|| Allotment {
+            bytes_per_sec: flow.bytes_per_sec,
+            ops_per_sec: flow.ops_per_sec,
+            chunk_bytes: self.chunk_bytes,
+            token: self.controller.token(),
+            generation: flow.generation,
+        })
     }
 
     /// The number of queue pairs a flow was registered with.

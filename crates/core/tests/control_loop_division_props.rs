@@ -1,16 +1,17 @@
 //! The loop's division of SafeUtil checked against the straightforward one: whatever
 //! flows come, go and change activity, after every update each resource-hungry flow's
 //! allotment is, to the last bit, its `allot_rates` fraction (SafeUtil 1, every active
-//! resource-hungry flow with an unbounded demand) times SafeUtil, and L, B, T are the
-//! distinct (tenant, class) pairs among the active flows.
+//! resource-hungry flow with an unbounded demand) times SafeUtil, with the loop's chunk
+//! size and token, and a generation that moved exactly when the allotment did; and L, B,
+//! T are the distinct (tenant, class) pairs among the active flows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use justitia_core::allotment::{allot_rates, Demand, FlowDemand};
-use justitia_core::control_loop::{ControlLoop, FlowRegistration, LoopConfig, Target99};
+use justitia_core::allotment::{allot_rates, Demand, FlowDemand, Token};
+use justitia_core::control_loop::{Allotment, ControlLoop, FlowRegistration, LoopConfig, Target99};
 use justitia_core::flow::{FlowClass, FlowCounts, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
 use proptest::prelude::*;
@@ -45,11 +46,13 @@ fn input() -> impl Strategy<Value = Input> {
 }
 
 /// Checks the loop's allotments and counts against a model of the registered flows
-/// (id -> spec and activity).
+/// (id -> spec and activity) and the allotments seen at the previous update (of flows
+/// registered since).
 fn check(
     lp: &ControlLoop,
     profile: &RnicProfile,
     model: &BTreeMap<u64, (FlowSpec, bool)>,
+    previous: &mut BTreeMap<u64, Allotment>,
 ) -> Result<(), TestCaseError> {
     let demands: Vec<FlowDemand> = model
         .values()
@@ -84,6 +87,22 @@ fn check(
             allotment.ops_per_sec.to_bits(),
             (expected * profile.ops_per_byte()).to_bits()
         );
+        prop_assert_eq!(allotment.chunk_bytes, lp.chunk_bytes());
+        prop_assert_eq!(
+            allotment.token,
+            Token::for_profile(u64::from(lp.chunk_bytes()), profile)
+        );
+        if let Some(before) = previous.insert(spec.id.0, allotment) {
+            let moved = before.bytes_per_sec != allotment.bytes_per_sec
+                || before.chunk_bytes != allotment.chunk_bytes;
+            if moved {
+                prop_assert!(allotment.generation > before.generation);
+                prop_assert_eq!(allotment.generation, lp.generation());
+            } else {
+                prop_assert_eq!(allotment.generation, before.generation);
+            }
+        }
+        prop_assert!(allotment.generation <= lp.generation());
     }
     let distinct: BTreeSet<(TenantId, FlowClass)> = model
         .values()
@@ -113,6 +132,7 @@ proptest! {
         let mut now = Duration::ZERO;
         let mut lp = ControlLoop::new(config, &profile, now).unwrap();
         let mut model: BTreeMap<u64, (FlowSpec, bool)> = BTreeMap::new();
+        let mut previous = BTreeMap::new();
         for step in steps {
             match step {
                 Input::Register { id, tenant, class, weight } => {
@@ -125,7 +145,10 @@ proptest! {
                     let known = model.contains_key(&id);
                     let result = lp.register_flow(now, FlowRegistration { spec, qps: 1 });
                     prop_assert_eq!(result.is_err(), known);
-                    model.entry(id).or_insert((spec, false));
+                    if !known {
+                        model.insert(id, (spec, false));
+                        previous.remove(&id);
+                    }
                 }
                 Input::Remove(id) => {
                     let result = lp.remove_flow(now, FlowId(id));
@@ -145,7 +168,7 @@ proptest! {
                     now = lp.poll_timeout().unwrap();
                     lp.handle_timeout(now);
                     while lp.poll_event().is_some() {}
-                    check(&lp, &profile, &model)?;
+                    check(&lp, &profile, &model, &mut previous)?;
                 }
             }
         }
