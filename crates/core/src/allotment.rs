@@ -312,8 +312,13 @@ struct Claim {
 }
 
 /// Weighted max-min division of `capacity`: claims are served in order of demand per
-/// weight; each gets the smaller of its demand and its weighted part of what is left, so
-/// whatever a small claim leaves goes to the larger ones.
+/// weight, each capped one taking its demand, until the first claim whose demand reaches
+/// its weighted part of what is left. That part, per unit of weight, is the water level:
+/// it stays the same for every later claim, whose demand per weight is at least as large,
+/// so each of them gets its weight times the level, computed from the same two numbers.
+/// Claims of equal weight above the level thus get equal shares to the last bit, and the
+/// shares of unbounded claims need no running sum (the control loop computes them the
+/// same way, one division per claim, none waiting on another).
 fn water_fill(capacity: f64, claims: &[Claim]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by(|&a, &b| {
@@ -323,13 +328,19 @@ fn water_fill(capacity: f64, claims: &[Claim]) -> Vec<f64> {
     let mut remaining = capacity;
     let mut weight_left: f64 = claims.iter().map(|c| c.weight).sum();
     let mut shares = vec![0.0; claims.len()];
+    let mut level_reached = false;
     for i in order {
         let claim = claims[i];
         let fair = remaining * claim.weight / weight_left;
-        let share = claim.demand.min(fair);
-        shares[i] = share;
-        remaining = (remaining - share).max(0.0);
-        weight_left -= claim.weight;
+        if level_reached || claim.demand >= fair {
+            // Rounding may put a later demand a hair under its part: never exceed it.
+            level_reached = true;
+            shares[i] = claim.demand.min(fair);
+        } else {
+            shares[i] = claim.demand;
+            remaining = (remaining - claim.demand).max(0.0);
+            weight_left -= claim.weight;
+        }
     }
     shares
 }
@@ -493,6 +504,36 @@ mod tests {
         ];
         let r = rates(120.0, &flows);
         assert!(all_close(&r, &[20.0, 20.0, 20.0, 60.0]), "{r:?}");
+    }
+
+    #[test]
+    fn equal_claims_get_equal_shares_to_the_bit() {
+        // Served each from what the one before left, three equal flows of 100 got
+        // 33.333333333333336, 33.33333333333333, 33.33333333333333, and five of 1 had
+        // one at 0.20000000000000004; at the water level all get the same.
+        let unbounded = |spec| demand(spec, Demand::Unbounded);
+        let across = [bw(1, 1), bw(2, 2), bw(3, 3)].map(unbounded);
+        let within = [bw(1, 1), bw(2, 1), bw(3, 1)].map(unbounded);
+        for flows in [across, within] {
+            let r = rates(100.0, &flows);
+            assert!(
+                r.iter().all(|b| b.to_bits() == (100.0f64 / 3.0).to_bits()),
+                "{r:?}"
+            );
+        }
+        let five = [bw(1, 1), bw(2, 1), bw(3, 1), bw(4, 1), bw(5, 1)].map(unbounded);
+        let r = rates(1.0, &five);
+        assert!(r.iter().all(|&b| b == 0.2), "{r:?}");
+        // Behind a capped claim the level is what it leaves, shared by weight.
+        let flows = [
+            demand(bw(1, 1), Demand::BytesPerSec(10.0)),
+            demand(spec(2, 2, FlowClass::Bandwidth, 2), Demand::Unbounded),
+            unbounded(bw(3, 3)),
+            unbounded(bw(4, 4)),
+        ];
+        let r = rates(101.0, &flows);
+        let level = 91.0f64 / 4.0;
+        assert_eq!(r, [10.0, 91.0 * 2.0 / 4.0, level, level]);
     }
 
     #[test]

@@ -1,0 +1,124 @@
+//! The cost of one control-loop update for 1, 100 and 10 000 registered flows.
+//!
+//! `update` is the common case: a probe completes and the RefPeriod update runs. The
+//! loop runs the paper's fixed step with a one-sample window and the probe is above
+//! Target99 once in 100 updates, so every update moves SafeUtil (99 steps up, one
+//! halving to the floor) and rewrites every allotment: the most an update does without a
+//! change of flows. `update_after_flow_change` adds one flow going idle or
+//! resuming before each update, so the counts and the division are redone too; in
+//! `update_after_flow_change_many_tenants` every bandwidth flow is a tenant of its own,
+//! with weights 1 to 4, so the division is weighted across as many tenants as flows.
+
+// criterion's macros generate the bench's entry points without documentation.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use justitia_core::control_loop::{ControlLoop, Event, FlowRegistration, LoopConfig, Target99};
+use justitia_core::controller::IncreaseLaw;
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
+use justitia_core::profile::RnicProfile;
+
+const TARGET: Duration = Duration::from_micros(5);
+
+/// A loop with one latency flow (tenant 0) and `flows - 1` bandwidth flows, all active,
+/// after its first update. The bandwidth flows are one tenant (tenant 1, weight 1), or
+/// with `many_tenants` a tenant each (weights 1 to 4). One latency and one resource-hungry
+/// tenant put the sharing floor at one half, so SafeUtil moves on every update and every
+/// allotment is rewritten.
+fn setup(flows: u64, many_tenants: bool) -> (ControlLoop, Duration) {
+    let profile = RnicProfile::builtin("RoCE-100").unwrap_or_else(|e| panic!("{e}"));
+    let config = LoopConfig {
+        target: Target99::Absolute(TARGET),
+        increase: IncreaseLaw::Fixed,
+        window: 1,
+        ..LoopConfig::default()
+    };
+    let mut lp =
+        ControlLoop::new(config, &profile, Duration::ZERO).unwrap_or_else(|e| panic!("{e}"));
+    for id in 0..flows {
+        let class = if id == 0 {
+            FlowClass::Latency
+        } else {
+            FlowClass::Bandwidth
+        };
+        let (tenant, weight) = if many_tenants {
+            (id, (id % 4) as u32 + 1)
+        } else {
+            (id.min(1), 1)
+        };
+        let spec = FlowSpec {
+            id: FlowId(id),
+            tenant: TenantId(tenant),
+            class,
+            weight: Weight::new(weight).unwrap_or_else(|e| panic!("{e}")),
+        };
+        lp.register_flow(Duration::ZERO, FlowRegistration { spec, qps: 1 })
+            .unwrap_or_else(|e| panic!("{e}"));
+        lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let now = lp.poll_timeout().unwrap_or_default();
+    lp.handle_timeout(now);
+    while lp.poll_event().is_some() {}
+    (lp, now)
+}
+
+/// One RefPeriod: the outstanding probe completes, the update runs, its events are
+/// drained and the next probe is sent.
+fn step(
+    lp: &mut ControlLoop,
+    now: &mut Duration,
+    probe: &mut Option<justitia_core::control_loop::ProbeId>,
+    high: bool,
+) {
+    *now = lp.poll_timeout().unwrap_or(*now);
+    if let Some(id) = probe.take() {
+        let latency = if high { TARGET * 2 } else { TARGET / 2 };
+        lp.probe_completed(now.saturating_sub(lp.config().ref_period) + latency, id);
+    }
+    lp.handle_timeout(*now);
+    while let Some(event) = lp.poll_event() {
+        if event == Event::ProbeDue {
+            *probe = Some(lp.probe_sent(*now));
+        }
+        black_box(event);
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("control_loop");
+    for flows in [1u64, 100, 10_000] {
+        group.bench_with_input(BenchmarkId::new("update", flows), &flows, |b, &flows| {
+            let (mut lp, mut now) = setup(flows, false);
+            let mut probe = None;
+            let mut count = 0u64;
+            b.iter(|| {
+                count += 1;
+                step(&mut lp, &mut now, &mut probe, count.is_multiple_of(100));
+            });
+        });
+        for (name, many_tenants) in [
+            ("update_after_flow_change", false),
+            ("update_after_flow_change_many_tenants", true),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, flows), &flows, |b, &flows| {
+                let (mut lp, mut now) = setup(flows, many_tenants);
+                let mut probe = None;
+                let mut count = 0u64;
+                b.iter(|| {
+                    count += 1;
+                    // The last flow (a bandwidth flow when there are several) flips.
+                    let _ = lp.set_flow_active(now, FlowId(flows - 1), count.is_multiple_of(2));
+                    step(&mut lp, &mut now, &mut probe, count.is_multiple_of(100));
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
