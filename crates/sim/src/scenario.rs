@@ -74,6 +74,10 @@ pub struct Scenario {
     /// Seed of all randomness.
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Interval of the time series, ms; by default a thousandth of the run (at least
+    /// 0.05 ms). See [`crate::series`].
+    #[serde(default)]
+    pub series_ms: Option<f64>,
     /// Policies to run side by side, each with every flow, when there are no variants.
     #[serde(default)]
     pub policies: Vec<PolicySpec>,
@@ -568,6 +572,14 @@ impl Scenario {
                     self.duration_ms, self.warmup_ms
                 ),
             ));
+        }
+        if let Some(series) = self.series_ms {
+            if !(series.is_finite() && series > 0.0) {
+                return Err(invalid(
+                    "series_ms".into(),
+                    format!("must be a positive number of ms, got {series}"),
+                ));
+            }
         }
         let hosts = &self.topology.hosts;
         match self.topology.kind {

@@ -45,6 +45,7 @@ use super::yielding::{YieldShaper, PACING_TIMER};
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{QpId, WorkRequest};
+use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 
 /// Ymax / Y0: the most the law raises the yield density above PeRF's before pacing.
@@ -256,6 +257,22 @@ impl Policy for AdaptivePolicy {
                 shaper.on_pacing_timer(ctx, (tag - PACING_TIMER) as usize);
             }
         }
+    }
+
+    fn control_state(&self) -> Option<ControlState> {
+        let steers = self
+            .flows
+            .iter()
+            .any(|(f, _)| f.spec.class.is_resource_hungry());
+        steers.then(|| ControlState {
+            safe_util_gbps: self.controller.safe_util() * 8.0 / 1e9,
+            current99_us: self.probe.current99().map(|p| p.as_secs_f64() * 1e6),
+            target99_us: Some(self.params.target99_us),
+            mode: match self.controller.mode() {
+                ControlMode::Normal => Mode::Normal,
+                ControlMode::Unattainable { .. } => Mode::Unattainable,
+            },
+        })
     }
 
     fn figures(&self) -> PolicyFigures {

@@ -29,7 +29,9 @@ use std::time::Duration;
 
 use justitia_core::allotment::TokenStream;
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
-use justitia_core::controller::{ControllerConfig, ControllerError, SafeUtilController};
+use justitia_core::controller::{
+    ControlMode, ControllerConfig, ControllerError, SafeUtilController,
+};
 use justitia_core::estimator::EstimatorError;
 use justitia_core::flow::{FlowClass, FlowCounts, FlowSpec};
 use justitia_core::profile::RnicProfile;
@@ -39,6 +41,7 @@ use super::reference::{active_counts, ReferenceProbe};
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
+use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 use crate::units::ByteSize;
 
@@ -560,6 +563,22 @@ impl Policy for JustitiaPolicy {
         } else if tag == TOKEN_TICK | self.token_generation && self.token_due.is_some() {
             self.on_token_tick(ctx);
         }
+    }
+
+    fn control_state(&self) -> Option<ControlState> {
+        let steers = self
+            .flows
+            .iter()
+            .any(|f| f.info.spec.class.is_resource_hungry());
+        steers.then(|| ControlState {
+            safe_util_gbps: self.controller.safe_util() * 8.0 / 1e9,
+            current99_us: self.probe.current99().map(|p| p.as_secs_f64() * 1e6),
+            target99_us: Some(self.params.target99_us),
+            mode: match self.controller.mode() {
+                ControlMode::Normal => Mode::Normal,
+                ControlMode::Unattainable { .. } => Mode::Unattainable,
+            },
+        })
     }
 
     fn figures(&self) -> PolicyFigures {
