@@ -65,6 +65,10 @@ pub(crate) enum Event {
     FlowStart(u32),
     /// A flow stops posting.
     FlowStop(u32),
+    /// A flow's application pauses (posts nothing new; the policy is not told).
+    AppPause(u32),
+    /// A paused application posts again.
+    AppResume(u32),
 }
 
 /// A completion to pass up to an application.
@@ -226,6 +230,10 @@ impl World {
             queue.schedule(time::from_ms(spec.start_ms), Event::FlowStart(app_index));
             if let Some(stop) = spec.stop_ms {
                 queue.schedule(time::from_ms(stop), Event::FlowStop(app_index));
+            }
+            for [from, to] in &spec.pauses_ms {
+                queue.schedule(time::from_ms(*from), Event::AppPause(app_index));
+                queue.schedule(time::from_ms(*to), Event::AppResume(app_index));
             }
         }
         let policies = (0..hosts)
@@ -445,6 +453,11 @@ impl World {
             }
             Event::FlowStart(app) => self.set_flow_active(app, true),
             Event::FlowStop(app) => self.set_flow_active(app, false),
+            Event::AppPause(app) => self.apps[app as usize].stop(),
+            Event::AppResume(app) => {
+                let (model, mut io) = self.app_io(app);
+                model.start(&mut io);
+            }
         }
     }
 

@@ -63,3 +63,30 @@ fn the_interval_is_bounded() {
         assert_eq!(run.series.t_ms.len(), justitia_sim::series::MAX_SAMPLES);
     }
 }
+
+#[test]
+fn a_paused_application_sends_nothing_and_then_resumes() {
+    let mut experiment = common::experiment("lat-vs-1mb-bw-ib56");
+    experiment.scenario.duration_ms = 12.0;
+    experiment.scenario.warmup_ms = 1.0;
+    experiment.scenario.series_ms = Some(0.5);
+    let bw = experiment
+        .scenario
+        .flows
+        .iter_mut()
+        .find(|f| f.name == "bw")
+        .unwrap_or_else(|| panic!("no bw flow"));
+    bw.pauses_ms = vec![[4.0, 8.0]];
+    let report = experiment.run().unwrap_or_else(|e| panic!("{e}"));
+    let series = &common::run(&report, "bw alone").series;
+    let gbps = &series.flow("bw").unwrap_or_else(|| panic!("no bw")).gbps;
+    // 8 messages of 1 MB were in flight at the pause (175 us each at 48 Gb/s): drained by
+    // 5.5 ms; nothing after until the resume.
+    let (from, to) = (series.index_at(6.0), series.index_at(8.0));
+    assert!(gbps[from..to].iter().all(|&g| g == 0.0), "{gbps:?}");
+    let after = series.index_at(9.0);
+    assert!(gbps[after..].iter().all(|&g| g > 40.0), "{gbps:?}");
+    assert!(gbps[series.index_at(2.0)..series.index_at(4.0)]
+        .iter()
+        .all(|&g| g > 40.0));
+}
