@@ -14,6 +14,7 @@
 //! | [`controller`] | the SafeUtil AIMD controller, soft admission, unattainable-target mode | Justitia §4.2.2, Pseudocode 1, §4.5 |
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
+//! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
 //! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
@@ -24,6 +25,7 @@ pub mod classifier;
 pub mod controller;
 pub mod estimator;
 pub mod flow;
+pub mod pacer;
 pub mod profile;
 pub mod remote_read;
 pub mod yield_plan;
