@@ -12,6 +12,7 @@
 //! | [`profile`] | RNIC profiles (MaxRate, MaxTput, MTU, chunk sizes), TOML loading | Justitia §4.2.2, §5.1 |
 //! | [`estimator`] | tail-latency estimate over the reference flow's recent samples | Justitia §4.2.1 |
 //! | [`controller`] | the SafeUtil AIMD controller, soft admission, unattainable-target mode | Justitia §4.2.2, Pseudocode 1, §4.5 |
+//! | [`control_loop`] | the whole per-host loop as one sans-I/O state machine: flows, probes, SafeUtil, allotments | Justitia §4.2, §4.5, §5.1 |
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
 //! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
@@ -22,6 +23,7 @@
 pub mod allotment;
 pub mod chunk;
 pub mod classifier;
+pub mod control_loop;
 pub mod controller;
 pub mod estimator;
 pub mod flow;

@@ -1,7 +1,7 @@
 //! The enforcement algorithm: turning an allotment into release decisions.
 //!
 //! The control loop hands every resource-hungry flow a rate in bytes/s and, optionally,
-//! operations/s; a [`Pacer`] per flow turns it into a
+//! operations/s ([`crate::control_loop::Allotment`]); a [`Pacer`] per flow turns it into a
 //! yes or a "come back in `d`" for each chunk or operation the flow wants to post. The
 //! simulator and the shaper use this one algorithm, so both pace alike.
 //!
