@@ -23,6 +23,7 @@
 pub mod adaptive;
 pub mod justitia;
 pub mod native;
+pub mod paced;
 pub mod preempt;
 pub mod priority;
 pub mod reference;
