@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
+mod control_plot;
 mod demo;
 mod export;
 mod plot;

@@ -31,11 +31,11 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(0, 0, 0),
 ];
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 // Sizes as plotters takes them; it writes 1/1.24 of each into the SVG.
-const TITLE_SIZE: u32 = 22;
-const TEXT_SIZE: u32 = 17;
-const SMALL_SIZE: u32 = 14;
+pub(crate) const TITLE_SIZE: u32 = 22;
+pub(crate) const TEXT_SIZE: u32 = 17;
+pub(crate) const SMALL_SIZE: u32 = 14;
 /// A generous average glyph width of the sans-serif faces, as a fraction of the size given
 /// to plotters (0.58 of the size written into the SVG), used to wrap and space text: SVG
 /// cannot be asked how wide text will be.
@@ -190,7 +190,7 @@ fn text_width_px(text: &str, size: u32) -> u32 {
 }
 
 /// Splits `text` at spaces into lines of at most `width_px`.
-fn wrap(text: &str, size: u32, width_px: u32) -> Vec<String> {
+pub(crate) fn wrap(text: &str, size: u32, width_px: u32) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut line = String::new();
     for word in text.split_whitespace() {
@@ -236,7 +236,7 @@ fn panel_width_px(panel: &Panel, runs: usize) -> u32 {
 
 /// Places legend entries (a swatch and a run's name) in centred rows, wrapping when a row
 /// is full: the position of each entry and the number of rows.
-fn legend_layout(names: &[&str], width_px: u32) -> (Vec<(i32, i32)>, u32) {
+pub(crate) fn legend_layout(names: &[&str], width_px: u32) -> (Vec<(i32, i32)>, u32) {
     const MARGIN: u32 = 20;
     let usable = width_px.saturating_sub(2 * MARGIN);
     let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
@@ -499,6 +499,7 @@ mod tests {
             jain_bandwidth: None,
             policy_figures: BTreeMap::new(),
             events: 1,
+            series: Default::default(),
             wall_seconds: 0.0,
         }
     }

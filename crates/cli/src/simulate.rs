@@ -10,7 +10,7 @@ use clap::Args;
 use justitia_sim::{list_scenarios, Experiment, ScenarioReport};
 
 use crate::progress::ScenarioProgress;
-use crate::{export, plot, table};
+use crate::{control_plot, export, plot, table};
 
 /// Where scenarios live, relative to the working directory.
 const SCENARIO_DIR: &str = "scenarios";
@@ -24,9 +24,14 @@ Output:
                among the bandwidth flows and events. Same scenario and seed, same bytes.
   stderr       the wall time of each scenario, a progress bar on a terminal, the files written.
   --out DIR    DIR/<scenario>.json: the whole report (every field the simulator measured);
-               DIR/<scenario>.csv: one row per flow and run, for spreadsheets and plotting tools.
+               DIR/<scenario>.csv: one row per flow and run, for spreadsheets and plotting tools;
+               DIR/<scenario>-series.csv: the time series, one row per run, sample and flow or
+               host (each flow's Gb/s and M msgs/s; each control loop's SafeUtil, Current99,
+               Target99 and mode).
   --plot DIR   DIR/<scenario>-latency.svg: p50 and p99 latency per flow, one bar per run;
-               DIR/<scenario>-throughput.svg: Gb/s of bandwidth flows, M msgs/s of throughput flows.
+               DIR/<scenario>-throughput.svg: Gb/s of bandwidth flows, M msgs/s of throughput flows;
+               DIR/<scenario>-control.svg (runs with a control loop): SafeUtil and flow rates,
+               Current99 and Target99 over simulated time.
 
 Examples:
   justitia sim --list
@@ -48,13 +53,13 @@ pub struct SimArgs {
     )]
     list: Option<PathBuf>,
 
-    /// Write `<scenario>.json` and `<scenario>.csv` for each scenario into DIR (created if
-    /// missing).
+    /// Write `<scenario>.json`, `<scenario>.csv` and `<scenario>-series.csv` for each
+    /// scenario into DIR (created if missing).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 
-    /// Write SVG figures `<scenario>-latency.svg` and `<scenario>-throughput.svg` for each
-    /// scenario into DIR (created if missing).
+    /// Write SVG figures `<scenario>-latency.svg`, `<scenario>-throughput.svg` and, for
+    /// scenarios with a control loop, `<scenario>-control.svg` into DIR (created if missing).
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
 }
@@ -88,9 +93,11 @@ pub fn run(args: &SimArgs) -> Result<()> {
         if let Some(dir) = &args.out {
             written.push(export::write_json(&report, dir)?);
             written.push(export::write_csv(&report, dir)?);
+            written.push(export::write_series_csv(&report, dir)?);
         }
         if let Some(dir) = &args.plot {
             written.extend(plot::write_figures(&report, dir)?);
+            written.extend(control_plot::write_control_figure(&report, dir)?);
         }
         for file in written {
             eprintln!("wrote {}", file.display());

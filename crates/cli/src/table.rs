@@ -230,6 +230,7 @@ mod tests {
                 jain_bandwidth: Some(1.0),
                 policy_figures: BTreeMap::new(),
                 events: 1_234_567,
+                series: Default::default(),
                 wall_seconds: 0.5,
             }],
         }

@@ -138,14 +138,34 @@ fn a_scenario_runs_prints_its_table_and_exports_json_and_csv() {
     // One row per flow and run: 1 + 2 + 2.
     assert_eq!(lines.count(), 5);
 
+    // The time series: 2 ms sampled every 0.05 ms (the default floor) is 40 samples; a row
+    // per flow at each, plus one per control loop in the Justitia run.
+    let series = fs::read_to_string(out_dir.path().join("tiny-series.csv")).unwrap();
+    let mut lines = series.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "scenario,variant,t_ms,kind,name,gbps,mops,safe_util_gbps,current99_us,target99_us,mode"
+    );
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 40 * (1 + 2 + 2 + 1), "{series}");
+    let control: Vec<&str> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.contains(",control,"))
+        .collect();
+    assert_eq!(control.len(), 40);
+    assert!(control
+        .iter()
+        .all(|r| r.starts_with("tiny,with bw + justitia,") && r.ends_with(",normal")));
+
     // Machine output goes to files; stderr only says which, and how long the scenario
     // took (no progress bar off a terminal).
     let said = stderr(&out);
     let lines: Vec<&str> = said.lines().collect();
-    assert_eq!(lines.len(), 3, "{said}");
-    assert!(lines[..2].iter().all(|l| l.starts_with("wrote ")), "{said}");
+    assert_eq!(lines.len(), 4, "{said}");
+    assert!(lines[..3].iter().all(|l| l.starts_with("wrote ")), "{said}");
     assert!(
-        lines[2].starts_with("tiny: 3 runs in ") && lines[2].ends_with(" s wall time"),
+        lines[3].starts_with("tiny: 3 runs in ") && lines[3].ends_with(" s wall time"),
         "{said}"
     );
 }
@@ -177,7 +197,9 @@ fn same_scenario_and_seed_give_the_same_bytes_on_stdout_and_in_every_file() {
     assert_eq!(
         names,
         [
+            "tiny-control.svg",
             "tiny-latency.svg",
+            "tiny-series.csv",
             "tiny-throughput.svg",
             "tiny.csv",
             "tiny.json"
@@ -235,6 +257,25 @@ fn plots_are_svg_figures_with_axes_and_legend() {
     }
     // The latency flow alone has no bandwidth bar, so that run is not in this legend.
     assert!(!throughput.iter().any(|t| t == "alone"), "{throughput:?}");
+
+    // Only the Justitia run has a control loop, so only it has panels in the control figure.
+    let control = read("tiny-control.svg");
+    for text in [
+        "bw goodput",
+        "SafeUtil",
+        "Current99",
+        "Target99",
+        "rate (Gb/s)",
+        "p99 (µs)",
+        "simulated time (ms)",
+        "run: with bw + justitia (policy justitia)",
+    ] {
+        assert!(
+            control.iter().any(|t| t == text),
+            "{text} missing: {control:?}"
+        );
+    }
+    assert!(!control.iter().any(|t| t.starts_with("run: with bw (")));
 }
 
 #[test]

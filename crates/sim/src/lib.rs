@@ -27,6 +27,7 @@
 //! | [`model_profile`] | the calibrated parameters of each RNIC (`profiles/*.toml`) |
 //! | [`scenario`] | experiments as TOML (`scenarios/*.toml`) |
 //! | [`metrics`], [`report`] | percentiles, rates, utilisation, fairness |
+//! | [`series`] | rates and control-loop state over time |
 
 pub mod app;
 pub mod engine;
@@ -37,6 +38,7 @@ pub mod policy;
 pub mod report;
 pub mod rnic;
 pub mod scenario;
+pub mod series;
 pub mod switch;
 pub mod time;
 pub mod topology;

@@ -14,6 +14,8 @@ pub struct FlowMetrics {
     window: (Picos, Picos),
     latency_ns: Histogram<u64>,
     messages: u64,
+    /// Messages completed since the start of the run, window or not (for time series).
+    all_messages: u64,
 }
 
 impl FlowMetrics {
@@ -26,6 +28,7 @@ impl FlowMetrics {
             window,
             latency_ns,
             messages: 0,
+            all_messages: 0,
         }
     }
 
@@ -43,6 +46,7 @@ impl FlowMetrics {
 
     /// One application-level message (or request, or object) completed at `at`.
     pub fn record_message(&mut self, at: Picos) {
+        self.all_messages += 1;
         if self.in_window(at) {
             self.messages += 1;
         }
@@ -51,6 +55,11 @@ impl FlowMetrics {
     /// Messages completed inside the window.
     pub fn messages(&self) -> u64 {
         self.messages
+    }
+
+    /// Messages completed since the start of the run, inside the window or not.
+    pub fn all_messages(&self) -> u64 {
+        self.all_messages
     }
 
     /// The latency percentiles, or `None` without samples.
@@ -88,6 +97,7 @@ mod tests {
         }
         m.record_message(20 * MICROSECOND);
         assert_eq!(m.messages(), 100);
+        assert_eq!(m.all_messages(), 102);
         let l = m.latency().unwrap();
         assert_eq!(l.samples, 100);
         assert!((l.p50_us - 1.05).abs() < 0.002, "{l:?}");

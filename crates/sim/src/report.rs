@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use justitia_core::flow::FlowClass;
 use serde::{Deserialize, Serialize};
 
+use crate::series::RunSeries;
+
 /// All runs of one scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioReport {
@@ -41,6 +43,9 @@ pub struct RunReport {
     pub policy_figures: BTreeMap<String, f64>,
     /// Events the run handled.
     pub events: u64,
+    /// Each flow's rate and each control loop's state over time.
+    #[serde(default)]
+    pub series: RunSeries,
     /// Wall-clock time the run took, in seconds. The only field that differs between two
     /// runs with the same seed, so it is not serialized: a written report depends on the
     /// scenario and its seed alone.

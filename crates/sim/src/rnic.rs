@@ -466,6 +466,8 @@ pub(crate) struct Fabric {
     rng: Pcg64Mcg,
     window: (Picos, Picos),
     flow_bytes: Vec<u64>,
+    /// Per flow: payload bytes arrived since the start, window or not (for time series).
+    flow_bytes_total: Vec<u64>,
     switches: Vec<Switch>,
     /// Per link: its sender's credits when it ends at a switch.
     credits: Vec<Option<Credits>>,
@@ -547,6 +549,7 @@ impl Fabric {
             rng: Pcg64Mcg::seed_from_u64(seed),
             window,
             flow_bytes: Vec::new(),
+            flow_bytes_total: Vec::new(),
             switches,
             credits,
             sent_by_switch,
@@ -593,6 +596,7 @@ impl Fabric {
             let needed = f as usize + 1;
             if self.flow_bytes.len() < needed {
                 self.flow_bytes.resize(needed, 0);
+                self.flow_bytes_total.resize(needed, 0);
             }
         }
         (ia, ib)
@@ -636,6 +640,14 @@ impl Fabric {
     /// Payload bytes of a flow that arrived inside the measurement window.
     pub(crate) fn flow_bytes(&self, flow: u32) -> u64 {
         self.flow_bytes.get(flow as usize).copied().unwrap_or(0)
+    }
+
+    /// Payload bytes of a flow that arrived since the start of the run.
+    pub(crate) fn flow_bytes_total(&self, flow: u32) -> u64 {
+        self.flow_bytes_total
+            .get(flow as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Payload bytes each host transmitted that arrived inside the window, by host.
@@ -1048,8 +1060,9 @@ impl Fabric {
         if packet.kind == PacketKind::Data {
             entry.rx_message_bytes += packet.payload;
         }
-        if arrival >= self.window.0 && arrival < self.window.1 {
-            if let Some(f) = entry.flow {
+        if let Some(f) = entry.flow {
+            self.flow_bytes_total[f as usize] += u64::from(packet.payload);
+            if arrival >= self.window.0 && arrival < self.window.1 {
                 self.flow_bytes[f as usize] += u64::from(packet.payload);
             }
         }

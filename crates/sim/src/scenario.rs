@@ -74,6 +74,10 @@ pub struct Scenario {
     /// Seed of all randomness.
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Interval of the time series, ms; by default a thousandth of the run (at least
+    /// 0.05 ms). See [`crate::series`].
+    #[serde(default)]
+    pub series_ms: Option<f64>,
     /// Policies to run side by side, each with every flow, when there are no variants.
     #[serde(default)]
     pub policies: Vec<PolicySpec>,
@@ -283,6 +287,12 @@ pub struct FlowSpec {
     /// When it stops posting, in ms; it runs to the end when absent.
     #[serde(default)]
     pub stop_ms: Option<f64>,
+    /// Spans `[from, to]` in ms during which the application posts nothing new, then
+    /// resumes (bandwidth and throughput flows). Unlike `stop_ms` the flow stays
+    /// registered with the policy: it is idle, not gone, and the policy sees that only
+    /// from its lack of work.
+    #[serde(default)]
+    pub pauses_ms: Vec<[f64; 2]>,
     /// Service level of its queue pairs (0-3), which a switch maps to the virtual lane of
     /// the same number.
     #[serde(default)]
@@ -569,6 +579,14 @@ impl Scenario {
                 ),
             ));
         }
+        if let Some(series) = self.series_ms {
+            if !(series.is_finite() && series > 0.0) {
+                return Err(invalid(
+                    "series_ms".into(),
+                    format!("must be a positive number of ms, got {series}"),
+                ));
+            }
+        }
         let hosts = &self.topology.hosts;
         match self.topology.kind {
             TopologyKind::BackToBack if hosts.len() != 2 => {
@@ -668,6 +686,36 @@ impl Scenario {
                         format!("must be after start_ms ({}), got {stop}", flow.start_ms),
                     ));
                 }
+            }
+            let mut previous_end = flow.start_ms;
+            for (p, [from, to]) in flow.pauses_ms.iter().copied().enumerate() {
+                if !(from.is_finite() && to.is_finite() && from >= previous_end && to > from) {
+                    return Err(invalid(
+                        at(&format!("pauses_ms[{p}]")),
+                        format!(
+                            "spans must be in order, after start_ms and after each other, \
+                             each ending after it begins; got [{from}, {to}]"
+                        ),
+                    ));
+                }
+                previous_end = to;
+            }
+            if flow.stop_ms.is_some_and(|stop| previous_end >= stop) {
+                return Err(invalid(
+                    at("pauses_ms"),
+                    "the last pause must end before stop_ms".into(),
+                ));
+            }
+            if !flow.pauses_ms.is_empty()
+                && !matches!(
+                    flow.app(),
+                    Some(AppSpec::Bandwidth(_) | AppSpec::Throughput(_))
+                )
+            {
+                return Err(invalid(
+                    at("pauses_ms"),
+                    "only bandwidth and throughput flows pause".into(),
+                ));
             }
             let Some(app) = flow.app() else {
                 return Err(invalid(
@@ -1090,5 +1138,17 @@ depth = 4
             .to_string()
             .starts_with("reading scenario /nonexistent/scenarios/x.toml: "));
         assert!(std::error::Error::source(&e).is_none());
+    }
+
+    #[test]
+    fn pauses_are_checked() {
+        let with = |extra: &str| BASE.replace("name = \"bw\"", &format!("name = \"bw\"\n{extra}"));
+        assert!(Experiment::from_toml("t", &with("pauses_ms = [[1, 2], [3, 4]]"), None).is_ok());
+        assert!(err(&with("pauses_ms = [[2, 1]]")).contains("flows[1] (bw): pauses_ms[0]"));
+        assert!(err(&with("pauses_ms = [[1, 3], [2, 4]]")).contains("pauses_ms[1]"));
+        let latency = BASE.replace("name = \"lat\"", "name = \"lat\"\npauses_ms = [[1, 2]]");
+        assert!(err(&latency).contains("only bandwidth and throughput flows pause"));
+        let late = with("stop_ms = 2\npauses_ms = [[1, 3]]");
+        assert!(err(&late).contains("before stop_ms"), "{}", err(&late));
     }
 }

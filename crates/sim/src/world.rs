@@ -30,6 +30,7 @@ use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, Endpoint, Fabric, Packet, QpId, QpOwner, WorkRequest};
 use crate::scenario::{AppSpec, Experiment, PolicySpec, ResolvedVariant, TopologyKind};
+use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
 use crate::time::{self, Picos};
 use crate::topology::{HostId, LinkId, Topology};
 
@@ -64,6 +65,10 @@ pub(crate) enum Event {
     FlowStart(u32),
     /// A flow stops posting.
     FlowStop(u32),
+    /// A flow's application pauses (posts nothing new; the policy is not told).
+    AppPause(u32),
+    /// A paused application posts again.
+    AppResume(u32),
 }
 
 /// A completion to pass up to an application.
@@ -99,6 +104,18 @@ pub(crate) struct World {
     max_rate_gbps: f64,
     variant: String,
     policy_name: String,
+    sampler: Sampler,
+}
+
+/// Takes the time series' samples as simulated time passes.
+struct Sampler {
+    interval: Picos,
+    next: Picos,
+    series: RunSeries,
+    /// Each flow's bytes and messages at the previous sample.
+    last: Vec<(u64, u64)>,
+    /// Index into `series.controls` of each host, once it has reported a state.
+    control_of_host: Vec<Option<usize>>,
 }
 
 impl World {
@@ -214,6 +231,10 @@ impl World {
             if let Some(stop) = spec.stop_ms {
                 queue.schedule(time::from_ms(stop), Event::FlowStop(app_index));
             }
+            for [from, to] in &spec.pauses_ms {
+                queue.schedule(time::from_ms(*from), Event::AppPause(app_index));
+                queue.schedule(time::from_ms(*to), Event::AppResume(app_index));
+            }
         }
         let policies = (0..hosts)
             .map(|_| -> Result<Box<dyn Policy>, PolicyBuildError> {
@@ -232,6 +253,28 @@ impl World {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let interval_ms = series::interval_ms(scenario.duration_ms, scenario.series_ms);
+        let interval = time::from_ms(interval_ms).max(1);
+        let sampler = Sampler {
+            interval,
+            next: interval,
+            series: RunSeries {
+                interval_ms,
+                t_ms: Vec::new(),
+                flows: flows
+                    .iter()
+                    .map(|f| FlowSeries {
+                        name: f.name.clone(),
+                        class: f.class,
+                        gbps: Vec::new(),
+                        mops: Vec::new(),
+                    })
+                    .collect(),
+                controls: Vec::new(),
+            },
+            last: vec![(0, 0); flows.len()],
+            control_of_host: vec![None; hosts],
+        };
         Ok(World {
             queue,
             fabric,
@@ -250,7 +293,49 @@ impl World {
             max_rate_gbps: profile.policy.max_rate_gbps,
             variant: variant.name.clone(),
             policy_name: variant.policy.as_str().to_string(),
+            sampler,
         })
+    }
+
+    /// Takes every sample due at or before `now`: the state after all events before it.
+    fn sample_until(&mut self, now: Picos) {
+        while self.sampler.next <= now {
+            let at = self.sampler.next;
+            self.take_sample(at);
+            self.sampler.next = at.saturating_add(self.sampler.interval);
+        }
+    }
+
+    fn take_sample(&mut self, at: Picos) {
+        let s = &mut self.sampler;
+        let seconds = time::to_secs(s.interval);
+        s.series.t_ms.push(time::to_secs(at) * 1e3);
+        for (i, flow) in s.series.flows.iter_mut().enumerate() {
+            let bytes = self.fabric.flow_bytes_total(i as u32);
+            let messages = self.metrics[i].all_messages();
+            let (last_bytes, last_messages) = s.last[i];
+            flow.gbps
+                .push((bytes - last_bytes) as f64 * 8.0 / seconds / 1e9);
+            flow.mops
+                .push((messages - last_messages) as f64 / seconds / 1e6);
+            s.last[i] = (bytes, messages);
+        }
+        let first = s.series.t_ms.len() == 1;
+        for (h, policy) in self.policies.iter().enumerate() {
+            let Some(state) = policy.control_state() else {
+                continue;
+            };
+            // A policy reports from its start or never (the flows of its host are known at
+            // start), so every control series has one value per sample.
+            if first {
+                let host = &self.fabric.topology().host_names()[h];
+                s.control_of_host[h] = Some(s.series.controls.len());
+                s.series.controls.push(ControlSeries::new(host));
+            }
+            if let Some(index) = s.control_of_host[h] {
+                s.series.controls[index].push(&state);
+            }
+        }
     }
 
     fn host_flow_infos(&self, host: HostId) -> Vec<FlowInfo> {
@@ -278,7 +363,8 @@ impl World {
         }
         self.drain();
         let end = self.window.1;
-        while let Some((_, event)) = self.queue.pop_until(end) {
+        while let Some((at, event)) = self.queue.pop_until(end) {
+            self.sample_until(at.saturating_sub(1));
             self.dispatch(event);
             self.drain();
             if self.queue.popped().is_multiple_of(1 << 16) {
@@ -286,6 +372,7 @@ impl World {
             }
         }
         self.queue.advance_to(end);
+        self.sample_until(end);
         progress(end);
         self.report(started.elapsed().as_secs_f64())
     }
@@ -366,6 +453,11 @@ impl World {
             }
             Event::FlowStart(app) => self.set_flow_active(app, true),
             Event::FlowStop(app) => self.set_flow_active(app, false),
+            Event::AppPause(app) => self.apps[app as usize].stop(),
+            Event::AppResume(app) => {
+                let (model, mut io) = self.app_io(app);
+                model.start(&mut io);
+            }
         }
     }
 
@@ -453,6 +545,7 @@ impl World {
             jain_bandwidth: jain_index(&bandwidth),
             policy_figures,
             events: self.queue.popped(),
+            series: self.sampler.series,
             wall_seconds,
         }
     }

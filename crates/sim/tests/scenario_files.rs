@@ -48,8 +48,19 @@ fn bad_files_name_the_field() {
             "fair",
         ),
         (
-            good.replace("target99_us = 1.4", "target99_us = -1"),
+            good.replace("target99_us = 1.73", "target99_us = -1"),
             "target99_us",
+        ),
+        (
+            good.replace(
+                "target99_us = 1.73",
+                "target99_us = 1.73\ntarget99_x_idle = 2",
+            ),
+            "not both",
+        ),
+        (
+            good.replace("target99_us = 1.73", "target99_x_idle = 0.5"),
+            "target99_x_idle",
         ),
         (
             good.replace("profile = \"IB-56\"", "profile = \"nope.toml\""),

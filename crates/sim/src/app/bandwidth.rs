@@ -70,6 +70,7 @@ impl BandwidthApp {
 
 impl AppModel for BandwidthApp {
     fn start(&mut self, io: &mut AppIo<'_>) {
+        self.lanes.resume();
         self.lanes.refill_all(io);
     }
 

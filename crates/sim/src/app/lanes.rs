@@ -59,6 +59,11 @@ impl Lanes {
         self.stopped = true;
     }
 
+    /// Posts again after [`Lanes::stop`] (a pause ends).
+    pub(crate) fn resume(&mut self) {
+        self.stopped = false;
+    }
+
     /// Posts whole batches on `lane` while they fit under the depth.
     pub(crate) fn refill(&mut self, io: &mut AppIo<'_>, lane: usize) {
         if self.stopped {

@@ -147,7 +147,8 @@ impl AppIo<'_> {
 
 /// An application model.
 pub(crate) trait AppModel {
-    /// The flow starts: post the first requests.
+    /// The flow starts, or resumes after a pause (bandwidth and throughput flows): post the
+    /// first requests.
     fn start(&mut self, io: &mut AppIo<'_>);
     /// The flow stops: post nothing new (requests in flight still complete).
     fn stop(&mut self);

@@ -76,6 +76,7 @@ impl ThroughputApp {
 
 impl AppModel for ThroughputApp {
     fn start(&mut self, io: &mut AppIo<'_>) {
+        self.lanes.resume();
         self.lanes.refill_all(io);
     }
 

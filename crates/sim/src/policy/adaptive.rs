@@ -1,14 +1,18 @@
 //! `adaptive`: Justitia's latency controller steering PeRF's yields, with pacing as the
 //! last resort.
 //!
-//! The sensing half is Justitia's: the reference flow ([`ReferenceProbe`], §4.2.1) and the
-//! core's [`SafeUtilController`] (Pseudocode 1: halve SafeUtil when Current99 exceeds
-//! Target99, never below the sharing floor (B+T)/(L+B+T) x MaxRate, add a step otherwise).
+//! The sensing half is Justitia's, and is the core's per-host loop
+//! ([`justitia_core::control_loop::ControlLoop`], driven as `justitia` drives it): the
+//! reference flow, Current99, SafeUtil (halved on a violation, never below the sharing
+//! floor (B+T)/(L+B+T) x MaxRate, raised by the loop's increase law otherwise), the counts
+//! and the mode. Unlike `justitia`, a flow counts as active from its start to its end (the
+//! yield shaper does not report work), and the loop's per-flow allotments are not used.
 //! The acting half is PeRF's: bandwidth flows are cut into sub-messages with zero-length
 //! yields between them ([`YieldShaper`]). SafeUtil is read not as a rate to enforce but as
 //! how hard the latency flows need protecting.
 //!
-//! Control law, applied on every RefPeriod update and whenever a flow starts or stops,
+//! Control law, the policy's own (the core has no yield law), applied after every update of
+//! the loop,
 //! with Y0 the baseline yield count (PeRF's ceil(SUB_MSG_SIZE / 0_WAIT_UNIT), 16) and
 //! Ymax = [`MAX_YIELD_FACTOR`] x Y0:
 //!
@@ -31,21 +35,16 @@
 //! The controller's unattainable-target mode (§4.5) resets SafeUtil to MaxRate, which here
 //! means baseline yields and no pacing.
 
-use std::time::Duration;
+use justitia_core::controller::ControlMode;
 
-use justitia_core::controller::{ControlMode, SafeUtilController};
-use justitia_core::flow::FlowClass;
-use justitia_core::profile::RnicProfile;
-use justitia_core::yield_plan::{YieldConfigError, YieldPlanner};
-
-use super::justitia::{JustitiaError, JustitiaParams};
+use super::justitia::{JustitiaError, JustitiaParams, LoopDriver};
 use super::preempt::PreemptParams;
-use super::reference::{active_counts, ReferenceProbe};
 use super::yielding::{YieldShaper, PACING_TIMER};
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{QpId, WorkRequest};
-use crate::time::{self, Picos};
+use crate::series::ControlState;
+use justitia_core::yield_plan::{YieldConfigError, YieldPlanner};
 
 /// Ymax / Y0: the most the law raises the yield density above PeRF's before pacing.
 pub const MAX_YIELD_FACTOR: u32 = 2;
@@ -53,7 +52,7 @@ pub const MAX_YIELD_FACTOR: u32 = 2;
 /// Why the `adaptive` policy could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum AdaptiveError {
-    /// The controller or estimator refused their settings.
+    /// The control loop refused its settings.
     #[error(transparent)]
     Justitia(#[from] JustitiaError),
     /// The yield settings are out of range.
@@ -61,54 +60,37 @@ pub enum AdaptiveError {
     Yield(#[from] YieldConfigError),
 }
 
-const REFERENCE_TICK: u64 = 0;
-
 /// The `adaptive` policy on one host.
 pub struct AdaptivePolicy {
-    profile: RnicProfile,
-    params: JustitiaParams,
-    ref_period: Picos,
+    driver: LoopDriver,
     planner: YieldPlanner,
     base_yields: u32,
     window: u32,
-    flows: Vec<(FlowInfo, bool)>,
-    controller: SafeUtilController,
-    probe: ReferenceProbe,
     shaper: Option<YieldShaper>,
-    latency_present: bool,
+    steers: bool,
     yield_sum: f64,
     paced_updates: u64,
     updates: u64,
 }
 
 impl AdaptivePolicy {
-    /// A policy for a host with this RNIC: controller and probe from `justitia`, the yield
-    /// baseline from `preempt`.
+    /// A policy for a host with this RNIC: the core loop from `justitia`'s parameters, the
+    /// yield baseline from `preempt`.
     pub fn new(
         profile: &ModelProfile,
         justitia: &JustitiaParams,
         preempt: &PreemptParams,
     ) -> Result<Self, AdaptiveError> {
-        let policy_profile = profile.policy.clone();
-        let config = justitia.controller_config(policy_profile.chunk_bytes(true));
-        let controller = SafeUtilController::new(config, &policy_profile)
-            .map_err(|e| AdaptiveError::Justitia(e.into()))?;
-        let probe = justitia
-            .reference_probe()
+        let driver = LoopDriver::new(&profile.policy, justitia)
             .map_err(|e| AdaptiveError::Justitia(e.into()))?;
         let planner = YieldPlanner::new(preempt.yield_config()?)?;
         Ok(AdaptivePolicy {
-            profile: policy_profile,
-            params: justitia.clone(),
-            ref_period: time::from_us(justitia.ref_period_us),
+            driver,
             base_yields: planner.yields_per_sub_message(),
             planner,
             window: preempt.window,
-            flows: Vec::new(),
-            controller,
-            probe,
             shaper: None,
-            latency_present: false,
+            steers: false,
             yield_sum: 0.0,
             paced_updates: 0,
             updates: 0,
@@ -119,14 +101,14 @@ impl AdaptivePolicy {
         self.base_yields.saturating_mul(MAX_YIELD_FACTOR)
     }
 
-    /// Step 2 of the law: the yield density for the controller's SafeUtil.
+    /// Step 2 of the law: the yield density for the loop's SafeUtil.
     fn yields_for_safe_util(&self) -> u32 {
-        let counts = active_counts(self.flows.iter().filter(|f| f.1).map(|f| &f.0.spec));
-        let max = self.controller.max_rate();
-        let floor = self.controller.sharing_floor(counts);
+        let control = &self.driver.control;
+        let max = control.max_rate();
+        let floor = control.sharing_floor();
         let span = (max / floor).ln();
         let q = if span > 0.0 {
-            ((max / self.controller.safe_util()).ln() / span).clamp(0.0, 1.0)
+            ((max / control.safe_util()).ln() / span).clamp(0.0, 1.0)
         } else {
             0.0
         };
@@ -134,11 +116,12 @@ impl AdaptivePolicy {
         (y.round() as u32).clamp(self.base_yields, self.max_yields())
     }
 
-    /// Applies the law; `violated` is Some(whether Current99 exceeds Target99) after a
-    /// controller update, None after a change of flows.
-    fn steer(&mut self, ctx: &mut PolicyContext<'_>, violated: Option<bool>) {
-        let counts = active_counts(self.flows.iter().filter(|f| f.1).map(|f| &f.0.spec));
-        let unattainable = matches!(self.controller.mode(), ControlMode::Unattainable { .. });
+    /// Applies the law after a loop update; `violated` is whether Current99 exceeds
+    /// Target99.
+    fn steer(&mut self, ctx: &mut PolicyContext<'_>, violated: bool) {
+        let control = &self.driver.control;
+        let counts = control.counts();
+        let unattainable = matches!(control.mode(), ControlMode::Unattainable { .. });
         let yields = if counts.latency == 0 && counts.throughput == 0 {
             0
         } else if counts.latency == 0 || unattainable {
@@ -148,19 +131,18 @@ impl AdaptivePolicy {
         };
         let max_yields = self.max_yields();
         let base_yields = self.base_yields;
-        let safe_util = self.controller.safe_util();
+        let safe_util = control.safe_util();
         let Some(shaper) = &mut self.shaper else {
             return;
         };
         let pacing = if counts.latency == 0 || unattainable {
             None
+        } else if violated
+            && (shaper.yields_per_sub_message() >= max_yields || shaper.pacing().is_some())
+        {
+            Some(safe_util)
         } else {
-            match violated {
-                Some(true) if shaper.yields_per_sub_message() >= max_yields => Some(safe_util),
-                Some(true) if shaper.pacing().is_some() => Some(safe_util),
-                Some(_) => None,
-                None => shaper.pacing().map(|_| safe_util),
-            }
+            None
         };
         // Once paced, the pacer keeps the transmit pipeline short; extra yields would only
         // cost processing slots on top of it.
@@ -173,19 +155,19 @@ impl AdaptivePolicy {
         shaper.set_pacing(ctx, pacing);
     }
 
-    fn on_reference_tick(&mut self, ctx: &mut PolicyContext<'_>) {
-        let now = ctx.now();
-        ctx.set_timer(now + self.ref_period, REFERENCE_TICK);
-        let counts = active_counts(self.flows.iter().filter(|f| f.1).map(|f| &f.0.spec));
-        if counts.latency > 0 {
-            self.probe.send(ctx);
+    fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
+        let before = self.driver.control.updates();
+        self.driver.drive(ctx);
+        if self.driver.control.updates() == before {
+            return;
         }
-        let current99 = self.probe.current99();
-        self.controller
-            .update(Duration::from_nanos(now / 1_000), counts, current99);
-        let target = Duration::from_nanos(time::from_us(self.params.target99_us) / 1_000);
-        let violated = counts.latency > 0 && current99.is_some_and(|p99| p99 > target);
-        self.steer(ctx, Some(violated));
+        let control = &self.driver.control;
+        let violated = control.counts().latency > 0
+            && matches!(
+                (control.current_p99(), control.target().value),
+                (Some(p99), Some(target)) if p99 > target
+            );
+        self.steer(ctx, violated);
         if let Some(shaper) = &self.shaper {
             self.yield_sum += f64::from(shaper.yields_per_sub_message());
             if shaper.pacing().is_some() {
@@ -202,33 +184,24 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        self.flows = flows.iter().map(|f| (f.clone(), false)).collect();
         let mut planner = self.planner;
         planner.set_yields_per_sub_message(0);
         self.shaper = Some(YieldShaper::new(planner, self.window, flows));
-        self.probe.connect(ctx, flows);
-        ctx.set_timer(ctx.now() + self.ref_period, REFERENCE_TICK);
+        self.steers = flows.iter().any(|f| f.spec.class.is_resource_hungry());
+        self.driver.connect(ctx, flows);
+        self.drive(ctx);
     }
 
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
-        if let Some(f) = self.flows.iter_mut().find(|f| f.0.spec.id == flow.spec.id) {
-            f.1 = active;
+        // The yield shaper does not report work, so a flow counts while it runs.
+        self.driver.flow_present(ctx, flow, active);
+        if active {
+            let _ = self.driver.control.set_flow_active(
+                super::justitia::core_time(ctx.now()),
+                flow.spec.id,
+                true,
+            );
         }
-        let present = self
-            .flows
-            .iter()
-            .any(|(f, active)| *active && f.spec.class == FlowClass::Latency);
-        if present != self.latency_present {
-            // What the probe measured belonged to another mix of flows.
-            self.latency_present = present;
-            self.probe.clear();
-            if let Ok(controller) =
-                SafeUtilController::new(*self.controller.config(), &self.profile)
-            {
-                self.controller = controller;
-            }
-        }
-        self.steer(ctx, None);
     }
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
@@ -239,7 +212,7 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
-        if self.probe.on_completion(ctx, qp) {
+        if self.driver.on_completion(ctx, qp) {
             return;
         }
         match &mut self.shaper {
@@ -249,22 +222,21 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
-        if tag == REFERENCE_TICK {
-            self.on_reference_tick(ctx);
-        } else if tag >= PACING_TIMER {
+        if tag >= PACING_TIMER {
             if let Some(shaper) = &mut self.shaper {
                 shaper.on_pacing_timer(ctx, (tag - PACING_TIMER) as usize);
             }
+        } else if self.driver.timer_is_current(ctx) {
+            self.drive(ctx);
         }
     }
 
+    fn control_state(&self) -> Option<ControlState> {
+        self.steers.then(|| self.driver.control_state())
+    }
+
     fn figures(&self) -> PolicyFigures {
-        let mut f = PolicyFigures::new();
-        let gbps = |bytes_per_sec: f64| bytes_per_sec * 8.0 / 1e9;
-        f.insert("safe_util_gbps".into(), gbps(self.controller.safe_util()));
-        if let Some(p99) = self.probe.current99() {
-            f.insert("current99_us".into(), p99.as_secs_f64() * 1e6);
-        }
+        let mut f = self.driver.figures();
         if let Some(shaper) = &self.shaper {
             f.insert(
                 "yields_per_sub_message".into(),

@@ -1,54 +1,73 @@
-//! `justitia`: Justitia (NSDI'22) as its paper describes it, built on the policy core.
+//! `justitia`: Justitia (NSDI'22), a thin driver of the core's per-host loop.
 //!
-//! One instance per host plays the daemon and the shapers of that host's flows:
+//! Every decision is the core's [`ControlLoop`]'s: which flows count, SafeUtil, the chunk
+//! and token size, each flow's allotment, the mode, when a probe is due. This driver only
+//! feeds it and carries out what it says, as the daemon and `libjustitia.so` do on a real
+//! host:
 //!
-//! - **Reference flow** (§4.2.1): while a latency-sensitive flow of this host is active, the
-//!   [`ReferenceProbe`] sends a `ref_size` message to the peer every `ref_period`; its
-//!   post-to-completion times give Current99 over the last RefCount samples.
-//! - **SafeUtil** (§4.2.2, Pseudocode 1): every RefPeriod the core's
-//!   [`SafeUtilController`] is updated with the active L, B, T (flows of one tenant count
-//!   once) and Current99.
-//! - **Tokens** (§4.2.3): the core's [`TokenStream`] issues one token every
-//!   tau = TokenBytes / SafeUtil, round-robin over the active resource-hungry flows (from
-//!   their start to their end, as the paper's daemon tracks them by join and exit).
-//!   TokenBytes is the chunk size of §5.1: the profile's chunk with latency flows present
-//!   (5 KB), the one without otherwise (1 MB); the controller and stream are rebuilt, and
-//!   the unsent rest of every message re-cut, when latency flows appear or all leave.
-//! - **Shapers** (§4.3): latency flows pass untouched. A bandwidth flow's messages are split
-//!   by the core's [`ChunkPlan`] into TokenBytes chunks, sent as tokens arrive (a token's
-//!   bytes may be overdrawn by the last chunk and are repaid by the next); the application
-//!   hears of a message only when its last chunk completes. A throughput flow posts at most
-//!   TokenOps requests per token.
+//! - **Flows.** A flow that starts is registered (class, tenant, weight, queue pairs); one
+//!   that stops is removed. A latency flow has work while it runs; a resource-hungry flow
+//!   has work while it has chunks waiting in the shaper or on the RNIC, and is idle once it
+//!   has had none for two RefPeriods ([`IDLE_GRACE_PERIODS`]; e.g. while its application
+//!   pauses).
+//! - **Probe.** On [`Event::ProbeDue`] a `ref_size` WRITE is posted on the policy's own
+//!   queue pair to the peer of the host's first latency flow; its post-to-completion time
+//!   goes back to the loop under the [`ProbeId`] the loop handed out. Completions on one
+//!   queue pair come in order, so the oldest outstanding id is the one that completed.
+//! - **Time.** A timer is kept at [`ControlLoop::poll_timeout`].
+//! - **Allotments.** On [`Event::AllotmentsChanged`] each resource-hungry flow's allotment
+//!   goes to the [`PacedShaper`]: the core's pacer at the allotment's bytes/s and ops/s,
+//!   bandwidth flows' requests cut to the allotment's chunk size by the core's planner
+//!   (what is pending is re-cut when the size changes).
 //!
 //! Not modelled: the remote-READ guarantee of §4.4 (a READ flow is shaped by its
 //! requester like a local bandwidth flow) and the flow-control messages of split SENDs
 //! (the peer is assumed to cooperate).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use justitia_core::allotment::TokenStream;
-use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
-use justitia_core::controller::{ControllerConfig, ControllerError, SafeUtilController};
-use justitia_core::estimator::EstimatorError;
-use justitia_core::flow::{FlowClass, FlowCounts, FlowSpec};
+use justitia_core::control_loop::{
+    ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
+};
+use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
+use justitia_core::flow::{FlowClass, FlowId};
 use justitia_core::profile::RnicProfile;
 use serde::{Deserialize, Serialize};
 
-use super::reference::{active_counts, ReferenceProbe};
+use super::paced::{Activity, PacedShaper, PACE_TIMER};
+use super::reference::ReferenceProbe;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
-use crate::rnic::{Opcode, QpId, WorkRequest};
+use crate::rnic::{QpId, WorkRequest};
+use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 use crate::units::ByteSize;
 
-/// Parameters of the `justitia` policy; the defaults are the paper's.
+/// How SafeUtil grows while the target is met.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Increase {
+    /// The core's search toward the last violating rate (fast recovery; the default).
+    #[default]
+    Search,
+    /// The paper's Pseudocode 1: a fixed step per RefPeriod.
+    Fixed,
+}
+
+/// Parameters of the `justitia` policy. Target99 is in the reference probe's units: the
+/// p99 of its 10 B WRITE's post-to-completion time, a full round trip. Give it as
+/// `target99_us` (absolute) or `target99_x_idle` (a multiple of the probe's p99 measured
+/// uncontended at start), not both; without either it is twice the idle p99.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JustitiaParams {
-    /// Target99: the tail latency the controller defends, in us (§6: 2 us).
-    #[serde(default = "default_target99_us")]
-    pub target99_us: f64,
+    /// Target99 as an absolute p99 of the probe, us.
+    #[serde(default)]
+    pub target99_us: Option<f64>,
+    /// Target99 as a multiple (at least 1) of the probe's idle p99.
+    #[serde(default)]
+    pub target99_x_idle: Option<f64>,
     /// RefPeriod: time between two reference messages and controller updates, in us
     /// (§4.2.1: 500 us).
     #[serde(default = "default_ref_period_us")]
@@ -56,17 +75,16 @@ pub struct JustitiaParams {
     /// Size of a reference message (§4.2.1: 10 B).
     #[serde(default = "default_ref_size")]
     pub ref_size: ByteSize,
-    /// RefCount: samples in the estimator's sliding window (§4.2.1: 10000).
+    /// Samples in Current99's window (the core's default 1000; the paper's 10000).
     #[serde(default = "default_ref_window")]
     pub ref_window: u32,
+    /// The increase law.
+    #[serde(default)]
+    pub increase: Increase,
     /// delta: after Current99 has stayed above Target99 this long, share the RNIC among
     /// resource-hungry flows only (§4.5, §6.5.2: 5 s), in ms; 0 turns the option off.
     #[serde(default = "default_unattainable_after_ms")]
     pub unattainable_after_ms: f64,
-}
-
-fn default_target99_us() -> f64 {
-    2.0
 }
 
 fn default_ref_period_us() -> f64 {
@@ -78,20 +96,25 @@ fn default_ref_size() -> ByteSize {
 }
 
 fn default_ref_window() -> u32 {
-    10_000
+    LoopConfig::default().window.try_into().unwrap_or(u32::MAX)
 }
 
 fn default_unattainable_after_ms() -> f64 {
     5_000.0
 }
 
+/// The multiple of the idle p99 used when no target is given (the core loop's default).
+const DEFAULT_X_IDLE: f64 = 2.0;
+
 impl Default for JustitiaParams {
     fn default() -> Self {
         JustitiaParams {
-            target99_us: default_target99_us(),
+            target99_us: None,
+            target99_x_idle: None,
             ref_period_us: default_ref_period_us(),
             ref_size: default_ref_size(),
             ref_window: default_ref_window(),
+            increase: Increase::default(),
             unattainable_after_ms: default_unattainable_after_ms(),
         }
     }
@@ -107,7 +130,22 @@ impl JustitiaParams {
                 Err((field.to_string(), format!("must be positive, got {v}")))
             }
         };
-        positive("target99_us", self.target99_us)?;
+        match (self.target99_us, self.target99_x_idle) {
+            (Some(_), Some(_)) => {
+                return Err((
+                    "target99_x_idle".into(),
+                    "give target99_us or target99_x_idle, not both".into(),
+                ))
+            }
+            (Some(us), None) => positive("target99_us", us)?,
+            (None, Some(x)) if !(x.is_finite() && x >= 1.0) => {
+                return Err((
+                    "target99_x_idle".into(),
+                    format!("must be at least 1, got {x}"),
+                ))
+            }
+            _ => {}
+        }
         positive("ref_period_us", self.ref_period_us)?;
         if self.ref_window == 0 {
             return Err(("ref_window".into(), "must be at least 1".into()));
@@ -127,349 +165,281 @@ impl JustitiaParams {
         Ok(())
     }
 
-    pub(crate) fn controller_config(&self, token_bytes: u32) -> ControllerConfig {
-        ControllerConfig {
-            target_p99: Duration::from_nanos(time::from_us(self.target99_us) / 1_000),
-            ref_period: Duration::from_nanos(time::from_us(self.ref_period_us) / 1_000),
-            token_bytes: u64::from(token_bytes),
-            unattainable_after: (self.unattainable_after_ms > 0.0)
-                .then(|| Duration::from_nanos(time::from_ms(self.unattainable_after_ms) / 1_000)),
-            ..ControllerConfig::default()
+    /// Target99 as the core takes it.
+    pub fn target(&self) -> Target99 {
+        match (self.target99_us, self.target99_x_idle) {
+            (Some(us), _) => Target99::Absolute(Duration::from_nanos(time::from_us(us) / 1_000)),
+            (None, x) => Target99::IdleMultiple(x.unwrap_or(DEFAULT_X_IDLE)),
         }
     }
 
-    /// The reference flow these parameters describe.
-    pub(crate) fn reference_probe(&self) -> Result<ReferenceProbe, EstimatorError> {
-        let size = u32::try_from(self.ref_size.bytes()).unwrap_or(u32::MAX);
-        ReferenceProbe::new(size, self.ref_window)
+    /// The core loop's settings.
+    pub fn loop_config(&self) -> LoopConfig {
+        let base = match self.increase {
+            Increase::Search => LoopConfig::default(),
+            Increase::Fixed => LoopConfig::paper(self.target()),
+        };
+        LoopConfig {
+            target: self.target(),
+            ref_period: Duration::from_nanos(time::from_us(self.ref_period_us) / 1_000),
+            window: self.ref_window as usize,
+            increase: match self.increase {
+                Increase::Search => IncreaseLaw::SEARCH,
+                Increase::Fixed => IncreaseLaw::Fixed,
+            },
+            unattainable_after: (self.unattainable_after_ms > 0.0)
+                .then(|| Duration::from_nanos(time::from_ms(self.unattainable_after_ms) / 1_000)),
+            ..base
+        }
+    }
+
+    /// The probe's message size.
+    pub(crate) fn probe_bytes(&self) -> u32 {
+        u32::try_from(self.ref_size.bytes()).unwrap_or(u32::MAX)
     }
 }
 
 /// Why the policy could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum JustitiaError {
-    /// The controller refused its settings.
-    #[error("SafeUtil controller: {0}")]
-    Controller(#[from] ControllerError),
-    /// The estimator refused its settings.
-    #[error("tail estimator: {0}")]
-    Estimator(#[from] EstimatorError),
+    /// The core loop refused its settings.
+    #[error("control loop: {0}")]
+    Loop(#[from] LoopError),
 }
 
-/// Timer tags: the reference tick, and token ticks numbered by generation so that a
-/// rescheduled tick makes the old one stale.
-const REFERENCE_TICK: u64 = 0;
-const TOKEN_TICK: u64 = 1 << 63;
+/// RefPeriods a flow must have had no work before the loop is told it is idle. The loop
+/// gives a flow that comes back from idle its share only at its next update (up to one
+/// RefPeriod later). Two flows that wait for each other, an RPC client and its server,
+/// would then each idle while the other waits for an update, and settle into one request
+/// per update; a flow seen idle only after two RefPeriods never idles across such a wait.
+/// The price: a flow that really stops gives its share away after two to three RefPeriods
+/// instead of within one.
+pub const IDLE_GRACE_PERIODS: u64 = 2;
 
-/// A message an application posted that has not been fully handed to the RNIC.
-struct Pending {
-    qp: QpId,
-    app_tag: u64,
-    opcode: Opcode,
-    inline: bool,
-    plan: ChunkPlan,
+/// The timer tag of the loop's [`ControlLoop::poll_timeout`].
+const LOOP_TIMER: u64 = 0;
+
+/// Simulated time as the core takes it.
+pub(crate) fn core_time(t: Picos) -> Duration {
+    Duration::from_nanos(t / 1_000)
 }
 
-struct ShapedFlow {
-    info: FlowInfo,
-    active: bool,
-    pending: VecDeque<Pending>,
-    /// Bytes (bandwidth) or operations (throughput) the flow may still send on its latest
-    /// token; negative after a chunk overdrew it.
-    credit: i64,
+fn picos(d: Duration) -> Picos {
+    u64::try_from(d.as_nanos())
+        .unwrap_or(u64::MAX / 1_000)
+        .saturating_mul(1_000)
 }
 
-/// A request handed to the RNIC: whose it is and whether it ends an application message.
-#[derive(Clone, Copy)]
-struct InFlight {
-    app_tag: u64,
-    last: bool,
+/// The core loop with the simulator's probe and clock around it: what `justitia` and
+/// `adaptive` share.
+pub(crate) struct LoopDriver {
+    pub(crate) control: ControlLoop,
+    probe: ReferenceProbe,
+    /// Ids of the probes on the wire, oldest first.
+    probes: VecDeque<ProbeId>,
+    timer_at: Option<Picos>,
+    safe_util_sum: f64,
+    updates_seen: u64,
+    decreases: u64,
+}
+
+impl LoopDriver {
+    pub(crate) fn new(profile: &RnicProfile, params: &JustitiaParams) -> Result<Self, LoopError> {
+        Ok(LoopDriver {
+            control: ControlLoop::new(params.loop_config(), profile, Duration::ZERO)?,
+            probe: ReferenceProbe::new(params.probe_bytes()),
+            probes: VecDeque::new(),
+            timer_at: None,
+            safe_util_sum: 0.0,
+            updates_seen: 0,
+            decreases: 0,
+        })
+    }
+
+    /// Opens the probe's queue pair (see [`ReferenceProbe::connect`]).
+    pub(crate) fn connect(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
+        self.probe.connect(ctx, flows);
+    }
+
+    /// Registers a flow that started, or removes one that stopped. Latency flows have work
+    /// while they run.
+    pub(crate) fn flow_present(&mut self, ctx: &PolicyContext<'_>, flow: &FlowInfo, present: bool) {
+        let now = core_time(ctx.now());
+        let id = flow.spec.id;
+        // Errors here are a flow registered twice or removed unknown: the loop's state is
+        // already what the call asks for.
+        if present {
+            let registration = FlowRegistration {
+                spec: flow.spec,
+                qps: u32::try_from(flow.qps.len()).unwrap_or(u32::MAX),
+            };
+            let _ = self.control.register_flow(now, registration);
+            if flow.spec.class == FlowClass::Latency {
+                let _ = self.control.set_flow_active(now, id, true);
+            }
+        } else {
+            let _ = self.control.remove_flow(now, id);
+        }
+    }
+
+    /// Tells the loop what the shaper saw of the flows' work.
+    pub(crate) fn activity(&mut self, ctx: &PolicyContext<'_>, changes: Vec<Activity>) {
+        let now = core_time(ctx.now());
+        for change in changes {
+            let (id, active) = match change {
+                Activity::HasWork(id) => (id, true),
+                Activity::Idle(id) => (id, false),
+            };
+            // A flow not registered (not started, or stopped) has nothing to tell.
+            let _ = self.control.set_flow_active(now, id, active);
+        }
+    }
+
+    /// Takes a completion if it is the probe's; false otherwise.
+    pub(crate) fn on_completion(&mut self, ctx: &PolicyContext<'_>, qp: QpId) -> bool {
+        if !self.probe.owns(qp) {
+            return false;
+        }
+        if let Some(id) = self.probes.pop_front() {
+            // False for a probe already counted as lost: nothing more to do.
+            let _ = self.control.probe_completed(core_time(ctx.now()), id);
+        }
+        true
+    }
+
+    /// Runs the loop's due work and returns its events; keeps the timer set.
+    pub(crate) fn drive(&mut self, ctx: &mut PolicyContext<'_>) -> Vec<Event> {
+        let now = core_time(ctx.now());
+        if self.control.poll_timeout().is_some_and(|t| t <= now) {
+            self.control.handle_timeout(now);
+        }
+        let mut events = Vec::new();
+        while let Some(event) = self.control.poll_event() {
+            if event == Event::ProbeDue && self.probe.send(ctx) {
+                let id = self.control.probe_sent(now);
+                self.probes.push_back(id);
+            }
+            events.push(event);
+        }
+        let updates = self.control.updates();
+        if updates != self.updates_seen {
+            self.updates_seen = updates;
+            self.safe_util_sum += self.control.safe_util();
+            if self.control.last_action() == Some(ControlAction::Decrease) {
+                self.decreases += 1;
+            }
+        }
+        if let Some(due) = self.control.poll_timeout() {
+            let at = picos(due).max(ctx.now());
+            if self.timer_at != Some(at) {
+                self.timer_at = Some(at);
+                ctx.set_timer(at, LOOP_TIMER);
+            }
+        }
+        events
+    }
+
+    /// Whether a fired loop timer is the one in force (not one replaced since).
+    pub(crate) fn timer_is_current(&mut self, ctx: &PolicyContext<'_>) -> bool {
+        let current = self.timer_at == Some(ctx.now());
+        if current {
+            self.timer_at = None;
+        }
+        current
+    }
+
+    pub(crate) fn control_state(&self) -> ControlState {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        ControlState {
+            safe_util_gbps: self.control.safe_util() * 8.0 / 1e9,
+            current99_us: self.control.current_p99().map(us),
+            target99_us: self.control.target().value.map(us),
+            mode: match self.control.mode() {
+                ControlMode::Normal => Mode::Normal,
+                ControlMode::Unattainable { .. } => Mode::Unattainable,
+            },
+        }
+    }
+
+    pub(crate) fn figures(&self) -> PolicyFigures {
+        let mut f = PolicyFigures::new();
+        let gbps = |bytes_per_sec: f64| bytes_per_sec * 8.0 / 1e9;
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        f.insert("safe_util_gbps".into(), gbps(self.control.safe_util()));
+        if self.updates_seen > 0 {
+            f.insert(
+                "mean_safe_util_gbps".into(),
+                gbps(self.safe_util_sum / self.updates_seen as f64),
+            );
+        }
+        if let Some(p99) = self.control.current_p99() {
+            f.insert("current99_us".into(), us(p99));
+        }
+        let target = self.control.target();
+        if let Some(t) = target.value {
+            f.insert("target99_us".into(), us(t));
+        }
+        if let Some(idle) = target.idle_p99 {
+            f.insert("idle_p99_us".into(), us(idle));
+        }
+        f.insert("decreases".into(), self.decreases as f64);
+        f.insert("chunk_bytes".into(), f64::from(self.control.chunk_bytes()));
+        f
+    }
 }
 
 /// Justitia's daemon and shapers on one host.
 pub struct JustitiaPolicy {
-    profile: RnicProfile,
-    params: JustitiaParams,
+    driver: LoopDriver,
     ref_period: Picos,
-    flows: Vec<ShapedFlow>,
-    by_qp: BTreeMap<QpId, usize>,
-    /// The active resource-hungry flows, recomputed when a flow starts or stops.
-    active_hungry: Vec<FlowSpec>,
-    controller: SafeUtilController,
-    /// The controller's tau, kept from its last update (it is asked for every token).
-    tau: Duration,
-    probe: ReferenceProbe,
-    stream: TokenStream,
-    token_bytes: u32,
-    latency_present: bool,
-    /// Requests handed to the RNIC, by tag: entry `i` is tag `first_tag + i`. Tags are
-    /// handed out in order and mostly complete in order, so this stays short.
-    in_flight: VecDeque<Option<InFlight>>,
-    first_tag: u64,
-    token_generation: u64,
-    token_due: Option<Picos>,
-    tokens_issued: u64,
-    safe_util_sum: f64,
-    updates: u64,
-}
-
-fn duration(t: Picos) -> Duration {
-    Duration::from_nanos(t / 1_000)
+    shaper: Option<PacedShaper>,
+    /// The resource-hungry flows of this host.
+    hungry: Vec<FlowId>,
 }
 
 impl JustitiaPolicy {
     /// A policy for a host with this RNIC.
     pub fn new(profile: &ModelProfile, params: &JustitiaParams) -> Result<Self, JustitiaError> {
-        let policy_profile = profile.policy.clone();
-        let token_bytes = policy_profile.chunk_bytes(false);
-        let controller =
-            SafeUtilController::new(params.controller_config(token_bytes), &policy_profile)?;
-        let probe = params.reference_probe()?;
-        let stream = TokenStream::new(controller.token(), Duration::ZERO);
         Ok(JustitiaPolicy {
-            profile: policy_profile,
-            params: params.clone(),
+            driver: LoopDriver::new(&profile.policy, params)?,
             ref_period: time::from_us(params.ref_period_us),
-            flows: Vec::new(),
-            by_qp: BTreeMap::new(),
-            active_hungry: Vec::new(),
-            tau: controller.tau(),
-            controller,
-            probe,
-            stream,
-            token_bytes,
-            latency_present: false,
-            in_flight: VecDeque::new(),
-            first_tag: 1,
-            token_generation: 0,
-            token_due: None,
-            tokens_issued: 0,
-            safe_util_sum: 0.0,
-            updates: 0,
+            shaper: None,
+            hungry: Vec::new(),
         })
     }
 
-    /// L, B, T of the active flows, a tenant's flows of one class counting once.
-    fn counts(&self) -> FlowCounts {
-        active_counts(self.flows.iter().filter(|f| f.active).map(|f| &f.info.spec))
-    }
-
-    /// Rebuilds controller and token stream when latency flows appear or all leave: the
-    /// token (and chunk) size follows their presence (§5.1).
-    fn follow_latency_presence(&mut self, ctx: &PolicyContext<'_>) {
-        let present = self.counts().latency > 0;
-        if present == self.latency_present {
+    /// Runs the loop and carries out its allotments.
+    fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
+        // Flows that ran out of work count as idle from this update on.
+        if let Some(shaper) = &mut self.shaper {
+            shaper.expire_idle(ctx.now());
+        }
+        self.forward_activity(ctx);
+        let events = self.driver.drive(ctx);
+        let Some(shaper) = &mut self.shaper else {
             return;
-        }
-        self.latency_present = present;
-        self.token_bytes = self.profile.chunk_bytes(present);
-        let config = self.params.controller_config(self.token_bytes);
-        if let Ok(controller) = SafeUtilController::new(config, &self.profile) {
-            self.controller = controller;
-            self.tau = self.controller.tau();
-        }
-        self.stream = TokenStream::new(self.controller.token(), duration(ctx.now()));
-        self.probe.clear();
-        // What bandwidth flows have not sent yet is cut to the new chunk size.
-        let limits = self.bandwidth_limits();
-        for flow in &mut self.flows {
-            if flow.info.spec.class != FlowClass::Bandwidth {
-                continue;
-            }
-            for pending in &mut flow.pending {
-                let rest = WorkRequest {
-                    tag: pending.app_tag,
-                    opcode: pending.opcode,
-                    bytes: pending.plan.remaining_bytes(),
-                    inline: pending.inline,
-                };
-                if rest.bytes > 0 {
-                    if let Ok(plan) = ChunkPlan::new(core_request(&rest), limits) {
-                        pending.plan = plan;
-                    }
+        };
+        if events
+            .iter()
+            .any(|e| matches!(e, Event::AllotmentsChanged { .. }))
+        {
+            for &id in &self.hungry {
+                if let Some(allotment) = self.driver.control.allotment(id) {
+                    shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
                 }
             }
+            let changes = shaper.take_activity();
+            self.driver.activity(ctx, changes);
         }
     }
 
-    /// How bandwidth flows' messages are cut: TokenBytes chunks, SENDs included (the peer
-    /// is assumed to cooperate, see the module documentation).
-    fn bandwidth_limits(&self) -> ChunkLimits {
-        ChunkLimits {
-            chunk_bytes: self.token_bytes,
-            max_sge: 1,
-            split_two_sided: true,
-        }
-    }
-
-    /// Recomputes the active resource-hungry flows: those that have joined (started) and
-    /// not left, whether or not they have a chunk waiting at this instant, as the daemon of
-    /// the paper tracks flows from their first message to their end. A token a flow cannot
-    /// use at once waits for its next message.
-    fn update_active_hungry(&mut self) {
-        self.active_hungry = self
-            .flows
-            .iter()
-            .filter(|f| f.info.spec.class.is_resource_hungry() && f.active)
-            .map(|f| f.info.spec)
-            .collect();
-    }
-
-    /// Makes sure a token tick is scheduled for when the stream's next token falls due.
-    fn schedule_token(&mut self, ctx: &mut PolicyContext<'_>) {
-        if self.active_hungry.is_empty() {
-            self.token_due = None;
-            return;
-        }
-        let due_ns = self.stream.next_token_due(self.tau);
-        let due = u64::try_from(due_ns.as_nanos())
-            .unwrap_or(u64::MAX / 1_000)
-            .saturating_mul(1_000)
-            .max(ctx.now());
-        if self.token_due == Some(due) {
-            return;
-        }
-        self.token_generation += 1;
-        self.token_due = Some(due);
-        ctx.set_timer(due, TOKEN_TICK | self.token_generation);
-    }
-
-    fn on_token_tick(&mut self, ctx: &mut PolicyContext<'_>) {
-        self.token_due = None;
-        let grant = self
-            .stream
-            .issue(duration(ctx.now()), self.tau, &self.active_hungry);
-        if let Some(grant) = grant {
-            self.tokens_issued += 1;
-            if let Some(index) = self.flows.iter().position(|f| f.info.spec.id == grant.flow) {
-                let flow = &mut self.flows[index];
-                let amount = match flow.info.spec.class {
-                    FlowClass::Throughput => grant.ops,
-                    _ => grant.bytes,
-                };
-                // A token tops the flow up to its worth: an overdraft is repaid, but what
-                // an earlier token left unused is not hoarded (tokens do not accumulate).
-                flow.credit = flow
-                    .credit
-                    .min(0)
-                    .saturating_add(i64::try_from(amount).unwrap_or(i64::MAX));
-                self.pump(ctx, index);
+    fn forward_activity(&mut self, ctx: &PolicyContext<'_>) {
+        if let Some(shaper) = &mut self.shaper {
+            let changes = shaper.take_activity();
+            if !changes.is_empty() {
+                self.driver.activity(ctx, changes);
             }
         }
-        self.schedule_token(ctx);
-    }
-
-    /// Sends what the flow's credit allows.
-    fn pump(&mut self, ctx: &mut PolicyContext<'_>, index: usize) {
-        let class = self.flows[index].info.spec.class;
-        while self.flows[index].credit > 0 {
-            let flow = &mut self.flows[index];
-            let Some(head) = flow.pending.front_mut() else {
-                break;
-            };
-            let Some(chunk) = head.plan.next() else {
-                flow.pending.pop_front();
-                continue;
-            };
-            let bytes = chunk.request.sges.total_bytes();
-            let (qp, app_tag, opcode, inline) = (head.qp, head.app_tag, head.opcode, head.inline);
-            if chunk.is_last {
-                flow.pending.pop_front();
-            }
-            let cost = match class {
-                FlowClass::Throughput => 1,
-                _ => i64::try_from(bytes).unwrap_or(i64::MAX),
-            };
-            flow.credit -= cost;
-            let tag = self.track(InFlight {
-                app_tag,
-                last: chunk.is_last,
-            });
-            ctx.post(
-                qp,
-                WorkRequest {
-                    tag,
-                    opcode,
-                    bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
-                    inline,
-                },
-            );
-        }
-    }
-
-    /// Hands a request to the RNIC as it is (under a tag of the policy's, like every
-    /// request, so that tags never collide).
-    fn pass_through(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
-        let tag = self.track(InFlight {
-            app_tag: wr.tag,
-            last: true,
-        });
-        ctx.post(qp, WorkRequest { tag, ..wr });
-    }
-
-    /// Records a request about to be handed to the RNIC; returns its tag.
-    fn track(&mut self, request: InFlight) -> u64 {
-        self.in_flight.push_back(Some(request));
-        self.first_tag + self.in_flight.len() as u64 - 1
-    }
-
-    /// Forgets a completed request.
-    fn untrack(&mut self, tag: u64) -> Option<InFlight> {
-        let index = usize::try_from(tag.checked_sub(self.first_tag)?).ok()?;
-        let request = self.in_flight.get_mut(index)?.take();
-        while let Some(None) = self.in_flight.front() {
-            self.in_flight.pop_front();
-            self.first_tag += 1;
-        }
-        request
-    }
-
-    fn on_reference_tick(&mut self, ctx: &mut PolicyContext<'_>) {
-        let now = ctx.now();
-        ctx.set_timer(now + self.ref_period, REFERENCE_TICK);
-        self.follow_latency_presence(ctx);
-        let counts = self.counts();
-        if counts.latency > 0 {
-            self.probe.send(ctx);
-        }
-        self.controller
-            .update(duration(now), counts, self.probe.current99());
-        self.tau = self.controller.tau();
-        self.safe_util_sum += self.controller.safe_util();
-        self.updates += 1;
-        self.schedule_token(ctx);
-    }
-}
-
-/// A core work request standing for a simulated one: one SGE of the message's length at a
-/// made-up address, which is all the chunk planner needs to cut it.
-fn core_request(wr: &WorkRequest) -> chunk::WorkRequest {
-    let mut sges = SgeList::new();
-    if wr.bytes > 0 {
-        // One SGE always fits an empty list.
-        let _ = sges.push(Sge {
-            addr: 0x1000,
-            length: wr.bytes,
-            lkey: 1,
-        });
-    }
-    chunk::WorkRequest {
-        wr_id: wr.tag,
-        opcode: match wr.opcode {
-            Opcode::Write => chunk::Opcode::Write,
-            Opcode::Send => chunk::Opcode::Send,
-            Opcode::Read => chunk::Opcode::Read,
-        },
-        sges,
-        remote: Some(RemoteAddr {
-            addr: 0x1_0000_0000,
-            rkey: 1,
-        }),
-        flags: SendFlags {
-            signaled: true,
-            inline: wr.inline,
-            ..SendFlags::default()
-        },
     }
 }
 
@@ -479,104 +449,70 @@ impl Policy for JustitiaPolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        for info in flows {
-            let index = self.flows.len();
-            for &qp in &info.qps {
-                self.by_qp.insert(qp, index);
-            }
-            self.flows.push(ShapedFlow {
-                info: info.clone(),
-                active: false,
-                pending: VecDeque::new(),
-                credit: 0,
-            });
-        }
-        self.probe.connect(ctx, flows);
-        let first = ctx.now() + self.ref_period;
-        ctx.set_timer(first, REFERENCE_TICK);
+        let grace = self.ref_period.saturating_mul(IDLE_GRACE_PERIODS);
+        self.shaper = Some(PacedShaper::new(flows, grace));
+        self.hungry = flows
+            .iter()
+            .filter(|f| f.spec.class.is_resource_hungry())
+            .map(|f| f.spec.id)
+            .collect();
+        self.driver.connect(ctx, flows);
+        self.drive(ctx);
     }
 
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
-        if let Some(f) = self
-            .flows
-            .iter_mut()
-            .find(|f| f.info.spec.id == flow.spec.id)
-        {
-            f.active = active;
+        self.driver.flow_present(ctx, flow, active);
+        let id = flow.spec.id;
+        if let (true, Some(shaper)) = (active, &mut self.shaper) {
+            // A registered flow is held to its allotment from the start: zero until the
+            // loop's next update counts it.
+            if let Some(allotment) = self.driver.control.allotment(id) {
+                shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
+            }
+            if shaper.has_work(id) {
+                let _ = self
+                    .driver
+                    .control
+                    .set_flow_active(core_time(ctx.now()), id, true);
+            }
         }
-        self.update_active_hungry();
-        self.follow_latency_presence(ctx);
-        self.schedule_token(ctx);
     }
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
-        let Some(&index) = self.by_qp.get(&qp) else {
-            self.pass_through(ctx, qp, wr);
-            return;
-        };
-        let class = self.flows[index].info.spec.class;
-        if class == FlowClass::Latency {
-            self.pass_through(ctx, qp, wr);
-            return;
+        match &mut self.shaper {
+            Some(shaper) => shaper.on_post(ctx, qp, wr),
+            None => ctx.post(qp, wr),
         }
-        let limits = match class {
-            FlowClass::Bandwidth => self.bandwidth_limits(),
-            _ => ChunkLimits {
-                chunk_bytes: u32::MAX,
-                ..self.bandwidth_limits()
-            },
-        };
-        let Ok(plan) = ChunkPlan::new(core_request(&wr), limits) else {
-            // A request the planner refuses is passed through unshaped, never dropped.
-            self.pass_through(ctx, qp, wr);
-            return;
-        };
-        self.flows[index].pending.push_back(Pending {
-            qp,
-            app_tag: wr.tag,
-            opcode: wr.opcode,
-            inline: wr.inline,
-            plan,
-        });
-        self.pump(ctx, index);
+        self.forward_activity(ctx);
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
-        if self.probe.on_completion(ctx, qp) {
+        if self.driver.on_completion(ctx, qp) {
             return;
         }
-        if let Some(InFlight {
-            app_tag,
-            last: true,
-        }) = self.untrack(tag)
-        {
-            ctx.complete(qp, app_tag);
+        match &mut self.shaper {
+            Some(shaper) => shaper.on_completion(ctx, qp, tag),
+            None => ctx.complete(qp, tag),
         }
+        self.forward_activity(ctx);
     }
 
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
-        if tag == REFERENCE_TICK {
-            self.on_reference_tick(ctx);
-        } else if tag == TOKEN_TICK | self.token_generation && self.token_due.is_some() {
-            self.on_token_tick(ctx);
+        if tag >= PACE_TIMER {
+            if let Some(shaper) = &mut self.shaper {
+                shaper.on_timer(ctx, tag);
+            }
+            self.forward_activity(ctx);
+        } else if tag == LOOP_TIMER && self.driver.timer_is_current(ctx) {
+            self.drive(ctx);
         }
     }
 
+    fn control_state(&self) -> Option<ControlState> {
+        (!self.hungry.is_empty()).then(|| self.driver.control_state())
+    }
+
     fn figures(&self) -> PolicyFigures {
-        let mut f = PolicyFigures::new();
-        let gbps = |bytes_per_sec: f64| bytes_per_sec * 8.0 / 1e9;
-        f.insert("safe_util_gbps".into(), gbps(self.controller.safe_util()));
-        if self.updates > 0 {
-            f.insert(
-                "mean_safe_util_gbps".into(),
-                gbps(self.safe_util_sum / self.updates as f64),
-            );
-        }
-        if let Some(p99) = self.probe.current99() {
-            f.insert("current99_us".into(), p99.as_secs_f64() * 1e6);
-        }
-        f.insert("token_bytes".into(), f64::from(self.token_bytes));
-        f.insert("tokens".into(), self.tokens_issued as f64);
-        f
+        self.driver.figures()
     }
 }

@@ -23,6 +23,7 @@
 pub mod adaptive;
 pub mod justitia;
 pub mod native;
+pub mod paced;
 pub mod preempt;
 pub mod priority;
 pub mod reference;
@@ -34,6 +35,7 @@ use justitia_core::flow::FlowSpec;
 
 use crate::engine::EventQueue;
 use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
+use crate::series::ControlState;
 use crate::time::Picos;
 use crate::topology::HostId;
 use crate::world::{Event, Notice};
@@ -169,6 +171,13 @@ pub trait Policy {
     /// A timer set with [`PolicyContext::set_timer`] fired.
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
         let _ = (ctx, tag);
+    }
+
+    /// The state of the policy's control loop now, for time series; `None` for a policy
+    /// without one, or whose host has no resource-hungry flow to steer. A policy answers
+    /// `Some` from [`Policy::on_start`] on or never.
+    fn control_state(&self) -> Option<ControlState> {
+        None
     }
 
     /// Figures worth reporting at the end of the run.

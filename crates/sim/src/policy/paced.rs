@@ -1,0 +1,398 @@
+//! Carrying out allotments on one host, as `libjustitia.so` does: every resource-hungry
+//! flow's requests are cut by the core's [`ChunkPlan`] into the allotment's chunk size and
+//! released by the core's [`Pacer`] at the allotment's rate. Nothing here decides a rate or
+//! a chunk size; the host's control loop does, and [`PacedShaper::set_allotment`] carries
+//! it out.
+//!
+//! Latency flows, and flows without an allotment, pass untouched. The application hears of
+//! a request only when its last chunk completes. The shaper tells its caller when a flow
+//! starts or stops having work ([`Activity`]): it has work from its first request until
+//! it has had no chunk waiting and none on the RNIC for a grace time (see
+//! [`PacedShaper::new`]). Counting chunks on the RNIC and the grace keep a flow whose
+//! application reposts on each completion from flickering idle between two requests.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
+use justitia_core::flow::{FlowClass, FlowId};
+use justitia_core::pacer::{PaceRate, Pacer};
+
+use super::{FlowInfo, PolicyContext};
+use crate::rnic::{Opcode, QpId, WorkRequest};
+use crate::time::Picos;
+
+/// Timer tags at or above this are the shaper's: the flow's index is added.
+pub const PACE_TIMER: u64 = 1 << 62;
+
+/// A flow's change of activity, for the control loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activity {
+    /// The flow has chunks to send and had none before.
+    HasWork(FlowId),
+    /// The flow has no chunk left to send.
+    Idle(FlowId),
+}
+
+/// A message an application posted that has not been fully handed to the RNIC.
+struct Pending {
+    qp: QpId,
+    app_tag: u64,
+    opcode: Opcode,
+    inline: bool,
+    plan: ChunkPlan,
+}
+
+struct PacedFlow {
+    info: FlowInfo,
+    pending: VecDeque<Pending>,
+    /// `None`: released as posted (no allotment yet, or a latency flow).
+    pacer: Option<Pacer>,
+    chunk_bytes: u32,
+    /// When the flow's pacing timer is due, if one is set.
+    wake_at: Option<Picos>,
+    /// Whether the caller was last told the flow has work.
+    busy: bool,
+    /// Chunks handed to the RNIC and not completed.
+    in_flight: usize,
+    /// Since when the flow has had nothing waiting and nothing on the RNIC.
+    empty_since: Option<Picos>,
+}
+
+/// A request handed to the RNIC: whose it is and whether it ends an application request.
+#[derive(Clone, Copy)]
+struct InFlight {
+    app_tag: u64,
+    last: bool,
+    /// The shaped flow it belongs to (`None` for what passed untouched).
+    flow: Option<usize>,
+}
+
+/// The pacing half of a host's policy.
+pub struct PacedShaper {
+    flows: Vec<PacedFlow>,
+    by_qp: BTreeMap<QpId, usize>,
+    by_id: BTreeMap<FlowId, usize>,
+    /// Requests handed to the RNIC, by tag: entry `i` is tag `first_tag + i`. Tags are
+    /// handed out in order and mostly complete in order, so this stays short.
+    in_flight: VecDeque<Option<InFlight>>,
+    first_tag: u64,
+    activity: Vec<Activity>,
+    idle_grace: Picos,
+}
+
+fn duration(t: Picos) -> Duration {
+    Duration::from_nanos(t / 1_000)
+}
+
+impl PacedShaper {
+    /// A shaper for the flows that post from this host; nothing is paced until an
+    /// allotment is set. A flow counts as idle once it has had nothing waiting and
+    /// nothing on the RNIC for `idle_grace`.
+    pub fn new(flows: &[FlowInfo], idle_grace: Picos) -> Self {
+        let mut shaper = PacedShaper {
+            flows: Vec::new(),
+            by_qp: BTreeMap::new(),
+            by_id: BTreeMap::new(),
+            in_flight: VecDeque::new(),
+            first_tag: 1,
+            activity: Vec::new(),
+            idle_grace,
+        };
+        for info in flows {
+            let index = shaper.flows.len();
+            for &qp in &info.qps {
+                shaper.by_qp.insert(qp, index);
+            }
+            shaper.by_id.insert(info.spec.id, index);
+            shaper.flows.push(PacedFlow {
+                info: info.clone(),
+                pending: VecDeque::new(),
+                pacer: None,
+                chunk_bytes: u32::MAX,
+                wake_at: None,
+                busy: false,
+                in_flight: 0,
+                empty_since: None,
+            });
+        }
+        shaper
+    }
+
+    /// Changes of activity since the last call, in order.
+    pub fn take_activity(&mut self) -> Vec<Activity> {
+        std::mem::take(&mut self.activity)
+    }
+
+    /// Whether the flow has chunks waiting.
+    pub fn has_work(&self, flow: FlowId) -> bool {
+        self.by_id
+            .get(&flow)
+            .is_some_and(|&i| !self.flows[i].pending.is_empty())
+    }
+
+    /// Paces `flow` at `rate` from now on, its requests cut to `rate.chunk_bytes`; `None`
+    /// releases them as posted. What the flow has not sent yet is re-cut to a new chunk
+    /// size.
+    pub fn set_allotment(
+        &mut self,
+        ctx: &mut PolicyContext<'_>,
+        flow: FlowId,
+        rate: Option<PaceRate>,
+    ) {
+        let Some(&index) = self.by_id.get(&flow) else {
+            return;
+        };
+        let now = duration(ctx.now());
+        let f = &mut self.flows[index];
+        let chunk_bytes = rate.map_or(u32::MAX, |r| r.chunk_bytes.max(1));
+        match (&mut f.pacer, rate) {
+            (Some(pacer), Some(rate)) => pacer.set_rate(now, rate),
+            (pacer, rate) => *pacer = rate.map(|r| Pacer::new(r, now)),
+        }
+        if chunk_bytes != f.chunk_bytes {
+            f.chunk_bytes = chunk_bytes;
+            if f.info.spec.class == FlowClass::Bandwidth {
+                for pending in &mut f.pending {
+                    let rest = pending.plan.remaining_bytes();
+                    let wr = WorkRequest {
+                        tag: pending.app_tag,
+                        opcode: pending.opcode,
+                        bytes: rest,
+                        inline: pending.inline,
+                    };
+                    if rest > 0 {
+                        if let Ok(plan) = ChunkPlan::new(core_request(&wr), limits(chunk_bytes)) {
+                            pending.plan = plan;
+                        }
+                    }
+                }
+            }
+        }
+        f.wake_at = None;
+        self.pump(ctx, index);
+    }
+
+    /// An application posted `wr` on `qp`.
+    pub fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
+        let Some(&index) = self.by_qp.get(&qp) else {
+            self.pass_through(ctx, qp, wr);
+            return;
+        };
+        let f = &self.flows[index];
+        if f.info.spec.class == FlowClass::Latency {
+            self.pass_through(ctx, qp, wr);
+            return;
+        }
+        // Bandwidth flows are cut to the allotment's chunk; a throughput flow's small
+        // messages go whole, one operation each.
+        let chunk_bytes = match f.info.spec.class {
+            FlowClass::Bandwidth => f.chunk_bytes,
+            _ => u32::MAX,
+        };
+        let Ok(plan) = ChunkPlan::new(core_request(&wr), limits(chunk_bytes)) else {
+            // A request the planner refuses is passed through unshaped, never dropped.
+            self.pass_through(ctx, qp, wr);
+            return;
+        };
+        let f = &mut self.flows[index];
+        f.empty_since = None;
+        if !f.busy {
+            f.busy = true;
+            self.activity.push(Activity::HasWork(f.info.spec.id));
+        }
+        f.pending.push_back(Pending {
+            qp,
+            app_tag: wr.tag,
+            opcode: wr.opcode,
+            inline: wr.inline,
+            plan,
+        });
+        self.pump(ctx, index);
+    }
+
+    /// A request the shaper handed to the RNIC completed: tells the application when it
+    /// was the last chunk of its request.
+    pub fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
+        let Some(done) = self.untrack(tag) else {
+            return;
+        };
+        if let Some(index) = done.flow {
+            let f = &mut self.flows[index];
+            f.in_flight = f.in_flight.saturating_sub(1);
+            self.note_idle(index, ctx.now());
+        }
+        if done.last {
+            ctx.complete(qp, done.app_tag);
+        }
+    }
+
+    /// Notes when a busy flow ran out of work: nothing waiting, nothing on the RNIC.
+    fn note_idle(&mut self, index: usize, now: Picos) {
+        let f = &mut self.flows[index];
+        if f.busy && f.pending.is_empty() && f.in_flight == 0 && f.empty_since.is_none() {
+            f.empty_since = Some(now);
+        }
+    }
+
+    /// Reports as idle every busy flow that has had no work for the grace time by `now`;
+    /// to be called before the loop's update.
+    pub fn expire_idle(&mut self, now: Picos) {
+        let grace = self.idle_grace;
+        for f in &mut self.flows {
+            if f.busy
+                && f.empty_since
+                    .is_some_and(|t| now >= t.saturating_add(grace))
+            {
+                f.busy = false;
+                f.empty_since = None;
+                self.activity.push(Activity::Idle(f.info.spec.id));
+            }
+        }
+    }
+
+    /// A timer with a tag at or above [`PACE_TIMER`] fired.
+    pub fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
+        let Some(index) = tag
+            .checked_sub(PACE_TIMER)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        let Some(f) = self.flows.get_mut(index) else {
+            return;
+        };
+        // A timer set before the rate changed is stale: another one is due.
+        if f.wake_at != Some(ctx.now()) {
+            return;
+        }
+        f.wake_at = None;
+        self.pump(ctx, index);
+    }
+
+    /// Hands the flow's chunks to the RNIC while its pacer allows; sets a timer for when it
+    /// will allow the next one.
+    fn pump(&mut self, ctx: &mut PolicyContext<'_>, index: usize) {
+        let now = ctx.now();
+        loop {
+            let f = &mut self.flows[index];
+            let Some(head) = f.pending.front_mut() else {
+                break;
+            };
+            // The plan cuts one SGE into chunks of at most the chunk size, or goes whole.
+            let rest = head.plan.remaining_bytes();
+            let next = if head.plan.is_split() {
+                rest.min(f.chunk_bytes)
+            } else {
+                rest
+            };
+            if let Some(pacer) = &mut f.pacer {
+                if let Err(wait) = pacer.try_release(duration(now), u64::from(next), 1) {
+                    let at = now.saturating_add(
+                        u64::try_from(wait.as_nanos())
+                            .unwrap_or(u64::MAX / 1_000)
+                            .saturating_mul(1_000),
+                    );
+                    if f.wake_at != Some(at) {
+                        f.wake_at = Some(at);
+                        ctx.set_timer(at, PACE_TIMER + index as u64);
+                    }
+                    return;
+                }
+            }
+            let Some(chunk) = head.plan.next() else {
+                f.pending.pop_front();
+                continue;
+            };
+            let (qp, app_tag, opcode, inline) = (head.qp, head.app_tag, head.opcode, head.inline);
+            if chunk.is_last {
+                f.pending.pop_front();
+            }
+            let bytes = u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX);
+            f.in_flight += 1;
+            let tag = self.track(InFlight {
+                app_tag,
+                last: chunk.is_last,
+                flow: Some(index),
+            });
+            ctx.post(
+                qp,
+                WorkRequest {
+                    tag,
+                    opcode,
+                    bytes,
+                    inline,
+                },
+            );
+        }
+        self.note_idle(index, now);
+    }
+
+    /// Hands a request to the RNIC as it is (under a tag of the shaper's, like every
+    /// request, so that tags never collide).
+    fn pass_through(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
+        let tag = self.track(InFlight {
+            app_tag: wr.tag,
+            last: true,
+            flow: None,
+        });
+        ctx.post(qp, WorkRequest { tag, ..wr });
+    }
+
+    fn track(&mut self, request: InFlight) -> u64 {
+        self.in_flight.push_back(Some(request));
+        self.first_tag + self.in_flight.len() as u64 - 1
+    }
+
+    fn untrack(&mut self, tag: u64) -> Option<InFlight> {
+        let index = usize::try_from(tag.checked_sub(self.first_tag)?).ok()?;
+        let request = self.in_flight.get_mut(index)?.take();
+        while let Some(None) = self.in_flight.front() {
+            self.in_flight.pop_front();
+            self.first_tag += 1;
+        }
+        request
+    }
+}
+
+/// How a flow's requests are cut: `chunk_bytes` chunks, SENDs included (the peer is assumed
+/// to cooperate with split SENDs).
+fn limits(chunk_bytes: u32) -> ChunkLimits {
+    ChunkLimits {
+        chunk_bytes,
+        max_sge: 1,
+        split_two_sided: true,
+    }
+}
+
+/// A core work request standing for a simulated one: one SGE of the message's length at a
+/// made-up address, which is all the chunk planner needs to cut it.
+fn core_request(wr: &WorkRequest) -> chunk::WorkRequest {
+    let mut sges = SgeList::new();
+    if wr.bytes > 0 {
+        // One SGE always fits an empty list.
+        let _ = sges.push(Sge {
+            addr: 0x1000,
+            length: wr.bytes,
+            lkey: 1,
+        });
+    }
+    chunk::WorkRequest {
+        wr_id: wr.tag,
+        opcode: match wr.opcode {
+            Opcode::Write => chunk::Opcode::Write,
+            Opcode::Send => chunk::Opcode::Send,
+            Opcode::Read => chunk::Opcode::Read,
+        },
+        sges,
+        remote: Some(RemoteAddr {
+            addr: 0x1_0000_0000,
+            rkey: 1,
+        }),
+        flags: SendFlags {
+            signaled: true,
+            inline: wr.inline,
+            ..SendFlags::default()
+        },
+    }
+}
