@@ -8,7 +8,9 @@
 //! - no latency-sensitive flow (L = 0): SafeUtil = MaxRate;
 //! - Current99 > Target99: SafeUtil = max(SafeUtil / 2, (B+T)/(L+B+T) x MaxRate), the floor
 //!   being the sharing incentive: n flows get at least 1/n of the RNIC between them (§4.1);
-//! - otherwise: SafeUtil grows by a fixed step ([`ControllerConfig::increase_step`]);
+//! - otherwise: SafeUtil grows by the increase law ([`IncreaseLaw`]): the paper's fixed
+//!   step ([`ControllerConfig::increase_step`]), or a search that returns quickly to the
+//!   last rate that violated the target and settles just below it;
 //! - and the token interval is tau = TokenBytes / SafeUtil (§4.2.3).
 //!
 //! Two companions from the paper live here too. *Soft admission control* (§4.1, §4.2.1):
@@ -34,6 +36,53 @@ use crate::allotment::Token;
 use crate::flow::FlowCounts;
 use crate::profile::RnicProfile;
 
+/// How SafeUtil grows while Current99 meets Target99.
+///
+/// The paper's law adds a fixed step every RefPeriod: from a floor of one half it takes
+/// 500 updates (0.25 s) to climb back, and it climbs past the rate that violated the target
+/// again and again, one halving each time. [`IncreaseLaw::Search`] is BIC-like:
+///
+/// - each decrease remembers the rate that violated the target (the *ceiling*), unless
+///   SafeUtil was already at the sharing floor (a violation there says nothing about rates);
+/// - below a ceiling, SafeUtil moves half-way to it every update (binary search), and
+///   once within `resolution` x MaxRate of it, holds ([`ControlAction::Settle`]): the rate
+///   just below the last violation is the highest known to be safe;
+/// - with no ceiling (none seen since latency flows appeared), SafeUtil moves half-way to
+///   MaxRate every update and to MaxRate itself once within `resolution`: from the
+///   one-half floor that is 95 % of MaxRate after 5 updates (2.5 ms at RefPeriod 0.5 ms);
+/// - a ceiling older than `ceiling_lifetime` is probed beyond with an additive step that
+///   starts at `resolution` x MaxRate and doubles every update, so a load that went away is
+///   found again, at the price of one violating update per lifetime when it has not;
+/// - a change in the number of latency flows (the plant changed) forgets the ceiling.
+///
+/// While the flows and the plant stay the same, the search crosses the threshold only a
+/// bounded number of times (each crossing lowers the ceiling towards it), then settles
+/// within `resolution` below it until the ceiling expires.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum IncreaseLaw {
+    /// Pseudocode 1: + [`ControllerConfig::increase_step`] x MaxRate every update. Kept for
+    /// reproducing the paper's figures.
+    Fixed,
+    /// Binary search toward the last violating rate, settling below it (see above).
+    Search {
+        /// How close to the ceiling (as a fraction of MaxRate) the search settles, in
+        /// (0, 1).
+        resolution: f64,
+        /// How long a ceiling is believed before the search probes beyond it.
+        ceiling_lifetime: Duration,
+    },
+}
+
+impl IncreaseLaw {
+    /// The search law with a resolution of 1 % of MaxRate and ceilings believed for 1 s: a
+    /// violating update at most once a second (2000 probes at RefPeriod 0.5 ms, 0.05 %,
+    /// far inside the 1 % a p99 target allows).
+    pub const SEARCH: IncreaseLaw = IncreaseLaw::Search {
+        resolution: 0.01,
+        ceiling_lifetime: Duration::from_secs(1),
+    };
+}
+
 /// Operator settings of the controller. [`Default`] gives the paper's evaluation values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ControllerConfig {
@@ -53,6 +102,9 @@ pub struct ControllerConfig {
     /// from any floor. That is slow next to the halving (a few RefPeriods), as the paper
     /// intends: latency flows are hurt by overshoot, bandwidth flows only by slow recovery.
     pub increase_step: f64,
+    /// How SafeUtil grows while the target is met. Default [`IncreaseLaw::Fixed`], the
+    /// paper's.
+    pub increase: IncreaseLaw,
     /// delta: how long Current99 must stay above Target99 before the target is deemed
     /// unattainable (§4.5). Default 5 s (§6.5.2); `None` turns the mode off.
     pub unattainable_after: Option<Duration>,
@@ -65,6 +117,7 @@ impl Default for ControllerConfig {
             ref_period: Duration::from_micros(500),
             token_bytes: 1_000_000,
             increase_step: 0.001,
+            increase: IncreaseLaw::Fixed,
             unattainable_after: Some(Duration::from_secs(5)),
         }
     }
@@ -79,6 +132,9 @@ pub enum ControllerError {
     /// The increase step is not a fraction in (0, 1].
     #[error("controller setting `increase_step` must be in (0, 1], got {0}")]
     IncreaseStep(f64),
+    /// The search law's resolution is not a fraction in (0, 1).
+    #[error("controller setting `increase.resolution` must be in (0, 1), got {0}")]
+    SearchResolution(f64),
     /// The RNIC profile's MaxRate is not a positive, finite rate.
     #[error("RNIC profile `{profile}` has no usable MaxRate ({bytes_per_sec} bytes/s)")]
     MaxRate {
@@ -104,6 +160,18 @@ impl ControllerConfig {
         if !(self.increase_step > 0.0 && self.increase_step <= 1.0) {
             return Err(ControllerError::IncreaseStep(self.increase_step));
         }
+        if let IncreaseLaw::Search {
+            resolution,
+            ceiling_lifetime,
+        } = self.increase
+        {
+            if !(resolution > 0.0 && resolution < 1.0) {
+                return Err(ControllerError::SearchResolution(resolution));
+            }
+            if ceiling_lifetime.is_zero() {
+                return Err(ControllerError::NotPositive("increase.ceiling_lifetime"));
+            }
+        }
         if self.unattainable_after.is_some_and(|d| d.is_zero()) {
             return Err(ControllerError::NotPositive("unattainable_after"));
         }
@@ -121,8 +189,12 @@ pub enum ControlAction {
     Hold,
     /// Current99 above Target99: SafeUtil halved, but not below the sharing floor.
     Decrease,
-    /// Current99 at or below Target99: SafeUtil increased by the step, up to MaxRate.
+    /// Current99 at or below Target99: SafeUtil increased by the increase law, up to
+    /// MaxRate.
     Increase,
+    /// Current99 at or below Target99, and the search law holds SafeUtil just below the
+    /// last rate that violated the target.
+    Settle,
     /// In unattainable-target mode (entered now or earlier): SafeUtil = MaxRate.
     Unattainable,
 }
@@ -167,6 +239,19 @@ pub struct SafeUtilController {
     /// Start of the current unbroken run of updates with Current99 > Target99.
     violation_since: Option<Duration>,
     mode: ControlMode,
+    /// The search law's state.
+    search: SearchState,
+}
+
+/// What the search law remembers between updates.
+#[derive(Debug, Clone, Copy, Default)]
+struct SearchState {
+    /// The latest rate that violated the target, and when.
+    ceiling: Option<(f64, Duration)>,
+    /// The step of the probing beyond an expired ceiling (0 when not probing).
+    probe_step: f64,
+    /// L at the previous update: a change forgets the ceiling.
+    latency: u32,
 }
 
 impl SafeUtilController {
@@ -188,6 +273,7 @@ impl SafeUtilController {
             last_p99: None,
             violation_since: None,
             mode: ControlMode::Normal,
+            search: SearchState::default(),
         })
     }
 
@@ -203,11 +289,21 @@ impl SafeUtilController {
         self.last_p99 = current_p99;
         let violated =
             counts.latency > 0 && current_p99.is_some_and(|p99| p99 > self.config.target_p99);
+        // No estimate says nothing either way: a run of violations is broken only by a
+        // Current99 that meets the target (or by no latency flow at all).
         self.violation_since = if violated {
             self.violation_since.or(Some(now))
+        } else if current_p99.is_none() && counts.latency > 0 {
+            self.violation_since
         } else {
             None
         };
+        if counts.latency != self.search.latency {
+            self.search = SearchState {
+                latency: counts.latency,
+                ..SearchState::default()
+            };
+        }
 
         if let ControlMode::Unattainable { entry_counts, .. } = self.mode {
             if latency_ratio_exceeds(counts, entry_counts) {
@@ -238,12 +334,73 @@ impl SafeUtilController {
                 self.safe_util = self.max_rate;
                 return ControlAction::Unattainable;
             }
+            if self.safe_util > floor {
+                self.search.ceiling = Some((self.safe_util, now));
+            }
+            self.search.probe_step = 0.0;
             self.safe_util = (self.safe_util / 2.0).max(floor);
             ControlAction::Decrease
         } else {
-            let step = self.config.increase_step * self.max_rate;
-            self.safe_util = (self.safe_util + step).max(floor).min(self.max_rate);
-            ControlAction::Increase
+            let (next, action) = self.increased(now);
+            self.safe_util = next.max(floor).min(self.max_rate);
+            action
+        }
+    }
+
+    /// The SafeUtil the increase law proposes at `now`, before the floor and MaxRate.
+    fn increased(&mut self, now: Duration) -> (f64, ControlAction) {
+        let (resolution, lifetime) = match self.config.increase {
+            IncreaseLaw::Fixed => {
+                let step = self.config.increase_step * self.max_rate;
+                return (self.safe_util + step, ControlAction::Increase);
+            }
+            IncreaseLaw::Search {
+                resolution,
+                ceiling_lifetime,
+            } => (resolution * self.max_rate, ceiling_lifetime),
+        };
+        match self.search.ceiling {
+            Some((ceiling, since)) if now.saturating_sub(since) < lifetime => {
+                let gap = ceiling - self.safe_util;
+                if gap > resolution {
+                    (self.safe_util + gap / 2.0, ControlAction::Increase)
+                } else {
+                    (self.safe_util, ControlAction::Settle)
+                }
+            }
+            Some(_) => {
+                self.search.probe_step = (self.search.probe_step * 2.0).max(resolution);
+                (
+                    self.safe_util + self.search.probe_step,
+                    ControlAction::Increase,
+                )
+            }
+            None => {
+                let gap = self.max_rate - self.safe_util;
+                let next = if gap > resolution {
+                    self.safe_util + gap / 2.0
+                } else {
+                    self.max_rate
+                };
+                (next, ControlAction::Increase)
+            }
+        }
+    }
+
+    /// Sets Target99 (e.g. once an idle baseline has been measured); the next update
+    /// compares Current99 with it.
+    pub fn set_target_p99(&mut self, target: Duration) {
+        if !target.is_zero() {
+            self.config.target_p99 = target;
+        }
+    }
+
+    /// Sets TokenBytes (the token follows the chunk size, §5.1), keeping SafeUtil, the
+    /// mode and the search state.
+    pub fn set_token(&mut self, token: Token) {
+        if token.bytes > 0 {
+            self.config.token_bytes = token.bytes;
+            self.token = token;
         }
     }
 
@@ -689,6 +846,67 @@ mod tests {
         let mut c = unattainable_with(counts(2, 2, 1));
         c.update(ms(6_000), counts(2, 0, 0), LOW);
         assert_eq!(c.mode(), ControlMode::Normal);
+    }
+
+    #[test]
+    fn search_law_climbs_to_just_below_the_last_violating_rate_and_settles() {
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        });
+        let n = counts(1, 1, 0);
+        // Violation at MaxRate: halved to the floor, ceiling MaxRate.
+        assert_eq!(c.update(ms(0), n, HIGH), ControlAction::Decrease);
+        // Half-way to the ceiling each update: 0.75, 0.875, 0.9375, 0.96875, 0.984375,
+        // 0.9921875 (within 1 % of it: settled).
+        let mut seen = Vec::new();
+        for t in 1..=7 {
+            let action = c.update(ms(t), n, LOW);
+            seen.push((action, c.safe_util_fraction()));
+        }
+        let expected = [0.75, 0.875, 0.9375, 0.96875, 0.984375, 0.9921875, 0.9921875];
+        for ((action, got), want) in seen.iter().zip(expected) {
+            assert!(close(*got, want), "{got} != {want}");
+            let settled = want == 0.9921875 && *action == ControlAction::Settle;
+            assert!(*action == ControlAction::Increase || settled, "{action:?}");
+        }
+        assert_eq!(seen[6].0, ControlAction::Settle);
+        // A violation at the floor sets no ceiling: after it the search aims at the old one.
+        c.update(ms(8), n, HIGH);
+        c.update(ms(9), n, HIGH);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        c.update(ms(10), n, LOW);
+        assert!(close(c.safe_util_fraction(), 0.5 + (0.9921875 - 0.5) / 2.0));
+    }
+
+    #[test]
+    fn search_law_probes_beyond_an_expired_ceiling_with_a_doubling_step() {
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::Search {
+                resolution: 0.01,
+                ceiling_lifetime: ms(100),
+            },
+            ..Default::default()
+        });
+        let n = counts(1, 1, 0);
+        c.update(ms(0), n, HIGH);
+        for t in 1..100 {
+            c.update(ms(t), n, LOW);
+        }
+        let settled = c.safe_util_fraction();
+        assert!(settled > 0.99 && settled < 1.0);
+        assert_eq!(c.update(ms(100), n, LOW), ControlAction::Increase);
+        assert!(close(c.safe_util_fraction(), (settled + 0.01).min(1.0)));
+    }
+
+    #[test]
+    fn a_missing_estimate_does_not_break_a_violation_run() {
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(4, 4, 0);
+        run(&mut c, 0, 2_500, n, HIGH);
+        run(&mut c, 2_500, 2_600, n, None);
+        run(&mut c, 2_600, 5_000, n, HIGH);
+        assert_eq!(c.update(ms(5_000), n, HIGH), ControlAction::Unattainable);
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //! | [`profile`] | RNIC profiles (MaxRate, MaxTput, MTU, chunk sizes), TOML loading | Justitia §4.2.2, §5.1 |
 //! | [`estimator`] | tail-latency estimate over the reference flow's recent samples | Justitia §4.2.1 |
 //! | [`controller`] | the SafeUtil AIMD controller, soft admission, unattainable-target mode | Justitia §4.2.2, Pseudocode 1, §4.5 |
+//! | [`control_loop`] | the whole per-host loop as one sans-I/O state machine: flows, probes, SafeUtil, allotments | Justitia §4.2, §4.5, §5.1 |
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
+//! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
 //! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
@@ -21,9 +23,11 @@
 pub mod allotment;
 pub mod chunk;
 pub mod classifier;
+pub mod control_loop;
 pub mod controller;
 pub mod estimator;
 pub mod flow;
+pub mod pacer;
 pub mod profile;
 pub mod remote_read;
 pub mod yield_plan;

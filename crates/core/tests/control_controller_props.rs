@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use justitia_core::controller::{ControlAction, ControlMode, ControllerConfig, SafeUtilController};
+use justitia_core::controller::{
+    ControlAction, ControlMode, ControllerConfig, IncreaseLaw, SafeUtilController,
+};
 use justitia_core::flow::FlowCounts;
 use justitia_core::profile::RnicProfile;
 use proptest::prelude::*;
@@ -30,9 +32,11 @@ proptest! {
     fn safe_util_stays_between_floor_and_max_rate(
         steps in prop::collection::vec(step(), 1..400),
         unattainable in any::<bool>(),
+        search in any::<bool>(),
     ) {
         let config = ControllerConfig {
             unattainable_after: unattainable.then(|| Duration::from_secs(1)),
+            increase: if search { IncreaseLaw::SEARCH } else { IncreaseLaw::Fixed },
             ..ControllerConfig::default()
         };
         let target = config.target_p99;
@@ -56,7 +60,7 @@ proptest! {
                     let expected = (before / 2.0).max(c.sharing_floor(counts));
                     prop_assert!((after - expected).abs() <= 1e-9 * max);
                 }
-                ControlAction::Increase => {
+                ControlAction::Increase | ControlAction::Settle => {
                     prop_assert!(p99.is_some_and(|p| p <= target));
                     prop_assert!(after >= before.min(max) - 1e-9 * max);
                 }

@@ -1,0 +1,776 @@
+//! Justitia's per-host control loop as one sans-I/O state machine.
+//!
+//! [`ControlLoop`] owns everything the daemon of §4.2 decides: which flows are active and
+//! how they count (flows of one tenant and class count once), the reference flow's
+//! bookkeeping and its tail estimate, the SafeUtil controller, the chunk and token size
+//! (5 KB with latency flows present, 1 MB without, §5.1) and the per-flow allotments. It
+//! performs no I/O and reads no clock: a driver (the simulator's `justitia` policy, the
+//! daemon) feeds it inputs stamped with `now` and carries out its outputs. The design
+//! follows quinn-proto's `Connection`.
+//!
+//! # Inputs
+//! - [`register_flow`](ControlLoop::register_flow) / [`remove_flow`](ControlLoop::remove_flow):
+//!   a flow (class, tenant, weight, number of QPs) appears or goes. Registering a latency
+//!   flow returns the soft admission verdict (§4.1).
+//! - [`set_flow_active`](ControlLoop::set_flow_active): the flow has work (chunks to send)
+//!   or is idle. Only active flows count and receive a share (the paper's "active").
+//! - [`probe_sent`](ControlLoop::probe_sent) / [`probe_completed`](ControlLoop::probe_completed)
+//!   / [`probe_lost`](ControlLoop::probe_lost): the reference flow's 10 B WRITEs, by the
+//!   [`ProbeId`] the loop hands out when one is sent.
+//! - [`handle_timeout`](ControlLoop::handle_timeout): time has reached
+//!   [`poll_timeout`](ControlLoop::poll_timeout).
+//!
+//! # Outputs
+//! - [`poll_event`](ControlLoop::poll_event): [`Event`]s in the order they happened
+//!   (allotments changed, mode changed, probe due, probe lost, target measured).
+//! - [`allotment`](ControlLoop::allotment): per resource-hungry flow the rate to enforce
+//!   (bytes/s, ops/s), the chunk and token size, and the generation that set it; a
+//!   [`Pacer`](crate::pacer::Pacer) enforces it ([`Allotment::pace_rate`]). Latency flows
+//!   are never shaped and have no allotment.
+//! - [`safe_util`](ControlLoop::safe_util), [`current_p99`](ControlLoop::current_p99),
+//!   [`target`](ControlLoop::target), [`mode`](ControlLoop::mode),
+//!   [`last_action`](ControlLoop::last_action) for reports.
+//!
+//! # Call order
+//! After any input, and whenever [`poll_timeout`](ControlLoop::poll_timeout) falls due:
+//! call [`handle_timeout`](ControlLoop::handle_timeout) with the current time if it is due,
+//! then drain [`poll_event`](ControlLoop::poll_event) until `None`, acting on each event
+//! (on [`Event::ProbeDue`] send a probe and report it with
+//! [`probe_sent`](ControlLoop::probe_sent); on [`Event::AllotmentsChanged`] read the
+//! allotments and re-cut pending work if the chunk size changed), then sleep until the
+//! new [`poll_timeout`](ControlLoop::poll_timeout). `now` must not go backwards; an
+//! earlier `now` is treated as the latest one seen.
+//!
+//! # Decisions and their timing
+//! Inputs never trigger a decision by themselves: they are recorded, and the *update*
+//! that acts on them runs on the RefPeriod clock, in [`handle_timeout`](ControlLoop::handle_timeout).
+//! An update recounts L, B, T if the flows changed, steps the controller with Current99,
+//! re-divides SafeUtil among the active resource-hungry flows (weighted max-min across
+//! tenants, equal within a tenant, [`crate::allotment::allot_rates`]) and asks for a
+//! probe. So a flow that goes idle gives its share to the others, and one that resumes
+//! gets it back, at the next update: within one RefPeriod.
+//!
+//! # Target99 and the estimator window
+//! Target99 is in the probe's own units: the p99 of the reference flow's post-to-completion
+//! time of its 10 B WRITE (a full round trip; a perftest-style half round trip is another
+//! quantity). It is given as [`Target99::Absolute`] or as [`Target99::IdleMultiple`] of
+//! the probe's uncontended p99, measured from the first
+//! [`LoopConfig::idle_samples`] probes sent and completed while no resource-hungry flow
+//! was active; until then the controller holds.
+//!
+//! Current99 is the p99 of the last [`LoopConfig::window`] samples. The paper's 10000
+//! samples at RefPeriod 0.5 ms keep a violation in the p99 for up to 5 s, so the
+//! controller keeps halving long after the load that caused it is gone. The default here
+//! is 1000 samples (0.5 s): ten samples above the target make a violation, a real change
+//! of load is seen within 5 ms, and with the search law the window restarts at every
+//! decrease (samples of probes sent before the decrease measured a load that no longer
+//! exists), so one violation causes one halving. [`LoopConfig::paper`] keeps the paper's
+//! window, law and memory.
+//!
+//! A probe neither completed nor reported lost within [`LoopConfig::probe_timeout`] is
+//! lost. A lost probe waited at least that long, so it is recorded as a sample of the
+//! larger of the timeout and just above Target99: a violation sample whatever the target,
+//! because a reference flow whose messages vanish is a reference flow in trouble.
+//!
+//! # Invariants
+//! - the controller updates at most once per RefPeriod, however often inputs arrive;
+//! - allotments are given only to active resource-hungry flows, an idle flow's is zero,
+//!   and the active flows' rates sum to SafeUtil (up to rounding);
+//! - 0 < SafeUtil <= MaxRate, and SafeUtil >= the sharing floor of the active counts;
+//! - the chunk size is the profile's chunk with latency flows when an active latency
+//!   flow is counted, the one without otherwise;
+//! - every generation number is larger than those before it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::allotment::{allot_rates, Demand, FlowDemand, Token};
+use crate::controller::{
+    Admission, ControlAction, ControlMode, ControllerConfig, ControllerError, IncreaseLaw,
+    SafeUtilController,
+};
+use crate::estimator::{EstimatorError, Quantile, TailEstimator};
+use crate::flow::{FlowClass, FlowCounts, FlowId, FlowSpec, TenantId};
+use crate::pacer::PaceRate;
+use crate::profile::RnicProfile;
+
+/// Target99, in the probe's units (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target99 {
+    /// This p99 of the probe's post-to-completion time.
+    Absolute(Duration),
+    /// This multiple (at least 1) of the probe's uncontended p99, measured at start.
+    IdleMultiple(f64),
+}
+
+/// The target in effect, for reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TargetReport {
+    /// How the target was given.
+    pub given: Target99,
+    /// The probe's uncontended p99, once measured (always `None` for an absolute target).
+    pub idle_p99: Option<Duration>,
+    /// Target99 in effect, `None` while an idle multiple waits for its measurement.
+    pub value: Option<Duration>,
+}
+
+/// Settings of the loop. [`Default`] is the regulating configuration described in the
+/// module documentation; [`LoopConfig::paper`] the paper's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoopConfig {
+    /// Target99.
+    pub target: Target99,
+    /// RefPeriod: the probe interval and the least time between two updates (0.5 ms).
+    pub ref_period: Duration,
+    /// Samples in Current99's window (default 1000; the paper's is 10000).
+    pub window: usize,
+    /// How SafeUtil grows while the target is met (default [`IncreaseLaw::SEARCH`]).
+    pub increase: IncreaseLaw,
+    /// The paper's fixed step, used by [`IncreaseLaw::Fixed`] (fraction of MaxRate).
+    pub increase_step: f64,
+    /// delta of the unattainable-target mode (§4.5, 5 s); `None` turns the mode off.
+    pub unattainable_after: Option<Duration>,
+    /// How long a probe may take before it counts as lost (default 5 ms: ten RefPeriods,
+    /// a thousand times a probe's round trip on an idle RNIC).
+    pub probe_timeout: Duration,
+    /// How many uncontended probe samples measure the idle p99 for
+    /// [`Target99::IdleMultiple`] (default 100: a p99 of 100 samples is their second
+    /// largest, so one outlier does not set the target).
+    pub idle_samples: usize,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        let controller = ControllerConfig::default();
+        LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            ref_period: controller.ref_period,
+            window: 1_000,
+            increase: IncreaseLaw::SEARCH,
+            increase_step: controller.increase_step,
+            unattainable_after: controller.unattainable_after,
+            probe_timeout: Duration::from_millis(5),
+            idle_samples: 100,
+        }
+    }
+}
+
+impl LoopConfig {
+    /// The paper's loop: Pseudocode 1's fixed step and a 10000-sample window that is never
+    /// restarted by a decrease, with this target.
+    pub fn paper(target: Target99) -> Self {
+        LoopConfig {
+            target,
+            window: TailEstimator::DEFAULT_WINDOW,
+            increase: IncreaseLaw::Fixed,
+            ..LoopConfig::default()
+        }
+    }
+
+    /// Checks the settings, naming the first one out of range.
+    pub fn validate(&self) -> Result<(), LoopError> {
+        match self.target {
+            Target99::Absolute(d) if d.is_zero() => {
+                return Err(LoopError::Setting("target", "must be positive".into()))
+            }
+            Target99::IdleMultiple(m) if !(m.is_finite() && m >= 1.0) => {
+                return Err(LoopError::Setting(
+                    "target",
+                    format!("an idle multiple must be at least 1, got {m}"),
+                ))
+            }
+            _ => {}
+        }
+        if self.window == 0 {
+            return Err(LoopError::Setting("window", "must be at least 1".into()));
+        }
+        if self.probe_timeout.is_zero() {
+            return Err(LoopError::Setting(
+                "probe_timeout",
+                "must be positive".into(),
+            ));
+        }
+        if self.idle_samples == 0 {
+            return Err(LoopError::Setting(
+                "idle_samples",
+                "must be at least 1".into(),
+            ));
+        }
+        self.controller_config().validate()?;
+        Ok(())
+    }
+
+    fn controller_config(&self) -> ControllerConfig {
+        ControllerConfig {
+            // An idle multiple is replaced once measured; until then the controller holds.
+            target_p99: match self.target {
+                Target99::Absolute(d) => d,
+                Target99::IdleMultiple(_) => Duration::MAX,
+            },
+            ref_period: self.ref_period,
+            increase_step: self.increase_step,
+            increase: self.increase,
+            unattainable_after: self.unattainable_after,
+            ..ControllerConfig::default()
+        }
+    }
+}
+
+/// Why the loop refused a setting or an input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoopError {
+    /// A loop setting is out of range.
+    #[error("control loop setting `{0}` {1}")]
+    Setting(&'static str, String),
+    /// The controller refused its settings.
+    #[error("SafeUtil controller: {0}")]
+    Controller(#[from] ControllerError),
+    /// The estimator refused its settings.
+    #[error("tail estimator: {0}")]
+    Estimator(#[from] EstimatorError),
+    /// A flow of that id is already registered.
+    #[error("flow {0:?} is already registered")]
+    DuplicateFlow(FlowId),
+    /// No flow of that id is registered.
+    #[error("flow {0:?} is not registered")]
+    UnknownFlow(FlowId),
+}
+
+/// A flow as registered with the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowRegistration {
+    /// Its id, tenant, class and weight.
+    pub spec: FlowSpec,
+    /// The queue pairs it posts on; they share its one allotment (and pacer), so opening
+    /// more queue pairs wins no larger share.
+    pub qps: u32,
+}
+
+/// What a resource-hungry flow may use, until the next change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allotment {
+    /// Bytes per second (zero while the flow is idle).
+    pub bytes_per_sec: f64,
+    /// Operations per second: bytes/s x MaxTput / MaxRate.
+    pub ops_per_sec: f64,
+    /// The size bandwidth flows' requests are cut to (§5.1).
+    pub chunk_bytes: u32,
+    /// The multi-resource token in effect (TokenBytes = the chunk size), for drivers that
+    /// enforce with the paper's token stream.
+    pub token: Token,
+    /// The generation of the update that last changed this allotment.
+    pub generation: u64,
+}
+
+impl Allotment {
+    /// The allotment as a pacer's rate, paced by bytes and by operations.
+    pub fn pace_rate(&self) -> PaceRate {
+        // `as` saturates and maps NaN to zero; rates are finite and non-negative anyway.
+        PaceRate {
+            bytes_per_sec: self.bytes_per_sec as u64,
+            ops_per_sec: Some(self.ops_per_sec as u64),
+            chunk_bytes: self.chunk_bytes,
+        }
+    }
+}
+
+/// Identifies one probe (one reference message) between its sending and its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProbeId(pub u64);
+
+/// Something the driver should know or do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Event {
+    /// Allotments changed at this generation: read those whose generation equals it.
+    AllotmentsChanged {
+        /// The generation of the update.
+        generation: u64,
+    },
+    /// The controller entered or left the unattainable-target mode.
+    ModeChanged(ControlMode),
+    /// Send one reference message now and report it with `probe_sent`.
+    ProbeDue,
+    /// A probe timed out and was recorded as a violation sample.
+    ProbeLost(ProbeId),
+    /// The idle p99 was measured and Target99 is now in effect.
+    TargetMeasured {
+        /// The probe's uncontended p99.
+        idle_p99: Duration,
+        /// Target99 in effect.
+        target: Duration,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct FlowState {
+    spec: FlowSpec,
+    qps: u32,
+    active: bool,
+    /// Fraction of SafeUtil, from the latest division.
+    share: f64,
+    allotment: Option<Allotment>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    sent_at: Duration,
+    /// Sent while no resource-hungry flow was active, in this activity epoch.
+    idle_epoch: Option<u64>,
+}
+
+/// Justitia's per-host loop. See the module documentation for the protocol.
+#[derive(Debug, Clone)]
+pub struct ControlLoop {
+    config: LoopConfig,
+    profile: RnicProfile,
+    controller: SafeUtilController,
+    estimator: TailEstimator,
+    /// The idle baseline's samples, while it is being measured.
+    baseline: Option<TailEstimator>,
+    idle_p99: Option<Duration>,
+    flows: BTreeMap<FlowId, FlowState>,
+    /// The flows changed since the last update (counts and shares must be redone).
+    flows_changed: bool,
+    counts: FlowCounts,
+    /// Active resource-hungry flows, and how many times that set has gone from empty to
+    /// not empty (a baseline probe must not straddle one).
+    hungry_active: usize,
+    hungry_epoch: u64,
+    chunk_bytes: u32,
+    probes: BTreeMap<ProbeId, Outstanding>,
+    next_probe: u64,
+    /// Samples of probes sent before this time are not counted (the window restarted).
+    forget_before: Duration,
+    now: Duration,
+    next_update: Duration,
+    last_action: Option<ControlAction>,
+    generation: u64,
+    updates: u64,
+    events: VecDeque<Event>,
+}
+
+impl ControlLoop {
+    /// A loop for an RNIC, starting at `now` with no flows; the first update is due one
+    /// RefPeriod later.
+    pub fn new(
+        config: LoopConfig,
+        profile: &RnicProfile,
+        now: Duration,
+    ) -> Result<Self, LoopError> {
+        config.validate()?;
+        let mut controller = SafeUtilController::new(config.controller_config(), profile)?;
+        let chunk_bytes = profile.chunk_bytes(false);
+        controller.set_token(Token::for_profile(u64::from(chunk_bytes), profile));
+        let baseline = match config.target {
+            Target99::IdleMultiple(_) => {
+                Some(TailEstimator::new(config.idle_samples, Quantile::P99)?)
+            }
+            Target99::Absolute(_) => None,
+        };
+        Ok(ControlLoop {
+            estimator: TailEstimator::new(config.window, Quantile::P99)?,
+            config,
+            profile: profile.clone(),
+            controller,
+            baseline,
+            idle_p99: None,
+            flows: BTreeMap::new(),
+            flows_changed: false,
+            counts: FlowCounts::default(),
+            hungry_active: 0,
+            hungry_epoch: 0,
+            chunk_bytes,
+            probes: BTreeMap::new(),
+            next_probe: 0,
+            forget_before: now,
+            now,
+            next_update: now.saturating_add(config.ref_period),
+            last_action: None,
+            generation: 0,
+            updates: 0,
+            events: VecDeque::new(),
+        })
+    }
+
+    fn advance(&mut self, now: Duration) -> Duration {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    /// Registers a flow, idle until [`set_flow_active`](Self::set_flow_active) says it has
+    /// work. For a latency flow, returns soft admission's verdict from the latest Current99
+    /// (a warning, never a refusal); other flows are always [`Admission::Admitted`].
+    pub fn register_flow(
+        &mut self,
+        now: Duration,
+        flow: FlowRegistration,
+    ) -> Result<Admission, LoopError> {
+        self.advance(now);
+        if self.flows.contains_key(&flow.spec.id) {
+            return Err(LoopError::DuplicateFlow(flow.spec.id));
+        }
+        let allotment = flow.spec.class.is_resource_hungry().then(|| Allotment {
+            bytes_per_sec: 0.0,
+            ops_per_sec: 0.0,
+            chunk_bytes: self.chunk_bytes,
+            token: self.controller.token(),
+            generation: self.generation,
+        });
+        self.flows.insert(
+            flow.spec.id,
+            FlowState {
+                spec: flow.spec,
+                qps: flow.qps,
+                active: false,
+                share: 0.0,
+                allotment,
+            },
+        );
+        Ok(match flow.spec.class {
+            FlowClass::Latency => self.controller.admit_latency_flow(),
+            _ => Admission::Admitted,
+        })
+    }
+
+    /// Forgets a flow; its share goes to the others at the next update.
+    pub fn remove_flow(&mut self, now: Duration, id: FlowId) -> Result<(), LoopError> {
+        self.set_flow_active(now, id, false)?;
+        self.flows.remove(&id);
+        Ok(())
+    }
+
+    /// Records whether a flow has work. Counted from the next update on.
+    pub fn set_flow_active(
+        &mut self,
+        now: Duration,
+        id: FlowId,
+        active: bool,
+    ) -> Result<(), LoopError> {
+        self.advance(now);
+        let flow = self.flows.get_mut(&id).ok_or(LoopError::UnknownFlow(id))?;
+        if flow.active == active {
+            return Ok(());
+        }
+        flow.active = active;
+        self.flows_changed = true;
+        if flow.spec.class.is_resource_hungry() {
+            if active {
+                if self.hungry_active == 0 {
+                    self.hungry_epoch += 1;
+                }
+                self.hungry_active += 1;
+            } else {
+                self.hungry_active -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that a probe was posted at `now`; returns its id, to be given back on its
+    /// completion or loss.
+    pub fn probe_sent(&mut self, now: Duration) -> ProbeId {
+        let now = self.advance(now);
+        let id = ProbeId(self.next_probe);
+        self.next_probe += 1;
+        let idle = self.baseline.is_some() && self.hungry_active == 0;
+        self.probes.insert(
+            id,
+            Outstanding {
+                sent_at: now,
+                idle_epoch: idle.then_some(self.hungry_epoch),
+            },
+        );
+        id
+    }
+
+    /// Records a probe's completion at `now`. Returns false (and records nothing) for a
+    /// probe that is unknown or already counted as lost.
+    pub fn probe_completed(&mut self, now: Duration, id: ProbeId) -> bool {
+        let now = self.advance(now);
+        let Some(probe) = self.probes.remove(&id) else {
+            return false;
+        };
+        let latency = now.saturating_sub(probe.sent_at);
+        let uncontended = probe.idle_epoch == Some(self.hungry_epoch) && self.hungry_active == 0;
+        if uncontended {
+            self.record_idle_sample(latency);
+        }
+        self.record(probe.sent_at, latency);
+        true
+    }
+
+    /// Records that a probe failed (e.g. an error completion): counted as lost at once.
+    /// Returns false for a probe that is unknown or already counted.
+    pub fn probe_lost(&mut self, now: Duration, id: ProbeId) -> bool {
+        self.advance(now);
+        match self.probes.remove(&id) {
+            Some(probe) => {
+                self.record_lost(id, probe);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn record_lost(&mut self, id: ProbeId, probe: Outstanding) {
+        let floor = self.target_value().map_or(Duration::ZERO, |t| {
+            t.saturating_add(Duration::from_nanos(1))
+        });
+        self.record(probe.sent_at, self.config.probe_timeout.max(floor));
+        self.events.push_back(Event::ProbeLost(id));
+    }
+
+    /// Adds a sample to Current99's window unless its probe predates the window's restart.
+    fn record(&mut self, sent_at: Duration, latency: Duration) {
+        if sent_at >= self.forget_before {
+            self.estimator.record(latency);
+        }
+    }
+
+    fn record_idle_sample(&mut self, latency: Duration) {
+        let Target99::IdleMultiple(multiple) = self.config.target else {
+            return;
+        };
+        let Some(baseline) = &mut self.baseline else {
+            return;
+        };
+        baseline.record(latency);
+        if baseline.len() < self.config.idle_samples {
+            return;
+        }
+        let Some(idle_p99) = baseline.estimate() else {
+            return;
+        };
+        let target = Duration::try_from_secs_f64(idle_p99.as_secs_f64() * multiple)
+            .unwrap_or(Duration::MAX)
+            .max(Duration::from_nanos(1));
+        self.baseline = None;
+        self.idle_p99 = Some(idle_p99);
+        self.controller.set_target_p99(target);
+        self.events
+            .push_back(Event::TargetMeasured { idle_p99, target });
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called: the next update
+    /// or the first probe deadline, whichever is earlier.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let deadline = self
+            .probes
+            .values()
+            .next()
+            .map(|p| p.sent_at.saturating_add(self.config.probe_timeout));
+        Some(deadline.map_or(self.next_update, |d| d.min(self.next_update)))
+    }
+
+    /// Expires probes past their timeout and runs the update if it is due.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        let now = self.advance(now);
+        while let Some((&id, &probe)) = self.probes.iter().next() {
+            if probe.sent_at.saturating_add(self.config.probe_timeout) > now {
+                break;
+            }
+            self.probes.remove(&id);
+            self.record_lost(id, probe);
+        }
+        if now >= self.next_update {
+            self.update(now);
+            self.next_update = now.saturating_add(self.config.ref_period);
+        }
+    }
+
+    /// One update: counts, controller, division, probe.
+    fn update(&mut self, now: Duration) {
+        self.updates += 1;
+        let mut reshare = false;
+        if self.flows_changed {
+            self.flows_changed = false;
+            self.recount();
+            reshare = true;
+        }
+        let latency_present = self.counts.latency > 0;
+        let chunk_bytes = self.profile.chunk_bytes(latency_present);
+        if chunk_bytes != self.chunk_bytes {
+            // Latency flows appeared or all left: the chunk and token follow (§5.1), and
+            // the samples measured a mix of flows that is gone.
+            self.chunk_bytes = chunk_bytes;
+            self.controller
+                .set_token(Token::for_profile(u64::from(chunk_bytes), &self.profile));
+            self.restart_window(now);
+            reshare = true;
+        }
+        let before = (self.controller.safe_util(), self.controller.mode());
+        let p99 = self.target_value().and_then(|_| self.estimator.estimate());
+        let action = self.controller.update(now, self.counts, p99);
+        self.last_action = Some(action);
+        if action == ControlAction::Decrease && self.config.increase != IncreaseLaw::Fixed {
+            self.restart_window(now);
+        }
+        let mode = self.controller.mode();
+        if std::mem::discriminant(&mode) != std::mem::discriminant(&before.1) {
+            self.events.push_back(Event::ModeChanged(mode));
+        }
+        if reshare || self.controller.safe_util() != before.0 {
+            self.reallot();
+        }
+        if latency_present || (self.baseline.is_some() && self.hungry_active == 0) {
+            self.events.push_back(Event::ProbeDue);
+        }
+    }
+
+    fn restart_window(&mut self, now: Duration) {
+        self.estimator.clear();
+        self.forget_before = now;
+    }
+
+    /// L, B, T of the active flows (a tenant's flows of one class count once), and each
+    /// active resource-hungry flow's fraction of SafeUtil.
+    fn recount(&mut self) {
+        let distinct: BTreeSet<(FlowClass, TenantId)> = self
+            .flows
+            .values()
+            .filter(|f| f.active)
+            .map(|f| (f.spec.class, f.spec.tenant))
+            .collect();
+        let mut counts = FlowCounts::default();
+        for (class, _) in distinct {
+            counts.add(class);
+        }
+        self.counts = counts;
+        let demands: Vec<FlowDemand> = self
+            .flows
+            .values()
+            .filter(|f| f.active && f.spec.class.is_resource_hungry())
+            .map(|f| FlowDemand {
+                spec: f.spec,
+                demand: Demand::Unbounded,
+            })
+            .collect();
+        let shares = allot_rates(1.0, &self.profile, &demands);
+        for flow in self.flows.values_mut() {
+            flow.share = 0.0;
+        }
+        for rate in shares {
+            if let Some(flow) = self.flows.get_mut(&rate.flow) {
+                flow.share = rate.bytes_per_sec;
+            }
+        }
+    }
+
+    /// Rewrites every allotment from the shares and SafeUtil; emits an event if any moved.
+    fn reallot(&mut self) {
+        let generation = self.generation + 1;
+        let safe_util = self.controller.safe_util();
+        let ops_per_byte = self.profile.ops_per_byte();
+        let token = self.controller.token();
+        let chunk_bytes = self.chunk_bytes;
+        let mut changed = false;
+        for flow in self.flows.values_mut() {
+            let Some(current) = &mut flow.allotment else {
+                continue;
+            };
+            let bytes_per_sec = flow.share * safe_util;
+            if current.bytes_per_sec != bytes_per_sec || current.chunk_bytes != chunk_bytes {
+                *current = Allotment {
+                    bytes_per_sec,
+                    ops_per_sec: bytes_per_sec * ops_per_byte,
+                    chunk_bytes,
+                    token,
+                    generation,
+                };
+                changed = true;
+            }
+        }
+        if changed {
+            self.generation = generation;
+            self.events
+                .push_back(Event::AllotmentsChanged { generation });
+        }
+    }
+
+    fn target_value(&self) -> Option<Duration> {
+        match self.config.target {
+            Target99::Absolute(d) => Some(d),
+            Target99::IdleMultiple(_) => self.idle_p99.map(|_| self.controller.config().target_p99),
+        }
+    }
+
+    /// The next event, oldest first.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// A resource-hungry flow's allotment; `None` for latency flows and unknown ids.
+    pub fn allotment(&self, id: FlowId) -> Option<Allotment> {
+        self.flows.get(&id).and_then(|f| f.allotment)
+    }
+
+    /// The number of queue pairs a flow was registered with.
+    pub fn flow_qps(&self, id: FlowId) -> Option<u32> {
+        self.flows.get(&id).map(|f| f.qps)
+    }
+
+    /// SafeUtil in bytes/s.
+    pub fn safe_util(&self) -> f64 {
+        self.controller.safe_util()
+    }
+
+    /// MaxRate in bytes/s.
+    pub fn max_rate(&self) -> f64 {
+        self.controller.max_rate()
+    }
+
+    /// The sharing floor of the counts in effect, in bytes/s.
+    pub fn sharing_floor(&self) -> f64 {
+        self.controller.sharing_floor(self.counts)
+    }
+
+    /// Current99: the p99 of the window (see the module documentation), `None` while it is
+    /// empty.
+    pub fn current_p99(&self) -> Option<Duration> {
+        self.estimator.estimate()
+    }
+
+    /// The target in effect and how it was given.
+    pub fn target(&self) -> TargetReport {
+        TargetReport {
+            given: self.config.target,
+            idle_p99: self.idle_p99,
+            value: self.target_value(),
+        }
+    }
+
+    /// Whether the controller pursues Target99 or has given up on it (§4.5).
+    pub fn mode(&self) -> ControlMode {
+        self.controller.mode()
+    }
+
+    /// What the latest update did, `None` before the first.
+    pub fn last_action(&self) -> Option<ControlAction> {
+        self.last_action
+    }
+
+    /// L, B, T as counted at the latest update.
+    pub fn counts(&self) -> FlowCounts {
+        self.counts
+    }
+
+    /// The chunk size in effect for bandwidth flows.
+    pub fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes
+    }
+
+    /// The latest generation (0 before any allotment changed).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// How many updates have run.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// The settings the loop runs with.
+    pub fn config(&self) -> &LoopConfig {
+        &self.config
+    }
+}

@@ -1,0 +1,504 @@
+//! The enforcement algorithm: turning an allotment into release decisions.
+//!
+//! The control loop hands every resource-hungry flow a rate in bytes/s and, optionally,
+//! operations/s ([`crate::control_loop::Allotment`]); a [`Pacer`] per flow turns it into a
+//! yes or a "come back in `d`" for each chunk or operation the flow wants to post. The
+//! simulator and the shaper use this one algorithm, so both pace alike.
+//!
+//! It is a token bucket per resource, kept in *time*: a balance is how long the flow has
+//! been owed its rate. Time accrues at one tick per tick; a request costs its bytes (or
+//! operations) times the cost of one unit at the rate. A request goes when no balance is
+//! negative, and then takes its whole cost, which may drive a balance below zero: the next
+//! request waits until the debt is repaid. A chunk larger than the burst needs no special
+//! case, and a request is never split.
+//!
+//! **Burst.** A balance holds at most the larger of [`BURST_CHUNKS`] chunks and
+//! [`BURST_WINDOW`] at the rate. At the paper's rates with latency flows present (5 KB
+//! chunks, 48 to 97 Gb/s, i.e. 6 to 12.1 KB per microsecond), that is 2 to 2.4 chunks, so a
+//! flow that was idle releases at most 3.4 chunks back to back, about 3 us at the line rate
+//! of a co-located latency flow's queue: the 5 KB chunk of §5.1 exists to keep that queue
+//! short, and a burst of many chunks would undo it. Two chunks rather than one let a flow
+//! post its next chunk while the previous one is still on the wire, so it does not starve
+//! the RNIC between two decisions. Without latency flows (1 MB chunks) the burst is 2 MB:
+//! nobody is hurt by it then. The bound: over any interval, bytes released <= rate x interval
+//! + burst + one request, plus the lateness credit below when the caller came back late.
+//!
+//! **Lateness.** A refused request is told when to come back, and is brought back then,
+//! give or take the scheduler: a pacer thread or a polling application may run
+//! milliseconds late on a busy or emulated host, longer than the burst. Losing those
+//! milliseconds loses rate (under Soft-RoCE at 5 MB/s with 64 KiB chunks the rate fell to
+//! 70 %); crediting them at once turns every late return into a burst as long as the
+//! lateness (a co-located latency flow's p99 rose from under 0.2 ms to several). So what the
+//! burst cap takes from a request kept waiting past its time, up to
+//! [`MAX_LATENESS_CREDIT`], is *owed*, and repaid by refilling at twice the rate until made
+//! good: the rate holds while returns are late less than half the time, and no return
+//! releases more than the burst and one request at once. A balance that reaches its cap
+//! with nobody late forgives what is owed: nothing was waiting.
+//!
+//! **Cost.** The shaper calls [`Pacer::try_release`] on every request, so it uses integer
+//! arithmetic only: time in ticks of 2^-30 ns, the cost of a unit precomputed by
+//! [`Pacer::set_rate`] (the only division), shifts to convert nanoseconds. The cost of a
+//! unit is rounded up, so the enforced rate is at most the given one and short of it by
+//! less than one part in 10^7 for rates up to 10^11 units/s.
+//!
+//! Invariants: the pacer reads no clock (`now` is passed in, and a `now` earlier than a
+//! previous one counts as no time passing); a zero rate pauses the flow (every request is
+//! refused with [`MAX_WAIT`] until a positive rate is set); changing the rate keeps what is
+//! owed and what is credited in bytes, not in time.
+
+use std::time::Duration;
+
+/// How much time at the rate a full balance holds, at least (see the module
+/// documentation for the choice).
+pub const BURST_WINDOW: Duration = Duration::from_micros(1);
+
+/// How many chunks (or operations) a full balance holds, at least.
+pub const BURST_CHUNKS: u64 = 2;
+
+/// The most lateness of a refused request's return that is owed back: a return later than
+/// this is a stall, not scheduling latency.
+pub const MAX_LATENESS_CREDIT: Duration = Duration::from_millis(50);
+
+/// The longest wait [`Pacer::try_release`] names. A longer debt (a huge request at a tiny
+/// rate) is repaid over several waits; a paused flow is told this and should also come
+/// back when its rate changes.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Ticks per nanosecond, as a shift: time is kept in units of 2^-30 ns so that a unit's
+/// cost keeps seven significant digits at 10^11 units/s without any division per request.
+const TICK_SHIFT: u32 = 30;
+
+/// Nanoseconds per second.
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// The rate a [`Pacer`] enforces, with the chunk size that sets its burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceRate {
+    /// Bytes per second; zero pauses the flow.
+    pub bytes_per_sec: u64,
+    /// Operations per second, or `None` to pace by bytes alone; zero pauses the flow.
+    pub ops_per_sec: Option<u64>,
+    /// The chunk size the flow's requests are cut to (bytes): the burst holds at least
+    /// [`BURST_CHUNKS`] of them.
+    pub chunk_bytes: u32,
+}
+
+impl PaceRate {
+    /// The most bytes a full balance lets through before the next request waits, not
+    /// counting the request that overdraws it: max([`BURST_CHUNKS`] chunks,
+    /// [`BURST_WINDOW`] x rate).
+    pub fn burst_bytes(&self) -> u64 {
+        burst_units(self.bytes_per_sec, u64::from(self.chunk_bytes))
+    }
+
+    /// The most operations a full balance lets through, likewise: max([`BURST_CHUNKS`],
+    /// [`BURST_WINDOW`] x rate); `None` when operations are not paced.
+    pub fn burst_ops(&self) -> Option<u64> {
+        self.ops_per_sec.map(|ops| burst_units(ops, 1))
+    }
+
+    fn is_paused(&self) -> bool {
+        self.bytes_per_sec == 0 || self.ops_per_sec == Some(0)
+    }
+}
+
+/// max(BURST_CHUNKS x chunk, BURST_WINDOW x rate) in units.
+fn burst_units(rate: u64, chunk: u64) -> u64 {
+    let window = u128::from(rate) * BURST_WINDOW.as_nanos() / NANOS_PER_SEC;
+    let window = u64::try_from(window).unwrap_or(u64::MAX);
+    window.max(BURST_CHUNKS.saturating_mul(chunk))
+}
+
+/// Ticks one unit costs at `rate` units/s, rounded up; at least one tick.
+fn ticks_per_unit(rate: u64) -> u64 {
+    let per_sec = NANOS_PER_SEC << TICK_SHIFT;
+    let ticks = per_sec.div_ceil(u128::from(rate.max(1)));
+    u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
+}
+
+/// Nanoseconds since the caller's epoch, saturating (584 years).
+fn nanos(t: Duration) -> u64 {
+    t.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(t.subsec_nanos()))
+}
+
+/// One resource's balance, in ticks.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    /// Ticks one unit costs.
+    cost: u64,
+    /// Credit (positive) or debt (negative).
+    balance: i128,
+    /// The most credit the lane holds.
+    cap: i128,
+    /// Time lost to the cap while a request was kept waiting, repaid on top of the rate.
+    owed: i128,
+}
+
+impl Lane {
+    /// A full lane for `rate` units/s and a burst of `burst` units.
+    fn full(rate: u64, burst: u64) -> Lane {
+        let cost = ticks_per_unit(rate);
+        let cap = i128::from(burst) * i128::from(cost);
+        Lane {
+            cost,
+            balance: cap,
+            cap,
+            owed: 0,
+        }
+    }
+
+    /// Accrues `dt` ticks, the last `late` of which a waiting request was kept waiting past
+    /// its time.
+    fn refill(&mut self, dt: i128, late: i128) {
+        let repaid = self.owed.min(dt);
+        self.owed -= repaid;
+        let total = self.balance + dt + repaid;
+        if total <= self.cap {
+            self.balance = total;
+            return;
+        }
+        self.balance = self.cap;
+        self.owed = if late > 0 {
+            let lost = (total - self.cap).min(late);
+            (self.owed + lost).min(max_lateness_ticks())
+        } else {
+            0
+        };
+    }
+
+    /// Ticks until the balance is no longer negative: twice the rate while something is
+    /// owed, the rate after.
+    fn wait(&self) -> i128 {
+        let debt = (-self.balance).max(0);
+        debt - self.owed.min(debt / 2)
+    }
+
+    fn charge(&mut self, units: u64) {
+        self.balance -= i128::from(units) * i128::from(self.cost);
+    }
+
+    /// The same credit, debt and lateness in units, re-expressed at a new rate and burst.
+    fn rerated(&self, rate: u64, burst: u64) -> Lane {
+        let mut lane = Lane::full(rate, burst);
+        let old = i128::from(self.cost);
+        let new = i128::from(lane.cost);
+        lane.balance = (self.balance / old * new).min(lane.cap);
+        lane.owed = (self.owed / old * new).min(max_lateness_ticks());
+        lane
+    }
+}
+
+fn max_lateness_ticks() -> i128 {
+    i128::from(nanos(MAX_LATENESS_CREDIT)) << TICK_SHIFT
+}
+
+/// A flow's pacer: bytes and, optionally, operations per second, with a bounded burst.
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    rate: PaceRate,
+    bytes: Lane,
+    ops: Option<Lane>,
+    /// The latest `now` seen, in nanoseconds.
+    last: u64,
+    /// When the last refused request was told it could go, in nanoseconds.
+    promised: Option<u64>,
+}
+
+impl Pacer {
+    /// A pacer at `rate`, full (a burst's worth of credit) at `now`.
+    pub fn new(rate: PaceRate, now: Duration) -> Pacer {
+        Pacer {
+            rate,
+            bytes: Lane::full(rate.bytes_per_sec, rate.burst_bytes()),
+            ops: rate
+                .ops_per_sec
+                .map(|ops| Lane::full(ops, burst_units(ops, 1))),
+            last: nanos(now),
+            promised: None,
+        }
+    }
+
+    /// The rate in effect.
+    pub fn rate(&self) -> PaceRate {
+        self.rate
+    }
+
+    /// Brings the balances up to `now`.
+    fn refill(&mut self, now: u64) {
+        if now <= self.last {
+            return;
+        }
+        let late = match self.promised {
+            Some(at) if now >= at => {
+                self.promised = None;
+                i128::from(now - at) << TICK_SHIFT
+            }
+            _ => 0,
+        };
+        let dt = i128::from(now - self.last) << TICK_SHIFT;
+        self.last = now;
+        if self.rate.is_paused() {
+            return;
+        }
+        self.bytes.refill(dt, late);
+        if let Some(ops) = &mut self.ops {
+            ops.refill(dt, late);
+        }
+    }
+
+    /// Changes the rate at `now`: what accrued so far accrues at the old rate, and the
+    /// credit, debt and lateness owed carry over in bytes and operations (credit clipped to
+    /// the new burst). A lane that appears (operations newly paced) starts full.
+    pub fn set_rate(&mut self, now: Duration, rate: PaceRate) {
+        self.refill(nanos(now));
+        if rate == self.rate {
+            return;
+        }
+        if rate.is_paused() {
+            // The lanes keep their costs, so the balances resume in bytes at the next rate.
+            self.rate = rate;
+            return;
+        }
+        self.bytes = self.bytes.rerated(rate.bytes_per_sec, rate.burst_bytes());
+        self.ops = rate.ops_per_sec.map(|ops| match &self.ops {
+            Some(lane) => lane.rerated(ops, burst_units(ops, 1)),
+            None => Lane::full(ops, burst_units(ops, 1)),
+        });
+        self.rate = rate;
+    }
+
+    /// Releases a request of `bytes` and `ops` operations if the balances allow it at
+    /// `now`, charging it; otherwise returns how long until they will (at most
+    /// [`MAX_WAIT`]), rounded up to the nanosecond so that coming back then succeeds.
+    pub fn try_release(&mut self, now: Duration, bytes: u64, ops: u64) -> Result<(), Duration> {
+        let now = nanos(now);
+        self.refill(now);
+        if self.rate.is_paused() {
+            return Err(MAX_WAIT);
+        }
+        let ops_ready = match &self.ops {
+            Some(lane) => lane.balance >= 0,
+            None => true,
+        };
+        if self.bytes.balance >= 0 && ops_ready {
+            self.bytes.charge(bytes);
+            if let Some(lane) = &mut self.ops {
+                lane.charge(ops);
+            }
+            return Ok(());
+        }
+        let ticks = self
+            .bytes
+            .wait()
+            .max(self.ops.as_ref().map_or(0, Lane::wait));
+        // Round up to a whole nanosecond.
+        let wait_ns = (ticks + (1 << TICK_SHIFT) - 1) >> TICK_SHIFT;
+        let wait_ns = u64::try_from(wait_ns)
+            .unwrap_or(u64::MAX)
+            .min(nanos(MAX_WAIT));
+        self.promised = Some(now.saturating_add(wait_ns));
+        Err(Duration::from_nanos(wait_ns))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const KIB: u32 = 1024;
+
+    fn rate(bytes_per_sec: u64, chunk_bytes: u32) -> PaceRate {
+        PaceRate {
+            bytes_per_sec,
+            ops_per_sec: None,
+            chunk_bytes,
+        }
+    }
+
+    fn gbps(g: u64) -> u64 {
+        g * 1_000_000_000 / 8
+    }
+
+    /// Bytes released at once at `now` by requests of `chunk` bytes.
+    fn drain(p: &mut Pacer, now: Duration, chunk: u64) -> u64 {
+        let mut sent = 0;
+        while p.try_release(now, chunk, 1).is_ok() {
+            sent += chunk;
+        }
+        sent
+    }
+
+    #[test]
+    fn burst_at_the_papers_rates_is_a_few_chunks() {
+        // 48 Gb/s (IB-56) and 97 Gb/s (RoCE-100) with 5 KB chunks: 2 and 2.4 chunks of
+        // burst, so 3 chunks back to back after a long idle period.
+        for (g, most) in [(48, 3), (97, 3)] {
+            let chunk = 5 * KIB;
+            let mut p = Pacer::new(rate(gbps(g), chunk), Duration::ZERO);
+            let idle = Duration::from_secs(1);
+            let at_once = drain(&mut p, idle, u64::from(chunk));
+            assert_eq!(at_once / u64::from(chunk), most, "{g} Gb/s");
+        }
+    }
+
+    #[test]
+    fn long_run_rate_matches_the_configured_rate() {
+        let mut p = Pacer::new(rate(20_000_000, 64 * KIB), Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut sent = 0u64;
+        while now < Duration::from_secs(10) {
+            match p.try_release(now, 65_536, 1) {
+                Ok(()) => sent += 65_536,
+                Err(wait) => now += wait,
+            }
+        }
+        let achieved = sent as f64 / now.as_secs_f64();
+        assert!((achieved / 20e6 - 1.0).abs() < 0.002, "{achieved}");
+    }
+
+    #[test]
+    fn ops_bind_for_small_requests() {
+        let r = PaceRate {
+            bytes_per_sec: 1_000_000_000,
+            ops_per_sec: Some(1_000),
+            chunk_bytes: 16,
+        };
+        let mut p = Pacer::new(r, Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut ops = 0u64;
+        while now < Duration::from_secs(2) {
+            match p.try_release(now, 16, 1) {
+                Ok(()) => ops += 1,
+                Err(wait) => now += wait,
+            }
+        }
+        assert!((ops as f64 / now.as_secs_f64() / 1000.0 - 1.0).abs() < 0.002);
+    }
+
+    #[test]
+    fn a_caller_that_comes_back_late_still_gets_the_rate() {
+        // 64 KiB chunks at 5 MB/s, every return 6 ms after the time named (a pacer thread
+        // under emulation). Without the lateness rule the rate falls to about 70 %.
+        let mut p = Pacer::new(rate(5_000_000, 64 * KIB), Duration::ZERO);
+        let late = Duration::from_millis(6);
+        let mut now = Duration::ZERO;
+        let mut sent = 0u64;
+        while now < Duration::from_secs(20) {
+            match p.try_release(now, 65_536, 1) {
+                Ok(()) => sent += 65_536,
+                Err(wait) => now += wait + late,
+            }
+        }
+        let achieved = sent as f64 / now.as_secs_f64();
+        assert!((achieved / 5e6 - 1.0).abs() < 0.01, "{achieved}");
+    }
+
+    #[test]
+    fn a_late_return_is_repaid_over_time_not_at_once() {
+        // 5 KiB chunks at 32 MB/s polled every 10 us, one poll in 1000 coming 4 ms late:
+        // no poll releases more than the burst and one chunk, yet the rate holds.
+        let chunk = 5 * KIB;
+        let r = rate(32_000_000, chunk);
+        let mut p = Pacer::new(r, Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let (mut sent, mut largest, mut ticks) = (0u64, 0u64, 0u64);
+        while now < Duration::from_secs(2) {
+            let at_once = drain(&mut p, now, u64::from(chunk));
+            sent += at_once;
+            largest = largest.max(at_once);
+            ticks += 1;
+            now += if ticks.is_multiple_of(1000) {
+                Duration::from_millis(4)
+            } else {
+                Duration::from_micros(10)
+            };
+        }
+        // The burst here is two chunks (32 MB/s x 1 us is 32 bytes).
+        assert!(largest <= 3 * u64::from(chunk), "{largest} B at once");
+        let achieved = sent as f64 / now.as_secs_f64();
+        assert!((achieved / 32e6 - 1.0).abs() < 0.02, "{achieved}");
+    }
+
+    #[test]
+    fn a_stall_is_not_credited_beyond_the_bound() {
+        let chunk = 1_000u32;
+        let mut p = Pacer::new(rate(1_000_000, chunk), Duration::ZERO);
+        assert!(p.try_release(Duration::ZERO, 1_000_000, 1).is_ok());
+        assert!(p.try_release(Duration::ZERO, 1_000, 1).is_err());
+        // Back ten seconds late: the burst goes at once, then at most 50 ms of lateness
+        // on top of the rate over the next second.
+        let mut now = Duration::from_secs(10);
+        let mut sent = drain(&mut p, now, 1_000);
+        assert!(sent <= 3_000, "{sent}");
+        let end = now + Duration::from_secs(1);
+        while now < end {
+            match p.try_release(now, 1_000, 1) {
+                Ok(()) => sent += 1_000,
+                Err(wait) => now += wait,
+            }
+        }
+        let bound = 1_000_000 + 50_000 + 2_000 + 2_000;
+        assert!(sent <= bound, "{sent} > {bound}");
+        assert!(sent >= 1_040_000, "{sent}");
+    }
+
+    #[test]
+    fn a_request_larger_than_the_burst_goes_and_leaves_a_debt() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert!(p.try_release(Duration::ZERO, 1_000_000, 1).is_ok());
+        let wait = p.try_release(Duration::ZERO, 1, 1).unwrap_err();
+        // 1 MB at 1 MB/s less the 2 KB burst that was in the bucket: 0.998 s.
+        assert_eq!(wait.as_micros(), 998_000);
+        assert!(p.try_release(wait, 1, 1).is_ok());
+    }
+
+    #[test]
+    fn an_extreme_debt_waits_in_bounded_steps() {
+        let r = PaceRate {
+            bytes_per_sec: 1,
+            ops_per_sec: Some(1),
+            chunk_bytes: 1,
+        };
+        let mut p = Pacer::new(r, Duration::ZERO);
+        assert!(p
+            .try_release(Duration::ZERO, u64::from(u32::MAX), 1)
+            .is_ok());
+        assert_eq!(p.try_release(Duration::ZERO, 1, 1), Err(MAX_WAIT));
+        assert_eq!(p.try_release(MAX_WAIT, 1, 1), Err(MAX_WAIT));
+    }
+
+    #[test]
+    fn a_zero_rate_pauses_and_a_new_rate_resumes_without_a_backlog_of_credit() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        drain(&mut p, Duration::ZERO, 1_000);
+        p.set_rate(Duration::ZERO, rate(0, 1_000));
+        assert_eq!(
+            p.try_release(Duration::from_secs(5), 1_000, 1),
+            Err(MAX_WAIT)
+        );
+        p.set_rate(Duration::from_secs(10), rate(1_000_000, 1_000));
+        // The ten seconds of pause earned nothing: the debt of the drain is still owed.
+        assert!(p.try_release(Duration::from_secs(10), 1_000, 1).is_err());
+    }
+
+    #[test]
+    fn a_rate_change_keeps_the_debt_in_bytes() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert!(p.try_release(Duration::ZERO, 102_000, 1).is_ok());
+        // 100 KB of debt: 100 ms at 1 MB/s, 200 ms at 500 KB/s.
+        p.set_rate(Duration::ZERO, rate(500_000, 1_000));
+        let wait = p.try_release(Duration::ZERO, 1, 1).unwrap_err();
+        assert_eq!(wait.as_millis(), 200);
+    }
+
+    #[test]
+    fn time_going_backwards_counts_as_none() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::from_secs(1));
+        drain(&mut p, Duration::from_secs(1), 1_000);
+        assert!(p.try_release(Duration::ZERO, 1_000, 1).is_err());
+        assert!(p.try_release(Duration::from_secs(1), 1_000, 1).is_err());
+    }
+}
