@@ -38,10 +38,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
+use justitia_core::pacer::Pacer;
 use justitia_core::yield_plan::{yield_request, YieldPlanner};
 use justitia_verbs::sys::*;
 
-use crate::bucket::TokenBucket;
 use crate::stats::Counters;
 
 /// How the shaper treats one request.
@@ -49,7 +49,7 @@ use crate::stats::Counters;
 pub enum Treatment {
     /// Posted whole, unpaced (latency flows, and requests the planner cannot describe).
     Whole,
-    /// Posted whole, paced by the token bucket (throughput flows).
+    /// Posted whole, paced by the rate pacer (throughput flows).
     WholePaced,
     /// Split into chunks of at most `chunk_bytes`, paced if `paced` (bandwidth, `justitia`).
     Split {
@@ -372,7 +372,7 @@ pub enum Blocked {
     Idle,
     /// The hardware queue is full; completions will free slots.
     Slots,
-    /// The token bucket is empty for this long.
+    /// The rate pacer holds the next WQE for this long.
     Tokens(Duration),
     /// The QP has failed; nothing more is posted.
     Failed,
@@ -393,13 +393,13 @@ pub enum Verdict {
 /// On failure it reports the index of the first WQE not posted, and the error.
 pub type PostList<'a> = dyn FnMut(&mut [ibv_send_wr]) -> Result<(), (usize, c_int)> + 'a;
 
-/// What a drain needs from outside: the real post verb, the bucket, the counters, and a
+/// What a drain needs from outside: the real post verb, the rate pacer, the counters, and a
 /// place for synthesized completions.
 pub struct DrainEnv<'a> {
     /// Posts a list of WQEs.
     pub post: &'a mut PostList<'a>,
-    /// The process's token bucket, when pacing is configured.
-    pub bucket: Option<&'a Mutex<TokenBucket>>,
+    /// The process's rate pacer, when pacing is configured.
+    pub pacer: Option<&'a Mutex<Pacer>>,
     /// The process's counters.
     pub counters: &'a Counters,
     /// Completions to deliver that the hardware will not produce.
@@ -648,7 +648,7 @@ impl SendQueue {
                 return outcome;
             }
             let mut snapshots = Vec::new();
-            let (stop, waiting) = self.build(now, env.bucket, &mut snapshots);
+            let (stop, waiting) = self.build(now, env.pacer, &mut snapshots);
             // The request that found no tokens starts waiting now (after the WQEs built
             // before it are committed, which must not count its wait).
             let mark_waiting = |q: &mut SendQueue| {
@@ -692,7 +692,7 @@ impl SendQueue {
     fn build(
         &mut self,
         now: Duration,
-        bucket: Option<&Mutex<TokenBucket>>,
+        pacer: Option<&Mutex<Pacer>>,
         snapshots: &mut Vec<(usize, Box<SplitBody>)>,
     ) -> (Blocked, Option<usize>) {
         self.batch.clear();
@@ -727,11 +727,12 @@ impl SendQueue {
                 },
             };
             if req.paced && !is_yield {
-                if let Some(bucket) = bucket {
-                    let taken = bucket
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .try_take(now, payload);
+                if let Some(pacer) = pacer {
+                    let taken = pacer.lock().unwrap_or_else(|e| e.into_inner()).try_release(
+                        now,
+                        u64::from(payload),
+                        1,
+                    );
                     if let Err(wait) = taken {
                         return (Blocked::Tokens(wait), Some(index));
                     }
@@ -1247,7 +1248,7 @@ mod tests {
                 Duration::ZERO,
                 &mut DrainEnv {
                     post: &mut post,
-                    bucket: None,
+                    pacer: None,
                     counters: &self.counters,
                     synthesized: &mut self.synthesized,
                 },

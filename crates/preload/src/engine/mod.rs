@@ -1,7 +1,7 @@
 //! The shaper's state for each device context, queue pair and completion queue, the shaped
 //! post and poll paths, and the pacer.
 //!
-//! An [`Engine`] holds one process's settings, clock, counters and token bucket. In the
+//! An [`Engine`] holds one process's settings, clock, counters and rate pacer. In the
 //! preloaded library there is one, made from the environment on first use; tests make
 //! their own with a virtual clock and a manual pacer. Device contexts are attached to an
 //! engine ([`attach_context`], which saves the provider's function pointers); QPs and CQs
@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use justitia_core::classifier::{ClassifierConfig, FlowClassifier};
 use justitia_core::flow::FlowClass;
+use justitia_core::pacer::{PaceRate, Pacer as RatePacer};
 use justitia_core::yield_plan::YieldPlanner;
 use justitia_verbs::sys::*;
 
-use crate::bucket::TokenBucket;
 use crate::clock::Clock;
 use crate::config::{ClassSetting, Config, Policy};
 use crate::log::log;
@@ -86,7 +86,7 @@ const POLLS_DRIVE_FOR: Duration = Duration::from_millis(20);
 /// thread wake-up costs the host a context switch, and on a busy or emulated host it can
 /// cost a co-located latency flow a scheduler tick, so a polling application should see
 /// few of them; the tokens a request loses by waiting longer are owed back (see
-/// [`crate::bucket`]).
+/// [`justitia_core::pacer`]).
 const BACKSTOP_DELAY: Duration = Duration::from_millis(10);
 
 /// How long a QP blocked on send-queue slots waits before the pacer polls its send CQ on
@@ -119,16 +119,31 @@ struct Pacer {
     thread_pid: Mutex<Option<u32>>,
 }
 
+/// `JUSTITIA_RATE` in the core pacer's terms: whole bytes and operations per second
+/// (rounded; the configuration admits nothing below 1000 B/s and 1 op/s), and the
+/// configured chunk, which sets the burst (two chunks, or 1 us at the rate if more).
+pub fn pace_rate(rate: crate::config::Rate, chunk_bytes: u32) -> PaceRate {
+    // `as` saturates: a rate past u64::MAX units/s is as good as unpaced.
+    let whole = |per_sec: f64| (per_sec.round() as u64).max(1);
+    PaceRate {
+        bytes_per_sec: whole(rate.bytes_per_sec),
+        ops_per_sec: rate.ops_per_sec.map(whole),
+        chunk_bytes,
+    }
+}
+
 fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// One process's shaper: settings, clock, counters, token bucket and pacer.
+/// One process's shaper: settings, clock, counters, rate pacer and pacer queue.
 pub struct Engine {
     config: Config,
     clock: Arc<dyn Clock>,
     counters: Counters,
-    bucket: Option<Mutex<TokenBucket>>,
+    /// The enforcement algorithm the simulator uses too, when a rate is configured: one
+    /// per process, shared by every paced QP (see [`pace_rate`]).
+    rate: Option<Mutex<RatePacer>>,
     planner: YieldPlanner,
     classifier: ClassifierConfig,
     pacer: Pacer,
@@ -141,7 +156,9 @@ impl Engine {
         let now = clock.now();
         let planner = YieldPlanner::new(config.yields).unwrap_or_default();
         Arc::new(Engine {
-            bucket: config.rate.map(|r| Mutex::new(TokenBucket::new(r, now))),
+            rate: config
+                .rate
+                .map(|r| Mutex::new(RatePacer::new(pace_rate(r, config.chunk_bytes), now))),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -207,12 +224,12 @@ impl Engine {
         };
         match class {
             FlowClass::Latency => Treatment::Whole,
-            FlowClass::Throughput if self.bucket.is_some() => Treatment::WholePaced,
+            FlowClass::Throughput if self.rate.is_some() => Treatment::WholePaced,
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia => Treatment::Split {
                     chunk_bytes: state.chunk_bytes_for(self.config.chunk_bytes, wr, bytes),
-                    paced: self.bucket.is_some(),
+                    paced: self.rate.is_some(),
                 },
                 Policy::Preempt => Treatment::Preempt(self.planner),
             },
@@ -1015,7 +1032,7 @@ impl QpShared {
             now,
             &mut DrainEnv {
                 post: &mut post,
-                bucket: self.engine.bucket.as_ref(),
+                pacer: self.engine.rate.as_ref(),
                 counters: &self.engine.counters,
                 synthesized: &mut synthesized,
             },

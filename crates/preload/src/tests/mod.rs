@@ -696,6 +696,56 @@ fn pacing_conforms_to_the_rate_on_a_virtual_clock() {
     assert_eq!(src, dst);
 }
 
+/// Issue 9, item 2: the shaper paces with the core's pacer, whose burst is two chunks (or
+/// 1 us at the rate). At 24 Gb/s with 5 KiB chunks a 1 MB WRITE starts with three chunks
+/// back to back (the burst and the chunk that overdraws it); the shaper's old 1 ms bucket
+/// held 3 MB there and let the whole request out at once. The rest follows at the rate.
+#[test]
+fn a_bandwidth_flow_starts_with_at_most_three_chunks_back_to_back() {
+    let r = rig_with(
+        &[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "5K"),
+            ("JUSTITIA_RATE", "3G"),
+        ],
+        512,
+        false,
+    );
+    let src = pattern(1 << 20, 19);
+    let mut dst = vec![0u8; 1 << 20];
+    let mut s = [sge(&src, 0, src.len())];
+    let mut w = [rdma(
+        IBV_WR_RDMA_WRITE,
+        1,
+        &mut s,
+        dst.as_mut_ptr() as u64,
+        true,
+    )];
+    assert_eq!(r.post(&mut w).0, 0);
+    assert_eq!(r.log().len(), 3, "the burst and one chunk");
+    // Polled every microsecond, in which 3 kB accrue at 3 GB/s: never more than the burst
+    // and a chunk at once.
+    let mut most = 0;
+    let mut seen = Vec::new();
+    while seen.is_empty() && r.clock.now() < Duration::from_millis(10) {
+        r.clock.advance(Duration::from_micros(1));
+        let before = r.log().len();
+        r.engine.pacer_tick(r.clock.now());
+        most = most.max(r.log().len() - before);
+        seen.extend(r.run());
+    }
+    assert!(most <= 3, "{most} chunks at once");
+    assert_eq!(seen.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1]);
+    // The last chunk goes when 204 chunks less the 10 KiB burst have accrued at 3 GB/s:
+    // 345 us.
+    let took = r.clock.now();
+    assert!(
+        took >= Duration::from_micros(344) && took <= Duration::from_micros(352),
+        "{took:?}"
+    );
+    assert_eq!(src, dst);
+}
+
 #[test]
 fn a_polling_application_releases_paced_chunks_itself_at_the_rate() {
     let r = rig_with(
@@ -1045,7 +1095,9 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
         chunks,
         "the pacer thread posted every chunk"
     );
-    // 200 kB at 2 MB/s is 100 ms, less the first chunk and the burst.
+    // 200 kB at 2 MB/s is 100 ms. The pacer's burst is two 16 KiB chunks (at 2 MB/s, 1 us
+    // is 2 B), so the 13th and last chunk goes when 12 chunks less the burst have accrued:
+    // (196 608 - 32 768) B / 2 MB/s = 81.9 ms.
     assert!(took >= Duration::from_millis(80), "{took:?}");
     dev.execute_all(qp);
     let mut wc = [ibv_wc::default(); 2];
