@@ -270,8 +270,13 @@ impl SplitBody {
 
 #[derive(Debug)]
 enum Body {
-    Whole(OwnedWr),
+    /// Boxed, so that a request record stays small: every request, posted at once or
+    /// not, is moved into the queue and out of it.
+    Whole(Box<OwnedWr>),
     Split(Box<SplitBody>),
+    /// Posted straight from the application's request by [`SendQueue::post_now`]: nothing
+    /// of it is kept but the bookkeeping of its completion.
+    Sent,
 }
 
 /// One accepted application request.
@@ -340,9 +345,12 @@ struct TagSpace {
 }
 
 impl TagSpace {
+    /// Room for `slots` WQEs, rounded up to a power of two so that a tag is a mask away
+    /// from its sequence number (no division per WQE).
     fn new(slots: u32) -> Self {
+        let len = (slots.max(1) as usize).next_power_of_two();
         TagSpace {
-            block: vec![0u8; slots.max(1) as usize].into_boxed_slice(),
+            block: vec![0u8; len].into_boxed_slice(),
         }
     }
 
@@ -357,7 +365,7 @@ impl TagSpace {
     /// The tag of the WQE with sequence number `seq`; unique among the WQEs in flight,
     /// which never outnumber the slots.
     fn tag(&self, seq: u64) -> u64 {
-        self.base() + seq % self.len()
+        self.base() + (seq & (self.len() - 1))
     }
 
     fn contains(&self, wr_id: u64) -> bool {
@@ -504,6 +512,12 @@ impl SendQueue {
         self.queued() > 0 && self.posted.len() >= self.capacity as usize
     }
 
+    /// True when a drain may post or settle something: requests wait in software.
+    /// (A completion settles a failed queue itself, see [`Self::complete`].)
+    pub fn needs_drain(&self) -> bool {
+        self.queued() > 0
+    }
+
     /// Requests waiting in software (not fully posted).
     pub fn queued(&self) -> usize {
         self.requests.len() - self.cursor
@@ -537,8 +551,8 @@ impl SendQueue {
         let visible = self.sig_all || wr.signaled();
         let wc_opcode = wc_opcode_for(wr.opcode());
         let (body, split, paced) = match treatment {
-            Treatment::Whole => (Body::Whole(wr), false, false),
-            Treatment::WholePaced => (Body::Whole(wr), false, true),
+            Treatment::Whole => (Body::Whole(Box::new(wr)), false, false),
+            Treatment::WholePaced => (Body::Whole(Box::new(wr)), false, true),
             Treatment::Split { chunk_bytes, paced } => {
                 self.split_body(wr, chunk_bytes, None, paced)
             }
@@ -563,6 +577,90 @@ impl SendQueue {
             blocked_since: None,
         });
         Ok(())
+    }
+
+    /// Posts one application request straight to the provider when nothing would hold it
+    /// back, without copying it: the queue holds no request waiting, the QP has not failed,
+    /// the hardware queue has a slot, the treatment posts it whole (a split or preempt
+    /// treatment of a request no larger than one chunk or sub-message does), and `release`
+    /// (the rate pacer's verdict, asked last) lets it go. The WQE carries a tag like every
+    /// other, and the request is recorded fully posted: the provider's verdict is final, so
+    /// the call has nothing left to take back.
+    ///
+    /// Returns `None` when the request must take the general path ([`Self::accept`] and
+    /// [`Self::drain`]), which then decides exactly as it would have; else the provider's
+    /// verdict: `Err(rc)` when it refused the request, which is then not accepted (as a
+    /// refusal of the first WQE of a request of the running call is handled there).
+    ///
+    /// # Safety
+    /// `wr` must be a valid send request whose SGE list (and inline payload) is readable.
+    pub unsafe fn post_now(
+        &mut self,
+        wr: &ibv_send_wr,
+        treatment: Treatment,
+        release: impl FnOnce(u64, bool) -> bool,
+        env: &mut DrainEnv<'_>,
+    ) -> Option<Result<(), c_int>> {
+        if self.failed
+            || self.cursor != self.requests.len()
+            || self.requests.len() >= self.capacity as usize
+            || self.posted.len() >= self.capacity as usize
+        {
+            return None;
+        }
+        // SAFETY: guaranteed by the caller.
+        let len = unsafe { payload_of(wr) };
+        let paced = match treatment {
+            Treatment::Whole => false,
+            Treatment::WholePaced => true,
+            Treatment::Split { chunk_bytes, paced } if len <= u64::from(chunk_bytes) => paced,
+            Treatment::Preempt(p) if len <= u64::from(p.sub_message_bytes()) => false,
+            Treatment::Split { .. } | Treatment::Preempt(_) => return None,
+        };
+        if !release(len, paced) {
+            return None;
+        }
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        let visible = self.sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0;
+        let signaled = visible || self.unsignaled_run + 1 >= self.signal_every;
+        let mut wqe = *wr;
+        wqe.next = std::ptr::null_mut();
+        wqe.wr_id = self.tags.tag(self.next_wqe);
+        wqe.send_flags = if signaled {
+            wqe.send_flags | IBV_SEND_SIGNALED
+        } else {
+            wqe.send_flags & !IBV_SEND_SIGNALED
+        };
+        if let Err((_, rc)) = (env.post)(std::slice::from_mut(&mut wqe)) {
+            return Some(Err(rc));
+        }
+        self.next_wqe += 1;
+        self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
+        self.posted.push_back(Posted {
+            seq: self.first_seq + self.requests.len() as u64,
+            wr_id: wqe.wr_id,
+            signaled,
+            visible,
+        });
+        self.requests.push_back(Request {
+            wr_id: wr.wr_id,
+            wc_opcode: wc_opcode_for(wr.opcode),
+            len,
+            split: false,
+            visible,
+            paced,
+            body: Body::Sent,
+            call_index: None,
+            posted_any: true,
+            done_posting: true,
+            inflight: 1,
+            reported: false,
+            blocked_since: None,
+        });
+        self.cursor = self.requests.len();
+        add(&env.counters.requests, 1);
+        add(&env.counters.bytes, u64::from(len));
+        Some(Ok(()))
     }
 
     /// The body for a request to split: the chunk plan when the planner splits it, else
@@ -600,7 +698,7 @@ impl SendQueue {
                 };
                 (Body::Split(Box::new(body)), true, paced)
             }
-            None => (Body::Whole(wr), false, paced),
+            None => (Body::Whole(Box::new(wr)), false, paced),
         }
     }
 
@@ -725,6 +823,15 @@ impl SendQueue {
                         continue;
                     }
                 },
+                // Posted whole already (never behind the cursor's first unposted request).
+                Body::Sent => {
+                    req.done_posting = true;
+                    if index == self.cursor {
+                        self.cursor += 1;
+                    }
+                    index += 1;
+                    continue;
+                }
             };
             if req.paced && !is_yield {
                 if let Some(pacer) = pacer {
@@ -741,6 +848,10 @@ impl SendQueue {
             let seq = self.first_seq + index as u64;
             let (kind, sges, is_last, mut wr) = match &mut req.body {
                 Body::Whole(w) => (WqeKind::Whole, (0, 0), true, w.as_wr()),
+                Body::Sent => {
+                    index += 1;
+                    continue;
+                }
                 Body::Split(s) => {
                     if !snapshots.iter().any(|(i, _)| *i == index) {
                         snapshots.push((index, s.clone()));
@@ -971,6 +1082,9 @@ impl SendQueue {
             if wc.opcode & IBV_WC_RECV != 0 {
                 return Verdict::NotOurs;
             }
+            if let Some(verdict) = self.complete_oldest(wc) {
+                return verdict;
+            }
             let Some(index) = self
                 .posted
                 .iter()
@@ -1017,6 +1131,38 @@ impl SendQueue {
         self.retire_front();
         self.flush_settled(counters, synthesized);
         verdict
+    }
+
+    /// The usual success: the completion is of the oldest WQE in flight, the last of the
+    /// oldest request, on a queue that has not failed. Settles it as the general path of
+    /// [`Self::complete`] would (pop the WQE, deliver the request's completion once,
+    /// retire it), without its searches; `None` for anything else.
+    fn complete_oldest(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
+        let front = self.posted.front()?;
+        if self.failed || !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq
+        {
+            return None;
+        }
+        let visible = front.visible;
+        let req = self.requests.front_mut()?;
+        if req.inflight != 1 || !req.done_posting {
+            return None;
+        }
+        self.posted.pop_front();
+        let verdict = if visible && !req.reported {
+            wc.wr_id = req.wr_id;
+            if req.split {
+                wc.byte_len = req.len;
+            }
+            Verdict::Deliver
+        } else {
+            Verdict::Hide
+        };
+        self.requests.pop_front();
+        self.first_seq += 1;
+        self.cursor = self.cursor.saturating_sub(1);
+        self.retire_front();
+        Some(verdict)
     }
 
     fn request_info(&self, seq: u64) -> Option<(u64, u32, bool, bool)> {
@@ -1106,6 +1252,20 @@ impl SendQueue {
         self.failed = true;
         self.flush_settled(counters, synthesized);
     }
+}
+
+/// Sum of the SGE lengths of `wr` (its payload, inline or not).
+///
+/// # Safety
+/// `wr`'s SGE list must be readable.
+pub unsafe fn payload_of(wr: &ibv_send_wr) -> u64 {
+    let n = usize::try_from(wr.num_sge).unwrap_or(0);
+    if n == 0 || wr.sg_list.is_null() {
+        return 0;
+    }
+    // SAFETY: guaranteed by the caller.
+    let sges = unsafe { std::slice::from_raw_parts(wr.sg_list, n) };
+    sges.iter().map(|s| u64::from(s.length)).sum()
 }
 
 /// The completion opcode of a send opcode.

@@ -207,9 +207,14 @@ impl Engine {
             )
     }
 
-    /// The treatment of one request on a QP.
-    fn treatment(&self, state: &mut QpState, now: Duration, wr: &OwnedWr) -> Treatment {
-        let bytes = wr.payload_len();
+    /// The treatment of one request of `bytes` with `opcode` on a QP.
+    fn treatment(
+        &self,
+        state: &mut QpState,
+        now: Duration,
+        opcode: ibv_wr_opcode,
+        bytes: u64,
+    ) -> Treatment {
         let class = match (self.config.class, state.classifier.as_mut()) {
             (Some(ClassSetting::Fixed(c)), _) => c,
             (Some(ClassSetting::Auto), Some(cl)) => {
@@ -228,7 +233,7 @@ impl Engine {
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia => Treatment::Split {
-                    chunk_bytes: state.chunk_bytes_for(self.config.chunk_bytes, wr, bytes),
+                    chunk_bytes: state.chunk_bytes_for(self.config.chunk_bytes, opcode, bytes),
                     paced: self.rate.is_some(),
                 },
                 Policy::Preempt => Treatment::Preempt(self.planner),
@@ -304,6 +309,12 @@ impl Engine {
             qp.progress(now);
         }
         self.pacer_queue().waiting.iter().map(|(_, at)| *at).min()
+    }
+
+    /// True when QPs wait in the pacer's queue (one load): only then can a poll have
+    /// paced requests to release.
+    pub(crate) fn pacer_has_waiting(&self) -> bool {
+        self.pacer.next_due_ns.load(Ordering::Acquire) != u64::MAX
     }
 
     /// Called by every shaped poll: releases the requests whose tokens are due. Costs one
@@ -558,9 +569,9 @@ impl QpState {
     /// packet anyway. An RDMA READ is never cut into more pieces than the QP's
     /// `max_rd_atomic`: the NIC holds back READs beyond that many until one has returned,
     /// so each further piece costs a round trip without freeing the link any sooner.
-    fn chunk_bytes_for(&self, chunk: u32, wr: &OwnedWr, bytes: u64) -> u32 {
+    fn chunk_bytes_for(&self, chunk: u32, opcode: ibv_wr_opcode, bytes: u64) -> u32 {
         let mut chunk = chunk.max(self.path_mtu);
-        if wr.opcode() == IBV_WR_RDMA_READ && self.max_rd_atomic > 0 {
+        if opcode == IBV_WR_RDMA_READ && self.max_rd_atomic > 0 {
             let per_read = bytes.div_ceil(u64::from(self.max_rd_atomic));
             chunk = chunk.max(u32::try_from(per_read).unwrap_or(u32::MAX));
         }
@@ -867,6 +878,10 @@ impl QpShared {
         bad_wr: *mut *mut ibv_send_wr,
         settled: &Cell<Option<(c_int, usize)>>,
     ) -> c_int {
+        // SAFETY: guaranteed by the caller.
+        if let Some(rc) = unsafe { self.post_one_now(wr, bad_wr, settled) } {
+            return rc;
+        }
         let now = self.engine.clock.now();
         let mut st = self.lock();
         let mut rc = 0;
@@ -878,7 +893,9 @@ impl QpShared {
             fault::hit(fault::PostFault::BeforeAccept(index));
             // SAFETY: as above.
             let owned = unsafe { OwnedWr::copy_from(w) };
-            let treatment = self.engine.treatment(&mut st, now, &owned);
+            let treatment =
+                self.engine
+                    .treatment(&mut st, now, owned.opcode(), owned.payload_len());
             if let Err(e) = st.sq.accept(owned, treatment, index) {
                 rc = e;
                 break;
@@ -907,6 +924,85 @@ impl QpShared {
         fault::hit(fault::PostFault::AfterSettled);
         self.after_drain(synthesized, blocked, now);
         rc
+    }
+
+    /// The shaped `ibv_post_send` of a single request that nothing holds back (see
+    /// [`SendQueue::post_now`]): posted straight from the application's request, with no
+    /// copy, no batch and no pacer bookkeeping. The clock is read only when the class or
+    /// the pacer needs it. `None`: the request takes the general path, untouched.
+    ///
+    /// # Safety
+    /// As [`Self::post_send_shaped`].
+    unsafe fn post_one_now(
+        &self,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+        settled: &Cell<Option<(c_int, usize)>>,
+    ) -> Option<c_int> {
+        // SAFETY: guaranteed by the caller.
+        let w = unsafe { wr.as_ref() }?;
+        if !w.next.is_null() {
+            return None;
+        }
+        #[cfg(test)]
+        fault::hit(fault::PostFault::BeforeAccept(0));
+        let engine = &*self.engine;
+        // The classifier learns from every post: it must see each request once, so a QP of
+        // the automatic class always takes the general path.
+        if !matches!(engine.config.class, Some(ClassSetting::Fixed(_))) {
+            return None;
+        }
+        let now = engine.rate.as_ref().map(|_| engine.clock.now());
+        let mut st = self.lock();
+        if st.destroyed {
+            return None;
+        }
+        // SAFETY: guaranteed by the caller.
+        let bytes = unsafe { crate::send_queue::payload_of(w) };
+        // A fixed class needs no clock to choose.
+        let treatment = engine.treatment(&mut st, Duration::ZERO, w.opcode, bytes);
+        let release = |bytes: u64, paced: bool| match (&engine.rate, paced, now) {
+            (Some(pacer), true, Some(now)) => pacer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_release(now, bytes, 1)
+                .is_ok(),
+            _ => true,
+        };
+        let qp = self.qp;
+        let post_send = self.post_send;
+        let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: qp is live (its state is registered); the one WQE and the
+            // application's SGE list live for the call.
+            match unsafe { post_send(qp, wrs.as_mut_ptr(), &mut bad) } {
+                0 => Ok(()),
+                rc => Err((0, rc)),
+            }
+        };
+        let mut none = Vec::new();
+        let mut env = DrainEnv {
+            post: &mut post,
+            pacer: engine.rate.as_ref(),
+            counters: &engine.counters,
+            synthesized: &mut none,
+        };
+        // SAFETY: guaranteed by the caller.
+        let posted = unsafe { st.sq.post_now(w, treatment, release, &mut env) }?;
+        // Settled as soon as the provider has answered: a panic from here on must not
+        // refuse a request that went out.
+        let rc = posted.err().unwrap_or(0);
+        settled.set(Some((rc, usize::from(rc == 0))));
+        #[cfg(test)]
+        fault::hit(fault::PostFault::AfterDrain);
+        drop(st);
+        if rc != 0 && !bad_wr.is_null() {
+            // SAFETY: guaranteed writable by the caller.
+            unsafe { *bad_wr = wr };
+        }
+        #[cfg(test)]
+        fault::hit(fault::PostFault::AfterSettled);
+        Some(rc)
     }
 
     /// Recovers from a panic inside [`Self::post_send_shaped`], given what it had
@@ -983,7 +1079,8 @@ impl QpShared {
             #[cfg(test)]
             fault::hit(fault::PostFault::BeforeAccept(index));
             let treatment = if shaping {
-                self.engine.treatment(&mut st, now, &owned)
+                self.engine
+                    .treatment(&mut st, now, owned.opcode(), owned.payload_len())
             } else {
                 Treatment::Whole
             };
@@ -1316,7 +1413,8 @@ impl CqShared {
         }
     }
 
-    /// Translates one completion; returns whether to deliver it, and the QP it touched.
+    /// Translates one completion; returns whether to deliver it, and its QP when requests
+    /// wait there (the caller lets it post into the freed slot).
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
     /// completions are then attributed by their tags (every WQE the shaper posts carries
     /// one).
@@ -1340,8 +1438,13 @@ impl CqShared {
         if !qp_num_known {
             wc.qp_num = q.qp_num;
         }
-        let verdict = q.lock().sq.complete(wc, &self.engine.counters, synthesized);
-        (verdict != Verdict::Hide, Some(Arc::clone(q)))
+        let (verdict, drain) = {
+            let mut st = q.lock();
+            let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
+            (verdict, st.sq.needs_drain())
+        };
+        // A QP with nothing waiting has nothing to post for the slot the completion freed.
+        (verdict != Verdict::Hide, drain.then(|| Arc::clone(q)))
     }
 
     /// Polls the provider's CQ for the pacer (see [`QpShared::progress`]): internal
@@ -1465,11 +1568,15 @@ impl CqShared {
                 out += 1;
             }
         }
-        let now = self.engine.clock.now();
-        for q in touched {
-            q.drain(now);
+        // The clock is read only when something may be due: most polls of a flow that is
+        // not held back find neither a QP with requests waiting nor a paced one queued.
+        if !touched.is_empty() || self.engine.pacer_has_waiting() {
+            let now = self.engine.clock.now();
+            for q in touched {
+                q.drain(now);
+            }
+            self.engine.on_poll(now);
         }
-        self.engine.on_poll(now);
         c_int::try_from(out).unwrap_or(c_int::MAX)
     }
 }

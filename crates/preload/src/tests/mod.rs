@@ -783,6 +783,49 @@ fn a_polling_application_releases_paced_chunks_itself_at_the_rate() {
     assert_eq!(src, dst);
 }
 
+/// Single requests on an idle queue are posted straight from the application's request
+/// (no copy, no batch), but still asked of the pacer: at 1000 ops/s, of ten 16 B WRITEs
+/// posted one call each at once, three go (the burst of two operations and the one that
+/// overdraws it) and the rest wait behind them, in order, at the rate.
+#[test]
+fn single_posts_on_an_idle_queue_are_still_paced_and_kept_in_order() {
+    let r = rig(&[
+        ("JUSTITIA_CLASS", "throughput"),
+        ("JUSTITIA_RATE", "1G:1000"),
+    ]);
+    let src = pattern(16, 23);
+    let mut dst = vec![0u8; 16];
+    for id in 0..10 {
+        let mut s = [sge(&src, 0, 16)];
+        let mut w = [rdma(
+            IBV_WR_RDMA_WRITE,
+            id,
+            &mut s,
+            dst.as_mut_ptr() as u64,
+            true,
+        )];
+        assert_eq!(r.post(&mut w).0, 0);
+    }
+    assert_eq!(r.log().len(), 3, "the burst and one request");
+    let mut seen = r.run();
+    while seen.len() < 10 && r.clock.now() < Duration::from_secs(1) {
+        r.clock.advance(Duration::from_micros(100));
+        r.engine.pacer_tick(r.clock.now());
+        seen.extend(r.run());
+    }
+    assert_eq!(
+        seen.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
+    // Seven more at 1 ms each.
+    let took = r.clock.now();
+    assert!(
+        took >= Duration::from_millis(7) && took <= Duration::from_micros(7_200),
+        "{took:?}"
+    );
+    assert_eq!(src, dst);
+}
+
 #[test]
 fn throughput_class_is_paced_by_operations() {
     let r = rig(&[
