@@ -27,8 +27,7 @@ pub unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let found = engine::qp_fast(qp);
-    if let Some(q) = found {
+    if let Some(q) = engine::qp_fast(qp) {
         // SAFETY: guaranteed by the caller.
         if let Some(w) = unsafe { wr.as_ref() } {
             if !q.shaped && w.next.is_null() && w.num_sge == 1 {
@@ -41,23 +40,21 @@ pub unsafe extern "C" fn post_send(
         }
     }
     // SAFETY: guaranteed by the caller.
-    unsafe { post_send_slow(qp, wr, bad_wr, found) }
+    unsafe { post_send_slow(qp, wr, bad_wr) }
 }
 
-/// `ops.post_send` of a shaped or unregistered QP; `found` is its state if the first
-/// lookup found it.
+/// `ops.post_send` of a shaped or unregistered QP.
 ///
 /// # Safety
 /// As [`post_send`].
 #[cold]
 #[inline(never)]
-unsafe fn post_send_slow(
+unsafe extern "C" fn post_send_slow(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
-    found: Option<&'static engine::QpShared>,
 ) -> c_int {
-    if let Some(q) = found.or_else(|| engine::qp(qp)) {
+    if let Some(q) = engine::qp(qp) {
         if !q.shapes_posts() || in_forked_child() {
             // SAFETY: guaranteed by the caller.
             unsafe {
@@ -121,31 +118,25 @@ pub unsafe extern "C" fn post_recv(
 /// # Safety
 /// Called by `ibv_poll_cq` with a live CQ and room for `n` completions.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    let found = engine::cq_fast(cq);
-    if let Some(c) = found {
+    if let Some(c) = engine::cq_fast(cq) {
         if !c.needs_shaping() {
             // SAFETY: the provider's own poll_cq, with the caller's arguments.
             return unsafe { (c.poll_cq)(cq, n, wc) };
         }
     }
     // SAFETY: guaranteed by the caller.
-    unsafe { poll_cq_slow(cq, n, wc, found) }
+    unsafe { poll_cq_slow(cq, n, wc) }
 }
 
 /// `ops.poll_cq` of a CQ with shaped QPs or pending synthesized completions, or an
-/// unregistered one; `found` is its state if the first lookup found it.
+/// unregistered one.
 ///
 /// # Safety
 /// As [`poll_cq`].
 #[cold]
 #[inline(never)]
-unsafe fn poll_cq_slow(
-    cq: *mut ibv_cq,
-    n: c_int,
-    wc: *mut ibv_wc,
-    found: Option<&'static engine::CqShared>,
-) -> c_int {
-    if let Some(c) = found.or_else(|| engine::cq(cq)) {
+unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if let Some(c) = engine::cq(cq) {
         if !c.needs_shaping() {
             // SAFETY: the provider's own poll_cq, with the caller's arguments.
             return unsafe { (c.poll_cq)(cq, n, wc) };
