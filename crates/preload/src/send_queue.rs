@@ -62,6 +62,19 @@ pub enum Treatment {
     Preempt(YieldPlanner),
 }
 
+/// What the shaper does with a request of a QP whose treatment needs no clock and no
+/// history (a fixed class): requests up to `whole_up_to` bytes are posted whole, paced when
+/// `paced`. Derived once per QP from the settings and the QP's path MTU, and derived again
+/// when the MTU changes, so that a post does not work the treatment out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastLane {
+    /// The largest payload posted whole; a larger request takes the general path (which
+    /// may still post it whole: this bound is never larger than the real one).
+    pub whole_up_to: u64,
+    /// Such a request takes tokens from the rate pacer.
+    pub paced: bool,
+}
+
 /// A copy of one application send request that outlives the post call.
 #[derive(Clone)]
 pub struct OwnedWr {
@@ -581,11 +594,12 @@ impl SendQueue {
 
     /// Posts one application request straight to the provider when nothing would hold it
     /// back, without copying it: the queue holds no request waiting, the QP has not failed,
-    /// the hardware queue has a slot, the treatment posts it whole (a split or preempt
-    /// treatment of a request no larger than one chunk or sub-message does), and `release`
-    /// (the rate pacer's verdict, asked last) lets it go. The WQE carries a tag like every
-    /// other, and the request is recorded fully posted: the provider's verdict is final, so
-    /// the call has nothing left to take back.
+    /// the hardware queue has a slot, the request is no larger than what `lane` posts whole
+    /// (a split or preempt treatment of a request no larger than one chunk or sub-message
+    /// posts it whole), and `release` (the rate pacer's verdict, asked last and only for a
+    /// paced lane) lets it go. The WQE carries a tag like every other, and the request is
+    /// recorded fully posted: the provider's verdict (`post`, handed the one WQE) is final,
+    /// so the call has nothing left to take back.
     ///
     /// Returns `None` when the request must take the general path ([`Self::accept`] and
     /// [`Self::drain`]), which then decides exactly as it would have; else the provider's
@@ -594,30 +608,26 @@ impl SendQueue {
     ///
     /// # Safety
     /// `wr` must be a valid send request whose SGE list (and inline payload) is readable.
+    #[inline(always)]
     pub unsafe fn post_now(
         &mut self,
         wr: &ibv_send_wr,
-        treatment: Treatment,
-        release: impl FnOnce(u64, bool) -> bool,
-        env: &mut DrainEnv<'_>,
+        lane: FastLane,
+        release: impl FnOnce(u64) -> bool,
+        post: impl FnOnce(&mut ibv_send_wr) -> c_int,
+        counters: &Counters,
     ) -> Option<Result<(), c_int>> {
+        let outstanding = self.requests.len();
         if self.failed
-            || self.cursor != self.requests.len()
-            || self.requests.len() >= self.capacity as usize
+            || self.cursor != outstanding
+            || outstanding >= self.capacity as usize
             || self.posted.len() >= self.capacity as usize
         {
             return None;
         }
         // SAFETY: guaranteed by the caller.
         let len = unsafe { payload_of(wr) };
-        let paced = match treatment {
-            Treatment::Whole => false,
-            Treatment::WholePaced => true,
-            Treatment::Split { chunk_bytes, paced } if len <= u64::from(chunk_bytes) => paced,
-            Treatment::Preempt(p) if len <= u64::from(p.sub_message_bytes()) => false,
-            Treatment::Split { .. } | Treatment::Preempt(_) => return None,
-        };
-        if !release(len, paced) {
+        if len > lane.whole_up_to || (lane.paced && !release(len)) {
             return None;
         }
         let len = u32::try_from(len).unwrap_or(u32::MAX);
@@ -631,13 +641,14 @@ impl SendQueue {
         } else {
             wqe.send_flags & !IBV_SEND_SIGNALED
         };
-        if let Err((_, rc)) = (env.post)(std::slice::from_mut(&mut wqe)) {
+        let rc = post(&mut wqe);
+        if rc != 0 {
             return Some(Err(rc));
         }
         self.next_wqe += 1;
         self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
         self.posted.push_back(Posted {
-            seq: self.first_seq + self.requests.len() as u64,
+            seq: self.first_seq + outstanding as u64,
             wr_id: wqe.wr_id,
             signaled,
             visible,
@@ -648,7 +659,7 @@ impl SendQueue {
             len,
             split: false,
             visible,
-            paced,
+            paced: lane.paced,
             body: Body::Sent,
             call_index: None,
             posted_any: true,
@@ -657,9 +668,9 @@ impl SendQueue {
             reported: false,
             blocked_since: None,
         });
-        self.cursor = self.requests.len();
-        add(&env.counters.requests, 1);
-        add(&env.counters.bytes, u64::from(len));
+        self.cursor = outstanding + 1;
+        add(&counters.requests, 1);
+        add(&counters.bytes, u64::from(len));
         Some(Ok(()))
     }
 
@@ -1031,6 +1042,7 @@ impl SendQueue {
     }
 
     /// Retires requests at the front that are fully posted and complete.
+    #[inline]
     fn retire_front(&mut self) {
         while let Some(front) = self.requests.front() {
             if !(front.done_posting && front.inflight == 0) {
@@ -1073,6 +1085,12 @@ impl SendQueue {
         counters: &Counters,
         synthesized: &mut Vec<ibv_wc>,
     ) -> Verdict {
+        // The usual case first: its test (the oldest WQE's tag) implies the others.
+        if wc.status == IBV_WC_SUCCESS && wc.opcode & IBV_WC_RECV == 0 {
+            if let Some(verdict) = self.complete_oldest(wc) {
+                return verdict;
+            }
+        }
         if !self.tags.contains(wc.wr_id) {
             return Verdict::NotOurs;
         }
@@ -1081,9 +1099,6 @@ impl SendQueue {
         if wc.status == IBV_WC_SUCCESS {
             if wc.opcode & IBV_WC_RECV != 0 {
                 return Verdict::NotOurs;
-            }
-            if let Some(verdict) = self.complete_oldest(wc) {
-                return verdict;
             }
             let Some(index) = self
                 .posted
@@ -1137,6 +1152,7 @@ impl SendQueue {
     /// oldest request, on a queue that has not failed. Settles it as the general path of
     /// [`Self::complete`] would (pop the WQE, deliver the request's completion once,
     /// retire it), without its searches; `None` for anything else.
+    #[inline(always)]
     fn complete_oldest(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
         let front = self.posted.front()?;
         if self.failed || !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq
@@ -1258,7 +1274,12 @@ impl SendQueue {
 ///
 /// # Safety
 /// `wr`'s SGE list must be readable.
+#[inline(always)]
 pub unsafe fn payload_of(wr: &ibv_send_wr) -> u64 {
+    if wr.num_sge == 1 && !wr.sg_list.is_null() {
+        // SAFETY: guaranteed by the caller; the usual request has one SGE.
+        return u64::from(unsafe { (*wr.sg_list).length });
+    }
     let n = usize::try_from(wr.num_sge).unwrap_or(0);
     if n == 0 || wr.sg_list.is_null() {
         return 0;

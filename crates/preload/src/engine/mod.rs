@@ -38,7 +38,7 @@ use ex_state::{QpExOps, WrBatch};
 
 pub mod channels;
 pub mod ex_state;
-use crate::send_queue::{Blocked, DrainEnv, OwnedWr, SendQueue, Treatment, Verdict};
+use crate::send_queue::{Blocked, DrainEnv, FastLane, OwnedWr, SendQueue, Treatment, Verdict};
 use crate::stats::{Counters, StatsSnapshot};
 
 /// `ibv_context.ops.post_send`.
@@ -239,6 +239,35 @@ impl Engine {
                 Policy::Preempt => Treatment::Preempt(self.planner),
             },
         }
+    }
+
+    /// What [`Self::treatment`] gives a small request on a QP with path MTU `path_mtu`,
+    /// when that needs neither the clock nor the QP's history (a fixed class): requests up
+    /// to the chunk (never below the MTU; a READ's may be larger still, which the general
+    /// path then finds) or the sub-message are posted whole, paced as their class is.
+    fn fast_lane(&self, path_mtu: u32) -> Option<FastLane> {
+        let Some(ClassSetting::Fixed(class)) = self.config.class else {
+            return None;
+        };
+        let paced = self.rate.is_some();
+        let whole = |paced| FastLane {
+            whole_up_to: u64::MAX,
+            paced,
+        };
+        Some(match class {
+            FlowClass::Latency => whole(false),
+            FlowClass::Throughput => whole(paced),
+            FlowClass::Bandwidth => match self.config.policy {
+                Policy::Justitia => FastLane {
+                    whole_up_to: u64::from(self.config.chunk_bytes.max(path_mtu)),
+                    paced,
+                },
+                Policy::Preempt => FastLane {
+                    whole_up_to: u64::from(self.planner.sub_message_bytes()),
+                    paced: false,
+                },
+            },
+        })
     }
 
     fn pacer_queue(&self) -> MutexGuard<'_, PacerQueue> {
@@ -555,6 +584,8 @@ pub struct QpState {
     /// RDMA READs it may have outstanding as initiator (`max_rd_atomic`; 0: not set yet).
     max_rd_atomic: u32,
     classifier: Option<FlowClassifier>,
+    /// The treatment of a small request, when the class is fixed (see [`FastLane`]).
+    fast: Option<FastLane>,
     pub(crate) batch: WrBatch,
 }
 
@@ -660,6 +691,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
             path_mtu: MIN_PATH_MTU,
             max_rd_atomic: 0,
             classifier,
+            fast: engine.fast_lane(MIN_PATH_MTU),
             batch: WrBatch::default(),
         }),
         in_pacer: AtomicBool::new(false),
@@ -928,11 +960,13 @@ impl QpShared {
 
     /// The shaped `ibv_post_send` of a single request that nothing holds back (see
     /// [`SendQueue::post_now`]): posted straight from the application's request, with no
-    /// copy, no batch and no pacer bookkeeping. The clock is read only when the class or
-    /// the pacer needs it. `None`: the request takes the general path, untouched.
+    /// copy, no batch and no pacer bookkeeping, by the QP's [`FastLane`] (its treatment,
+    /// derived once). The clock is read only when the pacer is asked. `None`: the request
+    /// takes the general path, untouched.
     ///
     /// # Safety
     /// As [`Self::post_send_shaped`].
+    #[inline(always)]
     unsafe fn post_one_now(
         &self,
         wr: *mut ibv_send_wr,
@@ -947,48 +981,33 @@ impl QpShared {
         #[cfg(test)]
         fault::hit(fault::PostFault::BeforeAccept(0));
         let engine = &*self.engine;
-        // The classifier learns from every post: it must see each request once, so a QP of
-        // the automatic class always takes the general path.
-        if !matches!(engine.config.class, Some(ClassSetting::Fixed(_))) {
-            return None;
-        }
-        let now = engine.rate.as_ref().map(|_| engine.clock.now());
         let mut st = self.lock();
+        // A QP of the automatic class has no lane: the classifier must see every request
+        // once, on the general path.
+        let lane = st.fast?;
         if st.destroyed {
             return None;
         }
-        // SAFETY: guaranteed by the caller.
-        let bytes = unsafe { crate::send_queue::payload_of(w) };
-        // A fixed class needs no clock to choose.
-        let treatment = engine.treatment(&mut st, Duration::ZERO, w.opcode, bytes);
-        let release = |bytes: u64, paced: bool| match (&engine.rate, paced, now) {
-            (Some(pacer), true, Some(now)) => pacer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .try_release(now, bytes, 1)
-                .is_ok(),
-            _ => true,
+        let release = |bytes: u64| match &engine.rate {
+            Some(pacer) => {
+                let now = engine.clock.now();
+                pacer
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .try_release(now, bytes, 1)
+                    .is_ok()
+            }
+            None => true,
         };
-        let qp = self.qp;
-        let post_send = self.post_send;
-        let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
+        let (qp, post_send) = (self.qp, self.post_send);
+        let post = |wqe: &mut ibv_send_wr| {
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
             // SAFETY: qp is live (its state is registered); the one WQE and the
             // application's SGE list live for the call.
-            match unsafe { post_send(qp, wrs.as_mut_ptr(), &mut bad) } {
-                0 => Ok(()),
-                rc => Err((0, rc)),
-            }
-        };
-        let mut none = Vec::new();
-        let mut env = DrainEnv {
-            post: &mut post,
-            pacer: engine.rate.as_ref(),
-            counters: &engine.counters,
-            synthesized: &mut none,
+            unsafe { post_send(qp, wqe, &mut bad) }
         };
         // SAFETY: guaranteed by the caller.
-        let posted = unsafe { st.sq.post_now(w, treatment, release, &mut env) }?;
+        let posted = unsafe { st.sq.post_now(w, lane, release, post, &engine.counters) }?;
         // Settled as soon as the provider has answered: a panic from here on must not
         // refuse a request that went out.
         let rc = posted.err().unwrap_or(0);
@@ -1190,6 +1209,7 @@ impl QpShared {
         let mut st = self.lock();
         if mask & IBV_QP_PATH_MTU != 0 && (IBV_MTU_256..=IBV_MTU_4096).contains(&attr.path_mtu) {
             st.path_mtu = 128 << attr.path_mtu;
+            st.fast = self.engine.fast_lane(st.path_mtu);
         }
         if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
             st.max_rd_atomic = u32::from(attr.max_rd_atomic);
