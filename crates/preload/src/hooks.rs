@@ -166,9 +166,9 @@ unsafe extern "C" fn poll_cq_shaped(
 ) -> c_int {
     guarded(
         // SAFETY: guaranteed by the caller.
-        || unsafe { c.poll_shaped(cq, n, wc) },
+        move || unsafe { c.poll_shaped(cq, n, wc) },
         // SAFETY: as above.
-        || unsafe { (c.poll_cq)(cq, n, wc) },
+        move || unsafe { (c.poll_cq)(cq, n, wc) },
     )
 }
 

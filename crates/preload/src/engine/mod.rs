@@ -914,6 +914,23 @@ impl QpShared {
         if let Some(rc) = unsafe { self.post_one_now(wr, bad_wr, settled) } {
             return rc;
         }
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.post_list(wr, bad_wr, settled) }
+    }
+
+    /// [`Self::post_send_shaped`] of what [`Self::post_one_now`] does not post: a list, or
+    /// a request held back, split, or of the automatic class. Out of line, so that the
+    /// single request's path keeps a small frame.
+    ///
+    /// # Safety
+    /// As [`Self::post_send_shaped`].
+    #[inline(never)]
+    unsafe fn post_list(
+        &self,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+        settled: &Cell<Option<(c_int, usize)>>,
+    ) -> c_int {
         let now = self.engine.clock.now();
         let mut st = self.lock();
         let mut rc = 0;
@@ -1438,6 +1455,7 @@ impl CqShared {
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
     /// completions are then attributed by their tags (every WQE the shaper posts carries
     /// one).
+    #[inline]
     pub(crate) fn translate(
         &self,
         qps: &[Arc<QpShared>],
@@ -1460,7 +1478,10 @@ impl CqShared {
         }
         let (verdict, drain) = {
             let mut st = q.lock();
-            let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
+            let verdict = match st.sq.complete_fast(wc) {
+                Some(v) => v,
+                None => st.sq.complete(wc, &self.engine.counters, synthesized),
+            };
             (verdict, st.sq.needs_drain())
         };
         // A QP with nothing waiting has nothing to post for the slot the completion freed.
@@ -1556,16 +1577,18 @@ impl CqShared {
                 let mut kept = out;
                 for i in out..out + got {
                     // SAFETY: i < out + got <= want_total, written by the provider.
-                    let mut e = unsafe { *wc.add(i) };
-                    let (deliver, q) = self.translate(&qps, &mut e, true, &mut synthesized);
+                    let e = unsafe { &mut *wc.add(i) };
+                    let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
                     if let Some(q) = q {
                         if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
                             touched.push(q);
                         }
                     }
                     if deliver {
-                        // SAFETY: kept <= i, within the buffer.
-                        unsafe { *wc.add(kept) = e };
+                        if kept != i {
+                            // SAFETY: kept < i, both within the buffer.
+                            unsafe { *wc.add(kept) = *wc.add(i) };
+                        }
                         kept += 1;
                     }
                 }
