@@ -1455,7 +1455,7 @@ impl CqShared {
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
     /// completions are then attributed by their tags (every WQE the shaper posts carries
     /// one).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn translate(
         &self,
         qps: &[Arc<QpShared>],
