@@ -170,8 +170,17 @@ impl TailEstimator {
     /// Forgets every sample, e.g. when the reference flow restarts after a period without
     /// latency-sensitive flows, so old conditions do not colour the new estimate.
     pub fn clear(&mut self) {
-        self.window.clear();
-        self.counts = BucketTree::new();
+        // Taking the few samples of a short window out one by one is cheaper than zeroing
+        // the whole tree (14592 counts), which the control loop would otherwise pay at
+        // every restart of its window.
+        if self.window.len() * 16 < BUCKETS {
+            for bucket in self.window.drain(..) {
+                self.counts.remove(usize::from(bucket));
+            }
+        } else {
+            self.window.clear();
+            self.counts = BucketTree::new();
+        }
     }
 }
 

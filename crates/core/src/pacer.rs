@@ -12,44 +12,64 @@
 //! request waits until the debt is repaid. A chunk larger than the burst needs no special
 //! case, and a request is never split.
 //!
-//! **Burst.** A balance holds at most the larger of [`BURST_CHUNKS`] chunks and
-//! [`BURST_WINDOW`] at the rate. At the paper's rates with latency flows present (5 KB
-//! chunks, 48 to 97 Gb/s, i.e. 6 to 12.1 KB per microsecond), that is 2 to 2.4 chunks, so a
-//! flow that was idle releases at most 3.4 chunks back to back, about 3 us at the line rate
-//! of a co-located latency flow's queue: the 5 KB chunk of §5.1 exists to keep that queue
-//! short, and a burst of many chunks would undo it. Two chunks rather than one let a flow
-//! post its next chunk while the previous one is still on the wire, so it does not starve
-//! the RNIC between two decisions. Without latency flows (1 MB chunks) the burst is 2 MB:
-//! nobody is hurt by it then. The bound: over any interval, bytes released <= rate x interval
-//! + burst + one request, plus the lateness credit below when the caller came back late.
+//! **Burst.** A balance holds at most the larger of [`BURST_CHUNKS`] chunks and the *burst
+//! window* at the rate. The window is the enforcer's release granularity: how late, or how
+//! coarsely, whoever calls [`Pacer::try_release`] comes back. A caller that releases every
+//! 10 us earns 10 us of rate between two visits and must be able to spend it at once, or
+//! the cap throws the rest away: with a 2-chunk burst, 5 KB chunks at 3 GB/s released every
+//! 10 us got 51 % of the rate, every 50 us 10 %. So the enforcer names its window
+//! ([`Pacer::with_burst_window`], [`Pacer::set_burst_window`]), and the rate holds for any
+//! caller that comes back within the window of the time it was told, or that visits at
+//! least once per window, and releases what is due when it does: what it earned in between
+//! fits in the balance. [`Pacer::new`] takes [`BURST_WINDOW`], 1 us, which fits an enforcer
+//! that releases at exact times, like the simulator or an application that busy-polls; a
+//! pacer thread that sleeps with a timed wait (Linux timer slack is 50 us by default, and
+//! the scheduler adds to it) needs that lateness as its window, and pays for it with a
+//! burst of that length (150 KB for 50 us at 3 GB/s).
+//!
+//! The window is a burst, so it should be no longer than the enforcer needs. At the paper's
+//! rates with latency flows present (5 KB chunks, 48 to 97 Gb/s, i.e. 6 to 12.1 KB per
+//! microsecond) the default gives 2 to 2.4 chunks, so a flow that was idle releases at most
+//! 3.4 chunks back to back, about 3 us at the line rate of a co-located latency flow's
+//! queue: the 5 KB chunk of §5.1 exists to keep that queue short, and a burst of many chunks
+//! would undo it. Two chunks rather than one let a flow post its next chunk while the
+//! previous one is still on the wire, so it does not starve the RNIC between two decisions.
+//! Without latency flows (1 MB chunks) the burst is 2 MB: nobody is hurt by it then. The
+//! bound: over any interval, bytes released <= rate x interval + max(2 chunks, window x
+//! rate) + one request, plus the lateness credit below when the caller came back later than
+//! the burst allows for.
 //!
 //! **Lateness.** A refused request is told when to come back, and is brought back then,
-//! give or take the scheduler: a pacer thread or a polling application may run
-//! milliseconds late on a busy or emulated host, longer than the burst. Losing those
-//! milliseconds loses rate (under Soft-RoCE at 5 MB/s with 64 KiB chunks the rate fell to
-//! 70 %); crediting them at once turns every late return into a burst as long as the
-//! lateness (a co-located latency flow's p99 rose from under 0.2 ms to several). So what the
-//! burst cap takes from a request kept waiting past its time, up to
-//! [`MAX_LATENESS_CREDIT`], is *owed*, and repaid by refilling at twice the rate until made
-//! good: the rate holds while returns are late less than half the time, and no return
-//! releases more than the burst and one request at once. A balance that reaches its cap
-//! with nobody late forgives what is owed: nothing was waiting.
+//! give or take the scheduler. Lateness the burst absorbs costs nothing: the balance had
+//! room for what accrued. Beyond it, a pacer thread or a polling application may run
+//! milliseconds late on a busy or emulated host. Losing those milliseconds loses rate
+//! (under Soft-RoCE at 5 MB/s with 64 KiB chunks the rate fell to 70 %); crediting them at
+//! once turns every late return into a burst as long as the lateness (a co-located latency
+//! flow's p99 rose from under 0.2 ms to several). So what the burst cap takes from a request
+//! kept waiting past its time, up to [`MAX_LATENESS_CREDIT`], is *owed*, and repaid by
+//! refilling at twice the rate until made good: the rate holds while returns are late beyond
+//! the burst less than half the time, and no return releases more than the burst and one
+//! request at once. A balance that reaches its cap with nobody late forgives what is owed:
+//! nothing was waiting. A caller late beyond the burst at every return loses rate; its
+//! window is too short.
 //!
 //! **Cost.** The shaper calls [`Pacer::try_release`] on every request, so it uses integer
-//! arithmetic only: time in ticks of 2^-30 ns, the cost of a unit precomputed by
-//! [`Pacer::set_rate`] (the only division), shifts to convert nanoseconds. The cost of a
-//! unit is rounded up, so the enforced rate is at most the given one and short of it by
-//! less than one part in 10^7 for rates up to 10^11 units/s.
+//! arithmetic only: time in ticks of 2^-30 ns, the cost of a unit and the burst precomputed
+//! when the rate or the window is set (the only divisions), shifts to convert nanoseconds.
+//! The cost of a unit is rounded up, so the enforced rate is at most the given one and short
+//! of it by less than one part in 10^7 for rates up to 10^11 units/s.
 //!
 //! Invariants: the pacer reads no clock (`now` is passed in, and a `now` earlier than a
 //! previous one counts as no time passing); a zero rate pauses the flow (every request is
 //! refused with [`MAX_WAIT`] until a positive rate is set); changing the rate keeps what is
-//! owed and what is credited in bytes, not in time.
+//! owed and what is credited in bytes, not in time; so does changing the window, which never
+//! adds credit.
 
 use std::time::Duration;
 
-/// How much time at the rate a full balance holds, at least (see the module
-/// documentation for the choice).
+/// The default burst window, for an enforcer that releases at the times it is told: how
+/// much time at the rate a full balance holds, at least (see the module documentation for
+/// the choice and for longer windows).
 pub const BURST_WINDOW: Duration = Duration::from_micros(1);
 
 /// How many chunks (or operations) a full balance holds, at least.
@@ -85,16 +105,25 @@ pub struct PaceRate {
 
 impl PaceRate {
     /// The most bytes a full balance lets through before the next request waits, not
-    /// counting the request that overdraws it: max([`BURST_CHUNKS`] chunks,
-    /// [`BURST_WINDOW`] x rate).
+    /// counting the request that overdraws it, with the default window: max([`BURST_CHUNKS`]
+    /// chunks, [`BURST_WINDOW`] x rate). [`Pacer::burst_bytes`] gives it for the pacer's
+    /// window.
     pub fn burst_bytes(&self) -> u64 {
-        burst_units(self.bytes_per_sec, u64::from(self.chunk_bytes))
+        self.burst_bytes_within(BURST_WINDOW)
     }
 
     /// The most operations a full balance lets through, likewise: max([`BURST_CHUNKS`],
     /// [`BURST_WINDOW`] x rate); `None` when operations are not paced.
     pub fn burst_ops(&self) -> Option<u64> {
-        self.ops_per_sec.map(|ops| burst_units(ops, 1))
+        self.burst_ops_within(BURST_WINDOW)
+    }
+
+    fn burst_bytes_within(&self, window: Duration) -> u64 {
+        burst_units(self.bytes_per_sec, u64::from(self.chunk_bytes), window)
+    }
+
+    fn burst_ops_within(&self, window: Duration) -> Option<u64> {
+        self.ops_per_sec.map(|ops| burst_units(ops, 1, window))
     }
 
     fn is_paused(&self) -> bool {
@@ -102,9 +131,9 @@ impl PaceRate {
     }
 }
 
-/// max(BURST_CHUNKS x chunk, BURST_WINDOW x rate) in units.
-fn burst_units(rate: u64, chunk: u64) -> u64 {
-    let window = u128::from(rate) * BURST_WINDOW.as_nanos() / NANOS_PER_SEC;
+/// max(BURST_CHUNKS x chunk, window x rate) in units, saturating.
+fn burst_units(rate: u64, chunk: u64, window: Duration) -> u64 {
+    let window = u128::from(rate).saturating_mul(window.as_nanos()) / NANOS_PER_SEC;
     let window = u64::try_from(window).unwrap_or(u64::MAX);
     window.max(BURST_CHUNKS.saturating_mul(chunk))
 }
@@ -175,6 +204,12 @@ impl Lane {
         debt - self.owed.min(debt / 2)
     }
 
+    /// A new cap of `burst` units: credit beyond it is dropped, none is added.
+    fn set_burst(&mut self, burst: u64) {
+        self.cap = i128::from(burst) * i128::from(self.cost);
+        self.balance = self.balance.min(self.cap);
+    }
+
     fn charge(&mut self, units: u64) {
         self.balance -= i128::from(units) * i128::from(self.cost);
     }
@@ -198,6 +233,8 @@ fn max_lateness_ticks() -> i128 {
 #[derive(Debug, Clone)]
 pub struct Pacer {
     rate: PaceRate,
+    /// The enforcer's release granularity; the burst is at least this long at the rate.
+    window: Duration,
     bytes: Lane,
     ops: Option<Lane>,
     /// The latest `now` seen, in nanoseconds.
@@ -207,14 +244,24 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// A pacer at `rate`, full (a burst's worth of credit) at `now`.
+    /// A pacer at `rate` with the default [`BURST_WINDOW`], full (a burst's worth of
+    /// credit) at `now`: for an enforcer that comes back when it is told.
     pub fn new(rate: PaceRate, now: Duration) -> Pacer {
+        Pacer::with_burst_window(rate, BURST_WINDOW, now)
+    }
+
+    /// A pacer at `rate` whose burst is max([`BURST_CHUNKS`] chunks, `window` x rate), full
+    /// at `now`. `window` is the enforcer's release granularity: the longest it may come back
+    /// after the time a refused request was told, or between two releases of a flow with
+    /// requests waiting. Within it the rate holds; the burst it adds is the price.
+    pub fn with_burst_window(rate: PaceRate, window: Duration, now: Duration) -> Pacer {
         Pacer {
             rate,
-            bytes: Lane::full(rate.bytes_per_sec, rate.burst_bytes()),
+            window,
+            bytes: Lane::full(rate.bytes_per_sec, rate.burst_bytes_within(window)),
             ops: rate
                 .ops_per_sec
-                .map(|ops| Lane::full(ops, burst_units(ops, 1))),
+                .map(|ops| Lane::full(ops, burst_units(ops, 1, window))),
             last: nanos(now),
             promised: None,
         }
@@ -223,6 +270,41 @@ impl Pacer {
     /// The rate in effect.
     pub fn rate(&self) -> PaceRate {
         self.rate
+    }
+
+    /// The burst window in effect.
+    pub fn burst_window(&self) -> Duration {
+        self.window
+    }
+
+    /// The most bytes a full balance lets through before the next request waits, not
+    /// counting the request that overdraws it: max([`BURST_CHUNKS`] chunks, window x rate).
+    pub fn burst_bytes(&self) -> u64 {
+        self.rate.burst_bytes_within(self.window)
+    }
+
+    /// The most operations a full balance lets through, likewise; `None` when operations are
+    /// not paced.
+    pub fn burst_ops(&self) -> Option<u64> {
+        self.rate.burst_ops_within(self.window)
+    }
+
+    /// Changes the burst window at `now`, for an enforcer whose release granularity changed
+    /// (say, from an application's polls to a sleeping thread). What accrued so far accrues
+    /// under the old window; credit beyond the new burst is dropped, none is added, and debt
+    /// and lateness owed carry over.
+    pub fn set_burst_window(&mut self, now: Duration, window: Duration) {
+        self.refill(nanos(now));
+        self.window = window;
+        if self.rate.is_paused() {
+            // The lanes keep the last positive rate's costs; the next positive rate sets
+            // their caps from this window (see `set_rate`).
+            return;
+        }
+        self.bytes.set_burst(self.rate.burst_bytes_within(window));
+        if let (Some(lane), Some(burst)) = (&mut self.ops, self.rate.burst_ops_within(window)) {
+            lane.set_burst(burst);
+        }
     }
 
     /// Brings the balances up to `now`.
@@ -250,7 +332,8 @@ impl Pacer {
 
     /// Changes the rate at `now`: what accrued so far accrues at the old rate, and the
     /// credit, debt and lateness owed carry over in bytes and operations (credit clipped to
-    /// the new burst). A lane that appears (operations newly paced) starts full.
+    /// the new burst, which keeps the window). A lane that appears (operations newly paced)
+    /// starts full.
     pub fn set_rate(&mut self, now: Duration, rate: PaceRate) {
         self.refill(nanos(now));
         if rate == self.rate {
@@ -261,10 +344,16 @@ impl Pacer {
             self.rate = rate;
             return;
         }
-        self.bytes = self.bytes.rerated(rate.bytes_per_sec, rate.burst_bytes());
-        self.ops = rate.ops_per_sec.map(|ops| match &self.ops {
-            Some(lane) => lane.rerated(ops, burst_units(ops, 1)),
-            None => Lane::full(ops, burst_units(ops, 1)),
+        let window = self.window;
+        self.bytes = self
+            .bytes
+            .rerated(rate.bytes_per_sec, rate.burst_bytes_within(window));
+        self.ops = rate.ops_per_sec.map(|ops| {
+            let burst = burst_units(ops, 1, window);
+            match &self.ops {
+                Some(lane) => lane.rerated(ops, burst),
+                None => Lane::full(ops, burst),
+            }
         });
         self.rate = rate;
     }
@@ -492,6 +581,141 @@ mod tests {
         p.set_rate(Duration::ZERO, rate(500_000, 1_000));
         let wait = p.try_release(Duration::ZERO, 1, 1).unwrap_err();
         assert_eq!(wait.as_millis(), 200);
+    }
+
+    /// Rate held, as a fraction of 3 GB/s, by 5 KiB requests released every `every`
+    /// (a caller that visits on a fixed period, whatever it is told), over 0.2 s.
+    fn periodic_fraction(window: Duration, every: Duration) -> f64 {
+        let chunk = 5 * KIB;
+        let mut p = Pacer::with_burst_window(rate(3_000_000_000, chunk), window, Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut sent = 0;
+        while now < Duration::from_millis(200) {
+            now += every;
+            sent += drain(&mut p, now, u64::from(chunk));
+        }
+        sent as f64 / now.as_secs_f64() / 3e9
+    }
+
+    #[test]
+    fn a_coarse_enforcer_holds_the_rate_within_its_window() {
+        let window = Duration::from_micros(50);
+        for every in [10, 50] {
+            let got = periodic_fraction(window, Duration::from_micros(every));
+            assert!((0.99..=1.0005).contains(&got), "every {every} us: {got}");
+        }
+    }
+
+    #[test]
+    fn the_default_window_fits_only_an_exact_enforcer() {
+        // The 2-chunk burst (10 KiB, 3.4 us at 3 GB/s) lets 3 chunks go per visit: 15 KiB
+        // per 10 us is 51.2 % of the rate, per 50 us 10.2 %.
+        for (every, expected) in [(10, 0.512), (50, 0.1024)] {
+            let got = periodic_fraction(BURST_WINDOW, Duration::from_micros(every));
+            assert!((got - expected).abs() < 0.002, "every {every} us: {got}");
+        }
+    }
+
+    /// Rate held, as a fraction of 3 GB/s, by 5 KiB requests whose caller comes back
+    /// `late()` after the time each refusal named, over 0.2 s.
+    fn late_fraction(window: Duration, mut late: impl FnMut() -> Duration) -> f64 {
+        let chunk = 5 * KIB;
+        let mut p = Pacer::with_burst_window(rate(3_000_000_000, chunk), window, Duration::ZERO);
+        let (mut now, mut sent) = (Duration::ZERO, 0u64);
+        while now < Duration::from_millis(200) {
+            match p.try_release(now, u64::from(chunk), 1) {
+                Ok(()) => sent += u64::from(chunk),
+                Err(wait) => now += wait + late(),
+            }
+        }
+        sent as f64 / now.as_secs_f64() / 3e9
+    }
+
+    #[test]
+    fn returns_late_by_up_to_the_window_keep_the_rate() {
+        let window = Duration::from_micros(50);
+        for late_us in [10, 25, 50] {
+            let got = late_fraction(window, || Duration::from_micros(late_us));
+            assert!((0.99..=1.0005).contains(&got), "{late_us} us late: {got}");
+        }
+        // Uniform lateness in [0, window], from a fixed xorshift sequence.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let got = late_fraction(window, || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Duration::from_nanos(x % 50_001)
+        });
+        assert!((0.99..=1.0005).contains(&got), "uniform lateness: {got}");
+        // The default window is the 2-chunk burst, 3.4 us here: 50 us late at every return
+        // gets about a tenth of the rate.
+        let got = late_fraction(BURST_WINDOW, || Duration::from_micros(50));
+        assert!(got < 0.11, "default window, 50 us late: {got}");
+    }
+
+    #[test]
+    fn a_window_burst_is_the_window_at_the_rate_and_one_request() {
+        // 50 us at 3 GB/s is 150 000 B: 29 chunks of 5120 B leave 1520 B of credit, so a
+        // 30th goes and the 31st waits for its 3600 B of debt, 1.2 us.
+        let chunk = 5 * KIB;
+        let window = Duration::from_micros(50);
+        let mut p = Pacer::with_burst_window(rate(3_000_000_000, chunk), window, Duration::ZERO);
+        assert_eq!(p.burst_window(), window);
+        assert_eq!(p.burst_bytes(), 150_000);
+        let at_once = drain(&mut p, Duration::from_secs(1), u64::from(chunk));
+        assert_eq!(at_once, 30 * u64::from(chunk));
+        let wait = p
+            .try_release(Duration::from_secs(1), u64::from(chunk), 1)
+            .unwrap_err();
+        // The cost of a byte is rounded up, and the wait to the next nanosecond.
+        assert!((1_200..=1_201).contains(&wait.as_nanos()), "{wait:?}");
+        // Ops have their own window burst: 50 us at 1 Mop/s is 50 operations.
+        let ops = PaceRate {
+            ops_per_sec: Some(1_000_000),
+            ..rate(3_000_000_000, chunk)
+        };
+        let mut p = Pacer::with_burst_window(ops, window, Duration::ZERO);
+        assert_eq!(p.burst_ops(), Some(50));
+        assert_eq!(drain(&mut p, Duration::ZERO, 1), 51);
+        // The default is the old burst, the rate's own.
+        let p = Pacer::new(rate(3_000_000_000, chunk), Duration::ZERO);
+        assert_eq!(p.burst_window(), BURST_WINDOW);
+        assert_eq!(p.burst_bytes(), 2 * u64::from(chunk));
+        assert_eq!(p.burst_bytes(), p.rate().burst_bytes());
+    }
+
+    #[test]
+    fn changing_the_window_clips_credit_and_never_adds_it() {
+        let chunk = 5 * KIB;
+        let r = rate(3_000_000_000, chunk);
+        let wide = Duration::from_micros(50);
+        // Full at 150 KB, narrowed to the default: the 2-chunk burst and one request go.
+        let mut p = Pacer::with_burst_window(r, wide, Duration::ZERO);
+        p.set_burst_window(Duration::ZERO, BURST_WINDOW);
+        assert_eq!(p.burst_bytes(), 2 * u64::from(chunk));
+        assert_eq!(drain(&mut p, Duration::ZERO, u64::from(chunk)), 3 * 5120);
+        // Full at 2 chunks, widened: still 3 chunks now, 30 once 50 us have accrued.
+        let mut p = Pacer::new(r, Duration::ZERO);
+        p.set_burst_window(Duration::ZERO, wide);
+        assert_eq!(drain(&mut p, Duration::ZERO, u64::from(chunk)), 3 * 5120);
+        let later = Duration::from_millis(1);
+        assert_eq!(drain(&mut p, later, u64::from(chunk)), 30 * 5120);
+        // The window survives a rate change and a pause.
+        p.set_rate(later, rate(0, chunk));
+        p.set_burst_window(later, Duration::from_micros(100));
+        p.set_rate(later, r);
+        assert_eq!(p.burst_bytes(), 300_000);
+        let much_later = Duration::from_secs(1);
+        assert_eq!(drain(&mut p, much_later, u64::from(chunk)), 59 * 5120);
+    }
+
+    #[test]
+    fn an_enormous_window_saturates_instead_of_overflowing() {
+        let mut p = Pacer::with_burst_window(rate(u64::MAX, 1), Duration::MAX, Duration::ZERO);
+        assert_eq!(p.burst_bytes(), u64::MAX);
+        assert!(p.try_release(Duration::MAX, u64::MAX, 1).is_ok());
+        p.set_burst_window(Duration::MAX, Duration::ZERO);
+        assert_eq!(p.burst_bytes(), 2);
     }
 
     #[test]
