@@ -1139,8 +1139,8 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
         chunks,
         "the pacer thread posted every chunk"
     );
-    // 200 kB at 2 MB/s is 100 ms. The pacer's burst is two 16 KiB chunks (at 2 MB/s, 1 us
-    // is 2 B), so the 13th and last chunk goes when 12 chunks less the burst have accrued:
+    // 200 kB at 2 MB/s is 100 ms. The pacer's burst is two 16 KiB chunks (at 2 MB/s, its
+    // 100 us window is 200 B), so the 13th and last chunk goes when 12 chunks less the burst have accrued:
     // (196 608 - 32 768) B / 2 MB/s = 81.9 ms.
     assert!(took >= Duration::from_millis(80), "{took:?}");
     dev.execute_all(qp);
