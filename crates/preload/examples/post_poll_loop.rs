@@ -1,12 +1,14 @@
 //! One 16-byte RDMA WRITE posted and its completion polled, `N` times, against the mock
 //! provider: either straight to the provider (`direct`), through the shaper's pass-through
-//! path (`shaper`, class unset: observe and count), or through its shaped path (`shaped`,
-//! bandwidth class: the request is too small to split, but is queued, posted and its
-//! completion translated by the shaper). Run by `crates/preload/bench/callgrind.sh`, which
-//! counts the instructions spent inside `justitia_bench_post` and `justitia_bench_poll`
-//! under callgrind.
+//! path (`shaper`, class unset: observe and count), through its shaped path (`shaped`,
+//! bandwidth class: the request is too small to split, but is posted with the shaper's tag
+//! and its completion translated), or through the shaped path of a throughput flow paced by
+//! operations (`paced`: `JUSTITIA_RATE` of 100 GB/s and 1 G ops/s, far above what the loop
+//! reaches, so the pacer is asked about every request and never holds one back). Run by
+//! `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
+//! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced N`
 
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -39,17 +41,25 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "shaper".into());
     let iterations: u64 = args.next().unwrap_or_else(|| "100000".into()).parse()?;
-    let (shaped, class) = match mode.as_str() {
-        "direct" => (false, None),
-        "shaper" => (true, None),
-        "shaped" => (true, Some("bandwidth".to_string())),
-        other => anyhow::bail!("mode must be direct, shaper or shaped, not {other}"),
+    let (shaped, class, rate) = match mode.as_str() {
+        "direct" => (false, None, None),
+        "shaper" => (true, None, None),
+        "shaped" => (true, Some("bandwidth"), None),
+        "paced" => (true, Some("throughput"), Some("100G:1G")),
+        other => anyhow::bail!("mode must be direct, shaper, shaped or paced, not {other}"),
     };
 
     let dev = MockDevice::new();
     let ctx = dev.context();
     if shaped {
-        let lookup = |name: &str| (name == "JUSTITIA_CLASS").then(|| class.clone()).flatten();
+        let lookup = |name: &str| {
+            match name {
+                "JUSTITIA_CLASS" => class,
+                "JUSTITIA_RATE" => rate,
+                _ => None,
+            }
+            .map(str::to_string)
+        };
         let engine = engine_from(lookup, Arc::new(MonotonicClock::new()), PacerMode::Manual)
             .ok_or_else(|| anyhow::anyhow!("no engine"))?;
         // SAFETY: a fresh mock context.

@@ -45,7 +45,7 @@ pub enum ClassSetting {
 /// What the shaper does to bandwidth flows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// Split into chunks and pace them with the token bucket (Justitia).
+    /// Split into chunks and pace them with the rate pacer (Justitia).
     Justitia,
     /// Split into sub-messages with zero-length WRITE yields between them, unpaced (PeRF).
     Preempt,

@@ -73,6 +73,7 @@ impl Drop for Reentry {
 }
 
 /// Runs `shaped`; in a forked child, or if it panics (said once), runs `fallback` instead.
+#[inline(always)]
 pub fn guarded<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R {
     if in_forked_child() {
         return fallback();
@@ -80,13 +81,20 @@ pub fn guarded<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R
     match catch_unwind(AssertUnwindSafe(shaped)) {
         Ok(r) => r,
         Err(_) => {
-            if !PANIC_SAID.swap(true, Ordering::Relaxed) {
-                crate::log::log!(
-                    Warn,
-                    "internal error in the shaper; the call passes through unshaped"
-                );
-            }
+            say_panic();
             fallback()
         }
+    }
+}
+
+/// Says once per process that the shaper's part of a call panicked.
+#[cold]
+#[inline(never)]
+fn say_panic() {
+    if !PANIC_SAID.swap(true, Ordering::Relaxed) {
+        crate::log::log!(
+            Warn,
+            "internal error in the shaper; the call passes through unshaped"
+        );
     }
 }

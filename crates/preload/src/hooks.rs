@@ -38,12 +38,59 @@ pub unsafe extern "C" fn post_send(
                 }
             }
         }
+        if q.shaped {
+            // SAFETY: guaranteed by the caller.
+            return unsafe { post_send_shaped(qp, wr, bad_wr, q) };
+        }
     }
     // SAFETY: guaranteed by the caller.
     unsafe { post_send_slow(qp, wr, bad_wr) }
 }
 
-/// `ops.post_send` of a shaped or unregistered QP.
+/// `ops.post_send` of a shaped QP (`q`, the state of `qp`). Like [`poll_cq_shaped`], it
+/// keeps the hook's argument order and cannot unwind, so the hook jumps to it.
+///
+/// # Safety
+/// As [`post_send`].
+#[inline(never)]
+unsafe extern "C" fn post_send_shaped(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    q: &'static engine::QpShared,
+) -> c_int {
+    if !q.shapes_posts() || in_forked_child() {
+        // SAFETY: guaranteed by the caller.
+        unsafe {
+            q.observe(wr);
+            return (q.post_send)(qp, wr, bad_wr);
+        }
+    }
+    let settled = Cell::new(None);
+    // SAFETY: guaranteed by the caller.
+    match catch_unwind(AssertUnwindSafe(|| unsafe {
+        q.post_send_shaped(wr, bad_wr, &settled)
+    })) {
+        Ok(rc) => rc,
+        // Not the provider's post_send with the whole list: the shaper may hold part
+        // of it already (see QpShared::recover_post).
+        // SAFETY: guaranteed by the caller.
+        Err(_) => catch_unwind(AssertUnwindSafe(|| unsafe {
+            q.recover_post(wr, bad_wr, settled.get())
+        }))
+        .unwrap_or_else(|_| {
+            // What the shaper holds of the list is unknown now: all of it is refused.
+            if !bad_wr.is_null() {
+                // SAFETY: guaranteed writable by the caller.
+                unsafe { *bad_wr = wr };
+            }
+            libc::EIO
+        }),
+    }
+}
+
+/// `ops.post_send` of a QP the first lookup did not settle: a list on an observed QP, a QP
+/// outside its home slot, or an unregistered one.
 ///
 /// # Safety
 /// As [`post_send`].
@@ -55,34 +102,8 @@ unsafe extern "C" fn post_send_slow(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     if let Some(q) = engine::qp(qp) {
-        if !q.shapes_posts() || in_forked_child() {
-            // SAFETY: guaranteed by the caller.
-            unsafe {
-                q.observe(wr);
-                return (q.post_send)(qp, wr, bad_wr);
-            }
-        }
-        let settled = Cell::new(None);
         // SAFETY: guaranteed by the caller.
-        return match catch_unwind(AssertUnwindSafe(|| unsafe {
-            q.post_send_shaped(wr, bad_wr, &settled)
-        })) {
-            Ok(rc) => rc,
-            // Not the provider's post_send with the whole list: the shaper may hold part
-            // of it already (see QpShared::recover_post).
-            // SAFETY: guaranteed by the caller.
-            Err(_) => catch_unwind(AssertUnwindSafe(|| unsafe {
-                q.recover_post(wr, bad_wr, settled.get())
-            }))
-            .unwrap_or_else(|_| {
-                // What the shaper holds of the list is unknown now: all of it is refused.
-                if !bad_wr.is_null() {
-                    // SAFETY: guaranteed writable by the caller.
-                    unsafe { *bad_wr = wr };
-                }
-                libc::EIO
-            }),
-        };
+        return unsafe { post_send_shaped(qp, wr, bad_wr, q) };
     }
     // SAFETY: a live QP has a live context.
     match engine::context(unsafe { (*qp).context }).and_then(|c| c.post_send) {
@@ -123,13 +144,35 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
             // SAFETY: the provider's own poll_cq, with the caller's arguments.
             return unsafe { (c.poll_cq)(cq, n, wc) };
         }
+        // SAFETY: guaranteed by the caller.
+        return unsafe { poll_cq_shaped(cq, n, wc, c) };
     }
     // SAFETY: guaranteed by the caller.
     unsafe { poll_cq_slow(cq, n, wc) }
 }
 
-/// `ops.poll_cq` of a CQ with shaped QPs or pending synthesized completions, or an
-/// unregistered one.
+/// `ops.poll_cq` of a CQ with shaped QPs or pending synthesized completions (`c`, the
+/// state of `cq`). The arguments keep the hook's order and the function cannot unwind
+/// (`extern "C"`, everything inside guarded), so the hook reaches it with a plain jump.
+///
+/// # Safety
+/// As [`poll_cq`].
+#[inline(never)]
+unsafe extern "C" fn poll_cq_shaped(
+    cq: *mut ibv_cq,
+    n: c_int,
+    wc: *mut ibv_wc,
+    c: &'static engine::CqShared,
+) -> c_int {
+    guarded(
+        // SAFETY: guaranteed by the caller.
+        move || unsafe { c.poll_shaped(cq, n, wc) },
+        // SAFETY: as above.
+        move || unsafe { (c.poll_cq)(cq, n, wc) },
+    )
+}
+
+/// `ops.poll_cq` of a CQ outside its home slot, or an unregistered one.
 ///
 /// # Safety
 /// As [`poll_cq`].
@@ -141,12 +184,8 @@ unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) ->
             // SAFETY: the provider's own poll_cq, with the caller's arguments.
             return unsafe { (c.poll_cq)(cq, n, wc) };
         }
-        return guarded(
-            // SAFETY: guaranteed by the caller.
-            || unsafe { c.poll_shaped(cq, n, wc) },
-            // SAFETY: as above.
-            || unsafe { (c.poll_cq)(cq, n, wc) },
-        );
+        // SAFETY: guaranteed by the caller.
+        return unsafe { poll_cq_shaped(cq, n, wc, c) };
     }
     // SAFETY: a live CQ has a live context.
     match engine::context(unsafe { (*cq).context }).and_then(|c| c.poll_cq) {

@@ -2,7 +2,6 @@
 //!
 //! Loaded into an unmodified RDMA application with `LD_PRELOAD`.
 
-pub mod bucket;
 pub mod channel;
 pub mod clock;
 pub mod config;

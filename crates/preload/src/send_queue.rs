@@ -38,10 +38,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
+use justitia_core::pacer::Pacer;
 use justitia_core::yield_plan::{yield_request, YieldPlanner};
 use justitia_verbs::sys::*;
 
-use crate::bucket::TokenBucket;
 use crate::stats::Counters;
 
 /// How the shaper treats one request.
@@ -49,7 +49,7 @@ use crate::stats::Counters;
 pub enum Treatment {
     /// Posted whole, unpaced (latency flows, and requests the planner cannot describe).
     Whole,
-    /// Posted whole, paced by the token bucket (throughput flows).
+    /// Posted whole, paced by the rate pacer (throughput flows).
     WholePaced,
     /// Split into chunks of at most `chunk_bytes`, paced if `paced` (bandwidth, `justitia`).
     Split {
@@ -60,6 +60,19 @@ pub enum Treatment {
     },
     /// Split into sub-messages with yields between them, unpaced (bandwidth, `preempt`).
     Preempt(YieldPlanner),
+}
+
+/// What the shaper does with a request of a QP whose treatment needs no clock and no
+/// history (a fixed class): requests up to `whole_up_to` bytes are posted whole, paced when
+/// `paced`. Derived once per QP from the settings and the QP's path MTU, and derived again
+/// when the MTU changes, so that a post does not work the treatment out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastLane {
+    /// The largest payload posted whole; a larger request takes the general path (which
+    /// may still post it whole: this bound is never larger than the real one).
+    pub whole_up_to: u64,
+    /// Such a request takes tokens from the rate pacer.
+    pub paced: bool,
 }
 
 /// A copy of one application send request that outlives the post call.
@@ -270,8 +283,13 @@ impl SplitBody {
 
 #[derive(Debug)]
 enum Body {
-    Whole(OwnedWr),
+    /// Boxed, so that a request record stays small: every request, posted at once or
+    /// not, is moved into the queue and out of it.
+    Whole(Box<OwnedWr>),
     Split(Box<SplitBody>),
+    /// Posted straight from the application's request by [`SendQueue::post_now`]: nothing
+    /// of it is kept but the bookkeeping of its completion.
+    Sent,
 }
 
 /// One accepted application request.
@@ -340,9 +358,12 @@ struct TagSpace {
 }
 
 impl TagSpace {
+    /// Room for `slots` WQEs, rounded up to a power of two so that a tag is a mask away
+    /// from its sequence number (no division per WQE).
     fn new(slots: u32) -> Self {
+        let len = (slots.max(1) as usize).next_power_of_two();
         TagSpace {
-            block: vec![0u8; slots.max(1) as usize].into_boxed_slice(),
+            block: vec![0u8; len].into_boxed_slice(),
         }
     }
 
@@ -357,7 +378,7 @@ impl TagSpace {
     /// The tag of the WQE with sequence number `seq`; unique among the WQEs in flight,
     /// which never outnumber the slots.
     fn tag(&self, seq: u64) -> u64 {
-        self.base() + seq % self.len()
+        self.base() + (seq & (self.len() - 1))
     }
 
     fn contains(&self, wr_id: u64) -> bool {
@@ -372,7 +393,7 @@ pub enum Blocked {
     Idle,
     /// The hardware queue is full; completions will free slots.
     Slots,
-    /// The token bucket is empty for this long.
+    /// The rate pacer holds the next WQE for this long.
     Tokens(Duration),
     /// The QP has failed; nothing more is posted.
     Failed,
@@ -393,13 +414,13 @@ pub enum Verdict {
 /// On failure it reports the index of the first WQE not posted, and the error.
 pub type PostList<'a> = dyn FnMut(&mut [ibv_send_wr]) -> Result<(), (usize, c_int)> + 'a;
 
-/// What a drain needs from outside: the real post verb, the bucket, the counters, and a
+/// What a drain needs from outside: the real post verb, the rate pacer, the counters, and a
 /// place for synthesized completions.
 pub struct DrainEnv<'a> {
     /// Posts a list of WQEs.
     pub post: &'a mut PostList<'a>,
-    /// The process's token bucket, when pacing is configured.
-    pub bucket: Option<&'a Mutex<TokenBucket>>,
+    /// The process's rate pacer, when pacing is configured.
+    pub pacer: Option<&'a Mutex<Pacer>>,
     /// The process's counters.
     pub counters: &'a Counters,
     /// Completions to deliver that the hardware will not produce.
@@ -504,6 +525,12 @@ impl SendQueue {
         self.queued() > 0 && self.posted.len() >= self.capacity as usize
     }
 
+    /// True when a drain may post or settle something: requests wait in software.
+    /// (A completion settles a failed queue itself, see [`Self::complete`].)
+    pub fn needs_drain(&self) -> bool {
+        self.queued() > 0
+    }
+
     /// Requests waiting in software (not fully posted).
     pub fn queued(&self) -> usize {
         self.requests.len() - self.cursor
@@ -537,8 +564,8 @@ impl SendQueue {
         let visible = self.sig_all || wr.signaled();
         let wc_opcode = wc_opcode_for(wr.opcode());
         let (body, split, paced) = match treatment {
-            Treatment::Whole => (Body::Whole(wr), false, false),
-            Treatment::WholePaced => (Body::Whole(wr), false, true),
+            Treatment::Whole => (Body::Whole(Box::new(wr)), false, false),
+            Treatment::WholePaced => (Body::Whole(Box::new(wr)), false, true),
             Treatment::Split { chunk_bytes, paced } => {
                 self.split_body(wr, chunk_bytes, None, paced)
             }
@@ -563,6 +590,88 @@ impl SendQueue {
             blocked_since: None,
         });
         Ok(())
+    }
+
+    /// Posts one application request straight to the provider when nothing would hold it
+    /// back, without copying it: the queue holds no request waiting, the QP has not failed,
+    /// the hardware queue has a slot, the request is no larger than what `lane` posts whole
+    /// (a split or preempt treatment of a request no larger than one chunk or sub-message
+    /// posts it whole), and `release` (the rate pacer's verdict, asked last and only for a
+    /// paced lane) lets it go. The WQE carries a tag like every other, and the request is
+    /// recorded fully posted: the provider's verdict (`post`, handed the one WQE) is final,
+    /// so the call has nothing left to take back.
+    ///
+    /// Returns `None` when the request must take the general path ([`Self::accept`] and
+    /// [`Self::drain`]), which then decides exactly as it would have; else the provider's
+    /// verdict: `Err(rc)` when it refused the request, which is then not accepted (as a
+    /// refusal of the first WQE of a request of the running call is handled there).
+    ///
+    /// # Safety
+    /// `wr` must be a valid send request whose SGE list (and inline payload) is readable.
+    #[inline(always)]
+    pub unsafe fn post_now(
+        &mut self,
+        wr: &ibv_send_wr,
+        lane: FastLane,
+        release: impl FnOnce(u64) -> bool,
+        post: impl FnOnce(&mut ibv_send_wr) -> c_int,
+        counters: &Counters,
+    ) -> Option<Result<(), c_int>> {
+        let outstanding = self.requests.len();
+        if self.failed
+            || self.cursor != outstanding
+            || outstanding >= self.capacity as usize
+            || self.posted.len() >= self.capacity as usize
+        {
+            return None;
+        }
+        // SAFETY: guaranteed by the caller.
+        let len = unsafe { payload_of(wr) };
+        if len > lane.whole_up_to || (lane.paced && !release(len)) {
+            return None;
+        }
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        let visible = self.sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0;
+        let signaled = visible || self.unsignaled_run + 1 >= self.signal_every;
+        let mut wqe = *wr;
+        wqe.next = std::ptr::null_mut();
+        wqe.wr_id = self.tags.tag(self.next_wqe);
+        wqe.send_flags = if signaled {
+            wqe.send_flags | IBV_SEND_SIGNALED
+        } else {
+            wqe.send_flags & !IBV_SEND_SIGNALED
+        };
+        let rc = post(&mut wqe);
+        if rc != 0 {
+            return Some(Err(rc));
+        }
+        self.next_wqe += 1;
+        self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
+        self.posted.push_back(Posted {
+            seq: self.first_seq + outstanding as u64,
+            wr_id: wqe.wr_id,
+            signaled,
+            visible,
+        });
+        self.requests.push_back(Request {
+            wr_id: wr.wr_id,
+            wc_opcode: wc_opcode_for(wr.opcode),
+            len,
+            split: false,
+            visible,
+            paced: lane.paced,
+            body: Body::Sent,
+            call_index: None,
+            posted_any: true,
+            done_posting: true,
+            inflight: 1,
+            reported: false,
+            blocked_since: None,
+        });
+        self.cursor = outstanding + 1;
+        add(&counters.requests, 1);
+        add(&counters.bytes, u64::from(len));
+        Some(Ok(()))
     }
 
     /// The body for a request to split: the chunk plan when the planner splits it, else
@@ -600,7 +709,7 @@ impl SendQueue {
                 };
                 (Body::Split(Box::new(body)), true, paced)
             }
-            None => (Body::Whole(wr), false, paced),
+            None => (Body::Whole(Box::new(wr)), false, paced),
         }
     }
 
@@ -648,7 +757,7 @@ impl SendQueue {
                 return outcome;
             }
             let mut snapshots = Vec::new();
-            let (stop, waiting) = self.build(now, env.bucket, &mut snapshots);
+            let (stop, waiting) = self.build(now, env.pacer, &mut snapshots);
             // The request that found no tokens starts waiting now (after the WQEs built
             // before it are committed, which must not count its wait).
             let mark_waiting = |q: &mut SendQueue| {
@@ -692,7 +801,7 @@ impl SendQueue {
     fn build(
         &mut self,
         now: Duration,
-        bucket: Option<&Mutex<TokenBucket>>,
+        pacer: Option<&Mutex<Pacer>>,
         snapshots: &mut Vec<(usize, Box<SplitBody>)>,
     ) -> (Blocked, Option<usize>) {
         self.batch.clear();
@@ -725,13 +834,23 @@ impl SendQueue {
                         continue;
                     }
                 },
+                // Posted whole already (never behind the cursor's first unposted request).
+                Body::Sent => {
+                    req.done_posting = true;
+                    if index == self.cursor {
+                        self.cursor += 1;
+                    }
+                    index += 1;
+                    continue;
+                }
             };
             if req.paced && !is_yield {
-                if let Some(bucket) = bucket {
-                    let taken = bucket
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .try_take(now, payload);
+                if let Some(pacer) = pacer {
+                    let taken = pacer.lock().unwrap_or_else(|e| e.into_inner()).try_release(
+                        now,
+                        u64::from(payload),
+                        1,
+                    );
                     if let Err(wait) = taken {
                         return (Blocked::Tokens(wait), Some(index));
                     }
@@ -740,6 +859,10 @@ impl SendQueue {
             let seq = self.first_seq + index as u64;
             let (kind, sges, is_last, mut wr) = match &mut req.body {
                 Body::Whole(w) => (WqeKind::Whole, (0, 0), true, w.as_wr()),
+                Body::Sent => {
+                    index += 1;
+                    continue;
+                }
                 Body::Split(s) => {
                     if !snapshots.iter().any(|(i, _)| *i == index) {
                         snapshots.push((index, s.clone()));
@@ -919,6 +1042,7 @@ impl SendQueue {
     }
 
     /// Retires requests at the front that are fully posted and complete.
+    #[inline]
     fn retire_front(&mut self) {
         while let Some(front) = self.requests.front() {
             if !(front.done_posting && front.inflight == 0) {
@@ -961,6 +1085,9 @@ impl SendQueue {
         counters: &Counters,
         synthesized: &mut Vec<ibv_wc>,
     ) -> Verdict {
+        if let Some(verdict) = self.complete_fast(wc) {
+            return verdict;
+        }
         if !self.tags.contains(wc.wr_id) {
             return Verdict::NotOurs;
         }
@@ -1016,6 +1143,55 @@ impl SendQueue {
         self.retire_front();
         self.flush_settled(counters, synthesized);
         verdict
+    }
+
+    /// The usual completion, settled without [`Self::complete`]'s searches: a success of
+    /// the oldest WQE in flight, the last of the oldest request, on a queue that has not
+    /// failed. Settles it as the general path would (pop the WQE, deliver the request's
+    /// completion once, retire it); `None` for anything else, left untouched for
+    /// [`Self::complete`]. (Matching the oldest WQE's tag implies the tests that
+    /// [`Self::complete`] makes first.)
+    #[inline(always)]
+    pub fn complete_fast(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
+        if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 {
+            return None;
+        }
+        let front = self.posted.front()?;
+        if self.failed || !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq
+        {
+            return None;
+        }
+        let visible = front.visible;
+        let req = self.requests.front_mut()?;
+        if req.inflight != 1 || !req.done_posting {
+            return None;
+        }
+        self.posted.pop_front();
+        let verdict = if visible && !req.reported {
+            wc.wr_id = req.wr_id;
+            if req.split {
+                wc.byte_len = req.len;
+            }
+            Verdict::Deliver
+        } else {
+            Verdict::Hide
+        };
+        if let Some(done) = self.requests.pop_front() {
+            if matches!(done.body, Body::Sent) {
+                // It owns nothing: no need for the general (out-of-line) drop.
+                std::mem::forget(done);
+            }
+        }
+        self.first_seq += 1;
+        self.cursor = self.cursor.saturating_sub(1);
+        if self
+            .requests
+            .front()
+            .is_some_and(|r| r.done_posting && r.inflight == 0)
+        {
+            self.retire_front();
+        }
+        Some(verdict)
     }
 
     fn request_info(&self, seq: u64) -> Option<(u64, u32, bool, bool)> {
@@ -1105,6 +1281,25 @@ impl SendQueue {
         self.failed = true;
         self.flush_settled(counters, synthesized);
     }
+}
+
+/// Sum of the SGE lengths of `wr` (its payload, inline or not).
+///
+/// # Safety
+/// `wr`'s SGE list must be readable.
+#[inline(always)]
+pub unsafe fn payload_of(wr: &ibv_send_wr) -> u64 {
+    if wr.num_sge == 1 && !wr.sg_list.is_null() {
+        // SAFETY: guaranteed by the caller; the usual request has one SGE.
+        return u64::from(unsafe { (*wr.sg_list).length });
+    }
+    let n = usize::try_from(wr.num_sge).unwrap_or(0);
+    if n == 0 || wr.sg_list.is_null() {
+        return 0;
+    }
+    // SAFETY: guaranteed by the caller.
+    let sges = unsafe { std::slice::from_raw_parts(wr.sg_list, n) };
+    sges.iter().map(|s| u64::from(s.length)).sum()
 }
 
 /// The completion opcode of a send opcode.
@@ -1247,7 +1442,7 @@ mod tests {
                 Duration::ZERO,
                 &mut DrainEnv {
                     post: &mut post,
-                    bucket: None,
+                    pacer: None,
                     counters: &self.counters,
                     synthesized: &mut self.synthesized,
                 },

@@ -309,10 +309,12 @@ fn moving_to_the_error_state_flushes_what_waits_in_software() {
         ("JUSTITIA_CHUNK", "64K"),
         ("JUSTITIA_RATE", "1K"),
     ]);
-    let src = pattern(4096, 43);
-    let mut dst = vec![0u8; 4096];
-    let mut s1 = [sge(&src, 0, 4096)];
-    let mut s2 = s1;
+    // The first request is the pacer's burst (two 64 KiB chunks) and one chunk more, so
+    // that the second waits for tokens.
+    let src = pattern(3 * 65_536, 43);
+    let mut dst = vec![0u8; 3 * 65_536];
+    let mut s1 = [sge(&src, 0, src.len())];
+    let mut s2 = [sge(&src, 0, 4096)];
     let remote = dst.as_mut_ptr() as u64;
     assert_eq!(
         r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 1, &mut s1, remote, true)])
@@ -324,7 +326,7 @@ fn moving_to_the_error_state_flushes_what_waits_in_software() {
             .0,
         0
     );
-    assert_eq!(r.log().len(), 1, "the second waits for tokens");
+    assert_eq!(r.log().len(), 3, "the second waits for tokens");
     assert_eq!(r.run().len(), 1);
     super::to_error(r.qp);
     assert_eq!(
@@ -352,11 +354,13 @@ fn synthesized_completions_raise_a_completion_channel_event() {
         false,
         ch.ptr(),
     );
-    let src = pattern(4096, 44);
-    let mut dst = vec![0u8; 4096];
+    // The first request is the pacer's burst (two 64 KiB chunks) and one chunk more, so
+    // that the second waits for tokens.
+    let src = pattern(3 * 65_536, 44);
+    let mut dst = vec![0u8; 3 * 65_536];
     let remote = dst.as_mut_ptr() as u64;
-    let mut s1 = [sge(&src, 0, 4096)];
-    let mut s2 = s1;
+    let mut s1 = [sge(&src, 0, src.len())];
+    let mut s2 = [sge(&src, 0, 4096)];
     assert_eq!(
         r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 1, &mut s1, remote, true)])
             .0,
@@ -416,11 +420,13 @@ fn a_thread_waiting_for_an_event_wakes_for_a_synthesized_completion() {
         false,
         ch.ptr(),
     );
-    let src = pattern(4096, 45);
-    let mut dst = vec![0u8; 4096];
+    // The first request is the pacer's burst (two 64 KiB chunks) and one chunk more, so
+    // that the second waits for tokens.
+    let src = pattern(3 * 65_536, 45);
+    let mut dst = vec![0u8; 3 * 65_536];
     let remote = dst.as_mut_ptr() as u64;
-    let mut s1 = [sge(&src, 0, 4096)];
-    let mut s2 = s1;
+    let mut s1 = [sge(&src, 0, src.len())];
+    let mut s2 = [sge(&src, 0, 4096)];
     r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 1, &mut s1, remote, true)]);
     r.post(&mut [rdma(IBV_WR_RDMA_WRITE, 2, &mut s2, remote, true)]);
     assert_eq!(r.run().len(), 1);
