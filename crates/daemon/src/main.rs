@@ -1,0 +1,3 @@
+//! justitiad: the daemon is assembled in the next steps.
+
+fn main() {}
