@@ -335,7 +335,7 @@ impl AgentClient {
     }
 
     /// The allotment to enforce now, or `None`: daemon gone or stale, flow not (yet)
-    /// registered, not admitted, a latency flow (never shaped), or a torn read on every
+    /// registered or given no share yet (idle until it reports work), not admitted, a latency flow (never shaped), or a torn read on every
     /// attempt. Never blocks.
     pub fn allotment(&self, h: FlowHandle) -> Option<Allotment> {
         let conn = self.conn.as_ref()?;
@@ -346,13 +346,16 @@ impl AgentClient {
             return None;
         }
         let slot = conn.block.slot(self.flows[h.0 as usize].slot)?;
-        (slot.flow == flow && slot.state == SlotState::Allotted).then_some(Allotment {
-            bytes_per_sec: slot.bytes_per_sec,
-            ops_per_sec: slot.ops_per_sec,
-            chunk_bytes: slot.chunk_bytes,
-            token_bytes: slot.token_bytes,
-            generation: slot.generation,
-        })
+        // A zero rate is an idle flow's (no share until it reports work): the caller keeps
+        // its static settings rather than stall.
+        (slot.flow == flow && slot.state == SlotState::Allotted && slot.bytes_per_sec > 0)
+            .then_some(Allotment {
+                bytes_per_sec: slot.bytes_per_sec,
+                ops_per_sec: slot.ops_per_sec,
+                chunk_bytes: slot.chunk_bytes,
+                token_bytes: slot.token_bytes,
+                generation: slot.generation,
+            })
     }
 
     /// Reports a flow's activity and what it posted since the last report. One
