@@ -276,6 +276,11 @@ impl AgentClient {
             .is_some_and(|c| !c.block.is_stale(monotonic_ns()))
     }
 
+    /// The daemon's latest heartbeat (`CLOCK_MONOTONIC` ns), `None` when not connected.
+    pub fn heartbeat_ns(&self) -> Option<u64> {
+        self.conn.as_ref().map(|c| c.block.heartbeat_ns())
+    }
+
     /// The daemon's boot id of the current connection (0 before the first).
     pub fn boot_id(&self) -> u64 {
         self.boot_id
