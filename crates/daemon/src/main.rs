@@ -38,7 +38,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 fn install_handlers() {
     for sig in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
         // SAFETY: a zeroed sigaction with a handler that only stores atomics; no SA_RESTART,
-        // so poll(2) returns EINTR and the loop sees the flag at once.
+        // so epoll_wait(2) returns EINTR and the loop sees the flag at once.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;

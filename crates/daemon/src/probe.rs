@@ -145,7 +145,7 @@ pub fn profile_for(infiniband: bool, line_rate_bps: f64) -> String {
 
 /// The reference flow on real verbs: two RC QPs on one port connected to each other,
 /// 10 B RDMA WRITEs from one to the other, completions signalled through a completion
-/// channel so the daemon sleeps in poll(2) instead of spinning a core. The measured
+/// channel so the daemon sleeps in epoll instead of spinning a core. The measured
 /// time therefore includes the completion event's wake-up, the same in every sample.
 pub struct VerbsProbe {
     info: ProbeInfo,

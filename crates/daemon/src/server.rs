@@ -1,8 +1,14 @@
 //! The daemon's event loop: sockets, the control loop, the probe, the control block.
 //!
-//! One thread, one poll(2) per wake-up, with the timeout taken from
-//! [`ControlLoop::poll_timeout`], the probe's next due completion and the heartbeat: the
-//! daemon sleeps between RefPeriods instead of spinning a core. It makes no policy
+//! One thread sleeping in epoll on every descriptor it serves (registered once, not per
+//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earliest of
+//! [`ControlLoop::poll_timeout`], the probe's next due completion and the heartbeat. The
+//! timer has nanosecond resolution and no timer slack (a sleep with a timeout under the
+//! normal policy may end 50 us late), so a due probe completion or update is seen when it
+//! is due, and the daemon sleeps between them instead of spinning a core. A wake-up
+//! allocates nothing, and the status is published only when an update ran or the flows
+//! changed. A probe's latency runs from a timestamp taken just before its post to one
+//! taken just after the wake-up that saw its completion. It makes no policy
 //! decision of its own: registrations, activity and probe samples go into the
 //! [`ControlLoop`], and whatever allotments it hands out are published into the control
 //! block.
@@ -16,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{IoSlice, Read, Write};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +43,7 @@ use justitia_core::control_loop::{
 use justitia_core::controller::{Admission, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
-use rustix::event::{PollFd, PollFlags};
+use prometheus_client::metrics::gauge::Gauge;
 use rustix::net::{
     AddressFamily, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix,
     SocketFlags, SocketType,
@@ -70,7 +76,8 @@ struct Client {
     sock: OwnedFd,
     uid: u32,
     pid: i32,
-    pidfd: Option<OwnedFd>,
+    /// Held open while the client is: epoll watches it for the process's exit.
+    _pidfd: Option<OwnedFd>,
     flows: BTreeSet<u64>,
 }
 
@@ -117,8 +124,34 @@ pub struct Daemon {
     next_flow: u64,
     free_slots: Vec<u32>,
     metrics: Metrics,
-    ready: bool,
+    /// The per-class gauges of L, B and T, looked up once so that publishing allocates
+    /// nothing.
+    class_gauges: [Gauge; 3],
+    /// The loop's descriptors: sockets, pidfds, the probe's channel, the timer.
+    epoll: OwnedFd,
+    /// CLOCK_MONOTONIC timer for the loop's deadlines, absolute, in nanoseconds.
+    timer: OwnedFd,
+    /// The deadline the timer is armed for (0: none).
+    armed: u64,
+    events: Vec<rustix::event::epoll::Event>,
+    /// Socket tags found ready by the last wait, served on the next turn.
+    ready: Vec<u64>,
+    completions: Vec<crate::probe::Completion>,
+    last_beat: u64,
+    /// What the last status publication reflected: (updates, flows, generation).
+    published: Option<(u64, usize, u64)>,
+    /// sd_notify READY sent (at the first probe).
+    notified: bool,
 }
+
+/// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
+/// `id << 1 | 1`, so client ids stay far below these.
+const TAG_LISTEN: u64 = u64::MAX - 1;
+const TAG_ADMIN: u64 = u64::MAX - 3;
+const TAG_TIMER: u64 = u64::MAX - 5;
+const TAG_PROBE: u64 = u64::MAX - 7;
+/// Events taken per wait; more stay pending for the next.
+const EVENTS: usize = 64;
 
 fn now_ns() -> u64 {
     monotonic_ns()
@@ -237,6 +270,41 @@ impl Daemon {
             );
         }
         metrics.max_rate.set(profile.max_rate_bytes_per_sec());
+        let sys = |what: &'static str| {
+            move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))
+        };
+        let epoll = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+            .map_err(sys("creating the epoll instance"))?;
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Monotonic,
+            rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+        )
+        .map_err(sys("creating the loop timer"))?;
+        let watch = |fd: BorrowedFd<'_>, tag: u64| {
+            rustix::event::epoll::add(
+                &epoll,
+                fd,
+                rustix::event::epoll::EventData::new_u64(tag),
+                rustix::event::epoll::EventFlags::IN,
+            )
+        };
+        watch(listener.as_fd(), TAG_LISTEN).map_err(sys("watching the registration socket"))?;
+        watch(admin.as_fd(), TAG_ADMIN).map_err(sys("watching the admin socket"))?;
+        watch(timer.as_fd(), TAG_TIMER).map_err(sys("watching the loop timer"))?;
+        if let Some(fd) = probe.fd() {
+            // SAFETY: the probe's descriptor is live while the probe is, and the probe
+            // lives as long as the daemon and its epoll instance.
+            watch(unsafe { BorrowedFd::borrow_raw(fd) }, TAG_PROBE)
+                .map_err(sys("watching the probe's completion channel"))?;
+        }
+        let class_gauges = ["latency", "bandwidth", "throughput"].map(|class| {
+            metrics
+                .flows_counted
+                .get_or_create(&Label {
+                    value: class.into(),
+                })
+                .clone()
+        });
         info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
               boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
         Ok(Daemon {
@@ -259,109 +327,142 @@ impl Daemon {
             flows: BTreeMap::new(),
             next_flow: 1,
             metrics,
-            ready: false,
+            class_gauges,
+            epoll,
+            timer,
+            armed: 0,
+            events: vec![
+                rustix::event::epoll::Event {
+                    flags: rustix::event::epoll::EventFlags::empty(),
+                    data: rustix::event::epoll::EventData::new_u64(0),
+                };
+                EVENTS
+            ],
+            ready: Vec::with_capacity(EVENTS),
+            completions: Vec::new(),
+            last_beat: now_ns(),
+            published: None,
+            notified: false,
         })
     }
 
     /// Runs until `signals.stop` is raised.
     pub fn run(&mut self, signals: &Signals) {
-        let mut completions = Vec::new();
+        let mut probe_ready = false;
         while !signals.stop.load(Ordering::Relaxed) {
             if signals.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
+            // Completions first, stamped as close to the wake-up as the loop can: the
+            // probe's latency is measured to the moment the loop sees it.
             let now = now_ns();
-            completions.clear();
-            self.probe.collect(now, &mut completions);
-            for c in &completions {
-                self.probe_done(now, c.id, c.ok);
+            if probe_ready || self.probe.next_due_ns().is_some_and(|t| t <= now) {
+                self.completions.clear();
+                self.probe.collect(now, &mut self.completions);
+                for i in 0..self.completions.len() {
+                    let c = self.completions[i];
+                    self.probe_done(now, c.id, c.ok);
+                }
             }
-            let now_d = Duration::from_nanos(now);
+            self.serve_ready(now);
+            let now_d = Duration::from_nanos(now_ns());
             if self.lp.poll_timeout().is_some_and(|t| t <= now_d) {
                 self.lp.handle_timeout(now_d);
             }
-            self.drain_events(now);
+            self.drain_events();
+            let now = now_ns();
             self.block.beat(now);
+            self.last_beat = now;
             self.publish_status();
-            self.wait(now);
+            probe_ready = self.wait();
         }
         let _ = std::fs::remove_file(&self.config.socket);
         let _ = std::fs::remove_file(&self.config.admin_socket);
         info!("justitiad stopped");
     }
 
-    fn wait(&mut self, now: u64) {
-        // Wake for the loop, the probe, and often enough to keep the heartbeat fresh.
-        let mut wake = now + (self.config.stale_after.as_nanos() as u64 / 3).max(100_000);
+    /// The next time the loop must run without any descriptor waking it: the control
+    /// loop's deadline, a synthetic probe's completion, or the heartbeat.
+    fn next_wake(&self) -> u64 {
+        let mut wake = self
+            .last_beat
+            .saturating_add((self.config.stale_after.as_nanos() as u64 / 3).max(100_000));
         if let Some(t) = self.lp.poll_timeout() {
             wake = wake.min(t.as_nanos() as u64);
         }
         if let Some(t) = self.probe.next_due_ns() {
             wake = wake.min(t);
         }
-        let timeout = Duration::from_nanos(wake.saturating_sub(now));
-        let client_ids: Vec<u64> = self.clients.keys().copied().collect();
-        // SAFETY: the probe's descriptor is live while the probe is.
-        let probe_fd = self
-            .probe
-            .fd()
-            .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
-        let (listen_ready, admin_ready, ready_clients, gone_clients) = {
-            let mut fds = vec![
-                PollFd::new(&self.listener, PollFlags::IN),
-                PollFd::new(&self.admin, PollFlags::IN),
-            ];
-            if let Some(fd) = &probe_fd {
-                fds.push(PollFd::new(fd, PollFlags::IN));
-            }
-            let first_client = fds.len();
-            for id in &client_ids {
-                let c = &self.clients[id];
-                fds.push(PollFd::new(&c.sock, PollFlags::IN));
-                match &c.pidfd {
-                    Some(p) => fds.push(PollFd::new(p, PollFlags::IN)),
-                    // A placeholder that never becomes ready keeps the indices regular.
-                    None => fds.push(PollFd::new(&c.sock, PollFlags::empty())),
-                }
-            }
-            let ts = rustix::time::Timespec {
-                tv_sec: timeout.as_secs() as i64,
-                tv_nsec: timeout.subsec_nanos() as _,
+        wake
+    }
+
+    /// Arms the timer for the next wake-up and sleeps in epoll until it fires or a
+    /// descriptor is ready. The timer is absolute on CLOCK_MONOTONIC with nanosecond
+    /// resolution, and only re-armed when the deadline moves (a timer left expired keeps
+    /// its descriptor readable, which is right: its deadline has passed). Returns whether
+    /// the probe's descriptor was ready; socket events are kept for [`Self::serve_ready`].
+    fn wait(&mut self) -> bool {
+        let wake = self.next_wake();
+        if wake != self.armed {
+            let spec = rustix::time::Itimerspec {
+                it_interval: rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: rustix::time::Timespec {
+                    tv_sec: (wake / 1_000_000_000) as i64,
+                    // A zero it_value would disarm the timer; 1 ns is already past.
+                    tv_nsec: ((wake % 1_000_000_000) as i64).max(i64::from(wake == 0)) as _,
+                },
             };
-            if rustix::event::poll(&mut fds, Some(&ts)).is_err() {
-                return; // EINTR: a signal; the loop looks at its flags.
-            }
-            let mut ready = Vec::new();
-            let mut gone = Vec::new();
-            for (i, id) in client_ids.iter().enumerate() {
-                let s = fds[first_client + 2 * i].revents();
-                let p = fds[first_client + 2 * i + 1].revents();
-                if !p.is_empty() {
-                    gone.push(*id);
-                } else if !s.is_empty() {
-                    ready.push(*id);
+            match rustix::time::timerfd_settime(
+                &self.timer,
+                rustix::time::TimerfdTimerFlags::ABSTIME,
+                &spec,
+            ) {
+                Ok(_) => self.armed = wake,
+                Err(e) => {
+                    error!(error = %e, "arming the loop timer");
+                    self.armed = 0;
                 }
             }
-            (
-                !fds[0].revents().is_empty(),
-                !fds[1].revents().is_empty(),
-                ready,
-                gone,
-            )
+        }
+        self.ready.clear();
+        let n = match rustix::event::epoll::wait(&self.epoll, &mut self.events[..], None) {
+            Ok(n) => n,
+            Err(_) => return false, // EINTR: a signal; the loop looks at its flags.
         };
-        let now = now_ns();
-        for id in gone_clients {
-            self.reclaim(now, id, "process exited");
+        let mut probe_ready = false;
+        for ev in &self.events[..n] {
+            match ev.data.u64() {
+                TAG_TIMER => {}
+                TAG_PROBE => probe_ready = true,
+                tag => self.ready.push(tag),
+            }
         }
-        for id in ready_clients {
-            self.read_client(now, id);
+        probe_ready
+    }
+
+    fn watch(&self, fd: &OwnedFd, tag: u64) -> rustix::io::Result<()> {
+        rustix::event::epoll::add(
+            &self.epoll,
+            fd,
+            rustix::event::epoll::EventData::new_u64(tag),
+            rustix::event::epoll::EventFlags::IN,
+        )
+    }
+
+    /// Serves the sockets the last wait found ready.
+    fn serve_ready(&mut self, now: u64) {
+        for i in 0..self.ready.len() {
+            match self.ready[i] {
+                TAG_LISTEN => self.accept(),
+                TAG_ADMIN => self.serve_admin(),
+                tag if tag & 1 == 1 => self.reclaim(now, tag >> 1, "process exited"),
+                tag => self.read_client(now, tag >> 1),
+            }
         }
-        if listen_ready {
-            self.accept(now);
-        }
-        if admin_ready {
-            self.serve_admin(now);
-        }
+        self.ready.clear();
     }
 
     fn probe_done(&mut self, now: u64, wr_id: u64, ok: bool) {
@@ -376,8 +477,8 @@ impl Daemon {
                 self.metrics
                     .probe_latency
                     .observe(now.saturating_sub(sent) as f64 * 1e-9);
-                if !self.ready {
-                    self.ready = true;
+                if !self.notified {
+                    self.notified = true;
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
                     info!(
                         latency_us = now.saturating_sub(sent) as f64 / 1e3,
@@ -391,11 +492,14 @@ impl Daemon {
         }
     }
 
-    fn drain_events(&mut self, now: u64) {
-        let now_d = Duration::from_nanos(now);
+    fn drain_events(&mut self) {
         while let Some(ev) = self.lp.poll_event() {
             match ev {
                 Event::ProbeDue => {
+                    // Stamped just before the post, so the time the update took is not
+                    // counted in the probe's latency.
+                    let now = now_ns();
+                    let now_d = Duration::from_nanos(now);
                     let id = self.lp.probe_sent(now_d);
                     let wr_id = self.probe_base + id.0;
                     match self.probe.send(wr_id, now) {
@@ -429,7 +533,14 @@ impl Daemon {
         }
     }
 
-    fn publish_status(&self) {
+    /// Publishes the status into the block and the metrics when an update ran or the
+    /// flows changed since the last publication; otherwise there is nothing new.
+    fn publish_status(&mut self) {
+        let key = (self.lp.updates(), self.flows.len(), self.lp.generation());
+        if self.published == Some(key) {
+            return;
+        }
+        self.published = Some(key);
         let t = self.lp.target();
         let cur = self.lp.current_p99();
         self.block.set_status(BlockStatus {
@@ -442,17 +553,12 @@ impl Daemon {
         self.metrics.current_p99.set(secs(cur));
         self.metrics.target_p99.set(secs(t.value));
         let c = self.lp.counts();
-        for (class, n) in [
-            ("latency", c.latency),
-            ("bandwidth", c.bandwidth),
-            ("throughput", c.throughput),
-        ] {
-            self.metrics
-                .flows_counted
-                .get_or_create(&Label {
-                    value: class.into(),
-                })
-                .set(i64::from(n));
+        for (gauge, n) in self
+            .class_gauges
+            .iter()
+            .zip([c.latency, c.bandwidth, c.throughput])
+        {
+            gauge.set(i64::from(n));
         }
         self.metrics.flows_registered.set(self.flows.len() as i64);
     }
@@ -502,7 +608,7 @@ impl Daemon {
         }
     }
 
-    fn accept(&mut self, now: u64) {
+    fn accept(&mut self) {
         loop {
             let sock = match rustix::net::accept_with(
                 &self.listener,
@@ -552,14 +658,23 @@ impl Daemon {
                 pidfd = pidfd.is_some(),
                 "shaper connected"
             );
-            let _ = now;
+            if let Err(e) = self.watch(&sock, id << 1) {
+                warn!(error = %e, pid, "connection dropped: cannot watch its socket");
+                continue;
+            }
+            if let Some(p) = &pidfd {
+                // Without it the hang-up of the socket still reclaims the flows.
+                if let Err(e) = self.watch(p, (id << 1) | 1) {
+                    debug!(error = %e, pid, "process exit not watched");
+                }
+            }
             self.clients.insert(
                 id,
                 Client {
                     sock,
                     uid,
                     pid,
-                    pidfd,
+                    _pidfd: pidfd,
                     flows: BTreeSet::new(),
                 },
             );
@@ -965,7 +1080,7 @@ impl Daemon {
         })
     }
 
-    fn serve_admin(&mut self, _now: u64) {
+    fn serve_admin(&mut self) {
         let sock = match rustix::net::accept_with(&self.admin, SocketFlags::CLOEXEC) {
             Ok(s) => s,
             Err(_) => return,
