@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
 mod control_plot;
+mod daemon_admin;
 mod demo;
 mod export;
 mod plot;
@@ -33,6 +34,26 @@ enum Command {
         /// Built-in RNIC profile to use.
         #[arg(long, default_value = "IB-56")]
         profile: String,
+    },
+    /// justitiad's status: SafeUtil, Current99, Target99, flow counts.
+    Status(daemon_admin::AdminArgs),
+    /// The flows registered with justitiad.
+    Flows(daemon_admin::AdminArgs),
+    /// Change a setting of the running justitiad.
+    Set {
+        #[command(subcommand)]
+        what: SetCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SetCommand {
+    /// Target99: `150us`, `2ms`, `800ns`, or `2.5x` the probe's idle p99.
+    Target {
+        /// The new target.
+        value: String,
+        #[command(flatten)]
+        admin: daemon_admin::AdminArgs,
     },
 }
 
@@ -81,6 +102,11 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Demo { profile } => demo::run(&profile)?,
+        Command::Status(args) => daemon_admin::status(&args)?,
+        Command::Flows(args) => daemon_admin::flows(&args)?,
+        Command::Set {
+            what: SetCommand::Target { value, admin },
+        } => daemon_admin::set_target(&admin, &value)?,
     }
     Ok(())
 }

@@ -500,6 +500,15 @@ impl CompletionChannel {
         })
     }
 
+    /// The channel's file descriptor: readable while a completion event is pending, so an
+    /// event loop can wait for completions with poll(2) instead of blocking in
+    /// [`CompletionChannel::wait`].
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the channel is live while self is; `fd` is set by ibv_create_comp_channel
+        // and never changed.
+        unsafe { (*self.inner.channel.as_ptr()).fd }
+    }
+
     /// Blocks until the next completion event (`ibv_get_cq_event`), acknowledges it and
     /// returns the CQ it was for.
     pub fn wait(&self) -> Result<*mut ibv_cq, VerbsError> {

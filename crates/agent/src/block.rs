@@ -1,0 +1,632 @@
+//! The control block: one sealed memfd the daemon writes and every shaper maps read-only.
+//!
+//! The block is a [`Header`] followed by [`Header::slots`] [`Slot`]s, every field an
+//! `AtomicU64` so that both sides touch it only through atomic loads and stores (no
+//! process-shared lock exists anywhere). The daemon is the single writer; it publishes
+//! each slot and the header's status through a seqlock: the sequence word is made odd,
+//! the fields are stored, the word is made even again. A reader loads the word, the
+//! fields, then the word again and keeps the copy only if both loads saw the same even
+//! value; it gives up after a few attempts rather than wait, because a shaper must never
+//! block a verb on the daemon.
+//!
+//! The memfd is created with sealing allowed, sized, mapped writable by the daemon, and
+//! then sealed with `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL`:
+//! the daemon's own mapping stays writable, while any later `mmap(PROT_WRITE, MAP_SHARED)`
+//! or `write(2)` on the descriptor fails for everyone, including a client that received
+//! it over `SCM_RIGHTS`, and nobody can lift the seals.
+//!
+//! The heartbeat is the daemon's `CLOCK_MONOTONIC` time in nanoseconds, stored at every
+//! wake-up; the boot id is random per daemon start. A reader that sees the heartbeat older
+//! than [`Header::stale_after_ns`] or a boot id other than the one it registered with
+//! treats the daemon as gone.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// `b"JUSTCB\0\x01"` read as a little-endian word: identifies a control block.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"JUSTCB\0\x01");
+/// The layout version; a reader refuses any other.
+pub const LAYOUT_VERSION: u64 = 1;
+/// Slots in a block when the configuration does not say (one per registered flow).
+pub const DEFAULT_SLOTS: u32 = 1024;
+/// The most slots a block may have (a 4 MiB block), so a size read from a peer is bounded.
+pub const MAX_SLOTS: u32 = 65_536;
+/// How many times a reader retries a torn read before giving up for this call.
+pub const READ_ATTEMPTS: u32 = 8;
+
+/// The first 128 bytes of the block.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Header {
+    /// [`MAGIC`].
+    pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`].
+    pub version: AtomicU64,
+    /// Number of slots after the header.
+    pub slots: AtomicU64,
+    /// Random per daemon start.
+    pub boot_id: AtomicU64,
+    /// The daemon's `CLOCK_MONOTONIC` time (ns) at its latest wake-up.
+    pub heartbeat_ns: AtomicU64,
+    /// After how long without a heartbeat readers consider the daemon gone (ns).
+    pub stale_after_ns: AtomicU64,
+    /// Seqlock word of the status fields below.
+    pub seq: AtomicU64,
+    /// SafeUtil, bytes/s.
+    pub safe_util: AtomicU64,
+    /// Current99 in ns (0 while unknown).
+    pub current_p99_ns: AtomicU64,
+    /// Target99 in ns (0 while unknown).
+    pub target_p99_ns: AtomicU64,
+    /// The control loop's latest generation.
+    pub generation: AtomicU64,
+    _reserved: [AtomicU64; 5],
+}
+
+/// What a slot is being used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+pub enum SlotState {
+    /// No flow.
+    Free = 0,
+    /// A resource-hungry flow with an allotment to follow.
+    Allotted = 1,
+    /// A latency flow: never shaped.
+    Unshaped = 2,
+}
+
+impl SlotState {
+    fn from_word(word: u64) -> Option<Self> {
+        match word {
+            0 => Some(SlotState::Free),
+            1 => Some(SlotState::Allotted),
+            2 => Some(SlotState::Unshaped),
+            _ => None,
+        }
+    }
+}
+
+/// One flow's allotment, 64 bytes (one cache line).
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Slot {
+    /// Seqlock word.
+    pub seq: AtomicU64,
+    /// The daemon's id of the flow in this slot (0 when free).
+    pub flow: AtomicU64,
+    /// [`SlotState`] as a word.
+    pub state: AtomicU64,
+    /// Bytes per second.
+    pub bytes_per_sec: AtomicU64,
+    /// Operations per second.
+    pub ops_per_sec: AtomicU64,
+    /// The chunk size bandwidth requests are cut to.
+    pub chunk_bytes: AtomicU64,
+    /// The multi-resource token's byte size.
+    pub token_bytes: AtomicU64,
+    /// The control loop generation that set this allotment.
+    pub generation: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == 128);
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
+
+/// A flow's allotment as read from its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotAllotment {
+    /// The daemon's flow id.
+    pub flow: u64,
+    /// Whether the flow is shaped.
+    pub state: SlotState,
+    /// Bytes per second.
+    pub bytes_per_sec: u64,
+    /// Operations per second.
+    pub ops_per_sec: u64,
+    /// Chunk size.
+    pub chunk_bytes: u64,
+    /// Token bytes.
+    pub token_bytes: u64,
+    /// The generation that set it.
+    pub generation: u64,
+}
+
+/// The daemon-wide status in the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlockStatus {
+    /// SafeUtil, bytes/s.
+    pub safe_util: u64,
+    /// Current99, ns (0 unknown).
+    pub current_p99_ns: u64,
+    /// Target99, ns (0 unknown).
+    pub target_p99_ns: u64,
+    /// Latest generation.
+    pub generation: u64,
+}
+
+/// Why a control block could not be created or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// The call and its purpose.
+        what: &'static str,
+        /// The error.
+        source: rustix::io::Errno,
+    },
+    /// The descriptor does not hold a block this reader understands.
+    #[error("not a justitia control block: {0}")]
+    Invalid(String),
+}
+
+fn sys(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> BlockError {
+    move |source| BlockError::Sys { what, source }
+}
+
+/// The byte length of a block with `slots` slots.
+pub fn block_len(slots: u32) -> usize {
+    std::mem::size_of::<Header>() + slots as usize * std::mem::size_of::<Slot>()
+}
+
+/// The current `CLOCK_MONOTONIC` time in ns, the heartbeat's clock.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
+/// A mapping of a block; unmapped on drop.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is only accessed through atomics.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are the live mapping made in `map`, unmapped only here.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+impl Mapping {
+    fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self, rustix::io::Errno> {
+        let prot = if writable {
+            ProtFlags::READ | ProtFlags::WRITE
+        } else {
+            ProtFlags::READ
+        };
+        // SAFETY: a fresh shared mapping of the whole descriptor; nothing else aliases it
+        // in this process except through the atomics below.
+        let ptr =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0)? };
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(rustix::io::Errno::NOMEM)?;
+        Ok(Mapping { ptr, len })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is page aligned and at least a header long (checked by the
+        // constructors); Header is all atomics, valid for any bit pattern.
+        unsafe { &*self.ptr.as_ptr().cast::<Header>() }
+    }
+
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        let offset = block_len(index);
+        if offset + std::mem::size_of::<Slot>() > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked above) and 64-byte aligned (header and slots are
+        // multiples of 64 from a page-aligned base); all atomics.
+        Some(unsafe { &*self.ptr.as_ptr().add(offset).cast::<Slot>() })
+    }
+}
+
+/// The daemon's side: creates, seals and writes the block.
+#[derive(Debug)]
+pub struct BlockWriter {
+    fd: OwnedFd,
+    map: Mapping,
+    slots: u32,
+}
+
+impl BlockWriter {
+    /// Creates a sealed block of `slots` slots (1..=[`MAX_SLOTS`]) with this boot id and
+    /// staleness limit, heartbeat set to now.
+    pub fn create(slots: u32, boot_id: u64, stale_after_ns: u64) -> Result<Self, BlockError> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(BlockError::Invalid(format!(
+                "{slots} slots, expected 1..={MAX_SLOTS}"
+            )));
+        }
+        let len = block_len(slots);
+        let fd = rustix::fs::memfd_create(
+            "justitia-control-block",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(sys("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(sys("ftruncate of the memfd"))?;
+        let map = Mapping::map(fd.as_fd(), len, true).map_err(sys("mmap of the memfd"))?;
+        // Sealed after the writable mapping exists: FUTURE_WRITE forbids new writable
+        // mappings and write(2) but leaves this one working.
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
+        )
+        .map_err(sys("sealing the memfd"))?;
+        let h = map.header();
+        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.slots.store(u64::from(slots), Ordering::Relaxed);
+        h.boot_id.store(boot_id, Ordering::Relaxed);
+        h.stale_after_ns.store(stale_after_ns, Ordering::Relaxed);
+        h.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
+        // The magic last, released: a reader that sees it sees the rest.
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(BlockWriter { fd, map, slots })
+    }
+
+    /// The descriptor to pass to clients.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Stores the heartbeat.
+    pub fn beat(&self, now_ns: u64) {
+        self.map
+            .header()
+            .heartbeat_ns
+            .store(now_ns, Ordering::Release);
+    }
+
+    /// Publishes the daemon-wide status.
+    pub fn set_status(&self, status: BlockStatus) {
+        let h = self.map.header();
+        seq_write(&h.seq, || {
+            h.safe_util.store(status.safe_util, Ordering::Relaxed);
+            h.current_p99_ns
+                .store(status.current_p99_ns, Ordering::Relaxed);
+            h.target_p99_ns
+                .store(status.target_p99_ns, Ordering::Relaxed);
+            h.generation.store(status.generation, Ordering::Relaxed);
+        });
+    }
+
+    /// Publishes a slot; returns false for an index out of range.
+    pub fn set_slot(&self, index: u32, a: SlotAllotment) -> bool {
+        let Some(s) = self.map.slot(index).filter(|_| index < self.slots) else {
+            return false;
+        };
+        seq_write(&s.seq, || {
+            s.flow.store(a.flow, Ordering::Relaxed);
+            s.state.store(a.state as u64, Ordering::Relaxed);
+            s.bytes_per_sec.store(a.bytes_per_sec, Ordering::Relaxed);
+            s.ops_per_sec.store(a.ops_per_sec, Ordering::Relaxed);
+            s.chunk_bytes.store(a.chunk_bytes, Ordering::Relaxed);
+            s.token_bytes.store(a.token_bytes, Ordering::Relaxed);
+            s.generation.store(a.generation, Ordering::Relaxed);
+        });
+        true
+    }
+
+    /// Frees a slot.
+    pub fn clear_slot(&self, index: u32) -> bool {
+        self.set_slot(
+            index,
+            SlotAllotment {
+                flow: 0,
+                state: SlotState::Free,
+                bytes_per_sec: 0,
+                ops_per_sec: 0,
+                chunk_bytes: 0,
+                token_bytes: 0,
+                generation: 0,
+            },
+        )
+    }
+
+    /// A reader over the daemon's own mapping, for reports and tests.
+    pub fn reader(&self) -> Result<BlockReader, BlockError> {
+        BlockReader::map(self.fd.as_fd())
+    }
+}
+
+/// Single-writer seqlock store: odd while writing, even when done.
+fn seq_write(seq: &AtomicU64, write: impl FnOnce()) {
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s.wrapping_add(1), Ordering::Relaxed);
+    // Orders the odd word before the field stores.
+    fence(Ordering::Release);
+    write();
+    seq.store(s.wrapping_add(2), Ordering::Release);
+}
+
+/// Seqlock read: `None` when every attempt was torn.
+fn seq_read<T>(seq: &AtomicU64, read: impl Fn() -> T) -> Option<T> {
+    for _ in 0..READ_ATTEMPTS {
+        let before = seq.load(Ordering::Acquire);
+        if before & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let value = read();
+        // Orders the field loads before the second load of the word.
+        fence(Ordering::Acquire);
+        if seq.load(Ordering::Relaxed) == before {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// A shaper's side: a read-only mapping of a block received from the daemon.
+#[derive(Debug)]
+pub struct BlockReader {
+    map: Mapping,
+    slots: u32,
+    boot_id: u64,
+    stale_after_ns: u64,
+}
+
+impl BlockReader {
+    /// Maps the block behind `fd` read-only and checks its magic, version and size.
+    pub fn map(fd: BorrowedFd<'_>) -> Result<Self, BlockError> {
+        let stat = rustix::fs::fstat(fd).map_err(sys("fstat of the control block"))?;
+        let len = usize::try_from(stat.st_size)
+            .map_err(|_| BlockError::Invalid(format!("size {}", stat.st_size)))?;
+        if len < block_len(1) || len > block_len(MAX_SLOTS) {
+            return Err(BlockError::Invalid(format!(
+                "size {len} bytes out of range"
+            )));
+        }
+        let map = Mapping::map(fd, len, false).map_err(sys("mmap of the control block"))?;
+        let h = map.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(BlockError::Invalid("bad magic".into()));
+        }
+        let version = h.version.load(Ordering::Relaxed);
+        if version != LAYOUT_VERSION {
+            return Err(BlockError::Invalid(format!(
+                "layout version {version}, this reader knows {LAYOUT_VERSION}"
+            )));
+        }
+        let slots = h.slots.load(Ordering::Relaxed);
+        if slots == 0 || slots > u64::from(MAX_SLOTS) || block_len(slots as u32) > len {
+            return Err(BlockError::Invalid(format!(
+                "{slots} slots do not fit {len} bytes"
+            )));
+        }
+        Ok(BlockReader {
+            slots: slots as u32,
+            boot_id: h.boot_id.load(Ordering::Relaxed),
+            stale_after_ns: h.stale_after_ns.load(Ordering::Relaxed),
+            map,
+        })
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// The boot id the block was created with.
+    pub fn boot_id(&self) -> u64 {
+        self.boot_id
+    }
+
+    /// The latest heartbeat (ns, `CLOCK_MONOTONIC`).
+    pub fn heartbeat_ns(&self) -> u64 {
+        self.map.header().heartbeat_ns.load(Ordering::Acquire)
+    }
+
+    /// Whether the heartbeat is older than the block's staleness limit at `now_ns`.
+    pub fn is_stale(&self, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.heartbeat_ns()) > self.stale_after_ns
+    }
+
+    /// The daemon-wide status, `None` if every attempt was torn.
+    pub fn status(&self) -> Option<BlockStatus> {
+        let h = self.map.header();
+        seq_read(&h.seq, || BlockStatus {
+            safe_util: h.safe_util.load(Ordering::Relaxed),
+            current_p99_ns: h.current_p99_ns.load(Ordering::Relaxed),
+            target_p99_ns: h.target_p99_ns.load(Ordering::Relaxed),
+            generation: h.generation.load(Ordering::Relaxed),
+        })
+    }
+
+    /// A slot's content, `None` when out of range, torn on every attempt, or holding a
+    /// state word this reader does not know.
+    pub fn slot(&self, index: u32) -> Option<SlotAllotment> {
+        if index >= self.slots {
+            return None;
+        }
+        let s = self.map.slot(index)?;
+        let (flow, state, bps, ops, chunk, token, generation) = seq_read(&s.seq, || {
+            (
+                s.flow.load(Ordering::Relaxed),
+                s.state.load(Ordering::Relaxed),
+                s.bytes_per_sec.load(Ordering::Relaxed),
+                s.ops_per_sec.load(Ordering::Relaxed),
+                s.chunk_bytes.load(Ordering::Relaxed),
+                s.token_bytes.load(Ordering::Relaxed),
+                s.generation.load(Ordering::Relaxed),
+            )
+        })?;
+        Some(SlotAllotment {
+            flow,
+            state: SlotState::from_word(state)?,
+            bytes_per_sec: bps,
+            ops_per_sec: ops,
+            chunk_bytes: chunk,
+            token_bytes: token,
+            generation,
+        })
+    }
+}
+
+/// A fresh random boot id (never zero).
+pub fn random_boot_id() -> u64 {
+    let mut buf = [0u8; 8];
+    // getrandom without flags blocks only before the kernel's pool is initialised at boot;
+    // fall back to the clock mixed with the pid if it fails for any reason.
+    match rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty()) {
+        Ok(8) => u64::from_le_bytes(buf) | 1,
+        _ => (monotonic_ns() ^ (u64::from(std::process::id()) << 32)) | 1,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn allot(flow: u64, v: u64) -> SlotAllotment {
+        SlotAllotment {
+            flow,
+            state: SlotState::Allotted,
+            bytes_per_sec: v,
+            ops_per_sec: v,
+            chunk_bytes: v,
+            token_bytes: v,
+            generation: v,
+        }
+    }
+
+    #[test]
+    fn reader_sees_what_the_writer_published() {
+        let w = BlockWriter::create(4, 42, 5_000_000).unwrap();
+        let r = BlockReader::map(w.fd()).unwrap();
+        assert_eq!((r.slots(), r.boot_id()), (4, 42));
+        assert_eq!(r.slot(2).unwrap().state, SlotState::Free);
+        assert!(w.set_slot(2, allot(7, 1234)));
+        assert_eq!(r.slot(2), Some(allot(7, 1234)));
+        assert!(!w.set_slot(4, allot(7, 1)), "slot 4 of 4 is out of range");
+        assert_eq!(r.slot(4), None);
+        w.set_status(BlockStatus {
+            safe_util: 9,
+            current_p99_ns: 8,
+            target_p99_ns: 7,
+            generation: 6,
+        });
+        assert_eq!(r.status().unwrap().current_p99_ns, 8);
+    }
+
+    #[test]
+    fn heartbeat_goes_stale_after_the_limit() {
+        let w = BlockWriter::create(1, 1, 1_000).unwrap();
+        let r = w.reader().unwrap();
+        w.beat(10_000);
+        assert!(!r.is_stale(10_999));
+        assert!(!r.is_stale(11_000));
+        assert!(r.is_stale(11_001));
+    }
+
+    #[test]
+    fn a_reader_cannot_map_the_block_writable_nor_write_it() {
+        let w = BlockWriter::create(2, 1, 1).unwrap();
+        let len = block_len(2);
+        // SAFETY: a plain mmap attempt whose result is unmapped if it succeeds.
+        let res = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                w.fd(),
+                0,
+            )
+        };
+        assert_eq!(res.err(), Some(rustix::io::Errno::PERM));
+        assert_eq!(
+            rustix::io::pwrite(w.fd(), &[1u8; 8], 0).err(),
+            Some(rustix::io::Errno::PERM)
+        );
+        assert_eq!(
+            rustix::fs::ftruncate(w.fd(), 1).err(),
+            Some(rustix::io::Errno::PERM)
+        );
+        assert_eq!(
+            rustix::fs::fcntl_add_seals(w.fd(), SealFlags::empty()).err(),
+            Some(rustix::io::Errno::PERM),
+            "F_SEAL_SEAL forbids changing the seals"
+        );
+        // A read-only mapping cannot be made writable afterwards either.
+        let r = BlockReader::map(w.fd()).unwrap();
+        // SAFETY: mprotect on our own live read-only mapping; expected to fail.
+        let res = unsafe {
+            rustix::mm::mprotect(
+                r.map.ptr.as_ptr().cast(),
+                r.map.len,
+                rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE,
+            )
+        };
+        assert!(res.is_err(), "mprotect to writable must fail");
+    }
+
+    #[test]
+    fn a_descriptor_of_another_kind_is_refused() {
+        let fd = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, block_len(1) as u64).unwrap();
+        assert!(matches!(
+            BlockReader::map(fd.as_fd()),
+            Err(BlockError::Invalid(_))
+        ));
+        rustix::fs::ftruncate(&fd, 10).unwrap();
+        assert!(matches!(
+            BlockReader::map(fd.as_fd()),
+            Err(BlockError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn concurrent_reads_are_never_torn() {
+        // Every field of a slot is written with the same value; a torn read would mix two.
+        let w = Arc::new(BlockWriter::create(1, 1, 1).unwrap());
+        let r = w.reader().unwrap();
+        let writer = {
+            let w = Arc::clone(&w);
+            std::thread::spawn(move || {
+                for v in 1..200_000u64 {
+                    w.set_slot(0, allot(v, v));
+                }
+            })
+        };
+        let mut seen = 0u64;
+        while !writer.is_finished() {
+            if let Some(a) = r.slot(0) {
+                if a.state == SlotState::Allotted {
+                    assert!(
+                        [
+                            a.bytes_per_sec,
+                            a.ops_per_sec,
+                            a.chunk_bytes,
+                            a.token_bytes,
+                            a.generation
+                        ]
+                        .iter()
+                        .all(|&x| x == a.flow),
+                        "torn read {a:?}"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        writer.join().unwrap();
+        assert!(seen > 0);
+    }
+}

@@ -1,0 +1,510 @@
+//! What a shaper calls to follow the daemon.
+//!
+//! [`AgentClient`] keeps one `SOCK_SEQPACKET` connection to `justitiad` and a read-only
+//! mapping of its control block. Every call that a verb path may make
+//! ([`allotment`](AgentClient::allotment), [`report_usage`](AgentClient::report_usage))
+//! is a handful of atomic loads or one non-blocking send: it never waits for the daemon.
+//! The blocking parts (connecting, receiving replies, reconnecting) happen in
+//! [`tick`](AgentClient::tick), which the shaper calls from wherever it already wakes up
+//! (a timer, a completion poll), and which itself never waits longer than one
+//! `connect(2)` on a local socket.
+//!
+//! Fail-open: [`allotment`](AgentClient::allotment) returns `None` as soon as the block's
+//! heartbeat is older than the block's staleness limit, or the connection has hung up,
+//! or the boot id changed; the caller then falls back to its static settings. `tick`
+//! reconnects with exponential backoff and registers every flow again; the
+//! [`FlowHandle`]s the caller holds stay valid across that.
+
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use justitia_core::flow::FlowClass;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
+    SocketFlags, SocketType,
+};
+
+use crate::block::{monotonic_ns, BlockError, BlockReader, SlotState};
+use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
+
+/// The registration socket's default path.
+pub const DEFAULT_SOCKET: &str = "/run/justitia/justitiad.sock";
+
+/// Why a connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A socket call failed.
+    #[error("{what} {path}: {source}")]
+    Sys {
+        /// The call.
+        what: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        source: rustix::io::Errno,
+    },
+    /// The daemon's greeting was not what this client understands.
+    #[error("daemon at {path} sent no usable greeting: {reason}")]
+    Greeting {
+        /// The socket path.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The control block could not be mapped.
+    #[error("control block from {path}: {source}")]
+    Block {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        source: BlockError,
+    },
+}
+
+/// A flow's allotment as the shaper should enforce it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allotment {
+    /// Bytes per second.
+    pub bytes_per_sec: u64,
+    /// Operations per second.
+    pub ops_per_sec: u64,
+    /// The chunk size to cut bandwidth requests to.
+    pub chunk_bytes: u64,
+    /// The multi-resource token's size in bytes.
+    pub token_bytes: u64,
+    /// The control loop generation that set it.
+    pub generation: u64,
+}
+
+/// The caller's name for a flow; stable across reconnections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlowHandle(u32);
+
+/// Where a flow's registration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowState {
+    /// Not (yet) registered with the running daemon: follow static settings.
+    Pending,
+    /// Registered.
+    Registered {
+        /// The daemon's flow id.
+        flow: u64,
+        /// Soft admission's verdict (never [`AdmissionReply::NotAdmitted`] here).
+        admission: AdmissionReply,
+    },
+    /// The daemon declined to steer it: leave it as it is.
+    NotAdmitted,
+    /// The daemon refused the registration.
+    Refused(RefuseReason),
+    /// The flow was unregistered by the caller.
+    Gone,
+}
+
+/// Reconnection settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// The first retry's delay after the daemon is found gone (10 ms).
+    pub backoff_min: Duration,
+    /// The longest delay between retries (1 s).
+    pub backoff_max: Duration,
+    /// How long `connect` waits for the greeting (1 s).
+    pub greeting_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(1),
+            greeting_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    register: Register,
+    state: FlowState,
+    slot: u32,
+    /// The registration has been sent on the current connection.
+    sent: bool,
+}
+
+#[derive(Debug)]
+struct Connection {
+    sock: OwnedFd,
+    block: BlockReader,
+}
+
+/// Counters a shaper may report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientStats {
+    /// Connections made (the first and every reconnection).
+    pub connections: u64,
+    /// Times the daemon was found gone.
+    pub fail_opens: u64,
+    /// Registrations sent.
+    pub registrations: u64,
+}
+
+/// A shaper's connection to `justitiad`. See the module documentation.
+#[derive(Debug)]
+pub struct AgentClient {
+    path: PathBuf,
+    config: ClientConfig,
+    conn: Option<Connection>,
+    flows: Vec<Entry>,
+    backoff: Duration,
+    next_attempt_ns: u64,
+    boot_id: u64,
+    uid: u32,
+    stats: ClientStats,
+}
+
+impl AgentClient {
+    /// Connects to the daemon at `path` now; fails if none answers.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let mut c = Self::disconnected(path, ClientConfig::default());
+        let conn = c.open()?;
+        c.adopt(conn);
+        Ok(c)
+    }
+
+    /// A client that is not connected yet: [`tick`](Self::tick) connects when the daemon
+    /// appears. For shapers that start before (or without) the daemon.
+    pub fn disconnected(path: impl AsRef<Path>, config: ClientConfig) -> Self {
+        AgentClient {
+            path: path.as_ref().to_path_buf(),
+            config,
+            conn: None,
+            flows: Vec::new(),
+            backoff: config.backoff_min,
+            next_attempt_ns: 0,
+            boot_id: 0,
+            uid: rustix::process::getuid().as_raw(),
+            stats: ClientStats::default(),
+        }
+    }
+
+    fn sys(&self, what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ClientError + '_ {
+        move |source| ClientError::Sys {
+            what,
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn open(&self) -> Result<(Connection, u64), ClientError> {
+        let sock = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(self.sys("socket"))?;
+        let addr = SocketAddrUnix::new(&self.path).map_err(self.sys("socket path"))?;
+        rustix::net::connect(&sock, &addr).map_err(self.sys("connect"))?;
+        rustix::net::sockopt::set_socket_timeout(
+            &sock,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(self.config.greeting_timeout),
+        )
+        .map_err(self.sys("SO_RCVTIMEO"))?;
+        let mut buf = [0u8; MAX_MESSAGE + 1];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = rustix::net::recvmsg(
+            &sock,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(self.sys("receiving the greeting from"))?;
+        let mut fd = None;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                // Keep the first; any others are closed as the iterator drops them.
+                for f in fds {
+                    fd.get_or_insert(f);
+                }
+            }
+        }
+        let greeting = |reason: String| ClientError::Greeting {
+            path: self.path.clone(),
+            reason,
+        };
+        let boot_id = match Reply::parse(&buf[..msg.bytes.min(buf.len())]) {
+            Ok(Reply::Hello { boot_id }) => boot_id,
+            Ok(other) => return Err(greeting(format!("{other:?} instead of a greeting"))),
+            Err(e) => return Err(greeting(e.to_string())),
+        };
+        let fd = fd.ok_or_else(|| greeting("no control block descriptor attached".into()))?;
+        let block = BlockReader::map(fd.as_fd()).map_err(|source| ClientError::Block {
+            path: self.path.clone(),
+            source,
+        })?;
+        if block.boot_id() != boot_id {
+            return Err(greeting(format!(
+                "boot id {boot_id:#x} but the block says {:#x}",
+                block.boot_id()
+            )));
+        }
+        Ok((Connection { sock, block }, boot_id))
+    }
+
+    fn adopt(&mut self, (conn, boot_id): (Connection, u64)) {
+        self.conn = Some(conn);
+        self.boot_id = boot_id;
+        self.backoff = self.config.backoff_min;
+        self.stats.connections += 1;
+        for e in &mut self.flows {
+            e.sent = false;
+            if !matches!(e.state, FlowState::Gone) {
+                e.state = FlowState::Pending;
+            }
+        }
+        self.send_pending();
+    }
+
+    /// Whether a live daemon is connected (heartbeat fresh).
+    pub fn is_connected(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|c| !c.block.is_stale(monotonic_ns()))
+    }
+
+    /// The daemon's latest heartbeat (`CLOCK_MONOTONIC` ns), `None` when not connected.
+    pub fn heartbeat_ns(&self) -> Option<u64> {
+        self.conn.as_ref().map(|c| c.block.heartbeat_ns())
+    }
+
+    /// The daemon's boot id of the current connection (0 before the first).
+    pub fn boot_id(&self) -> u64 {
+        self.boot_id
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// Registers a flow; the registration is sent now if connected, else on reconnection.
+    /// The handle is the caller's for the flow's lifetime.
+    pub fn register(
+        &mut self,
+        class: FlowClass,
+        qps: u32,
+        demand_bytes_per_sec: u64,
+    ) -> FlowHandle {
+        let index = self.flows.len() as u32;
+        self.flows.push(Entry {
+            register: Register {
+                client_ref: u64::from(index),
+                class,
+                qps: qps.max(1),
+                demand_bytes_per_sec,
+                claimed_uid: self.uid,
+            },
+            state: FlowState::Pending,
+            slot: 0,
+            sent: false,
+        });
+        self.send_pending();
+        FlowHandle(index)
+    }
+
+    fn send_pending(&mut self) {
+        let Some(conn) = &self.conn else { return };
+        for e in &mut self.flows {
+            if e.sent || !matches!(e.state, FlowState::Pending) {
+                continue;
+            }
+            let wire = Request::Register(e.register).encode();
+            if rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)
+                .is_ok()
+            {
+                e.sent = true;
+                self.stats.registrations += 1;
+            }
+        }
+    }
+
+    /// Where a flow's registration stands.
+    pub fn state(&self, h: FlowHandle) -> FlowState {
+        self.flows
+            .get(h.0 as usize)
+            .map_or(FlowState::Gone, |e| e.state)
+    }
+
+    /// The allotment to enforce now, or `None`: daemon gone or stale, flow not (yet)
+    /// registered or given no share yet (idle until it reports work), not admitted, a latency flow (never shaped), or a torn read on every
+    /// attempt. Never blocks.
+    pub fn allotment(&self, h: FlowHandle) -> Option<Allotment> {
+        let conn = self.conn.as_ref()?;
+        let FlowState::Registered { flow, .. } = self.flows.get(h.0 as usize)?.state else {
+            return None;
+        };
+        if conn.block.is_stale(monotonic_ns()) {
+            return None;
+        }
+        let slot = conn.block.slot(self.flows[h.0 as usize].slot)?;
+        // A zero rate is an idle flow's (no share until it reports work): the caller keeps
+        // its static settings rather than stall.
+        (slot.flow == flow && slot.state == SlotState::Allotted && slot.bytes_per_sec > 0)
+            .then_some(Allotment {
+                bytes_per_sec: slot.bytes_per_sec,
+                ops_per_sec: slot.ops_per_sec,
+                chunk_bytes: slot.chunk_bytes,
+                token_bytes: slot.token_bytes,
+                generation: slot.generation,
+            })
+    }
+
+    /// Reports a flow's activity and what it posted since the last report. One
+    /// non-blocking send; returns false when not sent (not registered, daemon gone, or the
+    /// socket buffer full), in which case the caller keeps counting and reports later.
+    pub fn report_usage(&mut self, h: FlowHandle, active: bool, bytes: u64, ops: u64) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let Some(FlowState::Registered { flow, .. }) =
+            self.flows.get(h.0 as usize).map(|e| e.state)
+        else {
+            return false;
+        };
+        let wire = Request::Usage(Usage {
+            flow,
+            active,
+            bytes,
+            ops,
+        })
+        .encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+    }
+
+    /// The flow is gone (its QPs destroyed): tells the daemon, and forgets it.
+    pub fn unregister(&mut self, h: FlowHandle) {
+        let Some(e) = self.flows.get_mut(h.0 as usize) else {
+            return;
+        };
+        let old = std::mem::replace(&mut e.state, FlowState::Gone);
+        if let (Some(conn), FlowState::Registered { flow, .. }) = (&self.conn, old) {
+            let wire = Request::Unregister { flow }.encode();
+            let _ = rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+        }
+    }
+
+    /// The connection's socket, for callers that want to poll for replies.
+    pub fn socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.conn.as_ref().map(|c| c.sock.as_fd())
+    }
+
+    /// Receives replies, notices a gone daemon, reconnects with backoff. `now_ns` is
+    /// `CLOCK_MONOTONIC` in ns ([`monotonic_ns`]). Never waits on a live daemon; a
+    /// reconnection attempt costs one local `connect(2)` and, if it is accepted, the
+    /// daemon's greeting (sent at once on accept).
+    pub fn tick(&mut self, now_ns: u64) {
+        if let Some(conn) = &self.conn {
+            let mut gone = conn.block.is_stale(now_ns);
+            let mut buf = [0u8; MAX_MESSAGE + 1];
+            while !gone {
+                match rustix::net::recv(&conn.sock, &mut buf, RecvFlags::DONTWAIT) {
+                    Ok((0, _)) => gone = true,
+                    Ok((n, _)) => {
+                        if let Ok(reply) = Reply::parse(&buf[..n.min(buf.len())]) {
+                            Self::apply(&mut self.flows, reply);
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => gone = true,
+                }
+            }
+            if gone {
+                self.conn = None;
+                self.stats.fail_opens += 1;
+                for e in &mut self.flows {
+                    if !matches!(e.state, FlowState::Gone) {
+                        e.state = FlowState::Pending;
+                    }
+                }
+                self.backoff = self.config.backoff_min;
+                self.next_attempt_ns =
+                    now_ns.saturating_add(self.config.backoff_min.as_nanos() as u64);
+            } else {
+                self.send_pending();
+            }
+            return;
+        }
+        if now_ns < self.next_attempt_ns {
+            return;
+        }
+        match self.open() {
+            Ok(conn) => self.adopt(conn),
+            Err(_) => {
+                self.next_attempt_ns = now_ns.saturating_add(self.backoff.as_nanos() as u64);
+                self.backoff = (self.backoff * 2).min(self.config.backoff_max);
+            }
+        }
+    }
+
+    fn apply(flows: &mut [Entry], reply: Reply) {
+        let (client_ref, state, slot) = match reply {
+            Reply::Registered {
+                client_ref,
+                flow,
+                slot,
+                admission,
+            } => (
+                client_ref,
+                if admission == AdmissionReply::NotAdmitted {
+                    FlowState::NotAdmitted
+                } else {
+                    FlowState::Registered { flow, admission }
+                },
+                slot,
+            ),
+            Reply::Refused { client_ref, reason } => (client_ref, FlowState::Refused(reason), 0),
+            Reply::Hello { .. } => return,
+        };
+        if let Some(e) = usize::try_from(client_ref)
+            .ok()
+            .and_then(|i| flows.get_mut(i))
+        {
+            if matches!(e.state, FlowState::Pending) {
+                e.state = state;
+                e.slot = slot;
+            }
+        }
+    }
+
+    /// Ticks until the flow's registration is answered or `timeout` passes, waiting on the
+    /// socket in between. For set-up paths and tests, never for a verb.
+    pub fn wait_registered(&mut self, h: FlowHandle, timeout: Duration) -> FlowState {
+        let deadline = monotonic_ns().saturating_add(timeout.as_nanos() as u64);
+        loop {
+            let now = monotonic_ns();
+            self.tick(now);
+            let state = self.state(h);
+            if !matches!(state, FlowState::Pending) || now >= deadline {
+                return state;
+            }
+            let wait = Duration::from_nanos((deadline - now).min(5_000_000));
+            match &self.conn {
+                Some(conn) => {
+                    let mut fds = [rustix::event::PollFd::new(
+                        &conn.sock,
+                        rustix::event::PollFlags::IN,
+                    )];
+                    let ts = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: wait.as_nanos() as _,
+                    };
+                    let _ = rustix::event::poll(&mut fds, Some(&ts));
+                }
+                None => std::thread::sleep(wait),
+            }
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! The messages on the daemon's registration socket, and their parser.
+//!
+//! The socket is `SOCK_SEQPACKET`: the kernel keeps message boundaries, so one datagram is
+//! one message and a message longer than [`MAX_MESSAGE`] is seen as truncated (and
+//! refused) rather than run into the next. A message is a 4-byte header (`b"JA"`, the
+//! protocol version, the kind) and a fixed-size little-endian body; the parser demands the
+//! exact length of its kind and checks every field's range, so no input makes it panic or
+//! allocate beyond the message.
+//!
+//! No message carries an identity the daemon trusts: the tenant is the peer's uid from
+//! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
+//! that the daemon can refuse a confused or lying client loudly.
+
+use justitia_core::flow::FlowClass;
+
+/// The two bytes every message starts with.
+pub const MAGIC: [u8; 2] = *b"JA";
+/// The protocol version this crate speaks.
+pub const PROTO_VERSION: u8 = 1;
+/// The longest valid message, and the receive buffer size (one more, to see oversize).
+pub const MAX_MESSAGE: usize = 64;
+/// A uid that stands for "none stated".
+pub const NO_UID: u32 = u32::MAX;
+
+const KIND_REGISTER: u8 = 1;
+const KIND_USAGE: u8 = 2;
+const KIND_UNREGISTER: u8 = 3;
+const KIND_HELLO: u8 = 0x81;
+const KIND_REGISTERED: u8 = 0x82;
+const KIND_REFUSED: u8 = 0x83;
+
+/// A shaper asks for a flow to be steered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Register {
+    /// The client's own reference for the flow, echoed in the reply.
+    pub client_ref: u64,
+    /// The flow's class.
+    pub class: FlowClass,
+    /// Queue pairs the flow posts on (at least 1).
+    pub qps: u32,
+    /// The flow's own demand in bytes/s (0: as much as it may have).
+    pub demand_bytes_per_sec: u64,
+    /// The uid the client believes it runs as, checked against the kernel's ([`NO_UID`]:
+    /// not stated).
+    pub claimed_uid: u32,
+}
+
+/// A shaper reports a flow's activity and what it sent since the last report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// The daemon's flow id.
+    pub flow: u64,
+    /// Whether the flow has work.
+    pub active: bool,
+    /// Bytes posted since the previous report.
+    pub bytes: u64,
+    /// Work requests posted since the previous report.
+    pub ops: u64,
+}
+
+/// Client to daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Register a flow.
+    Register(Register),
+    /// Report usage.
+    Usage(Usage),
+    /// The flow is gone.
+    Unregister {
+        /// The daemon's flow id.
+        flow: u64,
+    },
+}
+
+/// Soft admission's verdict, as told to the shaper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionReply {
+    /// Admitted.
+    Admitted,
+    /// Admitted although Current99 is above Target99.
+    AdmittedWithWarning,
+    /// Not admitted (the configuration asks for it): leave the flow unshaped.
+    NotAdmitted,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// The message claimed a uid other than the sender's.
+    WrongUid,
+    /// Every slot of the control block is in use.
+    Full,
+    /// The message was malformed.
+    Malformed,
+    /// The sender has too many flows registered.
+    TooManyFlows,
+}
+
+/// Daemon to client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Sent once on connection, with the control block's descriptor attached.
+    Hello {
+        /// The daemon's boot id (also in the block).
+        boot_id: u64,
+    },
+    /// A flow was registered.
+    Registered {
+        /// The client's reference.
+        client_ref: u64,
+        /// The daemon's flow id.
+        flow: u64,
+        /// The control block slot holding its allotment.
+        slot: u32,
+        /// Soft admission's verdict.
+        admission: AdmissionReply,
+    },
+    /// A registration was refused.
+    Refused {
+        /// The client's reference (0 when the message could not be read).
+        client_ref: u64,
+        /// Why.
+        reason: RefuseReason,
+    },
+}
+
+/// Why a message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Fewer bytes than a header.
+    #[error("truncated: {got} bytes, a header is 4")]
+    NoHeader {
+        /// Bytes received.
+        got: usize,
+    },
+    /// Longer than any message.
+    #[error("oversized: {got} bytes, at most {MAX_MESSAGE}")]
+    Oversized {
+        /// Bytes received (at least).
+        got: usize,
+    },
+    /// Not starting with `JA`.
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 2]),
+    /// Another protocol version.
+    #[error("protocol version {0}, this daemon speaks {PROTO_VERSION}")]
+    BadVersion(u8),
+    /// An unknown kind (or one sent in the wrong direction).
+    #[error("unknown message kind {0:#04x}")]
+    UnknownKind(u8),
+    /// The body's length is not its kind's.
+    #[error("{kind} message of {got} bytes, expected {want}")]
+    BadLength {
+        /// The kind's name.
+        kind: &'static str,
+        /// Bytes received.
+        got: usize,
+        /// Bytes expected.
+        want: usize,
+    },
+    /// A field out of range.
+    #[error("field `{field}`: {reason}")]
+    BadField {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn u8(&mut self) -> u8 {
+        let (b, rest) = self.0.split_first().map_or((0, &[][..]), |(b, r)| (*b, r));
+        self.0 = rest;
+        b
+    }
+    fn u32(&mut self) -> u32 {
+        let mut b = [0u8; 4];
+        let n = self.0.len().min(4);
+        b[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        u32::from_le_bytes(b)
+    }
+    fn u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        let n = self.0.len().min(8);
+        b[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        u64::from_le_bytes(b)
+    }
+}
+
+fn header(kind: u8) -> Vec<u8> {
+    let mut v = Vec::with_capacity(MAX_MESSAGE);
+    v.extend_from_slice(&MAGIC);
+    v.push(PROTO_VERSION);
+    v.push(kind);
+    v
+}
+
+/// Checks the header and the exact length; returns the kind and a cursor on the body.
+fn open(
+    msg: &[u8],
+    body_len: impl Fn(u8) -> Option<(&'static str, usize)>,
+) -> Result<(u8, Cursor<'_>), ParseError> {
+    if msg.len() > MAX_MESSAGE {
+        return Err(ParseError::Oversized { got: msg.len() });
+    }
+    if msg.len() < 4 {
+        return Err(ParseError::NoHeader { got: msg.len() });
+    }
+    if msg[..2] != MAGIC {
+        return Err(ParseError::BadMagic([msg[0], msg[1]]));
+    }
+    if msg[2] != PROTO_VERSION {
+        return Err(ParseError::BadVersion(msg[2]));
+    }
+    let kind = msg[3];
+    let (name, want) = body_len(kind).ok_or(ParseError::UnknownKind(kind))?;
+    let body = &msg[4..];
+    if body.len() != want {
+        return Err(ParseError::BadLength {
+            kind: name,
+            got: msg.len(),
+            want: want + 4,
+        });
+    }
+    Ok((kind, Cursor(body)))
+}
+
+fn class_code(class: FlowClass) -> u8 {
+    match class {
+        FlowClass::Latency => 0,
+        FlowClass::Throughput => 1,
+        FlowClass::Bandwidth => 2,
+    }
+}
+
+fn bool_field(field: &'static str, b: u8) -> Result<bool, ParseError> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(ParseError::BadField {
+            field,
+            reason: format!("{b} is neither 0 nor 1"),
+        }),
+    }
+}
+
+impl Request {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        match *self {
+            Request::Register(r) => {
+                let mut v = header(KIND_REGISTER);
+                v.extend_from_slice(&r.client_ref.to_le_bytes());
+                v.push(class_code(r.class));
+                v.extend_from_slice(&r.qps.to_le_bytes());
+                v.extend_from_slice(&r.demand_bytes_per_sec.to_le_bytes());
+                v.extend_from_slice(&r.claimed_uid.to_le_bytes());
+                v
+            }
+            Request::Usage(u) => {
+                let mut v = header(KIND_USAGE);
+                v.extend_from_slice(&u.flow.to_le_bytes());
+                v.push(u8::from(u.active));
+                v.extend_from_slice(&u.bytes.to_le_bytes());
+                v.extend_from_slice(&u.ops.to_le_bytes());
+                v
+            }
+            Request::Unregister { flow } => {
+                let mut v = header(KIND_UNREGISTER);
+                v.extend_from_slice(&flow.to_le_bytes());
+                v
+            }
+        }
+    }
+
+    /// Parses one message, refusing anything but exactly one well-formed request.
+    pub fn parse(msg: &[u8]) -> Result<Request, ParseError> {
+        let (kind, mut c) = open(msg, |k| match k {
+            KIND_REGISTER => Some(("register", 25)),
+            KIND_USAGE => Some(("usage", 25)),
+            KIND_UNREGISTER => Some(("unregister", 8)),
+            _ => None,
+        })?;
+        Ok(match kind {
+            KIND_REGISTER => {
+                let client_ref = c.u64();
+                let class = match c.u8() {
+                    0 => FlowClass::Latency,
+                    1 => FlowClass::Throughput,
+                    2 => FlowClass::Bandwidth,
+                    other => {
+                        return Err(ParseError::BadField {
+                            field: "class",
+                            reason: format!("unknown class {other}"),
+                        })
+                    }
+                };
+                let qps = c.u32();
+                if qps == 0 || qps > 1 << 20 {
+                    return Err(ParseError::BadField {
+                        field: "qps",
+                        reason: format!("{qps} queue pairs, expected 1..=1048576"),
+                    });
+                }
+                Request::Register(Register {
+                    client_ref,
+                    class,
+                    qps,
+                    demand_bytes_per_sec: c.u64(),
+                    claimed_uid: c.u32(),
+                })
+            }
+            KIND_USAGE => {
+                let flow = c.u64();
+                let active = bool_field("active", c.u8())?;
+                Request::Usage(Usage {
+                    flow,
+                    active,
+                    bytes: c.u64(),
+                    ops: c.u64(),
+                })
+            }
+            _ => Request::Unregister { flow: c.u64() },
+        })
+    }
+}
+
+impl Reply {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        match *self {
+            Reply::Hello { boot_id } => {
+                let mut v = header(KIND_HELLO);
+                v.extend_from_slice(&boot_id.to_le_bytes());
+                v
+            }
+            Reply::Registered {
+                client_ref,
+                flow,
+                slot,
+                admission,
+            } => {
+                let mut v = header(KIND_REGISTERED);
+                v.extend_from_slice(&client_ref.to_le_bytes());
+                v.extend_from_slice(&flow.to_le_bytes());
+                v.extend_from_slice(&slot.to_le_bytes());
+                v.push(match admission {
+                    AdmissionReply::Admitted => 0,
+                    AdmissionReply::AdmittedWithWarning => 1,
+                    AdmissionReply::NotAdmitted => 2,
+                });
+                v
+            }
+            Reply::Refused { client_ref, reason } => {
+                let mut v = header(KIND_REFUSED);
+                v.extend_from_slice(&client_ref.to_le_bytes());
+                v.push(match reason {
+                    RefuseReason::WrongUid => 0,
+                    RefuseReason::Full => 1,
+                    RefuseReason::Malformed => 2,
+                    RefuseReason::TooManyFlows => 3,
+                });
+                v
+            }
+        }
+    }
+
+    /// Parses one reply.
+    pub fn parse(msg: &[u8]) -> Result<Reply, ParseError> {
+        let (kind, mut c) = open(msg, |k| match k {
+            KIND_HELLO => Some(("hello", 8)),
+            KIND_REGISTERED => Some(("registered", 21)),
+            KIND_REFUSED => Some(("refused", 9)),
+            _ => None,
+        })?;
+        Ok(match kind {
+            KIND_HELLO => Reply::Hello { boot_id: c.u64() },
+            KIND_REGISTERED => {
+                let client_ref = c.u64();
+                let flow = c.u64();
+                let slot = c.u32();
+                let admission = match c.u8() {
+                    0 => AdmissionReply::Admitted,
+                    1 => AdmissionReply::AdmittedWithWarning,
+                    2 => AdmissionReply::NotAdmitted,
+                    other => {
+                        return Err(ParseError::BadField {
+                            field: "admission",
+                            reason: format!("unknown verdict {other}"),
+                        })
+                    }
+                };
+                Reply::Registered {
+                    client_ref,
+                    flow,
+                    slot,
+                    admission,
+                }
+            }
+            _ => {
+                let client_ref = c.u64();
+                let reason = match c.u8() {
+                    0 => RefuseReason::WrongUid,
+                    1 => RefuseReason::Full,
+                    2 => RefuseReason::Malformed,
+                    3 => RefuseReason::TooManyFlows,
+                    other => {
+                        return Err(ParseError::BadField {
+                            field: "reason",
+                            reason: format!("unknown reason {other}"),
+                        })
+                    }
+                };
+                Reply::Refused { client_ref, reason }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reg() -> Register {
+        Register {
+            client_ref: 7,
+            class: FlowClass::Bandwidth,
+            qps: 2,
+            demand_bytes_per_sec: 1 << 30,
+            claimed_uid: 1000,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_with_fixed_lengths() {
+        let r = Request::Register(reg());
+        let wire = r.encode();
+        assert_eq!(wire.len(), 29);
+        assert_eq!(&wire[..4], b"JA\x01\x01");
+        assert_eq!(Request::parse(&wire), Ok(r));
+        let u = Request::Usage(Usage {
+            flow: 3,
+            active: true,
+            bytes: 10,
+            ops: 1,
+        });
+        assert_eq!(Request::parse(&u.encode()), Ok(u));
+        let g = Request::Unregister { flow: 9 };
+        assert_eq!(g.encode().len(), 12);
+        assert_eq!(Request::parse(&g.encode()), Ok(g));
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_with_a_reason() {
+        let wire = Request::Register(reg()).encode();
+        assert_eq!(
+            Request::parse(&wire[..3]),
+            Err(ParseError::NoHeader { got: 3 })
+        );
+        assert!(matches!(
+            Request::parse(&wire[..28]),
+            Err(ParseError::BadLength {
+                kind: "register",
+                got: 28,
+                want: 29
+            })
+        ));
+        let mut long = wire.clone();
+        long.push(0);
+        assert!(matches!(
+            Request::parse(&long),
+            Err(ParseError::BadLength { .. })
+        ));
+        assert_eq!(
+            Request::parse(&[0u8; MAX_MESSAGE + 1]),
+            Err(ParseError::Oversized {
+                got: MAX_MESSAGE + 1
+            })
+        );
+        let mut bad = wire.clone();
+        bad[0] = b'X';
+        assert!(matches!(Request::parse(&bad), Err(ParseError::BadMagic(_))));
+        bad = wire.clone();
+        bad[2] = 2;
+        assert_eq!(Request::parse(&bad), Err(ParseError::BadVersion(2)));
+        bad = wire.clone();
+        bad[3] = KIND_HELLO;
+        assert_eq!(
+            Request::parse(&bad),
+            Err(ParseError::UnknownKind(KIND_HELLO))
+        );
+        bad = wire.clone();
+        bad[12] = 3; // class
+        assert!(matches!(
+            Request::parse(&bad),
+            Err(ParseError::BadField { field: "class", .. })
+        ));
+        bad = wire.clone();
+        bad[13..17].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(
+            Request::parse(&bad),
+            Err(ParseError::BadField { field: "qps", .. })
+        ));
+        let mut usage = Request::Usage(Usage {
+            flow: 1,
+            active: false,
+            bytes: 0,
+            ops: 0,
+        })
+        .encode();
+        usage[12] = 2;
+        assert!(matches!(
+            Request::parse(&usage),
+            Err(ParseError::BadField {
+                field: "active",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        for r in [
+            Reply::Hello { boot_id: 5 },
+            Reply::Registered {
+                client_ref: 1,
+                flow: 2,
+                slot: 3,
+                admission: AdmissionReply::AdmittedWithWarning,
+            },
+            Reply::Refused {
+                client_ref: 4,
+                reason: RefuseReason::WrongUid,
+            },
+        ] {
+            assert_eq!(Reply::parse(&r.encode()), Ok(r));
+        }
+    }
+
+    /// A bounded fuzz run inside `cargo test`: random bytes, and valid messages with
+    /// random bytes flipped, cut or appended, from a fixed seed; the parser must return
+    /// (never panic), and whatever it accepts must re-encode to exactly the input.
+    #[test]
+    fn bounded_fuzz_of_the_parser() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let seeds = [
+            Request::Register(reg()).encode(),
+            Request::Usage(Usage {
+                flow: 1,
+                active: true,
+                bytes: 2,
+                ops: 3,
+            })
+            .encode(),
+            Request::Unregister { flow: 1 }.encode(),
+        ];
+        let mut accepted = 0;
+        for i in 0..200_000u32 {
+            let mut msg = seeds[i as usize % 3].clone();
+            match next() % 4 {
+                0 => {
+                    let len = (next() % (MAX_MESSAGE as u64 + 8)) as usize;
+                    msg = (0..len).map(|_| next() as u8).collect();
+                }
+                1 => {
+                    let at = (next() as usize) % msg.len();
+                    msg[at] ^= 1 << (next() % 8);
+                }
+                2 => msg.truncate((next() as usize) % msg.len()),
+                _ => msg.extend((0..next() % 4 + 1).map(|_| next() as u8)),
+            }
+            if let Ok(r) = Request::parse(&msg) {
+                assert_eq!(r.encode(), msg);
+                accepted += 1;
+            }
+        }
+        // Flipping a bit of a value field keeps a valid message; most mutations do not.
+        assert!(
+            accepted > 1_000 && accepted < 100_000,
+            "{accepted} accepted"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_and_accepted_ones_round_trip(
+            msg in proptest::collection::vec(any::<u8>(), 0..200)
+        ) {
+            if let Ok(r) = Request::parse(&msg) {
+                prop_assert_eq!(r.encode(), msg.clone());
+            }
+            if let Ok(r) = Reply::parse(&msg) {
+                prop_assert_eq!(r.encode(), msg);
+            }
+        }
+
+        #[test]
+        fn every_truncation_of_a_valid_message_is_refused(
+            client_ref in any::<u64>(), qps in 1u32..1000, cut in 0usize..29
+        ) {
+            let wire = Request::Register(Register { client_ref, qps, ..reg() }).encode();
+            prop_assert!(Request::parse(&wire[..cut]).is_err());
+        }
+
+        #[test]
+        fn oversized_messages_are_refused(extra in 1usize..4096) {
+            let mut wire = Request::Register(reg()).encode();
+            wire.resize(MAX_MESSAGE + extra, 0);
+            prop_assert_eq!(Request::parse(&wire), Err(ParseError::Oversized { got: MAX_MESSAGE + extra }));
+        }
+    }
+}

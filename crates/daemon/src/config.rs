@@ -1,0 +1,459 @@
+//! `justitiad.toml`: every key, its default, and the checks that refuse a bad value.
+//!
+//! The file is read as a TOML table and each key taken out by name, so every refusal
+//! names the file, the key and the reason, and an unknown key (a typo) is refused rather
+//! than ignored. An absent file at the default path means "all defaults"; an absent file
+//! named with `--config` is an error.
+//!
+//! | key | default | meaning |
+//! | --- | --- | --- |
+//! | `device` | first device with an active port | RDMA device the reference flow runs on |
+//! | `port` | first active port of `device` | its port |
+//! | `gid_index` | 0 | GID index of the loopback connection (RoCE) |
+//! | `profile` | looked up from the port's link layer and speed x width | RNIC profile name (`roce-100`, `ib-56`, ...) |
+//! | `target` | `"2x"` | Target99: `"150us"`, `"2ms"`, `"800ns"` absolute, or `"2.5x"` the probe's idle p99 |
+//! | `ref_period_us` | 500 | RefPeriod: probe interval and control interval |
+//! | `probe_timeout_ms` | 5 | a probe not completed by then is lost |
+//! | `probe` | `"verbs"` | `"verbs"`: 10 B WRITEs in loopback on the port; `"synthetic"`: a constant latency without a device (tests, hosts without RDMA) |
+//! | `synthetic_latency_us` | 20 | the synthetic probe's latency |
+//! | `socket` | `/run/justitia/justitiad.sock` | registration socket (mode 0666: any local process may register, as itself) |
+//! | `admin_socket` | `/run/justitia/justitiad-admin.sock` | admin socket |
+//! | `admin_group` | none | a group whose members may use the admin socket besides root |
+//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint address; `""` turns it off |
+//! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
+//! | `slots` | 1024 | flows the control block can hold |
+//! | `max_flows_per_uid` | 256 | flows one uid may register |
+//! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
+//! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use justitia_core::control_loop::Target99;
+
+/// The default configuration path.
+pub const DEFAULT_PATH: &str = "/etc/justitia/justitiad.toml";
+
+/// The reference flow's source.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ProbeKind {
+    /// Real verbs on the configured port.
+    Verbs,
+    /// A constant latency, no device.
+    Synthetic(Duration),
+}
+
+/// What to do with a latency flow that arrives while the target is violated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionPolicy {
+    /// Admit with a warning.
+    Warn,
+    /// Tell it it is not admitted.
+    Refuse,
+}
+
+/// The daemon's settings. See the module documentation for each key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Device name.
+    pub device: Option<String>,
+    /// Port number.
+    pub port: Option<u8>,
+    /// GID index.
+    pub gid_index: u8,
+    /// Profile name.
+    pub profile: Option<String>,
+    /// Target99.
+    pub target: Target99,
+    /// RefPeriod.
+    pub ref_period: Duration,
+    /// Probe timeout.
+    pub probe_timeout: Duration,
+    /// Probe source.
+    pub probe: ProbeKind,
+    /// Registration socket.
+    pub socket: PathBuf,
+    /// Admin socket.
+    pub admin_socket: PathBuf,
+    /// Admin group name.
+    pub admin_group: Option<String>,
+    /// Metrics address, `None` when off.
+    pub metrics: Option<String>,
+    /// Heartbeat staleness limit.
+    pub stale_after: Duration,
+    /// Control block slots.
+    pub slots: u32,
+    /// Flows per uid.
+    pub max_flows_per_uid: usize,
+    /// Soft admission policy.
+    pub admission: AdmissionPolicy,
+    /// Weights by uid.
+    pub weights: BTreeMap<u32, u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            device: None,
+            port: None,
+            gid_index: 0,
+            profile: None,
+            target: Target99::IdleMultiple(2.0),
+            ref_period: Duration::from_micros(500),
+            probe_timeout: Duration::from_millis(5),
+            probe: ProbeKind::Verbs,
+            socket: PathBuf::from("/run/justitia/justitiad.sock"),
+            admin_socket: PathBuf::from("/run/justitia/justitiad-admin.sock"),
+            admin_group: None,
+            metrics: Some("127.0.0.1:9464".into()),
+            stale_after: Duration::from_millis(5),
+            slots: justitia_agent::block::DEFAULT_SLOTS,
+            max_flows_per_uid: 256,
+            admission: AdmissionPolicy::Warn,
+            weights: BTreeMap::new(),
+        }
+    }
+}
+
+/// A refused configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: key `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// The key (or `(file)` / `(syntax)`).
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Parses a Target99 as written in the file or on the admin socket.
+pub fn parse_target(text: &str) -> Result<Target99, String> {
+    let t = text.trim();
+    let num = |s: &str| -> Result<f64, String> {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| format!("`{text}` is not a positive number with a unit"))
+    };
+    if let Some(m) = t.strip_suffix('x') {
+        let m = num(m)?;
+        if m < 1.0 {
+            return Err(format!("an idle multiple must be at least 1, got {m}"));
+        }
+        return Ok(Target99::IdleMultiple(m));
+    }
+    let (value, scale) = if let Some(v) = t.strip_suffix("ns") {
+        (v, 1e-9)
+    } else if let Some(v) = t.strip_suffix("us") {
+        (v, 1e-6)
+    } else if let Some(v) = t.strip_suffix("ms") {
+        (v, 1e-3)
+    } else {
+        return Err(format!(
+            "`{text}` has no unit: write e.g. `150us`, `2ms`, `800ns` or `2x`"
+        ));
+    };
+    let secs = num(value)? * scale;
+    if secs > 10.0 {
+        return Err(format!("`{text}` is longer than 10 s"));
+    }
+    Ok(Target99::Absolute(Duration::from_secs_f64(secs)))
+}
+
+impl Config {
+    /// Reads `path`. `required` says whether an absent file is an error (a path given on
+    /// the command line) or means the defaults (the default path).
+    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(path, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Ok(Config::default())
+            }
+            Err(e) => Err(ConfigError {
+                file: path.to_path_buf(),
+                key: "(file)".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Parses the text of `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        let err = |key: &str, reason: String| ConfigError {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        };
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| err("(syntax)", e.message().to_string()))?;
+        let mut c = Config::default();
+        let mut take = |key: &str| table.remove(key);
+        let string = |key: &str, v: toml::Value| -> Result<String, ConfigError> {
+            match v {
+                toml::Value::String(s) => Ok(s),
+                other => Err(err(
+                    key,
+                    format!("expected a string, got {}", other.type_str()),
+                )),
+            }
+        };
+        let int = |key: &str, v: toml::Value, lo: i64, hi: i64| -> Result<i64, ConfigError> {
+            match v {
+                toml::Value::Integer(i) if (lo..=hi).contains(&i) => Ok(i),
+                toml::Value::Integer(i) => {
+                    Err(err(key, format!("{i} is out of range {lo}..={hi}")))
+                }
+                other => Err(err(
+                    key,
+                    format!("expected an integer, got {}", other.type_str()),
+                )),
+            }
+        };
+        if let Some(v) = take("device") {
+            let s = string("device", v)?;
+            if s.is_empty() {
+                return Err(err(
+                    "device",
+                    "must not be empty (omit it for the first active device)".into(),
+                ));
+            }
+            c.device = Some(s);
+        }
+        if let Some(v) = take("port") {
+            c.port = Some(int("port", v, 1, 255)? as u8);
+        }
+        if let Some(v) = take("gid_index") {
+            c.gid_index = int("gid_index", v, 0, 255)? as u8;
+        }
+        if let Some(v) = take("profile") {
+            let s = string("profile", v)?;
+            justitia_core::profile::RnicProfile::builtin(&s)
+                .map_err(|e| err("profile", e.to_string()))?;
+            c.profile = Some(s);
+        }
+        if let Some(v) = take("target") {
+            c.target = parse_target(&string("target", v)?).map_err(|r| err("target", r))?;
+        }
+        if let Some(v) = take("ref_period_us") {
+            c.ref_period = Duration::from_micros(int("ref_period_us", v, 50, 1_000_000)? as u64);
+        }
+        if let Some(v) = take("probe_timeout_ms") {
+            c.probe_timeout = Duration::from_millis(int("probe_timeout_ms", v, 1, 10_000)? as u64);
+        }
+        if let Some(v) = take("synthetic_latency_us") {
+            c.probe = ProbeKind::Synthetic(Duration::from_micros(int(
+                "synthetic_latency_us",
+                v,
+                1,
+                1_000_000,
+            )? as u64));
+        }
+        if let Some(v) = take("probe") {
+            match string("probe", v)?.as_str() {
+                "verbs" => c.probe = ProbeKind::Verbs,
+                "synthetic" => {
+                    if c.probe == ProbeKind::Verbs {
+                        c.probe = ProbeKind::Synthetic(Duration::from_micros(20));
+                    }
+                }
+                other => {
+                    return Err(err(
+                        "probe",
+                        format!("`{other}` is neither `verbs` nor `synthetic`"),
+                    ))
+                }
+            }
+        } else if matches!(c.probe, ProbeKind::Synthetic(_)) {
+            return Err(err(
+                "synthetic_latency_us",
+                "given without `probe = \"synthetic\"`".into(),
+            ));
+        }
+        for (key, slot) in [
+            ("socket", &mut c.socket),
+            ("admin_socket", &mut c.admin_socket),
+        ] {
+            if let Some(v) = take(key) {
+                let s = string(key, v)?;
+                if !s.starts_with('/') || s.len() > 100 {
+                    return Err(err(
+                        key,
+                        format!("`{s}` must be an absolute path of at most 100 bytes"),
+                    ));
+                }
+                *slot = PathBuf::from(s);
+            }
+        }
+        if let Some(v) = take("admin_group") {
+            let s = string("admin_group", v)?;
+            if group_id(&s).is_none() {
+                return Err(err("admin_group", format!("no group `{s}` in /etc/group")));
+            }
+            c.admin_group = Some(s);
+        }
+        if let Some(v) = take("metrics") {
+            let s = string("metrics", v)?;
+            if s.is_empty() {
+                c.metrics = None;
+            } else {
+                s.parse::<std::net::SocketAddr>()
+                    .map_err(|e| err("metrics", format!("`{s}`: {e} (write address:port)")))?;
+                c.metrics = Some(s);
+            }
+        }
+        if let Some(v) = take("stale_after_ms") {
+            c.stale_after = Duration::from_millis(int("stale_after_ms", v, 1, 10_000)? as u64);
+        }
+        if let Some(v) = take("slots") {
+            c.slots = int("slots", v, 1, i64::from(justitia_agent::block::MAX_SLOTS))? as u32;
+        }
+        if let Some(v) = take("max_flows_per_uid") {
+            c.max_flows_per_uid = int("max_flows_per_uid", v, 1, 65_536)? as usize;
+        }
+        if let Some(v) = take("admission") {
+            c.admission = match string("admission", v)?.as_str() {
+                "warn" => AdmissionPolicy::Warn,
+                "refuse" => AdmissionPolicy::Refuse,
+                other => {
+                    return Err(err(
+                        "admission",
+                        format!("`{other}` is neither `warn` nor `refuse`"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = take("weights") {
+            let toml::Value::Table(t) = v else {
+                return Err(err(
+                    "weights",
+                    "expected a table of \"uid\" = weight".into(),
+                ));
+            };
+            for (uid, w) in t {
+                let key = format!("weights.{uid}");
+                let id: u32 = uid
+                    .parse()
+                    .map_err(|_| err(&key, format!("`{uid}` is not a numeric uid")))?;
+                c.weights.insert(id, int(&key, w, 1, 1000)? as u32);
+            }
+        }
+        if c.probe_timeout <= c.ref_period {
+            return Err(err(
+                "probe_timeout_ms",
+                format!(
+                    "{:?} must exceed RefPeriod {:?}",
+                    c.probe_timeout, c.ref_period
+                ),
+            ));
+        }
+        if let Some((key, _)) = table.into_iter().next() {
+            return Err(err(&key, "unknown key".into()));
+        }
+        Ok(c)
+    }
+}
+
+/// A group's id from `/etc/group`.
+pub fn group_id(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then_some(())?;
+        f.nth(1)?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/justitia/justitiad.toml"), text)
+    }
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_packaged_example_parses_to_the_defaults_it_documents() {
+        let text = include_str!("../../../packaging/justitiad.toml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.target, Target99::IdleMultiple(2.0));
+        assert_eq!(c.ref_period, Duration::from_micros(500));
+        assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(c.socket, PathBuf::from("/run/justitia/justitiad.sock"));
+    }
+
+    #[test]
+    fn keys_are_read() {
+        let c = parse(
+            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\nmetrics = \"\"\n[weights]\n\"1000\" = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.device.as_deref(), Some("rxe0"));
+        assert_eq!(c.port, Some(1));
+        assert_eq!(c.target, Target99::Absolute(Duration::from_micros(150)));
+        assert_eq!(c.probe, ProbeKind::Synthetic(Duration::from_micros(30)));
+        assert_eq!(c.admission, AdmissionPolicy::Refuse);
+        assert_eq!(c.metrics, None);
+        assert_eq!(c.weights.get(&1000), Some(&3));
+    }
+
+    #[test]
+    fn bad_values_name_file_key_and_reason() {
+        for (text, key, needle) in [
+            ("port = 0", "port", "out of range"),
+            ("port = \"1\"", "port", "expected an integer"),
+            ("target = \"150\"", "target", "no unit"),
+            ("target = \"0.5x\"", "target", "at least 1"),
+            ("profile = \"roce-7\"", "profile", "roce-7"),
+            ("metrics = \"localhost\"", "metrics", "address:port"),
+            ("socket = \"relative.sock\"", "socket", "absolute"),
+            ("admission = \"maybe\"", "admission", "neither"),
+            ("probe = \"magic\"", "probe", "neither"),
+            ("[weights]\nalice = 2", "weights.alice", "numeric uid"),
+            ("[weights]\n\"5\" = 0", "weights.5", "out of range"),
+            ("tagret = \"2x\"", "tagret", "unknown key"),
+            ("ref_period_us = 5000", "probe_timeout_ms", "must exceed"),
+            ("port = ", "(syntax)", ""),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.key, key, "{text}: {e}");
+            assert!(e.reason.contains(needle), "{text}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with("/etc/justitia/justitiad.toml: key `"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            parse_target("2ms"),
+            Ok(Target99::Absolute(Duration::from_millis(2)))
+        );
+        assert_eq!(
+            parse_target("800ns"),
+            Ok(Target99::Absolute(Duration::from_nanos(800)))
+        );
+        assert_eq!(parse_target("2.5x"), Ok(Target99::IdleMultiple(2.5)));
+        assert!(parse_target("-3us").is_err());
+        assert!(parse_target("20s").is_err());
+    }
+
+    #[test]
+    fn absent_default_file_means_defaults_but_a_named_one_is_required() {
+        let p = Path::new("/nonexistent/justitiad.toml");
+        assert_eq!(Config::load(p, false).unwrap(), Config::default());
+        assert_eq!(Config::load(p, true).unwrap_err().key, "(file)");
+    }
+}

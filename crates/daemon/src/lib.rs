@@ -1,0 +1,18 @@
+//! # justitia-daemon
+//!
+//! `justitiad`, the per-host control plane: it runs justitia-core's
+//! [`ControlLoop`](justitia_core::control_loop::ControlLoop) on real verbs, takes
+//! registrations from shapers over a Unix socket (identity from the kernel), and publishes
+//! their allotments in a sealed control block (see `justitia-agent`).
+//!
+//! | module | what it owns |
+//! | --- | --- |
+//! | [`config`] | `justitiad.toml`: keys, defaults, checks |
+//! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
+//! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
+//! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
+
+pub mod config;
+pub mod metrics;
+pub mod probe;
+pub mod server;

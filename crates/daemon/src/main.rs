@@ -1,0 +1,86 @@
+//! `justitiad`: see the crate documentation of `justitia-daemon`.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+
+use clap::Parser;
+use justitia_daemon::config::{Config, ProbeKind, DEFAULT_PATH};
+use justitia_daemon::metrics::{self, Metrics};
+use justitia_daemon::probe::{Probe, SyntheticProbe, VerbsProbe};
+use justitia_daemon::server::{Daemon, Signals};
+
+/// Justitia's per-host daemon.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Configuration file (default /etc/justitia/justitiad.toml, optional at that path).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+static SIGNALS: OnceLock<Signals> = OnceLock::new();
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only atomic stores: async-signal-safe.
+    if let Some(s) = SIGNALS.get() {
+        if sig == libc::SIGHUP {
+            s.reload.store(true, Ordering::Relaxed);
+        } else {
+            s.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn install_handlers() {
+    for sig in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction with a handler that only stores atomics; no SA_RESTART,
+        // so epoll_wait(2) returns EINTR and the loop sees the flag at once.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("JUSTITIA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let (path, required) = match args.config {
+        Some(p) => (p, true),
+        None => (PathBuf::from(DEFAULT_PATH), false),
+    };
+    let config = Config::load(&path, required)?;
+    if args.check {
+        println!("{}: ok", path.display());
+        return Ok(());
+    }
+    let probe: Box<dyn Probe> = match config.probe {
+        ProbeKind::Synthetic(latency) => Box::new(SyntheticProbe::new(latency)),
+        ProbeKind::Verbs => Box::new(
+            VerbsProbe::open(config.device.as_deref(), config.port, config.gid_index)
+                .map_err(anyhow::Error::msg)?,
+        ),
+    };
+    let metrics = Metrics::new();
+    if let Some(addr) = &config.metrics {
+        metrics::serve(addr, metrics.clone()).map_err(anyhow::Error::msg)?;
+    }
+    let signals = SIGNALS.get_or_init(Signals::default);
+    install_handlers();
+    let config_path = (required || path.exists()).then_some(path);
+    let mut daemon = Daemon::new(config, config_path, probe, metrics)?;
+    daemon.run(signals);
+    Ok(())
+}

@@ -1,0 +1,351 @@
+//! The reference flow: where probe latencies come from.
+//!
+//! [`Probe`] is the daemon's only view of it, so the event loop runs the same way on a real
+//! port ([`VerbsProbe`]) and in host tests ([`SyntheticProbe`]). A probe is sent with the
+//! id the control loop handed out and completes (or fails) later; the loop measures
+//! post-to-completion itself from the time it sent the probe to the time a completion is
+//! collected.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use justitia_verbs::sys::{
+    ibv_wc, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_LINK_LAYER_INFINIBAND,
+    IBV_PORT_ACTIVE, IBV_WC_SUCCESS,
+};
+use justitia_verbs::{
+    CompletionChannel, CompletionQueue, Context, Ibverbs, MemoryRegion, ProtectionDomain, QpCaps,
+    QueuePair, SendRequest,
+};
+
+/// What the probe runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeInfo {
+    /// Device name (`synthetic` for the synthetic probe).
+    pub device: String,
+    /// Port number.
+    pub port: u8,
+    /// The port's line rate, bits/s (0 when unknown).
+    pub line_rate_bps: f64,
+    /// The built-in profile that matches the port, if any.
+    pub profile_hint: Option<String>,
+}
+
+/// One collected completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The probe's id.
+    pub id: u64,
+    /// Completed successfully.
+    pub ok: bool,
+}
+
+/// A source of reference-flow probes.
+pub trait Probe {
+    /// What it runs on.
+    fn info(&self) -> ProbeInfo;
+    /// Posts probe `id` now.
+    fn send(&mut self, id: u64, now_ns: u64) -> Result<(), String>;
+    /// A descriptor that becomes readable when completions may be collected.
+    fn fd(&self) -> Option<RawFd>;
+    /// The time a completion is next due without a descriptor (synthetic probes).
+    fn next_due_ns(&self) -> Option<u64>;
+    /// Collects the completions available at `now_ns`.
+    fn collect(&mut self, now_ns: u64, out: &mut Vec<Completion>);
+}
+
+/// A constant latency, no device: for hosts without RDMA and for tests.
+#[derive(Debug)]
+pub struct SyntheticProbe {
+    latency_ns: u64,
+    pending: VecDeque<(u64, u64)>,
+}
+
+impl SyntheticProbe {
+    /// Probes that complete `latency` after they are sent.
+    pub fn new(latency: Duration) -> Self {
+        SyntheticProbe {
+            latency_ns: latency.as_nanos() as u64,
+            pending: VecDeque::new(),
+        }
+    }
+}
+
+impl Probe for SyntheticProbe {
+    fn info(&self) -> ProbeInfo {
+        ProbeInfo {
+            device: "synthetic".into(),
+            port: 1,
+            line_rate_bps: 0.0,
+            profile_hint: None,
+        }
+    }
+    fn send(&mut self, id: u64, now_ns: u64) -> Result<(), String> {
+        self.pending.push_back((id, now_ns + self.latency_ns));
+        Ok(())
+    }
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn next_due_ns(&self) -> Option<u64> {
+        self.pending.front().map(|p| p.1)
+    }
+    fn collect(&mut self, now_ns: u64, out: &mut Vec<Completion>) {
+        while let Some(&(id, due)) = self.pending.front() {
+            if due > now_ns {
+                break;
+            }
+            self.pending.pop_front();
+            out.push(Completion { id, ok: true });
+        }
+    }
+}
+
+/// A port's line rate from `ibv_port_attr`'s active width and speed codes, bits/s.
+pub fn line_rate_bps(active_width: u8, active_speed: u8) -> Option<f64> {
+    let lanes = match active_width {
+        1 => 1.0,
+        2 => 4.0,
+        4 => 8.0,
+        8 => 12.0,
+        16 => 2.0,
+        _ => return None,
+    };
+    let gbps_per_lane = match active_speed {
+        1 => 2.5,
+        2 => 5.0,
+        4 | 8 => 10.0,
+        16 => 14.0625,
+        32 => 25.78125,
+        64 => 53.125,
+        128 => 106.25,
+        _ => return None,
+    };
+    Some(lanes * gbps_per_lane * 1e9)
+}
+
+/// The built-in profile nearest a port: `ib-*` or `roce-*` by link layer, the nearest
+/// speed among the built-ins.
+pub fn profile_for(infiniband: bool, line_rate_bps: f64) -> String {
+    let candidates: &[(&str, f64)] = if infiniband {
+        &[("ib-56", 56e9), ("ib-100", 100e9)]
+    } else {
+        &[("roce-10", 10e9), ("roce-40", 40e9), ("roce-100", 100e9)]
+    };
+    let mut best = candidates[0];
+    for &c in candidates {
+        if (c.1 - line_rate_bps).abs() < (best.1 - line_rate_bps).abs() {
+            best = c;
+        }
+    }
+    best.0.to_string()
+}
+
+/// The reference flow on real verbs: two RC QPs on one port connected to each other,
+/// 10 B RDMA WRITEs from one to the other, completions signalled through a completion
+/// channel so the daemon sleeps in epoll instead of spinning a core. The measured
+/// time therefore includes the completion event's wake-up, the same in every sample.
+pub struct VerbsProbe {
+    info: ProbeInfo,
+    channel: CompletionChannel,
+    cq: CompletionQueue,
+    sender: QueuePair,
+    _target: QueuePair,
+    mr: MemoryRegion,
+    _pd: ProtectionDomain,
+    _ctx: Context,
+    wc: Vec<ibv_wc>,
+}
+
+impl VerbsProbe {
+    /// Opens `device` (or the first with an active port) on `port` (or its first active
+    /// port) and connects the loopback pair.
+    pub fn open(device: Option<&str>, port: Option<u8>, gid_index: u8) -> Result<Self, String> {
+        let verbs = Arc::new(Ibverbs::load().map_err(|e| format!("loading libibverbs: {e}"))?);
+        let names: Vec<String> = match device {
+            Some(d) => vec![d.to_string()],
+            None => Context::devices(&verbs)
+                .map_err(|e| format!("listing RDMA devices: {e}"))?
+                .into_iter()
+                .map(|d| d.name)
+                .collect(),
+        };
+        let mut chosen = None;
+        for name in &names {
+            let ctx = Context::open(Arc::clone(&verbs), Some(name))
+                .map_err(|e| format!("opening {name}: {e}"))?;
+            let ports = ctx
+                .query_device()
+                .map_err(|e| format!("querying {name}: {e}"))?
+                .phys_port_cnt;
+            let candidates: Vec<u8> = match port {
+                Some(p) => vec![p],
+                None => (1..=ports).collect(),
+            };
+            for p in candidates {
+                let attr = ctx
+                    .query_port(p)
+                    .map_err(|e| format!("querying {name} port {p}: {e}"))?;
+                if attr.state == IBV_PORT_ACTIVE {
+                    chosen = Some((ctx, p, attr));
+                    break;
+                }
+            }
+            if chosen.is_some() {
+                break;
+            }
+        }
+        let (ctx, port, attr) = chosen.ok_or_else(|| {
+            format!(
+                "no active port on {} (port {})",
+                if names.is_empty() {
+                    "any device".into()
+                } else {
+                    names.join(", ")
+                },
+                port.map_or("any".into(), |p| p.to_string())
+            )
+        })?;
+        let rate = line_rate_bps(attr.active_width, attr.active_speed).unwrap_or(0.0);
+        let ib = u32::from(attr.link_layer) == IBV_LINK_LAYER_INFINIBAND;
+        let info = ProbeInfo {
+            device: ctx.name().to_string(),
+            port,
+            line_rate_bps: rate,
+            profile_hint: (rate > 0.0).then(|| profile_for(ib, rate)),
+        };
+        let e = |what: &'static str| {
+            move |err: justitia_verbs::VerbsError| format!("{what} on {}: {err}", info_name(port))
+        };
+        let pd = ProtectionDomain::new(&ctx).map_err(e("allocating a PD"))?;
+        let channel = CompletionChannel::new(&ctx).map_err(e("creating a completion channel"))?;
+        // SAFETY: the channel's descriptor is live while `channel` is, which outlives this use.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(channel.fd()) };
+        let flags = rustix::fs::fcntl_getfl(fd).map_err(|err| format!("F_GETFL: {err}"))?;
+        rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)
+            .map_err(|err| format!("making the completion channel non-blocking: {err}"))?;
+        let cq = CompletionQueue::new(&ctx, 256, Some(&channel)).map_err(e("creating the CQ"))?;
+        let quiet_cq = CompletionQueue::new(&ctx, 16, None).map_err(e("creating the CQ"))?;
+        let caps = QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let sender =
+            QueuePair::create_rc(&pd, &cq, &cq, caps).map_err(e("creating the probe QP"))?;
+        let target = QueuePair::create_rc(&pd, &quiet_cq, &quiet_cq, caps)
+            .map_err(e("creating the target QP"))?;
+        let mr = MemoryRegion::new(&pd, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+            .map_err(e("registering the probe buffer"))?;
+        let (psn_a, psn_b) = (0x1234, 0x5678);
+        let ea = sender
+            .endpoint(port, gid_index, psn_a)
+            .map_err(e("reading the endpoint"))?;
+        let eb = target
+            .endpoint(port, gid_index, psn_b)
+            .map_err(e("reading the endpoint"))?;
+        sender
+            .connect(port, gid_index, psn_a, &eb)
+            .map_err(e("connecting the probe QP"))?;
+        target
+            .connect(port, gid_index, psn_b, &ea)
+            .map_err(e("connecting the target QP"))?;
+        cq.req_notify(false).map_err(e("arming the CQ"))?;
+        Ok(VerbsProbe {
+            info,
+            channel,
+            cq,
+            sender,
+            _target: target,
+            mr,
+            _pd: pd,
+            _ctx: ctx,
+            wc: vec![ibv_wc::default(); 32],
+        })
+    }
+
+    fn drain(&mut self, out: &mut Vec<Completion>) {
+        while let Ok(n) = self.cq.poll(&mut self.wc) {
+            for wc in &self.wc[..n] {
+                out.push(Completion {
+                    id: wc.wr_id,
+                    ok: wc.status == IBV_WC_SUCCESS,
+                });
+            }
+            if n < self.wc.len() {
+                break;
+            }
+        }
+    }
+}
+
+fn info_name(port: u8) -> String {
+    format!("port {port}")
+}
+
+impl Probe for VerbsProbe {
+    fn info(&self) -> ProbeInfo {
+        self.info.clone()
+    }
+    fn send(&mut self, id: u64, _now_ns: u64) -> Result<(), String> {
+        let sge = self.mr.sge(0, 10).map_err(|e| e.to_string())?;
+        let wr = SendRequest::write(id, vec![sge], self.mr.addr() + 32, self.mr.rkey());
+        self.sender
+            .post_send(&[wr])
+            .map_err(|e| format!("posting a probe: {e}"))
+    }
+    fn fd(&self) -> Option<RawFd> {
+        Some(self.channel.fd())
+    }
+    fn next_due_ns(&self) -> Option<u64> {
+        None
+    }
+    fn collect(&mut self, _now_ns: u64, out: &mut Vec<Completion>) {
+        // The descriptor is non-blocking: `wait` returns an error at once when no event
+        // is pending, and acknowledges the one that is.
+        let _ = self.channel.wait();
+        self.drain(out);
+        // Re-arm, then drain once more: a completion that arrived between the first drain
+        // and the arming raised no event.
+        let _ = self.cq.req_notify(false);
+        self.drain(out);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_rates_from_port_codes() {
+        assert_eq!(line_rate_bps(2, 32), Some(4.0 * 25.78125e9)); // 4x EDR
+        assert_eq!(line_rate_bps(1, 1), Some(2.5e9));
+        assert_eq!(line_rate_bps(3, 1), None);
+    }
+
+    #[test]
+    fn profiles_from_link_layer_and_rate() {
+        assert_eq!(profile_for(false, 103.125e9), "roce-100");
+        assert_eq!(profile_for(false, 2.5e9), "roce-10");
+        assert_eq!(profile_for(false, 40e9), "roce-40");
+        assert_eq!(profile_for(true, 4.0 * 14.0625e9), "ib-56");
+    }
+
+    #[test]
+    fn synthetic_probes_complete_after_their_latency_in_order() {
+        let mut p = SyntheticProbe::new(Duration::from_micros(20));
+        p.send(1, 1_000).unwrap();
+        p.send(2, 2_000).unwrap();
+        let mut out = Vec::new();
+        p.collect(20_999, &mut out);
+        assert!(out.is_empty());
+        p.collect(21_000, &mut out);
+        assert_eq!(out, vec![Completion { id: 1, ok: true }]);
+        assert_eq!(p.next_due_ns(), Some(22_000));
+    }
+}

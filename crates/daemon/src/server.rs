@@ -1,0 +1,1201 @@
+//! The daemon's event loop: sockets, the control loop, the probe, the control block.
+//!
+//! One thread sleeping in epoll on every descriptor it serves (registered once, not per
+//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earliest of
+//! [`ControlLoop::poll_timeout`], the probe's next due completion and the heartbeat. The
+//! timer has nanosecond resolution and no timer slack (a sleep with a timeout under the
+//! normal policy may end 50 us late), so a due probe completion or update is seen when it
+//! is due, and the daemon sleeps between them instead of spinning a core. A wake-up
+//! allocates nothing, and the status is published only when an update ran or the flows
+//! changed. A probe's latency runs from a timestamp taken just before its post to one
+//! taken just after the wake-up that saw its completion. It makes no policy
+//! decision of its own: registrations, activity and probe samples go into the
+//! [`ControlLoop`], and whatever allotments it hands out are published into the control
+//! block.
+//!
+//! Identity is the kernel's: a connection's uid and pid come from `SO_PEERCRED` when it is
+//! accepted, and a pidfd of that pid tells when the process is gone even if a child
+//! inherited its socket. A connection that hangs up, or whose process exits, has its
+//! flows reclaimed on that wake-up, so their share goes to the others at the next update
+//! (within one RefPeriod).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{IoSlice, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use justitia_agent::admin::{
+    AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
+};
+use justitia_agent::block::{
+    monotonic_ns, random_boot_id, BlockStatus, BlockWriter, SlotAllotment, SlotState,
+};
+use justitia_agent::proto::{
+    AdmissionReply, ParseError, RefuseReason, Register, Reply, Request, MAX_MESSAGE, NO_UID,
+};
+use justitia_core::control_loop::{
+    ControlLoop, Event, FlowRegistration, LoopConfig, ProbeId, Target99,
+};
+use justitia_core::controller::{Admission, ControlMode};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
+use justitia_core::profile::RnicProfile;
+use prometheus_client::metrics::gauge::Gauge;
+use rustix::net::{
+    AddressFamily, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix,
+    SocketFlags, SocketType,
+};
+use tracing::{debug, error, info, warn};
+
+use crate::config::{group_id, parse_target, AdmissionPolicy, Config};
+use crate::metrics::{Label, Metrics, Tenant};
+use crate::probe::Probe;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A socket could not be set up.
+    #[error("{what} {path}: {source}")]
+    Socket {
+        /// What.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Something else.
+    #[error("{0}")]
+    Other(String),
+}
+
+struct Client {
+    sock: OwnedFd,
+    uid: u32,
+    pid: i32,
+    /// Held open while the client is: epoll watches it for the process's exit.
+    _pidfd: Option<OwnedFd>,
+    flows: BTreeSet<u64>,
+}
+
+struct Flow {
+    uid: u32,
+    pid: i32,
+    class: FlowClass,
+    qps: u32,
+    slot: u32,
+    active: bool,
+    bytes: u64,
+    admission: AdmissionReply,
+}
+
+/// Flags the signal handlers raise.
+#[derive(Debug, Default)]
+pub struct Signals {
+    /// SIGTERM or SIGINT.
+    pub stop: AtomicBool,
+    /// SIGHUP.
+    pub reload: AtomicBool,
+}
+
+/// The running daemon.
+pub struct Daemon {
+    config: Config,
+    config_path: Option<PathBuf>,
+    profile: RnicProfile,
+    lp: ControlLoop,
+    probe: Box<dyn Probe>,
+    /// Probe ids of the current loop are offset by this in work request ids, so that a
+    /// completion of a probe sent by a loop since replaced is never taken for a new one.
+    probe_base: u64,
+    probes_in_flight: HashMap<u64, u64>,
+    probes_ok: u64,
+    probes_lost: u64,
+    block: BlockWriter,
+    boot_id: u64,
+    listener: OwnedFd,
+    admin: OwnedFd,
+    clients: BTreeMap<u64, Client>,
+    next_client: u64,
+    flows: BTreeMap<u64, Flow>,
+    next_flow: u64,
+    free_slots: Vec<u32>,
+    metrics: Metrics,
+    /// The per-class gauges of L, B and T, looked up once so that publishing allocates
+    /// nothing.
+    class_gauges: [Gauge; 3],
+    /// The loop's descriptors: sockets, pidfds, the probe's channel, the timer.
+    epoll: OwnedFd,
+    /// CLOCK_MONOTONIC timer for the loop's deadlines, absolute, in nanoseconds.
+    timer: OwnedFd,
+    /// The deadline the timer is armed for (0: none).
+    armed: u64,
+    events: Vec<rustix::event::epoll::Event>,
+    /// Socket tags found ready by the last wait, served on the next turn.
+    ready: Vec<u64>,
+    completions: Vec<crate::probe::Completion>,
+    last_beat: u64,
+    /// What the last status publication reflected: (updates, flows, generation).
+    published: Option<(u64, usize, u64)>,
+    /// sd_notify READY sent (at the first probe).
+    notified: bool,
+}
+
+/// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
+/// `id << 1 | 1`, so client ids stay far below these.
+const TAG_LISTEN: u64 = u64::MAX - 1;
+const TAG_ADMIN: u64 = u64::MAX - 3;
+const TAG_TIMER: u64 = u64::MAX - 5;
+const TAG_PROBE: u64 = u64::MAX - 7;
+/// Events taken per wait; more stay pending for the next.
+const EVENTS: usize = 64;
+
+fn now_ns() -> u64 {
+    monotonic_ns()
+}
+
+fn io_err(e: rustix::io::Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+/// Binds a Unix socket at `path`, replacing a stale one but refusing to replace a live one.
+fn bind_socket(
+    path: &Path,
+    kind: SocketType,
+    mode: u32,
+    what: &'static str,
+) -> Result<OwnedFd, StartError> {
+    let err = |source: std::io::Error| StartError::Socket {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() || seqpacket_alive(path) {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another daemon is listening there",
+            )));
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    let sock = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        kind,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| err(io_err(e)))?;
+    let addr = SocketAddrUnix::new(path).map_err(|e| err(io_err(e)))?;
+    rustix::net::bind(&sock, &addr).map_err(|e| err(io_err(e)))?;
+    rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| err(io_err(e)))?;
+    rustix::net::listen(&sock, 128).map_err(|e| err(io_err(e)))?;
+    Ok(sock)
+}
+
+fn seqpacket_alive(path: &Path) -> bool {
+    let Ok(s) = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    SocketAddrUnix::new(path).is_ok_and(|a| rustix::net::connect(&s, &a).is_ok())
+}
+
+fn loop_config(c: &Config) -> LoopConfig {
+    LoopConfig {
+        target: c.target,
+        ref_period: c.ref_period,
+        probe_timeout: c.probe_timeout,
+        ..LoopConfig::default()
+    }
+}
+
+fn secs(d: Option<Duration>) -> f64 {
+    d.map_or(f64::NAN, |d| d.as_secs_f64())
+}
+
+impl Daemon {
+    /// Sets the daemon up: profile, control loop, control block, sockets.
+    pub fn new(
+        config: Config,
+        config_path: Option<PathBuf>,
+        probe: Box<dyn Probe>,
+        metrics: Metrics,
+    ) -> Result<Self, StartError> {
+        let info = probe.info();
+        let profile_name = config
+            .profile
+            .clone()
+            .or(info.profile_hint.clone())
+            .unwrap_or_else(|| "roce-100".into());
+        let profile = RnicProfile::builtin(&profile_name)
+            .map_err(|e| StartError::Other(format!("profile {profile_name}: {e}")))?;
+        let lp = ControlLoop::new(
+            loop_config(&config),
+            &profile,
+            Duration::from_nanos(now_ns()),
+        )
+        .map_err(|e| StartError::Other(format!("control loop: {e}")))?;
+        let boot_id = random_boot_id();
+        let block =
+            BlockWriter::create(config.slots, boot_id, config.stale_after.as_nanos() as u64)
+                .map_err(|e| StartError::Other(format!("control block: {e}")))?;
+        let listener = bind_socket(
+            &config.socket,
+            SocketType::SEQPACKET,
+            0o666,
+            "registration socket",
+        )?;
+        let admin = bind_socket(
+            &config.admin_socket,
+            SocketType::STREAM,
+            0o660,
+            "admin socket",
+        )?;
+        if let Some(g) = config.admin_group.as_deref().and_then(group_id) {
+            let _ = rustix::fs::chown(
+                &config.admin_socket,
+                None,
+                Some(rustix::fs::Gid::from_raw(g)),
+            );
+        }
+        metrics.max_rate.set(profile.max_rate_bytes_per_sec());
+        let sys = |what: &'static str| {
+            move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))
+        };
+        let epoll = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+            .map_err(sys("creating the epoll instance"))?;
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Monotonic,
+            rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+        )
+        .map_err(sys("creating the loop timer"))?;
+        let watch = |fd: BorrowedFd<'_>, tag: u64| {
+            rustix::event::epoll::add(
+                &epoll,
+                fd,
+                rustix::event::epoll::EventData::new_u64(tag),
+                rustix::event::epoll::EventFlags::IN,
+            )
+        };
+        watch(listener.as_fd(), TAG_LISTEN).map_err(sys("watching the registration socket"))?;
+        watch(admin.as_fd(), TAG_ADMIN).map_err(sys("watching the admin socket"))?;
+        watch(timer.as_fd(), TAG_TIMER).map_err(sys("watching the loop timer"))?;
+        if let Some(fd) = probe.fd() {
+            // SAFETY: the probe's descriptor is live while the probe is, and the probe
+            // lives as long as the daemon and its epoll instance.
+            watch(unsafe { BorrowedFd::borrow_raw(fd) }, TAG_PROBE)
+                .map_err(sys("watching the probe's completion channel"))?;
+        }
+        let class_gauges = ["latency", "bandwidth", "throughput"].map(|class| {
+            metrics
+                .flows_counted
+                .get_or_create(&Label {
+                    value: class.into(),
+                })
+                .clone()
+        });
+        info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
+              boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
+        Ok(Daemon {
+            free_slots: (0..config.slots).rev().collect(),
+            config,
+            config_path,
+            profile,
+            lp,
+            probe,
+            probe_base: 0,
+            probes_in_flight: HashMap::new(),
+            probes_ok: 0,
+            probes_lost: 0,
+            block,
+            boot_id,
+            listener,
+            admin,
+            clients: BTreeMap::new(),
+            next_client: 1,
+            flows: BTreeMap::new(),
+            next_flow: 1,
+            metrics,
+            class_gauges,
+            epoll,
+            timer,
+            armed: 0,
+            events: vec![
+                rustix::event::epoll::Event {
+                    flags: rustix::event::epoll::EventFlags::empty(),
+                    data: rustix::event::epoll::EventData::new_u64(0),
+                };
+                EVENTS
+            ],
+            ready: Vec::with_capacity(EVENTS),
+            completions: Vec::new(),
+            last_beat: now_ns(),
+            published: None,
+            notified: false,
+        })
+    }
+
+    /// Runs until `signals.stop` is raised.
+    pub fn run(&mut self, signals: &Signals) {
+        let mut probe_ready = false;
+        while !signals.stop.load(Ordering::Relaxed) {
+            if signals.reload.swap(false, Ordering::Relaxed) {
+                self.reload();
+            }
+            // Completions first, stamped as close to the wake-up as the loop can: the
+            // probe's latency is measured to the moment the loop sees it.
+            let now = now_ns();
+            if probe_ready || self.probe.next_due_ns().is_some_and(|t| t <= now) {
+                self.completions.clear();
+                self.probe.collect(now, &mut self.completions);
+                for i in 0..self.completions.len() {
+                    let c = self.completions[i];
+                    self.probe_done(now, c.id, c.ok);
+                }
+            }
+            self.serve_ready(now);
+            let now_d = Duration::from_nanos(now_ns());
+            if self.lp.poll_timeout().is_some_and(|t| t <= now_d) {
+                self.lp.handle_timeout(now_d);
+            }
+            self.drain_events();
+            let now = now_ns();
+            self.block.beat(now);
+            self.last_beat = now;
+            self.publish_status();
+            probe_ready = self.wait();
+        }
+        let _ = std::fs::remove_file(&self.config.socket);
+        let _ = std::fs::remove_file(&self.config.admin_socket);
+        info!("justitiad stopped");
+    }
+
+    /// The next time the loop must run without any descriptor waking it: the control
+    /// loop's deadline, a synthetic probe's completion, or the heartbeat.
+    fn next_wake(&self) -> u64 {
+        let mut wake = self
+            .last_beat
+            .saturating_add((self.config.stale_after.as_nanos() as u64 / 3).max(100_000));
+        if let Some(t) = self.lp.poll_timeout() {
+            wake = wake.min(t.as_nanos() as u64);
+        }
+        if let Some(t) = self.probe.next_due_ns() {
+            wake = wake.min(t);
+        }
+        wake
+    }
+
+    /// Arms the timer for the next wake-up and sleeps in epoll until it fires or a
+    /// descriptor is ready. The timer is absolute on CLOCK_MONOTONIC with nanosecond
+    /// resolution, and only re-armed when the deadline moves (a timer left expired keeps
+    /// its descriptor readable, which is right: its deadline has passed). Returns whether
+    /// the probe's descriptor was ready; socket events are kept for [`Self::serve_ready`].
+    fn wait(&mut self) -> bool {
+        let wake = self.next_wake();
+        if wake != self.armed {
+            let spec = rustix::time::Itimerspec {
+                it_interval: rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: rustix::time::Timespec {
+                    tv_sec: (wake / 1_000_000_000) as i64,
+                    // A zero it_value would disarm the timer; 1 ns is already past.
+                    tv_nsec: ((wake % 1_000_000_000) as i64).max(i64::from(wake == 0)) as _,
+                },
+            };
+            match rustix::time::timerfd_settime(
+                &self.timer,
+                rustix::time::TimerfdTimerFlags::ABSTIME,
+                &spec,
+            ) {
+                Ok(_) => self.armed = wake,
+                Err(e) => {
+                    error!(error = %e, "arming the loop timer");
+                    self.armed = 0;
+                }
+            }
+        }
+        self.ready.clear();
+        let n = match rustix::event::epoll::wait(&self.epoll, &mut self.events[..], None) {
+            Ok(n) => n,
+            Err(_) => return false, // EINTR: a signal; the loop looks at its flags.
+        };
+        let mut probe_ready = false;
+        for ev in &self.events[..n] {
+            match ev.data.u64() {
+                TAG_TIMER => {}
+                TAG_PROBE => probe_ready = true,
+                tag => self.ready.push(tag),
+            }
+        }
+        probe_ready
+    }
+
+    fn watch(&self, fd: &OwnedFd, tag: u64) -> rustix::io::Result<()> {
+        rustix::event::epoll::add(
+            &self.epoll,
+            fd,
+            rustix::event::epoll::EventData::new_u64(tag),
+            rustix::event::epoll::EventFlags::IN,
+        )
+    }
+
+    /// Serves the sockets the last wait found ready.
+    fn serve_ready(&mut self, now: u64) {
+        for i in 0..self.ready.len() {
+            match self.ready[i] {
+                TAG_LISTEN => self.accept(),
+                TAG_ADMIN => self.serve_admin(),
+                tag if tag & 1 == 1 => self.reclaim(now, tag >> 1, "process exited"),
+                tag => self.read_client(now, tag >> 1),
+            }
+        }
+        self.ready.clear();
+    }
+
+    fn probe_done(&mut self, now: u64, wr_id: u64, ok: bool) {
+        let Some(sent) = self.probes_in_flight.remove(&wr_id) else {
+            return;
+        };
+        let id = ProbeId(wr_id - self.probe_base);
+        let now_d = Duration::from_nanos(now);
+        if ok {
+            if self.lp.probe_completed(now_d, id) {
+                self.probes_ok += 1;
+                self.metrics
+                    .probe_latency
+                    .observe(now.saturating_sub(sent) as f64 * 1e-9);
+                if !self.notified {
+                    self.notified = true;
+                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+                    info!(
+                        latency_us = now.saturating_sub(sent) as f64 / 1e3,
+                        "reference flow running"
+                    );
+                }
+            }
+        } else if self.lp.probe_lost(now_d, id) {
+            self.probes_lost += 1;
+            self.metrics.probes_lost.inc();
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Some(ev) = self.lp.poll_event() {
+            match ev {
+                Event::ProbeDue => {
+                    // Stamped just before the post, so the time the update took is not
+                    // counted in the probe's latency.
+                    let now = now_ns();
+                    let now_d = Duration::from_nanos(now);
+                    let id = self.lp.probe_sent(now_d);
+                    let wr_id = self.probe_base + id.0;
+                    match self.probe.send(wr_id, now) {
+                        Ok(()) => {
+                            self.probes_in_flight.insert(wr_id, now);
+                        }
+                        Err(e) => {
+                            self.metrics.fail_open.inc();
+                            warn!(error = %e, "probe not sent");
+                            self.lp.probe_lost(now_d, id);
+                            self.probes_lost += 1;
+                            self.metrics.probes_lost.inc();
+                        }
+                    }
+                }
+                Event::ProbeLost(id) => {
+                    self.probes_in_flight.remove(&(self.probe_base + id.0));
+                    self.probes_lost += 1;
+                    self.metrics.probes_lost.inc();
+                }
+                Event::AllotmentsChanged { .. } => self.publish_allotments(),
+                Event::TargetMeasured { idle_p99, target } => {
+                    info!(
+                        idle_p99_us = idle_p99.as_secs_f64() * 1e6,
+                        target_us = target.as_secs_f64() * 1e6,
+                        "Target99 measured"
+                    );
+                }
+                Event::ModeChanged(mode) => warn!(?mode, "control mode changed"),
+            }
+        }
+    }
+
+    /// Publishes the status into the block and the metrics when an update ran or the
+    /// flows changed since the last publication; otherwise there is nothing new.
+    fn publish_status(&mut self) {
+        let key = (self.lp.updates(), self.flows.len(), self.lp.generation());
+        if self.published == Some(key) {
+            return;
+        }
+        self.published = Some(key);
+        let t = self.lp.target();
+        let cur = self.lp.current_p99();
+        self.block.set_status(BlockStatus {
+            safe_util: self.lp.safe_util() as u64,
+            current_p99_ns: cur.map_or(0, |d| d.as_nanos() as u64),
+            target_p99_ns: t.value.map_or(0, |d| d.as_nanos() as u64),
+            generation: self.lp.generation(),
+        });
+        self.metrics.safe_util.set(self.lp.safe_util());
+        self.metrics.current_p99.set(secs(cur));
+        self.metrics.target_p99.set(secs(t.value));
+        let c = self.lp.counts();
+        for (gauge, n) in self
+            .class_gauges
+            .iter()
+            .zip([c.latency, c.bandwidth, c.throughput])
+        {
+            gauge.set(i64::from(n));
+        }
+        self.metrics.flows_registered.set(self.flows.len() as i64);
+    }
+
+    fn slot_of(&self, id: u64, f: &Flow) -> SlotAllotment {
+        match self.lp.allotment(FlowId(id)) {
+            Some(a) => SlotAllotment {
+                flow: id,
+                state: SlotState::Allotted,
+                bytes_per_sec: a.bytes_per_sec as u64,
+                ops_per_sec: a.ops_per_sec as u64,
+                chunk_bytes: u64::from(a.chunk_bytes),
+                token_bytes: a.token.bytes,
+                generation: a.generation,
+            },
+            None => SlotAllotment {
+                flow: id,
+                state: if f.class.is_resource_hungry() {
+                    SlotState::Allotted
+                } else {
+                    SlotState::Unshaped
+                },
+                bytes_per_sec: 0,
+                ops_per_sec: 0,
+                chunk_bytes: 0,
+                token_bytes: 0,
+                generation: 0,
+            },
+        }
+    }
+
+    fn publish_allotments(&mut self) {
+        let mut per_uid: BTreeMap<u32, f64> = BTreeMap::new();
+        for (&id, f) in &self.flows {
+            let s = self.slot_of(id, f);
+            self.block.set_slot(f.slot, s);
+            *per_uid.entry(f.uid).or_default() += s.bytes_per_sec as f64;
+        }
+        self.metrics.tenant_allotment.clear();
+        for (uid, v) in per_uid {
+            self.metrics
+                .tenant_allotment
+                .get_or_create(&Tenant {
+                    uid: uid.to_string(),
+                })
+                .set(v);
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let sock = match rustix::net::accept_with(
+                &self.listener,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            ) {
+                Ok(s) => s,
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    warn!(error = %e, "accept on the registration socket");
+                    return;
+                }
+            };
+            let cred = match rustix::net::sockopt::socket_peercred(&sock) {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "SO_PEERCRED failed: connection dropped");
+                    continue;
+                }
+            };
+            let pidfd =
+                rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty()).ok();
+            let hello = Reply::Hello {
+                boot_id: self.boot_id,
+            }
+            .encode();
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [self.block.fd()];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            if let Err(e) = rustix::net::sendmsg(
+                &sock,
+                &[IoSlice::new(&hello)],
+                &mut control,
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            ) {
+                warn!(error = %e, pid = cred.pid.as_raw_nonzero().get(), "greeting not sent: connection dropped");
+                continue;
+            }
+            let id = self.next_client;
+            self.next_client += 1;
+            let (uid, pid) = (cred.uid.as_raw(), cred.pid.as_raw_nonzero().get());
+            debug!(
+                client = id,
+                uid,
+                pid,
+                pidfd = pidfd.is_some(),
+                "shaper connected"
+            );
+            if let Err(e) = self.watch(&sock, id << 1) {
+                warn!(error = %e, pid, "connection dropped: cannot watch its socket");
+                continue;
+            }
+            if let Some(p) = &pidfd {
+                // Without it the hang-up of the socket still reclaims the flows.
+                if let Err(e) = self.watch(p, (id << 1) | 1) {
+                    debug!(error = %e, pid, "process exit not watched");
+                }
+            }
+            self.clients.insert(
+                id,
+                Client {
+                    sock,
+                    uid,
+                    pid,
+                    _pidfd: pidfd,
+                    flows: BTreeSet::new(),
+                },
+            );
+        }
+    }
+
+    fn refuse_message(&self, client: u64, reason: &str, detail: &str) {
+        let c = &self.clients[&client];
+        warn!(uid = c.uid, pid = c.pid, reason, detail, "message refused");
+        self.metrics
+            .refused
+            .get_or_create(&Label {
+                value: reason.into(),
+            })
+            .inc();
+    }
+
+    fn send_reply(&self, client: u64, reply: Reply) {
+        if let Some(c) = self.clients.get(&client) {
+            let _ = rustix::net::send(
+                &c.sock,
+                &reply.encode(),
+                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+            );
+        }
+    }
+
+    fn read_client(&mut self, now: u64, client: u64) {
+        let mut buf = [0u8; MAX_MESSAGE + 1];
+        // Bounded so that one busy client cannot starve the loop.
+        for _ in 0..64 {
+            let Some(c) = self.clients.get(&client) else {
+                return;
+            };
+            match rustix::net::recv(&c.sock, &mut buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                Ok((_, 0)) => {
+                    self.reclaim(now, client, "socket hang-up");
+                    return;
+                }
+                Ok((n, total)) => {
+                    let msg = &buf[..n.min(buf.len())];
+                    let parsed = if total > MAX_MESSAGE {
+                        Err(ParseError::Oversized { got: total })
+                    } else {
+                        Request::parse(msg)
+                    };
+                    match parsed {
+                        Ok(req) => self.handle(now, client, req),
+                        Err(e) => {
+                            let kind = match e {
+                                ParseError::Oversized { .. } => "oversized",
+                                ParseError::NoHeader { .. } | ParseError::BadLength { .. } => {
+                                    "truncated_or_bad_length"
+                                }
+                                _ => "malformed",
+                            };
+                            self.refuse_message(client, kind, &e.to_string());
+                            self.send_reply(
+                                client,
+                                Reply::Refused {
+                                    client_ref: 0,
+                                    reason: RefuseReason::Malformed,
+                                },
+                            );
+                        }
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    self.reclaim(now, client, &format!("socket error {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, now: u64, client: u64, req: Request) {
+        let now_d = Duration::from_nanos(now);
+        match req {
+            Request::Register(r) => self.register(now_d, client, r),
+            Request::Usage(u) => {
+                let owned = self
+                    .clients
+                    .get(&client)
+                    .is_some_and(|c| c.flows.contains(&u.flow));
+                if !owned {
+                    self.refuse_message(
+                        client,
+                        "not_owner",
+                        &format!("usage for flow {} it does not own", u.flow),
+                    );
+                    return;
+                }
+                if let Some(f) = self.flows.get_mut(&u.flow) {
+                    f.active = u.active;
+                    f.bytes = f.bytes.saturating_add(u.bytes);
+                    self.metrics
+                        .tenant_usage
+                        .get_or_create(&Tenant {
+                            uid: f.uid.to_string(),
+                        })
+                        .inc_by(u.bytes);
+                    if f.admission != AdmissionReply::NotAdmitted {
+                        let _ = self.lp.set_flow_active(now_d, FlowId(u.flow), u.active);
+                    }
+                }
+            }
+            Request::Unregister { flow } => {
+                let owned = self
+                    .clients
+                    .get_mut(&client)
+                    .is_some_and(|c| c.flows.remove(&flow));
+                if owned {
+                    self.drop_flow(now_d, flow);
+                } else {
+                    self.refuse_message(
+                        client,
+                        "not_owner",
+                        &format!("unregister of flow {flow} it does not own"),
+                    );
+                }
+            }
+        }
+    }
+
+    fn register(&mut self, now: Duration, client: u64, r: Register) {
+        let (uid, pid, count) = {
+            let c = &self.clients[&client];
+            (
+                c.uid,
+                c.pid,
+                self.flows.values().filter(|f| f.uid == c.uid).count(),
+            )
+        };
+        let refuse = |this: &Self, reason: RefuseReason, why: &str, detail: String| {
+            this.refuse_message(client, why, &detail);
+            this.metrics
+                .registrations
+                .get_or_create(&Label {
+                    value: "refused".into(),
+                })
+                .inc();
+            this.send_reply(
+                client,
+                Reply::Refused {
+                    client_ref: r.client_ref,
+                    reason,
+                },
+            );
+        };
+        if r.claimed_uid != NO_UID && r.claimed_uid != uid {
+            return refuse(
+                self,
+                RefuseReason::WrongUid,
+                "wrong_uid",
+                format!("claims uid {} but the kernel says {uid}", r.claimed_uid),
+            );
+        }
+        if count >= self.config.max_flows_per_uid {
+            return refuse(
+                self,
+                RefuseReason::TooManyFlows,
+                "too_many_flows",
+                format!("{count} flows already"),
+            );
+        }
+        let Some(slot) = self.free_slots.pop() else {
+            return refuse(
+                self,
+                RefuseReason::Full,
+                "full",
+                "every control block slot is in use".into(),
+            );
+        };
+        let id = self.next_flow;
+        self.next_flow += 1;
+        let weight = self
+            .config
+            .weights
+            .get(&uid)
+            .and_then(|&w| Weight::new(w).ok())
+            .unwrap_or(Weight::ONE);
+        let spec = FlowSpec {
+            id: FlowId(id),
+            tenant: TenantId(u64::from(uid)),
+            class: r.class,
+            weight,
+        };
+        let verdict = match self
+            .lp
+            .register_flow(now, FlowRegistration { spec, qps: r.qps })
+        {
+            Ok(v) => v,
+            Err(e) => {
+                self.free_slots.push(slot);
+                error!(error = %e, "control loop refused a registration");
+                return refuse(self, RefuseReason::Malformed, "loop_refused", e.to_string());
+            }
+        };
+        let admission = match verdict {
+            Admission::Admitted => AdmissionReply::Admitted,
+            Admission::TargetAtRisk {
+                current_p99,
+                target_p99,
+            } => {
+                let refuse_it = self.config.admission == AdmissionPolicy::Refuse;
+                warn!(
+                    uid,
+                    pid,
+                    flow = id,
+                    current_p99_us = current_p99.as_secs_f64() * 1e6,
+                    target_p99_us = target_p99.as_secs_f64() * 1e6,
+                    admitted = !refuse_it,
+                    "latency flow registered while Current99 exceeds Target99"
+                );
+                if refuse_it {
+                    let _ = self.lp.remove_flow(now, FlowId(id));
+                    AdmissionReply::NotAdmitted
+                } else {
+                    AdmissionReply::AdmittedWithWarning
+                }
+            }
+        };
+        let verdict_label = match admission {
+            AdmissionReply::Admitted => "admitted",
+            AdmissionReply::AdmittedWithWarning => "admitted_with_warning",
+            AdmissionReply::NotAdmitted => "not_admitted",
+        };
+        self.metrics
+            .registrations
+            .get_or_create(&Label {
+                value: verdict_label.into(),
+            })
+            .inc();
+        if admission == AdmissionReply::NotAdmitted {
+            self.free_slots.push(slot);
+            self.send_reply(
+                client,
+                Reply::Registered {
+                    client_ref: r.client_ref,
+                    flow: id,
+                    slot: 0,
+                    admission,
+                },
+            );
+            return;
+        }
+        let flow = Flow {
+            uid,
+            pid,
+            class: r.class,
+            qps: r.qps,
+            slot,
+            active: false,
+            bytes: 0,
+            admission,
+        };
+        self.block.set_slot(slot, self.slot_of(id, &flow));
+        self.flows.insert(id, flow);
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.flows.insert(id);
+        }
+        info!(uid, pid, flow = id, class = %r.class, qps = r.qps, verdict = verdict_label, "flow registered");
+        self.send_reply(
+            client,
+            Reply::Registered {
+                client_ref: r.client_ref,
+                flow: id,
+                slot,
+                admission,
+            },
+        );
+    }
+
+    fn drop_flow(&mut self, now: Duration, id: u64) {
+        if let Some(f) = self.flows.remove(&id) {
+            let _ = self.lp.remove_flow(now, FlowId(id));
+            self.block.clear_slot(f.slot);
+            self.free_slots.push(f.slot);
+        }
+    }
+
+    fn reclaim(&mut self, now: u64, client: u64, why: &str) {
+        let Some(c) = self.clients.remove(&client) else {
+            return;
+        };
+        let n = c.flows.len();
+        for id in c.flows {
+            self.drop_flow(Duration::from_nanos(now), id);
+        }
+        self.metrics.reclaims.inc_by(n as u64);
+        if n > 0 {
+            info!(uid = c.uid, pid = c.pid, flows = n, why, "flows reclaimed");
+        } else {
+            debug!(uid = c.uid, pid = c.pid, why, "shaper disconnected");
+        }
+    }
+
+    /// Replaces the control loop (a new target or weights), registering every flow again
+    /// with its activity. The controller starts afresh.
+    fn rebuild_loop(&mut self) -> Result<(), String> {
+        let now = Duration::from_nanos(now_ns());
+        let mut lp = ControlLoop::new(loop_config(&self.config), &self.profile, now)
+            .map_err(|e| e.to_string())?;
+        for (&id, f) in &self.flows {
+            if f.admission == AdmissionReply::NotAdmitted {
+                continue;
+            }
+            let weight = self
+                .config
+                .weights
+                .get(&f.uid)
+                .and_then(|&w| Weight::new(w).ok())
+                .unwrap_or(Weight::ONE);
+            let spec = FlowSpec {
+                id: FlowId(id),
+                tenant: TenantId(u64::from(f.uid)),
+                class: f.class,
+                weight,
+            };
+            lp.register_flow(now, FlowRegistration { spec, qps: f.qps })
+                .map_err(|e| e.to_string())?;
+            lp.set_flow_active(now, FlowId(id), f.active)
+                .map_err(|e| e.to_string())?;
+        }
+        self.lp = lp;
+        self.probe_base += 1 << 40;
+        self.probes_in_flight.clear();
+        Ok(())
+    }
+
+    fn reload(&mut self) {
+        let Some(path) = self.config_path.clone() else {
+            warn!("SIGHUP: no configuration file to reload");
+            return;
+        };
+        let new = match Config::load(&path, true) {
+            Ok(c) => c,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: configuration refused, keeping the running one");
+                return;
+            }
+        };
+        let old = self.config.clone();
+        let restart_only = [
+            ("device", new.device != old.device),
+            ("port", new.port != old.port),
+            ("gid_index", new.gid_index != old.gid_index),
+            ("profile", new.profile != old.profile),
+            ("probe", new.probe != old.probe),
+            ("socket", new.socket != old.socket),
+            ("admin_socket", new.admin_socket != old.admin_socket),
+            ("metrics", new.metrics != old.metrics),
+            ("slots", new.slots != old.slots),
+            ("stale_after_ms", new.stale_after != old.stale_after),
+        ];
+        for (key, changed) in restart_only {
+            if changed {
+                warn!(key, "SIGHUP: this key takes effect at the next start");
+            }
+        }
+        let relooped = new.target != old.target
+            || new.weights != old.weights
+            || new.ref_period != old.ref_period
+            || new.probe_timeout != old.probe_timeout;
+        self.config = Config {
+            device: old.device,
+            port: old.port,
+            gid_index: old.gid_index,
+            profile: old.profile,
+            probe: old.probe,
+            socket: old.socket,
+            admin_socket: old.admin_socket,
+            metrics: old.metrics,
+            slots: old.slots,
+            stale_after: old.stale_after,
+            ..new
+        };
+        if relooped {
+            if let Err(e) = self.rebuild_loop() {
+                error!(error = %e, "SIGHUP: control loop not rebuilt");
+            }
+        }
+        info!(path = %path.display(), "configuration reloaded");
+    }
+
+    fn admin_allowed(&self, uid: u32, gid: u32, pid: i32) -> bool {
+        if uid == 0 || uid == rustix::process::geteuid().as_raw() {
+            return true;
+        }
+        let Some(admin) = self.config.admin_group.as_deref().and_then(group_id) else {
+            return false;
+        };
+        if gid == admin {
+            return true;
+        }
+        // Supplementary groups are not in SO_PEERCRED; /proc has them for a live pid.
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(admin)))
+        })
+    }
+
+    fn serve_admin(&mut self) {
+        let sock = match rustix::net::accept_with(&self.admin, SocketFlags::CLOEXEC) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
+            return;
+        };
+        let mut stream = UnixStream::from(sock);
+        // A slow admin client may hold the loop for at most this long.
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+        let reply = if !self.admin_allowed(
+            cred.uid.as_raw(),
+            cred.gid.as_raw(),
+            cred.pid.as_raw_nonzero().get(),
+        ) {
+            warn!(
+                uid = cred.uid.as_raw(),
+                "admin request refused: not root nor in the admin group"
+            );
+            AdminReply::Error("permission denied: root or the admin group only".into())
+        } else {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 512];
+            while !buf.contains(&b'\n') && buf.len() <= MAX_ADMIN_REQUEST {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+            match serde_json::from_slice::<AdminRequest>(line) {
+                Ok(req) if buf.len() <= MAX_ADMIN_REQUEST => self.admin_request(req),
+                Ok(_) => {
+                    AdminReply::Error(format!("request longer than {MAX_ADMIN_REQUEST} bytes"))
+                }
+                Err(e) => AdminReply::Error(format!("bad request: {e}")),
+            }
+        };
+        if let Ok(mut text) = serde_json::to_string(&reply) {
+            text.push('\n');
+            let _ = stream.write_all(text.as_bytes());
+        }
+    }
+
+    fn admin_request(&mut self, req: AdminRequest) -> AdminReply {
+        match req {
+            AdminRequest::Status => AdminReply::Status(self.status()),
+            AdminRequest::Flows => AdminReply::Flows(
+                self.flows
+                    .iter()
+                    .map(|(&id, f)| FlowReport {
+                        flow: id,
+                        uid: f.uid,
+                        pid: f.pid,
+                        class: f.class.to_string(),
+                        qps: f.qps,
+                        active: f.active,
+                        admission: format!("{:?}", f.admission),
+                        allot_bytes_per_sec: self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
+                        bytes: f.bytes,
+                    })
+                    .collect(),
+            ),
+            AdminRequest::SetTarget { target } => match parse_target(&target) {
+                Ok(t) => {
+                    let old = self.config.target;
+                    self.config.target = t;
+                    match self.rebuild_loop() {
+                        Ok(()) => {
+                            info!(?t, "Target99 set over the admin socket");
+                            AdminReply::Done(format!("target set to {}", describe_target(t)))
+                        }
+                        Err(e) => {
+                            self.config.target = old;
+                            AdminReply::Error(format!("target refused: {e}"))
+                        }
+                    }
+                }
+                Err(e) => AdminReply::Error(e),
+            },
+        }
+    }
+
+    /// The status as the admin socket reports it.
+    pub fn status(&self) -> StatusReport {
+        let t = self.lp.target();
+        let c = self.lp.counts();
+        let info = self.probe.info();
+        StatusReport {
+            boot_id: self.boot_id,
+            device: format!("{}:{}", info.device, info.port),
+            profile: self.profile.name.clone(),
+            max_rate: self.lp.max_rate(),
+            safe_util: self.lp.safe_util(),
+            current_p99_ns: self.lp.current_p99().map(|d| d.as_nanos() as u64),
+            target_p99_ns: t.value.map(|d| d.as_nanos() as u64),
+            idle_p99_ns: t.idle_p99.map(|d| d.as_nanos() as u64),
+            probes: self.probes_ok,
+            probes_lost: self.probes_lost,
+            latency: c.latency,
+            bandwidth: c.bandwidth,
+            throughput: c.throughput,
+            flows: self.flows.len(),
+            mode: match self.lp.mode() {
+                ControlMode::Normal => "normal".into(),
+                ControlMode::Unattainable { .. } => "unattainable".into(),
+            },
+        }
+    }
+}
+
+fn describe_target(t: Target99) -> String {
+    match t {
+        Target99::Absolute(d) => format!("{} us", d.as_secs_f64() * 1e6),
+        Target99::IdleMultiple(m) => format!("{m} x the idle p99"),
+    }
+}

@@ -1,0 +1,149 @@
+//! The harness the daemon's process tests share: a `justitiad` with the synthetic probe
+//! on sockets in a temporary directory, its admin socket and its metrics.
+
+// Each test binary uses a different part of the harness.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::client::AgentClient;
+
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub metrics: Option<String>,
+}
+
+impl Daemon {
+    pub fn start(extra: &str) -> Daemon {
+        Self::start_with(extra, false)
+    }
+
+    pub fn start_with(extra: &str, metrics: bool) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let port = if metrics { free_port() } else { 0 };
+        let metrics_line = if metrics {
+            format!("metrics = \"127.0.0.1:{port}\"")
+        } else {
+            "metrics = \"\"".into()
+        };
+        let latency = if extra.contains("synthetic_latency_us") {
+            ""
+        } else {
+            "synthetic_latency_us = 20\n"
+        };
+        let config = format!(
+            "probe = \"synthetic\"\n{latency}socket = \"{}/j.sock\"\nadmin_socket = \"{}/a.sock\"\n{metrics_line}\n{extra}\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        // Tests run in parallel on a busy machine: a 5 ms heartbeat limit would see the
+        // daemon descheduled as gone, so only the staleness test asks for it.
+        let config = if extra.contains("stale_after_ms") {
+            config
+        } else {
+            format!("{config}stale_after_ms = 500\n")
+        };
+        let path = dir.path().join("justitiad.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_justitiad"))
+            .arg("--config")
+            .arg(&path)
+            .env("JUSTITIA_LOG", "debug")
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            dir,
+            metrics: metrics.then(|| format!("127.0.0.1:{port}")),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while AgentClient::connect(d.socket()).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not start: {}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("j.sock")
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+    pub fn admin(&self, req: &AdminRequest) -> AdminReply {
+        let mut s = UnixStream::connect(self.dir.path().join("a.sock")).unwrap();
+        let mut line = serde_json::to_string(req).unwrap();
+        line.push('\n');
+        s.write_all(line.as_bytes()).unwrap();
+        let mut reply = String::new();
+        BufReader::new(s).read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    }
+    pub fn flows(&self) -> Vec<justitia_agent::admin::FlowReport> {
+        match self.admin(&AdminRequest::Flows) {
+            AdminReply::Flows(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+    pub fn scrape(&self) -> prometheus_parse::Scrape {
+        let addr = self.metrics.as_ref().unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+        let body = text.split("\r\n\r\n").nth(1).unwrap().to_string();
+        let lines = body.lines().map(|l| Ok(l.to_string()));
+        prometheus_parse::Scrape::parse(lines).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn metric(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> Option<f64> {
+    scrape.samples.iter().find_map(|s| {
+        let ok = s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v));
+        let value = match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => return None,
+        };
+        ok.then_some(value)
+    })
+}
+
+pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

@@ -1,0 +1,590 @@
+//! The daemon as a process, driven through the agent client a shaper will use. Every test
+//! starts its own `justitiad` with the synthetic probe on sockets in a temporary directory.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::block::monotonic_ns;
+use justitia_agent::client::{AgentClient, FlowState};
+use justitia_agent::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, MAX_MESSAGE};
+use justitia_core::flow::FlowClass;
+
+use common::{eventually, metric, Daemon};
+
+fn raw_socket(path: &Path) -> std::os::fd::OwnedFd {
+    use rustix::net::*;
+    let s = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(&s, &SocketAddrUnix::new(path).unwrap()).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &s,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let mut buf = [0u8; 128];
+    let (n, _) = rustix::net::recv(&s, &mut buf, RecvFlags::empty()).unwrap();
+    assert!(matches!(Reply::parse(&buf[..n]), Ok(Reply::Hello { .. })));
+    s
+}
+
+fn roundtrip(s: &std::os::fd::OwnedFd, msg: &[u8]) -> Reply {
+    rustix::net::send(s, msg, rustix::net::SendFlags::empty()).unwrap();
+    let mut buf = [0u8; 128];
+    let (n, _) = rustix::net::recv(s, &mut buf, rustix::net::RecvFlags::empty()).unwrap();
+    Reply::parse(&buf[..n]).unwrap()
+}
+
+fn register(uid: u32, class: FlowClass) -> Vec<u8> {
+    Request::Register(Register {
+        client_ref: 9,
+        class,
+        qps: 1,
+        demand_bytes_per_sec: 0,
+        claimed_uid: uid,
+    })
+    .encode()
+}
+
+#[test]
+fn a_bandwidth_flow_registers_and_follows_its_allotment() {
+    let d = Daemon::start("");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 2, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered {
+            admission: AdmissionReply::Admitted,
+            ..
+        }
+    ));
+    // Idle: registered, no share yet.
+    assert_eq!(c.allotment(h), None);
+    assert!(c.report_usage(h, true, 1 << 20, 1));
+    // The next update (one RefPeriod, 0.5 ms) gives the only active flow all of SafeUtil.
+    eventually("an allotment", Duration::from_secs(2), || {
+        c.allotment(h).is_some()
+    });
+    let a = c.allotment(h).unwrap();
+    let status = match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(a.bytes_per_sec, status.safe_util as u64);
+    assert!(a.bytes_per_sec > 1_000_000_000, "{a:?}");
+    assert_eq!(a.chunk_bytes, 1 << 20, "no latency flow: 1 MB chunks");
+    let flows = d.flows();
+    assert_eq!(flows.len(), 1);
+    assert_eq!(flows[0].uid, rustix::process::getuid().as_raw());
+    assert_eq!(flows[0].pid as u32, std::process::id());
+    assert_eq!(flows[0].class, "bandwidth");
+    assert_eq!(flows[0].bytes, 1 << 20);
+    // A latency flow appearing cuts the chunk to 5 KB at the next update.
+    let l = c.register(FlowClass::Latency, 1, 0);
+    c.wait_registered(l, Duration::from_secs(2));
+    assert!(c.report_usage(l, true, 16, 1));
+    eventually("5 KB chunks", Duration::from_secs(2), || {
+        c.allotment(h).is_some_and(|a| a.chunk_bytes == 5 * 1024)
+    });
+    assert_eq!(c.allotment(l), None, "latency flows are never shaped");
+    // With a latency flow present the reference flow runs: Current99 of 20 us probes.
+    eventually(
+        "Current99",
+        Duration::from_secs(2),
+        || matches!(d.admin(&AdminRequest::Status), AdminReply::Status(s) if s.current_p99_ns.is_some()),
+    );
+    let AdminReply::Status(status) = d.admin(&AdminRequest::Status) else {
+        panic!()
+    };
+    let p99 = status.current_p99_ns.unwrap();
+    assert!(
+        (20_000..25_000_000).contains(&p99),
+        "synthetic 20 us probes, measured {p99} ns"
+    );
+}
+
+#[test]
+fn identity_comes_from_the_kernel_not_the_message() {
+    let d = Daemon::start("");
+    let s = raw_socket(&d.socket());
+    let me = rustix::process::getuid().as_raw();
+    let other = if me == 0 { 1000 } else { 0 };
+    assert_eq!(
+        roundtrip(&s, &register(other, FlowClass::Bandwidth)),
+        Reply::Refused {
+            client_ref: 9,
+            reason: RefuseReason::WrongUid
+        }
+    );
+    assert!(d.flows().is_empty());
+    assert!(d.log().contains("wrong_uid"), "{}", d.log());
+    // The same message with the sender's own uid registers, under the kernel's uid.
+    assert!(matches!(
+        roundtrip(&s, &register(me, FlowClass::Bandwidth)),
+        Reply::Registered { .. }
+    ));
+    assert_eq!(d.flows()[0].uid, me);
+}
+
+#[test]
+fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_serving() {
+    let d = Daemon::start("");
+    let s = raw_socket(&d.socket());
+    let good = register(rustix::process::getuid().as_raw(), FlowClass::Throughput);
+    let mut bad_class = good.clone();
+    bad_class[12] = 7;
+    let refused = Reply::Refused {
+        client_ref: 0,
+        reason: RefuseReason::Malformed,
+    };
+    for msg in [
+        good[..10].to_vec(),
+        vec![0u8; MAX_MESSAGE * 4],
+        bad_class,
+        b"GET / HTTP/1.0".to_vec(),
+    ] {
+        assert_eq!(roundtrip(&s, &msg), refused);
+    }
+    let log = d.log();
+    for reason in [
+        "truncated_or_bad_length",
+        "oversized",
+        "malformed",
+        "unknown class 7",
+    ] {
+        assert!(log.contains(reason), "no `{reason}` in the log: {log}");
+    }
+    // Same connection, and a new one, still served.
+    assert!(matches!(roundtrip(&s, &good), Reply::Registered { .. }));
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered { .. }
+    ));
+}
+
+#[test]
+fn usage_for_a_flow_of_another_connection_is_refused() {
+    let d = Daemon::start("");
+    let mut a = AgentClient::connect(d.socket()).unwrap();
+    let h = a.register(FlowClass::Bandwidth, 1, 0);
+    let FlowState::Registered { flow, .. } = a.wait_registered(h, Duration::from_secs(2)) else {
+        panic!()
+    };
+    let s = raw_socket(&d.socket());
+    let usage = Request::Usage(justitia_agent::proto::Usage {
+        flow,
+        active: true,
+        bytes: 5,
+        ops: 1,
+    })
+    .encode();
+    rustix::net::send(&s, &usage, rustix::net::SendFlags::empty()).unwrap();
+    eventually("the refusal in the log", Duration::from_secs(2), || {
+        d.log().contains("not_owner")
+    });
+    assert_eq!(d.flows()[0].bytes, 0);
+    assert!(!d.flows()[0].active);
+}
+
+#[test]
+fn the_control_block_a_client_receives_cannot_be_mapped_writable() {
+    let d = Daemon::start("");
+    let s = {
+        use rustix::net::*;
+        let s = socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        connect(&s, &SocketAddrUnix::new(d.socket()).unwrap()).unwrap();
+        s
+    };
+    let mut buf = [0u8; 128];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(
+        &s,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        rustix::net::RecvFlags::empty(),
+    )
+    .unwrap();
+    let fd = control
+        .drain()
+        .find_map(|m| match m {
+            rustix::net::RecvAncillaryMessage::ScmRights(mut f) => f.next(),
+            _ => None,
+        })
+        .unwrap();
+    let len = rustix::fs::fstat(&fd).unwrap().st_size as usize;
+    // SAFETY: an mmap attempt expected to fail; unmapped if it does not.
+    let res = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &fd,
+            0,
+        )
+    };
+    assert_eq!(res.err(), Some(rustix::io::Errno::PERM));
+    assert_eq!(
+        rustix::io::pwrite(&fd, &[0xff; 8], 0).err(),
+        Some(rustix::io::Errno::PERM)
+    );
+    // Read-only is fine, and it is the daemon's block.
+    assert!(justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&fd)).is_ok());
+}
+
+/// Not a test on its own: the child process of `a_killed_application_has_its_share_reclaimed`.
+#[test]
+fn child_registers_and_waits() {
+    let Ok(path) = std::env::var("JUSTITIA_TEST_CHILD_SOCKET") else {
+        return;
+    };
+    let mut c = AgentClient::connect(&path).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(5)),
+        FlowState::Registered { .. }
+    ));
+    c.report_usage(h, true, 1, 1);
+    println!("registered");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_killed_application_has_its_share_reclaimed_within_one_control_interval() {
+    let d = Daemon::start_with("", true);
+    let mut mine = AgentClient::connect(d.socket()).unwrap();
+    let h = mine.register(FlowClass::Bandwidth, 1, 0);
+    mine.wait_registered(h, Duration::from_secs(2));
+    mine.report_usage(h, true, 1, 1);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_registers_and_waits", "--nocapture"])
+        .env("JUSTITIA_TEST_CHILD_SOCKET", d.socket())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    while !line.contains("registered") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    eventually("two flows sharing", Duration::from_secs(2), || {
+        let f = d.flows();
+        f.len() == 2
+            && f.iter()
+                .all(|f| f.active && f.allot_bytes_per_sec.is_some_and(|a| a > 0.0))
+    });
+    let safe = match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s.safe_util,
+        _ => panic!(),
+    };
+    let half = mine.allotment(h).unwrap().bytes_per_sec as f64;
+    assert!((half / safe - 0.5).abs() < 0.01, "{half} of {safe}");
+    child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    child.wait().unwrap();
+    eventually("the whole share back", Duration::from_secs(2), || {
+        mine.allotment(h)
+            .is_some_and(|a| (a.bytes_per_sec as f64 / safe - 1.0).abs() < 0.01)
+    });
+    let took = killed.elapsed();
+    // One control interval is 0.5 ms; allow for scheduling on a busy 2-core machine.
+    assert!(took < Duration::from_millis(50), "reclaimed after {took:?}");
+    assert_eq!(d.flows().len(), 1);
+    let scrape = d.scrape();
+    assert_eq!(
+        metric(&scrape, "justitia_reclaims_total", None),
+        Some(1.0),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn a_dead_daemon_is_noticed_within_10_ms_and_shapers_re_register_when_it_returns() {
+    let mut d = Daemon::start("stale_after_ms = 5");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    c.report_usage(h, true, 1, 1);
+    eventually("an allotment", Duration::from_secs(2), || {
+        c.allotment(h).is_some()
+    });
+    let first_boot = c.boot_id();
+    // SIGSTOP: the daemon is alive but silent, so only the heartbeat can tell. Measured
+    // from the last heartbeat: never before the 5 ms limit, at most 10 ms after it. The
+    // test thread itself may be descheduled on a busy machine, so up to three episodes
+    // are tried for the upper bound; the lower bound must hold in every one.
+    let pid = rustix::process::Pid::from_child(&d.child);
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+        let t0 = monotonic_ns();
+        while c.allotment(h).is_some() {
+            assert!(monotonic_ns() - t0 < 2_000_000_000);
+        }
+        let noticed = monotonic_ns();
+        let since_beat_ms = (noticed - c.heartbeat_ns().unwrap()) as f64 / 1e6;
+        assert!(
+            since_beat_ms > 5.0,
+            "fell back {since_beat_ms} ms after the last heartbeat"
+        );
+        best = best.min(since_beat_ms);
+        rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+        eventually("the allotment back", Duration::from_secs(2), || {
+            c.allotment(h).is_some()
+        });
+    }
+    assert!(
+        best <= 15.0,
+        "fell back {best} ms after the last heartbeat (limit 5 + 10 ms)"
+    );
+    // Killed for good, and a new one started on the same socket path.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    c.tick(monotonic_ns());
+    assert!(!c.is_connected());
+    assert_eq!(c.stats().fail_opens, 1);
+    let log = std::fs::File::create(d.dir.path().join("log2")).unwrap();
+    d.child = Command::new(env!("CARGO_BIN_EXE_justitiad"))
+        .arg("--config")
+        .arg(d.dir.path().join("justitiad.toml"))
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    eventually("re-registration", Duration::from_secs(20), || {
+        c.tick(monotonic_ns());
+        matches!(c.state(h), FlowState::Registered { .. })
+    });
+    assert_ne!(c.boot_id(), first_boot);
+    assert_eq!(d.flows().len(), 1, "the flow is listed by the new daemon");
+}
+
+#[test]
+fn a_latency_flow_arriving_while_the_target_is_violated_is_admitted_with_a_warning() {
+    // 20 us synthetic probes against a 10 us target: always violated.
+    let d = Daemon::start_with("target = \"10us\"", true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    // Probes run while a latency flow is active; Current99 is then measured.
+    let first = c.register(FlowClass::Latency, 1, 0);
+    assert!(matches!(
+        c.wait_registered(first, Duration::from_secs(2)),
+        FlowState::Registered {
+            admission: AdmissionReply::Admitted,
+            ..
+        }
+    ));
+    c.report_usage(first, true, 16, 1);
+    std::thread::sleep(Duration::from_millis(30));
+    let h = c.register(FlowClass::Latency, 1, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered {
+            admission: AdmissionReply::AdmittedWithWarning,
+            ..
+        }
+    ));
+    let scrape = d.scrape();
+    assert_eq!(
+        metric(
+            &scrape,
+            "justitia_registrations_total",
+            Some(("value", "admitted_with_warning"))
+        ),
+        Some(1.0)
+    );
+    assert!(d
+        .log()
+        .contains("latency flow registered while Current99 exceeds Target99"));
+}
+
+#[test]
+fn where_the_config_asks_a_latency_flow_is_told_it_is_not_admitted() {
+    let d = Daemon::start("target = \"10us\"\nadmission = \"refuse\"");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let first = c.register(FlowClass::Latency, 1, 0);
+    c.wait_registered(first, Duration::from_secs(2));
+    c.report_usage(first, true, 16, 1);
+    std::thread::sleep(Duration::from_millis(30));
+    let h = c.register(FlowClass::Latency, 1, 0);
+    assert_eq!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::NotAdmitted
+    );
+    assert_eq!(d.flows().len(), 1, "only the first flow is registered");
+}
+
+#[test]
+fn metrics_are_valid_prometheus_text() {
+    let d = Daemon::start_with("target = \"100us\"", true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    c.report_usage(h, true, 4096, 1);
+    let l = c.register(FlowClass::Latency, 1, 0);
+    c.wait_registered(l, Duration::from_secs(2));
+    c.report_usage(l, true, 0, 0);
+    eventually("an allotment", Duration::from_secs(2), || {
+        c.allotment(h).is_some()
+    });
+    // Checked on the scrape that has it: a window restarted by a decrease (a busy machine
+    // can push 20 us probes past 100 us) has no Current99 until its next sample.
+    let mut scraped = None;
+    eventually("Current99 in the metrics", Duration::from_secs(5), || {
+        let s = d.scrape();
+        let ok = metric(&s, "justitia_current_p99_seconds", None).is_some_and(|v| !v.is_nan());
+        scraped = ok.then_some(s);
+        ok
+    });
+    let s = scraped.unwrap();
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let p99 = metric(&s, "justitia_current_p99_seconds", None).unwrap();
+    assert!(
+        (20e-6..25e-3).contains(&p99),
+        "{p99} {:?} {:?}",
+        d.admin(&AdminRequest::Status),
+        d.flows()
+    );
+    assert_eq!(
+        metric(&s, "justitia_target_p99_seconds", None),
+        Some(100e-6)
+    );
+    let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
+    assert!(safe > 0.0);
+    // The tenant's only shaped flow has all of SafeUtil (read from one scrape; a scrape
+    // can fall between two publications, so a few are tried).
+    eventually(
+        "tenant allotment = SafeUtil",
+        Duration::from_secs(2),
+        || {
+            let s = d.scrape();
+            let t = metric(
+                &s,
+                "justitia_tenant_allotment_bytes_per_second",
+                Some(("uid", &uid)),
+            );
+            let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
+            t.is_some_and(|t| (t / safe - 1.0).abs() < 1e-6)
+        },
+    );
+    assert_eq!(
+        metric(&s, "justitia_tenant_usage_bytes_total", Some(("uid", &uid))),
+        Some(4096.0)
+    );
+    assert_eq!(
+        metric(&s, "justitia_flows_counted", Some(("value", "bandwidth"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &s,
+            "justitia_registrations_total",
+            Some(("value", "admitted"))
+        ),
+        Some(2.0)
+    );
+    assert!(metric(&s, "justitia_process_cpu_seconds", None).unwrap() > 0.0);
+    let probes = s
+        .samples
+        .iter()
+        .find(|x| x.metric == "justitia_probe_latency_seconds")
+        .expect("histogram");
+    let prometheus_parse::Value::Histogram(buckets) = &probes.value else {
+        panic!("{:?}", probes.value)
+    };
+    // 20 us probes: nothing at or below 16 us, all by 32 us.
+    let at = |le: f64| {
+        buckets
+            .iter()
+            .find(|b| (b.less_than - le).abs() < le * 1e-6)
+            .map(|b| b.count)
+            .unwrap()
+    };
+    assert_eq!(at(16e-6), 0.0);
+    assert!(at(32.768e-3) >= 1.0);
+}
+
+#[test]
+fn bad_config_stops_the_daemon_naming_file_key_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "target = \"fast\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_justitiad"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: key `target`: `fast` has no unit",
+            path.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_reload_keeps_the_running_config_and_a_good_one_applies() {
+    let d = Daemon::start("target = \"100us\"");
+    let path = d.dir.path().join("justitiad.toml");
+    let good = std::fs::read_to_string(&path).unwrap();
+    let target = || match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s.target_p99_ns,
+        _ => panic!(),
+    };
+    assert_eq!(target(), Some(100_000));
+    std::fs::write(&path, good.replace("100us", "100 parsecs")).unwrap();
+    let pid = rustix::process::Pid::from_child(&d.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    eventually("the refusal", Duration::from_secs(2), || {
+        d.log()
+            .contains("configuration refused, keeping the running one")
+    });
+    assert!(d.log().contains("key `target`"));
+    assert_eq!(target(), Some(100_000));
+    std::fs::write(&path, good.replace("100us", "250us")).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    eventually("the new target", Duration::from_secs(2), || {
+        target() == Some(250_000)
+    });
+}
+
+#[test]
+fn set_target_over_the_admin_socket() {
+    let d = Daemon::start("");
+    assert!(matches!(
+        d.admin(&AdminRequest::SetTarget {
+            target: "300us".into()
+        }),
+        AdminReply::Done(_)
+    ));
+    assert!(
+        matches!(d.admin(&AdminRequest::Status), AdminReply::Status(s) if s.target_p99_ns == Some(300_000))
+    );
+    assert!(
+        matches!(d.admin(&AdminRequest::SetTarget { target: "soon".into() }), AdminReply::Error(e) if e.contains("no unit"))
+    );
+}
