@@ -86,8 +86,9 @@
 //! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
 //! tenant and class, a count of active flows, and the largest weight of its active
 //! resource-hungry flows); a division after a change of flows takes one pass over the
-//! tenants, and the pass over the flows that rewrites their allotments hands each its
-//! tenant's share. No share waits on another's computation. The flows are kept in a
+//! tenants (tenants of equal weight and flow count share one division), and the pass over
+//! the flows that rewrites their allotments hands each its tenant's share. No share waits
+//! on another's computation. The flows are kept in a
 //! vector sorted by id, found by binary search; registering or removing a flow moves the
 //! flows after it in that vector.
 
@@ -374,6 +375,27 @@ impl TenantState {
     }
 }
 
+/// One entry of a division's memo of fractions: tenants of equal weight and flow count get
+/// the same fraction, so when many tenants share a few weights most need no division.
+#[derive(Debug, Clone, Copy, Default)]
+struct ShareMemo {
+    /// The division it was computed in (divisions are numbered from 1).
+    division: u64,
+    weight: u32,
+    flows: u32,
+    flow_share: f64,
+}
+
+impl ShareMemo {
+    /// Entries in the memo (direct-mapped: a tenant whose slot holds another key divides).
+    const SLOTS: usize = 16;
+
+    /// The memo slot of a tenant of `weight` with `flows` active resource-hungry flows.
+    fn slot(weight: u32, flows: u32) -> usize {
+        (weight.wrapping_mul(7) ^ flows) as usize % Self::SLOTS
+    }
+}
+
 /// The index of a class in [`TenantState::active`].
 fn class_index(class: FlowClass) -> usize {
     match class {
@@ -418,6 +440,9 @@ pub struct ControlLoop {
     free_tenants: Vec<usize>,
     /// Some tenant's largest weight must be found again (see `TenantState::weight`).
     weights_stale: bool,
+    /// The number of the latest division, and its memo of fractions.
+    division: u64,
+    share_memo: [ShareMemo; ShareMemo::SLOTS],
     /// The flows changed since the last update (counts and shares must be redone).
     flows_changed: bool,
     /// L, B, T as of the latest update, and as of now.
@@ -470,6 +495,8 @@ impl ControlLoop {
             tenant_slots: BTreeMap::new(),
             free_tenants: Vec::new(),
             weights_stale: false,
+            division: 0,
+            share_memo: [ShareMemo::default(); ShareMemo::SLOTS],
             flows_changed: false,
             counts: FlowCounts::default(),
             active_counts: FlowCounts::default(),
@@ -806,19 +833,32 @@ impl ControlLoop {
             .map(|t| u64::from(t.weight))
             .sum();
         let total_weight = total_weight as f64;
+        self.division += 1;
         for tenant in &mut self.tenants {
             let hungry = tenant.hungry();
             if hungry == 0 {
                 continue;
             }
-            // `allot_rates` multiplies by the capacity, 1, which is exact; so is dividing
-            // by one flow, skipped because a division costs more than the rest.
-            let share = f64::from(tenant.weight) / total_weight;
-            tenant.flow_share = if hungry == 1 {
-                share
-            } else {
-                share / f64::from(hungry)
-            };
+            let memo = &mut self.share_memo[ShareMemo::slot(tenant.weight, hungry)];
+            if memo.division != self.division
+                || memo.weight != tenant.weight
+                || memo.flows != hungry
+            {
+                // `allot_rates` multiplies by the capacity, 1, which is exact; so is dividing
+                // by one flow, skipped because a division costs more than the rest.
+                let share = f64::from(tenant.weight) / total_weight;
+                *memo = ShareMemo {
+                    division: self.division,
+                    weight: tenant.weight,
+                    flows: hungry,
+                    flow_share: if hungry == 1 {
+                        share
+                    } else {
+                        share / f64::from(hungry)
+                    },
+                };
+            }
+            tenant.flow_share = memo.flow_share;
         }
     }
 
