@@ -453,7 +453,9 @@ pub struct ControlLoop {
     hungry_active: usize,
     hungry_epoch: u64,
     chunk_bytes: u32,
-    probes: BTreeMap<ProbeId, Outstanding>,
+    /// Outstanding probes in the order they were sent, which is the order of their ids
+    /// and of their deadlines; a few at a time (a RefPeriod apart, lost after a timeout).
+    probes: VecDeque<(ProbeId, Outstanding)>,
     next_probe: u64,
     /// Samples of probes sent before this time are not counted (the window restarted).
     forget_before: Duration,
@@ -503,7 +505,7 @@ impl ControlLoop {
             hungry_active: 0,
             hungry_epoch: 0,
             chunk_bytes,
-            probes: BTreeMap::new(),
+            probes: VecDeque::new(),
             next_probe: 0,
             forget_before: now,
             now,
@@ -664,21 +666,27 @@ impl ControlLoop {
         let id = ProbeId(self.next_probe);
         self.next_probe += 1;
         let idle = self.baseline.is_some() && self.hungry_active == 0;
-        self.probes.insert(
+        self.probes.push_back((
             id,
             Outstanding {
                 sent_at: now,
                 idle_epoch: idle.then_some(self.hungry_epoch),
             },
-        );
+        ));
         id
+    }
+
+    /// Takes an outstanding probe out.
+    fn take_probe(&mut self, id: ProbeId) -> Option<Outstanding> {
+        let index = self.probes.binary_search_by_key(&id, |&(id, _)| id).ok()?;
+        self.probes.remove(index).map(|(_, probe)| probe)
     }
 
     /// Records a probe's completion at `now`. Returns false (and records nothing) for a
     /// probe that is unknown or already counted as lost.
     pub fn probe_completed(&mut self, now: Duration, id: ProbeId) -> bool {
         let now = self.advance(now);
-        let Some(probe) = self.probes.remove(&id) else {
+        let Some(probe) = self.take_probe(id) else {
             return false;
         };
         let latency = now.saturating_sub(probe.sent_at);
@@ -694,7 +702,7 @@ impl ControlLoop {
     /// Returns false for a probe that is unknown or already counted.
     pub fn probe_lost(&mut self, now: Duration, id: ProbeId) -> bool {
         self.advance(now);
-        match self.probes.remove(&id) {
+        match self.take_probe(id) {
             Some(probe) => {
                 self.record_lost(id, probe);
                 true
@@ -747,20 +755,19 @@ impl ControlLoop {
     pub fn poll_timeout(&self) -> Option<Duration> {
         let deadline = self
             .probes
-            .values()
-            .next()
-            .map(|p| p.sent_at.saturating_add(self.config.probe_timeout));
+            .front()
+            .map(|(_, p)| p.sent_at.saturating_add(self.config.probe_timeout));
         Some(deadline.map_or(self.next_update, |d| d.min(self.next_update)))
     }
 
     /// Expires probes past their timeout and runs the update if it is due.
     pub fn handle_timeout(&mut self, now: Duration) {
         let now = self.advance(now);
-        while let Some((&id, &probe)) = self.probes.iter().next() {
+        while let Some(&(id, probe)) = self.probes.front() {
             if probe.sent_at.saturating_add(self.config.probe_timeout) > now {
                 break;
             }
-            self.probes.remove(&id);
+            self.probes.pop_front();
             self.record_lost(id, probe);
         }
         if now >= self.next_update {
