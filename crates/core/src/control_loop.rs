@@ -47,8 +47,9 @@
 //! An update takes L, B, T as they are now, steps the controller with Current99,
 //! re-divides SafeUtil among the active resource-hungry flows (weighted max-min across
 //! tenants, equal within a tenant: exactly what [`crate::allotment::allot_rates`] gives
-//! with unbounded demands) and asks for a probe. So a flow that goes idle gives its share to the others, and one that resumes
-//! gets it back, at the next update: within one RefPeriod.
+//! with unbounded demands) and asks for a probe. So a flow that goes idle gives its share
+//! to the others, and one that resumes gets it back, at the next update: within one
+//! RefPeriod.
 //!
 //! # Target99 and the estimator window
 //! Target99 is in the probe's own units: the p99 of the reference flow's post-to-completion
@@ -85,14 +86,17 @@
 //! An update runs every RefPeriod, so it allocates nothing once the flows are registered
 //! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
 //! tenant and class, a count of active flows, and the largest weight of its active
-//! resource-hungry flows); a division after a change of flows takes one pass over the
-//! tenants (tenants of equal weight and flow count share one division), and the pass over
-//! the flows that rewrites their allotments hands each its tenant's share. No share waits
-//! on another's computation. The flows are kept in a
-//! vector sorted by id, found by binary search; registering or removing a flow moves the
-//! flows after it in that vector.
+//! resource-hungry flows). A division after a change of flows takes two passes over the
+//! tenants (the sum of their weights, then each one's share; tenants of equal weight and
+//! flow count share one floating-point division) and hands each flow its tenant's share
+//! in the pass that rewrites the allotments; no share waits on another's computation.
+//! Only when the heaviest active flow of a tenant of mixed weights goes idle does a pass
+//! over the flows find that tenant's new largest weight. The flows are kept in a vector in
+//! no particular order, found through a hash map; a removed flow's place is taken by the
+//! last one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::allotment::Token;
@@ -431,8 +435,10 @@ pub struct ControlLoop {
     /// The idle baseline's samples, while it is being measured.
     baseline: Option<TailEstimator>,
     idle_p99: Option<Duration>,
-    /// The registered flows, sorted by id (found by binary search, walked in order).
+    /// The registered flows, in no particular order (no result depends on it), and where
+    /// each is in that vector.
     flows: Vec<FlowState>,
+    flow_index: HashMap<FlowId, usize>,
     /// Tenants with registered flows, by slot; `tenant_slots` finds a tenant's slot and
     /// `free_tenants` lists the slots to reuse.
     tenants: Vec<TenantState>,
@@ -493,6 +499,7 @@ impl ControlLoop {
             baseline,
             idle_p99: None,
             flows: Vec::new(),
+            flow_index: HashMap::new(),
             tenants: Vec::new(),
             tenant_slots: BTreeMap::new(),
             free_tenants: Vec::new(),
@@ -531,24 +538,22 @@ impl ControlLoop {
         flow: FlowRegistration,
     ) -> Result<Admission, LoopError> {
         self.advance(now);
-        let Err(index) = self.find(flow.spec.id) else {
+        let Entry::Vacant(entry) = self.flow_index.entry(flow.spec.id) else {
             return Err(LoopError::DuplicateFlow(flow.spec.id));
         };
+        entry.insert(self.flows.len());
         let tenant = self.tenant_slot(flow.spec.tenant);
         self.tenants[tenant].flows += 1;
-        self.flows.insert(
-            index,
-            FlowState {
-                spec: flow.spec,
-                tenant,
-                qps: flow.qps,
-                active: false,
-                share: 0.0,
-                bytes_per_sec: 0.0,
-                ops_per_sec: 0.0,
-                generation: self.generation,
-            },
-        );
+        self.flows.push(FlowState {
+            spec: flow.spec,
+            tenant,
+            qps: flow.qps,
+            active: false,
+            share: 0.0,
+            bytes_per_sec: 0.0,
+            ops_per_sec: 0.0,
+            generation: self.generation,
+        });
         Ok(match flow.spec.class {
             FlowClass::Latency => self.controller.admit_latency_flow(),
             _ => Admission::Admitted,
@@ -558,8 +563,14 @@ impl ControlLoop {
     /// Forgets a flow; its share goes to the others at the next update.
     pub fn remove_flow(&mut self, now: Duration, id: FlowId) -> Result<(), LoopError> {
         self.set_flow_active(now, id, false)?;
-        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
-        let tenant = self.flows.remove(index).tenant;
+        let index = self
+            .flow_index
+            .remove(&id)
+            .ok_or(LoopError::UnknownFlow(id))?;
+        let tenant = self.flows.swap_remove(index).tenant;
+        if let Some(moved) = self.flows.get(index) {
+            self.flow_index.insert(moved.spec.id, index);
+        }
         let state = &mut self.tenants[tenant];
         state.flows -= 1;
         if state.flows == 0 {
@@ -569,9 +580,9 @@ impl ControlLoop {
         Ok(())
     }
 
-    /// Where a flow is in `flows`, or where it would go.
-    fn find(&self, id: FlowId) -> Result<usize, usize> {
-        self.flows.binary_search_by_key(&id, |f| f.spec.id)
+    /// Where a flow is in `flows`.
+    fn find(&self, id: FlowId) -> Option<usize> {
+        self.flow_index.get(&id).copied()
     }
 
     /// The slot of a tenant, taking a free one for a tenant without flows.
@@ -610,7 +621,7 @@ impl ControlLoop {
         active: bool,
     ) -> Result<(), LoopError> {
         self.advance(now);
-        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
+        let index = self.find(id).ok_or(LoopError::UnknownFlow(id))?;
         let flow = &mut self.flows[index];
         if flow.active == active {
             return Ok(());
@@ -935,7 +946,7 @@ impl ControlLoop {
 
     /// A resource-hungry flow's allotment; `None` for latency flows and unknown ids.
     pub fn allotment(&self, id: FlowId) -> Option<Allotment> {
-        let flow = &self.flows[self.find(id).ok()?];
+        let flow = &self.flows[self.find(id)?];
         flow.spec.class.is_resource_hungry().then(|| Allotment {
             bytes_per_sec: flow.bytes_per_sec,
             ops_per_sec: flow.ops_per_sec,
@@ -947,7 +958,7 @@ impl ControlLoop {
 
     /// The number of queue pairs a flow was registered with.
     pub fn flow_qps(&self, id: FlowId) -> Option<u32> {
-        self.find(id).ok().map(|i| self.flows[i].qps)
+        self.find(id).map(|i| self.flows[i].qps)
     }
 
     /// SafeUtil in bytes/s.
