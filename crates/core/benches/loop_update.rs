@@ -8,6 +8,8 @@
 //! resuming before each update, so the counts and the division are redone too; in
 //! `update_after_flow_change_many_tenants` every bandwidth flow is a tenant of its own,
 //! with weights 1 to 4, so the division is weighted across as many tenants as flows.
+//! `remove_and_register_first` is the churn of flows, without an update: the flow of the
+//! lowest id goes and comes back, the worst case for the loop's flows sorted by id.
 
 // criterion's macros generate the bench's entry points without documentation.
 #![allow(missing_docs)]
@@ -116,6 +118,23 @@ fn bench(c: &mut Criterion) {
                 });
             });
         }
+        group.bench_with_input(
+            BenchmarkId::new("remove_and_register_first", flows),
+            &flows,
+            |b, &flows| {
+                let (mut lp, now) = setup(flows, false);
+                let spec = FlowSpec {
+                    id: FlowId(0),
+                    tenant: TenantId(0),
+                    class: FlowClass::Latency,
+                    weight: Weight::ONE,
+                };
+                b.iter(|| {
+                    let _ = lp.remove_flow(now, FlowId(0));
+                    let _ = lp.register_flow(now, FlowRegistration { spec, qps: 1 });
+                });
+            },
+        );
     }
     group.finish();
 }

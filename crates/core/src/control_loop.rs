@@ -47,8 +47,9 @@
 //! An update takes L, B, T as they are now, steps the controller with Current99,
 //! re-divides SafeUtil among the active resource-hungry flows (weighted max-min across
 //! tenants, equal within a tenant: exactly what [`crate::allotment::allot_rates`] gives
-//! with unbounded demands) and asks for a probe. So a flow that goes idle gives its share to the others, and one that resumes
-//! gets it back, at the next update: within one RefPeriod.
+//! with unbounded demands) and asks for a probe. So a flow that goes idle gives its share
+//! to the others, and one that resumes gets it back, at the next update: within one
+//! RefPeriod.
 //!
 //! # Target99 and the estimator window
 //! Target99 is in the probe's own units: the p99 of the reference flow's post-to-completion
@@ -85,13 +86,17 @@
 //! An update runs every RefPeriod, so it allocates nothing once the flows are registered
 //! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
 //! tenant and class, a count of active flows, and the largest weight of its active
-//! resource-hungry flows); a division after a change of flows takes one pass over the
-//! tenants, and the pass over the flows that rewrites their allotments hands each its
-//! tenant's share. No share waits on another's computation. The flows are kept in a
-//! vector sorted by id, found by binary search; registering or removing a flow moves the
-//! flows after it in that vector.
+//! resource-hungry flows). A division after a change of flows takes two passes over the
+//! tenants (the sum of their weights, then each one's share; tenants of equal weight and
+//! flow count share one floating-point division) and hands each flow its tenant's share
+//! in the pass that rewrites the allotments; no share waits on another's computation.
+//! Only when the heaviest active flow of a tenant of mixed weights goes idle does a pass
+//! over the flows find that tenant's new largest weight. The flows are kept in a vector in
+//! no particular order, found through a hash map; a removed flow's place is taken by the
+//! last one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::allotment::Token;
@@ -374,6 +379,27 @@ impl TenantState {
     }
 }
 
+/// One entry of a division's memo of fractions: tenants of equal weight and flow count get
+/// the same fraction, so when many tenants share a few weights most need no division.
+#[derive(Debug, Clone, Copy, Default)]
+struct ShareMemo {
+    /// The division it was computed in (divisions are numbered from 1).
+    division: u64,
+    weight: u32,
+    flows: u32,
+    flow_share: f64,
+}
+
+impl ShareMemo {
+    /// Entries in the memo (direct-mapped: a tenant whose slot holds another key divides).
+    const SLOTS: usize = 16;
+
+    /// The memo slot of a tenant of `weight` with `flows` active resource-hungry flows.
+    fn slot(weight: u32, flows: u32) -> usize {
+        (weight.wrapping_mul(7) ^ flows) as usize % Self::SLOTS
+    }
+}
+
 /// The index of a class in [`TenantState::active`].
 fn class_index(class: FlowClass) -> usize {
     match class {
@@ -409,8 +435,10 @@ pub struct ControlLoop {
     /// The idle baseline's samples, while it is being measured.
     baseline: Option<TailEstimator>,
     idle_p99: Option<Duration>,
-    /// The registered flows, sorted by id (found by binary search, walked in order).
+    /// The registered flows, in no particular order (no result depends on it), and where
+    /// each is in that vector.
     flows: Vec<FlowState>,
+    flow_index: HashMap<FlowId, usize>,
     /// Tenants with registered flows, by slot; `tenant_slots` finds a tenant's slot and
     /// `free_tenants` lists the slots to reuse.
     tenants: Vec<TenantState>,
@@ -418,6 +446,9 @@ pub struct ControlLoop {
     free_tenants: Vec<usize>,
     /// Some tenant's largest weight must be found again (see `TenantState::weight`).
     weights_stale: bool,
+    /// The number of the latest division, and its memo of fractions.
+    division: u64,
+    share_memo: [ShareMemo; ShareMemo::SLOTS],
     /// The flows changed since the last update (counts and shares must be redone).
     flows_changed: bool,
     /// L, B, T as of the latest update, and as of now.
@@ -428,7 +459,9 @@ pub struct ControlLoop {
     hungry_active: usize,
     hungry_epoch: u64,
     chunk_bytes: u32,
-    probes: BTreeMap<ProbeId, Outstanding>,
+    /// Outstanding probes in the order they were sent, which is the order of their ids
+    /// and of their deadlines; a few at a time (a RefPeriod apart, lost after a timeout).
+    probes: VecDeque<(ProbeId, Outstanding)>,
     next_probe: u64,
     /// Samples of probes sent before this time are not counted (the window restarted).
     forget_before: Duration,
@@ -466,17 +499,20 @@ impl ControlLoop {
             baseline,
             idle_p99: None,
             flows: Vec::new(),
+            flow_index: HashMap::new(),
             tenants: Vec::new(),
             tenant_slots: BTreeMap::new(),
             free_tenants: Vec::new(),
             weights_stale: false,
+            division: 0,
+            share_memo: [ShareMemo::default(); ShareMemo::SLOTS],
             flows_changed: false,
             counts: FlowCounts::default(),
             active_counts: FlowCounts::default(),
             hungry_active: 0,
             hungry_epoch: 0,
             chunk_bytes,
-            probes: BTreeMap::new(),
+            probes: VecDeque::new(),
             next_probe: 0,
             forget_before: now,
             now,
@@ -502,24 +538,22 @@ impl ControlLoop {
         flow: FlowRegistration,
     ) -> Result<Admission, LoopError> {
         self.advance(now);
-        let Err(index) = self.find(flow.spec.id) else {
+        let Entry::Vacant(entry) = self.flow_index.entry(flow.spec.id) else {
             return Err(LoopError::DuplicateFlow(flow.spec.id));
         };
+        entry.insert(self.flows.len());
         let tenant = self.tenant_slot(flow.spec.tenant);
         self.tenants[tenant].flows += 1;
-        self.flows.insert(
-            index,
-            FlowState {
-                spec: flow.spec,
-                tenant,
-                qps: flow.qps,
-                active: false,
-                share: 0.0,
-                bytes_per_sec: 0.0,
-                ops_per_sec: 0.0,
-                generation: self.generation,
-            },
-        );
+        self.flows.push(FlowState {
+            spec: flow.spec,
+            tenant,
+            qps: flow.qps,
+            active: false,
+            share: 0.0,
+            bytes_per_sec: 0.0,
+            ops_per_sec: 0.0,
+            generation: self.generation,
+        });
         Ok(match flow.spec.class {
             FlowClass::Latency => self.controller.admit_latency_flow(),
             _ => Admission::Admitted,
@@ -529,8 +563,14 @@ impl ControlLoop {
     /// Forgets a flow; its share goes to the others at the next update.
     pub fn remove_flow(&mut self, now: Duration, id: FlowId) -> Result<(), LoopError> {
         self.set_flow_active(now, id, false)?;
-        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
-        let tenant = self.flows.remove(index).tenant;
+        let index = self
+            .flow_index
+            .remove(&id)
+            .ok_or(LoopError::UnknownFlow(id))?;
+        let tenant = self.flows.swap_remove(index).tenant;
+        if let Some(moved) = self.flows.get(index) {
+            self.flow_index.insert(moved.spec.id, index);
+        }
         let state = &mut self.tenants[tenant];
         state.flows -= 1;
         if state.flows == 0 {
@@ -540,9 +580,9 @@ impl ControlLoop {
         Ok(())
     }
 
-    /// Where a flow is in `flows`, or where it would go.
-    fn find(&self, id: FlowId) -> Result<usize, usize> {
-        self.flows.binary_search_by_key(&id, |f| f.spec.id)
+    /// Where a flow is in `flows`.
+    fn find(&self, id: FlowId) -> Option<usize> {
+        self.flow_index.get(&id).copied()
     }
 
     /// The slot of a tenant, taking a free one for a tenant without flows.
@@ -581,7 +621,7 @@ impl ControlLoop {
         active: bool,
     ) -> Result<(), LoopError> {
         self.advance(now);
-        let index = self.find(id).map_err(|_| LoopError::UnknownFlow(id))?;
+        let index = self.find(id).ok_or(LoopError::UnknownFlow(id))?;
         let flow = &mut self.flows[index];
         if flow.active == active {
             return Ok(());
@@ -637,21 +677,27 @@ impl ControlLoop {
         let id = ProbeId(self.next_probe);
         self.next_probe += 1;
         let idle = self.baseline.is_some() && self.hungry_active == 0;
-        self.probes.insert(
+        self.probes.push_back((
             id,
             Outstanding {
                 sent_at: now,
                 idle_epoch: idle.then_some(self.hungry_epoch),
             },
-        );
+        ));
         id
+    }
+
+    /// Takes an outstanding probe out.
+    fn take_probe(&mut self, id: ProbeId) -> Option<Outstanding> {
+        let index = self.probes.binary_search_by_key(&id, |&(id, _)| id).ok()?;
+        self.probes.remove(index).map(|(_, probe)| probe)
     }
 
     /// Records a probe's completion at `now`. Returns false (and records nothing) for a
     /// probe that is unknown or already counted as lost.
     pub fn probe_completed(&mut self, now: Duration, id: ProbeId) -> bool {
         let now = self.advance(now);
-        let Some(probe) = self.probes.remove(&id) else {
+        let Some(probe) = self.take_probe(id) else {
             return false;
         };
         let latency = now.saturating_sub(probe.sent_at);
@@ -667,7 +713,7 @@ impl ControlLoop {
     /// Returns false for a probe that is unknown or already counted.
     pub fn probe_lost(&mut self, now: Duration, id: ProbeId) -> bool {
         self.advance(now);
-        match self.probes.remove(&id) {
+        match self.take_probe(id) {
             Some(probe) => {
                 self.record_lost(id, probe);
                 true
@@ -720,20 +766,19 @@ impl ControlLoop {
     pub fn poll_timeout(&self) -> Option<Duration> {
         let deadline = self
             .probes
-            .values()
-            .next()
-            .map(|p| p.sent_at.saturating_add(self.config.probe_timeout));
+            .front()
+            .map(|(_, p)| p.sent_at.saturating_add(self.config.probe_timeout));
         Some(deadline.map_or(self.next_update, |d| d.min(self.next_update)))
     }
 
     /// Expires probes past their timeout and runs the update if it is due.
     pub fn handle_timeout(&mut self, now: Duration) {
         let now = self.advance(now);
-        while let Some((&id, &probe)) = self.probes.iter().next() {
+        while let Some(&(id, probe)) = self.probes.front() {
             if probe.sent_at.saturating_add(self.config.probe_timeout) > now {
                 break;
             }
-            self.probes.remove(&id);
+            self.probes.pop_front();
             self.record_lost(id, probe);
         }
         if now >= self.next_update {
@@ -806,19 +851,32 @@ impl ControlLoop {
             .map(|t| u64::from(t.weight))
             .sum();
         let total_weight = total_weight as f64;
+        self.division += 1;
         for tenant in &mut self.tenants {
             let hungry = tenant.hungry();
             if hungry == 0 {
                 continue;
             }
-            // `allot_rates` multiplies by the capacity, 1, which is exact; so is dividing
-            // by one flow, skipped because a division costs more than the rest.
-            let share = f64::from(tenant.weight) / total_weight;
-            tenant.flow_share = if hungry == 1 {
-                share
-            } else {
-                share / f64::from(hungry)
-            };
+            let memo = &mut self.share_memo[ShareMemo::slot(tenant.weight, hungry)];
+            if memo.division != self.division
+                || memo.weight != tenant.weight
+                || memo.flows != hungry
+            {
+                // `allot_rates` multiplies by the capacity, 1, which is exact; so is dividing
+                // by one flow, skipped because a division costs more than the rest.
+                let share = f64::from(tenant.weight) / total_weight;
+                *memo = ShareMemo {
+                    division: self.division,
+                    weight: tenant.weight,
+                    flows: hungry,
+                    flow_share: if hungry == 1 {
+                        share
+                    } else {
+                        share / f64::from(hungry)
+                    },
+                };
+            }
+            tenant.flow_share = memo.flow_share;
         }
     }
 
@@ -888,7 +946,7 @@ impl ControlLoop {
 
     /// A resource-hungry flow's allotment; `None` for latency flows and unknown ids.
     pub fn allotment(&self, id: FlowId) -> Option<Allotment> {
-        let flow = &self.flows[self.find(id).ok()?];
+        let flow = &self.flows[self.find(id)?];
         flow.spec.class.is_resource_hungry().then(|| Allotment {
             bytes_per_sec: flow.bytes_per_sec,
             ops_per_sec: flow.ops_per_sec,
@@ -900,7 +958,7 @@ impl ControlLoop {
 
     /// The number of queue pairs a flow was registered with.
     pub fn flow_qps(&self, id: FlowId) -> Option<u32> {
-        self.find(id).ok().map(|i| self.flows[i].qps)
+        self.find(id).map(|i| self.flows[i].qps)
     }
 
     /// SafeUtil in bytes/s.
