@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-verbs test suite: boots one QEMU guest with Soft-RoCE and runs, inside it,
 # transparency runs of ibv_rc_pingpong, rping and perftest with and without the shaper,
-# splitting runs with 1 MiB messages, and the data-integrity checker (tests/vm/guest/suite.sh).
+# splitting runs with 1 MiB messages, the data-integrity checker, and justitiad probing
+# rxe0 (tests/vm/guest/suite.sh, tests/vm/guest/daemon.sh).
 #
 # Prints one line per test, then exactly "vm: N passed, M failed"; exits non-zero on any
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
@@ -60,12 +61,23 @@ else
   echo "vm: the shaper is not built (crates/preload does not exist yet): runs under the shaper are skipped"
 fi
 
+daemon_bins=-
+echo "vm: building justitiad, justitia and the daemon's test tools (release)"
+if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
+  && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
+  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia; then
+  daemon_bins=$target/release
+else
+  echo "FAIL build justitiad and its test tools"
+  fails=$((fails + 1))
+fi
+
 mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
-  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity"
+  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$daemon_bins"
 vm_boot "$out" "${VM_SUITE_TIMEOUT:-1500}"
 rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"

@@ -4,10 +4,11 @@
 # ("PASS name: detail", "FAIL name: why", "SKIP name: why") and every tool's output to
 # RESULTS/logs/.
 #
-#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN
+#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN [DAEMON_BIN_DIR]
 #
 # SHAPER_LIB may be "-" when the shaper is not built: the runs that need it are then
-# reported as skipped, with the reason.
+# reported as skipped, with the reason. DAEMON_BIN_DIR (see the daemon section at the end)
+# may be "-" or absent likewise.
 set -uo pipefail
 
 RESULTS=$1
@@ -384,4 +385,21 @@ if have_shaper; then
     result FAIL "integrity total" "$shaped_transfers transfers through the shaper (at least 1000 needed), all clean: $([ "$integrity_ok" = 1 ] && echo yes || echo no)"
   fi
 fi
+
+# ---------------------------------------------------------------------------------------
+# justitiad on rxe0 (crates/daemon, crates/agent): its own script, which writes its own
+# result lines. DAEMON_BIN_DIR holds justitiad, justitia and the register and scrape
+# examples, as run-tests.sh builds them.
+echo "== daemon"
+DAEMON_BIN_DIR=${4:--}
+if [ "$DAEMON_BIN_DIR" = - ]; then
+  result SKIP "daemon" "justitiad and its test tools not built"
+else
+  timeout 120 tests/vm/guest/daemon.sh "$RESULTS" "$DAEMON_BIN_DIR"
+  rc=$?
+  if [ "$rc" = 124 ]; then
+    result FAIL "daemon" "tests/vm/guest/daemon.sh did not finish within 120 s"
+  fi
+fi
+
 echo "== suite done"
