@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The real-verbs test suite: boots one QEMU guest with Soft-RoCE and runs, inside it,
 # transparency runs of ibv_rc_pingpong, rping and perftest with and without the shaper,
-# splitting runs with 1 MiB messages, the data-integrity checker, and the test applications
+# splitting runs with 1 MiB messages, the data-integrity checker, the test applications
 # of tests/vm/apps (dlopen and ctypes, rdma_cm churn, destroy with work held, the hang
-# case) (tests/vm/guest/suite.sh).
+# case), and justitiad probing rxe0 (tests/vm/guest/suite.sh, tests/vm/guest/daemon.sh).
 #
 # Prints one line per test, then exactly "vm: N passed, M failed"; exits non-zero on any
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
@@ -74,6 +74,17 @@ if ! tests/vm/apps/build.sh "$apps" > "$target/vm-apps.build.log" 2>&1; then
   apps=-
 fi
 
+daemon_bins=-
+echo "vm: building justitiad, justitia and the daemon's test tools (release)"
+if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
+  && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
+  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia; then
+  daemon_bins=$target/release
+else
+  echo "FAIL build justitiad and its test tools"
+  fails=$((fails + 1))
+fi
+
 mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
@@ -81,7 +92,7 @@ start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
   HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
-  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps"
+  tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
 vm_boot "$out" "${VM_SUITE_TIMEOUT:-1800}"
 rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"

@@ -63,8 +63,12 @@ pub struct StatusReport {
 pub struct FlowReport {
     /// The daemon's flow id.
     pub flow: u64,
-    /// The owner's uid (the tenant).
+    /// The owner's uid.
     pub uid: u32,
+    /// The tenant it counts under: the uid, or the cgroup path with `tenant = "cgroup"`
+    /// (empty from a daemon that does not report it).
+    #[serde(default)]
+    pub tenant: String,
     /// The owner's pid.
     pub pid: i32,
     /// The flow's class.

@@ -90,12 +90,12 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}",
+        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}  tenant",
         "flow", "uid", "pid", "class", "qps", "active", "admission", "allot Gb/s", "bytes"
     );
     for r in f {
         println!(
-            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}",
+            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}  {}",
             r.flow,
             r.uid,
             r.pid,
@@ -105,7 +105,8 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
             r.admission,
             r.allot_bytes_per_sec
                 .map_or("-".into(), |a| format!("{:.3}", a * 8e-9)),
-            r.bytes
+            r.bytes,
+            r.tenant
         );
     }
     Ok(())

@@ -24,6 +24,7 @@
 //! | `slots` | 1024 | flows the control block can hold |
 //! | `max_flows_per_uid` | 256 | flows one uid may register |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
+//! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
 //! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
 
 use std::collections::BTreeMap;
@@ -51,6 +52,15 @@ pub enum AdmissionPolicy {
     Warn,
     /// Tell it it is not admitted.
     Refuse,
+}
+
+/// What makes two flows one tenant's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantBy {
+    /// The registering process's uid.
+    Uid,
+    /// The registering process's cgroup, read from `/proc/<pid>/cgroup` when it connects.
+    Cgroup,
 }
 
 /// The daemon's settings. See the module documentation for each key.
@@ -88,6 +98,8 @@ pub struct Config {
     pub max_flows_per_uid: usize,
     /// Soft admission policy.
     pub admission: AdmissionPolicy,
+    /// What a tenant is.
+    pub tenant: TenantBy,
     /// Weights by uid.
     pub weights: BTreeMap<u32, u32>,
 }
@@ -111,6 +123,7 @@ impl Default for Config {
             slots: justitia_agent::block::DEFAULT_SLOTS,
             max_flows_per_uid: 256,
             admission: AdmissionPolicy::Warn,
+            tenant: TenantBy::Uid,
             weights: BTreeMap::new(),
         }
     }
@@ -326,6 +339,18 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = take("tenant") {
+            c.tenant = match string("tenant", v)?.as_str() {
+                "uid" => TenantBy::Uid,
+                "cgroup" => TenantBy::Cgroup,
+                other => {
+                    return Err(err(
+                        "tenant",
+                        format!("`{other}` is neither `uid` nor `cgroup`"),
+                    ))
+                }
+            };
+        }
         if let Some(v) = take("weights") {
             let toml::Value::Table(t) = v else {
                 return Err(err(
@@ -394,7 +419,7 @@ mod tests {
     #[test]
     fn keys_are_read() {
         let c = parse(
-            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\nmetrics = \"\"\n[weights]\n\"1000\" = 3\n",
+            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\nmetrics = \"\"\ntenant = \"cgroup\"\n[weights]\n\"1000\" = 3\n",
         )
         .unwrap();
         assert_eq!(c.device.as_deref(), Some("rxe0"));
@@ -404,6 +429,7 @@ mod tests {
         assert_eq!(c.admission, AdmissionPolicy::Refuse);
         assert_eq!(c.metrics, None);
         assert_eq!(c.weights.get(&1000), Some(&3));
+        assert_eq!(c.tenant, TenantBy::Cgroup);
     }
 
     #[test]
@@ -418,6 +444,7 @@ mod tests {
             ("socket = \"relative.sock\"", "socket", "absolute"),
             ("admission = \"maybe\"", "admission", "neither"),
             ("probe = \"magic\"", "probe", "neither"),
+            ("tenant = \"user\"", "tenant", "neither"),
             ("[weights]\nalice = 2", "weights.alice", "numeric uid"),
             ("[weights]\n\"5\" = 0", "weights.5", "out of range"),
             ("tagret = \"2x\"", "tagret", "unknown key"),

@@ -11,8 +11,10 @@
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
 //! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
+//! | [`tenant`] | tenants by cgroup |
 
 pub mod config;
 pub mod metrics;
 pub mod probe;
 pub mod server;
+pub mod tenant;

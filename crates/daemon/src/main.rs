@@ -1,5 +1,6 @@
 //! `justitiad`: see the crate documentation of `justitia-daemon`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -55,6 +56,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: the journal and log files get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     let (path, required) = match args.config {

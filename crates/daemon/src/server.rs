@@ -50,7 +50,7 @@ use rustix::net::{
 };
 use tracing::{debug, error, info, warn};
 
-use crate::config::{group_id, parse_target, AdmissionPolicy, Config};
+use crate::config::{group_id, parse_target, AdmissionPolicy, Config, TenantBy};
 use crate::metrics::{Label, Metrics, Tenant};
 use crate::probe::Probe;
 
@@ -76,6 +76,9 @@ struct Client {
     sock: OwnedFd,
     uid: u32,
     pid: i32,
+    /// The tenant its flows belong to, and its name in reports.
+    tenant: u64,
+    tenant_name: String,
     /// Held open while the client is: epoll watches it for the process's exit.
     _pidfd: Option<OwnedFd>,
     flows: BTreeSet<u64>,
@@ -84,6 +87,8 @@ struct Client {
 struct Flow {
     uid: u32,
     pid: i32,
+    tenant: u64,
+    tenant_name: String,
     class: FlowClass,
     qps: u32,
     slot: u32,
@@ -122,6 +127,9 @@ pub struct Daemon {
     next_client: u64,
     flows: BTreeMap<u64, Flow>,
     next_flow: u64,
+    /// Tenant ids of the cgroups seen (with `tenant = "cgroup"`), in order of first
+    /// connection: ids are exact, never hashes that could collide.
+    cgroups: HashMap<String, u64>,
     free_slots: Vec<u32>,
     metrics: Metrics,
     /// The per-class gauges of L, B and T, looked up once so that publishing allocates
@@ -326,6 +334,7 @@ impl Daemon {
             next_client: 1,
             flows: BTreeMap::new(),
             next_flow: 1,
+            cgroups: HashMap::new(),
             metrics,
             class_gauges,
             epoll,
@@ -629,6 +638,20 @@ impl Daemon {
                     continue;
                 }
             };
+            let (uid, pid) = (cred.uid.as_raw(), cred.pid.as_raw_nonzero().get());
+            let (tenant, tenant_name) = match self.config.tenant {
+                TenantBy::Uid => (u64::from(uid), uid.to_string()),
+                TenantBy::Cgroup => match crate::tenant::read_cgroup(pid) {
+                    Ok(path) => {
+                        let next = self.cgroups.len() as u64 + 1;
+                        (*self.cgroups.entry(path.clone()).or_insert(next), path)
+                    }
+                    Err(e) => {
+                        warn!(error = %e, uid, pid, "no cgroup for the tenant: connection dropped");
+                        continue;
+                    }
+                },
+            };
             let pidfd =
                 rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty()).ok();
             let hello = Reply::Hello {
@@ -650,7 +673,6 @@ impl Daemon {
             }
             let id = self.next_client;
             self.next_client += 1;
-            let (uid, pid) = (cred.uid.as_raw(), cred.pid.as_raw_nonzero().get());
             debug!(
                 client = id,
                 uid,
@@ -674,6 +696,8 @@ impl Daemon {
                     sock,
                     uid,
                     pid,
+                    tenant,
+                    tenant_name,
                     _pidfd: pidfd,
                     flows: BTreeSet::new(),
                 },
@@ -802,11 +826,13 @@ impl Daemon {
     }
 
     fn register(&mut self, now: Duration, client: u64, r: Register) {
-        let (uid, pid, count) = {
+        let (uid, pid, tenant, tenant_name, count) = {
             let c = &self.clients[&client];
             (
                 c.uid,
                 c.pid,
+                c.tenant,
+                c.tenant_name.clone(),
                 self.flows.values().filter(|f| f.uid == c.uid).count(),
             )
         };
@@ -860,7 +886,7 @@ impl Daemon {
             .unwrap_or(Weight::ONE);
         let spec = FlowSpec {
             id: FlowId(id),
-            tenant: TenantId(u64::from(uid)),
+            tenant: TenantId(tenant),
             class: r.class,
             weight,
         };
@@ -926,6 +952,8 @@ impl Daemon {
         let flow = Flow {
             uid,
             pid,
+            tenant,
+            tenant_name,
             class: r.class,
             qps: r.qps,
             slot,
@@ -992,7 +1020,7 @@ impl Daemon {
                 .unwrap_or(Weight::ONE);
             let spec = FlowSpec {
                 id: FlowId(id),
-                tenant: TenantId(u64::from(f.uid)),
+                tenant: TenantId(f.tenant),
                 class: f.class,
                 weight,
             };
@@ -1031,6 +1059,7 @@ impl Daemon {
             ("metrics", new.metrics != old.metrics),
             ("slots", new.slots != old.slots),
             ("stale_after_ms", new.stale_after != old.stale_after),
+            ("tenant", new.tenant != old.tenant),
         ];
         for (key, changed) in restart_only {
             if changed {
@@ -1052,6 +1081,7 @@ impl Daemon {
             metrics: old.metrics,
             slots: old.slots,
             stale_after: old.stale_after,
+            tenant: old.tenant,
             ..new
         };
         if relooped {
@@ -1135,6 +1165,7 @@ impl Daemon {
                     .map(|(&id, f)| FlowReport {
                         flow: id,
                         uid: f.uid,
+                        tenant: f.tenant_name.clone(),
                         pid: f.pid,
                         class: f.class.to_string(),
                         qps: f.qps,

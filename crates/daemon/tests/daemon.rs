@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -253,14 +254,19 @@ fn the_control_block_a_client_receives_cannot_be_mapped_writable() {
     assert!(justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&fd)).is_ok());
 }
 
-/// Not a test on its own: the child process of `a_killed_application_has_its_share_reclaimed`.
+/// Not a test on its own: the child process of `a_killed_application_has_its_share_reclaimed`
+/// and of the tenant tests.
 #[test]
 fn child_registers_and_waits() {
     let Ok(path) = std::env::var("JUSTITIA_TEST_CHILD_SOCKET") else {
         return;
     };
+    let class = match std::env::var("JUSTITIA_TEST_CHILD_CLASS").as_deref() {
+        Ok("latency") => FlowClass::Latency,
+        _ => FlowClass::Bandwidth,
+    };
     let mut c = AgentClient::connect(&path).unwrap();
-    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    let h = c.register(class, 1, 0);
     assert!(matches!(
         c.wait_registered(h, Duration::from_secs(5)),
         FlowState::Registered { .. }
@@ -587,4 +593,87 @@ fn set_target_over_the_admin_socket() {
     assert!(
         matches!(d.admin(&AdminRequest::SetTarget { target: "soon".into() }), AdminReply::Error(e) if e.contains("no unit"))
     );
+}
+
+/// Latency flows counted (L) with one latency flow of ours and one of a child running as
+/// uid 65534 in our cgroup, and the flows as reported; `None` where this test may not start
+/// a process under another uid.
+fn two_uids_in_one_cgroup(config: &str) -> Option<(u32, Vec<justitia_agent::admin::FlowReport>)> {
+    if !rustix::process::geteuid().is_root() {
+        println!("skipped: starting a process under another uid needs root");
+        return None;
+    }
+    let d = Daemon::start(config);
+    // The other uid must reach the socket in the temporary directory.
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut mine = AgentClient::connect(d.socket()).unwrap();
+    let l = mine.register(FlowClass::Latency, 1, 0);
+    mine.wait_registered(l, Duration::from_secs(2));
+    assert!(mine.report_usage(l, true, 16, 1));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_registers_and_waits", "--nocapture"])
+        .env("JUSTITIA_TEST_CHILD_SOCKET", d.socket())
+        .env("JUSTITIA_TEST_CHILD_CLASS", "latency")
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    while !line.contains("registered") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    eventually("both flows active", Duration::from_secs(2), || {
+        let f = d.flows();
+        f.len() == 2 && f.iter().all(|f| f.active)
+    });
+    // Counts are redone at the next update, within one RefPeriod (0.5 ms).
+    std::thread::sleep(Duration::from_millis(50));
+    let latency = match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s.latency,
+        other => panic!("{other:?}"),
+    };
+    let flows = d.flows();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    Some((latency, flows))
+}
+
+#[test]
+fn with_tenant_cgroup_two_uids_in_one_cgroup_are_one_tenant() {
+    let Some((latency, flows)) = two_uids_in_one_cgroup("tenant = \"cgroup\"") else {
+        return;
+    };
+    // Our cgroup, read here from the unified hierarchy's line (or systemd's on a v1 host).
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let ours = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .or_else(|| text.lines().find_map(|l| l.strip_prefix("1:name=systemd:")))
+        .unwrap();
+    assert_eq!(latency, 1, "{flows:?}");
+    let mut uids: Vec<u32> = flows.iter().map(|f| f.uid).collect();
+    uids.sort();
+    assert_eq!(uids, [0, 65534]);
+    assert!(
+        flows.iter().all(|f| f.tenant == ours),
+        "{flows:?} vs {ours}"
+    );
+}
+
+#[test]
+fn by_default_two_uids_are_two_tenants() {
+    let Some((latency, flows)) = two_uids_in_one_cgroup("") else {
+        return;
+    };
+    assert_eq!(latency, 2, "{flows:?}");
+    let mut tenants: Vec<&str> = flows.iter().map(|f| f.tenant.as_str()).collect();
+    tenants.sort();
+    assert_eq!(tenants, ["0", "65534"]);
 }

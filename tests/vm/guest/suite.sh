@@ -4,11 +4,13 @@
 # ("PASS name: detail", "FAIL name: why", "SKIP name: why") and every tool's output to
 # RESULTS/logs/.
 #
-#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN [APPS_DIR]
+#   suite.sh RESULTS SHAPER_LIB INTEGRITY_BIN [APPS_DIR [DAEMON_BIN_DIR]]
 #
 # SHAPER_LIB may be "-" when the shaper is not built: the runs that need it are then
 # reported as skipped, with the reason. APPS_DIR holds the test applications built from
-# tests/vm/apps (tests/vm/apps/build.sh); "-" or absent skips their tests, saying so.
+# tests/vm/apps (tests/vm/apps/build.sh); DAEMON_BIN_DIR holds justitiad and its test tools
+# (see the daemon section at the end). Either may be "-" or absent: their tests are then
+# skipped, saying so.
 set -uo pipefail
 
 RESULTS=$1
@@ -562,4 +564,21 @@ else
     result SKIP "rdma_cm churn (shaped)" "$NO_SHAPER"
   fi
 fi
+
+# ---------------------------------------------------------------------------------------
+# justitiad on rxe0 (crates/daemon, crates/agent): its own script, which writes its own
+# result lines. DAEMON_BIN_DIR holds justitiad, justitia and the register and scrape
+# examples, as run-tests.sh builds them.
+echo "== daemon"
+DAEMON_BIN_DIR=${5:--}
+if [ "$DAEMON_BIN_DIR" = - ]; then
+  result SKIP "daemon" "justitiad and its test tools not built"
+else
+  timeout 120 tests/vm/guest/daemon.sh "$RESULTS" "$DAEMON_BIN_DIR"
+  rc=$?
+  if [ "$rc" = 124 ]; then
+    result FAIL "daemon" "tests/vm/guest/daemon.sh did not finish within 120 s"
+  fi
+fi
+
 echo "== suite done"
