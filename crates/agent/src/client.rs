@@ -289,6 +289,12 @@ impl AgentClient {
         self.conn.as_ref().map(|c| c.block.heartbeat_ns())
     }
 
+    /// When [`tick`](Self::tick) next tries to connect (`CLOCK_MONOTONIC` ns), `None`
+    /// while connected: a caller without a daemon need not tick before then.
+    pub fn next_attempt_ns(&self) -> Option<u64> {
+        self.conn.is_none().then_some(self.next_attempt_ns)
+    }
+
     /// The daemon's boot id of the current connection (0 before the first).
     pub fn boot_id(&self) -> u64 {
         self.boot_id

@@ -163,6 +163,20 @@ impl Follower {
         }
     }
 
+    /// How long the follower may sleep after a tick at `now_ns`: [`FOLLOW_PERIOD`] while
+    /// connected, else until the client's next connection attempt (its backoff reaches
+    /// 1 s, so a process on a host without a daemon wakes about once a second), and `None`
+    /// with no flow and no connection (nothing to follow until a QP is created).
+    pub fn sleep_after(&self, now_ns: u64) -> Option<Duration> {
+        if self.flow.is_none() && self.client.socket().is_none() {
+            return None;
+        }
+        let Some(at) = self.client.next_attempt_ns() else {
+            return Some(FOLLOW_PERIOD);
+        };
+        Some(Duration::from_nanos(at.saturating_sub(now_ns)).max(FOLLOW_PERIOD))
+    }
+
     /// The settings without an allotment.
     fn fallback(&self) -> Settings {
         Settings {
@@ -312,5 +326,54 @@ impl Follower {
 
     fn next_report_ns(&self) -> u64 {
         self.last_report_ns.saturating_add(REPORT_EVERY_NS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn group(qps: u32) -> Group {
+        Group {
+            class: Some(FlowClass::Bandwidth),
+            qps,
+            requests: 0,
+            chunks: 0,
+            bytes: 0,
+            waiting: false,
+        }
+    }
+
+    /// Without a daemon the follower's thread wakes at the client's connection attempts,
+    /// whose backoff doubles from 10 ms to 1 s, not every follow period: a shaped process
+    /// on a host without a daemon should cost the host about one wake-up a second.
+    #[test]
+    fn without_a_daemon_the_follower_sleeps_until_the_next_connection_attempt() {
+        let dir = std::env::temp_dir().join(format!("justitia-none-{}", std::process::id()));
+        let config = Config {
+            socket: dir.join("missing.sock"),
+            ..Config::default()
+        };
+        let fallback = Settings {
+            rate: None,
+            chunk_bytes: 5120,
+        };
+        let mut f = Follower::new(&config, fallback).unwrap();
+        // Nothing to follow before a QP exists.
+        assert_eq!(f.tick(1_000_000_000, group(0)), fallback);
+        assert_eq!(f.sleep_after(1_000_000_000), None);
+        let mut now = 2_000_000_000u64;
+        let mut sleeps = Vec::new();
+        for _ in 0..10 {
+            assert_eq!(f.tick(now, group(1)), fallback);
+            let sleep = f.sleep_after(now).unwrap();
+            sleeps.push(sleep);
+            now += u64::try_from(sleep.as_nanos()).unwrap();
+        }
+        assert_eq!(sleeps[0], Duration::from_millis(10), "{sleeps:?}");
+        assert_eq!(sleeps[1], Duration::from_millis(20), "{sleeps:?}");
+        assert_eq!(sleeps[9], Duration::from_secs(1), "{sleeps:?}");
+        assert!(!f.status().connected && f.status().connections == 0);
     }
 }

@@ -32,7 +32,7 @@ use justitia_verbs::sys::*;
 
 use crate::clock::Clock;
 use crate::config::{ClassSetting, Config, Policy};
-use crate::follow::{FollowStatus, Follower, Group, Settings, FOLLOW_PERIOD};
+use crate::follow::{FollowStatus, Follower, Group, Settings};
 use crate::log::log;
 use crate::registry::PtrMap;
 use ex_state::{QpExOps, WrBatch};
@@ -333,9 +333,10 @@ impl Engine {
     }
 
     /// One step of following the daemon at `now_ns` (`CLOCK_MONOTONIC`), and the settings
-    /// it asks for put in effect. The follower thread calls it every [`FOLLOW_PERIOD`];
-    /// tests with a manual pacer call it themselves. Never called from a verb: a
-    /// connection attempt may wait for the daemon's greeting.
+    /// it asks for put in effect. The follower thread calls it (every
+    /// [`FOLLOW_PERIOD`](crate::follow::FOLLOW_PERIOD) while a daemon is connected); tests
+    /// with a manual pacer may call it themselves. Never called from a verb: a connection
+    /// attempt may wait for the daemon's greeting.
     pub fn follow_tick(self: &Arc<Self>, now_ns: u64) {
         let Some(follower) = &self.follower else {
             return;
@@ -611,8 +612,11 @@ fn pacer_loop(engine: Weak<Engine>) {
     }
 }
 
-/// The follower thread: ticks the follower every [`FOLLOW_PERIOD`] while the process has
-/// a flow (or a connection), and sleeps until a QP joins otherwise.
+/// The follower thread: ticks the follower every
+/// [`FOLLOW_PERIOD`](crate::follow::FOLLOW_PERIOD) while a daemon is connected, at the
+/// client's connection attempts while none is, and sleeps until a QP joins (which unparks
+/// it) while there is nothing to follow. Every wake-up costs the host
+/// a context switch, so a process on a host without a daemon wakes about once a second.
 fn follow_loop(engine: Weak<Engine>) {
     loop {
         let Some(engine) = engine.upgrade() else {
@@ -622,14 +626,20 @@ fn follow_loop(engine: Weak<Engine>) {
         // A panic here loses one tick, never the thread.
         let _ =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.follow_tick(now_ns)));
-        let busy = engine.members.load(Ordering::Relaxed) > 0
-            || engine
-                .follow_status()
-                .is_some_and(|s| s.flow.is_some() || s.connected);
+        let sleep = engine.follower.as_ref().and_then(|f| {
+            f.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .sleep_after(justitia_agent::block::monotonic_ns())
+        });
         drop(engine);
-        std::thread::park_timeout(if busy { FOLLOW_PERIOD } else { IDLE_SLEEP });
+        // With nothing to follow, the engine is looked at now and then only to notice that
+        // it is gone.
+        std::thread::park_timeout(sleep.unwrap_or(IDLE_SLEEP).min(FOLLOW_LONGEST_SLEEP));
     }
 }
+
+/// The longest the follower thread sleeps: the client's longest backoff.
+const FOLLOW_LONGEST_SLEEP: Duration = Duration::from_secs(1);
 
 /// The shaper's state for one device context: the provider's own function pointers, which
 /// the shaper's replace and forward to.
