@@ -177,6 +177,14 @@ impl Follower {
         Some(Duration::from_nanos(at.saturating_sub(now_ns)).max(FOLLOW_PERIOD))
     }
 
+    /// A descriptor of the daemon connection's socket (a duplicate, to wait on without
+    /// holding the follower), `None` while not connected.
+    pub fn connection(&self) -> Option<std::os::fd::OwnedFd> {
+        self.client
+            .socket()
+            .and_then(|s| s.try_clone_to_owned().ok())
+    }
+
     /// The settings without an allotment.
     fn fallback(&self) -> Settings {
         Settings {
@@ -327,6 +335,26 @@ impl Follower {
     fn next_report_ns(&self) -> u64 {
         self.last_report_ns.saturating_add(REPORT_EVERY_NS)
     }
+}
+
+/// Waits up to `timeout` for the daemon's socket to have something to read or to hang
+/// up, so that a daemon that dies is seen as soon as the kernel closes its end, not at the
+/// next period.
+pub fn wait_on(sock: &std::os::fd::OwnedFd, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fds = [libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ms = c_int_ms(timeout);
+    // SAFETY: one valid pollfd for the call; an error or EINTR only ends the wait early.
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+}
+
+/// `timeout` in whole milliseconds, rounded up, for `poll(2)`.
+fn c_int_ms(timeout: Duration) -> libc::c_int {
+    libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
 }
 
 #[cfg(test)]

@@ -626,15 +626,25 @@ fn follow_loop(engine: Weak<Engine>) {
         // A panic here loses one tick, never the thread.
         let _ =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.follow_tick(now_ns)));
-        let sleep = engine.follower.as_ref().and_then(|f| {
-            f.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .sleep_after(justitia_agent::block::monotonic_ns())
-        });
+        let (sleep, sock) = match &engine.follower {
+            Some(f) => {
+                let f = f.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    f.sleep_after(justitia_agent::block::monotonic_ns()),
+                    f.connection(),
+                )
+            }
+            None => (None, None),
+        };
         drop(engine);
         // With nothing to follow, the engine is looked at now and then only to notice that
         // it is gone.
-        std::thread::park_timeout(sleep.unwrap_or(IDLE_SLEEP).min(FOLLOW_LONGEST_SLEEP));
+        let sleep = sleep.unwrap_or(IDLE_SLEEP).min(FOLLOW_LONGEST_SLEEP);
+        match sock {
+            // Connected: a reply or a hang-up ends the wait at once.
+            Some(sock) => crate::follow::wait_on(&sock, sleep),
+            None => std::thread::park_timeout(sleep),
+        }
     }
 }
 
