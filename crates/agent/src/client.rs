@@ -206,6 +206,14 @@ impl AgentClient {
         )
         .map_err(self.sys("socket"))?;
         let addr = SocketAddrUnix::new(&self.path).map_err(self.sys("socket path"))?;
+        // A local connect waits while the daemon's listen queue is full (a daemon that
+        // stopped accepting): the send timeout bounds that wait as the greeting's is.
+        rustix::net::sockopt::set_socket_timeout(
+            &sock,
+            rustix::net::sockopt::Timeout::Send,
+            Some(self.config.greeting_timeout),
+        )
+        .map_err(self.sys("SO_SNDTIMEO"))?;
         rustix::net::connect(&sock, &addr).map_err(self.sys("connect"))?;
         rustix::net::sockopt::set_socket_timeout(
             &sock,
@@ -279,6 +287,12 @@ impl AgentClient {
     /// The daemon's latest heartbeat (`CLOCK_MONOTONIC` ns), `None` when not connected.
     pub fn heartbeat_ns(&self) -> Option<u64> {
         self.conn.as_ref().map(|c| c.block.heartbeat_ns())
+    }
+
+    /// When [`tick`](Self::tick) next tries to connect (`CLOCK_MONOTONIC` ns), `None`
+    /// while connected: a caller without a daemon need not tick before then.
+    pub fn next_attempt_ns(&self) -> Option<u64> {
+        self.conn.is_none().then_some(self.next_attempt_ns)
     }
 
     /// The daemon's boot id of the current connection (0 before the first).
@@ -506,5 +520,61 @@ impl AgentClient {
                 None => std::thread::sleep(wait),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A daemon that stopped accepting: its listen queue fills, and a blocking local
+    /// `connect` then waits until a slot frees, which may be never. The send timeout bounds
+    /// it, so `tick` returns and the shaper keeps its static settings.
+    #[test]
+    fn a_full_listen_queue_delays_a_tick_by_the_greeting_timeout_at_most() {
+        let path = std::env::temp_dir().join(format!("justitia-full-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 0).unwrap();
+        // Fill the queue with connections nobody accepts.
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let s = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            let _ = rustix::net::connect(&s, &SocketAddrUnix::new(&path).unwrap());
+            held.push(s);
+        }
+        let config = ClientConfig {
+            greeting_timeout: Duration::from_millis(50),
+            ..ClientConfig::default()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let mut c = AgentClient::disconnected(&p, config);
+            let start = std::time::Instant::now();
+            c.tick(monotonic_ns());
+            let _ = tx.send((start.elapsed(), c.is_connected()));
+        });
+        let (took, connected) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("tick returned");
+        assert!(!connected);
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        drop(held);
+        let _ = std::fs::remove_file(&path);
     }
 }

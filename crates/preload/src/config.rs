@@ -10,6 +10,11 @@
 //! | `JUSTITIA_YIELD_UNIT` | bytes of sub-message per yield, binary suffixes | 1K |
 //! | `JUSTITIA_STATS` | path of a JSON file written at exit (`%p` becomes the pid) | none |
 //! | `JUSTITIA_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
+//! | `JUSTITIA_DAEMON` | `auto` (follow `justitiad` when it answers), `on` (the same, and say so when it does not), `off` | `auto` (`on` when `JUSTITIA_SOCKET` is set) |
+//! | `JUSTITIA_SOCKET` | path of `justitiad`'s registration socket | `/run/justitia/justitiad.sock` |
+//!
+//! With a daemon, `JUSTITIA_RATE` and `JUSTITIA_CHUNK` still win: a rate set here is kept
+//! (the daemon's is not followed), and so is a chunk size set here.
 //!
 //! A value that does not parse is an error naming the variable; the shaper then falls back
 //! to passing everything through (it never aborts the application).
@@ -51,6 +56,18 @@ pub enum Policy {
     Preempt,
 }
 
+/// Whether the shaper follows `justitiad`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DaemonSetting {
+    /// Never: settings come from the environment only.
+    Off,
+    /// When a daemon answers at the socket; silently static when none does.
+    Auto,
+    /// As `Auto`, but a daemon that does not answer is said on stderr (once): the user
+    /// asked for one.
+    On,
+}
+
 /// A pacing rate: bytes per second, and optionally operations per second.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rate {
@@ -77,6 +94,12 @@ pub struct Config {
     pub stats_path: Option<PathBuf>,
     /// How much to say on stderr.
     pub log: LogLevel,
+    /// Whether to follow `justitiad`.
+    pub daemon: DaemonSetting,
+    /// `justitiad`'s registration socket.
+    pub socket: PathBuf,
+    /// `JUSTITIA_CHUNK` was given: the daemon's chunk size is not followed.
+    pub chunk_set: bool,
 }
 
 impl Default for Config {
@@ -93,6 +116,9 @@ impl Default for Config {
             },
             stats_path: None,
             log: LogLevel::Warn,
+            daemon: DaemonSetting::Auto,
+            socket: PathBuf::from(justitia_agent::client::DEFAULT_SOCKET),
+            chunk_set: false,
         }
     }
 }
@@ -149,6 +175,19 @@ impl Config {
                     "expected a size in bytes from 1 to 4G-1, e.g. 5120 or 64K",
                 )
             })?;
+            config.chunk_set = true;
+        }
+        if let Some((_, v)) = get("JUSTITIA_SOCKET") {
+            config.socket = PathBuf::from(v);
+            config.daemon = DaemonSetting::On;
+        }
+        if let Some((var, v)) = get("JUSTITIA_DAEMON") {
+            config.daemon = match v.to_ascii_lowercase().as_str() {
+                "off" => DaemonSetting::Off,
+                "auto" => DaemonSetting::Auto,
+                "on" => DaemonSetting::On,
+                _ => return Err(error(var, &v, "expected auto, on or off")),
+            };
         }
         if let Some((var, v)) = get("JUSTITIA_RATE") {
             let rate = parse_rate(&v).ok_or_else(|| {
@@ -236,7 +275,13 @@ impl fmt::Display for Config {
             f,
             ", sub-message {} B, yield unit {} B",
             self.yields.sub_message_bytes, self.yields.yield_unit_bytes
-        )
+        )?;
+        match self.daemon {
+            DaemonSetting::Off => write!(f, ", daemon off"),
+            DaemonSetting::Auto | DaemonSetting::On => {
+                write!(f, ", daemon at {}", self.socket.display())
+            }
+        }
     }
 }
 
@@ -374,6 +419,31 @@ mod tests {
     }
 
     #[test]
+    fn the_daemon_is_followed_at_its_default_socket_unless_turned_off() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.daemon, DaemonSetting::Auto);
+        assert_eq!(c.socket, PathBuf::from("/run/justitia/justitiad.sock"));
+        assert!(!c.chunk_set);
+        // Naming a socket asks for the daemon: its absence is then said.
+        let c = parse(&[("JUSTITIA_SOCKET", "/tmp/j.sock")]).unwrap();
+        assert_eq!(
+            (c.daemon, c.socket),
+            (DaemonSetting::On, PathBuf::from("/tmp/j.sock"))
+        );
+        let c = parse(&[
+            ("JUSTITIA_SOCKET", "/tmp/j.sock"),
+            ("JUSTITIA_DAEMON", "OFF"),
+        ])
+        .unwrap();
+        assert_eq!(c.daemon, DaemonSetting::Off);
+        assert_eq!(
+            parse(&[("JUSTITIA_DAEMON", "on")]).unwrap().daemon,
+            DaemonSetting::On
+        );
+        assert!(parse(&[("JUSTITIA_CHUNK", "64K")]).unwrap().chunk_set);
+    }
+
+    #[test]
     fn bad_values_name_their_variable() {
         let cases = [
             ("JUSTITIA_CLASS", "elephant"),
@@ -390,6 +460,7 @@ mod tests {
             ("JUSTITIA_SUBMSG", "x"),
             ("JUSTITIA_YIELD_UNIT", "1"),
             ("JUSTITIA_LOG", "loud"),
+            ("JUSTITIA_DAEMON", "maybe"),
         ];
         for (var, value) in cases {
             let err = parse(&[(var, value)]).unwrap_err();

@@ -9,6 +9,7 @@ pub mod cq_ex;
 pub mod engine;
 pub mod exports;
 pub mod ffi;
+pub mod follow;
 pub mod hooks;
 pub mod install;
 pub mod log;

@@ -20,7 +20,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use justitia_verbs::sys::*;
 
 use crate::clock::Clock;
 use crate::config::{ClassSetting, Config, Policy};
+use crate::follow::{FollowStatus, Follower, Group, Settings};
 use crate::log::log;
 use crate::registry::PtrMap;
 use ex_state::{QpExOps, WrBatch};
@@ -153,12 +154,30 @@ pub struct Engine {
     config: Config,
     clock: Arc<dyn Clock>,
     counters: Counters,
-    /// The enforcement algorithm the simulator uses too, when a rate is configured: one
-    /// per process, shared by every paced QP (see [`pace_rate`]).
-    rate: Option<Mutex<RatePacer>>,
+    /// The enforcement algorithm the simulator uses too: one per process, shared by every
+    /// paced QP (see [`pace_rate`]), asked only while [`Self::paced`] is set. Its rate is
+    /// `JUSTITIA_RATE`, or the daemon's allotment.
+    rate: Mutex<RatePacer>,
+    /// Requests of paced classes take tokens from [`Self::rate`].
+    paced: AtomicBool,
+    /// The chunk size in effect: `JUSTITIA_CHUNK`, or the daemon's.
+    chunk_bytes: AtomicU32,
+    /// Bumped after every change of [`Self::paced`] or [`Self::chunk_bytes`], so that a QP
+    /// derives its [`FastLane`] again at its next post.
+    settings_epoch: AtomicU32,
     planner: YieldPlanner,
     classifier: ClassifierConfig,
     pacer: Pacer,
+    /// RC QPs alive on an engine with a class set: the flow the daemon knows.
+    members: AtomicU32,
+    /// With `JUSTITIA_CLASS=auto`: 1 + the most resource-hungry class the classifier has
+    /// given a QP (0: none yet).
+    auto_class: AtomicU8,
+    /// The daemon's side, `None` with `JUSTITIA_DAEMON=off`.
+    follower: Option<Mutex<Follower>>,
+    /// The follower thread and the process that started it (a forked child passes
+    /// through and starts none).
+    follow_thread: Mutex<Option<(u32, std::thread::Thread)>>,
 }
 
 impl Engine {
@@ -167,14 +186,25 @@ impl Engine {
         crate::ffi::watch_forks();
         let now = clock.now();
         let planner = YieldPlanner::new(config.yields).unwrap_or_default();
+        let fallback = Settings {
+            rate: config.rate.map(|r| pace_rate(r, config.chunk_bytes)),
+            chunk_bytes: config.chunk_bytes,
+        };
+        // Unpaced, the pacer holds a paused rate that nothing asks.
+        let initial = fallback.rate.unwrap_or(PaceRate {
+            bytes_per_sec: 0,
+            ops_per_sec: None,
+            chunk_bytes: config.chunk_bytes,
+        });
         Arc::new(Engine {
-            rate: config.rate.map(|r| {
-                Mutex::new(RatePacer::with_burst_window(
-                    pace_rate(r, config.chunk_bytes),
-                    RELEASE_WINDOW,
-                    now,
-                ))
-            }),
+            rate: Mutex::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
+            paced: AtomicBool::new(fallback.rate.is_some()),
+            chunk_bytes: AtomicU32::new(config.chunk_bytes),
+            settings_epoch: AtomicU32::new(0),
+            members: AtomicU32::new(0),
+            auto_class: AtomicU8::new(0),
+            follower: Follower::new(&config, fallback).map(Mutex::new),
+            follow_thread: Mutex::new(None),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -211,6 +241,152 @@ impl Engine {
         self.clock.now()
     }
 
+    /// Requests of paced classes take tokens from the rate pacer now.
+    #[inline(always)]
+    fn paced(&self) -> bool {
+        self.paced.load(Ordering::Relaxed)
+    }
+
+    /// The chunk size in effect.
+    #[inline(always)]
+    fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The settings in effect: the pacer's rate (`None`: unpaced) and the chunk size.
+    pub fn settings(&self) -> Settings {
+        let rate = self.paced().then(|| self.rate_pacer().rate());
+        Settings {
+            rate,
+            chunk_bytes: self.chunk_bytes(),
+        }
+    }
+
+    fn rate_pacer(&self) -> MutexGuard<'_, RatePacer> {
+        self.rate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `settings` in effect at `now`: the pacer takes the new rate (what accrued so
+    /// far accrues at the old one, see [`RatePacer::set_rate`]), QPs derive their fast
+    /// lanes again, and every QP waiting for tokens is drained now, so that a request held
+    /// under the old rate goes when the new one allows. Nothing happens when nothing changed.
+    pub fn apply(self: &Arc<Self>, settings: Settings, now: Duration) {
+        let mut changed = false;
+        match settings.rate {
+            Some(r) => {
+                let mut pacer = self.rate_pacer();
+                if !self.paced() || pacer.rate() != r {
+                    pacer.set_rate(now, r);
+                    self.paced.store(true, Ordering::Relaxed);
+                    changed = true;
+                }
+            }
+            None => changed |= self.paced.swap(false, Ordering::Relaxed),
+        }
+        changed |= self
+            .chunk_bytes
+            .swap(settings.chunk_bytes, Ordering::Relaxed)
+            != settings.chunk_bytes;
+        if !changed {
+            return;
+        }
+        self.settings_epoch.fetch_add(1, Ordering::Release);
+        log!(
+            Debug,
+            "pacing {}, chunk {} B",
+            settings.rate.map_or_else(
+                || "off".to_string(),
+                |r| format!("at {} B/s", r.bytes_per_sec)
+            ),
+            settings.chunk_bytes
+        );
+        let waiting: Vec<Arc<QpShared>> = self
+            .pacer_queue()
+            .waiting
+            .iter()
+            .map(|(qp, _)| Arc::clone(qp))
+            .collect();
+        for qp in waiting {
+            qp.drain(now);
+        }
+    }
+
+    /// The process's QPs as the daemon's flow.
+    fn group(&self) -> Group {
+        let class = match self.config.class {
+            None => None,
+            Some(ClassSetting::Fixed(c)) => Some(c),
+            Some(ClassSetting::Auto) => match self.auto_class.load(Ordering::Relaxed) {
+                0 => None,
+                n => FlowClass::ALL.get(usize::from(n - 1)).copied(),
+            },
+        };
+        let c = &self.counters;
+        Group {
+            class,
+            qps: self.members.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            chunks: c.chunks.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            waiting: self.pacer_has_waiting(),
+        }
+    }
+
+    /// One step of following the daemon at `now_ns` (`CLOCK_MONOTONIC`), and the settings
+    /// it asks for put in effect. The follower thread calls it (every
+    /// [`FOLLOW_PERIOD`](crate::follow::FOLLOW_PERIOD) while a daemon is connected); tests
+    /// with a manual pacer may call it themselves. Never called from a verb: a connection
+    /// attempt may wait for the daemon's greeting.
+    pub fn follow_tick(self: &Arc<Self>, now_ns: u64) {
+        let Some(follower) = &self.follower else {
+            return;
+        };
+        let group = self.group();
+        let settings = follower
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tick(now_ns, group);
+        self.apply(settings, self.clock.now());
+    }
+
+    /// Where following the daemon stands; `None` with `JUSTITIA_DAEMON=off`.
+    pub fn follow_status(&self) -> Option<FollowStatus> {
+        self.follower
+            .as_ref()
+            .map(|f| f.lock().unwrap_or_else(|e| e.into_inner()).status())
+    }
+
+    /// A QP joined or left the daemon's flow: the follower thread registers or unregisters
+    /// it at once instead of at its next tick.
+    fn members_changed(self: &Arc<Self>, joined: bool) {
+        if joined {
+            self.members.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.members.fetch_sub(1, Ordering::Relaxed);
+        }
+        if self.follower.is_none() || self.pacer.mode != PacerMode::Thread {
+            return;
+        }
+        let pid = std::process::id();
+        let mut thread = self.follow_thread.lock().unwrap_or_else(|e| e.into_inner());
+        match &*thread {
+            Some((started, t)) if *started == pid => t.unpark(),
+            _ => {
+                let engine = Arc::downgrade(self);
+                let spawned = std::thread::Builder::new()
+                    .name("justitia-follow".into())
+                    .spawn(move || follow_loop(engine));
+                match spawned {
+                    Ok(handle) => *thread = Some((pid, handle.thread().clone())),
+                    Err(e) => log!(
+                        Warn,
+                        "cannot start the thread that follows justitiad ({e}); static settings"
+                    ),
+                }
+            }
+        }
+    }
+
     /// Whether a new QP of `qp_type` is shaped (else it is only observed).
     fn shapes(&self, qp_type: ibv_qp_type) -> bool {
         qp_type == IBV_QPT_RC
@@ -243,14 +419,19 @@ impl Engine {
             }
             _ => FlowClass::Latency,
         };
+        if self.config.class == Some(ClassSetting::Auto) {
+            self.auto_class
+                .fetch_max(class as u8 + 1, Ordering::Relaxed);
+        }
+        let paced = self.paced();
         match class {
             FlowClass::Latency => Treatment::Whole,
-            FlowClass::Throughput if self.rate.is_some() => Treatment::WholePaced,
+            FlowClass::Throughput if paced => Treatment::WholePaced,
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia => Treatment::Split {
-                    chunk_bytes: state.chunk_bytes_for(self.config.chunk_bytes, opcode, bytes),
-                    paced: self.rate.is_some(),
+                    chunk_bytes: state.chunk_bytes_for(self.chunk_bytes(), opcode, bytes),
+                    paced,
                 },
                 Policy::Preempt => Treatment::Preempt(self.planner),
             },
@@ -265,7 +446,7 @@ impl Engine {
         let Some(ClassSetting::Fixed(class)) = self.config.class else {
             return None;
         };
-        let paced = self.rate.is_some();
+        let paced = self.paced();
         let whole = |paced| FastLane {
             whole_up_to: u64::MAX,
             paced,
@@ -275,7 +456,7 @@ impl Engine {
             FlowClass::Throughput => whole(paced),
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia => FastLane {
-                    whole_up_to: u64::from(self.config.chunk_bytes.max(path_mtu)),
+                    whole_up_to: u64::from(self.chunk_bytes().max(path_mtu)),
                     paced,
                 },
                 Policy::Preempt => FastLane {
@@ -431,6 +612,45 @@ fn pacer_loop(engine: Weak<Engine>) {
     }
 }
 
+/// The follower thread: ticks the follower every
+/// [`FOLLOW_PERIOD`](crate::follow::FOLLOW_PERIOD) while a daemon is connected, at the
+/// client's connection attempts while none is, and sleeps until a QP joins (which unparks
+/// it) while there is nothing to follow. Every wake-up costs the host
+/// a context switch, so a process on a host without a daemon wakes about once a second.
+fn follow_loop(engine: Weak<Engine>) {
+    loop {
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let now_ns = justitia_agent::block::monotonic_ns();
+        // A panic here loses one tick, never the thread.
+        let _ =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.follow_tick(now_ns)));
+        let (sleep, sock) = match &engine.follower {
+            Some(f) => {
+                let f = f.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    f.sleep_after(justitia_agent::block::monotonic_ns()),
+                    f.connection(),
+                )
+            }
+            None => (None, None),
+        };
+        drop(engine);
+        // With nothing to follow, the engine is looked at now and then only to notice that
+        // it is gone.
+        let sleep = sleep.unwrap_or(IDLE_SLEEP).min(FOLLOW_LONGEST_SLEEP);
+        match sock {
+            // Connected: a reply or a hang-up ends the wait at once.
+            Some(sock) => crate::follow::wait_on(&sock, sleep),
+            None => std::thread::park_timeout(sleep),
+        }
+    }
+}
+
+/// The longest the follower thread sleeps: the client's longest backoff.
+const FOLLOW_LONGEST_SLEEP: Duration = Duration::from_secs(1);
+
 /// The shaper's state for one device context: the provider's own function pointers, which
 /// the shaper's replace and forward to.
 pub struct CtxShared {
@@ -583,6 +803,10 @@ pub struct QpShared {
     pub(crate) ex: Option<QpExOps>,
     /// The shaper failed (panicked) on this QP's post path: its posts pass through.
     failed_open: AtomicBool,
+    /// An RC QP on an engine with a class set: part of the daemon's flow.
+    member: bool,
+    /// Counted in [`Engine::members`] (from registration to destroy).
+    counted: AtomicBool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -602,6 +826,8 @@ pub struct QpState {
     classifier: Option<FlowClassifier>,
     /// The treatment of a small request, when the class is fixed (see [`FastLane`]).
     fast: Option<FastLane>,
+    /// The engine's settings epoch `fast` was derived at.
+    fast_epoch: u32,
     pub(crate) batch: WrBatch,
 }
 
@@ -609,6 +835,12 @@ pub struct QpState {
 const MIN_PATH_MTU: u32 = 256;
 
 impl QpState {
+    /// Derives the fast lane again from the engine's settings in effect.
+    fn refresh_fast(&mut self, engine: &Engine) {
+        self.fast_epoch = engine.settings_epoch.load(Ordering::Acquire);
+        self.fast = engine.fast_lane(self.path_mtu);
+    }
+
     /// The chunk size for `wr` of `bytes` on this QP, from the configured `chunk`.
     ///
     /// A chunk is never smaller than the path MTU: smaller WQEs only add per-WQE cost (a
@@ -708,10 +940,13 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
             max_rd_atomic: 0,
             classifier,
             fast: engine.fast_lane(MIN_PATH_MTU),
+            fast_epoch: engine.settings_epoch.load(Ordering::Acquire),
             batch: WrBatch::default(),
         }),
         in_pacer: AtomicBool::new(false),
         ex,
+        member: init.qp_type == IBV_QPT_RC && engine.config.class.is_some(),
+        counted: AtomicBool::new(false),
         engine,
         failed_open: AtomicBool::new(false),
     });
@@ -731,6 +966,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         }
     }
     Counters::add(&shared.engine.counters.qps, 1);
+    shared.count_member();
     if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
         cq.add_qp_locked(qps, &shared);
     }
@@ -796,6 +1032,9 @@ impl QpShared {
     /// completions the shaper holds for it.
     fn detach(self: &Arc<Self>) {
         self.lock().destroyed = true;
+        if self.counted.swap(false, Ordering::AcqRel) {
+            self.engine.members_changed(false);
+        }
         if let Some(cq) = &self.send_cq {
             cq.remove_qp(self);
             cq.purge_qp(self.qp_num);
@@ -806,12 +1045,20 @@ impl QpShared {
         self.in_pacer.store(false, Ordering::Release);
     }
 
+    /// Counts a registered member QP in the daemon's flow.
+    fn count_member(&self) {
+        if self.member && !self.counted.swap(true, Ordering::AcqRel) {
+            self.engine.members_changed(true);
+        }
+    }
+
     /// Registers again a QP whose destroy the provider refused.
     fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>) {
         self.lock().destroyed = false;
         if qps.insert(self.qp.cast(), Arc::clone(self)).is_err() {
             return;
         }
+        self.count_member();
         if let (true, Some(cq)) = (self.shaped, &self.send_cq) {
             cq.add_qp(self);
         }
@@ -1015,22 +1262,22 @@ impl QpShared {
         fault::hit(fault::PostFault::BeforeAccept(0));
         let engine = &*self.engine;
         let mut st = self.lock();
+        // The daemon changed the pacing or the chunk size since the lane was derived.
+        if st.fast_epoch != engine.settings_epoch.load(Ordering::Relaxed) {
+            st.refresh_fast(engine);
+        }
         // A QP of the automatic class has no lane: the classifier must see every request
         // once, on the general path.
         let lane = st.fast?;
         if st.destroyed {
             return None;
         }
-        let release = |bytes: u64| match &engine.rate {
-            Some(pacer) => {
-                let now = engine.clock.now();
-                pacer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .try_release(now, bytes, 1)
-                    .is_ok()
-            }
-            None => true,
+        // Asked only by a paced lane. Should pacing have stopped since the lane was
+        // derived, the request still takes tokens once; a refused one waits in the queue,
+        // whose drain no longer paces.
+        let release = |bytes: u64| {
+            let now = engine.clock.now();
+            engine.rate_pacer().try_release(now, bytes, 1).is_ok()
         };
         let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
@@ -1181,7 +1428,7 @@ impl QpShared {
             now,
             &mut DrainEnv {
                 post: &mut post,
-                pacer: self.engine.rate.as_ref(),
+                pacer: self.engine.paced().then_some(&self.engine.rate),
                 counters: &self.engine.counters,
                 synthesized: &mut synthesized,
             },
@@ -1242,7 +1489,7 @@ impl QpShared {
         let mut st = self.lock();
         if mask & IBV_QP_PATH_MTU != 0 && (IBV_MTU_256..=IBV_MTU_4096).contains(&attr.path_mtu) {
             st.path_mtu = 128 << attr.path_mtu;
-            st.fast = self.engine.fast_lane(st.path_mtu);
+            st.refresh_fast(&self.engine);
         }
         if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
             st.max_rd_atomic = u32::from(attr.max_rd_atomic);

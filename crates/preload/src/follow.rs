@@ -1,0 +1,407 @@
+//! Following `justitiad`: the shaper's side of the daemon.
+//!
+//! A [`Follower`] registers the process's flow with the daemon, reports whether it has work,
+//! and turns the allotment it reads back into the [`Settings`] the engine enforces: the
+//! core pacer's rate and the chunk size. It is driven by [`Follower::tick`], which the
+//! engine calls from its own thread every [`FOLLOW_PERIOD`] (never from a verb: connecting
+//! and reconnecting may wait on the daemon's greeting), and it only describes what to do;
+//! the engine carries it out. So this module names no hook and no engine state.
+//!
+//! One flow per process. The process's RC queue pairs share one pacer, and the daemon
+//! gives a flow's queue pairs one allotment between them, so the process's queue pairs are
+//! one flow, of the class `JUSTITIA_CLASS` gives them (with `auto`, the most
+//! resource-hungry class the classifier has given any of them). It is registered when the
+//! first such queue pair is created and unregistered when the last is destroyed.
+//!
+//! Fail-open: without an allotment (no daemon, a daemon gone or stale, the flow not
+//! registered yet, idle, or of the latency class) the settings are the static ones, from
+//! the environment: `JUSTITIA_RATE` if given, else unpaced. The client's `tick` reconnects
+//! with backoff and registers the flow again.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
+use justitia_core::flow::FlowClass;
+use justitia_core::pacer::PaceRate;
+
+use crate::config::{Config, DaemonSetting};
+use crate::log::log;
+
+/// How often the engine ticks the follower. A daemon that dies hangs up its socket, which
+/// the next tick sees, so the shaper is back on its static settings within this period (and
+/// the daemon's staleness limit, 5 ms by default, for a daemon that hangs); allotments
+/// change at most once per RefPeriod (500 us), and a few RefPeriods late is still within
+/// the controller's reaction time.
+pub const FOLLOW_PERIOD: Duration = Duration::from_millis(2);
+
+/// Ticks without a post, a chunk or a paced request waiting before the flow is reported
+/// idle (its share then goes to the others).
+const IDLE_TICKS: u32 = 2;
+
+/// How often an active flow's usage is reported when its activity does not change.
+const REPORT_EVERY_NS: u64 = 10_000_000;
+
+/// How long a connection attempt waits for the daemon's greeting, on the follower's
+/// thread: a daemon that accepts but does not answer delays the next tick by this much.
+const GREETING_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What the engine enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The pacer's rate; `None`: unpaced.
+    pub rate: Option<PaceRate>,
+    /// The chunk size bandwidth requests are cut to.
+    pub chunk_bytes: u32,
+}
+
+/// The process's queue pairs as the follower sees them at a tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// Their class; `None` when none is known yet (no class set, or `auto` before the
+    /// classifier's first verdict).
+    pub class: Option<FlowClass>,
+    /// RC queue pairs alive.
+    pub qps: u32,
+    /// Requests posted so far (a running count).
+    pub requests: u64,
+    /// Chunks posted so far (a running count).
+    pub chunks: u64,
+    /// Payload bytes posted so far (a running count).
+    pub bytes: u64,
+    /// Paced requests wait for tokens now.
+    pub waiting: bool,
+}
+
+/// Where the follower stands, for logs and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FollowStatus {
+    /// A live daemon is connected.
+    pub connected: bool,
+    /// The flow's registration, `None` when no flow is registered.
+    pub flow: Option<FlowState>,
+    /// The allotment in effect; `None`: static settings.
+    pub allotment: Option<Allotment>,
+    /// The flow was reported active at the latest report.
+    pub active: bool,
+    /// Times the daemon was found gone while connected.
+    pub fallbacks: u64,
+    /// Connections made to a daemon.
+    pub connections: u64,
+}
+
+/// The shaper's side of `justitiad`. See the module documentation.
+#[derive(Debug)]
+pub struct Follower {
+    client: AgentClient,
+    path: PathBuf,
+    explicit: bool,
+    /// The environment's rate (`JUSTITIA_RATE`), kept also under a daemon.
+    static_rate: Option<PaceRate>,
+    /// The environment's chunk size.
+    static_chunk: u32,
+    /// `JUSTITIA_CHUNK` was given: kept also under a daemon.
+    chunk_set: bool,
+    flow: Option<(FlowHandle, FlowClass)>,
+    allotment: Option<Allotment>,
+    connected: bool,
+    said_missing: bool,
+    fallbacks: u64,
+    /// Counts at the previous tick, and what has not been reported yet.
+    seen: (u64, u64, u64),
+    unreported: (u64, u64),
+    quiet_ticks: u32,
+    /// What the daemon was last told about activity; `None` after (re)registration.
+    reported_active: Option<bool>,
+    last_report_ns: u64,
+}
+
+impl Follower {
+    /// A follower for `config`, whose static settings (what the environment asks for) are
+    /// `fallback`; `None` when `JUSTITIA_DAEMON=off`. Connects on the first tick that has a
+    /// flow to register.
+    pub fn new(config: &Config, fallback: Settings) -> Option<Follower> {
+        if config.daemon == DaemonSetting::Off {
+            return None;
+        }
+        let client = AgentClient::disconnected(
+            &config.socket,
+            ClientConfig {
+                greeting_timeout: GREETING_TIMEOUT,
+                ..ClientConfig::default()
+            },
+        );
+        Some(Follower {
+            client,
+            path: config.socket.clone(),
+            explicit: config.daemon == DaemonSetting::On,
+            static_rate: fallback.rate,
+            static_chunk: fallback.chunk_bytes,
+            chunk_set: config.chunk_set,
+            flow: None,
+            allotment: None,
+            connected: false,
+            said_missing: false,
+            fallbacks: 0,
+            seen: (0, 0, 0),
+            unreported: (0, 0),
+            quiet_ticks: IDLE_TICKS,
+            reported_active: None,
+            last_report_ns: 0,
+        })
+    }
+
+    /// Where the follower stands.
+    pub fn status(&self) -> FollowStatus {
+        FollowStatus {
+            connected: self.connected,
+            flow: self.flow.map(|(h, _)| self.client.state(h)),
+            allotment: self.allotment,
+            active: self.reported_active == Some(true),
+            fallbacks: self.fallbacks,
+            connections: self.client.stats().connections,
+        }
+    }
+
+    /// How long the follower may sleep after a tick at `now_ns`: [`FOLLOW_PERIOD`] while
+    /// connected, else until the client's next connection attempt (its backoff reaches
+    /// 1 s, so a process on a host without a daemon wakes about once a second), and `None`
+    /// with no flow and no connection (nothing to follow until a QP is created).
+    pub fn sleep_after(&self, now_ns: u64) -> Option<Duration> {
+        if self.flow.is_none() && self.client.socket().is_none() {
+            return None;
+        }
+        let Some(at) = self.client.next_attempt_ns() else {
+            return Some(FOLLOW_PERIOD);
+        };
+        Some(Duration::from_nanos(at.saturating_sub(now_ns)).max(FOLLOW_PERIOD))
+    }
+
+    /// A descriptor of the daemon connection's socket (a duplicate, to wait on without
+    /// holding the follower), `None` while not connected.
+    pub fn connection(&self) -> Option<std::os::fd::OwnedFd> {
+        self.client
+            .socket()
+            .and_then(|s| s.try_clone_to_owned().ok())
+    }
+
+    /// The settings without an allotment.
+    fn fallback(&self) -> Settings {
+        Settings {
+            rate: self.static_rate,
+            chunk_bytes: self.static_chunk,
+        }
+    }
+
+    /// One step at `now_ns` (`CLOCK_MONOTONIC`): registers or unregisters the flow as
+    /// `group` needs, talks to the daemon, reports activity, and returns the settings to
+    /// enforce now. Waits only while connecting (at most the greeting timeout).
+    pub fn tick(&mut self, now_ns: u64, group: Group) -> Settings {
+        self.track_registration(group);
+        if self.flow.is_some() || self.client.socket().is_some() {
+            self.client.tick(now_ns);
+        }
+        self.track_connection();
+        self.report(now_ns, group);
+        self.allotment = match self.flow {
+            Some((h, _)) if self.connected => self.client.allotment(h),
+            _ => None,
+        };
+        let Some(a) = self.allotment else {
+            return self.fallback();
+        };
+        let chunk_bytes = if self.chunk_set {
+            self.static_chunk
+        } else {
+            u32::try_from(a.chunk_bytes).unwrap_or(u32::MAX).max(1)
+        };
+        let rate = match self.static_rate {
+            Some(r) => PaceRate { chunk_bytes, ..r },
+            None => PaceRate {
+                bytes_per_sec: a.bytes_per_sec,
+                ops_per_sec: (a.ops_per_sec > 0).then_some(a.ops_per_sec),
+                chunk_bytes,
+            },
+        };
+        Settings {
+            rate: Some(rate),
+            chunk_bytes,
+        }
+    }
+
+    /// Registers the flow when the group has queue pairs of a known class, again when its
+    /// class changes, and unregisters it when the last queue pair is gone.
+    fn track_registration(&mut self, group: Group) {
+        let want = group.class.filter(|_| group.qps > 0);
+        if self.flow.map(|(_, c)| c) == want {
+            return;
+        }
+        if let Some((h, _)) = self.flow.take() {
+            self.client.unregister(h);
+            log!(Debug, "flow unregistered from justitiad");
+        }
+        if let Some(class) = want {
+            let h = self.client.register(class, group.qps, 0);
+            self.flow = Some((h, class));
+            self.reported_active = None;
+            log!(Debug, "flow of class {class} registering with justitiad");
+        }
+    }
+
+    /// Says when the daemon appears, goes, comes back, or (asked for) is not there.
+    fn track_connection(&mut self) {
+        let connected = self.client.is_connected();
+        let path = self.path.display();
+        match (self.connected, connected) {
+            (false, true) => {
+                self.reported_active = None;
+                if self.client.stats().connections <= 1 && self.fallbacks == 0 {
+                    log!(Info, "following justitiad at {path}");
+                } else {
+                    log!(
+                        Warn,
+                        "justitiad at {path} is back; the flow registers again and follows it"
+                    );
+                }
+            }
+            (true, false) => {
+                self.fallbacks += 1;
+                let fallback = match self.static_rate {
+                    Some(r) => format!("JUSTITIA_RATE {} B/s", r.bytes_per_sec),
+                    None => "unpaced".to_string(),
+                };
+                log!(
+                    Warn,
+                    "justitiad at {path} is gone; static settings ({fallback}) until it returns"
+                );
+            }
+            (false, false) if self.flow.is_some() && !self.said_missing => {
+                self.said_missing = true;
+                if self.explicit {
+                    log!(
+                        Warn,
+                        "no justitiad answers at {path}; static settings until one does"
+                    );
+                } else {
+                    log!(Debug, "no justitiad at {path}; static settings");
+                }
+            }
+            _ => {}
+        }
+        self.connected = connected;
+    }
+
+    /// Tells the daemon whether the flow has work (a post, a chunk or a waiting request in
+    /// the last [`IDLE_TICKS`] ticks) and what it posted, when that changes and every
+    /// [`REPORT_EVERY_NS`] while active.
+    fn report(&mut self, now_ns: u64, group: Group) {
+        let (requests, chunks, bytes) = (group.requests, group.chunks, group.bytes);
+        let moved = requests != self.seen.0 || chunks != self.seen.1;
+        self.unreported.0 = self
+            .unreported
+            .0
+            .saturating_add(bytes.wrapping_sub(self.seen.2));
+        self.unreported.1 = self
+            .unreported
+            .1
+            .saturating_add(requests.wrapping_sub(self.seen.0));
+        self.seen = (requests, chunks, bytes);
+        self.quiet_ticks = if moved || group.waiting {
+            0
+        } else {
+            self.quiet_ticks.saturating_add(1)
+        };
+        let active = self.quiet_ticks < IDLE_TICKS;
+        let Some((h, _)) = self.flow else { return };
+        if !matches!(self.client.state(h), FlowState::Registered { .. }) {
+            self.reported_active = None;
+            return;
+        }
+        let due = match self.reported_active {
+            Some(was) => was != active || (active && now_ns >= self.next_report_ns()),
+            None => true,
+        };
+        if due
+            && self
+                .client
+                .report_usage(h, active, self.unreported.0, self.unreported.1)
+        {
+            self.unreported = (0, 0);
+            self.reported_active = Some(active);
+            self.last_report_ns = now_ns;
+        }
+    }
+
+    fn next_report_ns(&self) -> u64 {
+        self.last_report_ns.saturating_add(REPORT_EVERY_NS)
+    }
+}
+
+/// Waits up to `timeout` for the daemon's socket to have something to read or to hang
+/// up, so that a daemon that dies is seen as soon as the kernel closes its end, not at the
+/// next period.
+pub fn wait_on(sock: &std::os::fd::OwnedFd, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fds = [libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ms = c_int_ms(timeout);
+    // SAFETY: one valid pollfd for the call; an error or EINTR only ends the wait early.
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+}
+
+/// `timeout` in whole milliseconds, rounded up, for `poll(2)`.
+fn c_int_ms(timeout: Duration) -> libc::c_int {
+    libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn group(qps: u32) -> Group {
+        Group {
+            class: Some(FlowClass::Bandwidth),
+            qps,
+            requests: 0,
+            chunks: 0,
+            bytes: 0,
+            waiting: false,
+        }
+    }
+
+    /// Without a daemon the follower's thread wakes at the client's connection attempts,
+    /// whose backoff doubles from 10 ms to 1 s, not every follow period: a shaped process
+    /// on a host without a daemon should cost the host about one wake-up a second.
+    #[test]
+    fn without_a_daemon_the_follower_sleeps_until_the_next_connection_attempt() {
+        let dir = std::env::temp_dir().join(format!("justitia-none-{}", std::process::id()));
+        let config = Config {
+            socket: dir.join("missing.sock"),
+            ..Config::default()
+        };
+        let fallback = Settings {
+            rate: None,
+            chunk_bytes: 5120,
+        };
+        let mut f = Follower::new(&config, fallback).unwrap();
+        // Nothing to follow before a QP exists.
+        assert_eq!(f.tick(1_000_000_000, group(0)), fallback);
+        assert_eq!(f.sleep_after(1_000_000_000), None);
+        let mut now = 2_000_000_000u64;
+        let mut sleeps = Vec::new();
+        for _ in 0..10 {
+            assert_eq!(f.tick(now, group(1)), fallback);
+            let sleep = f.sleep_after(now).unwrap();
+            sleeps.push(sleep);
+            now += u64::try_from(sleep.as_nanos()).unwrap();
+        }
+        assert_eq!(sleeps[0], Duration::from_millis(10), "{sleeps:?}");
+        assert_eq!(sleeps[1], Duration::from_millis(20), "{sleeps:?}");
+        assert_eq!(sleeps[9], Duration::from_secs(1), "{sleeps:?}");
+        assert!(!f.status().connected && f.status().connections == 0);
+    }
+}

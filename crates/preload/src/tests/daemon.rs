@@ -1,0 +1,494 @@
+//! The shaper under a real `justitiad` (the synthetic probe, sockets in a temporary
+//! directory): it registers, follows its allotment, falls back when the daemon dies and
+//! registers again when it returns. The daemon's binary is built by
+//! `cargo build -p justitia-daemon` into the same target directory as this test (or named
+//! by `JUSTITIAD`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use justitia_agent::admin::{AdminReply, AdminRequest, FlowReport};
+use justitia_agent::client::{AgentClient, FlowState};
+use justitia_core::flow::FlowClass;
+use justitia_verbs::ops;
+use justitia_verbs::sys::*;
+
+use super::{forget, lookup, pattern, rdma, sge};
+use crate::clock::MonotonicClock;
+use crate::engine::{self, Engine, PacerMode};
+use crate::exports::{engine_from, on_create_cq, on_create_qp};
+use crate::mock::MockDevice;
+
+/// The daemon's binary: `JUSTITIAD`, or `justitiad` beside this test's own directory.
+fn justitiad() -> PathBuf {
+    if let Some(p) = std::env::var_os("JUSTITIAD") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<this test> -> target/<profile>/justitiad
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("justitiad");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p justitia-daemon` (or set JUSTITIAD)",
+        bin.display()
+    );
+    bin
+}
+
+/// A `justitiad` process on sockets in `dir`.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path) -> Daemon {
+        let config = format!(
+            "probe = \"synthetic\"\nsynthetic_latency_us = 20\nsocket = \"{0}/j.sock\"\nadmin_socket = \"{0}/a.sock\"\nmetrics = \"\"\nstale_after_ms = 500\n",
+            dir.display()
+        );
+        let path = dir.join("justitiad.toml");
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::File::create(dir.join("log")).unwrap();
+        let child = Command::new(justitiad())
+            .arg("--config")
+            .arg(&path)
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while AgentClient::connect(d.socket()).is_err() {
+            assert!(Instant::now() < deadline, "justitiad did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("j.sock")
+    }
+
+    fn flows(&self) -> Vec<FlowReport> {
+        let mut s = UnixStream::connect(self.dir.join("a.sock")).unwrap();
+        let mut line = serde_json::to_string(&AdminRequest::Flows).unwrap();
+        line.push('\n');
+        s.write_all(line.as_bytes()).unwrap();
+        let mut reply = String::new();
+        BufReader::new(s).read_line(&mut reply).unwrap();
+        match serde_json::from_str(&reply).unwrap() {
+            AdminReply::Flows(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The daemon's allotment for `flow`, in bytes/s.
+    fn allotment_of(&self, flow: u64) -> Option<u64> {
+        self.flows()
+            .into_iter()
+            .find(|f| f.flow == flow)
+            .and_then(|f| f.allot_bytes_per_sec)
+            .map(|b| b as u64)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An engine with the real clock and the pacer and follower threads, and a mock RC QP.
+struct App {
+    dev: MockDevice,
+    engine: Arc<Engine>,
+    cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    src: Vec<u8>,
+    dst: Vec<u8>,
+    posted: u64,
+}
+
+impl App {
+    fn start(vars: &[(&str, &str)]) -> App {
+        let engine = engine_from(
+            lookup(vars),
+            Arc::new(MonotonicClock::new()),
+            PacerMode::Thread,
+        )
+        .unwrap();
+        let dev = MockDevice::new();
+        let ctx = dev.context();
+        // SAFETY: a fresh mock context.
+        assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+        let cq = dev.create_cq();
+        // SAFETY: just created on ctx.
+        unsafe { on_create_cq(ctx, cq) };
+        let mut attr = ibv_qp_init_attr {
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 64,
+                max_send_sge: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let qp = dev.create_qp(&mut attr);
+        // SAFETY: just created with attr.
+        unsafe { on_create_qp(qp, &attr) };
+        App {
+            dev,
+            engine,
+            cq,
+            qp,
+            src: pattern(16, 3),
+            dst: vec![0u8; 16],
+            posted: 0,
+        }
+    }
+
+    /// Posts one signaled 16 B WRITE, lets the mock execute it and polls its completion;
+    /// returns how long the post call took.
+    fn post_one(&mut self) -> Duration {
+        let mut s = [sge(&self.src, 0, 16)];
+        let mut w = rdma(
+            IBV_WR_RDMA_WRITE,
+            self.posted,
+            &mut s,
+            self.dst.as_mut_ptr() as u64,
+            true,
+        );
+        let mut bad = std::ptr::null_mut();
+        let start = Instant::now();
+        // SAFETY: a live QP; the request and its SGE live for the call.
+        let rc = unsafe { ops::post_send(self.qp, &mut w, &mut bad) };
+        let took = start.elapsed();
+        assert_eq!(rc, 0, "a post never fails because of the daemon");
+        self.posted += 1;
+        self.dev.execute_all(self.qp);
+        let mut wc = [ibv_wc::default(); 4];
+        // SAFETY: a live CQ with room for 4.
+        while unsafe { ops::poll_cq(self.cq, 4, wc.as_mut_ptr()) } > 0 {}
+        took
+    }
+
+    /// Keeps the flow busy (a post every 200 us) until `done`, for at most `timeout`.
+    fn drive_until(&mut self, what: &str, timeout: Duration, mut done: impl FnMut(&App) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !done(self) {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}, settings {:?}",
+                self.engine.follow_status(),
+                self.engine.settings()
+            );
+            self.post_one();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The daemon's id for this process's flow, once registered.
+    fn flow_id(&self) -> Option<u64> {
+        match self.engine.follow_status()?.flow? {
+            FlowState::Registered { flow, .. } => Some(flow),
+            _ => None,
+        }
+    }
+
+    fn paced_at(&self) -> Option<u64> {
+        self.engine.settings().rate.map(|r| r.bytes_per_sec)
+    }
+
+    /// Destroys the QP, as `ibv_destroy_qp` would.
+    fn destroy_qp(&mut self) {
+        if let Some(t) = engine::qp_token(self.qp) {
+            engine::unregister_qp(self.qp, t);
+        }
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        forget(&self.dev, &[self.qp], self.cq);
+    }
+}
+
+/// A client standing for another application of the same user: registers a flow of
+/// `class` and reports it active.
+fn other_flow(d: &Daemon, class: FlowClass) -> AgentClient {
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(class, 1, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered { .. }
+    ));
+    assert!(c.report_usage(h, true, 1 << 20, 1));
+    c
+}
+
+#[test]
+fn under_a_daemon_a_shaped_qp_registers_and_its_pacer_follows_the_allotment() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    // Unpaced, 5 KiB chunks until the daemon says otherwise.
+    assert_eq!(app.paced_at(), None);
+    app.drive_until("the daemon's allotment", Duration::from_secs(5), |a| {
+        a.paced_at().is_some()
+    });
+    let flow = app.flow_id().expect("registered");
+    let flows = d.flows();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    assert_eq!(
+        (flows[0].pid as u32, flows[0].class.as_str(), flows[0].qps),
+        (std::process::id(), "bandwidth", 1)
+    );
+    assert!(flows[0].active, "the posting flow is reported active");
+    // The pacer runs at what the daemon publishes for this flow (all of SafeUtil, over
+    // 1 GB/s with the synthetic probe), with the daemon's chunk (1 MiB without a latency
+    // flow on the host).
+    app.drive_until("the pacer at the allotment", Duration::from_secs(5), |a| {
+        a.paced_at() == d.allotment_of(flow)
+    });
+    let alone = app.paced_at().unwrap();
+    assert!(alone > 1_000_000_000, "{alone}");
+    assert_eq!(app.engine.settings().chunk_bytes, 1 << 20);
+    // A second bandwidth flow of the same user takes half.
+    let other = other_flow(&d, FlowClass::Bandwidth);
+    app.drive_until("half the rate", Duration::from_secs(5), |a| {
+        a.paced_at()
+            .is_some_and(|r| r < alone * 11 / 20 && Some(r) == d.allotment_of(flow))
+    });
+    let shared = app.paced_at().unwrap();
+    assert!(shared > alone * 9 / 20, "{shared} of {alone}");
+    // A latency flow on the host cuts the chunk to 5 KiB.
+    let latency = other_flow(&d, FlowClass::Latency);
+    app.drive_until("5 KiB chunks", Duration::from_secs(5), |a| {
+        a.engine.settings().chunk_bytes == 5 * 1024
+    });
+    // The QP destroyed, the flow is unregistered.
+    app.destroy_qp();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.flows().iter().any(|f| f.flow == flow) {
+        assert!(Instant::now() < deadline, "the flow stays registered");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop((other, latency));
+}
+
+#[test]
+fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    app.drive_until("the daemon's allotment", Duration::from_secs(5), |a| {
+        a.paced_at().is_some()
+    });
+    // SIGKILL: no goodbye; the kernel hangs up the socket as the process exits. The time
+    // counts from the daemon's death (reaped: its sockets are closed), not from the
+    // signal, whose delivery and the exit's teardown are not the shaper's.
+    let engine = Arc::clone(&app.engine);
+    let watcher = std::thread::spawn(move || {
+        let start = Instant::now();
+        while engine.settings().rate.is_some() {
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "still paced by a dead daemon"
+            );
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Instant::now()
+    });
+    let killed = Instant::now();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let dead = Instant::now();
+    let fell_back = watcher.join().unwrap();
+    let after_death = fell_back.saturating_duration_since(dead);
+    eprintln!(
+        "daemon dead {:?} after SIGKILL, static settings {after_death:?} after its death ({:?} after SIGKILL)",
+        dead - killed,
+        fell_back.saturating_duration_since(killed)
+    );
+    assert!(
+        after_death < Duration::from_millis(10),
+        "static settings {after_death:?} after the daemon died"
+    );
+    assert_eq!(app.engine.settings().chunk_bytes, 5 * 1024);
+    let status = app.engine.follow_status().unwrap();
+    assert!(!status.connected && status.fallbacks == 1, "{status:?}");
+    let mut slowest = Duration::ZERO;
+    // It keeps posting: every request reaches the provider, none waits (for a reconnection
+    // attempt, which happens on the follower's thread).
+    let before = app.dev.log().len();
+    for _ in 0..100 {
+        slowest = slowest.max(app.post_one());
+    }
+    assert_eq!(app.dev.log().len(), before + 100);
+    assert!(
+        slowest < Duration::from_millis(50),
+        "a post took {slowest:?}"
+    );
+    // The daemon back on the same socket: the flow registers again and follows it.
+    let d2 = Daemon::start(dir.path());
+    app.drive_until(
+        "registration with the new daemon",
+        Duration::from_secs(10),
+        |a| {
+            a.engine
+                .follow_status()
+                .is_some_and(|s| s.connected && s.connections == 2)
+                && a.flow_id().is_some()
+                && a.paced_at().is_some()
+        },
+    );
+    let second = app.flow_id().unwrap();
+    let flows = d2.flows();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    assert_eq!(
+        (flows[0].flow, flows[0].pid as u32),
+        (second, std::process::id())
+    );
+    app.drive_until("the new allotment", Duration::from_secs(5), |a| {
+        a.paced_at() == d2.allotment_of(second)
+    });
+}
+
+#[test]
+fn justitia_rate_keeps_its_rate_under_a_daemon_and_the_chunk_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_RATE", "20M"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    assert_eq!(app.paced_at(), Some(20_000_000));
+    app.drive_until("the daemon's chunk", Duration::from_secs(5), |a| {
+        a.engine.settings().chunk_bytes == 1 << 20
+    });
+    let flow = app.flow_id().unwrap();
+    let daemon_rate = d.allotment_of(flow);
+    assert!(
+        daemon_rate.is_some_and(|r| r > 1_000_000_000),
+        "{daemon_rate:?}"
+    );
+    assert_eq!(app.paced_at(), Some(20_000_000), "JUSTITIA_RATE wins");
+    assert_eq!(
+        app.engine.settings().rate.map(|r| r.chunk_bytes),
+        Some(1 << 20),
+        "the burst is counted in the chunks in effect"
+    );
+}
+
+/// A listening socket that never accepts: a connection attempt is queued and its greeting
+/// never comes.
+fn silent_listener(path: &Path) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain socket calls on a fresh descriptor and a zeroed address.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, (&raw const addr).cast(), len),
+            0,
+            "bind {}",
+            path.display()
+        );
+        assert_eq!(libc::listen(fd, 8), 0);
+        owned
+    }
+}
+
+#[test]
+fn without_a_daemon_settings_stay_static_and_posts_never_wait_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // A socket path with nothing behind it, and one whose "daemon" never answers (each
+    // connection attempt waits for a greeting on the follower's thread).
+    let missing = dir.path().join("none.sock");
+    let silent = dir.path().join("silent.sock");
+    let _listener = silent_listener(&silent);
+    for socket in [&missing, &silent] {
+        let mut app = App::start(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+        ]);
+        let start = Instant::now();
+        let mut slowest = Duration::ZERO;
+        while start.elapsed() < Duration::from_millis(300) {
+            slowest = slowest.max(app.post_one());
+        }
+        // A post that waited for the connection would take the 100 ms greeting timeout;
+        // below that is the host's scheduling (tests share two busy cores).
+        assert!(
+            slowest < Duration::from_millis(90),
+            "{}: a post took {slowest:?}",
+            socket.display()
+        );
+        // Every request went out whole, unpaced, as without the daemon.
+        let log = app.dev.log();
+        assert_eq!(log.len() as u64, app.posted);
+        assert!(log.iter().all(|w| w.len() == 16));
+        let settings = app.engine.settings();
+        assert_eq!((settings.rate, settings.chunk_bytes), (None, 5 * 1024));
+        let status = app.engine.follow_status().unwrap();
+        assert!(
+            !status.connected && status.connections == 0 && status.allotment.is_none(),
+            "{status:?}"
+        );
+        assert!(
+            matches!(status.flow, Some(FlowState::Pending)),
+            "{status:?}"
+        );
+    }
+}
+
+#[test]
+fn justitia_daemon_off_never_registers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_DAEMON", "off"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    assert_eq!(app.engine.follow_status(), None);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(50) {
+        app.post_one();
+    }
+    assert!(d.flows().is_empty());
+    assert_eq!(app.paced_at(), None);
+}
