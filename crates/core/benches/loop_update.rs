@@ -8,8 +8,14 @@
 //! resuming before each update, so the counts and the division are redone too; in
 //! `update_after_flow_change_many_tenants` every bandwidth flow is a tenant of its own,
 //! with weights 1 to 4, so the division is weighted across as many tenants as flows.
-//! `remove_and_register_first` is the churn of flows, without an update: the flow of the
-//! lowest id goes and comes back, the worst case for the loop's flows sorted by id.
+//! `remove_and_register_first` is the churn of flows, without an update: the first flow
+//! registered (the lowest id) goes and comes back.
+//!
+//! On the shared 2-core EPYC development VM (criterion means, 1 / 100 / 10 000 flows):
+//! `update` 77 ns / 234 ns / 12.5 us; `update_after_flow_change` 61 ns / 380 ns / 20 us;
+//! `update_after_flow_change_many_tenants` 75 ns / 479 ns / 45 us;
+//! `remove_and_register_first` 73 ns / 66 ns / 81 ns. The host's load moves them by up to
+//! a factor of two; compare runs made one after the other.
 
 // criterion's macros generate the bench's entry points without documentation.
 #![allow(missing_docs)]
