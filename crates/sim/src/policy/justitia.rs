@@ -15,7 +15,8 @@
 //!   queue pair come in order, so the oldest outstanding id is the one that completed.
 //! - **Time.** A timer is kept at [`ControlLoop::poll_timeout`].
 //! - **Allotments.** On [`Event::AllotmentsChanged`] each resource-hungry flow's allotment
-//!   goes to the [`PacedShaper`]: the core's pacer at the allotment's bytes/s and ops/s,
+//!   goes to the [`PacedShaper`]: the core's pacer at the allotment's bytes/s and ops/s and
+//!   at its release phase (so the flows' chunks leave one after another),
 //!   bandwidth flows' requests cut to the allotment's chunk size by the core's planner
 //!   (what is pending is re-cut when the size changes).
 //!
@@ -408,7 +409,7 @@ impl JustitiaPolicy {
         {
             for &id in &self.hungry {
                 if let Some(allotment) = self.driver.control.allotment(id) {
-                    shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
+                    shaper.set_allotment(ctx, id, Some(allotment));
                 }
             }
             let changes = shaper.take_activity();
@@ -449,7 +450,7 @@ impl Policy for JustitiaPolicy {
             // A registered flow is held to its allotment from the start: zero until the
             // loop's next update counts it.
             if let Some(allotment) = self.driver.control.allotment(id) {
-                shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
+                shaper.set_allotment(ctx, id, Some(allotment));
             }
             if shaper.has_work(id) {
                 let _ = self

@@ -15,8 +15,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
+use justitia_core::control_loop::Allotment;
 use justitia_core::flow::{FlowClass, FlowId};
-use justitia_core::pacer::{PaceRate, Pacer};
+use justitia_core::pacer::Pacer;
 
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
@@ -125,24 +126,25 @@ impl PacedShaper {
             .is_some_and(|&i| !self.flows[i].pending.is_empty())
     }
 
-    /// Paces `flow` at `rate` from now on, its requests cut to `rate.chunk_bytes`; `None`
-    /// releases them as posted. What the flow has not sent yet is re-cut to a new chunk
-    /// size.
+    /// Paces `flow` at `allotment`'s rate and release phase from now on, its requests cut
+    /// to the allotment's chunk size; `None` releases them as posted. What the flow has not
+    /// sent yet is re-cut to a new chunk size.
     pub fn set_allotment(
         &mut self,
         ctx: &mut PolicyContext<'_>,
         flow: FlowId,
-        rate: Option<PaceRate>,
+        allotment: Option<Allotment>,
     ) {
         let Some(&index) = self.by_id.get(&flow) else {
             return;
         };
         let now = duration(ctx.now());
         let f = &mut self.flows[index];
+        let rate = allotment.map(|a| a.pace_rate());
         let chunk_bytes = rate.map_or(u32::MAX, |r| r.chunk_bytes.max(1));
-        match (&mut f.pacer, rate) {
-            (Some(pacer), Some(rate)) => pacer.set_rate(now, rate),
-            (pacer, rate) => *pacer = rate.map(|r| Pacer::new(r, now)),
+        match (&mut f.pacer, allotment) {
+            (Some(pacer), Some(a)) => pacer.set_rate_in_phase(now, a.pace_rate(), a.phase),
+            (pacer, _) => *pacer = rate.map(|r| Pacer::new(r, now)),
         }
         if chunk_bytes != f.chunk_bytes {
             f.chunk_bytes = chunk_bytes;
