@@ -152,6 +152,17 @@ fn nanos(t: Duration) -> u64 {
         .saturating_add(u64::from(t.subsec_nanos()))
 }
 
+/// Where a flow's releases fall in its host's release schedule, for
+/// [`Pacer::set_rate_in_phase`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReleasePhase {
+    /// The flow's place in one release interval, as a fraction in [0, 1).
+    pub offset: f64,
+    /// Which assignment of phases this is: a pacer moves its flow only on an epoch it has not
+    /// applied yet, so that changes of rate in between keep the spacing.
+    pub epoch: u64,
+}
+
 /// One resource's balance, in ticks.
 #[derive(Debug, Clone, Copy)]
 struct Lane {
@@ -214,6 +225,35 @@ impl Lane {
         self.balance -= i128::from(units) * i128::from(self.cost);
     }
 
+    /// Moves a lane in debt onto the release schedule `phase` of a `period` (ticks) from now:
+    /// its debt becomes the nearest one that is `phase x period` modulo `period`, so it is
+    /// moved by at most half a period either way. A lane with credit is left alone (its flow
+    /// is not releasing on any schedule) unless `from_rest`, when it gives the credit up and
+    /// waits `phase x period`. Returns whether the balance changed.
+    fn rephase(&mut self, phase: f64, period: i128, from_rest: bool) -> bool {
+        if period <= 0 {
+            return false;
+        }
+        // `as` saturates; the clamp keeps the slot inside the period.
+        let slot = ((phase * period as f64) as i128).clamp(0, period - 1);
+        let before = self.balance;
+        if self.balance >= 0 {
+            if !from_rest {
+                return false;
+            }
+            self.balance = -slot;
+        } else {
+            let debt = -self.balance;
+            let mut shift = (slot - debt).rem_euclid(period);
+            if 2 * shift >= period {
+                shift -= period;
+            }
+            // At most half a period of credit, within the cap of two periods or more.
+            self.balance = (-(debt + shift)).min(self.cap);
+        }
+        self.balance != before
+    }
+
     /// The same credit, debt and lateness in units, re-expressed at a new rate and burst.
     fn rerated(&self, rate: u64, burst: u64) -> Lane {
         let mut lane = Lane::full(rate, burst);
@@ -241,6 +281,8 @@ pub struct Pacer {
     last: u64,
     /// When the last refused request was told it could go, in nanoseconds.
     promised: Option<u64>,
+    /// The last release phase assignment applied.
+    phase_epoch: Option<u64>,
 }
 
 impl Pacer {
@@ -264,6 +306,7 @@ impl Pacer {
                 .map(|ops| Lane::full(ops, burst_units(ops, 1, window))),
             last: nanos(now),
             promised: None,
+            phase_epoch: None,
         }
     }
 
@@ -356,6 +399,67 @@ impl Pacer {
             }
         });
         self.rate = rate;
+    }
+
+    /// Changes the rate at `now` as [`set_rate`](Self::set_rate) does, and, when `phase` is
+    /// a new assignment, puts the flow at its place in the host's release schedule: its next
+    /// release `phase.offset` of a release interval from now, moved by at most half an
+    /// interval. The interval is one chunk at the new byte rate for the bytes, one operation
+    /// at the operation rate for the operations.
+    ///
+    /// This is how per-flow pacers spread their releases as the paper's single token stream
+    /// does (round robin, one token every tau): the control loop gives the n flows it
+    /// divides among offsets 0, 1/n, ... with the rates of one update
+    /// ([`crate::control_loop::Allotment::phase`]), and flows placed together then release
+    /// one after another, and keep doing so while they stay backlogged: a later change of
+    /// rate scales every flow's wait alike. Without phases they all release at once: they
+    /// were given their rates at the same update, all started with a full burst, and backlog
+    /// keeps them in step. The reference is the moment the phase is applied, so no clock is
+    /// shared between pacers.
+    ///
+    /// - Only a new assignment (an `epoch` this pacer has not applied) moves the flow; the
+    ///   same phase with a new rate is a plain [`set_rate`](Self::set_rate). Each move is at
+    ///   most half an interval, so moves at assignments (flows joining or leaving, the chunk
+    ///   size changing) cost the rate nothing that matters; moving at every change of rate
+    ///   would shift the rate by up to half an interval per update.
+    /// - A lane in debt (the flow waits for its next release) keeps its debt modulo the
+    ///   interval's nearest phase point, later or earlier.
+    /// - A lane with credit is left alone (the flow had nothing waiting; it is on no
+    ///   schedule), except when the pacer was paused: a flow given its first rate, or a rate
+    ///   again after a zero one, gives up its credit and starts at its phase, whatever the
+    ///   epoch. So flows released together do not all start with a full burst.
+    /// - A zero rate pauses the flow as [`set_rate`](Self::set_rate) does; the assignment is
+    ///   not applied.
+    ///
+    /// An offset outside [0, 1) is taken modulo 1 (NaN as 0).
+    pub fn set_rate_in_phase(&mut self, now: Duration, rate: PaceRate, phase: ReleasePhase) {
+        self.refill(nanos(now));
+        let was_paused = self.rate.is_paused();
+        self.set_rate(now, rate);
+        if rate.is_paused() {
+            return;
+        }
+        let assigned = self.phase_epoch != Some(phase.epoch);
+        if !(assigned || was_paused) {
+            return;
+        }
+        self.phase_epoch = Some(phase.epoch);
+        let offset = if phase.offset.is_finite() {
+            phase.offset.rem_euclid(1.0)
+        } else {
+            0.0
+        };
+        let chunk = i128::from(rate.chunk_bytes.max(1));
+        let period = chunk.saturating_mul(i128::from(self.bytes.cost));
+        let mut moved = self.bytes.rephase(offset, period, was_paused);
+        if let Some(lane) = &mut self.ops {
+            let period = i128::from(lane.cost);
+            moved |= lane.rephase(offset, period, was_paused);
+        }
+        if moved {
+            // The wait told before no longer holds: coming back then is not lateness.
+            self.promised = None;
+        }
     }
 
     /// Releases a request of `bytes` and `ops` operations if the balances allow it at
@@ -724,5 +828,157 @@ mod tests {
         drain(&mut p, Duration::from_secs(1), 1_000);
         assert!(p.try_release(Duration::ZERO, 1_000, 1).is_err());
         assert!(p.try_release(Duration::from_secs(1), 1_000, 1).is_err());
+    }
+
+    fn phase(offset: f64, epoch: u64) -> ReleasePhase {
+        ReleasePhase { offset, epoch }
+    }
+
+    /// 5 KiB chunks at 5.12 MB/s: one chunk per millisecond.
+    fn one_chunk_per_ms() -> PaceRate {
+        rate(5_120_000, 5 * KIB)
+    }
+
+    /// A pacer that has just released its burst at t = 0 and waits 1 ms for the next chunk.
+    fn waiting_one_ms() -> Pacer {
+        let mut p = Pacer::new(one_chunk_per_ms(), Duration::ZERO);
+        // The burst is two chunks (2 ms of credit): three chunks go, the third into debt.
+        assert_eq!(drain(&mut p, Duration::ZERO, 5_120), 3 * 5_120);
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_millis(1))
+        );
+        p
+    }
+
+    #[test]
+    fn a_new_assignment_moves_a_waiting_flow_to_the_nearest_phase_point() {
+        // Waiting 1 ms, i.e. at phase 0 of the 1 ms interval. Phase 0.25: the points are
+        // 0.25, 1.25, 2.25 ms; the nearest to 1 ms is 1.25 ms (0.25 later).
+        let mut p = waiting_one_ms();
+        p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.25, 1));
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_micros(1_250))
+        );
+        // Phase 0.75: the nearest point is 0.75 ms (0.25 earlier).
+        let mut p = waiting_one_ms();
+        p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.75, 1));
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_micros(750))
+        );
+    }
+
+    #[test]
+    fn only_a_new_epoch_moves_the_flow_and_a_new_rate_keeps_its_place() {
+        let mut p = waiting_one_ms();
+        p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.25, 1));
+        // The same epoch with another offset: not a new assignment.
+        p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.5, 1));
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_micros(1_250))
+        );
+        // Twice the rate under the same epoch: the debt in bytes is kept, so the wait
+        // halves, as every other flow's does.
+        let double = rate(10_240_000, 5 * KIB);
+        p.set_rate_in_phase(Duration::ZERO, double, phase(0.25, 1));
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_micros(625))
+        );
+    }
+
+    #[test]
+    fn a_flow_with_credit_keeps_its_burst_unless_it_was_paused() {
+        let mut p = Pacer::new(one_chunk_per_ms(), Duration::ZERO);
+        p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.5, 1));
+        assert_eq!(drain(&mut p, Duration::ZERO, 5_120), 3 * 5_120);
+
+        // Paused for 10 ms (a full balance), then given its rate at phase 0.5: no burst,
+        // its first chunk half an interval later, then one per interval.
+        let paused = rate(0, 5 * KIB);
+        let mut p = Pacer::new(paused, Duration::ZERO);
+        let at = Duration::from_millis(10);
+        p.set_rate_in_phase(at, one_chunk_per_ms(), phase(0.5, 1));
+        assert_eq!(p.try_release(at, 5_120, 1), Err(Duration::from_micros(500)));
+        let first = at + Duration::from_micros(500);
+        assert_eq!(drain(&mut p, first, 5_120), 5_120);
+        assert_eq!(
+            p.try_release(first, 5_120, 1),
+            Err(Duration::from_millis(1))
+        );
+    }
+
+    /// Release times of `n` backlogged flows of 5 KiB chunks from `start` to `end`, given
+    /// `rate` at `start` after a pause, at phases i/n (or all at once with `set_rate`).
+    fn releases(
+        n: u32,
+        rate: PaceRate,
+        phased: bool,
+        start: Duration,
+        end: Duration,
+    ) -> Vec<Duration> {
+        let paused = PaceRate {
+            bytes_per_sec: 0,
+            ..rate
+        };
+        let mut flows: Vec<(Pacer, Duration)> = (0..n)
+            .map(|i| {
+                let mut p = Pacer::new(paused, Duration::ZERO);
+                if phased {
+                    p.set_rate_in_phase(start, rate, phase(f64::from(i) / f64::from(n), 7));
+                } else {
+                    p.set_rate(start, rate);
+                }
+                (p, start)
+            })
+            .collect();
+        let mut out = Vec::new();
+        loop {
+            let (p, next) = flows.iter_mut().min_by_key(|(_, t)| *t).unwrap();
+            let now = *next;
+            if now >= end {
+                break;
+            }
+            match p.try_release(now, 5_120, 1) {
+                Ok(()) => out.push(now),
+                Err(wait) => *next = now + wait,
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn flows_placed_together_release_one_after_another() {
+        // Eight flows at 3 Gb/s each (the J6 floor: 24 Gb/s among eight): a 5 KiB chunk
+        // every 13.65 us per flow, so one every 1.71 us from the eight.
+        let r = rate(375_000_000, 5 * KIB);
+        let interval = 5_120.0 / 375e6;
+        let (start, end) = (Duration::from_millis(1), Duration::from_millis(3));
+        let gap = |times: &[Duration]| {
+            times
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64())
+                .fold(f64::MAX, f64::min)
+        };
+        let phased = releases(8, r, true, start, end);
+        let smallest = gap(&phased);
+        assert!(
+            smallest >= interval / 8.0 - 2e-9,
+            "{:.3} us between two releases",
+            smallest * 1e6
+        );
+        // Each still gets its rate: 2 ms / 13.65 us = 146.5 chunks.
+        assert!(
+            (phased.len() as f64 / 8.0 - 146.5).abs() <= 1.0,
+            "{}",
+            phased.len()
+        );
+        // Given the same rate at once without phases, they release in step.
+        let in_step = releases(8, r, false, start, end);
+        assert_eq!(gap(&in_step), 0.0);
     }
 }

@@ -1,10 +1,11 @@
 //! Once its flows are registered and its queues have grown, the control loop's updates
-//! allocate nothing, with or without flows changing activity before them.
+//! allocate nothing, with or without flows changing activity before them, with flows in
+//! their idle grace and with release phases assigned anew.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
 use std::time::Duration;
 
 use justitia_core::control_loop::{ControlLoop, Event, FlowRegistration, LoopConfig, Target99};
@@ -12,15 +13,32 @@ use justitia_core::controller::IncreaseLaw;
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
 
-/// The system allocator, counting allocations and reallocations.
+/// The system allocator, counting allocations and reallocations per thread.
 struct Counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// This thread's allocations. Per thread because the test harness's own thread
+    /// allocates now and then (when it blocks waiting for the test), which is not the
+    /// loop's doing. A `Cell` of an integer has no destructor, so the allocator may use
+    /// it at any time.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one allocation on this thread.
+fn count() {
+    // `try_with` fails only after the thread's locals are gone, when nothing is measured.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+/// This thread's allocations so far.
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
 
 // SAFETY: every call is passed on to the system allocator unchanged.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller's guarantees are the system allocator's.
         unsafe { System.alloc(layout) }
     }
@@ -31,7 +49,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -104,12 +122,28 @@ fn updates_allocate_nothing() {
         step(&mut lp, &mut probe, n);
     }
     let generation = lp.generation();
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let phase = |lp: &ControlLoop| lp.allotment(FlowId(2)).unwrap().phase;
+    let mut epoch = phase(&lp).epoch;
+    let (mut new_epochs, mut held_in_grace) = (0u32, 0u32);
+    let before = allocations();
     for n in 200..2_200 {
         step(&mut lp, &mut probe, n);
+        if phase(&lp).epoch != epoch {
+            epoch = phase(&lp).epoch;
+            new_epochs += 1;
+        }
+        // Tenant 9's flow that has just reported no work still has its share.
+        let resting = FlowId(90 + n % 10);
+        if (n / 10) % 2 == 0 && lp.allotment(resting).unwrap().bytes_per_sec > 0.0 {
+            held_in_grace += 1;
+        }
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
-    // The updates did work: allotments changed at nearly every one of them.
+    let allocations = allocations() - before;
+    // The updates did work: allotments changed at nearly every one of them, the sharing
+    // flows were given new release phases at most of them, and flows were in their idle
+    // grace (half of tenant 9's flows' reports are "no work", each kept within its grace).
     assert!(lp.generation() >= generation + 1_900, "{}", lp.generation());
+    assert!(new_epochs >= 1_500, "{new_epochs} new phase epochs");
+    assert!(held_in_grace >= 900, "{held_in_grace} flows held in grace");
     assert_eq!(allocations, 0, "allocations in 2000 updates");
 }

@@ -2,8 +2,9 @@
 //! flows come, go and change activity, after every update each resource-hungry flow's
 //! allotment is, to the last bit, its `allot_rates` fraction (SafeUtil 1, every active
 //! resource-hungry flow with an unbounded demand) times SafeUtil, with the loop's chunk
-//! size and token, and a generation that moved exactly when the allotment did; and L, B,
-//! T are the distinct (tenant, class) pairs among the active flows.
+//! size and token, release phases i/n in id order under one epoch, and a generation that
+//! moved exactly when the allotment did; and L, B, T are the distinct (tenant, class) pairs
+//! among the active flows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -67,6 +68,16 @@ fn check(
         .map(|r| (r.flow, r.bytes_per_sec))
         .collect();
     let safe_util = lp.safe_util();
+    // `model` is ordered by id, as the phases are.
+    let sharing: Vec<FlowId> = model
+        .values()
+        .filter(|(spec, active)| *active && spec.class.is_resource_hungry())
+        .map(|(spec, _)| spec.id)
+        .collect();
+    let epoch = model
+        .values()
+        .find_map(|(spec, _)| lp.allotment(spec.id))
+        .map_or(0, |a| a.phase.epoch);
     for (spec, _) in model.values() {
         let allotment = lp.allotment(spec.id);
         if !spec.class.is_resource_hungry() {
@@ -75,6 +86,14 @@ fn check(
         }
         let allotment = allotment.expect("a resource-hungry flow has an allotment");
         let expected = fractions.get(&spec.id).copied().unwrap_or(0.0) * safe_util;
+        // Release phases: the sharing flows at i/n in the order of their ids, others at 0,
+        // all under the loop's one epoch.
+        let offset = sharing
+            .iter()
+            .position(|id| *id == spec.id)
+            .map_or(0.0, |i| i as f64 / sharing.len() as f64);
+        prop_assert_eq!(allotment.phase.offset, offset);
+        prop_assert_eq!(allotment.phase.epoch, epoch);
         prop_assert_eq!(
             allotment.bytes_per_sec.to_bits(),
             expected.to_bits(),
@@ -94,7 +113,8 @@ fn check(
         );
         if let Some(before) = previous.insert(spec.id.0, allotment) {
             let moved = before.bytes_per_sec != allotment.bytes_per_sec
-                || before.chunk_bytes != allotment.chunk_bytes;
+                || before.chunk_bytes != allotment.chunk_bytes
+                || before.phase != allotment.phase;
             if moved {
                 prop_assert!(allotment.generation > before.generation);
                 prop_assert_eq!(allotment.generation, lp.generation());
@@ -127,6 +147,8 @@ proptest! {
         let profile = RnicProfile::builtin("RoCE-100").unwrap();
         let config = LoopConfig {
             target: Target99::Absolute(Duration::from_micros(5)),
+            // The model counts a flow idle as soon as it says so; the grace has its own tests.
+            idle_grace_periods: 0,
             ..LoopConfig::default()
         };
         let mut now = Duration::ZERO;

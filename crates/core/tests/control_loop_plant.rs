@@ -365,8 +365,12 @@ fn unattainable_mode_is_entered_after_delta_and_left_when_latency_flows_grow() {
 }
 
 #[test]
-fn an_idle_flow_gives_its_share_within_one_interval_and_gets_it_back() {
-    let mut h = Harness::new(absolute(us(5), IncreaseLaw::SEARCH), Plant::flat(us(1)));
+fn without_grace_an_idle_flow_gives_its_share_within_one_interval_and_gets_it_back() {
+    let config = LoopConfig {
+        idle_grace_periods: 0,
+        ..absolute(us(5), IncreaseLaw::SEARCH)
+    };
+    let mut h = Harness::new(config, Plant::flat(us(1)));
     h.add(1, FlowClass::Bandwidth);
     h.add(2, FlowClass::Bandwidth);
     h.run_until(ms(5));

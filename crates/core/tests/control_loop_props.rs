@@ -61,6 +61,8 @@ proptest! {
             increase: if search { IncreaseLaw::SEARCH } else { IncreaseLaw::Fixed },
             window: 20,
             unattainable_after: Some(Duration::from_millis(10)),
+            // The model counts a flow idle as soon as it says so; the grace has its own tests.
+            idle_grace_periods: 0,
             ..LoopConfig::default()
         };
         let ref_period = config.ref_period;

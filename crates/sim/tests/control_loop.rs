@@ -186,9 +186,10 @@ fn at_most_one_decrease_per_ref_period() {
 /// A bandwidth flow whose application pauses (300-400 ms) without leaving gives its share
 /// to the other and gets it back when it resumes. With the latency flow and a target no
 /// load meets, SafeUtil is the sharing floor: 2/3 x MaxRate for two bandwidth flows (16 Gb/s
-/// each), 1/2 x MaxRate for one (24 Gb/s). The flow is seen idle two RefPeriods after its
-/// last chunk completes, and shares move at the next update: within 1.5 ms. It is back at
-/// the first update after it resumes: within one RefPeriod.
+/// each), 1/2 x MaxRate for one (24 Gb/s). The loop counts the flow idle once its idle
+/// grace (two RefPeriods) has run since its last chunk completed, and shares move at the
+/// next update: within 1.5 ms. It is back at the first update after it resumes: within one
+/// RefPeriod.
 #[test]
 fn an_idle_flow_gives_its_share_and_gets_it_back() {
     let s = series("idle share");

@@ -141,20 +141,20 @@ fn j5_throughput_vs_bandwidth_roce10() {
 
 /// J6: eight latency flows against eight bandwidth flows of 1 MB to 1 GB: natively x71.4
 /// the alone median (x79.8 p99); Justitia improves the median x48.8 and the p99 x16.4
-/// (Justitia §6.5.1, Fig 22).
+/// (Justitia §6.5.1, Fig 22). So the paper's Justitia leaves the median at 1.46x and the
+/// p99 at 4.87x the alone value: it takes away 99% of what native adds to the median over
+/// alone, and 95% of what it adds to the p99.
 ///
 /// Gap: the model's native degradation is about x2 (each of the eight QPs adds one MTU
-/// packet of waiting, see N3/N4), so there is far less for Justitia to win back. The test
-/// asserts the direction (Justitia improves median and p99, the median close to the alone
-/// value) and sharing incentive among the bandwidth flows.
-///
-/// Gap (since the policy paces with the core's per-flow pacer): eight bandwidth flows paced
-/// each on its own release their 5 KB chunks independently, so now and then several land
-/// at the RNIC together, where the paper's single token stream released one chunk at a
-/// time. The latency flows' median improves (1.5 us against 2.8 natively, 1.3 alone) but
-/// their p99 is about 5 us against 3.1 natively, although the loop holds the sharing floor.
-/// Asserted: the median improvement, and the p99 within twice native (a bound, not the
-/// paper's effect).
+/// packet of waiting, see N3/N4), so there is far less for Justitia to win back, and the
+/// paper's factors cannot be reached. Asserted in the paper's direction, as fractions of
+/// native's excess over alone: Justitia brings the median within 30% of alone, and takes
+/// away at least 40% of native's p99 excess (the model gives about half: 3.07 us native,
+/// 2.25 us Justitia, 1.41 us alone). What is left is a chunk the latency packet meets on
+/// the wire at the sharing floor, which the paper's 5 KB chunks leave too. The eight flows'
+/// pacers release one after another only because the loop gives them release phases; with
+/// their releases in step (every flow given its rate at the same update with a full burst)
+/// the p99 was 4.9 us, above native. And sharing incentive among the bandwidth flows.
 #[test]
 fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
     let r = report("many-latency-vs-arriving-bw-ib56");
@@ -162,19 +162,29 @@ fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
     let native = latency(run(&r, "with bw"), "lat#1");
     let j = run(&r, "with bw + justitia");
     let justitia = latency(j, "lat#1");
+    eprintln!(
+        "J6 lat#1 p50 / p99 (us): alone {:.2} / {:.2}, native {:.2} / {:.2}, Justitia {:.2} / {:.2}",
+        alone.p50_us, alone.p99_us, native.p50_us, native.p99_us, justitia.p50_us, justitia.p99_us
+    );
     assert!(
-        native.p50_us > alone.p50_us,
+        native.p50_us > alone.p50_us && native.p99_us > alone.p99_us,
         "native {native:?} vs alone {alone:?}"
     );
     assert!(
-        justitia.p50_us < native.p50_us && justitia.p99_us < 2.0 * native.p99_us,
-        "Justitia {justitia:?} must beat native {native:?} at the median"
+        justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
+        "Justitia {justitia:?} must beat native {native:?}"
     );
     assert_near(
         "J6 median with Justitia vs alone",
         justitia.p50_us,
         alone.p50_us,
         0.30,
+    );
+    assert_between(
+        "J6 share of native's p99 excess over alone taken away by Justitia",
+        (native.p99_us - justitia.p99_us) / (native.p99_us - alone.p99_us),
+        0.40,
+        1.0,
     );
     let bw: Vec<f64> = j
         .flows
@@ -333,8 +343,8 @@ fn headline_roce100_isolates_and_keeps_the_floor() {
         EFFECT,
     );
     assert!(
-        justitia.p50_us < native.p50_us && justitia.p99_us < 2.0 * native.p99_us,
-        "Justitia {justitia:?} must beat native {native:?} at the median"
+        justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
+        "Justitia {justitia:?} must beat native {native:?}"
     );
     let native_bw = flow(run(&r, "with bw"), "bw").gbps;
     let shared_bw = flow(run(&r, "with bw + justitia"), "bw").gbps;

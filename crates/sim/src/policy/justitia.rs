@@ -7,16 +7,16 @@
 //!
 //! - **Flows.** A flow that starts is registered (class, tenant, weight, queue pairs); one
 //!   that stops is removed. A latency flow has work while it runs; a resource-hungry flow
-//!   has work while it has chunks waiting in the shaper or on the RNIC, and is idle once it
-//!   has had none for two RefPeriods ([`IDLE_GRACE_PERIODS`]; e.g. while its application
-//!   pauses).
+//!   has work while it has chunks waiting in the shaper or on the RNIC (the loop's idle
+//!   grace decides when a flow without work gives its share away).
 //! - **Probe.** On [`Event::ProbeDue`] a `ref_size` WRITE is posted on the policy's own
 //!   queue pair to the peer of the host's first latency flow; its post-to-completion time
 //!   goes back to the loop under the [`ProbeId`] the loop handed out. Completions on one
 //!   queue pair come in order, so the oldest outstanding id is the one that completed.
 //! - **Time.** A timer is kept at [`ControlLoop::poll_timeout`].
 //! - **Allotments.** On [`Event::AllotmentsChanged`] each resource-hungry flow's allotment
-//!   goes to the [`PacedShaper`]: the core's pacer at the allotment's bytes/s and ops/s,
+//!   goes to the [`PacedShaper`]: the core's pacer at the allotment's bytes/s and ops/s and
+//!   at its release phase (so the flows' chunks leave one after another),
 //!   bandwidth flows' requests cut to the allotment's chunk size by the core's planner
 //!   (what is pending is re-cut when the size changes).
 //!
@@ -207,15 +207,6 @@ pub enum JustitiaError {
     Loop(#[from] LoopError),
 }
 
-/// RefPeriods a flow must have had no work before the loop is told it is idle. The loop
-/// gives a flow that comes back from idle its share only at its next update (up to one
-/// RefPeriod later). Two flows that wait for each other, an RPC client and its server,
-/// would then each idle while the other waits for an update, and settle into one request
-/// per update; a flow seen idle only after two RefPeriods never idles across such a wait.
-/// The price: a flow that really stops gives its share away after two to three RefPeriods
-/// instead of within one.
-pub const IDLE_GRACE_PERIODS: u64 = 2;
-
 /// The timer tag of the loop's [`ControlLoop::poll_timeout`].
 const LOOP_TIMER: u64 = 0;
 
@@ -391,7 +382,6 @@ impl LoopDriver {
 /// Justitia's daemon and shapers on one host.
 pub struct JustitiaPolicy {
     driver: LoopDriver,
-    ref_period: Picos,
     shaper: Option<PacedShaper>,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
@@ -402,7 +392,6 @@ impl JustitiaPolicy {
     pub fn new(profile: &ModelProfile, params: &JustitiaParams) -> Result<Self, JustitiaError> {
         Ok(JustitiaPolicy {
             driver: LoopDriver::new(&profile.policy, params)?,
-            ref_period: time::from_us(params.ref_period_us),
             shaper: None,
             hungry: Vec::new(),
         })
@@ -410,11 +399,6 @@ impl JustitiaPolicy {
 
     /// Runs the loop and carries out its allotments.
     fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
-        // Flows that ran out of work count as idle from this update on.
-        if let Some(shaper) = &mut self.shaper {
-            shaper.expire_idle(ctx.now());
-        }
-        self.forward_activity(ctx);
         let events = self.driver.drive(ctx);
         let Some(shaper) = &mut self.shaper else {
             return;
@@ -425,7 +409,7 @@ impl JustitiaPolicy {
         {
             for &id in &self.hungry {
                 if let Some(allotment) = self.driver.control.allotment(id) {
-                    shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
+                    shaper.set_allotment(ctx, id, Some(allotment));
                 }
             }
             let changes = shaper.take_activity();
@@ -449,8 +433,7 @@ impl Policy for JustitiaPolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        let grace = self.ref_period.saturating_mul(IDLE_GRACE_PERIODS);
-        self.shaper = Some(PacedShaper::new(flows, grace));
+        self.shaper = Some(PacedShaper::new(flows));
         self.hungry = flows
             .iter()
             .filter(|f| f.spec.class.is_resource_hungry())
@@ -467,7 +450,7 @@ impl Policy for JustitiaPolicy {
             // A registered flow is held to its allotment from the start: zero until the
             // loop's next update counts it.
             if let Some(allotment) = self.driver.control.allotment(id) {
-                shaper.set_allotment(ctx, id, Some(allotment.pace_rate()));
+                shaper.set_allotment(ctx, id, Some(allotment));
             }
             if shaper.has_work(id) {
                 let _ = self

@@ -6,17 +6,18 @@
 //!
 //! Latency flows, and flows without an allotment, pass untouched. The application hears of
 //! a request only when its last chunk completes. The shaper tells its caller when a flow
-//! starts or stops having work ([`Activity`]): it has work from its first request until
-//! it has had no chunk waiting and none on the RNIC for a grace time (see
-//! [`PacedShaper::new`]). Counting chunks on the RNIC and the grace keep a flow whose
-//! application reposts on each completion from flickering idle between two requests.
+//! starts or stops having work ([`Activity`]): it has work from its first request until it
+//! has no chunk waiting and none on the RNIC. Counting chunks on the RNIC keeps a flow with
+//! requests outstanding busy; the control loop's idle grace keeps a flow whose application
+//! waits between two requests from losing its share.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
+use justitia_core::control_loop::Allotment;
 use justitia_core::flow::{FlowClass, FlowId};
-use justitia_core::pacer::{PaceRate, Pacer};
+use justitia_core::pacer::Pacer;
 
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
@@ -55,8 +56,6 @@ struct PacedFlow {
     busy: bool,
     /// Chunks handed to the RNIC and not completed.
     in_flight: usize,
-    /// Since when the flow has had nothing waiting and nothing on the RNIC.
-    empty_since: Option<Picos>,
 }
 
 /// A request handed to the RNIC: whose it is and whether it ends an application request.
@@ -78,7 +77,6 @@ pub struct PacedShaper {
     in_flight: VecDeque<Option<InFlight>>,
     first_tag: u64,
     activity: Vec<Activity>,
-    idle_grace: Picos,
 }
 
 fn duration(t: Picos) -> Duration {
@@ -87,9 +85,8 @@ fn duration(t: Picos) -> Duration {
 
 impl PacedShaper {
     /// A shaper for the flows that post from this host; nothing is paced until an
-    /// allotment is set. A flow counts as idle once it has had nothing waiting and
-    /// nothing on the RNIC for `idle_grace`.
-    pub fn new(flows: &[FlowInfo], idle_grace: Picos) -> Self {
+    /// allotment is set.
+    pub fn new(flows: &[FlowInfo]) -> Self {
         let mut shaper = PacedShaper {
             flows: Vec::new(),
             by_qp: BTreeMap::new(),
@@ -97,7 +94,6 @@ impl PacedShaper {
             in_flight: VecDeque::new(),
             first_tag: 1,
             activity: Vec::new(),
-            idle_grace,
         };
         for info in flows {
             let index = shaper.flows.len();
@@ -113,7 +109,6 @@ impl PacedShaper {
                 wake_at: None,
                 busy: false,
                 in_flight: 0,
-                empty_since: None,
             });
         }
         shaper
@@ -131,24 +126,25 @@ impl PacedShaper {
             .is_some_and(|&i| !self.flows[i].pending.is_empty())
     }
 
-    /// Paces `flow` at `rate` from now on, its requests cut to `rate.chunk_bytes`; `None`
-    /// releases them as posted. What the flow has not sent yet is re-cut to a new chunk
-    /// size.
+    /// Paces `flow` at `allotment`'s rate and release phase from now on, its requests cut
+    /// to the allotment's chunk size; `None` releases them as posted. What the flow has not
+    /// sent yet is re-cut to a new chunk size.
     pub fn set_allotment(
         &mut self,
         ctx: &mut PolicyContext<'_>,
         flow: FlowId,
-        rate: Option<PaceRate>,
+        allotment: Option<Allotment>,
     ) {
         let Some(&index) = self.by_id.get(&flow) else {
             return;
         };
         let now = duration(ctx.now());
         let f = &mut self.flows[index];
+        let rate = allotment.map(|a| a.pace_rate());
         let chunk_bytes = rate.map_or(u32::MAX, |r| r.chunk_bytes.max(1));
-        match (&mut f.pacer, rate) {
-            (Some(pacer), Some(rate)) => pacer.set_rate(now, rate),
-            (pacer, rate) => *pacer = rate.map(|r| Pacer::new(r, now)),
+        match (&mut f.pacer, allotment) {
+            (Some(pacer), Some(a)) => pacer.set_rate_in_phase(now, a.pace_rate(), a.phase),
+            (pacer, _) => *pacer = rate.map(|r| Pacer::new(r, now)),
         }
         if chunk_bytes != f.chunk_bytes {
             f.chunk_bytes = chunk_bytes;
@@ -196,7 +192,6 @@ impl PacedShaper {
             return;
         };
         let f = &mut self.flows[index];
-        f.empty_since = None;
         if !f.busy {
             f.busy = true;
             self.activity.push(Activity::HasWork(f.info.spec.id));
@@ -220,34 +215,20 @@ impl PacedShaper {
         if let Some(index) = done.flow {
             let f = &mut self.flows[index];
             f.in_flight = f.in_flight.saturating_sub(1);
-            self.note_idle(index, ctx.now());
+            self.note_idle(index);
         }
         if done.last {
             ctx.complete(qp, done.app_tag);
         }
     }
 
-    /// Notes when a busy flow ran out of work: nothing waiting, nothing on the RNIC.
-    fn note_idle(&mut self, index: usize, now: Picos) {
+    /// Reports a busy flow that ran out of work (nothing waiting, nothing on the RNIC) as
+    /// idle.
+    fn note_idle(&mut self, index: usize) {
         let f = &mut self.flows[index];
-        if f.busy && f.pending.is_empty() && f.in_flight == 0 && f.empty_since.is_none() {
-            f.empty_since = Some(now);
-        }
-    }
-
-    /// Reports as idle every busy flow that has had no work for the grace time by `now`;
-    /// to be called before the loop's update.
-    pub fn expire_idle(&mut self, now: Picos) {
-        let grace = self.idle_grace;
-        for f in &mut self.flows {
-            if f.busy
-                && f.empty_since
-                    .is_some_and(|t| now >= t.saturating_add(grace))
-            {
-                f.busy = false;
-                f.empty_since = None;
-                self.activity.push(Activity::Idle(f.info.spec.id));
-            }
+        if f.busy && f.pending.is_empty() && f.in_flight == 0 {
+            f.busy = false;
+            self.activity.push(Activity::Idle(f.info.spec.id));
         }
     }
 
@@ -325,7 +306,7 @@ impl PacedShaper {
                 },
             );
         }
-        self.note_idle(index, now);
+        self.note_idle(index);
     }
 
     /// Hands a request to the RNIC as it is (under a tag of the shaper's, like every
