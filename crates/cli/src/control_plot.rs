@@ -18,7 +18,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::plot::{legend_layout, wrap, FONT, SMALL_SIZE, TEXT_SIZE, TITLE_SIZE};
+use crate::plot::{house_mesh, wrap, y_max, Area, Header, Swatch, FONT, SMALL_SIZE, TEXT_SIZE};
 
 /// Most points drawn per line.
 pub const MAX_POINTS: usize = 1_500;
@@ -27,8 +27,6 @@ const WIDTH_PX: u32 = 1_000;
 const CAPTION_PX: u32 = 30;
 const RATE_PANEL_PX: u32 = 300;
 const LATENCY_PANEL_PX: u32 = 220;
-const LEGEND_SWATCH_PX: u32 = 14;
-const LEGEND_ROW_PX: u32 = 24;
 const Y_LABEL_AREA_PX: u32 = 70;
 
 /// Flow colours (Okabe-Ito without black and reddish purple, which the loop's own lines
@@ -172,13 +170,6 @@ fn run_lines(series: &RunSeries, flows: &[String]) -> RunLines {
     }
 }
 
-/// A legend entry: its text and how its swatch is drawn.
-enum Swatch {
-    Line(RGBColor),
-    Dashed(RGBColor),
-    Area(RGBColor),
-}
-
 /// Draws the control figure; `None` when no run has a control loop.
 pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
     let runs = controlled(report);
@@ -212,78 +203,28 @@ pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
             Swatch::Area(UNATTAINABLE),
         ));
     }
-    let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
 
-    let title = wrap(
-        &format!("{}: control loop", report.description),
-        TITLE_SIZE,
-        WIDTH_PX - 40,
-    );
     let interval = runs.first().map_or(0.0, |r| r.series.interval_ms);
     let subtitle = format!(
         "simulated: RNIC profile {}, {} ms per run, seed {}; sampled every {} ms; latency is the reference probe's post-to-completion p99",
         report.profile, report.duration_ms, report.seed, interval
     );
-    let subtitle = wrap(&subtitle, SMALL_SIZE, WIDTH_PX - 40);
-    let (legend, legend_rows) = legend_layout(&names, WIDTH_PX);
-    let title_px = 16 + title.len() as u32 * (TITLE_SIZE + 6);
-    let legend_top = title_px + subtitle.len() as u32 * (SMALL_SIZE + 4) + 12;
-    let header_px = legend_top + legend_rows * LEGEND_ROW_PX + 8;
+    let header = Header::new(
+        WIDTH_PX,
+        &format!("{}: control loop", report.description),
+        wrap(&subtitle, SMALL_SIZE, WIDTH_PX - 40),
+        entries,
+    );
     let per_run = CAPTION_PX + RATE_PANEL_PX + LATENCY_PANEL_PX;
-    let height = header_px + per_run * runs.len() as u32;
+    let height = header.height() + per_run * runs.len() as u32;
 
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, height)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (header, mut body) = root.split_vertically(header_px);
+        let (top, mut body) = root.split_vertically(header.height());
+        header.draw(&top)?;
         let centred = Pos::new(HPos::Center, VPos::Top);
-        let title_style = (FONT, TITLE_SIZE).into_font().color(&BLACK).pos(centred);
-        for (i, line) in title.iter().enumerate() {
-            let y = 12 + i as i32 * (TITLE_SIZE + 6) as i32;
-            header.draw(&Text::new(
-                line.as_str(),
-                ((WIDTH_PX / 2) as i32, y),
-                &title_style,
-            ))?;
-        }
-        let note_style = (FONT, SMALL_SIZE)
-            .into_font()
-            .color(&RGBColor(90, 90, 90))
-            .pos(centred);
-        for (i, line) in subtitle.iter().enumerate() {
-            let y = title_px as i32 + i as i32 * (SMALL_SIZE + 4) as i32;
-            header.draw(&Text::new(
-                line.as_str(),
-                ((WIDTH_PX / 2) as i32, y),
-                &note_style,
-            ))?;
-        }
-        let legend_style = (FONT, TEXT_SIZE)
-            .into_font()
-            .color(&BLACK)
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        let half = (LEGEND_SWATCH_PX / 2) as i32;
-        for ((name, swatch), (x, y)) in entries.iter().zip(&legend) {
-            let y = legend_top as i32 + y + half;
-            let (x0, x1) = (*x, x + 2 * half);
-            match swatch {
-                Swatch::Line(c) => {
-                    header.draw(&PathElement::new(vec![(x0, y), (x1, y)], c.stroke_width(3)))?
-                }
-                Swatch::Dashed(c) => {
-                    for (a, b) in [(x0, x0 + 5), (x1 - 5, x1)] {
-                        header.draw(&PathElement::new(vec![(a, y), (b, y)], c.stroke_width(3)))?;
-                    }
-                }
-                Swatch::Area(c) => header.draw(&Rectangle::new(
-                    [(x0, y - half), (x1, y + half)],
-                    c.filled(),
-                ))?,
-            }
-            header.draw(&Text::new(name.as_str(), (x1 + 6, y), &legend_style))?;
-        }
-
         for run in &runs {
             let (area, rest) = body.split_vertically(per_run);
             body = rest;
@@ -302,8 +243,6 @@ pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
     }
     Ok(Some(svg))
 }
-
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 fn shade<DB: DrawingBackend>(
     chart: &mut ChartContext<
@@ -328,15 +267,15 @@ where
 }
 
 fn draw_rates(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()> {
-    let top = lines
-        .flows
-        .iter()
-        .flat_map(|(_, v)| v)
-        .chain(lines.controls.iter().flat_map(|c| &c.safe_util))
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(0.0_f64, f64::max);
-    let y_max = if top > 0.0 { top * 1.1 } else { 1.0 };
+    let y_max = y_max(
+        lines
+            .flows
+            .iter()
+            .flat_map(|(_, v)| v)
+            .chain(lines.controls.iter().flat_map(|c| &c.safe_util))
+            .copied(),
+        1.1,
+    );
     let mut chart = ChartBuilder::on(area)
         .margin(10)
         .margin_right(36)
@@ -344,7 +283,9 @@ fn draw_rates(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()>
         .y_label_area_size(Y_LABEL_AREA_PX)
         .build_cartesian_2d(0.0..duration_ms, 0.0..y_max)?;
     shade(&mut chart, &lines.unattainable, y_max)?;
-    mesh(&mut chart, "rate (Gb/s)")?;
+    house_mesh(&mut chart.configure_mesh())
+        .y_desc("rate (Gb/s)")
+        .draw()?;
     for (colour, values) in &lines.flows {
         let colour = FLOW_COLOURS[colour % FLOW_COLOURS.len()];
         chart.draw_series(LineSeries::new(
@@ -366,15 +307,15 @@ fn draw_rates(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()>
 }
 
 fn draw_latency(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()> {
-    let top = lines
-        .controls
-        .iter()
-        .flat_map(|c| c.current99.iter().chain(&c.target99))
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(0.0_f64, f64::max);
-    let y_max = if top > 0.0 { top * 1.15 } else { 1.0 };
+    let y_max = y_max(
+        lines
+            .controls
+            .iter()
+            .flat_map(|c| c.current99.iter().chain(&c.target99))
+            .flatten()
+            .copied(),
+        1.15,
+    );
     let mut chart = ChartBuilder::on(area)
         .margin(10)
         .margin_right(36)
@@ -382,15 +323,9 @@ fn draw_latency(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<(
         .y_label_area_size(Y_LABEL_AREA_PX)
         .build_cartesian_2d(0.0..duration_ms, 0.0..y_max)?;
     shade(&mut chart, &lines.unattainable, y_max)?;
-    chart
-        .configure_mesh()
-        .max_light_lines(1)
-        .light_line_style(RGBColor(240, 240, 240))
-        .bold_line_style(RGBColor(215, 215, 215))
+    house_mesh(&mut chart.configure_mesh())
         .x_desc("simulated time (ms)")
         .y_desc("p99 (µs)")
-        .label_style((FONT, SMALL_SIZE + 1))
-        .axis_desc_style((FONT, TEXT_SIZE))
         .draw()?;
     for control in &lines.controls {
         for segment in known_segments(&lines.t_ms, &control.current99) {
@@ -405,30 +340,6 @@ fn draw_latency(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<(
             )))?;
         }
     }
-    Ok(())
-}
-
-fn mesh<DB: DrawingBackend>(
-    chart: &mut ChartContext<
-        '_,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
-    y_desc: &str,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    chart
-        .configure_mesh()
-        .max_light_lines(1)
-        .light_line_style(RGBColor(240, 240, 240))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .y_desc(y_desc)
-        .label_style((FONT, SMALL_SIZE + 1))
-        .axis_desc_style((FONT, TEXT_SIZE))
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 
@@ -537,14 +448,7 @@ mod tests {
             run("justitia", 20, vec![3, 4, 9]),
         ]);
         let svg = render_control_svg(&r).unwrap().unwrap();
-        let texts: Vec<String> = svg
-            .split("<text")
-            .skip(1)
-            .filter_map(|t| {
-                let body = &t[t.find('>')? + 1..];
-                Some(body[..body.find("</text>")?].trim().to_string())
-            })
-            .collect();
+        let texts = crate::plot::tests::texts(&svg);
         for text in [
             "a test: control loop",
             "bw goodput",

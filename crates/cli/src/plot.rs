@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use justitia_core::flow::FlowClass;
 use justitia_sim::{FlowReport, ScenarioReport};
+use plotters::chart::MeshStyle;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -234,9 +235,9 @@ fn panel_width_px(panel: &Panel, runs: usize) -> u32 {
     bars.max(MIN_PANEL_WIDTH_PX)
 }
 
-/// Places legend entries (a swatch and a run's name) in centred rows, wrapping when a row
-/// is full: the position of each entry and the number of rows.
-pub(crate) fn legend_layout(names: &[&str], width_px: u32) -> (Vec<(i32, i32)>, u32) {
+/// Places legend entries (a swatch and a name) in centred rows, wrapping when a row is
+/// full: the position of each entry and the number of rows.
+fn legend_layout(names: &[&str], width_px: u32) -> (Vec<(i32, i32)>, u32) {
     const MARGIN: u32 = 20;
     let usable = width_px.saturating_sub(2 * MARGIN);
     let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
@@ -268,6 +269,135 @@ pub(crate) fn legend_layout(names: &[&str], width_px: u32) -> (Vec<(i32, i32)>, 
 const LEGEND_SWATCH_PX: u32 = 14;
 const LEGEND_ROW_PX: u32 = 24;
 
+/// The drawing area of an SVG figure.
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// How a legend entry's swatch is drawn.
+pub(crate) enum Swatch {
+    /// A short line, as a line series is drawn.
+    Line(RGBColor),
+    /// A line with a gap in its middle, as a dashed series is drawn.
+    Dashed(RGBColor),
+    /// A filled square, as a bar or a shaded span is drawn.
+    Area(RGBColor),
+}
+
+/// The top of a figure: its title, the notes under it and a legend, centred on the
+/// figure's width. Every figure lays its header out alike, so they read as one set.
+pub(crate) struct Header {
+    width: u32,
+    title: Vec<String>,
+    subtitle: Vec<String>,
+    entries: Vec<(String, Swatch)>,
+    /// Where each legend entry sits, from the legend's top left.
+    places: Vec<(i32, i32)>,
+    legend_top: u32,
+    height: u32,
+}
+
+impl Header {
+    /// Lays out a header `width` wide: `title` wrapped to the width, the `subtitle` lines
+    /// as given, and a legend of `entries`.
+    pub(crate) fn new(
+        width: u32,
+        title: &str,
+        subtitle: Vec<String>,
+        entries: Vec<(String, Swatch)>,
+    ) -> Self {
+        let title = wrap(title, TITLE_SIZE, width - 40);
+        let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+        let (places, legend_rows) = legend_layout(&names, width);
+        let title_px = 16 + title.len() as u32 * (TITLE_SIZE + 6);
+        let legend_top = title_px + subtitle.len() as u32 * (SMALL_SIZE + 4) + 12;
+        let height = legend_top + legend_rows * LEGEND_ROW_PX + 8;
+        Header {
+            width,
+            title,
+            subtitle,
+            entries,
+            places,
+            legend_top,
+            height,
+        }
+    }
+
+    /// The header's height in pixels.
+    pub(crate) fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// Draws the header into `area`, the top `height()` pixels of the figure.
+    pub(crate) fn draw(&self, area: &Area<'_>) -> Result<()> {
+        let centre = (self.width / 2) as i32;
+        let centred = Pos::new(HPos::Center, VPos::Top);
+        let title_style = (FONT, TITLE_SIZE).into_font().color(&BLACK).pos(centred);
+        for (i, line) in self.title.iter().enumerate() {
+            let y = 12 + i as i32 * (TITLE_SIZE + 6) as i32;
+            area.draw(&Text::new(line.as_str(), (centre, y), &title_style))?;
+        }
+        let title_px = 16 + self.title.len() as u32 * (TITLE_SIZE + 6);
+        let note_style = (FONT, SMALL_SIZE)
+            .into_font()
+            .color(&RGBColor(90, 90, 90))
+            .pos(centred);
+        for (i, line) in self.subtitle.iter().enumerate() {
+            let y = title_px as i32 + i as i32 * (SMALL_SIZE + 4) as i32;
+            area.draw(&Text::new(line.as_str(), (centre, y), &note_style))?;
+        }
+        let legend_style = (FONT, TEXT_SIZE)
+            .into_font()
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Left, VPos::Center));
+        let half = (LEGEND_SWATCH_PX / 2) as i32;
+        for ((name, swatch), (x, y)) in self.entries.iter().zip(&self.places) {
+            let y = self.legend_top as i32 + y + half;
+            let (x0, x1) = (*x, x + 2 * half);
+            match swatch {
+                Swatch::Line(c) => {
+                    area.draw(&PathElement::new(vec![(x0, y), (x1, y)], c.stroke_width(3)))?
+                }
+                Swatch::Dashed(c) => {
+                    for (a, b) in [(x0, x0 + 5), (x1 - 5, x1)] {
+                        area.draw(&PathElement::new(vec![(a, y), (b, y)], c.stroke_width(3)))?;
+                    }
+                }
+                Swatch::Area(c) => area.draw(&Rectangle::new(
+                    [(x0, y - half), (x1, y + half)],
+                    c.filled(),
+                ))?,
+            }
+            area.draw(&Text::new(name.as_str(), (x1 + 6, y), &legend_style))?;
+        }
+        Ok(())
+    }
+}
+
+/// The grid and label style every chart of the figures shares: one light line between
+/// bold ones, labels and axis descriptions in the figures' sizes.
+pub(crate) fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+    mesh: &'m mut MeshStyle<'a, 'b, X, Y, DB>,
+) -> &'m mut MeshStyle<'a, 'b, X, Y, DB> {
+    mesh.max_light_lines(1)
+        .light_line_style(RGBColor(240, 240, 240))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .label_style((FONT, SMALL_SIZE + 1))
+        .axis_desc_style((FONT, TEXT_SIZE))
+}
+
+/// The top of a chart's y axis: `headroom` times the largest finite value, or 1 when there
+/// is none above zero (an empty chart still gets an axis).
+pub(crate) fn y_max(values: impl IntoIterator<Item = f64>, headroom: f64) -> f64 {
+    let top = values
+        .into_iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0_f64, f64::max);
+    if top > 0.0 {
+        top * headroom
+    } else {
+        1.0
+    }
+}
+
 /// Draws a figure and returns the SVG text.
 pub fn render_svg(report: &ScenarioReport, figure: &Figure) -> Result<String> {
     // Runs without a bar in a panel (e.g. the competitor alone in a latency panel) take no
@@ -276,10 +406,6 @@ pub fn render_svg(report: &ScenarioReport, figure: &Figure) -> Result<String> {
     let per_panel: Vec<Vec<usize>> = figure.panels.iter().map(Panel::runs_with_bars).collect();
     let shown: Vec<usize> = (0..report.runs.len())
         .filter(|run| per_panel.iter().any(|runs| runs.contains(run)))
-        .collect();
-    let names: Vec<&str> = shown
-        .iter()
-        .map(|&run| report.runs[run].variant.as_str())
         .collect();
     let natural: Vec<u32> = figure
         .panels
@@ -295,55 +421,28 @@ pub fn render_svg(report: &ScenarioReport, figure: &Figure) -> Result<String> {
     let total = natural.iter().sum::<u32>().max(1);
     let widths: Vec<u32> = natural.iter().map(|w| w * width / total).collect();
 
-    let title = wrap(&report.description, TITLE_SIZE, width - 40);
     let subtitle = format!(
         "simulated: RNIC profile {}, {} ms per run ({} ms warm-up not measured), seed {}",
         report.profile, report.duration_ms, report.warmup_ms, report.seed
     );
-    let (legend, legend_rows) = legend_layout(&names, width);
-    let title_px = 16 + title.len() as u32 * (TITLE_SIZE + 6);
-    let legend_top = title_px + SMALL_SIZE + 16;
-    let header_px = legend_top + legend_rows * LEGEND_ROW_PX + 8;
-    let height = header_px + PANEL_HEIGHT_PX;
+    let entries = shown
+        .iter()
+        .map(|&run| {
+            (
+                report.runs[run].variant.clone(),
+                Swatch::Area(PALETTE[run % PALETTE.len()]),
+            )
+        })
+        .collect();
+    let header = Header::new(width, &report.description, vec![subtitle], entries);
+    let height = header.height() + PANEL_HEIGHT_PX;
 
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (header, body) = root.split_vertically(header_px);
-
-        let centred = Pos::new(HPos::Center, VPos::Top);
-        let title_style = (FONT, TITLE_SIZE).into_font().color(&BLACK).pos(centred);
-        for (i, line) in title.iter().enumerate() {
-            let y = 12 + i as i32 * (TITLE_SIZE + 6) as i32;
-            header.draw(&Text::new(
-                line.as_str(),
-                ((width / 2) as i32, y),
-                &title_style,
-            ))?;
-        }
-        let note_style = (FONT, SMALL_SIZE)
-            .into_font()
-            .color(&RGBColor(90, 90, 90))
-            .pos(centred);
-        header.draw(&Text::new(
-            subtitle,
-            ((width / 2) as i32, title_px as i32),
-            &note_style,
-        ))?;
-        let legend_style = (FONT, TEXT_SIZE)
-            .into_font()
-            .color(&BLACK)
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        let half = (LEGEND_SWATCH_PX / 2) as i32;
-        for ((name, (x, y)), &run) in names.iter().zip(&legend).zip(&shown) {
-            let y = legend_top as i32 + y + half;
-            header.draw(&Rectangle::new(
-                [(*x, y - half), (x + 2 * half, y + half)],
-                PALETTE[run % PALETTE.len()].filled(),
-            ))?;
-            header.draw(&Text::new(*name, (x + 2 * half + 6, y), &legend_style))?;
-        }
+        let (top, body) = root.split_vertically(header.height());
+        header.draw(&top)?;
 
         let mut rest = body;
         for ((panel, panel_width), runs) in figure.panels.iter().zip(&widths).zip(&per_panel) {
@@ -381,22 +480,10 @@ impl Ranged for FlowAxis {
     }
 }
 
-fn draw_panel(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-    panel: &Panel,
-    shown: &[usize],
-) -> Result<()> {
+fn draw_panel(area: &Area<'_>, panel: &Panel, shown: &[usize]) -> Result<()> {
     let groups = panel.groups.len();
-    let top = panel
-        .values
-        .iter()
-        .flatten()
-        .flatten()
-        .copied()
-        .filter(|v| v.is_finite())
-        .fold(0.0_f64, f64::max);
     // Headroom for the value printed on the tallest bar.
-    let y_max = if top > 0.0 { top * 1.15 } else { 1.0 };
+    let y_max = y_max(panel.values.iter().flatten().flatten().copied(), 1.15);
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, (FONT, TEXT_SIZE + 1))
         .margin(12)
@@ -411,17 +498,11 @@ fn draw_panel(
             .cloned()
             .unwrap_or_default()
     };
-    chart
-        .configure_mesh()
+    house_mesh(&mut chart.configure_mesh())
         .disable_x_mesh()
-        .max_light_lines(1)
-        .light_line_style(RGBColor(240, 240, 240))
-        .bold_line_style(RGBColor(215, 215, 215))
         .x_desc("flow")
         .y_desc(panel.y_label.as_str())
         .x_label_formatter(&flow_name)
-        .label_style((FONT, SMALL_SIZE + 1))
-        .axis_desc_style((FONT, TEXT_SIZE))
         .draw()?;
 
     // The bars of a group fill 80% of its width; a run that lacks the flow leaves a gap, so
@@ -465,7 +546,7 @@ fn draw_panel(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use justitia_sim::{LatencyReport, RunReport};
@@ -543,7 +624,7 @@ mod tests {
     }
 
     /// The text of every `<text>` element.
-    fn texts(svg: &str) -> Vec<String> {
+    pub(crate) fn texts(svg: &str) -> Vec<String> {
         svg.split("<text")
             .skip(1)
             .filter_map(|t| {
