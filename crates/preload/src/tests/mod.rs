@@ -140,6 +140,37 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The attributes of an RC QP with `depth` send slots of one SGE each, whose send and
+/// receive CQ is `cq`.
+fn qp_attr(cq: *mut ibv_cq, depth: u32) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: depth,
+            max_send_sge: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Creates a QP with `attr` on the mock and tells the shaper, as its `ibv_create_qp` does.
+fn create_qp(dev: &MockDevice, mut attr: ibv_qp_init_attr) -> *mut ibv_qp {
+    let qp = dev.create_qp(&mut attr);
+    // SAFETY: qp was just created with attr.
+    unsafe { on_create_qp(qp, &attr) };
+    qp
+}
+
+/// Posts `wr` alone on `qp` through the shaper's `ibv_post_send`; returns its result.
+fn post_on(qp: *mut ibv_qp, wr: &mut ibv_send_wr) -> c_int {
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP and a one-request list.
+    unsafe { ops::post_send(qp, wr, &mut bad) }
+}
+
 impl Rig {
     /// Posts `wrs` as one list; returns the result and the index `bad_wr` points at.
     fn post(&self, wrs: &mut [ibv_send_wr]) -> (c_int, Option<usize>) {
@@ -192,6 +223,24 @@ impl Rig {
     fn log(&self) -> Vec<PostedWr> {
         self.dev.log()
     }
+
+    /// Posts one RDMA WRITE (`wr_id`) of `len` patterned bytes (`seed`) into a zeroed
+    /// destination of the same length, and checks that the shaper took it; returns the
+    /// source and the destination, to compare once the WRITE has run.
+    fn post_write(&self, len: usize, seed: u8, wr_id: u64, signaled: bool) -> (Vec<u8>, Vec<u8>) {
+        let src = pattern(len, seed);
+        let mut dst = vec![0u8; len];
+        let mut s = [sge(&src, 0, len)];
+        let mut w = [rdma(
+            IBV_WR_RDMA_WRITE,
+            wr_id,
+            &mut s,
+            dst.as_mut_ptr() as u64,
+            signaled,
+        )];
+        assert_eq!(self.post(&mut w), (0, None), "WRITE {wr_id} taken whole");
+        (src, dst)
+    }
 }
 
 /// What `ibv_modify_qp(qp, {qp_state: ERR}, IBV_QP_STATE)` tells the shaper.
@@ -209,17 +258,7 @@ const BANDWIDTH_64K: &[(&str, &str)] =
 #[test]
 fn unset_class_only_observes_and_counts() {
     let r = rig(&[]);
-    let src = pattern(1 << 20, 1);
-    let mut dst = vec![0u8; 1 << 20];
-    let mut s = [sge(&src, 0, src.len())];
-    let mut wrs = [rdma(
-        IBV_WR_RDMA_WRITE,
-        7,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut wrs), (0, None));
+    let (src, dst) = r.post_write(1 << 20, 1, 7, true);
     let log = r.log();
     assert_eq!(log.len(), 1, "not split");
     assert_eq!(log[0].wr_id, 7);
@@ -238,17 +277,7 @@ fn unset_class_only_observes_and_counts() {
 #[test]
 fn latency_class_passes_through() {
     let r = rig(&[("JUSTITIA_CLASS", "latency"), ("JUSTITIA_CHUNK", "1K")]);
-    let src = pattern(8192, 2);
-    let mut dst = vec![0u8; 8192];
-    let mut s = [sge(&src, 0, 8192)];
-    let mut wrs = [rdma(
-        IBV_WR_RDMA_WRITE,
-        1,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut wrs).0, 0);
+    let (src, dst) = r.post_write(8192, 2, 1, true);
     assert_eq!(r.log().len(), 1);
     assert_eq!(r.run().len(), 1);
     assert_eq!(src, dst);
@@ -257,12 +286,8 @@ fn latency_class_passes_through() {
 #[test]
 fn large_write_is_split_in_order_with_one_completion() {
     let r = rig(BANDWIDTH_64K);
-    let src = pattern(1 << 20, 3);
-    let mut dst = vec![0u8; 1 << 20];
-    let remote = dst.as_mut_ptr() as u64;
-    let mut s = [sge(&src, 0, src.len())];
-    let mut wrs = [rdma(IBV_WR_RDMA_WRITE, 42, &mut s, remote, true)];
-    assert_eq!(r.post(&mut wrs), (0, None));
+    let (src, dst) = r.post_write(1 << 20, 3, 42, true);
+    let remote = dst.as_ptr() as u64;
     let log = r.log();
     assert_eq!(log.len(), 16);
     for (i, w) in log.iter().enumerate() {
@@ -589,17 +614,7 @@ fn signal_all_qps_see_one_completion_per_request() {
         16,
         true,
     );
-    let src = pattern(4096, 13);
-    let mut dst = vec![0u8; 4096];
-    let mut s = [sge(&src, 0, 4096)];
-    let mut wrs = [rdma(
-        IBV_WR_RDMA_WRITE,
-        77,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        false,
-    )];
-    assert_eq!(r.post(&mut wrs).0, 0);
+    let (src, dst) = r.post_write(4096, 13, 77, false);
     let wcs = r.run();
     assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [77]);
     assert_eq!(src, dst);
@@ -613,12 +628,8 @@ fn preempt_inserts_zero_length_yields_between_sub_messages() {
         ("JUSTITIA_SUBMSG", "16K"),
         ("JUSTITIA_YIELD_UNIT", "1K"),
     ]);
-    let src = pattern(64 * 1024, 14);
-    let mut dst = vec![0u8; 64 * 1024];
-    let remote = dst.as_mut_ptr() as u64;
-    let mut s = [sge(&src, 0, src.len())];
-    let mut wrs = [rdma(IBV_WR_RDMA_WRITE, 8, &mut s, remote, true)];
-    assert_eq!(r.post(&mut wrs).0, 0);
+    let (src, dst) = r.post_write(64 * 1024, 14, 8, true);
+    let remote = dst.as_ptr() as u64;
     let log = r.log();
     // 4 sub-messages, 16 yields after each but the last.
     assert_eq!(log.len(), 4 + 3 * 16);
@@ -713,17 +724,7 @@ fn a_bandwidth_flow_starts_with_at_most_its_burst_back_to_back() {
         512,
         false,
     );
-    let src = pattern(1 << 20, 19);
-    let mut dst = vec![0u8; 1 << 20];
-    let mut s = [sge(&src, 0, src.len())];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        1,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    let (src, dst) = r.post_write(1 << 20, 19, 1, true);
     assert_eq!(r.log().len(), 59, "the burst and one chunk");
     // Polled every microsecond, in which 3 kB accrue at 3 GB/s: never more than two chunks
     // at once after the burst.
@@ -998,28 +999,18 @@ fn extended_cq_polling_hides_internal_entries_and_rewrites_the_length() {
     // SAFETY: a live context, through the shaper's create_cq_ex.
     let cqx = unsafe { ops::create_cq_ex(ctx, &mut cq_attr) };
     let cq = cqx.cast::<ibv_cq>();
-    let mut attr = ibv_qp_init_attr {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        sq_sig_all: 1,
-        cap: ibv_qp_cap {
-            max_send_wr: 16,
-            max_send_sge: 1,
-            ..Default::default()
+    let qp = create_qp(
+        &dev,
+        ibv_qp_init_attr {
+            sq_sig_all: 1,
+            ..qp_attr(cq, 16)
         },
-        ..Default::default()
-    };
-    let qp = dev.create_qp(&mut attr);
-    // SAFETY: just created.
-    unsafe { on_create_qp(qp, &attr) };
+    );
     let src = pattern(4096, 19);
     let mut dst = vec![0u8; 4096];
     let mut s = [sge(&src, 0, 4096)];
     let mut w = rdma(IBV_WR_RDMA_WRITE, 31, &mut s, dst.as_mut_ptr() as u64, true);
-    let mut bad = std::ptr::null_mut();
-    // SAFETY: a live QP.
-    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    assert_eq!(post_on(qp, &mut w), 0);
     dev.execute_all(qp);
     let mut seen = Vec::new();
     // SAFETY: the installed poll pointers, used as the inline ibv_start_poll & co.
@@ -1062,25 +1053,12 @@ fn bad_settings_turn_the_shaper_off_instead_of_failing() {
     // An application on a device whose open found no engine runs on the provider alone.
     let dev = MockDevice::new();
     let cq = dev.create_cq();
-    let mut attr = ibv_qp_init_attr {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 4,
-            max_send_sge: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let qp = dev.create_qp(&mut attr);
+    let qp = dev.create_qp(&mut qp_attr(cq, 4));
     let src = pattern(1 << 16, 20);
     let mut dst = vec![0u8; 1 << 16];
     let mut s = [sge(&src, 0, src.len())];
     let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
-    let mut bad = std::ptr::null_mut();
-    // SAFETY: a live QP.
-    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    assert_eq!(post_on(qp, &mut w), 0);
     dev.execute_all(qp);
     assert_eq!(dev.log().len(), 1);
     assert_eq!(src, dst);
@@ -1105,28 +1083,13 @@ fn the_pacer_thread_posts_what_waits_for_tokens() {
     let cq = dev.create_cq();
     // SAFETY: just created.
     unsafe { on_create_cq(ctx, cq) };
-    let mut attr = ibv_qp_init_attr {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 64,
-            max_send_sge: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let qp = dev.create_qp(&mut attr);
-    // SAFETY: just created.
-    unsafe { on_create_qp(qp, &attr) };
+    let qp = create_qp(&dev, qp_attr(cq, 64));
     let src = pattern(200_000, 21);
     let mut dst = vec![0u8; 200_000];
     let mut s = [sge(&src, 0, src.len())];
     let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
-    let mut bad = std::ptr::null_mut();
     let start = std::time::Instant::now();
-    // SAFETY: a live QP.
-    assert_eq!(unsafe { ops::post_send(qp, &mut w, &mut bad) }, 0);
+    assert_eq!(post_on(qp, &mut w), 0);
     let chunks = 200_000usize.div_ceil(16 * 1024);
     assert!(dev.log().len() < chunks, "the rest waits for tokens");
     // No poll until every chunk is out: a poll would release paced chunks itself, so only

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use justitia_verbs::sys::*;
 
-use super::{lookup, pattern, rdma, rig, rig_with, sge};
+use super::{create_qp, lookup, pattern, post_on, qp_attr, rdma, rig, rig_with, sge};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::{self, PacerMode};
-use crate::exports::{engine_from, on_create_cq, on_create_qp};
+use crate::exports::{engine_from, on_create_cq};
 use crate::mock::MockDevice;
 
 /// An application (NCCL, a ctypes binding) loads libibverbs with `dlopen(RTLD_LOCAL)` after
@@ -72,17 +72,8 @@ const PACED_64K: &[(&str, &str)] = &[
 #[test]
 fn destroying_a_qp_with_paced_requests_held_posts_nothing_to_it() {
     let r = rig_with(PACED_64K, 64, false);
-    let src = pattern(1 << 20, 3);
-    let mut dst = vec![0u8; 1 << 20];
-    let mut s = [sge(&src, 0, src.len())];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        1,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    // The buffers stay alive to the end: held chunks still point into them.
+    let (_src, _dst) = r.post_write(1 << 20, 3, 1, true);
     let posted = r.log().len();
     assert!(posted < 16, "chunks are held for tokens ({posted} posted)");
     let later = r.clock.now() + Duration::from_secs(1);
@@ -105,17 +96,7 @@ fn destroying_a_qp_with_paced_requests_held_posts_nothing_to_it() {
 #[test]
 fn a_refused_destroy_leaves_the_qp_shaped() {
     let r = rig_with(PACED_64K, 64, false);
-    let src = pattern(1 << 20, 4);
-    let mut dst = vec![0u8; 1 << 20];
-    let mut s = [sge(&src, 0, src.len())];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        9,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    let (src, dst) = r.post_write(1 << 20, 4, 9, true);
     assert_eq!(engine::destroy_qp(r.qp, || libc::EBUSY), libc::EBUSY);
     let mut seen = Vec::new();
     for _ in 0..1000 {
@@ -137,17 +118,7 @@ fn a_refused_destroy_leaves_the_qp_shaped() {
 #[test]
 fn completions_held_for_a_destroyed_qp_are_not_delivered() {
     let r = rig_with(PACED_64K, 64, false);
-    let src = pattern(1 << 20, 5);
-    let mut dst = vec![0u8; 1 << 20];
-    let mut s = [sge(&src, 0, src.len())];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        2,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    let (src, mut dst) = r.post_write(1 << 20, 5, 2, true);
     let mut s2 = [sge(&src, 0, 4096)];
     let mut w2 = [rdma(
         IBV_WR_RDMA_WRITE,
@@ -204,20 +175,7 @@ fn destroyed_qps_cqs_and_channels_free_their_state_and_descriptors() {
         let cq = dev.create_cq_on(&mut *ch);
         // SAFETY: cq was just created on ctx.
         unsafe { on_create_cq(ctx, cq) };
-        let mut attr = ibv_qp_init_attr {
-            send_cq: cq,
-            recv_cq: cq,
-            qp_type: IBV_QPT_RC,
-            cap: ibv_qp_cap {
-                max_send_wr: 16,
-                max_send_sge: 1,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let qp = dev.create_qp(&mut attr);
-        // SAFETY: qp was just created with attr.
-        unsafe { on_create_qp(qp, &attr) };
+        let qp = create_qp(&dev, qp_attr(cq, 16));
         weak = Some(Arc::downgrade(&engine::QPS.get_arc(qp.cast()).unwrap()));
         assert_eq!(engine::destroy_qp(qp, || 0), 0);
         engine::unregister_cq(cq, engine::cq_token(cq).unwrap());
@@ -246,17 +204,8 @@ fn a_receive_flush_with_a_sends_wr_id_is_not_taken_for_the_send() {
         16,
         false,
     );
-    let src = pattern(8192, 6);
-    let mut dst = vec![0u8; 8192];
-    let mut s = [sge(&src, 0, 8192)];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        7,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    // The buffers stay alive to the end: held chunks still point into them.
+    let (_src, _dst) = r.post_write(8192, 6, 7, true);
     assert_eq!(r.log().len(), 2, "two chunks");
     // SAFETY: the rig's live QP.
     let qp_num = unsafe { (*r.qp).qp_num };
@@ -302,17 +251,7 @@ fn a_one_byte_chunk_setting_is_floored_at_the_path_mtu() {
         },
         IBV_QP_PATH_MTU,
     );
-    let src = pattern(16384, 8);
-    let mut dst = vec![0u8; 16384];
-    let mut s = [sge(&src, 0, 16384)];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        1,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    assert_eq!(r.post(&mut w).0, 0);
+    let (src, dst) = r.post_write(16384, 8, 1, true);
     let lens: Vec<u64> = r.log().iter().map(|w| w.len()).collect();
     assert_eq!(lens, vec![1024; 16], "one MTU per chunk");
     assert_eq!(r.run().len(), 1);
@@ -379,39 +318,20 @@ fn completions_of_many_qps_on_one_cq_reach_their_own_qp() {
     );
     let mut qps = Vec::new();
     for _ in 0..40 {
-        let mut attr = ibv_qp_init_attr {
-            send_cq: r.cq,
-            recv_cq: r.cq,
-            qp_type: IBV_QPT_RC,
-            cap: ibv_qp_cap {
-                max_send_wr: 8,
-                max_send_sge: 1,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let qp = r.dev.create_qp(&mut attr);
-        // SAFETY: qp was just created with attr.
-        unsafe { on_create_qp(qp, &attr) };
-        qps.push(qp);
+        qps.push(create_qp(&r.dev, qp_attr(r.cq, 8)));
     }
     let src = pattern(8192, 10);
     let mut dst = vec![0u8; 8192 * 40];
     for (i, &qp) in qps.iter().enumerate().rev() {
         let mut s = [sge(&src, 0, 8192)];
-        let mut w = [rdma(
+        let mut w = rdma(
             IBV_WR_RDMA_WRITE,
             1000 + i as u64,
             &mut s,
             dst.as_mut_ptr() as u64 + 8192 * i as u64,
             true,
-        )];
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: a live QP and a valid list.
-        assert_eq!(
-            unsafe { justitia_verbs::ops::post_send(qp, w.as_mut_ptr(), &mut bad) },
-            0
         );
+        assert_eq!(post_on(qp, &mut w), 0);
         r.dev.execute_all(qp);
     }
     let mut got: Vec<(u64, u32)> = r.poll().iter().map(|w| (w.wr_id, w.qp_num)).collect();
@@ -443,16 +363,9 @@ fn a_child_forked_while_a_qp_is_locked_passes_its_posts_through() {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let mut s = [sge(&src, 0, 8192)];
-        let mut w = [rdma(
-            IBV_WR_RDMA_WRITE,
-            1,
-            &mut s,
-            dst.as_mut_ptr() as u64,
-            true,
-        )];
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: a live QP (the child's copy of the mock) and a valid list.
-        let rc = unsafe { justitia_verbs::ops::post_send(r.qp, w.as_mut_ptr(), &mut bad) };
+        let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
+        // On the child's copy of the mock's QP.
+        let rc = post_on(r.qp, &mut w);
         let whole = r.log().len() == 1;
         // SAFETY: leaves the child at once, running nothing of the parent's.
         unsafe { libc::_exit(if rc == 0 && whole { 0 } else { 1 }) };
@@ -550,23 +463,7 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
     dev.set_cq_size(cq, 24);
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
-    let new_qp = || {
-        let mut attr = ibv_qp_init_attr {
-            send_cq: cq,
-            recv_cq: cq,
-            qp_type: IBV_QPT_RC,
-            cap: ibv_qp_cap {
-                max_send_wr: 16,
-                max_send_sge: 1,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let qp = dev.create_qp(&mut attr);
-        // SAFETY: qp was just created with attr.
-        unsafe { on_create_qp(qp, &attr) };
-        qp
-    };
+    let new_qp = || create_qp(&dev, qp_attr(cq, 16));
     let first = new_qp();
     let second = new_qp();
     assert!(engine::qp(first).unwrap().shaped, "16 of 24 entries");
@@ -574,19 +471,8 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
     let src = pattern(16384, 12);
     let mut dst = vec![0u8; 16384];
     let mut s = [sge(&src, 0, 16384)];
-    let mut w = [rdma(
-        IBV_WR_RDMA_WRITE,
-        1,
-        &mut s,
-        dst.as_mut_ptr() as u64,
-        true,
-    )];
-    let mut bad = std::ptr::null_mut();
-    // SAFETY: a live QP and a valid list.
-    assert_eq!(
-        unsafe { justitia_verbs::ops::post_send(second, w.as_mut_ptr(), &mut bad) },
-        0
-    );
+    let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
+    assert_eq!(post_on(second, &mut w), 0);
     assert_eq!(dev.log().len(), 1, "posted whole");
     // The first QP's room comes back when it is destroyed.
     assert_eq!(engine::destroy_qp(first, || 0), 0);
