@@ -22,12 +22,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use justitia_core::flow::FlowClass;
+use justitia_core::pacer::ReleasePhase;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
     SocketFlags, SocketType,
 };
 
-use crate::block::{monotonic_ns, BlockError, BlockReader, SlotState};
+use crate::block::{monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState};
 use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
 
 /// The registration socket's default path.
@@ -77,6 +78,21 @@ pub struct Allotment {
     pub token_bytes: u64,
     /// The control loop generation that set it.
     pub generation: u64,
+    /// The release phase's offset in units of 1/[`PHASE_ONE`](crate::block::PHASE_ONE).
+    pub phase_offset: u64,
+    /// The release phase's epoch.
+    pub phase_epoch: u64,
+}
+
+impl Allotment {
+    /// The release phase to give the flow's pacer
+    /// ([`Pacer::set_rate_in_phase`](justitia_core::pacer::Pacer::set_rate_in_phase)).
+    pub fn phase(&self) -> ReleasePhase {
+        ReleasePhase {
+            offset: phase_from_fixed(self.phase_offset),
+            epoch: self.phase_epoch,
+        }
+    }
 }
 
 /// The caller's name for a flow; stable across reconnections.
@@ -162,6 +178,8 @@ pub struct AgentClient {
     boot_id: u64,
     uid: u32,
     stats: ClientStats,
+    /// Why the latest connection attempt failed; `None` once connected.
+    last_error: Option<ClientError>,
 }
 
 impl AgentClient {
@@ -186,6 +204,7 @@ impl AgentClient {
             boot_id: 0,
             uid: rustix::process::getuid().as_raw(),
             stats: ClientStats::default(),
+            last_error: None,
         }
     }
 
@@ -265,6 +284,7 @@ impl AgentClient {
 
     fn adopt(&mut self, (conn, boot_id): (Connection, u64)) {
         self.conn = Some(conn);
+        self.last_error = None;
         self.boot_id = boot_id;
         self.backoff = self.config.backoff_min;
         self.stats.connections += 1;
@@ -293,6 +313,13 @@ impl AgentClient {
     /// while connected: a caller without a daemon need not tick before then.
     pub fn next_attempt_ns(&self) -> Option<u64> {
         self.conn.is_none().then_some(self.next_attempt_ns)
+    }
+
+    /// Why the latest connection attempt failed (no daemon listening, a greeting not
+    /// understood, a control block of another layout version); `None` while connected
+    /// and before the first attempt.
+    pub fn last_error(&self) -> Option<&ClientError> {
+        self.last_error.as_ref()
     }
 
     /// The daemon's boot id of the current connection (0 before the first).
@@ -374,6 +401,8 @@ impl AgentClient {
                 chunk_bytes: slot.chunk_bytes,
                 token_bytes: slot.token_bytes,
                 generation: slot.generation,
+                phase_offset: slot.phase_offset,
+                phase_epoch: slot.phase_epoch,
             })
     }
 
@@ -456,7 +485,8 @@ impl AgentClient {
         }
         match self.open() {
             Ok(conn) => self.adopt(conn),
-            Err(_) => {
+            Err(e) => {
+                self.last_error = Some(e);
                 self.next_attempt_ns = now_ns.saturating_add(self.backoff.as_nanos() as u64);
                 self.backoff = (self.backoff * 2).min(self.config.backoff_max);
             }

@@ -116,6 +116,59 @@ fn a_bandwidth_flow_registers_and_follows_its_allotment() {
     );
 }
 
+/// The control loop spreads the releases of the flows it divides among over one release
+/// interval (offsets 0, 1/n, ... in flow-id order, one epoch per assignment); the daemon
+/// must publish that phase in each flow's slot, or the shapers' pacers release together.
+#[test]
+fn two_bandwidth_flows_are_published_half_an_interval_apart_under_one_epoch() {
+    let d = Daemon::start("");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let handles = [
+        c.register(FlowClass::Bandwidth, 1, 0),
+        c.register(FlowClass::Bandwidth, 1, 0),
+    ];
+    let mut ids = Vec::new();
+    for h in handles {
+        match c.wait_registered(h, Duration::from_secs(2)) {
+            FlowState::Registered { flow, .. } => ids.push(flow),
+            other => panic!("{other:?}"),
+        }
+        assert!(c.report_usage(h, true, 1 << 20, 1));
+    }
+    eventually("both flows allotted", Duration::from_secs(2), || {
+        handles.iter().all(|&h| c.allotment(h).is_some())
+    });
+    // Both are read under one seqlock pass each; a new assignment between the two reads
+    // would show two epochs, so read until they agree.
+    let mut pair = None;
+    eventually("one epoch for both", Duration::from_secs(2), || {
+        let (a, b) = (c.allotment(handles[0]), c.allotment(handles[1]));
+        pair = a.zip(b).filter(|(a, b)| a.phase_epoch == b.phase_epoch);
+        pair.is_some()
+    });
+    let (a, b) = pair.unwrap();
+    assert!(a.phase_epoch > 0, "phases were assigned: {a:?}");
+    let half = 1u64 << 31;
+    let (first, second) = if ids[0] < ids[1] { (a, b) } else { (b, a) };
+    assert_eq!(
+        (first.phase_offset, second.phase_offset),
+        (0, half),
+        "the lower flow id at 0, the other half an interval later"
+    );
+    assert_eq!(second.phase().offset, 0.5);
+    // One flow going idle leaves the other alone: a new epoch, offset 0.
+    assert!(c.report_usage(handles[1], false, 0, 0));
+    eventually(
+        "a new epoch for the one flow left",
+        Duration::from_secs(2),
+        || {
+            c.allotment(handles[0])
+                .is_some_and(|x| x.phase_epoch > a.phase_epoch && x.phase_offset == 0)
+                && c.allotment(handles[1]).is_none()
+        },
+    );
+}
+
 #[test]
 fn identity_comes_from_the_kernel_not_the_message() {
     let d = Daemon::start("");
