@@ -607,4 +607,63 @@ mod tests {
         drop(held);
         let _ = std::fs::remove_file(&path);
     }
+
+    /// A shaper of layout 2 meeting a daemon of layout 1 (64-byte slots without a phase):
+    /// the greeting's block is refused by its version, the client stays disconnected with
+    /// no allotment (static settings), and the reason is kept for the shaper to say.
+    #[test]
+    fn a_daemon_of_another_layout_is_refused_and_the_reason_kept() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
+        let path = std::env::temp_dir().join(format!("justitia-old-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 4).unwrap();
+        // A block as a layout-1 daemon writes it: the magic, version 1, one slot.
+        let block = rustix::fs::memfd_create("old-block", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&block, crate::block::block_len(1) as u64).unwrap();
+        let mut words = crate::block::MAGIC.to_le_bytes().to_vec();
+        words.extend_from_slice(&1u64.to_le_bytes());
+        words.extend_from_slice(&1u64.to_le_bytes());
+        words.extend_from_slice(&77u64.to_le_bytes());
+        rustix::io::pwrite(&block, &words, 0).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let sock = rustix::net::accept(&listener).unwrap();
+            let hello = Reply::Hello { boot_id: 77 }.encode();
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [block.as_fd()];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            rustix::net::sendmsg(
+                &sock,
+                &[std::io::IoSlice::new(&hello)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+            .unwrap();
+            sock
+        });
+        let mut c = AgentClient::disconnected(&path, ClientConfig::default());
+        let h = c.register(FlowClass::Bandwidth, 1, 0);
+        c.tick(monotonic_ns());
+        let _sock = daemon.join().unwrap();
+        assert!(!c.is_connected());
+        assert_eq!(c.allotment(h), None);
+        assert_eq!(c.state(h), FlowState::Pending);
+        match c.last_error() {
+            Some(ClientError::Block {
+                source: BlockError::Version { found, known },
+                ..
+            }) => assert_eq!((*found, *known), (1, crate::block::LAYOUT_VERSION)),
+            other => panic!("expected a layout refusal, got {other:?}"),
+        }
+        assert_eq!(c.stats().connections, 0);
+        let _ = std::fs::remove_file(&path);
+    }
 }
