@@ -419,12 +419,15 @@ fn a_dead_daemon_is_noticed_within_10_ms_and_shapers_re_register_when_it_returns
         best <= 15.0,
         "fell back {best} ms after the last heartbeat (limit 5 + 10 ms)"
     );
-    // Killed for good, and a new one started on the same socket path.
+    // Killed for good, and a new one started on the same socket path. The kill is one
+    // fail-open more than before it: on a busy machine a SIGSTOP episode above can also
+    // outlast the 5 ms limit at a tick and count one of its own.
+    let fail_opens_before = c.stats().fail_opens;
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     c.tick(monotonic_ns());
     assert!(!c.is_connected());
-    assert_eq!(c.stats().fail_opens, 1);
+    assert_eq!(c.stats().fail_opens, fail_opens_before + 1);
     let log = std::fs::File::create(d.dir.path().join("log2")).unwrap();
     d.child = Command::new(env!("CARGO_BIN_EXE_justitiad"))
         .arg("--config")
