@@ -15,6 +15,11 @@
 //! or `write(2)` on the descriptor fails for everyone, including a client that received
 //! it over `SCM_RIGHTS`, and nobody can lift the seals.
 //!
+//! Layout version 2 made a slot two cache lines (128 bytes) to carry the release phase
+//! ([`Slot::phase_offset`], [`Slot::phase_epoch`]): the eight words of version 1 were all
+//! in use. A reader of another version refuses the block ([`BlockError::Version`]), so a
+//! shaper older than its daemon keeps its static settings instead of misreading slots.
+//!
 //! The heartbeat is the daemon's `CLOCK_MONOTONIC` time in nanoseconds, stored at every
 //! wake-up; the boot id is random per daemon start. A reader that sees the heartbeat older
 //! than [`Header::stale_after_ns`] or a boot id other than the one it registered with
@@ -30,11 +35,14 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// `b"JUSTCB\0\x01"` read as a little-endian word: identifies a control block.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"JUSTCB\0\x01");
 /// The layout version; a reader refuses any other.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 /// Slots in a block when the configuration does not say (one per registered flow).
 pub const DEFAULT_SLOTS: u32 = 1024;
-/// The most slots a block may have (a 4 MiB block), so a size read from a peer is bounded.
+/// The most slots a block may have (an 8 MiB block), so a size read from a peer is bounded.
 pub const MAX_SLOTS: u32 = 65_536;
+/// The fixed-point scale of [`Slot::phase_offset`]: an offset in [0, 1) is stored as
+/// `offset * PHASE_ONE`, below `PHASE_ONE`.
+pub const PHASE_ONE: u64 = 1 << 32;
 /// How many times a reader retries a torn read before giving up for this call.
 pub const READ_ATTEMPTS: u32 = 8;
 
@@ -90,7 +98,7 @@ impl SlotState {
     }
 }
 
-/// One flow's allotment, 64 bytes (one cache line).
+/// One flow's allotment, 128 bytes (two cache lines).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct Slot {
@@ -110,10 +118,16 @@ pub struct Slot {
     pub token_bytes: AtomicU64,
     /// The control loop generation that set this allotment.
     pub generation: AtomicU64,
+    /// The release phase's offset in one release interval, in units of
+    /// 1/[`PHASE_ONE`] (below `PHASE_ONE`).
+    pub phase_offset: AtomicU64,
+    /// The release phase's epoch: the generation that assigned the phases.
+    pub phase_epoch: AtomicU64,
+    _reserved: [AtomicU64; 6],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == 128);
-const _: () = assert!(std::mem::size_of::<Slot>() == 64);
+const _: () = assert!(std::mem::size_of::<Slot>() == 128);
 
 /// A flow's allotment as read from its slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +146,27 @@ pub struct SlotAllotment {
     pub token_bytes: u64,
     /// The generation that set it.
     pub generation: u64,
+    /// The release phase's offset, in units of 1/[`PHASE_ONE`]; see [`phase_to_fixed`].
+    pub phase_offset: u64,
+    /// The release phase's epoch.
+    pub phase_epoch: u64,
+}
+
+/// An offset in [0, 1) as stored in [`Slot::phase_offset`]: rounded to the nearest
+/// 1/[`PHASE_ONE`], wrapped into [0, 1), and 0 for a value that is not finite.
+pub fn phase_to_fixed(offset: f64) -> u64 {
+    if !offset.is_finite() {
+        return 0;
+    }
+    let fixed = (offset.rem_euclid(1.0) * PHASE_ONE as f64).round() as u64;
+    // An offset a hair below 1 rounds up to a whole interval, which is offset 0.
+    fixed % PHASE_ONE
+}
+
+/// A stored offset back as a fraction in [0, 1); a word at or above [`PHASE_ONE`] (which a
+/// daemon does not write) wraps.
+pub fn phase_from_fixed(fixed: u64) -> f64 {
+    (fixed % PHASE_ONE) as f64 / PHASE_ONE as f64
 }
 
 /// The daemon-wide status in the header.
@@ -157,6 +192,15 @@ pub enum BlockError {
         what: &'static str,
         /// The error.
         source: rustix::io::Errno,
+    },
+    /// The block is laid out in a version this reader does not know (a daemon newer or
+    /// older than the shaper).
+    #[error("control block layout version {found}, this reader knows {known}")]
+    Version {
+        /// The block's version.
+        found: u64,
+        /// [`LAYOUT_VERSION`].
+        known: u64,
     },
     /// The descriptor does not hold a block this reader understands.
     #[error("not a justitia control block: {0}")]
@@ -318,6 +362,8 @@ impl BlockWriter {
             s.chunk_bytes.store(a.chunk_bytes, Ordering::Relaxed);
             s.token_bytes.store(a.token_bytes, Ordering::Relaxed);
             s.generation.store(a.generation, Ordering::Relaxed);
+            s.phase_offset.store(a.phase_offset, Ordering::Relaxed);
+            s.phase_epoch.store(a.phase_epoch, Ordering::Relaxed);
         });
         true
     }
@@ -334,6 +380,8 @@ impl BlockWriter {
                 chunk_bytes: 0,
                 token_bytes: 0,
                 generation: 0,
+                phase_offset: 0,
+                phase_epoch: 0,
             },
         )
     }
@@ -399,9 +447,10 @@ impl BlockReader {
         }
         let version = h.version.load(Ordering::Relaxed);
         if version != LAYOUT_VERSION {
-            return Err(BlockError::Invalid(format!(
-                "layout version {version}, this reader knows {LAYOUT_VERSION}"
-            )));
+            return Err(BlockError::Version {
+                found: version,
+                known: LAYOUT_VERSION,
+            });
         }
         let slots = h.slots.load(Ordering::Relaxed);
         if slots == 0 || slots > u64::from(MAX_SLOTS) || block_len(slots as u32) > len {
@@ -455,25 +504,23 @@ impl BlockReader {
             return None;
         }
         let s = self.map.slot(index)?;
-        let (flow, state, bps, ops, chunk, token, generation) = seq_read(&s.seq, || {
-            (
-                s.flow.load(Ordering::Relaxed),
-                s.state.load(Ordering::Relaxed),
-                s.bytes_per_sec.load(Ordering::Relaxed),
-                s.ops_per_sec.load(Ordering::Relaxed),
-                s.chunk_bytes.load(Ordering::Relaxed),
-                s.token_bytes.load(Ordering::Relaxed),
-                s.generation.load(Ordering::Relaxed),
-            )
+        let (a, state) = seq_read(&s.seq, || {
+            let a = SlotAllotment {
+                flow: s.flow.load(Ordering::Relaxed),
+                state: SlotState::Free,
+                bytes_per_sec: s.bytes_per_sec.load(Ordering::Relaxed),
+                ops_per_sec: s.ops_per_sec.load(Ordering::Relaxed),
+                chunk_bytes: s.chunk_bytes.load(Ordering::Relaxed),
+                token_bytes: s.token_bytes.load(Ordering::Relaxed),
+                generation: s.generation.load(Ordering::Relaxed),
+                phase_offset: s.phase_offset.load(Ordering::Relaxed),
+                phase_epoch: s.phase_epoch.load(Ordering::Relaxed),
+            };
+            (a, s.state.load(Ordering::Relaxed))
         })?;
         Some(SlotAllotment {
-            flow,
             state: SlotState::from_word(state)?,
-            bytes_per_sec: bps,
-            ops_per_sec: ops,
-            chunk_bytes: chunk,
-            token_bytes: token,
-            generation,
+            ..a
         })
     }
 }
@@ -504,6 +551,8 @@ mod tests {
             chunk_bytes: v,
             token_bytes: v,
             generation: v,
+            phase_offset: v,
+            phase_epoch: v,
         }
     }
 
@@ -524,6 +573,67 @@ mod tests {
             generation: 6,
         });
         assert_eq!(r.status().unwrap().current_p99_ns, 8);
+    }
+
+    #[test]
+    fn the_release_phase_makes_the_round_trip() {
+        let w = BlockWriter::create(3, 1, 5_000_000).unwrap();
+        let r = w.reader().unwrap();
+        for (index, offset, epoch) in [(0u32, 0.0, 9u64), (1, 0.5, 9), (2, 2.0 / 3.0, u64::MAX)] {
+            let a = SlotAllotment {
+                phase_offset: phase_to_fixed(offset),
+                phase_epoch: epoch,
+                ..allot(u64::from(index) + 1, 100)
+            };
+            assert!(w.set_slot(index, a));
+            let got = r.slot(index).unwrap();
+            assert_eq!((got.phase_offset, got.phase_epoch), (a.phase_offset, epoch));
+            let back = phase_from_fixed(got.phase_offset);
+            assert!((back - offset).abs() < 1e-9, "{offset} came back as {back}");
+        }
+        // Exact halves are exact in the fixed point.
+        assert_eq!(r.slot(1).unwrap().phase_offset, 1 << 31);
+        // A freed slot holds no phase.
+        assert!(w.clear_slot(1));
+        let freed = r.slot(1).unwrap();
+        assert_eq!((freed.phase_offset, freed.phase_epoch), (0, 0));
+    }
+
+    #[test]
+    fn offsets_are_wrapped_into_one_interval() {
+        assert_eq!(phase_to_fixed(0.25), 1 << 30);
+        assert_eq!(phase_to_fixed(1.25), 1 << 30);
+        assert_eq!(phase_to_fixed(-0.75), 1 << 30);
+        assert_eq!(
+            phase_to_fixed(1.0 - 1e-12),
+            0,
+            "a whole interval is offset 0"
+        );
+        assert_eq!(phase_to_fixed(f64::NAN), 0);
+        assert_eq!(phase_to_fixed(f64::INFINITY), 0);
+        assert!(phase_to_fixed(0.999_999) < PHASE_ONE);
+        assert_eq!(phase_from_fixed(PHASE_ONE + (1 << 31)), 0.5);
+    }
+
+    #[test]
+    fn a_block_of_another_layout_version_is_refused_by_version() {
+        let w = BlockWriter::create(1, 1, 5_000_000).unwrap();
+        // A daemon of layout 1 (64-byte slots without a phase).
+        w.map.header().version.store(1, Ordering::Release);
+        match BlockReader::map(w.fd()) {
+            Err(BlockError::Version { found, known }) => assert_eq!((found, known), (1, 2)),
+            other => panic!("expected a version refusal, got {other:?}"),
+        }
+        w.map.header().version.store(3, Ordering::Release);
+        assert!(matches!(
+            BlockReader::map(w.fd()),
+            Err(BlockError::Version { found: 3, .. })
+        ));
+        w.map
+            .header()
+            .version
+            .store(LAYOUT_VERSION, Ordering::Release);
+        assert!(BlockReader::map(w.fd()).is_ok());
     }
 
     #[test]
@@ -616,7 +726,9 @@ mod tests {
                             a.ops_per_sec,
                             a.chunk_bytes,
                             a.token_bytes,
-                            a.generation
+                            a.generation,
+                            a.phase_offset,
+                            a.phase_epoch
                         ]
                         .iter()
                         .all(|&x| x == a.flow),

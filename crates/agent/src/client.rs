@@ -22,12 +22,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use justitia_core::flow::FlowClass;
+use justitia_core::pacer::ReleasePhase;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
     SocketFlags, SocketType,
 };
 
-use crate::block::{monotonic_ns, BlockError, BlockReader, SlotState};
+use crate::block::{monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState};
 use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
 
 /// The registration socket's default path.
@@ -77,6 +78,21 @@ pub struct Allotment {
     pub token_bytes: u64,
     /// The control loop generation that set it.
     pub generation: u64,
+    /// The release phase's offset in units of 1/[`PHASE_ONE`](crate::block::PHASE_ONE).
+    pub phase_offset: u64,
+    /// The release phase's epoch.
+    pub phase_epoch: u64,
+}
+
+impl Allotment {
+    /// The release phase to give the flow's pacer
+    /// ([`Pacer::set_rate_in_phase`](justitia_core::pacer::Pacer::set_rate_in_phase)).
+    pub fn phase(&self) -> ReleasePhase {
+        ReleasePhase {
+            offset: phase_from_fixed(self.phase_offset),
+            epoch: self.phase_epoch,
+        }
+    }
 }
 
 /// The caller's name for a flow; stable across reconnections.
@@ -162,6 +178,8 @@ pub struct AgentClient {
     boot_id: u64,
     uid: u32,
     stats: ClientStats,
+    /// Why the latest connection attempt failed; `None` once connected.
+    last_error: Option<ClientError>,
 }
 
 impl AgentClient {
@@ -186,6 +204,7 @@ impl AgentClient {
             boot_id: 0,
             uid: rustix::process::getuid().as_raw(),
             stats: ClientStats::default(),
+            last_error: None,
         }
     }
 
@@ -265,6 +284,7 @@ impl AgentClient {
 
     fn adopt(&mut self, (conn, boot_id): (Connection, u64)) {
         self.conn = Some(conn);
+        self.last_error = None;
         self.boot_id = boot_id;
         self.backoff = self.config.backoff_min;
         self.stats.connections += 1;
@@ -293,6 +313,13 @@ impl AgentClient {
     /// while connected: a caller without a daemon need not tick before then.
     pub fn next_attempt_ns(&self) -> Option<u64> {
         self.conn.is_none().then_some(self.next_attempt_ns)
+    }
+
+    /// Why the latest connection attempt failed (no daemon listening, a greeting not
+    /// understood, a control block of another layout version); `None` while connected
+    /// and before the first attempt.
+    pub fn last_error(&self) -> Option<&ClientError> {
+        self.last_error.as_ref()
     }
 
     /// The daemon's boot id of the current connection (0 before the first).
@@ -374,6 +401,8 @@ impl AgentClient {
                 chunk_bytes: slot.chunk_bytes,
                 token_bytes: slot.token_bytes,
                 generation: slot.generation,
+                phase_offset: slot.phase_offset,
+                phase_epoch: slot.phase_epoch,
             })
     }
 
@@ -456,7 +485,8 @@ impl AgentClient {
         }
         match self.open() {
             Ok(conn) => self.adopt(conn),
-            Err(_) => {
+            Err(e) => {
+                self.last_error = Some(e);
                 self.next_attempt_ns = now_ns.saturating_add(self.backoff.as_nanos() as u64);
                 self.backoff = (self.backoff * 2).min(self.config.backoff_max);
             }
@@ -575,6 +605,65 @@ mod tests {
         assert!(!connected);
         assert!(took < Duration::from_secs(1), "{took:?}");
         drop(held);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A shaper of layout 2 meeting a daemon of layout 1 (64-byte slots without a phase):
+    /// the greeting's block is refused by its version, the client stays disconnected with
+    /// no allotment (static settings), and the reason is kept for the shaper to say.
+    #[test]
+    fn a_daemon_of_another_layout_is_refused_and_the_reason_kept() {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
+        let path = std::env::temp_dir().join(format!("justitia-old-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 4).unwrap();
+        // A block as a layout-1 daemon writes it: the magic, version 1, one slot.
+        let block = rustix::fs::memfd_create("old-block", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&block, crate::block::block_len(1) as u64).unwrap();
+        let mut words = crate::block::MAGIC.to_le_bytes().to_vec();
+        words.extend_from_slice(&1u64.to_le_bytes());
+        words.extend_from_slice(&1u64.to_le_bytes());
+        words.extend_from_slice(&77u64.to_le_bytes());
+        rustix::io::pwrite(&block, &words, 0).unwrap();
+        let daemon = std::thread::spawn(move || {
+            let sock = rustix::net::accept(&listener).unwrap();
+            let hello = Reply::Hello { boot_id: 77 }.encode();
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [block.as_fd()];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            rustix::net::sendmsg(
+                &sock,
+                &[std::io::IoSlice::new(&hello)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+            .unwrap();
+            sock
+        });
+        let mut c = AgentClient::disconnected(&path, ClientConfig::default());
+        let h = c.register(FlowClass::Bandwidth, 1, 0);
+        c.tick(monotonic_ns());
+        let _sock = daemon.join().unwrap();
+        assert!(!c.is_connected());
+        assert_eq!(c.allotment(h), None);
+        assert_eq!(c.state(h), FlowState::Pending);
+        match c.last_error() {
+            Some(ClientError::Block {
+                source: BlockError::Version { found, known },
+                ..
+            }) => assert_eq!((*found, *known), (1, crate::block::LAYOUT_VERSION)),
+            other => panic!("expected a layout refusal, got {other:?}"),
+        }
+        assert_eq!(c.stats().connections, 0);
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -32,7 +32,8 @@ use justitia_agent::admin::{
     AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
 };
 use justitia_agent::block::{
-    monotonic_ns, random_boot_id, BlockStatus, BlockWriter, SlotAllotment, SlotState,
+    monotonic_ns, phase_to_fixed, random_boot_id, BlockStatus, BlockWriter, SlotAllotment,
+    SlotState,
 };
 use justitia_agent::proto::{
     AdmissionReply, ParseError, RefuseReason, Register, Reply, Request, MAX_MESSAGE, NO_UID,
@@ -582,6 +583,10 @@ impl Daemon {
                 chunk_bytes: u64::from(a.chunk_bytes),
                 token_bytes: a.token.bytes,
                 generation: a.generation,
+                // The shaper's pacer puts the flow at this place in the release interval
+                // when the epoch is new, so flows sharing the NIC do not release together.
+                phase_offset: phase_to_fixed(a.phase.offset),
+                phase_epoch: a.phase.epoch,
             },
             None => SlotAllotment {
                 flow: id,
@@ -595,6 +600,8 @@ impl Daemon {
                 chunk_bytes: 0,
                 token_bytes: 0,
                 generation: 0,
+                phase_offset: 0,
+                phase_epoch: 0,
             },
         }
     }

@@ -116,6 +116,59 @@ fn a_bandwidth_flow_registers_and_follows_its_allotment() {
     );
 }
 
+/// The control loop spreads the releases of the flows it divides among over one release
+/// interval (offsets 0, 1/n, ... in flow-id order, one epoch per assignment); the daemon
+/// must publish that phase in each flow's slot, or the shapers' pacers release together.
+#[test]
+fn two_bandwidth_flows_are_published_half_an_interval_apart_under_one_epoch() {
+    let d = Daemon::start("");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let handles = [
+        c.register(FlowClass::Bandwidth, 1, 0),
+        c.register(FlowClass::Bandwidth, 1, 0),
+    ];
+    let mut ids = Vec::new();
+    for h in handles {
+        match c.wait_registered(h, Duration::from_secs(2)) {
+            FlowState::Registered { flow, .. } => ids.push(flow),
+            other => panic!("{other:?}"),
+        }
+        assert!(c.report_usage(h, true, 1 << 20, 1));
+    }
+    eventually("both flows allotted", Duration::from_secs(2), || {
+        handles.iter().all(|&h| c.allotment(h).is_some())
+    });
+    // Both are read under one seqlock pass each; a new assignment between the two reads
+    // would show two epochs, so read until they agree.
+    let mut pair = None;
+    eventually("one epoch for both", Duration::from_secs(2), || {
+        let (a, b) = (c.allotment(handles[0]), c.allotment(handles[1]));
+        pair = a.zip(b).filter(|(a, b)| a.phase_epoch == b.phase_epoch);
+        pair.is_some()
+    });
+    let (a, b) = pair.unwrap();
+    assert!(a.phase_epoch > 0, "phases were assigned: {a:?}");
+    let half = 1u64 << 31;
+    let (first, second) = if ids[0] < ids[1] { (a, b) } else { (b, a) };
+    assert_eq!(
+        (first.phase_offset, second.phase_offset),
+        (0, half),
+        "the lower flow id at 0, the other half an interval later"
+    );
+    assert_eq!(second.phase().offset, 0.5);
+    // One flow going idle leaves the other alone: a new epoch, offset 0.
+    assert!(c.report_usage(handles[1], false, 0, 0));
+    eventually(
+        "a new epoch for the one flow left",
+        Duration::from_secs(2),
+        || {
+            c.allotment(handles[0])
+                .is_some_and(|x| x.phase_epoch > a.phase_epoch && x.phase_offset == 0)
+                && c.allotment(handles[1]).is_none()
+        },
+    );
+}
+
 #[test]
 fn identity_comes_from_the_kernel_not_the_message() {
     let d = Daemon::start("");
@@ -366,12 +419,15 @@ fn a_dead_daemon_is_noticed_within_10_ms_and_shapers_re_register_when_it_returns
         best <= 15.0,
         "fell back {best} ms after the last heartbeat (limit 5 + 10 ms)"
     );
-    // Killed for good, and a new one started on the same socket path.
+    // Killed for good, and a new one started on the same socket path. The kill is one
+    // fail-open more than before it: on a busy machine a SIGSTOP episode above can also
+    // outlast the 5 ms limit at a tick and count one of its own.
+    let fail_opens_before = c.stats().fail_opens;
     d.child.kill().unwrap();
     d.child.wait().unwrap();
     c.tick(monotonic_ns());
     assert!(!c.is_connected());
-    assert_eq!(c.stats().fail_opens, 1);
+    assert_eq!(c.stats().fail_opens, fail_opens_before + 1);
     let log = std::fs::File::create(d.dir.path().join("log2")).unwrap();
     d.child = Command::new(env!("CARGO_BIN_EXE_justitiad"))
         .arg("--config")

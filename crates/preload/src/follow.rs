@@ -21,9 +21,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use justitia_agent::block::BlockError;
+use justitia_agent::client::ClientError;
 use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
 use justitia_core::flow::FlowClass;
-use justitia_core::pacer::PaceRate;
+use justitia_core::pacer::{PaceRate, ReleasePhase};
 
 use crate::config::{Config, DaemonSetting};
 use crate::log::log;
@@ -47,12 +49,17 @@ const REPORT_EVERY_NS: u64 = 10_000_000;
 const GREETING_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// What the engine enforces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
     /// The pacer's rate; `None`: unpaced.
     pub rate: Option<PaceRate>,
     /// The chunk size bandwidth requests are cut to.
     pub chunk_bytes: u32,
+    /// The flow's place in the host's release schedule, from the daemon's allotment
+    /// ([`Pacer::set_rate_in_phase`](justitia_core::pacer::Pacer::set_rate_in_phase));
+    /// `None` on static settings, which pace the flow alone
+    /// ([`Pacer::set_rate`](justitia_core::pacer::Pacer::set_rate)).
+    pub phase: Option<ReleasePhase>,
 }
 
 /// The process's queue pairs as the follower sees them at a tick.
@@ -190,6 +197,7 @@ impl Follower {
         Settings {
             rate: self.static_rate,
             chunk_bytes: self.static_chunk,
+            phase: None,
         }
     }
 
@@ -215,17 +223,23 @@ impl Follower {
         } else {
             u32::try_from(a.chunk_bytes).unwrap_or(u32::MAX).max(1)
         };
-        let rate = match self.static_rate {
-            Some(r) => PaceRate { chunk_bytes, ..r },
-            None => PaceRate {
-                bytes_per_sec: a.bytes_per_sec,
-                ops_per_sec: (a.ops_per_sec > 0).then_some(a.ops_per_sec),
-                chunk_bytes,
-            },
+        // The phase places the flow among the others the daemon divides among at their
+        // rates; a rate of the environment's own is not part of that schedule.
+        let (rate, phase) = match self.static_rate {
+            Some(r) => (PaceRate { chunk_bytes, ..r }, None),
+            None => (
+                PaceRate {
+                    bytes_per_sec: a.bytes_per_sec,
+                    ops_per_sec: (a.ops_per_sec > 0).then_some(a.ops_per_sec),
+                    chunk_bytes,
+                },
+                Some(a.phase()),
+            ),
         };
         Settings {
             rate: Some(rate),
             chunk_bytes,
+            phase,
         }
     }
 
@@ -277,7 +291,18 @@ impl Follower {
             }
             (false, false) if self.flow.is_some() && !self.said_missing => {
                 self.said_missing = true;
-                if self.explicit {
+                if let Some(ClientError::Block {
+                    source: BlockError::Version { found, known },
+                    ..
+                }) = self.client.last_error()
+                {
+                    // A daemon is there but newer or older than this shaper: following it
+                    // would misread its allotments, so say so whatever JUSTITIA_DAEMON is.
+                    log!(
+                        Warn,
+                        "justitiad at {path} publishes control block layout {found}, this shaper reads {known}; static settings"
+                    );
+                } else if self.explicit {
                     log!(
                         Warn,
                         "no justitiad answers at {path}; static settings until one does"
@@ -386,6 +411,7 @@ mod tests {
         let fallback = Settings {
             rate: None,
             chunk_bytes: 5120,
+            phase: None,
         };
         let mut f = Follower::new(&config, fallback).unwrap();
         // Nothing to follow before a QP exists.

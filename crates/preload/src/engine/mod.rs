@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use justitia_core::classifier::{ClassifierConfig, FlowClassifier};
 use justitia_core::flow::FlowClass;
-use justitia_core::pacer::{PaceRate, Pacer as RatePacer};
+use justitia_core::pacer::{PaceRate, Pacer as RatePacer, ReleasePhase};
 use justitia_core::yield_plan::YieldPlanner;
 use justitia_verbs::sys::*;
 
@@ -158,6 +158,10 @@ pub struct Engine {
     /// paced QP (see [`pace_rate`]), asked only while [`Self::paced`] is set. Its rate is
     /// `JUSTITIA_RATE`, or the daemon's allotment.
     rate: Mutex<RatePacer>,
+    /// The release phase [`Self::rate`] was last given (`None`: set without one), so that
+    /// only a new epoch from the daemon moves the flow. Touched only where settings are
+    /// applied or reported, never on a verb.
+    phase: Mutex<Option<ReleasePhase>>,
     /// Requests of paced classes take tokens from [`Self::rate`].
     paced: AtomicBool,
     /// The chunk size in effect: `JUSTITIA_CHUNK`, or the daemon's.
@@ -189,6 +193,7 @@ impl Engine {
         let fallback = Settings {
             rate: config.rate.map(|r| pace_rate(r, config.chunk_bytes)),
             chunk_bytes: config.chunk_bytes,
+            phase: None,
         };
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
@@ -198,6 +203,7 @@ impl Engine {
         });
         Arc::new(Engine {
             rate: Mutex::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
+            phase: Mutex::new(None),
             paced: AtomicBool::new(fallback.rate.is_some()),
             chunk_bytes: AtomicU32::new(config.chunk_bytes),
             settings_epoch: AtomicU32::new(0),
@@ -253,13 +259,19 @@ impl Engine {
         self.chunk_bytes.load(Ordering::Relaxed)
     }
 
-    /// The settings in effect: the pacer's rate (`None`: unpaced) and the chunk size.
+    /// The settings in effect: the pacer's rate (`None`: unpaced), the chunk size, and the
+    /// release phase the pacer was given last (`None` on static settings).
     pub fn settings(&self) -> Settings {
         let rate = self.paced().then(|| self.rate_pacer().rate());
         Settings {
             rate,
             chunk_bytes: self.chunk_bytes(),
+            phase: *self.applied_phase(),
         }
+    }
+
+    fn applied_phase(&self) -> MutexGuard<'_, Option<ReleasePhase>> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn rate_pacer(&self) -> MutexGuard<'_, RatePacer> {
@@ -275,13 +287,26 @@ impl Engine {
         match settings.rate {
             Some(r) => {
                 let mut pacer = self.rate_pacer();
-                if !self.paced() || pacer.rate() != r {
-                    pacer.set_rate(now, r);
+                let mut applied = self.applied_phase();
+                // A new epoch moves the flow even at an unchanged rate: the set of flows
+                // sharing the NIC changed, and with it this flow's place among them.
+                let rephase = settings
+                    .phase
+                    .is_some_and(|p| applied.map(|a| a.epoch) != Some(p.epoch));
+                if !self.paced() || pacer.rate() != r || rephase {
+                    match settings.phase {
+                        Some(phase) => pacer.set_rate_in_phase(now, r, phase),
+                        None => pacer.set_rate(now, r),
+                    }
                     self.paced.store(true, Ordering::Relaxed);
                     changed = true;
                 }
+                *applied = settings.phase;
             }
-            None => changed |= self.paced.swap(false, Ordering::Relaxed),
+            None => {
+                *self.applied_phase() = None;
+                changed |= self.paced.swap(false, Ordering::Relaxed);
+            }
         }
         changed |= self
             .chunk_bytes

@@ -294,6 +294,52 @@ fn under_a_daemon_a_shaped_qp_registers_and_its_pacer_follows_the_allotment() {
     drop((other, latency));
 }
 
+/// The daemon's release phase reaches the shaper's pacer: a second bandwidth flow on the
+/// host puts this one half a release interval after the first, under the epoch the daemon
+/// published, and a dead daemon leaves the pacer without a phase (static settings).
+#[test]
+fn under_a_daemon_the_pacer_is_given_the_flows_release_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let socket = d.socket();
+    // The other flow registers first: the lower id, offset 0.
+    let other = other_flow(&d, FlowClass::Bandwidth);
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    assert_eq!(
+        app.engine.settings().phase,
+        None,
+        "no phase before the daemon's"
+    );
+    app.drive_until("half an interval", Duration::from_secs(5), |a| {
+        a.engine.settings().phase.is_some_and(|p| p.offset == 0.5)
+    });
+    let phase = app.engine.settings().phase.unwrap();
+    let published = app.engine.follow_status().unwrap().allotment.unwrap();
+    assert_eq!(
+        (published.phase_offset, published.phase_epoch),
+        (1 << 31, phase.epoch),
+        "the pacer holds the phase of the slot"
+    );
+    assert!(phase.epoch > 0, "{phase:?}");
+    // The other flow gone, this one is alone: a new epoch, offset 0.
+    drop(other);
+    app.drive_until("offset 0 alone", Duration::from_secs(5), |a| {
+        a.engine
+            .settings()
+            .phase
+            .is_some_and(|p| p.offset == 0.0 && p.epoch > phase.epoch)
+    });
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    app.drive_until("static settings", Duration::from_secs(5), |a| {
+        a.engine.settings().rate.is_none()
+    });
+    assert_eq!(app.engine.settings().phase, None);
+}
+
 #[test]
 fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
