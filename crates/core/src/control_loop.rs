@@ -533,7 +533,8 @@ pub struct ControlLoop {
     next_update: Duration,
     last_action: Option<ControlAction>,
     generation: u64,
-    /// The generation that last assigned release phases.
+    /// The number of the latest assignment of release phases (counted on its own: an
+    /// assignment at an update that changed no allotment must still be a new epoch).
     phase_epoch: u64,
     /// A resource-hungry flow changed activity since the last assignment of phases.
     sharing_changed: bool,
@@ -1041,7 +1042,7 @@ impl ControlLoop {
         // every pacer moves its flow to its phase. A change of SafeUtil alone is not.
         let rephased = (divided && self.assign_phases()) || rechunked;
         if rephased {
-            self.phase_epoch = generation;
+            self.phase_epoch += 1;
         }
         let safe_util = self.controller.safe_util();
         let ops_per_byte = self.profile.ops_per_byte();
