@@ -558,12 +558,11 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
-    /// A daemon that stopped accepting: its listen queue fills, and a blocking local
-    /// `connect` then waits until a slot frees, which may be never. The send timeout bounds
-    /// it, so `tick` returns and the shaper keeps its static settings.
-    #[test]
-    fn a_full_listen_queue_delays_a_tick_by_the_greeting_timeout_at_most() {
-        let path = std::env::temp_dir().join(format!("justitia-full-{}.sock", std::process::id()));
+    /// A SEQPACKET socket listening at a fresh path in the temporary directory, with
+    /// `backlog`: a stand-in for the daemon's socket that accepts only when told to.
+    fn listening(name: &str, backlog: i32) -> (PathBuf, OwnedFd) {
+        let path =
+            std::env::temp_dir().join(format!("justitia-{name}-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -573,7 +572,16 @@ mod tests {
         )
         .unwrap();
         rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
-        rustix::net::listen(&listener, 0).unwrap();
+        rustix::net::listen(&listener, backlog).unwrap();
+        (path, listener)
+    }
+
+    /// A daemon that stopped accepting: its listen queue fills, and a blocking local
+    /// `connect` then waits until a slot frees, which may be never. The send timeout bounds
+    /// it, so `tick` returns and the shaper keeps its static settings.
+    #[test]
+    fn a_full_listen_queue_delays_a_tick_by_the_greeting_timeout_at_most() {
+        let (path, _listener) = listening("full", 0);
         // Fill the queue with connections nobody accepts.
         let mut held = Vec::new();
         for _ in 0..8 {
@@ -614,17 +622,7 @@ mod tests {
     #[test]
     fn a_daemon_of_another_layout_is_refused_and_the_reason_kept() {
         use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
-        let path = std::env::temp_dir().join(format!("justitia-old-{}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
-        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
-        rustix::net::listen(&listener, 4).unwrap();
+        let (path, listener) = listening("old", 4);
         // A block as a layout-1 daemon writes it: the magic, version 1, one slot.
         let block = rustix::fs::memfd_create("old-block", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&block, crate::block::block_len(1) as u64).unwrap();
