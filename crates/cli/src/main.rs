@@ -14,6 +14,7 @@ mod plot;
 mod progress;
 mod simulate;
 mod table;
+mod validate;
 
 /// Software performance isolation for shared RDMA NICs.
 #[derive(Parser)]
@@ -27,6 +28,8 @@ struct Cli {
 enum Command {
     /// Run simulated experiments (scenario files) and report, export and plot the results.
     Sim(simulate::SimArgs),
+    /// Run every validation target's scenario and compare the model with the papers' figures.
+    Validate(validate::ValidateArgs),
     /// List the built-in RNIC profiles.
     Profiles,
     /// Walk through the policy engine's decisions on a built-in RNIC profile.
@@ -86,6 +89,7 @@ fn describe(err: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
+        Command::Validate(args) => validate::run(&args)?,
         Command::Profiles => {
             let profiles = RnicProfile::builtins();
             let width = profiles.iter().map(|p| p.name.len()).max().unwrap_or(0);

@@ -43,6 +43,7 @@ pub mod switch;
 pub mod time;
 pub mod topology;
 pub mod units;
+pub mod validation;
 mod world;
 
 pub use model_profile::{ModelProfile, ModelProfileError};
