@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_between, assert_near, flow, latency, report, run};
+use common::{assert_between, assert_near, assert_target, flow, latency, report, run};
 use justitia_sim::report::jain_index;
 
 /// Justitia's effects: within 30% of the paper.
@@ -238,40 +238,24 @@ fn j7_many_flows_equal_shares() {
     );
 }
 
-/// J8: when Target99 cannot be met, Justitia holds resource-hungry flows at the sharing
-/// floor, (B+T)/(L+B+T) = 2/3 of MaxRate here; with the unattainable-target option it
-/// gives up after delta and shares the whole RNIC equally among them (Justitia §4.5,
-/// §6.5.2, Fig 23). The scenario's delta is 20 ms instead of 5 s, so the run stays short.
+/// J8: when Target99 cannot be met, Justitia first keeps sharing incentive; with the
+/// unattainable-target option it gives up after delta, increases utilization and shares the
+/// bandwidth equally among the resource-hungry flows (Justitia §4.5, §6.5.2, Fig 23). The
+/// scenario's delta is 20 ms instead of 5 s, so the run stays short. The paper gives no
+/// figure for the total, so the increase is a direction; the total after delta is checked
+/// against the paper's MaxRate (48 Gb/s, §4.2.3).
 #[test]
 fn j8_unattainable_target() {
+    assert_target("J8.jain");
+    assert_target("J8.util");
     let r = report("unattainable-target-ib56");
-    let total = |variant: &str| -> f64 {
-        run(&r, variant)
-            .flows
-            .iter()
-            .filter(|f| f.name.starts_with("bw"))
-            .map(|f| f.gbps)
-            .sum()
-    };
-    assert_near(
-        "J8 target pursued: bandwidth total (Gb/s)",
-        total("justitia, target pursued"),
-        48.0 * 2.0 / 3.0,
-        0.10,
-    );
-    let given_up = run(&r, "justitia, gives up after delta");
-    assert_between(
-        "J8 after delta: bandwidth total / MaxRate",
-        total("justitia, gives up after delta") / 48.0,
-        0.9,
-        1.05,
-    );
-    assert_between(
-        "J8 after delta: Jain index",
-        given_up.jain_bandwidth.unwrap_or(0.0),
-        0.99,
-        1.0,
-    );
+    let total: f64 = run(&r, "justitia, gives up after delta")
+        .flows
+        .iter()
+        .filter(|f| f.name.starts_with("bw"))
+        .map(|f| f.gbps)
+        .sum();
+    assert_near("J8 after delta: bandwidth total (Gb/s)", total, 48.0, 0.10);
 }
 
 /// The application-level models of Justitia §2.2 and §6.2: an RPC service loses most of its

@@ -8,8 +8,7 @@
 
 mod common;
 
-use common::{assert_between, assert_near, flow, latency, report, run};
-use justitia_sim::ModelProfile;
+use common::{assert_between, assert_near, assert_target, flow, latency, report, run};
 
 /// Native ratios: within 25% of the paper.
 const NATIVE: f64 = 0.25;
@@ -107,13 +106,16 @@ fn n3_latency_flow_behind_four_qps() {
     );
 }
 
-/// N4: a second 1 MB flow makes the IB latency flow a further x2.65 slower (median), and
-/// with 16 flows it barely progresses (Justitia §2.1.3, Fig 3).
+/// N4: a second 1 MB flow makes the IB latency flow a further x2.65 slower at the median
+/// and x3.79 at the p99, and with 16 flows it barely progresses (Justitia §2.1.3, Fig 3).
+/// The table's figures are the paper's own multiplied out: 1.3 us alone x1.85 (N2) x2.65 =
+/// 6.37 us, 1.4 us x2.23 x3.79 = 11.8 us; "barely any progress" is read as under a tenth of
+/// the alone message rate.
 ///
-/// Gap: in the model each added QP costs one more MTU packet of waiting (about 0.7 us on
-/// IB-56, half of it in a ping-pong sample), so the second flow adds x1.1, not x2.65, and
-/// 16 flows give about x4. The test asserts the direction: latency grows with every flow
-/// added, and the bandwidth is shared per QP.
+/// Known gaps (`common/gaps.rs`): in the model each added QP costs one more MTU packet of
+/// waiting (about 0.7 us on IB-56, half of it in a ping-pong sample), so two flows give
+/// 2.7 us, not 6.4, and 16 flows leave the latency flow a quarter of its alone rate. The
+/// paper's direction, latency growing with every flow added, is asserted as well.
 #[test]
 fn n4_more_bandwidth_flows_hurt_more() {
     let r = report("lat-vs-more-bw-flows-ib56");
@@ -125,26 +127,20 @@ fn n4_more_bandwidth_flows_hurt_more() {
         alone < one && one < two && two < sixteen,
         "{alone} {one} {two} {sixteen}"
     );
-    assert_between("N4 16 flows / alone (median)", sixteen / alone, 3.0, 100.0);
-    let sixteen_run = run(&r, "16 bw flows");
-    let per_qp = flow(sixteen_run, "bw1").gbps;
-    assert_near(
-        "N4 one QP's share of 16",
-        per_qp,
-        flow(run(&r, "1 bw flow"), "bw1").gbps / 16.0,
-        0.05,
-    );
+    for id in ["N4.p50", "N4.p99", "N4.16"] {
+        assert_target(id);
+    }
 }
 
 /// N5: a throughput flow (batches of 64 x 16 B) loses 69.5% of its messages per second to
 /// one 1 MB flow on InfiniBand (Justitia §1), and x2.85 or more on every fabric (§2.1.2);
 /// against 16 bandwidth flows it loses 90% (§2.1.3).
 ///
-/// Gap: against 16 flows the model's throughput flow loses 98% (91.6 k msgs/s of 4.87 M),
-/// not 90%: the model's arbiter gives its one QP one packet per turn of 17, and each turn
-/// costs 16 packets of 4 KB, while the real RNIC evidently serves small messages faster
-/// than that (several processing units fetching and sending in parallel). The direction,
-/// a loss of at least 90%, is asserted.
+/// Known gap (`common/gaps.rs`): against 16 flows the model's throughput flow loses 98%
+/// (91.6 k msgs/s of 4.87 M), not 90%: the model's arbiter gives its one QP one packet per
+/// turn of 17, and each turn costs 16 packets of 4 KB, while the real RNIC evidently serves
+/// small messages faster than that (several processing units fetching and sending in
+/// parallel).
 #[test]
 fn n5_throughput_flow_behind_one_bandwidth_flow() {
     let r = report("tput-vs-1mb-bw-ib56");
@@ -165,18 +161,10 @@ fn n5_throughput_flow_behind_one_bandwidth_flow() {
         1.01,
     );
 
-    let sixteen = flow(run(&r, "with 16 bw"), "tput").msgs_per_sec;
-    assert_between(
-        "N5 IB-56 share kept against 16 bandwidth flows",
-        sixteen / alone,
-        0.0,
-        0.10,
-    );
-
-    let r = report("tput-vs-1mb-bw-roce40");
-    let alone = flow(run(&r, "alone"), "tput").msgs_per_sec;
-    let with = flow(run(&r, "with bw"), "tput").msgs_per_sec;
-    assert_between("N5 RoCE-40 drop (alone / with)", alone / with, 2.85, 10.0);
+    // Against 16 flows: 10% of the alone rate kept, within 0.03 (a known gap).
+    assert_target("N5.16");
+    // On RoCE-40 the paper gives only the lower bound, x2.85.
+    assert_target("N5.roce.drop");
 }
 
 /// N6: with event-driven polling and one message in flight, a 1 GB flow gets x1.42 (IB)
@@ -301,17 +289,9 @@ fn n10_message_app_vs_bandwidth_app_roce100() {
     );
     let alone = flow(run(&r, "M_App alone"), "M_App").msgs_per_sec;
     let with = flow(both, "M_App").msgs_per_sec;
-    assert_between("N10 M_App with / alone", with / alone, 0.0, 0.5);
-    // One message per MTU packet of the B_App: the wire time of a full packet.
-    let profile = ModelProfile::builtin("RoCE-100").unwrap_or_else(|e| panic!("{e}"));
-    let packet_wire = f64::from(profile.wire_bytes(profile.mtu(), false));
-    let per_packet = profile.link.gbps * 1e9 / 8.0 / packet_wire;
-    assert_near(
-        "N10 M_App rate vs one per MTU packet",
-        with,
-        per_packet,
-        0.10,
-    );
+    assert!(with < alone, "M_App: {with} with the B_App, {alone} alone");
+    // "Collapses", read as losing more than half of its alone rate.
+    assert_target("N10.mapp");
     let d_alone = latency(run(&r, "D_App alone"), "D_App").p50_us;
     let d_with = latency(run(&r, "D_App vs B_App"), "D_App").p50_us;
     assert!(

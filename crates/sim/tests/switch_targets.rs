@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_between, assert_near, flow, latency, report, run};
+use common::{assert_between, assert_near, assert_target, flow, latency, report, run};
 use justitia_core::flow::FlowClass;
 use justitia_sim::{RunReport, ScenarioReport};
 
@@ -224,17 +224,15 @@ fn r5_round_robin_bounds_the_wait_by_one_packet_per_input() {
 /// R6: two hops with a shared inter-switch link: FCFS 18.4/18.5 us, round robin
 /// 14.5/14.9 us: round robin no longer protects.
 ///
-/// Gap: the model's round-robin tail (about 20 us) is 34% over the published 14.9 us: in
-/// the model the LSG shares the downstream input buffer with two BSGs that fill it, so it
-/// waits nearly as long as under FCFS; only the median is held to 25%.
+/// Known gap (`common/gaps.rs`): the model's round-robin tail (about 20 us) is 34% over the
+/// published 14.9 us: in the model the LSG shares the downstream input buffer with two BSGs
+/// that fill it, so it waits nearly as long as under FCFS.
 #[test]
 fn r6_two_hops_defeat_round_robin() {
-    let fcfs = latency(run(&report("switch-two-hop-fcfs-sim"), "5 BSGs"), "lsg");
+    for id in ["R6.fcfs.p50", "R6.fcfs.p999", "R6.rr.p50", "R6.rr.p999"] {
+        assert_target(id);
+    }
     let rr = latency(run(&report("switch-two-hop-rr-sim"), "5 BSGs"), "lsg");
-    assert_near("R6 FCFS median (us)", fcfs.p50_us, 18.4, MEASURED);
-    assert_near("R6 FCFS p99.9 (us)", fcfs.p999_us, 18.5, MEASURED);
-    assert_near("R6 RR median (us)", rr.p50_us, 14.5, MEASURED);
-    assert!(rr.p999_us >= rr.p50_us, "R6 RR tail at or over its median");
     let one_hop = latency(run(&report("switch-rr-lsg-vs-bsgs-sim"), "5 BSGs"), "lsg");
     assert!(
         rr.p50_us > 4.0 * one_hop.p50_us,

@@ -1,0 +1,80 @@
+//! The validation table's checks the model does not meet (`justitia validate` marks them
+//! FAIL): each with the model's figure when it was listed. The test of the whole table fails
+//! when a check outside this list leaves its tolerance, when a listed gap closes, or when a
+//! listed figure moves by more than 10%, so this list always says where the model stands.
+//! The paper's figures and tolerances are in `crates/sim/validation/targets.toml`.
+
+/// (check id, the model's figure), grouped by target, each group with the mechanism the
+/// model lacks.
+pub const KNOWN_GAPS: &[(&str, f64)] = &[
+    // Many QPs: a latency packet waits for the transmit FIFO and at most one MTU packet per
+    // competing QP; the measured RNICs degrade much faster with the QP count (QP-context and WQE
+    // caches, multi-packet scheduling quanta are not modelled).
+    ("N3.ib.p50", 2.733),   // paper 10.8 us
+    ("N3.ib.p99", 2.989),   // paper 14.1 us
+    ("N3.roce.p99", 6.735), // paper 16.2 us
+    // The RoCE-40 4-QP flow runs at the link's payload rate; the measured one did not.
+    ("N3.roce.bw", 36.923), // paper 32.8 Gb/s
+    // As N3: each added 1 MB flow costs one more MTU packet of waiting, not x2.65.
+    ("N4.p50", 2.733), // paper 6.37 us
+    ("N4.p99", 2.993), // paper 11.8 us
+    ("N4.16", 0.239),  // paper < 0.1 x
+    // As N3: against 16 flows the throughput flow's one QP gets one packet per turn of 17.
+    ("N5.16", 0.019), // paper 0.1 x
+    // 5 MB against 1 GB with event polling: the wake-up still costs the 5 MB flow 8%.
+    ("N6.ib.5mb", 1.088), // paper 1 x
+    // RoCE-10: the bandwidth flow keeps 8.5 of the link's 9.26 Gb/s of payload beside the
+    // throughput flow; what held the measured one to 7.6 (DCQCN, the throughput flow's share of
+    // the wire) is not modelled.
+    ("N9.bw", 8.528), // paper 7.6 Gb/s
+    // Relaxed target: the model's bandwidth flow keeps more than measured; on RoCE-40 its paced
+    // 5 KB chunks never fill the transmit FIFO.
+    ("J2.ib.bw", 46.38),    // paper 41.3 Gb/s
+    ("J2.roce.p50", 2.235), // paper 6.7 us
+    ("J2.roce.p99", 2.293), // paper 7.1 us
+    ("J2.roce.bw", 36.5),   // paper 29.7 Gb/s
+    // Native degradation is x2, not x71 (see N3, N4), so there is little for Justitia to win
+    // back.
+    ("J6.native.p50x", 2.125), // paper 71.4 x
+    ("J6.native.p99x", 2.181), // paper 79.8 x
+    ("J6.gain.p50", 1.967),    // paper 48.8 x
+    ("J6.gain.p99", 1.365),    // paper 16.4 x
+    // The yield is a header-only packet (8% of a 16 KB sub-message), and a sub-message enters
+    // the FIFO as one burst.
+    ("P1.dapp.bw", 0.085),   // paper < 0.05
+    ("P1.mapp.bw", 0.154),   // paper < 0.05
+    ("P1.dapp.p50", 1.806),  // paper 1 x
+    ("P1.mapp.rate", 1.934), // paper 1 x
+    // Relaxed Justitia at 15 us never paces: the D_App stays at native latency and the B_App at
+    // line rate.
+    ("P3.mean", 3.613), // paper 1.5 us
+    ("P3.bw", 96.518),  // paper 86 Gb/s
+    // The LSG waits for every full input buffer from two BSGs on (RPerf's equation), one buffer
+    // above the published points; the real switch's bandwidth loss with more BSGs is not
+    // modelled.
+    ("R3.1.p50", 0.78),    // paper 0.6 us
+    ("R3.1.p999", 1.394),  // paper 0.9 us
+    ("R3.2.p50", 10.319),  // paper 5.2 us
+    ("R3.2.p999", 10.503), // paper 5.7 us
+    ("R3.3.p50", 15.151),  // paper 10.7 us
+    ("R3.bw5", 54.176),    // paper 48.4 Gb/s
+    // As R3: the model keeps RPerf's equation, RPerf's own points sit one buffer under it; with
+    // 1 BSG the LSG queues behind the packet being forwarded.
+    ("R4.1.p50", 0.771),  // paper 0.6 us
+    ("R4.2.p50", 9.119),  // paper 4.5 us
+    ("R4.2.p999", 9.183), // paper 4.6 us
+    // Where the LSG's packet falls in the round-robin turn is set by its closed loop.
+    ("R5.1.p50", 0.771),  // paper 0.6 us
+    ("R5.5.p50", 1.862),  // paper 2.5 us
+    ("R5.5.p999", 1.929), // paper 2.6 us
+    // The LSG shares the downstream input buffer with two BSGs that fill it.
+    ("R6.rr.p999", 19.999), // paper 14.9 us
+    // The zero-load RTT fitted to R1 is already 0.48 us; input buffers hold bytes, not packets.
+    ("R7.64B.p50", 0.528),   // paper 0.4 us
+    ("R7.512B.p50", 25.135), // paper 20 us
+    // The pretender's rate is capped by the per-QP message rate fitted to R2.
+    ("R8.pretend", 15.899),   // paper 21.5 Gb/s
+    ("R8.others", 9.11),      // paper 6.7-7 Gb/s
+    ("R8.gamed.p50", 0.817),  // paper 8.5 us
+    ("R8.gamed.p999", 1.275), // paper 9.1 us
+];
