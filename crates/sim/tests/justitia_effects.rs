@@ -1,15 +1,17 @@
 //! The `justitia` policy against the effects its paper reports (validation targets J1-J8).
 //!
-//! J1, J3 and J4 must be within 30% of the paper and in the right direction; the others are
-//! checked with the tolerance written at each assertion, or, where the model does not
-//! reach the paper, the test says why and asserts what the model does show.
+//! Each target's test asserts every check of it in the validation table
+//! (`crates/sim/validation/targets.toml`: the paper's figure, the tolerance and why):
+//! within tolerance, or on the known-gap list (`common/gaps.rs`) with the model's figure.
+//! Directions the paper states without a figure (Justitia beats native) are asserted here.
+//! The last three tests cover effects outside the target list, each with its own bounds.
 
 mod common;
 
-use common::{assert_between, assert_near, assert_target, flow, latency, report, run};
+use common::{assert_between, assert_near, assert_targets, flow, latency, report, run};
 use justitia_sim::report::jain_index;
 
-/// Justitia's effects: within 30% of the paper.
+/// Justitia's effects outside the target list: within 30% of the paper.
 const EFFECT: f64 = 0.30;
 
 /// J1: with Target99 set to the latency flow's alone p99, Justitia brings its median back
@@ -17,85 +19,45 @@ const EFFECT: f64 = 0.30;
 /// (sharing incentive) (Justitia Fig 9).
 #[test]
 fn j1_latency_isolation_with_sharing_incentive() {
-    for (scenario, paper_median) in [("lat-vs-1mb-bw-ib56", 1.3), ("lat-vs-1mb-bw-roce40", 1.8)] {
+    assert_targets("J1");
+    for scenario in ["lat-vs-1mb-bw-ib56", "lat-vs-1mb-bw-roce40"] {
         let r = report(scenario);
         let native = latency(run(&r, "with bw"), "lat");
         let justitia = latency(run(&r, "with bw + justitia"), "lat");
-        assert_near(
-            &format!("J1 {scenario} median with Justitia (us)"),
-            justitia.p50_us,
-            paper_median,
-            EFFECT,
-        );
         assert!(
             justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
             "J1 {scenario}: Justitia {justitia:?} must beat native {native:?}"
-        );
-        let alone = flow(run(&r, "bw alone"), "bw").gbps;
-        assert_near(
-            &format!("J1 {scenario} bandwidth flow share"),
-            flow(run(&r, "with bw + justitia"), "bw").gbps / alone,
-            0.5,
-            EFFECT,
         );
     }
 }
 
 /// J2: with a relaxed target (10 us) and the bandwidth flow on 4 QPs, Justitia keeps most
-/// of the bandwidth and bounds the latency: IB median 2.2 us, p99 3.2 us, 41.3 Gb/s
-/// (Justitia Fig 10). Checked within 30%.
+/// of the bandwidth and bounds the latency: median 2.2 / 6.7 us, p99 3.2 / 7.1 us,
+/// 41.3 / 29.7 Gb/s on IB / RoCE (Justitia Fig 10).
 ///
-/// Gap on RoCE-40: the paper measured 6.7 / 7.1 us and 29.7 Gb/s; the model gives about
-/// 2.2 us at 36.5 Gb/s, because its 5 KB chunks paced below the line rate never let the
-/// transmit FIFO fill, whatever the target. The test asserts that Justitia is no worse
-/// than native in latency and keeps at least 80% of the native bandwidth there.
+/// Known gaps (`common/gaps.rs`): both bandwidth flows keep more than measured (46.4 and
+/// 36.5 Gb/s); on RoCE-40 the latency flow gets about 2.2 us against 6.7, because the
+/// model's 5 KB chunks paced below the line rate never let the transmit FIFO fill,
+/// whatever the target.
 #[test]
 fn j2_relaxed_target_keeps_bandwidth() {
-    let r = report("lat-vs-1mb-bw-4qps-ib56");
-    let j = run(&r, "with bw + justitia");
-    let l = latency(j, "lat");
-    assert_near("J2 IB-56 median (us)", l.p50_us, 2.2, EFFECT);
-    assert_near("J2 IB-56 p99 (us)", l.p99_us, 3.2, EFFECT);
-    assert_near(
-        "J2 IB-56 bandwidth (Gb/s)",
-        flow(j, "bw").gbps,
-        41.3,
-        EFFECT,
-    );
-
-    let r = report("lat-vs-1mb-bw-4qps-roce40");
-    let native = run(&r, "with bw");
-    let j = run(&r, "with bw + justitia");
-    assert!(latency(j, "lat").p50_us <= latency(native, "lat").p50_us);
-    assert_between(
-        "J2 RoCE-40 bandwidth with Justitia / native",
-        flow(j, "bw").gbps / flow(native, "bw").gbps,
-        0.8,
-        1.01,
-    );
+    assert_targets("J2");
 }
 
 /// J3: Justitia gives a 1 MB and a 1 GB flow equal shares (against x1.42 / x1.22
 /// natively), at a bandwidth cost under 6% on IB and 2% on RoCE (Justitia §6.1.2, Fig 11).
 #[test]
 fn j3_equal_shares_regardless_of_message_size() {
-    for (scenario, overhead) in [("1mb-vs-1gb-bw-ib56", 0.06), ("1mb-vs-1gb-bw-roce40", 0.02)] {
+    assert_targets("J3");
+    for scenario in ["1mb-vs-1gb-bw-ib56", "1mb-vs-1gb-bw-roce40"] {
         let r = report(scenario);
         let native = run(&r, "1MB vs 1GB, event");
         let j = run(&r, "1MB vs 1GB, event + justitia");
         let ratio = flow(j, "1GB").gbps / flow(j, "1MB").gbps;
-        assert_near(&format!("J3 {scenario} 1GB / 1MB"), ratio, 1.0, EFFECT);
         let native_ratio = flow(native, "1GB").gbps / flow(native, "1MB").gbps;
         assert!(
             (ratio - 1.0).abs() < (native_ratio - 1.0).abs(),
             "J3 {scenario}: Justitia {ratio} must be fairer than native {native_ratio}"
-        );
-        let total = |run: &justitia_sim::RunReport| flow(run, "1GB").gbps + flow(run, "1MB").gbps;
-        assert_between(
-            &format!("J3 {scenario} bandwidth lost to Justitia"),
-            1.0 - total(j) / total(native),
-            -0.01,
-            overhead,
         );
     }
 }
@@ -104,68 +66,43 @@ fn j3_equal_shares_regardless_of_message_size() {
 /// bandwidth flow half its bandwidth (Justitia Fig 12).
 #[test]
 fn j4_throughput_and_bandwidth_halve() {
+    assert_targets("J4");
     let r = report("tput-vs-1mb-bw-ib56");
-    let tput_alone = flow(run(&r, "alone"), "tput").msgs_per_sec;
-    let native = run(&r, "with bw");
-    let j = run(&r, "with bw + justitia");
-    assert_near(
-        "J4 throughput flow with Justitia / alone",
-        flow(j, "tput").msgs_per_sec / tput_alone,
-        0.5,
-        EFFECT,
-    );
-    assert!(flow(j, "tput").msgs_per_sec > flow(native, "tput").msgs_per_sec);
-    let bw_alone = flow(run(&r, "bw alone"), "bw").gbps;
-    assert_near(
-        "J4 bandwidth flow with Justitia / alone",
-        flow(j, "bw").gbps / bw_alone,
-        0.5,
-        EFFECT,
+    assert!(
+        flow(run(&r, "with bw + justitia"), "tput").msgs_per_sec
+            > flow(run(&r, "with bw"), "tput").msgs_per_sec
     );
 }
 
 /// J5: on 10 Gb/s RoCE with DCQCN, Justitia gives the throughput flow 2.6 M msgs/s and the
-/// bandwidth flow 4.1 Gb/s (Justitia Fig 19). Checked within 30%.
+/// bandwidth flow 4.1 Gb/s (Justitia Fig 19).
 #[test]
 fn j5_throughput_vs_bandwidth_roce10() {
-    let r = report("tput-vs-1mb-bw-roce10");
-    let j = run(&r, "with bw + justitia");
-    assert_near(
-        "J5 throughput flow (M msgs/s)",
-        flow(j, "tput").msgs_per_sec / 1e6,
-        2.6,
-        EFFECT,
-    );
-    assert_near("J5 bandwidth flow (Gb/s)", flow(j, "bw").gbps, 4.1, EFFECT);
+    assert_targets("J5");
 }
 
 /// J6: eight latency flows against eight bandwidth flows of 1 MB to 1 GB: natively x71.4
 /// the alone median (x79.8 p99); Justitia improves the median x48.8 and the p99 x16.4
-/// (Justitia §6.5.1, Fig 22). So the paper's Justitia leaves the median at 1.46x and the
-/// p99 at 4.87x the alone value: it takes away 99% of what native adds to the median over
-/// alone, and 95% of what it adds to the p99.
+/// (Justitia §6.5.1, Fig 22), so it leaves them at x1.46 and x4.87 alone. The paper states
+/// these as ratios to the flow alone, so the model's are ratios to its own alone run.
 ///
-/// Gap: the model's native degradation is about x2 (each of the eight QPs adds one MTU
-/// packet of waiting, see N3/N4), so there is far less for Justitia to win back, and the
-/// paper's factors cannot be reached. Asserted in the paper's direction, as fractions of
-/// native's excess over alone: Justitia brings the median within 30% of alone, and takes
-/// away at least 40% of native's p99 excess (the model gives about half: 3.07 us native,
-/// 2.25 us Justitia, 1.41 us alone). What is left is a chunk the latency packet meets on
-/// the wire at the sharing floor, which the paper's 5 KB chunks leave too. The eight flows'
+/// Known gaps (`common/gaps.rs`): the model's native degradation is about x2 (each of the
+/// eight QPs adds one MTU packet of waiting, see N3/N4), so there is far less for Justitia
+/// to win back and none of the paper's factors is reached; Justitia's median (x1.08 alone)
+/// is within tolerance of the paper's x1.46, its p99 (x1.6) is not of x4.87. What is left
+/// is a chunk the latency packet meets on the wire at the sharing floor. The eight flows'
 /// pacers release one after another only because the loop gives them release phases; with
 /// their releases in step (every flow given its rate at the same update with a full burst)
-/// the p99 was 4.9 us, above native. And sharing incentive among the bandwidth flows.
+/// the p99 was 4.9 us, above native. The directions (native worse than alone, Justitia
+/// better than native) and sharing incentive among the bandwidth flows are asserted too.
 #[test]
 fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
+    assert_targets("J6");
     let r = report("many-latency-vs-arriving-bw-ib56");
     let alone = latency(run(&r, "latency alone"), "lat#1");
     let native = latency(run(&r, "with bw"), "lat#1");
     let j = run(&r, "with bw + justitia");
     let justitia = latency(j, "lat#1");
-    eprintln!(
-        "J6 lat#1 p50 / p99 (us): alone {:.2} / {:.2}, native {:.2} / {:.2}, Justitia {:.2} / {:.2}",
-        alone.p50_us, alone.p99_us, native.p50_us, native.p99_us, justitia.p50_us, justitia.p99_us
-    );
     assert!(
         native.p50_us > alone.p50_us && native.p99_us > alone.p99_us,
         "native {native:?} vs alone {alone:?}"
@@ -173,18 +110,6 @@ fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
     assert!(
         justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
         "Justitia {justitia:?} must beat native {native:?}"
-    );
-    assert_near(
-        "J6 median with Justitia vs alone",
-        justitia.p50_us,
-        alone.p50_us,
-        0.30,
-    );
-    assert_between(
-        "J6 share of native's p99 excess over alone taken away by Justitia",
-        (native.p99_us - justitia.p99_us) / (native.p99_us - alone.p99_us),
-        0.40,
-        1.0,
     );
     let bw: Vec<f64> = j
         .flows
@@ -201,41 +126,10 @@ fn j6_many_latency_flows_against_arriving_bandwidth_flows() {
 }
 
 /// J7: many bandwidth flows, or many throughput flows, all get equal shares and the total
-/// stays near capacity (Justitia §6.3.1, Fig 16).
+/// stays near capacity (MaxRate 48 Gb/s, MaxTput 30 M ops/s) (Justitia §6.3.1, Fig 16).
 #[test]
 fn j7_many_flows_equal_shares() {
-    let r = report("many-flows-equal-shares-ib56");
-    for variant in ["8 bw + justitia", "mixed sizes + justitia"] {
-        let j = run(&r, variant);
-        assert_between(
-            &format!("J7 {variant}: Jain index"),
-            j.jain_bandwidth.unwrap_or(0.0),
-            0.98,
-            1.0,
-        );
-        let total: f64 = j.flows.iter().map(|f| f.gbps).sum();
-        assert_between(
-            &format!("J7 {variant}: total / MaxRate 48 Gb/s"),
-            total / 48.0,
-            0.9,
-            1.05,
-        );
-    }
-    let j = run(&r, "8 tput + justitia");
-    let rates: Vec<f64> = j.flows.iter().map(|f| f.msgs_per_sec).collect();
-    assert_between(
-        "J7 Jain index of 8 throughput flows",
-        jain_index(&rates).unwrap_or(0.0),
-        0.98,
-        1.0,
-    );
-    let native_total: f64 = run(&r, "8 tput").flows.iter().map(|f| f.msgs_per_sec).sum();
-    assert_between(
-        "J7 throughput total with Justitia / native",
-        rates.iter().sum::<f64>() / native_total,
-        0.9,
-        1.01,
-    );
+    assert_targets("J7");
 }
 
 /// J8: when Target99 cannot be met, Justitia first keeps sharing incentive; with the
@@ -246,8 +140,7 @@ fn j7_many_flows_equal_shares() {
 /// against the paper's MaxRate (48 Gb/s, §4.2.3).
 #[test]
 fn j8_unattainable_target() {
-    assert_target("J8.jain");
-    assert_target("J8.util");
+    assert_targets("J8");
     let r = report("unattainable-target-ib56");
     let total: f64 = run(&r, "justitia, gives up after delta")
         .flows

@@ -3,12 +3,16 @@
 //! priority, P1's reference point), on RoCE-100
 //! (`scenarios/preempt-vs-justitia-roce100.toml`).
 //!
-//! Effects are checked within 30% of the paper; where the model cannot reach a figure the
-//! test says why and asserts the direction and what the model does show.
+//! P1 and P2 are asserted through the validation table (`crates/sim/validation/targets.toml`):
+//! within tolerance, or on the known-gap list (`common/gaps.rs`) with the model's figure.
+//! The other effects are checked within 30% of the paper, or in the direction the paper
+//! states where it gives no figure.
 
 mod common;
 
-use common::{assert_between, assert_near, flow, latency, report, run};
+use common::{
+    assert_between, assert_near, assert_target, assert_targets, flow, latency, report, run,
+};
 use justitia_sim::ScenarioReport;
 
 /// PeRF's effects: within 30% of the paper.
@@ -27,25 +31,18 @@ fn mmsgs(r: &ScenarioReport, variant: &str, name: &str) -> f64 {
 /// P1 with the D_App: PeRF keeps the B_App within about 5% of native while the D_App's
 /// latency approaches a strict-priority queue (PeRF §5.2.1, Fig 7a).
 ///
-/// Gaps, both from the standard-verbs form of the yield. (1) Each yield is a header-only
-/// packet: 16 x 82 B of RoCE headers per 16 KB sub-message, 8.0% of the payload, which
-/// PeRF's vendor zero-wait request does not put on the wire; the bound on the B_App's loss
-/// is the paper's 5% plus that, within 30%. (2) A sub-message enters the model's 24 KB
-/// transmit FIFO as one 16 KB burst, so a D_App message still waits behind most of one:
-/// the median falls (about 3.6 to 3.1 us) but stays well above the 1.72 us of the model's
-/// strict priority (`p1_priority_reference_point`); the test asserts the direction only.
+/// Known gaps (`common/gaps.rs`), both from the standard-verbs form of the yield. (1) Each
+/// yield is a header-only packet: 16 x 82 B of RoCE headers per 16 KB sub-message, 8.0% of
+/// the payload, which PeRF's vendor zero-wait request does not put on the wire, so the
+/// B_App loses 8.5%, not under 5%. (2) A sub-message enters the model's 24 KB transmit FIFO
+/// as one 16 KB burst, so a D_App message still waits behind most of one: the median falls
+/// (about 3.6 to 3.1 us) but stays 1.8 times the model's strict priority's. The direction
+/// (preempt beats native) is asserted too.
 #[test]
 fn p1_preempt_keeps_bandwidth_and_helps_the_delay_app() {
+    assert_target("P1.dapp.bw");
+    assert_target("P1.dapp.p50");
     let r = report(SCENARIO);
-    let native_bw = gbps(&r, "D_App + B_App native", "B_App");
-    let preempt_bw = gbps(&r, "D_App + B_App preempt", "B_App");
-    let yield_headers = 16.0 * 82.0 / 16384.0;
-    assert_between(
-        "P1 B_App bandwidth lost to preempt (D_App case)",
-        1.0 - preempt_bw / native_bw,
-        0.0,
-        (0.05 + yield_headers) * (1.0 + EFFECT),
-    );
     let native = latency(run(&r, "D_App + B_App native"), "D_App");
     let preempt = latency(run(&r, "D_App + B_App preempt"), "D_App");
     let alone = latency(run(&r, "D_App alone"), "D_App");
@@ -61,34 +58,23 @@ fn p1_preempt_keeps_bandwidth_and_helps_the_delay_app() {
 }
 
 /// P1 with the M_App: PeRF gives the M_App close to the rate a strict-priority queue would
-/// (its alone rate; natively it collapses, N10), within 30%, while the B_App keeps most of
-/// its bandwidth (PeRF §5.2.1, Fig 7b). The B_App's loss here also counts the wire the
-/// recovered M_App takes (about 8.6 Gb/s of headers and payload at 11 M msgs/s), so it is
-/// bounded by that plus the yields' headers and the paper's 5%, within 30%.
+/// (natively it collapses, N10) while the B_App keeps within about 5% of native (PeRF
+/// §5.2.1, Fig 7b).
+///
+/// Known gaps (`common/gaps.rs`): the B_App loses 15% (the yields' headers and the wire the
+/// recovered M_App takes), and the M_App under preempt gets 1.9 times what the model's
+/// strict priority gives it (see `p1_priority_with_the_message_app` for why the model's SP
+/// stays low). The direction, preempt restoring the M_App well above native, is asserted.
 #[test]
 fn p1_preempt_restores_the_message_app() {
+    assert_target("P1.mapp.bw");
+    assert_target("P1.mapp.rate");
     let r = report(SCENARIO);
-    let alone = mmsgs(&r, "M_App alone", "M_App");
     let native = mmsgs(&r, "M_App + B_App native", "M_App");
     let preempt = mmsgs(&r, "M_App + B_App preempt", "M_App");
-    assert_near(
-        "P1 M_App rate with preempt / alone",
-        preempt / alone,
-        1.0,
-        EFFECT,
-    );
     assert!(
         preempt > 2.0 * native,
         "P1: preempt {preempt} vs native {native}"
-    );
-    let lost = 1.0
-        - gbps(&r, "M_App + B_App preempt", "B_App") / gbps(&r, "M_App + B_App native", "B_App");
-    let m_app_wire = preempt * 1e6 * (16.0 + 82.0) * 8.0 / 1e9 / 100.0;
-    assert_between(
-        "P1 B_App bandwidth lost to preempt (M_App case)",
-        lost,
-        0.0,
-        (0.05 + 16.0 * 82.0 / 16384.0 + m_app_wire) * (1.0 + EFFECT),
     );
 }
 
@@ -174,36 +160,15 @@ fn p1_priority_with_the_message_app() {
 }
 
 /// P2: PeRF gets about x2.04 the B_App throughput of Justitia, because Justitia halves the
-/// B_App (and the M_App) when they share (PeRF §1, §5.2.2, Fig 8). Within 30%.
+/// B_App (and the M_App) when they share (PeRF §1, §5.2.2, Fig 8).
 ///
 /// Gap: "at similar latency" does not hold for the D_App in the model (see P1: preempt's
-/// median stays about twice Justitia's); asserted is only that preempt beats native.
+/// median stays about twice Justitia's); asserted besides is that preempt gives the M_App more
+/// than Justitia does.
 #[test]
 fn p2_preempt_doubles_bandwidth_over_justitia() {
+    assert_targets("P2");
     let r = report(SCENARIO);
-    for case in ["D_App", "M_App"] {
-        let ratio = gbps(&r, &format!("{case} + B_App preempt"), "B_App")
-            / gbps(&r, &format!("{case} + B_App justitia"), "B_App");
-        assert_near(
-            &format!("P2 B_App preempt / justitia ({case})"),
-            ratio,
-            2.04,
-            EFFECT,
-        );
-    }
-    let b_alone = gbps(&r, "B_App alone", "B_App");
-    assert_near(
-        "P2 B_App with justitia / alone (M_App case)",
-        gbps(&r, "M_App + B_App justitia", "B_App") / b_alone,
-        0.5,
-        EFFECT,
-    );
-    assert_near(
-        "P2 M_App with justitia / alone",
-        mmsgs(&r, "M_App + B_App justitia", "M_App") / mmsgs(&r, "M_App alone", "M_App"),
-        0.5,
-        EFFECT,
-    );
     assert!(
         mmsgs(&r, "M_App + B_App preempt", "M_App") > mmsgs(&r, "M_App + B_App justitia", "M_App")
     );

@@ -35,10 +35,11 @@ pub const KNOWN_GAPS: &[(&str, f64)] = &[
     ("J2.roce.bw", 36.5),   // paper 29.7 Gb/s
     // Native degradation is x2, not x71 (see N3, N4), so there is little for Justitia to win
     // back.
-    ("J6.native.p50x", 2.125), // paper 71.4 x
-    ("J6.native.p99x", 2.181), // paper 79.8 x
-    ("J6.gain.p50", 1.967),    // paper 48.8 x
-    ("J6.gain.p99", 1.365),    // paper 16.4 x
+    ("J6.native.p50x", 2.125),   // paper 71.4 x
+    ("J6.native.p99x", 2.181),   // paper 79.8 x
+    ("J6.gain.p50", 1.967),      // paper 48.8 x
+    ("J6.gain.p99", 1.365),      // paper 16.4 x
+    ("J6.justitia.p99x", 1.596), // paper 4.87 x
     // The yield is a header-only packet (8% of a 16 KB sub-message), and a sub-message enters
     // the FIFO as one burst.
     ("P1.dapp.bw", 0.085),   // paper < 0.05

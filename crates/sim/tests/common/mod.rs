@@ -144,3 +144,17 @@ pub fn known_gap(id: &str) -> Option<f64> {
         .find(|(gap, _)| *gap == id)
         .map(|(_, model)| *model)
 }
+
+/// Asserts every check of a target (`N3`) that has a scenario, as [`assert_target`] does.
+pub fn assert_targets(target: &str) {
+    let ids: Vec<String> = builtin_table()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .filter(|c| c.target == target && c.scenario.is_some())
+        .map(|c| c.id)
+        .collect();
+    assert!(!ids.is_empty(), "no check of {target} has a scenario");
+    for id in ids {
+        assert_target(&id);
+    }
+}
