@@ -135,3 +135,96 @@ fn row(o: &Outcome) -> [String; 7] {
         o.status.to_string(),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use justitia_core::flow::FlowClass;
+    use justitia_sim::{FlowReport, RunReport, ScenarioReport};
+
+    use super::*;
+
+    fn report() -> BTreeMap<String, ScenarioReport> {
+        let flow = FlowReport {
+            name: "bw".into(),
+            class: FlowClass::Bandwidth,
+            app: "bandwidth".into(),
+            messages: 1,
+            msgs_per_sec: 1.0,
+            gbps: 45.0,
+            latency: None,
+        };
+        let run = RunReport {
+            variant: "alone".into(),
+            policy: "native".into(),
+            flows: vec![flow],
+            utilisation: 1.0,
+            jain_bandwidth: None,
+            policy_figures: BTreeMap::new(),
+            events: 0,
+            series: Default::default(),
+            wall_seconds: 0.0,
+        };
+        let report = ScenarioReport {
+            scenario: "s".into(),
+            description: String::new(),
+            profile: "IB-56".into(),
+            seed: 1,
+            duration_ms: 1.0,
+            warmup_ms: 0.0,
+            runs: vec![run],
+        };
+        BTreeMap::from([("s".to_string(), report)])
+    }
+
+    #[test]
+    fn each_check_is_one_aligned_line_and_the_summary_counts_the_sets() {
+        let table = r#"
+            [[check]]
+            id = "X1.bw"
+            what = "a rate"
+            paper = 48.0
+            unit = "Gb/s"
+            source = "s"
+            tolerance = 0.05
+            basis = "b"
+            tag = "validate"
+            scenario = "s"
+            model = 'gbps("alone", "bw")'
+            [[check]]
+            id = "X2"
+            what = "missing"
+            paper = 2.0
+            unit = "x"
+            source = "s"
+            tolerance = 0.3
+            basis = "b"
+            tag = "validate"
+        "#;
+        let checks = validation::parse_table(table, "test").unwrap_or_else(|e| panic!("{e}"));
+        let v = Validation::evaluate(checks, &report()).unwrap_or_else(|e| panic!("{e}"));
+        let text = render(&v);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("id "), "{text}");
+        // 45 against 48: -6.25%, outside 5%.
+        assert!(
+            lines[1].starts_with("X1.bw")
+                && lines[1].contains("48 Gb/s")
+                && lines[1].contains("45.000")
+                && lines[1].contains("-6.2%")
+                && lines[1].ends_with("FAIL"),
+            "{text}"
+        );
+        assert!(lines[2].ends_with("no scenario"), "{text}");
+        // The paper column is right-aligned: both figures end in the same column.
+        let end = |l: &str, s: &str| l.find(s).map(|i| i + s.len());
+        assert_eq!(end(lines[1], "Gb/s"), end(lines[2], "2 x"), "{text}");
+        assert!(
+            text.contains("validate set: 0 of 1 checks within tolerance")
+                && text.contains("1 without a scenario")
+                && text.contains("median 6.2%"),
+            "{text}"
+        );
+    }
+}
