@@ -528,6 +528,10 @@ impl Validation {
             s.directions,
             s.no_scenario
         );
+        let (met, targets) = self.targets_met(tag);
+        text.push_str(&format!(
+            "; {met} of {targets} targets with every such check within tolerance"
+        ));
         if let (Some(median), Some((max, at))) = (s.median_error, s.max_error) {
             text.push_str(&format!(
                 "; error |model - paper| / paper of the values: median {:.1}%, max {:.0}% ({})",
@@ -537,6 +541,19 @@ impl Validation {
             ));
         }
         text
+    }
+
+    /// Targets (`N3`) with at least one check tagged `tag` that has a scenario, and of those
+    /// the ones whose every such check is met: (met, targets).
+    pub fn targets_met(&self, tag: Tag) -> (usize, usize) {
+        let mut all_met: BTreeMap<&str, bool> = BTreeMap::new();
+        for o in &self.outcomes {
+            if o.check.tag == tag && o.status != Status::NoScenario {
+                let met = all_met.entry(o.check.target.as_str()).or_insert(true);
+                *met &= o.status == Status::Pass;
+            }
+        }
+        (all_met.values().filter(|m| **m).count(), all_met.len())
     }
 
     /// The ids of the validate-set checks outside tolerance.
@@ -1134,6 +1151,9 @@ mod tests {
             (2, 0, 1, 1)
         );
         assert_eq!(s.median_error, Some(0.5));
+        // X1 has one validate check, outside tolerance; X2's only check fails too.
+        assert_eq!(v.targets_met(Tag::Validate), (0, 2));
+        assert_eq!(v.targets_met(Tag::Fit), (1, 1));
         let md = v.markdown("regenerate");
         assert!(
             md.contains("| X1.a | a ratio | 2 x | 3 | +50.0% | ±25% | validate | FAIL |"),
