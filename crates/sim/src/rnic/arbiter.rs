@@ -2,6 +2,9 @@
 //! pair sends next, one packet of at most an MTU at a time, and how a message becomes
 //! packets.
 
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
 use super::{Fabric, FabricEvents, PacketKind, QpId, Rnic, RnicEvent, TxMessage, Unacked};
 use crate::engine::EventQueue;
 use crate::link::Packet;
@@ -11,12 +14,14 @@ use crate::time::Picos;
 use crate::topology::HostId;
 
 /// Ready queue-pair numbers in ascending order, and the lanes of those above lane 0.
-/// Sorted vectors: an RNIC has few ready queue pairs at a time, and this is faster than a
-/// tree for that.
+/// `all` is an ordered set, so that listing, unlisting and finding whose turn it is cost
+/// O(log n) with thousands of ready queue pairs (a sorted vector moved a whole slice on
+/// each change); `raised` stays a sorted vector, as it is empty unless a scenario or a
+/// policy raises queue pairs, and then small.
 #[derive(Default)]
 pub(super) struct ReadySet {
     /// Every listed number.
-    all: Vec<u32>,
+    all: BTreeSet<u32>,
     /// The listed numbers on a lane above 0, with their lanes: while it is empty (always,
     /// unless a queue pair was put on another lane) the turn is plain round robin over
     /// `all` and no lane is looked at.
@@ -35,26 +40,21 @@ pub(super) fn turn_after<T>(
 
 impl ReadySet {
     pub(super) fn insert(&mut self, n: u32, lane: u8) {
-        if let Err(at) = self.all.binary_search(&n) {
-            self.all.insert(at, n);
-            if lane > 0 {
-                self.set_raised(n, lane);
-            }
+        // `insert` runs first: the lane is looked at only for a number newly listed.
+        if self.all.insert(n) && lane > 0 {
+            self.set_raised(n, lane);
         }
     }
 
     pub(super) fn remove(&mut self, n: u32) {
-        if let Ok(at) = self.all.binary_search(&n) {
-            self.all.remove(at);
-            if !self.raised.is_empty() {
-                self.set_raised(n, 0);
-            }
+        if self.all.remove(&n) && !self.raised.is_empty() {
+            self.set_raised(n, 0);
         }
     }
 
     /// Moves a listed queue pair to another lane (nothing if it is not listed).
     pub(super) fn set_lane(&mut self, n: u32, lane: u8) {
-        if self.all.binary_search(&n).is_ok() {
+        if self.all.contains(&n) {
             self.set_raised(n, lane);
         }
     }
@@ -84,8 +84,12 @@ impl ReadySet {
     /// `last_served`, wrapping around.
     pub(super) fn next(&self, last_served: &[u32; VIRTUAL_LANES]) -> Option<u32> {
         let Some(top) = self.top_lane() else {
-            let at = self.all.partition_point(|&m| m <= last_served[0]);
-            return self.all.get(at).or_else(|| self.all.first()).copied();
+            return self
+                .all
+                .range((Bound::Excluded(last_served[0]), Bound::Unbounded))
+                .next()
+                .or_else(|| self.all.first())
+                .copied();
         };
         turn_after(&self.raised, |e| e.0, last_served[usize::from(top)])
             .find(|e| e.1 == top)
@@ -95,7 +99,11 @@ impl ReadySet {
     /// Every listed number in the order the arbiter would serve them if each were the only
     /// one it could send: lanes from the highest down, each from its turn on.
     pub(super) fn service_order(&self, last_served: &[u32; VIRTUAL_LANES]) -> Vec<u32> {
-        let lane_0 = turn_after(&self.all, |&m| m, last_served[0]);
+        let n = last_served[0];
+        let lane_0 = self
+            .all
+            .range((Bound::Excluded(n), Bound::Unbounded))
+            .chain(self.all.range(..=n));
         let Some(top) = self.top_lane() else {
             return lane_0.copied().collect();
         };
@@ -398,7 +406,7 @@ mod tests {
         for n in [7, 2, 5, 2] {
             r.insert(n, 0);
         }
-        assert_eq!(r.all, vec![2, 5, 7]);
+        assert_eq!(r.all.iter().copied().collect::<Vec<_>>(), [2, 5, 7]);
         let after = |r: &ReadySet, n| {
             let mut last = [0; VIRTUAL_LANES];
             last[0] = n;

@@ -255,6 +255,9 @@ struct Rnic {
     raised_qps: u32,
     fifo: TxFifo,
     pu_free: Vec<Picos>,
+    /// Queue pairs connected on this host so far: the next one's index among them picks
+    /// its processing unit (a count kept, so that connecting stays constant-time).
+    qps_on_host: u32,
     next_decision: Picos,
     arbiter_gen: u32,
     arbiter_pending: bool,
@@ -338,6 +341,7 @@ impl Fabric {
                     engine_free: 0,
                 },
                 pu_free: vec![0; profile.rnic.processing_units as usize],
+                qps_on_host: 0,
                 next_decision: 0,
                 arbiter_gen: 0,
                 arbiter_pending: false,
@@ -370,14 +374,16 @@ impl Fabric {
         let ib = QpId(ia.0 + 1);
         for (end, peer) in [(a, ib), (b, ia)] {
             let units = self.rnics[usize::from(end.host.0)].pu_free.len().max(1);
-            let on_host = self.qps.iter().filter(|q| q.host == end.host).count();
+            let nic = &mut self.rnics[usize::from(end.host.0)];
+            let on_host = nic.qps_on_host;
+            nic.qps_on_host += 1;
             self.qps.push(Qp {
                 host: end.host,
                 peer,
                 owner: end.owner,
                 flow,
                 wants_delivery: end.deliver,
-                pu: on_host % units,
+                pu: on_host as usize % units,
                 pu_booking: None,
                 cpu_free: 0,
                 sq: VecDeque::new(),
