@@ -89,8 +89,10 @@ impl<E: Copy> EventQueue<E> {
     }
 
     /// Schedules `event` at `at`; a time in the past is moved to now, because nothing may
-    /// happen before the event being handled.
-    pub fn schedule(&mut self, at: Picos, event: E) {
+    /// happen before the event being handled. `event` may be any component's own event
+    /// type that converts into the queue's.
+    pub fn schedule(&mut self, at: Picos, event: impl Into<E>) {
+        let event = event.into();
         let at = at.max(self.now);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -134,7 +136,7 @@ mod tests {
 
     #[test]
     fn pops_by_time_then_schedule_order() {
-        let mut q = EventQueue::new();
+        let mut q = EventQueue::<&str>::new();
         q.schedule(30, "c");
         q.schedule(10, "a1");
         q.schedule(20, "b");
@@ -149,7 +151,7 @@ mod tests {
 
     #[test]
     fn past_events_run_now_and_limit_is_respected() {
-        let mut q = EventQueue::new();
+        let mut q = EventQueue::<i32>::new();
         q.schedule(100, 1);
         assert_eq!(q.pop_until(50), None);
         assert_eq!(q.pop_until(100), Some((100, 1)));

@@ -5,10 +5,60 @@
 //! fixed propagation delay. Links do not queue: the sender's port (the RNIC's transmit
 //! FIFO, or later a switch's output queue) decides when a packet starts, so a link stays a
 //! pure function of time and size and a multi-hop path is a chain of them.
+//!
+//! What links carry, [`Packet`], is defined here, so that the RNICs and the switches both
+//! depend on the links rather than on each other.
 
 use crate::model_profile::LinkParams;
 use crate::time::{self, ByteTime, Picos};
-use crate::topology::NodeId;
+use crate::topology::{HostId, NodeId};
+
+/// A queue pair, unique across all hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QpId(pub u32);
+
+impl QpId {
+    /// Its index in per-queue-pair tables.
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What a packet is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketKind {
+    /// WRITE or SEND payload.
+    Data,
+    /// A READ request (header only); `request_bytes` says how much to read.
+    ReadRequest,
+    /// READ response payload.
+    ReadResponse,
+    /// An acknowledgement of all messages up to `msn`.
+    Ack,
+}
+
+/// One packet on the wire. Small and `Copy`: packets live inside events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// What it is.
+    pub kind: PacketKind,
+    /// Last packet of its message.
+    pub last: bool,
+    /// Destination host.
+    pub dst: HostId,
+    /// The queue pair on the destination host it is for.
+    pub qp: QpId,
+    /// Message sequence number on the sending queue pair (for an ACK: the acknowledged one).
+    pub msn: u32,
+    /// Payload bytes.
+    pub payload: u32,
+    /// Bytes on the wire.
+    pub wire: u32,
+    /// For a READ request: the bytes to read.
+    pub request_bytes: u32,
+    /// The virtual lane it travels on (its queue pair's service level).
+    pub lane: u8,
+}
 
 /// One direction of a cable.
 #[derive(Clone, Debug)]

@@ -24,10 +24,301 @@
 
 use std::collections::VecDeque;
 
-use crate::model_profile::{InputArbitration, SwitchParams, VlArbitration, VIRTUAL_LANES};
-use crate::rnic::Packet;
+use rand_core::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use crate::engine::EventQueue;
+use crate::link::Packet;
+use crate::model_profile::{
+    InputArbitration, ModelProfile, SwitchParams, VlArbitration, VIRTUAL_LANES,
+};
 use crate::time::{self, Picos};
-use crate::topology::SwitchPorts;
+use crate::topology::{LinkId, NodeKind, SwitchId, SwitchPorts, Topology};
+
+/// What happens at the switches.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SwitchEvent {
+    /// A packet is eligible in a switch's input buffer.
+    Arrive {
+        /// The switch.
+        switch: u16,
+        /// The input port it entered by.
+        port: u8,
+        /// The packet.
+        packet: Packet,
+    },
+    /// A switch's output port picks its next packet.
+    Output {
+        /// The switch.
+        switch: u16,
+        /// The output port.
+        port: u8,
+    },
+    /// Buffer credits reach the sender on a link into a switch.
+    CreditReturn {
+        /// The link into the switch.
+        link: LinkId,
+        /// The lane whose buffer space was freed.
+        lane: u8,
+        /// Wire bytes freed.
+        bytes: u32,
+    },
+}
+
+/// What the rest of the fabric must do after a switch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SwitchOutcome {
+    /// Nothing.
+    Nothing,
+    /// An output port put `packet` on `link`: its first bit leaves at `head_leaves`, its
+    /// last at `done`.
+    Forward {
+        /// The output port's link.
+        link: LinkId,
+        /// The packet.
+        packet: Packet,
+        /// When its first bit leaves.
+        head_leaves: Picos,
+        /// When its last bit leaves.
+        done: Picos,
+    },
+    /// Credits came back to a host sending on `link`: its arbiter may have waited for them.
+    HostCredited(LinkId),
+}
+
+/// Credits of a link into a switch, per virtual lane, in wire bytes; they may dip below
+/// zero only by acknowledgements, which an RNIC sends without asking.
+pub(crate) type Credits = [i64; VIRTUAL_LANES];
+
+/// Every switch of a run, and the credits of every link into one.
+pub(crate) struct Switches {
+    switches: Vec<Switch>,
+    /// Per link: its sender's credits when it ends at a switch.
+    credits: Vec<Option<Credits>>,
+    /// Per link: the (switch, port) that sends on it, when a switch does.
+    sent_by_switch: Vec<Option<(usize, usize)>>,
+    rng: Pcg64Mcg,
+}
+
+impl Switches {
+    /// The switches of `topology`, configured by the profile's switch parameters (none
+    /// without them); `seed` is the run's seed.
+    pub(crate) fn new(topology: &Topology, profile: &ModelProfile, seed: u64) -> Self {
+        let mut credits = vec![None; topology.links().len()];
+        let mut sent_by_switch = vec![None; topology.links().len()];
+        let mut switches = Vec::new();
+        if let Some(params) = &profile.switch {
+            let full = i64::from(params.input_buffer_bytes);
+            for (l, link) in topology.links().iter().enumerate() {
+                if matches!(topology.node(link.to), NodeKind::Switch(_)) {
+                    credits[l] = Some([full; VIRTUAL_LANES]);
+                }
+            }
+            let mtu_wire = profile.mtu() + profile.link.header_bytes;
+            for (s, ports) in topology.switches().iter().enumerate() {
+                for (p, port) in ports.ports.iter().enumerate() {
+                    sent_by_switch[port.output.0 as usize] = Some((s, p));
+                }
+                switches.push(Switch::new(ports.clone(), params, mtu_wire));
+            }
+        }
+        Switches {
+            switches,
+            credits,
+            sent_by_switch,
+            // A stream of its own, so that switch jitter does not shift the RNICs' draws.
+            rng: Pcg64Mcg::seed_from_u64(seed ^ 0x0057_17C4),
+        }
+    }
+
+    /// The credits of the sender on `link`, when it leads into a switch.
+    pub(crate) fn credits(&self, link: LinkId) -> Option<Credits> {
+        self.credits[link.0 as usize]
+    }
+
+    /// The sender on `link` spends `bytes` of `lane`'s credits (nothing if the link does
+    /// not lead into a switch).
+    pub(crate) fn spend(&mut self, link: LinkId, lane: u8, bytes: u32) {
+        if let Some(credits) = &mut self.credits[link.0 as usize] {
+            credits[usize::from(lane)] -= i64::from(bytes);
+        }
+    }
+
+    /// A packet's head reaches switch `sw` by `link` at `head_arrives`: it becomes eligible
+    /// for its output after the forwarding latency and jitter, never before the packet
+    /// ahead of it in the same input port.
+    pub(crate) fn enter<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        topology: &Topology,
+        sw: SwitchId,
+        link: LinkId,
+        packet: Packet,
+        head_arrives: Picos,
+        q: &mut EventQueue<E>,
+    ) {
+        let Some(port) = topology.input_port(link) else {
+            return;
+        };
+        let s = usize::from(sw.0);
+        let switch = &mut self.switches[s];
+        let jitter = if switch.jitter > 0 {
+            self.rng.next_u64() % (switch.jitter + 1)
+        } else {
+            0
+        };
+        let p = usize::from(port);
+        let eligible = (head_arrives + switch.latency + jitter).max(switch.last_eligible[p]);
+        switch.last_eligible[p] = eligible;
+        q.schedule(
+            eligible,
+            SwitchEvent::Arrive {
+                switch: sw.0,
+                port,
+                packet,
+            },
+        );
+    }
+
+    /// Handles a switch event: the one entry point of the switches.
+    pub(crate) fn handle<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        topology: &Topology,
+        event: SwitchEvent,
+        q: &mut EventQueue<E>,
+    ) -> SwitchOutcome {
+        match event {
+            SwitchEvent::Arrive {
+                switch,
+                port,
+                packet,
+            } => {
+                self.on_arrive(switch, port, packet, q);
+                SwitchOutcome::Nothing
+            }
+            SwitchEvent::Output { switch, port } => self.on_output(topology, switch, port, q),
+            SwitchEvent::CreditReturn { link, lane, bytes } => {
+                self.on_credit_return(topology, link, lane, bytes, q)
+            }
+        }
+    }
+
+    /// The packet joins its input buffer.
+    fn on_arrive<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        switch: u16,
+        port: u8,
+        packet: Packet,
+        q: &mut EventQueue<E>,
+    ) {
+        let s = usize::from(switch);
+        let sw = &mut self.switches[s];
+        let buffer = &mut sw.inputs[usize::from(port)][usize::from(packet.lane)];
+        buffer.push_back(Queued {
+            entered: q.now(),
+            packet,
+        });
+        if buffer.len() == 1 {
+            let output = sw.route(&packet);
+            self.kick_output(s, output, q);
+        }
+    }
+
+    /// Makes sure output `output` of switch `s` decides once it is free.
+    fn kick_output<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        s: usize,
+        output: usize,
+        q: &mut EventQueue<E>,
+    ) {
+        let out = &mut self.switches[s].outputs[output];
+        if !out.pending {
+            out.pending = true;
+            q.schedule(
+                out.free_at.max(q.now()),
+                SwitchEvent::Output {
+                    switch: s as u16,
+                    port: output as u8,
+                },
+            );
+        }
+    }
+
+    /// The output port is free and picks its next packet, which the caller forwards.
+    fn on_output<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        topology: &Topology,
+        switch: u16,
+        port: u8,
+        q: &mut EventQueue<E>,
+    ) -> SwitchOutcome {
+        let (s, o) = (usize::from(switch), usize::from(port));
+        let now = q.now();
+        self.switches[s].outputs[o].pending = false;
+        let out_link = self.switches[s].ports.ports[o].output;
+        let next_hop = self.credits[out_link.0 as usize];
+        let can_send =
+            |lane: usize, p: &Packet| next_hop.is_none_or(|c| c[lane] >= i64::from(p.wire));
+        let Some(pick) = self.switches[s].arbitrate(o, &can_send) else {
+            return SwitchOutcome::Nothing;
+        };
+        let sw = &mut self.switches[s];
+        let Some(queued) = sw.inputs[pick.input][pick.lane].pop_front() else {
+            return SwitchOutcome::Nothing;
+        };
+        let packet = queued.packet;
+        let link = topology.link(out_link);
+        let done = now + link.serialization(packet.wire);
+        sw.outputs[o].free_at = done;
+        // The buffer space is free again: its credits travel back up the input cable.
+        let in_link = sw.ports.ports[pick.input].input;
+        let back = topology.link(in_link).propagation();
+        q.schedule(
+            now + back,
+            SwitchEvent::CreditReturn {
+                link: in_link,
+                lane: packet.lane,
+                bytes: packet.wire,
+            },
+        );
+        self.spend(out_link, packet.lane, packet.wire);
+        if let Some(next) = self.switches[s].inputs[pick.input][pick.lane].front() {
+            let output = self.switches[s].route(&next.packet);
+            if output != o {
+                self.kick_output(s, output, q);
+            }
+        }
+        self.kick_output(s, o, q);
+        SwitchOutcome::Forward {
+            link: out_link,
+            packet,
+            head_leaves: now,
+            done,
+        }
+    }
+
+    /// The sender on `link` may use `bytes` more of `lane`'s buffer at the far end.
+    fn on_credit_return<E: Copy + From<SwitchEvent>>(
+        &mut self,
+        topology: &Topology,
+        link: LinkId,
+        lane: u8,
+        bytes: u32,
+        q: &mut EventQueue<E>,
+    ) -> SwitchOutcome {
+        let l = link.0 as usize;
+        if let Some(credits) = &mut self.credits[l] {
+            credits[usize::from(lane)] += i64::from(bytes);
+        }
+        if let Some((s, o)) = self.sent_by_switch[l] {
+            self.kick_output(s, o, q);
+            SwitchOutcome::Nothing
+        } else if let NodeKind::Host(_) = topology.node(topology.link(link).from) {
+            SwitchOutcome::HostCredited(link)
+        } else {
+            SwitchOutcome::Nothing
+        }
+    }
+}
 
 /// A packet waiting in an input buffer, with the time it entered the switch.
 #[derive(Clone, Copy, Debug)]
@@ -205,8 +496,8 @@ impl Switch {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::rnic::{PacketKind, QpId};
-    use crate::topology::{HostId, LinkId, SwitchPort};
+    use crate::link::{PacketKind, QpId};
+    use crate::topology::{HostId, SwitchPort};
 
     fn switch(arbitration: InputArbitration, vl: VlArbitration, weights: Vec<u32>) -> Switch {
         let port = |i: u32| SwitchPort {

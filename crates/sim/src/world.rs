@@ -28,35 +28,20 @@ use crate::policy::priority::PriorityPolicy;
 use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
-use crate::rnic::{Completion, Endpoint, Fabric, Packet, QpId, QpOwner, WorkRequest};
+use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, RnicEvent, Upcall, WorkRequest};
 use crate::scenario::{AppSpec, Experiment, PolicySpec, ResolvedVariant, TopologyKind};
 use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
+use crate::switch::SwitchEvent;
 use crate::time::{self, Picos};
-use crate::topology::{HostId, LinkId, Topology};
+use crate::topology::{HostId, Topology};
 
 /// Everything that can happen.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Event {
-    /// A queue pair may have a packet ready for its arbiter.
-    QpReady(QpId),
-    /// A packet is eligible in a switch's input buffer.
-    SwitchArrive {
-        switch: u16,
-        port: u8,
-        packet: Packet,
-    },
-    /// A switch's output port picks its next packet.
-    SwitchOutput { switch: u16, port: u8 },
-    /// Buffer credits reach the sender on a link into a switch.
-    CreditReturn { link: LinkId, lane: u8, bytes: u32 },
-    /// A host's arbiter decides (stale when `gen` is not the current generation).
-    ArbiterWake { host: HostId, gen: u32 },
-    /// The last bit of a packet reached the far end of a link.
-    PacketArrive { link: LinkId, packet: Packet },
-    /// CQEs for all messages up to `upto` on `qp` are in host memory.
-    CqeVisible { qp: QpId, upto: u32 },
-    /// A received message of `bytes` is in the memory of `qp`'s host.
-    Deliver { qp: QpId, bytes: u32 },
+    /// An RNIC's.
+    Rnic(RnicEvent),
+    /// A switch's.
+    Switch(SwitchEvent),
     /// An application's timer.
     AppTimer { app: u32, tag: u64 },
     /// A policy's timer.
@@ -69,6 +54,18 @@ pub(crate) enum Event {
     AppPause(u32),
     /// A paused application posts again.
     AppResume(u32),
+}
+
+impl From<RnicEvent> for Event {
+    fn from(event: RnicEvent) -> Self {
+        Event::Rnic(event)
+    }
+}
+
+impl From<SwitchEvent> for Event {
+    fn from(event: SwitchEvent) -> Self {
+        Event::Switch(event)
+    }
 }
 
 /// A completion to pass up to an application.
@@ -405,44 +402,27 @@ impl World {
 
     fn dispatch(&mut self, event: Event) {
         match event {
-            Event::QpReady(qp) => self.fabric.on_qp_ready(qp, &mut self.queue),
-            Event::ArbiterWake { host, gen } => {
-                self.fabric.on_arbiter_wake(host, gen, &mut self.queue)
-            }
-            Event::PacketArrive { link, packet } => {
-                self.fabric.on_packet_arrive(link, packet, &mut self.queue)
-            }
-            Event::SwitchArrive {
-                switch,
-                port,
-                packet,
-            } => self
-                .fabric
-                .on_switch_arrive(switch, port, packet, &mut self.queue),
-            Event::SwitchOutput { switch, port } => {
-                self.fabric.on_switch_output(switch, port, &mut self.queue)
-            }
-            Event::CreditReturn { link, lane, bytes } => {
-                self.fabric
-                    .on_credit_return(link, lane, bytes, &mut self.queue)
-            }
-            Event::CqeVisible { qp, upto } => {
-                let mut done = std::mem::take(&mut self.completions);
-                done.clear();
-                self.fabric.take_completions(qp, upto, &mut done);
-                let host = self.fabric.host_of(qp);
-                for c in &done {
-                    let (policy, mut ctx) = self.policy_ctx(host);
-                    policy.on_completion(&mut ctx, c.qp, c.tag);
+            Event::Rnic(event) => match self.fabric.handle(event, &mut self.queue) {
+                None => {}
+                Some(Upcall::Completions { qp, upto }) => {
+                    let mut done = std::mem::take(&mut self.completions);
+                    done.clear();
+                    self.fabric.take_completions(qp, upto, &mut done);
+                    let host = self.fabric.host_of(qp);
+                    for c in &done {
+                        let (policy, mut ctx) = self.policy_ctx(host);
+                        policy.on_completion(&mut ctx, c.qp, c.tag);
+                    }
+                    self.completions = done;
                 }
-                self.completions = done;
-            }
-            Event::Deliver { qp, bytes } => {
-                if let QpOwner::App(app) = self.fabric.owner(qp) {
-                    let (model, mut io) = self.app_io(app);
-                    model.on_delivery(&mut io, qp, bytes);
+                Some(Upcall::Deliver { qp, bytes }) => {
+                    if let QpOwner::App(app) = self.fabric.owner(qp) {
+                        let (model, mut io) = self.app_io(app);
+                        model.on_delivery(&mut io, qp, bytes);
+                    }
                 }
-            }
+            },
+            Event::Switch(event) => self.fabric.handle_switch(event, &mut self.queue),
             Event::AppTimer { app, tag } => {
                 let (model, mut io) = self.app_io(app);
                 model.on_timer(&mut io, tag);
