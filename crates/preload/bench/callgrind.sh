@@ -4,7 +4,9 @@
 # Runs examples/post_poll_loop under callgrind straight to the mock provider, through the
 # shaper with no class set (pass-through), through the shaper's shaped path (bandwidth
 # class, a request too small to split) and through the shaped path of a throughput flow
-# paced by operations (16 B requests, the pacer asked about each), counts the instructions
+# paced by operations (16 B requests, the pacer asked about each) and through the shaped
+# path of a bandwidth flow following the allotment a stand-in daemon publishes in a control
+# block (the pacer asked about each request at the allotted rate), counts the instructions
 # executed inside the post and poll calls only, and prints them per request and what the
 # shaper adds, each beside its target.
 # Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).
@@ -30,11 +32,13 @@ direct=$(count direct)
 shaper=$(count shaper)
 shaped=$(count shaped)
 paced=$(count paced)
-awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v n="$n" 'BEGIN {
+follow=$(count follow)
+awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v n="$n" 'BEGIN {
   printf "instructions per post+poll, %d iterations (callgrind, mock provider)\n", n
   printf "  direct to provider : %8.1f\n", d / n
   printf "  through the shaper : %8.1f\n", s / n
   printf "  added by the shaper: %8.1f (pass-through; target: under 50)\n", (s - d) / n
   printf "  shaped path adds   : %8.1f (bandwidth class, request not split; target: under 300)\n", (x - d) / n
   printf "  paced path adds    : %8.1f (throughput class, 16 B paced by ops; target: under 300)\n", (p - d) / n
+  printf "  following adds     : %8.1f (bandwidth class at the daemon'"'"'s allotment; target: under 300)\n", (f - d) / n
 }'

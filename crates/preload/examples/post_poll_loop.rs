@@ -4,21 +4,34 @@
 //! bandwidth class: the request is too small to split, but is posted with the shaper's tag
 //! and its completion translated), or through the shaped path of a throughput flow paced by
 //! operations (`paced`: `JUSTITIA_RATE` of 100 GB/s and 1 G ops/s, far above what the loop
-//! reaches, so the pacer is asked about every request and never holds one back). Run by
-//! `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
+//! reaches, so the pacer is asked about every request and never holds one back), or
+//! through the shaped path of a bandwidth flow that follows the daemon (`follow`: the rate
+//! is the allotment a stand-in for `justitiad` publishes in a control block, 100 GB/s and
+//! 1 G ops/s with a release phase, read by the shaper's follower before the loop starts).
+//! Run by `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
 //! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped|paced N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow N`
 
 use std::ffi::c_int;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use justitia::clock::MonotonicClock;
 use justitia::engine::PacerMode;
 use justitia::exports::{engine_from, on_create_cq, on_create_qp};
 use justitia::mock::MockDevice;
+use justitia_agent::block::{monotonic_ns, phase_to_fixed, BlockWriter, SlotAllotment, SlotState};
+use justitia_agent::proto::{AdmissionReply, Reply, Request, MAX_MESSAGE};
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 
 /// One post, as the application's inline `ibv_post_send` makes it.
 #[no_mangle]
@@ -44,26 +57,34 @@ fn main() -> anyhow::Result<()> {
     let (shaped, class, rate) = match mode.as_str() {
         "direct" => (false, None, None),
         "shaper" => (true, None, None),
-        "shaped" => (true, Some("bandwidth"), None),
+        "shaped" | "follow" => (true, Some("bandwidth"), None),
         "paced" => (true, Some("throughput"), Some("100G:1G")),
-        other => anyhow::bail!("mode must be direct, shaper, shaped or paced, not {other}"),
+        other => {
+            anyhow::bail!("mode must be direct, shaper, shaped, paced or follow, not {other}")
+        }
     };
+    let daemon = (mode == "follow").then(StandIn::start).transpose()?;
+    let socket = daemon.as_ref().map(|d| d.path.display().to_string());
 
     let dev = MockDevice::new();
     let ctx = dev.context();
+    let mut engine = None;
     if shaped {
         let lookup = |name: &str| {
             match name {
                 "JUSTITIA_CLASS" => class,
                 "JUSTITIA_RATE" => rate,
+                "JUSTITIA_DAEMON" => Some(if socket.is_some() { "on" } else { "off" }),
+                "JUSTITIA_SOCKET" => socket.as_deref(),
                 _ => None,
             }
             .map(str::to_string)
         };
-        let engine = engine_from(lookup, Arc::new(MonotonicClock::new()), PacerMode::Manual)
+        let e = engine_from(lookup, Arc::new(MonotonicClock::new()), PacerMode::Manual)
             .ok_or_else(|| anyhow::anyhow!("no engine"))?;
         // SAFETY: a fresh mock context.
-        unsafe { justitia::install::attach_context(ctx, engine) };
+        unsafe { justitia::install::attach_context(ctx, Arc::clone(&e)) };
+        engine = Some(e);
     }
     let cq = dev.create_cq();
     let mut attr = ibv_qp_init_attr {
@@ -84,6 +105,10 @@ fn main() -> anyhow::Result<()> {
             on_create_cq(ctx, cq);
             on_create_qp(qp, &attr);
         }
+    }
+
+    if let (Some(daemon), Some(engine)) = (&daemon, &engine) {
+        daemon.follow(engine)?;
     }
 
     let src = [7u8; 16];
@@ -114,5 +139,121 @@ fn main() -> anyhow::Result<()> {
         "{completions} completions for {iterations} posts"
     );
     println!("{mode}: {iterations} posts and polls");
+    drop(daemon);
     Ok(())
+}
+
+/// The allotment the stand-in publishes: far above what the loop reaches, so that the
+/// pacer is asked about every request and never holds one back.
+const ALLOTTED_BYTES_PER_SEC: u64 = 100_000_000_000;
+const ALLOTTED_OPS_PER_SEC: u64 = 1_000_000_000;
+
+/// What `justitiad` does for one flow, and no more: listens on a socket, greets a shaper
+/// with a control block, answers its registration with slot 0, and publishes the
+/// allotment there. The control loop is not needed to measure a post that follows it.
+struct StandIn {
+    path: PathBuf,
+    _writer: Arc<BlockWriter>,
+}
+
+impl StandIn {
+    fn start() -> anyhow::Result<StandIn> {
+        let path = std::env::temp_dir().join(format!("justitia-bench-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path)?)?;
+        rustix::net::listen(&listener, 4)?;
+        // Never stale during a run: the stand-in does not beat.
+        let writer = Arc::new(BlockWriter::create(1, 7, 3_600_000_000_000)?);
+        let w = Arc::clone(&writer);
+        std::thread::spawn(move || {
+            if let Err(e) = serve(&listener, &w) {
+                eprintln!("stand-in daemon: {e}");
+            }
+        });
+        Ok(StandIn {
+            path,
+            _writer: writer,
+        })
+    }
+
+    /// Ticks the engine's follower until the allotment is in effect.
+    fn follow(&self, engine: &Arc<justitia::engine::Engine>) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            engine.follow_tick(monotonic_ns());
+            let settings = engine.settings();
+            if settings.rate.map(|r| r.bytes_per_sec) == Some(ALLOTTED_BYTES_PER_SEC)
+                && settings.phase.is_some()
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        anyhow::bail!("the shaper did not take the stand-in's allotment")
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn serve(listener: &OwnedFd, writer: &BlockWriter) -> anyhow::Result<()> {
+    let sock = rustix::net::accept(listener)?;
+    let hello = Reply::Hello { boot_id: 7 }.encode();
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [writer.fd()];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(
+        &sock,
+        &[std::io::IoSlice::new(&hello)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    let mut buf = [0u8; MAX_MESSAGE];
+    loop {
+        let mut none = RecvAncillaryBuffer::default();
+        let got = rustix::net::recvmsg(
+            &sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut none,
+            RecvFlags::empty(),
+        )?;
+        if got.bytes == 0 {
+            return Ok(());
+        }
+        let Ok(Request::Register(r)) = Request::parse(&buf[..got.bytes]) else {
+            continue;
+        };
+        writer.set_slot(
+            0,
+            SlotAllotment {
+                flow: 1,
+                state: SlotState::Allotted,
+                bytes_per_sec: ALLOTTED_BYTES_PER_SEC,
+                ops_per_sec: ALLOTTED_OPS_PER_SEC,
+                chunk_bytes: 5120,
+                token_bytes: 5120,
+                generation: 1,
+                phase_offset: phase_to_fixed(0.5),
+                phase_epoch: 1,
+            },
+        );
+        let reply = Reply::Registered {
+            client_ref: r.client_ref,
+            flow: 1,
+            slot: 0,
+            admission: AdmissionReply::Admitted,
+        }
+        .encode();
+        rustix::net::send(sock.as_fd(), &reply, SendFlags::NOSIGNAL)?;
+    }
 }
