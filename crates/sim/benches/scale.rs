@@ -3,29 +3,32 @@
 //!
 //! One 16 B latency flow beside 10, 100 and 1000 bandwidth flows of 8 queue pairs each
 //! (1 MB WRITEs, 8 outstanding per queue pair) on RoCE-100, for 20 simulated ms, natively
-//! and under Justitia. Prints, per run, the events handled, events per wall-clock second,
-//! and the wall time one simulated second would take. An event's cost should not grow
-//! with the number of flows: the events per second should stay level across the rows.
+//! and under Justitia, then 1000 flows for 100 simulated ms, so that building the run
+//! weighs less. Prints, per run, the events handled, the wall time spent outside the event
+//! loop (building the run and computing its report), the wall time of the event loop, the
+//! events per wall-clock second of the event loop alone (the cost of an event, which
+//! should not grow with the number of flows: it should stay level across the rows), and
+//! the wall time one simulated second takes, all included.
 //!
-//! `cargo bench -p justitia-sim --bench scale`
+//! `cargo bench -p justitia-sim --bench scale` runs every row; `-- 1000` only the rows of
+//! 1000 flows (for a profiler), `-- 1000 native` only their native runs.
 
 use std::error::Error;
 use std::time::Instant;
 
 use justitia_sim::Experiment;
 
-/// Simulated time of each run, ms (the new user's report ran 20 ms).
-const SIMULATED_MS: f64 = 20.0;
 /// Queue pairs of each bandwidth flow.
 const QPS_PER_FLOW: u32 = 8;
 
-/// The scenario with `flows` bandwidth flows, written as a scenario file would be.
-fn scenario(flows: u32) -> String {
+/// The scenario with `flows` bandwidth flows over `simulated_ms`, written as a scenario
+/// file would be.
+fn scenario(flows: u32, simulated_ms: f64) -> String {
     format!(
         r#"
 description = "one latency flow beside {flows} bandwidth flows of {QPS_PER_FLOW} QPs"
 profile = "RoCE-100"
-duration_ms = {SIMULATED_MS}
+duration_ms = {simulated_ms}
 warmup_ms = 2
 seed = 1
 
@@ -56,21 +59,41 @@ policy = "justitia"
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
+    // Cargo passes `--bench`; numbers choose flow counts, words choose runs.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted_flows: Vec<u32> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let wanted_runs: Vec<&str> = args
+        .iter()
+        .filter(|a| a.parse::<u32>().is_err())
+        .map(String::as_str)
+        .collect();
     println!(
-        "{:>6} {:>6} {:<9} {:>10} {:>9} {:>12} {:>16} {:>10} {:>9}",
+        "{:>6} {:>6} {:>6} {:<9} {:>10} {:>9} {:>9} {:>12} {:>15} {:>10} {:>9}",
         "flows",
         "QPs",
+        "sim ms",
         "run",
         "events",
-        "wall s",
+        "set-up s",
+        "loop s",
         "events/s",
         "wall s / sim s",
         "lat p50 us",
         "bw Gb/s"
     );
-    for flows in [10, 100, 1000] {
-        let base = Experiment::from_toml("scale", &scenario(flows), None)?;
+    // The new user's report ran 20 ms; 100 ms at 1000 flows amortises building the run.
+    for (flows, simulated_ms) in [(10, 20.0), (100, 20.0), (1000, 20.0), (1000, 100.0)] {
+        if !wanted_flows.is_empty() && !wanted_flows.contains(&flows) {
+            continue;
+        }
+        let base = Experiment::from_toml("scale", &scenario(flows, simulated_ms), None)?;
         for variant in ["native", "justitia"] {
+            if !wanted_runs.is_empty() && !wanted_runs.contains(&variant) {
+                continue;
+            }
             let mut experiment = base.clone();
             experiment.scenario.variants.retain(|v| v.name == variant);
             let started = Instant::now();
@@ -78,6 +101,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             let wall = started.elapsed().as_secs_f64();
             let events = report.events();
             let run = report.runs.first().ok_or("the scenario has no such run")?;
+            // A run's `wall_seconds` is its event loop alone; the rest of `wall` is
+            // building the run and computing its report.
+            let event_loop = run.wall_seconds;
             let latency = run
                 .flow("lat")
                 .and_then(|f| f.latency)
@@ -89,14 +115,16 @@ fn main() -> Result<(), Box<dyn Error>> {
                 .map(|f| f.gbps)
                 .sum();
             println!(
-                "{:>6} {:>6} {:<9} {:>10} {:>9.3} {:>12.0} {:>16.2} {:>10.3} {:>9.2}",
+                "{:>6} {:>6} {:>6} {:<9} {:>10} {:>9.3} {:>9.3} {:>12.0} {:>15.2} {:>10.3} {:>9.2}",
                 flows,
                 flows * QPS_PER_FLOW + 1,
+                simulated_ms,
                 variant,
                 events,
-                wall,
-                events as f64 / wall,
-                wall / (SIMULATED_MS / 1e3),
+                wall - event_loop,
+                event_loop,
+                events as f64 / event_loop,
+                wall / (simulated_ms / 1e3),
                 latency,
                 gbps
             );

@@ -9,9 +9,9 @@
 //! What links carry, [`Packet`], is defined here, so that the RNICs and the switches both
 //! depend on the links rather than on each other.
 
+use crate::ids::{HostId, NodeId};
 use crate::model_profile::LinkParams;
 use crate::time::{self, ByteTime, Picos};
-use crate::topology::{HostId, NodeId};
 
 /// A queue pair, unique across all hosts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

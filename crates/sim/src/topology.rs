@@ -6,20 +6,9 @@
 //! back to back, hosts around one switch, and hosts around a chain of switches joined by
 //! inter-switch links (RPerf's two-hop setup is a chain of two).
 
+pub use crate::ids::{HostId, LinkId, NodeId};
 use crate::link::Link;
 use crate::model_profile::LinkParams;
-
-/// Index of a node in a [`Topology`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(pub u32);
-
-/// Index of a host (a node with an RNIC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HostId(pub u16);
-
-/// Index of a link in a [`Topology`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LinkId(pub u32);
 
 /// Index of a switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

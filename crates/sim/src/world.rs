@@ -19,7 +19,8 @@ use crate::app::storage::StorageApp;
 use crate::app::throughput::ThroughputApp;
 use crate::app::{AppIo, AppModel, Connection};
 use crate::engine::EventQueue;
-use crate::metrics::FlowMetrics;
+use crate::event::{Event, Notice};
+use crate::metrics::{ChangedFlows, FlowMetrics};
 use crate::policy::adaptive::AdaptivePolicy;
 use crate::policy::justitia::JustitiaPolicy;
 use crate::policy::native::NativePolicy;
@@ -28,53 +29,11 @@ use crate::policy::priority::PriorityPolicy;
 use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
-use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, RnicEvent, Upcall, WorkRequest};
+use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
 use crate::scenario::{AppSpec, Experiment, PolicySpec, ResolvedVariant, TopologyKind};
 use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
-use crate::switch::SwitchEvent;
 use crate::time::{self, Picos};
 use crate::topology::{HostId, Topology};
-
-/// Everything that can happen.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Event {
-    /// An RNIC's.
-    Rnic(RnicEvent),
-    /// A switch's.
-    Switch(SwitchEvent),
-    /// An application's timer.
-    AppTimer { app: u32, tag: u64 },
-    /// A policy's timer.
-    PolicyTimer { host: HostId, tag: u64 },
-    /// A flow starts.
-    FlowStart(u32),
-    /// A flow stops posting.
-    FlowStop(u32),
-    /// A flow's application pauses (posts nothing new; the policy is not told).
-    AppPause(u32),
-    /// A paused application posts again.
-    AppResume(u32),
-}
-
-impl From<RnicEvent> for Event {
-    fn from(event: RnicEvent) -> Self {
-        Event::Rnic(event)
-    }
-}
-
-impl From<SwitchEvent> for Event {
-    fn from(event: SwitchEvent) -> Self {
-        Event::Switch(event)
-    }
-}
-
-/// A completion to pass up to an application.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Notice {
-    pub(crate) app: u32,
-    pub(crate) qp: QpId,
-    pub(crate) tag: u64,
-}
 
 struct FlowRuntime {
     name: String,
@@ -105,12 +64,25 @@ pub(crate) struct World {
 }
 
 /// Takes the time series' samples as simulated time passes.
+///
+/// A sample visits only the flows that may have changed since the previous one, and keeps
+/// only what they got; every other flow got nothing, and the full columns are written
+/// once at the end. With a thousand flows, most get nothing in a given interval, and
+/// visiting all of them at every sample cost as much as the events themselves.
 struct Sampler {
     interval: Picos,
     next: Picos,
+    /// The series, with the flows' columns still empty until [`Sampler::finish`].
     series: RunSeries,
     /// Each flow's bytes and messages at the previous sample.
     last: Vec<(u64, u64)>,
+    /// Per flow: (sample, Gb/s, M msgs/s) of each sample in which it got something.
+    got: Vec<Vec<(usize, f64, f64)>>,
+    /// Flows whose application ran since the previous sample (it may have completed
+    /// messages).
+    apps_ran: ChangedFlows,
+    /// Scratch list of the flows a sample visits.
+    visit: Vec<u32>,
     /// Index into `series.controls` of each host, once it has reported a state.
     control_of_host: Vec<Option<usize>>,
 }
@@ -270,6 +242,9 @@ impl World {
                 controls: Vec::new(),
             },
             last: vec![(0, 0); flows.len()],
+            got: vec![Vec::new(); flows.len()],
+            apps_ran: ChangedFlows::default(),
+            visit: Vec::new(),
             control_of_host: vec![None; hosts],
         };
         Ok(World {
@@ -306,15 +281,28 @@ impl World {
     fn take_sample(&mut self, at: Picos) {
         let s = &mut self.sampler;
         let seconds = time::to_secs(s.interval);
+        let sample = s.series.t_ms.len();
         s.series.t_ms.push(time::to_secs(at) * 1e3);
-        for (i, flow) in s.series.flows.iter_mut().enumerate() {
-            let bytes = self.fabric.flow_bytes_total(i as u32);
-            let messages = self.metrics[i].all_messages();
+        s.visit.clear();
+        self.fabric.take_changed_flows(&mut s.visit);
+        s.apps_ran.drain_into(&mut s.visit);
+        // A flow listed twice is unchanged the second time, and skipped.
+        for &flow in &s.visit {
+            let i = flow as usize;
+            let Some(metrics) = self.metrics.get(i) else {
+                continue;
+            };
+            let bytes = self.fabric.flow_bytes_total(flow);
+            let messages = metrics.all_messages();
             let (last_bytes, last_messages) = s.last[i];
-            flow.gbps
-                .push((bytes - last_bytes) as f64 * 8.0 / seconds / 1e9);
-            flow.mops
-                .push((messages - last_messages) as f64 / seconds / 1e6);
+            if (bytes, messages) == (last_bytes, last_messages) {
+                continue;
+            }
+            s.got[i].push((
+                sample,
+                (bytes - last_bytes) as f64 * 8.0 / seconds / 1e9,
+                (messages - last_messages) as f64 / seconds / 1e6,
+            ));
             s.last[i] = (bytes, messages);
         }
         let first = s.series.t_ms.len() == 1;
@@ -334,7 +322,25 @@ impl World {
             }
         }
     }
+}
 
+impl Sampler {
+    /// The series, each flow's columns written out: zero where it got nothing.
+    fn finish(mut self) -> RunSeries {
+        let samples = self.series.t_ms.len();
+        for (flow, got) in self.series.flows.iter_mut().zip(&self.got) {
+            flow.gbps = vec![0.0; samples];
+            flow.mops = vec![0.0; samples];
+            for &(sample, gbps, mops) in got {
+                flow.gbps[sample] = gbps;
+                flow.mops[sample] = mops;
+            }
+        }
+        self.series
+    }
+}
+
+impl World {
     fn host_flow_infos(&self, host: HostId) -> Vec<FlowInfo> {
         self.flows
             .iter()
@@ -376,6 +382,7 @@ impl World {
 
     fn app_io(&mut self, app: u32) -> (&mut Box<dyn AppModel>, AppIo<'_>) {
         let i = app as usize;
+        self.sampler.apps_ran.mark(app);
         let io = AppIo {
             now: self.queue.now(),
             app,
@@ -525,7 +532,7 @@ impl World {
             jain_bandwidth: jain_index(&bandwidth),
             policy_figures,
             events: self.queue.popped(),
-            series: self.sampler.series,
+            series: self.sampler.finish(),
             wall_seconds,
         }
     }

@@ -26,10 +26,10 @@ use rand_pcg::Pcg64Mcg;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EventQueue;
+use crate::event::Event;
 use crate::metrics::FlowMetrics;
 use crate::rnic::{QpId, WorkRequest};
 use crate::time::Picos;
-use crate::world::Event;
 
 /// How an application learns of completions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

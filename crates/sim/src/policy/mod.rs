@@ -34,11 +34,11 @@ use std::collections::{BTreeMap, VecDeque};
 use justitia_core::flow::FlowSpec;
 
 use crate::engine::EventQueue;
+use crate::event::{Event, Notice};
 use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
 use crate::series::ControlState;
 use crate::time::Picos;
 use crate::topology::HostId;
-use crate::world::{Event, Notice};
 
 /// A flow as a host's policy sees it.
 #[derive(Clone, Debug, PartialEq)]

@@ -97,17 +97,20 @@ impl ReadySet {
     }
 
     /// Every listed number in the order the arbiter would serve them if each were the only
-    /// one it could send: lanes from the highest down, each from its turn on.
-    pub(super) fn service_order(&self, last_served: &[u32; VIRTUAL_LANES]) -> Vec<u32> {
+    /// one it could send: lanes from the highest down, each from its turn on. Lazy, so that
+    /// a decision that takes the first costs O(log n), not a list of every ready queue pair.
+    pub(super) fn service_order<'a>(
+        &'a self,
+        last_served: &'a [u32; VIRTUAL_LANES],
+    ) -> impl Iterator<Item = u32> + 'a {
         let n = last_served[0];
         let lane_0 = self
             .all
             .range((Bound::Excluded(n), Bound::Unbounded))
             .chain(self.all.range(..=n));
-        let Some(top) = self.top_lane() else {
-            return lane_0.copied().collect();
-        };
-        let raised = (1..=top).rev().flat_map(|lane| {
+        // Without raised queue pairs, no lane above 0 is visited and none is filtered out.
+        let top = self.top_lane().unwrap_or(0);
+        let raised = (1..=top).rev().flat_map(move |lane| {
             turn_after(&self.raised, |e| e.0, last_served[usize::from(lane)])
                 .filter(move |e| e.1 == lane)
                 .map(|e| e.0)
@@ -115,7 +118,7 @@ impl ReadySet {
         let rest = lane_0
             .filter(|&&m| self.raised.binary_search_by_key(&m, |e| e.0).is_err())
             .copied();
-        raised.chain(rest).collect()
+        raised.chain(rest)
     }
 }
 
@@ -264,19 +267,25 @@ impl Fabric {
         let uplink = self.rnics[h].uplink;
         let credits = self.switches.credits(uplink)?;
         let nic = &self.rnics[h];
-        let order = nic.ready.service_order(&nic.last_served);
-        for n in order {
+        // Queue pairs found empty leave the ready set after the walk, which reads it.
+        let mut empty = Vec::new();
+        let mut found = None;
+        for n in nic.ready.service_order(&nic.last_served) {
             let qp = QpId(n);
             let Some((wire, dma)) = self.peek_packet(qp) else {
-                self.rnics[h].ready.remove(n);
-                self.qps[qp.index()].ready_listed = false;
+                empty.push(n);
                 continue;
             };
             if credits[usize::from(self.qps[qp.index()].lane)] >= i64::from(wire) {
-                return Some((qp, wire, dma));
+                found = Some((qp, wire, dma));
+                break;
             }
         }
-        None
+        for n in empty {
+            self.rnics[h].ready.remove(n);
+            self.qps[QpId(n).index()].ready_listed = false;
+        }
+        found
     }
 
     pub(super) fn sleep_until<E: FabricEvents>(
@@ -422,7 +431,7 @@ mod tests {
         );
         let mut last = [0; VIRTUAL_LANES];
         last[0] = 5;
-        assert_eq!(r.service_order(&last), vec![7, 2, 5]);
+        assert_eq!(r.service_order(&last).collect::<Vec<_>>(), vec![7, 2, 5]);
         r.remove(5);
         assert_eq!(after(&r, 2), Some(7));
         r.remove(2);
@@ -440,21 +449,24 @@ mod tests {
         assert_eq!(r.raised, vec![(3, 1), (7, 2), (9, 1)]);
         let mut last = [0; VIRTUAL_LANES];
         assert_eq!(r.next(&last), Some(7), "lane 2 before all others");
-        assert_eq!(r.service_order(&last), vec![7, 3, 9, 1, 5]);
+        assert_eq!(
+            r.service_order(&last).collect::<Vec<_>>(),
+            vec![7, 3, 9, 1, 5]
+        );
         r.remove(7);
         assert_eq!(r.raised.len(), 2);
         last[1] = 3;
         assert_eq!(r.next(&last), Some(9), "round robin within lane 1");
         last[1] = 9;
         assert_eq!(r.next(&last), Some(3), "and around");
-        assert_eq!(r.service_order(&last), vec![3, 9, 1, 5]);
+        assert_eq!(r.service_order(&last).collect::<Vec<_>>(), vec![3, 9, 1, 5]);
         r.set_lane(3, 0);
         r.set_lane(9, 0);
         r.set_lane(4, 3);
         assert!(r.raised.is_empty(), "a number not listed is not added");
         last[0] = 3;
         assert_eq!(r.next(&last), Some(5), "lane 0 keeps its own turn");
-        assert_eq!(r.service_order(&last), vec![5, 9, 1, 3]);
+        assert_eq!(r.service_order(&last).collect::<Vec<_>>(), vec![5, 9, 1, 3]);
     }
 
     /// Three queue pairs of one host, on `lanes`, post four MTU-sized packets each at

@@ -68,6 +68,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::link::{Packet, PacketKind, QpId};
 
 use crate::engine::EventQueue;
+use crate::metrics::ChangedFlows;
 use crate::model_profile::{ModelProfile, VIRTUAL_LANES};
 use crate::switch::{SwitchEvent, SwitchOutcome, Switches};
 use crate::time::{self, ByteTime, Picos};
@@ -297,6 +298,8 @@ pub(crate) struct Fabric {
     flow_bytes: Vec<u64>,
     /// Per flow: payload bytes arrived since the start, window or not (for time series).
     flow_bytes_total: Vec<u64>,
+    /// The flows whose `flow_bytes_total` grew since the time series last looked.
+    flows_changed: ChangedFlows,
     switches: Switches,
 }
 
@@ -358,6 +361,7 @@ impl Fabric {
             window,
             flow_bytes: Vec::new(),
             flow_bytes_total: Vec::new(),
+            flows_changed: ChangedFlows::default(),
             switches,
         }
     }
@@ -454,6 +458,11 @@ impl Fabric {
             .get(flow as usize)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Appends to `out` the flows with payload arrived since the last call.
+    pub(crate) fn take_changed_flows(&mut self, out: &mut Vec<u32>) {
+        self.flows_changed.drain_into(out);
     }
 
     /// Payload bytes each host transmitted that arrived inside the window, by host.

@@ -20,6 +20,7 @@ impl Fabric {
         }
         if let Some(f) = entry.flow {
             self.flow_bytes_total[f as usize] += u64::from(packet.payload);
+            self.flows_changed.mark(f);
             if arrival >= self.window.0 && arrival < self.window.1 {
                 self.flow_bytes[f as usize] += u64::from(packet.payload);
             }
