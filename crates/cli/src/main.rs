@@ -13,6 +13,7 @@ mod export;
 mod plot;
 mod progress;
 mod simulate;
+mod suite;
 mod table;
 
 /// Software performance isolation for shared RDMA NICs.
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Run simulated experiments (scenario files) and report, export and plot the results.
     Sim(simulate::SimArgs),
+    /// Run a comparison suite (scenario files, one workload on one profile each) and print
+    /// one table of every policy against the flows alone, with an optional SVG.
+    Suite(suite::SuiteArgs),
     /// List the built-in RNIC profiles.
     Profiles,
     /// Walk through the policy engine's decisions on a built-in RNIC profile.
@@ -86,6 +90,7 @@ fn describe(err: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
+        Command::Suite(args) => suite::run(&args)?,
         Command::Profiles => {
             let profiles = RnicProfile::builtins();
             let width = profiles.iter().map(|p| p.name.len()).max().unwrap_or(0);
