@@ -15,7 +15,8 @@
 //!   WQE the host posts). Counted from the policy's own figures where it reports them
 //!   (sub-messages and yields of `preempt` and `adaptive`); `justitia` reports only its
 //!   chunk size in force, so its chunks are estimated as the bandwidth flows' bytes over
-//!   that size; probes as one per RefPeriod on each host with a reference flow;
+//!   that size; probes from the policy's `probes` figure where it reports one, else as
+//!   one per RefPeriod on each host with a reference flow;
 //! - **host CPU per GB**: those extra WQEs times the profile's `host.post_ns`, the
 //!   modelled CPU cost of building and posting one WQE (pacing timers and polling are not
 //!   counted).
@@ -295,7 +296,9 @@ fn extra_wqes(report: &ScenarioReport, run: &RunReport) -> f64 {
             posted += sub + figure(host, "yields").copied().unwrap_or(0.0);
             splits |= *sub > 0.0;
         }
-        if figure(host, "current99_us").is_some() {
+        if let Some(probes) = figure(host, "probes") {
+            posted += probes;
+        } else if figure(host, "current99_us").is_some() {
             let period_ms = figure(host, "ref_period_us").map_or(0.5, |us| us / 1e3);
             posted += report.duration_ms / period_ms;
         }

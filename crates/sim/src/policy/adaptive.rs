@@ -277,8 +277,8 @@ pub struct AdaptivePolicy {
     header_bytes: f64,
     /// Class of each flow's queue pairs that the policy does not shape.
     watched: BTreeMap<QpId, FlowClass>,
-    /// Present flows: class and queue pairs.
-    present: BTreeMap<u64, (FlowClass, u32)>,
+    /// Present flows by class.
+    present: BTreeMap<u64, FlowClass>,
     /// Post times of the latency flows' requests on the RNIC, by (queue pair, tag).
     posted_at: BTreeMap<(QpId, u64), Picos>,
     /// Latency samples (us) since the last fed period.
@@ -308,9 +308,8 @@ impl AdaptivePolicy {
             wire_bytes_per_sec: profile.link.gbps * 1e9 / 8.0,
             packet_overhead_bytes: profile.link.header_bytes,
             request_overhead_bytes: profile.link.first_packet_extra_bytes,
-            // What the host knows of its RNIC: the per-queue-pair message rate, and half of
-            // it for the chunks, so that a queue pair's processing unit is never the
-            // bottleneck of the stream.
+            // What the host knows of its RNIC: one queue pair's message rate, and half of it
+            // for the chunks, so that per-chunk costs stay a small part of each chunk's time.
             max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
@@ -338,16 +337,10 @@ impl AdaptivePolicy {
     }
 
     fn observation(&self, current99: Option<Duration>) -> Observation {
-        let count = |class| self.present.values().filter(|e| e.0 == class).count() as u32;
+        let count = |class| self.present.values().filter(|&&c| c == class).count() as u32;
         Observation {
             latency_flows: count(FlowClass::Latency),
             bandwidth_flows: count(FlowClass::Bandwidth),
-            bandwidth_qps: self
-                .present
-                .values()
-                .filter(|e| e.0 == FlowClass::Bandwidth)
-                .map(|e| e.1)
-                .sum(),
             throughput_flows: count(FlowClass::Throughput),
             target99: self.driver.control.target().value,
             current99,
@@ -428,8 +421,7 @@ impl Policy for AdaptivePolicy {
                 .driver
                 .control
                 .set_flow_active(core_time(ctx.now()), flow.spec.id, true);
-            let qps = u32::try_from(flow.qps.len()).unwrap_or(u32::MAX);
-            self.present.insert(flow.spec.id.0, (flow.spec.class, qps));
+            self.present.insert(flow.spec.id.0, flow.spec.class);
         } else {
             self.present.remove(&flow.spec.id.0);
         }
