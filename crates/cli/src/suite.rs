@@ -115,6 +115,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
+    let mut meta = (0.0, 0.0, 0);
     for (path, experiment) in &experiments {
         let mut progress = ScenarioProgress::new(&experiment.name);
         let report = experiment
@@ -122,6 +123,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             .with_context(|| format!("running scenario file {}", path.display()));
         progress.finish();
         let report = report?;
+        meta = (report.duration_ms, report.warmup_ms, report.seed);
         let wall: f64 = report.runs.iter().map(|r| r.wall_seconds).sum();
         eprintln!(
             "{}: {} runs in {wall:.2} s wall time",
@@ -138,7 +140,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         fs::create_dir_all(dir)
             .with_context(|| format!("creating output folder {}", dir.display()))?;
         let path = figure_path(dir, &args.name);
-        let (report, figure) = figure(&args.name, &rows);
+        let (report, figure) = figure(&args.name, &rows, meta);
         let svg = plot::render_svg(&report, &figure)
             .with_context(|| format!("drawing {}", path.display()))?;
         fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
@@ -373,67 +375,85 @@ pub fn render(name: &str, rows: &[Row]) -> String {
     out
 }
 
-/// The suite's figure: one bar group per workload and profile, one bar per policy, in
-/// three panels (p99 x alone, bandwidth % of alone, extra WQEs per GB). The plot module
-/// draws figures of a report's runs, so the policies are given to it as runs.
-fn figure(name: &str, rows: &[Row]) -> (ScenarioReport, Figure) {
+/// A workload's code in the figure, where bar groups are narrow: `L1`, `L4` (a latency
+/// flow against 1 or 4 bandwidth flows), `T` (a throughput flow), `D`, `M` (PeRF's D_App
+/// and M_App), `X` (the 8 + 8 + 8 mix); other workloads keep their name.
+fn code(workload: &str) -> String {
+    match workload {
+        "lat-vs-1bw" => "L1",
+        "lat-vs-4bw" => "L4",
+        "tput-vs-bw" => "T",
+        "dapp-vs-bapp" => "D",
+        "mapp-vs-bapp" => "M",
+        "mix-8-8-8" => "X",
+        other => other,
+    }
+    .to_string()
+}
+
+/// The suite's figure: per profile a panel of the latency flows' p99 (x alone) and one of
+/// the bandwidth flows' goodput (% of alone), one bar group per workload and one bar per
+/// policy. The plot module draws figures of a report's runs, so the policies are given to
+/// it as runs.
+fn figure(name: &str, rows: &[Row], meta: (f64, f64, u64)) -> (ScenarioReport, Figure) {
     let mut columns: Vec<String> = Vec::new();
     for cell in rows.iter().flat_map(|r| &r.cells) {
         if !columns.contains(&cell.policy) {
             columns.push(cell.policy.clone());
         }
     }
-    let groups: Vec<String> = rows
-        .iter()
-        .map(|r| format!("{} {}", r.workload, r.profile))
-        .collect();
-    let panel = |title: &str, y_label: &str, value: &dyn Fn(&Cell) -> Option<f64>| Panel {
-        title: title.into(),
-        y_label: y_label.into(),
-        groups: groups.clone(),
-        values: rows
-            .iter()
-            .map(|row| {
-                columns
-                    .iter()
-                    .map(|c| {
-                        row.cells
-                            .iter()
-                            .find(|cell| &cell.policy == c)
-                            .and_then(value)
-                    })
-                    .collect()
-            })
-            .collect(),
-    };
-    let figure = Figure {
-        kind: "suite",
-        panels: vec![
-            panel("latency p99 (x alone)", "x alone", &|c| c.latency_x),
-            panel("bandwidth flows (% of alone)", "% of alone", &|c| {
-                c.bandwidth.map(|b| 100.0 * b)
-            }),
-            panel("extra WQEs per GB", "thousands", &|c| {
-                Some(c.extra_wqes_per_gb / 1e3)
-            }),
-        ],
-    };
     let mut profiles: Vec<&str> = Vec::new();
     for row in rows {
         if !profiles.contains(&row.profile.as_str()) {
             profiles.push(&row.profile);
         }
     }
+    let panel =
+        |profile: &str, title: &str, y_label: &str, value: &dyn Fn(&Cell) -> Option<f64>| {
+            let of_profile: Vec<&Row> = rows.iter().filter(|r| r.profile == profile).collect();
+            Panel {
+                title: format!("{profile}: {title}"),
+                y_label: y_label.into(),
+                groups: of_profile.iter().map(|r| code(&r.workload)).collect(),
+                values: of_profile
+                    .iter()
+                    .map(|row| {
+                        columns
+                            .iter()
+                            .map(|c| {
+                                row.cells
+                                    .iter()
+                                    .find(|cell| &cell.policy == c)
+                                    .and_then(value)
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            }
+        };
+    let mut panels: Vec<Panel> = profiles
+        .iter()
+        .map(|p| panel(p, "p99 (x alone)", "x alone", &|c| c.latency_x))
+        .collect();
+    panels.extend(profiles.iter().map(|p| {
+        panel(p, "bandwidth %", "% of alone", &|c| {
+            c.bandwidth.map(|b| 100.0 * b)
+        })
+    }));
+    let figure = Figure {
+        kind: "suite",
+        panels,
+    };
     let report = ScenarioReport {
         scenario: name.to_string(),
         description: format!(
-            "{name}: the same workloads under every policy (goal: p99 within x{LATENCY_BAND} of alone, bandwidth {:.0}% of alone)",
+            "{name}, goal p99 within x{LATENCY_BAND} of alone and bandwidth {:.0}% of alone. L1, L4: a 16 B latency flow against 1 or 4 1 MB flows; T: a 64 x 16 B throughput flow against one; D, M: PeRF's D_App, M_App against the B_App; X: 8 latency + 8 bandwidth + 8 throughput flows",
             100.0 * BANDWIDTH_FLOOR
         ),
         profile: profiles.join(", "),
-        seed: 1,
-        duration_ms: 0.0,
-        warmup_ms: 0.0,
+        seed: meta.2,
+        duration_ms: meta.0,
+        warmup_ms: meta.1,
         runs: columns
             .iter()
             .map(|c| RunReport {
@@ -602,11 +622,13 @@ mod tests {
             profile: "IB-56".into(),
             cells: vec![cell("native", 2.0), cell("adaptive", 1.1)],
         }];
-        let (report, figure) = figure("s", &rows);
+        let (report, figure) = figure("s", &rows, (20.0, 4.0, 1));
         assert_eq!(report.runs.len(), 2);
+        assert_eq!(figure.panels.len(), 2, "p99 and bandwidth for one profile");
         assert_eq!(figure.panels[0].values, vec![vec![Some(2.0), Some(1.1)]]);
+        assert_eq!(figure.panels[1].values, vec![vec![Some(90.0), Some(90.0)]]);
         let svg = plot::render_svg(&report, &figure).expect("svg");
-        assert!(svg.contains("adaptive") && svg.contains("w IB-56"));
+        assert!(svg.contains("adaptive") && svg.contains("IB-56: p99 (x alone)"));
         assert_eq!(figure_path(Path::new("d"), "a b"), Path::new("d/a-b.svg"));
         let table = render("s", &rows);
         assert!(
