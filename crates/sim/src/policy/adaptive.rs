@@ -40,7 +40,7 @@ use super::preempt::PreemptParams;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
-use crate::series::ControlState;
+use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 
 /// Latency samples a RefPeriod needs before its p99 is fed to the law.
@@ -297,6 +297,8 @@ pub struct AdaptivePolicy {
     other_since: Picos,
     other_rate: f64,
     updates_seen: u64,
+    /// The latency flows' p99 fed to the law last.
+    last_p99: Option<Duration>,
     steers: bool,
     paced_updates: u64,
     updates: u64,
@@ -339,6 +341,7 @@ impl AdaptivePolicy {
             other_since: 0,
             other_rate: 0.0,
             updates_seen: 0,
+            last_p99: None,
             steers: false,
             paced_updates: 0,
             updates: 0,
@@ -390,6 +393,9 @@ impl AdaptivePolicy {
         self.other_bytes = 0.0;
         self.other_since = now;
         let p99 = self.take_p99();
+        if p99.is_some() {
+            self.last_p99 = p99;
+        }
         let o = self.observation(p99);
         let plan = self.law.update(core_time(now), &o);
         if let Some(shaper) = &mut self.shaper {
@@ -479,8 +485,23 @@ impl Policy for AdaptivePolicy {
         }
     }
 
+    /// The law's state in the series' terms: the rate the bandwidth flows are held to
+    /// (MaxRate while not paced) as SafeUtil, and the latency flows' own p99 as Current99
+    /// (not the probe's: the law reads the applications' tail).
     fn control_state(&self) -> Option<ControlState> {
-        self.steers.then(|| self.driver.control_state())
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        self.steers.then(|| ControlState {
+            safe_util_gbps: self
+                .shaper
+                .as_ref()
+                .and_then(|s| s.plan.pace_bytes_per_sec)
+                .unwrap_or(self.law.config().max_rate_bytes_per_sec)
+                * 8.0
+                / 1e9,
+            current99_us: self.last_p99.map(us),
+            target99_us: self.driver.control.target().value.map(us),
+            mode: Mode::Normal,
+        })
     }
 
     fn figures(&self) -> PolicyFigures {
