@@ -13,6 +13,7 @@ mod export;
 mod plot;
 mod progress;
 mod simulate;
+mod suite;
 mod table;
 mod validate;
 
@@ -30,6 +31,9 @@ enum Command {
     Sim(simulate::SimArgs),
     /// Run every validation target's scenario and compare the model with the papers' figures.
     Validate(validate::ValidateArgs),
+    /// Run a comparison suite (scenario files, one workload on one profile each) and print
+    /// one table of every policy against the flows alone, with an optional SVG.
+    Suite(suite::SuiteArgs),
     /// List the built-in RNIC profiles.
     Profiles,
     /// Walk through the policy engine's decisions on a built-in RNIC profile.
@@ -90,6 +94,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
         Command::Validate(args) => validate::run(&args)?,
+        Command::Suite(args) => suite::run(&args)?,
         Command::Profiles => {
             let profiles = RnicProfile::builtins();
             let width = profiles.iter().map(|p| p.name.len()).max().unwrap_or(0);

@@ -20,6 +20,7 @@
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
 //! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
 
+pub mod adaptive;
 pub mod allotment;
 pub mod chunk;
 pub mod classifier;

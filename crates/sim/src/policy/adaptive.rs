@@ -1,53 +1,57 @@
-//! `adaptive`: Justitia's latency controller steering PeRF's yields, with pacing as the
-//! last resort.
+//! `adaptive`: a thin driver of the core's adaptive law
+//! ([`justitia_core::adaptive::AdaptiveLaw`]): the host's bandwidth flows paced together,
+//! just below the rate the transmitter drains them, in chunks sized from the latency flows'
+//! measured tail.
 //!
-//! The sensing half is Justitia's, and is the core's per-host loop
-//! ([`justitia_core::control_loop::ControlLoop`], driven as `justitia` drives it): the
-//! reference flow, Current99, SafeUtil (halved on a violation, never below the sharing
-//! floor (B+T)/(L+B+T) x MaxRate, raised by the loop's increase law otherwise), the counts
-//! and the mode. Unlike `justitia`, a flow counts as active from its start to its end (the
-//! yield shaper does not report work), and the loop's per-flow allotments are not used.
-//! The acting half is PeRF's: bandwidth flows are cut into sub-messages with zero-length
-//! yields between them ([`YieldShaper`]). SafeUtil is read not as a rate to enforce but as
-//! how hard the latency flows need protecting.
+//! What the driver does, as a shaper on a real host would:
 //!
-//! Control law, the policy's own (the core has no yield law), applied after every update of
-//! the loop,
-//! with Y0 the baseline yield count (PeRF's ceil(SUB_MSG_SIZE / 0_WAIT_UNIT), 16) and
-//! Ymax = [`MAX_YIELD_FACTOR`] x Y0:
+//! - **Target.** The core's control loop (driven as `justitia` drives it) resolves
+//!   Target99 from the `[justitia]` parameters, absolute or a multiple of the reference
+//!   probe's idle p99, and keeps the probe; its SafeUtil and allotments are not used.
+//! - **Measured tail.** The driver sees every request the latency flows post and its
+//!   completion, and takes the p99 of those post-to-completion times over each RefPeriod
+//!   (the application's own messages, hundreds per period, where the probe gives one);
+//!   a period without [`MIN_SAMPLES`] of them keeps gathering into the next.
+//! - **Others' load.** Wire bytes the latency and throughput flows posted over the period
+//!   (payload plus the profile's per-packet headers), so that the bandwidth flows are paced
+//!   within what is left.
+//! - **Plan.** After each RefPeriod the law takes the counts, the target, the tail and the
+//!   others' load and returns a plan; on any flow's arrival or departure the plan for the
+//!   new counts is applied at once. The plan goes to a [`ChunkShaper`]: one stream of
+//!   chunks for all bandwidth flows of the host, round robin over their queue pairs, paced
+//!   by the core's [`Pacer`] (the one enforcement algorithm) at the plan's total rate.
+//!   Without pacing, requests go whole, as posted.
 //!
-//! 1. No active latency flow: never paced. With no throughput flow either, no yields
-//!    (sub-messages back to back; the bandwidth flows take the whole RNIC). With a
-//!    throughput flow, PeRF's Y0: the controller has nothing to defend, but without yields
-//!    the throughput flow's message rate collapses (PeRF §2.3.1), and yields cost the
-//!    bandwidth flow no pacing gap.
-//! 2. Otherwise the yield density follows SafeUtil geometrically between MaxRate and the
-//!    floor: y = Y0 x (Ymax / Y0)^q with q = ln(MaxRate / SafeUtil) / ln(MaxRate / floor),
-//!    so y = Y0 while the target holds at full rate and y = Ymax once the controller has
-//!    pushed SafeUtil down to the floor. Yields cost the bandwidth flow only header-only
-//!    packets and processing slots, and they leave the arbiter to whoever has work, so this
-//!    stage stays work-conserving.
-//! 3. Pacing starts only when an update finds Target99 violated while the yields were
-//!    already at Ymax (yields alone cannot meet the target): the bandwidth flows are then
-//!    paced at SafeUtil in total, as `justitia` would pace them. It stops at the first update
-//!    that finds Current99 at or below Target99.
-//!
-//! The controller's unattainable-target mode (§4.5) resets SafeUtil to MaxRate, which here
-//! means baseline yields and no pacing.
+//! No hardware classes, no change to applications: chunks are ordinary WRITEs of the
+//! application's own buffers, and the application hears of a message when its last chunk
+//! completes.
 
-use justitia_core::controller::ControlMode;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
-use super::justitia::{JustitiaError, JustitiaParams, LoopDriver};
+use justitia_core::adaptive::{
+    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
+};
+use justitia_core::flow::FlowClass;
+use justitia_core::pacer::{PaceRate, Pacer};
+
+use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
 use super::preempt::PreemptParams;
-use super::yielding::{YieldShaper, PACING_TIMER};
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
-use crate::rnic::{QpId, WorkRequest};
-use crate::series::ControlState;
-use justitia_core::yield_plan::{YieldConfigError, YieldPlanner};
+use crate::rnic::{Opcode, QpId, WorkRequest};
+use crate::series::{ControlState, Mode};
+use crate::time::{self, Picos};
 
-/// Ymax / Y0: the most the law raises the yield density above PeRF's before pacing.
-pub const MAX_YIELD_FACTOR: u32 = 2;
+/// Latency samples a RefPeriod needs before its p99 is fed to the law.
+pub const MIN_SAMPLES: usize = 20;
+
+/// Timer tags at or above this are the shaper's pacing timer (the loop's is 0).
+const PACE_TIMER: u64 = 1 << 61;
+
+/// Chunks one queue pair may have on the RNIC: enough for the bandwidth-delay product of
+/// a 100 Gb/s link with chunks of a few KB, so that pacing, not the window, sets the rate.
+const WINDOW_CHUNKS: u32 = 64;
 
 /// Why the `adaptive` policy could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -55,126 +59,352 @@ pub enum AdaptiveError {
     /// The control loop refused its settings.
     #[error(transparent)]
     Justitia(#[from] JustitiaError),
-    /// The yield settings are out of range.
+    /// The law refused its settings.
     #[error(transparent)]
-    Yield(#[from] YieldConfigError),
+    Law(#[from] AdaptiveConfigError),
+}
+
+/// A bandwidth flow's message not yet fully handed to the RNIC.
+struct Pending {
+    app_tag: u64,
+    opcode: Opcode,
+    remaining: u64,
+}
+
+/// A bandwidth flow's queue pair.
+#[derive(Default)]
+struct ShapedQp {
+    pending: VecDeque<Pending>,
+    in_flight: u32,
+}
+
+/// What a request the shaper handed to the RNIC stands for.
+#[derive(Clone, Copy)]
+enum Handed {
+    /// A chunk; `last` ends the application's message.
+    Chunk { app_tag: u64, last: bool },
+    /// A zero-length yield.
+    Yield,
+}
+
+/// The host's bandwidth flows as one paced stream of chunks.
+pub struct ChunkShaper {
+    qps: BTreeMap<QpId, ShapedQp>,
+    /// The queue pair served last, for round robin.
+    last: Option<QpId>,
+    plan: Plan,
+    pacer: Option<Pacer>,
+    timer_at: Option<Picos>,
+    handed: BTreeMap<(QpId, u64), Handed>,
+    next_tag: u64,
+    chunks: u64,
+    yields: u64,
+}
+
+impl ChunkShaper {
+    fn new(flows: &[FlowInfo]) -> Self {
+        let qps = flows
+            .iter()
+            .filter(|f| f.spec.class == FlowClass::Bandwidth)
+            .flat_map(|f| f.qps.iter().map(|&qp| (qp, ShapedQp::default())))
+            .collect();
+        ChunkShaper {
+            qps,
+            last: None,
+            plan: Plan {
+                pace_bytes_per_sec: None,
+                chunk_bytes: u32::MAX,
+                yields_per_chunk: 0,
+            },
+            pacer: None,
+            timer_at: None,
+            handed: BTreeMap::new(),
+            next_tag: 1,
+            chunks: 0,
+            yields: 0,
+        }
+    }
+
+    fn shapes(&self, qp: QpId) -> bool {
+        self.qps.contains_key(&qp)
+    }
+
+    /// Applies a plan: the pacer follows its rate (or goes), and whatever it now allows
+    /// is handed over.
+    fn apply(&mut self, ctx: &mut PolicyContext<'_>, plan: Plan) {
+        let now = core_time(ctx.now());
+        match plan.pace_bytes_per_sec {
+            Some(rate) => {
+                // No burst beyond the request that overdraws the balance: the latency
+                // flows' band has room for one chunk ahead of them, and the pacer's usual
+                // two-chunk burst put two back to back whenever an idle flow posted (an
+                // application posting 4 KB messages at 6 Gb/s pushed the latency flow's p99
+                // to x1.21 of alone).
+                let rate = PaceRate {
+                    bytes_per_sec: rate.max(1.0) as u64,
+                    ops_per_sec: None,
+                    chunk_bytes: 1,
+                };
+                match &mut self.pacer {
+                    Some(p) => p.set_rate(now, rate),
+                    // A burst of the minimum the pacer allows: the window is the enforcer's
+                    // lateness, and the simulator comes back exactly when told.
+                    None => self.pacer = Some(Pacer::with_burst_window(rate, Duration::ZERO, now)),
+                }
+            }
+            None => self.pacer = None,
+        }
+        self.plan = plan;
+        self.pump(ctx);
+    }
+
+    fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
+        if let Some(entry) = self.qps.get_mut(&qp) {
+            entry.pending.push_back(Pending {
+                app_tag: wr.tag,
+                opcode: wr.opcode,
+                remaining: u64::from(wr.bytes),
+            });
+        }
+        self.pump(ctx);
+    }
+
+    /// A completion on a shaped queue pair: true if it was one of the shaper's.
+    fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) -> bool {
+        match self.handed.remove(&(qp, tag)) {
+            Some(Handed::Chunk { app_tag, last }) => {
+                if let Some(entry) = self.qps.get_mut(&qp) {
+                    entry.in_flight = entry.in_flight.saturating_sub(1);
+                }
+                if last {
+                    ctx.complete(qp, app_tag);
+                }
+                self.pump(ctx);
+                true
+            }
+            Some(Handed::Yield) => true,
+            None => false,
+        }
+    }
+
+    fn on_timer(&mut self, ctx: &mut PolicyContext<'_>) {
+        if self.timer_at == Some(ctx.now()) {
+            self.timer_at = None;
+        }
+        self.pump(ctx);
+    }
+
+    /// The next queue pair after the last served, round robin, with a message waiting and
+    /// room in its window.
+    fn next_qp(&self, window: u32) -> Option<QpId> {
+        let eligible = |(_, e): &(&QpId, &ShapedQp)| !e.pending.is_empty() && e.in_flight < window;
+        let after = self.last.map_or(0, |q| q.0.saturating_add(1));
+        self.qps
+            .range(QpId(after)..)
+            .find(eligible)
+            .or_else(|| self.qps.iter().find(eligible))
+            .map(|(&qp, _)| qp)
+    }
+
+    /// Hands the RNIC what the plan allows.
+    fn pump(&mut self, ctx: &mut PolicyContext<'_>) {
+        let window = if self.pacer.is_some() {
+            WINDOW_CHUNKS
+        } else {
+            u32::MAX
+        };
+        while let Some(qp) = self.next_qp(window) {
+            let chunk_bytes = u64::from(self.plan.chunk_bytes.max(1));
+            let Some(entry) = self.qps.get_mut(&qp) else {
+                return;
+            };
+            let Some(head) = entry.pending.front_mut() else {
+                return;
+            };
+            // The message's rest in equal pieces of at most a chunk: a 4 KB message with
+            // 4000 B chunks goes as two of 2 KB, not 4000 B and a 96 B tail that costs a
+            // whole packet's headers.
+            let pieces = head.remaining.div_ceil(chunk_bytes).max(1);
+            let bytes = head.remaining.div_ceil(pieces);
+            if let Some(pacer) = &mut self.pacer {
+                if let Err(wait) = pacer.try_release(core_time(ctx.now()), bytes, 1) {
+                    let at = ctx.now() + time::from_ns(wait.as_nanos() as f64);
+                    if self.timer_at.is_none_or(|t| t > at || t < ctx.now()) {
+                        self.timer_at = Some(at);
+                        ctx.set_timer(at, PACE_TIMER);
+                    }
+                    return;
+                }
+            }
+            head.remaining -= bytes;
+            let (app_tag, opcode, last) = (head.app_tag, head.opcode, head.remaining == 0);
+            if last {
+                entry.pending.pop_front();
+            }
+            entry.in_flight += 1;
+            self.last = Some(qp);
+            let tag = self.hand(qp, Handed::Chunk { app_tag, last });
+            self.chunks += 1;
+            ctx.post(
+                qp,
+                WorkRequest {
+                    tag,
+                    opcode,
+                    bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+                    inline: false,
+                },
+            );
+            for _ in 0..self.plan.yields_per_chunk {
+                let tag = self.hand(qp, Handed::Yield);
+                self.yields += 1;
+                ctx.post(
+                    qp,
+                    WorkRequest {
+                        tag,
+                        opcode: Opcode::Write,
+                        bytes: 0,
+                        inline: true,
+                    },
+                );
+            }
+        }
+    }
+
+    fn hand(&mut self, qp: QpId, what: Handed) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.handed.insert((qp, tag), what);
+        tag
+    }
 }
 
 /// The `adaptive` policy on one host.
 pub struct AdaptivePolicy {
     driver: LoopDriver,
-    planner: YieldPlanner,
-    base_yields: u32,
-    window: u32,
-    shaper: Option<YieldShaper>,
+    law: AdaptiveLaw,
+    shaper: Option<ChunkShaper>,
+    header_bytes: f64,
+    /// Class of each flow's queue pairs that the policy does not shape.
+    watched: BTreeMap<QpId, FlowClass>,
+    /// Present flows by class.
+    present: BTreeMap<u64, FlowClass>,
+    /// Post times of the latency flows' requests on the RNIC, by (queue pair, tag).
+    posted_at: BTreeMap<(QpId, u64), Picos>,
+    /// Latency samples (us) since the last fed period.
+    samples: Vec<f64>,
+    /// Wire bytes the unshaped flows posted since the last update, and since when.
+    other_bytes: f64,
+    other_since: Picos,
+    other_rate: f64,
+    updates_seen: u64,
+    /// The latency flows' p99 fed to the law last.
+    last_p99: Option<Duration>,
     steers: bool,
-    yield_sum: f64,
     paced_updates: u64,
     updates: u64,
 }
 
 impl AdaptivePolicy {
-    /// A policy for a host with this RNIC: the core loop from `justitia`'s parameters, the
-    /// yield baseline from `preempt`.
+    /// A policy for a host with this RNIC: the target and probe from `justitia`'s
+    /// parameters; `preempt`'s are not used (accepted so that a scenario's `[preempt]`
+    /// table applies to every policy alike).
     pub fn new(
         profile: &ModelProfile,
         justitia: &JustitiaParams,
-        preempt: &PreemptParams,
+        _preempt: &PreemptParams,
     ) -> Result<Self, AdaptiveError> {
         let driver = LoopDriver::new(&profile.policy, justitia)
             .map_err(|e| AdaptiveError::Justitia(e.into()))?;
-        let planner = YieldPlanner::new(preempt.yield_config()?)?;
+        let config = AdaptiveConfig {
+            wire_bytes_per_sec: profile.link.gbps * 1e9 / 8.0,
+            packet_overhead_bytes: profile.link.header_bytes,
+            request_overhead_bytes: profile.link.first_packet_extra_bytes,
+            // What the host knows of its RNIC: one queue pair's message rate, and half of it
+            // for the chunks, so that per-chunk costs stay a small part of each chunk's time.
+            max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
+            ..AdaptiveConfig::for_rnic(
+                profile.policy.max_rate_bytes_per_sec(),
+                profile.mtu(),
+                profile.policy.chunk_bytes_without_latency,
+            )
+        };
         Ok(AdaptivePolicy {
             driver,
-            base_yields: planner.yields_per_sub_message(),
-            planner,
-            window: preempt.window,
+            law: AdaptiveLaw::new(config)?,
             shaper: None,
+            header_bytes: f64::from(profile.link.header_bytes),
+            watched: BTreeMap::new(),
+            present: BTreeMap::new(),
+            posted_at: BTreeMap::new(),
+            samples: Vec::new(),
+            other_bytes: 0.0,
+            other_since: 0,
+            other_rate: 0.0,
+            updates_seen: 0,
+            last_p99: None,
             steers: false,
-            yield_sum: 0.0,
             paced_updates: 0,
             updates: 0,
         })
     }
 
-    fn max_yields(&self) -> u32 {
-        self.base_yields.saturating_mul(MAX_YIELD_FACTOR)
+    fn observation(&self, current99: Option<Duration>) -> Observation {
+        let count = |class| self.present.values().filter(|&&c| c == class).count() as u32;
+        Observation {
+            latency_flows: count(FlowClass::Latency),
+            bandwidth_flows: count(FlowClass::Bandwidth),
+            throughput_flows: count(FlowClass::Throughput),
+            target99: self.driver.control.target().value,
+            current99,
+            other_bytes_per_sec: self.other_rate,
+        }
     }
 
-    /// Step 2 of the law: the yield density for the loop's SafeUtil.
-    fn yields_for_safe_util(&self) -> u32 {
-        let control = &self.driver.control;
-        let max = control.max_rate();
-        let floor = control.sharing_floor();
-        let span = (max / floor).ln();
-        let q = if span > 0.0 {
-            ((max / control.safe_util()).ln() / span).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        let y = f64::from(self.base_yields) * f64::from(MAX_YIELD_FACTOR).powf(q);
-        (y.round() as u32).clamp(self.base_yields, self.max_yields())
+    /// The p99 of the gathered samples, if there are enough; they are then used up.
+    fn take_p99(&mut self) -> Option<Duration> {
+        if self.samples.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut s = std::mem::take(&mut self.samples);
+        s.sort_by(f64::total_cmp);
+        let at = ((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1;
+        Some(Duration::from_nanos((s[at] * 1e3) as u64))
     }
 
-    /// Applies the law after a loop update; `violated` is whether Current99 exceeds
-    /// Target99.
-    fn steer(&mut self, ctx: &mut PolicyContext<'_>, violated: bool) {
-        let control = &self.driver.control;
-        let counts = control.counts();
-        let unattainable = matches!(control.mode(), ControlMode::Unattainable { .. });
-        let yields = if counts.latency == 0 && counts.throughput == 0 {
-            0
-        } else if counts.latency == 0 || unattainable {
-            self.base_yields
-        } else {
-            self.yields_for_safe_util()
-        };
-        let max_yields = self.max_yields();
-        let base_yields = self.base_yields;
-        let safe_util = control.safe_util();
-        let Some(shaper) = &mut self.shaper else {
-            return;
-        };
-        let pacing = if counts.latency == 0 || unattainable {
-            None
-        } else if violated
-            && (shaper.yields_per_sub_message() >= max_yields || shaper.pacing().is_some())
-        {
-            Some(safe_util)
-        } else {
-            None
-        };
-        // Once paced, the pacer keeps the transmit pipeline short; extra yields would only
-        // cost processing slots on top of it.
-        let yields = if pacing.is_some() {
-            yields.min(base_yields)
-        } else {
-            yields
-        };
-        shaper.planner_mut().set_yields_per_sub_message(yields);
-        shaper.set_pacing(ctx, pacing);
+    fn replan(&mut self, ctx: &mut PolicyContext<'_>) {
+        let plan = self.law.plan(&self.observation(None));
+        if let Some(shaper) = &mut self.shaper {
+            shaper.apply(ctx, plan);
+        }
     }
 
     fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
-        let before = self.driver.control.updates();
         self.driver.drive(ctx);
-        if self.driver.control.updates() == before {
+        let updates = self.driver.control.updates();
+        if updates == self.updates_seen {
             return;
         }
-        let control = &self.driver.control;
-        let violated = control.counts().latency > 0
-            && matches!(
-                (control.current_p99(), control.target().value),
-                (Some(p99), Some(target)) if p99 > target
-            );
-        self.steer(ctx, violated);
-        if let Some(shaper) = &self.shaper {
-            self.yield_sum += f64::from(shaper.yields_per_sub_message());
-            if shaper.pacing().is_some() {
-                self.paced_updates += 1;
-            }
+        self.updates_seen = updates;
+        let now = ctx.now();
+        let span = now.saturating_sub(self.other_since);
+        if span > 0 {
+            self.other_rate = self.other_bytes / (span as f64 / time::SECOND as f64);
+        }
+        self.other_bytes = 0.0;
+        self.other_since = now;
+        let p99 = self.take_p99();
+        if p99.is_some() {
+            self.last_p99 = p99;
+        }
+        let o = self.observation(p99);
+        let plan = self.law.update(core_time(now), &o);
+        if let Some(shaper) = &mut self.shaper {
+            shaper.apply(ctx, plan);
         }
         self.updates += 1;
+        if plan.pace_bytes_per_sec.is_some() {
+            self.paced_updates += 1;
+        }
     }
 }
 
@@ -184,73 +414,113 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        let mut planner = self.planner;
-        planner.set_yields_per_sub_message(0);
-        self.shaper = Some(YieldShaper::new(planner, self.window, flows));
+        self.shaper = Some(ChunkShaper::new(flows));
+        for f in flows
+            .iter()
+            .filter(|f| f.spec.class != FlowClass::Bandwidth)
+        {
+            for &qp in &f.qps {
+                self.watched.insert(qp, f.spec.class);
+            }
+        }
         self.steers = flows.iter().any(|f| f.spec.class.is_resource_hungry());
         self.driver.connect(ctx, flows);
         self.drive(ctx);
     }
 
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
-        // The yield shaper does not report work, so a flow counts while it runs.
+        // The loop counts flows only for its probe; the law's counts are the driver's.
         self.driver.flow_present(ctx, flow, active);
         if active {
-            let _ = self.driver.control.set_flow_active(
-                super::justitia::core_time(ctx.now()),
-                flow.spec.id,
-                true,
-            );
+            let _ = self
+                .driver
+                .control
+                .set_flow_active(core_time(ctx.now()), flow.spec.id, true);
+            self.present.insert(flow.spec.id.0, flow.spec.class);
+        } else {
+            self.present.remove(&flow.spec.id.0);
         }
+        self.replan(ctx);
     }
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
-        match &mut self.shaper {
-            Some(shaper) => shaper.on_post(ctx, qp, wr),
-            None => ctx.post(qp, wr),
+        if let Some(shaper) = &mut self.shaper {
+            if shaper.shapes(qp) {
+                shaper.on_post(ctx, qp, wr);
+                return;
+            }
         }
+        if let Some(&class) = self.watched.get(&qp) {
+            self.other_bytes += f64::from(wr.bytes) + self.header_bytes;
+            if class == FlowClass::Latency {
+                self.posted_at.insert((qp, wr.tag), ctx.now());
+            }
+        }
+        ctx.post(qp, wr);
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
         if self.driver.on_completion(ctx, qp) {
             return;
         }
-        match &mut self.shaper {
-            Some(shaper) => shaper.on_completion(ctx, qp, tag),
-            None => ctx.complete(qp, tag),
+        if let Some(shaper) = &mut self.shaper {
+            if shaper.on_completion(ctx, qp, tag) {
+                return;
+            }
         }
+        if let Some(at) = self.posted_at.remove(&(qp, tag)) {
+            self.samples
+                .push(ctx.now().saturating_sub(at) as f64 / time::MICROSECOND as f64);
+        }
+        ctx.complete(qp, tag);
     }
 
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
-        if tag >= PACING_TIMER {
+        if tag >= PACE_TIMER {
             if let Some(shaper) = &mut self.shaper {
-                shaper.on_pacing_timer(ctx, (tag - PACING_TIMER) as usize);
+                shaper.on_timer(ctx);
             }
         } else if self.driver.timer_is_current(ctx) {
             self.drive(ctx);
         }
     }
 
+    /// The law's state in the series' terms: the rate the bandwidth flows are held to
+    /// (MaxRate while not paced) as SafeUtil, and the latency flows' own p99 as Current99
+    /// (not the probe's: the law reads the applications' tail).
     fn control_state(&self) -> Option<ControlState> {
-        self.steers.then(|| self.driver.control_state())
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        self.steers.then(|| ControlState {
+            safe_util_gbps: self
+                .shaper
+                .as_ref()
+                .and_then(|s| s.plan.pace_bytes_per_sec)
+                .unwrap_or(self.law.config().max_rate_bytes_per_sec)
+                * 8.0
+                / 1e9,
+            current99_us: self.last_p99.map(us),
+            target99_us: self.driver.control.target().value.map(us),
+            mode: Mode::Normal,
+        })
     }
 
     fn figures(&self) -> PolicyFigures {
-        let mut f = self.driver.figures();
-        if let Some(shaper) = &self.shaper {
-            f.insert(
-                "yields_per_sub_message".into(),
-                f64::from(shaper.yields_per_sub_message()),
-            );
-            let c = shaper.counters();
-            f.insert("sub_messages".into(), c.sub_messages as f64);
-            f.insert("yields".into(), c.yields as f64);
+        let mut f = PolicyFigures::new();
+        if let Some(t) = self.driver.control.target().value {
+            f.insert("target99_us".into(), t.as_secs_f64() * 1e6);
         }
+        if let Some(shaper) = &self.shaper {
+            f.insert("sub_messages".into(), shaper.chunks as f64);
+            f.insert("yields".into(), shaper.yields as f64);
+            f.insert("chunk_bytes".into(), f64::from(shaper.plan.chunk_bytes));
+            if let Some(rate) = shaper.plan.pace_bytes_per_sec {
+                f.insert("pace_gbps".into(), rate * 8.0 / 1e9);
+            }
+        }
+        f.insert("probes".into(), self.driver.control.updates() as f64);
+        f.insert("decreases".into(), self.law.decreases() as f64);
+        f.insert("pace_fraction".into(), self.law.fraction());
         if self.updates > 0 {
-            f.insert(
-                "mean_yields_per_sub_message".into(),
-                self.yield_sum / self.updates as f64,
-            );
             f.insert(
                 "paced_fraction".into(),
                 self.paced_updates as f64 / self.updates as f64,

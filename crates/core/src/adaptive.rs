@@ -1,0 +1,636 @@
+//! The `adaptive` decision law: latency flows near their alone tail while the bandwidth
+//! flows keep almost all of their alone bandwidth.
+//!
+//! **Mechanism it works against.** A small message waits behind whatever the RNIC has
+//! already queued for the wire: a packet in its transmit pipeline cannot be taken back.
+//! Natively a bandwidth flow keeps that pipeline full (tens of KB), so a latency message
+//! waits microseconds (Justitia §2.4). Justitia shortens the wait by pacing bandwidth flows
+//! at SafeUtil, which it drives down to the sharing floor, halving them; PeRF shortens it
+//! with yields, which cost processing slots and bandwidth and still leave a whole
+//! sub-message in the pipeline.
+//!
+//! **The law.** The wait a latency message sees is at most what is queued ahead of it.
+//! Pacing all of a host's bandwidth flows as one stream of chunks, slightly below the rate
+//! the transmitter drains them, keeps at most about one chunk queued; so a chunk no larger
+//! than the time the goal allows (`(band - 1) / band` of the target tail) at the drain rate
+//! bounds the wait, and the pacing costs only the headroom. Per update ([`AdaptiveLaw::update`],
+//! time passed in, no clock read):
+//!
+//! 1. No latency and no throughput flow: nothing to protect. No pacing, chunks as large as
+//!    the profile's chunk without latency flows, no yields.
+//! 2. A latency flow, or a throughput flow (moved into the protected class: it suffers from
+//!    the same queue, PeRF §2.3.1), present: the bandwidth flows are paced together at
+//!    `headroom x fraction x (MaxRate - the other flows' wire rate)`, in chunks of the
+//!    current chunk size, no yields (pacing keeps the queue short; a yield would only
+//!    take a processing slot).
+//! 3. The chunk size is chosen from the measured tail. It starts at the budget: the slack
+//!    the target allows, at MaxRate, rounded down to whole MTU packets when it is above
+//!    one (a partial packet costs a header for less payload). When the measured p99 is
+//!    above the target, the chunk halves (not below [`AdaptiveConfig::min_chunk_bytes`]);
+//!    once at the minimum, the pacing fraction drops by [`RATE_DECREASE`] (not below the
+//!    sharing floor (B+T)/(L+B+T)). When the tail is within the target, the fraction
+//!    recovers first, halfway toward the fraction that last violated (which rises by
+//!    [`RATE_INCREASE`] per update), then the chunk grows by a quarter toward the budget.
+//!    Throughput flows without latency flows have no tail to measure: their chunk is the
+//!    budget of one MTU packet and the fraction stays 1.
+//! 4. The rate left to the bandwidth flows is MaxRate, or what the wire leaves beside the
+//!    other flows' measured load in chunks of this size (headers included), whichever is
+//!    less: small inline messages take wire, not the payload reads that bound MaxRate on
+//!    some RNICs; and never less than the bandwidth flows' equal share B/(L+B+T).
+//! 5. The smallest chunk is what the host can post at the pacing rate
+//!    ([`AdaptiveConfig::max_chunks_per_sec`]): below it the rate gives way instead.
+//!
+//! Arrivals and departures change the plan at once: the driver calls
+//! [`AdaptiveLaw::plan`] whenever the counts change, so a bandwidth flow is unpaced in the
+//! same instant the last latency flow leaves.
+
+use std::time::Duration;
+
+/// Goal band: a latency flow's p99 within this multiple of alone.
+pub const DEFAULT_BAND: f64 = 1.2;
+/// Fraction of what is left of MaxRate at which the bandwidth flows are paced: the
+/// transmitter must drain faster than it is fed, or its queue, and the latency flows'
+/// wait, grows without bound.
+pub const DEFAULT_HEADROOM: f64 = 0.975;
+/// Multiplier of the pacing fraction on a violation with the chunk at its minimum.
+pub const RATE_DECREASE: f64 = 0.9;
+/// How far the last violating pacing fraction rises per update with the target met, so
+/// that the search probes above it again.
+pub const RATE_INCREASE: f64 = 0.05;
+
+/// Settings of the law, from the RNIC profile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdaptiveConfig {
+    /// MaxRate: payload bytes/s the RNIC sustains.
+    pub max_rate_bytes_per_sec: f64,
+    /// Path MTU, bytes.
+    pub mtu: u32,
+    /// The goal's band: the target tail is `band` times the alone tail.
+    pub band: f64,
+    /// Fraction of the rate left to the bandwidth flows at which they are paced.
+    pub headroom: f64,
+    /// The smallest chunk (a floor on the WQEs posted per GB).
+    pub min_chunk_bytes: u32,
+    /// The chunk with nothing to protect (the profile's chunk without latency flows).
+    pub max_chunk_bytes: u32,
+    /// The link's rate in wire bytes/s (headers included).
+    pub wire_bytes_per_sec: f64,
+    /// Wire bytes every packet carries besides its payload.
+    pub packet_overhead_bytes: u32,
+    /// Wire bytes the first packet of a request carries besides those (a RETH).
+    pub request_overhead_bytes: u32,
+    /// Chunks per second the host may post: a chunk smaller than the pacing rate over
+    /// this costs more per byte than the transmitter drains, so the rate, not the chunk,
+    /// gives way below it.
+    pub max_chunks_per_sec: f64,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdaptiveConfigError {
+    /// A setting is out of range.
+    #[error("adaptive law: {field} {reason}")]
+    Invalid {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl AdaptiveConfig {
+    /// The law's defaults for an RNIC of this MaxRate, MTU and large chunk, with a wire
+    /// that costs nothing beyond MaxRate (set the wire fields for a real link).
+    pub fn for_rnic(max_rate_bytes_per_sec: f64, mtu: u32, max_chunk_bytes: u32) -> Self {
+        AdaptiveConfig {
+            max_rate_bytes_per_sec,
+            mtu,
+            band: DEFAULT_BAND,
+            headroom: DEFAULT_HEADROOM,
+            min_chunk_bytes: 512,
+            max_chunk_bytes,
+            wire_bytes_per_sec: f64::INFINITY,
+            packet_overhead_bytes: 0,
+            request_overhead_bytes: 0,
+            max_chunks_per_sec: f64::INFINITY,
+        }
+    }
+
+    /// Payload bytes/s the transmitter drains in chunks of `chunk` bytes: MaxRate, or less
+    /// when the chunk's headers take more of the wire than full packets do.
+    pub fn drain_rate(&self, chunk: u32) -> f64 {
+        self.drain_rate_beside(chunk, 0.0)
+    }
+
+    /// The same with `other` wire bytes/s taken by flows that are not paced. Their small
+    /// messages take wire, not what else bounds MaxRate (on IB-56 the payload reads over
+    /// PCIe, which inline messages do not use), so they come off the wire's rate; with no
+    /// wire rate configured they come off MaxRate.
+    pub fn drain_rate_beside(&self, chunk: u32, other: f64) -> f64 {
+        let other = other.max(0.0);
+        if !self.wire_bytes_per_sec.is_finite() {
+            return (self.max_rate_bytes_per_sec - other).max(0.0);
+        }
+        let packets = chunk.div_ceil(self.mtu).max(1);
+        let wire = f64::from(chunk)
+            + f64::from(packets) * f64::from(self.packet_overhead_bytes)
+            + f64::from(self.request_overhead_bytes);
+        let on_wire = (self.wire_bytes_per_sec - other).max(0.0) * f64::from(chunk) / wire;
+        self.max_rate_bytes_per_sec.min(on_wire)
+    }
+
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), AdaptiveConfigError> {
+        let invalid = |field, reason: String| Err(AdaptiveConfigError::Invalid { field, reason });
+        if !(self.max_rate_bytes_per_sec.is_finite() && self.max_rate_bytes_per_sec > 0.0) {
+            return invalid(
+                "max_rate_bytes_per_sec",
+                format!("must be positive, got {}", self.max_rate_bytes_per_sec),
+            );
+        }
+        if self.mtu == 0 {
+            return invalid("mtu", "must be positive".into());
+        }
+        if self.wire_bytes_per_sec.is_nan() || self.wire_bytes_per_sec <= 0.0 {
+            return invalid(
+                "wire_bytes_per_sec",
+                format!("must be positive, got {}", self.wire_bytes_per_sec),
+            );
+        }
+        if self.max_chunks_per_sec.is_nan() || self.max_chunks_per_sec <= 0.0 {
+            return invalid(
+                "max_chunks_per_sec",
+                format!("must be positive, got {}", self.max_chunks_per_sec),
+            );
+        }
+        if !(self.band.is_finite() && self.band > 1.0) {
+            return invalid("band", format!("must be above 1, got {}", self.band));
+        }
+        if !(self.headroom > 0.0 && self.headroom <= 1.0) {
+            return invalid(
+                "headroom",
+                format!("must be in (0, 1], got {}", self.headroom),
+            );
+        }
+        if self.min_chunk_bytes == 0 || self.min_chunk_bytes > self.max_chunk_bytes {
+            return invalid(
+                "min_chunk_bytes",
+                format!(
+                    "must be in [1, max_chunk_bytes = {}], got {}",
+                    self.max_chunk_bytes, self.min_chunk_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What the law is told at an update.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Observation {
+    /// Latency flows present on the host.
+    pub latency_flows: u32,
+    /// Bandwidth flows present.
+    pub bandwidth_flows: u32,
+    /// Throughput flows present.
+    pub throughput_flows: u32,
+    /// The tail to defend (band x the latency flows' alone p99), if known.
+    pub target99: Option<Duration>,
+    /// The latency flows' p99 measured since the last update, if there were samples.
+    pub current99: Option<Duration>,
+    /// Wire bytes/s the flows that are not paced (latency, throughput) used lately.
+    pub other_bytes_per_sec: f64,
+}
+
+/// What the bandwidth flows' shaper does until the next plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan {
+    /// Total rate of the host's bandwidth flows, bytes/s; `None`: not paced.
+    pub pace_bytes_per_sec: Option<f64>,
+    /// Bytes per chunk (a message no larger goes whole).
+    pub chunk_bytes: u32,
+    /// Zero-length yields after each chunk.
+    pub yields_per_chunk: u32,
+}
+
+/// The law's state on one host.
+#[derive(Clone, Debug)]
+pub struct AdaptiveLaw {
+    config: AdaptiveConfig,
+    chunk: Option<u32>,
+    fraction: f64,
+    /// The pacing fraction of the last violation at the smallest chunk (1: none yet).
+    ceiling: f64,
+    last_update: Option<Duration>,
+    decreases: u64,
+}
+
+impl AdaptiveLaw {
+    /// A law with these settings.
+    pub fn new(config: AdaptiveConfig) -> Result<Self, AdaptiveConfigError> {
+        config.validate()?;
+        Ok(AdaptiveLaw {
+            config,
+            chunk: None,
+            fraction: 1.0,
+            ceiling: 1.0,
+            last_update: None,
+            decreases: 0,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AdaptiveConfig {
+        &self.config
+    }
+
+    /// The pacing fraction now (1 until a violation at the smallest chunk).
+    pub fn fraction(&self) -> f64 {
+        self.fraction
+    }
+
+    /// Violations that shrank the chunk or the rate so far.
+    pub fn decreases(&self) -> u64 {
+        self.decreases
+    }
+
+    /// The chunk the target allows: its slack, `(band - 1) / band` of it, at MaxRate,
+    /// whole MTU packets when that is at least one; one MTU packet without a target.
+    pub fn chunk_budget(&self, target99: Option<Duration>) -> u32 {
+        let c = &self.config;
+        let Some(target) = target99 else {
+            return c.mtu.clamp(c.min_chunk_bytes, c.max_chunk_bytes);
+        };
+        let slack = target.as_secs_f64() * (c.band - 1.0) / c.band;
+        let bytes = (slack * c.max_rate_bytes_per_sec)
+            .round()
+            .min(f64::from(c.max_chunk_bytes)) as u32;
+        self.whole_packets(bytes.clamp(c.min_chunk_bytes, c.max_chunk_bytes))
+    }
+
+    /// `bytes` rounded down to whole MTU packets when it is at least one: a partial packet
+    /// costs a whole header for part of a payload.
+    fn whole_packets(&self, bytes: u32) -> u32 {
+        let mtu = self.config.mtu;
+        if bytes >= mtu {
+            bytes / mtu * mtu
+        } else {
+            bytes
+        }
+    }
+
+    /// The smallest chunk worth posting: the configured minimum, or what the host can
+    /// post at the pacing rate, whichever is larger. The stream is one for all queue pairs
+    /// because a chunk's costs (its WQE fetch, its payload read) are the RNIC's, not the
+    /// queue pair's: spread over four queue pairs, 532 B chunks on IB-56 drained slower
+    /// than they were paced and the latency flow's median rose to x2.4.
+    fn chunk_floor(&self) -> u32 {
+        let c = &self.config;
+        let by_rate = c.headroom * c.max_rate_bytes_per_sec / c.max_chunks_per_sec;
+        let by_rate = if by_rate.is_finite() {
+            by_rate.ceil().min(f64::from(c.max_chunk_bytes)) as u32
+        } else {
+            c.max_chunk_bytes
+        };
+        by_rate.max(c.min_chunk_bytes)
+    }
+
+    /// The sharing floor of the bandwidth flows' pacing fraction: (B+T)/(L+B+T).
+    fn floor(o: &Observation) -> f64 {
+        let hungry = f64::from(o.bandwidth_flows + o.throughput_flows);
+        let all = hungry + f64::from(o.latency_flows);
+        if all > 0.0 {
+            hungry / all
+        } else {
+            1.0
+        }
+    }
+
+    /// The bandwidth flows' share of an equal split among all flows, B/(L+B+T): what they
+    /// keep of MaxRate however much the others use.
+    fn bandwidth_share(o: &Observation) -> f64 {
+        let all = f64::from(o.latency_flows + o.bandwidth_flows + o.throughput_flows);
+        if all > 0.0 {
+            f64::from(o.bandwidth_flows) / all
+        } else {
+            1.0
+        }
+    }
+
+    /// Feedback from the measured tail at `now`, then the plan.
+    pub fn update(&mut self, now: Duration, o: &Observation) -> Plan {
+        self.last_update = Some(now);
+        if o.latency_flows > 0 {
+            let floor = self.chunk_floor();
+            let budget = self.chunk_budget(o.target99).max(floor);
+            // A target that moved down takes the chunk with it.
+            let chunk = self.chunk.map_or(budget, |c| c.clamp(floor, budget));
+            let mut next = chunk;
+            if let (Some(p99), Some(target)) = (o.current99, o.target99) {
+                if p99 > target {
+                    self.decreases += 1;
+                    if chunk > floor {
+                        next = self.whole_packets(chunk / 2).max(floor);
+                    } else {
+                        self.ceiling = self.fraction;
+                        self.fraction = (self.fraction * RATE_DECREASE).max(Self::floor(o));
+                    }
+                } else if self.fraction < 1.0 {
+                    // Halfway back toward the rate that last violated, which itself rises
+                    // slowly: the search settles just under the rate the transmitter
+                    // really drains (less than MaxRate when its service times vary).
+                    self.ceiling = (self.ceiling + RATE_INCREASE).min(1.0);
+                    self.fraction += (self.ceiling - self.fraction) / 2.0;
+                    if 1.0 - self.fraction < 1e-3 {
+                        self.fraction = 1.0;
+                    }
+                } else {
+                    next = self.whole_packets(chunk + chunk / 4).clamp(floor, budget);
+                    if next == chunk && chunk < budget {
+                        // A quarter more rounds back down to the same packets: one more.
+                        next = (chunk + self.config.mtu).min(budget);
+                    }
+                }
+            }
+            self.chunk = Some(next);
+        } else {
+            // Nothing measured to defend: start afresh when latency flows come back.
+            self.chunk = None;
+            self.fraction = 1.0;
+            self.ceiling = 1.0;
+        }
+        self.plan(o)
+    }
+
+    /// The plan for these counts with the law's present state (no feedback): what the
+    /// driver applies when flows arrive or leave between updates.
+    pub fn plan(&self, o: &Observation) -> Plan {
+        let c = &self.config;
+        if o.latency_flows == 0 && o.throughput_flows == 0 {
+            return Plan {
+                pace_bytes_per_sec: None,
+                chunk_bytes: c.max_chunk_bytes,
+                yields_per_chunk: 0,
+            };
+        }
+        let floor = self.chunk_floor();
+        let (chunk, fraction) = if o.latency_flows > 0 {
+            let budget = self.chunk_budget(o.target99).max(floor);
+            (
+                self.chunk.unwrap_or(budget).clamp(floor, budget),
+                self.fraction.max(Self::floor(o)),
+            )
+        } else {
+            (self.chunk_budget(None).max(floor), 1.0)
+        };
+        let left = c
+            .drain_rate_beside(chunk, o.other_bytes_per_sec)
+            .max(c.max_rate_bytes_per_sec * Self::bandwidth_share(o));
+        Plan {
+            pace_bytes_per_sec: Some(c.headroom * fraction * left),
+            chunk_bytes: chunk,
+            yields_per_chunk: 0,
+        }
+    }
+
+    /// When the law last took feedback.
+    pub fn last_update(&self) -> Option<Duration> {
+        self.last_update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// IB-56: 48 Gb/s MaxRate (6e9 B/s), 4 KB MTU, 1 MB chunks without latency flows.
+    fn ib56() -> AdaptiveLaw {
+        AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)).expect("valid")
+    }
+
+    fn us(x: f64) -> Duration {
+        Duration::from_nanos((x * 1e3) as u64)
+    }
+
+    fn with_latency(target: f64, current: Option<f64>) -> Observation {
+        Observation {
+            latency_flows: 1,
+            bandwidth_flows: 1,
+            throughput_flows: 0,
+            target99: Some(us(target)),
+            current99: current.map(us),
+            other_bytes_per_sec: 0.0,
+        }
+    }
+
+    #[test]
+    fn nothing_to_protect_means_no_pacing_and_large_chunks() {
+        let mut law = ib56();
+        let o = Observation {
+            bandwidth_flows: 2,
+            ..Observation::default()
+        };
+        let plan = law.update(Duration::ZERO, &o);
+        assert_eq!(plan.pace_bytes_per_sec, None);
+        assert_eq!(plan.chunk_bytes, 1 << 20);
+        assert_eq!(plan.yields_per_chunk, 0);
+    }
+
+    /// The budget by hand: a 2.4 us target with band 1.2 leaves 0.4 us of slack, 2400 B
+    /// at 6 GB/s, under one 4 KB packet, so 2400 B; with a 1 KB MTU it rounds down to
+    /// 2048 B; a 12 us target leaves 2 us, 12000 B, two whole 4 KB packets.
+    #[test]
+    fn the_chunk_budget_is_the_targets_slack_at_max_rate() {
+        let law = ib56();
+        assert_eq!(law.chunk_budget(Some(us(2.4))), 2400);
+        assert_eq!(law.chunk_budget(Some(us(12.0))), 8192);
+        assert_eq!(law.chunk_budget(None), 4096);
+        let roce = AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 1024, 1 << 20)).expect("valid");
+        assert_eq!(roce.chunk_budget(Some(us(2.4))), 2048);
+    }
+
+    /// A latency flow: paced at the headroom of MaxRate less the others' wire rate, in the
+    /// budget's chunks.
+    #[test]
+    fn latency_flows_are_protected_by_pacing_below_the_drain_rate() {
+        let mut law = ib56();
+        let mut o = with_latency(2.4, None);
+        o.other_bytes_per_sec = 1e9;
+        let plan = law.update(Duration::ZERO, &o);
+        let pace = plan.pace_bytes_per_sec.expect("paced");
+        assert!((pace - 0.975 * 5e9).abs() < 1.0, "{pace}");
+        assert_eq!(plan.chunk_bytes, 2400);
+    }
+
+    /// Violations halve the chunk to the minimum, then cut the rate, never below the
+    /// sharing floor; met targets give the rate back first, then grow the chunk.
+    #[test]
+    fn violations_shrink_the_chunk_then_the_rate_and_recovery_reverses_it() {
+        let mut law = ib56();
+        let bad = with_latency(2.4, Some(3.0));
+        let chunks: Vec<u32> = (0..4)
+            .map(|i| law.update(us(500.0 * f64::from(i)), &bad).chunk_bytes)
+            .collect();
+        assert_eq!(chunks, vec![1200, 600, 512, 512]);
+        assert!((law.fraction() - 0.9).abs() < 1e-12, "{}", law.fraction());
+        for i in 0..40 {
+            law.update(us(2000.0 + 500.0 * f64::from(i)), &bad);
+        }
+        assert!(
+            (law.fraction() - 0.5).abs() < 1e-12,
+            "floor (B+T)/(L+B+T) = 1/2"
+        );
+        let good = with_latency(2.4, Some(2.0));
+        let mut t = 30_000.0;
+        let mut step = |law: &mut AdaptiveLaw| {
+            t += 500.0;
+            law.update(us(t), &good)
+        };
+        step(&mut law);
+        // The last violation was at 0.5: halfway toward 0.5 + 0.05, no further.
+        assert!((law.fraction() - 0.525).abs() < 1e-12, "{}", law.fraction());
+        let mut met = 1;
+        while law.fraction() < 1.0 {
+            step(&mut law);
+            met += 1;
+            assert!(met < 30, "the rate never came back: {}", law.fraction());
+        }
+        assert!(met > 5, "the rate came back in {met} updates: not a search");
+        let chunks: Vec<u32> = (0..6).map(|_| step(&mut law).chunk_bytes).collect();
+        assert_eq!(chunks, vec![640, 800, 1000, 1250, 1562, 1952]);
+        assert_eq!(
+            step(&mut law).chunk_bytes,
+            2400,
+            "up to the budget, not past it"
+        );
+        assert_eq!(step(&mut law).chunk_bytes, 2400);
+    }
+
+    /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.
+    #[test]
+    fn throughput_flows_alone_are_protected_by_one_packet_chunks() {
+        let mut law = ib56();
+        let o = Observation {
+            bandwidth_flows: 1,
+            throughput_flows: 1,
+            other_bytes_per_sec: 0.5e9,
+            ..Observation::default()
+        };
+        let plan = law.update(Duration::ZERO, &o);
+        assert_eq!(plan.chunk_bytes, 4096);
+        let pace = plan.pace_bytes_per_sec.expect("paced");
+        assert!((pace - 0.975 * 5.5e9).abs() < 1.0, "{pace}");
+    }
+
+    /// RoCE-40 by hand: 40 Gb/s (5e9 B/s) of wire, 1 KB MTU, 82 B of headers a packet
+    /// and a 16 B RETH. A 2 KB chunk is 2048 + 2 x 82 + 16 = 2228 wire bytes, so it drains
+    /// at 5e9 x 2048 / 2228 = 4.596e9 B/s, above MaxRate (4.5625e9) which binds; a 768 B
+    /// chunk (866 wire bytes) drains at 4.434e9, a 512 B one (610) at 4.197e9, and the
+    /// pacing follows it: paced at MaxRate, 512 B chunks would overfill the wire.
+    #[test]
+    fn pacing_follows_the_wire_cost_of_small_chunks() {
+        let config = AdaptiveConfig {
+            wire_bytes_per_sec: 5e9,
+            packet_overhead_bytes: 82,
+            request_overhead_bytes: 16,
+            ..AdaptiveConfig::for_rnic(4.5625e9, 1024, 1 << 20)
+        };
+        assert!((config.drain_rate(2048) - 4.5625e9).abs() < 1.0);
+        assert!((config.drain_rate(768) - 5e9 * 768.0 / 866.0).abs() < 1.0);
+        assert!((config.drain_rate(512) - 5e9 * 512.0 / 610.0).abs() < 1.0);
+        let mut law = AdaptiveLaw::new(config).expect("valid");
+        // A 0.6 us target: 0.1 us of slack, 456 B, below the 512 B minimum.
+        let plan = law.update(Duration::ZERO, &with_latency(0.6, None));
+        assert_eq!(plan.chunk_bytes, 512);
+        let pace = plan.pace_bytes_per_sec.expect("paced");
+        assert!((pace - 0.975 * 5e9 * 512.0 / 610.0).abs() < 1.0, "{pace}");
+    }
+
+    /// A chunk the host cannot post fast enough is not used: with 1 M chunks/s and 6 GB/s
+    /// paced at 0.975, chunks are 5850 B or more (above the 2400 B budget), however many
+    /// bandwidth flows share the stream; violations then cut the rate instead.
+    #[test]
+    fn the_chunk_never_drops_below_what_the_host_can_post() {
+        let config = AdaptiveConfig {
+            max_chunks_per_sec: 1e6,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        let mut law = AdaptiveLaw::new(config).expect("valid");
+        let mut bad = with_latency(2.4, Some(3.0));
+        bad.bandwidth_flows = 4;
+        let chunks: Vec<u32> = (0..3)
+            .map(|i| law.update(us(500.0 * f64::from(i)), &bad).chunk_bytes)
+            .collect();
+        assert_eq!(chunks, vec![5850, 5850, 5850]);
+        // 1, 0.9, 0.81, then the sharing floor (B+T)/(L+B+T) = 4/5 holds it.
+        assert!(
+            (law.fraction() - 0.8).abs() < 1e-12,
+            "the rate gave way: {}",
+            law.fraction()
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let good = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
+        for bad in [
+            AdaptiveConfig { band: 1.0, ..good },
+            AdaptiveConfig {
+                headroom: 0.0,
+                ..good
+            },
+            AdaptiveConfig {
+                max_rate_bytes_per_sec: f64::NAN,
+                ..good
+            },
+            AdaptiveConfig {
+                min_chunk_bytes: 2 << 20,
+                ..good
+            },
+            AdaptiveConfig { mtu: 0, ..good },
+        ] {
+            assert!(AdaptiveLaw::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// Whatever the history, the plan keeps the bandwidth flows at or above their
+        /// sharing floor of what is left, below the drain rate, and the chunk within its
+        /// bounds; the budget's one-chunk wait fits the target's slack.
+        #[test]
+        fn plans_stay_within_their_bounds(
+            steps in proptest::collection::vec((0u32..4, 0u32..8, 0u32..4, 0.5f64..20.0, proptest::option::of(0.5f64..40.0), 0.0f64..7e9), 1..60),
+        ) {
+            let mut law = ib56();
+            for (i, (l, b, t, target, current, other)) in steps.into_iter().enumerate() {
+                let o = Observation {
+                    latency_flows: l,
+                    bandwidth_flows: b,
+                    throughput_flows: t,
+                    target99: Some(us(target)),
+                    current99: current.map(us),
+                    other_bytes_per_sec: other,
+                };
+                let plan = law.update(us(500.0 * i as f64), &o);
+                prop_assert!(plan.chunk_bytes >= 512 && plan.chunk_bytes <= 1 << 20);
+                if let Some(pace) = plan.pace_bytes_per_sec {
+                    let all = f64::from(l + b + t);
+                    let floor = if all > 0.0 { f64::from(b + t) / all } else { 1.0 };
+                    let share = if all > 0.0 { f64::from(b) / all } else { 1.0 };
+                    let left = (6e9 - other).max(6e9 * share);
+                    prop_assert!(pace <= 0.975 * left + 1e-3);
+                    prop_assert!(pace >= 0.975 * floor * share * 6e9 - 1e-3);
+                }
+                if l > 0 {
+                    let slack = us(target).as_secs_f64() / 6.0;
+                    prop_assert!(f64::from(plan.chunk_bytes) <= (slack * 6e9).max(512.0) + 1.0);
+                } else if t == 0 {
+                    prop_assert_eq!(plan.pace_bytes_per_sec, None);
+                }
+            }
+        }
+    }
+}

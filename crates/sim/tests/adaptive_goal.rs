@@ -1,0 +1,492 @@
+//! `adaptive` against its goal on the comparison suite (`scenarios/suite-*.toml`): every
+//! latency flow's p99 within x1.2 of its alone p99, the bandwidth flows together at 95% of
+//! their alone goodput or more, and every flow at or above its sharing-incentive floor
+//! (its alone rate times the flows of its class over all flows of the run: what an equal
+//! split of the RNIC among every flow leaves it). The bands are the goal's, not the
+//! model's output.
+//!
+//! Where the goal cannot be met, a known-miss entry gives the bound, computed from the
+//! profile's parameters and the alone runs (references, not runs of the policy under
+//! test), and pins the measured figure so that the entry fails if it moves either way.
+//! Also: a sweep of message sizes, queue-pair counts and MTUs on RoCE-100, and recovery
+//! when latency flows leave and arrive.
+
+#![allow(clippy::expect_used)]
+
+mod common;
+
+use common::experiment;
+use justitia_core::flow::FlowClass;
+use justitia_sim::{Experiment, ModelProfile, RunReport, ScenarioReport};
+
+/// The goal's latency band.
+const BAND: f64 = 1.2;
+/// The goal's bandwidth floor.
+const BANDWIDTH: f64 = 0.95;
+/// A measured rate within 2% of its floor keeps it (finite windows).
+const FLOOR_SLACK: f64 = 0.98;
+/// How far a pinned known-miss figure may move before the entry fails.
+const PIN: f64 = 0.03;
+
+/// What adaptive did on one workload, against the flows alone.
+#[derive(Debug)]
+struct Outcome {
+    /// Worst latency flow's p99 over its alone p99.
+    latency_x: Option<f64>,
+    /// Bandwidth flows' goodput together over theirs alone.
+    bandwidth: f64,
+    /// Lowest ratio of a flow's rate to its sharing-incentive floor.
+    floor_ratio: f64,
+    /// Throughput flows' messages/s together alone, and their count.
+    throughput_alone: Option<(f64, usize)>,
+    /// Bandwidth flows' Gb/s together alone.
+    bandwidth_alone: f64,
+    /// Flows in the adaptive run.
+    flows: usize,
+}
+
+impl Outcome {
+    fn meets_goal(&self) -> bool {
+        self.latency_x.is_none_or(|x| x <= BAND)
+            && self.bandwidth >= BANDWIDTH
+            && self.floor_ratio >= FLOOR_SLACK
+    }
+}
+
+/// Runs the alone references and the `adaptive` run of a scenario only.
+fn run_adaptive(mut e: Experiment) -> ScenarioReport {
+    e.scenario
+        .variants
+        .retain(|v| v.name.starts_with("alone") || v.name == "adaptive");
+    e.run().expect("runs")
+}
+
+fn rate(class: FlowClass, gbps: f64, msgs: f64) -> f64 {
+    if class == FlowClass::Bandwidth {
+        gbps
+    } else {
+        msgs
+    }
+}
+
+fn outcome(report: &ScenarioReport, policy_run: &str) -> Outcome {
+    let alone: Vec<&RunReport> = report
+        .runs
+        .iter()
+        .filter(|r| r.variant.starts_with("alone"))
+        .collect();
+    let run = report.run(policy_run).expect("policy run");
+    let mut latency_x: Option<f64> = None;
+    let (mut bw_now, mut bw_alone) = (0.0, 0.0);
+    let mut tput_alone = (0.0, 0);
+    let mut floor_ratio = f64::INFINITY;
+    for f in &run.flows {
+        let (base, peers) = alone
+            .iter()
+            .find_map(|r| {
+                r.flow(&f.name)
+                    .map(|b| (b, r.flows.iter().filter(|g| g.class == b.class).count()))
+            })
+            .expect("every flow has an alone run");
+        if let (Some(now), Some(then)) = (f.latency, base.latency) {
+            if f.class == FlowClass::Latency {
+                let x = now.p99_us / then.p99_us;
+                latency_x = Some(latency_x.map_or(x, |w: f64| w.max(x)));
+            }
+        }
+        let here = rate(f.class, f.gbps, f.msgs_per_sec);
+        let there = rate(base.class, base.gbps, base.msgs_per_sec);
+        floor_ratio = floor_ratio.min(here / (there * peers as f64 / run.flows.len() as f64));
+        match f.class {
+            FlowClass::Bandwidth => {
+                bw_now += f.gbps;
+                bw_alone += base.gbps;
+            }
+            FlowClass::Throughput => {
+                tput_alone.0 += base.msgs_per_sec;
+                tput_alone.1 += 1;
+            }
+            FlowClass::Latency => {}
+        }
+    }
+    Outcome {
+        latency_x,
+        bandwidth: bw_now / bw_alone,
+        floor_ratio,
+        throughput_alone: (tput_alone.1 > 0).then_some(tput_alone),
+        bandwidth_alone: bw_alone,
+        flows: run.flows.len(),
+    }
+}
+
+fn suite(name: &str) -> Outcome {
+    let report = run_adaptive(experiment(&format!("suite-{name}")));
+    let o = outcome(&report, "adaptive");
+    eprintln!("{name}: {o:?}");
+    o
+}
+
+/// The workloads where adaptive meets the goal.
+#[test]
+fn the_goal_holds_on_these_workloads() {
+    let mut failed = Vec::new();
+    for name in [
+        "lat-vs-1bw-roce100",
+        "lat-vs-4bw-roce100",
+        "dapp-vs-bapp-roce100",
+        "lat-vs-1bw-roce40",
+        "lat-vs-4bw-roce40",
+        "dapp-vs-bapp-roce40",
+        "tput-vs-bw-ib56",
+        "mapp-vs-bapp-ib56",
+    ] {
+        let o = suite(name);
+        if !o.meets_goal() {
+            failed.push(format!("{name}: {o:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "goal missed:\n{}", failed.join("\n"));
+}
+
+/// The most the bandwidth flows can get, as a fraction of alone, once the throughput flows
+/// keep their sharing-incentive floor: the floor's messages take `wire_bytes(16 B)` each
+/// of the link, and what is left carries full MTU packets (payload / (payload + headers)).
+/// From the profile's link and MTU and the alone runs' rates only.
+fn throughput_wire_bound(e: &Experiment, o: &Outcome) -> f64 {
+    let p = &e.profile;
+    let (tput_alone, k) = o.throughput_alone.expect("throughput flows");
+    let floor_msgs = tput_alone * k as f64 / o.flows as f64;
+    let floor_gbps = floor_msgs * f64::from(p.wire_bytes(16, true)) * 8.0 / 1e9;
+    let mtu = p.mtu();
+    let efficiency = f64::from(mtu) / f64::from(mtu + p.link.header_bytes);
+    let payload = ((p.link.gbps - floor_gbps) * efficiency).min(p.policy.max_rate_gbps * 1.02);
+    payload / o.bandwidth_alone
+}
+
+/// Known misses the link bounds: with the throughput flows at their sharing-incentive
+/// floor, what their small messages take of the wire leaves the bandwidth flows less than
+/// 95% of alone, so no policy that keeps every floor meets the goal there. Pinned: the
+/// measured bandwidth (and, with latency flows, the latency multiple), within 3%.
+#[test]
+fn known_misses_bounded_by_the_throughput_flows_floor_on_the_wire() {
+    // (workload, measured bandwidth fraction, measured worst latency multiple)
+    let cases: [(&str, f64, Option<f64>); 5] = [
+        ("mapp-vs-bapp-roce100", 0.871, None),
+        ("tput-vs-bw-roce40", 0.838, None),
+        ("mapp-vs-bapp-roce40", 0.833, None),
+        // In the mix adaptive also breaks the bandwidth flows' floor (8/24 of alone): it
+        // does not pace throughput flows, which take the arbiter's turns.
+        ("mix-8-8-8-roce100", 0.281, Some(1.714)),
+        ("mix-8-8-8-roce40", 0.221, Some(3.714)),
+    ];
+    let mut moved = Vec::new();
+    for (name, bandwidth, latency_x) in cases {
+        let e = experiment(&format!("suite-{name}"));
+        let o = outcome(&run_adaptive(e.clone()), "adaptive");
+        let bound = throughput_wire_bound(&e, &o);
+        eprintln!("{name}: bound {bound:.3}, measured {o:?}");
+        assert!(
+            bound < BANDWIDTH,
+            "{name}: the wire leaves {bound:.3} of alone: the goal is not provably out of reach"
+        );
+        assert!(
+            o.bandwidth <= bound + 0.01,
+            "{name}: {:.3} beats the bound {bound:.3}: a floor was broken",
+            o.bandwidth
+        );
+        if (o.bandwidth - bandwidth).abs() > PIN
+            || latency_x
+                .zip(o.latency_x)
+                .is_some_and(|(pinned, now)| (now / pinned - 1.0).abs() > PIN)
+        {
+            moved.push(format!("{name}: now {o:?}"));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "pinned figures moved:\n{}",
+        moved.join("\n")
+    );
+}
+
+/// The expected service time of a chunk of `c` bytes at the transmitter of a profile whose
+/// payload is read over PCIe: the longer of its wire time and its payload read, which
+/// varies uniformly by +-`read_jitter_ns` (the model's stated per-read jitter), in seconds.
+fn mean_service(p: &ModelProfile, c: u32) -> f64 {
+    let wire = f64::from(c + p.link.header_bytes + p.link.first_packet_extra_bytes)
+        / (p.link.gbps * 1e9 / 8.0);
+    let read = f64::from(c) / (p.pcie.read_gbps * 1e9 / 8.0);
+    let j = p.pcie.read_jitter_ns * 1e-9;
+    // E[max(wire, read + U)], U uniform on [-j, j].
+    let a = (wire - read).clamp(-j, j);
+    wire * (a + j) / (2.0 * j) + (read + (a + j) / 2.0) * (j - a) / (2.0 * j)
+}
+
+/// IB-56 latency workloads: a known miss, with an estimated bound. The payload of every
+/// chunk is read over PCIe at 48.9 Gb/s with +-150 ns of jitter per read, so the
+/// transmitter's service time per chunk is random and its mean is above the read time.
+/// A latency message that finds the wire busy waits for the rest of the chunk in service;
+/// taking that wait as adding its mean, the chunk must serve within the band's slack
+/// (0.2 x the alone p99) on average. The largest such chunk drains at about 45.6 Gb/s,
+/// 95% of alone before the pacing headroom; with the law's 2.5% headroom (without which
+/// the queue grows without bound) the bandwidth flows get at most about 92.5%. Computed
+/// from the profile's link and PCIe parameters and the alone runs; it is an estimate
+/// (the wait's addition to the alone tail is assumed, not proven). Pinned: the measured
+/// figures, within 3%.
+#[test]
+fn ib56_latency_workloads_miss_by_the_payload_reads_jitter() {
+    let cases = [
+        ("lat-vs-1bw-ib56", 0.825, 1.226),
+        ("lat-vs-4bw-ib56", 0.832, 1.229),
+        ("dapp-vs-bapp-ib56", 0.815, 1.231),
+    ];
+    let mut moved = Vec::new();
+    for (name, bandwidth, latency_x) in cases {
+        let e = experiment(&format!("suite-{name}"));
+        let report = run_adaptive(e.clone());
+        let o = outcome(&report, "adaptive");
+        let alone_p99 = report
+            .runs
+            .iter()
+            .filter(|r| r.variant == "alone latency")
+            .flat_map(|r| &r.flows)
+            .filter_map(|f| f.latency.map(|l| l.p99_us))
+            .fold(0.0, f64::max);
+        let slack = (BAND - 1.0) * alone_p99 * 1e-6;
+        let p = &e.profile;
+        let chunk = (256..=8192)
+            .step_by(16)
+            .filter(|&c| mean_service(p, c) <= slack)
+            .max()
+            .expect("some chunk fits");
+        let drain_gbps = f64::from(chunk) / mean_service(p, chunk) * 8.0 / 1e9;
+        let bound = 0.975 * drain_gbps / o.bandwidth_alone;
+        // The service model reproduces the alone flow: 4 KB packets drain at its rate.
+        let full = 4096.0 / mean_service(p, 4096) * 8.0 / 1e9;
+        assert!((full / o.bandwidth_alone - 1.0).abs() < 0.01, "{full} Gb/s");
+        eprintln!("{name}: chunk {chunk} B drains {drain_gbps:.2} Gb/s, bound {bound:.3}; {o:?}");
+        assert!(bound < BANDWIDTH, "{name}: bound {bound:.3}");
+        if (o.bandwidth - bandwidth).abs() > PIN
+            || o.latency_x
+                .is_some_and(|x| (x / latency_x - 1.0).abs() > PIN)
+        {
+            moved.push(format!("{name}: now {o:?}"));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "pinned figures moved:\n{}",
+        moved.join("\n")
+    );
+}
+
+/// Misses without a bound: pinned so that a change shows, but not explained. RoCE-100's
+/// throughput flow: the wire bound is 95.4% of alone, so the goal is not provably out of
+/// reach; adaptive keeps the throughput flow near its alone rate instead of its floor
+/// (it paces only bandwidth flows). IB-56's mix: the wire leaves room (the payload reads
+/// bound the bandwidth flows), and neither the latency nor the bandwidth miss is
+/// explained.
+#[test]
+fn unexplained_misses_are_pinned() {
+    let cases = [
+        ("tput-vs-bw-roce100", 0.898, None),
+        ("mix-8-8-8-ib56", 0.597, Some(1.350)),
+    ];
+    let mut moved = Vec::new();
+    for (name, bandwidth, latency_x) in cases {
+        let o = suite(name);
+        assert!(
+            !o.meets_goal(),
+            "{name} now meets the goal: move it to the goal test"
+        );
+        if (o.bandwidth - bandwidth).abs() > PIN
+            || latency_x
+                .zip(o.latency_x)
+                .is_some_and(|(pinned, now): (f64, f64)| (now / pinned - 1.0).abs() > PIN)
+        {
+            moved.push(format!("{name}: now {o:?}"));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "pinned figures moved:\n{}",
+        moved.join("\n")
+    );
+}
+
+/// A 16 B latency flow against one bandwidth flow of `size` on `qps` queue pairs, on
+/// RoCE-100 with path MTU `mtu`: each class alone, then `adaptive` with Target99 at x1.2 of
+/// the latency flow's alone p99 on RoCE-100 (1.65 us).
+fn sweep_point(size: &str, qps: u32, mtu: u32) -> Experiment {
+    let depth = if size == "16MB" { 2 } else { 8 };
+    let text = format!(
+        r#"
+description = "sweep point"
+profile = "RoCE-100"
+duration_ms = 12
+warmup_ms = 3
+
+[[flows]]
+name = "lat"
+[flows.latency]
+size = 16
+
+[[flows]]
+name = "bw"
+[flows.bandwidth]
+size = "{size}"
+qps = {qps}
+depth = {depth}
+
+[[variants]]
+name = "alone latency"
+flows = ["lat"]
+
+[[variants]]
+name = "alone bandwidth"
+flows = ["bw"]
+
+[[variants]]
+name = "adaptive"
+policy = "adaptive"
+[variants.justitia]
+target99_us = 1.98
+unattainable_after_ms = 0
+"#
+    );
+    let e = Experiment::from_toml(&format!("sweep-{size}-{qps}qp-{mtu}"), &text, None)
+        .expect("sweep scenario");
+    let mut profile = e.profile.clone();
+    profile.policy.mtu = mtu;
+    e.with_profile(profile)
+}
+
+/// The goal beyond the tuned points, on RoCE-100: message sizes 4 KB to 16 MB, 1 to 16
+/// queue pairs, path MTU 1 KB and 4 KB, a dozen points. About 10 s in a debug build.
+#[test]
+fn the_goal_holds_across_sizes_queue_pairs_and_mtus_on_roce100() {
+    let points: [(&str, u32, u32); 12] = [
+        ("4KB", 1, 4096),
+        ("64KB", 1, 4096),
+        ("1MB", 1, 4096),
+        ("16MB", 1, 4096),
+        ("1MB", 4, 4096),
+        ("1MB", 16, 4096),
+        ("4KB", 16, 4096),
+        ("16MB", 16, 4096),
+        ("4KB", 1, 1024),
+        ("1MB", 1, 1024),
+        ("16MB", 4, 1024),
+        ("64KB", 16, 1024),
+    ];
+    let mut failed = Vec::new();
+    for (size, qps, mtu) in points {
+        let report = sweep_point(size, qps, mtu).run().expect("runs");
+        let o = outcome(&report, "adaptive");
+        eprintln!("{size} x {qps} QPs, MTU {mtu}: {o:?}");
+        if !o.meets_goal() {
+            failed.push(format!("{size} x {qps} QPs, MTU {mtu}: {o:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "goal missed:\n{}", failed.join("\n"));
+}
+
+/// Recovery on RoCE-100: a 1 MB bandwidth flow throughout; a latency flow arrives at 20 ms
+/// and leaves at 120 ms. Over its 100 ms its p99 stays within x1.5 of alone (the same
+/// flow over the same 100 ms with nothing else), and from 10 ms after it leaves every
+/// 1 ms sample of the bandwidth flow is at 95% of its alone goodput or more.
+#[test]
+fn bandwidth_comes_back_and_an_arriving_latency_flow_is_protected() {
+    let text = r#"
+description = "recovery"
+profile = "RoCE-100"
+duration_ms = 140
+series_ms = 1
+
+[[flows]]
+name = "lat"
+start_ms = 20
+stop_ms = 120
+[flows.latency]
+size = 16
+
+[[flows]]
+name = "bw"
+[flows.bandwidth]
+size = "1MB"
+depth = 8
+
+[[variants]]
+name = "alone latency"
+flows = ["lat"]
+
+[[variants]]
+name = "alone bandwidth"
+flows = ["bw"]
+
+[[variants]]
+name = "adaptive"
+policy = "adaptive"
+[variants.justitia]
+target99_us = 1.98
+unattainable_after_ms = 0
+"#;
+    let report = Experiment::from_toml("recovery", text, None)
+        .expect("scenario")
+        .run()
+        .expect("runs");
+    let p99 = |variant: &str| {
+        report
+            .run(variant)
+            .and_then(|r| r.flow("lat"))
+            .and_then(|f| f.latency)
+            .map(|l| l.p99_us)
+            .expect("latency samples")
+    };
+    let arrival = p99("adaptive") / p99("alone latency");
+    let alone_bw = report
+        .run("alone bandwidth")
+        .and_then(|r| r.flow("bw"))
+        .map(|f| f.gbps)
+        .expect("alone bandwidth");
+    let series = &report.run("adaptive").expect("adaptive").series;
+    let bw = series
+        .flows
+        .iter()
+        .find(|f| f.name == "bw")
+        .expect("bandwidth series");
+    let after: Vec<(f64, f64)> = series
+        .t_ms
+        .iter()
+        .zip(&bw.gbps)
+        .filter(|(t, _)| **t > 130.0)
+        .map(|(t, g)| (*t, *g))
+        .collect();
+    let during: f64 = series
+        .t_ms
+        .iter()
+        .zip(&bw.gbps)
+        .filter(|(t, _)| **t > 30.0 && **t <= 120.0)
+        .map(|(_, g)| *g)
+        .sum::<f64>()
+        / 90.0;
+    eprintln!(
+        "arrival p99 x{arrival:.3}; bandwidth alone {alone_bw:.2}, during {during:.2}, after {after:?}"
+    );
+    assert!(
+        arrival <= 1.5,
+        "arriving latency flow's p99 x{arrival:.3} of alone"
+    );
+    assert!(!after.is_empty());
+    let low: Vec<_> = after.iter().filter(|(_, g)| *g < 0.95 * alone_bw).collect();
+    assert!(
+        low.is_empty(),
+        "bandwidth below 95% of alone {alone_bw:.2}: {low:?}"
+    );
+    // The latency flow was protected by pacing: the test would pass trivially if the
+    // bandwidth flow ran unpaced throughout.
+    assert!(
+        during < 0.99 * alone_bw,
+        "not paced while the latency flow ran: {during:.2}"
+    );
+}
