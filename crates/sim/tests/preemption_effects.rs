@@ -174,18 +174,17 @@ fn p2_preempt_doubles_bandwidth_over_justitia() {
     );
 }
 
-/// `adaptive` in the headline setting (D_App + B_App, Target99 2 us), against the better of
-/// `justitia` and `preempt` on the latency-vs-bandwidth trade-off.
+/// `adaptive` in the headline setting (D_App + B_App, and M_App + B_App), against both
+/// `justitia` and `preempt`: it must dominate each, not trade one figure for another.
 ///
-/// Where it stands: the D_App's p99 under preempt (about 3.7 us) misses the target, so the
-/// controller raises the yields to 2 x 16 and, with the target still missed, falls back to
-/// pacing at SafeUtil. It then matches Justitia's bandwidth (within 5%) with a better
-/// median than preempt, but it LOSES to Justitia on the tail: Justitia's 5 KB paced chunks
-/// keep the D_App's p99 near 2.0 us, while adaptive's 16 KB sub-messages, paced, still
-/// put a 16 KB burst into the transmit FIFO (p99 about 2.9 us). It does not dominate
-/// either policy; the assertions pin that ordering. With the M_App instead of the D_App
-/// (no latency flow), adaptive keeps PeRF's baseline yields and no pacing, so it matches
-/// preempt.
+/// With the D_App, adaptive paces the host's bandwidth flows as one chunk stream just under
+/// what the transmitter drains, so the D_App's p99 is no worse than Justitia's (whose 5 KB
+/// chunks hold it near 2 us) while the B_App keeps more than Justitia's paced share, and
+/// both the D_App's median and tail beat preempt's (its 16 KB sub-messages enter the
+/// transmit FIFO whole). With the M_App (no latency flow), adaptive does not yield: both the
+/// M_App's rate and the B_App's bandwidth must be at least preempt's. This scenario's 1 us
+/// Target99 is under the D_App's alone p99, so adaptive runs at its floor chunk here; the
+/// goal of x1.2 of alone is asserted in `adaptive_goal.rs`.
 #[test]
 fn adaptive_against_justitia_and_preempt() {
     let r = report(SCENARIO);
@@ -199,22 +198,22 @@ fn adaptive_against_justitia_and_preempt() {
         j.p50_us, j.p99_us, j_bw, p.p50_us, p.p99_us,
         gbps(&r, "D_App + B_App preempt", "B_App"), a.p50_us, a.p99_us, a_bw
     );
-    assert!(
-        a_bw >= 0.95 * j_bw,
-        "adaptive {a_bw} Gb/s vs justitia {j_bw}"
-    );
+    assert!(a_bw >= j_bw, "adaptive {a_bw} Gb/s vs justitia {j_bw}");
+    assert!(a.p99_us <= j.p99_us, "adaptive {a:?} vs justitia {j:?}");
     assert!(
         a.p50_us < p.p50_us && a.p99_us < p.p99_us,
         "adaptive {a:?} vs preempt {p:?}"
     );
-    assert!(
-        a.p99_us > j.p99_us,
-        "adaptive now beats justitia's tail ({a:?} vs {j:?}): turn this into a dominance test"
+    let (a_m, p_m) = (
+        mmsgs(&r, "M_App + B_App adaptive", "M_App"),
+        mmsgs(&r, "M_App + B_App preempt", "M_App"),
     );
-    assert_near(
-        "adaptive M_App rate / preempt's",
-        mmsgs(&r, "M_App + B_App adaptive", "M_App") / mmsgs(&r, "M_App + B_App preempt", "M_App"),
-        1.0,
-        0.05,
+    let (a_b, p_b) = (
+        gbps(&r, "M_App + B_App adaptive", "B_App"),
+        gbps(&r, "M_App + B_App preempt", "B_App"),
+    );
+    assert!(
+        a_m >= p_m && a_b >= p_b,
+        "M_App case: adaptive {a_m} M msgs/s and {a_b} Gb/s vs preempt {p_m} and {p_b}"
     );
 }

@@ -14,7 +14,7 @@
 //! | [`native`] | nothing: requests reach the RNIC as posted |
 //! | [`justitia`] | Justitia (NSDI'22): reference flow, SafeUtil, tokens, paced chunks |
 //! | [`preempt`] | PeRF (ATC'24): sub-messages with zero-length yield writes, not paced |
-//! | [`adaptive`] | Justitia's controller steering the yield density; pacing only as a last resort |
+//! | [`adaptive`] | the core's adaptive law: bandwidth flows paced as one chunk stream under the transmitter's drain rate, chunks sized from the latency flows' tail |
 //! | [`priority`] | hardware strict priority: latency, then throughput flows on higher lanes |
 //!
 //! One instance runs per host. Policies are built by name from scenarios
