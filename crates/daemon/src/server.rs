@@ -363,16 +363,13 @@ impl Daemon {
             if signals.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
-            // Completions first, stamped as close to the wake-up as the loop can: the
-            // probe's latency is measured to the moment the loop sees it.
+            // Completions first, so that the update on this wake-up counts them; each is
+            // stamped with the time it completed, not the time it is collected.
             let now = now_ns();
-            if probe_ready || self.probe.next_due_ns().is_some_and(|t| t <= now) {
+            if probe_ready || self.probe.outstanding() > 0 {
                 self.completions.clear();
-                self.probe.collect(now, &mut self.completions);
-                for i in 0..self.completions.len() {
-                    let c = self.completions[i];
-                    self.probe_done(now, c.id, c.ok);
-                }
+                self.probe.collect(now, probe_ready, &mut self.completions);
+                self.take_completions();
             }
             self.serve_ready(now);
             let now_d = Duration::from_nanos(now_ns());
@@ -391,17 +388,25 @@ impl Daemon {
         info!("justitiad stopped");
     }
 
+    /// Hands the collected completions to the control loop.
+    fn take_completions(&mut self) {
+        for i in 0..self.completions.len() {
+            let c = self.completions[i];
+            self.probe_done(c.at_ns, c.id, c.ok);
+        }
+        self.completions.clear();
+    }
+
     /// The next time the loop must run without any descriptor waking it: the control
-    /// loop's deadline, a synthetic probe's completion, or the heartbeat.
+    /// loop's deadline (the next update, which also collects the last probe, or a probe's
+    /// timeout) or the heartbeat. A probe's completion is not one: it is collected on
+    /// the wake-up that posted it or on the next, stamped with the time it happened.
     fn next_wake(&self) -> u64 {
         let mut wake = self
             .last_beat
             .saturating_add((self.config.stale_after.as_nanos() as u64 / 3).max(100_000));
         if let Some(t) = self.lp.poll_timeout() {
             wake = wake.min(t.as_nanos() as u64);
-        }
-        if let Some(t) = self.probe.next_due_ns() {
-            wake = wake.min(t);
         }
         wake
     }
@@ -475,23 +480,28 @@ impl Daemon {
         self.ready.clear();
     }
 
-    fn probe_done(&mut self, now: u64, wr_id: u64, ok: bool) {
+    /// A probe completed (or failed) at `at` (ns).
+    fn probe_done(&mut self, at: u64, wr_id: u64, ok: bool) {
         let Some(sent) = self.probes_in_flight.remove(&wr_id) else {
             return;
         };
         let id = ProbeId(wr_id - self.probe_base);
-        let now_d = Duration::from_nanos(now);
+        let now_d = Duration::from_nanos(now_ns());
+        let at = at.max(sent);
         if ok {
-            if self.lp.probe_completed(now_d, id) {
+            if self
+                .lp
+                .probe_completed_at(now_d, id, Duration::from_nanos(at))
+            {
                 self.probes_ok += 1;
                 self.metrics
                     .probe_latency
-                    .observe(now.saturating_sub(sent) as f64 * 1e-9);
+                    .observe(at.saturating_sub(sent) as f64 * 1e-9);
                 if !self.notified {
                     self.notified = true;
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
                     info!(
-                        latency_us = now.saturating_sub(sent) as f64 / 1e3,
+                        latency_us = at.saturating_sub(sent) as f64 / 1e3,
                         "reference flow running"
                     );
                 }
@@ -515,6 +525,14 @@ impl Daemon {
                     match self.probe.send(wr_id, now) {
                         Ok(()) => {
                             self.probes_in_flight.insert(wr_id, now);
+                            // A probe that completes within microseconds is taken on
+                            // this wake-up instead of costing another.
+                            self.completions.clear();
+                            self.probe.await_completion(
+                                now.saturating_add(crate::probe::AWAIT_LIMIT.as_nanos() as u64),
+                                &mut self.completions,
+                            );
+                            self.take_completions();
                         }
                         Err(e) => {
                             self.metrics.fail_open.inc();
@@ -1009,8 +1027,8 @@ impl Daemon {
         }
     }
 
-    /// Replaces the control loop (a new target or weights), registering every flow again
-    /// with its activity. The controller starts afresh.
+    /// Replaces the control loop (new weights, RefPeriod or probe timeout), registering
+    /// every flow again with its activity. The controller starts afresh.
     fn rebuild_loop(&mut self) -> Result<(), String> {
         let now = Duration::from_nanos(now_ns());
         let mut lp = ControlLoop::new(loop_config(&self.config), &self.profile, now)
@@ -1073,8 +1091,10 @@ impl Daemon {
                 warn!(key, "SIGHUP: this key takes effect at the next start");
             }
         }
-        let relooped = new.target != old.target
-            || new.weights != old.weights
+        // A new target alone is set on the running loop; the other loop settings need a
+        // new loop.
+        let retargeted = new.target != old.target;
+        let relooped = new.weights != old.weights
             || new.ref_period != old.ref_period
             || new.probe_timeout != old.probe_timeout;
         self.config = Config {
@@ -1094,6 +1114,14 @@ impl Daemon {
         if relooped {
             if let Err(e) = self.rebuild_loop() {
                 error!(error = %e, "SIGHUP: control loop not rebuilt");
+            }
+        } else if retargeted {
+            if let Err(e) = self
+                .lp
+                .set_target(Duration::from_nanos(now_ns()), self.config.target)
+            {
+                error!(error = %e, "SIGHUP: Target99 not changed");
+                self.config.target = old.target;
             }
         }
         info!(path = %path.display(), "configuration reloaded");
@@ -1184,20 +1212,16 @@ impl Daemon {
                     .collect(),
             ),
             AdminRequest::SetTarget { target } => match parse_target(&target) {
-                Ok(t) => {
-                    let old = self.config.target;
-                    self.config.target = t;
-                    match self.rebuild_loop() {
-                        Ok(()) => {
-                            info!(?t, "Target99 set over the admin socket");
-                            AdminReply::Done(format!("target set to {}", describe_target(t)))
-                        }
-                        Err(e) => {
-                            self.config.target = old;
-                            AdminReply::Error(format!("target refused: {e}"))
-                        }
+                // The running loop keeps SafeUtil, the flows and the probe window: a
+                // new target must not throw away what the controller has learnt.
+                Ok(t) => match self.lp.set_target(Duration::from_nanos(now_ns()), t) {
+                    Ok(()) => {
+                        self.config.target = t;
+                        info!(?t, "Target99 set over the admin socket");
+                        AdminReply::Done(format!("target set to {}", describe_target(t)))
                     }
-                }
+                    Err(e) => AdminReply::Error(format!("target refused: {e}")),
+                },
                 Err(e) => AdminReply::Error(e),
             },
         }

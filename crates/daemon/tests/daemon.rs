@@ -651,6 +651,43 @@ fn set_target_over_the_admin_socket() {
     );
 }
 
+#[test]
+fn set_target_keeps_the_running_loop_and_its_measured_idle_p99() {
+    // The default target is twice the probe's idle p99, measured from 100 uncontended
+    // probes (50 ms with a latency flow present). A new multiple applies to that
+    // measurement at once; a loop rebuilt for it would measure again for 50 ms and report
+    // no target meanwhile.
+    let d = Daemon::start("");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let l = c.register(FlowClass::Latency, 1, 0);
+    c.wait_registered(l, Duration::from_secs(2));
+    assert!(c.report_usage(l, true, 16, 1));
+    let status = || match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s,
+        other => panic!("{other:?}"),
+    };
+    eventually("the idle p99 measured", Duration::from_secs(5), || {
+        status().target_p99_ns.is_some()
+    });
+    let before = status();
+    let idle = before.idle_p99_ns.unwrap();
+    assert!(matches!(
+        d.admin(&AdminRequest::SetTarget {
+            target: "3x".into()
+        }),
+        AdminReply::Done(_)
+    ));
+    let after = status();
+    assert_eq!(after.idle_p99_ns, Some(idle));
+    let want = idle as f64 * 3.0;
+    let got = after
+        .target_p99_ns
+        .expect("a target right after the change") as f64;
+    assert!((got / want - 1.0).abs() < 1e-6, "{got} vs {want}");
+    assert!(after.probes >= before.probes);
+    assert_eq!(after.flows, 1);
+}
+
 /// Latency flows counted (L) with one latency flow of ours and one of a child running as
 /// uid 65534 in our cgroup, and the flows as reported; `None` where this test may not start
 /// a process under another uid.
