@@ -13,6 +13,12 @@
 //! [`ControlLoop`], and whatever allotments it hands out are published into the control
 //! block.
 //!
+//! Two kinds of sealed memfd go to a connection with its greeting: the shared control
+//! block (heartbeat, boot id, SafeUtil, Current99, Target99: what every tenant may see),
+//! and the private page of the connection's tenant, created at the tenant's first
+//! connection and dropped after its last, which holds the slots of that tenant's flows
+//! (allotments and counted usage). No connection is ever given another tenant's page.
+//!
 //! Identity is the kernel's: a connection's uid and pid come from `SO_PEERCRED` when it is
 //! accepted, and a pidfd of that pid tells when the process is gone even if a child
 //! inherited its socket. A connection that hangs up, or whose process exits, has its
@@ -98,6 +104,15 @@ struct Flow {
     admission: AdmissionReply,
 }
 
+/// A tenant's private page and the slots free in it.
+struct TenantPage {
+    page: BlockWriter,
+    /// Slot indices not in use, the lowest last (taken first).
+    free: Vec<u32>,
+    /// Connections of the tenant: the page is dropped when the last one goes.
+    clients: usize,
+}
+
 /// Flags the signal handlers raise.
 #[derive(Debug, Default)]
 pub struct Signals {
@@ -131,7 +146,8 @@ pub struct Daemon {
     /// Tenant ids of the cgroups seen (with `tenant = "cgroup"`), in order of first
     /// connection: ids are exact, never hashes that could collide.
     cgroups: HashMap<String, u64>,
-    free_slots: Vec<u32>,
+    /// Each tenant's private page, by tenant id.
+    pages: HashMap<u64, TenantPage>,
     metrics: Metrics,
     /// The per-class gauges of L, B and T, looked up once so that publishing allocates
     /// nothing.
@@ -256,9 +272,8 @@ impl Daemon {
         )
         .map_err(|e| StartError::Other(format!("control loop: {e}")))?;
         let boot_id = random_boot_id();
-        let block =
-            BlockWriter::create(config.slots, boot_id, config.stale_after.as_nanos() as u64)
-                .map_err(|e| StartError::Other(format!("control block: {e}")))?;
+        let block = BlockWriter::create_shared(boot_id, config.stale_after.as_nanos() as u64)
+            .map_err(|e| StartError::Other(format!("control block: {e}")))?;
         let listener = bind_socket(
             &config.socket,
             SocketType::SEQPACKET,
@@ -317,7 +332,7 @@ impl Daemon {
         info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
               boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
         Ok(Daemon {
-            free_slots: (0..config.slots).rev().collect(),
+            pages: HashMap::new(),
             config,
             config_path,
             profile,
@@ -628,7 +643,9 @@ impl Daemon {
         let mut per_uid: BTreeMap<u32, f64> = BTreeMap::new();
         for (&id, f) in &self.flows {
             let s = self.slot_of(id, f);
-            self.block.set_slot(f.slot, s);
+            if let Some(p) = self.pages.get(&f.tenant) {
+                p.page.set_slot(f.slot, s);
+            }
             *per_uid.entry(f.uid).or_default() += s.bytes_per_sec as f64;
         }
         self.metrics.tenant_allotment.clear();
@@ -683,9 +700,27 @@ impl Daemon {
                 boot_id: self.boot_id,
             }
             .encode();
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
             let mut control = SendAncillaryBuffer::new(&mut space);
-            let fds = [self.block.fd()];
+            // The tenant's page is created with its first connection and handed only to
+            // its connections.
+            let page = match self.pages.entry(tenant) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    match BlockWriter::create_tenant_page(self.config.slots, self.boot_id) {
+                        Ok(page) => e.insert(TenantPage {
+                            page,
+                            free: (0..self.config.slots).rev().collect(),
+                            clients: 0,
+                        }),
+                        Err(err) => {
+                            warn!(error = %err, uid, pid, "tenant page not created: connection dropped");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let fds = [self.block.fd(), page.page.fd()];
             control.push(SendAncillaryMessage::ScmRights(&fds));
             if let Err(e) = rustix::net::sendmsg(
                 &sock,
@@ -694,6 +729,7 @@ impl Daemon {
                 SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
             ) {
                 warn!(error = %e, pid = cred.pid.as_raw_nonzero().get(), "greeting not sent: connection dropped");
+                self.release_page(tenant);
                 continue;
             }
             let id = self.next_client;
@@ -707,6 +743,7 @@ impl Daemon {
             );
             if let Err(e) = self.watch(&sock, id << 1) {
                 warn!(error = %e, pid, "connection dropped: cannot watch its socket");
+                self.release_page(tenant);
                 continue;
             }
             if let Some(p) = &pidfd {
@@ -714,6 +751,9 @@ impl Daemon {
                 if let Err(e) = self.watch(p, (id << 1) | 1) {
                     debug!(error = %e, pid, "process exit not watched");
                 }
+            }
+            if let Some(p) = self.pages.get_mut(&tenant) {
+                p.clients += 1;
             }
             self.clients.insert(
                 id,
@@ -821,6 +861,9 @@ impl Daemon {
                 if let Some(f) = self.flows.get_mut(&u.flow) {
                     f.active = u.active;
                     f.bytes = f.bytes.saturating_add(u.bytes);
+                    if let Some(p) = self.pages.get(&f.tenant) {
+                        p.page.set_usage(f.slot, f.bytes);
+                    }
                     self.metrics
                         .tenant_usage
                         .get_or_create(&Tenant {
@@ -893,12 +936,17 @@ impl Daemon {
                 format!("{count} flows already"),
             );
         }
-        let Some(slot) = self.free_slots.pop() else {
+        let slot = if self.flows.len() < self.config.slots as usize {
+            self.pages.get_mut(&tenant).and_then(|p| p.free.pop())
+        } else {
+            None
+        };
+        let Some(slot) = slot else {
             return refuse(
                 self,
                 RefuseReason::Full,
                 "full",
-                "every control block slot is in use".into(),
+                format!("{} flows, the configured limit", self.flows.len()),
             );
         };
         let id = self.next_flow;
@@ -921,7 +969,7 @@ impl Daemon {
         {
             Ok(v) => v,
             Err(e) => {
-                self.free_slots.push(slot);
+                self.free_slot(tenant, slot);
                 error!(error = %e, "control loop refused a registration");
                 return refuse(self, RefuseReason::Malformed, "loop_refused", e.to_string());
             }
@@ -962,7 +1010,7 @@ impl Daemon {
             })
             .inc();
         if admission == AdmissionReply::NotAdmitted {
-            self.free_slots.push(slot);
+            self.free_slot(tenant, slot);
             self.send_reply(
                 client,
                 Reply::Registered {
@@ -986,7 +1034,9 @@ impl Daemon {
             bytes: 0,
             admission,
         };
-        self.block.set_slot(slot, self.slot_of(id, &flow));
+        if let Some(p) = self.pages.get(&tenant) {
+            p.page.set_slot(slot, self.slot_of(id, &flow));
+        }
         self.flows.insert(id, flow);
         if let Some(c) = self.clients.get_mut(&client) {
             c.flows.insert(id);
@@ -1006,8 +1056,29 @@ impl Daemon {
     fn drop_flow(&mut self, now: Duration, id: u64) {
         if let Some(f) = self.flows.remove(&id) {
             let _ = self.lp.remove_flow(now, FlowId(id));
-            self.block.clear_slot(f.slot);
-            self.free_slots.push(f.slot);
+            if let Some(p) = self.pages.get(&f.tenant) {
+                p.page.clear_slot(f.slot);
+            }
+            self.free_slot(f.tenant, f.slot);
+        }
+    }
+
+    fn free_slot(&mut self, tenant: u64, slot: u32) {
+        if let Some(p) = self.pages.get_mut(&tenant) {
+            p.free.push(slot);
+        }
+    }
+
+    /// Drops a tenant's page once it has no connection and no flow left: its next
+    /// connection gets a new one.
+    fn release_page(&mut self, tenant: u64) {
+        let slots = self.config.slots as usize;
+        if self
+            .pages
+            .get(&tenant)
+            .is_some_and(|p| p.clients == 0 && p.free.len() == slots)
+        {
+            self.pages.remove(&tenant);
         }
     }
 
@@ -1019,6 +1090,10 @@ impl Daemon {
         for id in c.flows {
             self.drop_flow(Duration::from_nanos(now), id);
         }
+        if let Some(p) = self.pages.get_mut(&c.tenant) {
+            p.clients = p.clients.saturating_sub(1);
+        }
+        self.release_page(c.tenant);
         self.metrics.reclaims.inc_by(n as u64);
         if n > 0 {
             info!(uid = c.uid, pid = c.pid, flows = n, why, "flows reclaimed");
