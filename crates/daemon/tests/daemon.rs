@@ -203,10 +203,23 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
         client_ref: 0,
         reason: RefuseReason::Malformed,
     };
+    // A flow registered before the barrage must survive it.
+    assert!(matches!(roundtrip(&s, &good), Reply::Registered { .. }));
+    let mut bad_version = good.clone();
+    bad_version[2] = 9;
+    let mut reply_kind = good.clone();
+    reply_kind[3] = 0x82;
+    let mut one_more = good.clone();
+    one_more.push(0);
     for msg in [
         good[..10].to_vec(),
+        good[..2].to_vec(),
+        one_more,
         vec![0u8; MAX_MESSAGE * 4],
+        vec![0xa5u8; 60_000],
         bad_class,
+        bad_version,
+        reply_kind,
         b"GET / HTTP/1.0".to_vec(),
     ] {
         assert_eq!(roundtrip(&s, &msg), refused);
@@ -214,12 +227,19 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
     let log = d.log();
     for reason in [
         "truncated_or_bad_length",
+        "truncated: 2 bytes",
+        "register message of 30 bytes, expected 29",
         "oversized",
+        "oversized: 60000 bytes",
         "malformed",
         "unknown class 7",
+        "protocol version 9",
+        "unknown message kind 0x82",
+        "bad magic",
     ] {
         assert!(log.contains(reason), "no `{reason}` in the log: {log}");
     }
+    assert_eq!(d.flows().len(), 1, "{:?}", d.flows());
     // Same connection, and a new one, still served.
     assert!(matches!(roundtrip(&s, &good), Reply::Registered { .. }));
     let mut c = AgentClient::connect(d.socket()).unwrap();
