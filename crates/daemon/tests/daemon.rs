@@ -940,7 +940,8 @@ fn a_tenants_flows_are_in_its_own_page_and_not_in_the_shared_block() {
 }
 
 /// Not a test on its own: the child of `another_tenants_page_is_out_of_reach`, run under
-/// another uid. Registers a flow, then reports what it can see: its page's inode, whether
+/// another uid. Tries to register as root, registers a flow as itself, then reports what
+/// it can see: its page's inode, whether
 /// any slot of its page or of the shared block holds the other tenant's flow, and how many
 /// of the daemon's descriptors it could open through /proc.
 #[test]
@@ -955,6 +956,14 @@ fn child_inspects_its_page() {
     let other_flow: u64 = other_flow.parse().unwrap();
     let me = rustix::process::getuid().as_raw();
     let (s, block, page) = greeting_fds(Path::new(&path));
+    // Claiming root's uid is refused: the kernel's uid is the identity.
+    let spoof = match roundtrip(&s, &register(0, FlowClass::Bandwidth)) {
+        Reply::Refused {
+            reason: RefuseReason::WrongUid,
+            ..
+        } => "refused",
+        _ => "accepted",
+    };
     let Reply::Registered { flow, .. } = roundtrip(&s, &register(me, FlowClass::Bandwidth)) else {
         panic!("not registered")
     };
@@ -971,7 +980,7 @@ fn child_inspects_its_page() {
         })
         .unwrap_or(0);
     println!(
-        "inode={} own={} other_in_page={} other_in_block={} opened={opened}",
+        "inode={} own={} other_in_page={} other_in_block={} opened={opened} spoof={spoof}",
         inode(&page),
         holds(&mine, flow),
         holds(&mine, other_flow),
@@ -1029,4 +1038,5 @@ fn another_tenants_page_is_out_of_reach() {
     assert_ne!(field("inode"), inode(&page).to_string(), "{line}");
     // Nor can it take the daemon's descriptors (the pages among them) through /proc.
     assert_eq!(field("opened"), "0", "{line}");
+    assert_eq!(field("spoof"), "refused", "{line}");
 }
