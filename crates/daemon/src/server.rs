@@ -1,17 +1,20 @@
 //! The daemon's event loop: sockets, the control loop, the probe, the control block.
 //!
 //! One thread sleeping in epoll on every descriptor it serves (registered once, not per
-//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earliest of
-//! [`ControlLoop::poll_timeout`], the probe's next due completion and the heartbeat. The
-//! timer has nanosecond resolution and no timer slack (a sleep with a timeout under the
-//! normal policy may end 50 us late), so a due probe completion or update is seen when it
-//! is due, and the daemon sleeps between them instead of spinning a core. A wake-up
-//! allocates nothing, and the status is published only when an update ran or the flows
-//! changed. A probe's latency runs from a timestamp taken just before its post to one
-//! taken just after the wake-up that saw its completion. It makes no policy
-//! decision of its own: registrations, activity and probe samples go into the
-//! [`ControlLoop`], and whatever allotments it hands out are published into the control
-//! block.
+//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earlier of
+//! [`ControlLoop::poll_timeout`] (the next update or a probe's timeout) and the heartbeat.
+//! The timer has nanosecond resolution and no timer slack (a sleep with a timeout under
+//! the normal policy may end 50 us late), so an update runs when it is due, and the daemon
+//! sleeps between updates instead of spinning a core. It wakes once per RefPeriod: the
+//! update's wake-up posts the probe and polls briefly for its completion
+//! ([`crate::probe::Probe::await_completion`]); a completion not
+//! seen then is collected on the next wake-up (or one the completion channel causes), and
+//! every completion carries the time it happened, so a probe's latency runs from a
+//! timestamp taken just before its post to its completion, whenever the loop collects it.
+//! A wake-up allocates nothing, and the status is published only when an update ran or
+//! the flows changed. It makes no policy decision of its own: registrations, activity and
+//! probe samples go into the [`ControlLoop`], and whatever allotments it hands out are
+//! published into the tenants' pages.
 //!
 //! Two kinds of sealed memfd go to a connection with its greeting: the shared control
 //! block (heartbeat, boot id, SafeUtil, Current99, Target99: what every tenant may see),
