@@ -92,6 +92,8 @@ fn a_bandwidth_flow_registers_and_follows_its_allotment() {
     assert_eq!(flows[0].pid as u32, std::process::id());
     assert_eq!(flows[0].class, "bandwidth");
     assert_eq!(flows[0].bytes, 1 << 20);
+    // The tenant's page shows the bytes the daemon counted for the flow.
+    assert_eq!(c.counted_bytes(h), Some(1 << 20));
     // A latency flow appearing cuts the chunk to 5 KB at the next update.
     let l = c.register(FlowClass::Latency, 1, 0);
     c.wait_registered(l, Duration::from_secs(2));
