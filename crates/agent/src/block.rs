@@ -15,6 +15,15 @@
 //! or `write(2)` on the descriptor fails for everyone, including a client that received
 //! it over `SCM_RIGHTS`, and nobody can lift the seals.
 //!
+//! There are two kinds of block ([`Header::kind`]). The **shared block** ([`KIND_SHARED`],
+//! no slots) is passed to every connection: the heartbeat, the boot id and the daemon-wide
+//! status, what every tenant may see. Each tenant (a uid, or a cgroup) has a **tenant
+//! page** of its own ([`KIND_TENANT`]), another sealed memfd passed only to that tenant's
+//! connections, holding the slots of its own flows: their allotments and the usage the
+//! daemon counted for them. A process of one tenant is never given another's page, so it
+//! cannot read another tenant's flows. Version 3 made this split; a reader of version 2
+//! found every flow's slot in the one block.
+//!
 //! Layout version 2 made a slot two cache lines (128 bytes) to carry the release phase
 //! ([`Slot::phase_offset`], [`Slot::phase_epoch`]): the eight words of version 1 were all
 //! in use. A reader of another version refuses the block ([`BlockError::Version`]), so a
@@ -35,8 +44,12 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// `b"JUSTCB\0\x01"` read as a little-endian word: identifies a control block.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"JUSTCB\0\x01");
 /// The layout version; a reader refuses any other.
-pub const LAYOUT_VERSION: u64 = 2;
-/// Slots in a block when the configuration does not say (one per registered flow).
+pub const LAYOUT_VERSION: u64 = 3;
+/// [`Header::kind`] of the shared block: header only, every connection gets it.
+pub const KIND_SHARED: u64 = 0;
+/// [`Header::kind`] of a tenant page: the slots of one tenant's flows.
+pub const KIND_TENANT: u64 = 1;
+/// Slots in a tenant page when the configuration does not say (one per registered flow).
 pub const DEFAULT_SLOTS: u32 = 1024;
 /// The most slots a block may have (an 8 MiB block), so a size read from a peer is bounded.
 pub const MAX_SLOTS: u32 = 65_536;
@@ -72,7 +85,9 @@ pub struct Header {
     pub target_p99_ns: AtomicU64,
     /// The control loop's latest generation.
     pub generation: AtomicU64,
-    _reserved: [AtomicU64; 5],
+    /// [`KIND_SHARED`] or [`KIND_TENANT`].
+    pub kind: AtomicU64,
+    _reserved: [AtomicU64; 4],
 }
 
 /// What a slot is being used for.
@@ -123,7 +138,10 @@ pub struct Slot {
     pub phase_offset: AtomicU64,
     /// The release phase's epoch: the generation that assigned the phases.
     pub phase_epoch: AtomicU64,
-    _reserved: [AtomicU64; 6],
+    /// Bytes the daemon has counted for the flow from its usage reports (outside the
+    /// seqlock: one word, stored whole).
+    pub usage_bytes: AtomicU64,
+    _reserved: [AtomicU64; 5],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == 128);
@@ -284,12 +302,31 @@ pub struct BlockWriter {
 }
 
 impl BlockWriter {
-    /// Creates a sealed block of `slots` slots (1..=[`MAX_SLOTS`]) with this boot id and
-    /// staleness limit, heartbeat set to now.
-    pub fn create(slots: u32, boot_id: u64, stale_after_ns: u64) -> Result<Self, BlockError> {
-        if slots == 0 || slots > MAX_SLOTS {
+    /// Creates the sealed shared block (no slots) with this boot id and staleness limit,
+    /// heartbeat set to now.
+    pub fn create_shared(boot_id: u64, stale_after_ns: u64) -> Result<Self, BlockError> {
+        Self::create(KIND_SHARED, 0, boot_id, stale_after_ns)
+    }
+
+    /// Creates a sealed tenant page of `slots` slots (1..=[`MAX_SLOTS`]) with this boot id.
+    pub fn create_tenant_page(slots: u32, boot_id: u64) -> Result<Self, BlockError> {
+        if slots == 0 {
+            return Err(BlockError::Invalid(
+                "a tenant page needs at least 1 slot".into(),
+            ));
+        }
+        Self::create(KIND_TENANT, slots, boot_id, 0)
+    }
+
+    fn create(
+        kind: u64,
+        slots: u32,
+        boot_id: u64,
+        stale_after_ns: u64,
+    ) -> Result<Self, BlockError> {
+        if slots > MAX_SLOTS {
             return Err(BlockError::Invalid(format!(
-                "{slots} slots, expected 1..={MAX_SLOTS}"
+                "{slots} slots, expected at most {MAX_SLOTS}"
             )));
         }
         let len = block_len(slots);
@@ -309,6 +346,7 @@ impl BlockWriter {
         .map_err(sys("sealing the memfd"))?;
         let h = map.header();
         h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.kind.store(kind, Ordering::Relaxed);
         h.slots.store(u64::from(slots), Ordering::Relaxed);
         h.boot_id.store(boot_id, Ordering::Relaxed);
         h.stale_after_ns.store(stale_after_ns, Ordering::Relaxed);
@@ -368,8 +406,19 @@ impl BlockWriter {
         true
     }
 
+    /// Stores the bytes counted for the flow in slot `index`; returns false for an index
+    /// out of range.
+    pub fn set_usage(&self, index: u32, bytes: u64) -> bool {
+        let Some(s) = self.map.slot(index).filter(|_| index < self.slots) else {
+            return false;
+        };
+        s.usage_bytes.store(bytes, Ordering::Relaxed);
+        true
+    }
+
     /// Frees a slot.
     pub fn clear_slot(&self, index: u32) -> bool {
+        self.set_usage(index, 0);
         self.set_slot(
             index,
             SlotAllotment {
@@ -424,6 +473,7 @@ fn seq_read<T>(seq: &AtomicU64, read: impl Fn() -> T) -> Option<T> {
 #[derive(Debug)]
 pub struct BlockReader {
     map: Mapping,
+    kind: u64,
     slots: u32,
     boot_id: u64,
     stale_after_ns: u64,
@@ -435,7 +485,7 @@ impl BlockReader {
         let stat = rustix::fs::fstat(fd).map_err(sys("fstat of the control block"))?;
         let len = usize::try_from(stat.st_size)
             .map_err(|_| BlockError::Invalid(format!("size {}", stat.st_size)))?;
-        if len < block_len(1) || len > block_len(MAX_SLOTS) {
+        if len < block_len(0) || len > block_len(MAX_SLOTS) {
             return Err(BlockError::Invalid(format!(
                 "size {len} bytes out of range"
             )));
@@ -452,13 +502,18 @@ impl BlockReader {
                 known: LAYOUT_VERSION,
             });
         }
+        let kind = h.kind.load(Ordering::Relaxed);
+        if kind != KIND_SHARED && kind != KIND_TENANT {
+            return Err(BlockError::Invalid(format!("unknown kind {kind}")));
+        }
         let slots = h.slots.load(Ordering::Relaxed);
-        if slots == 0 || slots > u64::from(MAX_SLOTS) || block_len(slots as u32) > len {
+        if slots > u64::from(MAX_SLOTS) || block_len(slots as u32) > len {
             return Err(BlockError::Invalid(format!(
                 "{slots} slots do not fit {len} bytes"
             )));
         }
         Ok(BlockReader {
+            kind,
             slots: slots as u32,
             boot_id: h.boot_id.load(Ordering::Relaxed),
             stale_after_ns: h.stale_after_ns.load(Ordering::Relaxed),
@@ -469,6 +524,19 @@ impl BlockReader {
     /// Number of slots.
     pub fn slots(&self) -> u32 {
         self.slots
+    }
+
+    /// [`KIND_SHARED`] or [`KIND_TENANT`].
+    pub fn kind(&self) -> u64 {
+        self.kind
+    }
+
+    /// The bytes the daemon counted for the flow in slot `index`, `None` out of range.
+    pub fn usage(&self, index: u32) -> Option<u64> {
+        if index >= self.slots {
+            return None;
+        }
+        Some(self.map.slot(index)?.usage_bytes.load(Ordering::Relaxed))
     }
 
     /// The boot id the block was created with.
@@ -557,8 +625,33 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_block_has_status_and_no_slots_and_a_tenant_page_has_slots_and_usage() {
+        let shared = BlockWriter::create_shared(42, 5_000_000).unwrap();
+        let r = shared.reader().unwrap();
+        assert_eq!((r.kind(), r.slots(), r.boot_id()), (KIND_SHARED, 0, 42));
+        assert_eq!(r.slot(0), None);
+        shared.set_status(BlockStatus {
+            safe_util: 9,
+            ..BlockStatus::default()
+        });
+        assert_eq!(r.status().unwrap().safe_util, 9);
+        let page = BlockWriter::create_tenant_page(2, 42).unwrap();
+        let r = page.reader().unwrap();
+        assert_eq!((r.kind(), r.slots(), r.boot_id()), (KIND_TENANT, 2, 42));
+        assert!(page.set_slot(1, allot(7, 100)));
+        assert!(page.set_usage(1, 4096));
+        assert_eq!(r.slot(1), Some(allot(7, 100)));
+        assert_eq!(r.usage(1), Some(4096));
+        assert_eq!(r.usage(2), None);
+        assert!(!page.set_usage(2, 1));
+        assert!(page.clear_slot(1));
+        assert_eq!(r.usage(1), Some(0));
+        assert!(BlockWriter::create_tenant_page(0, 42).is_err());
+    }
+
+    #[test]
     fn reader_sees_what_the_writer_published() {
-        let w = BlockWriter::create(4, 42, 5_000_000).unwrap();
+        let w = BlockWriter::create(KIND_TENANT, 4, 42, 5_000_000).unwrap();
         let r = BlockReader::map(w.fd()).unwrap();
         assert_eq!((r.slots(), r.boot_id()), (4, 42));
         assert_eq!(r.slot(2).unwrap().state, SlotState::Free);
@@ -577,7 +670,7 @@ mod tests {
 
     #[test]
     fn the_release_phase_makes_the_round_trip() {
-        let w = BlockWriter::create(3, 1, 5_000_000).unwrap();
+        let w = BlockWriter::create(KIND_TENANT, 3, 1, 5_000_000).unwrap();
         let r = w.reader().unwrap();
         for (index, offset, epoch) in [(0u32, 0.0, 9u64), (1, 0.5, 9), (2, 2.0 / 3.0, u64::MAX)] {
             let a = SlotAllotment {
@@ -617,17 +710,18 @@ mod tests {
 
     #[test]
     fn a_block_of_another_layout_version_is_refused_by_version() {
-        let w = BlockWriter::create(1, 1, 5_000_000).unwrap();
+        let w = BlockWriter::create(KIND_TENANT, 1, 1, 5_000_000).unwrap();
         // A daemon of layout 1 (64-byte slots without a phase).
         w.map.header().version.store(1, Ordering::Release);
         match BlockReader::map(w.fd()) {
-            Err(BlockError::Version { found, known }) => assert_eq!((found, known), (1, 2)),
+            Err(BlockError::Version { found, known }) => assert_eq!((found, known), (1, 3)),
             other => panic!("expected a version refusal, got {other:?}"),
         }
-        w.map.header().version.store(3, Ordering::Release);
+        // Layout 2 kept every flow's slot in the one block every tenant mapped.
+        w.map.header().version.store(2, Ordering::Release);
         assert!(matches!(
             BlockReader::map(w.fd()),
-            Err(BlockError::Version { found: 3, .. })
+            Err(BlockError::Version { found: 2, .. })
         ));
         w.map
             .header()
@@ -638,7 +732,7 @@ mod tests {
 
     #[test]
     fn heartbeat_goes_stale_after_the_limit() {
-        let w = BlockWriter::create(1, 1, 1_000).unwrap();
+        let w = BlockWriter::create(KIND_TENANT, 1, 1, 1_000).unwrap();
         let r = w.reader().unwrap();
         w.beat(10_000);
         assert!(!r.is_stale(10_999));
@@ -648,7 +742,7 @@ mod tests {
 
     #[test]
     fn a_reader_cannot_map_the_block_writable_nor_write_it() {
-        let w = BlockWriter::create(2, 1, 1).unwrap();
+        let w = BlockWriter::create(KIND_TENANT, 2, 1, 1).unwrap();
         let len = block_len(2);
         // SAFETY: a plain mmap attempt whose result is unmapped if it succeeds.
         let res = unsafe {
@@ -706,7 +800,7 @@ mod tests {
     #[test]
     fn concurrent_reads_are_never_torn() {
         // Every field of a slot is written with the same value; a torn read would mix two.
-        let w = Arc::new(BlockWriter::create(1, 1, 1).unwrap());
+        let w = Arc::new(BlockWriter::create(KIND_TENANT, 1, 1, 1).unwrap());
         let r = w.reader().unwrap();
         let writer = {
             let w = Arc::clone(&w);

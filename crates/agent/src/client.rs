@@ -1,7 +1,9 @@
 //! What a shaper calls to follow the daemon.
 //!
-//! [`AgentClient`] keeps one `SOCK_SEQPACKET` connection to `justitiad` and a read-only
-//! mapping of its control block. Every call that a verb path may make
+//! [`AgentClient`] keeps one `SOCK_SEQPACKET` connection to `justitiad` and read-only
+//! mappings of the two blocks its greeting carries: the shared control block (heartbeat,
+//! status) and the page of the connection's tenant (its flows' slots; see
+//! [`crate::block`]). Every call that a verb path may make
 //! ([`allotment`](AgentClient::allotment), [`report_usage`](AgentClient::report_usage))
 //! is a handful of atomic loads or one non-blocking send: it never waits for the daemon.
 //! The blocking parts (connecting, receiving replies, reconnecting) happen in
@@ -28,7 +30,9 @@ use rustix::net::{
     SocketFlags, SocketType,
 };
 
-use crate::block::{monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState};
+use crate::block::{
+    monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState, KIND_SHARED, KIND_TENANT,
+};
 use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
 
 /// The registration socket's default path.
@@ -152,7 +156,10 @@ struct Entry {
 #[derive(Debug)]
 struct Connection {
     sock: OwnedFd,
+    /// The shared block: heartbeat, boot id, daemon-wide status.
     block: BlockReader,
+    /// This tenant's page: the slots of its flows.
+    page: BlockReader,
 }
 
 /// Counters a shaper may report.
@@ -241,7 +248,7 @@ impl AgentClient {
         )
         .map_err(self.sys("SO_RCVTIMEO"))?;
         let mut buf = [0u8; MAX_MESSAGE + 1];
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = rustix::net::recvmsg(
             &sock,
@@ -250,12 +257,15 @@ impl AgentClient {
             RecvFlags::CMSG_CLOEXEC,
         )
         .map_err(self.sys("receiving the greeting from"))?;
-        let mut fd = None;
+        // The shared block, then this tenant's page; any others are closed as the
+        // iterator drops them.
+        let mut fds = Vec::with_capacity(2);
         for m in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = m {
-                // Keep the first; any others are closed as the iterator drops them.
-                for f in fds {
-                    fd.get_or_insert(f);
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                for f in received {
+                    if fds.len() < 2 {
+                        fds.push(f);
+                    }
                 }
             }
         }
@@ -268,18 +278,27 @@ impl AgentClient {
             Ok(other) => return Err(greeting(format!("{other:?} instead of a greeting"))),
             Err(e) => return Err(greeting(e.to_string())),
         };
-        let fd = fd.ok_or_else(|| greeting("no control block descriptor attached".into()))?;
-        let block = BlockReader::map(fd.as_fd()).map_err(|source| ClientError::Block {
-            path: self.path.clone(),
-            source,
-        })?;
-        if block.boot_id() != boot_id {
-            return Err(greeting(format!(
-                "boot id {boot_id:#x} but the block says {:#x}",
-                block.boot_id()
-            )));
-        }
-        Ok((Connection { sock, block }, boot_id))
+        let mut fds = fds.into_iter();
+        let map = |fd: Option<OwnedFd>, what: &str, kind: u64| {
+            let fd = fd.ok_or_else(|| greeting(format!("no {what} descriptor attached")))?;
+            let block = BlockReader::map(fd.as_fd()).map_err(|source| ClientError::Block {
+                path: self.path.clone(),
+                source,
+            })?;
+            if block.kind() != kind {
+                return Err(greeting(format!("the {what} is of kind {}", block.kind())));
+            }
+            if block.boot_id() != boot_id {
+                return Err(greeting(format!(
+                    "boot id {boot_id:#x} but the {what} says {:#x}",
+                    block.boot_id()
+                )));
+            }
+            Ok(block)
+        };
+        let block = map(fds.next(), "control block", KIND_SHARED)?;
+        let page = map(fds.next(), "tenant page", KIND_TENANT)?;
+        Ok((Connection { sock, block, page }, boot_id))
     }
 
     fn adopt(&mut self, (conn, boot_id): (Connection, u64)) {
@@ -391,7 +410,7 @@ impl AgentClient {
         if conn.block.is_stale(monotonic_ns()) {
             return None;
         }
-        let slot = conn.block.slot(self.flows[h.0 as usize].slot)?;
+        let slot = conn.page.slot(self.flows[h.0 as usize].slot)?;
         // A zero rate is an idle flow's (no share until it reports work): the caller keeps
         // its static settings rather than stall.
         (slot.flow == flow && slot.state == SlotState::Allotted && slot.bytes_per_sec > 0)
@@ -404,6 +423,18 @@ impl AgentClient {
                 phase_offset: slot.phase_offset,
                 phase_epoch: slot.phase_epoch,
             })
+    }
+
+    /// The bytes the daemon has counted for a registered flow, from its tenant page;
+    /// `None` when not connected or not registered.
+    pub fn counted_bytes(&self, h: FlowHandle) -> Option<u64> {
+        let conn = self.conn.as_ref()?;
+        let e = self.flows.get(h.0 as usize)?;
+        let FlowState::Registered { flow, .. } = e.state else {
+            return None;
+        };
+        let slot = conn.page.slot(e.slot)?;
+        (slot.flow == flow).then(|| conn.page.usage(e.slot))?
     }
 
     /// Reports a flow's activity and what it posted since the last report. One

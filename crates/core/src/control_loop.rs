@@ -160,7 +160,8 @@ pub enum Target99 {
 pub struct TargetReport {
     /// How the target was given.
     pub given: Target99,
-    /// The probe's uncontended p99, once measured (always `None` for an absolute target).
+    /// The probe's uncontended p99, once measured (`None` for a loop that started with an
+    /// absolute target and has not been given an idle multiple since).
     pub idle_p99: Option<Duration>,
     /// Target99 in effect, `None` while an idle multiple waits for its measurement.
     pub value: Option<Duration>,
@@ -485,6 +486,13 @@ struct Outstanding {
     sent_at: Duration,
     /// Sent while no resource-hungry flow was active, in this activity epoch.
     idle_epoch: Option<u64>,
+}
+
+/// Target99 for an idle multiple: `multiple` times the idle p99, at least 1 ns, saturating.
+fn idle_target(idle_p99: Duration, multiple: f64) -> Duration {
+    Duration::try_from_secs_f64(idle_p99.as_secs_f64() * multiple)
+        .unwrap_or(Duration::MAX)
+        .max(Duration::from_nanos(1))
 }
 
 /// Justitia's per-host loop. See the module documentation for the protocol.
@@ -829,11 +837,25 @@ impl ControlLoop {
     /// Records a probe's completion at `now`. Returns false (and records nothing) for a
     /// probe that is unknown or already counted as lost.
     pub fn probe_completed(&mut self, now: Duration, id: ProbeId) -> bool {
+        self.probe_completed_at(now, id, now)
+    }
+
+    /// Records, at `now`, a probe's completion that happened at `completed_at` (a driver
+    /// that collects completions after the fact, stamped when they happened, and so
+    /// need not wake up at each one). The latency is `completed_at` less the time the
+    /// probe was sent; a `completed_at` after `now` counts as `now`. Returns false (and
+    /// records nothing) for a probe that is unknown or already counted as lost.
+    pub fn probe_completed_at(
+        &mut self,
+        now: Duration,
+        id: ProbeId,
+        completed_at: Duration,
+    ) -> bool {
         let now = self.advance(now);
         let Some(probe) = self.take_probe(id) else {
             return false;
         };
-        let latency = now.saturating_sub(probe.sent_at);
+        let latency = completed_at.min(now).saturating_sub(probe.sent_at);
         let uncontended = probe.idle_epoch == Some(self.hungry_epoch) && self.hungry_active == 0;
         if uncontended {
             self.record_idle_sample(latency);
@@ -884,14 +906,47 @@ impl ControlLoop {
         let Some(idle_p99) = baseline.estimate() else {
             return;
         };
-        let target = Duration::try_from_secs_f64(idle_p99.as_secs_f64() * multiple)
-            .unwrap_or(Duration::MAX)
-            .max(Duration::from_nanos(1));
+        let target = idle_target(idle_p99, multiple);
         self.baseline = None;
         self.idle_p99 = Some(idle_p99);
         self.controller.set_target_p99(target);
         self.events
             .push_back(Event::TargetMeasured { idle_p99, target });
+    }
+
+    /// Changes Target99 at `now`, keeping everything else: SafeUtil and the controller's
+    /// search, the registered flows and their allotments, Current99's window and the
+    /// outstanding probes. The next update pursues the new target. An idle multiple
+    /// applies at once when the idle p99 is known (measured at start, or for an earlier
+    /// idle multiple); otherwise the controller holds SafeUtil until uncontended probes
+    /// have measured it, as at start.
+    pub fn set_target(&mut self, now: Duration, target: Target99) -> Result<(), LoopError> {
+        self.advance(now);
+        let config = LoopConfig {
+            target,
+            ..self.config
+        };
+        config.validate()?;
+        let value = match target {
+            Target99::Absolute(d) => Some(d),
+            Target99::IdleMultiple(multiple) => {
+                self.idle_p99.map(|idle| idle_target(idle, multiple))
+            }
+        };
+        match value {
+            Some(v) => {
+                self.baseline = None;
+                self.controller.set_target_p99(v);
+            }
+            None => {
+                if self.baseline.is_none() {
+                    self.baseline = Some(TailEstimator::new(config.idle_samples, Quantile::P99)?);
+                }
+                self.controller.set_target_p99(Duration::MAX);
+            }
+        }
+        self.config = config;
+        Ok(())
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called: the next update
@@ -1202,5 +1257,154 @@ impl ControlLoop {
     /// The settings the loop runs with.
     pub fn config(&self) -> &LoopConfig {
         &self.config
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::flow::Weight;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn flow(id: u64, class: FlowClass) -> FlowRegistration {
+        FlowRegistration {
+            spec: FlowSpec {
+                id: FlowId(id),
+                tenant: TenantId(id),
+                class,
+                weight: Weight::ONE,
+            },
+            qps: 1,
+        }
+    }
+
+    /// A loop with a latency flow and an active bandwidth flow (ids 1 and 2).
+    fn busy_loop(target: Target99) -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target,
+            idle_samples: 10,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        lp.register_flow(Duration::ZERO, flow(1, FlowClass::Latency))
+            .unwrap();
+        lp.set_flow_active(Duration::ZERO, FlowId(1), true).unwrap();
+        lp.register_flow(Duration::ZERO, flow(2, FlowClass::Bandwidth))
+            .unwrap();
+        lp.set_flow_active(Duration::ZERO, FlowId(2), true).unwrap();
+        lp
+    }
+
+    /// Runs `periods` RefPeriods from `*t`, each probe taking `latency`.
+    fn drive(lp: &mut ControlLoop, t: &mut Duration, periods: u32, latency: Duration) {
+        for _ in 0..periods {
+            *t += us(500);
+            lp.handle_timeout(*t);
+            while let Some(event) = lp.poll_event() {
+                if event == Event::ProbeDue {
+                    let id = lp.probe_sent(*t);
+                    assert!(lp.probe_completed(*t + latency, id));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_completion_collected_late_counts_the_time_it_happened() {
+        let mut lp = busy_loop(Target99::Absolute(us(50)));
+        let id = lp.probe_sent(us(100));
+        // Seen 400 us later, on the next wake-up: the sample is the 20 us it took.
+        assert!(lp.probe_completed_at(us(500), id, us(120)));
+        let p99 = lp.current_p99().unwrap();
+        assert!(p99 >= us(19) && p99 <= us(21), "{p99:?}");
+        assert!(
+            !lp.probe_completed_at(us(600), id, us(130)),
+            "counted twice"
+        );
+        // A completion time after `now` counts as `now`.
+        let id = lp.probe_sent(us(1_000));
+        assert!(lp.probe_completed_at(us(1_030), id, us(9_000)));
+        let p99 = lp.current_p99().unwrap();
+        assert!(p99 >= us(29) && p99 <= us(31), "{p99:?}");
+    }
+
+    #[test]
+    fn set_target_keeps_safe_util_flows_and_window_and_the_next_update_pursues_it() {
+        let mut lp = busy_loop(Target99::Absolute(us(50)));
+        let fresh_safe_util = lp.safe_util();
+        let mut t = Duration::ZERO;
+        // 60 us probes against a 50 us target: SafeUtil falls away from its start.
+        drive(&mut lp, &mut t, 40, us(60));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+        let before = lp.safe_util();
+        assert!(
+            before < 0.9 * fresh_safe_util,
+            "SafeUtil {before} did not fall from {fresh_safe_util}"
+        );
+        let allotment = lp.allotment(FlowId(2)).unwrap();
+        let p99 = lp.current_p99();
+        let updates = lp.updates();
+
+        lp.set_target(t, Target99::Absolute(us(100))).unwrap();
+        assert_eq!(lp.safe_util(), before);
+        assert_eq!(lp.allotment(FlowId(2)), Some(allotment));
+        assert_eq!(lp.flow_qps(FlowId(1)), Some(1));
+        assert_eq!(lp.counts().latency, 1);
+        assert_eq!(lp.counts().bandwidth, 1);
+        assert_eq!(lp.current_p99(), p99);
+        assert_eq!(lp.updates(), updates);
+        assert_eq!(lp.target().value, Some(us(100)));
+
+        // The next update measures 60 us against the new 100 us target: no decrease, and
+        // SafeUtil goes on from where it was, not from the start.
+        drive(&mut lp, &mut t, 1, us(60));
+        assert_ne!(lp.last_action(), Some(ControlAction::Decrease));
+        assert!(lp.safe_util() >= before, "{} vs {before}", lp.safe_util());
+        assert!(lp.safe_util() < fresh_safe_util, "{}", lp.safe_util());
+    }
+
+    #[test]
+    fn set_target_to_an_idle_multiple_uses_the_measured_idle_p99_at_once() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let mut t = Duration::ZERO;
+        // No resource-hungry flow: every probe is uncontended and measures the idle p99.
+        drive(&mut lp, &mut t, 12, us(10));
+        let idle = lp.target().idle_p99.unwrap();
+        assert!(idle >= us(9) && idle <= us(11), "{idle:?}");
+        lp.set_target(t, Target99::IdleMultiple(3.0)).unwrap();
+        let value = lp.target().value.unwrap();
+        assert_eq!(value, idle_target(idle, 3.0));
+        assert_eq!(lp.controller.config().target_p99, value);
+        lp.set_target(t, Target99::Absolute(us(70))).unwrap();
+        assert_eq!(lp.target().value, Some(us(70)));
+        assert_eq!(lp.target().idle_p99, Some(idle));
+        // A bad target is refused and the one in effect stays.
+        assert!(lp.set_target(t, Target99::IdleMultiple(0.5)).is_err());
+        assert_eq!(lp.target().value, Some(us(70)));
+    }
+
+    #[test]
+    fn set_target_to_an_idle_multiple_before_any_measurement_holds_until_measured() {
+        let mut lp = busy_loop(Target99::Absolute(us(50)));
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 5, us(10));
+        lp.set_target(t, Target99::IdleMultiple(2.0)).unwrap();
+        assert_eq!(lp.target().value, None);
+        // The bandwidth flow stops: probes are uncontended and measure the idle p99.
+        lp.set_flow_active(t, FlowId(2), false).unwrap();
+        drive(&mut lp, &mut t, 20, us(10));
+        let value = lp.target().value.unwrap();
+        assert!(value >= us(18) && value <= us(22), "{value:?}");
     }
 }

@@ -21,7 +21,7 @@
 //! | `admin_group` | none | a group whose members may use the admin socket besides root |
 //! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint address; `""` turns it off |
 //! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
-//! | `slots` | 1024 | flows the control block can hold |
+//! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
 //! | `max_flows_per_uid` | 256 | flows one uid may register |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
@@ -92,7 +92,7 @@ pub struct Config {
     pub metrics: Option<String>,
     /// Heartbeat staleness limit.
     pub stale_after: Duration,
-    /// Control block slots.
+    /// Flows registered at most, and the slots of each tenant page.
     pub slots: u32,
     /// Flows per uid.
     pub max_flows_per_uid: usize,

@@ -2,9 +2,12 @@
 //!
 //! [`Probe`] is the daemon's only view of it, so the event loop runs the same way on a real
 //! port ([`VerbsProbe`]) and in host tests ([`SyntheticProbe`]). A probe is sent with the
-//! id the control loop handed out and completes (or fails) later; the loop measures
-//! post-to-completion itself from the time it sent the probe to the time a completion is
-//! collected.
+//! id the control loop handed out and completes (or fails) later; each collected
+//! completion carries the time it happened ([`Completion::at_ns`]), so the loop measures
+//! post-to-completion without having to wake up at the moment of the completion: the
+//! daemon wakes once per RefPeriod, posts the probe on that wake, and takes its
+//! completion either on the same wake ([`Probe::await_completion`], a bounded poll of the
+//! CQ for a probe that completes within microseconds) or on a later one.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -40,7 +43,17 @@ pub struct Completion {
     pub id: u64,
     /// Completed successfully.
     pub ok: bool,
+    /// When it completed (`CLOCK_MONOTONIC` ns): the time a poll first saw it, or the
+    /// synthetic probe's due time; never later than its collection.
+    pub at_ns: u64,
 }
+
+/// How long [`Probe::await_completion`] polls for a probe it has just posted before
+/// leaving it to the completion channel: a probe on an idle RNIC completes in a few
+/// microseconds, far less than what a second wake-up costs (about 18 us of CPU on a
+/// virtual machine), and a contended one that takes longer is still seen, one wake-up
+/// later.
+pub const AWAIT_LIMIT: std::time::Duration = std::time::Duration::from_micros(30);
 
 /// A source of reference-flow probes.
 pub trait Probe {
@@ -48,15 +61,22 @@ pub trait Probe {
     fn info(&self) -> ProbeInfo;
     /// Posts probe `id` now.
     fn send(&mut self, id: u64, now_ns: u64) -> Result<(), String>;
-    /// A descriptor that becomes readable when completions may be collected.
+    /// A descriptor that becomes readable when a completion arrives that
+    /// [`await_completion`](Self::await_completion) did not see.
     fn fd(&self) -> Option<RawFd>;
-    /// The time a completion is next due without a descriptor (synthetic probes).
-    fn next_due_ns(&self) -> Option<u64>;
-    /// Collects the completions available at `now_ns`.
-    fn collect(&mut self, now_ns: u64, out: &mut Vec<Completion>);
+    /// Right after a [`send`](Self::send): collects the completions that arrive before
+    /// `deadline_ns`, returning at the first; what arrives later raises the descriptor.
+    fn await_completion(&mut self, deadline_ns: u64, out: &mut Vec<Completion>);
+    /// Collects the completions available at `now_ns`; `signalled` says the descriptor
+    /// was found readable (its event is then acknowledged).
+    fn collect(&mut self, now_ns: u64, signalled: bool, out: &mut Vec<Completion>);
+    /// Probes sent and not yet collected.
+    fn outstanding(&self) -> usize;
 }
 
-/// A constant latency, no device: for hosts without RDMA and for tests.
+/// A constant latency, no device: for hosts without RDMA and for tests. A probe completes
+/// `latency` after it is sent and is collected at the daemon's next wake-up, stamped with
+/// its due time, so the synthetic probe never wakes the daemon.
 #[derive(Debug)]
 pub struct SyntheticProbe {
     latency_ns: u64,
@@ -89,17 +109,24 @@ impl Probe for SyntheticProbe {
     fn fd(&self) -> Option<RawFd> {
         None
     }
-    fn next_due_ns(&self) -> Option<u64> {
-        self.pending.front().map(|p| p.1)
+    fn await_completion(&mut self, _deadline_ns: u64, _out: &mut Vec<Completion>) {
+        // Nothing to poll: the completion's time is known, it is collected later.
     }
-    fn collect(&mut self, now_ns: u64, out: &mut Vec<Completion>) {
+    fn collect(&mut self, now_ns: u64, _signalled: bool, out: &mut Vec<Completion>) {
         while let Some(&(id, due)) = self.pending.front() {
             if due > now_ns {
                 break;
             }
             self.pending.pop_front();
-            out.push(Completion { id, ok: true });
+            out.push(Completion {
+                id,
+                ok: true,
+                at_ns: due,
+            });
         }
+    }
+    fn outstanding(&self) -> usize {
+        self.pending.len()
     }
 }
 
@@ -144,9 +171,12 @@ pub fn profile_for(infiniband: bool, line_rate_bps: f64) -> String {
 }
 
 /// The reference flow on real verbs: two RC QPs on one port connected to each other,
-/// 10 B RDMA WRITEs from one to the other, completions signalled through a completion
-/// channel so the daemon sleeps in epoll instead of spinning a core. The measured
-/// time therefore includes the completion event's wake-up, the same in every sample.
+/// 10 B RDMA WRITEs from one to the other. Right after the post the daemon polls the CQ
+/// for at most [`AWAIT_LIMIT`]; only a probe that takes longer arms the CQ's completion
+/// channel, so the daemon sleeps in epoll instead of spinning a core and is woken for it.
+/// The CQ is armed only then: a completion seen by the poll raises no event and costs no
+/// second wake-up. The measured time is post to the poll that saw the completion (or
+/// to the wake-up the channel caused, for a slow probe).
 pub struct VerbsProbe {
     info: ProbeInfo,
     channel: CompletionChannel,
@@ -157,6 +187,10 @@ pub struct VerbsProbe {
     _pd: ProtectionDomain,
     _ctx: Context,
     wc: Vec<ibv_wc>,
+    /// Probes posted and not yet collected.
+    outstanding: usize,
+    /// The CQ is armed: an event is due on the channel for the next completion.
+    armed: bool,
 }
 
 impl VerbsProbe {
@@ -254,7 +288,6 @@ impl VerbsProbe {
         target
             .connect(port, gid_index, psn_b, &ea)
             .map_err(e("connecting the target QP"))?;
-        cq.req_notify(false).map_err(e("arming the CQ"))?;
         Ok(VerbsProbe {
             info,
             channel,
@@ -265,22 +298,43 @@ impl VerbsProbe {
             _pd: pd,
             _ctx: ctx,
             wc: vec![ibv_wc::default(); 32],
+            outstanding: 0,
+            armed: false,
         })
     }
 
-    fn drain(&mut self, out: &mut Vec<Completion>) {
+    /// Polls the CQ empty, stamping what it finds `now_ns`; returns how many it found.
+    fn drain(&mut self, now_ns: u64, out: &mut Vec<Completion>) -> usize {
+        let mut found = 0;
         while let Ok(n) = self.cq.poll(&mut self.wc) {
             for wc in &self.wc[..n] {
                 out.push(Completion {
                     id: wc.wr_id,
                     ok: wc.status == IBV_WC_SUCCESS,
+                    at_ns: now_ns,
                 });
             }
+            found += n;
             if n < self.wc.len() {
                 break;
             }
         }
+        self.outstanding = self.outstanding.saturating_sub(found);
+        found
     }
+
+    /// Arms the CQ while probes are outstanding, then drains once more: a completion
+    /// that arrived between the last poll and the arming raised no event.
+    fn arm_if_waiting(&mut self, out: &mut Vec<Completion>) {
+        if self.outstanding > 0 && !self.armed {
+            self.armed = self.cq.req_notify(false).is_ok();
+            self.drain(now_ns(), out);
+        }
+    }
+}
+
+fn now_ns() -> u64 {
+    justitia_agent::block::monotonic_ns()
 }
 
 fn info_name(port: u8) -> String {
@@ -296,23 +350,35 @@ impl Probe for VerbsProbe {
         let wr = SendRequest::write(id, vec![sge], self.mr.addr() + 32, self.mr.rkey());
         self.sender
             .post_send(&[wr])
-            .map_err(|e| format!("posting a probe: {e}"))
+            .map_err(|e| format!("posting a probe: {e}"))?;
+        self.outstanding += 1;
+        Ok(())
     }
     fn fd(&self) -> Option<RawFd> {
         Some(self.channel.fd())
     }
-    fn next_due_ns(&self) -> Option<u64> {
-        None
+    fn await_completion(&mut self, deadline_ns: u64, out: &mut Vec<Completion>) {
+        loop {
+            let now = now_ns();
+            if self.drain(now, out) > 0 || now >= deadline_ns {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.arm_if_waiting(out);
     }
-    fn collect(&mut self, _now_ns: u64, out: &mut Vec<Completion>) {
-        // The descriptor is non-blocking: `wait` returns an error at once when no event
-        // is pending, and acknowledges the one that is.
-        let _ = self.channel.wait();
-        self.drain(out);
-        // Re-arm, then drain once more: a completion that arrived between the first drain
-        // and the arming raised no event.
-        let _ = self.cq.req_notify(false);
-        self.drain(out);
+    fn collect(&mut self, now_ns: u64, signalled: bool, out: &mut Vec<Completion>) {
+        if signalled {
+            // The descriptor is non-blocking: `wait` acknowledges the pending event, and
+            // the CQ is no longer armed.
+            let _ = self.channel.wait();
+            self.armed = false;
+        }
+        self.drain(now_ns, out);
+        self.arm_if_waiting(out);
+    }
+    fn outstanding(&self) -> usize {
+        self.outstanding
     }
 }
 
@@ -337,15 +403,32 @@ mod tests {
     }
 
     #[test]
-    fn synthetic_probes_complete_after_their_latency_in_order() {
+    fn synthetic_probes_complete_after_their_latency_in_order_stamped_when_due() {
         let mut p = SyntheticProbe::new(Duration::from_micros(20));
         p.send(1, 1_000).unwrap();
         p.send(2, 2_000).unwrap();
         let mut out = Vec::new();
-        p.collect(20_999, &mut out);
+        p.await_completion(1_000_000, &mut out);
+        p.collect(20_999, false, &mut out);
         assert!(out.is_empty());
-        p.collect(21_000, &mut out);
-        assert_eq!(out, vec![Completion { id: 1, ok: true }]);
-        assert_eq!(p.next_due_ns(), Some(22_000));
+        assert_eq!(p.outstanding(), 2);
+        // Collected late, stamped with the time each was due.
+        p.collect(500_000, false, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Completion {
+                    id: 1,
+                    ok: true,
+                    at_ns: 21_000
+                },
+                Completion {
+                    id: 2,
+                    ok: true,
+                    at_ns: 22_000
+                }
+            ]
+        );
+        assert_eq!(p.outstanding(), 0);
     }
 }

@@ -1,17 +1,26 @@
 //! The daemon's event loop: sockets, the control loop, the probe, the control block.
 //!
 //! One thread sleeping in epoll on every descriptor it serves (registered once, not per
-//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earliest of
-//! [`ControlLoop::poll_timeout`], the probe's next due completion and the heartbeat. The
-//! timer has nanosecond resolution and no timer slack (a sleep with a timeout under the
-//! normal policy may end 50 us late), so a due probe completion or update is seen when it
-//! is due, and the daemon sleeps between them instead of spinning a core. A wake-up
-//! allocates nothing, and the status is published only when an update ran or the flows
-//! changed. A probe's latency runs from a timestamp taken just before its post to one
-//! taken just after the wake-up that saw its completion. It makes no policy
-//! decision of its own: registrations, activity and probe samples go into the
-//! [`ControlLoop`], and whatever allotments it hands out are published into the control
-//! block.
+//! wake-up) and on an absolute CLOCK_MONOTONIC timerfd armed for the earlier of
+//! [`ControlLoop::poll_timeout`] (the next update or a probe's timeout) and the heartbeat.
+//! The timer has nanosecond resolution and no timer slack (a sleep with a timeout under
+//! the normal policy may end 50 us late), so an update runs when it is due, and the daemon
+//! sleeps between updates instead of spinning a core. It wakes once per RefPeriod: the
+//! update's wake-up posts the probe and polls briefly for its completion
+//! ([`crate::probe::Probe::await_completion`]); a completion not
+//! seen then is collected on the next wake-up (or one the completion channel causes), and
+//! every completion carries the time it happened, so a probe's latency runs from a
+//! timestamp taken just before its post to its completion, whenever the loop collects it.
+//! A wake-up allocates nothing, and the status is published only when an update ran or
+//! the flows changed. It makes no policy decision of its own: registrations, activity and
+//! probe samples go into the [`ControlLoop`], and whatever allotments it hands out are
+//! published into the tenants' pages.
+//!
+//! Two kinds of sealed memfd go to a connection with its greeting: the shared control
+//! block (heartbeat, boot id, SafeUtil, Current99, Target99: what every tenant may see),
+//! and the private page of the connection's tenant, created at the tenant's first
+//! connection and dropped after its last, which holds the slots of that tenant's flows
+//! (allotments and counted usage). No connection is ever given another tenant's page.
 //!
 //! Identity is the kernel's: a connection's uid and pid come from `SO_PEERCRED` when it is
 //! accepted, and a pidfd of that pid tells when the process is gone even if a child
@@ -98,6 +107,15 @@ struct Flow {
     admission: AdmissionReply,
 }
 
+/// A tenant's private page and the slots free in it.
+struct TenantPage {
+    page: BlockWriter,
+    /// Slot indices not in use, the lowest last (taken first).
+    free: Vec<u32>,
+    /// Connections of the tenant: the page is dropped when the last one goes.
+    clients: usize,
+}
+
 /// Flags the signal handlers raise.
 #[derive(Debug, Default)]
 pub struct Signals {
@@ -131,7 +149,8 @@ pub struct Daemon {
     /// Tenant ids of the cgroups seen (with `tenant = "cgroup"`), in order of first
     /// connection: ids are exact, never hashes that could collide.
     cgroups: HashMap<String, u64>,
-    free_slots: Vec<u32>,
+    /// Each tenant's private page, by tenant id.
+    pages: HashMap<u64, TenantPage>,
     metrics: Metrics,
     /// The per-class gauges of L, B and T, looked up once so that publishing allocates
     /// nothing.
@@ -256,9 +275,8 @@ impl Daemon {
         )
         .map_err(|e| StartError::Other(format!("control loop: {e}")))?;
         let boot_id = random_boot_id();
-        let block =
-            BlockWriter::create(config.slots, boot_id, config.stale_after.as_nanos() as u64)
-                .map_err(|e| StartError::Other(format!("control block: {e}")))?;
+        let block = BlockWriter::create_shared(boot_id, config.stale_after.as_nanos() as u64)
+            .map_err(|e| StartError::Other(format!("control block: {e}")))?;
         let listener = bind_socket(
             &config.socket,
             SocketType::SEQPACKET,
@@ -317,7 +335,7 @@ impl Daemon {
         info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
               boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
         Ok(Daemon {
-            free_slots: (0..config.slots).rev().collect(),
+            pages: HashMap::new(),
             config,
             config_path,
             profile,
@@ -363,16 +381,13 @@ impl Daemon {
             if signals.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
-            // Completions first, stamped as close to the wake-up as the loop can: the
-            // probe's latency is measured to the moment the loop sees it.
+            // Completions first, so that the update on this wake-up counts them; each is
+            // stamped with the time it completed, not the time it is collected.
             let now = now_ns();
-            if probe_ready || self.probe.next_due_ns().is_some_and(|t| t <= now) {
+            if probe_ready || self.probe.outstanding() > 0 {
                 self.completions.clear();
-                self.probe.collect(now, &mut self.completions);
-                for i in 0..self.completions.len() {
-                    let c = self.completions[i];
-                    self.probe_done(now, c.id, c.ok);
-                }
+                self.probe.collect(now, probe_ready, &mut self.completions);
+                self.take_completions();
             }
             self.serve_ready(now);
             let now_d = Duration::from_nanos(now_ns());
@@ -391,17 +406,25 @@ impl Daemon {
         info!("justitiad stopped");
     }
 
+    /// Hands the collected completions to the control loop.
+    fn take_completions(&mut self) {
+        for i in 0..self.completions.len() {
+            let c = self.completions[i];
+            self.probe_done(c.at_ns, c.id, c.ok);
+        }
+        self.completions.clear();
+    }
+
     /// The next time the loop must run without any descriptor waking it: the control
-    /// loop's deadline, a synthetic probe's completion, or the heartbeat.
+    /// loop's deadline (the next update, which also collects the last probe, or a probe's
+    /// timeout) or the heartbeat. A probe's completion is not one: it is collected on
+    /// the wake-up that posted it or on the next, stamped with the time it happened.
     fn next_wake(&self) -> u64 {
         let mut wake = self
             .last_beat
             .saturating_add((self.config.stale_after.as_nanos() as u64 / 3).max(100_000));
         if let Some(t) = self.lp.poll_timeout() {
             wake = wake.min(t.as_nanos() as u64);
-        }
-        if let Some(t) = self.probe.next_due_ns() {
-            wake = wake.min(t);
         }
         wake
     }
@@ -475,23 +498,28 @@ impl Daemon {
         self.ready.clear();
     }
 
-    fn probe_done(&mut self, now: u64, wr_id: u64, ok: bool) {
+    /// A probe completed (or failed) at `at` (ns).
+    fn probe_done(&mut self, at: u64, wr_id: u64, ok: bool) {
         let Some(sent) = self.probes_in_flight.remove(&wr_id) else {
             return;
         };
         let id = ProbeId(wr_id - self.probe_base);
-        let now_d = Duration::from_nanos(now);
+        let now_d = Duration::from_nanos(now_ns());
+        let at = at.max(sent);
         if ok {
-            if self.lp.probe_completed(now_d, id) {
+            if self
+                .lp
+                .probe_completed_at(now_d, id, Duration::from_nanos(at))
+            {
                 self.probes_ok += 1;
                 self.metrics
                     .probe_latency
-                    .observe(now.saturating_sub(sent) as f64 * 1e-9);
+                    .observe(at.saturating_sub(sent) as f64 * 1e-9);
                 if !self.notified {
                     self.notified = true;
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
                     info!(
-                        latency_us = now.saturating_sub(sent) as f64 / 1e3,
+                        latency_us = at.saturating_sub(sent) as f64 / 1e3,
                         "reference flow running"
                     );
                 }
@@ -515,6 +543,14 @@ impl Daemon {
                     match self.probe.send(wr_id, now) {
                         Ok(()) => {
                             self.probes_in_flight.insert(wr_id, now);
+                            // A probe that completes within microseconds is taken on
+                            // this wake-up instead of costing another.
+                            self.completions.clear();
+                            self.probe.await_completion(
+                                now.saturating_add(crate::probe::AWAIT_LIMIT.as_nanos() as u64),
+                                &mut self.completions,
+                            );
+                            self.take_completions();
                         }
                         Err(e) => {
                             self.metrics.fail_open.inc();
@@ -610,7 +646,9 @@ impl Daemon {
         let mut per_uid: BTreeMap<u32, f64> = BTreeMap::new();
         for (&id, f) in &self.flows {
             let s = self.slot_of(id, f);
-            self.block.set_slot(f.slot, s);
+            if let Some(p) = self.pages.get(&f.tenant) {
+                p.page.set_slot(f.slot, s);
+            }
             *per_uid.entry(f.uid).or_default() += s.bytes_per_sec as f64;
         }
         self.metrics.tenant_allotment.clear();
@@ -665,9 +703,27 @@ impl Daemon {
                 boot_id: self.boot_id,
             }
             .encode();
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
             let mut control = SendAncillaryBuffer::new(&mut space);
-            let fds = [self.block.fd()];
+            // The tenant's page is created with its first connection and handed only to
+            // its connections.
+            let page = match self.pages.entry(tenant) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    match BlockWriter::create_tenant_page(self.config.slots, self.boot_id) {
+                        Ok(page) => e.insert(TenantPage {
+                            page,
+                            free: (0..self.config.slots).rev().collect(),
+                            clients: 0,
+                        }),
+                        Err(err) => {
+                            warn!(error = %err, uid, pid, "tenant page not created: connection dropped");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let fds = [self.block.fd(), page.page.fd()];
             control.push(SendAncillaryMessage::ScmRights(&fds));
             if let Err(e) = rustix::net::sendmsg(
                 &sock,
@@ -676,6 +732,7 @@ impl Daemon {
                 SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
             ) {
                 warn!(error = %e, pid = cred.pid.as_raw_nonzero().get(), "greeting not sent: connection dropped");
+                self.release_page(tenant);
                 continue;
             }
             let id = self.next_client;
@@ -689,6 +746,7 @@ impl Daemon {
             );
             if let Err(e) = self.watch(&sock, id << 1) {
                 warn!(error = %e, pid, "connection dropped: cannot watch its socket");
+                self.release_page(tenant);
                 continue;
             }
             if let Some(p) = &pidfd {
@@ -696,6 +754,9 @@ impl Daemon {
                 if let Err(e) = self.watch(p, (id << 1) | 1) {
                     debug!(error = %e, pid, "process exit not watched");
                 }
+            }
+            if let Some(p) = self.pages.get_mut(&tenant) {
+                p.clients += 1;
             }
             self.clients.insert(
                 id,
@@ -803,6 +864,9 @@ impl Daemon {
                 if let Some(f) = self.flows.get_mut(&u.flow) {
                     f.active = u.active;
                     f.bytes = f.bytes.saturating_add(u.bytes);
+                    if let Some(p) = self.pages.get(&f.tenant) {
+                        p.page.set_usage(f.slot, f.bytes);
+                    }
                     self.metrics
                         .tenant_usage
                         .get_or_create(&Tenant {
@@ -875,12 +939,17 @@ impl Daemon {
                 format!("{count} flows already"),
             );
         }
-        let Some(slot) = self.free_slots.pop() else {
+        let slot = if self.flows.len() < self.config.slots as usize {
+            self.pages.get_mut(&tenant).and_then(|p| p.free.pop())
+        } else {
+            None
+        };
+        let Some(slot) = slot else {
             return refuse(
                 self,
                 RefuseReason::Full,
                 "full",
-                "every control block slot is in use".into(),
+                format!("{} flows, the configured limit", self.flows.len()),
             );
         };
         let id = self.next_flow;
@@ -903,7 +972,7 @@ impl Daemon {
         {
             Ok(v) => v,
             Err(e) => {
-                self.free_slots.push(slot);
+                self.free_slot(tenant, slot);
                 error!(error = %e, "control loop refused a registration");
                 return refuse(self, RefuseReason::Malformed, "loop_refused", e.to_string());
             }
@@ -944,7 +1013,7 @@ impl Daemon {
             })
             .inc();
         if admission == AdmissionReply::NotAdmitted {
-            self.free_slots.push(slot);
+            self.free_slot(tenant, slot);
             self.send_reply(
                 client,
                 Reply::Registered {
@@ -968,7 +1037,9 @@ impl Daemon {
             bytes: 0,
             admission,
         };
-        self.block.set_slot(slot, self.slot_of(id, &flow));
+        if let Some(p) = self.pages.get(&tenant) {
+            p.page.set_slot(slot, self.slot_of(id, &flow));
+        }
         self.flows.insert(id, flow);
         if let Some(c) = self.clients.get_mut(&client) {
             c.flows.insert(id);
@@ -988,8 +1059,29 @@ impl Daemon {
     fn drop_flow(&mut self, now: Duration, id: u64) {
         if let Some(f) = self.flows.remove(&id) {
             let _ = self.lp.remove_flow(now, FlowId(id));
-            self.block.clear_slot(f.slot);
-            self.free_slots.push(f.slot);
+            if let Some(p) = self.pages.get(&f.tenant) {
+                p.page.clear_slot(f.slot);
+            }
+            self.free_slot(f.tenant, f.slot);
+        }
+    }
+
+    fn free_slot(&mut self, tenant: u64, slot: u32) {
+        if let Some(p) = self.pages.get_mut(&tenant) {
+            p.free.push(slot);
+        }
+    }
+
+    /// Drops a tenant's page once it has no connection and no flow left: its next
+    /// connection gets a new one.
+    fn release_page(&mut self, tenant: u64) {
+        let slots = self.config.slots as usize;
+        if self
+            .pages
+            .get(&tenant)
+            .is_some_and(|p| p.clients == 0 && p.free.len() == slots)
+        {
+            self.pages.remove(&tenant);
         }
     }
 
@@ -1001,6 +1093,10 @@ impl Daemon {
         for id in c.flows {
             self.drop_flow(Duration::from_nanos(now), id);
         }
+        if let Some(p) = self.pages.get_mut(&c.tenant) {
+            p.clients = p.clients.saturating_sub(1);
+        }
+        self.release_page(c.tenant);
         self.metrics.reclaims.inc_by(n as u64);
         if n > 0 {
             info!(uid = c.uid, pid = c.pid, flows = n, why, "flows reclaimed");
@@ -1009,8 +1105,8 @@ impl Daemon {
         }
     }
 
-    /// Replaces the control loop (a new target or weights), registering every flow again
-    /// with its activity. The controller starts afresh.
+    /// Replaces the control loop (new weights, RefPeriod or probe timeout), registering
+    /// every flow again with its activity. The controller starts afresh.
     fn rebuild_loop(&mut self) -> Result<(), String> {
         let now = Duration::from_nanos(now_ns());
         let mut lp = ControlLoop::new(loop_config(&self.config), &self.profile, now)
@@ -1073,8 +1169,10 @@ impl Daemon {
                 warn!(key, "SIGHUP: this key takes effect at the next start");
             }
         }
-        let relooped = new.target != old.target
-            || new.weights != old.weights
+        // A new target alone is set on the running loop; the other loop settings need a
+        // new loop.
+        let retargeted = new.target != old.target;
+        let relooped = new.weights != old.weights
             || new.ref_period != old.ref_period
             || new.probe_timeout != old.probe_timeout;
         self.config = Config {
@@ -1094,6 +1192,14 @@ impl Daemon {
         if relooped {
             if let Err(e) = self.rebuild_loop() {
                 error!(error = %e, "SIGHUP: control loop not rebuilt");
+            }
+        } else if retargeted {
+            if let Err(e) = self
+                .lp
+                .set_target(Duration::from_nanos(now_ns()), self.config.target)
+            {
+                error!(error = %e, "SIGHUP: Target99 not changed");
+                self.config.target = old.target;
             }
         }
         info!(path = %path.display(), "configuration reloaded");
@@ -1184,20 +1290,16 @@ impl Daemon {
                     .collect(),
             ),
             AdminRequest::SetTarget { target } => match parse_target(&target) {
-                Ok(t) => {
-                    let old = self.config.target;
-                    self.config.target = t;
-                    match self.rebuild_loop() {
-                        Ok(()) => {
-                            info!(?t, "Target99 set over the admin socket");
-                            AdminReply::Done(format!("target set to {}", describe_target(t)))
-                        }
-                        Err(e) => {
-                            self.config.target = old;
-                            AdminReply::Error(format!("target refused: {e}"))
-                        }
+                // The running loop keeps SafeUtil, the flows and the probe window: a
+                // new target must not throw away what the controller has learnt.
+                Ok(t) => match self.lp.set_target(Duration::from_nanos(now_ns()), t) {
+                    Ok(()) => {
+                        self.config.target = t;
+                        info!(?t, "Target99 set over the admin socket");
+                        AdminReply::Done(format!("target set to {}", describe_target(t)))
                     }
-                }
+                    Err(e) => AdminReply::Error(format!("target refused: {e}")),
+                },
                 Err(e) => AdminReply::Error(e),
             },
         }

@@ -92,6 +92,8 @@ fn a_bandwidth_flow_registers_and_follows_its_allotment() {
     assert_eq!(flows[0].pid as u32, std::process::id());
     assert_eq!(flows[0].class, "bandwidth");
     assert_eq!(flows[0].bytes, 1 << 20);
+    // The tenant's page shows the bytes the daemon counted for the flow.
+    assert_eq!(c.counted_bytes(h), Some(1 << 20));
     // A latency flow appearing cuts the chunk to 5 KB at the next update.
     let l = c.register(FlowClass::Latency, 1, 0);
     c.wait_registered(l, Duration::from_secs(2));
@@ -203,10 +205,23 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
         client_ref: 0,
         reason: RefuseReason::Malformed,
     };
+    // A flow registered before the barrage must survive it.
+    assert!(matches!(roundtrip(&s, &good), Reply::Registered { .. }));
+    let mut bad_version = good.clone();
+    bad_version[2] = 9;
+    let mut reply_kind = good.clone();
+    reply_kind[3] = 0x82;
+    let mut one_more = good.clone();
+    one_more.push(0);
     for msg in [
         good[..10].to_vec(),
+        good[..2].to_vec(),
+        one_more,
         vec![0u8; MAX_MESSAGE * 4],
+        vec![0xa5u8; 60_000],
         bad_class,
+        bad_version,
+        reply_kind,
         b"GET / HTTP/1.0".to_vec(),
     ] {
         assert_eq!(roundtrip(&s, &msg), refused);
@@ -214,12 +229,19 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
     let log = d.log();
     for reason in [
         "truncated_or_bad_length",
+        "truncated: 2 bytes",
+        "register message of 30 bytes, expected 29",
         "oversized",
+        "oversized: 60000 bytes",
         "malformed",
         "unknown class 7",
+        "protocol version 9",
+        "unknown message kind 0x82",
+        "bad magic",
     ] {
         assert!(log.contains(reason), "no `{reason}` in the log: {log}");
     }
+    assert_eq!(d.flows().len(), 1, "{:?}", d.flows());
     // Same connection, and a new one, still served.
     assert!(matches!(roundtrip(&s, &good), Reply::Registered { .. }));
     let mut c = AgentClient::connect(d.socket()).unwrap();
@@ -651,6 +673,43 @@ fn set_target_over_the_admin_socket() {
     );
 }
 
+#[test]
+fn set_target_keeps_the_running_loop_and_its_measured_idle_p99() {
+    // The default target is twice the probe's idle p99, measured from 100 uncontended
+    // probes (50 ms with a latency flow present). A new multiple applies to that
+    // measurement at once; a loop rebuilt for it would measure again for 50 ms and report
+    // no target meanwhile.
+    let d = Daemon::start("");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let l = c.register(FlowClass::Latency, 1, 0);
+    c.wait_registered(l, Duration::from_secs(2));
+    assert!(c.report_usage(l, true, 16, 1));
+    let status = || match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s,
+        other => panic!("{other:?}"),
+    };
+    eventually("the idle p99 measured", Duration::from_secs(5), || {
+        status().target_p99_ns.is_some()
+    });
+    let before = status();
+    let idle = before.idle_p99_ns.unwrap();
+    assert!(matches!(
+        d.admin(&AdminRequest::SetTarget {
+            target: "3x".into()
+        }),
+        AdminReply::Done(_)
+    ));
+    let after = status();
+    assert_eq!(after.idle_p99_ns, Some(idle));
+    let want = idle as f64 * 3.0;
+    let got = after
+        .target_p99_ns
+        .expect("a target right after the change") as f64;
+    assert!((got / want - 1.0).abs() < 1e-6, "{got} vs {want}");
+    assert!(after.probes >= before.probes);
+    assert_eq!(after.flows, 1);
+}
+
 /// Latency flows counted (L) with one latency flow of ours and one of a child running as
 /// uid 65534 in our cgroup, and the flows as reported; `None` where this test may not start
 /// a process under another uid.
@@ -732,4 +791,254 @@ fn by_default_two_uids_are_two_tenants() {
     let mut tenants: Vec<&str> = flows.iter().map(|f| f.tenant.as_str()).collect();
     tenants.sort();
     assert_eq!(tenants, ["0", "65534"]);
+}
+
+/// Connects without the agent client and returns the socket and the two descriptors the
+/// greeting carries: the shared control block and the tenant's page.
+fn greeting_fds(
+    path: &Path,
+) -> (
+    std::os::fd::OwnedFd,
+    std::os::fd::OwnedFd,
+    std::os::fd::OwnedFd,
+) {
+    use rustix::net::*;
+    let s = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(&s, &SocketAddrUnix::new(path).unwrap()).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &s,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let mut buf = [0u8; 128];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    recvmsg(
+        &s,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::empty(),
+    )
+    .unwrap();
+    let mut fds: Vec<std::os::fd::OwnedFd> = control
+        .drain()
+        .flat_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(f) => f.collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(fds.len(), 2, "the greeting carries the block and the page");
+    let page = fds.pop().unwrap();
+    let block = fds.pop().unwrap();
+    (s, block, page)
+}
+
+fn inode(fd: &std::os::fd::OwnedFd) -> u64 {
+    rustix::fs::fstat(fd).unwrap().st_ino
+}
+
+#[test]
+fn neither_the_block_nor_a_tenant_page_can_be_made_writable_or_unsealed() {
+    use rustix::fs::SealFlags;
+    use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
+    let d = Daemon::start("");
+    let (_s, block, page) = greeting_fds(&d.socket());
+    for (what, fd) in [("block", &block), ("page", &page)] {
+        let len = rustix::fs::fstat(fd).unwrap().st_size as usize;
+        // SAFETY: mappings made and unmapped here; the writable one is expected to fail.
+        unsafe {
+            let rw = rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            );
+            assert_eq!(rw.err(), Some(rustix::io::Errno::PERM), "{what}: mmap RW");
+            let ro = rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+            .unwrap();
+            assert_eq!(
+                rustix::mm::mprotect(ro, len, MprotectFlags::READ | MprotectFlags::WRITE).err(),
+                Some(rustix::io::Errno::ACCESS),
+                "{what}: mprotect to writable"
+            );
+            rustix::mm::munmap(ro, len).unwrap();
+        }
+        assert_eq!(
+            rustix::io::pwrite(fd, &[0xff; 8], 0).err(),
+            Some(rustix::io::Errno::PERM),
+            "{what}: write(2)"
+        );
+        assert_eq!(
+            rustix::fs::ftruncate(fd, 0).err(),
+            Some(rustix::io::Errno::PERM),
+            "{what}: shrink"
+        );
+        let seals = rustix::fs::fcntl_get_seals(fd).unwrap();
+        assert!(
+            seals.contains(
+                SealFlags::SEAL | SealFlags::FUTURE_WRITE | SealFlags::SHRINK | SealFlags::GROW
+            ),
+            "{what}: {seals:?}"
+        );
+        assert_eq!(
+            rustix::fs::fcntl_add_seals(fd, SealFlags::WRITE).err(),
+            Some(rustix::io::Errno::PERM),
+            "{what}: seals are sealed"
+        );
+    }
+}
+
+#[test]
+fn a_tenants_flows_are_in_its_own_page_and_not_in_the_shared_block() {
+    let d = Daemon::start("");
+    let me = rustix::process::getuid().as_raw();
+    let (s, block, page) = greeting_fds(&d.socket());
+    // A second connection of the same tenant gets the same page, a new one per tenant.
+    let (_s2, block2, page2) = greeting_fds(&d.socket());
+    assert_eq!(inode(&page), inode(&page2));
+    assert_eq!(inode(&block), inode(&block2));
+    assert_ne!(inode(&block), inode(&page));
+    let Reply::Registered { flow, slot, .. } = roundtrip(&s, &register(me, FlowClass::Bandwidth))
+    else {
+        panic!("not registered")
+    };
+    let usage = Request::Usage(justitia_agent::proto::Usage {
+        flow,
+        active: true,
+        bytes: 4096,
+        ops: 1,
+    })
+    .encode();
+    rustix::net::send(&s, &usage, rustix::net::SendFlags::empty()).unwrap();
+    let shared = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&block)).unwrap();
+    let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
+    assert_eq!(shared.slots(), 0, "the shared block holds no flow");
+    assert_eq!(shared.slot(slot), None);
+    eventually(
+        "the flow's allotment and usage in the page",
+        Duration::from_secs(2),
+        || {
+            mine.slot(slot)
+                .is_some_and(|a| a.flow == flow && a.bytes_per_sec > 0)
+                && mine.usage(slot) == Some(4096)
+        },
+    );
+}
+
+/// Not a test on its own: the child of `another_tenants_page_is_out_of_reach`, run under
+/// another uid. Tries to register as root, registers a flow as itself, then reports what
+/// it can see: its page's inode, whether
+/// any slot of its page or of the shared block holds the other tenant's flow, and how many
+/// of the daemon's descriptors it could open through /proc.
+#[test]
+fn child_inspects_its_page() {
+    let (Ok(path), Ok(other_flow), Ok(daemon_pid)) = (
+        std::env::var("JUSTITIA_TEST_INSPECT_SOCKET"),
+        std::env::var("JUSTITIA_TEST_INSPECT_FLOW"),
+        std::env::var("JUSTITIA_TEST_INSPECT_DAEMON"),
+    ) else {
+        return;
+    };
+    let other_flow: u64 = other_flow.parse().unwrap();
+    let me = rustix::process::getuid().as_raw();
+    let (s, block, page) = greeting_fds(Path::new(&path));
+    // Claiming root's uid is refused: the kernel's uid is the identity.
+    let spoof = match roundtrip(&s, &register(0, FlowClass::Bandwidth)) {
+        Reply::Refused {
+            reason: RefuseReason::WrongUid,
+            ..
+        } => "refused",
+        _ => "accepted",
+    };
+    let Reply::Registered { flow, .. } = roundtrip(&s, &register(me, FlowClass::Bandwidth)) else {
+        panic!("not registered")
+    };
+    let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
+    let shared = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&block)).unwrap();
+    let holds = |r: &justitia_agent::block::BlockReader, id: u64| {
+        (0..r.slots()).any(|i| r.slot(i).is_some_and(|a| a.flow == id))
+    };
+    let opened = std::fs::read_dir(format!("/proc/{daemon_pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter(|e| std::fs::File::open(e.path()).is_ok())
+                .count()
+        })
+        .unwrap_or(0);
+    println!(
+        "inode={} own={} other_in_page={} other_in_block={} opened={opened} spoof={spoof}",
+        inode(&page),
+        holds(&mine, flow),
+        holds(&mine, other_flow),
+        holds(&shared, other_flow),
+    );
+}
+
+#[test]
+fn another_tenants_page_is_out_of_reach() {
+    if !rustix::process::geteuid().is_root() {
+        println!("skipped: starting a process under another uid needs root");
+        return;
+    }
+    let d = Daemon::start("");
+    std::fs::set_permissions(
+        d.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (s, _block, page) = greeting_fds(&d.socket());
+    let Reply::Registered { flow, slot, .. } = roundtrip(&s, &register(0, FlowClass::Bandwidth))
+    else {
+        panic!("not registered")
+    };
+    let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
+    assert!(mine.slot(slot).is_some_and(|a| a.flow == flow));
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_inspects_its_page", "--nocapture"])
+        .env("JUSTITIA_TEST_INSPECT_SOCKET", d.socket())
+        .env("JUSTITIA_TEST_INSPECT_FLOW", flow.to_string())
+        .env("JUSTITIA_TEST_INSPECT_DAEMON", d.child.id().to_string())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("inode="))
+        .unwrap_or_else(|| {
+            panic!(
+                "child said: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(field("own"), "true", "{line}");
+    assert_eq!(field("other_in_page"), "false", "{line}");
+    assert_eq!(field("other_in_block"), "false", "{line}");
+    assert_ne!(field("inode"), inode(&page).to_string(), "{line}");
+    // Nor can it take the daemon's descriptors (the pages among them) through /proc.
+    assert_eq!(field("opened"), "0", "{line}");
+    assert_eq!(field("spoof"), "refused", "{line}");
 }
