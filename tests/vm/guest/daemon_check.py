@@ -5,6 +5,11 @@
   daemon_check.py value OUT.json SAMPLE       print one sample's value (exit 1: absent)
   daemon_check.py p99 A.json B.json           probe p99 between two scrapes
   daemon_check.py flows FLOWS.json PID...     one line per pid from `justitia flows --json`
+  daemon_check.py serve                       the same commands, one per line on stdin, each
+                                              answered "ok ANSWER" or "err WHY" on a line
+
+Under emulation, importing the parsers from the read-only 9p root takes seconds; `serve`
+pays that once for a whole run.
 
 The exposition is parsed by python3-prometheus-client: by its OpenMetrics parser, which is
 strict (it requires "# EOF", suffixes that match each family's type, cumulative buckets),
@@ -12,7 +17,8 @@ because the endpoint declares application/openmetrics-text, and by its Prometheu
 parser (prometheus_client.parser), the one a Prometheus-format scraper would use. Both must
 accept the text and agree on every sample; the values saved are the text parser's.
 A sample is saved as `name{label="value",...}` with its labels sorted, so the shell can
-name it exactly. The raw text is saved beside OUT.json as OUT.txt.
+name it exactly; OUT.samples beside it holds them as "NAME<tab>VALUE" lines, and OUT.txt
+the raw text.
 """
 
 import json
@@ -23,9 +29,12 @@ import urllib.request
 PROBE_HISTOGRAM = "justitia_probe_latency_seconds"
 
 
+class CheckError(Exception):
+    """A check's input is missing or wrong; the message says how."""
+
+
 def fail(message):
-    print(f"daemon_check: {message}", file=sys.stderr)
-    sys.exit(1)
+    raise CheckError(message)
 
 
 def key(name, labels):
@@ -63,7 +72,9 @@ def scrape(addr, path):
             text = response.read().decode("utf-8")
     except OSError as e:
         fail(f"fetching http://{addr}/metrics: {e}")
-    raw = path[: -len(".json")] + ".txt" if path.endswith(".json") else path + ".txt"
+    if not path.endswith(".json"):
+        fail(f"{path}: the output's name must end in .json")
+    raw = path[: -len(".json")] + ".txt"
     with open(raw, "w", encoding="utf-8") as f:
         f.write(text)
     if status != 200:
@@ -84,6 +95,11 @@ def scrape(addr, path):
         fail(f"no sample in the exposition ({raw})")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"content_type": content_type, "samples": parsed}, f, indent=1, sort_keys=True)
+    # The same samples as "NAME<tab>VALUE" lines, for the shell to look up without Python.
+    with open(path[: -len(".json")] + ".samples", "w", encoding="utf-8") as f:
+        for k in sorted(parsed):
+            f.write(f"{k}\t{number(parsed[k])}\n")
+    return f"{len(parsed)} samples"
 
 
 def load(path):
@@ -120,8 +136,7 @@ def p99(a_path, b_path):
     rank = math.ceil(0.99 * n)
     for le, c in delta:
         if c >= rank:
-            print(f"{le:g} {n:g}")
-            return
+            return f"{le:g} {n:g}"
     fail("the +Inf bucket holds fewer probes than the rank")
 
 
@@ -135,34 +150,65 @@ def flows(path, pids):
         fail(f"reading {path}: {e}")
     if not isinstance(table, list):
         fail(f"{path} is not a list of flows")
+    lines = []
     for pid in pids:
         mine = [f for f in table if str(f.get("pid")) == pid]
         if not mine:
-            print(f"{pid} absent")
+            lines.append(f"{pid} absent")
             continue
         for f in mine:
             allot = f.get("allot_bytes_per_sec")
             allot = "-" if allot is None else f"{allot:.0f}"
-            print(f"{pid} {f['class']} {str(f['active']).lower()} {f['admission']} {allot}")
+            lines.append(f"{pid} {f['class']} {str(f['active']).lower()} {f['admission']} {allot}")
+    return "\n".join(lines)
+
+
+def value(path, sample):
+    s = load(path)
+    if sample not in s:
+        fail(f"no sample {sample} in {path}")
+    return number(s[sample])
+
+
+def number(v):
+    """Integers as integers, so the shell can do arithmetic on counts."""
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+def command(argv):
+    """Runs one command; returns its answer."""
+    if len(argv) == 3 and argv[0] == "scrape":
+        return scrape(argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "value":
+        return value(argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "p99":
+        return p99(argv[1], argv[2])
+    if len(argv) >= 2 and argv[0] == "flows":
+        return flows(argv[1], argv[2:])
+    fail(f"unknown command {' '.join(argv)!r}; see daemon_check.py's header")
+
+
+def serve():
+    # Arguments never hold spaces (paths under the scratch directories, sample names).
+    for line in sys.stdin:
+        try:
+            answer = command(line.split())
+            print("ok " + answer.replace("\n", "; "), flush=True)
+        except CheckError as e:
+            print(f"err {e}", flush=True)
+        except Exception as e:  # an unexpected input must not end the server unanswered
+            print(f"err {line.strip()}: {e!r}", flush=True)
 
 
 def main(argv):
-    if len(argv) == 3 and argv[0] == "scrape":
-        scrape(argv[1], argv[2])
-    elif len(argv) == 3 and argv[0] == "value":
-        s = load(argv[1])
-        if argv[2] not in s:
-            fail(f"no sample {argv[2]} in {argv[1]}")
-        v = s[argv[2]]
-        # Integers as integers, so the shell can do arithmetic on counts.
-        print(int(v) if float(v).is_integer() else repr(v))
-    elif len(argv) == 3 and argv[0] == "p99":
-        p99(argv[1], argv[2])
-    elif len(argv) >= 2 and argv[0] == "flows":
-        flows(argv[1], argv[2:])
-    else:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
+    if argv == ["serve"]:
+        serve()
+        return
+    try:
+        print(command(argv))
+    except CheckError as e:
+        print(f"daemon_check: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
