@@ -58,13 +58,16 @@ result() { # STATUS NAME DETAIL
 }
 
 CHECKS=("daemon apps: ib_write_lat and ib_write_bw follow justitiad (justitia flows)"
-  "daemon apps: probe p99 and SafeUtil move with the bandwidth flow (metrics parsed)"
+  "daemon apps: metrics parsed, Current99 moves with the bandwidth flow, SafeUtil follows violations"
   "daemon apps: kill -9 of justitiad mid-run, ib_write_bw and integrity finish clean"
   "daemon apps: restarted justitiad, running shapers register again"
   "daemon apps: kill -9 of an application, its flow reclaimed"
   "daemon apps: latency flow while the target is violated, admitted with a warning")
 done_checks=0
 pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
+failed=0
+# fail_one WHY: this check fails; the later ones, which do not depend on it, still run.
+fail_one() { result FAIL "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); failed=1; }
 fail_rest() { # WHY: this check fails, the later ones are reported as not run
   result FAIL "${CHECKS[$done_checks]}" "$1"
   local i
@@ -293,11 +296,20 @@ flow_of "$LAT_APP"
 lat_state=$FLOW
 # During, then after: a scrape a second; SafeUtil and Current99 of each.
 safe_series=() cur_series=() i=0
+violations=0
 sample_phase() { # NAME
+  local cur target lat
   if scrape "$1"; then
     safe_series+=("$(value "$1" justitia_safe_util_bytes_per_second)")
-    cur_series+=("$(value "$1" justitia_current_p99_seconds)")
+    cur=$(value "$1" justitia_current_p99_seconds)
+    cur_series+=("$cur")
+    target=$(value "$1" justitia_target_p99_seconds)
+    lat=$(value "$1" 'justitia_flows_counted{value="latency"}')
+    # A scrape showing the target violated while a latency flow is counted.
+    awk -v c="$cur" -v t="$target" -v l="$lat" 'BEGIN { exit !(c != "nan" && c + 0 > t + 0 && l + 0 > 0) }' \
+      && violations=$((violations + 1))
   fi
+  return 0
 }
 while kill -0 "$BW_C" 2>/dev/null && [ $i -lt 60 ]; do
   sample_phase "during$i"
@@ -328,8 +340,14 @@ pass "ib_write_lat pid $LAT_APP: ${lat_state% *} (no allotment: latency class); 
 # --- 2. the loop follows the bandwidth flow ----------------------------------------------
 # After: as many probes as before the flow (at least 200), the latency flow still running.
 n_before=$(($(probes_in before1) - $(probes_in before0)))
+# At least three scrapes and one with a Current99 (NaN while the niced ib_write_lat goes a
+# tick without posting, so that no latency flow is counted).
 deadline=$((SECONDS + 20)) i=0
-while sample_phase "after$i" && [ $(($(probes_in "after$i") - $(probes_in during_end))) -lt "$n_before" ] && [ "$SECONDS" -lt "$deadline" ]; do
+while sample_phase "after$i" && [ "$SECONDS" -lt "$deadline" ]; do
+  if [ $(($(probes_in "after$i") - $(probes_in during_end))) -ge "$n_before" ] && [ "$i" -ge 2 ] \
+    && [ "${cur_series[${#cur_series[@]} - 1]}" != nan ]; then
+    break
+  fi
   i=$((i + 1))
   sleep 1
 done
@@ -356,26 +374,32 @@ cur_d=$(series "${cur_series[@]:0:n_during}")
 cur_a=$(series "${cur_series[@]:n_during}")
 figures="Current99 us: before $(us "$cur_before"), during [$cur_d], end of flow $(us "$cur_during"), after [$cur_a]; probe p99 per phase (histogram bucket bound, us): before $(us "${p_before:-0}") ($n_b probes), during $(us "${p_during:-0}") (${n_d:-0}), after $(us "${p_after:-0}") (${n_a:-0}); Target99 packaged $(us "$target_packaged") us, set to $target_us us; SafeUtil MB/s: MaxRate $(mbs "$max_rate"), before $(mbs "$safe_before"), during [$safe_d], after [$safe_a]; mode ${mode:-?}; ib_write_lat running after: $lat_alive"
 echo "$figures" > "$L.phases.txt"
-all_safe=$(printf '%s\n' "${safe_series[@]}" | sort -u | wc -l)
 safe_min=$(printf '%s\n' "${safe_series[@]}" | sort -g | head -n 1)
 if [ -z "$p_before" ] || [ -z "$p_during" ] || [ -z "$p_after" ] || [ "$n_during" = 0 ]; then
   fail_rest "a phase without probes or scrapes: $figures"
 fi
-# Movement, not direction: under emulation the probes' latency is set by the two emulated
-# CPUs' scheduling far more than by the software RNIC's queue, and it swings by 8x from
-# one second to the next with or without the bandwidth flow (see the README), so the
-# direction of each change is reported, not required. Current99 (the p99 of the last
-# 10000 probes) must differ across the flow's start and stop, and SafeUtil must have been
-# cut below its value before the flow (the loop acted on a violation) and have changed
-# again after.
+
+# Movement, not direction: under emulation the probes' latency follows the scheduling of
+# the two emulated CPUs (shared with a loaded host) far more than the software RNIC's
+# queue: it swings several-fold from one second to the next with or without the bandwidth
+# flow, and in some runs it is lower while the flow runs (see the README). Current99 (the
+# p99 of the last 10000 probes) must differ across the flow's start and stop. SafeUtil must
+# follow what the loop measured: when a scrape showed Current99 above Target99 with a
+# latency flow counted, SafeUtil must have been cut below MaxRate in some scrape (or the
+# loop be in its unattainable-target mode, which restores MaxRate after 5 s of violation);
+# a run where the target was never seen violated is reported as such.
 if [ "$cur_before" = nan ] || [ "$cur_during" = nan ] || [ "$cur_after" = nan ] \
   || [ "$cur_during" = "$cur_before" ] || [ "$cur_after" = "$cur_during" ]; then
-  fail_rest "Current99 did not move: $figures"
+  fail_one "Current99 did not move: $figures"
+elif
+  figures="$figures; Target99 exceeded in $violations of ${#safe_series[@]} scrapes"
+  [ "$violations" -gt 0 ] && [ "$mode" != unattainable ] \
+  && ! awk -v m="$safe_min" -v x="$max_rate" 'BEGIN { exit !(m < x) }'; then
+  fail_one "Target99 was exceeded but SafeUtil was never cut: $figures"
+else
+  [ "$violations" -gt 0 ] || figures="$figures (SafeUtil not exercised in this run)"
+  pass "$figures"
 fi
-if ! awk -v m="$safe_min" -v b="$safe_before" 'BEGIN { exit !(m < b) }' || [ "$all_safe" -lt 2 ]; then
-  fail_rest "SafeUtil was not cut: $figures"
-fi
-pass "$figures"
 kill "$LAT_C" "$LAT_S" 2>/dev/null
 wait "$LAT_C" 2>/dev/null
 wait "$LAT_S" 2>/dev/null
@@ -526,3 +550,4 @@ fi
 pass "$detail"
 kill "$K_C" "$K_S" 2>/dev/null
 cleanup
+exit "$failed"
