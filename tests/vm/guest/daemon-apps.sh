@@ -266,8 +266,12 @@ fi
 
 # Before: probes with only the latency flow, at least 200 of them.
 scrape before0 || fail_rest "scraping before the bandwidth flow failed: $ANSWER"
-deadline=$((SECONDS + 20))
-while scrape before1 && [ $(($(probes_in before1) - $(probes_in before0))) -lt 200 ] && [ "$SECONDS" -lt "$deadline" ]; do
+# (Current99 is NaN while no latency flow is counted: the niced ib_write_lat can go a tick
+# without posting.)
+deadline=$((SECONDS + 30))
+while scrape before1 && [ "$SECONDS" -lt "$deadline" ]; do
+  [ $(($(probes_in before1) - $(probes_in before0))) -ge 200 ] \
+    && [ "$(value before1 justitia_current_p99_seconds)" != nan ] && break
   sleep 0.5
 done
 max_rate=$(value before1 justitia_max_rate_bytes_per_second)
