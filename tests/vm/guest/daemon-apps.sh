@@ -459,20 +459,21 @@ fell_back=$(grep -l "is gone; static settings" "$L.fault_bw.client.log" "$L.faul
 came_back=$(grep -l "is back; the flow registers again" "$L.fault_bw.client.log" "$L.fault_integrity.log" | wc -l)
 detail="killed with both running (pids $running_at_kill); ib_write_bw client=$fb_client server=${fb_server:-none}; integrity: ${fi_summary%%;*}; shapers that said they fell back: $fell_back of 2"
 if [ "$running_at_kill" != "$FB_APP $FI_APP " ]; then
-  fail_rest "an application had already ended when the daemon was killed (running: '$running_at_kill'): the kill was not mid-run"
+  fail_one "an application had already ended when the daemon was killed (running: '$running_at_kill'): the kill was not mid-run"
 elif [ "$fb_crc" != 0 ] || [ "$fb_src" != 0 ] || [ "$fb_client" != "1048576x$BW_ITERS" ] \
   || { [ -n "$fb_server" ] && [ "$fb_server" != "1048576x$BW_ITERS" ]; }; then
   why=""
   calibration_failed "$L.fault_bw.client.log" && why=" (perftest could not calibrate its cycle counter: no counts to check)"
-  fail_rest "ib_write_bw: client exit $fb_crc, server exit $fb_src$why, counts client=$fb_client server=$fb_server, expected 1048576x$BW_ITERS ($L.fault_bw.client.log)"
+  fail_one "ib_write_bw: client exit $fb_crc, server exit $fb_src$why, counts client=$fb_client server=$fb_server, expected 1048576x$BW_ITERS ($L.fault_bw.client.log); integrity: ${fi_summary%%;*}, exit $fi_rc"
 # The checker posts in batches, so it checks at least the transfers asked for.
 elif fi_n=$(echo "$fi_summary" | sed -nE 's/^PASS: ([0-9]+) transfers .* 0 mismatched, 0 overruns, 0 bad completions(;.*)?$/\1/p')
   [ "$fi_rc" != 0 ] || [ -z "$fi_n" ] || [ "$fi_n" -lt "$INT_TRANSFERS" ]; then
-  fail_rest "justitia-integrity exit $fi_rc: ${fi_summary:-no summary} ($L.fault_integrity.log)"
+  fail_one "justitia-integrity exit $fi_rc: ${fi_summary:-no summary} ($L.fault_integrity.log)"
 elif [ "$fell_back" != 2 ]; then
-  fail_rest "$detail: a shaper did not notice the daemon's death"
+  fail_one "$detail: a shaper did not notice the daemon's death"
+else
+  pass "$detail"
 fi
-pass "$detail"
 
 if [ -n "$restart_fail" ]; then
   fail_rest "$restart_fail"
