@@ -6,11 +6,12 @@ set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
 
 # Debian packages: the verbs stack and perftest (used inside the QEMU guest through a
-# read-only share of this file system), QEMU itself, and valgrind for instruction counts.
+# read-only share of this file system), QEMU itself, valgrind for instruction counts, and
+# python3-prometheus-client, the parser the guest's daemon tests read the metrics with.
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
-  iproute2 valgrind
+  iproute2 valgrind python3-prometheus-client
 )
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -579,6 +579,17 @@ else
   if [ "$rc" = 124 ]; then
     result FAIL "daemon" "tests/vm/guest/daemon.sh did not finish within 120 s"
   fi
+  # The daemon steering applications under the shaper, and its faults (2 to 5 minutes; the
+  # limit leaves room for a loaded host).
+  if ! have_shaper; then
+    result SKIP "daemon apps" "$NO_SHAPER"
+  else
+    timeout 420 tests/vm/guest/daemon-apps.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$INTEGRITY"
+    rc=$?
+    if [ "$rc" = 124 ]; then
+      result FAIL "daemon apps" "tests/vm/guest/daemon-apps.sh did not finish within 420 s"
+    fi
+  fi
 fi
 
 echo "== suite done"
