@@ -153,7 +153,8 @@ const ALLOTTED_OPS_PER_SEC: u64 = 1_000_000_000;
 /// allotment there. The control loop is not needed to measure a post that follows it.
 struct StandIn {
     path: PathBuf,
-    _writer: Arc<BlockWriter>,
+    _block: Arc<BlockWriter>,
+    _page: Arc<BlockWriter>,
 }
 
 impl StandIn {
@@ -168,17 +169,20 @@ impl StandIn {
         )?;
         rustix::net::bind(&listener, &SocketAddrUnix::new(&path)?)?;
         rustix::net::listen(&listener, 4)?;
-        // Never stale during a run: the stand-in does not beat.
-        let writer = Arc::new(BlockWriter::create(1, 7, 3_600_000_000_000)?);
-        let w = Arc::clone(&writer);
+        // Never stale during a run: the stand-in does not beat. The shared block carries
+        // the heartbeat; the flow's slot lives in its tenant's page, as the daemon keeps it.
+        let block = Arc::new(BlockWriter::create_shared(7, 3_600_000_000_000)?);
+        let page = Arc::new(BlockWriter::create_tenant_page(1, 7)?);
+        let (b, w) = (Arc::clone(&block), Arc::clone(&page));
         std::thread::spawn(move || {
-            if let Err(e) = serve(&listener, &w) {
+            if let Err(e) = serve(&listener, &b, &w) {
                 eprintln!("stand-in daemon: {e}");
             }
         });
         Ok(StandIn {
             path,
-            _writer: writer,
+            _block: block,
+            _page: page,
         })
     }
 
@@ -205,12 +209,12 @@ impl Drop for StandIn {
     }
 }
 
-fn serve(listener: &OwnedFd, writer: &BlockWriter) -> anyhow::Result<()> {
+fn serve(listener: &OwnedFd, block: &BlockWriter, writer: &BlockWriter) -> anyhow::Result<()> {
     let sock = rustix::net::accept(listener)?;
     let hello = Reply::Hello { boot_id: 7 }.encode();
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [writer.fd()];
+    let fds = [block.fd(), writer.fd()];
     control.push(SendAncillaryMessage::ScmRights(&fds));
     rustix::net::sendmsg(
         &sock,
