@@ -19,7 +19,9 @@ use justitia_core::flow::FlowClass;
 
 use common::{eventually, metric, Daemon};
 
-fn raw_socket(path: &Path) -> std::os::fd::OwnedFd {
+/// A SEQPACKET connection to the daemon's socket with a 2 s receive timeout, the greeting
+/// not yet read.
+fn connect_seqpacket(path: &Path) -> std::os::fd::OwnedFd {
     use rustix::net::*;
     let s = socket_with(
         AddressFamily::UNIX,
@@ -35,6 +37,12 @@ fn raw_socket(path: &Path) -> std::os::fd::OwnedFd {
         Some(Duration::from_secs(2)),
     )
     .unwrap();
+    s
+}
+
+fn raw_socket(path: &Path) -> std::os::fd::OwnedFd {
+    use rustix::net::*;
+    let s = connect_seqpacket(path);
     let mut buf = [0u8; 128];
     let (n, _) = rustix::net::recv(&s, &mut buf, RecvFlags::empty()).unwrap();
     assert!(matches!(Reply::parse(&buf[..n]), Ok(Reply::Hello { .. })));
@@ -803,20 +811,7 @@ fn greeting_fds(
     std::os::fd::OwnedFd,
 ) {
     use rustix::net::*;
-    let s = socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .unwrap();
-    connect(&s, &SocketAddrUnix::new(path).unwrap()).unwrap();
-    rustix::net::sockopt::set_socket_timeout(
-        &s,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(2)),
-    )
-    .unwrap();
+    let s = connect_seqpacket(path);
     let mut buf = [0u8; 128];
     let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
