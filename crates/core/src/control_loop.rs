@@ -52,6 +52,38 @@
 //! at the next update, within one RefPeriod; one that goes idle gives its share to the
 //! others at the first update after its idle grace.
 //!
+//! # Quiet cadence
+//! The paper runs the reference flow only "in the presence of at least one
+//! latency-sensitive flow" (§4.2), and without one the controller sets SafeUtil to MaxRate
+//! at every update. So when the latest update counted no latency flow, had no probe
+//! outstanding and none to ask for (no idle baseline to measure), and left no flow within
+//! its idle grace, the loop is *quiet*: an update would change nothing, and the next one is
+//! due [`LoopConfig::quiet_periods`] RefPeriods later instead of one ([`QUIET_PERIODS`],
+//! 10: 5 ms). A driver that sleeps until [`poll_timeout`](ControlLoop::poll_timeout) then
+//! wakes a tenth as often.
+//!
+//! Inputs are still acted on at once: an input that gives the next update something to
+//! do (a flow starting or stopping work, a flow with work removed, a new target) *stirs*
+//! the loop, and the update falls due at the first RefPeriod tick (a whole number of
+//! RefPeriods after the latest update) at or after the input, the very update a loop
+//! updating every RefPeriod would have acted on it at. The updates skipped in between
+//! would have changed nothing, so a quiet loop takes the same decisions at the same times;
+//! the control interval is still one RefPeriod: a flow that starts gets its share, and a
+//! removed flow's share goes to the others, within one RefPeriod of the input; a flow that
+//! stops gives its share away within its idle grace and one RefPeriod (1.5 ms by default),
+//! during which the loop is not quiet. A latency flow that starts brings back an update
+//! and a probe every RefPeriod from its first update on. Registering a flow that has no
+//! work yet changes no decision and does not stir the loop.
+//!
+//! This is why a driver that sets `quiet_periods` above 1 must read
+//! [`poll_timeout`](ControlLoop::poll_timeout) again after every input, not only after
+//! [`handle_timeout`](ControlLoop::handle_timeout): an input can bring the deadline
+//! earlier. A driver that sleeps until the deadline it read after the last update, and
+//! takes inputs in between without looking again, would act on them only at the quiet
+//! deadline, up to the quiet period late. So the default is 1, an update every RefPeriod,
+//! which such a driver needs; the daemon, which reads the deadline again before every
+//! sleep, runs with [`QUIET_PERIODS`].
+//!
 //! # Idle grace
 //! A flow that reports no work keeps counting, and keeps its allotment, for
 //! [`LoopConfig::idle_grace_periods`] RefPeriods (default [`IDLE_GRACE_PERIODS`], 2): it
@@ -103,7 +135,8 @@
 //! because a reference flow whose messages vanish is a reference flow in trouble.
 //!
 //! # Invariants
-//! - the controller updates at most once per RefPeriod, however often inputs arrive;
+//! - the controller updates at most once per RefPeriod, however often inputs arrive, and
+//!   at least once per RefPeriod while the loop is not quiet;
 //! - allotments are given only to active resource-hungry flows (a flow within its idle
 //!   grace is active), an idle flow's is zero, and the active flows' rates sum to SafeUtil
 //!   (up to rounding);
@@ -113,7 +146,7 @@
 //! - every generation number is larger than those before it.
 //!
 //! # Cost
-//! An update runs every RefPeriod, so it allocates nothing once the flows are registered
+//! An update runs every RefPeriod while the loop is not quiet, so it allocates nothing once the flows are registered
 //! and does no map look-ups. L, B, T are kept up to date as flows change activity (per
 //! tenant and class, a count of active flows, and the largest weight of its active
 //! resource-hungry flows). A division after a change of flows takes two passes over the
@@ -194,12 +227,24 @@ pub struct LoopConfig {
     /// (default [`IDLE_GRACE_PERIODS`]; 0 makes it idle at the next update). See the module
     /// documentation's "Idle grace".
     pub idle_grace_periods: u32,
+    /// RefPeriods between updates while the loop is quiet: 1 (the default) keeps an update
+    /// every RefPeriod; [`QUIET_PERIODS`] is the cadence for a driver that reads
+    /// [`ControlLoop::poll_timeout`] again after every input. See the module
+    /// documentation's "Quiet cadence".
+    pub quiet_periods: u32,
 }
 
 /// The default idle grace, in RefPeriods: long enough that a flow waiting for a peer's reply
 /// across one update does not lose its share, short enough that a flow that stops gives its
 /// share away within 1.5 ms at the paper's RefPeriod.
 pub const IDLE_GRACE_PERIODS: u32 = 2;
+
+/// The quiet cadence for drivers that read [`ControlLoop::poll_timeout`] after every input,
+/// in RefPeriods: 5 ms at the paper's RefPeriod, a tenth of the wake-ups of an update every
+/// RefPeriod. A quiet update changes nothing (see the module documentation's "Quiet
+/// cadence"), so the cadence only bounds how long the loop goes without one; 5 ms is the
+/// default probe timeout, the longest the loop otherwise waits.
+pub const QUIET_PERIODS: u32 = 10;
 
 impl Default for LoopConfig {
     fn default() -> Self {
@@ -214,6 +259,7 @@ impl Default for LoopConfig {
             probe_timeout: Duration::from_millis(5),
             idle_samples: 100,
             idle_grace_periods: IDLE_GRACE_PERIODS,
+            quiet_periods: 1,
         }
     }
 }
@@ -234,6 +280,12 @@ impl LoopConfig {
     /// RefPeriods (saturating).
     pub fn idle_grace(&self) -> Duration {
         self.ref_period.saturating_mul(self.idle_grace_periods)
+    }
+
+    /// The time between two updates while the loop is quiet: `quiet_periods` RefPeriods
+    /// (saturating).
+    pub fn quiet_period(&self) -> Duration {
+        self.ref_period.saturating_mul(self.quiet_periods)
     }
 
     /// Checks the settings, naming the first one out of range.
@@ -263,6 +315,12 @@ impl LoopConfig {
             return Err(LoopError::Setting(
                 "idle_samples",
                 "must be at least 1".into(),
+            ));
+        }
+        if self.quiet_periods == 0 {
+            return Err(LoopError::Setting(
+                "quiet_periods",
+                "must be at least 1 (1: an update every RefPeriod)".into(),
             ));
         }
         self.controller_config().validate()?;
@@ -538,7 +596,14 @@ pub struct ControlLoop {
     /// Samples of probes sent before this time are not counted (the window restarted).
     forget_before: Duration,
     now: Duration,
+    /// When the latest update ran (the loop's start before the first), and when the next
+    /// one is due on the RefPeriod clock.
+    last_update: Duration,
     next_update: Duration,
+    /// The latest update left the loop quiet (see the module documentation's "Quiet
+    /// cadence"), and since when an input has given the next update something to do.
+    quiet: bool,
+    stirred_at: Option<Duration>,
     last_action: Option<ControlAction>,
     generation: u64,
     /// The number of the latest assignment of release phases (counted on its own: an
@@ -597,7 +662,10 @@ impl ControlLoop {
             next_probe: 0,
             forget_before: now,
             now,
+            last_update: now,
             next_update: now.saturating_add(config.ref_period),
+            quiet: false,
+            stirred_at: None,
             last_action: None,
             generation: 0,
             phase_epoch: 0,
@@ -730,8 +798,15 @@ impl ControlLoop {
         } else {
             flow.idle_since = Some(now);
             self.draining += 1;
+            self.stir();
         }
         Ok(())
+    }
+
+    /// Notes that the next update has something to act on: a quiet loop then runs it at
+    /// the first RefPeriod tick from now, as a loop updating every RefPeriod would have.
+    fn stir(&mut self) {
+        self.stirred_at.get_or_insert(self.now);
     }
 
     /// Ends a flow's idle grace, if it is in one, without changing whether it counts.
@@ -769,6 +844,7 @@ impl ControlLoop {
         }
         flow.active = active;
         self.flows_changed = true;
+        self.stirred_at.get_or_insert(self.now);
         let (class, weight) = (flow.spec.class, flow.spec.weight.get());
         let tenant = &mut self.tenants[flow.tenant];
         let tenant_count = &mut tenant.active[class_index(class)];
@@ -946,17 +1022,58 @@ impl ControlLoop {
             }
         }
         self.config = config;
+        // An idle multiple waiting for its measurement wants probes at once.
+        self.stir();
         Ok(())
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must next be called: the next update
-    /// or the first probe deadline, whichever is earlier.
+    /// or the first probe deadline, whichever is earlier. An input can bring it earlier
+    /// (see the module documentation's "Quiet cadence"), so a driver reads it again after
+    /// every input.
     pub fn poll_timeout(&self) -> Option<Duration> {
+        let update = self.update_due();
         let deadline = self
             .probes
             .front()
             .map(|(_, p)| p.sent_at.saturating_add(self.config.probe_timeout));
-        Some(deadline.map_or(self.next_update, |d| d.min(self.next_update)))
+        Some(deadline.map_or(update, |d| d.min(update)))
+    }
+
+    /// When the next update is due: a RefPeriod after the latest one unless the loop is
+    /// quiet; a quiet loop waits the quiet period, or, once an input stirred it, until the
+    /// first RefPeriod tick at or after that input (the tick a loop updating every
+    /// RefPeriod would have acted on it at, so the timing of decisions is the same).
+    fn update_due(&self) -> Duration {
+        if !self.quiet {
+            return self.next_update;
+        }
+        let quiet_due = self.last_update.saturating_add(self.config.quiet_period());
+        let Some(stirred) = self.stirred_at else {
+            return quiet_due;
+        };
+        let Some(late) = stirred.checked_sub(self.next_update) else {
+            return self.next_update;
+        };
+        let period = self.config.ref_period.as_nanos();
+        let ticks = late.as_nanos().div_ceil(period);
+        let tick = u64::try_from(ticks.saturating_mul(period)).unwrap_or(u64::MAX);
+        self.next_update
+            .saturating_add(Duration::from_nanos(tick))
+            .min(quiet_due)
+    }
+
+    /// Whether the loop's state needs no update for a while: no latency flow counted (so
+    /// no probe is due, §4.2), no probe outstanding, no baseline probe wanted, no flow in
+    /// its idle grace (the update that calls it has just taken the changes of flows). Then
+    /// an update would find SafeUtil
+    /// at MaxRate, the allotments as they are, and nothing to ask for.
+    fn is_quiet(&self) -> bool {
+        self.config.quiet_periods > 1
+            && self.counts.latency == 0
+            && self.probes.is_empty()
+            && !(self.baseline.is_some() && self.hungry_active == 0)
+            && self.draining == 0
     }
 
     /// Expires probes past their timeout and runs the update if it is due.
@@ -969,9 +1086,12 @@ impl ControlLoop {
             self.probes.pop_front();
             self.record_lost(id, probe);
         }
-        if now >= self.next_update {
+        if now >= self.update_due() {
             self.update(now);
+            self.last_update = now;
             self.next_update = now.saturating_add(self.config.ref_period);
+            self.stirred_at = None;
+            self.quiet = self.is_quiet();
         }
     }
 
@@ -1312,6 +1432,243 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An input of the quiet-cadence tests, at a time.
+    #[derive(Clone, Copy)]
+    enum Input {
+        Register(u64, FlowClass),
+        Active(u64, bool),
+        Remove(u64),
+    }
+
+    /// What a driver saw: the time of every update, and every allotment change.
+    #[derive(Default, Debug, PartialEq)]
+    struct Trace {
+        updates: Vec<Duration>,
+        allotments: Vec<(Duration, u64, u64)>,
+        probes: Vec<Duration>,
+    }
+
+    /// Drives a loop the way the daemon does until `end`: it sleeps until `poll_timeout`
+    /// or the next scripted input, applies the input, and reads `poll_timeout` again.
+    /// Probes take 10 us.
+    fn follow(lp: &mut ControlLoop, script: &[(Duration, Input)], end: Duration) -> Trace {
+        let mut trace = Trace::default();
+        let mut script = script.iter().peekable();
+        loop {
+            let due = lp.poll_timeout().unwrap();
+            let input = script.peek().map(|&&(t, _)| t);
+            let now = match input {
+                Some(t) if t <= due => t,
+                _ => due,
+            };
+            if now > end {
+                return trace;
+            }
+            if input == Some(now) {
+                let (_, input) = script.next().unwrap();
+                match *input {
+                    Input::Register(id, class) => {
+                        lp.register_flow(now, flow(id, class)).unwrap();
+                    }
+                    Input::Active(id, active) => {
+                        lp.set_flow_active(now, FlowId(id), active).unwrap()
+                    }
+                    Input::Remove(id) => lp.remove_flow(now, FlowId(id)).unwrap(),
+                }
+            }
+            let updates = lp.updates();
+            if lp.poll_timeout().unwrap() <= now {
+                lp.handle_timeout(now);
+            }
+            if lp.updates() != updates {
+                trace.updates.push(now);
+            }
+            while let Some(event) = lp.poll_event() {
+                match event {
+                    Event::ProbeDue => {
+                        trace.probes.push(now);
+                        let id = lp.probe_sent(now);
+                        assert!(lp.probe_completed(now + us(10), id));
+                    }
+                    Event::AllotmentsChanged { generation } => {
+                        for id in 1..=8 {
+                            if let Some(a) = lp.allotment(FlowId(id)) {
+                                if a.generation == generation {
+                                    trace.allotments.push((now, id, a.bytes_per_sec as u64));
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn quiet_loop(quiet_periods: u32) -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            quiet_periods,
+            ..LoopConfig::default()
+        };
+        ControlLoop::new(config, &profile, Duration::ZERO).unwrap()
+    }
+
+    fn gaps(times: &[Duration]) -> Vec<Duration> {
+        times.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[test]
+    fn quiet_periods_zero_is_refused() {
+        let config = LoopConfig {
+            quiet_periods: 0,
+            ..LoopConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(LoopError::Setting("quiet_periods", _))
+        ));
+        // Off by default; the cadence for drivers that follow every input is 5 ms.
+        assert_eq!(LoopConfig::default().quiet_period(), us(500));
+        let config = LoopConfig {
+            quiet_periods: QUIET_PERIODS,
+            ..LoopConfig::default()
+        };
+        assert_eq!(config.quiet_period(), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn without_a_latency_flow_the_loop_updates_every_quiet_period() {
+        let mut lp = quiet_loop(QUIET_PERIODS);
+        let ms = Duration::from_millis;
+        let script = [
+            (Duration::ZERO, Input::Register(1, FlowClass::Bandwidth)),
+            (Duration::ZERO, Input::Active(1, true)),
+        ];
+        let trace = follow(&mut lp, &script, ms(100));
+        // The first update counts the flow; from then on nothing changes, so every update
+        // is 5 ms after the one before: 20 in 100 ms instead of 200.
+        assert_eq!(trace.updates[0], us(500));
+        assert!(
+            gaps(&trace.updates[1..]).iter().all(|&g| g == ms(5)),
+            "{:?}",
+            trace.updates
+        );
+        assert!(
+            (19..=21).contains(&trace.updates.len()),
+            "{}",
+            trace.updates.len()
+        );
+        assert!(
+            trace.probes.is_empty(),
+            "no latency flow, no probe: {:?}",
+            trace.probes
+        );
+        let max = lp.max_rate();
+        assert_eq!(lp.allotment(FlowId(1)).unwrap().bytes_per_sec, max);
+    }
+
+    #[test]
+    fn a_latency_flow_that_starts_brings_back_an_update_and_a_probe_every_ref_period_at_once() {
+        let mut lp = quiet_loop(QUIET_PERIODS);
+        let ms = Duration::from_millis;
+        let start = ms(21) + us(130);
+        let script = [
+            (Duration::ZERO, Input::Register(1, FlowClass::Bandwidth)),
+            (Duration::ZERO, Input::Active(1, true)),
+            (start, Input::Register(2, FlowClass::Latency)),
+            (start, Input::Active(2, true)),
+            (ms(40) + us(70), Input::Active(2, false)),
+        ];
+        let trace = follow(&mut lp, &script, ms(80));
+        // Quiet before: updates 5 ms apart, the last at 20.5 ms. The latency flow starts at
+        // 21.13 ms: the next update is at the next RefPeriod tick, 21.5 ms, not 25.5 ms.
+        let first = *trace.probes.first().unwrap();
+        assert_eq!(first, ms(21) + us(500));
+        // Then a probe and an update every RefPeriod while the latency flow is active
+        // (its grace runs out at 41.07 ms, counted at the update of 41.5 ms)...
+        let busy: Vec<_> = trace
+            .updates
+            .iter()
+            .copied()
+            .filter(|&t| t >= first && t <= ms(41) + us(500))
+            .collect();
+        assert_eq!(busy.len(), 41, "{busy:?}");
+        assert!(gaps(&busy).iter().all(|&g| g == us(500)), "{busy:?}");
+        assert_eq!(trace.probes.len(), 40, "{:?}", trace.probes);
+        assert_eq!(*trace.probes.last().unwrap(), ms(41));
+        // ...and quiet again after the update that counted it gone.
+        let after: Vec<_> = trace
+            .updates
+            .iter()
+            .copied()
+            .filter(|&t| t >= ms(41) + us(500))
+            .collect();
+        assert!(gaps(&after).iter().all(|&g| g == ms(5)), "{after:?}");
+        // The bandwidth flow was cut to 5 KB chunks while it counted, and back after.
+        assert_eq!(
+            lp.chunk_bytes(),
+            RnicProfile::builtin("roce-100").unwrap().chunk_bytes(false)
+        );
+    }
+
+    #[test]
+    fn a_quiet_loop_takes_the_same_decisions_at_the_same_times_as_one_updating_every_ref_period() {
+        let ms = Duration::from_millis;
+        let script = [
+            (Duration::ZERO, Input::Register(1, FlowClass::Bandwidth)),
+            (Duration::ZERO, Input::Register(2, FlowClass::Bandwidth)),
+            (Duration::ZERO, Input::Register(3, FlowClass::Throughput)),
+            (Duration::ZERO, Input::Active(1, true)),
+            (ms(12) + us(310), Input::Active(2, true)),
+            (ms(30) + us(1), Input::Active(3, true)),
+            (ms(30) + us(499), Input::Active(3, false)),
+            (ms(30) + us(900), Input::Active(3, true)),
+            (ms(47) + us(250), Input::Active(2, false)),
+            (ms(63) + us(200), Input::Remove(3)),
+            (ms(63) + us(500), Input::Register(4, FlowClass::Bandwidth)),
+        ];
+        let mut every = quiet_loop(1);
+        let mut quiet = quiet_loop(QUIET_PERIODS);
+        let reference = follow(&mut every, &script, ms(90));
+        let trace = follow(&mut quiet, &script, ms(90));
+        assert_eq!(trace.allotments, reference.allotments);
+        assert!(
+            reference.updates.len() >= 180,
+            "{}",
+            reference.updates.len()
+        );
+        assert!(
+            trace.updates.len() < reference.updates.len() / 3,
+            "{}",
+            trace.updates.len()
+        );
+        // Flow 2 starts at 12.31 ms and has half the NIC at the next RefPeriod tick.
+        let half = every.max_rate() / 2.0;
+        assert!(trace
+            .allotments
+            .contains(&(ms(12) + us(500), 2, half as u64)));
+        // Flow 2 stops at 47.25 ms: its grace ends at 48.25 ms, and flows 1 and 3 share its
+        // third at 48.5 ms, within the grace and one RefPeriod.
+        let third = (every.max_rate() / 3.0) as u64;
+        let before = trace
+            .allotments
+            .iter()
+            .rfind(|&&(t, id, _)| t < ms(48) && id == 1)
+            .unwrap();
+        assert_eq!(before.2, third, "{:?}", trace.allotments);
+        let back = trace
+            .allotments
+            .iter()
+            .find(|&&(t, id, _)| t > ms(47) + us(500) && id == 1)
+            .unwrap();
+        assert_eq!(*back, (ms(48) + us(500), 1, half as u64));
+        // Flow 3, removed at 63.2 ms while active, leaves its share at 63.5 ms.
+        let whole = every.max_rate() as u64;
+        assert!(trace.allotments.contains(&(ms(63) + us(500), 1, whole)));
     }
 
     #[test]
