@@ -4,17 +4,26 @@
 //! asserts nothing about time (a benchmark, not a test).
 //!
 //! Each row starts its own daemon with the synthetic probe (20 us, no RDMA device
-//! needed) and registers the flows over one connection: a latency flow, so the reference
-//! flow runs every RefPeriod (0.5 ms), and the rest bandwidth flows, half of them
-//! active. After 0.5 s to settle it measures 5 s:
+//! needed) and the packaged defaults (RefPeriod 0.5 ms, `stale_after_ms = 5`), and
+//! registers the flows over one connection. Two sets of rows:
+//! - with a latency flow: one latency flow, so the reference flow runs every RefPeriod,
+//!   and the rest bandwidth flows, half of them active;
+//! - without one: bandwidth and throughput flows alternately, half of them active (the
+//!   one flow of the first row is): no probe runs and the loop is quiet (10 RefPeriods
+//!   between updates), so the daemon wakes for the heartbeat, every third of
+//!   `stale_after_ms`, which comes first.
+//!
+//! After 0.5 s to settle each row measures 5 s:
 //! - CPU: the daemon's own getrusage figure (user + system, every thread), read from its
 //!   metrics endpoint at the start and the end;
 //! - wake-ups: the main thread's voluntary context switches (each sleep in epoll is one);
-//! - updates: the control loop's updates, from the probes counted in `justitia status`.
+//! - probes: the reference flow's completed probes, from `justitia status` (one per
+//!   update while a latency flow is counted).
 //!
-//! The last row is the floor any sleeping loop pays on the machine at hand: a loop that
-//! does nothing but sleep on an absolute timerfd through epoll, once per RefPeriod (on a
-//! virtual machine most of its cost is the hypervisor's timer and idle exits).
+//! The last rows are the floor any sleeping loop pays on the machine at hand: a loop that
+//! does nothing but sleep on an absolute timerfd through epoll, once per RefPeriod, once
+//! per heartbeat interval and once per quiet period (on a virtual machine most of its
+//! cost is the hypervisor's timer and idle exits).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -99,48 +108,72 @@ fn main() {
         return;
     }
     let window = Duration::from_secs(5);
-    println!("justitiad at steady state, synthetic 20 us probe, RefPeriod 0.5 ms, {window:?} each");
     println!(
-        "{:>6} | {:>14} | {:>10} | {:>9} | {:>14}",
-        "flows", "CPU (% core)", "wake-ups/s", "updates/s", "CPU/wake (us)"
+        "justitiad at steady state, synthetic 20 us probe, RefPeriod 0.5 ms, stale_after 5 ms, {window:?} each"
     );
-    for n in [1usize, 10, 100] {
-        let d = Daemon::start_with("", true);
-        let mut c = AgentClient::connect(d.socket()).unwrap();
-        let l = c.register(FlowClass::Latency, 1, 0);
-        c.wait_registered(l, Duration::from_secs(2));
-        c.report_usage(l, true, 16, 1);
-        for i in 1..n {
-            let h = c.register(FlowClass::Bandwidth, 1, 0);
-            assert!(matches!(
-                c.wait_registered(h, Duration::from_secs(2)),
-                FlowState::Registered { .. }
-            ));
-            c.report_usage(h, i % 2 == 0, 1 << 20, 1);
+    println!(
+        "{:>22} | {:>12} | {:>10} | {:>8} | {:>13}",
+        "flows", "CPU (% core)", "wake-ups/s", "probes/s", "CPU/wake (us)"
+    );
+    for latency in [true, false] {
+        for n in [1usize, 10, 100] {
+            row(n, latency, window);
         }
-        std::thread::sleep(Duration::from_millis(500));
-        let cpu = || metric(&d.scrape(), "justitia_process_cpu_seconds", None).unwrap();
-        let pid = d.child.id();
-        let (t0, c0, s0, p0) = (Instant::now(), cpu(), voluntary_switches(pid), probes(&d));
-        std::thread::sleep(window);
-        let (t1, c1, s1, p1) = (Instant::now(), cpu(), voluntary_switches(pid), probes(&d));
-        let secs = (t1 - t0).as_secs_f64();
-        let wakes = (s1 - s0) as f64;
+    }
+    for (what, period) in [
+        ("bare, per RefPeriod", Duration::from_micros(500)),
+        // The heartbeat: a third of the packaged stale_after_ms = 5.
+        ("bare, per heartbeat", Duration::from_nanos(5_000_000 / 3)),
+        ("bare, per quiet period", Duration::from_millis(5)),
+    ] {
+        let wakes = (window.as_nanos() / period.as_nanos()) as u32;
+        let (per_wake, share) = bare_loop(period, wakes);
         println!(
-            "{n:>6} | {:>14.2} | {:>10.0} | {:>9.0} | {:>14.1}",
-            (c1 - c0) / secs * 100.0,
-            wakes / secs,
-            (p1 - p0) as f64 / secs,
-            (c1 - c0) / wakes * 1e6
+            "{what:>22} | {:>12.2} | {:>10.0} | {:>8} | {:>13.1}",
+            share * 100.0,
+            1.0 / period.as_secs_f64(),
+            "-",
+            per_wake.as_secs_f64() * 1e6
         );
     }
-    let (per_wake, share) = bare_loop(Duration::from_micros(500), 10_000);
+}
+
+/// One row: a daemon with `n` flows, the first a latency flow if `latency`.
+fn row(n: usize, latency: bool, window: Duration) {
+    let d = Daemon::start_with("stale_after_ms = 5", true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    for i in 0..n {
+        let class = match (latency, i) {
+            (true, 0) => FlowClass::Latency,
+            (true, _) => FlowClass::Bandwidth,
+            (false, i) if i % 2 == 0 => FlowClass::Bandwidth,
+            (false, _) => FlowClass::Throughput,
+        };
+        let h = c.register(class, 1, 0);
+        assert!(matches!(
+            c.wait_registered(h, Duration::from_secs(2)),
+            FlowState::Registered { .. }
+        ));
+        c.report_usage(h, i % 2 == 0, 1 << 20, 1);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu = || metric(&d.scrape(), "justitia_process_cpu_seconds", None).unwrap();
+    let pid = d.child.id();
+    let (t0, c0, s0, p0) = (Instant::now(), cpu(), voluntary_switches(pid), probes(&d));
+    std::thread::sleep(window);
+    let (t1, c1, s1, p1) = (Instant::now(), cpu(), voluntary_switches(pid), probes(&d));
+    let secs = (t1 - t0).as_secs_f64();
+    let wakes = (s1 - s0) as f64;
+    let what = if latency {
+        format!("{n}, one latency")
+    } else {
+        format!("{n}, no latency")
+    };
     println!(
-        "{:>6} | {:>14.2} | {:>10.0} | {:>9} | {:>14.1}",
-        "bare",
-        share * 100.0,
-        2000,
-        "-",
-        per_wake.as_secs_f64() * 1e6
+        "{what:>22} | {:>12.2} | {:>10.0} | {:>8.0} | {:>13.1}",
+        (c1 - c0) / secs * 100.0,
+        wakes / secs,
+        (p1 - p0) as f64 / secs,
+        (c1 - c0) / wakes * 1e6
     );
 }

@@ -12,7 +12,7 @@
 //! | `gid_index` | 0 | GID index of the loopback connection (RoCE) |
 //! | `profile` | looked up from the port's link layer and speed x width | RNIC profile name (`roce-100`, `ib-56`, ...) |
 //! | `target` | `"2x"` | Target99: `"150us"`, `"2ms"`, `"800ns"` absolute, or `"2.5x"` the probe's idle p99 |
-//! | `ref_period_us` | 500 | RefPeriod: probe interval and control interval |
+//! | `ref_period_us` | 500 | RefPeriod: probe interval and control interval (with no latency flow, no probe runs and the loop updates every 10 RefPeriods, acting on any change at the next RefPeriod tick) |
 //! | `probe_timeout_ms` | 5 | a probe not completed by then is lost |
 //! | `probe` | `"verbs"` | `"verbs"`: 10 B WRITEs in loopback on the port; `"synthetic"`: a constant latency without a device (tests, hosts without RDMA) |
 //! | `synthetic_latency_us` | 20 | the synthetic probe's latency |

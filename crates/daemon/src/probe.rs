@@ -5,7 +5,7 @@
 //! id the control loop handed out and completes (or fails) later; each collected
 //! completion carries the time it happened ([`Completion::at_ns`]), so the loop measures
 //! post-to-completion without having to wake up at the moment of the completion: the
-//! daemon wakes once per RefPeriod, posts the probe on that wake, and takes its
+//! daemon wakes once per RefPeriod while probes are due, posts the probe on that wake, and takes its
 //! completion either on the same wake ([`Probe::await_completion`], a bounded poll of the
 //! CQ for a probe that completes within microseconds) or on a later one.
 

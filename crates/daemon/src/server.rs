@@ -5,8 +5,16 @@
 //! [`ControlLoop::poll_timeout`] (the next update or a probe's timeout) and the heartbeat.
 //! The timer has nanosecond resolution and no timer slack (a sleep with a timeout under
 //! the normal policy may end 50 us late), so an update runs when it is due, and the daemon
-//! sleeps between updates instead of spinning a core. It wakes once per RefPeriod: the
-//! update's wake-up posts the probe and polls briefly for its completion
+//! sleeps between updates instead of spinning a core. While a latency flow is counted it
+//! wakes once per RefPeriod, as the paper's reference flow requires; without one the loop
+//! runs at its quiet cadence ([`QUIET_PERIODS`] RefPeriods, see the core's "Quiet
+//! cadence") and the daemon wakes for that or for the heartbeat (every third of
+//! `stale_after_ms`), whichever comes first. Registrations, usage reports and hang-ups
+//! wake it through their sockets, and the loop's deadline is read again before every
+//! sleep, so an input is acted on at the next RefPeriod tick whatever the cadence: a flow
+//! that starts, or a removed or reclaimed flow's share, within one RefPeriod; a flow that
+//! reports no work gives its share away within its idle grace and one RefPeriod (1.5 ms
+//! by default). An update's wake-up posts the probe and polls briefly for its completion
 //! ([`crate::probe::Probe::await_completion`]); a completion not
 //! seen then is collected on the next wake-up (or one the completion channel causes), and
 //! every completion carries the time it happened, so a probe's latency runs from a
@@ -48,7 +56,7 @@ use justitia_agent::proto::{
     AdmissionReply, ParseError, RefuseReason, Register, Reply, Request, MAX_MESSAGE, NO_UID,
 };
 use justitia_core::control_loop::{
-    ControlLoop, Event, FlowRegistration, LoopConfig, ProbeId, Target99,
+    ControlLoop, Event, FlowRegistration, LoopConfig, ProbeId, Target99, QUIET_PERIODS,
 };
 use justitia_core::controller::{Admission, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
@@ -244,6 +252,9 @@ fn loop_config(c: &Config) -> LoopConfig {
         target: c.target,
         ref_period: c.ref_period,
         probe_timeout: c.probe_timeout,
+        // The event loop reads the loop's deadline again after every input, which the
+        // quiet cadence needs.
+        quiet_periods: QUIET_PERIODS,
         ..LoopConfig::default()
     }
 }

@@ -411,6 +411,46 @@ fn a_killed_application_has_its_share_reclaimed_within_one_control_interval() {
 }
 
 #[test]
+fn a_flow_that_starts_while_the_loop_is_quiet_gets_its_share_at_the_next_ref_period_tick() {
+    // RefPeriod 20 ms: with no latency flow the loop is quiet and updates every 200 ms, so
+    // a start acted on at the quiet deadline would wait up to 200 ms; at the next RefPeriod
+    // tick, at most 20 ms. An absolute target: no idle baseline keeps the loop busy.
+    let d = Daemon::start("ref_period_us = 20000\nprobe_timeout_ms = 100\ntarget = \"100us\"");
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let a = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(a, Duration::from_secs(2));
+    c.report_usage(a, true, 1, 1);
+    eventually("the first flow's allotment", Duration::from_secs(2), || {
+        c.allotment(a).is_some()
+    });
+    let whole = c.allotment(a).unwrap().bytes_per_sec;
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        // Long enough for the loop to go quiet (two updates after the last change).
+        std::thread::sleep(Duration::from_millis(250));
+        let b = c.register(FlowClass::Bandwidth, 1, 0);
+        c.wait_registered(b, Duration::from_secs(2));
+        let start = Instant::now();
+        c.report_usage(b, true, 1, 1);
+        eventually("the share halved", Duration::from_secs(2), || {
+            c.allotment(a)
+                .is_some_and(|x| x.bytes_per_sec * 2 <= whole + 2)
+        });
+        took.push(start.elapsed());
+        c.unregister(b);
+        eventually("the whole share back", Duration::from_secs(2), || {
+            c.allotment(a).is_some_and(|x| x.bytes_per_sec == whole)
+        });
+    }
+    // 20 ms and scheduling slack; acting at the quiet deadline passes all three with
+    // probability (60/200)^3, under 3 %.
+    assert!(
+        took.iter().all(|&t| t < Duration::from_millis(60)),
+        "{took:?}"
+    );
+}
+
+#[test]
 fn a_dead_daemon_is_noticed_within_10_ms_and_shapers_re_register_when_it_returns() {
     let mut d = Daemon::start("stale_after_ms = 5");
     let mut c = AgentClient::connect(d.socket()).unwrap();
