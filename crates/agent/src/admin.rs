@@ -77,7 +77,8 @@ pub struct FlowReport {
     pub qps: u32,
     /// Whether the flow reported work.
     pub active: bool,
-    /// Soft admission's verdict.
+    /// Soft admission's verdict: `admitted`, `admitted_with_warning` or `not_admitted`,
+    /// spelt as the `justitia_registrations_total` metric labels it.
     pub admission: String,
     /// Allotted bytes/s (resource-hungry flows).
     pub allot_bytes_per_sec: Option<f64>,

@@ -83,6 +83,18 @@ pub enum AdmissionReply {
     NotAdmitted,
 }
 
+impl AdmissionReply {
+    /// The verdict's one spelling in every report: the `registrations` metric's label,
+    /// `justitia flows` (table and JSON) and the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionReply::Admitted => "admitted",
+            AdmissionReply::AdmittedWithWarning => "admitted_with_warning",
+            AdmissionReply::NotAdmitted => "not_admitted",
+        }
+    }
+}
+
 /// Why a registration was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefuseReason {

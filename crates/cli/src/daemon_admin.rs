@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::admin::{AdminReply, AdminRequest, FlowReport, StatusReport};
 
 /// The admin socket's default path.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/justitia/justitiad-admin.sock";
@@ -44,6 +44,9 @@ fn ask(socket: &Path, req: &AdminRequest) -> Result<AdminReply> {
     Ok(reply)
 }
 
+/// A time in microseconds, `-` when absent (Current99 before any probe sample, or after
+/// the window restarted when the last latency flow left; Target99 while an idle multiple
+/// waits for its measurement).
 fn us(ns: Option<u64>) -> String {
     ns.map_or("-".into(), |v| format!("{:.1} us", v as f64 / 1e3))
 }
@@ -54,30 +57,39 @@ pub fn status(args: &AdminArgs) -> Result<()> {
         bail!("unexpected reply")
     };
     if args.json {
+        // An absent Current99 or Target99 is `null`.
         println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
+    } else {
+        print!("{}", status_table(&s));
     }
-    println!(
-        "device     {}  profile {}  boot {:#x}",
-        s.device, s.profile, s.boot_id
-    );
-    println!(
-        "SafeUtil   {:.2} Gb/s of {:.2} Gb/s",
-        s.safe_util * 8e-9,
-        s.max_rate * 8e-9
-    );
-    println!("Current99  {}", us(s.current_p99_ns));
-    println!(
-        "Target99   {}  (idle p99 {})",
-        us(s.target_p99_ns),
-        us(s.idle_p99_ns)
-    );
-    println!("probes     {} completed, {} lost", s.probes, s.probes_lost);
-    println!(
-        "flows      {} registered; active L {} B {} T {}; mode {}",
-        s.flows, s.latency, s.bandwidth, s.throughput, s.mode
-    );
     Ok(())
+}
+
+/// The status as `justitia status` prints it.
+fn status_table(s: &StatusReport) -> String {
+    format!(
+        "device     {}  profile {}  boot {:#x}\n\
+         SafeUtil   {:.2} Gb/s of {:.2} Gb/s\n\
+         Current99  {}\n\
+         Target99   {}  (idle p99 {})\n\
+         probes     {} completed, {} lost\n\
+         flows      {} registered; active L {} B {} T {}; mode {}\n",
+        s.device,
+        s.profile,
+        s.boot_id,
+        s.safe_util * 8e-9,
+        s.max_rate * 8e-9,
+        us(s.current_p99_ns),
+        us(s.target_p99_ns),
+        us(s.idle_p99_ns),
+        s.probes,
+        s.probes_lost,
+        s.flows,
+        s.latency,
+        s.bandwidth,
+        s.throughput,
+        s.mode
+    )
 }
 
 /// `justitia flows`.
@@ -87,15 +99,25 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&f)?);
-        return Ok(());
+    } else {
+        print!("{}", flows_table(&f));
     }
-    println!(
-        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}  tenant",
+    Ok(())
+}
+
+/// The flows as `justitia flows` prints them; the admission verdict as the daemon spells
+/// it (the `justitia_registrations_total` metric's label).
+fn flows_table(f: &[FlowReport]) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  tenant\n",
         "flow", "uid", "pid", "class", "qps", "active", "admission", "allot Gb/s", "bytes"
     );
     for r in f {
-        println!(
-            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<20} {:>12} {:>14}  {}",
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  {}",
             r.flow,
             r.uid,
             r.pid,
@@ -109,7 +131,7 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
             r.tenant
         );
     }
-    Ok(())
+    out
 }
 
 /// `justitia set target VALUE`.
@@ -123,4 +145,79 @@ pub fn set_target(args: &AdminArgs, target: &str) -> Result<()> {
         println!("{msg}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn report(current_p99_ns: Option<u64>) -> StatusReport {
+        StatusReport {
+            boot_id: 0x1f,
+            device: "rxe0:1".into(),
+            profile: "roce-10".into(),
+            max_rate: 1.25e9,
+            safe_util: 1.25e9,
+            current_p99_ns,
+            target_p99_ns: Some(40_000),
+            idle_p99_ns: Some(20_000),
+            probes: 7,
+            probes_lost: 0,
+            latency: 0,
+            bandwidth: 1,
+            throughput: 0,
+            flows: 1,
+            mode: "normal".into(),
+        }
+    }
+
+    #[test]
+    fn an_absent_current99_is_a_dash_in_the_table_and_null_in_json() {
+        let table = status_table(&report(None));
+        assert!(table.contains("Current99  -\n"), "{table}");
+        assert!(!table.to_lowercase().contains("nan"), "{table}");
+        assert!(
+            table.contains("Target99   40.0 us  (idle p99 20.0 us)"),
+            "{table}"
+        );
+        let json: serde_json::Value = serde_json::to_value(report(None)).unwrap();
+        assert!(json["current_p99_ns"].is_null(), "{json}");
+        let table = status_table(&report(Some(31_500)));
+        assert!(table.contains("Current99  31.5 us\n"), "{table}");
+    }
+
+    #[test]
+    fn the_flows_table_prints_the_admission_as_the_metric_labels_it() {
+        let flow = FlowReport {
+            flow: 3,
+            uid: 1000,
+            tenant: "1000".into(),
+            pid: 42,
+            class: "latency".into(),
+            qps: 1,
+            active: true,
+            admission: "admitted_with_warning".into(),
+            allot_bytes_per_sec: None,
+            bytes: 16,
+        };
+        let table = flows_table(&[flow]);
+        let row = table.lines().nth(1).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "3",
+                "1000",
+                "42",
+                "latency",
+                "1",
+                "true",
+                "admitted_with_warning",
+                "-",
+                "16",
+                "1000"
+            ]
+        );
+    }
 }

@@ -31,7 +31,7 @@ pub struct Metrics {
     pub safe_util: Gauge<f64, AtomicU64>,
     /// MaxRate, bytes/s.
     pub max_rate: Gauge<f64, AtomicU64>,
-    /// Current99, seconds.
+    /// Current99, seconds; NaN while there is no estimate (see [`Metrics::registry`]).
     pub current_p99: Gauge<f64, AtomicU64>,
     /// Target99, seconds.
     pub target_p99: Gauge<f64, AtomicU64>,
@@ -88,6 +88,16 @@ impl Metrics {
     }
 
     /// A registry holding them.
+    ///
+    /// Current99 and Target99 can be undefined: Current99 before the first probe sample
+    /// and from the update at which the last latency flow leaves (its window restarts and
+    /// no probe runs without a latency flow) until a probe completes again, Target99 while
+    /// an idle multiple waits for its measurement. Their samples are then NaN, as
+    /// Prometheus' own client libraries expose a summary quantile without observations and
+    /// as PromQL's `histogram_quantile` answers over no observations: the series stays
+    /// present (a missing series reads as a scrape or target problem), a comparison with
+    /// NaN is false so no alert fires on it, and dashboards show it as no value.
+    /// `justitia status` shows the same absence as `-` (`null` with `--json`).
     pub fn registry(&self) -> Registry {
         let mut r = Registry::with_prefix("justitia");
         r.register(
@@ -102,12 +112,12 @@ impl Metrics {
         );
         r.register(
             "current_p99_seconds",
-            "Current99: p99 of the reference flow's post-to-completion time",
+            "Current99: p99 of the reference flow's post-to-completion time (NaN: no estimate)",
             self.current_p99.clone(),
         );
         r.register(
             "target_p99_seconds",
-            "Target99 in effect",
+            "Target99 in effect (NaN: an idle multiple not yet measured)",
             self.target_p99.clone(),
         );
         r.register(

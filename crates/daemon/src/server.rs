@@ -259,6 +259,7 @@ fn loop_config(c: &Config) -> LoopConfig {
     }
 }
 
+/// Seconds for a gauge; NaN for an absent value (see [`Metrics::registry`]).
 fn secs(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64())
 }
@@ -1012,11 +1013,7 @@ impl Daemon {
                 }
             }
         };
-        let verdict_label = match admission {
-            AdmissionReply::Admitted => "admitted",
-            AdmissionReply::AdmittedWithWarning => "admitted_with_warning",
-            AdmissionReply::NotAdmitted => "not_admitted",
-        };
+        let verdict_label = admission.as_str();
         self.metrics
             .registrations
             .get_or_create(&Label {
@@ -1294,7 +1291,7 @@ impl Daemon {
                         class: f.class.to_string(),
                         qps: f.qps,
                         active: f.active,
-                        admission: format!("{:?}", f.admission),
+                        admission: f.admission.as_str().into(),
                         allot_bytes_per_sec: self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
                         bytes: f.bytes,
                     })

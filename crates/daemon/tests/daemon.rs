@@ -549,6 +549,9 @@ fn a_latency_flow_arriving_while_the_target_is_violated_is_admitted_with_a_warni
     assert!(d
         .log()
         .contains("latency flow registered while Current99 exceeds Target99"));
+    // `justitia flows` spells the verdict as the metric labels it.
+    let verdicts: Vec<String> = d.flows().into_iter().map(|f| f.admission).collect();
+    assert_eq!(verdicts, ["admitted", "admitted_with_warning"]);
 }
 
 #[test]

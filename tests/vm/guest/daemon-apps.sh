@@ -551,7 +551,7 @@ log_lines=$(grep -c "latency flow registered while Current99 exceeds Target99" "
 w_summary=$(grep -E '^justitia-integrity: (PASS|FAIL):' "$L.warned.log" | tail -n 1 | sed 's/^justitia-integrity: //')
 detail="Current99 $current us > Target99 $target us; registrations{admitted_with_warning} $warned0 -> $warned1; pid $W_APP in justitia flows: ${w_state:-not seen}; $log_lines warning line(s) in the daemon's log; the application: exit $w_rc, ${w_summary%%;*}"
 if [ "$w_rc" != 0 ] || [ "$warned1" != "$((warned0 + 1))" ] || [ "$log_lines" -lt 1 ] \
-  || ! echo "$w_state" | grep -qiE "^latency [a-z]+ admitted_?with_?warning "; then
+  || ! echo "$w_state" | grep -qE "^latency [a-z]+ admitted_with_warning "; then
   fail_rest "$detail"
 fi
 pass "$detail"
