@@ -174,6 +174,10 @@ struct Lane {
     cap: i128,
     /// Time lost to the cap while a request was kept waiting, repaid on top of the rate.
     owed: i128,
+    /// Charges of requests released without a clock reading
+    /// ([`Pacer::try_release_unclocked`]), taken from the balance at the next refill,
+    /// after it: as if those requests had gone at that later time.
+    pending: i128,
 }
 
 impl Lane {
@@ -186,6 +190,7 @@ impl Lane {
             balance: cap,
             cap,
             owed: 0,
+            pending: 0,
         }
     }
 
@@ -237,6 +242,21 @@ impl Lane {
 
     fn charge(&mut self, units: u64) {
         self.balance -= i128::from(units) * i128::from(self.cost);
+    }
+
+    /// Whether the balance of the last refill still covers the charges made since without
+    /// a clock reading: then it covers them at any later time too (a balance at or below
+    /// its cap never shrinks by refilling).
+    #[inline(always)]
+    fn ready_unclocked(&self) -> bool {
+        self.balance >= self.pending
+    }
+
+    /// Takes the charges made without a clock reading from the balance.
+    #[inline(always)]
+    fn settle(&mut self) {
+        self.balance -= self.pending;
+        self.pending = 0;
     }
 
     /// Moves a lane in debt onto the release schedule `phase` of a `period` (ticks) from now:
@@ -364,9 +384,20 @@ impl Pacer {
         }
     }
 
-    /// Brings the balances up to `now`.
+    /// Brings the balances up to `now`, then takes the charges of the requests released
+    /// without a clock reading since the last refill (see [`Self::try_release_unclocked`]).
     #[inline(always)]
     fn refill(&mut self, now: u64) {
+        self.accrue(now);
+        self.bytes.settle();
+        if let Some(ops) = &mut self.ops {
+            ops.settle();
+        }
+    }
+
+    /// Accrues the time from the last `now` seen to `now`.
+    #[inline(always)]
+    fn accrue(&mut self, now: u64) {
         if now <= self.last {
             return;
         }
@@ -475,6 +506,32 @@ impl Pacer {
             // The wait told before no longer holds: coming back then is not lateness.
             self.promised = None;
         }
+    }
+
+    /// Releases a request of `bytes` and `ops` operations without being told the time, when
+    /// that is sure to be right: when the balances as of the latest `now` seen, less what
+    /// was released this way since, are not negative. A balance at or below its cap never
+    /// shrinks as time passes, so [`Self::try_release`] would release the request at any
+    /// later time too. The charge is taken at the next refill, after the time accrued up to
+    /// then (as if the request went at that later time, which the cap can only make
+    /// stricter): so the pacer never ends up with more credit than an exact token bucket
+    /// charged at the true times would have, and may have less by what the cap dropped in
+    /// between. Returns false, charging nothing, when the caller must read the clock and
+    /// ask [`Self::try_release`]; always false while the rate is zero.
+    #[inline]
+    pub fn try_release_unclocked(&mut self, bytes: u64, ops: u64) -> bool {
+        if self.rate.is_paused() {
+            return false;
+        }
+        let ops_ready = self.ops.as_ref().is_none_or(Lane::ready_unclocked);
+        if !(ops_ready && self.bytes.ready_unclocked()) {
+            return false;
+        }
+        self.bytes.pending += i128::from(bytes) * i128::from(self.bytes.cost);
+        if let Some(lane) = &mut self.ops {
+            lane.pending += i128::from(ops) * i128::from(lane.cost);
+        }
+        true
     }
 
     /// Releases a request of `bytes` and `ops` operations if the balances allow it at
@@ -669,6 +726,52 @@ mod tests {
         // 1 MB at 1 MB/s less the 2 KB burst that was in the bucket: 0.998 s.
         assert_eq!(wait.as_micros(), 998_000);
         assert!(p.try_release(wait, 1, 1).is_ok());
+    }
+
+    /// A release without the time goes only while the balance of the last refill covers
+    /// it, and its charge is taken after the time accrued up to the next reading: three
+    /// chunks released unclocked out of a full 2-chunk burst and the clock read 10 ms later
+    /// leave one chunk of debt, exactly what an exact bucket charged at that reading has.
+    /// (Charging at once and refilling later would have refilled the debt away: the cap
+    /// would have come after the charges, not before.)
+    #[test]
+    fn releases_without_the_time_are_charged_as_at_the_next_reading() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert!(p.try_release_unclocked(1_000, 1));
+        assert!(p.try_release_unclocked(1_000, 1));
+        assert!(
+            p.try_release_unclocked(1_000, 1),
+            "a zero balance still releases"
+        );
+        assert!(!p.try_release_unclocked(1_000, 1), "the burst is spent");
+        let wait = p
+            .try_release(Duration::from_millis(10), 1_000, 1)
+            .unwrap_err();
+        assert_eq!(wait.as_micros(), 1_000, "one chunk of debt at 1 MB/s");
+        assert!(
+            !p.try_release_unclocked(1, 1),
+            "in debt: only the clock decides"
+        );
+        assert!(p.try_release(Duration::from_millis(11), 1_000, 1).is_ok());
+
+        // The operations lane binds as well, and a paused pacer never releases.
+        let mut ops = Pacer::new(
+            PaceRate {
+                bytes_per_sec: 1_000_000_000,
+                ops_per_sec: Some(1_000),
+                chunk_bytes: 1_000,
+            },
+            Duration::ZERO,
+        );
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(
+            !ops.try_release_unclocked(1, 1),
+            "two operations of burst, and one over"
+        );
+        ops.set_rate(Duration::ZERO, rate(0, 1_000));
+        assert!(!ops.try_release_unclocked(1, 1));
     }
 
     #[test]

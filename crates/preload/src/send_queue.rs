@@ -328,6 +328,28 @@ struct Posted {
     visible: bool,
 }
 
+/// What the queue keeps of a request [`SendQueue::post_now`] posted whole, until its
+/// completion: 16 bytes, in a slot of [`SendQueue::quick`] found from its WQE's tag (no
+/// search, no allocation, nothing moved but the record). Turned into a [`Request`] and a
+/// [`Posted`] entry only when the general path needs the queue (see
+/// [`SendQueue::materialize`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Quick {
+    /// The application's `wr_id`.
+    wr_id: u64,
+    /// Its payload, as the general path records it.
+    len: u32,
+    /// The completion opcode the application expects (every `IBV_WC_*` of a send fits).
+    wc_opcode: u8,
+    /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`].
+    flags: u8,
+}
+
+/// [`Quick::flags`]: the WQE was posted signaled.
+const QUICK_SIGNALED: u8 = 1;
+/// [`Quick::flags`]: its completion is the application's.
+const QUICK_VISIBLE: u8 = 2;
+
 /// What kind of WQE a built entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WqeKind {
@@ -383,6 +405,13 @@ impl TagSpace {
 
     fn contains(&self, wr_id: u64) -> bool {
         wr_id.wrapping_sub(self.base()) < self.len()
+    }
+
+    /// The slot of the tag `wr_id` (the sequence number of its WQE, masked), if it is one.
+    #[inline(always)]
+    fn slot(&self, wr_id: u64) -> Option<usize> {
+        let slot = wr_id.wrapping_sub(self.base());
+        (slot < self.len()).then_some(slot as usize)
     }
 }
 
@@ -458,6 +487,13 @@ pub struct SendQueue {
     /// Sequence number of the next WQE posted (for its tag).
     next_wqe: u64,
     tags: TagSpace,
+    /// Records of the requests posted by [`Self::post_now`], one slot per tag.
+    quick: Box<[Quick]>,
+    /// How many of the newest WQEs (`next_wqe - quick_len .. next_wqe`) are such requests,
+    /// kept only in [`Self::quick`]. They come after every request of `requests`, all of
+    /// which are then fully posted: `post_now` adds one only when nothing waits, and every
+    /// other change of the queue first moves them into `requests` and `posted`.
+    quick_len: usize,
     failed: bool,
     /// The failure came as an error completion: every WQE after it reports (flushed).
     hardware_flushes: bool,
@@ -475,6 +511,7 @@ impl std::fmt::Debug for SendQueue {
             .field("requests", &self.requests.len())
             .field("cursor", &self.cursor)
             .field("posted", &self.posted.len())
+            .field("quick", &self.quick_len)
             .field("failed", &self.failed)
             .finish()
     }
@@ -505,6 +542,9 @@ impl SendQueue {
             cursor: 0,
             posted: VecDeque::new(),
             next_wqe: 0,
+            quick: vec![Quick::default(); TagSpace::new(capacity).len() as usize]
+                .into_boxed_slice(),
+            quick_len: 0,
             tags: TagSpace::new(capacity),
             failed: false,
             hardware_flushes: false,
@@ -516,13 +556,13 @@ impl SendQueue {
 
     /// Application requests outstanding (accepted, not retired).
     pub fn outstanding(&self) -> usize {
-        self.requests.len()
+        self.requests.len() + self.quick_len
     }
 
     /// True when requests wait in software and the hardware queue is full: only polled
     /// completions will let them go.
     pub fn blocked_on_slots(&self) -> bool {
-        self.queued() > 0 && self.posted.len() >= self.capacity as usize
+        self.queued() > 0 && self.in_flight() >= self.capacity as usize
     }
 
     /// True when a drain may post or settle something: requests wait in software.
@@ -534,6 +574,48 @@ impl SendQueue {
     /// Requests waiting in software (not fully posted).
     pub fn queued(&self) -> usize {
         self.requests.len() - self.cursor
+    }
+
+    /// WQEs on the hardware queue.
+    fn in_flight(&self) -> usize {
+        self.posted.len() + self.quick_len
+    }
+
+    /// Moves the requests kept only in [`Self::quick`] into `requests` and `posted`, as
+    /// the general path records a request posted whole, so that it sees the whole queue.
+    fn materialize(&mut self) {
+        if self.quick_len == 0 {
+            return;
+        }
+        let first = self.next_wqe - self.quick_len as u64;
+        for wqe in first..self.next_wqe {
+            let q = self.quick[(wqe & (self.tags.len() - 1)) as usize];
+            let visible = q.flags & QUICK_VISIBLE != 0;
+            let seq = self.first_seq + self.requests.len() as u64;
+            self.posted.push_back(Posted {
+                seq,
+                wr_id: self.tags.tag(wqe),
+                signaled: q.flags & QUICK_SIGNALED != 0,
+                visible,
+            });
+            self.requests.push_back(Request {
+                wr_id: q.wr_id,
+                wc_opcode: ibv_wc_opcode::from(q.wc_opcode),
+                len: q.len,
+                split: false,
+                visible,
+                paced: false,
+                body: Body::Sent,
+                call_index: None,
+                posted_any: true,
+                done_posting: true,
+                inflight: 1,
+                reported: false,
+                blocked_since: None,
+            });
+        }
+        self.quick_len = 0;
+        self.cursor = self.requests.len();
     }
 
     /// The application's send capacity.
@@ -556,6 +638,7 @@ impl SendQueue {
         treatment: Treatment,
         call_index: usize,
     ) -> Result<(), c_int> {
+        self.materialize();
         if self.requests.len() >= self.capacity as usize {
             return Err(libc::ENOMEM);
         }
@@ -617,11 +700,11 @@ impl SendQueue {
         post: impl FnOnce(&mut ibv_send_wr) -> c_int,
         counters: &Counters,
     ) -> Option<Result<(), c_int>> {
-        let outstanding = self.requests.len();
+        let capacity = self.capacity as usize;
         if self.failed
-            || self.cursor != outstanding
-            || outstanding >= self.capacity as usize
-            || self.posted.len() >= self.capacity as usize
+            || self.cursor != self.requests.len()
+            || self.outstanding() >= capacity
+            || self.in_flight() >= capacity
         {
             return None;
         }
@@ -645,30 +728,20 @@ impl SendQueue {
         if rc != 0 {
             return Some(Err(rc));
         }
+        // The slot of this WQE's tag; no WQE in flight has it (they never outnumber it).
+        let slot = (self.next_wqe & (self.tags.len() - 1)) as usize;
+        if let Some(q) = self.quick.get_mut(slot) {
+            *q = Quick {
+                wr_id: wr.wr_id,
+                len,
+                wc_opcode: u8::try_from(wc_opcode_for(wr.opcode)).unwrap_or(u8::MAX),
+                flags: if signaled { QUICK_SIGNALED } else { 0 }
+                    | if visible { QUICK_VISIBLE } else { 0 },
+            };
+        }
         self.next_wqe += 1;
+        self.quick_len += 1;
         self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
-        self.posted.push_back(Posted {
-            seq: self.first_seq + outstanding as u64,
-            wr_id: wqe.wr_id,
-            signaled,
-            visible,
-        });
-        self.requests.push_back(Request {
-            wr_id: wr.wr_id,
-            wc_opcode: wc_opcode_for(wr.opcode),
-            len,
-            split: false,
-            visible,
-            paced: lane.paced,
-            body: Body::Sent,
-            call_index: None,
-            posted_any: true,
-            done_posting: true,
-            inflight: 1,
-            reported: false,
-            blocked_since: None,
-        });
-        self.cursor = outstanding + 1;
         add(&counters.requests, 1);
         add(&counters.bytes, u64::from(len));
         Some(Ok(()))
@@ -715,6 +788,8 @@ impl SendQueue {
 
     /// Ends the running post call: its requests can no longer be taken back.
     pub fn end_call(&mut self) {
+        // Requests of a running call are never kept in `quick` (accepting one moves them
+        // out), so the ones there have ended theirs.
         for r in self.requests.iter_mut().rev() {
             if r.call_index.take().is_none() {
                 break;
@@ -728,6 +803,7 @@ impl SendQueue {
     /// stay: the call's requests are the last ones of the queue, in list order, and WQEs
     /// are posted in order, so the ones that stay are the first of the list.
     pub fn take_back_call(&mut self) -> usize {
+        self.materialize();
         let start = self
             .requests
             .iter()
@@ -750,6 +826,7 @@ impl SendQueue {
             blocked: Blocked::Idle,
             refused: None,
         };
+        self.materialize();
         loop {
             if self.failed {
                 self.flush_settled(env.counters, env.synthesized);
@@ -1088,6 +1165,7 @@ impl SendQueue {
         if let Some(verdict) = self.complete_fast(wc) {
             return verdict;
         }
+        self.materialize();
         if !self.tags.contains(wc.wr_id) {
             return Verdict::NotOurs;
         }
@@ -1146,19 +1224,22 @@ impl SendQueue {
     }
 
     /// The usual completion, settled without [`Self::complete`]'s searches: a success of
-    /// the oldest WQE in flight, the last of the oldest request, on a queue that has not
-    /// failed. Settles it as the general path would (pop the WQE, deliver the request's
-    /// completion once, retire it); `None` for anything else, left untouched for
-    /// [`Self::complete`]. (Matching the oldest WQE's tag implies the tests that
+    /// a signaled WQE of a request [`Self::post_now`] posted, or of the oldest WQE in
+    /// flight, the last of the oldest request, on a queue that has not failed. Settles it
+    /// as the general path would (the WQEs up to it completed, unsignaled ones silently;
+    /// deliver the request's completion once, retire it); `None` for anything else, left
+    /// untouched for [`Self::complete`]. (Matching a tag in flight implies the tests that
     /// [`Self::complete`] makes first.)
     #[inline(always)]
     pub fn complete_fast(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
-        if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 {
+        if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 || self.failed {
             return None;
         }
+        if self.posted.is_empty() {
+            return self.complete_quick(wc);
+        }
         let front = self.posted.front()?;
-        if self.failed || !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq
-        {
+        if !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq {
             return None;
         }
         let visible = front.visible;
@@ -1192,6 +1273,37 @@ impl SendQueue {
             self.retire_front();
         }
         Some(verdict)
+    }
+
+    /// [`Self::complete_fast`] when every WQE in flight is a request kept in
+    /// [`Self::quick`]: the tag names its slot, and its place in the run is the distance
+    /// from the oldest. It and the requests before it retire (RC completes in order, so the
+    /// unsignaled ones completed silently).
+    #[inline(always)]
+    fn complete_quick(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
+        if !self.requests.is_empty() {
+            return None;
+        }
+        let slot = self.tags.slot(wc.wr_id)?;
+        let oldest = self.next_wqe - self.quick_len as u64;
+        let before = (slot as u64).wrapping_sub(oldest) & (self.tags.len() - 1);
+        if before >= self.quick_len as u64 {
+            // No WQE in flight carries it: a stale completion, for the general path.
+            return None;
+        }
+        let q = *self.quick.get(slot)?;
+        if q.flags & QUICK_SIGNALED == 0 {
+            return None;
+        }
+        let done = before as usize + 1;
+        self.quick_len -= done;
+        self.first_seq += done as u64;
+        Some(if q.flags & QUICK_VISIBLE != 0 {
+            wc.wr_id = q.wr_id;
+            Verdict::Deliver
+        } else {
+            Verdict::Hide
+        })
     }
 
     fn request_info(&self, seq: u64) -> Option<(u64, u32, bool, bool)> {
@@ -1265,6 +1377,7 @@ impl SendQueue {
 
     /// The QP was reset: the hardware forgot its queue, so does the shaper.
     pub fn reset(&mut self) {
+        self.materialize();
         self.first_seq += self.requests.len() as u64;
         self.requests.clear();
         self.posted.clear();
@@ -1278,6 +1391,7 @@ impl SendQueue {
     /// completion the hardware will not deliver get their flush errors now, in order (see
     /// [`Self::flush_settled`]).
     pub fn set_failed(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
+        self.materialize();
         self.failed = true;
         self.flush_settled(counters, synthesized);
     }

@@ -1299,10 +1299,12 @@ impl QpShared {
         }
         // Asked only by a paced lane. Should pacing have stopped since the lane was
         // derived, the request still takes tokens once; a refused one waits in the queue,
-        // whose drain no longer paces.
+        // whose drain no longer paces. The clock is read only when the credit of the
+        // pacer's last reading does not cover the request for sure.
         let release = |bytes: u64| {
-            let now = engine.clock.now();
-            engine.rate_pacer().try_release(now, bytes, 1).is_ok()
+            let mut pacer = engine.rate_pacer();
+            pacer.try_release_unclocked(bytes, 1)
+                || pacer.try_release(engine.clock.now(), bytes, 1).is_ok()
         };
         let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
