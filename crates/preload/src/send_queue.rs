@@ -34,7 +34,6 @@
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
@@ -449,7 +448,7 @@ pub struct DrainEnv<'a> {
     /// Posts a list of WQEs.
     pub post: &'a mut PostList<'a>,
     /// The process's rate pacer, when pacing is configured.
-    pub pacer: Option<&'a Mutex<Pacer>>,
+    pub pacer: Option<&'a parking_lot::Mutex<Pacer>>,
     /// The process's counters.
     pub counters: &'a Counters,
     /// Completions to deliver that the hardware will not produce.
@@ -878,7 +877,7 @@ impl SendQueue {
     fn build(
         &mut self,
         now: Duration,
-        pacer: Option<&Mutex<Pacer>>,
+        pacer: Option<&parking_lot::Mutex<Pacer>>,
         snapshots: &mut Vec<(usize, Box<SplitBody>)>,
     ) -> (Blocked, Option<usize>) {
         self.batch.clear();
@@ -923,11 +922,7 @@ impl SendQueue {
             };
             if req.paced && !is_yield {
                 if let Some(pacer) = pacer {
-                    let taken = pacer.lock().unwrap_or_else(|e| e.into_inner()).try_release(
-                        now,
-                        u64::from(payload),
-                        1,
-                    );
+                    let taken = pacer.lock().try_release(now, u64::from(payload), 1);
                     if let Err(wait) = taken {
                         return (Blocked::Tokens(wait), Some(index));
                     }
