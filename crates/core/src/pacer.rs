@@ -534,6 +534,34 @@ impl Pacer {
         true
     }
 
+    /// How many bytes and operations (`None`: operations not paced) requests may take in
+    /// all through [`Self::charge_unclocked`] without a clock reading: what the balances of
+    /// the last refill cover beyond the charges already made that way, so that every one
+    /// of those requests is one [`Self::try_release_unclocked`] would have released. Zero
+    /// while the rate is zero or a balance is short. An enforcer may hand this out ahead,
+    /// say as an atomic allowance that posts take from without a lock, and charge what was
+    /// taken before anything else asks the pacer.
+    pub fn unclocked_allowance(&self) -> (u64, Option<u64>) {
+        if self.rate.is_paused() {
+            return (0, self.ops.map(|_| 0));
+        }
+        let units = |lane: &Lane| {
+            let spare = (lane.balance - lane.pending).max(0) / i128::from(lane.cost);
+            u64::try_from(spare).unwrap_or(u64::MAX)
+        };
+        (units(&self.bytes), self.ops.as_ref().map(units))
+    }
+
+    /// Charges requests of `bytes` and `ops` operations in all released without a clock
+    /// reading from an allowance ([`Self::unclocked_allowance`]), as
+    /// [`Self::try_release_unclocked`] charges each: at the next refill, after it.
+    pub fn charge_unclocked(&mut self, bytes: u64, ops: u64) {
+        self.bytes.pending += i128::from(bytes) * i128::from(self.bytes.cost);
+        if let Some(lane) = &mut self.ops {
+            lane.pending += i128::from(ops) * i128::from(lane.cost);
+        }
+    }
+
     /// Releases a request of `bytes` and `ops` operations if the balances allow it at
     /// `now`, charging it; otherwise returns how long until they will (at most
     /// [`MAX_WAIT`]), rounded up to the nanosecond so that coming back then succeeds.
@@ -772,6 +800,36 @@ mod tests {
         );
         ops.set_rate(Duration::ZERO, rate(0, 1_000));
         assert!(!ops.try_release_unclocked(1, 1));
+    }
+
+    /// The allowance is what the balance of the last refill covers, and what is taken from
+    /// it is charged as unclocked releases are: 2000 B of a full 2-chunk burst at 1 MB/s,
+    /// all of it taken, leaves room for one more unclocked release (a zero balance still
+    /// releases) and then a debt of one byte at the next reading.
+    #[test]
+    fn an_allowance_is_the_credit_of_the_last_refill_and_is_charged_at_the_next() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert_eq!(p.unclocked_allowance(), (2_000, None));
+        p.charge_unclocked(1_500, 3);
+        assert_eq!(p.unclocked_allowance(), (500, None));
+        p.charge_unclocked(500, 1);
+        assert_eq!(p.unclocked_allowance(), (0, None));
+        assert!(p.try_release_unclocked(1, 1));
+        assert_eq!(p.unclocked_allowance(), (0, None), "never negative");
+        let wait = p.try_release(Duration::from_millis(10), 1, 1).unwrap_err();
+        assert_eq!(wait.as_nanos(), 1_000, "one byte of debt at 1 MB/s");
+
+        let mut ops = Pacer::new(
+            PaceRate {
+                bytes_per_sec: 1_000_000_000,
+                ops_per_sec: Some(1_000),
+                chunk_bytes: 1_000,
+            },
+            Duration::ZERO,
+        );
+        assert_eq!(ops.unclocked_allowance(), (2_000, Some(2)));
+        ops.set_rate(Duration::ZERO, rate(0, 1_000));
+        assert_eq!(ops.unclocked_allowance(), (0, Some(0)), "paused");
     }
 
     #[test]

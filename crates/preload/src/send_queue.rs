@@ -33,7 +33,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
@@ -448,7 +448,7 @@ pub struct DrainEnv<'a> {
     /// Posts a list of WQEs.
     pub post: &'a mut PostList<'a>,
     /// The process's rate pacer, when pacing is configured.
-    pub pacer: Option<&'a parking_lot::Mutex<Pacer>>,
+    pub pacer: Option<&'a RateGate>,
     /// The process's counters.
     pub counters: &'a Counters,
     /// Completions to deliver that the hardware will not produce.
@@ -464,6 +464,100 @@ pub struct DrainOutcome {
     /// position in the call's list and the error. It and every later request of the call
     /// were taken back, as the provider would have done.
     pub refused: Option<(usize, c_int)>,
+}
+
+/// The process's rate pacer, and an allowance taken from it ahead that posts spend without
+/// its lock or a clock reading.
+///
+/// The allowance is what [`Pacer::unclocked_allowance`] says the balances of the pacer's
+/// last refill cover: requests that fit in it are ones [`Pacer::try_release_unclocked`]
+/// would release. A post takes its bytes and its operation from it with one
+/// compare-and-swap ([`Self::try_take`]); whoever locks the pacer first takes back what is
+/// left and charges the pacer what was spent ([`Self::lock`]), so the pacer's own
+/// decisions always see every release. The allowance is handed out again only by a post
+/// that found it short ([`Self::release`]).
+pub struct RateGate {
+    pacer: parking_lot::Mutex<Pacer>,
+    /// What is left of the allowance: operations in the high 32 bits, bytes in the low 32.
+    /// Taken from with compare-and-swap and emptied with a swap, both `Relaxed`: it is a
+    /// counter whose every change is one atomic step in a single modification order, so
+    /// the swap under the lock sees exactly what the posts before it took and no post
+    /// after it takes anything. Nothing else is published through it (the pacer is read
+    /// only under its lock).
+    allowance: AtomicU64,
+    /// The allowance last handed out, in the same layout; written and read only under the
+    /// pacer's lock (`Relaxed`: the lock orders it).
+    granted: AtomicU64,
+}
+
+/// The bytes field of a [`RateGate`] allowance.
+const ALLOWANCE_BYTES: u64 = u32::MAX as u64;
+
+impl RateGate {
+    /// A gate for `pacer`, with no allowance handed out.
+    pub fn new(pacer: Pacer) -> Self {
+        RateGate {
+            pacer: parking_lot::Mutex::new(pacer),
+            allowance: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a request of `bytes` and one operation from the allowance, if it has room:
+    /// the request is released, without the lock or the clock.
+    #[inline(always)]
+    pub fn try_take(&self, bytes: u64) -> bool {
+        if bytes > ALLOWANCE_BYTES {
+            return false;
+        }
+        let need = (1u64 << 32) | bytes;
+        let mut left = self.allowance.load(Ordering::Relaxed);
+        loop {
+            if left >> 32 == 0 || left & ALLOWANCE_BYTES < bytes {
+                return false;
+            }
+            match self.allowance.compare_exchange_weak(
+                left,
+                left - need,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => left = now,
+            }
+        }
+    }
+
+    /// Locks the pacer, first charging it what was spent of the allowance (which is then
+    /// empty until [`Self::release`] hands one out again).
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, Pacer> {
+        let mut pacer = self.pacer.lock();
+        let left = self.allowance.swap(0, Ordering::Relaxed);
+        let granted = self.granted.swap(0, Ordering::Relaxed);
+        if granted != 0 {
+            let spent = |field: fn(u64) -> u64| field(granted).saturating_sub(field(left));
+            pacer.charge_unclocked(spent(|a| a & ALLOWANCE_BYTES), spent(|a| a >> 32));
+        }
+        pacer
+    }
+
+    /// Releases a request of `bytes` and one operation that [`Self::try_take`] could not:
+    /// asks the pacer without the clock, then at `now()`, and hands out a new allowance.
+    #[cold]
+    #[inline(never)]
+    pub fn release(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
+        let mut pacer = self.lock();
+        let released =
+            pacer.try_release_unclocked(bytes, 1) || pacer.try_release(now(), bytes, 1).is_ok();
+        let (bytes, ops) = pacer.unclocked_allowance();
+        let granted =
+            (ops.unwrap_or(u64::MAX).min(ALLOWANCE_BYTES) << 32) | bytes.min(ALLOWANCE_BYTES);
+        // Published after `granted`, both under the lock: a post that takes from it is
+        // charged by the next `lock`, which reads both under the same lock.
+        self.granted.store(granted, Ordering::Relaxed);
+        self.allowance.store(granted, Ordering::Relaxed);
+        released
+    }
 }
 
 /// Most WQEs handed to the provider in one call: enough that a split request's chunks and
@@ -877,7 +971,7 @@ impl SendQueue {
     fn build(
         &mut self,
         now: Duration,
-        pacer: Option<&parking_lot::Mutex<Pacer>>,
+        pacer: Option<&RateGate>,
         snapshots: &mut Vec<(usize, Box<SplitBody>)>,
     ) -> (Blocked, Option<usize>) {
         self.batch.clear();
@@ -1573,6 +1667,62 @@ mod tests {
                 .complete(&mut wc, &self.counters, &mut self.synthesized);
             (v, wc)
         }
+    }
+
+    fn gate_at_1_mb_per_s() -> RateGate {
+        let rate = justitia_core::pacer::PaceRate {
+            bytes_per_sec: 1_000_000,
+            ops_per_sec: None,
+            chunk_bytes: 1_000,
+        };
+        RateGate::new(Pacer::new(rate, Duration::ZERO))
+    }
+
+    /// A post that finds no allowance asks the pacer and hands out what its balance still
+    /// covers (2000 B of burst, less the 1000 B request: 1000 B); posts take from it
+    /// without the pacer until it is short, and whatever locks the pacer next charges it
+    /// exactly what they took.
+    #[test]
+    fn the_rate_gate_hands_out_the_pacers_spare_credit_and_charges_what_was_taken() {
+        let gate = gate_at_1_mb_per_s();
+        assert!(!gate.try_take(1), "nothing handed out yet");
+        assert!(gate.release(1_000, || Duration::ZERO));
+        assert!(gate.try_take(600));
+        assert!(!gate.try_take(600), "400 B left");
+        assert!(gate.try_take(400));
+        assert!(!gate.try_take(1));
+        let pacer = gate.lock();
+        assert_eq!(pacer.unclocked_allowance(), (0, None), "1000 B charged");
+        drop(pacer);
+        assert!(!gate.try_take(1), "the lock took the allowance back");
+        // 2000 B released at time zero: a zero balance still releases one request, which
+        // leaves 1000 B of debt, repaid at 1 MB/s from the next reading on.
+        assert!(gate.release(1_000, || Duration::from_micros(999)));
+        assert!(!gate.release(1, || Duration::from_micros(999)));
+        assert!(!gate.release(1, || Duration::from_micros(1_998)));
+        assert!(gate.release(1, || Duration::from_micros(1_999)));
+    }
+
+    /// Posts on many threads never take more than was handed out.
+    #[test]
+    fn the_rate_gate_never_hands_out_more_than_once_under_contention() {
+        let gate = gate_at_1_mb_per_s();
+        assert!(gate.release(0, || Duration::ZERO));
+        let taken = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1_000 {
+                        if gate.try_take(3) {
+                            taken.fetch_add(3, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // 2000 B of burst: 666 requests of 3 B fit.
+        assert_eq!(taken.load(Ordering::Relaxed), 1_998);
+        assert_eq!(gate.lock().unclocked_allowance(), (2, None));
     }
 
     const SPLIT_4K: Treatment = Treatment::Split {

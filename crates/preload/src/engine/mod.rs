@@ -39,7 +39,9 @@ use ex_state::{QpExOps, WrBatch};
 
 pub mod channels;
 pub mod ex_state;
-use crate::send_queue::{Blocked, DrainEnv, FastLane, OwnedWr, SendQueue, Treatment, Verdict};
+use crate::send_queue::{
+    Blocked, DrainEnv, FastLane, OwnedWr, RateGate, SendQueue, Treatment, Verdict,
+};
 use crate::stats::{Counters, StatsSnapshot};
 
 /// `ibv_context.ops.post_send`.
@@ -156,8 +158,9 @@ pub struct Engine {
     counters: Counters,
     /// The enforcement algorithm the simulator uses too: one per process, shared by every
     /// paced QP (see [`pace_rate`]), asked only while [`Self::paced`] is set. Its rate is
-    /// `JUSTITIA_RATE`, or the daemon's allotment.
-    rate: parking_lot::Mutex<RatePacer>,
+    /// `JUSTITIA_RATE`, or the daemon's allotment. Behind a gate whose allowance lets the
+    /// fast lane release paced requests without its lock or the clock.
+    rate: RateGate,
     /// The release phase [`Self::rate`] was last given (`None`: set without one), so that
     /// only a new epoch from the daemon moves the flow. Touched only where settings are
     /// applied or reported, never on a verb.
@@ -202,11 +205,7 @@ impl Engine {
             chunk_bytes: config.chunk_bytes,
         });
         Arc::new(Engine {
-            rate: parking_lot::Mutex::new(RatePacer::with_burst_window(
-                initial,
-                RELEASE_WINDOW,
-                now,
-            )),
+            rate: RateGate::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
             phase: Mutex::new(None),
             paced: AtomicBool::new(fallback.rate.is_some()),
             chunk_bytes: AtomicU32::new(config.chunk_bytes),
@@ -278,7 +277,6 @@ impl Engine {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    #[inline(always)]
     fn rate_pacer(&self) -> parking_lot::MutexGuard<'_, RatePacer> {
         self.rate.lock()
     }
@@ -1316,12 +1314,10 @@ impl QpShared {
         }
         // Asked only by a paced lane. Should pacing have stopped since the lane was
         // derived, the request still takes tokens once; a refused one waits in the queue,
-        // whose drain no longer paces. The clock is read only when the credit of the
-        // pacer's last reading does not cover the request for sure.
+        // whose drain no longer paces. The pacer's lock is taken and the clock read only
+        // when the allowance handed out at the last such call does not cover the request.
         let release = |bytes: u64| {
-            let mut pacer = engine.rate_pacer();
-            pacer.try_release_unclocked(bytes, 1)
-                || pacer.try_release(engine.clock.now(), bytes, 1).is_ok()
+            engine.rate.try_take(bytes) || engine.rate.release(bytes, || engine.clock.now())
         };
         let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
