@@ -338,8 +338,9 @@ struct Quick {
     wr_id: u64,
     /// Its payload, as the general path records it.
     len: u32,
-    /// The completion opcode the application expects (every `IBV_WC_*` of a send fits).
-    wc_opcode: u8,
+    /// Its opcode (`IBV_WR_*`, every one fits; the completion's is worked out only if the
+    /// general path needs it).
+    opcode: u8,
     /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`].
     flags: u8,
 }
@@ -570,6 +571,8 @@ pub struct SendQueue {
     capacity: u32,
     max_sge: usize,
     sig_all: bool,
+    /// `IBV_SEND_SIGNALED` when `sig_all`, else 0: or-ed into a request's flags.
+    sig_flag: u32,
     signal_every: u32,
     unsignaled_run: u32,
     requests: VecDeque<Request>,
@@ -628,6 +631,7 @@ impl SendQueue {
             capacity,
             max_sge: usize::try_from(max_sge.max(1)).unwrap_or(1),
             sig_all,
+            sig_flag: if sig_all { IBV_SEND_SIGNALED } else { 0 },
             signal_every: (capacity / 2).max(1),
             unsignaled_run: 0,
             requests: VecDeque::new(),
@@ -693,7 +697,7 @@ impl SendQueue {
             });
             self.requests.push_back(Request {
                 wr_id: q.wr_id,
-                wc_opcode: ibv_wc_opcode::from(q.wc_opcode),
+                wc_opcode: wc_opcode_for(ibv_wr_opcode::from(q.opcode)),
                 len: q.len,
                 split: false,
                 visible,
@@ -772,8 +776,9 @@ impl SendQueue {
     /// back, without copying it: the queue holds no request waiting, the QP has not failed,
     /// the hardware queue has a slot, the request is no larger than what `lane` posts whole
     /// (a split or preempt treatment of a request no larger than one chunk or sub-message
-    /// posts it whole), and `release` (the rate pacer's verdict, asked last and only for a
-    /// paced lane) lets it go. The WQE carries a tag like every other, and the request is
+    /// posts it whole), and `gate` (the rate pacer's verdict, asked last and only for a
+    /// paced lane, which reads the time with `now` only when its allowance is short) lets
+    /// it go. The WQE carries a tag like every other, and the request is
     /// recorded fully posted: the provider's verdict (`post`, handed the one WQE) is final,
     /// so the call has nothing left to take back.
     ///
@@ -789,25 +794,25 @@ impl SendQueue {
         &mut self,
         wr: &ibv_send_wr,
         lane: FastLane,
-        release: impl FnOnce(u64) -> bool,
+        gate: &RateGate,
+        now: impl FnOnce() -> Duration,
         post: impl FnOnce(&mut ibv_send_wr) -> c_int,
         counters: &Counters,
     ) -> Option<Result<(), c_int>> {
-        let capacity = self.capacity as usize;
         if self.failed
             || self.cursor != self.requests.len()
-            || self.outstanding() >= capacity
-            || self.in_flight() >= capacity
+            || self.requests.len().max(self.posted.len()) + self.quick_len >= self.capacity as usize
         {
             return None;
         }
         // SAFETY: guaranteed by the caller.
         let len = unsafe { payload_of(wr) };
-        if len > lane.whole_up_to || (lane.paced && !release(len)) {
+        if len > lane.whole_up_to || (lane.paced && !(gate.try_take(len) || gate.release(len, now)))
+        {
             return None;
         }
         let len = u32::try_from(len).unwrap_or(u32::MAX);
-        let visible = self.sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0;
+        let visible = (wr.send_flags | self.sig_flag) & IBV_SEND_SIGNALED != 0;
         let signaled = visible || self.unsignaled_run + 1 >= self.signal_every;
         let mut wqe = *wr;
         wqe.next = std::ptr::null_mut();
@@ -827,7 +832,7 @@ impl SendQueue {
             *q = Quick {
                 wr_id: wr.wr_id,
                 len,
-                wc_opcode: u8::try_from(wc_opcode_for(wr.opcode)).unwrap_or(u8::MAX),
+                opcode: u8::try_from(wr.opcode).unwrap_or(u8::MAX),
                 flags: if signaled { QUICK_SIGNALED } else { 0 }
                     | if visible { QUICK_VISIBLE } else { 0 },
             };
@@ -1723,6 +1728,81 @@ mod tests {
         // 2000 B of burst: 666 requests of 3 B fit.
         assert_eq!(taken.load(Ordering::Relaxed), 1_998);
         assert_eq!(gate.lock().unclocked_allowance(), (2, None));
+    }
+
+    impl Harness {
+        /// Posts one request by [`SendQueue::post_now`], unpaced, as the fast lane does.
+        fn post_now(&mut self, wr_id: u64, len: u32, signaled: bool) {
+            let mut sge = ibv_sge {
+                addr: 0x20_0000,
+                length: len,
+                lkey: 1,
+            };
+            let wr = ibv_send_wr {
+                wr_id,
+                opcode: IBV_WR_RDMA_WRITE,
+                send_flags: if signaled { IBV_SEND_SIGNALED } else { 0 },
+                sg_list: &mut sge,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let lane = FastLane {
+                whole_up_to: u64::MAX,
+                paced: false,
+            };
+            let gate = RateGate::new(Pacer::new(
+                justitia_core::pacer::PaceRate {
+                    bytes_per_sec: 0,
+                    ops_per_sec: None,
+                    chunk_bytes: 4096,
+                },
+                Duration::ZERO,
+            ));
+            let wire = &mut self.wire;
+            let post = |w: &mut ibv_send_wr| {
+                wire.push((w.wr_id, w.send_flags & IBV_SEND_SIGNALED != 0, len));
+                0
+            };
+            // SAFETY: wr and its one SGE live for the call.
+            let posted = unsafe {
+                self.sq
+                    .post_now(&wr, lane, &gate, || Duration::ZERO, post, &self.counters)
+            };
+            assert_eq!(posted, Some(Ok(())));
+        }
+    }
+
+    /// Requests posted straight (kept as 16-byte records) and a split request behind them
+    /// (which moves those records into the general queue) complete as the application
+    /// posted them: each signaled one once with its own `wr_id`, the unsignaled ones
+    /// silently, the split one with its whole length; a stale tag is hidden.
+    #[test]
+    fn requests_posted_straight_and_split_ones_behind_them_complete_in_order() {
+        let mut h = Harness::new(8);
+        h.post_now(1, 100, false);
+        h.post_now(2, 100, true);
+        h.post_now(3, 100, false);
+        assert_eq!(h.sq.outstanding(), 3);
+        assert!(h.wire.iter().all(|w| h.sq.tags.contains(w.0)), "tags only");
+        assert_eq!(
+            h.wire.iter().map(|w| w.1).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        h.accept(4, 16384, true, SPLIT_4K);
+        h.drain();
+        assert_eq!(h.wire.len(), 7, "three whole, four chunks");
+        let (v, wc) = h.complete(1, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 2));
+        assert_eq!(h.sq.outstanding(), 2, "1 and 2 retired, 3 and 4 in flight");
+        let (v, wc) = h.complete(6, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id, wc.byte_len), (Verdict::Deliver, 4, 16384));
+        assert_eq!(h.sq.outstanding(), 0);
+        // Straight again once the queue is empty, and settled from its record.
+        h.post_now(5, 100, true);
+        let (v, wc) = h.complete(7, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 5));
+        assert_eq!(h.sq.outstanding(), 0);
+        assert_eq!(h.complete(7, IBV_WC_SUCCESS).0, Verdict::Hide, "stale");
     }
 
     const SPLIT_4K: Treatment = Treatment::Split {

@@ -1312,13 +1312,12 @@ impl QpShared {
         if st.destroyed {
             return None;
         }
-        // Asked only by a paced lane. Should pacing have stopped since the lane was
-        // derived, the request still takes tokens once; a refused one waits in the queue,
-        // whose drain no longer paces. The pacer's lock is taken and the clock read only
-        // when the allowance handed out at the last such call does not cover the request.
-        let release = |bytes: u64| {
-            engine.rate.try_take(bytes) || engine.rate.release(bytes, || engine.clock.now())
-        };
+        // The gate is asked only by a paced lane. Should pacing have stopped since the lane
+        // was derived, the request still takes tokens once; a refused one waits in the
+        // queue, whose drain no longer paces. The pacer's lock is taken and the clock read
+        // only when the allowance handed out at the last such call does not cover the
+        // request.
+        let now = || engine.clock.now();
         let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
@@ -1327,7 +1326,10 @@ impl QpShared {
             unsafe { post_send(qp, wqe, &mut bad) }
         };
         // SAFETY: guaranteed by the caller.
-        let posted = unsafe { st.sq.post_now(w, lane, release, post, &engine.counters) }?;
+        let posted = unsafe {
+            st.sq
+                .post_now(w, lane, &engine.rate, now, post, &engine.counters)
+        }?;
         // Settled as soon as the provider has answered: a panic from here on must not
         // refuse a request that went out.
         let rc = posted.err().unwrap_or(0);
@@ -1871,10 +1873,18 @@ impl CqShared {
         for i in 0..got {
             // SAFETY: i < got <= n, written by the provider.
             let e = unsafe { &mut *wc.add(i) };
-            let deliver = match qps.binary_search_by_key(&e.qp_num, |q| q.qp_num) {
+            // A CQ of one shaped QP (the usual case) needs no search.
+            let owner = match qps.as_slice() {
+                [q] => (q.qp_num == e.qp_num).then_some(q),
+                _ => qps
+                    .binary_search_by_key(&e.qp_num, |q| q.qp_num)
+                    .ok()
+                    .and_then(|at| qps.get(at)),
+            };
+            let deliver = match owner {
                 // Not a shaped QP's: the application's own.
-                Err(_) => true,
-                Ok(at) => match qps.get(at).and_then(|q| q.complete_quick(e)) {
+                None => true,
+                Some(q) => match q.complete_quick(e) {
                     Some(deliver) => deliver,
                     None => {
                         let resume = Resume {
