@@ -1268,4 +1268,65 @@ mod tests {
             }
         }
     }
+    proptest::proptest! {
+        /// With releases asked without the time mixed in at random (as the shaper's fast
+        /// lane asks, falling back to the clock when refused), every request the pacer
+        /// releases is one an exact token bucket charged at the true times would release
+        /// too, up to the rounding stated above: charging unclocked releases at the next
+        /// reading only ever leaves the pacer with less credit, never more.
+        #[test]
+        fn releases_without_the_time_never_exceed_an_exact_token_bucket(
+            bytes_per_sec in 10_000u64..=100_000_000_000,
+            ops_per_sec in proptest::option::of(1_000u64..=2_000_000_000),
+            chunk in 64u32..=16_384,
+            steps in proptest::collection::vec(
+                (0u64..20_000, 1u64..=32_768, proptest::bool::ANY),
+                1..400,
+            ),
+        ) {
+            let r = PaceRate { bytes_per_sec, ops_per_sec, chunk_bytes: chunk };
+            let mut p = Pacer::new(r, Duration::ZERO);
+            let byte_burst = (bytes_per_sec / 1_000_000).max(2 * u64::from(chunk));
+            let mut lanes = vec![(Bucket::new(bytes_per_sec, byte_burst), byte_burst)];
+            if let Some(ops) = ops_per_sec {
+                let op_burst = (ops / 1_000_000).max(2);
+                lanes.push((Bucket::new(ops, op_burst), op_burst));
+            }
+            let mut charged = vec![0u64; lanes.len()];
+            let (mut now, mut told) = (0u64, None::<u64>);
+            for (dt, size, unclocked) in steps {
+                let size = size.min(2 * u64::from(chunk));
+                let dt = told.map_or(dt, |w| dt.min(w));
+                now += dt;
+                for (b, _) in &mut lanes {
+                    b.advance(dt);
+                }
+                let eps: Vec<f64> = lanes
+                    .iter()
+                    .zip(&charged)
+                    .map(|((_, burst), units)| (units + burst + 1) as f64 / (1u64 << 30) as f64 + 1.0)
+                    .collect();
+                let released = if unclocked && p.try_release_unclocked(size, 1) {
+                    Ok(())
+                } else {
+                    p.try_release(Duration::from_nanos(now), size, 1)
+                };
+                match released {
+                    Ok(()) => {
+                        let units = [size, 1];
+                        for (i, (b, _)) in lanes.iter_mut().enumerate() {
+                            proptest::prop_assert!(
+                                b.balance_ns() >= -eps[i],
+                                "released with {} ns of debt in lane {i}", -b.balance_ns()
+                            );
+                            b.charge(units[i]);
+                            charged[i] += units[i];
+                        }
+                        told = None;
+                    }
+                    Err(wait) => told = Some(wait.as_nanos() as u64),
+                }
+            }
+        }
+    }
 }
