@@ -174,6 +174,10 @@ struct Lane {
     cap: i128,
     /// Time lost to the cap while a request was kept waiting, repaid on top of the rate.
     owed: i128,
+    /// Charges of requests released without a clock reading
+    /// ([`Pacer::try_release_unclocked`]), taken from the balance at the next refill,
+    /// after it: as if those requests had gone at that later time.
+    pending: i128,
 }
 
 impl Lane {
@@ -186,6 +190,7 @@ impl Lane {
             balance: cap,
             cap,
             owed: 0,
+            pending: 0,
         }
     }
 
@@ -237,6 +242,21 @@ impl Lane {
 
     fn charge(&mut self, units: u64) {
         self.balance -= i128::from(units) * i128::from(self.cost);
+    }
+
+    /// Whether the balance of the last refill still covers the charges made since without
+    /// a clock reading: then it covers them at any later time too (a balance at or below
+    /// its cap never shrinks by refilling).
+    #[inline(always)]
+    fn ready_unclocked(&self) -> bool {
+        self.balance >= self.pending
+    }
+
+    /// Takes the charges made without a clock reading from the balance.
+    #[inline(always)]
+    fn settle(&mut self) {
+        self.balance -= self.pending;
+        self.pending = 0;
     }
 
     /// Moves a lane in debt onto the release schedule `phase` of a `period` (ticks) from now:
@@ -364,9 +384,20 @@ impl Pacer {
         }
     }
 
-    /// Brings the balances up to `now`.
+    /// Brings the balances up to `now`, then takes the charges of the requests released
+    /// without a clock reading since the last refill (see [`Self::try_release_unclocked`]).
     #[inline(always)]
     fn refill(&mut self, now: u64) {
+        self.accrue(now);
+        self.bytes.settle();
+        if let Some(ops) = &mut self.ops {
+            ops.settle();
+        }
+    }
+
+    /// Accrues the time from the last `now` seen to `now`.
+    #[inline(always)]
+    fn accrue(&mut self, now: u64) {
         if now <= self.last {
             return;
         }
@@ -474,6 +505,60 @@ impl Pacer {
         if moved {
             // The wait told before no longer holds: coming back then is not lateness.
             self.promised = None;
+        }
+    }
+
+    /// Releases a request of `bytes` and `ops` operations without being told the time, when
+    /// that is sure to be right: when the balances as of the latest `now` seen, less what
+    /// was released this way since, are not negative. A balance at or below its cap never
+    /// shrinks as time passes, so [`Self::try_release`] would release the request at any
+    /// later time too. The charge is taken at the next refill, after the time accrued up to
+    /// then (as if the request went at that later time, which the cap can only make
+    /// stricter): so the pacer never ends up with more credit than an exact token bucket
+    /// charged at the true times would have, and may have less by what the cap dropped in
+    /// between. Returns false, charging nothing, when the caller must read the clock and
+    /// ask [`Self::try_release`]; always false while the rate is zero.
+    #[inline]
+    pub fn try_release_unclocked(&mut self, bytes: u64, ops: u64) -> bool {
+        if self.rate.is_paused() {
+            return false;
+        }
+        let ops_ready = self.ops.as_ref().is_none_or(Lane::ready_unclocked);
+        if !(ops_ready && self.bytes.ready_unclocked()) {
+            return false;
+        }
+        self.bytes.pending += i128::from(bytes) * i128::from(self.bytes.cost);
+        if let Some(lane) = &mut self.ops {
+            lane.pending += i128::from(ops) * i128::from(lane.cost);
+        }
+        true
+    }
+
+    /// How many bytes and operations (`None`: operations not paced) requests may take in
+    /// all through [`Self::charge_unclocked`] without a clock reading: what the balances of
+    /// the last refill cover beyond the charges already made that way, so that every one
+    /// of those requests is one [`Self::try_release_unclocked`] would have released. Zero
+    /// while the rate is zero or a balance is short. An enforcer may hand this out ahead,
+    /// say as an atomic allowance that posts take from without a lock, and charge what was
+    /// taken before anything else asks the pacer.
+    pub fn unclocked_allowance(&self) -> (u64, Option<u64>) {
+        if self.rate.is_paused() {
+            return (0, self.ops.map(|_| 0));
+        }
+        let units = |lane: &Lane| {
+            let spare = (lane.balance - lane.pending).max(0) / i128::from(lane.cost);
+            u64::try_from(spare).unwrap_or(u64::MAX)
+        };
+        (units(&self.bytes), self.ops.as_ref().map(units))
+    }
+
+    /// Charges requests of `bytes` and `ops` operations in all released without a clock
+    /// reading from an allowance ([`Self::unclocked_allowance`]), as
+    /// [`Self::try_release_unclocked`] charges each: at the next refill, after it.
+    pub fn charge_unclocked(&mut self, bytes: u64, ops: u64) {
+        self.bytes.pending += i128::from(bytes) * i128::from(self.bytes.cost);
+        if let Some(lane) = &mut self.ops {
+            lane.pending += i128::from(ops) * i128::from(lane.cost);
         }
     }
 
@@ -669,6 +754,82 @@ mod tests {
         // 1 MB at 1 MB/s less the 2 KB burst that was in the bucket: 0.998 s.
         assert_eq!(wait.as_micros(), 998_000);
         assert!(p.try_release(wait, 1, 1).is_ok());
+    }
+
+    /// A release without the time goes only while the balance of the last refill covers
+    /// it, and its charge is taken after the time accrued up to the next reading: three
+    /// chunks released unclocked out of a full 2-chunk burst and the clock read 10 ms later
+    /// leave one chunk of debt, exactly what an exact bucket charged at that reading has.
+    /// (Charging at once and refilling later would have refilled the debt away: the cap
+    /// would have come after the charges, not before.)
+    #[test]
+    fn releases_without_the_time_are_charged_as_at_the_next_reading() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert!(p.try_release_unclocked(1_000, 1));
+        assert!(p.try_release_unclocked(1_000, 1));
+        assert!(
+            p.try_release_unclocked(1_000, 1),
+            "a zero balance still releases"
+        );
+        assert!(!p.try_release_unclocked(1_000, 1), "the burst is spent");
+        let wait = p
+            .try_release(Duration::from_millis(10), 1_000, 1)
+            .unwrap_err();
+        assert_eq!(wait.as_micros(), 1_000, "one chunk of debt at 1 MB/s");
+        assert!(
+            !p.try_release_unclocked(1, 1),
+            "in debt: only the clock decides"
+        );
+        assert!(p.try_release(Duration::from_millis(11), 1_000, 1).is_ok());
+
+        // The operations lane binds as well, and a paused pacer never releases.
+        let mut ops = Pacer::new(
+            PaceRate {
+                bytes_per_sec: 1_000_000_000,
+                ops_per_sec: Some(1_000),
+                chunk_bytes: 1_000,
+            },
+            Duration::ZERO,
+        );
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(ops.try_release_unclocked(1, 1));
+        assert!(
+            !ops.try_release_unclocked(1, 1),
+            "two operations of burst, and one over"
+        );
+        ops.set_rate(Duration::ZERO, rate(0, 1_000));
+        assert!(!ops.try_release_unclocked(1, 1));
+    }
+
+    /// The allowance is what the balance of the last refill covers, and what is taken from
+    /// it is charged as unclocked releases are: 2000 B of a full 2-chunk burst at 1 MB/s,
+    /// all of it taken, leaves room for one more unclocked release (a zero balance still
+    /// releases) and then a debt of one byte at the next reading.
+    #[test]
+    fn an_allowance_is_the_credit_of_the_last_refill_and_is_charged_at_the_next() {
+        let mut p = Pacer::new(rate(1_000_000, 1_000), Duration::ZERO);
+        assert_eq!(p.unclocked_allowance(), (2_000, None));
+        p.charge_unclocked(1_500, 3);
+        assert_eq!(p.unclocked_allowance(), (500, None));
+        p.charge_unclocked(500, 1);
+        assert_eq!(p.unclocked_allowance(), (0, None));
+        assert!(p.try_release_unclocked(1, 1));
+        assert_eq!(p.unclocked_allowance(), (0, None), "never negative");
+        let wait = p.try_release(Duration::from_millis(10), 1, 1).unwrap_err();
+        assert_eq!(wait.as_nanos(), 1_000, "one byte of debt at 1 MB/s");
+
+        let mut ops = Pacer::new(
+            PaceRate {
+                bytes_per_sec: 1_000_000_000,
+                ops_per_sec: Some(1_000),
+                chunk_bytes: 1_000,
+            },
+            Duration::ZERO,
+        );
+        assert_eq!(ops.unclocked_allowance(), (2_000, Some(2)));
+        ops.set_rate(Duration::ZERO, rate(0, 1_000));
+        assert_eq!(ops.unclocked_allowance(), (0, Some(0)), "paused");
     }
 
     #[test]
@@ -1103,6 +1264,67 @@ mod tests {
                         );
                         told = Some(wait as u64);
                     }
+                }
+            }
+        }
+    }
+    proptest::proptest! {
+        /// With releases asked without the time mixed in at random (as the shaper's fast
+        /// lane asks, falling back to the clock when refused), every request the pacer
+        /// releases is one an exact token bucket charged at the true times would release
+        /// too, up to the rounding stated above: charging unclocked releases at the next
+        /// reading only ever leaves the pacer with less credit, never more.
+        #[test]
+        fn releases_without_the_time_never_exceed_an_exact_token_bucket(
+            bytes_per_sec in 10_000u64..=100_000_000_000,
+            ops_per_sec in proptest::option::of(1_000u64..=2_000_000_000),
+            chunk in 64u32..=16_384,
+            steps in proptest::collection::vec(
+                (0u64..20_000, 1u64..=32_768, proptest::bool::ANY),
+                1..400,
+            ),
+        ) {
+            let r = PaceRate { bytes_per_sec, ops_per_sec, chunk_bytes: chunk };
+            let mut p = Pacer::new(r, Duration::ZERO);
+            let byte_burst = (bytes_per_sec / 1_000_000).max(2 * u64::from(chunk));
+            let mut lanes = vec![(Bucket::new(bytes_per_sec, byte_burst), byte_burst)];
+            if let Some(ops) = ops_per_sec {
+                let op_burst = (ops / 1_000_000).max(2);
+                lanes.push((Bucket::new(ops, op_burst), op_burst));
+            }
+            let mut charged = vec![0u64; lanes.len()];
+            let (mut now, mut told) = (0u64, None::<u64>);
+            for (dt, size, unclocked) in steps {
+                let size = size.min(2 * u64::from(chunk));
+                let dt = told.map_or(dt, |w| dt.min(w));
+                now += dt;
+                for (b, _) in &mut lanes {
+                    b.advance(dt);
+                }
+                let eps: Vec<f64> = lanes
+                    .iter()
+                    .zip(&charged)
+                    .map(|((_, burst), units)| (units + burst + 1) as f64 / (1u64 << 30) as f64 + 1.0)
+                    .collect();
+                let released = if unclocked && p.try_release_unclocked(size, 1) {
+                    Ok(())
+                } else {
+                    p.try_release(Duration::from_nanos(now), size, 1)
+                };
+                match released {
+                    Ok(()) => {
+                        let units = [size, 1];
+                        for (i, (b, _)) in lanes.iter_mut().enumerate() {
+                            proptest::prop_assert!(
+                                b.balance_ns() >= -eps[i],
+                                "released with {} ns of debt in lane {i}", -b.balance_ns()
+                            );
+                            b.charge(units[i]);
+                            charged[i] += units[i];
+                        }
+                        told = None;
+                    }
+                    Err(wait) => told = Some(wait.as_nanos() as u64),
                 }
             }
         }

@@ -75,7 +75,7 @@ impl CqShared {
         if self.shaped.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return rc;
         }
-        let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let qps = self.qps.lock();
         let mut synthesized = Vec::new();
         while rc == 0 {
             // SAFETY: inside a poll, the provider presents a valid entry.

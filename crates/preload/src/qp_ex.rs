@@ -69,7 +69,7 @@ fn with_batch(qpx: *mut ibv_qp_ex, f: impl FnOnce(&mut WrBatch)) {
     if let Some(q) = state(qpx) {
         guarded(
             || {
-                let mut st = q.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = q.state.lock();
                 f(&mut st.batch);
             },
             || (),
@@ -126,7 +126,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     guarded(
         || {
             let (wrs, unsupported) = {
-                let mut st = q.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = q.state.lock();
                 (
                     std::mem::take(&mut st.batch.wrs),
                     st.batch.unsupported.take(),

@@ -33,8 +33,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
@@ -328,6 +327,29 @@ struct Posted {
     visible: bool,
 }
 
+/// What the queue keeps of a request [`SendQueue::post_now`] posted whole, until its
+/// completion: 16 bytes, in a slot of [`SendQueue::quick`] found from its WQE's tag (no
+/// search, no allocation, nothing moved but the record). Turned into a [`Request`] and a
+/// [`Posted`] entry only when the general path needs the queue (see
+/// [`SendQueue::materialize`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Quick {
+    /// The application's `wr_id`.
+    wr_id: u64,
+    /// Its payload, as the general path records it.
+    len: u32,
+    /// Its opcode (`IBV_WR_*`, every one fits; the completion's is worked out only if the
+    /// general path needs it).
+    opcode: u8,
+    /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`].
+    flags: u8,
+}
+
+/// [`Quick::flags`]: the WQE was posted signaled.
+const QUICK_SIGNALED: u8 = 1;
+/// [`Quick::flags`]: its completion is the application's.
+const QUICK_VISIBLE: u8 = 2;
+
 /// What kind of WQE a built entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WqeKind {
@@ -384,6 +406,13 @@ impl TagSpace {
     fn contains(&self, wr_id: u64) -> bool {
         wr_id.wrapping_sub(self.base()) < self.len()
     }
+
+    /// The slot of the tag `wr_id` (the sequence number of its WQE, masked), if it is one.
+    #[inline(always)]
+    fn slot(&self, wr_id: u64) -> Option<usize> {
+        let slot = wr_id.wrapping_sub(self.base());
+        (slot < self.len()).then_some(slot as usize)
+    }
 }
 
 /// Why posting stopped.
@@ -420,7 +449,7 @@ pub struct DrainEnv<'a> {
     /// Posts a list of WQEs.
     pub post: &'a mut PostList<'a>,
     /// The process's rate pacer, when pacing is configured.
-    pub pacer: Option<&'a Mutex<Pacer>>,
+    pub pacer: Option<&'a RateGate>,
     /// The process's counters.
     pub counters: &'a Counters,
     /// Completions to deliver that the hardware will not produce.
@@ -438,6 +467,100 @@ pub struct DrainOutcome {
     pub refused: Option<(usize, c_int)>,
 }
 
+/// The process's rate pacer, and an allowance taken from it ahead that posts spend without
+/// its lock or a clock reading.
+///
+/// The allowance is what [`Pacer::unclocked_allowance`] says the balances of the pacer's
+/// last refill cover: requests that fit in it are ones [`Pacer::try_release_unclocked`]
+/// would release. A post takes its bytes and its operation from it with one
+/// compare-and-swap ([`Self::try_take`]); whoever locks the pacer first takes back what is
+/// left and charges the pacer what was spent ([`Self::lock`]), so the pacer's own
+/// decisions always see every release. The allowance is handed out again only by a post
+/// that found it short ([`Self::release`]).
+pub struct RateGate {
+    pacer: parking_lot::Mutex<Pacer>,
+    /// What is left of the allowance: operations in the high 32 bits, bytes in the low 32.
+    /// Taken from with compare-and-swap and emptied with a swap, both `Relaxed`: it is a
+    /// counter whose every change is one atomic step in a single modification order, so
+    /// the swap under the lock sees exactly what the posts before it took and no post
+    /// after it takes anything. Nothing else is published through it (the pacer is read
+    /// only under its lock).
+    allowance: AtomicU64,
+    /// The allowance last handed out, in the same layout; written and read only under the
+    /// pacer's lock (`Relaxed`: the lock orders it).
+    granted: AtomicU64,
+}
+
+/// The bytes field of a [`RateGate`] allowance.
+const ALLOWANCE_BYTES: u64 = u32::MAX as u64;
+
+impl RateGate {
+    /// A gate for `pacer`, with no allowance handed out.
+    pub fn new(pacer: Pacer) -> Self {
+        RateGate {
+            pacer: parking_lot::Mutex::new(pacer),
+            allowance: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a request of `bytes` and one operation from the allowance, if it has room:
+    /// the request is released, without the lock or the clock.
+    #[inline(always)]
+    pub fn try_take(&self, bytes: u64) -> bool {
+        if bytes > ALLOWANCE_BYTES {
+            return false;
+        }
+        let need = (1u64 << 32) | bytes;
+        let mut left = self.allowance.load(Ordering::Relaxed);
+        loop {
+            if left >> 32 == 0 || left & ALLOWANCE_BYTES < bytes {
+                return false;
+            }
+            match self.allowance.compare_exchange_weak(
+                left,
+                left - need,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => left = now,
+            }
+        }
+    }
+
+    /// Locks the pacer, first charging it what was spent of the allowance (which is then
+    /// empty until [`Self::release`] hands one out again).
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, Pacer> {
+        let mut pacer = self.pacer.lock();
+        let left = self.allowance.swap(0, Ordering::Relaxed);
+        let granted = self.granted.swap(0, Ordering::Relaxed);
+        if granted != 0 {
+            let spent = |field: fn(u64) -> u64| field(granted).saturating_sub(field(left));
+            pacer.charge_unclocked(spent(|a| a & ALLOWANCE_BYTES), spent(|a| a >> 32));
+        }
+        pacer
+    }
+
+    /// Releases a request of `bytes` and one operation that [`Self::try_take`] could not:
+    /// asks the pacer without the clock, then at `now()`, and hands out a new allowance.
+    #[cold]
+    #[inline(never)]
+    pub fn release(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
+        let mut pacer = self.lock();
+        let released =
+            pacer.try_release_unclocked(bytes, 1) || pacer.try_release(now(), bytes, 1).is_ok();
+        let (bytes, ops) = pacer.unclocked_allowance();
+        let granted =
+            (ops.unwrap_or(u64::MAX).min(ALLOWANCE_BYTES) << 32) | bytes.min(ALLOWANCE_BYTES);
+        // Published after `granted`, both under the lock: a post that takes from it is
+        // charged by the next `lock`, which reads both under the same lock.
+        self.granted.store(granted, Ordering::Relaxed);
+        self.allowance.store(granted, Ordering::Relaxed);
+        released
+    }
+}
+
 /// Most WQEs handed to the provider in one call: enough that a split request's chunks and
 /// yields go with one doorbell, few enough that the list stays in cache.
 pub const MAX_WQES_PER_POST: usize = 256;
@@ -448,6 +571,8 @@ pub struct SendQueue {
     capacity: u32,
     max_sge: usize,
     sig_all: bool,
+    /// `IBV_SEND_SIGNALED` when `sig_all`, else 0: or-ed into a request's flags.
+    sig_flag: u32,
     signal_every: u32,
     unsignaled_run: u32,
     requests: VecDeque<Request>,
@@ -458,6 +583,13 @@ pub struct SendQueue {
     /// Sequence number of the next WQE posted (for its tag).
     next_wqe: u64,
     tags: TagSpace,
+    /// Records of the requests posted by [`Self::post_now`], one slot per tag.
+    quick: Box<[Quick]>,
+    /// How many of the newest WQEs (`next_wqe - quick_len .. next_wqe`) are such requests,
+    /// kept only in [`Self::quick`]. They come after every request of `requests`, all of
+    /// which are then fully posted: `post_now` adds one only when nothing waits, and every
+    /// other change of the queue first moves them into `requests` and `posted`.
+    quick_len: usize,
     failed: bool,
     /// The failure came as an error completion: every WQE after it reports (flushed).
     hardware_flushes: bool,
@@ -475,6 +607,7 @@ impl std::fmt::Debug for SendQueue {
             .field("requests", &self.requests.len())
             .field("cursor", &self.cursor)
             .field("posted", &self.posted.len())
+            .field("quick", &self.quick_len)
             .field("failed", &self.failed)
             .finish()
     }
@@ -498,6 +631,7 @@ impl SendQueue {
             capacity,
             max_sge: usize::try_from(max_sge.max(1)).unwrap_or(1),
             sig_all,
+            sig_flag: if sig_all { IBV_SEND_SIGNALED } else { 0 },
             signal_every: (capacity / 2).max(1),
             unsignaled_run: 0,
             requests: VecDeque::new(),
@@ -505,6 +639,9 @@ impl SendQueue {
             cursor: 0,
             posted: VecDeque::new(),
             next_wqe: 0,
+            quick: vec![Quick::default(); TagSpace::new(capacity).len() as usize]
+                .into_boxed_slice(),
+            quick_len: 0,
             tags: TagSpace::new(capacity),
             failed: false,
             hardware_flushes: false,
@@ -516,13 +653,13 @@ impl SendQueue {
 
     /// Application requests outstanding (accepted, not retired).
     pub fn outstanding(&self) -> usize {
-        self.requests.len()
+        self.requests.len() + self.quick_len
     }
 
     /// True when requests wait in software and the hardware queue is full: only polled
     /// completions will let them go.
     pub fn blocked_on_slots(&self) -> bool {
-        self.queued() > 0 && self.posted.len() >= self.capacity as usize
+        self.queued() > 0 && self.in_flight() >= self.capacity as usize
     }
 
     /// True when a drain may post or settle something: requests wait in software.
@@ -534,6 +671,48 @@ impl SendQueue {
     /// Requests waiting in software (not fully posted).
     pub fn queued(&self) -> usize {
         self.requests.len() - self.cursor
+    }
+
+    /// WQEs on the hardware queue.
+    fn in_flight(&self) -> usize {
+        self.posted.len() + self.quick_len
+    }
+
+    /// Moves the requests kept only in [`Self::quick`] into `requests` and `posted`, as
+    /// the general path records a request posted whole, so that it sees the whole queue.
+    fn materialize(&mut self) {
+        if self.quick_len == 0 {
+            return;
+        }
+        let first = self.next_wqe - self.quick_len as u64;
+        for wqe in first..self.next_wqe {
+            let q = self.quick[(wqe & (self.tags.len() - 1)) as usize];
+            let visible = q.flags & QUICK_VISIBLE != 0;
+            let seq = self.first_seq + self.requests.len() as u64;
+            self.posted.push_back(Posted {
+                seq,
+                wr_id: self.tags.tag(wqe),
+                signaled: q.flags & QUICK_SIGNALED != 0,
+                visible,
+            });
+            self.requests.push_back(Request {
+                wr_id: q.wr_id,
+                wc_opcode: wc_opcode_for(ibv_wr_opcode::from(q.opcode)),
+                len: q.len,
+                split: false,
+                visible,
+                paced: false,
+                body: Body::Sent,
+                call_index: None,
+                posted_any: true,
+                done_posting: true,
+                inflight: 1,
+                reported: false,
+                blocked_since: None,
+            });
+        }
+        self.quick_len = 0;
+        self.cursor = self.requests.len();
     }
 
     /// The application's send capacity.
@@ -556,6 +735,7 @@ impl SendQueue {
         treatment: Treatment,
         call_index: usize,
     ) -> Result<(), c_int> {
+        self.materialize();
         if self.requests.len() >= self.capacity as usize {
             return Err(libc::ENOMEM);
         }
@@ -596,8 +776,9 @@ impl SendQueue {
     /// back, without copying it: the queue holds no request waiting, the QP has not failed,
     /// the hardware queue has a slot, the request is no larger than what `lane` posts whole
     /// (a split or preempt treatment of a request no larger than one chunk or sub-message
-    /// posts it whole), and `release` (the rate pacer's verdict, asked last and only for a
-    /// paced lane) lets it go. The WQE carries a tag like every other, and the request is
+    /// posts it whole), and `gate` (the rate pacer's verdict, asked last and only for a
+    /// paced lane, which reads the time with `now` only when its allowance is short) lets
+    /// it go. The WQE carries a tag like every other, and the request is
     /// recorded fully posted: the provider's verdict (`post`, handed the one WQE) is final,
     /// so the call has nothing left to take back.
     ///
@@ -613,25 +794,25 @@ impl SendQueue {
         &mut self,
         wr: &ibv_send_wr,
         lane: FastLane,
-        release: impl FnOnce(u64) -> bool,
+        gate: &RateGate,
+        now: impl FnOnce() -> Duration,
         post: impl FnOnce(&mut ibv_send_wr) -> c_int,
         counters: &Counters,
     ) -> Option<Result<(), c_int>> {
-        let outstanding = self.requests.len();
         if self.failed
-            || self.cursor != outstanding
-            || outstanding >= self.capacity as usize
-            || self.posted.len() >= self.capacity as usize
+            || self.cursor != self.requests.len()
+            || self.requests.len().max(self.posted.len()) + self.quick_len >= self.capacity as usize
         {
             return None;
         }
         // SAFETY: guaranteed by the caller.
         let len = unsafe { payload_of(wr) };
-        if len > lane.whole_up_to || (lane.paced && !release(len)) {
+        if len > lane.whole_up_to || (lane.paced && !(gate.try_take(len) || gate.release(len, now)))
+        {
             return None;
         }
         let len = u32::try_from(len).unwrap_or(u32::MAX);
-        let visible = self.sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0;
+        let visible = (wr.send_flags | self.sig_flag) & IBV_SEND_SIGNALED != 0;
         let signaled = visible || self.unsignaled_run + 1 >= self.signal_every;
         let mut wqe = *wr;
         wqe.next = std::ptr::null_mut();
@@ -645,30 +826,20 @@ impl SendQueue {
         if rc != 0 {
             return Some(Err(rc));
         }
+        // The slot of this WQE's tag; no WQE in flight has it (they never outnumber it).
+        let slot = (self.next_wqe & (self.tags.len() - 1)) as usize;
+        if let Some(q) = self.quick.get_mut(slot) {
+            *q = Quick {
+                wr_id: wr.wr_id,
+                len,
+                opcode: u8::try_from(wr.opcode).unwrap_or(u8::MAX),
+                flags: if signaled { QUICK_SIGNALED } else { 0 }
+                    | if visible { QUICK_VISIBLE } else { 0 },
+            };
+        }
         self.next_wqe += 1;
+        self.quick_len += 1;
         self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
-        self.posted.push_back(Posted {
-            seq: self.first_seq + outstanding as u64,
-            wr_id: wqe.wr_id,
-            signaled,
-            visible,
-        });
-        self.requests.push_back(Request {
-            wr_id: wr.wr_id,
-            wc_opcode: wc_opcode_for(wr.opcode),
-            len,
-            split: false,
-            visible,
-            paced: lane.paced,
-            body: Body::Sent,
-            call_index: None,
-            posted_any: true,
-            done_posting: true,
-            inflight: 1,
-            reported: false,
-            blocked_since: None,
-        });
-        self.cursor = outstanding + 1;
         add(&counters.requests, 1);
         add(&counters.bytes, u64::from(len));
         Some(Ok(()))
@@ -715,6 +886,8 @@ impl SendQueue {
 
     /// Ends the running post call: its requests can no longer be taken back.
     pub fn end_call(&mut self) {
+        // Requests of a running call are never kept in `quick` (accepting one moves them
+        // out), so the ones there have ended theirs.
         for r in self.requests.iter_mut().rev() {
             if r.call_index.take().is_none() {
                 break;
@@ -728,6 +901,7 @@ impl SendQueue {
     /// stay: the call's requests are the last ones of the queue, in list order, and WQEs
     /// are posted in order, so the ones that stay are the first of the list.
     pub fn take_back_call(&mut self) -> usize {
+        self.materialize();
         let start = self
             .requests
             .iter()
@@ -750,6 +924,7 @@ impl SendQueue {
             blocked: Blocked::Idle,
             refused: None,
         };
+        self.materialize();
         loop {
             if self.failed {
                 self.flush_settled(env.counters, env.synthesized);
@@ -801,7 +976,7 @@ impl SendQueue {
     fn build(
         &mut self,
         now: Duration,
-        pacer: Option<&Mutex<Pacer>>,
+        pacer: Option<&RateGate>,
         snapshots: &mut Vec<(usize, Box<SplitBody>)>,
     ) -> (Blocked, Option<usize>) {
         self.batch.clear();
@@ -846,11 +1021,7 @@ impl SendQueue {
             };
             if req.paced && !is_yield {
                 if let Some(pacer) = pacer {
-                    let taken = pacer.lock().unwrap_or_else(|e| e.into_inner()).try_release(
-                        now,
-                        u64::from(payload),
-                        1,
-                    );
+                    let taken = pacer.lock().try_release(now, u64::from(payload), 1);
                     if let Err(wait) = taken {
                         return (Blocked::Tokens(wait), Some(index));
                     }
@@ -1088,6 +1259,7 @@ impl SendQueue {
         if let Some(verdict) = self.complete_fast(wc) {
             return verdict;
         }
+        self.materialize();
         if !self.tags.contains(wc.wr_id) {
             return Verdict::NotOurs;
         }
@@ -1146,19 +1318,22 @@ impl SendQueue {
     }
 
     /// The usual completion, settled without [`Self::complete`]'s searches: a success of
-    /// the oldest WQE in flight, the last of the oldest request, on a queue that has not
-    /// failed. Settles it as the general path would (pop the WQE, deliver the request's
-    /// completion once, retire it); `None` for anything else, left untouched for
-    /// [`Self::complete`]. (Matching the oldest WQE's tag implies the tests that
+    /// a signaled WQE of a request [`Self::post_now`] posted, or of the oldest WQE in
+    /// flight, the last of the oldest request, on a queue that has not failed. Settles it
+    /// as the general path would (the WQEs up to it completed, unsignaled ones silently;
+    /// deliver the request's completion once, retire it); `None` for anything else, left
+    /// untouched for [`Self::complete`]. (Matching a tag in flight implies the tests that
     /// [`Self::complete`] makes first.)
     #[inline(always)]
     pub fn complete_fast(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
-        if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 {
+        if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 || self.failed {
             return None;
         }
+        if self.posted.is_empty() {
+            return self.complete_quick(wc);
+        }
         let front = self.posted.front()?;
-        if self.failed || !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq
-        {
+        if !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq {
             return None;
         }
         let visible = front.visible;
@@ -1192,6 +1367,37 @@ impl SendQueue {
             self.retire_front();
         }
         Some(verdict)
+    }
+
+    /// [`Self::complete_fast`] when every WQE in flight is a request kept in
+    /// [`Self::quick`]: the tag names its slot, and its place in the run is the distance
+    /// from the oldest. It and the requests before it retire (RC completes in order, so the
+    /// unsignaled ones completed silently).
+    #[inline(always)]
+    fn complete_quick(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
+        if !self.requests.is_empty() {
+            return None;
+        }
+        let slot = self.tags.slot(wc.wr_id)?;
+        let oldest = self.next_wqe - self.quick_len as u64;
+        let before = (slot as u64).wrapping_sub(oldest) & (self.tags.len() - 1);
+        if before >= self.quick_len as u64 {
+            // No WQE in flight carries it: a stale completion, for the general path.
+            return None;
+        }
+        let q = *self.quick.get(slot)?;
+        if q.flags & QUICK_SIGNALED == 0 {
+            return None;
+        }
+        let done = before as usize + 1;
+        self.quick_len -= done;
+        self.first_seq += done as u64;
+        Some(if q.flags & QUICK_VISIBLE != 0 {
+            wc.wr_id = q.wr_id;
+            Verdict::Deliver
+        } else {
+            Verdict::Hide
+        })
     }
 
     fn request_info(&self, seq: u64) -> Option<(u64, u32, bool, bool)> {
@@ -1265,6 +1471,7 @@ impl SendQueue {
 
     /// The QP was reset: the hardware forgot its queue, so does the shaper.
     pub fn reset(&mut self) {
+        self.materialize();
         self.first_seq += self.requests.len() as u64;
         self.requests.clear();
         self.posted.clear();
@@ -1278,6 +1485,7 @@ impl SendQueue {
     /// completion the hardware will not deliver get their flush errors now, in order (see
     /// [`Self::flush_settled`]).
     pub fn set_failed(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
+        self.materialize();
         self.failed = true;
         self.flush_settled(counters, synthesized);
     }
@@ -1464,6 +1672,137 @@ mod tests {
                 .complete(&mut wc, &self.counters, &mut self.synthesized);
             (v, wc)
         }
+    }
+
+    fn gate_at_1_mb_per_s() -> RateGate {
+        let rate = justitia_core::pacer::PaceRate {
+            bytes_per_sec: 1_000_000,
+            ops_per_sec: None,
+            chunk_bytes: 1_000,
+        };
+        RateGate::new(Pacer::new(rate, Duration::ZERO))
+    }
+
+    /// A post that finds no allowance asks the pacer and hands out what its balance still
+    /// covers (2000 B of burst, less the 1000 B request: 1000 B); posts take from it
+    /// without the pacer until it is short, and whatever locks the pacer next charges it
+    /// exactly what they took.
+    #[test]
+    fn the_rate_gate_hands_out_the_pacers_spare_credit_and_charges_what_was_taken() {
+        let gate = gate_at_1_mb_per_s();
+        assert!(!gate.try_take(1), "nothing handed out yet");
+        assert!(gate.release(1_000, || Duration::ZERO));
+        assert!(gate.try_take(600));
+        assert!(!gate.try_take(600), "400 B left");
+        assert!(gate.try_take(400));
+        assert!(!gate.try_take(1));
+        let pacer = gate.lock();
+        assert_eq!(pacer.unclocked_allowance(), (0, None), "1000 B charged");
+        drop(pacer);
+        assert!(!gate.try_take(1), "the lock took the allowance back");
+        // 2000 B released at time zero: a zero balance still releases one request, which
+        // leaves 1000 B of debt, repaid at 1 MB/s from the next reading on.
+        assert!(gate.release(1_000, || Duration::from_micros(999)));
+        assert!(!gate.release(1, || Duration::from_micros(999)));
+        assert!(!gate.release(1, || Duration::from_micros(1_998)));
+        assert!(gate.release(1, || Duration::from_micros(1_999)));
+    }
+
+    /// Posts on many threads never take more than was handed out.
+    #[test]
+    fn the_rate_gate_never_hands_out_more_than_once_under_contention() {
+        let gate = gate_at_1_mb_per_s();
+        assert!(gate.release(0, || Duration::ZERO));
+        let taken = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1_000 {
+                        if gate.try_take(3) {
+                            taken.fetch_add(3, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // 2000 B of burst: 666 requests of 3 B fit.
+        assert_eq!(taken.load(Ordering::Relaxed), 1_998);
+        assert_eq!(gate.lock().unclocked_allowance(), (2, None));
+    }
+
+    impl Harness {
+        /// Posts one request by [`SendQueue::post_now`], unpaced, as the fast lane does.
+        fn post_now(&mut self, wr_id: u64, len: u32, signaled: bool) {
+            let mut sge = ibv_sge {
+                addr: 0x20_0000,
+                length: len,
+                lkey: 1,
+            };
+            let wr = ibv_send_wr {
+                wr_id,
+                opcode: IBV_WR_RDMA_WRITE,
+                send_flags: if signaled { IBV_SEND_SIGNALED } else { 0 },
+                sg_list: &mut sge,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let lane = FastLane {
+                whole_up_to: u64::MAX,
+                paced: false,
+            };
+            let gate = RateGate::new(Pacer::new(
+                justitia_core::pacer::PaceRate {
+                    bytes_per_sec: 0,
+                    ops_per_sec: None,
+                    chunk_bytes: 4096,
+                },
+                Duration::ZERO,
+            ));
+            let wire = &mut self.wire;
+            let post = |w: &mut ibv_send_wr| {
+                wire.push((w.wr_id, w.send_flags & IBV_SEND_SIGNALED != 0, len));
+                0
+            };
+            // SAFETY: wr and its one SGE live for the call.
+            let posted = unsafe {
+                self.sq
+                    .post_now(&wr, lane, &gate, || Duration::ZERO, post, &self.counters)
+            };
+            assert_eq!(posted, Some(Ok(())));
+        }
+    }
+
+    /// Requests posted straight (kept as 16-byte records) and a split request behind them
+    /// (which moves those records into the general queue) complete as the application
+    /// posted them: each signaled one once with its own `wr_id`, the unsignaled ones
+    /// silently, the split one with its whole length; a stale tag is hidden.
+    #[test]
+    fn requests_posted_straight_and_split_ones_behind_them_complete_in_order() {
+        let mut h = Harness::new(8);
+        h.post_now(1, 100, false);
+        h.post_now(2, 100, true);
+        h.post_now(3, 100, false);
+        assert_eq!(h.sq.outstanding(), 3);
+        assert!(h.wire.iter().all(|w| h.sq.tags.contains(w.0)), "tags only");
+        assert_eq!(
+            h.wire.iter().map(|w| w.1).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        h.accept(4, 16384, true, SPLIT_4K);
+        h.drain();
+        assert_eq!(h.wire.len(), 7, "three whole, four chunks");
+        let (v, wc) = h.complete(1, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 2));
+        assert_eq!(h.sq.outstanding(), 2, "1 and 2 retired, 3 and 4 in flight");
+        let (v, wc) = h.complete(6, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id, wc.byte_len), (Verdict::Deliver, 4, 16384));
+        assert_eq!(h.sq.outstanding(), 0);
+        // Straight again once the queue is empty, and settled from its record.
+        h.post_now(5, 100, true);
+        let (v, wc) = h.complete(7, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 5));
+        assert_eq!(h.sq.outstanding(), 0);
+        assert_eq!(h.complete(7, IBV_WC_SUCCESS).0, Verdict::Hide, "stale");
     }
 
     const SPLIT_4K: Treatment = Treatment::Split {

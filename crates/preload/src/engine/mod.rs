@@ -39,7 +39,9 @@ use ex_state::{QpExOps, WrBatch};
 
 pub mod channels;
 pub mod ex_state;
-use crate::send_queue::{Blocked, DrainEnv, FastLane, OwnedWr, SendQueue, Treatment, Verdict};
+use crate::send_queue::{
+    Blocked, DrainEnv, FastLane, OwnedWr, RateGate, SendQueue, Treatment, Verdict,
+};
 use crate::stats::{Counters, StatsSnapshot};
 
 /// `ibv_context.ops.post_send`.
@@ -156,8 +158,9 @@ pub struct Engine {
     counters: Counters,
     /// The enforcement algorithm the simulator uses too: one per process, shared by every
     /// paced QP (see [`pace_rate`]), asked only while [`Self::paced`] is set. Its rate is
-    /// `JUSTITIA_RATE`, or the daemon's allotment.
-    rate: Mutex<RatePacer>,
+    /// `JUSTITIA_RATE`, or the daemon's allotment. Behind a gate whose allowance lets the
+    /// fast lane release paced requests without its lock or the clock.
+    rate: RateGate,
     /// The release phase [`Self::rate`] was last given (`None`: set without one), so that
     /// only a new epoch from the daemon moves the flow. Touched only where settings are
     /// applied or reported, never on a verb.
@@ -202,7 +205,7 @@ impl Engine {
             chunk_bytes: config.chunk_bytes,
         });
         Arc::new(Engine {
-            rate: Mutex::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
+            rate: RateGate::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
             phase: Mutex::new(None),
             paced: AtomicBool::new(fallback.rate.is_some()),
             chunk_bytes: AtomicU32::new(config.chunk_bytes),
@@ -274,8 +277,8 @@ impl Engine {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn rate_pacer(&self) -> MutexGuard<'_, RatePacer> {
-        self.rate.lock().unwrap_or_else(|e| e.into_inner())
+    fn rate_pacer(&self) -> parking_lot::MutexGuard<'_, RatePacer> {
+        self.rate.lock()
     }
 
     /// Puts `settings` in effect at `now`: the pacer takes the new rate (what accrued so
@@ -823,7 +826,7 @@ pub struct QpShared {
     /// Its `max_send_wr`: the most completions it can have waiting in its send CQ.
     send_depth: u32,
     send_cq: Option<Arc<CqShared>>,
-    pub(crate) state: Mutex<QpState>,
+    pub(crate) state: parking_lot::Mutex<QpState>,
     in_pacer: AtomicBool,
     pub(crate) ex: Option<QpExOps>,
     /// The shaper failed (panicked) on this QP's post path: its posts pass through.
@@ -925,9 +928,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     // knows; a QP whose CQ it does not know is only observed. The CQ's QP list stays locked
     // until the QP is in it, so that two QPs created at once cannot both take the CQ's
     // last room.
-    let mut cq_qps = send_cq
-        .as_ref()
-        .map(|c| c.qps.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut cq_qps = send_cq.as_ref().map(|c| c.qps.lock());
     let shaped = engine.shapes(init.qp_type)
         && init.shapable
         && match (&send_cq, &cq_qps) {
@@ -958,7 +959,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         shaped,
         send_depth: init.cap.max_send_wr,
         send_cq: send_cq.clone(),
-        state: Mutex::new(QpState {
+        state: parking_lot::Mutex::new(QpState {
             sq,
             destroyed: false,
             path_mtu: MIN_PATH_MTU,
@@ -1153,8 +1154,21 @@ pub(crate) fn qp(qp: *mut ibv_qp) -> Option<&'static QpShared> {
 }
 
 impl QpShared {
-    fn lock(&self) -> MutexGuard<'_, QpState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    #[inline(always)]
+    fn lock(&self) -> parking_lot::MutexGuard<'_, QpState> {
+        self.state.lock()
+    }
+
+    /// Settles the usual completion of this QP's send queue (see
+    /// [`SendQueue::complete_fast`]) when no request waits to be posted into the slot it
+    /// frees; returns whether to deliver it. `None`: left untouched, for the general path.
+    #[inline(always)]
+    fn complete_quick(&self, wc: &mut ibv_wc) -> Option<bool> {
+        let mut st = self.lock();
+        if st.sq.needs_drain() {
+            return None;
+        }
+        st.sq.complete_fast(wc).map(|v| v != Verdict::Hide)
     }
 
     /// Counts a single request with one SGE posted on an observed QP (the usual case,
@@ -1192,6 +1206,7 @@ impl QpShared {
     ///
     /// # Safety
     /// `wr` must be a valid request list and `bad_wr` writable.
+    #[inline(always)]
     pub(crate) unsafe fn post_send_shaped(
         &self,
         wr: *mut ibv_send_wr,
@@ -1297,13 +1312,12 @@ impl QpShared {
         if st.destroyed {
             return None;
         }
-        // Asked only by a paced lane. Should pacing have stopped since the lane was
-        // derived, the request still takes tokens once; a refused one waits in the queue,
-        // whose drain no longer paces.
-        let release = |bytes: u64| {
-            let now = engine.clock.now();
-            engine.rate_pacer().try_release(now, bytes, 1).is_ok()
-        };
+        // The gate is asked only by a paced lane. Should pacing have stopped since the lane
+        // was derived, the request still takes tokens once; a refused one waits in the
+        // queue, whose drain no longer paces. The pacer's lock is taken and the clock read
+        // only when the allowance handed out at the last such call does not cover the
+        // request.
+        let now = || engine.clock.now();
         let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
@@ -1312,7 +1326,10 @@ impl QpShared {
             unsafe { post_send(qp, wqe, &mut bad) }
         };
         // SAFETY: guaranteed by the caller.
-        let posted = unsafe { st.sq.post_now(w, lane, release, post, &engine.counters) }?;
+        let posted = unsafe {
+            st.sq
+                .post_now(w, lane, &engine.rate, now, post, &engine.counters)
+        }?;
         // Settled as soon as the provider has answered: a panic from here on must not
         // refuse a request that went out.
         let rc = posted.err().unwrap_or(0);
@@ -1541,7 +1558,7 @@ pub struct CqShared {
     /// Shaped QPs that send their completions here.
     pub(crate) shaped: AtomicU32,
     /// Those QPs, in QP-number order.
-    pub(crate) qps: Mutex<Vec<Arc<QpShared>>>,
+    pub(crate) qps: parking_lot::Mutex<Vec<Arc<QpShared>>>,
     /// Its size (`ibv_cq.cqe`, what the provider granted).
     cqe: u32,
     synthesized: Mutex<VecDeque<ibv_wc>>,
@@ -1587,7 +1604,7 @@ pub unsafe fn register_cq(
         req_notify_cq: ctx.req_notify_cq,
         engine: Arc::clone(&ctx.engine),
         shaped: AtomicU32::new(0),
-        qps: Mutex::new(Vec::new()),
+        qps: parking_lot::Mutex::new(Vec::new()),
         // SAFETY: the caller guarantees cq is live.
         cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
         synthesized: Mutex::new(VecDeque::new()),
@@ -1685,7 +1702,7 @@ impl CqShared {
     /// Adds a shaped QP that sends its completions here, in QP-number order (so that a
     /// completion finds its QP by binary search, not by a scan of every QP).
     fn add_qp(&self, qp: &Arc<QpShared>) {
-        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut qps = self.qps.lock();
         self.add_qp_locked(&mut qps, qp);
     }
 
@@ -1699,7 +1716,7 @@ impl CqShared {
 
     /// Removes a QP added with [`Self::add_qp`].
     fn remove_qp(&self, qp: &Arc<QpShared>) {
-        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut qps = self.qps.lock();
         let before = qps.len();
         qps.retain(|q| !Arc::ptr_eq(q, qp));
         if qps.len() < before {
@@ -1789,7 +1806,7 @@ impl CqShared {
         }
         let mut touched: Vec<Arc<QpShared>> = Vec::new();
         {
-            let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+            let qps = self.qps.lock();
             let mut held = Vec::new();
             let mut synthesized = Vec::new();
             let mut buf = [ibv_wc::default(); 16];
@@ -1830,41 +1847,107 @@ impl CqShared {
     /// internal ones and rewriting split requests' ones; then lets the QPs it heard from
     /// post more.
     ///
+    /// The usual poll is settled here, in line: nothing is held, one call to the provider
+    /// fills what the application asked for or empties the CQ, and every completion is
+    /// settled by [`SendQueue::complete_fast`] on a QP with nothing waiting. Anything else
+    /// continues in [`Self::poll_general`] from where this stopped.
+    ///
     /// # Safety
     /// `cq` is this CQ and `wc` has room for `n` entries.
+    #[inline(always)]
     pub(crate) unsafe fn poll_shaped(&self, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+        let qps = self.qps.lock();
+        // Checked under the lock the pacer's own polls hold while they queue what they
+        // took: with nothing queued, the provider's next completions are the oldest.
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) || n <= 0 {
+            // SAFETY: guaranteed by the caller.
+            return unsafe { self.poll_general(qps, cq, n, wc, Resume::default()) };
+        }
+        // SAFETY: wc has room for n entries.
+        let got = unsafe { (self.poll_cq)(cq, n, wc) };
+        if got < 0 {
+            return got;
+        }
+        let got = got as usize;
+        let mut kept = 0usize;
+        for i in 0..got {
+            // SAFETY: i < got <= n, written by the provider.
+            let e = unsafe { &mut *wc.add(i) };
+            // A CQ of one shaped QP (the usual case) needs no search.
+            let owner = match qps.as_slice() {
+                [q] => (q.qp_num == e.qp_num).then_some(q),
+                _ => qps
+                    .binary_search_by_key(&e.qp_num, |q| q.qp_num)
+                    .ok()
+                    .and_then(|at| qps.get(at)),
+            };
+            let deliver = match owner {
+                // Not a shaped QP's: the application's own.
+                None => true,
+                Some(q) => match q.complete_quick(e) {
+                    Some(deliver) => deliver,
+                    None => {
+                        let resume = Resume {
+                            kept,
+                            next: i,
+                            got,
+                            full: got == n as usize,
+                        };
+                        // SAFETY: guaranteed by the caller.
+                        return unsafe { self.poll_general(qps, cq, n, wc, resume) };
+                    }
+                },
+            };
+            if deliver {
+                if kept != i {
+                    // SAFETY: kept < i, both within the buffer.
+                    unsafe { *wc.add(kept) = *wc.add(i) };
+                }
+                kept += 1;
+            }
+        }
+        if kept < got && got == n as usize {
+            // Completions were hidden from a full batch: the provider may have more.
+            let resume = Resume {
+                kept,
+                next: got,
+                got,
+                full: true,
+            };
+            // SAFETY: guaranteed by the caller.
+            return unsafe { self.poll_general(qps, cq, n, wc, resume) };
+        }
+        drop(qps);
+        // The clock is read only when something may be due.
+        if self.engine.pacer_has_waiting() {
+            self.engine.on_poll(self.engine.clock.now());
+        }
+        kept as c_int
+    }
+
+    /// [`Self::poll_shaped`] of what its usual case does not cover, resuming after what
+    /// it did (`resume`), with the QP list still locked.
+    ///
+    /// # Safety
+    /// As [`Self::poll_shaped`].
+    #[inline(never)]
+    unsafe fn poll_general(
+        &self,
+        qps: parking_lot::MutexGuard<'_, Vec<Arc<QpShared>>>,
+        cq: *mut ibv_cq,
+        n: c_int,
+        wc: *mut ibv_wc,
+        resume: Resume,
+    ) -> c_int {
         let want_total = usize::try_from(n).unwrap_or(0);
         let mut out = 0usize;
         let mut touched: Vec<Arc<QpShared>> = Vec::new();
         let mut synthesized = Vec::new();
         {
-            let qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
-                while out < want_total {
-                    let Some(e) = self.pop_synthesized() else {
-                        break;
-                    };
-                    // SAFETY: out < want_total.
-                    unsafe { *wc.add(out) = e };
-                    out += 1;
-                }
-            }
-            while out < want_total {
-                let want = want_total - out;
-                // SAFETY: wc has room for want_total entries, out of which `out` are used.
-                let got = unsafe {
-                    (self.poll_cq)(cq, c_int::try_from(want).unwrap_or(c_int::MAX), wc.add(out))
-                };
-                if got < 0 {
-                    if out == 0 {
-                        return got;
-                    }
-                    break;
-                }
-                let got = usize::try_from(got).unwrap_or(0);
+            let mut translate = |out: usize, range: std::ops::Range<usize>| {
                 let mut kept = out;
-                for i in out..out + got {
-                    // SAFETY: i < out + got <= want_total, written by the provider.
+                for i in range {
+                    // SAFETY: i is within the entries the provider wrote.
                     let e = unsafe { &mut *wc.add(i) };
                     let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
                     if let Some(q) = q {
@@ -1880,12 +1963,40 @@ impl CqShared {
                         kept += 1;
                     }
                 }
-                out = kept;
-                if got < want {
-                    break;
+                kept
+            };
+            let mut poll_more = true;
+            if resume.got > 0 {
+                out = translate(resume.kept, resume.next..resume.got);
+                poll_more = resume.full;
+            } else if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+                while out < want_total {
+                    let Some(e) = self.pop_synthesized() else {
+                        break;
+                    };
+                    // SAFETY: out < want_total.
+                    unsafe { *wc.add(out) = e };
+                    out += 1;
                 }
             }
+            while poll_more && out < want_total {
+                let want = want_total - out;
+                // SAFETY: wc has room for want_total entries, out of which `out` are used.
+                let got = unsafe {
+                    (self.poll_cq)(cq, c_int::try_from(want).unwrap_or(c_int::MAX), wc.add(out))
+                };
+                if got < 0 {
+                    if out == 0 {
+                        return got;
+                    }
+                    break;
+                }
+                let got = usize::try_from(got).unwrap_or(0);
+                out = translate(out, out..out + got);
+                poll_more = got == want;
+            }
         }
+        drop(qps);
         if !synthesized.is_empty() {
             self.push_synthesized(synthesized);
         }
@@ -1910,6 +2021,18 @@ impl CqShared {
         }
         c_int::try_from(out).unwrap_or(c_int::MAX)
     }
+}
+
+/// Where [`CqShared::poll_general`] takes over from [`CqShared::poll_shaped`]: the
+/// completions `..kept` of the buffer are settled, `next..got` are the provider's still to
+/// translate, and `full` says whether that call filled what it was asked for (the
+/// provider may have more). All zero: nothing was done.
+#[derive(Clone, Copy, Debug, Default)]
+struct Resume {
+    kept: usize,
+    next: usize,
+    got: usize,
+    full: bool,
 }
 
 /// Panics injected into the shaped post path by tests, to exercise [`QpShared::recover_post`].

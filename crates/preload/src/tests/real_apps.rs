@@ -357,7 +357,7 @@ fn a_child_forked_while_a_qp_is_locked_passes_its_posts_through() {
     let src = pattern(8192, 11);
     let mut dst = vec![0u8; 8192];
     let state = &engine::qp(r.qp).unwrap().state;
-    let held = state.lock().unwrap();
+    let held = state.lock();
     // SAFETY: the child only posts on the mock (no lock another thread can hold in it
     // but the shaper's) and leaves with _exit.
     let pid = unsafe { libc::fork() };
