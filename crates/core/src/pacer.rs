@@ -1199,6 +1199,68 @@ mod tests {
         }
     }
 
+    /// The exact buckets of a pacer's lanes (bytes, and operations when paced), with the
+    /// units charged so far: the reference both property tests below compare against.
+    struct ExactLanes {
+        lanes: Vec<(Bucket, u64)>,
+        charged: Vec<u64>,
+    }
+
+    impl ExactLanes {
+        /// The pacer's bursts, max(2 chunks, 1 us at the rate) and max(2 operations, 1 us),
+        /// computed here rather than asked.
+        fn new(r: PaceRate) -> ExactLanes {
+            let byte_burst = (r.bytes_per_sec / 1_000_000).max(2 * u64::from(r.chunk_bytes));
+            let mut lanes = vec![(Bucket::new(r.bytes_per_sec, byte_burst), byte_burst)];
+            if let Some(ops) = r.ops_per_sec {
+                let op_burst = (ops / 1_000_000).max(2);
+                lanes.push((Bucket::new(ops, op_burst), op_burst));
+            }
+            let charged = vec![0; lanes.len()];
+            ExactLanes { lanes, charged }
+        }
+
+        fn advance(&mut self, dt_ns: u64) {
+            for (b, _) in &mut self.lanes {
+                b.advance(dt_ns);
+            }
+        }
+
+        /// How far apart the pacer and the buckets may be, in nanoseconds of each lane: a
+        /// tick of 2^-30 ns per unit charged and per unit of burst, and a nanosecond.
+        fn eps(&self) -> Vec<f64> {
+            self.lanes
+                .iter()
+                .zip(&self.charged)
+                .map(|((_, burst), units)| (units + burst + 1) as f64 / (1u64 << 30) as f64 + 1.0)
+                .collect()
+        }
+
+        /// Charges a request the pacer released, failing if a bucket was in debt by more
+        /// than `eps`.
+        fn release(&mut self, eps: &[f64], units: [u64; 2]) -> Result<(), String> {
+            for (i, (b, _)) in self.lanes.iter_mut().enumerate() {
+                if b.balance_ns() < -eps[i] {
+                    return Err(format!(
+                        "released with {} ns of debt in lane {i}",
+                        -b.balance_ns()
+                    ));
+                }
+                b.charge(units[i]);
+                self.charged[i] += units[i];
+            }
+            Ok(())
+        }
+
+        /// How long the exact buckets make a request wait, whole nanoseconds.
+        fn wait_ns(&self) -> f64 {
+            self.lanes
+                .iter()
+                .map(|(b, _)| (-b.balance_ns()).max(0.0).ceil())
+                .fold(0.0, f64::max)
+        }
+    }
+
     proptest::proptest! {
         /// Every decision of the pacer, at random byte and operation rates, request sizes
         /// and times (a caller that comes back no later than it is told), is the one an
@@ -1215,48 +1277,24 @@ mod tests {
         ) {
             let r = PaceRate { bytes_per_sec, ops_per_sec, chunk_bytes: chunk };
             let mut p = Pacer::new(r, Duration::ZERO);
-            // max(2 chunks, 1 us at the rate), computed here rather than asked.
-            let byte_burst = (bytes_per_sec / 1_000_000).max(2 * u64::from(chunk));
-            let mut lanes = vec![(Bucket::new(bytes_per_sec, byte_burst), byte_burst)];
-            if let Some(ops) = ops_per_sec {
-                let op_burst = (ops / 1_000_000).max(2);
-                lanes.push((Bucket::new(ops, op_burst), op_burst));
-            }
-            let mut charged = vec![0u64; lanes.len()];
+            let mut exact = ExactLanes::new(r);
             let (mut now, mut told) = (0u64, None::<u64>);
             for (dt, size) in steps {
                 let size = size.min(2 * u64::from(chunk));
                 // Never late: a refused caller comes back at the latest when told.
                 let dt = told.map_or(dt, |w| dt.min(w));
                 now += dt;
-                for (b, _) in &mut lanes {
-                    b.advance(dt);
-                }
-                // How far apart the two may be, in nanoseconds of each lane.
-                let eps: Vec<f64> = lanes
-                    .iter()
-                    .zip(&charged)
-                    .map(|((_, burst), units)| (units + burst + 1) as f64 / (1u64 << 30) as f64 + 1.0)
-                    .collect();
-                let units = [size, 1];
+                exact.advance(dt);
+                let eps = exact.eps();
                 match p.try_release(Duration::from_nanos(now), size, 1) {
                     Ok(()) => {
-                        for (i, (b, _)) in lanes.iter_mut().enumerate() {
-                            proptest::prop_assert!(
-                                b.balance_ns() >= -eps[i],
-                                "released with {} ns of debt in lane {i}", -b.balance_ns()
-                            );
-                            b.charge(units[i]);
-                            charged[i] += units[i];
-                        }
+                        let checked = exact.release(&eps, [size, 1]);
+                        proptest::prop_assert!(checked.is_ok(), "{:?}", checked);
                         told = None;
                     }
                     Err(wait) => {
                         let wait = wait.as_nanos() as f64;
-                        let reference = lanes
-                            .iter()
-                            .map(|(b, _)| (-b.balance_ns()).max(0.0).ceil())
-                            .fold(0.0, f64::max);
+                        let reference = exact.wait_ns();
                         let slack = eps.iter().copied().fold(0.0, f64::max) + 1.0;
                         proptest::prop_assert!(
                             (wait - reference).abs() <= slack,
@@ -1286,26 +1324,14 @@ mod tests {
         ) {
             let r = PaceRate { bytes_per_sec, ops_per_sec, chunk_bytes: chunk };
             let mut p = Pacer::new(r, Duration::ZERO);
-            let byte_burst = (bytes_per_sec / 1_000_000).max(2 * u64::from(chunk));
-            let mut lanes = vec![(Bucket::new(bytes_per_sec, byte_burst), byte_burst)];
-            if let Some(ops) = ops_per_sec {
-                let op_burst = (ops / 1_000_000).max(2);
-                lanes.push((Bucket::new(ops, op_burst), op_burst));
-            }
-            let mut charged = vec![0u64; lanes.len()];
+            let mut exact = ExactLanes::new(r);
             let (mut now, mut told) = (0u64, None::<u64>);
             for (dt, size, unclocked) in steps {
                 let size = size.min(2 * u64::from(chunk));
                 let dt = told.map_or(dt, |w| dt.min(w));
                 now += dt;
-                for (b, _) in &mut lanes {
-                    b.advance(dt);
-                }
-                let eps: Vec<f64> = lanes
-                    .iter()
-                    .zip(&charged)
-                    .map(|((_, burst), units)| (units + burst + 1) as f64 / (1u64 << 30) as f64 + 1.0)
-                    .collect();
+                exact.advance(dt);
+                let eps = exact.eps();
                 let released = if unclocked && p.try_release_unclocked(size, 1) {
                     Ok(())
                 } else {
@@ -1313,15 +1339,8 @@ mod tests {
                 };
                 match released {
                     Ok(()) => {
-                        let units = [size, 1];
-                        for (i, (b, _)) in lanes.iter_mut().enumerate() {
-                            proptest::prop_assert!(
-                                b.balance_ns() >= -eps[i],
-                                "released with {} ns of debt in lane {i}", -b.balance_ns()
-                            );
-                            b.charge(units[i]);
-                            charged[i] += units[i];
-                        }
+                        let checked = exact.release(&eps, [size, 1]);
+                        proptest::prop_assert!(checked.is_ok(), "{:?}", checked);
                         told = None;
                     }
                     Err(wait) => told = Some(wait.as_nanos() as u64),
