@@ -39,6 +39,16 @@
 //!    some RNICs; and never less than the bandwidth flows' equal share B/(L+B+T).
 //! 5. The smallest chunk is what the host can post at the pacing rate
 //!    ([`AdaptiveConfig::max_chunks_per_sec`]): below it the rate gives way instead.
+//! 6. With latency flows present, throughput flows beside bandwidth flows are paced by
+//!    operations at their equal share of what the throughput flows could post alone: on
+//!    Q queue pairs in all they post at most `min(MaxTput, Q x one QP's rate)`, and each
+//!    flow is paced at that over (L+B+T) (or at what its own q queue pairs can post, if
+//!    less): its sharing-incentive floor, and no more. Unpaced, their small messages queue
+//!    ahead of the latency flows' and take the bandwidth flows' turns, and with many of
+//!    them (8 latency + 8 bandwidth + 8 throughput flows on RoCE-100) the bandwidth flows
+//!    fell under their own floor (28% of alone); the goal asks nothing of a throughput flow
+//!    beyond its floor. Without latency flows the throughput flows are the protected class
+//!    (step 2) and are not paced; without bandwidth flows there is nobody to give way to.
 //!
 //! Arrivals and departures change the plan at once: the driver calls
 //! [`AdaptiveLaw::plan`] whenever the counts change, so a bandwidth flow is unpaced in the
@@ -83,6 +93,11 @@ pub struct AdaptiveConfig {
     /// this costs more per byte than the transmitter drains, so the rate, not the chunk,
     /// gives way below it.
     pub max_chunks_per_sec: f64,
+    /// MaxTput: operations/s the RNIC sustains (infinite: throughput flows never paced).
+    pub max_ops_per_sec: f64,
+    /// Operations/s one queue pair sustains (infinite: unknown, MaxTput alone bounds a
+    /// flow).
+    pub qp_ops_per_sec: f64,
 }
 
 /// Why a configuration was refused.
@@ -113,6 +128,8 @@ impl AdaptiveConfig {
             packet_overhead_bytes: 0,
             request_overhead_bytes: 0,
             max_chunks_per_sec: f64::INFINITY,
+            max_ops_per_sec: f64::INFINITY,
+            qp_ops_per_sec: f64::INFINITY,
         }
     }
 
@@ -163,6 +180,14 @@ impl AdaptiveConfig {
                 format!("must be positive, got {}", self.max_chunks_per_sec),
             );
         }
+        for (field, value) in [
+            ("max_ops_per_sec", self.max_ops_per_sec),
+            ("qp_ops_per_sec", self.qp_ops_per_sec),
+        ] {
+            if value.is_nan() || value <= 0.0 {
+                return invalid(field, format!("must be positive, got {value}"));
+            }
+        }
         if !(self.band.is_finite() && self.band > 1.0) {
             return invalid("band", format!("must be above 1, got {}", self.band));
         }
@@ -211,6 +236,9 @@ pub struct Plan {
     pub chunk_bytes: u32,
     /// Zero-length yields after each chunk.
     pub yields_per_chunk: u32,
+    /// The fraction of what it could post alone each throughput flow is paced at (see
+    /// [`AdaptiveLaw::throughput_ops_per_sec`]); `None`: not paced.
+    pub throughput_share: Option<f64>,
 }
 
 /// The law's state on one host.
@@ -371,6 +399,7 @@ impl AdaptiveLaw {
                 pace_bytes_per_sec: None,
                 chunk_bytes: c.max_chunk_bytes,
                 yields_per_chunk: 0,
+                throughput_share: None,
             };
         }
         let floor = self.chunk_floor();
@@ -390,7 +419,29 @@ impl AdaptiveLaw {
             pace_bytes_per_sec: Some(c.headroom * fraction * left),
             chunk_bytes: chunk,
             yields_per_chunk: 0,
+            throughput_share: Self::throughput_share(o),
         }
+    }
+
+    /// The throughput flows' share, 1/(L+B+T), while latency flows are present and
+    /// bandwidth flows are there to give way to; `None` otherwise.
+    fn throughput_share(o: &Observation) -> Option<f64> {
+        let all = o.latency_flows + o.bandwidth_flows + o.throughput_flows;
+        (o.latency_flows > 0 && o.bandwidth_flows > 0 && o.throughput_flows > 0)
+            .then(|| 1.0 / f64::from(all))
+    }
+
+    /// The operations/s a throughput flow on `qps` of the throughput flows'
+    /// `throughput_qps` queue pairs is paced at under a plan's `share`: that share of what
+    /// the throughput flows post alone, `min(MaxTput, throughput_qps x one queue pair's
+    /// rate)`, or what its own queue pairs post, if less. Infinite when neither is known
+    /// (not paced).
+    pub fn throughput_ops_per_sec(&self, share: f64, qps: u32, throughput_qps: u32) -> f64 {
+        let c = &self.config;
+        let class = c
+            .max_ops_per_sec
+            .min(f64::from(throughput_qps.max(1)) * c.qp_ops_per_sec);
+        (share * class).min(f64::from(qps.max(1)) * c.qp_ops_per_sec)
     }
 
     /// When the law last took feedback.
@@ -523,6 +574,64 @@ mod tests {
         assert_eq!(plan.chunk_bytes, 4096);
         let pace = plan.pace_bytes_per_sec.expect("paced");
         assert!((pace - 0.975 * 5.5e9).abs() < 1.0, "{pace}");
+    }
+
+    /// With latency flows present, throughput flows beside bandwidth flows are paced at
+    /// 1/(L+B+T) of what the throughput flows post alone: with MaxTput 30 Mops/s and 5.5
+    /// Mops/s a queue pair, one throughput flow on one queue pair beside one latency and
+    /// one bandwidth flow at 5.5/2 with a share of a half; in 8 + 8 + 8 flows of one queue
+    /// pair each (MaxTput binds) at 30/24; a flow on one of ten queue pairs at 5.5 (its
+    /// own queue pair binds); without latency or bandwidth flows they are not paced.
+    #[test]
+    fn throughput_flows_beside_bandwidth_flows_are_paced_at_their_equal_share() {
+        let config = AdaptiveConfig {
+            max_ops_per_sec: 30e6,
+            qp_ops_per_sec: 5.5e6,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        let mut law = AdaptiveLaw::new(config).expect("valid");
+        let mix = Observation {
+            latency_flows: 8,
+            bandwidth_flows: 8,
+            throughput_flows: 8,
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        let share = law
+            .update(Duration::ZERO, &mix)
+            .throughput_share
+            .expect("paced");
+        assert!((share - 1.0 / 24.0).abs() < 1e-12, "{share}");
+        let one = law.throughput_ops_per_sec(share, 1, 8);
+        assert!((one - 30e6 / 24.0).abs() < 1e-6, "{one}");
+        let own = law.throughput_ops_per_sec(0.5, 1, 10);
+        assert!((own - 5.5e6).abs() < 1e-6, "{own}");
+        let one_each = Observation {
+            latency_flows: 1,
+            bandwidth_flows: 1,
+            throughput_flows: 1,
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        assert_eq!(law.plan(&one_each).throughput_share, Some(1.0 / 3.0));
+        let no_latency = Observation {
+            latency_flows: 0,
+            ..one_each
+        };
+        assert_eq!(law.plan(&no_latency).throughput_share, None);
+        let alone = law.throughput_ops_per_sec(0.5, 1, 1);
+        assert!((alone - 2.75e6).abs() < 1e-6, "{alone}");
+        let no_bandwidth = Observation {
+            bandwidth_flows: 0,
+            ..mix
+        };
+        assert_eq!(law.plan(&no_bandwidth).throughput_share, None);
+        assert!(ib56().throughput_ops_per_sec(0.5, 1, 1).is_infinite());
+        let refused = AdaptiveConfig {
+            qp_ops_per_sec: 0.0,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        assert!(AdaptiveLaw::new(refused).is_err());
     }
 
     /// RoCE-40 by hand: 40 Gb/s (5e9 B/s) of wire, 1 KB MTU, 82 B of headers a packet

@@ -21,6 +21,9 @@
 //!   chunks for all bandwidth flows of the host, round robin over their queue pairs, paced
 //!   by the core's [`Pacer`] (the one enforcement algorithm) at the plan's total rate.
 //!   Without pacing, requests go whole, as posted.
+//! - **Throughput flows.** When the plan paces them by operations, each throughput flow's
+//!   requests go through a [`PacedShaper`] (the same enforcement the `justitia` policy
+//!   uses) at the plan's operations/s; otherwise they pass as posted.
 //!
 //! No hardware classes, no change to applications: chunks are ordinary WRITEs of the
 //! application's own buffers, and the application hears of a message when its last chunk
@@ -32,10 +35,11 @@ use std::time::Duration;
 use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
 };
-use justitia_core::flow::FlowClass;
+use justitia_core::flow::{FlowClass, FlowId};
 use justitia_core::pacer::{PaceRate, Pacer};
 
 use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
+use super::paced::{self, PacedShaper};
 use super::preempt::PreemptParams;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::model_profile::ModelProfile;
@@ -115,6 +119,7 @@ impl ChunkShaper {
                 pace_bytes_per_sec: None,
                 chunk_bytes: u32::MAX,
                 yields_per_chunk: 0,
+                throughput_share: None,
             },
             pacer: None,
             timer_at: None,
@@ -283,6 +288,13 @@ pub struct AdaptivePolicy {
     driver: LoopDriver,
     law: AdaptiveLaw,
     shaper: Option<ChunkShaper>,
+    /// The throughput flows' operations pacing, and each throughput flow's queue pairs.
+    throughput: Option<PacedShaper>,
+    throughput_qps: BTreeMap<u64, u32>,
+    /// Wire bytes/s, and the MTU, given to a throughput flow's pacer for its bytes lane
+    /// (never the lane that binds: its small messages are paced by operations).
+    wire_bytes_per_sec: u64,
+    mtu: u32,
     header_bytes: f64,
     /// Class of each flow's queue pairs that the policy does not shape.
     watched: BTreeMap<QpId, FlowClass>,
@@ -322,6 +334,8 @@ impl AdaptivePolicy {
             // What the host knows of its RNIC: one queue pair's message rate, and half of it
             // for the chunks, so that per-chunk costs stay a small part of each chunk's time.
             max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
+            max_ops_per_sec: profile.policy.max_ops_per_sec(),
+            qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
@@ -332,6 +346,10 @@ impl AdaptivePolicy {
             driver,
             law: AdaptiveLaw::new(config)?,
             shaper: None,
+            throughput: None,
+            throughput_qps: BTreeMap::new(),
+            wire_bytes_per_sec: (profile.link.gbps * 1e9 / 8.0) as u64,
+            mtu: profile.mtu(),
             header_bytes: f64::from(profile.link.header_bytes),
             watched: BTreeMap::new(),
             present: BTreeMap::new(),
@@ -373,8 +391,38 @@ impl AdaptivePolicy {
 
     fn replan(&mut self, ctx: &mut PolicyContext<'_>) {
         let plan = self.law.plan(&self.observation(None));
+        self.apply(ctx, plan);
+    }
+
+    /// Hands a plan to the bandwidth flows' chunk stream and the throughput flows' pacers.
+    fn apply(&mut self, ctx: &mut PolicyContext<'_>, plan: Plan) {
         if let Some(shaper) = &mut self.shaper {
             shaper.apply(ctx, plan);
+        }
+        if let Some(throughput) = &mut self.throughput {
+            let present_qps: u32 = self
+                .throughput_qps
+                .iter()
+                .filter(|(id, _)| self.present.contains_key(id))
+                .map(|(_, &q)| q)
+                .sum();
+            for (&id, &qps) in &self.throughput_qps {
+                if !self.present.contains_key(&id) {
+                    continue;
+                }
+                let ops = plan
+                    .throughput_share
+                    .map(|share| self.law.throughput_ops_per_sec(share, qps, present_qps))
+                    .filter(|ops| ops.is_finite());
+                let rate = ops.map(|ops| PaceRate {
+                    bytes_per_sec: self.wire_bytes_per_sec,
+                    ops_per_sec: Some(ops.max(1.0) as u64),
+                    chunk_bytes: self.mtu,
+                });
+                throughput.set_pace(ctx, FlowId(id), rate);
+            }
+            // The law counts flows by presence, not by the shaper's view of their work.
+            throughput.take_activity();
         }
     }
 
@@ -398,9 +446,7 @@ impl AdaptivePolicy {
         }
         let o = self.observation(p99);
         let plan = self.law.update(core_time(now), &o);
-        if let Some(shaper) = &mut self.shaper {
-            shaper.apply(ctx, plan);
-        }
+        self.apply(ctx, plan);
         self.updates += 1;
         if plan.pace_bytes_per_sec.is_some() {
             self.paced_updates += 1;
@@ -415,6 +461,16 @@ impl Policy for AdaptivePolicy {
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
         self.shaper = Some(ChunkShaper::new(flows));
+        let throughput: Vec<FlowInfo> = flows
+            .iter()
+            .filter(|f| f.spec.class == FlowClass::Throughput)
+            .cloned()
+            .collect();
+        for f in &throughput {
+            let qps = u32::try_from(f.qps.len()).unwrap_or(u32::MAX);
+            self.throughput_qps.insert(f.spec.id.0, qps);
+        }
+        self.throughput = Some(PacedShaper::new(&throughput));
         for f in flows
             .iter()
             .filter(|f| f.spec.class != FlowClass::Bandwidth)
@@ -456,6 +512,13 @@ impl Policy for AdaptivePolicy {
                 self.posted_at.insert((qp, wr.tag), ctx.now());
             }
         }
+        if let Some(throughput) = &mut self.throughput {
+            if throughput.shapes(qp) {
+                throughput.on_post(ctx, qp, wr);
+                throughput.take_activity();
+                return;
+            }
+        }
         ctx.post(qp, wr);
     }
 
@@ -468,6 +531,13 @@ impl Policy for AdaptivePolicy {
                 return;
             }
         }
+        if let Some(throughput) = &mut self.throughput {
+            if throughput.shapes(qp) {
+                throughput.on_completion(ctx, qp, tag);
+                throughput.take_activity();
+                return;
+            }
+        }
         if let Some(at) = self.posted_at.remove(&(qp, tag)) {
             self.samples
                 .push(ctx.now().saturating_sub(at) as f64 / time::MICROSECOND as f64);
@@ -476,7 +546,12 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
-        if tag >= PACE_TIMER {
+        if tag >= paced::PACE_TIMER {
+            if let Some(throughput) = &mut self.throughput {
+                throughput.on_timer(ctx, tag);
+                throughput.take_activity();
+            }
+        } else if tag >= PACE_TIMER {
             if let Some(shaper) = &mut self.shaper {
                 shaper.on_timer(ctx);
             }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use justitia_core::chunk::{self, ChunkLimits, ChunkPlan, RemoteAddr, SendFlags, Sge, SgeList};
 use justitia_core::control_loop::Allotment;
 use justitia_core::flow::{FlowClass, FlowId};
-use justitia_core::pacer::Pacer;
+use justitia_core::pacer::{PaceRate, Pacer, ReleasePhase};
 
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
@@ -135,16 +135,37 @@ impl PacedShaper {
         flow: FlowId,
         allotment: Option<Allotment>,
     ) {
+        self.set_rate(ctx, flow, allotment.map(|a| (a.pace_rate(), Some(a.phase))));
+    }
+
+    /// Paces `flow` at `rate` from now on, with no release phase (for a policy that sets
+    /// rates of its own rather than the control loop's allotments); `None` releases its
+    /// requests as posted.
+    pub fn set_pace(&mut self, ctx: &mut PolicyContext<'_>, flow: FlowId, rate: Option<PaceRate>) {
+        self.set_rate(ctx, flow, rate.map(|r| (r, None)));
+    }
+
+    /// Whether `qp` belongs to one of the shaper's flows.
+    pub fn shapes(&self, qp: QpId) -> bool {
+        self.by_qp.contains_key(&qp)
+    }
+
+    fn set_rate(
+        &mut self,
+        ctx: &mut PolicyContext<'_>,
+        flow: FlowId,
+        rate: Option<(PaceRate, Option<ReleasePhase>)>,
+    ) {
         let Some(&index) = self.by_id.get(&flow) else {
             return;
         };
         let now = duration(ctx.now());
         let f = &mut self.flows[index];
-        let rate = allotment.map(|a| a.pace_rate());
-        let chunk_bytes = rate.map_or(u32::MAX, |r| r.chunk_bytes.max(1));
-        match (&mut f.pacer, allotment) {
-            (Some(pacer), Some(a)) => pacer.set_rate_in_phase(now, a.pace_rate(), a.phase),
-            (pacer, _) => *pacer = rate.map(|r| Pacer::new(r, now)),
+        let chunk_bytes = rate.map_or(u32::MAX, |(r, _)| r.chunk_bytes.max(1));
+        match (&mut f.pacer, rate) {
+            (Some(pacer), Some((r, Some(phase)))) => pacer.set_rate_in_phase(now, r, phase),
+            (Some(pacer), Some((r, None))) => pacer.set_rate(now, r),
+            (pacer, _) => *pacer = rate.map(|(r, _)| Pacer::new(r, now)),
         }
         if chunk_bytes != f.chunk_bytes {
             f.chunk_bytes = chunk_bytes;
