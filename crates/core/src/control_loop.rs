@@ -683,7 +683,7 @@ impl ControlLoop {
 
     /// Registers a flow, idle until [`set_flow_active`](Self::set_flow_active) says it has
     /// work. For a latency flow, returns soft admission's verdict from the latest Current99
-    /// (a warning, never a refusal); other flows are always [`Admission::Admitted`].
+    /// measured, even if the window has been empty since (a warning, never a refusal); other flows are always [`Admission::Admitted`].
     pub fn register_flow(
         &mut self,
         now: Duration,
@@ -1723,6 +1723,39 @@ mod tests {
         assert_ne!(lp.last_action(), Some(ControlAction::Decrease));
         assert!(lp.safe_util() >= before, "{} vs {before}", lp.safe_util());
         assert!(lp.safe_util() < fresh_safe_util, "{}", lp.safe_util());
+    }
+
+    #[test]
+    fn a_latency_flow_registered_while_the_window_is_empty_after_a_decrease_is_warned() {
+        let mut lp = busy_loop(Target99::Absolute(us(50)));
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 40, us(60));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+        let measured = lp
+            .current_p99()
+            .expect("the probe of the last period completed");
+        // From here probes take longer than a RefPeriod (as under emulation): the update
+        // after the next decrease finds the restarted window empty.
+        for _ in 0..2 {
+            t += us(500);
+            lp.handle_timeout(t);
+            while let Some(event) = lp.poll_event() {
+                if event == Event::ProbeDue {
+                    lp.probe_sent(t);
+                }
+            }
+        }
+        assert_eq!(lp.current_p99(), None);
+        match lp.register_flow(t, flow(3, FlowClass::Latency)).unwrap() {
+            Admission::TargetAtRisk {
+                current_p99,
+                target_p99,
+            } => {
+                assert_eq!(current_p99, measured);
+                assert_eq!(target_p99, us(50));
+            }
+            other => panic!("admitted without a warning: {other:?}"),
+        }
     }
 
     #[test]

@@ -235,6 +235,9 @@ pub struct SafeUtilController {
     max_rate: f64,
     token: Token,
     safe_util: f64,
+    /// The latest Current99 measured while latency flows were counted; kept across updates
+    /// whose window is empty (the window restarts after a decrease, and at a RefPeriod
+    /// shorter than a probe's round trip the next update may find no sample yet).
     last_p99: Option<Duration>,
     /// Start of the current unbroken run of updates with Current99 > Target99.
     violation_since: Option<Duration>,
@@ -286,7 +289,11 @@ impl SafeUtilController {
         counts: FlowCounts,
         current_p99: Option<Duration>,
     ) -> ControlAction {
-        self.last_p99 = current_p99;
+        self.last_p99 = if counts.latency > 0 {
+            current_p99.or(self.last_p99)
+        } else {
+            None
+        };
         let violated =
             counts.latency > 0 && current_p99.is_some_and(|p99| p99 > self.config.target_p99);
         // No estimate says nothing either way: a run of violations is broken only by a
@@ -423,8 +430,8 @@ impl SafeUtilController {
         hungry / total * self.max_rate
     }
 
-    /// Answers a request to admit a new latency-sensitive flow, from the Current99 of the
-    /// latest update.
+    /// Answers a request to admit a new latency-sensitive flow, from the latest Current99
+    /// measured (see [`last_p99`](Self::last_p99)).
     pub fn admit_latency_flow(&self) -> Admission {
         match self.last_p99 {
             Some(current_p99) if current_p99 > self.config.target_p99 => Admission::TargetAtRisk {
@@ -463,7 +470,9 @@ impl SafeUtilController {
         self.max_rate
     }
 
-    /// The Current99 given to the latest update.
+    /// The latest Current99 given to an update while latency flows were counted: an update
+    /// with an empty window keeps the one before, an update without latency flows forgets
+    /// it (no latency flow, no probe, nothing measured).
     pub fn last_p99(&self) -> Option<Duration> {
         self.last_p99
     }
@@ -718,6 +727,23 @@ mod tests {
                 target_p99: TARGET,
             }
         );
+    }
+
+    #[test]
+    fn admission_keeps_the_latest_measurement_across_an_empty_window_until_latency_flows_leave() {
+        let mut c = controller(ControllerConfig::default());
+        c.update(ms(0), counts(1, 1, 0), HIGH);
+        let at_risk = Admission::TargetAtRisk {
+            current_p99: Duration::from_micros(5),
+            target_p99: TARGET,
+        };
+        // The window restarted after the decrease and no probe has completed since.
+        c.update(ms(1), counts(1, 1, 0), None);
+        assert_eq!(c.last_p99(), Some(Duration::from_micros(5)));
+        assert_eq!(c.admit_latency_flow(), at_risk);
+        c.update(ms(2), counts(0, 1, 0), None);
+        assert_eq!(c.last_p99(), None);
+        assert_eq!(c.admit_latency_flow(), Admission::Admitted);
     }
 
     /// Runs updates every millisecond from `from` to `to` (exclusive) with the same inputs.
