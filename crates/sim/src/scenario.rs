@@ -52,6 +52,7 @@ use crate::model_profile::{
 };
 use crate::policy::justitia::JustitiaParams;
 use crate::policy::preempt::PreemptParams;
+use crate::policy::PolicySpec;
 use crate::rnic::Opcode;
 use crate::units::ByteSize;
 
@@ -204,36 +205,6 @@ pub enum TopologyKind {
     /// Two switches joined by one inter-switch link; `downstream` names the hosts of the
     /// second one.
     TwoSwitches,
-}
-
-/// A policy by name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicySpec {
-    /// No isolation.
-    #[default]
-    Native,
-    /// Justitia (NSDI'22).
-    Justitia,
-    /// PeRF's preemption (ATC'24): sub-messages and zero-length yields, not paced.
-    Preempt,
-    /// Justitia's latency controller steering PeRF's yield density.
-    Adaptive,
-    /// Hardware strict priority: latency and throughput flows on higher lanes.
-    Priority,
-}
-
-impl PolicySpec {
-    /// The name as written in scenarios.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicySpec::Native => "native",
-            PolicySpec::Justitia => "justitia",
-            PolicySpec::Preempt => "preempt",
-            PolicySpec::Adaptive => "adaptive",
-            PolicySpec::Priority => "priority",
-        }
-    }
 }
 
 /// One run of a scenario.

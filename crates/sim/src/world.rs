@@ -21,16 +21,11 @@ use crate::app::{AppIo, AppModel, Connection};
 use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::metrics::{ChangedFlows, FlowMetrics};
-use crate::policy::adaptive::AdaptivePolicy;
-use crate::policy::justitia::JustitiaPolicy;
-use crate::policy::native::NativePolicy;
-use crate::policy::preempt::PreemptPolicy;
-use crate::policy::priority::PriorityPolicy;
 use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
-use crate::scenario::{AppSpec, Experiment, PolicySpec, ResolvedVariant, TopologyKind};
+use crate::scenario::{AppSpec, Experiment, ResolvedVariant, TopologyKind};
 use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
 use crate::time::{self, Picos};
 use crate::topology::{HostId, Topology};
@@ -206,22 +201,12 @@ impl World {
             }
         }
         let policies = (0..hosts)
-            .map(|_| -> Result<Box<dyn Policy>, PolicyBuildError> {
-                Ok(match variant.policy {
-                    PolicySpec::Native => Box::new(NativePolicy),
-                    PolicySpec::Justitia => {
-                        Box::new(JustitiaPolicy::new(profile, &variant.justitia)?)
-                    }
-                    PolicySpec::Preempt => Box::new(PreemptPolicy::new(&variant.preempt)?),
-                    PolicySpec::Adaptive => Box::new(AdaptivePolicy::new(
-                        profile,
-                        &variant.justitia,
-                        &variant.preempt,
-                    )?),
-                    PolicySpec::Priority => Box::new(PriorityPolicy),
-                })
+            .map(|_| {
+                variant
+                    .policy
+                    .build(profile, &variant.justitia, &variant.preempt)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, PolicyBuildError>>()?;
         let interval_ms = series::interval_ms(scenario.duration_ms, scenario.series_ms);
         let interval = time::from_ms(interval_ms).max(1);
         let sampler = Sampler {

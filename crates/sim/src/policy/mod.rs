@@ -17,8 +17,8 @@
 //! | [`adaptive`] | the core's adaptive law: bandwidth flows paced as one chunk stream under the transmitter's drain rate, chunks sized from the latency flows' tail |
 //! | [`priority`] | hardware strict priority: latency, then throughput flows on higher lanes |
 //!
-//! One instance runs per host. Policies are built by name from scenarios
-//! ([`crate::scenario::PolicySpec`]).
+//! One instance runs per host, built by [`PolicySpec::build`] from the name a scenario
+//! gives and the run's parameters.
 
 pub mod adaptive;
 pub mod justitia;
@@ -32,9 +32,11 @@ pub mod yielding;
 use std::collections::{BTreeMap, VecDeque};
 
 use justitia_core::flow::FlowSpec;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
+use crate::model_profile::ModelProfile;
 use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
 use crate::series::ControlState;
 use crate::time::Picos;
@@ -124,6 +126,55 @@ impl PolicyContext<'_> {
     /// Requests posted on `qp` that have not completed.
     pub fn outstanding(&self, qp: QpId) -> usize {
         self.fabric.outstanding(qp)
+    }
+}
+
+/// A policy by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicySpec {
+    /// No isolation.
+    #[default]
+    Native,
+    /// Justitia (NSDI'22).
+    Justitia,
+    /// PeRF's preemption (ATC'24): sub-messages and zero-length yields, not paced.
+    Preempt,
+    /// The core's adaptive law: bandwidth flows paced as one chunk stream under the
+    /// transmitter's drain rate, chunks sized from the latency flows' tail.
+    Adaptive,
+    /// Hardware strict priority: latency and throughput flows on higher lanes.
+    Priority,
+}
+
+impl PolicySpec {
+    /// The name as written in scenarios.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicySpec::Native => "native",
+            PolicySpec::Justitia => "justitia",
+            PolicySpec::Preempt => "preempt",
+            PolicySpec::Adaptive => "adaptive",
+            PolicySpec::Priority => "priority",
+        }
+    }
+    /// Builds one host's instance from the run's parameters; each policy checks its own
+    /// and says what it refuses. Adding a policy is a module, a variant here and its arm.
+    pub fn build(
+        self,
+        profile: &ModelProfile,
+        justitia: &justitia::JustitiaParams,
+        preempt: &preempt::PreemptParams,
+    ) -> Result<Box<dyn Policy>, PolicyBuildError> {
+        Ok(match self {
+            PolicySpec::Native => Box::new(native::NativePolicy),
+            PolicySpec::Justitia => Box::new(justitia::JustitiaPolicy::new(profile, justitia)?),
+            PolicySpec::Preempt => Box::new(preempt::PreemptPolicy::new(preempt)?),
+            PolicySpec::Adaptive => {
+                Box::new(adaptive::AdaptivePolicy::new(profile, justitia, preempt)?)
+            }
+            PolicySpec::Priority => Box::new(priority::PriorityPolicy),
+        })
     }
 }
 
