@@ -42,11 +42,12 @@ use std::path::{Path, PathBuf};
 use justitia_core::flow::{FlowClass, Weight};
 use serde::{Deserialize, Serialize};
 
-use crate::app::bandwidth::BandwidthParams;
-use crate::app::latency::{LatencyMode, LatencyParams};
-use crate::app::rpc::RpcParams;
-use crate::app::storage::StorageParams;
-use crate::app::throughput::ThroughputParams;
+use crate::app::bandwidth::{BandwidthApp, BandwidthParams};
+use crate::app::latency::{LatencyApp, LatencyMode, LatencyParams};
+use crate::app::rpc::{RpcApp, RpcParams};
+use crate::app::storage::{StorageApp, StorageParams};
+use crate::app::throughput::{ThroughputApp, ThroughputParams};
+use crate::app::{AppModel, Connection};
 use crate::model_profile::{
     InputArbitration, ModelProfile, ModelProfileError, SwitchParams, VlArbitration, VIRTUAL_LANES,
 };
@@ -338,6 +339,19 @@ impl AppSpec<'_> {
             AppSpec::Latency(p) => p.mode == LatencyMode::PingPong,
             AppSpec::Rpc(_) => true,
             _ => false,
+        }
+    }
+
+    /// Builds the model over its connections ([`Self::connections`] of them, the first
+    /// for a latency flow). Adding a model is a module, a table in [`FlowSpec`], a variant
+    /// here and its arms in this impl.
+    pub(crate) fn build(&self, conns: Vec<Connection>) -> Box<dyn AppModel> {
+        match *self {
+            AppSpec::Latency(p) => Box::new(LatencyApp::new(p, conns[0])),
+            AppSpec::Throughput(p) => Box::new(ThroughputApp::new(p, conns)),
+            AppSpec::Bandwidth(p) => Box::new(BandwidthApp::new(p, conns)),
+            AppSpec::Rpc(p) => Box::new(RpcApp::new(p, conns)),
+            AppSpec::Storage(p) => Box::new(StorageApp::new(p, conns)),
         }
     }
 }

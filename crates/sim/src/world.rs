@@ -12,11 +12,6 @@ use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use rand_core::SeedableRng;
 use rand_pcg::Pcg64Mcg;
 
-use crate::app::bandwidth::BandwidthApp;
-use crate::app::latency::LatencyApp;
-use crate::app::rpc::RpcApp;
-use crate::app::storage::StorageApp;
-use crate::app::throughput::ThroughputApp;
 use crate::app::{AppIo, AppModel, Connection};
 use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
@@ -25,7 +20,7 @@ use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
-use crate::scenario::{AppSpec, Experiment, ResolvedVariant, TopologyKind};
+use crate::scenario::{Experiment, ResolvedVariant, TopologyKind};
 use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
 use crate::time::{self, Picos};
 use crate::topology::{HostId, Topology};
@@ -149,13 +144,7 @@ impl World {
                     Connection { client, server }
                 })
                 .collect();
-            let app: Box<dyn AppModel> = match app_spec {
-                AppSpec::Latency(p) => Box::new(LatencyApp::new(p, conns[0])),
-                AppSpec::Throughput(p) => Box::new(ThroughputApp::new(p, conns.clone())),
-                AppSpec::Bandwidth(p) => Box::new(BandwidthApp::new(p, conns.clone())),
-                AppSpec::Rpc(p) => Box::new(RpcApp::new(p, conns.clone())),
-                AppSpec::Storage(p) => Box::new(StorageApp::new(p, conns.clone())),
-            };
+            let app = app_spec.build(conns.clone());
             apps.push(app);
             metrics.push(FlowMetrics::new(window));
             let core_spec = FlowSpec {
