@@ -70,7 +70,9 @@ struct InFlight {
 /// The pacing half of a host's policy.
 pub struct PacedShaper {
     flows: Vec<PacedFlow>,
-    by_qp: BTreeMap<QpId, usize>,
+    /// The flow of each queue pair, indexed by [`QpId::index`] (a run's queue pairs are
+    /// numbered densely, so the table is as long as the largest number here).
+    by_qp: Vec<Option<usize>>,
     by_id: BTreeMap<FlowId, usize>,
     /// Requests handed to the RNIC, by tag: entry `i` is tag `first_tag + i`. Tags are
     /// handed out in order and mostly complete in order, so this stays short.
@@ -89,7 +91,7 @@ impl PacedShaper {
     pub fn new(flows: &[FlowInfo]) -> Self {
         let mut shaper = PacedShaper {
             flows: Vec::new(),
-            by_qp: BTreeMap::new(),
+            by_qp: Vec::new(),
             by_id: BTreeMap::new(),
             in_flight: VecDeque::new(),
             first_tag: 1,
@@ -98,7 +100,10 @@ impl PacedShaper {
         for info in flows {
             let index = shaper.flows.len();
             for &qp in &info.qps {
-                shaper.by_qp.insert(qp, index);
+                if qp.index() >= shaper.by_qp.len() {
+                    shaper.by_qp.resize(qp.index() + 1, None);
+                }
+                shaper.by_qp[qp.index()] = Some(index);
             }
             shaper.by_id.insert(info.spec.id, index);
             shaper.flows.push(PacedFlow {
@@ -147,7 +152,7 @@ impl PacedShaper {
 
     /// Whether `qp` belongs to one of the shaper's flows.
     pub fn shapes(&self, qp: QpId) -> bool {
-        self.by_qp.contains_key(&qp)
+        self.flow_of(qp).is_some()
     }
 
     fn set_rate(
@@ -192,7 +197,7 @@ impl PacedShaper {
 
     /// An application posted `wr` on `qp`.
     pub fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
-        let Some(&index) = self.by_qp.get(&qp) else {
+        let Some(index) = self.flow_of(qp) else {
             self.pass_through(ctx, qp, wr);
             return;
         };
@@ -339,6 +344,10 @@ impl PacedShaper {
             flow: None,
         });
         ctx.post(qp, WorkRequest { tag, ..wr });
+    }
+
+    fn flow_of(&self, qp: QpId) -> Option<usize> {
+        self.by_qp.get(qp.index()).copied().flatten()
     }
 
     fn track(&mut self, request: InFlight) -> u64 {

@@ -2,9 +2,7 @@
 //! pair sends next, one packet of at most an MTU at a time, and how a message becomes
 //! packets.
 
-use std::collections::BTreeSet;
-use std::ops::Bound;
-
+use super::ready_bits::ReadyBits;
 use super::{Fabric, FabricEvents, PacketKind, QpId, Rnic, RnicEvent, TxMessage, Unacked};
 use crate::engine::EventQueue;
 use crate::link::Packet;
@@ -14,14 +12,15 @@ use crate::time::Picos;
 use crate::topology::HostId;
 
 /// Ready queue-pair numbers in ascending order, and the lanes of those above lane 0.
-/// `all` is an ordered set, so that listing, unlisting and finding whose turn it is cost
-/// O(log n) with thousands of ready queue pairs (a sorted vector moved a whole slice on
-/// each change); `raised` stays a sorted vector, as it is empty unless a scenario or a
-/// policy raises queue pairs, and then small.
+/// `all` is a two-level bit set, so that listing, unlisting and finding whose turn it is
+/// cost the same with thousands of ready queue pairs as with a few (a sorted vector moved a
+/// whole slice on each change, an ordered tree a cache miss per level); `raised` stays a
+/// sorted vector, as it is empty unless a scenario or a policy raises queue pairs, and
+/// then small.
 #[derive(Default)]
 pub(super) struct ReadySet {
     /// Every listed number.
-    all: BTreeSet<u32>,
+    all: ReadyBits,
     /// The listed numbers on a lane above 0, with their lanes: while it is empty (always,
     /// unless a queue pair was put on another lane) the turn is plain round robin over
     /// `all` and no lane is looked at.
@@ -47,14 +46,14 @@ impl ReadySet {
     }
 
     pub(super) fn remove(&mut self, n: u32) {
-        if self.all.remove(&n) && !self.raised.is_empty() {
+        if self.all.remove(n) && !self.raised.is_empty() {
             self.set_raised(n, 0);
         }
     }
 
     /// Moves a listed queue pair to another lane (nothing if it is not listed).
     pub(super) fn set_lane(&mut self, n: u32, lane: u8) {
-        if self.all.contains(&n) {
+        if self.all.contains(n) {
             self.set_raised(n, lane);
         }
     }
@@ -84,12 +83,7 @@ impl ReadySet {
     /// `last_served`, wrapping around.
     pub(super) fn next(&self, last_served: &[u32; VIRTUAL_LANES]) -> Option<u32> {
         let Some(top) = self.top_lane() else {
-            return self
-                .all
-                .range((Bound::Excluded(last_served[0]), Bound::Unbounded))
-                .next()
-                .or_else(|| self.all.first())
-                .copied();
+            return self.all.after_wrapping(last_served[0]);
         };
         turn_after(&self.raised, |e| e.0, last_served[usize::from(top)])
             .find(|e| e.1 == top)
@@ -98,16 +92,17 @@ impl ReadySet {
 
     /// Every listed number in the order the arbiter would serve them if each were the only
     /// one it could send: lanes from the highest down, each from its turn on. Lazy, so that
-    /// a decision that takes the first costs O(log n), not a list of every ready queue pair.
+    /// a decision that takes the first does not list every ready queue pair.
     pub(super) fn service_order<'a>(
         &'a self,
         last_served: &'a [u32; VIRTUAL_LANES],
     ) -> impl Iterator<Item = u32> + 'a {
         let n = last_served[0];
-        let lane_0 = self
-            .all
-            .range((Bound::Excluded(n), Bound::Unbounded))
-            .chain(self.all.range(..=n));
+        let lane_0 = n
+            .checked_add(1)
+            .into_iter()
+            .flat_map(|m| self.all.iter_from(m))
+            .chain(self.all.iter_from(0).take_while(move |&m| m <= n));
         // Without raised queue pairs, no lane above 0 is visited and none is filtered out.
         let top = self.top_lane().unwrap_or(0);
         let raised = (1..=top).rev().flat_map(move |lane| {
@@ -115,9 +110,7 @@ impl ReadySet {
                 .filter(move |e| e.1 == lane)
                 .map(|e| e.0)
         });
-        let rest = lane_0
-            .filter(|&&m| self.raised.binary_search_by_key(&m, |e| e.0).is_err())
-            .copied();
+        let rest = lane_0.filter(|&m| self.raised.binary_search_by_key(&m, |e| e.0).is_err());
         raised.chain(rest)
     }
 }
@@ -415,7 +408,7 @@ mod tests {
         for n in [7, 2, 5, 2] {
             r.insert(n, 0);
         }
-        assert_eq!(r.all.iter().copied().collect::<Vec<_>>(), [2, 5, 7]);
+        assert_eq!(r.all.iter_from(0).collect::<Vec<_>>(), [2, 5, 7]);
         let after = |r: &ReadySet, n| {
             let mut last = [0; VIRTUAL_LANES];
             last[0] = n;

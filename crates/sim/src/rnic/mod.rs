@@ -56,6 +56,7 @@
 
 mod arbiter;
 mod completion;
+mod ready_bits;
 mod receive;
 mod tx_fifo;
 
