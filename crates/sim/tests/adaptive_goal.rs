@@ -281,18 +281,50 @@ fn ib56_latency_workloads_miss_by_the_payload_reads_jitter() {
     );
 }
 
-/// Misses without a bound: pinned so that a change shows, but not explained. RoCE-100's
-/// throughput flow: the wire bound is 95.4% of alone, so the goal is not provably out of
-/// reach; without a latency flow adaptive treats the throughput flow as the protected
-/// class and does not pace it, so it keeps near its alone rate. IB-56's mix: the wire
-/// leaves room (the payload reads bound the bandwidth flows), and neither the latency nor
-/// the bandwidth miss is explained.
+/// RoCE-100's throughput flow against a 1 MB flow: a miss within the pacing headroom of
+/// the wire's bound. With the throughput flow at its floor (half its alone rate) the wire
+/// leaves the bandwidth flow at most about 95.4% of alone, so only a transmitter kept
+/// within 0.4% of saturation meets the goal; at the law's headroom (2.5% under what the
+/// wire leaves, so that the transmit queue, and every small message's wait behind it,
+/// stays bounded) the best is about 93%, under the goal. `adaptive` does less: without a
+/// latency flow it leaves the throughput flow unpaced (the protected class: it keeps 95%
+/// of alone, and the M_App keeps its rate above preempt's), whose messages then take the
+/// wire the bandwidth flow would need. Bound computed from the profile's link and MTU and
+/// the alone runs; the measured bandwidth pinned within 3%.
+#[test]
+fn roce100_throughput_miss_lies_within_the_headroom_of_the_wire_bound() {
+    let e = experiment("suite-tput-vs-bw-roce100");
+    let o = outcome(&run_adaptive(e.clone()), "adaptive");
+    let bound = throughput_wire_bound(&e, &o);
+    let headroom = justitia_core::adaptive::DEFAULT_HEADROOM;
+    eprintln!(
+        "tput-vs-bw-roce100: bound {bound:.3}, at the headroom {:.3}; {o:?}",
+        bound * headroom
+    );
+    assert!(
+        bound >= BANDWIDTH,
+        "bound {bound:.3}: the wire alone rules the goal out"
+    );
+    assert!(
+        bound * headroom < BANDWIDTH,
+        "bound {bound:.3} leaves the goal in reach at the headroom {headroom}"
+    );
+    assert!(
+        !o.meets_goal(),
+        "now meets the goal: move it to the goal test"
+    );
+    assert!(
+        (o.bandwidth - 0.898).abs() <= PIN,
+        "pinned figure moved: now {o:?}"
+    );
+}
+
+/// Misses without a bound: pinned so that a change shows, but not explained. IB-56's mix:
+/// the wire leaves room (the payload reads bound the bandwidth flows), and neither the
+/// latency nor the bandwidth miss is explained.
 #[test]
 fn unexplained_misses_are_pinned() {
-    let cases = [
-        ("tput-vs-bw-roce100", 0.898, None),
-        ("mix-8-8-8-ib56", 0.649, Some(1.269)),
-    ];
+    let cases = [("mix-8-8-8-ib56", 0.649, Some(1.269))];
     let mut moved = Vec::new();
     for (name, bandwidth, latency_x) in cases {
         let o = suite(name);
