@@ -24,8 +24,11 @@ const LONGEST_NS: u64 = 3_600_000_000_000;
 /// Measurements of one flow.
 pub struct FlowMetrics {
     window: (Picos, Picos),
-    /// `None` until the first sample inside the window.
-    latency_ns: Option<Histogram<u64>>,
+    /// `None` until the first sample inside the window. Counts of 32 bits: no bucket of
+    /// a run comes near 4 G samples (adding saturates), and a flow whose latencies reach
+    /// milliseconds holds half the memory that 64-bit counts would, zeroed and copied as
+    /// the histogram grows.
+    latency_ns: Option<Histogram<u32>>,
     messages: u64,
     /// Messages completed since the start of the run, window or not (for time series).
     all_messages: u64,
