@@ -20,6 +20,10 @@
 //!   [`ProbeId`] the loop hands out when one is sent.
 //! - [`handle_timeout`](ControlLoop::handle_timeout): time has reached
 //!   [`poll_timeout`](ControlLoop::poll_timeout).
+//! - [`set_remote_reads`](ControlLoop::set_remote_reads) /
+//!   [`read_guarantee_received`](ControlLoop::read_guarantee_received): the remote READ
+//!   flows this host serves; a guarantee from a host this host's READ flows read from
+//!   (see "Remote READs").
 //!
 //! # Outputs
 //! - [`poll_event`](ControlLoop::poll_event): [`Event`]s in the order they happened
@@ -28,6 +32,8 @@
 //!   (bytes/s, ops/s), the chunk and token size, and the generation that set it; a
 //!   [`Pacer`](crate::pacer::Pacer) enforces it ([`Allotment::pace_rate`], with
 //!   [`Allotment::phase`]). Latency flows are never shaped and have no allotment.
+//! - [`Event::ReadGuarantee`]: after every update while this host serves remote READ
+//!   flows, the guarantee to send their requesters.
 //! - [`safe_util`](ControlLoop::safe_util), [`current_p99`](ControlLoop::current_p99),
 //!   [`target`](ControlLoop::target), [`mode`](ControlLoop::mode),
 //!   [`last_action`](ControlLoop::last_action) for reports.
@@ -134,12 +140,28 @@
 //! larger of the timeout and just above Target99: a violation sample whatever the target,
 //! because a reference flow whose messages vanish is a reference flow in trouble.
 //!
+//! # Remote READs
+//! A READ moves data out of the responder's RNIC, where it competes with the responder's
+//! own flows, yet it is posted, and can only be paced, on the requester (§4.4). So the
+//! responder's loop counts the remote READ flows it serves (the requesters' READ flows
+//! that have work, told by the driver) together with its own active flows, L'+B'+T', and
+//! after every update announces the guarantee 1/(L'+B'+T') of its MaxRate and MaxTput
+//! ([`crate::remote_read`]), numbered so that a receiver orders them. The requester's
+//! loop caps a READ flow's allotment at the newest guarantee heard from the host it reads
+//! from, from the next update on, as the paper does without handing the cap's spare to
+//! other flows (capacity may stay idle). A guarantee not renewed for
+//! [`READ_GUARANTEE_PERIODS`] RefPeriods lapses: a responder that went away stops capping,
+//! and one that restarted is believed as soon as its old guarantee has lapsed, whatever
+//! its new epoch. The guarantee does not change the responder's own division: its flows
+//! share SafeUtil as before, and its controller sees the READ responses' effect on its
+//! probe like any other load.
+//!
 //! # Invariants
 //! - the controller updates at most once per RefPeriod, however often inputs arrive, and
 //!   at least once per RefPeriod while the loop is not quiet;
 //! - allotments are given only to active resource-hungry flows (a flow within its idle
 //!   grace is active), an idle flow's is zero, and the active flows' rates sum to SafeUtil
-//!   (up to rounding);
+//!   (up to rounding) unless a READ flow is capped by its guarantee, which only lowers it;
 //! - 0 < SafeUtil <= MaxRate, and SafeUtil >= the sharing floor of the active counts;
 //! - the chunk size is the profile's chunk with latency flows when an active latency
 //!   flow is counted, the one without otherwise;
@@ -178,6 +200,9 @@ use crate::estimator::{EstimatorError, Quantile, TailEstimator};
 use crate::flow::{FlowClass, FlowCounts, FlowId, FlowSpec, TenantId};
 use crate::pacer::{PaceRate, ReleasePhase};
 use crate::profile::RnicProfile;
+use crate::remote_read::{
+    InvalidReadGuarantee, ReadGuarantee, ReadGuaranteeReceiver, ReadGuaranteeSender, Receipt,
+};
 
 /// Target99, in the probe's units (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -361,6 +386,9 @@ pub enum LoopError {
     /// No flow of that id is registered.
     #[error("flow {0:?} is not registered")]
     UnknownFlow(FlowId),
+    /// A remote-READ guarantee from the network had figures out of range.
+    #[error(transparent)]
+    ReadGuarantee(#[from] InvalidReadGuarantee),
 }
 
 /// A flow as registered with the loop.
@@ -431,6 +459,10 @@ pub enum Event {
         /// Target99 in effect.
         target: Duration,
     },
+    /// Send this guarantee to every host whose remote READ flows this host serves (see
+    /// the module documentation's "Remote READs"); one after every update while there
+    /// are any.
+    ReadGuarantee(ReadGuarantee),
 }
 
 /// A registered flow. Its allotment (for a resource-hungry flow) is stored without the
@@ -452,6 +484,9 @@ struct FlowState {
     bytes_per_sec: f64,
     ops_per_sec: f64,
     generation: u64,
+    /// For a flow that READs from another host: the newest guarantee heard from it, and
+    /// when; its allotment is capped at it until it lapses.
+    read_cap: Option<(ReadGuaranteeReceiver, Duration)>,
 }
 
 impl FlowState {
@@ -616,7 +651,20 @@ pub struct ControlLoop {
     phase_order: Vec<(FlowId, usize)>,
     updates: u64,
     events: VecDeque<Event>,
+    /// The remote READ flows this host serves, by class, and the numbering of the
+    /// guarantees it sends their requesters.
+    remote_reads: FlowCounts,
+    read_sender: ReadGuaranteeSender,
+    /// Flows with a guarantee to lapse, and whether a guarantee changed since the last
+    /// allotments (they must be rewritten).
+    capped: usize,
+    caps_changed: bool,
 }
+
+/// RefPeriods a remote-READ guarantee holds without a newer one: 20 ms at the paper's
+/// RefPeriod, two quiet periods and more for the messages' way. A guarantee that lapses
+/// (its sender gone, or restarted in an epoch the receiver cannot order) stops capping.
+pub const READ_GUARANTEE_PERIODS: u32 = 40;
 
 impl ControlLoop {
     /// A loop for an RNIC, starting at `now` with no flows; the first update is due one
@@ -673,6 +721,14 @@ impl ControlLoop {
             phase_order: Vec::new(),
             updates: 0,
             events: VecDeque::new(),
+            remote_reads: FlowCounts::default(),
+            // Each loop is an incarnation of its host's sender: a driver's clock at start
+            // grows from one to the next (within a boot; across one, lapsing covers it).
+            read_sender: ReadGuaranteeSender::new(
+                u64::try_from(now.as_nanos()).unwrap_or(u64::MAX),
+            ),
+            capped: 0,
+            caps_changed: false,
         })
     }
 
@@ -707,6 +763,7 @@ impl ControlLoop {
             bytes_per_sec: 0.0,
             ops_per_sec: 0.0,
             generation: self.generation,
+            read_cap: None,
         });
         // Room for every flow in the buffer that orders the sharing flows, so that no
         // division has to grow it.
@@ -724,6 +781,9 @@ impl ControlLoop {
         let index = self.find(id).ok_or(LoopError::UnknownFlow(id))?;
         self.end_grace(index);
         self.count_activity(index, false);
+        if self.flows[index].read_cap.is_some() {
+            self.capped -= 1;
+        }
         self.flow_index.remove(&id);
         let tenant = self.flows.swap_remove(index).tenant;
         if let Some(moved) = self.flows.get(index) {
@@ -736,6 +796,81 @@ impl ControlLoop {
             self.free_tenants.push(tenant);
         }
         Ok(())
+    }
+
+    /// The remote READ flows this host serves now, by class (the requesters' flows that
+    /// have work; the driver learns of them from the requesters). They count with the
+    /// local flows in the guarantee this host announces after every update.
+    pub fn set_remote_reads(&mut self, now: Duration, reads: FlowCounts) {
+        self.advance(now);
+        if reads != self.remote_reads {
+            self.remote_reads = reads;
+            self.stir();
+        }
+    }
+
+    /// A guarantee from the host a READ flow of this host reads from. A newer one caps the
+    /// flow's allotment from the next update on; a stale one (reordered, replayed) is
+    /// ignored. Refused, changing nothing, if its figures are out of range.
+    pub fn read_guarantee_received(
+        &mut self,
+        now: Duration,
+        id: FlowId,
+        guarantee: ReadGuarantee,
+    ) -> Result<Receipt, LoopError> {
+        let now = self.advance(now);
+        let index = self.find(id).ok_or(LoopError::UnknownFlow(id))?;
+        let flow = &mut self.flows[index];
+        if flow.read_cap.is_none() {
+            self.capped += 1;
+        }
+        let (receiver, heard_at) = flow
+            .read_cap
+            .get_or_insert_with(|| (ReadGuaranteeReceiver::new(), now));
+        let before = receiver.current().map(|g| (g.bytes_per_sec, g.ops_per_sec));
+        let receipt = match receiver.accept(guarantee) {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                if receiver.current().is_none() {
+                    flow.read_cap = None;
+                    self.capped -= 1;
+                }
+                return Err(e.into());
+            }
+        };
+        if receipt == Receipt::Applied {
+            *heard_at = now;
+            if before != Some((guarantee.bytes_per_sec, guarantee.ops_per_sec)) {
+                self.caps_changed = true;
+                self.stir();
+            }
+        }
+        Ok(receipt)
+    }
+
+    /// The guarantee capping a flow's allotment now, if any.
+    pub fn read_cap(&self, id: FlowId) -> Option<ReadGuarantee> {
+        let flow = &self.flows[self.find(id)?];
+        flow.read_cap
+            .as_ref()
+            .and_then(|(r, _)| r.current().copied())
+    }
+
+    /// Drops the guarantees not renewed for [`READ_GUARANTEE_PERIODS`] RefPeriods.
+    fn lapse_read_caps(&mut self, now: Duration) {
+        let hold = self
+            .config
+            .ref_period
+            .saturating_mul(READ_GUARANTEE_PERIODS);
+        for flow in &mut self.flows {
+            if let Some((_, heard_at)) = flow.read_cap {
+                if heard_at.saturating_add(hold) <= now {
+                    flow.read_cap = None;
+                    self.capped -= 1;
+                    self.caps_changed = true;
+                }
+            }
+        }
     }
 
     /// Where a flow is in `flows`.
@@ -1131,11 +1266,21 @@ impl ControlLoop {
         if redivide {
             self.divide();
         }
-        if redivide || rechunked || self.controller.safe_util() != before.0 {
+        if self.capped > 0 {
+            self.lapse_read_caps(now);
+        }
+        let recapped = std::mem::take(&mut self.caps_changed);
+        if redivide || rechunked || recapped || self.controller.safe_util() != before.0 {
             self.reallot(redivide, rechunked);
         }
         if latency_present || (self.baseline.is_some() && self.hungry_active == 0) {
             self.events.push_back(Event::ProbeDue);
+        }
+        if self.remote_reads.total() > 0 {
+            let guarantee =
+                self.read_sender
+                    .announce(self.counts, self.remote_reads, &self.profile);
+            self.events.push_back(Event::ReadGuarantee(guarantee));
         }
     }
 
@@ -1234,10 +1379,16 @@ impl ControlLoop {
             if !flow.spec.class.is_resource_hungry() {
                 continue;
             }
-            let bytes_per_sec = flow.share * safe_util;
-            if rephased || flow.bytes_per_sec != bytes_per_sec {
+            let mut bytes_per_sec = flow.share * safe_util;
+            let mut ops_per_sec = bytes_per_sec * ops_per_byte;
+            // A READ flow gets no more than the host it reads from guarantees it (§4.4).
+            if let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) {
+                bytes_per_sec = bytes_per_sec.min(cap.bytes_per_sec);
+                ops_per_sec = ops_per_sec.min(cap.ops_per_sec);
+            }
+            if rephased || flow.bytes_per_sec != bytes_per_sec || flow.ops_per_sec != ops_per_sec {
                 flow.bytes_per_sec = bytes_per_sec;
-                flow.ops_per_sec = bytes_per_sec * ops_per_byte;
+                flow.ops_per_sec = ops_per_sec;
                 flow.generation = generation;
                 changed = true;
             }
@@ -1723,6 +1874,178 @@ mod tests {
         assert_ne!(lp.last_action(), Some(ControlAction::Decrease));
         assert!(lp.safe_util() >= before, "{} vs {before}", lp.safe_util());
         assert!(lp.safe_util() < fresh_safe_util, "{}", lp.safe_util());
+    }
+
+    /// A loop at `start` (the sender's epoch) on RoCE-100 with one active bandwidth flow
+    /// (id 1) and the loop's update times.
+    fn reading_loop(start: Duration) -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, start).unwrap();
+        lp.register_flow(start, flow(1, FlowClass::Bandwidth))
+            .unwrap();
+        lp.set_flow_active(start, FlowId(1), true).unwrap();
+        lp
+    }
+
+    /// Runs `periods` RefPeriods from `*t` and returns the guarantees announced.
+    fn announced(lp: &mut ControlLoop, t: &mut Duration, periods: u32) -> Vec<ReadGuarantee> {
+        let mut out = Vec::new();
+        for _ in 0..periods {
+            *t += us(500);
+            lp.handle_timeout(*t);
+            while let Some(event) = lp.poll_event() {
+                if let Event::ReadGuarantee(g) = event {
+                    out.push(g);
+                }
+            }
+        }
+        out
+    }
+
+    fn guarantee(epoch: u64, sequence: u64, fraction: f64, profile: &RnicProfile) -> ReadGuarantee {
+        ReadGuarantee {
+            epoch,
+            sequence,
+            fraction,
+            bytes_per_sec: fraction * profile.max_rate_bytes_per_sec(),
+            ops_per_sec: fraction * profile.max_ops_per_sec(),
+        }
+    }
+
+    #[test]
+    fn a_responder_announces_one_over_its_flows_and_the_reads_it_serves_after_every_update() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let start = Duration::from_secs(7);
+        let mut lp = reading_loop(start);
+        lp.register_flow(start, flow(2, FlowClass::Latency))
+            .unwrap();
+        lp.set_flow_active(start, FlowId(2), true).unwrap();
+        let mut t = start;
+        assert!(
+            announced(&mut lp, &mut t, 3).is_empty(),
+            "no remote reads, nothing to say"
+        );
+        // Two remote READ flows: L' + B' + T' = 1 + 1 + 2 = 4.
+        lp.set_remote_reads(
+            t,
+            FlowCounts {
+                latency: 0,
+                bandwidth: 2,
+                throughput: 0,
+            },
+        );
+        let said = announced(&mut lp, &mut t, 3);
+        assert_eq!(said.len(), 3, "one per update");
+        for (i, g) in said.iter().enumerate() {
+            assert_eq!(g.epoch, 7_000_000_000, "the loop's start");
+            assert_eq!(g.sequence, i as u64);
+            assert_eq!(g.fraction, 0.25);
+            assert_eq!(g.bytes_per_sec, 0.25 * profile.max_rate_bytes_per_sec());
+            assert_eq!(g.ops_per_sec, 0.25 * profile.max_ops_per_sec());
+        }
+        lp.set_remote_reads(t, FlowCounts::default());
+        assert!(announced(&mut lp, &mut t, 2).is_empty());
+    }
+
+    #[test]
+    fn a_read_flow_is_capped_at_its_guarantee_from_the_next_update_and_stale_ones_are_ignored() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = reading_loop(Duration::ZERO);
+        let mut t = Duration::ZERO;
+        announced(&mut lp, &mut t, 2);
+        let alone = lp.allotment(FlowId(1)).unwrap();
+        assert_eq!(alone.bytes_per_sec, lp.safe_util());
+
+        let quarter = guarantee(3, 5, 0.25, &profile);
+        assert_eq!(
+            lp.read_guarantee_received(t, FlowId(1), quarter),
+            Ok(Receipt::Applied)
+        );
+        assert_eq!(
+            lp.allotment(FlowId(1)),
+            Some(alone),
+            "applied at the next update"
+        );
+        announced(&mut lp, &mut t, 1);
+        let capped = lp.allotment(FlowId(1)).unwrap();
+        assert_eq!(capped.bytes_per_sec, quarter.bytes_per_sec);
+        assert_eq!(
+            capped.ops_per_sec,
+            quarter.ops_per_sec.min(alone.ops_per_sec)
+        );
+        assert_eq!(lp.read_cap(FlowId(1)), Some(quarter));
+
+        // Reordered or replayed: an older message never raises the cap again.
+        let older = guarantee(3, 4, 1.0, &profile);
+        assert_eq!(
+            lp.read_guarantee_received(t, FlowId(1), older),
+            Ok(Receipt::Stale)
+        );
+        // Out of range: refused, nothing changes.
+        let broken = ReadGuarantee {
+            fraction: 2.0,
+            ..guarantee(3, 6, 1.0, &profile)
+        };
+        assert!(matches!(
+            lp.read_guarantee_received(t, FlowId(1), broken),
+            Err(LoopError::ReadGuarantee(_))
+        ));
+        announced(&mut lp, &mut t, 1);
+        assert_eq!(
+            lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
+            quarter.bytes_per_sec
+        );
+
+        // The responder restarted: a new epoch is believed at once, whatever its sequence.
+        let restarted = guarantee(4, 0, 0.5, &profile);
+        assert_eq!(
+            lp.read_guarantee_received(t, FlowId(1), restarted),
+            Ok(Receipt::Applied)
+        );
+        announced(&mut lp, &mut t, 1);
+        assert_eq!(
+            lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
+            restarted.bytes_per_sec
+        );
+        assert_eq!(
+            lp.read_guarantee_received(t, FlowId(9), restarted),
+            Err(LoopError::UnknownFlow(FlowId(9)))
+        );
+    }
+
+    #[test]
+    fn a_guarantee_not_renewed_lapses_and_the_flow_gets_its_share_back() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = reading_loop(Duration::ZERO);
+        let mut t = Duration::ZERO;
+        announced(&mut lp, &mut t, 1);
+        let share = lp.allotment(FlowId(1)).unwrap().bytes_per_sec;
+        let heard = t;
+        lp.read_guarantee_received(t, FlowId(1), guarantee(1, 0, 0.25, &profile))
+            .unwrap();
+        announced(&mut lp, &mut t, 1);
+        assert!(lp.allotment(FlowId(1)).unwrap().bytes_per_sec < share);
+        // Still held one RefPeriod before it lapses, gone at the first update after.
+        let hold = us(500) * READ_GUARANTEE_PERIODS;
+        while t + us(500) < heard + hold {
+            announced(&mut lp, &mut t, 1);
+        }
+        assert!(lp.read_cap(FlowId(1)).is_some());
+        announced(&mut lp, &mut t, 1);
+        assert_eq!(lp.read_cap(FlowId(1)), None);
+        assert_eq!(lp.allotment(FlowId(1)).unwrap().bytes_per_sec, share);
+        // A message from the responder's next incarnation caps it again.
+        lp.read_guarantee_received(t, FlowId(1), guarantee(0, 0, 0.5, &profile))
+            .unwrap();
+        announced(&mut lp, &mut t, 1);
+        assert_eq!(
+            lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
+            0.5 * profile.max_rate_bytes_per_sec()
+        );
     }
 
     #[test]

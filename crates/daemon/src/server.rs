@@ -587,6 +587,9 @@ impl Daemon {
                     );
                 }
                 Event::ModeChanged(mode) => warn!(?mode, "control mode changed"),
+                // Announced only while remote READ flows are counted, which takes a peer
+                // daemon to tell of them; this daemon talks to none, so it counts none.
+                Event::ReadGuarantee(_) => {}
             }
         }
     }
