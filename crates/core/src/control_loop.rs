@@ -487,6 +487,9 @@ struct FlowState {
     /// For a flow that READs from another host: the newest guarantee heard from it, and
     /// when; its allotment is capped at it until it lapses.
     read_cap: Option<(ReadGuaranteeReceiver, Duration)>,
+    /// The chunk its requests are cut to when smaller than the loop's (a READ flow's
+    /// guarantee's, from the latest allotment); `u32::MAX` otherwise.
+    chunk_cap: u32,
 }
 
 impl FlowState {
@@ -764,6 +767,7 @@ impl ControlLoop {
             ops_per_sec: 0.0,
             generation: self.generation,
             read_cap: None,
+            chunk_cap: u32::MAX,
         });
         // Room for every flow in the buffer that orders the sharing flows, so that no
         // division has to grow it.
@@ -827,7 +831,9 @@ impl ControlLoop {
         let (receiver, heard_at) = flow
             .read_cap
             .get_or_insert_with(|| (ReadGuaranteeReceiver::new(), now));
-        let before = receiver.current().map(|g| (g.bytes_per_sec, g.ops_per_sec));
+        let before = receiver
+            .current()
+            .map(|g| (g.bytes_per_sec, g.ops_per_sec, g.chunk_bytes));
         let receipt = match receiver.accept(guarantee) {
             Ok(receipt) => receipt,
             Err(e) => {
@@ -840,7 +846,12 @@ impl ControlLoop {
         };
         if receipt == Receipt::Applied {
             *heard_at = now;
-            if before != Some((guarantee.bytes_per_sec, guarantee.ops_per_sec)) {
+            let after = (
+                guarantee.bytes_per_sec,
+                guarantee.ops_per_sec,
+                guarantee.chunk_bytes,
+            );
+            if before != Some(after) {
                 self.caps_changed = true;
                 self.stir();
             }
@@ -1381,14 +1392,22 @@ impl ControlLoop {
             }
             let mut bytes_per_sec = flow.share * safe_util;
             let mut ops_per_sec = bytes_per_sec * ops_per_byte;
-            // A READ flow gets no more than the host it reads from guarantees it (§4.4).
+            let mut chunk_cap = u32::MAX;
+            // A READ flow gets no more than the host it reads from guarantees it (§4.4),
+            // in that host's chunks.
             if let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) {
                 bytes_per_sec = bytes_per_sec.min(cap.bytes_per_sec);
                 ops_per_sec = ops_per_sec.min(cap.ops_per_sec);
+                chunk_cap = cap.chunk_bytes;
             }
-            if rephased || flow.bytes_per_sec != bytes_per_sec || flow.ops_per_sec != ops_per_sec {
+            if rephased
+                || flow.bytes_per_sec != bytes_per_sec
+                || flow.ops_per_sec != ops_per_sec
+                || flow.chunk_cap != chunk_cap
+            {
                 flow.bytes_per_sec = bytes_per_sec;
                 flow.ops_per_sec = ops_per_sec;
+                flow.chunk_cap = chunk_cap;
                 flow.generation = generation;
                 changed = true;
             }
@@ -1450,7 +1469,7 @@ impl ControlLoop {
         flow.spec.class.is_resource_hungry().then(|| Allotment {
             bytes_per_sec: flow.bytes_per_sec,
             ops_per_sec: flow.ops_per_sec,
-            chunk_bytes: self.chunk_bytes,
+            chunk_bytes: self.chunk_bytes.min(flow.chunk_cap),
             token: self.controller.token(),
             phase: ReleasePhase {
                 offset: flow.phase,
@@ -1913,6 +1932,7 @@ mod tests {
             fraction,
             bytes_per_sec: fraction * profile.max_rate_bytes_per_sec(),
             ops_per_sec: fraction * profile.max_ops_per_sec(),
+            chunk_bytes: 5 * 1024,
         }
     }
 
@@ -1946,6 +1966,11 @@ mod tests {
             assert_eq!(g.fraction, 0.25);
             assert_eq!(g.bytes_per_sec, 0.25 * profile.max_rate_bytes_per_sec());
             assert_eq!(g.ops_per_sec, 0.25 * profile.max_ops_per_sec());
+            assert_eq!(
+                g.chunk_bytes,
+                profile.chunk_bytes(true),
+                "its latency flow's chunk"
+            );
         }
         lp.set_remote_reads(t, FlowCounts::default());
         assert!(announced(&mut lp, &mut t, 2).is_empty());
@@ -1976,6 +2001,11 @@ mod tests {
         assert_eq!(
             capped.ops_per_sec,
             quarter.ops_per_sec.min(alone.ops_per_sec)
+        );
+        assert_eq!(alone.chunk_bytes, profile.chunk_bytes(false));
+        assert_eq!(
+            capped.chunk_bytes, quarter.chunk_bytes,
+            "cut to the responder's chunk"
         );
         assert_eq!(lp.read_cap(FlowId(1)), Some(quarter));
 

@@ -43,6 +43,10 @@ pub struct ReadGuarantee {
     pub bytes_per_sec: f64,
     /// The guaranteed rate in operations/s: fraction x the sender's MaxTput.
     pub ops_per_sec: f64,
+    /// The size READs from the sender are cut to: the sender's chunk (§5.1: 5 KB while it
+    /// counts a latency flow of its own), because a READ's data leaves the sender's RNIC,
+    /// where a long response would hold up the sender's latency flows.
+    pub chunk_bytes: u32,
 }
 
 impl ReadGuarantee {
@@ -91,6 +95,7 @@ impl ReadGuaranteeSender {
             fraction,
             bytes_per_sec: fraction * profile.max_rate_bytes_per_sec(),
             ops_per_sec: fraction * profile.max_ops_per_sec(),
+            chunk_bytes: profile.chunk_bytes(local.latency > 0),
         }
     }
 }
@@ -149,6 +154,9 @@ impl ReadGuaranteeReceiver {
         }
         if !(message.ops_per_sec.is_finite() && message.ops_per_sec > 0.0) {
             return Err(invalid("ops_per_sec", message.ops_per_sec));
+        }
+        if message.chunk_bytes == 0 {
+            return Err(invalid("chunk_bytes", 0.0));
         }
         match &self.current {
             Some(current) if !message.is_newer_than(current) => Ok(Receipt::Stale),
@@ -280,6 +288,13 @@ mod tests {
                     ..good
                 },
                 "ops_per_sec",
+            ),
+            (
+                ReadGuarantee {
+                    chunk_bytes: 0,
+                    ..good
+                },
+                "chunk_bytes",
             ),
         ];
         for (message, field) in cases {

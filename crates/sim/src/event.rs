@@ -17,6 +17,8 @@ pub(crate) enum Event {
     AppTimer { app: u32, tag: u64 },
     /// A policy's timer.
     PolicyTimer { host: HostId, tag: u64 },
+    /// A message between policies arrives at `host`; it waits in the run's mailbox slot.
+    PolicyMessage { host: HostId, slot: u32 },
     /// A flow starts.
     FlowStart(u32),
     /// A flow stops posting.

@@ -342,6 +342,16 @@ impl AppSpec<'_> {
         }
     }
 
+    /// Whether its requests are READs: their data leaves the peer's RNIC, so the peer
+    /// serves them (Justitia §4.4).
+    pub fn reads(&self) -> bool {
+        match self {
+            AppSpec::Bandwidth(p) => p.opcode == Opcode::Read,
+            AppSpec::Throughput(p) => p.opcode == Opcode::Read,
+            _ => false,
+        }
+    }
+
     /// Builds the model over its connections ([`Self::connections`] of them, the first
     /// for a latency flow). Adding a model is a module, a table in [`FlowSpec`], a variant
     /// here and its arms in this impl.

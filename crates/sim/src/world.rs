@@ -17,7 +17,7 @@ use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::metrics::{ChangedFlows, FlowMetrics};
 use crate::policy::PolicyBuildError;
-use crate::policy::{FlowInfo, Policy, PolicyContext};
+use crate::policy::{FlowInfo, Mailbox, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
 use crate::scenario::{Experiment, ResolvedVariant, TopologyKind};
@@ -42,6 +42,7 @@ pub(crate) struct World {
     flows: Vec<FlowRuntime>,
     posts: Vec<(QpId, WorkRequest)>,
     notices: VecDeque<Notice>,
+    mailbox: Mailbox,
     completions: Vec<Completion>,
     poll: Picos,
     wakeup: Picos,
@@ -161,6 +162,7 @@ impl World {
                     name: flow_ref.name.clone(),
                     qps: conns.iter().map(|c| c.client).collect(),
                     peer: b,
+                    reads: app_spec.reads(),
                 },
             )];
             if server_posts {
@@ -171,6 +173,7 @@ impl World {
                         name: flow_ref.name.clone(),
                         qps: conns.iter().map(|c| c.server).collect(),
                         peer: a,
+                        reads: false,
                     },
                 ));
             }
@@ -230,6 +233,7 @@ impl World {
             flows,
             posts: Vec::new(),
             notices: VecDeque::new(),
+            mailbox: Mailbox::default(),
             completions: Vec::new(),
             poll: time::from_ns(profile.host.poll_ns),
             wakeup: profile.wakeup(),
@@ -335,6 +339,7 @@ impl World {
                 fabric: &mut self.fabric,
                 queue: &mut self.queue,
                 notices: &mut self.notices,
+                mailbox: &mut self.mailbox,
             };
             self.policies[h].on_start(&mut ctx, &infos);
         }
@@ -377,6 +382,7 @@ impl World {
             fabric: &mut self.fabric,
             queue: &mut self.queue,
             notices: &mut self.notices,
+            mailbox: &mut self.mailbox,
         };
         (&mut self.policies[usize::from(host.0)], ctx)
     }
@@ -411,6 +417,12 @@ impl World {
             Event::PolicyTimer { host, tag } => {
                 let (policy, mut ctx) = self.policy_ctx(host);
                 policy.on_timer(&mut ctx, tag);
+            }
+            Event::PolicyMessage { host, slot } => {
+                if let Some((from, message)) = self.mailbox.take(slot) {
+                    let (policy, mut ctx) = self.policy_ctx(host);
+                    policy.on_message(&mut ctx, from, message);
+                }
             }
             Event::FlowStart(app) => self.set_flow_active(app, true),
             Event::FlowStop(app) => self.set_flow_active(app, false),

@@ -178,7 +178,8 @@ fn rpc_service_against_storage_service() {
 /// READs issued by the remote host make the local RNIC send their responses, which compete
 /// with its own sends in its arbiter: the local latency flow suffers as from a local
 /// bandwidth flow (Justitia §4.4, §6.6, Fig 24c-d). With Justitia the requester paces its
-/// READs like a local bandwidth flow and the latency flow recovers.
+/// READs like a local bandwidth flow (the ping-pong's other end is a latency flow of its
+/// host too), at most at the responder's guarantee, and the latency flow recovers.
 #[test]
 fn remote_reads_compete_with_local_sends() {
     let r = report("lat-vs-remote-read-ib56");
@@ -200,6 +201,48 @@ fn remote_reads_compete_with_local_sends() {
     assert!(
         j.p50_us < native.p50_us,
         "Justitia {j:?} vs native {native:?}"
+    );
+}
+
+/// Justitia §4.4 with the latency flow only on the responder (a one-sided latency flow):
+/// the reader's host counts no latency flow, so its own loop has no reason to pace its
+/// READs. Natively the READ responses queue ahead of the latency messages in the
+/// responder's RNIC. Under Justitia the responder counts the READ flow it serves with its
+/// latency flow, L'+B'+T' = 2, and announces half its MaxRate (48 Gb/s on IB-56), at which
+/// the reader caps its READs, cut to the responder's chunk. Expected values from the
+/// scenario and the profile: the READ flow at the guarantee, the latency flow near its
+/// alone figures, and the reader's own controller never cutting (the protection is the
+/// guarantee's).
+#[test]
+fn the_responders_guarantee_protects_its_latency_flow_from_remote_reads() {
+    let name = "lat-vs-remote-read-responder-ib56";
+    let max_rate = common::experiment(name).profile.policy.max_rate_gbps;
+    let r = report(name);
+    let alone = latency(run(&r, "alone"), "lat");
+    let native = latency(run(&r, "with remote read"), "lat");
+    let with = run(&r, "with remote read + justitia");
+    let j = latency(with, "lat");
+    eprintln!("latency alone {alone:?}, native {native:?}, justitia {j:?}");
+    assert!(
+        native.p99_us > 2.0 * alone.p99_us,
+        "natively the READ responses must hurt: {native:?} vs alone {alone:?}"
+    );
+    assert!(
+        j.p50_us <= 1.1 * alone.p50_us && j.p99_us <= 1.1 * alone.p99_us,
+        "with the guarantee {j:?} vs alone {alone:?}"
+    );
+    assert_near(
+        "READ flow at the responder's guarantee, 1/2 of MaxRate (Gb/s)",
+        flow(with, "remote read").gbps,
+        max_rate / 2.0,
+        0.02,
+    );
+    let figures = &with.policy_figures;
+    assert_eq!(figures.get("b.decreases"), Some(&0.0), "{figures:?}");
+    assert_eq!(
+        figures.get("b.safe_util_gbps"),
+        Some(&max_rate),
+        "{figures:?}"
     );
 }
 

@@ -20,28 +20,35 @@
 //!   bandwidth flows' requests cut to the allotment's chunk size by the core's planner
 //!   (what is pending is re-cut when the size changes).
 //!
-//! Not modelled: the remote-READ guarantee of §4.4 (a READ flow is shaped by its
-//! requester like a local bandwidth flow) and the flow-control messages of split SENDs
-//! (the peer is assumed to cooperate).
+//! - **Remote READs** (§4.4). A READ flow's requester tells the host it reads from, by a
+//!   [`PolicyMessage`] ([`MESSAGE_DELAY`](super::MESSAGE_DELAY) on its way), whenever the
+//!   flow starts or stops having work; that host's loop counts the READ flows it serves
+//!   ([`ControlLoop::set_remote_reads`]), and each [`Event::ReadGuarantee`] it emits goes
+//!   to every host with such a flow, whose loop caps the flow's allotment at it
+//!   ([`ControlLoop::read_guarantee_received`]).
+//!
+//! Not modelled: the flow-control messages of split SENDs (the peer is assumed to
+//! cooperate).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::control_loop::{
     ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
 };
 use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
-use justitia_core::flow::{FlowClass, FlowId};
+use justitia_core::flow::{FlowClass, FlowCounts, FlowId};
 use justitia_core::profile::RnicProfile;
 use serde::{Deserialize, Serialize};
 
 use super::paced::{Activity, PacedShaper, PACE_TIMER};
 use super::reference::ReferenceProbe;
-use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
+use super::{FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{QpId, WorkRequest};
 use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
+use crate::topology::HostId;
 use crate::units::ByteSize;
 
 /// How SafeUtil grows while the target is met.
@@ -385,6 +392,10 @@ pub struct JustitiaPolicy {
     shaper: Option<PacedShaper>,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
+    /// This host's READ flows: each one's class and the host it reads from.
+    reads: Vec<(FlowId, FlowClass, HostId)>,
+    /// The other hosts' READ flows this host serves that have work, with their hosts.
+    served: BTreeMap<FlowId, (FlowClass, HostId)>,
 }
 
 impl JustitiaPolicy {
@@ -394,12 +405,50 @@ impl JustitiaPolicy {
             driver: LoopDriver::new(&profile.policy, params)?,
             shaper: None,
             hungry: Vec::new(),
+            reads: Vec::new(),
+            served: BTreeMap::new(),
         })
+    }
+
+    /// Tells the hosts this host's READ flows read from which of them started or stopped
+    /// having work.
+    fn tell_reads(&self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
+        for change in changes {
+            let (id, active) = match *change {
+                Activity::HasWork(id) => (id, true),
+                Activity::Idle(id) => (id, false),
+            };
+            if let Some(&(flow, class, peer)) = self.reads.iter().find(|r| r.0 == id) {
+                ctx.send(
+                    peer,
+                    PolicyMessage::RemoteRead {
+                        flow,
+                        class,
+                        active,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Sends a guarantee of this host's loop to every host whose READ flows it serves.
+    fn announce(&self, ctx: &mut PolicyContext<'_>, events: &[Event]) {
+        for event in events {
+            if let Event::ReadGuarantee(guarantee) = *event {
+                let mut hosts: Vec<HostId> = self.served.values().map(|&(_, h)| h).collect();
+                hosts.sort_unstable();
+                hosts.dedup();
+                for host in hosts {
+                    ctx.send(host, PolicyMessage::ReadGuarantee(guarantee));
+                }
+            }
+        }
     }
 
     /// Runs the loop and carries out its allotments.
     fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
         let events = self.driver.drive(ctx);
+        self.announce(ctx, &events);
         let Some(shaper) = &mut self.shaper else {
             return;
         };
@@ -413,14 +462,16 @@ impl JustitiaPolicy {
                 }
             }
             let changes = shaper.take_activity();
+            self.tell_reads(ctx, &changes);
             self.driver.activity(ctx, changes);
         }
     }
 
-    fn forward_activity(&mut self, ctx: &PolicyContext<'_>) {
+    fn forward_activity(&mut self, ctx: &mut PolicyContext<'_>) {
         if let Some(shaper) = &mut self.shaper {
             let changes = shaper.take_activity();
             if !changes.is_empty() {
+                self.tell_reads(ctx, &changes);
                 self.driver.activity(ctx, changes);
             }
         }
@@ -439,6 +490,11 @@ impl Policy for JustitiaPolicy {
             .filter(|f| f.spec.class.is_resource_hungry())
             .map(|f| f.spec.id)
             .collect();
+        self.reads = flows
+            .iter()
+            .filter(|f| f.reads)
+            .map(|f| (f.spec.id, f.spec.class, f.peer))
+            .collect();
         self.driver.connect(ctx, flows);
         self.drive(ctx);
     }
@@ -446,6 +502,9 @@ impl Policy for JustitiaPolicy {
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
         self.driver.flow_present(ctx, flow, active);
         let id = flow.spec.id;
+        if !active && flow.reads {
+            self.tell_reads(ctx, &[Activity::Idle(id)]);
+        }
         if let (true, Some(shaper)) = (active, &mut self.shaper) {
             // A registered flow is held to its allotment from the start: zero until the
             // loop's next update counts it.
@@ -488,6 +547,44 @@ impl Policy for JustitiaPolicy {
             self.forward_activity(ctx);
         } else if tag == LOOP_TIMER && self.driver.timer_is_current(ctx) {
             self.drive(ctx);
+        }
+    }
+
+    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
+        let now = core_time(ctx.now());
+        match message {
+            PolicyMessage::RemoteRead {
+                flow,
+                class,
+                active,
+            } => {
+                if active {
+                    self.served.insert(flow, (class, from));
+                } else {
+                    self.served.remove(&flow);
+                }
+                let mut counts = FlowCounts::default();
+                for &(class, _) in self.served.values() {
+                    match class {
+                        FlowClass::Latency => counts.latency += 1,
+                        FlowClass::Bandwidth => counts.bandwidth += 1,
+                        FlowClass::Throughput => counts.throughput += 1,
+                    }
+                }
+                self.driver.control.set_remote_reads(now, counts);
+            }
+            PolicyMessage::ReadGuarantee(guarantee) => {
+                for &(flow, _, peer) in &self.reads {
+                    if peer == from {
+                        // Refused only for a flow not registered now (stopped) or a
+                        // malformed guarantee, which this model never sends.
+                        let _ = self
+                            .driver
+                            .control
+                            .read_guarantee_received(now, flow, guarantee);
+                    }
+                }
+            }
         }
     }
 

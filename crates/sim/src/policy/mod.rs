@@ -31,7 +31,8 @@ pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use justitia_core::flow::FlowSpec;
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec};
+use justitia_core::remote_read::ReadGuarantee;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EventQueue;
@@ -53,6 +54,59 @@ pub struct FlowInfo {
     pub qps: Vec<QpId>,
     /// The host at the other end.
     pub peer: HostId,
+    /// Its requests are READs (on the requester's side): their data leaves `peer`'s RNIC.
+    pub reads: bool,
+}
+
+/// How long a message between two hosts' policies takes (the daemons' control traffic over
+/// the network, a small message each way through their hosts' stacks): 10 us, an assumed
+/// figure a few round trips long.
+pub const MESSAGE_DELAY: Picos = 10_000_000;
+
+/// A message between two hosts' policies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PolicyMessage {
+    /// A READ flow of the sender, served by the receiver, has work (`active`) or has none.
+    RemoteRead {
+        /// The flow.
+        flow: FlowId,
+        /// Its class.
+        class: FlowClass,
+        /// Whether it has work now.
+        active: bool,
+    },
+    /// The sender's guarantee to each READ flow it serves (§4.4).
+    ReadGuarantee(ReadGuarantee),
+}
+
+/// Messages on their way between policies, by slot (an event names the slot, so that
+/// events stay small).
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    slots: Vec<Option<(HostId, PolicyMessage)>>,
+    free: Vec<u32>,
+}
+
+impl Mailbox {
+    fn put(&mut self, from: HostId, message: PolicyMessage) -> u32 {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some((from, message));
+                slot
+            }
+            None => {
+                self.slots.push(Some((from, message)));
+                (self.slots.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes the message of `slot`: who sent it, and what.
+    pub(crate) fn take(&mut self, slot: u32) -> Option<(HostId, PolicyMessage)> {
+        let message = self.slots.get_mut(slot as usize)?.take()?;
+        self.free.push(slot);
+        Some(message)
+    }
 }
 
 /// What a policy may do while handling a call.
@@ -61,6 +115,7 @@ pub struct PolicyContext<'a> {
     pub(crate) fabric: &'a mut Fabric,
     pub(crate) queue: &'a mut EventQueue<Event>,
     pub(crate) notices: &'a mut VecDeque<Notice>,
+    pub(crate) mailbox: &'a mut Mailbox,
 }
 
 impl PolicyContext<'_> {
@@ -121,6 +176,15 @@ impl PolicyContext<'_> {
     /// end's next packet.
     pub fn set_priority(&mut self, qp: QpId, lane: u8) {
         self.fabric.set_lane(qp, lane);
+    }
+
+    /// Sends `message` to the policy of host `to`, which gets it [`MESSAGE_DELAY`] later
+    /// in [`Policy::on_message`].
+    pub fn send(&mut self, to: HostId, message: PolicyMessage) {
+        let slot = self.mailbox.put(self.host, message);
+        let at = self.queue.now().saturating_add(MESSAGE_DELAY);
+        self.queue
+            .schedule(at, Event::PolicyMessage { host: to, slot });
     }
 
     /// Requests posted on `qp` that have not completed.
@@ -222,6 +286,11 @@ pub trait Policy {
     /// A timer set with [`PolicyContext::set_timer`] fired.
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
         let _ = (ctx, tag);
+    }
+
+    /// A message sent with [`PolicyContext::send`] by the policy of host `from` arrived.
+    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
+        let _ = (ctx, from, message);
     }
 
     /// The state of the policy's control loop now, for time series; `None` for a policy
