@@ -44,7 +44,9 @@
 //! then drain [`poll_event`](ControlLoop::poll_event) until `None`, acting on each event
 //! (on [`Event::ProbeDue`] send a probe and report it with
 //! [`probe_sent`](ControlLoop::probe_sent); on [`Event::AllotmentsChanged`] read the
-//! allotments and re-cut pending work if the chunk size changed), then sleep until the
+//! allotments and re-cut pending work if the chunk size changed; on
+//! [`Event::ReadGuarantee`] send it to the hosts whose READ flows this one serves), then
+//! sleep until the
 //! new [`poll_timeout`](ControlLoop::poll_timeout). `now` must not go backwards; an
 //! earlier `now` is treated as the latest one seen.
 //!
@@ -179,7 +181,8 @@
 //! over the flows find that tenant's new largest weight. The flows are kept in a vector in
 //! no particular order, found through a hash map; a removed flow's place is taken by the
 //! last one. While some flow is within its idle grace, an update also passes over the
-//! flows to find those whose grace ran out (and stops once none is left in it). Release
+//! flows to find those whose grace ran out (and stops once none is left in it), and while
+//! some READ flow holds a guarantee, one to lapse those not renewed. Release
 //! phases go in id order, which the vector does not keep: when the set of sharing flows
 //! may have changed, a division gathers the sharing flows with their places into a buffer
 //! kept from one division to the next (grown as flows register, so it never grows in an
