@@ -744,8 +744,9 @@ impl ControlLoop {
     }
 
     /// Registers a flow, idle until [`set_flow_active`](Self::set_flow_active) says it has
-    /// work. For a latency flow, returns soft admission's verdict from the latest Current99
-    /// measured, even if the window has been empty since (a warning, never a refusal); other flows are always [`Admission::Admitted`].
+    /// work. For a latency flow, returns soft admission's verdict from Current99 as
+    /// [`current_p99`](Self::current_p99) reports it now, or, while the window is empty,
+    /// the latest one measured (a warning, never a refusal); other flows are always [`Admission::Admitted`].
     pub fn register_flow(
         &mut self,
         now: Duration,
@@ -777,7 +778,9 @@ impl ControlLoop {
         self.phase_order
             .reserve(self.flows.len().saturating_sub(self.phase_order.len()));
         Ok(match flow.spec.class {
-            FlowClass::Latency => self.controller.admit_latency_flow(),
+            FlowClass::Latency => self
+                .controller
+                .admit_latency_flow_at(self.estimator.estimate()),
             _ => Admission::Admitted,
         })
     }
@@ -2079,6 +2082,36 @@ mod tests {
             lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
             0.5 * profile.max_rate_bytes_per_sec()
         );
+    }
+
+    /// As in the daemon's guest test: the probes of the idle baseline are in the window,
+    /// the target is then set below them, and a latency flow registers before any latency
+    /// flow is counted. The verdict follows the Current99 an operator sees.
+    #[test]
+    fn a_latency_flow_is_judged_on_the_current99_shown_even_while_none_is_counted() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 20, us(20));
+        assert!(lp.target().idle_p99.is_some(), "the baseline was measured");
+        lp.set_target(t, Target99::Absolute(us(1))).unwrap();
+        let shown = lp.current_p99().expect("the baseline's samples");
+        assert_eq!(lp.counts().latency, 0);
+        match lp.register_flow(t, flow(5, FlowClass::Latency)).unwrap() {
+            Admission::TargetAtRisk {
+                current_p99,
+                target_p99,
+            } => {
+                assert_eq!(current_p99, shown);
+                assert_eq!(target_p99, us(1));
+            }
+            other => panic!("admitted without a warning: {other:?}"),
+        }
     }
 
     #[test]

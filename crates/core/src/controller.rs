@@ -289,11 +289,7 @@ impl SafeUtilController {
         counts: FlowCounts,
         current_p99: Option<Duration>,
     ) -> ControlAction {
-        self.last_p99 = if counts.latency > 0 {
-            current_p99.or(self.last_p99)
-        } else {
-            None
-        };
+        self.last_p99 = current_p99.or(self.last_p99);
         let violated =
             counts.latency > 0 && current_p99.is_some_and(|p99| p99 > self.config.target_p99);
         // No estimate says nothing either way: a run of violations is broken only by a
@@ -433,7 +429,13 @@ impl SafeUtilController {
     /// Answers a request to admit a new latency-sensitive flow, from the latest Current99
     /// measured (see [`last_p99`](Self::last_p99)).
     pub fn admit_latency_flow(&self) -> Admission {
-        match self.last_p99 {
+        self.admit_latency_flow_at(None)
+    }
+
+    /// As [`admit_latency_flow`](Self::admit_latency_flow), from `current_p99`, the
+    /// estimator's Current99 now, when it has one: what an operator sees at that moment.
+    pub fn admit_latency_flow_at(&self, current_p99: Option<Duration>) -> Admission {
+        match current_p99.or(self.last_p99) {
             Some(current_p99) if current_p99 > self.config.target_p99 => Admission::TargetAtRisk {
                 current_p99,
                 target_p99: self.config.target_p99,
@@ -470,9 +472,9 @@ impl SafeUtilController {
         self.max_rate
     }
 
-    /// The latest Current99 given to an update while latency flows were counted: an update
-    /// with an empty window keeps the one before, an update without latency flows forgets
-    /// it (no latency flow, no probe, nothing measured).
+    /// The latest Current99 given to an update: an update with an empty window (restarted
+    /// after a decrease, with the next probe still in flight, or after the flows changed)
+    /// keeps the one before.
     pub fn last_p99(&self) -> Option<Duration> {
         self.last_p99
     }
@@ -730,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn admission_keeps_the_latest_measurement_across_an_empty_window_until_latency_flows_leave() {
+    fn admission_keeps_the_latest_measurement_across_empty_windows_and_prefers_a_live_one() {
         let mut c = controller(ControllerConfig::default());
         c.update(ms(0), counts(1, 1, 0), HIGH);
         let at_risk = Admission::TargetAtRisk {
@@ -741,9 +743,11 @@ mod tests {
         c.update(ms(1), counts(1, 1, 0), None);
         assert_eq!(c.last_p99(), Some(Duration::from_micros(5)));
         assert_eq!(c.admit_latency_flow(), at_risk);
+        // The latency flows left: nothing newer was measured, the latest still stands.
         c.update(ms(2), counts(0, 1, 0), None);
-        assert_eq!(c.last_p99(), None);
-        assert_eq!(c.admit_latency_flow(), Admission::Admitted);
+        assert_eq!(c.admit_latency_flow(), at_risk);
+        // A Current99 in hand now decides.
+        assert_eq!(c.admit_latency_flow_at(LOW), Admission::Admitted);
     }
 
     /// Runs updates every millisecond from `from` to `to` (exclusive) with the same inputs.
