@@ -800,14 +800,23 @@ mod tests {
     #[test]
     fn concurrent_reads_are_never_torn() {
         // Every field of a slot is written with the same value; a torn read would mix two.
+        // The writer keeps writing until the reader has checked enough reads made while it
+        // wrote, so that the two overlap however the threads are scheduled; only a reader
+        // the writer starves for the writer's whole budget fails the count.
+        const READS: u64 = 10_000;
+        const WRITE_BUDGET: u64 = 50_000_000;
         let w = Arc::new(BlockWriter::create(KIND_TENANT, 1, 1, 1).unwrap());
         let r = w.reader().unwrap();
+        let enough = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = {
-            let w = Arc::clone(&w);
+            let (w, enough) = (Arc::clone(&w), Arc::clone(&enough));
             std::thread::spawn(move || {
-                for v in 1..200_000u64 {
+                let mut v = 1u64;
+                while !enough.load(Ordering::Relaxed) && v < WRITE_BUDGET {
                     w.set_slot(0, allot(v, v));
+                    v += 1;
                 }
+                v
             })
         };
         let mut seen = 0u64;
@@ -829,10 +838,22 @@ mod tests {
                         "torn read {a:?}"
                     );
                     seen += 1;
+                    if seen == READS {
+                        enough.store(true, Ordering::Relaxed);
+                    }
                 }
             }
         }
-        writer.join().unwrap();
-        assert!(seen > 0);
+        let written = writer.join().unwrap();
+        assert!(
+            seen >= READS,
+            "{seen} reads checked while the writer wrote {written} times"
+        );
+        let last = r.slot(0).unwrap();
+        assert_eq!(
+            last.flow,
+            written - 1,
+            "the last write is the one read after"
+        );
     }
 }
