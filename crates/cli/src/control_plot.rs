@@ -399,6 +399,7 @@ mod tests {
             utilisation: 0.5,
             jain_bandwidth: None,
             policy_figures: BTreeMap::new(),
+            fabric_figures: BTreeMap::new(),
             events: 1,
             series: RunSeries {
                 interval_ms: 0.5,

@@ -579,6 +579,7 @@ pub(crate) mod tests {
             utilisation: 0.5,
             jain_bandwidth: None,
             policy_figures: BTreeMap::new(),
+            fabric_figures: BTreeMap::new(),
             events: 1,
             series: Default::default(),
             wall_seconds: 0.0,

@@ -54,6 +54,14 @@ pub fn render(report: &ScenarioReport) -> String {
         for line in policy_figures(run) {
             let _ = writeln!(out, "  {line}");
         }
+        if !run.fabric_figures.is_empty() {
+            let figures: Vec<String> = run
+                .fabric_figures
+                .iter()
+                .map(|(k, v)| format!("{k} {}", number(*v)))
+                .collect();
+            let _ = writeln!(out, "  fabric: {}", figures.join(", "));
+        }
     }
     out
 }
@@ -229,6 +237,7 @@ mod tests {
                 utilisation: 0.978,
                 jain_bandwidth: Some(1.0),
                 policy_figures: BTreeMap::new(),
+                fabric_figures: BTreeMap::new(),
                 events: 1_234_567,
                 series: Default::default(),
                 wall_seconds: 0.5,

@@ -162,6 +162,7 @@ mod tests {
             utilisation: 1.0,
             jain_bandwidth: None,
             policy_figures: BTreeMap::new(),
+            fabric_figures: BTreeMap::new(),
             events: 0,
             series: Default::default(),
             wall_seconds: 0.0,

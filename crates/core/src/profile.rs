@@ -88,7 +88,7 @@ pub enum ProfileError {
 /// [`RnicProfile::BUILTIN_NAMES`]. A file's `[policy]` table is the policy's view of the RNIC
 /// ([`RnicProfile`]); its other tables model the hardware for the simulator. Compiling the
 /// files in keeps one source for both and lets every tool work from any directory.
-pub const BUILTIN_PROFILE_FILES: [(&str, &str); 6] = [
+pub const BUILTIN_PROFILE_FILES: [(&str, &str); 7] = [
     ("IB-56", include_str!("../../../profiles/ib-56.toml")),
     ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
     ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
@@ -97,6 +97,10 @@ pub const BUILTIN_PROFILE_FILES: [(&str, &str); 6] = [
     (
         "IB-56-switch",
         include_str!("../../../profiles/ib-56-switch.toml"),
+    ),
+    (
+        "RoCE-100-switch",
+        include_str!("../../../profiles/roce-100-switch.toml"),
     ),
 ];
 
@@ -117,14 +121,15 @@ pub fn builtin_profile_text(name: &str) -> Option<(&'static str, &'static str)> 
 
 impl RnicProfile {
     /// Names of the built-in profiles: the hardware of `validation-targets.md`, in its order,
-    /// and RPerf's switched testbed.
-    pub const BUILTIN_NAMES: [&'static str; 6] = [
+    /// RPerf's switched testbed, and the RoCE-100 hosts on a switch with PFC.
+    pub const BUILTIN_NAMES: [&'static str; 7] = [
         "IB-56",
         "RoCE-40",
         "RoCE-10",
         "IB-100",
         "RoCE-100",
         "IB-56-switch",
+        "RoCE-100-switch",
     ];
 
     /// A built-in profile by name (case-insensitive; `RoCE-10-DCQCN` is `RoCE-10`): the

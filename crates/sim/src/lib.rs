@@ -20,7 +20,7 @@
 //! | module | what it models |
 //! | --- | --- |
 //! | [`engine`] | the event queue: integer picoseconds, (time, sequence) order |
-//! | [`topology`], [`ids`], [`link`], [`switch`] | hosts and switches joined by links; input buffers, credits, FCFS or round-robin arbitration, virtual lanes |
+//! | [`topology`], [`ids`], [`link`], [`switch`] | hosts and switches joined by links; input buffers, credits or PFC, FCFS or round-robin arbitration, virtual lanes |
 //! | [`rnic`] | queue pairs, PCIe, processing units, strict-priority round-robin arbiter, transmit FIFO, receive side |
 //! | [`app`] | latency, throughput and bandwidth flows; an RPC and a storage service |
 //! | [`policy`] | the plug-in boundary; `native`, `justitia`, `preempt`, `adaptive` and `priority` |

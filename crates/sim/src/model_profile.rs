@@ -68,7 +68,22 @@ pub enum VlArbitration {
 /// Number of virtual lanes the model carries (service level `n` maps to lane `n`).
 pub const VIRTUAL_LANES: usize = 4;
 
-/// Parameters of a switch (InfiniBand: credit-based, lossless).
+/// Priority flow control (IEEE 802.1Qbb), Ethernet's lossless mode: a switch input buffer
+/// (port, lane) that fills to `xoff_bytes` pauses that lane of the sender upstream, and
+/// resumes it once drained to `xon_bytes`. The pause travels back up the cable, and the
+/// sender finishes the packet it is sending, so the buffer must hold `xoff_bytes` plus that
+/// headroom (checked by [`ModelProfile::validate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PfcParams {
+    /// Bytes held in an input buffer at or above which its lane is paused upstream.
+    pub xoff_bytes: u32,
+    /// Bytes held at or below which a paused lane is resumed.
+    pub xon_bytes: u32,
+}
+
+/// Parameters of a switch: lossless by InfiniBand's credits, or by Ethernet's PFC when
+/// `pfc` is given.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchParams {
@@ -81,9 +96,12 @@ pub struct SwitchParams {
     /// overtakes an earlier one of the same input buffer.
     #[serde(default)]
     pub jitter_ns: f64,
-    /// Buffer of each input port, per virtual lane, in bytes on the wire: the credits its
-    /// upstream sender starts with.
+    /// Buffer of each input port, per virtual lane, in bytes on the wire: under credits,
+    /// what its upstream sender starts with; under PFC, what it can hold.
     pub input_buffer_bytes: u32,
+    /// Pause frames instead of credits (RoCE switches); none: credits (InfiniBand).
+    #[serde(default)]
+    pub pfc: Option<PfcParams>,
     /// Input arbitration at each output port.
     #[serde(default)]
     pub arbitration: InputArbitration,
@@ -217,7 +235,7 @@ pub enum ModelProfileError {
 
 impl ModelProfile {
     /// Names of the built-in model profiles (the files in `profiles/`).
-    pub const BUILTIN_NAMES: [&'static str; 6] = RnicProfile::BUILTIN_NAMES;
+    pub const BUILTIN_NAMES: [&'static str; 7] = RnicProfile::BUILTIN_NAMES;
 
     /// A built-in profile by name, case-insensitive (`ib-56`, `RoCE-100`, ...).
     pub fn builtin(name: &str) -> Result<Self, ModelProfileError> {
@@ -316,6 +334,31 @@ impl ModelProfile {
                     ),
                 ));
             }
+            if let Some(pfc) = &sw.pfc {
+                let headroom = self.pfc_headroom_bytes(sw);
+                if pfc.xon_bytes >= pfc.xoff_bytes {
+                    return Err(invalid(
+                        "switch.pfc.xon_bytes",
+                        format!(
+                            "must be below xoff_bytes ({}), got {}",
+                            pfc.xoff_bytes, pfc.xon_bytes
+                        ),
+                    ));
+                }
+                if u64::from(pfc.xoff_bytes) + u64::from(headroom)
+                    > u64::from(sw.input_buffer_bytes)
+                {
+                    return Err(invalid(
+                        "switch.pfc.xoff_bytes",
+                        format!(
+                            "plus the headroom of {headroom} bytes (two packets, an RNIC's \
+                             transmit FIFO, and the cable's round trip and the forwarding \
+                             latency at the link rate) must fit input_buffer_bytes ({}), got {}",
+                            sw.input_buffer_bytes, pfc.xoff_bytes
+                        ),
+                    ));
+                }
+            }
             if sw.vl_weights.len() > VIRTUAL_LANES || sw.vl_weights.contains(&0) {
                 return Err(invalid(
                     "switch.vl_weights",
@@ -324,6 +367,24 @@ impl ModelProfile {
             }
         }
         Ok(())
+    }
+
+    /// What a PFC input buffer may still take once it reaches XOFF, in wire bytes: the
+    /// packet being received when it does; the bytes on the cable while the pause travels
+    /// up it and the last of them come down; the packet the sender had started, and an
+    /// RNIC sender's transmit FIFO (the pause stops its arbiter, not what it queued); and
+    /// the bytes that arrive while a packet is forwarded (a packet counts from when it is
+    /// eligible, [`SwitchParams::port_latency_ns`] plus at most the jitter after its head
+    /// arrived).
+    pub fn pfc_headroom_bytes(&self, sw: &SwitchParams) -> u32 {
+        let packet = self.mtu() + self.link.header_bytes;
+        let ns = 2.0 * sw.cable_ns + sw.port_latency_ns + sw.jitter_ns;
+        let in_flight = (ns * self.link.gbps / 8.0)
+            .ceil()
+            .min(f64::from(u32::MAX / 4)) as u32;
+        (2 * packet)
+            .saturating_add(self.rnic.tx_fifo_bytes)
+            .saturating_add(in_flight)
     }
 
     /// The profile's name (that of its `[policy]` table).
@@ -414,6 +475,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("mtu"), "{err}");
+    }
+
+    #[test]
+    fn pfc_thresholds_that_could_lose_a_packet_are_refused() {
+        let text = include_str!("../../../profiles/roce-100-switch.toml");
+        let p = ModelProfile::from_toml(text, "test").unwrap();
+        let sw = p.switch.as_ref().unwrap();
+        // Two 4178-byte packets, the 24000-byte transmit FIFO, and 350 ns of cables and
+        // forwarding at 100 Gb/s (4375 bytes).
+        assert_eq!(p.pfc_headroom_bytes(sw), 2 * 4178 + 24_000 + 4375);
+        let bad = text.replace("xon_bytes = 32768", "xon_bytes = 65536");
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("switch.pfc.xon_bytes") && err.contains("below"),
+            "{err}"
+        );
+        let bad = text.replace("xoff_bytes = 65536", "xoff_bytes = 100000");
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("switch.pfc.xoff_bytes") && err.contains("headroom of 36731"),
+            "{err}"
+        );
     }
 
     #[test]

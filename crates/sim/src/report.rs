@@ -41,6 +41,11 @@ pub struct RunReport {
     pub jain_bandwidth: Option<f64>,
     /// Figures the policy reports about itself, as `host.figure`.
     pub policy_figures: BTreeMap<String, f64>,
+    /// Figures of the fabric's flow control: with PFC switches, `pfc_pauses` (pause frames
+    /// sent) and `pfc_peak_held_bytes` (the fullest an input buffer lane got, counted from
+    /// when a packet is eligible); empty otherwise.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fabric_figures: BTreeMap<String, f64>,
     /// Events the run handled.
     pub events: u64,
     /// Each flow's rate and each control loop's state over time.

@@ -1,13 +1,19 @@
-//! The switch model: per-input buffers, credit-based lossless flow control, input
+//! The switch model: per-input buffers, lossless flow control (credits or PFC), input
 //! arbitration at each output port, and virtual lanes.
 //!
-//! What a packet goes through (InfiniBand, as RPerf §II-D and §VIII describe it):
+//! What a packet goes through (InfiniBand, as RPerf §II-D and §VIII describe it; RoCE
+//! differs only in step 1):
 //!
-//! 1. **Credits.** The sender on a link into a switch (an RNIC or another switch's output
-//!    port) holds, per virtual lane, credits worth the input buffer of the far port
-//!    (`switch.input_buffer_bytes`). It spends a packet's wire bytes when it sends it and
-//!    gets them back when the packet leaves that input buffer plus one cable delay. A
-//!    sender without credits waits: nothing is ever dropped.
+//! 1. **Flow control.** The sender on a link into a switch (an RNIC or another switch's
+//!    output port) may send a packet of a virtual lane only when the link's [`SendGate`]
+//!    allows it. InfiniBand: the sender holds, per lane, credits worth the input buffer of
+//!    the far port (`switch.input_buffer_bytes`); it spends a packet's wire bytes when it
+//!    sends it and gets them back when the packet leaves that input buffer plus one cable
+//!    delay. RoCE with PFC (`switch.pfc`): an input buffer holding `xoff_bytes` or more
+//!    pauses its lane at the sender one cable delay later, and one drained to `xon_bytes`
+//!    resumes it the same way; a paused sender finishes the packet it is sending. Either
+//!    way a sender waits and nothing is ever dropped (the profile's check keeps PFC's
+//!    headroom inside the buffer).
 //! 2. **Input buffer.** A packet is eligible `switch.port_latency_ns` (plus up to
 //!    `switch.jitter_ns`) after its head arrived: forwarding is cut-through. Each (input
 //!    port, virtual lane) is one FIFO whatever the packets' outputs, so a packet for an idle
@@ -18,11 +24,11 @@
 //!    lane whose head packet goes to this output, the oldest head (`fcfs`) or the next
 //!    input port in turn (`round-robin`).
 //!
-//! Every packet that crosses a switch costs three events (eligible at the input, its
-//! output's next decision, its credit coming back); middle packets into a host still cost
-//! none.
+//! Every packet that crosses a switch costs three events under credits (eligible at the
+//! input, its output's next decision, its credit coming back) and two under PFC, plus one
+//! per pause or resume; middle packets into a host still cost none.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand_core::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -30,7 +36,7 @@ use rand_pcg::Pcg64Mcg;
 use crate::engine::EventQueue;
 use crate::link::Packet;
 use crate::model_profile::{
-    InputArbitration, ModelProfile, SwitchParams, VlArbitration, VIRTUAL_LANES,
+    InputArbitration, ModelProfile, PfcParams, SwitchParams, VlArbitration, VIRTUAL_LANES,
 };
 use crate::time::{self, Picos};
 use crate::topology::{LinkId, NodeKind, SwitchId, SwitchPorts, Topology};
@@ -63,6 +69,15 @@ pub(crate) enum SwitchEvent {
         /// Wire bytes freed.
         bytes: u32,
     },
+    /// A PFC pause or resume reaches the sender on a link into a switch.
+    Pause {
+        /// The link into the switch.
+        link: LinkId,
+        /// The lane paused or resumed.
+        lane: u8,
+        /// Paused (true) or resumed.
+        paused: bool,
+    },
 }
 
 /// What the rest of the fabric must do after a switch event.
@@ -82,19 +97,43 @@ pub(crate) enum SwitchOutcome {
         /// When its last bit leaves.
         done: Picos,
     },
-    /// Credits came back to a host sending on `link`: its arbiter may have waited for them.
-    HostCredited(LinkId),
+    /// A host sending on `link` may send again (credits came back, or a lane was resumed):
+    /// its arbiter may have waited.
+    HostUnblocked(LinkId),
 }
 
-/// Credits of a link into a switch, per virtual lane, in wire bytes; they may dip below
-/// zero only by acknowledgements, which an RNIC sends without asking.
-pub(crate) type Credits = [i64; VIRTUAL_LANES];
+/// What lets the sender on a link into a switch send a packet of a virtual lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SendGate {
+    /// InfiniBand: per lane, credits in wire bytes; they may dip below zero only by
+    /// acknowledgements, which an RNIC sends without asking.
+    Credits([i64; VIRTUAL_LANES]),
+    /// PFC: per lane, whether the far end has paused it.
+    Paused([bool; VIRTUAL_LANES]),
+}
 
-/// Every switch of a run, and the credits of every link into one.
+impl SendGate {
+    /// Whether a packet of `wire` bytes on `lane` may leave now.
+    pub(crate) fn allows(&self, lane: u8, wire: u32) -> bool {
+        match self {
+            SendGate::Credits(c) => c[usize::from(lane)] >= i64::from(wire),
+            SendGate::Paused(p) => !p[usize::from(lane)],
+        }
+    }
+}
+
+/// PFC state of one switch input port: bytes held per lane, and the lanes it has paused.
+#[derive(Clone, Copy, Debug, Default)]
+struct PfcInput {
+    held: [u32; VIRTUAL_LANES],
+    pausing: [bool; VIRTUAL_LANES],
+}
+
+/// Every switch of a run, and the send gate of every link into one.
 pub(crate) struct Switches {
     switches: Vec<Switch>,
-    /// Per link: its sender's credits when it ends at a switch.
-    credits: Vec<Option<Credits>>,
+    /// Per link: its sender's gate when it ends at a switch.
+    gates: Vec<Option<SendGate>>,
     /// Per link: the (switch, port) that sends on it, when a switch does.
     sent_by_switch: Vec<Option<(usize, usize)>>,
     rng: Pcg64Mcg,
@@ -104,14 +143,17 @@ impl Switches {
     /// The switches of `topology`, configured by the profile's switch parameters (none
     /// without them); `seed` is the run's seed.
     pub(crate) fn new(topology: &Topology, profile: &ModelProfile, seed: u64) -> Self {
-        let mut credits = vec![None; topology.links().len()];
+        let mut gates = vec![None; topology.links().len()];
         let mut sent_by_switch = vec![None; topology.links().len()];
         let mut switches = Vec::new();
         if let Some(params) = &profile.switch {
-            let full = i64::from(params.input_buffer_bytes);
+            let gate = match params.pfc {
+                Some(_) => SendGate::Paused([false; VIRTUAL_LANES]),
+                None => SendGate::Credits([i64::from(params.input_buffer_bytes); VIRTUAL_LANES]),
+            };
             for (l, link) in topology.links().iter().enumerate() {
                 if matches!(topology.node(link.to), NodeKind::Switch(_)) {
-                    credits[l] = Some([full; VIRTUAL_LANES]);
+                    gates[l] = Some(gate);
                 }
             }
             let mtu_wire = profile.mtu() + profile.link.header_bytes;
@@ -124,24 +166,39 @@ impl Switches {
         }
         Switches {
             switches,
-            credits,
+            gates,
             sent_by_switch,
             // A stream of its own, so that switch jitter does not shift the RNICs' draws.
             rng: Pcg64Mcg::seed_from_u64(seed ^ 0x0057_17C4),
         }
     }
 
-    /// The credits of the sender on `link`, when it leads into a switch.
-    pub(crate) fn credits(&self, link: LinkId) -> Option<Credits> {
-        self.credits[link.0 as usize]
+    /// The gate of the sender on `link`, when it leads into a switch.
+    pub(crate) fn gate(&self, link: LinkId) -> Option<SendGate> {
+        self.gates[link.0 as usize]
     }
 
-    /// The sender on `link` spends `bytes` of `lane`'s credits (nothing if the link does
-    /// not lead into a switch).
+    /// The sender on `link` sends `bytes` on `lane`: they come off its credits (nothing
+    /// under PFC, or if the link does not lead into a switch).
     pub(crate) fn spend(&mut self, link: LinkId, lane: u8, bytes: u32) {
-        if let Some(credits) = &mut self.credits[link.0 as usize] {
+        if let Some(SendGate::Credits(credits)) = &mut self.gates[link.0 as usize] {
             credits[usize::from(lane)] -= i64::from(bytes);
         }
+    }
+
+    /// With PFC switches, the pause frames all of them sent (`pfc_pauses`) and the most
+    /// wire bytes one input buffer lane held (`pfc_peak_held_bytes`); empty without.
+    pub(crate) fn pfc_figures(&self) -> BTreeMap<String, f64> {
+        let pfc: Vec<&Switch> = self.switches.iter().filter(|s| s.pfc.is_some()).collect();
+        if pfc.is_empty() {
+            return BTreeMap::new();
+        }
+        let pauses: u64 = pfc.iter().map(|s| s.pauses_sent).sum();
+        let peak = pfc.iter().map(|s| s.peak_held).max().unwrap_or(0);
+        BTreeMap::from([
+            ("pfc_pauses".to_string(), pauses as f64),
+            ("pfc_peak_held_bytes".to_string(), f64::from(peak)),
+        ])
     }
 
     /// A packet's head reaches switch `sw` by `link` at `head_arrives`: it becomes eligible
@@ -197,12 +254,26 @@ impl Switches {
             }
             SwitchEvent::Output { switch, port } => self.on_output(topology, switch, port, q),
             SwitchEvent::CreditReturn { link, lane, bytes } => {
-                self.on_credit_return(topology, link, lane, bytes, q)
+                if let Some(SendGate::Credits(credits)) = &mut self.gates[link.0 as usize] {
+                    credits[usize::from(lane)] += i64::from(bytes);
+                }
+                self.unblock_sender(topology, link, q)
+            }
+            SwitchEvent::Pause { link, lane, paused } => {
+                if let Some(SendGate::Paused(lanes)) = &mut self.gates[link.0 as usize] {
+                    lanes[usize::from(lane)] = paused;
+                }
+                if paused {
+                    SwitchOutcome::Nothing
+                } else {
+                    self.unblock_sender(topology, link, q)
+                }
             }
         }
     }
 
-    /// The packet joins its input buffer.
+    /// The packet joins its input buffer; under PFC, a buffer reaching XOFF pauses its
+    /// lane upstream.
     fn on_arrive<E: Copy + From<SwitchEvent>>(
         &mut self,
         switch: u16,
@@ -212,6 +283,25 @@ impl Switches {
     ) {
         let s = usize::from(switch);
         let sw = &mut self.switches[s];
+        if let Some(pfc) = sw.pfc {
+            let input = &mut sw.pfc_inputs[usize::from(port)];
+            let lane = usize::from(packet.lane);
+            input.held[lane] += packet.wire;
+            sw.peak_held = sw.peak_held.max(input.held[lane]);
+            if input.held[lane] >= pfc.xoff_bytes && !input.pausing[lane] {
+                input.pausing[lane] = true;
+                sw.pauses_sent += 1;
+                let link = sw.ports.ports[usize::from(port)].input;
+                q.schedule(
+                    q.now() + sw.cable,
+                    SwitchEvent::Pause {
+                        link,
+                        lane: packet.lane,
+                        paused: true,
+                    },
+                );
+            }
+        }
         let buffer = &mut sw.inputs[usize::from(port)][usize::from(packet.lane)];
         buffer.push_back(Queued {
             entered: q.now(),
@@ -255,9 +345,8 @@ impl Switches {
         let now = q.now();
         self.switches[s].outputs[o].pending = false;
         let out_link = self.switches[s].ports.ports[o].output;
-        let next_hop = self.credits[out_link.0 as usize];
-        let can_send =
-            |lane: usize, p: &Packet| next_hop.is_none_or(|c| c[lane] >= i64::from(p.wire));
+        let next_hop = self.gates[out_link.0 as usize];
+        let can_send = |_: usize, p: &Packet| next_hop.is_none_or(|g| g.allows(p.lane, p.wire));
         let Some(pick) = self.switches[s].arbitrate(o, &can_send) else {
             return SwitchOutcome::Nothing;
         };
@@ -269,17 +358,35 @@ impl Switches {
         let link = topology.link(out_link);
         let done = now + link.serialization(packet.wire);
         sw.outputs[o].free_at = done;
-        // The buffer space is free again: its credits travel back up the input cable.
+        // The buffer space is free again: its credits travel back up the input cable, or
+        // under PFC a paused lane drained to XON is resumed the same way.
         let in_link = sw.ports.ports[pick.input].input;
         let back = topology.link(in_link).propagation();
-        q.schedule(
-            now + back,
-            SwitchEvent::CreditReturn {
-                link: in_link,
-                lane: packet.lane,
-                bytes: packet.wire,
-            },
-        );
+        match sw.pfc {
+            None => q.schedule(
+                now + back,
+                SwitchEvent::CreditReturn {
+                    link: in_link,
+                    lane: packet.lane,
+                    bytes: packet.wire,
+                },
+            ),
+            Some(pfc) => {
+                let input = &mut sw.pfc_inputs[pick.input];
+                input.held[pick.lane] -= packet.wire;
+                if input.pausing[pick.lane] && input.held[pick.lane] <= pfc.xon_bytes {
+                    input.pausing[pick.lane] = false;
+                    q.schedule(
+                        now + back,
+                        SwitchEvent::Pause {
+                            link: in_link,
+                            lane: packet.lane,
+                            paused: false,
+                        },
+                    );
+                }
+            }
+        }
         self.spend(out_link, packet.lane, packet.wire);
         if let Some(next) = self.switches[s].inputs[pick.input][pick.lane].front() {
             let output = self.switches[s].route(&next.packet);
@@ -296,24 +403,19 @@ impl Switches {
         }
     }
 
-    /// The sender on `link` may use `bytes` more of `lane`'s buffer at the far end.
-    fn on_credit_return<E: Copy + From<SwitchEvent>>(
+    /// The sender on `link` may send more: a switch's output decides again, a host is
+    /// told.
+    fn unblock_sender<E: Copy + From<SwitchEvent>>(
         &mut self,
         topology: &Topology,
         link: LinkId,
-        lane: u8,
-        bytes: u32,
         q: &mut EventQueue<E>,
     ) -> SwitchOutcome {
-        let l = link.0 as usize;
-        if let Some(credits) = &mut self.credits[l] {
-            credits[usize::from(lane)] += i64::from(bytes);
-        }
-        if let Some((s, o)) = self.sent_by_switch[l] {
+        if let Some((s, o)) = self.sent_by_switch[link.0 as usize] {
             self.kick_output(s, o, q);
             SwitchOutcome::Nothing
         } else if let NodeKind::Host(_) = topology.node(topology.link(link).from) {
-            SwitchOutcome::HostCredited(link)
+            SwitchOutcome::HostUnblocked(link)
         } else {
             SwitchOutcome::Nothing
         }
@@ -372,6 +474,16 @@ pub(crate) struct Switch {
     pub(crate) latency: Picos,
     /// Upper bound of the extra per-packet latency.
     pub(crate) jitter: Picos,
+    /// PFC's thresholds, when the switch pauses its senders instead of crediting them.
+    pfc: Option<PfcParams>,
+    /// Per input port, what PFC counts.
+    pfc_inputs: Vec<PfcInput>,
+    /// One-way propagation of a cable: how long a pause takes to reach the sender.
+    cable: Picos,
+    /// Pause frames sent.
+    pauses_sent: u64,
+    /// The most bytes one input buffer lane has held (PFC only).
+    peak_held: u32,
 }
 
 impl Switch {
@@ -393,6 +505,11 @@ impl Switch {
             quantum,
             latency: time::from_ns(params.port_latency_ns),
             jitter: time::from_ns(params.jitter_ns),
+            pfc: params.pfc,
+            pfc_inputs: vec![PfcInput::default(); n],
+            cable: time::from_ns(params.cable_ns),
+            pauses_sent: 0,
+            peak_held: 0,
         }
     }
 
@@ -513,6 +630,7 @@ mod tests {
             port_latency_ns: 100.0,
             jitter_ns: 0.0,
             input_buffer_bytes: 32_768,
+            pfc: None,
             arbitration,
             vl_arbitration: vl,
             vl_weights: weights,

@@ -517,6 +517,7 @@ impl World {
             utilisation,
             jain_bandwidth: jain_index(&bandwidth),
             policy_figures,
+            fabric_figures: self.fabric.flow_control_figures(),
             events: self.queue.popped(),
             series: self.sampler.finish(),
             wall_seconds,

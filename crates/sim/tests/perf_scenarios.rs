@@ -1,6 +1,6 @@
 //! PeRF's evaluation beyond WRITE and a single pair of applications (P4 SEND and READ, P5
-//! 1000 B_Apps, P6 multi-QP M_App), asserted from the validation table, and an incast
-//! through the switch asserted from first principles.
+//! 1000 B_Apps, P6 multi-QP M_App), asserted from the validation table, and incasts
+//! through a switch (InfiniBand's credits, RoCE's PFC) asserted from first principles.
 
 mod common;
 
@@ -80,4 +80,126 @@ fn incast_senders_share_the_receivers_link_equally() {
     let alone = flow(run(&r, "1 sender"), "s1").gbps;
     let cap = payload_gbps.min(exp.profile.pcie.read_gbps);
     assert_between("1 sender: goodput, Gb/s", alone, 0.9 * cap, 1.005 * cap);
+}
+
+/// Goodput of 64 KB WRITEs on `exp`'s link, in Gb/s: 16 packets of an MTU each, every one
+/// with its headers, the first with the RETH too.
+fn write_64k_payload_gbps(exp: &justitia_sim::Experiment) -> f64 {
+    let link = &exp.profile.link;
+    let mtu = f64::from(exp.profile.policy.mtu);
+    assert_eq!(mtu, 4096.0, "a 64 KB WRITE is 16 packets");
+    let message = 65536.0;
+    let wire =
+        message + 16.0 * f64::from(link.header_bytes) + f64::from(link.first_packet_extra_bytes);
+    link.gbps * message / wire
+}
+
+/// Incast on RoCE through a PFC switch: four senders of 64 KB WRITEs, each able to fill the
+/// receiver's link alone. Expected from first principles: the receiver's downlink carries at
+/// most its payload rate and, lossless and always backlogged, at least 95% of it; the
+/// round-robin switch serves the symmetric inputs alike, so each sender gets a quarter. Four
+/// links' worth arriving for one means the input buffers must fill and pause their senders,
+/// while one sender never does. No buffer lane ever holds more than XOFF plus what PFC's
+/// headroom must absorb once XOFF is reached (the packet being received, the sender's
+/// started packet and transmit FIFO, and the cable's round trip and the forwarding latency
+/// at the link rate), computed here from the profile's parameters.
+#[test]
+fn pfc_incast_shares_the_receivers_link_and_pauses_within_the_headroom() {
+    let exp = common::experiment("incast-4-to-1-roce100");
+    let Some(sw) = exp.profile.switch.as_ref() else {
+        panic!("RoCE-100-switch has no switch");
+    };
+    let Some(pfc) = sw.pfc else {
+        panic!("RoCE-100-switch uses credits, not PFC");
+    };
+    let link = &exp.profile.link;
+    let payload_gbps = write_64k_payload_gbps(&exp);
+    let r = report("incast-4-to-1-roce100");
+
+    let alone = run(&r, "1 sender");
+    assert_between(
+        "1 sender: goodput, Gb/s",
+        flow(alone, "s1").gbps,
+        0.95 * payload_gbps,
+        1.005 * payload_gbps,
+    );
+    assert_eq!(
+        alone.fabric_figures.get("pfc_pauses"),
+        Some(&0.0),
+        "one sender is never paused"
+    );
+
+    let four = run(&r, "4 senders");
+    let rates: Vec<f64> = (1..=4).map(|i| flow(four, &format!("s{i}")).gbps).collect();
+    assert_between(
+        "4 senders: total goodput, Gb/s",
+        rates.iter().sum(),
+        0.95 * payload_gbps,
+        1.005 * payload_gbps,
+    );
+    for (i, rate) in rates.iter().enumerate() {
+        assert_between(
+            &format!("4 senders: sender s{} goodput, Gb/s", i + 1),
+            *rate,
+            0.95 * payload_gbps / 4.0,
+            1.005 * payload_gbps / 4.0,
+        );
+    }
+    let pauses = four.fabric_figures["pfc_pauses"];
+    assert!(
+        pauses > 0.0,
+        "four senders into one link must be paused: {pauses}"
+    );
+    let packet = f64::from(exp.profile.policy.mtu + link.header_bytes);
+    let round_trip_ns = 2.0 * sw.cable_ns + sw.port_latency_ns + sw.jitter_ns;
+    let headroom = 2.0 * packet
+        + f64::from(exp.profile.rnic.tx_fifo_bytes)
+        + (round_trip_ns * link.gbps / 8.0).ceil();
+    assert_between(
+        "4 senders: fullest input buffer lane, bytes",
+        four.fabric_figures["pfc_peak_held_bytes"],
+        f64::from(pfc.xoff_bytes),
+        f64::from(pfc.xoff_bytes) + headroom,
+    );
+    assert!(
+        f64::from(pfc.xoff_bytes) + headroom <= f64::from(sw.input_buffer_bytes),
+        "the buffer holds XOFF and the headroom, so nothing is dropped"
+    );
+}
+
+/// PFC's victim: a flow from s1 to a receiver nothing else uses. Alone it fills its link;
+/// beside s1's uncongested flow to another receiver (one sender, two receivers: the
+/// reverse of incast), the two share s1's uplink equally, unpaused. Beside the four-sender
+/// incast it falls to the incast's quarter of the receiver's link, although its own
+/// receiver is idle: s1's RNIC alternates its two queue pairs packet by packet, s1's input
+/// buffer at the switch drains in order, and s1's incast packets leave it at a quarter of
+/// the receiver's link, so the victim's packets between them do too.
+#[test]
+fn a_victim_sharing_a_paused_senders_uplink_falls_to_the_incast_share() {
+    let exp = common::experiment("incast-4-to-1-roce100");
+    let payload_gbps = write_64k_payload_gbps(&exp);
+    let r = report("incast-4-to-1-roce100");
+    assert_between(
+        "victim alone: goodput, Gb/s",
+        flow(run(&r, "victim alone"), "victim").gbps,
+        0.95 * payload_gbps,
+        1.005 * payload_gbps,
+    );
+    let one = run(&r, "victim beside 1 sender");
+    for name in ["s1", "victim"] {
+        assert_between(
+            &format!("victim beside 1 sender: {name} goodput, Gb/s"),
+            flow(one, name).gbps,
+            0.95 * payload_gbps / 2.0,
+            1.005 * payload_gbps / 2.0,
+        );
+    }
+    assert_eq!(one.fabric_figures.get("pfc_pauses"), Some(&0.0));
+    let four = run(&r, "victim beside 4 senders");
+    assert_between(
+        "victim beside 4 senders: victim goodput, Gb/s",
+        flow(four, "victim").gbps,
+        0.95 * payload_gbps / 4.0,
+        1.005 * payload_gbps / 4.0,
+    );
 }

@@ -207,10 +207,10 @@ impl Fabric {
                 self.qps[turn.index()].ready_listed = false;
                 continue;
             };
-            let (qp, wire, dma) = if self.switches.credits(uplink).is_some() {
-                // Into a switch: the queue pair in turn may lack credits for its lane
-                // while another has them.
-                match self.next_with_credit(h) {
+            let (qp, wire, dma) = if self.switches.gate(uplink).is_some() {
+                // Into a switch: the lane of the queue pair in turn may lack credits, or
+                // be paused, while another's may send.
+                match self.next_allowed(h) {
                     Some(found) => found,
                     None => break,
                 }
@@ -254,11 +254,11 @@ impl Fabric {
     }
 
     /// The first ready queue pair in service order (highest lane first, round robin
-    /// within a lane) whose next packet the uplink has credits for, with that packet's
+    /// within a lane) whose next packet the uplink's gate allows, with that packet's
     /// (wire, DMA) bytes; queue pairs found with nothing to send leave the ready set.
-    pub(super) fn next_with_credit(&mut self, h: usize) -> Option<(QpId, u32, u32)> {
+    pub(super) fn next_allowed(&mut self, h: usize) -> Option<(QpId, u32, u32)> {
         let uplink = self.rnics[h].uplink;
-        let credits = self.switches.credits(uplink)?;
+        let gate = self.switches.gate(uplink)?;
         let nic = &self.rnics[h];
         // Queue pairs found empty leave the ready set after the walk, which reads it.
         let mut empty = Vec::new();
@@ -269,7 +269,7 @@ impl Fabric {
                 empty.push(n);
                 continue;
             };
-            if credits[usize::from(self.qps[qp.index()].lane)] >= i64::from(wire) {
+            if gate.allows(self.qps[qp.index()].lane, wire) {
                 found = Some((qp, wire, dma));
                 break;
             }

@@ -21,10 +21,10 @@
 //!    first: the arbiter serves the highest lane that has a ready queue pair, round-robin
 //!    within that lane with a turn of its own, as an RNIC whose traffic classes are
 //!    configured for strict priority (ETS strict-priority classes, one per lane) does.
-//!    Into a switch, a lane without credits for its next packet is passed over for a
-//!    lower one. While every ready queue pair of an RNIC is on lane 0 (always, in
-//!    scenarios without `sl` or the `priority` policy) this is plain round robin, and a
-//!    decision looks at no lane.
+//!    Into a switch, a lane without credits for its next packet (or paused by PFC) is
+//!    passed over for a lower one. While every ready queue pair of an RNIC is on lane 0
+//!    (always, in scenarios without `sl` or the `priority` policy) this is plain round
+//!    robin, and a decision looks at no lane.
 //! 4. **Transmit FIFO.** A chosen packet enters a FIFO behind the arbiter; the arbiter
 //!    stalls while the FIFO holds `rnic.tx_fifo_bytes` wire bytes or more. The FIFO
 //!    drains at the wire rate, or at `pcie.read_gbps` for payload that must still be read
@@ -36,7 +36,9 @@
 //!    a lane-0 packet enters it only when it is empty: a higher lane then waits for at
 //!    most the packet being sent, as behind an RNIC whose traffic classes queue apart and
 //!    are picked at every packet. Not modelled: weighted (ETS bandwidth-share) classes at
-//!    the RNIC, per-lane limits on the processing units, and PFC pauses per priority.
+//!    the RNIC, and per-lane limits on the processing units. A PFC pause stops the
+//!    arbiter, not the FIFO: packets already in it still leave (a PFC profile's headroom
+//!    counts them).
 //! 5. **Receive side.** After `rnic.rx_process_ns` the receiving RNIC acknowledges the
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
@@ -474,6 +476,11 @@ impl Fabric {
             .collect()
     }
 
+    /// Figures of the switches' flow control (see [`Switches::pfc_figures`]).
+    pub(crate) fn flow_control_figures(&self) -> std::collections::BTreeMap<String, f64> {
+        self.switches.pfc_figures()
+    }
+
     /// Work requests posted on a queue pair and not yet completed.
     pub(crate) fn outstanding(&self, qp: QpId) -> usize {
         let q = &self.qps[qp.index()];
@@ -646,8 +653,8 @@ impl Fabric {
         None
     }
 
-    /// Handles a switch event, and forwards what a switch sends or wakes the host that
-    /// credits came back to.
+    /// Handles a switch event, and forwards what a switch sends or wakes the host that may
+    /// send again.
     pub(crate) fn handle_switch<E: FabricEvents>(
         &mut self,
         event: SwitchEvent,
@@ -661,7 +668,7 @@ impl Fabric {
                 head_leaves,
                 done,
             } => self.forward(link, packet, head_leaves, done, q),
-            SwitchOutcome::HostCredited(link) => {
+            SwitchOutcome::HostUnblocked(link) => {
                 if let NodeKind::Host(host) = self.topology.node(self.topology.link(link).from) {
                     if !self.rnics[usize::from(host.0)].ready.is_empty() {
                         self.kick(host, q);
