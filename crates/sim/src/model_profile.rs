@@ -485,18 +485,17 @@ mod tests {
         // Two 4178-byte packets, the 24000-byte transmit FIFO, and 350 ns of cables and
         // forwarding at 100 Gb/s (4375 bytes).
         assert_eq!(p.pfc_headroom_bytes(sw), 2 * 4178 + 24_000 + 4375);
-        let bad = text.replace("xon_bytes = 32768", "xon_bytes = 65536");
-        let err = ModelProfile::from_toml(&bad, "test")
-            .unwrap_err()
-            .to_string();
+        let refusal = |from: &str, to: &str| {
+            ModelProfile::from_toml(&text.replace(from, to), "test")
+                .unwrap_err()
+                .to_string()
+        };
+        let err = refusal("xon_bytes = 32768", "xon_bytes = 65536");
         assert!(
             err.contains("switch.pfc.xon_bytes") && err.contains("below"),
             "{err}"
         );
-        let bad = text.replace("xoff_bytes = 65536", "xoff_bytes = 100000");
-        let err = ModelProfile::from_toml(&bad, "test")
-            .unwrap_err()
-            .to_string();
+        let err = refusal("xoff_bytes = 65536", "xoff_bytes = 100000");
         assert!(
             err.contains("switch.pfc.xoff_bytes") && err.contains("headroom of 36731"),
             "{err}"

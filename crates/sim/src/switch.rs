@@ -249,7 +249,7 @@ impl Switches {
                 port,
                 packet,
             } => {
-                self.on_arrive(switch, port, packet, q);
+                self.on_arrive(topology, switch, port, packet, q);
                 SwitchOutcome::Nothing
             }
             SwitchEvent::Output { switch, port } => self.on_output(topology, switch, port, q),
@@ -276,6 +276,7 @@ impl Switches {
     /// lane upstream.
     fn on_arrive<E: Copy + From<SwitchEvent>>(
         &mut self,
+        topology: &Topology,
         switch: u16,
         port: u8,
         packet: Packet,
@@ -293,7 +294,7 @@ impl Switches {
                 sw.pauses_sent += 1;
                 let link = sw.ports.ports[usize::from(port)].input;
                 q.schedule(
-                    q.now() + sw.cable,
+                    q.now() + topology.link(link).propagation(),
                     SwitchEvent::Pause {
                         link,
                         lane: packet.lane,
@@ -478,8 +479,6 @@ pub(crate) struct Switch {
     pfc: Option<PfcParams>,
     /// Per input port, what PFC counts.
     pfc_inputs: Vec<PfcInput>,
-    /// One-way propagation of a cable: how long a pause takes to reach the sender.
-    cable: Picos,
     /// Pause frames sent.
     pauses_sent: u64,
     /// The most bytes one input buffer lane has held (PFC only).
@@ -507,7 +506,6 @@ impl Switch {
             jitter: time::from_ns(params.jitter_ns),
             pfc: params.pfc,
             pfc_inputs: vec![PfcInput::default(); n],
-            cable: time::from_ns(params.cable_ns),
             pauses_sent: 0,
             peak_held: 0,
         }
