@@ -2,8 +2,8 @@
 //!
 //! Events are plain data ordered by time, then by the order they were scheduled in: two
 //! events at the same picosecond run in the order they were scheduled, so a run depends
-//! only on its inputs and its seed. Cancelling is done by the owners of events (generation counters), not by
-//! the queue.
+//! only on its inputs and its seed. Cancelling is done by the owners of events
+//! (generation counters), not by the queue.
 //!
 //! Time only moves forward and nothing is scheduled before now, so the queue is a radix
 //! heap (a monotone priority queue): an event waits in the bucket of the highest bit in
@@ -165,12 +165,12 @@ impl<E: Copy> EventQueue<E> {
             self.last = only.at;
             return Some(only);
         }
-        self.spread_lowest();
+        self.spread(b);
         self.due.pop_front()
     }
 
-    /// Moves `last` to the earliest time of the lowest non-empty bucket and files that
-    /// bucket's events again around it: those at that time land in bucket 0, every other in
+    /// Moves `last` to the earliest time of bucket `b` (the lowest non-empty one) and files
+    /// its events again around it: those at that time land in bucket 0, every other in
     /// a lower bucket than before. Buckets above keep their events: `last` moved within the
     /// bits they share with it.
     ///
@@ -178,11 +178,7 @@ impl<E: Copy> EventQueue<E> {
     /// the bits of `last` above it, which moving `last` to an earliest time never changes
     /// for a later one), and enter it in schedule order, directly or by spreading a bucket
     /// in order; so bucket 0 receives them in schedule order, with no sorting.
-    fn spread_lowest(&mut self) {
-        if self.occupied == 0 {
-            return;
-        }
-        let b = self.occupied.trailing_zeros() as usize;
+    fn spread(&mut self, b: usize) {
         self.occupied &= !(1 << b);
         self.last = self.earliest[b];
         self.earliest[b] = Picos::MAX;
