@@ -203,3 +203,34 @@ fn a_victim_sharing_a_paused_senders_uplink_falls_to_the_incast_share() {
         1.005 * payload_gbps / 4.0,
     );
 }
+
+/// Under PFC, a small message behind a congested input waits for what that input buffer
+/// holds, which PFC keeps between XON and XOFF plus the headroom, drained at the input's
+/// share of the receiver's link (a quarter of its wire rate with four senders): so its
+/// latency lies between the flow's alone latency plus XON's drain time and the alone
+/// latency plus the drain time of XOFF and the headroom. Under credits (the same profile
+/// without `[switch.pfc]`) the input holds the whole 128 KB buffer and the flow waits
+/// 43.8 us, above the band.
+#[test]
+fn a_latency_flow_behind_a_paused_input_waits_for_what_pfc_lets_it_hold() {
+    let exp = common::experiment("incast-4-to-1-roce100");
+    let Some(sw) = exp.profile.switch.as_ref() else {
+        panic!("RoCE-100-switch has no switch");
+    };
+    let Some(pfc) = sw.pfc else {
+        panic!("RoCE-100-switch uses credits, not PFC");
+    };
+    let r = report("incast-4-to-1-roce100");
+    let alone = common::latency(run(&r, "latency alone"), "lat").p50_us;
+    let loaded = run(&r, "latency beside 4 senders");
+    let p50 = common::latency(loaded, "lat").p50_us;
+    // Wire bytes per microsecond one of four inputs gets of the receiver's link.
+    let drain = exp.profile.link.gbps * 1e3 / 8.0 / 4.0;
+    let headroom = f64::from(exp.profile.pfc_headroom_bytes(sw));
+    assert_between(
+        "latency beside 4 senders: p50, us",
+        p50,
+        alone + f64::from(pfc.xon_bytes) / drain,
+        alone + (f64::from(pfc.xoff_bytes) + headroom) / drain,
+    );
+}
