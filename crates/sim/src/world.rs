@@ -248,7 +248,17 @@ impl World {
     }
 
     /// Takes every sample due at or before `now`: the state after all events before it.
+    /// Inlined into the event loop, which calls it at every event, while the sampling,
+    /// due at few of them, stays out of line.
+    #[inline]
     fn sample_until(&mut self, now: Picos) {
+        if self.sampler.next <= now {
+            self.take_samples_until(now);
+        }
+    }
+
+    #[inline(never)]
+    fn take_samples_until(&mut self, now: Picos) {
         while self.sampler.next <= now {
             let at = self.sampler.next;
             self.take_sample(at);
@@ -448,8 +458,18 @@ impl World {
         }
     }
 
-    /// Passes same-instant calls along until nothing is left.
+    /// Passes same-instant calls along until nothing is left. Inlined into the event loop,
+    /// which calls it after every event, while passing calls along, which most events
+    /// leave nothing to do for, stays out of line.
+    #[inline]
     fn drain(&mut self) {
+        if !self.posts.is_empty() || !self.notices.is_empty() {
+            self.pass_calls();
+        }
+    }
+
+    #[inline(never)]
+    fn pass_calls(&mut self) {
         let mut posts = Vec::new();
         loop {
             if !self.posts.is_empty() {

@@ -36,17 +36,48 @@ pub enum Activity {
 }
 
 /// A message an application posted that has not been fully handed to the RNIC.
+#[derive(Clone, Copy)]
 struct Pending {
     qp: QpId,
     app_tag: u64,
     opcode: Opcode,
     inline: bool,
+    bytes: u32,
+}
+
+impl Pending {
+    /// The message as the application posted it.
+    fn request(&self) -> WorkRequest {
+        WorkRequest {
+            tag: self.app_tag,
+            opcode: self.opcode,
+            bytes: self.bytes,
+            inline: self.inline,
+        }
+    }
+
+    /// The message cut by the core's planner into chunks of at most `chunk_bytes`.
+    fn plan(&self, chunk_bytes: u32) -> Result<ChunkPlan, chunk::ChunkError> {
+        ChunkPlan::new(core_request(&self.request()), limits(chunk_bytes))
+    }
+}
+
+/// The message at the head of a flow's queue, being handed to the RNIC chunk by chunk.
+struct Cutting {
+    message: Pending,
     plan: ChunkPlan,
 }
 
 struct PacedFlow {
     info: FlowInfo,
-    pending: VecDeque<Pending>,
+    /// The message being cut; `None` while the flow has nothing waiting.
+    head: Option<Cutting>,
+    /// The messages behind the head, in order. A message is planned only when it reaches
+    /// the head: a plan holds a whole work request (hundreds of bytes) and is re-cut at
+    /// every change of chunk size, while one made at the head from the message as posted
+    /// is the same plan (the planner refuses a request for its shape, never for a chunk
+    /// size, and a re-cut plan of an untouched message is that of the message).
+    queued: VecDeque<Pending>,
     /// `None`: released as posted (no allotment yet, or a latency flow).
     pacer: Option<Pacer>,
     chunk_bytes: u32,
@@ -56,6 +87,17 @@ struct PacedFlow {
     busy: bool,
     /// Chunks handed to the RNIC and not completed.
     in_flight: usize,
+}
+
+impl PacedFlow {
+    /// The chunk size the flow's messages are planned with: bandwidth flows are cut to the
+    /// allotment's chunk; a throughput flow's small messages go whole, one operation each.
+    fn plan_chunk_bytes(&self) -> u32 {
+        match self.info.spec.class {
+            FlowClass::Bandwidth => self.chunk_bytes,
+            _ => u32::MAX,
+        }
+    }
 }
 
 /// A request handed to the RNIC: whose it is and whether it ends an application request.
@@ -108,7 +150,8 @@ impl PacedShaper {
             shaper.by_id.insert(info.spec.id, index);
             shaper.flows.push(PacedFlow {
                 info: info.clone(),
-                pending: VecDeque::new(),
+                head: None,
+                queued: VecDeque::new(),
                 pacer: None,
                 chunk_bytes: u32::MAX,
                 wake_at: None,
@@ -128,7 +171,7 @@ impl PacedShaper {
     pub fn has_work(&self, flow: FlowId) -> bool {
         self.by_id
             .get(&flow)
-            .is_some_and(|&i| !self.flows[i].pending.is_empty())
+            .is_some_and(|&i| self.flows[i].head.is_some())
     }
 
     /// Paces `flow` at `allotment`'s rate and release phase from now on, its requests cut
@@ -174,19 +217,17 @@ impl PacedShaper {
         }
         if chunk_bytes != f.chunk_bytes {
             f.chunk_bytes = chunk_bytes;
-            if f.info.spec.class == FlowClass::Bandwidth {
-                for pending in &mut f.pending {
-                    let rest = pending.plan.remaining_bytes();
-                    let wr = WorkRequest {
-                        tag: pending.app_tag,
-                        opcode: pending.opcode,
-                        bytes: rest,
-                        inline: pending.inline,
-                    };
-                    if rest > 0 {
-                        if let Ok(plan) = ChunkPlan::new(core_request(&wr), limits(chunk_bytes)) {
-                            pending.plan = plan;
-                        }
+            // Only the head has a plan; the messages behind it are planned at the new size
+            // when their turn comes.
+            if let (FlowClass::Bandwidth, Some(head)) = (f.info.spec.class, &mut f.head) {
+                let rest = head.plan.remaining_bytes();
+                let left = Pending {
+                    bytes: rest,
+                    ..head.message
+                };
+                if rest > 0 {
+                    if let Ok(plan) = left.plan(chunk_bytes) {
+                        head.plan = plan;
                     }
                 }
             }
@@ -206,13 +247,14 @@ impl PacedShaper {
             self.pass_through(ctx, qp, wr);
             return;
         }
-        // Bandwidth flows are cut to the allotment's chunk; a throughput flow's small
-        // messages go whole, one operation each.
-        let chunk_bytes = match f.info.spec.class {
-            FlowClass::Bandwidth => f.chunk_bytes,
-            _ => u32::MAX,
+        let message = Pending {
+            qp,
+            app_tag: wr.tag,
+            opcode: wr.opcode,
+            inline: wr.inline,
+            bytes: wr.bytes,
         };
-        let Ok(plan) = ChunkPlan::new(core_request(&wr), limits(chunk_bytes)) else {
+        let Ok(plan) = message.plan(f.plan_chunk_bytes()) else {
             // A request the planner refuses is passed through unshaped, never dropped.
             self.pass_through(ctx, qp, wr);
             return;
@@ -222,13 +264,12 @@ impl PacedShaper {
             f.busy = true;
             self.activity.push(Activity::HasWork(f.info.spec.id));
         }
-        f.pending.push_back(Pending {
-            qp,
-            app_tag: wr.tag,
-            opcode: wr.opcode,
-            inline: wr.inline,
-            plan,
-        });
+        if f.head.is_none() {
+            f.head = Some(Cutting { message, plan });
+        } else {
+            // Planned again when it reaches the head (see `PacedFlow::queued`).
+            f.queued.push_back(message);
+        }
         self.pump(ctx, index);
     }
 
@@ -252,7 +293,7 @@ impl PacedShaper {
     /// idle.
     fn note_idle(&mut self, index: usize) {
         let f = &mut self.flows[index];
-        if f.busy && f.pending.is_empty() && f.in_flight == 0 {
+        if f.busy && f.head.is_none() && f.in_flight == 0 {
             f.busy = false;
             self.activity.push(Activity::Idle(f.info.spec.id));
         }
@@ -283,7 +324,19 @@ impl PacedShaper {
         let now = ctx.now();
         loop {
             let f = &mut self.flows[index];
-            let Some(head) = f.pending.front_mut() else {
+            if f.head.is_none() {
+                let Some(message) = f.queued.pop_front() else {
+                    break;
+                };
+                match message.plan(f.plan_chunk_bytes()) {
+                    Ok(plan) => f.head = Some(Cutting { message, plan }),
+                    // Planned once already when posted, so refused only if the planner
+                    // changed its mind; passed through then, as it would have been.
+                    Err(_) => self.pass_through(ctx, message.qp, message.request()),
+                }
+                continue;
+            }
+            let Some(head) = &mut f.head else {
                 break;
             };
             // The plan cuts one SGE into chunks of at most the chunk size, or goes whole.
@@ -308,12 +361,18 @@ impl PacedShaper {
                 }
             }
             let Some(chunk) = head.plan.next() else {
-                f.pending.pop_front();
+                f.head = None;
                 continue;
             };
-            let (qp, app_tag, opcode, inline) = (head.qp, head.app_tag, head.opcode, head.inline);
+            let Pending {
+                qp,
+                app_tag,
+                opcode,
+                inline,
+                ..
+            } = head.message;
             if chunk.is_last {
-                f.pending.pop_front();
+                f.head = None;
             }
             let bytes = u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX);
             f.in_flight += 1;
