@@ -162,6 +162,11 @@ impl PacedShaper {
         shaper
     }
 
+    /// Whether there are changes of activity to take.
+    pub fn has_activity(&self) -> bool {
+        !self.activity.is_empty()
+    }
+
     /// Changes of activity since the last call, in order.
     pub fn take_activity(&mut self) -> Vec<Activity> {
         std::mem::take(&mut self.activity)
@@ -254,21 +259,26 @@ impl PacedShaper {
             inline: wr.inline,
             bytes: wr.bytes,
         };
-        let Ok(plan) = message.plan(f.plan_chunk_bytes()) else {
-            // A request the planner refuses is passed through unshaped, never dropped.
-            self.pass_through(ctx, qp, wr);
-            return;
+        // A message behind the head is only checked here, its plan dropped unread: it is
+        // planned again when it reaches the head (see `PacedFlow::queued`).
+        let planned = message.plan(f.plan_chunk_bytes());
+        let head = match planned {
+            Ok(plan) if f.head.is_none() => Some(Cutting { message, plan }),
+            Ok(_) => None,
+            Err(_) => {
+                // A request the planner refuses is passed through unshaped, never dropped.
+                self.pass_through(ctx, qp, wr);
+                return;
+            }
         };
         let f = &mut self.flows[index];
         if !f.busy {
             f.busy = true;
             self.activity.push(Activity::HasWork(f.info.spec.id));
         }
-        if f.head.is_none() {
-            f.head = Some(Cutting { message, plan });
-        } else {
-            // Planned again when it reaches the head (see `PacedFlow::queued`).
-            f.queued.push_back(message);
+        match head {
+            Some(head) => f.head = Some(head),
+            None => f.queued.push_back(message),
         }
         self.pump(ctx, index);
     }
