@@ -5,6 +5,7 @@
 mod common;
 
 use common::{assert_between, assert_targets, flow, report, run};
+use justitia_sim::model_profile::{PfcParams, SwitchParams};
 
 /// P4 (PeRF §5.2.5, Fig 12): with SEND and with READ, preempt against native beside a
 /// B_App: the B_App's cost, the D_App's average latency cut and the M_App's rate gain,
@@ -94,6 +95,17 @@ fn write_64k_payload_gbps(exp: &justitia_sim::Experiment) -> f64 {
     link.gbps * message / wire
 }
 
+/// The switch of `exp`'s profile and its PFC thresholds.
+fn pfc_switch(exp: &justitia_sim::Experiment) -> (&SwitchParams, PfcParams) {
+    let Some(sw) = exp.profile.switch.as_ref() else {
+        panic!("{}: no switch", exp.profile.name());
+    };
+    let Some(pfc) = sw.pfc else {
+        panic!("{}: credits, not PFC", exp.profile.name());
+    };
+    (sw, pfc)
+}
+
 /// Incast on RoCE through a PFC switch: four senders of 64 KB WRITEs, each able to fill the
 /// receiver's link alone. Expected from first principles: the receiver's downlink carries at
 /// most its payload rate and, lossless and always backlogged, at least 95% of it; the
@@ -106,12 +118,7 @@ fn write_64k_payload_gbps(exp: &justitia_sim::Experiment) -> f64 {
 #[test]
 fn pfc_incast_shares_the_receivers_link_and_pauses_within_the_headroom() {
     let exp = common::experiment("incast-4-to-1-roce100");
-    let Some(sw) = exp.profile.switch.as_ref() else {
-        panic!("RoCE-100-switch has no switch");
-    };
-    let Some(pfc) = sw.pfc else {
-        panic!("RoCE-100-switch uses credits, not PFC");
-    };
+    let (sw, pfc) = pfc_switch(&exp);
     let link = &exp.profile.link;
     let payload_gbps = write_64k_payload_gbps(&exp);
     let r = report("incast-4-to-1-roce100");
@@ -214,12 +221,7 @@ fn a_victim_sharing_a_paused_senders_uplink_falls_to_the_incast_share() {
 #[test]
 fn a_latency_flow_behind_a_paused_input_waits_for_what_pfc_lets_it_hold() {
     let exp = common::experiment("incast-4-to-1-roce100");
-    let Some(sw) = exp.profile.switch.as_ref() else {
-        panic!("RoCE-100-switch has no switch");
-    };
-    let Some(pfc) = sw.pfc else {
-        panic!("RoCE-100-switch uses credits, not PFC");
-    };
+    let (sw, pfc) = pfc_switch(&exp);
     let r = report("incast-4-to-1-roce100");
     let alone = common::latency(run(&r, "latency alone"), "lat").p50_us;
     let loaded = run(&r, "latency beside 4 senders");
