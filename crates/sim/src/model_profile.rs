@@ -168,6 +168,12 @@ pub struct RnicParams {
     pub rx_process_ns: f64,
     /// Capacity of the transmit FIFO behind the round-robin arbiter, in bytes on the wire.
     pub tx_fifo_bytes: u32,
+    /// Payload fetched ahead in one burst for each queue pair streaming a message larger
+    /// than this, in bytes, while more than one queue pair does: the transmit FIFO then
+    /// holds `tx_fifo_bytes` plus one burst per streaming queue pair beyond the first.
+    /// 0 (the default): the FIFO holds `tx_fifo_bytes` however many queue pairs stream.
+    #[serde(default)]
+    pub fetch_burst_bytes: u32,
     /// Largest payload that can be posted inline (copied into the WQE by the CPU).
     pub max_inline_bytes: u32,
 }
@@ -316,6 +322,16 @@ impl ModelProfile {
         if self.rnic.tx_fifo_bytes == 0 {
             return Err(invalid("rnic.tx_fifo_bytes", "must be positive".into()));
         }
+        if self.rnic.fetch_burst_bytes > 0 && self.rnic.fetch_burst_bytes < self.mtu() {
+            return Err(invalid(
+                "rnic.fetch_burst_bytes",
+                format!(
+                    "must be 0 or at least the MTU ({}), got {}",
+                    self.mtu(),
+                    self.rnic.fetch_burst_bytes
+                ),
+            ));
+        }
         non_negative("host.post_ns", self.host.post_ns)?;
         non_negative("host.poll_ns", self.host.poll_ns)?;
         non_negative("host.wakeup_us", self.host.wakeup_us)?;
@@ -335,6 +351,16 @@ impl ModelProfile {
                 ));
             }
             if let Some(pfc) = &sw.pfc {
+                if self.rnic.fetch_burst_bytes > 0 {
+                    // A pause stops the arbiter, not the FIFO; a FIFO that grows with the
+                    // streaming queue pairs would need a headroom no buffer could bound.
+                    return Err(invalid(
+                        "rnic.fetch_burst_bytes",
+                        "must be 0 on a profile with [switch.pfc]: the headroom counts a \
+                         transmit FIFO of tx_fifo_bytes"
+                            .into(),
+                    ));
+                }
                 let headroom = self.pfc_headroom_bytes(sw);
                 if pfc.xon_bytes >= pfc.xoff_bytes {
                     return Err(invalid(
@@ -498,6 +524,29 @@ mod tests {
         let err = refusal("xoff_bytes = 65536", "xoff_bytes = 100000");
         assert!(
             err.contains("switch.pfc.xoff_bytes") && err.contains("headroom of 36731"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fetch_bursts_below_a_packet_or_beside_pfc_are_refused() {
+        let ib = include_str!("../../../profiles/ib-56.toml");
+        let line = |v: &str| format!("fetch_burst_bytes = {v} ");
+        let bad = ib.replace(&line("32768"), &line("1000"));
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rnic.fetch_burst_bytes") && err.contains("MTU (4096), got 1000"),
+            "{err}"
+        );
+        let roce = include_str!("../../../profiles/roce-100-switch.toml");
+        let bad = roce.replace(&line("0"), &line("65536"));
+        let err = ModelProfile::from_toml(&bad, "test")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rnic.fetch_burst_bytes") && err.contains("[switch.pfc]"),
             "{err}"
         );
     }

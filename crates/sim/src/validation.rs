@@ -572,8 +572,8 @@ impl Validation {
             "<!-- Generated from crates/sim/validation/targets.toml; do not edit. Regenerate with:\n     {regenerate} -->\n\n"
         ));
         md.push_str(
-            "Every published figure of the validation targets (`validation-targets.md`), the \
-             model's figure from a simulator scenario, and whether a model parameter was fitted \
+            "Every published figure of the validation targets (`validation-targets.md`) and \
+             of the applications Justitia measured (A), the model's figure from a simulator scenario, and whether a model parameter was fitted \
              to it (`fit`: meeting it shows only that the fit held) or not (`validate`: out of \
              sample). Errors are (model - paper) / paper, zero inside a published range; a \
              direction is met or not.\n\n",

@@ -152,26 +152,25 @@ fn j8_unattainable_target() {
 }
 
 /// The application-level models of Justitia §2.2 and §6.2: an RPC service loses most of its
-/// rate to a storage service moving 1 MB splits (FaSST: -74%), and Justitia gives much of
-/// it back (FaSST: x2.5) while the storage service keeps about half its bandwidth.
+/// rate to a storage service moving 1 MB splits, and Justitia gives much of it back while the
+/// storage service keeps about half its bandwidth. The paper's figures (FaSST: -74%, x2.5,
+/// storage / 1.7) are the validation table's `A1` checks; the directions hold whatever the
+/// magnitudes.
 #[test]
 fn rpc_service_against_storage_service() {
+    assert_targets("A1");
     let r = report("fasst-vs-storage-ib56");
     let alone = flow(run(&r, "rpc alone"), "rpc").msgs_per_sec;
     let native = flow(run(&r, "with storage"), "rpc").msgs_per_sec;
     let j = run(&r, "with storage + justitia");
-    assert_between("RPC rate lost to storage", 1.0 - native / alone, 0.6, 0.95);
-    assert_between(
-        "RPC rate gained with Justitia",
-        flow(j, "rpc").msgs_per_sec / native,
-        2.0,
-        6.0,
+    assert!(
+        native < 0.5 * alone,
+        "the storage service takes most of the RPC rate: {native} of {alone} msgs/s"
     );
-    assert_between(
-        "storage share with Justitia / native",
-        flow(j, "storage").gbps / flow(run(&r, "with storage"), "storage").gbps,
-        0.4,
-        0.7,
+    assert!(
+        flow(j, "rpc").msgs_per_sec > 2.0 * native,
+        "Justitia gives the RPC service its rate back: {} against {native} msgs/s",
+        flow(j, "rpc").msgs_per_sec
     );
 }
 

@@ -131,7 +131,7 @@ impl Rnic {
         if lane == 0 && self.raised_qps > 0 {
             1
         } else {
-            self.fifo.capacity
+            self.fifo.limit()
         }
     }
 }
@@ -239,7 +239,7 @@ impl Fabric {
                 // The next packet's lane is not known yet: wake when the FIFO has room for
                 // the highest lane's, and look again then.
                 let nic = &self.rnics[h];
-                let capacity = nic.fifo.capacity;
+                let capacity = nic.fifo.limit();
                 let at = if nic.fifo.has_room(now, capacity) {
                     nic.next_decision
                 } else {
@@ -338,6 +338,9 @@ impl Fabric {
         };
         let entry = &mut self.qps[qp.index()];
         entry.current = if last { None } else { Some(m) };
+        if last && m.streaming {
+            self.rnics[h].fifo.streaming -= 1;
+        }
         let service = c.wire.of(u64::from(wire)).max(self.dma_time(dma));
         let done = self.rnics[h].fifo.admit(now, wire, service);
         if last && m.kind != PacketKind::ReadResponse {
@@ -364,6 +367,7 @@ impl Fabric {
                 msn: job.msn,
                 dma: true,
                 request_bytes: 0,
+                streaming: false,
             }
         } else if let Some(w) = entry.sq.pop_front() {
             let msn = entry.next_msn;
@@ -385,12 +389,19 @@ impl Fabric {
                 msn,
                 dma: w.dma,
                 request_bytes: if read { w.bytes } else { 0 },
+                streaming: false,
             }
         } else {
             return;
         };
-        entry.current = Some(message);
         entry.pu_booking = None;
+        let fifo = &mut self.rnics[usize::from(entry.host.0)].fifo;
+        let streaming = fifo.streams(message.remaining);
+        fifo.streaming += u32::from(streaming);
+        entry.current = Some(TxMessage {
+            streaming,
+            ..message
+        });
     }
 }
 
@@ -550,6 +561,62 @@ mod tests {
             }
         }
         assert_eq!(served, [2, 4, 0, 2, 4, 0, 2, 4, 0, 2, 4, 0]);
+    }
+
+    /// Host 0 of a quiet RoCE-100 (24 000-byte FIFO, 4 KB MTU) with fetch bursts of 16 KB
+    /// posts one WRITE of each of `sizes` on a queue pair of its own at time 0. Returns the
+    /// most wire bytes its FIFO held at any decision, and its streaming count at the end.
+    fn fullest_fifo(sizes: &[u32]) -> (u64, u32) {
+        let mut profile = quiet_profile();
+        profile.rnic.fetch_burst_bytes = 16_384;
+        let mut f = two_hosts(&profile);
+        let mut q = EventQueue::<TestEvent>::new();
+        for (tag, &bytes) in sizes.iter().enumerate() {
+            let (qp, _) = f.connect(end(0, false), end(1, false), None);
+            let wr = WorkRequest {
+                tag: tag as u64,
+                opcode: Opcode::Write,
+                bytes,
+                inline: false,
+            };
+            f.post(qp, wr, &mut q);
+        }
+        let mut fullest = 0;
+        while let Some((at, event)) = q.pop_until(Picos::MAX) {
+            dispatch(&mut f, event, &mut q);
+            let fifo = &mut f.rnics[0].fifo;
+            fifo.drain(at);
+            fullest = fullest.max(fifo.occupancy(at));
+        }
+        (fullest, f.rnics[0].fifo.streaming)
+    }
+
+    #[test]
+    fn streaming_queue_pairs_beyond_the_first_deepen_the_fifo_by_a_burst_each() {
+        // A 4 KB packet is 4096 + 82 = 4178 wire bytes (the first of a message 16 more).
+        // The arbiter admits whole packets while fewer bytes than the limit wait, so the
+        // FIFO peaks below the limit plus one packet.
+        let packet = 4_178 + 16;
+        let mib = 1 << 20;
+        let (one, left) = fullest_fifo(&[mib]);
+        assert!(
+            (24_000..24_000 + packet).contains(&one),
+            "one streams: {one}"
+        );
+        assert_eq!(
+            left, 0,
+            "streaming counts each message until its last packet"
+        );
+        let (two, left) = fullest_fifo(&[mib, mib]);
+        let limit = 24_000 + 16_384;
+        assert!((limit..limit + packet).contains(&two), "two stream: {two}");
+        assert_eq!(left, 0);
+        let (three, _) = fullest_fifo(&[mib, mib, mib]);
+        let limit = 24_000 + 2 * 16_384;
+        assert!((limit..limit + packet).contains(&three), "three: {three}");
+        // Messages of one burst or less are fetched whole and never deepen the FIFO.
+        let (small, _) = fullest_fifo(&[16_384; 6]);
+        assert!(small < 24_000 + packet, "six 16 KB messages: {small}");
     }
 
     #[test]

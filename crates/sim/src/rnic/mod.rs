@@ -39,6 +39,17 @@
 //!    the RNIC, and per-lane limits on the processing units. A PFC pause stops the
 //!    arbiter, not the FIFO: packets already in it still leave (a PFC profile's headroom
 //!    counts them).
+//!
+//!    The FIFO deepens with the queue pairs streaming large messages: while more than one
+//!    queue pair sends a message larger than `rnic.fetch_burst_bytes`, the RNIC fetches
+//!    their payload in bursts of that size, and the FIFO holds one burst more for each
+//!    such queue pair beyond the first (the one fetched just in time, which
+//!    `rnic.tx_fifo_bytes` covers). A packet of a queue pair that was idle then waits
+//!    behind all of it, so a latency flow suffers super-linearly in the number of
+//!    bandwidth queue pairs (Justitia §2.1.3, Fig 3 and 10, on ConnectX-3 Pro), while the
+//!    arbiter's order, and so a backlogged queue pair's share of packets, is unchanged.
+//!    Profiles without fetch bursts (0) keep one FIFO depth whatever streams, as PeRF
+//!    §2.2 finds on ConnectX-6.
 //! 5. **Receive side.** After `rnic.rx_process_ns` the receiving RNIC acknowledges the
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
@@ -204,6 +215,8 @@ struct TxMessage {
     msn: u32,
     dma: bool,
     request_bytes: u32,
+    /// Counted in its RNIC's [`TxFifo::streaming`] until its last packet is admitted.
+    streaming: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -340,12 +353,7 @@ impl Fabric {
                 ready: ReadySet::default(),
                 last_served: [0; VIRTUAL_LANES],
                 raised_qps: 0,
-                fifo: TxFifo {
-                    capacity: profile.rnic.tx_fifo_bytes,
-                    queue: VecDeque::new(),
-                    queued: 0,
-                    engine_free: 0,
-                },
+                fifo: TxFifo::new(profile.rnic.tx_fifo_bytes, profile.rnic.fetch_burst_bytes),
                 pu_free: vec![0; profile.rnic.processing_units as usize],
                 qps_on_host: 0,
                 next_decision: 0,

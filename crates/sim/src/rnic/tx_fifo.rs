@@ -11,9 +11,21 @@ use crate::topology::HostId;
 
 /// The transmit FIFO between the arbiter and the wire. Its occupancy is the wire bytes not
 /// yet sent: the packet being sent drains byte by byte.
+///
+/// What it may hold grows with the queue pairs streaming large messages: an RNIC that
+/// fetches the payload of several such messages does so in bursts of
+/// [`TxFifo::burst`] bytes per queue pair, and what it fetched leaves in the order fetched,
+/// so a packet of a queue pair that was idle waits behind a burst of every streaming queue
+/// pair but one (the one being fetched just in time, which `capacity` covers). Invariant:
+/// `streaming` counts the queue pairs whose current message is larger than `burst`, from
+/// its first packet's admission to its last's (none while `burst` is 0).
 pub(super) struct TxFifo {
-    /// Wire bytes it holds before the arbiter stalls.
+    /// Wire bytes it holds before the arbiter stalls, with at most one queue pair streaming.
     pub(super) capacity: u32,
+    /// Bytes fetched ahead per streaming queue pair beyond the first; 0: no growth.
+    pub(super) burst: u32,
+    /// Queue pairs streaming a message larger than `burst`.
+    pub(super) streaming: u32,
     /// (start, done, wire bytes) of each packet not yet fully sent, in order.
     pub(super) queue: VecDeque<(Picos, Picos, u32)>,
     /// Wire bytes of the packets in `queue`.
@@ -22,6 +34,30 @@ pub(super) struct TxFifo {
 }
 
 impl TxFifo {
+    /// An empty FIFO of `capacity` bytes that grows by `burst` per streaming queue pair
+    /// beyond the first.
+    pub(super) fn new(capacity: u32, burst: u32) -> Self {
+        TxFifo {
+            capacity,
+            burst,
+            streaming: 0,
+            queue: VecDeque::new(),
+            queued: 0,
+            engine_free: 0,
+        }
+    }
+
+    /// Wire bytes it holds before the arbiter stalls, now.
+    pub(super) fn limit(&self) -> u32 {
+        self.capacity
+            .saturating_add(self.burst.saturating_mul(self.streaming.saturating_sub(1)))
+    }
+
+    /// Whether a message of `payload` bytes is fetched in bursts (counts as streaming).
+    pub(super) fn streams(&self, payload: u32) -> bool {
+        self.burst > 0 && payload > self.burst
+    }
+
     pub(super) fn drain(&mut self, now: Picos) {
         while let Some(&(_, done, bytes)) = self.queue.front() {
             if done > now {
@@ -114,12 +150,7 @@ mod tests {
         // payload and RoCE's 82 header bytes) admitted back to back at time 0 leave at
         // 334.24 ns, 668.48 ns and 1002.72 ns.
         let rate = ByteTime::from_gbps(100.0);
-        let mut f = TxFifo {
-            capacity: 24_000,
-            queue: VecDeque::new(),
-            queued: 0,
-            engine_free: 0,
-        };
+        let mut f = TxFifo::new(24_000, 0);
         let done: Vec<Picos> = (0..3).map(|_| f.admit(0, 4_178, rate.of(4_178))).collect();
         assert_eq!(done, [334_240, 668_480, 1_002_720]);
         assert_eq!(f.occupancy(0), 3 * 4_178);
@@ -130,25 +161,41 @@ mod tests {
     }
 
     #[test]
-    fn fifo_drains_byte_by_byte() {
-        let mut f = TxFifo {
-            capacity: 6_000,
-            queue: VecDeque::new(),
-            queued: 0,
-            engine_free: 0,
+    fn each_streaming_queue_pair_beyond_the_first_adds_a_burst() {
+        let mut f = TxFifo::new(12_000, 32_768);
+        assert!(
+            !f.streams(32_768),
+            "a message of one burst is fetched whole"
+        );
+        assert!(f.streams(32_769));
+        assert_eq!(f.limit(), 12_000, "nothing streaming");
+        f.streaming = 1;
+        assert_eq!(f.limit(), 12_000, "the first is fetched just in time");
+        f.streaming = 4;
+        assert_eq!(f.limit(), 12_000 + 3 * 32_768);
+        let plain = TxFifo {
+            streaming: 4,
+            ..TxFifo::new(12_000, 0)
         };
-        assert!(f.has_room(0, f.capacity));
+        assert!(!plain.streams(u32::MAX), "no bursts: nothing streams");
+        assert_eq!(plain.limit(), 12_000);
+    }
+
+    #[test]
+    fn fifo_drains_byte_by_byte() {
+        let mut f = TxFifo::new(6_000, 0);
+        assert!(f.has_room(0, f.limit()));
         assert_eq!(f.admit(0, 4_000, 400), 400);
         assert_eq!(f.admit(0, 4_000, 400), 800);
-        assert!(!f.has_room(0, f.capacity), "8000 bytes wait");
+        assert!(!f.has_room(0, f.limit()), "8000 bytes wait");
         assert_eq!(
             f.occupancy(100),
             7_000,
             "a quarter of the first packet has left"
         );
         // Below 6000 bytes once more than 2000 have left: at 200 ps plus one byte's time.
-        assert_eq!(f.room_at(f.capacity), 201);
-        assert!(f.has_room(201, f.capacity));
+        assert_eq!(f.room_at(f.limit()), 201);
+        assert!(f.has_room(201, f.limit()));
         f.drain(400);
         assert_eq!(f.occupancy(400), 4_000);
         // A packet that may not start yet waits for its time, not for the queue.
