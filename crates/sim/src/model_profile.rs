@@ -530,21 +530,20 @@ mod tests {
 
     #[test]
     fn fetch_bursts_below_a_packet_or_beside_pfc_are_refused() {
+        let refusal = |text: &str, from: &str, to: &str| {
+            let line = |v: &str| format!("fetch_burst_bytes = {v} ");
+            ModelProfile::from_toml(&text.replace(&line(from), &line(to)), "test")
+                .unwrap_err()
+                .to_string()
+        };
         let ib = include_str!("../../../profiles/ib-56.toml");
-        let line = |v: &str| format!("fetch_burst_bytes = {v} ");
-        let bad = ib.replace(&line("32768"), &line("1000"));
-        let err = ModelProfile::from_toml(&bad, "test")
-            .unwrap_err()
-            .to_string();
+        let err = refusal(ib, "32768", "1000");
         assert!(
             err.contains("rnic.fetch_burst_bytes") && err.contains("MTU (4096), got 1000"),
             "{err}"
         );
         let roce = include_str!("../../../profiles/roce-100-switch.toml");
-        let bad = roce.replace(&line("0"), &line("65536"));
-        let err = ModelProfile::from_toml(&bad, "test")
-            .unwrap_err()
-            .to_string();
+        let err = refusal(roce, "0", "65536");
         assert!(
             err.contains("rnic.fetch_burst_bytes") && err.contains("[switch.pfc]"),
             "{err}"
