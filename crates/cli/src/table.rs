@@ -157,8 +157,17 @@ fn flow_table(flows: &[FlowReport]) -> Table {
 }
 
 /// A number without a needless fraction: `30`, `2.5`.
+/// A policy's figure: whole numbers as they are, others to three decimals without trailing
+/// zeros (`1.982`, not the `1.9819999999999998` an f32 widened to f64 prints as).
 fn number(x: f64) -> String {
-    format!("{x}")
+    if x.fract() == 0.0 {
+        return format!("{x}");
+    }
+    let text = format!("{x:.3}");
+    match text.trim_end_matches('0').trim_end_matches('.') {
+        "-0" => "0".to_string(),
+        short => short.to_string(),
+    }
 }
 
 /// A rate with three significant figures and a k or M multiplier: `384 k`, `5.74 k`,
@@ -288,6 +297,16 @@ mod tests {
         assert_eq!(rate(383_703.7), "384 k");
         assert_eq!(rate(13_040_000.0), "13.0 M");
         assert_eq!(rate(0.5), "0.50");
+    }
+
+    #[test]
+    fn policy_numbers_drop_float_noise() {
+        assert_eq!(number(48.0), "48");
+        assert_eq!(number(18162.0), "18162");
+        assert_eq!(number(1.9819999999999998), "1.982");
+        assert_eq!(number(f64::from(28.952_f32)), "28.952");
+        assert_eq!(number(0.5), "0.5");
+        assert_eq!(number(-0.0004), "0");
     }
 
     #[test]

@@ -174,6 +174,29 @@ fn rpc_service_against_storage_service() {
     );
 }
 
+/// eRPC against the same storage service (Justitia §2.2.3, §6.2): the paper's figures are the
+/// validation table's `A2` checks. Whatever their magnitudes, the storage service costs the
+/// RPC most of its rate and multiplies its latency, and Justitia gives back both.
+#[test]
+fn latency_rpc_against_storage_service() {
+    assert_targets("A2");
+    let r = report("erpc-vs-storage-ib56");
+    let lat = |variant: &str| latency(run(&r, variant), "erpc-lat");
+    let (alone, native, j) = (
+        lat("latency alone"),
+        lat("latency with storage"),
+        lat("latency with storage + justitia"),
+    );
+    assert!(
+        native.p50_us > 2.0 * alone.p50_us,
+        "{native:?} against {alone:?}"
+    );
+    assert!(j.p50_us < 0.5 * native.p50_us, "{j:?} against {native:?}");
+    let rate = |variant: &str| flow(run(&r, variant), "erpc").msgs_per_sec;
+    assert!(rate("erpc with storage") < 0.5 * rate("erpc alone"));
+    assert!(rate("erpc with storage + justitia") > 2.0 * rate("erpc with storage"));
+}
+
 /// READs issued by the remote host make the local RNIC send their responses, which compete
 /// with its own sends in its arbiter: the local latency flow suffers as from a local
 /// bandwidth flow (Justitia §4.4, §6.6, Fig 24c-d). With Justitia the requester paces its

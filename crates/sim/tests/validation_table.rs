@@ -7,11 +7,11 @@ mod common;
 use justitia_sim::validation::{builtin_table, Status, Tag, Validation};
 
 /// The targets of `validation-targets.md`, and the applications of Justitia §2.2 and §6.2
-/// (A1: FaSST against the storage service).
-const TARGETS: [&str; 34] = [
+/// (A1: FaSST, A2: eRPC, each against the storage service).
+const TARGETS: [&str; 35] = [
     "N1", "N2", "N3", "N4", "N5", "N6", "N7", "N8", "N9", "N10", "N11", "J1", "J2", "J3", "J4",
     "J5", "J6", "J7", "J8", "P1", "P2", "P3", "P4", "P5", "P6", "R1", "R2", "R3", "R4", "R5", "R6",
-    "R7", "R8", "A1",
+    "R7", "R8", "A1", "A2",
 ];
 
 /// Targets the simulator has no scenario for yet.
