@@ -56,7 +56,7 @@ pub unsafe extern "C" fn post_send(
 }
 
 /// `ops.post_send` of a QP whose posts are shaped (`q`, the state of `qp`; the caller
-/// checked [`engine::QpShared::posts_shaped`], which also keeps a forked child out). Like
+/// checked `QpShared::posts_shaped`, which also keeps a forked child out). Like
 /// [`poll_cq_shaped`], it keeps the hook's argument order and cannot unwind, so the hook
 /// jumps to it.
 ///

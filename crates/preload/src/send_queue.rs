@@ -386,16 +386,16 @@ const CLOSED: u64 = 1 << 63;
 /// Quick requests are the newest WQEs in flight, `tail..head` by sequence number (every WQE
 /// posted has a sequence number; `head` is the next one). While the ring is *open* (the
 /// queue holds no other request, has not failed and is not being destroyed), a poll settles
-/// the completion of one without the QP's lock ([`Self::settle`]): RC completes in order, so
-/// it and the unsignaled ones before it are done, and one compare-and-swap moves `tail` past
-/// them. Whatever else changes the queue holds the QP's lock and first *closes* the ring
-/// (sets [`CLOSED`] in `tail`, one atomic step that makes a poll's compare-and-swap fail
-/// from then on, so that poll takes the QP's lock instead); while closed, only the lock's
-/// holder moves `tail`. A post reopens the ring, under the lock, when the queue is empty
-/// again. A post writes a record before it posts the WQE and publishes `head` after, so a
-/// poll that reads a published `head` reads the records behind it; a WQE whose completion
-/// comes before its `head` is published is settled by the poll under the QP's lock, which
-/// waits for the post to finish.
+/// the completion of one without the QP's lock ([`Self::settle`]): RC completes in order,
+/// so it and the unsignaled ones before it are done, and one compare-and-swap moves `tail`
+/// past them. Whatever else changes the queue holds the QP's lock and first *closes* the
+/// ring (sets the `CLOSED` bit in `tail`, one atomic step that makes a poll's
+/// compare-and-swap fail from then on, so that poll takes the QP's lock instead); while
+/// closed, only the lock's holder moves `tail`. A post reopens the ring, under the lock,
+/// when the queue is empty again. A post writes a record before it posts the WQE and
+/// publishes `head` after, so a poll that reads a published `head` reads the records behind
+/// it; a WQE whose completion comes before its `head` is published is settled by the poll
+/// under the QP's lock, which waits for the post to finish.
 pub struct QuickRing {
     /// The records; their addresses are the tags.
     slots: Box<[QuickSlot]>,
