@@ -3,15 +3,18 @@
 //!
 //! - [`guarded`]: runs the shaper's part of a call and, if it panics, says so once and runs
 //!   the fallback (the provider's or libibverbs' own function): no entry point unwinds into
-//!   C, and a failure of the shaper degrades to passing the call through.
+//!   C, and a failure of the shaper degrades to passing the call through. [`caught`] is the
+//!   same without the fork check below, for an entry point a forked child never reaches.
 //! - [`Reentry`]: marks the thread as inside a real verb the shaper called, so that a verb
 //!   libibverbs or a provider calls from there passes straight through.
 //! - [`in_forked_child`]: true in a child made by `fork()` after the shaper started. A fork
 //!   copies only the forking thread: a lock the pacer thread (or any other) held at that
 //!   moment stays held in the child for ever. The child therefore never takes the
 //!   shaper's locks: every entry point passes its call through, as [`guarded`] and
-//!   [`Reentry::enter`] do by themselves. (A child may not use its parent's verbs objects
-//!   anyway; the ones it creates itself pass through unshaped.)
+//!   [`Reentry::enter`] do by themselves (the post and poll hooks find out from the state
+//!   they look up, which the child marks to pass through when it starts). (A child may
+//!   not use its parent's verbs objects anyway; the ones it creates itself pass through
+//!   unshaped.)
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -78,6 +81,13 @@ pub fn guarded<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R
     if in_forked_child() {
         return fallback();
     }
+    caught(shaped, fallback)
+}
+
+/// [`guarded`] without its fork check, for an entry point that a forked child never
+/// reaches: the state that routes the call there is marked to pass through in the child.
+#[inline(always)]
+pub fn caught<R>(shaped: impl FnOnce() -> R, fallback: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(shaped)) {
         Ok(r) => r,
         Err(_) => {

@@ -7,16 +7,17 @@
 //! except `post_send`, where the shaper may already hold part of the list: a panic there
 //! refuses the rest of the list and makes the QP's posts pass through from then on.
 //! The pass-through path of an observed QP or a CQ without shaped QPs is a map lookup, two
-//! counter additions and the provider call.
+//! counter additions and the provider call. The shaped entries the hooks hand over to are
+//! public only so that the compiler keeps their signatures the hooks' own (unused first
+//! argument included): a hook then reaches one with a plain jump.
 
-use std::cell::Cell;
 use std::ffi::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use justitia_verbs::sys::*;
 
 use crate::engine;
-use crate::ffi::{guarded, in_forked_child};
+use crate::ffi::caught;
 
 /// `ops.post_send`.
 ///
@@ -28,17 +29,24 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     if let Some(q) = engine::qp_fast(qp) {
+        let shaped = q.posts_shaped();
         // SAFETY: guaranteed by the caller.
         if let Some(w) = unsafe { wr.as_ref() } {
-            if !q.shaped && w.next.is_null() && w.num_sge == 1 {
-                // SAFETY: one readable SGE; then the provider's own post_send.
-                unsafe {
-                    q.observe_one((*w.sg_list).length);
-                    return (q.post_send)(qp, wr, bad_wr);
+            if w.next.is_null() {
+                if shaped {
+                    // SAFETY: guaranteed by the caller; a single request.
+                    return unsafe { post_one_shaped(qp, wr, bad_wr, q) };
+                }
+                if w.num_sge == 1 {
+                    // SAFETY: one readable SGE; then the provider's own post_send.
+                    unsafe {
+                        q.observe_one((*w.sg_list).length);
+                        return (q.post_send)(qp, wr, bad_wr);
+                    }
                 }
             }
         }
-        if q.shaped {
+        if shaped {
             // SAFETY: guaranteed by the caller.
             return unsafe { post_send_shaped(qp, wr, bad_wr, q) };
         }
@@ -47,30 +55,58 @@ pub unsafe extern "C" fn post_send(
     unsafe { post_send_slow(qp, wr, bad_wr) }
 }
 
-/// `ops.post_send` of a shaped QP (`q`, the state of `qp`). Like [`poll_cq_shaped`], it
-/// keeps the hook's argument order and cannot unwind, so the hook jumps to it.
+/// `ops.post_send` of a QP whose posts are shaped (`q`, the state of `qp`; the caller
+/// checked `QpShared::posts_shaped`, which also keeps a forked child out). Like
+/// [`poll_cq_shaped`], it keeps the hook's argument order and cannot unwind, so the hook
+/// jumps to it.
 ///
 /// # Safety
 /// As [`post_send`].
 #[inline(never)]
-unsafe extern "C" fn post_send_shaped(
-    qp: *mut ibv_qp,
+pub unsafe extern "C" fn post_send_shaped(
+    _qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
     q: &'static engine::QpShared,
 ) -> c_int {
-    if !q.shapes_posts() || in_forked_child() {
-        // SAFETY: guaranteed by the caller.
-        unsafe {
-            q.observe(wr);
-            return (q.post_send)(qp, wr, bad_wr);
-        }
-    }
-    let settled = Cell::new(None);
     // SAFETY: guaranteed by the caller.
-    match catch_unwind(AssertUnwindSafe(|| unsafe {
-        q.post_send_shaped(wr, bad_wr, &settled)
-    })) {
+    unsafe {
+        shaped_post(wr, bad_wr, q, |settled| {
+            q.post_send_shaped(wr, bad_wr, settled)
+        })
+    }
+}
+
+/// [`post_send_shaped`] of a single request (`wr` is not null, its `next` is): the hook
+/// checked that already.
+///
+/// # Safety
+/// As [`post_send`], with a single request.
+#[inline(never)]
+pub unsafe extern "C" fn post_one_shaped(
+    _qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    q: &'static engine::QpShared,
+) -> c_int {
+    // SAFETY: guaranteed by the caller.
+    unsafe { shaped_post(wr, bad_wr, q, |settled| q.post_single(wr, bad_wr, settled)) }
+}
+
+/// Runs the shaped post `post` of the list `wr` on `q` without unwinding: after a panic,
+/// the shaper's hold on the list is settled by [`engine::QpShared::recover_post`].
+///
+/// # Safety
+/// As [`post_send`]; `post` posts `wr` with `bad_wr`.
+#[inline(always)]
+unsafe fn shaped_post(
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    q: &engine::QpShared,
+    post: impl FnOnce(&engine::Settled) -> c_int,
+) -> c_int {
+    let settled = engine::Settled::new();
+    match catch_unwind(AssertUnwindSafe(|| post(&settled))) {
         Ok(rc) => rc,
         // Not the provider's post_send with the whole list: the shaper may hold part
         // of it already (see QpShared::recover_post).
@@ -103,13 +139,39 @@ unsafe extern "C" fn post_send_slow(
 ) -> c_int {
     if let Some(q) = engine::qp(qp) {
         // SAFETY: guaranteed by the caller.
-        return unsafe { post_send_shaped(qp, wr, bad_wr, q) };
+        return unsafe {
+            if q.posts_shaped() {
+                post_send_shaped(qp, wr, bad_wr, q)
+            } else {
+                post_send_observed(qp, wr, bad_wr, q)
+            }
+        };
     }
     // SAFETY: a live QP has a live context.
     match engine::context(unsafe { (*qp).context }).and_then(|c| c.post_send) {
         // SAFETY: the provider's own post_send, with the caller's arguments.
         Some(f) => unsafe { f(qp, wr, bad_wr) },
         None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ops.post_send` of a QP whose posts are only counted (`q`, the state of `qp`): an
+/// observed one, one the shaper failed on, or any in a forked child, with a list.
+///
+/// # Safety
+/// As [`post_send`].
+#[cold]
+#[inline(never)]
+unsafe fn post_send_observed(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    q: &engine::QpShared,
+) -> c_int {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        q.observe(wr);
+        (q.post_send)(qp, wr, bad_wr)
     }
 }
 
@@ -153,22 +215,24 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
 
 /// `ops.poll_cq` of a CQ with shaped QPs or pending synthesized completions (`c`, the
 /// state of `cq`). The arguments keep the hook's order and the function cannot unwind
-/// (`extern "C"`, everything inside guarded), so the hook reaches it with a plain jump.
+/// (`extern "C"`, everything inside caught), so the hook reaches it with a plain jump.
 ///
 /// # Safety
 /// As [`poll_cq`].
 #[inline(never)]
-unsafe extern "C" fn poll_cq_shaped(
-    cq: *mut ibv_cq,
+pub unsafe extern "C" fn poll_cq_shaped(
+    _cq: *mut ibv_cq,
     n: c_int,
     wc: *mut ibv_wc,
     c: &'static engine::CqShared,
 ) -> c_int {
-    guarded(
+    // Not reached in a forked child: its CQs need no shaping there (see
+    // `engine::pass_through_in_child`).
+    caught(
         // SAFETY: guaranteed by the caller.
-        move || unsafe { c.poll_shaped(cq, n, wc) },
-        // SAFETY: as above.
-        move || unsafe { (c.poll_cq)(cq, n, wc) },
+        move || unsafe { c.poll_shaped(n, wc) },
+        // SAFETY: as above; `c.cq` is the CQ `c` was found for.
+        move || unsafe { (c.poll_cq)(c.cq, n, wc) },
     )
 }
 

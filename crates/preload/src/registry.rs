@@ -118,6 +118,20 @@ impl<T, const N: usize> PtrMap<T, N> {
         None
     }
 
+    /// Calls `f` with every value in the map.
+    ///
+    /// # Safety
+    /// No value may be removed and freed meanwhile: the caller is the only thread that can
+    /// touch the map (a child just forked, whose other threads are gone).
+    pub unsafe fn for_each(&self, mut f: impl FnMut(&T)) {
+        for slot in &self.slots {
+            // SAFETY: a value in the map is a live Arc<T> (guaranteed by the caller).
+            if let Some(v) = unsafe { slot.value.load(Ordering::Acquire).cast::<T>().as_ref() } {
+                f(v);
+            }
+        }
+    }
+
     /// The value for `key`, with a new reference.
     pub fn get_arc(&self, key: *const ()) -> Option<Arc<T>> {
         let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());

@@ -12,7 +12,7 @@
 //! completed, as the application learns from a completion of it or of a later request.
 //!
 //! Which WQE a completion belongs to: every WQE carries a tag the shaper owns (see
-//! `TagSpace`) as its `wr_id`, and the completion the application sees gets its own
+//! [`QuickRing`]) as its `wr_id`, and the completion the application sees gets its own
 //! `wr_id` back. So an error completion names exactly the WQE that failed even when the
 //! application gives many requests one `wr_id`, and a completion that carries no tag is
 //! never this send queue's: a receive flush with the same `wr_id` as a send (whose opcode
@@ -30,10 +30,15 @@
 //! failed (flushed if not done); its unsignaled chunks may have finished silently before
 //! the failure and then produce nothing. So a request is flushed by the shaper as soon as
 //! every request before it has had its completion and its own last WQE is not in flight.
+//!
+//! A single request that nothing holds back is posted straight from the application's
+//! request and kept as a two-word record on the [`QuickRing`], whose completion a poll
+//! settles without the QP's lock; everything else is the general queue's, under the lock.
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
@@ -327,29 +332,6 @@ struct Posted {
     visible: bool,
 }
 
-/// What the queue keeps of a request [`SendQueue::post_now`] posted whole, until its
-/// completion: 16 bytes, in a slot of [`SendQueue::quick`] found from its WQE's tag (no
-/// search, no allocation, nothing moved but the record). Turned into a [`Request`] and a
-/// [`Posted`] entry only when the general path needs the queue (see
-/// [`SendQueue::materialize`]).
-#[derive(Clone, Copy, Debug, Default)]
-struct Quick {
-    /// The application's `wr_id`.
-    wr_id: u64,
-    /// Its payload, as the general path records it.
-    len: u32,
-    /// Its opcode (`IBV_WR_*`, every one fits; the completion's is worked out only if the
-    /// general path needs it).
-    opcode: u8,
-    /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`].
-    flags: u8,
-}
-
-/// [`Quick::flags`]: the WQE was posted signaled.
-const QUICK_SIGNALED: u8 = 1;
-/// [`Quick::flags`]: its completion is the application's.
-const QUICK_VISIBLE: u8 = 2;
-
 /// What kind of WQE a built entry is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WqeKind {
@@ -370,48 +352,196 @@ struct Built {
     posted: Posted,
 }
 
-/// `wr_id` values for the WQEs the shaper posts. They are addresses inside a block the
-/// shaper owns, one byte per send-queue slot, so they identify the QP and the WQE exactly,
-/// cannot be a pointer the application owns, and are never shown to it: an error completion
-/// names exactly the WQE that failed even when the application reuses `wr_id`s.
-#[derive(Debug)]
-struct TagSpace {
-    block: Box<[u8]>,
+/// The record of a request [`SendQueue::post_now`] posted whole (a *quick* request), kept
+/// until its completion in the slot of its WQE's tag: no search, no allocation. Turned into
+/// a [`Request`] and a [`Posted`] entry only when the general path needs the queue (see
+/// [`SendQueue::materialize`]). Atomic words, because a poll reads them without the QP's
+/// lock (see [`QuickRing`]); plain loads and stores on x86-64.
+#[derive(Debug, Default)]
+struct QuickSlot {
+    /// The application's `wr_id`.
+    wr_id: AtomicU64,
+    /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`], and its opcode (`IBV_WR_*`) in the high
+    /// 32 bits.
+    meta: AtomicU64,
 }
 
-impl TagSpace {
-    /// Room for `slots` WQEs, rounded up to a power of two so that a tag is a mask away
-    /// from its sequence number (no division per WQE).
+/// [`QuickSlot::meta`]: the WQE was posted signaled.
+const QUICK_SIGNALED: u64 = IBV_SEND_SIGNALED as u64;
+/// [`QuickSlot::meta`]: its completion is the application's.
+const QUICK_VISIBLE: u64 = (IBV_SEND_SIGNALED as u64) << 8;
+/// [`QuickRing::tail`]: the ring is closed (no sequence number reaches this bit).
+const CLOSED: u64 = 1 << 63;
+
+/// The tags of one send queue's WQEs, and the records of its quick requests, shared between
+/// the QP's posts (under its lock) and the polls of its send CQ (under the CQ's lock only).
+///
+/// Tags are `wr_id` values: the addresses of the ring's own records, one per send-queue
+/// slot, so they identify the QP and the WQE exactly, cannot be a pointer the application
+/// owns, and are never shown to it: an error completion names exactly the WQE that failed
+/// even when the application reuses `wr_id`s, and a completion finds its record without a
+/// search. The slot count is a power of two, so that a tag is a mask and a shift away from
+/// its WQE's sequence number (no division per WQE).
+///
+/// Quick requests are the newest WQEs in flight, `tail..head` by sequence number (every WQE
+/// posted has a sequence number; `head` is the next one). While the ring is *open* (the
+/// queue holds no other request, has not failed and is not being destroyed), a poll settles
+/// the completion of one without the QP's lock ([`Self::settle`]): RC completes in order,
+/// so it and the unsignaled ones before it are done, and one compare-and-swap moves `tail`
+/// past them. Whatever else changes the queue holds the QP's lock and first *closes* the
+/// ring (sets the `CLOSED` bit in `tail`, one atomic step that makes a poll's
+/// compare-and-swap fail from then on, so that poll takes the QP's lock instead); while
+/// closed, only the lock's holder moves `tail`. A post reopens the ring, under the lock,
+/// when the queue is empty again. A post writes a record before it posts the WQE and
+/// publishes `head` after, so a poll that reads a published `head` reads the records behind
+/// it; a WQE whose completion comes before its `head` is published is settled by the poll
+/// under the QP's lock, which waits for the post to finish.
+pub struct QuickRing {
+    /// The records; their addresses are the tags.
+    slots: Box<[QuickSlot]>,
+    /// The address of the first record.
+    base: u64,
+    /// The size of the records in bytes.
+    bytes: u64,
+    /// The slot count less one.
+    mask: u64,
+    /// The sequence number of the next WQE posted. Written under the QP's lock (`Release`,
+    /// after the record of a quick request), read by polls (`Acquire`).
+    head: AtomicU64,
+    /// The oldest quick request in flight, with [`CLOSED`] while the ring is closed. Moved
+    /// by polls with compare-and-swap while open, by the QP's lock holder while closed.
+    tail: AtomicU64,
+}
+
+impl std::fmt::Debug for QuickRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tail = self.tail.load(Ordering::Relaxed);
+        f.debug_struct("QuickRing")
+            .field("head", &self.head.load(Ordering::Relaxed))
+            .field("tail", &(tail & !CLOSED))
+            .field("closed", &(tail & CLOSED != 0))
+            .finish()
+    }
+}
+
+impl QuickRing {
+    /// Room for `slots` WQEs in flight, rounded up to a power of two; closed and empty.
     fn new(slots: u32) -> Self {
         let len = (slots.max(1) as usize).next_power_of_two();
-        TagSpace {
-            block: vec![0u8; len].into_boxed_slice(),
+        let slots: Box<[QuickSlot]> = (0..len).map(|_| QuickSlot::default()).collect();
+        QuickRing {
+            base: slots.as_ptr() as u64,
+            bytes: std::mem::size_of_val(&*slots) as u64,
+            mask: len as u64 - 1,
+            slots,
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(CLOSED),
         }
     }
 
-    fn base(&self) -> u64 {
-        self.block.as_ptr() as u64
-    }
-
-    fn len(&self) -> u64 {
-        self.block.len() as u64
-    }
-
-    /// The tag of the WQE with sequence number `seq`; unique among the WQEs in flight,
-    /// which never outnumber the slots.
-    fn tag(&self, seq: u64) -> u64 {
-        self.base() + (seq & (self.len() - 1))
-    }
-
-    fn contains(&self, wr_id: u64) -> bool {
-        wr_id.wrapping_sub(self.base()) < self.len()
-    }
-
-    /// The slot of the tag `wr_id` (the sequence number of its WQE, masked), if it is one.
+    /// The record of the WQE with sequence number `seq`, whose address is its tag; unique
+    /// among the WQEs in flight, which never outnumber the slots.
     #[inline(always)]
-    fn slot(&self, wr_id: u64) -> Option<usize> {
-        let slot = wr_id.wrapping_sub(self.base());
-        (slot < self.len()).then_some(slot as usize)
+    fn record(&self, seq: u64) -> &QuickSlot {
+        // SAFETY: masked, the index is below the slot count, which is `mask + 1`.
+        unsafe { self.slots.get_unchecked((seq & self.mask) as usize) }
+    }
+
+    /// The tag of the WQE with sequence number `seq`.
+    #[inline(always)]
+    fn tag(&self, seq: u64) -> u64 {
+        std::ptr::from_ref(self.record(seq)) as u64
+    }
+
+    /// Whether `wr_id` is one of the tags: a completion carrying one belongs to this QP
+    /// whatever the completion queue says.
+    pub fn contains(&self, wr_id: u64) -> bool {
+        wr_id.wrapping_sub(self.base) < self.bytes
+    }
+
+    /// The sequence number of the next WQE (read under the QP's lock, which writes it).
+    #[inline(always)]
+    fn head(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// The oldest quick request in flight, and whether the ring is closed.
+    #[inline(always)]
+    fn tail(&self) -> (u64, bool) {
+        let tail = self.tail.load(Ordering::Acquire);
+        (tail & !CLOSED, tail & CLOSED != 0)
+    }
+
+    /// Quick requests in flight.
+    fn quick_len(&self) -> usize {
+        (self.head() - self.tail().0) as usize
+    }
+
+    /// Closes the ring (no poll settles a quick request from now on); returns the oldest
+    /// quick request in flight.
+    fn close(&self) -> u64 {
+        let (tail, closed) = self.tail();
+        if closed {
+            return tail;
+        }
+        self.tail.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+    }
+
+    /// Sets the ring's tail (closed) or opens it at `tail` (under the QP's lock).
+    fn set_tail(&self, tail: u64, closed: bool) {
+        let tail = if closed { tail | CLOSED } else { tail };
+        self.tail.store(tail, Ordering::Release);
+    }
+
+    /// Settles a completion of this QP without its lock, if that needs nothing but the
+    /// ring: a completion without a tag is not the send queue's (a receive's, or one of a
+    /// post that passed through); a success that is a receive is not either; a success of a
+    /// signaled quick request in flight on the open ring retires it and the ones before it
+    /// (RC completes in order: the unsignaled ones completed silently), and is delivered
+    /// with the application's `wr_id` if it asked for it, else hidden. `None`: the QP's lock
+    /// is needed (an error, a closed ring, a stale tag, or a WQE whose record is not
+    /// published yet), the completion left untouched.
+    #[inline(always)]
+    pub fn settle(&self, wc: &mut ibv_wc) -> Option<Verdict> {
+        let offset = wc.wr_id.wrapping_sub(self.base);
+        if offset >= self.bytes {
+            return Some(Verdict::NotOurs);
+        }
+        if wc.status != IBV_WC_SUCCESS {
+            return None;
+        }
+        if wc.opcode & IBV_WC_RECV != 0 {
+            return Some(Verdict::NotOurs);
+        }
+        let tail = self.tail.load(Ordering::Acquire);
+        if tail & CLOSED != 0 {
+            return None;
+        }
+        let head = self.head.load(Ordering::Acquire);
+        // The slot of a tag is its record's index (a tag is the record's address).
+        let slot = offset / std::mem::size_of::<QuickSlot>() as u64;
+        let before = slot.wrapping_sub(tail) & self.mask;
+        if before >= head.wrapping_sub(tail) {
+            return None;
+        }
+        let record = self.record(slot);
+        let meta = record.meta.load(Ordering::Relaxed);
+        if meta & QUICK_SIGNALED == 0 {
+            return None;
+        }
+        let wr_id = record.wr_id.load(Ordering::Relaxed);
+        #[cfg(test)]
+        tests::race_window();
+        // Fails only if the ring was closed meanwhile (polls of one CQ hold its lock).
+        self.tail
+            .compare_exchange(tail, tail + before + 1, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        Some(if meta & QUICK_VISIBLE != 0 {
+            wc.wr_id = wr_id;
+            Verdict::Deliver
+        } else {
+            Verdict::Hide
+        })
     }
 }
 
@@ -508,18 +638,17 @@ impl RateGate {
     /// the request is released, without the lock or the clock.
     #[inline(always)]
     pub fn try_take(&self, bytes: u64) -> bool {
-        if bytes > ALLOWANCE_BYTES {
-            return false;
-        }
-        let need = (1u64 << 32) | bytes;
         let mut left = self.allowance.load(Ordering::Relaxed);
         loop {
+            // No operation left, or too few bytes (always for more than the field holds).
             if left >> 32 == 0 || left & ALLOWANCE_BYTES < bytes {
                 return false;
             }
             match self.allowance.compare_exchange_weak(
                 left,
-                left - need,
+                // Both fields stay in range: one operation of at least one, and `bytes` of
+                // at least as many.
+                left - (1 << 32) - bytes,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -580,17 +709,15 @@ pub struct SendQueue {
     /// The first request with WQEs not yet posted.
     cursor: usize,
     posted: VecDeque<Posted>,
-    /// Sequence number of the next WQE posted (for its tag).
-    next_wqe: u64,
-    tags: TagSpace,
-    /// Records of the requests posted by [`Self::post_now`], one slot per tag.
-    quick: Box<[Quick]>,
-    /// How many of the newest WQEs (`next_wqe - quick_len .. next_wqe`) are such requests,
-    /// kept only in [`Self::quick`]. They come after every request of `requests`, all of
-    /// which are then fully posted: `post_now` adds one only when nothing waits, and every
-    /// other change of the queue first moves them into `requests` and `posted`.
-    quick_len: usize,
+    /// The WQEs' tags and sequence numbers, and the records of the requests posted by
+    /// [`Self::post_now`] (quick requests), shared with the polls of the QP's send CQ. Quick
+    /// requests come after every request of `requests`, all of which are then fully posted:
+    /// `post_now` adds one only when nothing waits, and every other change of the queue
+    /// first moves them into `requests` and `posted` ([`Self::materialize`]).
+    ring: Arc<QuickRing>,
     failed: bool,
+    /// The QP is being destroyed: nothing more reaches the provider.
+    destroyed: bool,
     /// The failure came as an error completion: every WQE after it reports (flushed).
     hardware_flushes: bool,
     /// The list being built for one post call, and its SGEs (kept to reuse the memory).
@@ -607,7 +734,7 @@ impl std::fmt::Debug for SendQueue {
             .field("requests", &self.requests.len())
             .field("cursor", &self.cursor)
             .field("posted", &self.posted.len())
-            .field("quick", &self.quick_len)
+            .field("ring", &self.ring)
             .field("failed", &self.failed)
             .finish()
     }
@@ -638,12 +765,9 @@ impl SendQueue {
             first_seq: 0,
             cursor: 0,
             posted: VecDeque::new(),
-            next_wqe: 0,
-            quick: vec![Quick::default(); TagSpace::new(capacity).len() as usize]
-                .into_boxed_slice(),
-            quick_len: 0,
-            tags: TagSpace::new(capacity),
+            ring: Arc::new(QuickRing::new(capacity)),
             failed: false,
+            destroyed: false,
             hardware_flushes: false,
             batch: Vec::new(),
             batch_wrs: Vec::new(),
@@ -653,7 +777,7 @@ impl SendQueue {
 
     /// Application requests outstanding (accepted, not retired).
     pub fn outstanding(&self) -> usize {
-        self.requests.len() + self.quick_len
+        self.requests.len() + self.ring.quick_len()
     }
 
     /// True when requests wait in software and the hardware queue is full: only polled
@@ -675,30 +799,59 @@ impl SendQueue {
 
     /// WQEs on the hardware queue.
     fn in_flight(&self) -> usize {
-        self.posted.len() + self.quick_len
+        self.posted.len() + self.ring.quick_len()
     }
 
-    /// Moves the requests kept only in [`Self::quick`] into `requests` and `posted`, as
-    /// the general path records a request posted whole, so that it sees the whole queue.
+    /// The ring of tags and quick requests, for the polls of the QP's send CQ.
+    pub fn ring(&self) -> &Arc<QuickRing> {
+        &self.ring
+    }
+
+    /// Whether a poll may settle quick requests without the QP's lock: nothing else is in
+    /// the queue, it has not failed, and the QP is not being destroyed.
+    fn may_open(&self) -> bool {
+        self.requests.is_empty() && self.posted.is_empty() && !self.failed && !self.destroyed
+    }
+
+    /// Marks the QP destroyed (nothing more is posted; the ring closes) or, when the
+    /// provider refused the destroy, live again.
+    pub fn set_destroyed(&mut self, destroyed: bool) {
+        self.destroyed = destroyed;
+        if destroyed {
+            self.ring.close();
+        }
+    }
+
+    /// True once the QP is being destroyed.
+    pub fn destroyed(&self) -> bool {
+        self.destroyed
+    }
+
+    /// Closes the ring and moves the quick requests into `requests` and `posted`, as the
+    /// general path records a request posted whole, so that it sees the whole queue.
     fn materialize(&mut self) {
-        if self.quick_len == 0 {
+        let from = self.ring.close();
+        let head = self.ring.head();
+        if from == head {
             return;
         }
-        let first = self.next_wqe - self.quick_len as u64;
-        for wqe in first..self.next_wqe {
-            let q = self.quick[(wqe & (self.tags.len() - 1)) as usize];
-            let visible = q.flags & QUICK_VISIBLE != 0;
+        for wqe in from..head {
+            let record = self.ring.record(wqe);
+            let wr_id = record.wr_id.load(Ordering::Relaxed);
+            let meta = record.meta.load(Ordering::Relaxed);
+            let visible = meta & QUICK_VISIBLE != 0;
             let seq = self.first_seq + self.requests.len() as u64;
             self.posted.push_back(Posted {
                 seq,
-                wr_id: self.tags.tag(wqe),
-                signaled: q.flags & QUICK_SIGNALED != 0,
+                wr_id: self.ring.tag(wqe),
+                signaled: meta & QUICK_SIGNALED != 0,
                 visible,
             });
             self.requests.push_back(Request {
-                wr_id: q.wr_id,
-                wc_opcode: wc_opcode_for(ibv_wr_opcode::from(q.opcode)),
-                len: q.len,
+                wr_id,
+                wc_opcode: wc_opcode_for((meta >> 32) as u32),
+                // Read only for the pacer and split requests, neither of which this is.
+                len: 0,
                 split: false,
                 visible,
                 paced: false,
@@ -711,19 +864,13 @@ impl SendQueue {
                 blocked_since: None,
             });
         }
-        self.quick_len = 0;
+        self.ring.set_tail(head, true);
         self.cursor = self.requests.len();
     }
 
     /// The application's send capacity.
     pub fn capacity(&self) -> u32 {
         self.capacity
-    }
-
-    /// The `wr_id` values this queue gives its internal WQEs, as a range: a completion
-    /// carrying one belongs to this QP whatever the completion queue says.
-    pub fn tag_range(&self) -> std::ops::Range<u64> {
-        self.tags.base()..self.tags.base() + self.tags.len()
     }
 
     /// Accepts one request, or refuses it with `ENOMEM` when the application already has
@@ -799,10 +946,12 @@ impl SendQueue {
         post: impl FnOnce(&mut ibv_send_wr) -> c_int,
         counters: &Counters,
     ) -> Option<Result<(), c_int>> {
-        if self.failed
-            || self.cursor != self.requests.len()
-            || self.requests.len().max(self.posted.len()) + self.quick_len >= self.capacity as usize
-        {
+        let ring = &*self.ring;
+        let head = ring.head();
+        let tail = ring.tail.load(Ordering::Acquire);
+        // Open and with a free slot, in one test: a closed ring's tail carries CLOSED, which
+        // makes the difference wrap past any capacity.
+        if head.wrapping_sub(tail) >= u64::from(self.capacity) && !self.quick_room_closed(head) {
             return None;
         }
         // SAFETY: guaranteed by the caller.
@@ -811,38 +960,65 @@ impl SendQueue {
         {
             return None;
         }
-        let len = u32::try_from(len).unwrap_or(u32::MAX);
-        let visible = (wr.send_flags | self.sig_flag) & IBV_SEND_SIGNALED != 0;
-        let signaled = visible || self.unsignaled_run + 1 >= self.signal_every;
-        let mut wqe = *wr;
-        wqe.next = std::ptr::null_mut();
-        wqe.wr_id = self.tags.tag(self.next_wqe);
-        wqe.send_flags = if signaled {
-            wqe.send_flags | IBV_SEND_SIGNALED
+        // IBV_SEND_SIGNALED or 0: the application sees its completion, the WQE is signaled
+        // (it is, or the queue needs a signal to recycle its slots).
+        let visible = (wr.send_flags | self.sig_flag) & IBV_SEND_SIGNALED;
+        let run = self.unsignaled_run;
+        let signal = if run + 1 >= self.signal_every {
+            IBV_SEND_SIGNALED
         } else {
-            wqe.send_flags & !IBV_SEND_SIGNALED
+            visible
         };
+        // The record of this WQE, at its tag: no WQE in flight has it (they never
+        // outnumber the slots), and no poll reads it before `head` is published past it.
+        let record = ring.record(head);
+        record.wr_id.store(wr.wr_id, Ordering::Relaxed);
+        record.meta.store(
+            u64::from(wr.opcode) << 32 | u64::from(visible) << 8 | u64::from(signal),
+            Ordering::Relaxed,
+        );
+        let mut wqe = *wr;
+        wqe.wr_id = std::ptr::from_ref(record) as u64;
+        wqe.send_flags = (wr.send_flags & !IBV_SEND_SIGNALED) | signal;
+        // Counted before the provider's call, and taken back if it refuses the request, so
+        // that the call keeps fewer values alive across it.
+        self.unsignaled_run = if signal != 0 { 0 } else { run + 1 };
+        add(&counters.requests, 1);
+        add(&counters.bytes, len);
         let rc = post(&mut wqe);
         if rc != 0 {
+            self.unsignaled_run = run;
+            counters.requests.fetch_sub(1, Ordering::Relaxed);
+            counters.bytes.fetch_sub(len, Ordering::Relaxed);
             return Some(Err(rc));
         }
-        // The slot of this WQE's tag; no WQE in flight has it (they never outnumber it).
-        let slot = (self.next_wqe & (self.tags.len() - 1)) as usize;
-        if let Some(q) = self.quick.get_mut(slot) {
-            *q = Quick {
-                wr_id: wr.wr_id,
-                len,
-                opcode: u8::try_from(wr.opcode).unwrap_or(u8::MAX),
-                flags: if signaled { QUICK_SIGNALED } else { 0 }
-                    | if visible { QUICK_VISIBLE } else { 0 },
-            };
-        }
-        self.next_wqe += 1;
-        self.quick_len += 1;
-        self.unsignaled_run = if signaled { 0 } else { self.unsignaled_run + 1 };
-        add(&counters.requests, 1);
-        add(&counters.bytes, u64::from(len));
+        self.ring.head.store(head + 1, Ordering::Release);
         Some(Ok(()))
+    }
+
+    /// Whether [`Self::post_now`] may add a quick request to a ring that is closed, or open
+    /// and full (`head` its next sequence number): reopens the ring if the queue is empty
+    /// again; else there must be nothing waiting, no failure, and a free slot both in the
+    /// application's queue and on the hardware's. Out of line: only a queue that has had
+    /// split, held or failed requests gets here.
+    #[inline(never)]
+    fn quick_room_closed(&self, head: u64) -> bool {
+        let (tail, closed) = self.ring.tail();
+        if !closed {
+            return false;
+        }
+        let room = |used: usize| used + ((head - tail) as usize) < self.capacity as usize;
+        if self.may_open() {
+            if !room(0) {
+                return false;
+            }
+            self.ring.set_tail(tail, false);
+            return true;
+        }
+        !self.failed
+            && !self.destroyed
+            && self.cursor == self.requests.len()
+            && room(self.requests.len().max(self.posted.len()))
     }
 
     /// The body for a request to split: the chunk plan when the planner splits it, else
@@ -886,8 +1062,8 @@ impl SendQueue {
 
     /// Ends the running post call: its requests can no longer be taken back.
     pub fn end_call(&mut self) {
-        // Requests of a running call are never kept in `quick` (accepting one moves them
-        // out), so the ones there have ended theirs.
+        // Requests of a running call are never quick ones (accepting one moves those into
+        // the queue), so the quick ones have ended theirs.
         for r in self.requests.iter_mut().rev() {
             if r.call_index.take().is_none() {
                 break;
@@ -1070,8 +1246,8 @@ impl SendQueue {
             } else {
                 wr.send_flags & !IBV_SEND_SIGNALED
             };
-            let wqe = self.next_wqe + self.batch.len() as u64;
-            wr.wr_id = self.tags.tag(wqe);
+            let wqe = self.ring.head() + self.batch.len() as u64;
+            wr.wr_id = self.ring.tag(wqe);
             self.batch_wrs.push(wr);
             self.batch.push(Built {
                 request: index,
@@ -1119,7 +1295,11 @@ impl SendQueue {
 
     /// Accounts for one WQE the provider accepted.
     fn commit(&mut self, b: &Built, now: Duration, counters: &Counters) {
-        self.next_wqe += 1;
+        // The ring is closed and holds no quick request (a drain materializes first): it
+        // stays empty, quick requests being the newest WQEs.
+        let head = self.ring.head() + 1;
+        self.ring.head.store(head, Ordering::Release);
+        self.ring.set_tail(head, true);
         self.unsignaled_run = if b.posted.signaled {
             0
         } else {
@@ -1190,7 +1370,8 @@ impl SendQueue {
                 return Some((call_index, rc));
             }
         }
-        let seq = self.first_seq + failed as u64;
+        // Named by its wr_id: the queue numbers only the requests the general path has seen.
+        let wr_id = req.wr_id;
         if !req.reported {
             req.reported = true;
             add(&env.counters.errors, 1);
@@ -1205,7 +1386,7 @@ impl SendQueue {
         self.cursor = failed + 1;
         crate::log::log!(
             Warn,
-            "QP {}: the provider refused a work request of request #{seq} (error {rc}); it completes with an error",
+            "QP {}: the provider refused a work request of the request with wr_id {wr_id:#x} (error {rc}); it completes with an error",
             self.qp_num
         );
         self.retire_front();
@@ -1259,10 +1440,10 @@ impl SendQueue {
         if let Some(verdict) = self.complete_fast(wc) {
             return verdict;
         }
-        self.materialize();
-        if !self.tags.contains(wc.wr_id) {
+        if !self.ring.contains(wc.wr_id) {
             return Verdict::NotOurs;
         }
+        self.materialize();
         // A tag no WQE in flight carries: a stale completion of the shaper's own.
         let ours = Verdict::Hide;
         if wc.status == IBV_WC_SUCCESS {
@@ -1317,20 +1498,27 @@ impl SendQueue {
         verdict
     }
 
-    /// The usual completion, settled without [`Self::complete`]'s searches: a success of
-    /// a signaled WQE of a request [`Self::post_now`] posted, or of the oldest WQE in
-    /// flight, the last of the oldest request, on a queue that has not failed. Settles it
-    /// as the general path would (the WQEs up to it completed, unsignaled ones silently;
-    /// deliver the request's completion once, retire it); `None` for anything else, left
-    /// untouched for [`Self::complete`]. (Matching a tag in flight implies the tests that
-    /// [`Self::complete`] makes first.)
-    #[inline(always)]
+    /// The usual completion, settled without [`Self::complete`]'s searches, under the QP's
+    /// lock: one the ring settles ([`QuickRing::settle`], the ring opened first if the
+    /// queue allows it: a poll that found it closed, or the record not yet published,
+    /// comes here), or a success of the oldest WQE in flight, the last of the oldest
+    /// request, on a queue that has not failed. Settles it as the general path would (the
+    /// WQEs up to it completed, unsignaled ones silently; deliver the request's completion
+    /// once, retire it); `None` for anything else, left untouched for [`Self::complete`].
+    /// (Matching a tag in flight implies the tests that [`Self::complete`] makes first.)
+    #[inline]
     pub fn complete_fast(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
+        if self.posted.is_empty() {
+            if self.may_open() {
+                let (tail, closed) = self.ring.tail();
+                if closed {
+                    self.ring.set_tail(tail, false);
+                }
+            }
+            return self.ring.settle(wc);
+        }
         if wc.status != IBV_WC_SUCCESS || wc.opcode & IBV_WC_RECV != 0 || self.failed {
             return None;
-        }
-        if self.posted.is_empty() {
-            return self.complete_quick(wc);
         }
         let front = self.posted.front()?;
         if !front.signaled || front.wr_id != wc.wr_id || front.seq != self.first_seq {
@@ -1367,37 +1555,6 @@ impl SendQueue {
             self.retire_front();
         }
         Some(verdict)
-    }
-
-    /// [`Self::complete_fast`] when every WQE in flight is a request kept in
-    /// [`Self::quick`]: the tag names its slot, and its place in the run is the distance
-    /// from the oldest. It and the requests before it retire (RC completes in order, so the
-    /// unsignaled ones completed silently).
-    #[inline(always)]
-    fn complete_quick(&mut self, wc: &mut ibv_wc) -> Option<Verdict> {
-        if !self.requests.is_empty() {
-            return None;
-        }
-        let slot = self.tags.slot(wc.wr_id)?;
-        let oldest = self.next_wqe - self.quick_len as u64;
-        let before = (slot as u64).wrapping_sub(oldest) & (self.tags.len() - 1);
-        if before >= self.quick_len as u64 {
-            // No WQE in flight carries it: a stale completion, for the general path.
-            return None;
-        }
-        let q = *self.quick.get(slot)?;
-        if q.flags & QUICK_SIGNALED == 0 {
-            return None;
-        }
-        let done = before as usize + 1;
-        self.quick_len -= done;
-        self.first_seq += done as u64;
-        Some(if q.flags & QUICK_VISIBLE != 0 {
-            wc.wr_id = q.wr_id;
-            Verdict::Deliver
-        } else {
-            Verdict::Hide
-        })
     }
 
     fn request_info(&self, seq: u64) -> Option<(u64, u32, bool, bool)> {
@@ -1598,6 +1755,19 @@ mod tests {
 
     use super::*;
 
+    thread_local! {
+        /// Set on a thread whose polls give way to other threads between reading the ring
+        /// and moving its tail, so that a race test hits that window often.
+        static WIDE_RACE_WINDOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Between reading the ring and moving its tail in [`QuickRing::settle`].
+    pub(super) fn race_window() {
+        if WIDE_RACE_WINDOW.get() {
+            std::thread::yield_now();
+        }
+    }
+
     /// A send queue and what its provider (a closure) was handed.
     struct Harness {
         sq: SendQueue,
@@ -1783,7 +1953,7 @@ mod tests {
         h.post_now(2, 100, true);
         h.post_now(3, 100, false);
         assert_eq!(h.sq.outstanding(), 3);
-        assert!(h.wire.iter().all(|w| h.sq.tags.contains(w.0)), "tags only");
+        assert!(h.wire.iter().all(|w| h.sq.ring.contains(w.0)), "tags only");
         assert_eq!(
             h.wire.iter().map(|w| w.1).collect::<Vec<_>>(),
             [false, true, false]
@@ -1809,6 +1979,205 @@ mod tests {
         chunk_bytes: 4096,
         paced: false,
     };
+
+    /// The completion of the WQE tagged `tag`, a success.
+    fn success(tag: u64) -> ibv_wc {
+        ibv_wc {
+            wr_id: tag,
+            status: IBV_WC_SUCCESS,
+            opcode: IBV_WC_RDMA_WRITE,
+            qp_num: 7,
+            ..Default::default()
+        }
+    }
+
+    /// A poll settles a quick request on the ring alone, without the QP's lock, while the
+    /// ring is open; a split request closes it, and the poll then leaves the completion to
+    /// the lock; the next post on the emptied queue opens it again. What is not the send
+    /// queue's is told apart on the ring too; an error or a tag no longer in flight is left
+    /// to the lock.
+    #[test]
+    fn a_poll_settles_quick_requests_without_the_lock_only_on_an_open_ring() {
+        let mut h = Harness::new(8);
+        let ring = Arc::clone(h.sq.ring());
+        h.post_now(1, 100, true);
+        h.post_now(2, 100, true);
+        let mut first = success(h.wire[0].0);
+        assert_eq!(ring.settle(&mut first), Some(Verdict::Deliver));
+        assert_eq!((first.wr_id, h.sq.outstanding()), (1, 1));
+        assert_eq!(ring.settle(&mut success(h.wire[0].0)), None, "stale");
+        let mut recv = ibv_wc {
+            opcode: IBV_WC_RECV,
+            ..success(h.wire[1].0)
+        };
+        assert_eq!(ring.settle(&mut recv), Some(Verdict::NotOurs));
+        assert_eq!(ring.settle(&mut success(2)), Some(Verdict::NotOurs));
+        let mut error = ibv_wc {
+            status: IBV_WC_REM_ACCESS_ERR,
+            ..success(h.wire[1].0)
+        };
+        assert_eq!(ring.settle(&mut error), None);
+        h.accept(3, 16384, true, SPLIT_4K);
+        h.drain();
+        assert_eq!(ring.settle(&mut success(h.wire[1].0)), None, "closed");
+        let (v, wc) = h.complete(1, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 2));
+        let (v, wc) = h.complete(5, IBV_WC_SUCCESS);
+        assert_eq!((v, wc.wr_id), (Verdict::Deliver, 3));
+        assert_eq!(h.sq.outstanding(), 0);
+        h.post_now(4, 100, true);
+        let mut fourth = success(h.wire[6].0);
+        assert_eq!(ring.settle(&mut fourth), Some(Verdict::Deliver));
+        assert_eq!((fourth.wr_id, h.sq.outstanding()), (4, 0));
+    }
+
+    /// Polls on one thread settle quick requests without the QP's lock while posts on
+    /// another close the ring (a split request every eight, a request posted through the
+    /// general queue whenever the quick one is full) and reopen it: every completion the
+    /// application asked for is delivered once and in order, and the queue ends empty. A
+    /// poll that moved the ring's tail with a plain store instead of its compare-and-swap
+    /// undoes closes: it reopens the ring under requests the general queue has taken over,
+    /// and completions are lost (the polls give way to the poster between reading the ring
+    /// and moving its tail, so that the test hits that window often).
+    #[test]
+    fn polls_without_the_lock_race_posts_that_close_the_ring() {
+        const REQUESTS: u64 = 20_000;
+        let visible = |id: u64| id % 8 == 7 || !id.is_multiple_of(3);
+        assert!(
+            visible(REQUESTS - 1),
+            "the last request retires the ones before it"
+        );
+        let sq = std::sync::Mutex::new(SendQueue::new(7, 8, 4, false));
+        let ring = Arc::clone(sq.lock().unwrap().ring());
+        let counters = Counters::default();
+        // The hardware: WQEs in posting order (tag, signaled), completing in that order.
+        let wire = std::sync::Mutex::new(VecDeque::<(u64, bool)>::new());
+        let put_on_wire = |wrs: &[ibv_send_wr]| {
+            let mut wire = wire.lock().unwrap();
+            for w in wrs {
+                wire.push_back((w.wr_id, w.send_flags & IBV_SEND_SIGNALED != 0));
+            }
+        };
+        let drain = |sq: &mut SendQueue| {
+            let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
+                put_on_wire(wrs);
+                Ok(())
+            };
+            let mut synthesized = Vec::new();
+            sq.drain(
+                Duration::ZERO,
+                &mut DrainEnv {
+                    post: &mut post,
+                    pacer: None,
+                    counters: &counters,
+                    synthesized: &mut synthesized,
+                },
+            );
+            assert!(synthesized.is_empty());
+        };
+        let gate = RateGate::new(Pacer::new(
+            justitia_core::pacer::PaceRate {
+                bytes_per_sec: 0,
+                ops_per_sec: None,
+                chunk_bytes: 4096,
+            },
+            Duration::ZERO,
+        ));
+        let lane = FastLane {
+            whole_up_to: 4096,
+            paced: false,
+        };
+        // Set when the poller gives up, so that a poster stuck on a queue that never
+        // frees a slot stops too.
+        let gave_up = std::sync::atomic::AtomicBool::new(false);
+        let poster = || {
+            let mut sge = ibv_sge {
+                addr: 0x20_0000,
+                length: 100,
+                lkey: 1,
+            };
+            for id in 0..REQUESTS {
+                let split = id % 8 == 7;
+                sge.length = if split { 8192 } else { 100 };
+                let mut wr = ibv_send_wr {
+                    wr_id: id,
+                    opcode: IBV_WR_RDMA_WRITE,
+                    send_flags: if visible(id) { IBV_SEND_SIGNALED } else { 0 },
+                    sg_list: &mut sge,
+                    num_sge: 1,
+                    ..Default::default()
+                };
+                wr.wr.rdma.remote_addr = 0x10_0000;
+                loop {
+                    let mut q = sq.lock().unwrap();
+                    let post = |w: &mut ibv_send_wr| {
+                        put_on_wire(std::slice::from_ref(w));
+                        0
+                    };
+                    // SAFETY: wr and its one SGE live for the call.
+                    let quick =
+                        unsafe { q.post_now(&wr, lane, &gate, || Duration::ZERO, post, &counters) };
+                    if quick == Some(Ok(())) {
+                        break;
+                    }
+                    // SAFETY: as above.
+                    let owned = unsafe { OwnedWr::copy_from(&wr) };
+                    if q.accept(owned, SPLIT_4K, 0).is_ok() {
+                        drain(&mut q);
+                        q.end_call();
+                        break;
+                    }
+                    drop(q);
+                    if gave_up.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let poller = || {
+            WIDE_RACE_WINDOW.set(true);
+            let mut delivered = Vec::new();
+            let want = (0..REQUESTS).filter(|&id| visible(id)).count();
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while delivered.len() < want && std::time::Instant::now() < deadline {
+                let Some((tag, signaled)) = wire.lock().unwrap().pop_front() else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                if !signaled {
+                    continue;
+                }
+                let mut wc = success(tag);
+                let verdict = match ring.settle(&mut wc) {
+                    Some(v) => v,
+                    None => {
+                        let mut q = sq.lock().unwrap();
+                        let v = q.complete(&mut wc, &counters, &mut Vec::new());
+                        if q.needs_drain() {
+                            drain(&mut q);
+                        }
+                        v
+                    }
+                };
+                assert_ne!(verdict, Verdict::NotOurs);
+                if verdict == Verdict::Deliver {
+                    delivered.push(wc.wr_id);
+                }
+            }
+            gave_up.store(true, Ordering::Relaxed);
+            delivered
+        };
+        let delivered = std::thread::scope(|s| {
+            s.spawn(poster);
+            poller()
+        });
+        let want: Vec<u64> = (0..REQUESTS).filter(|&id| visible(id)).collect();
+        assert_eq!(delivered.len(), want.len(), "every completion, once");
+        assert_eq!(delivered, want, "in order");
+        assert_eq!(sq.lock().unwrap().outstanding(), 0);
+        assert!(wire.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn a_split_request_goes_out_in_chunks_each_with_a_tag_and_completes_once() {

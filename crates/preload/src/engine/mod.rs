@@ -40,7 +40,7 @@ use ex_state::{QpExOps, WrBatch};
 pub mod channels;
 pub mod ex_state;
 use crate::send_queue::{
-    Blocked, DrainEnv, FastLane, OwnedWr, RateGate, SendQueue, Treatment, Verdict,
+    Blocked, DrainEnv, FastLane, OwnedWr, QuickRing, RateGate, SendQueue, Treatment, Verdict,
 };
 use crate::stats::{Counters, StatsSnapshot};
 
@@ -70,6 +70,29 @@ const SHAPED_QP: u64 = 1 << 32;
 
 /// Registered completion queues.
 pub(crate) static CQS: PtrMap<CqShared, 4096> = PtrMap::new();
+
+/// In a child forked after the shaper started, every call passes through (see
+/// [`crate::ffi`]). The verbs most called find that out from the state they look up
+/// anyway, instead of asking [`crate::ffi::in_forked_child`] every time: at the fork, the
+/// child marks every registered QP's posts and every registered CQ's polls as passing
+/// through. (Nothing registers in a child, and nothing there undoes the marks: the verbs
+/// that would pass through.)
+extern "C" fn pass_through_in_child() {
+    // SAFETY: the child's only thread runs this, so no value is freed meanwhile.
+    unsafe {
+        QPS.for_each(|q| q.posts_shaped.store(false, Ordering::Relaxed));
+        CQS.for_each(|c| c.work.store(0, Ordering::Relaxed));
+    }
+}
+
+/// Registers [`pass_through_in_child`] (once per process).
+fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that only stores to atomics of live state.
+        unsafe { libc::pthread_atfork(None, None, Some(pass_through_in_child)) };
+    });
+}
 
 /// Who drives the pacer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +214,7 @@ impl Engine {
     /// An engine with `config`, reading time from `clock`.
     pub fn new(config: Config, clock: Arc<dyn Clock>, pacer: PacerMode) -> Arc<Engine> {
         crate::ffi::watch_forks();
+        watch_forks();
         let now = clock.now();
         let planner = YieldPlanner::new(config.yields).unwrap_or_default();
         let fallback = Settings {
@@ -571,6 +595,14 @@ impl Engine {
         self.pacer.next_due_ns.load(Ordering::Acquire) != u64::MAX
     }
 
+    /// [`Self::on_poll`] now, for a poll that found QPs waiting in the pacer's queue. Out of
+    /// line: the poll of a flow that is not held back never gets here.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn release_on_poll(self: &Arc<Self>) {
+        self.on_poll(self.clock.now());
+    }
+
     /// Called by every shaped poll: releases the requests whose tokens are due. Costs one
     /// load when none is.
     pub(crate) fn on_poll(self: &Arc<Self>, now: Duration) {
@@ -817,8 +849,8 @@ pub struct QpShared {
     me: Weak<QpShared>,
     pub(crate) qp: *mut ibv_qp,
     pub(crate) qp_num: u32,
-    /// The `wr_id` tags its send queue gives internal WQEs.
-    tags: std::ops::Range<u64>,
+    /// Its send queue's tags and quick requests, which polls settle without its lock.
+    ring: Arc<QuickRing>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) post_send: PostSendFn,
     pub(crate) post_recv: Option<PostRecvFn>,
@@ -831,6 +863,10 @@ pub struct QpShared {
     pub(crate) ex: Option<QpExOps>,
     /// The shaper failed (panicked) on this QP's post path: its posts pass through.
     failed_open: AtomicBool,
+    /// Its posts are shaped: it is shaped, the shaper has not failed on it, and this is not
+    /// a child forked after it was registered (see [`pass_through_in_child`]). What the
+    /// post hook reads.
+    posts_shaped: AtomicBool,
     /// An RC QP on an engine with a class set: part of the daemon's flow.
     member: bool,
     /// Counted in [`Engine::members`] (from registration to destroy).
@@ -845,28 +881,50 @@ unsafe impl Sync for QpShared {}
 /// Mutable state of a shaped QP.
 pub struct QpState {
     pub(crate) sq: SendQueue,
-    /// The QP is being destroyed: nothing more reaches the provider.
-    destroyed: bool,
     /// Its path MTU in bytes (the smallest, 256, until `ibv_modify_qp` sets it).
     path_mtu: u32,
     /// RDMA READs it may have outstanding as initiator (`max_rd_atomic`; 0: not set yet).
     max_rd_atomic: u32,
     classifier: Option<FlowClassifier>,
-    /// The treatment of a small request, when the class is fixed (see [`FastLane`]).
-    fast: Option<FastLane>,
-    /// The engine's settings epoch `fast` was derived at.
-    fast_epoch: u32,
+    /// The treatment of a small request when the class is fixed (see [`FastLane`]), valid
+    /// while `fast_epoch` is the engine's settings epoch.
+    fast: FastLane,
+    /// The engine's settings epoch `fast` was derived at, or [`NO_LANE`] when the QP has
+    /// none (the automatic class): one comparison says whether `fast` may be used.
+    fast_epoch: u64,
     pub(crate) batch: WrBatch,
 }
+
+/// [`QpState::fast_epoch`] of a QP without a fast lane (no settings epoch reaches it).
+const NO_LANE: u64 = u64::MAX;
 
 /// The smallest path MTU (`IBV_MTU_256`), the floor of a chunk until the QP's own is set.
 const MIN_PATH_MTU: u32 = 256;
 
 impl QpState {
+    /// The fast lane in effect, if the QP has one.
+    #[inline(always)]
+    fn lane(&mut self, engine: &Engine) -> Option<FastLane> {
+        if self.fast_epoch == u64::from(engine.settings_epoch.load(Ordering::Relaxed)) {
+            return Some(self.fast);
+        }
+        // The daemon changed the pacing or the chunk size since the lane was derived, the
+        // MTU changed, or the QP has no lane.
+        self.refresh_fast(engine)
+    }
+
     /// Derives the fast lane again from the engine's settings in effect.
-    fn refresh_fast(&mut self, engine: &Engine) {
-        self.fast_epoch = engine.settings_epoch.load(Ordering::Acquire);
-        self.fast = engine.fast_lane(self.path_mtu);
+    #[cold]
+    #[inline(never)]
+    fn refresh_fast(&mut self, engine: &Engine) -> Option<FastLane> {
+        let epoch = engine.settings_epoch.load(Ordering::Acquire);
+        let lane = engine.fast_lane(self.path_mtu);
+        self.fast_epoch = lane.map_or(NO_LANE, |_| u64::from(epoch));
+        self.fast = lane.unwrap_or(FastLane {
+            whole_up_to: 0,
+            paced: false,
+        });
+        lane
     }
 
     /// The chunk size for `wr` of `bytes` on this QP, from the configured `chunk`.
@@ -948,12 +1006,12 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         init.cap.max_send_sge,
         init.sig_all,
     );
-    let tags = sq.tag_range();
+    let ring = Arc::clone(sq.ring());
     let shared = Arc::new_cyclic(|me| QpShared {
         me: me.clone(),
         qp,
         qp_num,
-        tags,
+        ring,
         post_send,
         post_recv: ctx.post_recv,
         shaped,
@@ -961,12 +1019,15 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         send_cq: send_cq.clone(),
         state: parking_lot::Mutex::new(QpState {
             sq,
-            destroyed: false,
             path_mtu: MIN_PATH_MTU,
             max_rd_atomic: 0,
             classifier,
-            fast: engine.fast_lane(MIN_PATH_MTU),
-            fast_epoch: engine.settings_epoch.load(Ordering::Acquire),
+            // Derived at the first post.
+            fast: FastLane {
+                whole_up_to: 0,
+                paced: false,
+            },
+            fast_epoch: NO_LANE,
             batch: WrBatch::default(),
         }),
         in_pacer: AtomicBool::new(false),
@@ -975,6 +1036,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         counted: AtomicBool::new(false),
         engine,
         failed_open: AtomicBool::new(false),
+        posts_shaped: AtomicBool::new(shaped),
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     match qps.insert(qp.cast(), Arc::clone(&shared)) {
@@ -1047,7 +1109,7 @@ pub(crate) fn unregister_qp_in<const N: usize>(
     token: NonNull<QpShared>,
 ) -> Option<Arc<QpShared>> {
     // SAFETY: the token is the registered state, alive while it is in the map.
-    unsafe { token.as_ref() }.lock().destroyed = true;
+    unsafe { token.as_ref() }.lock().sq.set_destroyed(true);
     let shared = qps.remove(qp.cast(), token)?;
     shared.detach();
     Some(shared)
@@ -1057,7 +1119,7 @@ impl QpShared {
     /// Takes this (destroyed) QP out of its CQ and the pacer's queue, and purges the
     /// completions the shaper holds for it.
     fn detach(self: &Arc<Self>) {
-        self.lock().destroyed = true;
+        self.lock().sq.set_destroyed(true);
         if self.counted.swap(false, Ordering::AcqRel) {
             self.engine.members_changed(false);
         }
@@ -1080,7 +1142,7 @@ impl QpShared {
 
     /// Registers again a QP whose destroy the provider refused.
     fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>) {
-        self.lock().destroyed = false;
+        self.lock().sq.set_destroyed(false);
         if qps.insert(self.qp.cast(), Arc::clone(self)).is_err() {
             return;
         }
@@ -1089,6 +1151,48 @@ impl QpShared {
             cq.add_qp(self);
         }
         self.drain(self.engine.clock.now());
+    }
+}
+
+/// How far a shaped post call got, for [`QpShared::recover_post`] after a panic: nothing
+/// yet, or the call's result and how many requests of its list the shaper holds, both
+/// final. One word, so that the single request's path settles with one store.
+pub(crate) struct Settled(Cell<u64>);
+
+/// [`Settled`] before the call is settled (a count of `u32::MAX` held requests is never
+/// reached: that long a list would not fit in memory).
+const UNSETTLED: u64 = u64::MAX;
+
+impl Settled {
+    /// Nothing settled yet.
+    pub(crate) fn new() -> Self {
+        Settled(Cell::new(UNSETTLED))
+    }
+
+    /// The call returns `rc`, and the shaper holds the first `held` requests of its list.
+    #[inline(always)]
+    fn set(&self, rc: c_int, held: usize) {
+        let held = u32::try_from(held).unwrap_or(u32::MAX - 1);
+        self.0.set(u64::from(held) << 32 | u64::from(rc as u32));
+    }
+
+    /// What was settled, if anything.
+    pub(crate) fn get(&self) -> Option<(c_int, usize)> {
+        let v = self.0.get();
+        (v != UNSETTLED).then_some((v as u32 as c_int, (v >> 32) as usize))
+    }
+}
+
+/// Names the first request of `wr` in `bad_wr` (if writable): the provider refused it.
+///
+/// # Safety
+/// `bad_wr` is null or writable.
+#[cold]
+#[inline(never)]
+unsafe fn refuse_first(wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) {
+    if !bad_wr.is_null() {
+        // SAFETY: guaranteed by the caller.
+        unsafe { *bad_wr = wr };
     }
 }
 
@@ -1159,18 +1263,6 @@ impl QpShared {
         self.state.lock()
     }
 
-    /// Settles the usual completion of this QP's send queue (see
-    /// [`SendQueue::complete_fast`]) when no request waits to be posted into the slot it
-    /// frees; returns whether to deliver it. `None`: left untouched, for the general path.
-    #[inline(always)]
-    fn complete_quick(&self, wc: &mut ibv_wc) -> Option<bool> {
-        let mut st = self.lock();
-        if st.sq.needs_drain() {
-            return None;
-        }
-        st.sq.complete_fast(wc).map(|v| v != Verdict::Hide)
-    }
-
     /// Counts a single request with one SGE posted on an observed QP (the usual case,
     /// kept free of calls so the hook stays a leaf that tail-calls the provider).
     #[inline(always)]
@@ -1194,10 +1286,12 @@ impl QpShared {
         counters.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// True while the shaper shapes this QP's posts: it is shaped and has not failed open.
+    /// True while the post hook shapes this QP's posts (else it counts them and passes
+    /// them through): it is shaped, the shaper has not failed on it, and this is not a
+    /// forked child.
     #[inline(always)]
-    pub(crate) fn shapes_posts(&self) -> bool {
-        self.shaped && !self.failed_open.load(Ordering::Relaxed)
+    pub(crate) fn posts_shaped(&self) -> bool {
+        self.posts_shaped.load(Ordering::Relaxed)
     }
 
     /// The shaped `ibv_post_send`. `settled` receives the call's result and how many
@@ -1211,7 +1305,27 @@ impl QpShared {
         &self,
         wr: *mut ibv_send_wr,
         bad_wr: *mut *mut ibv_send_wr,
-        settled: &Cell<Option<(c_int, usize)>>,
+        settled: &Settled,
+    ) -> c_int {
+        // SAFETY: guaranteed by the caller.
+        match unsafe { wr.as_ref() } {
+            // SAFETY: a single request.
+            Some(w) if w.next.is_null() => unsafe { self.post_single(wr, bad_wr, settled) },
+            // SAFETY: guaranteed by the caller.
+            _ => unsafe { self.post_list(wr, bad_wr, settled) },
+        }
+    }
+
+    /// [`Self::post_send_shaped`] of a single request.
+    ///
+    /// # Safety
+    /// As [`Self::post_send_shaped`]; `wr` is one request (not null, its `next` null).
+    #[inline(always)]
+    pub(crate) unsafe fn post_single(
+        &self,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+        settled: &Settled,
     ) -> c_int {
         // SAFETY: guaranteed by the caller.
         if let Some(rc) = unsafe { self.post_one_now(wr, bad_wr, settled) } {
@@ -1232,7 +1346,7 @@ impl QpShared {
         &self,
         wr: *mut ibv_send_wr,
         bad_wr: *mut *mut ibv_send_wr,
-        settled: &Cell<Option<(c_int, usize)>>,
+        settled: &Settled,
     ) -> c_int {
         let now = self.engine.clock.now();
         let mut st = self.lock();
@@ -1266,7 +1380,7 @@ impl QpShared {
             None => index,
         };
         st.sq.end_call();
-        settled.set(Some((rc, held)));
+        settled.set(rc, held);
         drop(st);
         if rc != 0 && !bad_wr.is_null() {
             // SAFETY: guaranteed writable by the caller; held is within the list.
@@ -1285,61 +1399,55 @@ impl QpShared {
     /// takes the general path, untouched.
     ///
     /// # Safety
-    /// As [`Self::post_send_shaped`].
+    /// As [`Self::post_single`].
     #[inline(always)]
     unsafe fn post_one_now(
         &self,
         wr: *mut ibv_send_wr,
         bad_wr: *mut *mut ibv_send_wr,
-        settled: &Cell<Option<(c_int, usize)>>,
+        settled: &Settled,
     ) -> Option<c_int> {
         // SAFETY: guaranteed by the caller.
-        let w = unsafe { wr.as_ref() }?;
-        if !w.next.is_null() {
-            return None;
-        }
+        let w = unsafe { &*wr };
         #[cfg(test)]
         fault::hit(fault::PostFault::BeforeAccept(0));
         let engine = &*self.engine;
         let mut st = self.lock();
-        // The daemon changed the pacing or the chunk size since the lane was derived.
-        if st.fast_epoch != engine.settings_epoch.load(Ordering::Relaxed) {
-            st.refresh_fast(engine);
-        }
         // A QP of the automatic class has no lane: the classifier must see every request
         // once, on the general path.
-        let lane = st.fast?;
-        if st.destroyed {
-            return None;
-        }
+        let lane = st.lane(engine)?;
         // The gate is asked only by a paced lane. Should pacing have stopped since the lane
         // was derived, the request still takes tokens once; a refused one waits in the
         // queue, whose drain no longer paces. The pacer's lock is taken and the clock read
         // only when the allowance handed out at the last such call does not cover the
         // request.
         let now = || engine.clock.now();
-        let (qp, post_send) = (self.qp, self.post_send);
         let post = |wqe: &mut ibv_send_wr| {
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: qp is live (its state is registered); the one WQE and the
+            // Settled when the provider answers: a panic from then on must not refuse a
+            // request that went out. Set before the call, which cannot unwind, so that the
+            // usual answer needs no second store.
+            settled.set(0, 1);
+            // SAFETY: the QP is live (its state is registered); the one WQE and the
             // application's SGE list live for the call.
-            unsafe { post_send(qp, wqe, &mut bad) }
+            let rc = unsafe { (self.post_send)(self.qp, wqe, &mut bad) };
+            if rc != 0 {
+                settled.set(rc, 0);
+            }
+            rc
         };
         // SAFETY: guaranteed by the caller.
         let posted = unsafe {
             st.sq
                 .post_now(w, lane, &engine.rate, now, post, &engine.counters)
         }?;
-        // Settled as soon as the provider has answered: a panic from here on must not
-        // refuse a request that went out.
         let rc = posted.err().unwrap_or(0);
-        settled.set(Some((rc, usize::from(rc == 0))));
         #[cfg(test)]
         fault::hit(fault::PostFault::AfterDrain);
         drop(st);
-        if rc != 0 && !bad_wr.is_null() {
-            // SAFETY: guaranteed writable by the caller.
-            unsafe { *bad_wr = wr };
+        if rc != 0 {
+            // SAFETY: guaranteed by the caller.
+            unsafe { refuse_first(wr, bad_wr) };
         }
         #[cfg(test)]
         fault::hit(fault::PostFault::AfterSettled);
@@ -1397,6 +1505,7 @@ impl QpShared {
     }
 
     fn fail_open(&self) {
+        self.posts_shaped.store(false, Ordering::Relaxed);
         if !self.failed_open.swap(true, Ordering::AcqRel) {
             log!(
                 Warn,
@@ -1415,7 +1524,7 @@ impl QpShared {
         if st.sq.outstanding() + batch.len() > st.sq.capacity() as usize {
             return libc::ENOMEM;
         }
-        let shaping = self.shapes_posts();
+        let shaping = self.posts_shaped();
         for (index, owned) in batch.into_iter().enumerate() {
             #[cfg(test)]
             fault::hit(fault::PostFault::BeforeAccept(index));
@@ -1442,7 +1551,7 @@ impl QpShared {
         st: &mut QpState,
         now: Duration,
     ) -> (Option<(usize, c_int)>, Vec<ibv_wc>, Blocked) {
-        if st.destroyed {
+        if st.sq.destroyed() {
             return (None, Vec::new(), Blocked::Idle);
         }
         let qp = self.qp;
@@ -1557,8 +1666,8 @@ pub struct CqShared {
     pub(crate) engine: Arc<Engine>,
     /// Shaped QPs that send their completions here.
     pub(crate) shaped: AtomicU32,
-    /// Those QPs, in QP-number order.
-    pub(crate) qps: parking_lot::Mutex<Vec<Arc<QpShared>>>,
+    /// Those QPs; also the lock the polls of the CQ hold (see [`Self::poll_shaped`]).
+    pub(crate) qps: parking_lot::Mutex<CqQps>,
     /// Its size (`ibv_cq.cqe`, what the provider granted).
     cqe: u32,
     synthesized: Mutex<VecDeque<ibv_wc>>,
@@ -1604,7 +1713,7 @@ pub unsafe fn register_cq(
         req_notify_cq: ctx.req_notify_cq,
         engine: Arc::clone(&ctx.engine),
         shaped: AtomicU32::new(0),
-        qps: parking_lot::Mutex::new(Vec::new()),
+        qps: parking_lot::Mutex::new(CqQps::default()),
         // SAFETY: the caller guarantees cq is live.
         cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
         synthesized: Mutex::new(VecDeque::new()),
@@ -1707,9 +1816,10 @@ impl CqShared {
     }
 
     /// [`Self::add_qp`] with the QP list already locked.
-    fn add_qp_locked(&self, qps: &mut Vec<Arc<QpShared>>, qp: &Arc<QpShared>) {
-        let at = qps.partition_point(|q| q.qp_num < qp.qp_num);
-        qps.insert(at, Arc::clone(qp));
+    fn add_qp_locked(&self, qps: &mut CqQps, qp: &Arc<QpShared>) {
+        let at = qps.list.partition_point(|q| q.qp_num < qp.qp_num);
+        qps.list.insert(at, Arc::clone(qp));
+        qps.find_sole();
         self.shaped.fetch_add(1, Ordering::AcqRel);
         self.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
     }
@@ -1717,9 +1827,10 @@ impl CqShared {
     /// Removes a QP added with [`Self::add_qp`].
     fn remove_qp(&self, qp: &Arc<QpShared>) {
         let mut qps = self.qps.lock();
-        let before = qps.len();
-        qps.retain(|q| !Arc::ptr_eq(q, qp));
-        if qps.len() < before {
+        let before = qps.list.len();
+        qps.list.retain(|q| !Arc::ptr_eq(q, qp));
+        qps.find_sole();
+        if qps.list.len() < before {
             self.shaped.fetch_sub(1, Ordering::AcqRel);
             self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
         }
@@ -1773,7 +1884,7 @@ impl CqShared {
                 .ok()
                 .and_then(|i| qps.get(i))
         } else {
-            qps.iter().find(|q| q.tags.contains(&wc.wr_id))
+            qps.iter().find(|q| q.ring.contains(wc.wr_id))
         };
         let Some(q) = owner else {
             return (true, None);
@@ -1781,12 +1892,14 @@ impl CqShared {
         if !qp_num_known {
             wc.qp_num = q.qp_num;
         }
+        // Settled on the ring: not the send queue's, or a quick request's on an open ring,
+        // behind which nothing waits to be posted.
+        if let Some(verdict) = q.ring.settle(wc) {
+            return (verdict != Verdict::Hide, None);
+        }
         let (verdict, drain) = {
             let mut st = q.lock();
-            let verdict = match st.sq.complete_fast(wc) {
-                Some(v) => v,
-                None => st.sq.complete(wc, &self.engine.counters, synthesized),
-            };
+            let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
             (verdict, st.sq.needs_drain())
         };
         // A QP with nothing waiting has nothing to post for the slot the completion freed.
@@ -1855,72 +1968,65 @@ impl CqShared {
     /// # Safety
     /// `cq` is this CQ and `wc` has room for `n` entries.
     #[inline(always)]
-    pub(crate) unsafe fn poll_shaped(&self, cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    pub(crate) unsafe fn poll_shaped(&self, n: c_int, wc: *mut ibv_wc) -> c_int {
         let qps = self.qps.lock();
         // Checked under the lock the pacer's own polls hold while they queue what they
         // took: with nothing queued, the provider's next completions are the oldest.
-        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) || n <= 0 {
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
             // SAFETY: guaranteed by the caller.
-            return unsafe { self.poll_general(qps, cq, n, wc, Resume::default()) };
+            return unsafe { self.poll_general(qps, n, wc, Resume::default()) };
         }
         // SAFETY: wc has room for n entries.
-        let got = unsafe { (self.poll_cq)(cq, n, wc) };
+        let got = unsafe { (self.poll_cq)(self.cq, n, wc) };
         if got < 0 {
             return got;
         }
         let got = got as usize;
+        // A CQ of one shaped QP (the usual case) needs no search: a completion carrying one
+        // of its tags is its, and one without is not the send queue's of any shaped QP.
+        let sole = qps.sole.as_deref();
         let mut kept = 0usize;
         for i in 0..got {
             // SAFETY: i < got <= n, written by the provider.
             let e = unsafe { &mut *wc.add(i) };
-            // A CQ of one shaped QP (the usual case) needs no search.
-            let owner = match qps.as_slice() {
-                [q] => (q.qp_num == e.qp_num).then_some(q),
-                _ => qps
-                    .binary_search_by_key(&e.qp_num, |q| q.qp_num)
-                    .ok()
-                    .and_then(|at| qps.get(at)),
+            let verdict = match sole {
+                Some(ring) => ring.settle(e),
+                None => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
             };
-            let deliver = match owner {
-                // Not a shaped QP's: the application's own.
-                None => true,
-                Some(q) => match q.complete_quick(e) {
-                    Some(deliver) => deliver,
-                    None => {
-                        let resume = Resume {
-                            kept,
-                            next: i,
-                            got,
-                            full: got == n as usize,
-                        };
-                        // SAFETY: guaranteed by the caller.
-                        return unsafe { self.poll_general(qps, cq, n, wc, resume) };
-                    }
-                },
-            };
-            if deliver {
-                if kept != i {
-                    // SAFETY: kept < i, both within the buffer.
-                    unsafe { *wc.add(kept) = *wc.add(i) };
+            match verdict {
+                Some(Verdict::Hide) => continue,
+                Some(_) => {}
+                None => {
+                    let resume = Resume {
+                        kept,
+                        next: i,
+                        got,
+                        full: got == n as usize,
+                    };
+                    // SAFETY: guaranteed by the caller.
+                    return unsafe { self.poll_general(qps, n, wc, resume) };
                 }
-                kept += 1;
             }
+            if kept != i {
+                // SAFETY: kept < i, both within the buffer.
+                unsafe { *wc.add(kept) = *wc.add(i) };
+            }
+            kept += 1;
         }
-        if kept < got && got == n as usize {
-            // Completions were hidden from a full batch: the provider may have more.
+        if kept != got {
+            // Completions were hidden: if the batch was full, the provider may have more.
             let resume = Resume {
                 kept,
                 next: got,
                 got,
-                full: true,
+                full: got == n as usize,
             };
             // SAFETY: guaranteed by the caller.
-            return unsafe { self.poll_general(qps, cq, n, wc, resume) };
+            return unsafe { self.poll_general(qps, n, wc, resume) };
         }
         drop(qps);
-        // The clock is read only when something may be due.
         if self.engine.pacer_has_waiting() {
-            self.engine.on_poll(self.engine.clock.now());
+            self.engine.release_on_poll();
         }
         kept as c_int
     }
@@ -1933,8 +2039,7 @@ impl CqShared {
     #[inline(never)]
     unsafe fn poll_general(
         &self,
-        qps: parking_lot::MutexGuard<'_, Vec<Arc<QpShared>>>,
-        cq: *mut ibv_cq,
+        qps: parking_lot::MutexGuard<'_, CqQps>,
         n: c_int,
         wc: *mut ibv_wc,
         resume: Resume,
@@ -1983,7 +2088,11 @@ impl CqShared {
                 let want = want_total - out;
                 // SAFETY: wc has room for want_total entries, out of which `out` are used.
                 let got = unsafe {
-                    (self.poll_cq)(cq, c_int::try_from(want).unwrap_or(c_int::MAX), wc.add(out))
+                    (self.poll_cq)(
+                        self.cq,
+                        c_int::try_from(want).unwrap_or(c_int::MAX),
+                        wc.add(out),
+                    )
                 };
                 if got < 0 {
                     if out == 0 {
@@ -2021,6 +2130,41 @@ impl CqShared {
         }
         c_int::try_from(out).unwrap_or(c_int::MAX)
     }
+}
+
+/// The shaped QPs of a CQ, in QP-number order (so that a completion finds its QP by binary
+/// search, not by a scan of every QP), and the ring of the only one when there is one.
+#[derive(Default)]
+pub struct CqQps {
+    list: Vec<Arc<QpShared>>,
+    /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
+    /// reaches it with one load and no search.
+    sole: Option<Arc<QuickRing>>,
+}
+
+impl CqQps {
+    /// Sets [`Self::sole`] after a change of the list.
+    fn find_sole(&mut self) {
+        self.sole = match self.list.as_slice() {
+            [q] => Some(Arc::clone(&q.ring)),
+            _ => None,
+        };
+    }
+}
+
+impl std::ops::Deref for CqQps {
+    type Target = [Arc<QpShared>];
+
+    fn deref(&self) -> &Self::Target {
+        &self.list
+    }
+}
+
+/// The ring of the shaped QP `qp_num` among `qps` (in QP-number order), if it is one.
+#[inline(never)]
+fn ring_of(qps: &[Arc<QpShared>], qp_num: u32) -> Option<&QuickRing> {
+    let at = qps.binary_search_by_key(&qp_num, |q| q.qp_num).ok()?;
+    qps.get(at).map(|q| &*q.ring)
 }
 
 /// Where [`CqShared::poll_general`] takes over from [`CqShared::poll_shaped`]: the

@@ -370,30 +370,66 @@ fn a_child_forked_while_a_qp_is_locked_passes_its_posts_through() {
         // SAFETY: leaves the child at once, running nothing of the parent's.
         unsafe { libc::_exit(if rc == 0 && whole { 0 } else { 1 }) };
     }
-    assert!(pid > 0);
-    let mut status = 0;
-    let mut done = false;
-    for _ in 0..500 {
-        // SAFETY: waits for our own child without blocking.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            done = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if !done {
-        // SAFETY: our own hung child.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, &mut status, 0);
-        }
-    }
+    let status = reap(pid);
     drop(held);
-    assert!(done, "the child hung on the shaper's lock");
+    let status = status.expect("the child hung on the shaper's lock");
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "the child's post passed through whole (status {status})"
     );
+}
+
+/// The same with a CQ's poll lock held (the pacer polling the CQ for the application): the
+/// child's polls of the CQ pass through, as its posts do. At the fork, the child marks the
+/// CQs it inherited as needing no shaping, which keeps its polls away from the lock;
+/// without that mark the child's poll hung on it.
+#[test]
+fn a_child_forked_while_a_cq_is_polled_passes_its_polls_through() {
+    let r = rig(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
+    let src = pattern(8192, 12);
+    let mut dst = vec![0u8; 8192];
+    let held = engine::cq(r.cq).unwrap().qps.lock();
+    // SAFETY: as above.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut s = [sge(&src, 0, 8192)];
+        let mut w = rdma(IBV_WR_RDMA_WRITE, 1, &mut s, dst.as_mut_ptr() as u64, true);
+        let posted = post_on(r.qp, &mut w) == 0;
+        r.dev.execute_all(r.qp);
+        let mut wc = [ibv_wc::default(); 2];
+        // SAFETY: the child's copy of the mock's CQ, with room for 2 entries.
+        let n = unsafe { justitia_verbs::ops::poll_cq(r.cq, 2, wc.as_mut_ptr()) };
+        let whole = n == 1 && wc[0].wr_id == 1 && wc[0].status == IBV_WC_SUCCESS && src == dst;
+        // SAFETY: leaves the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(if posted && whole { 0 } else { 1 }) };
+    }
+    let status = reap(pid);
+    drop(held);
+    let status = status.expect("the child hung on the shaper's lock");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's completion passed through as the provider gave it (status {status})"
+    );
+}
+
+/// Waits up to 5 s for the child `pid` to exit; returns its status, or `None` (the child
+/// killed) if it did not.
+fn reap(pid: libc::pid_t) -> Option<libc::c_int> {
+    assert!(pid > 0);
+    let mut status = 0;
+    for _ in 0..500 {
+        // SAFETY: waits for our own child without blocking.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: our own hung child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    None
 }
 
 /// Issue 10, item 7: a QP asking for an `ibv_wr_*` operation the bindings do not know (here
