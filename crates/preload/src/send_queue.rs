@@ -1844,11 +1844,12 @@ mod tests {
         }
     }
 
-    fn gate_at_1_mb_per_s() -> RateGate {
+    /// A gate pacing `bytes_per_sec` in chunks of `chunk_bytes`, from time 0.
+    fn gate(bytes_per_sec: u64, chunk_bytes: u32) -> RateGate {
         let rate = justitia_core::pacer::PaceRate {
-            bytes_per_sec: 1_000_000,
+            bytes_per_sec,
             ops_per_sec: None,
-            chunk_bytes: 1_000,
+            chunk_bytes,
         };
         RateGate::new(Pacer::new(rate, Duration::ZERO))
     }
@@ -1859,7 +1860,7 @@ mod tests {
     /// exactly what they took.
     #[test]
     fn the_rate_gate_hands_out_the_pacers_spare_credit_and_charges_what_was_taken() {
-        let gate = gate_at_1_mb_per_s();
+        let gate = gate(1_000_000, 1_000);
         assert!(!gate.try_take(1), "nothing handed out yet");
         assert!(gate.release(1_000, || Duration::ZERO));
         assert!(gate.try_take(600));
@@ -1881,7 +1882,7 @@ mod tests {
     /// Posts on many threads never take more than was handed out.
     #[test]
     fn the_rate_gate_never_hands_out_more_than_once_under_contention() {
-        let gate = gate_at_1_mb_per_s();
+        let gate = gate(1_000_000, 1_000);
         assert!(gate.release(0, || Duration::ZERO));
         let taken = AtomicU64::new(0);
         std::thread::scope(|s| {
@@ -1920,14 +1921,7 @@ mod tests {
                 whole_up_to: u64::MAX,
                 paced: false,
             };
-            let gate = RateGate::new(Pacer::new(
-                justitia_core::pacer::PaceRate {
-                    bytes_per_sec: 0,
-                    ops_per_sec: None,
-                    chunk_bytes: 4096,
-                },
-                Duration::ZERO,
-            ));
+            let gate = gate(0, 4096);
             let wire = &mut self.wire;
             let post = |w: &mut ibv_send_wr| {
                 wire.push((w.wr_id, w.send_flags & IBV_SEND_SIGNALED != 0, len));
@@ -2075,14 +2069,7 @@ mod tests {
             );
             assert!(synthesized.is_empty());
         };
-        let gate = RateGate::new(Pacer::new(
-            justitia_core::pacer::PaceRate {
-                bytes_per_sec: 0,
-                ops_per_sec: None,
-                chunk_bytes: 4096,
-            },
-            Duration::ZERO,
-        ));
+        let gate = gate(0, 4096);
         let lane = FastLane {
             whole_up_to: 4096,
             paced: false,
