@@ -1986,6 +1986,9 @@ impl CqShared {
         // of its tags is its, and one without is not the send queue's of any shaped QP.
         let sole = qps.sole.as_deref();
         let mut kept = 0usize;
+        // Where the ring could not settle a completion (the general path goes on from
+        // there), or `got`.
+        let mut next = got;
         for i in 0..got {
             // SAFETY: i < got <= n, written by the provider.
             let e = unsafe { &mut *wc.add(i) };
@@ -1997,14 +2000,8 @@ impl CqShared {
                 Some(Verdict::Hide) => continue,
                 Some(_) => {}
                 None => {
-                    let resume = Resume {
-                        kept,
-                        next: i,
-                        got,
-                        full: got == n as usize,
-                    };
-                    // SAFETY: guaranteed by the caller.
-                    return unsafe { self.poll_general(qps, n, wc, resume) };
+                    next = i;
+                    break;
                 }
             }
             if kept != i {
@@ -2013,11 +2010,12 @@ impl CqShared {
             }
             kept += 1;
         }
+        // Stopped early (then kept <= next < got), or completions were hidden: if the batch
+        // was full, the provider may have more.
         if kept != got {
-            // Completions were hidden: if the batch was full, the provider may have more.
             let resume = Resume {
                 kept,
-                next: got,
+                next,
                 got,
                 full: got == n as usize,
             };
