@@ -771,16 +771,12 @@ fn two_uids_in_one_cgroup(config: &str) -> Option<(u32, Vec<justitia_agent::admi
     }
     let d = Daemon::start(config);
     // The other uid must reach the socket in the temporary directory.
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let child_exe = d.open_to_other_uids();
     let mut mine = AgentClient::connect(d.socket()).unwrap();
     let l = mine.register(FlowClass::Latency, 1, 0);
     mine.wait_registered(l, Duration::from_secs(2));
     assert!(mine.report_usage(l, true, 16, 1));
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(child_exe)
         .args(["--exact", "child_registers_and_waits", "--nocapture"])
         .env("JUSTITIA_TEST_CHILD_SOCKET", d.socket())
         .env("JUSTITIA_TEST_CHILD_CLASS", "latency")
@@ -1035,11 +1031,7 @@ fn another_tenants_page_is_out_of_reach() {
         return;
     }
     let d = Daemon::start("");
-    std::fs::set_permissions(
-        d.dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let child_exe = d.open_to_other_uids();
     let (s, _block, page) = greeting_fds(&d.socket());
     let Reply::Registered { flow, slot, .. } = roundtrip(&s, &register(0, FlowClass::Bandwidth))
     else {
@@ -1047,7 +1039,7 @@ fn another_tenants_page_is_out_of_reach() {
     };
     let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
     assert!(mine.slot(slot).is_some_and(|a| a.flow == flow));
-    let out = Command::new(std::env::current_exe().unwrap())
+    let out = Command::new(child_exe)
         .args(["--exact", "child_inspects_its_page", "--nocapture"])
         .env("JUSTITIA_TEST_INSPECT_SOCKET", d.socket())
         .env("JUSTITIA_TEST_INSPECT_FLOW", flow.to_string())

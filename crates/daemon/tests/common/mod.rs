@@ -75,6 +75,18 @@ impl Daemon {
         }
         d
     }
+    /// Opens the temporary directory to other uids and puts a copy of the running test
+    /// binary in it, which a child under another uid runs: the checkout's own binary may
+    /// lie under a directory only its owner may enter (a clone in `mktemp -d`).
+    pub fn open_to_other_uids(&self) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), PermissionsExt::from_mode(0o755)).unwrap();
+        let exe = self.dir.path().join("test-child");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, PermissionsExt::from_mode(0o755)).unwrap();
+        exe
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("j.sock")
     }
