@@ -9,8 +9,8 @@
 //! | --- | --- | --- |
 //! | `[policy]` | the daemon and shapers | see [`RnicProfile`] |
 //! | `[link]` | [`crate::link`] | signalling rate, propagation, per-packet header bytes |
-//! | `[pcie]` | [`crate::rnic`] | doorbell, DMA read/write latencies, payload read bandwidth |
-//! | `[rnic]` | [`crate::rnic`] | processing units, message-rate caps, transmit FIFO, inline limit |
+//! | `[pcie]` | [`crate::rnic`] | doorbell, DMA read/write latencies, payload read and write bandwidth |
+//! | `[rnic]` | [`crate::rnic`] | processing units, message-rate caps, transmit FIFO, inline limit, receive stage |
 //! | `[host]` | [`crate::app`] | CPU cost of a post, poll detection, event wake-up, jitter |
 //!
 //! The profiles of the papers' hardware live in `profiles/*.toml` at the repository root,
@@ -150,6 +150,11 @@ pub struct PcieParams {
     /// (read completions do not return at a perfectly even pace).
     #[serde(default)]
     pub read_jitter_ns: f64,
+    /// Bandwidth of the receiver's payload writes into host memory, in Gb/s of payload;
+    /// 0 (the default) when PCIe never limits reception. Below the link's payload rate it
+    /// needs `rnic.rx_buffer_bytes`, the buffer that fills while writes lag arrivals.
+    #[serde(default)]
+    pub write_gbps: f64,
 }
 
 /// Parameters of the RNIC.
@@ -176,6 +181,15 @@ pub struct RnicParams {
     pub fetch_burst_bytes: u32,
     /// Largest payload that can be posted inline (copied into the WQE by the CPU).
     pub max_inline_bytes: u32,
+    /// Packet-rate cap of the receive pipeline, in M packets/s; 0 (the default): no cap.
+    #[serde(default)]
+    pub rx_mops: f64,
+    /// The receive buffer between the port and the receive pipeline, per virtual lane, in
+    /// bytes on the wire: the link-level credits the sender on the link into this host
+    /// starts with. 0 (the default): no receive stage is modelled, a packet is processed
+    /// the moment it arrives. Needed when `pcie.write_gbps` or `rnic.rx_mops` is set.
+    #[serde(default)]
+    pub rx_buffer_bytes: u32,
 }
 
 /// Parameters of the host CPU.
@@ -309,6 +323,30 @@ impl ModelProfile {
         non_negative("pcie.write_latency_ns", self.pcie.write_latency_ns)?;
         non_negative("pcie.read_gbps", self.pcie.read_gbps)?;
         non_negative("pcie.read_jitter_ns", self.pcie.read_jitter_ns)?;
+        non_negative("pcie.write_gbps", self.pcie.write_gbps)?;
+        non_negative("rnic.rx_mops", self.rnic.rx_mops)?;
+        let largest_packet =
+            self.mtu() + self.link.header_bytes + self.link.first_packet_extra_bytes;
+        if self.rnic.rx_buffer_bytes == 0 && (self.pcie.write_gbps > 0.0 || self.rnic.rx_mops > 0.0)
+        {
+            return Err(invalid(
+                "rnic.rx_buffer_bytes",
+                format!(
+                    "must be set (at least one packet, {largest_packet} bytes) when \
+                     pcie.write_gbps or rnic.rx_mops limits the receive side: the sender \
+                     is held back by the credits of that buffer"
+                ),
+            ));
+        }
+        if self.rnic.rx_buffer_bytes > 0 && self.rnic.rx_buffer_bytes < largest_packet {
+            return Err(invalid(
+                "rnic.rx_buffer_bytes",
+                format!(
+                    "must be 0 or hold the largest packet ({largest_packet} bytes), got {}",
+                    self.rnic.rx_buffer_bytes
+                ),
+            ));
+        }
         if self.rnic.processing_units == 0 {
             return Err(invalid(
                 "rnic.processing_units",
@@ -433,6 +471,11 @@ impl ModelProfile {
         ByteTime::from_gbps(self.pcie.read_gbps)
     }
 
+    /// The receiver's payload write byte time (zero when PCIe never limits reception).
+    pub fn rx_write_byte_time(&self) -> ByteTime {
+        ByteTime::from_gbps(self.pcie.write_gbps)
+    }
+
     /// Bytes a data packet with `payload` bytes occupies on the wire.
     pub fn wire_bytes(&self, payload: u32, first_of_request: bool) -> u32 {
         let extra = if first_of_request {
@@ -501,6 +544,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("mtu"), "{err}");
+    }
+
+    #[test]
+    fn a_limited_receive_stage_needs_a_buffer_that_holds_a_packet() {
+        let text = include_str!("../../../profiles/roce-100-switch-gen3x8.toml");
+        let p = ModelProfile::from_toml(text, "test").unwrap();
+        assert!(p.pcie.write_gbps > 0.0 && p.rnic.rx_buffer_bytes > 0);
+        let refusal = |from: &str, to: &str| {
+            ModelProfile::from_toml(&text.replace(from, to), "test")
+                .unwrap_err()
+                .to_string()
+        };
+        let err = refusal("rx_buffer_bytes = 262144", "rx_buffer_bytes = 0");
+        assert!(
+            err.contains("rnic.rx_buffer_bytes") && err.contains("at least one packet, 4194"),
+            "{err}"
+        );
+        // The largest packet: a 4 KB payload, 82 header bytes and a RETH of 16.
+        let err = refusal("rx_buffer_bytes = 262144", "rx_buffer_bytes = 4193");
+        assert!(
+            err.contains("largest packet (4194 bytes), got 4193"),
+            "{err}"
+        );
+        let err = refusal("write_gbps = 56", "write_gbps = -56");
+        assert!(err.contains("pcie.write_gbps"), "{err}");
+        // Profiles without a receive stage are unchanged by it.
+        let plain = ModelProfile::builtin("RoCE-100").unwrap();
+        assert_eq!(
+            (
+                plain.pcie.write_gbps,
+                plain.rnic.rx_mops,
+                plain.rnic.rx_buffer_bytes
+            ),
+            (0.0, 0.0, 0)
+        );
     }
 
     #[test]

@@ -60,7 +60,8 @@ pub(crate) enum SwitchEvent {
         /// The output port.
         port: u8,
     },
-    /// Buffer credits reach the sender on a link into a switch.
+    /// Buffer credits reach the sender on a link into a switch (or into a host with a
+    /// receive stage, whose RNIC schedules them).
     CreditReturn {
         /// The link into the switch.
         link: LinkId,
@@ -102,7 +103,8 @@ pub(crate) enum SwitchOutcome {
     HostUnblocked(LinkId),
 }
 
-/// What lets the sender on a link into a switch send a packet of a virtual lane.
+/// What lets the sender on a link into a switch (or into a host with a receive stage)
+/// send a packet of a virtual lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SendGate {
     /// InfiniBand: per lane, credits in wire bytes; they may dip below zero only by
@@ -129,10 +131,12 @@ struct PfcInput {
     pausing: [bool; VIRTUAL_LANES],
 }
 
-/// Every switch of a run, and the send gate of every link into one.
+/// Every switch of a run, and the send gate of every link into one or into a host with a
+/// receive stage (`rnic.rx_buffer_bytes`).
 pub(crate) struct Switches {
     switches: Vec<Switch>,
-    /// Per link: its sender's gate when it ends at a switch.
+    /// Per link: its sender's gate when it ends at a switch, or at a host with a receive
+    /// stage.
     gates: Vec<Option<SendGate>>,
     /// Per link: the (switch, port) that sends on it, when a switch does.
     sent_by_switch: Vec<Option<(usize, usize)>>,
@@ -146,6 +150,18 @@ impl Switches {
         let mut gates = vec![None; topology.links().len()];
         let mut sent_by_switch = vec![None; topology.links().len()];
         let mut switches = Vec::new();
+        if profile.rnic.rx_buffer_bytes > 0 {
+            // Hosts with a receive stage grant credits of their receive buffer, whatever
+            // the fabric: an InfiniBand HCA by link-level credits, a RoCE NIC by the pause
+            // it sends before that buffer overflows (modelled as the credits it stands for).
+            let credits =
+                SendGate::Credits([i64::from(profile.rnic.rx_buffer_bytes); VIRTUAL_LANES]);
+            for (l, link) in topology.links().iter().enumerate() {
+                if matches!(topology.node(link.to), NodeKind::Host(_)) {
+                    gates[l] = Some(credits);
+                }
+            }
+        }
         if let Some(params) = &profile.switch {
             let gate = match params.pfc {
                 Some(_) => SendGate::Paused([false; VIRTUAL_LANES]),
@@ -173,7 +189,8 @@ impl Switches {
         }
     }
 
-    /// The gate of the sender on `link`, when it leads into a switch.
+    /// The gate of the sender on `link`, when it leads into a switch or a host with a
+    /// receive stage.
     pub(crate) fn gate(&self, link: LinkId) -> Option<SendGate> {
         self.gates[link.0 as usize]
     }

@@ -236,3 +236,77 @@ fn a_latency_flow_behind_a_paused_input_waits_for_what_pfc_lets_it_hold() {
         alone + (f64::from(pfc.xoff_bytes) + headroom) / drain,
     );
 }
+
+/// A receiver whose PCIe writes (`pcie.write_gbps`, 56 Gb/s on Gen3 x8) are slower than
+/// its 100 Gb/s port: one sender, which reads its payload no faster, gets the write rate;
+/// two senders offer twice that, yet together get no more than the receiver writes (its
+/// receive buffer's credits hold the switch's output to it) and at least 95% of it (the
+/// buffer never runs dry while both are backlogged), half each (the switch serves its
+/// inputs in turn). The back-pressure reaches the senders as PFC pauses from the switch's
+/// filled input buffers, and the receive buffer holds the packets that wait.
+#[test]
+fn a_receiver_whose_pcie_writes_lag_its_port_holds_its_senders_to_its_write_rate() {
+    let exp = common::experiment("incast-pcie-bound-receiver-roce100");
+    let write_gbps = exp.profile.pcie.write_gbps;
+    assert!(
+        write_gbps > 0.0 && write_gbps < 0.6 * exp.profile.link.gbps,
+        "the what-if writes well below the port's rate: {write_gbps} Gb/s"
+    );
+    let r = report("incast-pcie-bound-receiver-roce100");
+    assert_between(
+        "1 sender: goodput, Gb/s",
+        flow(run(&r, "1 sender"), "s1").gbps,
+        0.95 * write_gbps,
+        1.0001 * write_gbps,
+    );
+    let two = run(&r, "2 senders");
+    let rates = [flow(two, "s1").gbps, flow(two, "s2").gbps];
+    assert_between(
+        "2 senders: total goodput, Gb/s",
+        rates.iter().sum(),
+        0.95 * write_gbps,
+        1.0001 * write_gbps,
+    );
+    for (name, rate) in ["s1", "s2"].iter().zip(rates) {
+        assert_between(
+            &format!("2 senders: {name} goodput, Gb/s"),
+            rate,
+            0.95 * write_gbps / 2.0,
+            1.005 * write_gbps / 2.0,
+        );
+    }
+    let pauses = two.fabric_figures["pfc_pauses"];
+    assert!(pauses > 0.0, "the switch must pause the senders: {pauses}");
+}
+
+/// A 16 B message from a third host into that receiver waits behind its full receive
+/// buffer. The buffer's credits (`rnic.rx_buffer_bytes` per lane) bound what is between
+/// the switch's output and the end of the receiver's writes; the output sends the message
+/// at its next turn once a packet's credits come back, so ahead of it in the buffer are
+/// the buffer's bytes less at most four packets (the one whose credits are on their way
+/// back, one the output could not yet send, one on the cable, the message's own). So its
+/// median exceeds the alone median by between (buffer - 4 packets) and the buffer drained
+/// at the write rate: 35.1 to 37.4 us here, where a receiver that keeps up adds nothing.
+#[test]
+fn a_latency_flow_into_a_receiver_with_a_full_receive_buffer_waits_for_it_to_drain() {
+    let exp = common::experiment("incast-pcie-bound-receiver-roce100");
+    let p = &exp.profile;
+    let drain = p.pcie.write_gbps * 1e3 / 8.0; // bytes per microsecond
+    let buffer = f64::from(p.rnic.rx_buffer_bytes);
+    let packet = f64::from(p.policy.mtu + p.link.header_bytes);
+    let r = report("incast-pcie-bound-receiver-roce100");
+    let alone = common::latency(run(&r, "latency alone"), "lat").p50_us;
+    let loaded = run(&r, "latency beside 2 senders");
+    assert_between(
+        "latency beside 2 senders: p50 beyond alone, us",
+        common::latency(loaded, "lat").p50_us - alone,
+        (buffer - 4.0 * packet) / drain,
+        buffer / drain,
+    );
+    assert_between(
+        "latency beside 2 senders: longest wait in the receive buffer, us",
+        loaded.fabric_figures["rx_peak_wait_us"],
+        (buffer - 4.0 * packet) / drain,
+        buffer / drain,
+    );
+}

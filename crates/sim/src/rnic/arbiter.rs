@@ -208,8 +208,8 @@ impl Fabric {
                 continue;
             };
             let (qp, wire, dma) = if self.switches.gate(uplink).is_some() {
-                // Into a switch: the lane of the queue pair in turn may lack credits, or
-                // be paused, while another's may send.
+                // Into a switch or a receive stage: the lane of the queue pair in turn may
+                // lack credits, or be paused, while another's may send.
                 match self.next_allowed(h) {
                     Some(found) => found,
                     None => break,

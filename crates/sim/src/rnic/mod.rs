@@ -54,23 +54,31 @@
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
 //!    responder's arbiter with the responder's own sends.
+//!    With `rnic.rx_buffer_bytes`, a packet first passes the receive stage ([`rx_stage`]):
+//!    payload written into host memory at `pcie.write_gbps`, at most `rnic.rx_mops`
+//!    packets per second, the rest waiting in a receive buffer whose credits hold back
+//!    the sender on the link into the host. Without it (every shipped profile) a packet is
+//!    processed the moment it arrives.
 //! 6. **Completion.** An ACK (or the last READ response) makes the requester write a CQE
 //!    (`pcie.write_latency_ns`), after which the owner of the queue pair is told.
 //!
 //! Each stage has a file of its own: [`arbiter`] (steps 2 and 3's choice of a queue pair,
-//! and the messages' packetisation), [`tx_fifo`] (step 4 and the uplink), [`receive`]
-//! (step 5) and [`completion`] (step 6); this file holds the queue pairs, posting, the
-//! fabric's events ([`RnicEvent`]) and its one entry point ([`Fabric::handle`]). The
-//! switches are [`crate::switch`]'s, and packets [`crate::link`]'s.
+//! and the messages' packetisation), [`tx_fifo`] (step 4 and the uplink), [`receive`] and
+//! [`rx_stage`] (step 5) and [`completion`] (step 6); this file holds the queue pairs,
+//! posting, the fabric's events ([`RnicEvent`]) and its one entry point
+//! ([`Fabric::handle`]). The switches are [`crate::switch`]'s, and packets
+//! [`crate::link`]'s.
 //!
 //! Per data packet the model costs one event, the arbiter's decision; only packets that
-//! end a message (or cross a switch, later) cost an arrival too. The arbiter never wakes
+//! end a message (or cross a switch, later) cost an arrival too, and with a receive stage
+//! each packet into a host one more, its credits coming back. The arbiter never wakes
 //! per byte: when the FIFO is full it sleeps until exactly the time it has room again.
 
 mod arbiter;
 mod completion;
 mod ready_bits;
 mod receive;
+mod rx_stage;
 mod tx_fifo;
 
 use std::collections::VecDeque;
@@ -90,6 +98,7 @@ use crate::topology::{HostId, LinkId, NodeKind, Topology};
 
 use arbiter::ReadySet;
 pub(crate) use completion::Completion;
+use rx_stage::RxStage;
 use tx_fifo::TxFifo;
 
 /// What happens at the RNICs.
@@ -271,6 +280,8 @@ struct Rnic {
     /// RNIC's traffic classes are in use and lane 0 may fill less of the FIFO.
     raised_qps: u32,
     fifo: TxFifo,
+    /// The receive stage, when the profile has a receive buffer (`rnic.rx_buffer_bytes`).
+    rx: Option<RxStage>,
     pu_free: Vec<Picos>,
     /// Queue pairs connected on this host so far: the next one's index among them picks
     /// its processing unit (a count kept, so that connecting stays constant-time).
@@ -354,6 +365,12 @@ impl Fabric {
                 last_served: [0; VIRTUAL_LANES],
                 raised_qps: 0,
                 fifo: TxFifo::new(profile.rnic.tx_fifo_bytes, profile.rnic.fetch_burst_bytes),
+                rx: (profile.rnic.rx_buffer_bytes > 0).then(|| {
+                    RxStage::new(
+                        profile.rx_write_byte_time(),
+                        time::interval_of_mops(profile.rnic.rx_mops),
+                    )
+                }),
                 pu_free: vec![0; profile.rnic.processing_units as usize],
                 qps_on_host: 0,
                 next_decision: 0,
@@ -484,9 +501,20 @@ impl Fabric {
             .collect()
     }
 
-    /// Figures of the switches' flow control (see [`Switches::pfc_figures`]).
+    /// Figures of the fabric's flow control: the switches' PFC (see
+    /// [`Switches::pfc_figures`]) and, with receive stages, the longest a packet waited in
+    /// a receive buffer (`rx_peak_wait_us`).
     pub(crate) fn flow_control_figures(&self) -> std::collections::BTreeMap<String, f64> {
-        self.switches.pfc_figures()
+        let mut figures = self.switches.pfc_figures();
+        let peak = self
+            .rnics
+            .iter()
+            .filter_map(|r| r.rx.map(|rx| rx.peak_wait()))
+            .max();
+        if let Some(peak) = peak {
+            figures.insert("rx_peak_wait_us".to_string(), time::to_us(peak));
+        }
+        figures
     }
 
     /// Work requests posted on a queue pair and not yet completed.
@@ -620,6 +648,25 @@ impl Fabric {
             self.switches
                 .enter(&self.topology, sw, link_id, packet, head_arrives, q);
             return;
+        }
+        let mut arrival = arrival;
+        if let NodeKind::Host(host) = self.topology.node(link.to) {
+            if let Some(rx) = &mut self.rnics[usize::from(host.0)].rx {
+                // The receive stage takes packets in the order they arrive, which is the
+                // order they are put on this, the host's one link in; what it has not
+                // finished waits in the receive buffer, whose credits come back to the
+                // link's sender one cable delay after the stage is through.
+                let through = rx.take(link.arrival(head_leaves), arrival, packet.payload);
+                q.schedule(
+                    through + link.propagation(),
+                    SwitchEvent::CreditReturn {
+                        link: link_id,
+                        lane: packet.lane,
+                        bytes: packet.wire,
+                    },
+                );
+                arrival = through;
+            }
         }
         let silent =
             !packet.last && matches!(packet.kind, PacketKind::Data | PacketKind::ReadResponse);
