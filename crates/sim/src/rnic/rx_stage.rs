@@ -134,6 +134,38 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_pipeline_capped_at_1_m_packets_a_second_spaces_completions_by_1_us() {
+        // Eight 16 B inline WRITEs on eight queue pairs leave host 0 about 9.5 ns apart (its
+        // arbiter decides 105 M times a second); host 1's pipeline takes each 1 us, so its
+        // ACKs, and the completions they cause, follow 1 us apart. (The ACKs pass host 0's
+        // own pipeline, 1 us each, but arrive 1 us apart, so it never holds one longer
+        // than the one before.)
+        let mut profile = quiet_profile();
+        profile.rnic.rx_mops = 1.0;
+        profile.rnic.rx_buffer_bytes = 32_768;
+        let mut f = two_hosts(&profile);
+        let mut q = EventQueue::<TestEvent>::new();
+        for tag in 0..8 {
+            let (qp, _) = f.connect(end(0, false), end(1, false), None);
+            let wr = WorkRequest {
+                tag,
+                opcode: Opcode::Write,
+                bytes: 16,
+                inline: true,
+            };
+            f.post(qp, wr, &mut q);
+        }
+        let mut completed = Vec::new();
+        while let Some((at, event)) = q.pop_until(Picos::MAX) {
+            if let Some(Upcall::Completions { .. }) = dispatch(&mut f, event, &mut q) {
+                completed.push(at);
+            }
+        }
+        let gaps: Vec<Picos> = completed.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps, [1_000_000; 7], "completions at {completed:?}");
+    }
+
+    #[test]
     fn a_stage_that_keeps_up_finishes_each_packet_as_it_arrives() {
         // 4096 B of payload at 100 Gb/s of writes take 327.68 ns; the packet's 4178 wire
         // bytes take 334.24 ns on a 100 Gb/s link, so back-to-back packets never wait.
