@@ -174,6 +174,15 @@ fn nanos(t: Duration) -> u64 {
     u64::try_from(t.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The rate and release phase the rate pacer was last given. Invariant: `rate` is the
+/// pacer's rate (also while unpaced, when nothing asks the pacer).
+#[derive(Clone, Copy, Debug)]
+struct AppliedPacing {
+    rate: PaceRate,
+    /// `None`: set without a phase, so only a new epoch from the daemon moves the flow.
+    phase: Option<ReleasePhase>,
+}
+
 /// One process's shaper: settings, clock, counters, rate pacer and pacer queue.
 pub struct Engine {
     config: Config,
@@ -184,10 +193,12 @@ pub struct Engine {
     /// `JUSTITIA_RATE`, or the daemon's allotment. Behind a gate whose allowance lets the
     /// fast lane release paced requests without its lock or the clock.
     rate: RateGate,
-    /// The release phase [`Self::rate`] was last given (`None`: set without one), so that
-    /// only a new epoch from the daemon moves the flow. Touched only where settings are
+    /// What [`Self::rate`] was last given: a copy kept outside the gate, so that settings
+    /// that change nothing (most of the follower's ticks) and reports of them leave the
+    /// gate alone; locking it takes back the allowance of the lock-free fast lane, whose
+    /// next paced post would then take the slow path. Touched only where settings are
     /// applied or reported, never on a verb.
-    phase: Mutex<Option<ReleasePhase>>,
+    applied: Mutex<AppliedPacing>,
     /// Requests of paced classes take tokens from [`Self::rate`].
     paced: AtomicBool,
     /// The chunk size in effect: `JUSTITIA_CHUNK`, or the daemon's.
@@ -230,7 +241,10 @@ impl Engine {
         });
         Arc::new(Engine {
             rate: RateGate::new(RatePacer::with_burst_window(initial, RELEASE_WINDOW, now)),
-            phase: Mutex::new(None),
+            applied: Mutex::new(AppliedPacing {
+                rate: initial,
+                phase: None,
+            }),
             paced: AtomicBool::new(fallback.rate.is_some()),
             chunk_bytes: AtomicU32::new(config.chunk_bytes),
             settings_epoch: AtomicU32::new(0),
@@ -289,16 +303,16 @@ impl Engine {
     /// The settings in effect: the pacer's rate (`None`: unpaced), the chunk size, and the
     /// release phase the pacer was given last (`None` on static settings).
     pub fn settings(&self) -> Settings {
-        let rate = self.paced().then(|| self.rate_pacer().rate());
+        let applied = *self.applied();
         Settings {
-            rate,
+            rate: self.paced().then_some(applied.rate),
             chunk_bytes: self.chunk_bytes(),
-            phase: *self.applied_phase(),
+            phase: applied.phase,
         }
     }
 
-    fn applied_phase(&self) -> MutexGuard<'_, Option<ReleasePhase>> {
-        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    fn applied(&self) -> MutexGuard<'_, AppliedPacing> {
+        self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn rate_pacer(&self) -> parking_lot::MutexGuard<'_, RatePacer> {
@@ -313,25 +327,27 @@ impl Engine {
         let mut changed = false;
         match settings.rate {
             Some(r) => {
-                let mut pacer = self.rate_pacer();
-                let mut applied = self.applied_phase();
+                // Lock order: the record, then the gate.
+                let mut applied = self.applied();
                 // A new epoch moves the flow even at an unchanged rate: the set of flows
                 // sharing the NIC changed, and with it this flow's place among them.
                 let rephase = settings
                     .phase
-                    .is_some_and(|p| applied.map(|a| a.epoch) != Some(p.epoch));
-                if !self.paced() || pacer.rate() != r || rephase {
+                    .is_some_and(|p| applied.phase.map(|a| a.epoch) != Some(p.epoch));
+                if !self.paced() || applied.rate != r || rephase {
+                    let mut pacer = self.rate_pacer();
                     match settings.phase {
                         Some(phase) => pacer.set_rate_in_phase(now, r, phase),
                         None => pacer.set_rate(now, r),
                     }
+                    applied.rate = r;
                     self.paced.store(true, Ordering::Relaxed);
                     changed = true;
                 }
-                *applied = settings.phase;
+                applied.phase = settings.phase;
             }
             None => {
-                *self.applied_phase() = None;
+                self.applied().phase = None;
                 changed |= self.paced.swap(false, Ordering::Relaxed);
             }
         }
@@ -2208,5 +2224,50 @@ pub(crate) mod fault {
             ARMED.set(None);
             panic!("fault injected at {at:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::clock::VirtualClock;
+
+    /// The follower applies the daemon's settings every tick, mostly unchanged. Such a
+    /// tick must leave the rate gate's lock-free allowance in place (locking the gate takes
+    /// it back, and the next paced post would take the slow path); a new rate takes it back
+    /// and re-rates the pacer.
+    #[test]
+    fn unchanged_settings_leave_the_fast_lanes_allowance_alone() {
+        let config = Config::from_lookup(|name| match name {
+            "JUSTITIA_RATE" => Some("1G".to_string()),
+            "JUSTITIA_DAEMON" => Some("off".to_string()),
+            _ => None,
+        })
+        .unwrap();
+        let clock = Arc::new(VirtualClock::new());
+        let engine = Engine::new(config, clock.clone(), PacerMode::Manual);
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            engine.rate.release(100, || clock.now()),
+            "the first post goes"
+        );
+        assert!(engine.rate.try_take(100), "and leaves an allowance");
+        let settings = engine.settings();
+        assert!(settings.rate.is_some(), "paced by JUSTITIA_RATE");
+        engine.apply(settings, clock.now());
+        assert!(
+            engine.rate.try_take(100),
+            "an unchanged tick keeps the allowance"
+        );
+        let mut slower = settings;
+        if let Some(r) = slower.rate.as_mut() {
+            r.bytes_per_sec /= 2;
+        }
+        engine.apply(slower, clock.now());
+        assert!(!engine.rate.try_take(100), "a new rate takes it back");
+        assert_eq!(engine.settings().rate, slower.rate);
+        assert_eq!(engine.rate_pacer().rate(), slower.rate.unwrap());
     }
 }

@@ -642,31 +642,31 @@ impl Fabric {
         q: &mut EventQueue<E>,
     ) {
         let link = self.topology.link(link_id);
-        let arrival = link.arrival(done);
-        if let NodeKind::Switch(sw) = self.topology.node(link.to) {
-            let head_arrives = link.arrival(head_leaves);
-            self.switches
-                .enter(&self.topology, sw, link_id, packet, head_arrives, q);
-            return;
-        }
-        let mut arrival = arrival;
-        if let NodeKind::Host(host) = self.topology.node(link.to) {
-            if let Some(rx) = &mut self.rnics[usize::from(host.0)].rx {
-                // The receive stage takes packets in the order they arrive, which is the
-                // order they are put on this, the host's one link in; what it has not
-                // finished waits in the receive buffer, whose credits come back to the
-                // link's sender one cable delay after the stage is through.
-                let through = rx.take(link.arrival(head_leaves), arrival, packet.payload);
-                q.schedule(
-                    through + link.propagation(),
-                    SwitchEvent::CreditReturn {
-                        link: link_id,
-                        lane: packet.lane,
-                        bytes: packet.wire,
-                    },
-                );
-                arrival = through;
+        let mut arrival = link.arrival(done);
+        let host = match self.topology.node(link.to) {
+            NodeKind::Switch(sw) => {
+                let head_arrives = link.arrival(head_leaves);
+                self.switches
+                    .enter(&self.topology, sw, link_id, packet, head_arrives, q);
+                return;
             }
+            NodeKind::Host(host) => host,
+        };
+        if let Some(rx) = &mut self.rnics[usize::from(host.0)].rx {
+            // The receive stage takes packets in the order they arrive, which is the order
+            // they are put on this, the host's one link in; what it has not finished waits
+            // in the receive buffer, whose credits come back to the link's sender one cable
+            // delay after the stage is through.
+            let through = rx.take(link.arrival(head_leaves), arrival, packet.payload);
+            q.schedule(
+                through + link.propagation(),
+                SwitchEvent::CreditReturn {
+                    link: link_id,
+                    lane: packet.lane,
+                    bytes: packet.wire,
+                },
+            );
+            arrival = through;
         }
         let silent =
             !packet.last && matches!(packet.kind, PacketKind::Data | PacketKind::ReadResponse);
