@@ -10,7 +10,7 @@
 //! | `[policy]` | the daemon and shapers | see [`RnicProfile`] |
 //! | `[link]` | [`crate::link`] | signalling rate, propagation, per-packet header bytes |
 //! | `[pcie]` | [`crate::rnic`] | doorbell, DMA read/write latencies, payload read and write bandwidth |
-//! | `[rnic]` | [`crate::rnic`] | processing units, message-rate caps, transmit FIFO, inline limit, receive stage |
+//! | `[rnic]` | [`crate::rnic`] | processing units, message-rate caps, transmit FIFO, queue-pair context cache, inline limit, receive stage |
 //! | `[host]` | [`crate::app`] | CPU cost of a post, poll detection, event wake-up, jitter |
 //!
 //! The profiles of the papers' hardware live in `profiles/*.toml` at the repository root,
@@ -179,6 +179,13 @@ pub struct RnicParams {
     /// 0 (the default): the FIFO holds `tx_fifo_bytes` however many queue pairs stream.
     #[serde(default)]
     pub fetch_burst_bytes: u32,
+    /// Queue-pair contexts the RNIC holds on chip, the least recently used evicted first.
+    /// A processing unit that starts a message (a send, a READ request or a READ response)
+    /// of a queue pair whose context is not held reads it over PCIe first: it starts one
+    /// DMA read round trip (`pcie.read_latency_ns`) later, busy meanwhile. 0 (the
+    /// default): every context is on chip, however many queue pairs there are.
+    #[serde(default)]
+    pub qp_cache_entries: u32,
     /// Largest payload that can be posted inline (copied into the WQE by the CPU).
     pub max_inline_bytes: u32,
     /// Packet-rate cap of the receive pipeline, in M packets/s; 0 (the default): no cap.
@@ -283,7 +290,10 @@ impl ModelProfile {
         Self::from_toml(&text, &path.display().to_string())
     }
 
-    /// Checks every parameter's range.
+    /// Checks every parameter's range. `rnic.qp_cache_entries` takes any value: 0 models
+    /// no cache, and a cache of any size works with every other parameter (a miss costs
+    /// `pcie.read_latency_ns`, which may be 0; a PFC profile's headroom counts the transmit
+    /// FIFO, which the cache does not change).
     pub fn validate(&self, origin: &str) -> Result<(), ModelProfileError> {
         self.policy
             .validate()
@@ -626,6 +636,28 @@ mod tests {
             err.contains("rnic.fetch_burst_bytes") && err.contains("[switch.pfc]"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_qp_context_cache_defaults_to_unbounded_and_takes_any_size() {
+        for name in ModelProfile::BUILTIN_NAMES {
+            let p = ModelProfile::builtin(name).unwrap();
+            assert_eq!(p.rnic.qp_cache_entries, 0, "{name}: not modelled");
+        }
+        let text = include_str!("../../../profiles/roce-100.toml");
+        let line = "qp_cache_entries = 0 ";
+        assert!(text.contains(line), "the profile says why it is 0");
+        let without = ModelProfile::from_toml(&text.replace(line, "# "), "test").unwrap();
+        assert_eq!(without.rnic.qp_cache_entries, 0, "serde default");
+        for n in ["1", "256", "4294967295"] {
+            let with = text.replace(line, &format!("qp_cache_entries = {n} "));
+            let p = ModelProfile::from_toml(&with, "test").unwrap();
+            assert_eq!(p.rnic.qp_cache_entries.to_string(), n);
+        }
+        let err = ModelProfile::from_toml(&text.replace(line, "qp_cache_entries = -1 "), "test")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("qp_cache_entries"), "{err}");
     }
 
     #[test]

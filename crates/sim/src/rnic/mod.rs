@@ -13,6 +13,19 @@
 //!    `rnic.wqe_process_ns` to turn a WQE into its first packet. A non-inline payload is
 //!    read from host memory first (one more DMA round trip); later packets of the message
 //!    are prefetched while earlier ones are sent.
+//!
+//!    A unit needs the queue pair's context (its transport state) to start a message: a
+//!    send, a READ request or a READ response. The RNIC holds `rnic.qp_cache_entries`
+//!    contexts on chip, the least recently used evicted first ([`qp_cache`]); a unit that
+//!    starts a message of a queue pair whose context the RNIC does not hold reads it over
+//!    PCIe first, starting one `pcie.read_latency_ns` later and busy meanwhile. The
+//!    context is looked up when the message books its turn at the unit, so recency is the
+//!    order of bookings. Assumed: only a message's start needs the context, as the
+//!    per-packet state of a message being streamed is the unit's own and is not cached;
+//!    and WQEs are not cached at all: every non-inline WQE is fetched by a DMA read anyway
+//!    (step 1, a WQE cache that always misses) and an inline one arrives with its
+//!    doorbell. 0, in every shipped profile: every context is on chip, and no cache is
+//!    kept.
 //! 3. **Arbiter.** The arbiter takes one packet (at most one MTU) from the next queue pair,
 //!    in round-robin order of queue-pair number, that has a packet ready: service is
 //!    round-robin over queue pairs at MTU-packet granularity, whatever the message sizes
@@ -63,10 +76,10 @@
 //!    (`pcie.write_latency_ns`), after which the owner of the queue pair is told.
 //!
 //! Each stage has a file of its own: [`arbiter`] (steps 2 and 3's choice of a queue pair,
-//! and the messages' packetisation), [`tx_fifo`] (step 4 and the uplink), [`receive`] and
-//! [`rx_stage`] (step 5) and [`completion`] (step 6); this file holds the queue pairs,
-//! posting, the fabric's events ([`RnicEvent`]) and its one entry point
-//! ([`Fabric::handle`]). The switches are [`crate::switch`]'s, and packets
+//! and the messages' packetisation), [`qp_cache`] (step 2's contexts), [`tx_fifo`] (step 4
+//! and the uplink), [`receive`] and [`rx_stage`] (step 5) and [`completion`] (step 6); this
+//! file holds the queue pairs, posting, the fabric's events ([`RnicEvent`]) and its one
+//! entry point ([`Fabric::handle`]). The switches are [`crate::switch`]'s, and packets
 //! [`crate::link`]'s.
 //!
 //! Per data packet the model costs one event, the arbiter's decision; only packets that
@@ -76,6 +89,7 @@
 
 mod arbiter;
 mod completion;
+mod qp_cache;
 mod ready_bits;
 mod receive;
 mod rx_stage;
@@ -98,6 +112,7 @@ use crate::topology::{HostId, LinkId, NodeKind, Topology};
 
 use arbiter::ReadySet;
 pub(crate) use completion::Completion;
+use qp_cache::QpCache;
 use rx_stage::RxStage;
 use tx_fifo::TxFifo;
 
@@ -249,6 +264,8 @@ struct Qp {
     owner: QpOwner,
     flow: Option<u32>,
     wants_delivery: bool,
+    /// Its index among its RNIC's queue pairs (its key in [`Rnic::contexts`]).
+    on_host: u32,
     pu: usize,
     /// When the processing unit will start the head message, once booked.
     pu_booking: Option<Picos>,
@@ -283,6 +300,8 @@ struct Rnic {
     /// The receive stage, when the profile has a receive buffer (`rnic.rx_buffer_bytes`).
     rx: Option<RxStage>,
     pu_free: Vec<Picos>,
+    /// The queue-pair contexts on chip (`rnic.qp_cache_entries`; 0: all of them).
+    contexts: QpCache,
     /// Queue pairs connected on this host so far: the next one's index among them picks
     /// its processing unit (a count kept, so that connecting stays constant-time).
     qps_on_host: u32,
@@ -372,6 +391,7 @@ impl Fabric {
                     )
                 }),
                 pu_free: vec![0; profile.rnic.processing_units as usize],
+                contexts: QpCache::new(profile.rnic.qp_cache_entries),
                 qps_on_host: 0,
                 next_decision: 0,
                 arbiter_gen: 0,
@@ -415,6 +435,7 @@ impl Fabric {
                 owner: end.owner,
                 flow,
                 wants_delivery: end.deliver,
+                on_host,
                 pu: on_host as usize % units,
                 pu_booking: None,
                 cpu_free: 0,
@@ -571,7 +592,9 @@ impl Fabric {
     /// When the queue pair can next hand the arbiter a packet (`Picos::MAX`: nothing to
     /// send). Once its head message is ready for processing (not before: the unit works in
     /// time order), the message books its slot at the processing unit: units serve the
-    /// messages of their queue pairs first come, first served, one every 1/`rnic.qp_mops`.
+    /// messages of their queue pairs first come, first served, one every 1/`rnic.qp_mops`,
+    /// each after a DMA read of the queue pair's context if the RNIC's context cache does
+    /// not hold it.
     fn next_ready(&mut self, qp: QpId, now: Picos) -> Picos {
         let q = &self.qps[qp.index()];
         if q.current.is_some() {
@@ -591,9 +614,16 @@ impl Fabric {
         if head_ready > now {
             return head_ready;
         }
-        let (host, pu) = (usize::from(q.host.0), q.pu);
-        let unit = &mut self.rnics[host].pu_free[pu];
-        let start = now.max(*unit);
+        let (host, pu, on_host) = (usize::from(q.host.0), q.pu, q.on_host);
+        let nic = &mut self.rnics[host];
+        // A context not on chip is read over PCIe first, the unit busy meanwhile.
+        let fetch = if nic.contexts.touch(on_host) {
+            self.costs.dma_read
+        } else {
+            0
+        };
+        let unit = &mut nic.pu_free[pu];
+        let start = now.max(*unit) + fetch;
         *unit = start + self.costs.pu_interval;
         self.qps[qp.index()].pu_booking = Some(start);
         start
