@@ -13,7 +13,9 @@
 //!    pauses its lane at the sender one cable delay later, and one drained to `xon_bytes`
 //!    resumes it the same way; a paused sender finishes the packet it is sending. Either
 //!    way a sender waits and nothing is ever dropped (the profile's check keeps PFC's
-//!    headroom inside the buffer).
+//!    headroom inside the buffer). A link into a host with a receive stage
+//!    (`rnic.rx_buffer_bytes`, [`crate::rnic`]) carries credits of that host's receive
+//!    buffer the same way, whether a switch's output port or an RNIC sends on it.
 //! 2. **Input buffer.** A packet is eligible `switch.port_latency_ns` (plus up to
 //!    `switch.jitter_ns`) after its head arrived: forwarding is cut-through. Each (input
 //!    port, virtual lane) is one FIFO whatever the packets' outputs, so a packet for an idle
@@ -63,7 +65,7 @@ pub(crate) enum SwitchEvent {
     /// Buffer credits reach the sender on a link into a switch (or into a host with a
     /// receive stage, whose RNIC schedules them).
     CreditReturn {
-        /// The link into the switch.
+        /// The link into the switch (or the host).
         link: LinkId,
         /// The lane whose buffer space was freed.
         lane: u8,
