@@ -22,6 +22,9 @@ struct Lane {
 /// up over all lanes, so that every request of the flow has its own.
 pub(crate) struct Lanes {
     lanes: Vec<Lane>,
+    /// Each lane's requester queue pair with the lane's index, sorted by queue pair: a
+    /// completion finds its lane in log time among thousands of queue pairs.
+    by_qp: Vec<(QpId, usize)>,
     wr: WorkRequest,
     batch: usize,
     depth: usize,
@@ -32,7 +35,14 @@ pub(crate) struct Lanes {
 impl Lanes {
     /// One lane per connection; `depth` is raised to `batch` if below it.
     pub(crate) fn new(conns: Vec<Connection>, wr: WorkRequest, batch: usize, depth: usize) -> Self {
+        let mut by_qp: Vec<(QpId, usize)> = conns
+            .iter()
+            .enumerate()
+            .map(|(lane, conn)| (conn.client, lane))
+            .collect();
+        by_qp.sort_unstable();
         Lanes {
+            by_qp,
             lanes: conns
                 .into_iter()
                 .map(|conn| Lane {
@@ -51,7 +61,8 @@ impl Lanes {
 
     /// The lane whose requester queue pair is `qp`.
     pub(crate) fn of_qp(&self, qp: QpId) -> Option<usize> {
-        self.lanes.iter().position(|l| l.conn.client == qp)
+        let at = self.by_qp.binary_search_by_key(&qp, |e| e.0).ok()?;
+        Some(self.by_qp[at].1)
     }
 
     /// Posts nothing more from now on.
