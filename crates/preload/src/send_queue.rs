@@ -1640,7 +1640,7 @@ impl SendQueue {
 
     /// The QP was moved to the error state (as `rdma_disconnect` does): requests whose
     /// completion the hardware will not deliver get their flush errors now, in order (see
-    /// [`Self::flush_settled`]).
+    /// `Self::flush_settled`).
     pub fn set_failed(&mut self, counters: &Counters, synthesized: &mut Vec<ibv_wc>) {
         self.materialize();
         self.failed = true;

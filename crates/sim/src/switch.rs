@@ -5,7 +5,7 @@
 //! differs only in step 1):
 //!
 //! 1. **Flow control.** The sender on a link into a switch (an RNIC or another switch's
-//!    output port) may send a packet of a virtual lane only when the link's [`SendGate`]
+//!    output port) may send a packet of a virtual lane only when the link's `SendGate`
 //!    allows it. InfiniBand: the sender holds, per lane, credits worth the input buffer of
 //!    the far port (`switch.input_buffer_bytes`); it spends a packet's wire bytes when it
 //!    sends it and gets them back when the packet leaves that input buffer plus one cable

@@ -16,7 +16,7 @@
 //!
 //!    A unit needs the queue pair's context (its transport state) to start a message: a
 //!    send, a READ request or a READ response. The RNIC holds `rnic.qp_cache_entries`
-//!    contexts on chip, the least recently used evicted first ([`qp_cache`]); a unit that
+//!    contexts on chip, the least recently used evicted first (`qp_cache`); a unit that
 //!    starts a message of a queue pair whose context the RNIC does not hold reads it over
 //!    PCIe first, starting one `pcie.read_latency_ns` later and busy meanwhile. The
 //!    context is looked up when the message books its turn at the unit, so recency is the
@@ -67,7 +67,7 @@
 //!    last packet of a message (the ACK joins its own transmit FIFO, ahead of no one) and
 //!    writes the data; a READ request becomes a response job that competes in the
 //!    responder's arbiter with the responder's own sends.
-//!    With `rnic.rx_buffer_bytes`, a packet first passes the receive stage ([`rx_stage`]):
+//!    With `rnic.rx_buffer_bytes`, a packet first passes the receive stage (`rx_stage`):
 //!    payload written into host memory at `pcie.write_gbps`, at most `rnic.rx_mops`
 //!    packets per second, the rest waiting in a receive buffer whose credits hold back
 //!    the sender on the link into the host. Without it (every shipped profile) a packet is
@@ -75,11 +75,11 @@
 //! 6. **Completion.** An ACK (or the last READ response) makes the requester write a CQE
 //!    (`pcie.write_latency_ns`), after which the owner of the queue pair is told.
 //!
-//! Each stage has a file of its own: [`arbiter`] (steps 2 and 3's choice of a queue pair,
-//! and the messages' packetisation), [`qp_cache`] (step 2's contexts), [`tx_fifo`] (step 4
-//! and the uplink), [`receive`] and [`rx_stage`] (step 5) and [`completion`] (step 6); this
-//! file holds the queue pairs, posting, the fabric's events ([`RnicEvent`]) and its one
-//! entry point ([`Fabric::handle`]). The switches are [`crate::switch`]'s, and packets
+//! Each stage has a file of its own: `arbiter` (steps 2 and 3's choice of a queue pair,
+//! and the messages' packetisation), `qp_cache` (step 2's contexts), `tx_fifo` (step 4
+//! and the uplink), `receive` and `rx_stage` (step 5) and `completion` (step 6); this
+//! file holds the queue pairs, posting, the fabric's events (`RnicEvent`) and its one
+//! entry point (`Fabric::handle`). The switches are [`crate::switch`]'s, and packets
 //! [`crate::link`]'s.
 //!
 //! Per data packet the model costs one event, the arbiter's decision; only packets that
