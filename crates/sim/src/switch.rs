@@ -149,31 +149,26 @@ impl Switches {
     /// The switches of `topology`, configured by the profile's switch parameters (none
     /// without them); `seed` is the run's seed.
     pub(crate) fn new(topology: &Topology, profile: &ModelProfile, seed: u64) -> Self {
-        let mut gates = vec![None; topology.links().len()];
         let mut sent_by_switch = vec![None; topology.links().len()];
         let mut switches = Vec::new();
-        if profile.rnic.rx_buffer_bytes > 0 {
-            // Hosts with a receive stage grant credits of their receive buffer, whatever
-            // the fabric: an InfiniBand HCA by link-level credits, a RoCE NIC by the pause
-            // it sends before that buffer overflows (modelled as the credits it stands for).
-            let credits =
-                SendGate::Credits([i64::from(profile.rnic.rx_buffer_bytes); VIRTUAL_LANES]);
-            for (l, link) in topology.links().iter().enumerate() {
-                if matches!(topology.node(link.to), NodeKind::Host(_)) {
-                    gates[l] = Some(credits);
-                }
-            }
-        }
+        // Hosts with a receive stage grant credits of their receive buffer, whatever the
+        // fabric: an InfiniBand HCA by link-level credits, a RoCE NIC by the pause it sends
+        // before that buffer overflows (modelled as the credits it stands for).
+        let into_host = (profile.rnic.rx_buffer_bytes > 0)
+            .then(|| SendGate::Credits([i64::from(profile.rnic.rx_buffer_bytes); VIRTUAL_LANES]));
+        let into_switch = profile.switch.as_ref().map(|params| match params.pfc {
+            Some(_) => SendGate::Paused([false; VIRTUAL_LANES]),
+            None => SendGate::Credits([i64::from(params.input_buffer_bytes); VIRTUAL_LANES]),
+        });
+        let gates = topology
+            .links()
+            .iter()
+            .map(|link| match topology.node(link.to) {
+                NodeKind::Host(_) => into_host,
+                NodeKind::Switch(_) => into_switch,
+            })
+            .collect();
         if let Some(params) = &profile.switch {
-            let gate = match params.pfc {
-                Some(_) => SendGate::Paused([false; VIRTUAL_LANES]),
-                None => SendGate::Credits([i64::from(params.input_buffer_bytes); VIRTUAL_LANES]),
-            };
-            for (l, link) in topology.links().iter().enumerate() {
-                if matches!(topology.node(link.to), NodeKind::Switch(_)) {
-                    gates[l] = Some(gate);
-                }
-            }
             let mtu_wire = profile.mtu() + profile.link.header_bytes;
             for (s, ports) in topology.switches().iter().enumerate() {
                 for (p, port) in ports.ports.iter().enumerate() {
