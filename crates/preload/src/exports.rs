@@ -384,15 +384,11 @@ pub unsafe extern "C" fn justitia_ibv_destroy_cq_1_1(cq: *mut ibv_cq) -> c_int {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(cq) };
     };
-    let token = engine::cq_token(cq);
     // SAFETY: the real verb with the caller's arguments.
-    let rc = unsafe { real(cq) };
-    if rc == 0 {
-        if let Some(token) = token {
-            guarded(|| engine::unregister_cq(cq, token), || ());
-        }
-    }
-    rc
+    guarded(
+        || engine::destroy_cq(cq, || unsafe { real(cq) }),
+        || libc::EIO,
+    )
 }
 
 /// `ibv_get_cq_event@@IBVERBS_1.1`: the kernel's events, and the shaper's own for

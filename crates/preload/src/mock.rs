@@ -93,6 +93,8 @@ struct MockState {
     refuse_qp_num: bool,
     /// Post calls that reached a destroyed QP.
     posts_after_destroy: u32,
+    /// A destroyed QP's completions stay in its CQ (rxe-like) instead of being purged.
+    keeps_stale: bool,
 }
 
 struct MockInner {
@@ -340,18 +342,43 @@ impl MockDevice {
     }
 
     /// Destroys `qp` as a provider would: its queued requests are dropped, its completions
-    /// purged from its CQ, and any later post on it is counted as a use after destroy.
+    /// purged from its CQ (unless [`Self::keep_stale_completions`] said otherwise), and any
+    /// later post on it is counted as a use after destroy.
     pub fn destroy_qp(&self, qp: *mut ibv_qp) {
         let mut st = self.state();
+        let keeps_stale = st.keeps_stale;
         let MockState { qps, cqs, .. } = &mut *st;
         if let Some(q) = qps.iter_mut().find(|q| q.qpx.get().cast::<ibv_qp>() == qp) {
             q.destroyed = true;
             q.sq.clear();
             // SAFETY: the mock's own QP object, alive as long as the device.
             let qp_num = unsafe { (*q.qpx.get()).qp_base.qp_num };
-            for c in cqs.iter_mut() {
-                c.entries.retain(|e| e.qp_num != qp_num);
+            if !keeps_stale {
+                for c in cqs.iter_mut() {
+                    c.entries.retain(|e| e.qp_num != qp_num);
+                }
             }
+        }
+    }
+
+    /// From now on, a destroyed QP's completions stay in its CQ, as some providers leave
+    /// them (rxe does not purge the CQ at destroy).
+    pub fn keep_stale_completions(&self) {
+        self.state().keeps_stale = true;
+    }
+
+    /// Moves `qp` to RESET as a provider may: its queue is forgotten (nothing queued runs,
+    /// the error state is cleared) while the completions it already made stay in its CQ.
+    pub fn reset_qp(&self, qp: *mut ibv_qp) {
+        if let Some(q) = self
+            .state()
+            .qps
+            .iter_mut()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        {
+            q.sq.clear();
+            q.failed = false;
+            q.fail_next = None;
         }
     }
 

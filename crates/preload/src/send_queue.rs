@@ -781,9 +781,11 @@ impl SendQueue {
     }
 
     /// True when requests wait in software and the hardware queue is full: only polled
-    /// completions will let them go.
+    /// completions will let them go. Never for a destroyed QP: nothing of it may reach the
+    /// provider, its send CQ's poll included (the application may have destroyed that CQ
+    /// too).
     pub fn blocked_on_slots(&self) -> bool {
-        self.queued() > 0 && self.in_flight() >= self.capacity as usize
+        !self.destroyed && self.queued() > 0 && self.in_flight() >= self.capacity as usize
     }
 
     /// True when a drain may post or settle something: requests wait in software.

@@ -997,6 +997,11 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     let Some(post_send) = ctx.post_send else {
         return false;
     };
+    // A QP destroyed behind the shaper's back, whose address was reused: its state leaves
+    // its CQ before that CQ's QP list is locked below (taking it out locks the list).
+    if let Some(stale) = qps.get(qp.cast()) {
+        drop(unregister_qp_in(qps, qp, stale));
+    }
     let send_cq = CQS.get_arc(init.send_cq.cast());
     // Completions of a shaped QP must be translated, so its send CQ must be one the shaper
     // knows; a QP whose CQ it does not know is only observed. The CQ's QP list stays locked
@@ -1055,10 +1060,10 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         posts_shaped: AtomicBool::new(shaped),
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
-    match qps.insert(qp.cast(), Arc::clone(&shared)) {
-        // A QP destroyed behind the shaper's back, whose address was reused.
-        Ok(Some(old)) => old.detach(),
-        Ok(None) => {}
+    let replaced = match qps.insert(qp.cast(), Arc::clone(&shared)) {
+        // Registered at this address meanwhile by another thread: detached below, once the
+        // CQ's QP list is unlocked.
+        Ok(old) => old,
         Err(_) => {
             if !QPS_FULL_SAID.swap(true, Ordering::Relaxed) {
                 log!(
@@ -1068,13 +1073,16 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
             }
             return false;
         }
-    }
+    };
     Counters::add(&shared.engine.counters.qps, 1);
     shared.count_member();
     if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
         cq.add_qp_locked(qps, &shared);
     }
     drop(cq_qps);
+    if let Some(old) = replaced {
+        drop(old.detach());
+    }
     log!(
         Info,
         "QP {qp_num}: {} (send queue {} deep)",
@@ -1098,16 +1106,25 @@ pub fn qp_token(qp: *mut ibv_qp) -> Option<NonNull<QpShared>> {
 /// queue, and the completions the shaper still held for it are purged (a provider purges
 /// a destroyed QP's completions). If the provider refuses the destroy, the QP is
 /// registered again as it was. Otherwise its state is freed here.
+///
+/// A provider may leave a destroyed QP's completions in its CQ (rxe does). Those of its send
+/// queue carry the shaper's tags, which must never reach the application, and which a QP
+/// created later could reuse (its ring may be allocated where this one was): once the
+/// provider has destroyed the QP, its send CQ is polled empty under the CQ's poll lock,
+/// completions carrying its tags are dropped (as a provider that purges drops them), and
+/// every other completion is held for the application's next poll, in order.
 pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
     let Some(token) = qp_token(qp) else {
         return real();
     };
-    let Some(shared) = unregister_qp_in(&QPS, qp, token) else {
+    let Some((shared, purged)) = unregister_qp_in(&QPS, qp, token) else {
         return real();
     };
     let rc = real();
     if rc != 0 {
-        shared.reinstate(&QPS);
+        shared.reinstate(&QPS, purged);
+    } else if let (true, Some(cq)) = (shared.shaped, &shared.send_cq) {
+        cq.drop_stale(shared.qp_num, &shared.ring, shared.engine.clock.now());
     }
     rc
 }
@@ -1118,35 +1135,68 @@ pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>) {
     drop(unregister_qp_in(&QPS, qp, token));
 }
 
-/// [`unregister_qp`] from `qps`; returns the state, detached.
+/// Destroys a CQ with `real` (the provider's destroy), the shaper's hold on it first: the
+/// CQ is marked destroyed under its poll lock, which waits for a poll of the pacer's in
+/// progress and keeps the pacer from polling it again (it may still hold a destroyed QP of
+/// this CQ), then destroyed, then its state freed. If the provider refuses the destroy
+/// (QPs still use the CQ), the mark is taken back.
+pub fn destroy_cq(cq: *mut ibv_cq, real: impl FnOnce() -> c_int) -> c_int {
+    let Some(token) = cq_token(cq) else {
+        return real();
+    };
+    let Some(shared) = CQS.get_arc(cq.cast()) else {
+        return real();
+    };
+    {
+        let _polls = shared.qps.lock();
+        shared.dead.store(true, Ordering::Release);
+    }
+    let rc = real();
+    if rc == 0 {
+        unregister_cq(cq, token);
+    } else {
+        shared.dead.store(false, Ordering::Release);
+    }
+    rc
+}
+
+/// [`unregister_qp`] from `qps`; returns the state, detached, and the completions the
+/// shaper held for it (put back if the provider refuses the destroy).
 pub(crate) fn unregister_qp_in<const N: usize>(
     qps: &PtrMap<QpShared, N>,
     qp: *mut ibv_qp,
     token: NonNull<QpShared>,
-) -> Option<Arc<QpShared>> {
+) -> Option<(Arc<QpShared>, Vec<ibv_wc>)> {
     // SAFETY: the token is the registered state, alive while it is in the map.
     unsafe { token.as_ref() }.lock().sq.set_destroyed(true);
     let shared = qps.remove(qp.cast(), token)?;
-    shared.detach();
-    Some(shared)
+    let purged = shared.detach();
+    Some((shared, purged))
 }
 
 impl QpShared {
     /// Takes this (destroyed) QP out of its CQ and the pacer's queue, and purges the
-    /// completions the shaper holds for it.
-    fn detach(self: &Arc<Self>) {
+    /// completions the shaper holds for it, which it returns. Taking it out of its CQ's QP
+    /// list waits for a poll of the pacer's in progress for it, and no later one starts
+    /// (see [`CqShared::poll_for_pacer`]): once this returns, nothing the shaper runs on
+    /// another thread polls its CQ on its behalf.
+    fn detach(self: &Arc<Self>) -> Vec<ibv_wc> {
         self.lock().sq.set_destroyed(true);
         if self.counted.swap(false, Ordering::AcqRel) {
             self.engine.members_changed(false);
         }
-        if let Some(cq) = &self.send_cq {
-            cq.remove_qp(self);
-            cq.purge_qp(self.qp_num);
-        }
+        let purged = match &self.send_cq {
+            Some(cq) => {
+                cq.remove_qp(self);
+                cq.purge_qp(self.qp_num)
+            }
+            None => Vec::new(),
+        };
         // A stale `next_due_ns` left behind only costs one needless tick.
         let mut queue = self.engine.pacer_queue();
         queue.waiting.retain(|(q, _)| !Arc::ptr_eq(q, self));
         self.in_pacer.store(false, Ordering::Release);
+        purged
     }
 
     /// Counts a registered member QP in the daemon's flow.
@@ -1156,15 +1206,21 @@ impl QpShared {
         }
     }
 
-    /// Registers again a QP whose destroy the provider refused.
-    fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>) {
+    /// Registers again a QP whose destroy the provider refused, with the completions the
+    /// shaper held for it (`purged`) held again.
+    fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>, purged: Vec<ibv_wc>) {
         self.lock().sq.set_destroyed(false);
         if qps.insert(self.qp.cast(), Arc::clone(self)).is_err() {
             return;
         }
         self.count_member();
-        if let (true, Some(cq)) = (self.shaped, &self.send_cq) {
-            cq.add_qp(self);
+        if let Some(cq) = &self.send_cq {
+            if self.shaped {
+                cq.add_qp(self);
+            }
+            if !purged.is_empty() {
+                cq.push_synthesized(purged);
+            }
         }
         self.drain(self.engine.clock.now());
     }
@@ -1635,7 +1691,7 @@ impl QpShared {
     pub(crate) fn progress(&self, now: Duration) {
         let full = self.lock().sq.blocked_on_slots();
         if let (true, Some(cq)) = (full, &self.send_cq) {
-            cq.poll_for_pacer(now);
+            cq.poll_for_pacer(self, now);
         }
         self.drain(now);
     }
@@ -1672,6 +1728,16 @@ impl QpShared {
         if let (false, Some(cq)) = (synthesized.is_empty(), &self.send_cq) {
             cq.push_synthesized(synthesized);
         }
+        // The provider reset the QP and may have left its completions in the CQ: they carry
+        // tags the new incarnation reuses, and one could settle a new request that has not
+        // run. They are dropped now, before the QP can post again.
+        if let (true, true, Some(cq)) = (
+            mask & IBV_QP_STATE != 0 && attr.qp_state == IBV_QPS_RESET,
+            self.shaped,
+            &self.send_cq,
+        ) {
+            cq.drop_stale(self.qp_num, &self.ring, self.engine.clock.now());
+        }
     }
 }
 
@@ -1700,6 +1766,9 @@ pub struct CqShared {
     pub(crate) armed: AtomicBool,
     /// Events the shaper delivered for synthesized completions, not yet acknowledged.
     pub(crate) synthetic_events: AtomicU32,
+    /// The application is destroying the CQ: the shaper polls it no more (see
+    /// [`destroy_cq`]). Set and read under [`Self::qps`]'s lock.
+    dead: AtomicBool,
 }
 
 // SAFETY: function pointers are the provider's; mutable state is behind mutexes.
@@ -1741,6 +1810,7 @@ pub unsafe fn register_cq(
         channel: unsafe { (*cq).channel },
         armed: AtomicBool::new(false),
         synthetic_events: AtomicU32::new(0),
+        dead: AtomicBool::new(false),
     });
     if ctx.engine.config.class.is_some() {
         channels::attach(&shared);
@@ -1852,13 +1922,14 @@ impl CqShared {
         }
     }
 
-    /// Drops the completions held for the QP `qp_num`, which was destroyed.
-    pub(crate) fn purge_qp(&self, qp_num: u32) {
+    /// Takes out the completions held for the QP `qp_num`, which is being destroyed.
+    pub(crate) fn purge_qp(&self, qp_num: u32) -> Vec<ibv_wc> {
         let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
-        let before = q.len();
-        q.retain(|wc| wc.qp_num != qp_num);
-        self.work
-            .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
+        let (purged, kept): (VecDeque<ibv_wc>, VecDeque<ibv_wc>) =
+            q.drain(..).partition(|wc| wc.qp_num == qp_num);
+        *q = kept;
+        self.work.fetch_sub(purged.len() as u64, Ordering::AcqRel);
+        purged.into()
     }
 
     /// Takes the next synthesized completion.
@@ -1922,40 +1993,75 @@ impl CqShared {
         (verdict != Verdict::Hide, drain.then(|| Arc::clone(q)))
     }
 
-    /// Polls the provider's CQ for the pacer (see [`QpShared::progress`]): internal
-    /// completions are hidden and the QPs they came from post more; the application's are
-    /// held, queued before any completion the shaper makes later, for its next poll.
+    /// Polls the provider's CQ for the pacer on behalf of `qp` (see
+    /// [`QpShared::progress`]): internal completions are hidden and the QPs they came from
+    /// post more; the application's are held, queued before any completion the shaper makes
+    /// later, for its next poll. Nothing is polled once `qp` has left the CQ (destroyed) or
+    /// the CQ is being destroyed.
     ///
     /// Only a CQ polled with `ibv_poll_cq`: an extended CQ's provider keeps its own lock
     /// from `ibv_start_poll` to `ibv_end_poll`, across calls the shaper cannot join, so a
     /// QP on one still depends on its application polling.
-    pub(crate) fn poll_for_pacer(&self, now: Duration) {
-        if self.ex.is_some() {
-            return;
+    pub(crate) fn poll_for_pacer(&self, qp: &QpShared, now: Duration) {
+        for q in self.poll_aside(Some(qp), None) {
+            q.drain(now);
         }
+    }
+
+    /// Drops the completions the provider left in the CQ that carry the tags of `ring`,
+    /// the send queue of the QP `qp_num`, which was destroyed or reset (see
+    /// [`destroy_qp`]); the other completions are held for the application. Not for an
+    /// extended CQ (see [`Self::poll_for_pacer`]).
+    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &QuickRing, now: Duration) {
+        for q in self.poll_aside(None, Some((qp_num, ring))) {
+            q.drain(now);
+        }
+    }
+
+    /// Polls the provider's CQ empty for the shaper, one batch of 16 per turn of its poll
+    /// lock (so an application poll waits for one provider call at most), holding what is
+    /// the application's; returns the QPs that completions freed slots of.
+    ///
+    /// Each turn first checks, under the lock, that the CQ is not being destroyed and that
+    /// `on_behalf` (if any) is still one of its QPs: [`QpShared::detach`] and
+    /// [`destroy_cq`] take the same lock, so a destroy waits for a turn in progress and no
+    /// turn starts after it. Completions of `stale` (its QP number and its ring) carrying
+    /// one of its tags are dropped.
+    fn poll_aside(
+        &self,
+        on_behalf: Option<&QpShared>,
+        stale: Option<(u32, &QuickRing)>,
+    ) -> Vec<Arc<QpShared>> {
         let mut touched: Vec<Arc<QpShared>> = Vec::new();
-        {
+        if self.ex.is_some() {
+            return touched;
+        }
+        let mut buf = [ibv_wc::default(); 16];
+        loop {
             let qps = self.qps.lock();
+            if self.dead.load(Ordering::Acquire)
+                || on_behalf.is_some_and(|me| !qps.iter().any(|q| std::ptr::eq(&**q, me)))
+            {
+                break;
+            }
+            // SAFETY: this CQ is live (not being destroyed, checked under the lock its
+            // destroy takes first); room for 16 entries.
+            let got = unsafe { (self.poll_cq)(self.cq, 16, buf.as_mut_ptr()) };
+            let got = usize::try_from(got).unwrap_or(0);
             let mut held = Vec::new();
             let mut synthesized = Vec::new();
-            let mut buf = [ibv_wc::default(); 16];
-            loop {
-                // SAFETY: this CQ is live (its QP is registered); room for 16 entries.
-                let got = unsafe { (self.poll_cq)(self.cq, 16, buf.as_mut_ptr()) };
-                let got = usize::try_from(got).unwrap_or(0);
-                for e in buf.iter_mut().take(got) {
-                    let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
-                    if deliver {
-                        held.push(*e);
-                    }
-                    if let Some(q) = q {
-                        if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                            touched.push(q);
-                        }
-                    }
+            for e in buf.iter_mut().take(got) {
+                if stale.is_some_and(|(n, r)| e.qp_num == n && r.contains(e.wr_id)) {
+                    continue;
                 }
-                if got < buf.len() {
-                    break;
+                let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
+                if deliver {
+                    held.push(*e);
+                }
+                if let Some(q) = q {
+                    if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                        touched.push(q);
+                    }
                 }
             }
             held.extend(synthesized);
@@ -1964,10 +2070,12 @@ impl CqShared {
             if !held.is_empty() {
                 self.push_synthesized(held);
             }
+            drop(qps);
+            if got < buf.len() {
+                break;
+            }
         }
-        for q in touched {
-            q.drain(now);
-        }
+        touched
     }
 
     /// The shaped `ibv_poll_cq`: first the completions the shaper holds (the pacer's, and
@@ -2001,6 +2109,7 @@ impl CqShared {
         // A CQ of one shaped QP (the usual case) needs no search: a completion carrying one
         // of its tags is its, and one without is not the send queue's of any shaped QP.
         let sole = qps.sole.as_deref();
+        let sole_qp_num = qps.sole_qp_num;
         let mut kept = 0usize;
         // Where the ring could not settle a completion (the general path goes on from
         // there), or `got`.
@@ -2009,8 +2118,8 @@ impl CqShared {
             // SAFETY: i < got <= n, written by the provider.
             let e = unsafe { &mut *wc.add(i) };
             let verdict = match sole {
-                Some(ring) => ring.settle(e),
-                None => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
+                Some(ring) if e.qp_num == sole_qp_num => ring.settle(e),
+                _ => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
             };
             match verdict {
                 Some(Verdict::Hide) => continue,
@@ -2154,14 +2263,17 @@ pub struct CqQps {
     /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
     /// reaches it with one load and no search.
     sole: Option<Arc<QuickRing>>,
+    /// That QP's number: a completion of another QP (one the shaper only observes, say)
+    /// is never settled on its ring, whatever its `wr_id`.
+    sole_qp_num: u32,
 }
 
 impl CqQps {
     /// Sets [`Self::sole`] after a change of the list.
     fn find_sole(&mut self) {
-        self.sole = match self.list.as_slice() {
-            [q] => Some(Arc::clone(&q.ring)),
-            _ => None,
+        (self.sole, self.sole_qp_num) = match self.list.as_slice() {
+            [q] => (Some(Arc::clone(&q.ring)), q.qp_num),
+            _ => (None, 0),
         };
     }
 }
