@@ -117,6 +117,8 @@ extern "C" fn write_stats_at_exit() {
 /// The real verb `name` at `version`, or null when no loaded libibverbs defines it (said
 /// once per process on stderr).
 fn find_real(name: &CStr, version: &CStr) -> *mut c_void {
+    // glibc's answers, not the shaper's own entries (see `crate::dl`).
+    let _real = crate::dl::ResolvingReal::hold();
     // SAFETY: the address is only transmuted by `real!` to the verb's C signature.
     match unsafe { real_symbol(name, Some(version)) } {
         Some(p) => p,

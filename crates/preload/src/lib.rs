@@ -6,6 +6,7 @@ pub mod channel;
 pub mod clock;
 pub mod config;
 pub mod cq_ex;
+pub mod dl;
 pub mod engine;
 pub mod exports;
 pub mod ffi;

@@ -15,6 +15,9 @@ use std::path::PathBuf;
 
 /// The version libibverbs makes the default for its current verbs.
 const DEFAULT_VERSION: &str = "IBVERBS_1.1";
+/// The version glibc makes the default for `dlsym` and `dlvsym` (since libdl moved into
+/// libc).
+const DEFAULT_GLIBC_VERSION: &str = "GLIBC_2.34";
 
 /// The cdylib beside this test executable (or one directory up, where cargo copies it for
 /// `cargo build`).
@@ -194,8 +197,12 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
     let nodes = version_script(&std::fs::read_to_string(script).unwrap());
     assert_eq!(
         nodes.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["IBVERBS_1.0", "IBVERBS_1.1"]
+        ["GLIBC_2.2.5", "GLIBC_2.34", "IBVERBS_1.0", "IBVERBS_1.1"]
     );
+    // dlsym and dlvsym (src/dl.rs) at glibc's x86-64 base version and at its default.
+    for node in ["GLIBC_2.2.5", "GLIBC_2.34"] {
+        assert_eq!(nodes[node], ["dlsym", "dlvsym"]);
+    }
     // A verb at the compatibility version and not at the default would be missed by
     // every program built against rdma-core.
     for name in &nodes["IBVERBS_1.0"] {
@@ -204,7 +211,7 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
     let expected: BTreeSet<String> = nodes
         .iter()
         .flat_map(|(version, names)| {
-            let at = if version == DEFAULT_VERSION {
+            let at = if version == DEFAULT_VERSION || version == DEFAULT_GLIBC_VERSION {
                 "@@"
             } else {
                 "@"
@@ -214,8 +221,8 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
         .collect();
     assert_eq!(
         expected.len(),
-        16,
-        "7 verbs at both versions, 2 at 1.1 only"
+        20,
+        "7 verbs at both versions, 2 at 1.1 only, dlsym and dlvsym at two versions"
     );
     let lib = library();
     let exported = versioned_functions(&std::fs::read(&lib).unwrap());

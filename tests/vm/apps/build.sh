@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the guest's test applications with the host's C compiler against the installed
-# libibverbs and librdmacm headers: tests/vm/apps/build.sh OUTDIR. dlopen_app is not linked
-# with libibverbs (it loads it with dlopen); the others link it as applications do.
+# libibverbs and librdmacm headers: tests/vm/apps/build.sh OUTDIR. dlopen_app and
+# nccl_style_app are not linked with libibverbs (they load it with dlopen); the others
+# link it as applications do.
 # Warnings are errors: these programs are small and must stay clean.
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
@@ -10,6 +11,7 @@ mkdir -p "$out"
 cc=${CC:-cc}
 flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
 "$cc" "${flags[@]}" -o "$out/dlopen_app" "$src/dlopen_app.c" -ldl
+"$cc" "${flags[@]}" -o "$out/nccl_style_app" "$src/nccl_style_app.c" -ldl
 "$cc" "${flags[@]}" -pthread -o "$out/hang_app" "$src/hang_app.c" -libverbs
 "$cc" "${flags[@]}" -pthread -o "$out/destroy_held" "$src/destroy_held.c" -libverbs
 "$cc" "${flags[@]}" -o "$out/cm_churn" "$src/cm_churn.c" -lrdmacm -libverbs

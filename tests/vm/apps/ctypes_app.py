@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """A Python application that reaches libibverbs through ctypes, which loads it with
 dlopen(RTLD_LOCAL) and finds each verb with dlsym on that handle, as language bindings do.
-It lists the devices, opens one, queries port 1, allocates a PD, creates a CQ, frees them
+It lists the devices, opens one, queries port 1, allocates a PD, creates a CQ and an RC QP,
+frees them
 and prints one "result" line that must be the same plain, under the unconfigured shaper
 and shaped.
 
@@ -16,6 +17,22 @@ Exit status: 0 on success, 2 with the failing verb and its errno otherwise.
 import ctypes
 import os
 import sys
+
+
+IBV_QPT_RC = 2
+
+
+class QpCap(ctypes.Structure):
+    """struct ibv_qp_cap."""
+    _fields_ = [(f, ctypes.c_uint32) for f in
+                ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")]
+
+
+class QpInitAttr(ctypes.Structure):
+    """struct ibv_qp_init_attr."""
+    _fields_ = [("qp_context", ctypes.c_void_p), ("send_cq", ctypes.c_void_p),
+                ("recv_cq", ctypes.c_void_p), ("srq", ctypes.c_void_p), ("cap", QpCap),
+                ("qp_type", ctypes.c_int), ("sq_sig_all", ctypes.c_int)]
 
 
 def fail(what):
@@ -86,9 +103,19 @@ def main():
     cq = ibv.ibv_create_cq(ctx, 64, None, None, 0)
     if not cq:
         fail("ibv_create_cq")
+    # An RC QP on that CQ, created and destroyed through the handle: under the shaper its
+    # JUSTITIA_STATS count it ("qps"), which they do only if ibv_create_qp reached the shaper.
+    ibv.ibv_create_qp.restype = vp
+    ibv.ibv_create_qp.argtypes = [vp, ctypes.POINTER(QpInitAttr)]
+    ibv.ibv_destroy_qp.argtypes = [vp]
+    attr = QpInitAttr(send_cq=cq, recv_cq=cq, cap=QpCap(16, 16, 1, 1, 0), qp_type=IBV_QPT_RC)
+    qp = ibv.ibv_create_qp(pd, ctypes.byref(attr))
+    if not qp:
+        fail("ibv_create_qp")
     print(f"ctypes_app: result device={name} port_state={port[0]} max_mtu={port[1]} "
-          f"active_mtu={port[2]} pd=ok cq=ok")
-    for verb, obj in (("ibv_destroy_cq", cq), ("ibv_dealloc_pd", pd), ("ibv_close_device", ctx)):
+          f"active_mtu={port[2]} pd=ok cq=ok qp=ok")
+    for verb, obj in (("ibv_destroy_qp", qp), ("ibv_destroy_cq", cq), ("ibv_dealloc_pd", pd),
+                      ("ibv_close_device", ctx)):
         rc = getattr(ibv, verb)(obj)
         if rc != 0:
             ctypes.set_errno(rc)

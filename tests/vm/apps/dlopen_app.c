@@ -70,6 +70,21 @@ static void *sym(void *h, const char *name)
 	return p;
 }
 
+/* A verb: by dlsym, or at VERBS_BY_VERSION with dlvsym (nccl_style_app.c). */
+static void *verb(void *h, const char *name)
+{
+#ifdef VERBS_BY_VERSION
+	void *p = dlvsym(h, name, VERBS_BY_VERSION);
+	if (!p) {
+		fprintf(stderr, "dlopen_app: error: dlvsym(%s, %s): %s\n", name, VERBS_BY_VERSION, dlerror());
+		exit(2);
+	}
+	return p;
+#else
+	return sym(h, name);
+#endif
+}
+
 static void load(void)
 {
 	void *h;
@@ -83,23 +98,23 @@ static void load(void)
 		fprintf(stderr, "dlopen_app: error: dlopen(libibverbs.so.1): %s\n", dlerror());
 		exit(2);
 	}
-	*(void **)&v.get_device_list = sym(h, "ibv_get_device_list");
-	*(void **)&v.free_device_list = sym(h, "ibv_free_device_list");
-	*(void **)&v.get_device_name = sym(h, "ibv_get_device_name");
-	*(void **)&v.open_device = sym(h, "ibv_open_device");
-	*(void **)&v.close_device = sym(h, "ibv_close_device");
-	*(void **)&v.query_port = sym(h, "ibv_query_port");
-	*(void **)&v.query_gid = sym(h, "ibv_query_gid");
-	*(void **)&v.alloc_pd = sym(h, "ibv_alloc_pd");
-	*(void **)&v.dealloc_pd = sym(h, "ibv_dealloc_pd");
-	*(void **)&v.create_cq = sym(h, "ibv_create_cq");
-	*(void **)&v.destroy_cq = sym(h, "ibv_destroy_cq");
-	*(void **)&v.create_qp = sym(h, "ibv_create_qp");
-	*(void **)&v.destroy_qp = sym(h, "ibv_destroy_qp");
-	*(void **)&v.modify_qp = sym(h, "ibv_modify_qp");
-	*(void **)&v.reg_mr = sym(h, "ibv_reg_mr");
-	*(void **)&v.dereg_mr = sym(h, "ibv_dereg_mr");
-	*(void **)&v.wc_status_str = sym(h, "ibv_wc_status_str");
+	*(void **)&v.get_device_list = verb(h, "ibv_get_device_list");
+	*(void **)&v.free_device_list = verb(h, "ibv_free_device_list");
+	*(void **)&v.get_device_name = verb(h, "ibv_get_device_name");
+	*(void **)&v.open_device = verb(h, "ibv_open_device");
+	*(void **)&v.close_device = verb(h, "ibv_close_device");
+	*(void **)&v.query_port = verb(h, "ibv_query_port");
+	*(void **)&v.query_gid = verb(h, "ibv_query_gid");
+	*(void **)&v.alloc_pd = verb(h, "ibv_alloc_pd");
+	*(void **)&v.dealloc_pd = verb(h, "ibv_dealloc_pd");
+	*(void **)&v.create_cq = verb(h, "ibv_create_cq");
+	*(void **)&v.destroy_cq = verb(h, "ibv_destroy_cq");
+	*(void **)&v.create_qp = verb(h, "ibv_create_qp");
+	*(void **)&v.destroy_qp = verb(h, "ibv_destroy_qp");
+	*(void **)&v.modify_qp = verb(h, "ibv_modify_qp");
+	*(void **)&v.reg_mr = verb(h, "ibv_reg_mr");
+	*(void **)&v.dereg_mr = verb(h, "ibv_dereg_mr");
+	*(void **)&v.wc_status_str = verb(h, "ibv_wc_status_str");
 }
 
 static void to_rts(struct ibv_qp *qp, int gid_index, uint32_t remote_qpn, enum ibv_mtu mtu)

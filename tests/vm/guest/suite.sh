@@ -443,6 +443,33 @@ app_modes "dlopen libibverbs RTLD_LOCAL (C)" "$APPS/dlopen_app" "$DEV" "$GID"
 app_modes "dlopen plugin linked to libibverbs RTLD_LOCAL (C)" "$APPS/dlopen_app" --plugin "$APPS/libping_plugin.so" "$DEV"
 app_modes "ctypes libibverbs (Python)" /usr/bin/python3 tests/vm/apps/ctypes_app.py "$DEV"
 app_modes "ctypes plugin linked to libibverbs (Python)" /usr/bin/python3 tests/vm/apps/ctypes_app.py --plugin "$APPS/libping_plugin.so" "$DEV"
+app_modes "NCCL-style dlopen and dlvsym table (C)" "$APPS/nccl_style_app" "$DEV" "$GID"
+
+# app_reached TEST FIELD: the shaped run of app_modes TEST counted FIELD > 0 in its
+# JUSTITIA_STATS: split_requests (its 256 KiB WRITE went in 16K chunks) or qps (the QP it
+# created was registered). Either means the verbs it looked up through its own libibverbs
+# handle (dlsym, dlvsym, ctypes) reached the shaper; without a stats file, its
+# ibv_open_device never did.
+app_reached() {
+  local test=$1 field=$2 slug f v
+  slug=$(echo "app_$test" | tr ' /' '__' | tr -cd 'A-Za-z0-9_.=-')
+  if ! have_apps || ! have_shaper; then
+    result SKIP "$test reaches the shaper" "$NO_APPS"
+    return
+  fi
+  for f in "$LOGS/$slug".shaped.*.stats.json; do
+    [ -f "$f" ] || continue
+    v=$(json_field "$f" "$field")
+    if [ -n "$v" ] && [ "$v" -gt 0 ]; then
+      result PASS "$test reaches the shaper" "$field=$v ($(tr -d '\n' < "$f"))"
+      return
+    fi
+  done
+  result FAIL "$test reaches the shaper" "no $field in its stats: $(cat "$LOGS/$slug".shaped.*.stats.json 2>/dev/null | tr '\n' ' ')"
+}
+app_reached "dlopen libibverbs RTLD_LOCAL (C)" split_requests
+app_reached "NCCL-style dlopen and dlvsym table (C)" split_requests
+app_reached "ctypes libibverbs (Python)" qps
 
 # The hang case: an unsignaled 1 MiB WRITE and a signaled SEND on a 16-deep send queue,
 # then the reply awaited on the receive CQ only. Plain (the baseline), then shaped with
