@@ -14,6 +14,11 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== loom: the shaper's quick ring, every interleaving of post, poll, close, reopen and destroy"
+# The ring module alone, built against loom's atomics in a target directory of its own (the
+# cfg changes every crate's build). About 10 s of checking after the first build.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+    cargo test --locked -q -p justitia-preload --lib ring
 echo "== docs/calibration.md is current"
 calibration="$(mktemp)"
 cargo run -q --locked -p justitia-cli -- validate --markdown "$calibration" >/dev/null 2>&1

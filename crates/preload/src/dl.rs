@@ -18,7 +18,7 @@
 //!   function with the caller's return address in place (`dl_next`), so glibc searches
 //!   after the caller's object, not after this library.
 //! - The shaper's own look-ups of the real verbs ([`crate::exports`]) run with
-//!   [`ResolvingReal`] held, and get glibc's answer unchanged: else the shaper's entry
+//!   `ResolvingReal` held, and get glibc's answer unchanged: else the shaper's entry
 //!   would be its own real verb.
 //! - Should glibc's functions not be found (not glibc), the entries answer null and it is
 //!   said once on stderr; the shaper cannot be reached through handles then.

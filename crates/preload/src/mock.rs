@@ -361,6 +361,19 @@ impl MockDevice {
         }
     }
 
+    /// Moves `qp` to the error state as `ibv_modify_qp` does: every WQE it still has, and
+    /// every one posted later, completes with `IBV_WC_WR_FLUSH_ERR`.
+    pub fn set_error(&self, qp: *mut ibv_qp) {
+        if let Some(q) = self
+            .state()
+            .qps
+            .iter_mut()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        {
+            q.failed = true;
+        }
+    }
+
     /// From now on, a destroyed QP's completions stay in its CQ, as some providers leave
     /// them (rxe does not purge the CQ at destroy).
     pub fn keep_stale_completions(&self) {

@@ -1075,11 +1075,12 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         }
     };
     Counters::add(&shared.engine.counters.qps, 1);
-    shared.count_member();
     if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
         cq.add_qp_locked(qps, &shared);
     }
     drop(cq_qps);
+    // Outside the CQ's lock: joining the flow may start the follower thread.
+    shared.count_member();
     if let Some(old) = replaced {
         drop(old.detach());
     }

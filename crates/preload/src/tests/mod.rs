@@ -19,6 +19,7 @@ mod daemon;
 mod hardening;
 mod real_apps;
 mod regressions;
+mod stress;
 mod teardown;
 
 const RKEY: u32 = 0x77;

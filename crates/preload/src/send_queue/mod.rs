@@ -42,11 +42,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
-use justitia_core::pacer::Pacer;
 use justitia_core::yield_plan::{yield_request, YieldPlanner};
 use justitia_verbs::sys::*;
 
 use crate::stats::Counters;
+
+mod rate_gate;
+mod ring;
+
+pub use rate_gate::RateGate;
+pub use ring::{QuickRing, Verdict};
+use ring::{QUICK_SIGNALED, QUICK_VISIBLE};
 
 /// How the shaper treats one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -352,199 +358,6 @@ struct Built {
     posted: Posted,
 }
 
-/// The record of a request [`SendQueue::post_now`] posted whole (a *quick* request), kept
-/// until its completion in the slot of its WQE's tag: no search, no allocation. Turned into
-/// a [`Request`] and a [`Posted`] entry only when the general path needs the queue (see
-/// [`SendQueue::materialize`]). Atomic words, because a poll reads them without the QP's
-/// lock (see [`QuickRing`]); plain loads and stores on x86-64.
-#[derive(Debug, Default)]
-struct QuickSlot {
-    /// The application's `wr_id`.
-    wr_id: AtomicU64,
-    /// [`QUICK_SIGNALED`] and [`QUICK_VISIBLE`], and its opcode (`IBV_WR_*`) in the high
-    /// 32 bits.
-    meta: AtomicU64,
-}
-
-/// [`QuickSlot::meta`]: the WQE was posted signaled.
-const QUICK_SIGNALED: u64 = IBV_SEND_SIGNALED as u64;
-/// [`QuickSlot::meta`]: its completion is the application's.
-const QUICK_VISIBLE: u64 = (IBV_SEND_SIGNALED as u64) << 8;
-/// [`QuickRing::tail`]: the ring is closed (no sequence number reaches this bit).
-const CLOSED: u64 = 1 << 63;
-
-/// The tags of one send queue's WQEs, and the records of its quick requests, shared between
-/// the QP's posts (under its lock) and the polls of its send CQ (under the CQ's lock only).
-///
-/// Tags are `wr_id` values: the addresses of the ring's own records, one per send-queue
-/// slot, so they identify the QP and the WQE exactly, cannot be a pointer the application
-/// owns, and are never shown to it: an error completion names exactly the WQE that failed
-/// even when the application reuses `wr_id`s, and a completion finds its record without a
-/// search. The slot count is a power of two, so that a tag is a mask and a shift away from
-/// its WQE's sequence number (no division per WQE).
-///
-/// Quick requests are the newest WQEs in flight, `tail..head` by sequence number (every WQE
-/// posted has a sequence number; `head` is the next one). While the ring is *open* (the
-/// queue holds no other request, has not failed and is not being destroyed), a poll settles
-/// the completion of one without the QP's lock ([`Self::settle`]): RC completes in order,
-/// so it and the unsignaled ones before it are done, and one compare-and-swap moves `tail`
-/// past them. Whatever else changes the queue holds the QP's lock and first *closes* the
-/// ring (sets the `CLOSED` bit in `tail`, one atomic step that makes a poll's
-/// compare-and-swap fail from then on, so that poll takes the QP's lock instead); while
-/// closed, only the lock's holder moves `tail`. A post reopens the ring, under the lock,
-/// when the queue is empty again. A post writes a record before it posts the WQE and
-/// publishes `head` after, so a poll that reads a published `head` reads the records behind
-/// it; a WQE whose completion comes before its `head` is published is settled by the poll
-/// under the QP's lock, which waits for the post to finish.
-pub struct QuickRing {
-    /// The records; their addresses are the tags.
-    slots: Box<[QuickSlot]>,
-    /// The address of the first record.
-    base: u64,
-    /// The size of the records in bytes.
-    bytes: u64,
-    /// The slot count less one.
-    mask: u64,
-    /// The sequence number of the next WQE posted. Written under the QP's lock (`Release`,
-    /// after the record of a quick request), read by polls (`Acquire`).
-    head: AtomicU64,
-    /// The oldest quick request in flight, with [`CLOSED`] while the ring is closed. Moved
-    /// by polls with compare-and-swap while open, by the QP's lock holder while closed.
-    tail: AtomicU64,
-}
-
-impl std::fmt::Debug for QuickRing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tail = self.tail.load(Ordering::Relaxed);
-        f.debug_struct("QuickRing")
-            .field("head", &self.head.load(Ordering::Relaxed))
-            .field("tail", &(tail & !CLOSED))
-            .field("closed", &(tail & CLOSED != 0))
-            .finish()
-    }
-}
-
-impl QuickRing {
-    /// Room for `slots` WQEs in flight, rounded up to a power of two; closed and empty.
-    fn new(slots: u32) -> Self {
-        let len = (slots.max(1) as usize).next_power_of_two();
-        let slots: Box<[QuickSlot]> = (0..len).map(|_| QuickSlot::default()).collect();
-        QuickRing {
-            base: slots.as_ptr() as u64,
-            bytes: std::mem::size_of_val(&*slots) as u64,
-            mask: len as u64 - 1,
-            slots,
-            head: AtomicU64::new(0),
-            tail: AtomicU64::new(CLOSED),
-        }
-    }
-
-    /// The record of the WQE with sequence number `seq`, whose address is its tag; unique
-    /// among the WQEs in flight, which never outnumber the slots.
-    #[inline(always)]
-    fn record(&self, seq: u64) -> &QuickSlot {
-        // SAFETY: masked, the index is below the slot count, which is `mask + 1`.
-        unsafe { self.slots.get_unchecked((seq & self.mask) as usize) }
-    }
-
-    /// The tag of the WQE with sequence number `seq`.
-    #[inline(always)]
-    fn tag(&self, seq: u64) -> u64 {
-        std::ptr::from_ref(self.record(seq)) as u64
-    }
-
-    /// Whether `wr_id` is one of the tags: a completion carrying one belongs to this QP
-    /// whatever the completion queue says.
-    pub fn contains(&self, wr_id: u64) -> bool {
-        wr_id.wrapping_sub(self.base) < self.bytes
-    }
-
-    /// The sequence number of the next WQE (read under the QP's lock, which writes it).
-    #[inline(always)]
-    fn head(&self) -> u64 {
-        self.head.load(Ordering::Relaxed)
-    }
-
-    /// The oldest quick request in flight, and whether the ring is closed.
-    #[inline(always)]
-    fn tail(&self) -> (u64, bool) {
-        let tail = self.tail.load(Ordering::Acquire);
-        (tail & !CLOSED, tail & CLOSED != 0)
-    }
-
-    /// Quick requests in flight.
-    fn quick_len(&self) -> usize {
-        (self.head() - self.tail().0) as usize
-    }
-
-    /// Closes the ring (no poll settles a quick request from now on); returns the oldest
-    /// quick request in flight.
-    fn close(&self) -> u64 {
-        let (tail, closed) = self.tail();
-        if closed {
-            return tail;
-        }
-        self.tail.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
-    }
-
-    /// Sets the ring's tail (closed) or opens it at `tail` (under the QP's lock).
-    fn set_tail(&self, tail: u64, closed: bool) {
-        let tail = if closed { tail | CLOSED } else { tail };
-        self.tail.store(tail, Ordering::Release);
-    }
-
-    /// Settles a completion of this QP without its lock, if that needs nothing but the
-    /// ring: a completion without a tag is not the send queue's (a receive's, or one of a
-    /// post that passed through); a success that is a receive is not either; a success of a
-    /// signaled quick request in flight on the open ring retires it and the ones before it
-    /// (RC completes in order: the unsignaled ones completed silently), and is delivered
-    /// with the application's `wr_id` if it asked for it, else hidden. `None`: the QP's lock
-    /// is needed (an error, a closed ring, a stale tag, or a WQE whose record is not
-    /// published yet), the completion left untouched.
-    #[inline(always)]
-    pub fn settle(&self, wc: &mut ibv_wc) -> Option<Verdict> {
-        let offset = wc.wr_id.wrapping_sub(self.base);
-        if offset >= self.bytes {
-            return Some(Verdict::NotOurs);
-        }
-        if wc.status != IBV_WC_SUCCESS {
-            return None;
-        }
-        if wc.opcode & IBV_WC_RECV != 0 {
-            return Some(Verdict::NotOurs);
-        }
-        let tail = self.tail.load(Ordering::Acquire);
-        if tail & CLOSED != 0 {
-            return None;
-        }
-        let head = self.head.load(Ordering::Acquire);
-        // The slot of a tag is its record's index (a tag is the record's address).
-        let slot = offset / std::mem::size_of::<QuickSlot>() as u64;
-        let before = slot.wrapping_sub(tail) & self.mask;
-        if before >= head.wrapping_sub(tail) {
-            return None;
-        }
-        let record = self.record(slot);
-        let meta = record.meta.load(Ordering::Relaxed);
-        if meta & QUICK_SIGNALED == 0 {
-            return None;
-        }
-        let wr_id = record.wr_id.load(Ordering::Relaxed);
-        #[cfg(test)]
-        tests::race_window();
-        // Fails only if the ring was closed meanwhile (polls of one CQ hold its lock).
-        self.tail
-            .compare_exchange(tail, tail + before + 1, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()?;
-        Some(if meta & QUICK_VISIBLE != 0 {
-            wc.wr_id = wr_id;
-            Verdict::Deliver
-        } else {
-            Verdict::Hide
-        })
-    }
-}
-
 /// Why posting stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Blocked {
@@ -556,17 +369,6 @@ pub enum Blocked {
     Tokens(Duration),
     /// The QP has failed; nothing more is posted.
     Failed,
-}
-
-/// What became of one completion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Not from this QP's send queue: leave it alone.
-    NotOurs,
-    /// The application's completion (possibly rewritten): deliver it.
-    Deliver,
-    /// Internal or duplicate: hide it.
-    Hide,
 }
 
 /// Posts a list of WQEs (linked through `next`, first to last) to the hardware queue.
@@ -595,99 +397,6 @@ pub struct DrainOutcome {
     /// position in the call's list and the error. It and every later request of the call
     /// were taken back, as the provider would have done.
     pub refused: Option<(usize, c_int)>,
-}
-
-/// The process's rate pacer, and an allowance taken from it ahead that posts spend without
-/// its lock or a clock reading.
-///
-/// The allowance is what [`Pacer::unclocked_allowance`] says the balances of the pacer's
-/// last refill cover: requests that fit in it are ones [`Pacer::try_release_unclocked`]
-/// would release. A post takes its bytes and its operation from it with one
-/// compare-and-swap ([`Self::try_take`]); whoever locks the pacer first takes back what is
-/// left and charges the pacer what was spent ([`Self::lock`]), so the pacer's own
-/// decisions always see every release. The allowance is handed out again only by a post
-/// that found it short ([`Self::release`]).
-pub struct RateGate {
-    pacer: parking_lot::Mutex<Pacer>,
-    /// What is left of the allowance: operations in the high 32 bits, bytes in the low 32.
-    /// Taken from with compare-and-swap and emptied with a swap, both `Relaxed`: it is a
-    /// counter whose every change is one atomic step in a single modification order, so
-    /// the swap under the lock sees exactly what the posts before it took and no post
-    /// after it takes anything. Nothing else is published through it (the pacer is read
-    /// only under its lock).
-    allowance: AtomicU64,
-    /// The allowance last handed out, in the same layout; written and read only under the
-    /// pacer's lock (`Relaxed`: the lock orders it).
-    granted: AtomicU64,
-}
-
-/// The bytes field of a [`RateGate`] allowance.
-const ALLOWANCE_BYTES: u64 = u32::MAX as u64;
-
-impl RateGate {
-    /// A gate for `pacer`, with no allowance handed out.
-    pub fn new(pacer: Pacer) -> Self {
-        RateGate {
-            pacer: parking_lot::Mutex::new(pacer),
-            allowance: AtomicU64::new(0),
-            granted: AtomicU64::new(0),
-        }
-    }
-
-    /// Takes a request of `bytes` and one operation from the allowance, if it has room:
-    /// the request is released, without the lock or the clock.
-    #[inline(always)]
-    pub fn try_take(&self, bytes: u64) -> bool {
-        let mut left = self.allowance.load(Ordering::Relaxed);
-        loop {
-            // No operation left, or too few bytes (always for more than the field holds).
-            if left >> 32 == 0 || left & ALLOWANCE_BYTES < bytes {
-                return false;
-            }
-            match self.allowance.compare_exchange_weak(
-                left,
-                // Both fields stay in range: one operation of at least one, and `bytes` of
-                // at least as many.
-                left - (1 << 32) - bytes,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => left = now,
-            }
-        }
-    }
-
-    /// Locks the pacer, first charging it what was spent of the allowance (which is then
-    /// empty until [`Self::release`] hands one out again).
-    pub fn lock(&self) -> parking_lot::MutexGuard<'_, Pacer> {
-        let mut pacer = self.pacer.lock();
-        let left = self.allowance.swap(0, Ordering::Relaxed);
-        let granted = self.granted.swap(0, Ordering::Relaxed);
-        if granted != 0 {
-            let spent = |field: fn(u64) -> u64| field(granted).saturating_sub(field(left));
-            pacer.charge_unclocked(spent(|a| a & ALLOWANCE_BYTES), spent(|a| a >> 32));
-        }
-        pacer
-    }
-
-    /// Releases a request of `bytes` and one operation that [`Self::try_take`] could not:
-    /// asks the pacer without the clock, then at `now()`, and hands out a new allowance.
-    #[cold]
-    #[inline(never)]
-    pub fn release(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
-        let mut pacer = self.lock();
-        let released =
-            pacer.try_release_unclocked(bytes, 1) || pacer.try_release(now(), bytes, 1).is_ok();
-        let (bytes, ops) = pacer.unclocked_allowance();
-        let granted =
-            (ops.unwrap_or(u64::MAX).min(ALLOWANCE_BYTES) << 32) | bytes.min(ALLOWANCE_BYTES);
-        // Published after `granted`, both under the lock: a post that takes from it is
-        // charged by the next `lock`, which reads both under the same lock.
-        self.granted.store(granted, Ordering::Relaxed);
-        self.allowance.store(granted, Ordering::Relaxed);
-        released
-    }
 }
 
 /// Most WQEs handed to the provider in one call: enough that a split request's chunks and
@@ -838,9 +547,7 @@ impl SendQueue {
             return;
         }
         for wqe in from..head {
-            let record = self.ring.record(wqe);
-            let wr_id = record.wr_id.load(Ordering::Relaxed);
-            let meta = record.meta.load(Ordering::Relaxed);
+            let (wr_id, meta) = self.ring.read_record(wqe);
             let visible = meta & QUICK_VISIBLE != 0;
             let seq = self.first_seq + self.requests.len() as u64;
             self.posted.push_back(Posted {
@@ -950,7 +657,7 @@ impl SendQueue {
     ) -> Option<Result<(), c_int>> {
         let ring = &*self.ring;
         let head = ring.head();
-        let tail = ring.tail.load(Ordering::Acquire);
+        let tail = ring.tail_word();
         // Open and with a free slot, in one test: a closed ring's tail carries CLOSED, which
         // makes the difference wrap past any capacity.
         if head.wrapping_sub(tail) >= u64::from(self.capacity) && !self.quick_room_closed(head) {
@@ -973,14 +680,13 @@ impl SendQueue {
         };
         // The record of this WQE, at its tag: no WQE in flight has it (they never
         // outnumber the slots), and no poll reads it before `head` is published past it.
-        let record = ring.record(head);
-        record.wr_id.store(wr.wr_id, Ordering::Relaxed);
-        record.meta.store(
+        let tag = ring.write_record(
+            head,
+            wr.wr_id,
             u64::from(wr.opcode) << 32 | u64::from(visible) << 8 | u64::from(signal),
-            Ordering::Relaxed,
         );
         let mut wqe = *wr;
-        wqe.wr_id = std::ptr::from_ref(record) as u64;
+        wqe.wr_id = tag;
         wqe.send_flags = (wr.send_flags & !IBV_SEND_SIGNALED) | signal;
         // Counted before the provider's call, and taken back if it refuses the request, so
         // that the call keeps fewer values alive across it.
@@ -994,7 +700,7 @@ impl SendQueue {
             counters.bytes.fetch_sub(len, Ordering::Relaxed);
             return Some(Err(rc));
         }
-        self.ring.head.store(head + 1, Ordering::Release);
+        self.ring.publish_head(head + 1);
         Some(Ok(()))
     }
 
@@ -1300,7 +1006,7 @@ impl SendQueue {
         // The ring is closed and holds no quick request (a drain materializes first): it
         // stays empty, quick requests being the newest WQEs.
         let head = self.ring.head() + 1;
-        self.ring.head.store(head, Ordering::Release);
+        self.ring.publish_head(head);
         self.ring.set_tail(head, true);
         self.unsignaled_run = if b.posted.signaled {
             0
@@ -1756,19 +1462,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-
-    thread_local! {
-        /// Set on a thread whose polls give way to other threads between reading the ring
-        /// and moving its tail, so that a race test hits that window often.
-        static WIDE_RACE_WINDOW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
-    /// Between reading the ring and moving its tail in [`QuickRing::settle`].
-    pub(super) fn race_window() {
-        if WIDE_RACE_WINDOW.get() {
-            std::thread::yield_now();
-        }
-    }
+    use justitia_core::pacer::Pacer;
 
     /// A send queue and what its provider (a closure) was handed.
     struct Harness {
@@ -2125,7 +1819,7 @@ mod tests {
             }
         };
         let poller = || {
-            WIDE_RACE_WINDOW.set(true);
+            ring::race::WIDE.set(true);
             let mut delivered = Vec::new();
             let want = (0..REQUESTS).filter(|&id| visible(id)).count();
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
