@@ -1663,7 +1663,21 @@ impl QpShared {
         (outcome.refused, synthesized, outcome.blocked)
     }
 
+    /// What follows a drain, outside the QP's lock: synthesized completions queued (and a
+    /// refusal by the provider said on stderr), and the QP handed to the pacer if blocked.
     fn after_drain(&self, synthesized: Vec<ibv_wc>, blocked: Blocked, now: Duration) {
+        // A drain synthesizes IBV_WC_GENERAL_ERR only for a request the provider refused.
+        for wc in synthesized
+            .iter()
+            .filter(|w| w.status == IBV_WC_GENERAL_ERR)
+        {
+            log!(
+                Warn,
+                "QP {}: the provider refused a work request of the request with wr_id {:#x}; it completes with an error",
+                self.qp_num,
+                wc.wr_id
+            );
+        }
         if !synthesized.is_empty() {
             if let Some(cq) = &self.send_cq {
                 cq.push_synthesized(synthesized);

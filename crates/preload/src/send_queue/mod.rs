@@ -1078,8 +1078,8 @@ impl SendQueue {
                 return Some((call_index, rc));
             }
         }
-        // Named by its wr_id: the queue numbers only the requests the general path has seen.
-        let wr_id = req.wr_id;
+        // Said on stderr by the QP once its lock is released (a write to stderr may block),
+        // from the error completion synthesized here.
         if !req.reported {
             req.reported = true;
             add(&env.counters.errors, 1);
@@ -1092,11 +1092,6 @@ impl SendQueue {
         }
         req.done_posting = true;
         self.cursor = failed + 1;
-        crate::log::log!(
-            Warn,
-            "QP {}: the provider refused a work request of the request with wr_id {wr_id:#x} (error {rc}); it completes with an error",
-            self.qp_num
-        );
         self.retire_front();
         None
     }
