@@ -18,12 +18,11 @@
 //!   function with the caller's return address in place (`dl_next`), so glibc searches
 //!   after the caller's object, not after this library.
 //! - The shaper's own look-ups of the real verbs ([`crate::exports`]) run with
-//!   `ResolvingReal` held, and get glibc's answer unchanged: else the shaper's entry
+//!   `crate::ffi::ResolvingReal` held, and get glibc's answer unchanged: else the shaper's entry
 //!   would be its own real verb.
 //! - Should glibc's functions not be found (not glibc), the entries answer null and it is
 //!   said once on stderr; the shaper cannot be reached through handles then.
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
@@ -60,27 +59,6 @@ type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) 
 static JUSTITIA_REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 /// glibc's `dlvsym`, or null before it is found.
 static JUSTITIA_REAL_DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-thread_local! {
-    static RESOLVING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// While held, this thread's look-ups get glibc's answers unchanged (the shaper looks up
-/// the real verbs).
-pub(crate) struct ResolvingReal(bool);
-
-impl ResolvingReal {
-    /// Marks this thread as looking up real verbs until dropped.
-    pub(crate) fn hold() -> Self {
-        ResolvingReal(RESOLVING.replace(true))
-    }
-}
-
-impl Drop for ResolvingReal {
-    fn drop(&mut self) {
-        RESOLVING.set(self.0);
-    }
-}
 
 /// The address of the symbol `name` in the dynamic symbol table of the loaded object whose
 /// path contains `object` (found with its GNU hash table), or null.
@@ -274,7 +252,7 @@ unsafe fn answer(
     name: *const c_char,
     version: Option<*const c_char>,
 ) -> *mut c_void {
-    if found.is_null() || name.is_null() || RESOLVING.get() {
+    if found.is_null() || name.is_null() || crate::ffi::resolving_real() {
         return found;
     }
     if let Some(v) = version {

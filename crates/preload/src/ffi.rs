@@ -108,3 +108,30 @@ fn say_panic() {
         );
     }
 }
+
+thread_local! {
+    static RESOLVING_REAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// While held, the shaper is looking up the real verbs on this thread: its own `dlsym` and
+/// `dlvsym` (see [`crate::dl`]) give glibc's answers unchanged, else the shaper's entry
+/// would be taken for its own real verb.
+pub(crate) struct ResolvingReal(bool);
+
+impl ResolvingReal {
+    /// Marks this thread as looking up real verbs until dropped.
+    pub(crate) fn hold() -> Self {
+        ResolvingReal(RESOLVING_REAL.replace(true))
+    }
+}
+
+impl Drop for ResolvingReal {
+    fn drop(&mut self) {
+        RESOLVING_REAL.set(self.0);
+    }
+}
+
+/// Whether this thread holds a [`ResolvingReal`].
+pub(crate) fn resolving_real() -> bool {
+    RESOLVING_REAL.get()
+}

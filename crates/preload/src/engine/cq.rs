@@ -1,0 +1,619 @@
+//! The shaper's state for one completion queue: the shaped QPs that send their
+//! completions to it, the completions the shaper holds for the application, and the shaped
+//! polls (`ibv_poll_cq`; the extended poll is [`crate::cq_ex`]'s).
+//!
+//! Locks, in the order they are taken:
+//! 1. `CqShared::qps`, the CQ's poll lock: held by every shaped poll of the CQ, by the
+//!    pacer's and the shaper's own polls of it (`CqShared::poll_for_pacer`,
+//!    `CqShared::drop_stale`, one batch per turn), and by whatever changes the CQ's QP
+//!    list (registration, detach, destroy).
+//! 2. A QP's state lock (`QpShared::state`): taken under the poll lock to settle a
+//!    completion the quick ring cannot (`CqShared::translate`).
+//! 3. The held completions' queue (`synthesized`), a leaf: nothing is taken under it.
+//!
+//! No QP's lock is held when the poll lock is taken, and a drain that a completion allows
+//! runs after the poll lock is released.
+
+use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use justitia_verbs::sys::*;
+
+use super::{
+    channels, ex_state, CtxShared, Engine, PollCqFn, QpShared, ReqNotifyFn, CQS, SHAPED_QP,
+};
+use crate::log::log;
+use crate::send_queue::{QuickRing, Verdict};
+
+/// Destroys a CQ with `real` (the provider's destroy), the shaper's hold on it first: the
+/// CQ is marked destroyed under its poll lock, which waits for a poll of the pacer's in
+/// progress and keeps the pacer from polling it again (it may still hold a destroyed QP of
+/// this CQ), then destroyed, then its state freed. If the provider refuses the destroy
+/// (QPs still use the CQ), the mark is taken back.
+pub fn destroy_cq(cq: *mut ibv_cq, real: impl FnOnce() -> c_int) -> c_int {
+    let Some(token) = cq_token(cq) else {
+        return real();
+    };
+    let Some(shared) = CQS.get_arc(cq.cast()) else {
+        return real();
+    };
+    {
+        let _polls = shared.qps.lock();
+        shared.dead.store(true, Ordering::Release);
+    }
+    let rc = real();
+    if rc == 0 {
+        unregister_cq(cq, token);
+    } else {
+        shared.dead.store(false, Ordering::Release);
+    }
+    rc
+}
+
+/// The shaper's state for one CQ.
+pub struct CqShared {
+    pub(crate) poll_cq: PollCqFn,
+    pub(crate) req_notify_cq: Option<ReqNotifyFn>,
+    pub(crate) engine: Arc<Engine>,
+    /// Shaped QPs that send their completions here.
+    pub(crate) shaped: AtomicU32,
+    /// Those QPs; also the lock the polls of the CQ hold (see [`Self::poll_shaped`]).
+    pub(crate) qps: parking_lot::Mutex<CqQps>,
+    /// Its size (`ibv_cq.cqe`, what the provider granted).
+    cqe: u32,
+    synthesized: Mutex<VecDeque<ibv_wc>>,
+    /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
+    /// means a poll passes straight through, with one load to find out.
+    pub(super) work: AtomicU64,
+    pub(crate) ex: Option<ex_state::CqExOps>,
+    pub(crate) ex_current: Mutex<ex_state::Current>,
+    /// The CQ itself (what an event names).
+    pub(crate) cq: *mut ibv_cq,
+    /// Its completion channel, or null.
+    pub(crate) channel: *mut ibv_comp_channel,
+    /// The application asked for an event on the next completion and has not had it.
+    pub(crate) armed: AtomicBool,
+    /// Events the shaper delivered for synthesized completions, not yet acknowledged.
+    pub(crate) synthetic_events: AtomicU32,
+    /// The application is destroying the CQ: the shaper polls it no more (see
+    /// [`destroy_cq`]). Set and read under [`Self::qps`]'s lock.
+    dead: AtomicBool,
+}
+
+// SAFETY: function pointers are the provider's; mutable state is behind mutexes.
+unsafe impl Send for CqShared {}
+// SAFETY: as above.
+unsafe impl Sync for CqShared {}
+
+/// Registers a CQ created on an attached context; `cqx` is its extended form (from
+/// `ibv_create_cq_ex`) or null. Returns true when the extended CQ's poll verbs are to be
+/// the shaper's (it may shape, and the provider has them).
+///
+/// # Safety
+/// `cq` must be a live CQ of `ctx`, just created.
+pub unsafe fn register_cq(
+    ctx: &CtxShared,
+    cq: *mut ibv_cq,
+    cqx: *mut ibv_cq_ex,
+    wc_flags: u64,
+) -> bool {
+    let Some(poll_cq) = ctx.poll_cq else {
+        return false;
+    };
+    // SAFETY: cqx is null or the live extended CQ.
+    let ex = unsafe { cqx.as_ref() }.and_then(|x| ex_state::CqExOps::save(x, wc_flags));
+    let shared = Arc::new(CqShared {
+        poll_cq,
+        req_notify_cq: ctx.req_notify_cq,
+        engine: Arc::clone(&ctx.engine),
+        shaped: AtomicU32::new(0),
+        qps: parking_lot::Mutex::new(CqQps::default()),
+        // SAFETY: the caller guarantees cq is live.
+        cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
+        synthesized: Mutex::new(VecDeque::new()),
+        work: AtomicU64::new(0),
+        ex,
+        ex_current: Mutex::new(ex_state::Current::default()),
+        cq,
+        // SAFETY: the caller guarantees cq is live.
+        channel: unsafe { (*cq).channel },
+        armed: AtomicBool::new(false),
+        synthetic_events: AtomicU32::new(0),
+        dead: AtomicBool::new(false),
+    });
+    if ctx.engine.config.class.is_some() {
+        channels::attach(&shared);
+    }
+    if let Ok(Some(old)) = CQS.insert(cq.cast(), shared) {
+        // A CQ destroyed behind the shaper's back, whose address was reused.
+        drop(channels::detach(&old));
+    }
+    !cqx.is_null() && ex.is_some() && ctx.engine.config.class.is_some()
+}
+
+/// The registration of a CQ, to pass to [`unregister_cq`] once it is destroyed.
+pub fn cq_token(cq: *mut ibv_cq) -> Option<NonNull<CqShared>> {
+    CQS.get(cq.cast())
+}
+
+/// Forgets a destroyed CQ, if its registration is still `token`; its state (and its
+/// channel's, when it was the channel's last CQ) is freed here.
+pub fn unregister_cq(cq: *mut ibv_cq, token: NonNull<CqShared>) {
+    if let Some(shared) = CQS.remove(cq.cast(), token) {
+        drop(channels::detach(&shared));
+    }
+}
+
+/// The state of a registered CQ.
+#[inline(always)]
+pub(crate) fn cq(cq: *mut ibv_cq) -> Option<&'static CqShared> {
+    // SAFETY: CQ state is freed at the CQ's destroy, which verbs forbid while a call on the
+    // CQ runs (see the module's documentation).
+    CQS.get(cq.cast()).map(|p| unsafe { &*p.as_ptr() })
+}
+
+impl CqShared {
+    /// True when a poll must look at the completions.
+    #[inline(always)]
+    pub(crate) fn needs_shaping(&self) -> bool {
+        self.work.load(Ordering::Relaxed) != 0
+    }
+
+    /// Queues completions the hardware will not produce, and wakes an application that
+    /// waits for an event on this CQ.
+    pub(crate) fn push_synthesized(&self, wcs: Vec<ibv_wc>) {
+        {
+            let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+            self.work.fetch_add(wcs.len() as u64, Ordering::AcqRel);
+            q.extend(wcs);
+        }
+        if self.armed.load(Ordering::Acquire) {
+            channels::notify(self);
+        }
+    }
+
+    /// True when synthesized completions wait to be delivered.
+    pub(crate) fn has_synthesized(&self) -> bool {
+        !self
+            .synthesized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Whether the CQ can hold every completion of its shaped QPs (`qps`) and of one more
+    /// of `depth` send slots. A shaped QP has at most its `max_send_wr` completions
+    /// waiting, but may have more than the application's own signaling would leave (the
+    /// shaper signals internal WQEs to recycle slots), so a CQ the application sized to its
+    /// own pattern could overflow: such a QP is only observed (said once).
+    pub(super) fn has_room_for(&self, qps: &[Arc<QpShared>], depth: u32) -> bool {
+        let needed: u64 =
+            qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>() + u64::from(depth);
+        if needed <= u64::from(self.cqe) {
+            return true;
+        }
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            log!(
+                Warn,
+                "a CQ of {} entries is too small for the send queues of its shaped QPs ({needed}); QPs past its size pass through unshaped",
+                self.cqe
+            );
+        }
+        false
+    }
+
+    /// Adds a shaped QP that sends its completions here, in QP-number order (so that a
+    /// completion finds its QP by binary search, not by a scan of every QP).
+    pub(super) fn add_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock();
+        self.add_qp_locked(&mut qps, qp);
+    }
+
+    /// [`Self::add_qp`] with the QP list already locked.
+    pub(super) fn add_qp_locked(&self, qps: &mut CqQps, qp: &Arc<QpShared>) {
+        let at = qps.list.partition_point(|q| q.qp_num < qp.qp_num);
+        qps.list.insert(at, Arc::clone(qp));
+        qps.find_sole();
+        self.shaped.fetch_add(1, Ordering::AcqRel);
+        self.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+    }
+
+    /// Removes a QP added with [`Self::add_qp`].
+    pub(super) fn remove_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock();
+        let before = qps.list.len();
+        qps.list.retain(|q| !Arc::ptr_eq(q, qp));
+        qps.find_sole();
+        if qps.list.len() < before {
+            self.shaped.fetch_sub(1, Ordering::AcqRel);
+            self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
+        }
+    }
+
+    /// Takes out the completions held for the QP `qp_num`, which is being destroyed.
+    pub(crate) fn purge_qp(&self, qp_num: u32) -> Vec<ibv_wc> {
+        let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
+        let (purged, kept): (VecDeque<ibv_wc>, VecDeque<ibv_wc>) =
+            q.drain(..).partition(|wc| wc.qp_num == qp_num);
+        *q = kept;
+        self.work.fetch_sub(purged.len() as u64, Ordering::AcqRel);
+        purged.into()
+    }
+
+    /// Takes the next synthesized completion.
+    pub(crate) fn pop_synthesized(&self) -> Option<ibv_wc> {
+        let wc = self
+            .synthesized
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        if wc.is_some() {
+            self.work.fetch_sub(1, Ordering::AcqRel);
+        }
+        wc
+    }
+
+    /// The application armed the CQ: an event is due now if synthesized completions wait.
+    pub(crate) fn on_armed(&self) {
+        self.armed.store(true, Ordering::Release);
+        if self.has_synthesized() {
+            channels::notify(self);
+        }
+    }
+
+    /// Translates one completion; returns whether to deliver it, and its QP when requests
+    /// wait there (the caller lets it post into the freed slot).
+    /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
+    /// completions are then attributed by their tags (every WQE the shaper posts carries
+    /// one).
+    #[inline(always)]
+    pub(crate) fn translate(
+        &self,
+        qps: &[Arc<QpShared>],
+        wc: &mut ibv_wc,
+        qp_num_known: bool,
+        synthesized: &mut Vec<ibv_wc>,
+    ) -> (bool, Option<Arc<QpShared>>) {
+        let owner = if qp_num_known {
+            qps.binary_search_by_key(&wc.qp_num, |q| q.qp_num)
+                .ok()
+                .and_then(|i| qps.get(i))
+        } else {
+            qps.iter().find(|q| q.ring.contains(wc.wr_id))
+        };
+        let Some(q) = owner else {
+            return (true, None);
+        };
+        if !qp_num_known {
+            wc.qp_num = q.qp_num;
+        }
+        // Settled on the ring: not the send queue's, or a quick request's on an open ring,
+        // behind which nothing waits to be posted.
+        if let Some(verdict) = q.ring.settle(wc) {
+            return (verdict != Verdict::Hide, None);
+        }
+        let (verdict, drain) = {
+            let mut st = q.lock();
+            let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
+            (verdict, st.sq.needs_drain())
+        };
+        // A QP with nothing waiting has nothing to post for the slot the completion freed.
+        (verdict != Verdict::Hide, drain.then(|| Arc::clone(q)))
+    }
+
+    /// Polls the provider's CQ for the pacer on behalf of `qp` (see
+    /// [`QpShared::progress`]): internal completions are hidden and the QPs they came from
+    /// post more; the application's are held, queued before any completion the shaper makes
+    /// later, for its next poll. Nothing is polled once `qp` has left the CQ (destroyed) or
+    /// the CQ is being destroyed.
+    ///
+    /// Only a CQ polled with `ibv_poll_cq`: an extended CQ's provider keeps its own lock
+    /// from `ibv_start_poll` to `ibv_end_poll`, across calls the shaper cannot join, so a
+    /// QP on one still depends on its application polling.
+    pub(crate) fn poll_for_pacer(&self, qp: &QpShared, now: Duration) {
+        for q in self.poll_aside(Some(qp), None) {
+            q.drain(now);
+        }
+    }
+
+    /// Drops the completions the provider left in the CQ that carry the tags of `ring`,
+    /// the send queue of the QP `qp_num`, which was destroyed or reset (see
+    /// [`destroy_qp`]); the other completions are held for the application. Not for an
+    /// extended CQ (see [`Self::poll_for_pacer`]).
+    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &QuickRing, now: Duration) {
+        for q in self.poll_aside(None, Some((qp_num, ring))) {
+            q.drain(now);
+        }
+    }
+
+    /// Polls the provider's CQ empty for the shaper, one batch of 16 per turn of its poll
+    /// lock (so an application poll waits for one provider call at most), holding what is
+    /// the application's; returns the QPs that completions freed slots of.
+    ///
+    /// Each turn first checks, under the lock, that the CQ is not being destroyed and that
+    /// `on_behalf` (if any) is still one of its QPs: [`QpShared::detach`] and
+    /// [`destroy_cq`] take the same lock, so a destroy waits for a turn in progress and no
+    /// turn starts after it. Completions of `stale` (its QP number and its ring) carrying
+    /// one of its tags are dropped.
+    fn poll_aside(
+        &self,
+        on_behalf: Option<&QpShared>,
+        stale: Option<(u32, &QuickRing)>,
+    ) -> Vec<Arc<QpShared>> {
+        let mut touched: Vec<Arc<QpShared>> = Vec::new();
+        if self.ex.is_some() {
+            return touched;
+        }
+        let mut buf = [ibv_wc::default(); 16];
+        loop {
+            let qps = self.qps.lock();
+            if self.dead.load(Ordering::Acquire)
+                || on_behalf.is_some_and(|me| !qps.iter().any(|q| std::ptr::eq(&**q, me)))
+            {
+                break;
+            }
+            // SAFETY: this CQ is live (not being destroyed, checked under the lock its
+            // destroy takes first); room for 16 entries.
+            let got = unsafe { (self.poll_cq)(self.cq, 16, buf.as_mut_ptr()) };
+            let got = usize::try_from(got).unwrap_or(0);
+            let mut held = Vec::new();
+            let mut synthesized = Vec::new();
+            for e in buf.iter_mut().take(got) {
+                if stale.is_some_and(|(n, r)| e.qp_num == n && r.contains(e.wr_id)) {
+                    continue;
+                }
+                let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
+                if deliver {
+                    held.push(*e);
+                }
+                if let Some(q) = q {
+                    if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                        touched.push(q);
+                    }
+                }
+            }
+            held.extend(synthesized);
+            // Queued under the poll lock: an application poll waiting for it finds them
+            // before what the provider has next.
+            if !held.is_empty() {
+                self.push_synthesized(held);
+            }
+            drop(qps);
+            if got < buf.len() {
+                break;
+            }
+        }
+        touched
+    }
+
+    /// The shaped `ibv_poll_cq`: first the completions the shaper holds (the pacer's, and
+    /// synthesized ones, which are older than anything the provider has left for their
+    /// QP), then the provider's until `n` completions are kept or the CQ is empty, hiding
+    /// internal ones and rewriting split requests' ones; then lets the QPs it heard from
+    /// post more.
+    ///
+    /// The usual poll is settled here, in line: nothing is held, one call to the provider
+    /// fills what the application asked for or empties the CQ, and every completion is
+    /// settled by [`SendQueue::complete_fast`] on a QP with nothing waiting. Anything else
+    /// continues in [`Self::poll_general`] from where this stopped.
+    ///
+    /// # Safety
+    /// `cq` is this CQ and `wc` has room for `n` entries.
+    #[inline(always)]
+    pub(crate) unsafe fn poll_shaped(&self, n: c_int, wc: *mut ibv_wc) -> c_int {
+        let qps = self.qps.lock();
+        // Checked under the lock the pacer's own polls hold while they queue what they
+        // took: with nothing queued, the provider's next completions are the oldest.
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+            // SAFETY: guaranteed by the caller.
+            return unsafe { self.poll_general(qps, n, wc, Resume::default()) };
+        }
+        // SAFETY: wc has room for n entries.
+        let got = unsafe { (self.poll_cq)(self.cq, n, wc) };
+        if got < 0 {
+            return got;
+        }
+        let got = got as usize;
+        // A CQ of one shaped QP (the usual case) needs no search: a completion carrying one
+        // of its tags is its, and one without is not the send queue's of any shaped QP.
+        let sole = qps.sole.as_deref();
+        let sole_qp_num = qps.sole_qp_num;
+        let mut kept = 0usize;
+        // Where the ring could not settle a completion (the general path goes on from
+        // there), or `got`.
+        let mut next = got;
+        for i in 0..got {
+            // SAFETY: i < got <= n, written by the provider.
+            let e = unsafe { &mut *wc.add(i) };
+            let verdict = match sole {
+                Some(ring) if e.qp_num == sole_qp_num => ring.settle(e),
+                _ => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
+            };
+            match verdict {
+                Some(Verdict::Hide) => continue,
+                Some(_) => {}
+                None => {
+                    next = i;
+                    break;
+                }
+            }
+            if kept != i {
+                // SAFETY: kept < i, both within the buffer.
+                unsafe { *wc.add(kept) = *wc.add(i) };
+            }
+            kept += 1;
+        }
+        // Stopped early (then kept <= next < got), or completions were hidden: if the batch
+        // was full, the provider may have more.
+        if kept != got {
+            let resume = Resume {
+                kept,
+                next,
+                got,
+                full: got == n as usize,
+            };
+            // SAFETY: guaranteed by the caller.
+            return unsafe { self.poll_general(qps, n, wc, resume) };
+        }
+        drop(qps);
+        if self.engine.pacer_has_waiting() {
+            self.engine.release_on_poll();
+        }
+        kept as c_int
+    }
+
+    /// [`Self::poll_shaped`] of what its usual case does not cover, resuming after what
+    /// it did (`resume`), with the QP list still locked.
+    ///
+    /// # Safety
+    /// As [`Self::poll_shaped`].
+    #[inline(never)]
+    unsafe fn poll_general(
+        &self,
+        qps: parking_lot::MutexGuard<'_, CqQps>,
+        n: c_int,
+        wc: *mut ibv_wc,
+        resume: Resume,
+    ) -> c_int {
+        let want_total = usize::try_from(n).unwrap_or(0);
+        let mut out = 0usize;
+        let mut touched: Vec<Arc<QpShared>> = Vec::new();
+        let mut synthesized = Vec::new();
+        {
+            let mut translate = |out: usize, range: std::ops::Range<usize>| {
+                let mut kept = out;
+                for i in range {
+                    // SAFETY: i is within the entries the provider wrote.
+                    let e = unsafe { &mut *wc.add(i) };
+                    let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
+                    if let Some(q) = q {
+                        if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                            touched.push(q);
+                        }
+                    }
+                    if deliver {
+                        if kept != i {
+                            // SAFETY: kept < i, both within the buffer.
+                            unsafe { *wc.add(kept) = *wc.add(i) };
+                        }
+                        kept += 1;
+                    }
+                }
+                kept
+            };
+            let mut poll_more = true;
+            if resume.got > 0 {
+                out = translate(resume.kept, resume.next..resume.got);
+                poll_more = resume.full;
+            } else if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+                while out < want_total {
+                    let Some(e) = self.pop_synthesized() else {
+                        break;
+                    };
+                    // SAFETY: out < want_total.
+                    unsafe { *wc.add(out) = e };
+                    out += 1;
+                }
+            }
+            while poll_more && out < want_total {
+                let want = want_total - out;
+                // SAFETY: wc has room for want_total entries, out of which `out` are used.
+                let got = unsafe {
+                    (self.poll_cq)(
+                        self.cq,
+                        c_int::try_from(want).unwrap_or(c_int::MAX),
+                        wc.add(out),
+                    )
+                };
+                if got < 0 {
+                    if out == 0 {
+                        return got;
+                    }
+                    break;
+                }
+                let got = usize::try_from(got).unwrap_or(0);
+                out = translate(out, out..out + got);
+                poll_more = got == want;
+            }
+        }
+        drop(qps);
+        if !synthesized.is_empty() {
+            self.push_synthesized(synthesized);
+        }
+        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+            while out < want_total {
+                let Some(e) = self.pop_synthesized() else {
+                    break;
+                };
+                // SAFETY: out < want_total.
+                unsafe { *wc.add(out) = e };
+                out += 1;
+            }
+        }
+        // The clock is read only when something may be due: most polls of a flow that is
+        // not held back find neither a QP with requests waiting nor a paced one queued.
+        if !touched.is_empty() || self.engine.pacer_has_waiting() {
+            let now = self.engine.clock.now();
+            for q in touched {
+                q.drain(now);
+            }
+            self.engine.on_poll(now);
+        }
+        c_int::try_from(out).unwrap_or(c_int::MAX)
+    }
+}
+
+/// The shaped QPs of a CQ, in QP-number order (so that a completion finds its QP by binary
+/// search, not by a scan of every QP), and the ring of the only one when there is one.
+#[derive(Default)]
+pub struct CqQps {
+    list: Vec<Arc<QpShared>>,
+    /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
+    /// reaches it with one load and no search.
+    sole: Option<Arc<QuickRing>>,
+    /// That QP's number: a completion of another QP (one the shaper only observes, say)
+    /// is never settled on its ring, whatever its `wr_id`.
+    sole_qp_num: u32,
+}
+
+impl CqQps {
+    /// Sets [`Self::sole`] after a change of the list.
+    fn find_sole(&mut self) {
+        (self.sole, self.sole_qp_num) = match self.list.as_slice() {
+            [q] => (Some(Arc::clone(&q.ring)), q.qp_num),
+            _ => (None, 0),
+        };
+    }
+}
+
+impl std::ops::Deref for CqQps {
+    type Target = [Arc<QpShared>];
+
+    fn deref(&self) -> &Self::Target {
+        &self.list
+    }
+}
+
+/// The ring of the shaped QP `qp_num` among `qps` (in QP-number order), if it is one.
+#[inline(never)]
+fn ring_of(qps: &[Arc<QpShared>], qp_num: u32) -> Option<&QuickRing> {
+    let at = qps.binary_search_by_key(&qp_num, |q| q.qp_num).ok()?;
+    qps.get(at).map(|q| &*q.ring)
+}
+
+/// Where [`CqShared::poll_general`] takes over from [`CqShared::poll_shaped`]: the
+/// completions `..kept` of the buffer are settled, `next..got` are the provider's still to
+/// translate, and `full` says whether that call filled what it was asked for (the
+/// provider may have more). All zero: nothing was done.
+#[derive(Clone, Copy, Debug, Default)]
+struct Resume {
+    kept: usize,
+    next: usize,
+    got: usize,
+    full: bool,
+}
