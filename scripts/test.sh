@@ -14,6 +14,17 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== the shaper's stress test under valgrind memcheck (use after free, invalid reads)"
+# Memcheck on the test binary cargo test built (no second build); helgrind and TSan would
+# flag parking_lot's futex locks, which they cannot see. About 10 s.
+shaper_tests=$(cargo test --locked -q -p justitia-preload --lib --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "justitia":
+        print(m["executable"])')
+valgrind --tool=memcheck --error-exitcode=99 --leak-check=no -q "$shaper_tests" --test-threads=1 \
+    tests::stress
 echo "== loom: the shaper's quick ring, every interleaving of post, poll, close, reopen and destroy"
 # The ring module alone, built against loom's atomics in a target directory of its own (the
 # cfg changes every crate's build). About 10 s of checking after the first build.
