@@ -7,8 +7,11 @@
 //! library. So the library exports `dlsym` and `dlvsym` at glibc's versions
 //! (`GLIBC_2.2.5`, the x86-64 base, and `GLIBC_2.34`, the default since libdl moved into
 //! libc), forwards every call to glibc's own, and when the answer is one of the verbs the
-//! shaper interposes, at its current version, defined in a libibverbs, returns the
-//! shaper's entry instead. Anything else is glibc's answer, unchanged.
+//! shaper interposes, at its current version, defined in a libibverbs, returns that verb as
+//! the global scope has it instead: the shaper's entry, since the preloaded library comes
+//! before any libibverbs there (found by name, so that this module names no entry of
+//! [`crate::exports`], whose versioned names must stay defined beside them). Anything else
+//! is glibc's answer, unchanged.
 //!
 //! Invariants:
 //! - glibc's `dlsym` and `dlvsym` are found without calling either (which would reach
@@ -211,20 +214,23 @@ extern "C" fn at_load() {
 static AT_LOAD: extern "C" fn() = at_load;
 
 /// The shaper's entry for `name`, the verb glibc found at `found`, when `found` is one of
-/// the verbs the shaper interposes at their current version, defined in a libibverbs.
+/// the verbs the shaper interposes at their current version, defined in a libibverbs: the
+/// verb at `IBVERBS_1.1` in the global scope.
 fn shaper_entry(found: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    let entry: *mut c_void = match name.to_bytes() {
-        b"ibv_open_device" => crate::exports::justitia_ibv_open_device_1_1 as *mut c_void,
-        b"ibv_close_device" => crate::exports::justitia_ibv_close_device_1_1 as *mut c_void,
-        b"ibv_create_qp" => crate::exports::justitia_ibv_create_qp_1_1 as *mut c_void,
-        b"ibv_destroy_qp" => crate::exports::justitia_ibv_destroy_qp_1_1 as *mut c_void,
-        b"ibv_modify_qp" => crate::exports::justitia_ibv_modify_qp_1_1 as *mut c_void,
-        b"ibv_create_cq" => crate::exports::justitia_ibv_create_cq_1_1 as *mut c_void,
-        b"ibv_destroy_cq" => crate::exports::justitia_ibv_destroy_cq_1_1 as *mut c_void,
-        b"ibv_get_cq_event" => crate::exports::justitia_ibv_get_cq_event_1_1 as *mut c_void,
-        b"ibv_ack_cq_events" => crate::exports::justitia_ibv_ack_cq_events_1_1 as *mut c_void,
-        _ => return None,
-    };
+    if !matches!(
+        name.to_bytes(),
+        b"ibv_open_device"
+            | b"ibv_close_device"
+            | b"ibv_create_qp"
+            | b"ibv_destroy_qp"
+            | b"ibv_modify_qp"
+            | b"ibv_create_cq"
+            | b"ibv_destroy_cq"
+            | b"ibv_get_cq_event"
+            | b"ibv_ack_cq_events"
+    ) {
+        return None;
+    }
     let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),
@@ -237,9 +243,28 @@ fn shaper_entry(found: *mut c_void, name: &CStr) -> Option<*mut c_void> {
     }
     // SAFETY: a NUL-terminated path owned by the dynamic linker.
     let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    file.windows(b"libibverbs.so".len())
+    if !file
+        .windows(b"libibverbs.so".len())
         .any(|w| w == b"libibverbs.so")
-        .then_some(entry)
+    {
+        return None;
+    }
+    // The verb at its current version in the global scope, where the preloaded library
+    // comes before any libibverbs: the shaper's entry (or an interposer placed before it,
+    // as a linked program would get).
+    let real = JUSTITIA_REAL_DLVSYM.load(Ordering::Acquire);
+    if real.is_null() {
+        return None;
+    }
+    // SAFETY: glibc's dlvsym with NUL-terminated strings.
+    let global = unsafe {
+        std::mem::transmute::<*mut c_void, DlvsymFn>(real)(
+            libc::RTLD_DEFAULT,
+            name.as_ptr(),
+            c"IBVERBS_1.1".as_ptr(),
+        )
+    };
+    (!global.is_null() && global != found).then_some(global)
 }
 
 /// glibc's answer `found` for `name` at `version` (`None`: the default), or the shaper's
