@@ -422,7 +422,6 @@ impl CqShared {
         // A CQ of one shaped QP (the usual case) needs no search: a completion carrying one
         // of its tags is its, and one without is not the send queue's of any shaped QP.
         let sole = qps.sole.as_deref();
-        let sole_qp_num = qps.sole_qp_num;
         let mut kept = 0usize;
         // Where the ring could not settle a completion (the general path goes on from
         // there), or `got`.
@@ -431,8 +430,8 @@ impl CqShared {
             // SAFETY: i < got <= n, written by the provider.
             let e = unsafe { &mut *wc.add(i) };
             let verdict = match sole {
-                Some(ring) if e.qp_num == sole_qp_num => ring.settle(e),
-                _ => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
+                Some(ring) => ring.settle(e),
+                None => ring_of(&qps, e.qp_num).map_or(Some(Verdict::NotOurs), |r| r.settle(e)),
             };
             match verdict {
                 Some(Verdict::Hide) => continue,
@@ -576,17 +575,14 @@ pub struct CqQps {
     /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
     /// reaches it with one load and no search.
     sole: Option<Arc<QuickRing>>,
-    /// That QP's number: a completion of another QP (one the shaper only observes, say)
-    /// is never settled on its ring, whatever its `wr_id`.
-    sole_qp_num: u32,
 }
 
 impl CqQps {
     /// Sets [`Self::sole`] after a change of the list.
     fn find_sole(&mut self) {
-        (self.sole, self.sole_qp_num) = match self.list.as_slice() {
-            [q] => (Some(Arc::clone(&q.ring)), q.qp_num),
-            _ => (None, 0),
+        self.sole = match self.list.as_slice() {
+            [q] => Some(Arc::clone(&q.ring)),
+            _ => None,
         };
     }
 }

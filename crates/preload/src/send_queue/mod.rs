@@ -474,7 +474,7 @@ impl SendQueue {
             first_seq: 0,
             cursor: 0,
             posted: VecDeque::new(),
-            ring: Arc::new(QuickRing::new(capacity)),
+            ring: Arc::new(QuickRing::new(capacity, qp_num)),
             failed: false,
             destroyed: false,
             hardware_flushes: false,

@@ -72,6 +72,9 @@ pub struct QuickRing {
     slots: Box<[QuickSlot]>,
     /// The address of the first record.
     base: u64,
+    /// The QP's number: a completion of another QP (one the shaper only observes, say) is
+    /// never settled here, whatever its `wr_id`.
+    qp_num: u32,
     /// The size of the records in bytes.
     bytes: u64,
     /// The slot count less one.
@@ -97,7 +100,7 @@ impl std::fmt::Debug for QuickRing {
 
 impl QuickRing {
     /// Room for `slots` WQEs in flight, rounded up to a power of two; closed and empty.
-    pub(crate) fn new(slots: u32) -> Self {
+    pub(crate) fn new(slots: u32, qp_num: u32) -> Self {
         let len = (slots.max(1) as usize).next_power_of_two();
         let slots: Box<[QuickSlot]> = (0..len)
             .map(|_| QuickSlot {
@@ -107,6 +110,7 @@ impl QuickRing {
             .collect();
         QuickRing {
             base: slots.as_ptr() as u64,
+            qp_num,
             bytes: std::mem::size_of_val(&*slots) as u64,
             mask: len as u64 - 1,
             slots,
@@ -204,7 +208,8 @@ impl QuickRing {
 
     /// Settles a completion of this QP without its lock, if that needs nothing but the
     /// ring: a completion without a tag is not the send queue's (a receive's, or one of a
-    /// post that passed through); a success that is a receive is not either; a success of a
+    /// post that passed through), nor is one of another QP (an observed QP sharing the CQ
+    /// whose `wr_id` happens to equal a tag); a success that is a receive is not either; a success of a
     /// signaled quick request in flight on the open ring retires it and the ones before it
     /// (RC completes in order: the unsignaled ones completed silently), and is delivered
     /// with the application's `wr_id` if it asked for it, else hidden. `None`: the QP's lock
@@ -213,7 +218,7 @@ impl QuickRing {
     #[inline(always)]
     pub fn settle(&self, wc: &mut ibv_wc) -> Option<Verdict> {
         let offset = wc.wr_id.wrapping_sub(self.base);
-        if offset >= self.bytes {
+        if offset >= self.bytes || wc.qp_num != self.qp_num {
             return Some(Verdict::NotOurs);
         }
         if wc.status != IBV_WC_SUCCESS {
@@ -359,6 +364,7 @@ mod loom_model {
     fn poll(qp: &Qp, tag: u64) -> Option<u64> {
         let mut wc = ibv_wc {
             wr_id: tag,
+            qp_num: 7,
             status: IBV_WC_SUCCESS,
             opcode: IBV_WC_RDMA_WRITE,
             ..Default::default()
@@ -390,7 +396,7 @@ mod loom_model {
         builder.preemption_bound = Some(2);
         builder.check(move || {
             let qp = Arc::new(Qp {
-                ring: QuickRing::new(4),
+                ring: QuickRing::new(4, 7),
                 queue: Mutex::new(Queue::default()),
                 wire: Mutex::new(VecDeque::new()),
             });
