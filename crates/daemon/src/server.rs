@@ -913,7 +913,13 @@ impl Daemon {
     fn admit(&mut self, now: u64, sock: OwnedFd) {
         let cred = match crate::tenant::peer_cred(sock.as_fd()) {
             Ok(c) => c,
-            Err(e) => return self.refuse_connection(now, "no_credentials", format_args!("SO_PEERCRED: {e}")),
+            Err(e) => {
+                return self.refuse_connection(
+                    now,
+                    "no_credentials",
+                    format_args!("SO_PEERCRED: {e}"),
+                )
+            }
         };
         let (uid, pid) = (cred.uid, cred.pid);
         let held = self.uid_clients.get(&uid).copied().unwrap_or(0);
@@ -1343,7 +1349,8 @@ impl Daemon {
 
     fn drop_flow(&mut self, now: Duration, id: u64) {
         if let Some(f) = self.flows.remove(&id) {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_flows.entry(f.uid) {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_flows.entry(f.uid)
+            {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
                     e.remove();
@@ -1603,9 +1610,8 @@ impl Daemon {
     }
 
     fn encode_admin(reply: &AdminReply) -> Vec<u8> {
-        let mut text = serde_json::to_string(reply).unwrap_or_else(|e| {
-            format!("{{\"error\":\"answer not encoded: {e}\"}}")
-        });
+        let mut text = serde_json::to_string(reply)
+            .unwrap_or_else(|e| format!("{{\"error\":\"answer not encoded: {e}\"}}"));
         text.push('\n');
         text.into_bytes()
     }

@@ -84,9 +84,8 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>, pid: i32) -> (Option<OwnedFd>, bool) {
         let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
         return (Some(owned), true);
     }
-    let fallback = rustix::process::Pid::from_raw(pid).and_then(|p| {
-        rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-    });
+    let fallback = rustix::process::Pid::from_raw(pid)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     (fallback, false)
 }
 
