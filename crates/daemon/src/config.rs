@@ -19,7 +19,7 @@
 //! | `socket` | `/run/justitia/justitiad.sock` | registration socket (mode 0666: any local process may register, as itself) |
 //! | `admin_socket` | `/run/justitia/justitiad-admin.sock` | admin socket |
 //! | `admin_group` | none | a group whose members may use the admin socket besides root |
-//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint address; `""` turns it off |
+//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint: `address:port`, or `unix:/path` (mode 0660, group `admin_group`), which alone carries the per-tenant series labelled by uid; `""` turns it off. A failed bind is retried, never fatal |
 //! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
 //! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
 //! | `max_flows_per_uid` | 256 | flows one uid may register (a quarter of `slots` is kept for tenants with few flows, see `limits`) |
@@ -317,8 +317,7 @@ impl Config {
             if s.is_empty() {
                 c.metrics = None;
             } else {
-                s.parse::<std::net::SocketAddr>()
-                    .map_err(|e| err("metrics", format!("`{s}`: {e} (write address:port)")))?;
+                crate::metrics::Endpoint::parse(&s).map_err(|e| err("metrics", e))?;
                 c.metrics = Some(s);
             }
         }

@@ -607,25 +607,12 @@ fn metrics_are_valid_prometheus_text() {
     );
     let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
     assert!(safe > 0.0);
-    // The tenant's only shaped flow has all of SafeUtil (read from one scrape; a scrape
-    // can fall between two publications, so a few are tried).
-    eventually(
-        "tenant allotment = SafeUtil",
-        Duration::from_secs(2),
-        || {
-            let s = d.scrape();
-            let t = metric(
-                &s,
-                "justitia_tenant_allotment_bytes_per_second",
-                Some(("uid", &uid)),
-            );
-            let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
-            t.is_some_and(|t| (t / safe - 1.0).abs() < 1e-6)
-        },
-    );
-    assert_eq!(
-        metric(&s, "justitia_tenant_usage_bytes_total", Some(("uid", &uid))),
-        Some(4096.0)
+    // Per-uid figures are not served on the TCP port, which anyone on the host can read.
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.metric.starts_with("justitia_tenant_")),
+        "per-tenant series on TCP"
     );
     assert_eq!(
         metric(&s, "justitia_flows_counted", Some(("value", "bandwidth"))),
@@ -658,6 +645,40 @@ fn metrics_are_valid_prometheus_text() {
     };
     assert_eq!(at(16e-6), 0.0);
     assert!(at(32.768e-3) >= 1.0);
+}
+
+#[test]
+fn per_tenant_series_are_served_on_the_unix_endpoint_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("m.sock");
+    let d = Daemon::start(&format!("metrics = \"unix:{}\"", sock.display()));
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    c.report_usage(h, true, 4096, 1);
+    let uid = rustix::process::getuid().as_raw().to_string();
+    eventually("the socket", Duration::from_secs(5), || sock.exists());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&sock).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o660);
+    // The tenant's only shaped flow has all of SafeUtil (read from one scrape; a scrape
+    // can fall between two publications, so a few are tried).
+    eventually(
+        "tenant allotment = SafeUtil and its usage",
+        Duration::from_secs(2),
+        || {
+            let s = d.scrape_unix(&sock);
+            let t = metric(
+                &s,
+                "justitia_tenant_allotment_bytes_per_second",
+                Some(("uid", &uid)),
+            );
+            let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
+            t.is_some_and(|t| (t / safe - 1.0).abs() < 1e-6)
+                && metric(&s, "justitia_tenant_usage_bytes_total", Some(("uid", &uid)))
+                    == Some(4096.0)
+        },
+    );
 }
 
 #[test]
