@@ -14,6 +14,14 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== justitiad under hostile tenants (as root: uids 65534 and 2001-2004)"
+if [ "$(id -u)" = 0 ]; then
+    cargo test -p justitia-daemon --locked --test attacks -- --ignored --test-threads=1
+else
+    echo "not root: the attack suite needs root to act as other uids; skipped" >&2
+fi
+echo "== systemd unit hardening (systemd-analyze security; fails above 2.0)"
+systemd-analyze security --offline=yes --threshold=20 packaging/justitiad.service | tail -n 1
 echo "== docs/calibration.md is current"
 calibration="$(mktemp)"
 cargo run -q --locked -p justitia-cli -- validate --markdown "$calibration" >/dev/null 2>&1

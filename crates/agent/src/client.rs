@@ -45,6 +45,10 @@ use crate::block::{
 };
 use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
 
+/// Registrations sent and not yet answered, at most: the daemon's answers to them fit
+/// in the socket's receive queue.
+pub const MAX_IN_FLIGHT: usize = 32;
+
 /// The registration socket's default path.
 pub const DEFAULT_SOCKET: &str = "/run/justitia/justitiad.sock";
 
@@ -505,6 +509,13 @@ impl AgentClient {
     /// retry time has come), unregisters the socket could not take before.
     fn send_pending(&mut self, now_ns: u64) {
         let Some(conn) = &self.conn else { return };
+        // The daemon drops an answer its peer's socket has no room for: registrations
+        // are kept few enough in flight that every answer fits.
+        let mut in_flight = self
+            .flows
+            .iter()
+            .filter(|e| e.sent && (e.cancelled || matches!(e.state, FlowState::Pending)))
+            .count();
         let send = |wire: &[u8]| {
             rustix::net::send(&conn.sock, wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
         };
@@ -520,11 +531,12 @@ impl AgentClient {
                     e.sent = false;
                 }
             }
-            if e.sent || !matches!(e.state, FlowState::Pending) {
+            if e.sent || !matches!(e.state, FlowState::Pending) || in_flight >= MAX_IN_FLIGHT {
                 continue;
             }
             if send(&Request::Register(e.register).encode()) {
                 e.sent = true;
+                in_flight += 1;
                 self.stats.registrations += 1;
             }
         }
