@@ -254,9 +254,8 @@ struct Tenant {
 
 impl Tenant {
     fn run(uid: u32, args: &[&str]) -> Tenant {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attack/tenant.py");
         let mut child = Command::new("python3")
-            .arg(script)
+            .arg(common::tenant_script())
             .args(args)
             .uid(uid)
             .gid(uid)

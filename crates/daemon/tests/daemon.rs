@@ -337,26 +337,34 @@ fn the_control_block_a_client_receives_cannot_be_mapped_writable() {
     assert!(justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&fd)).is_ok());
 }
 
-/// Not a test on its own: the child process of `a_killed_application_has_its_share_reclaimed`
-/// and of the tenant tests.
-#[test]
-fn child_registers_and_waits() {
-    let Ok(path) = std::env::var("JUSTITIA_TEST_CHILD_SOCKET") else {
-        return;
-    };
-    let class = match std::env::var("JUSTITIA_TEST_CHILD_CLASS").as_deref() {
-        Ok("latency") => FlowClass::Latency,
-        _ => FlowClass::Bandwidth,
-    };
-    let mut c = AgentClient::connect(&path).unwrap();
-    let h = c.register(class, 1, 0);
-    assert!(matches!(
-        c.wait_registered(h, Duration::from_secs(5)),
-        FlowState::Registered { .. }
-    ));
-    c.report_usage(h, true, 1, 1);
-    println!("registered");
-    std::thread::sleep(Duration::from_secs(60));
+/// A shaper in another process (`tenant.py shaper`): registers a flow of `class` as
+/// `uid` (this process's own when `None`), reports it active, and holds it until killed.
+fn child_shaper(socket: &Path, class: FlowClass, uid: Option<u32>) -> std::process::Child {
+    let me = rustix::process::getuid().as_raw();
+    let wire = Request::Register(Register {
+        client_ref: 1,
+        class,
+        qps: 1,
+        demand_bytes_per_sec: 0,
+        claimed_uid: uid.unwrap_or(me),
+    })
+    .encode();
+    let hex: String = wire.iter().map(|b| format!("{b:02x}")).collect();
+    let mut cmd = Command::new("python3");
+    cmd.arg(common::tenant_script())
+        .args(["shaper", socket.to_str().unwrap(), &hex])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("registered"), "child said {line:?}");
+    child
 }
 
 #[test]
@@ -366,18 +374,7 @@ fn a_killed_application_has_its_share_reclaimed_within_one_control_interval() {
     let h = mine.register(FlowClass::Bandwidth, 1, 0);
     mine.wait_registered(h, Duration::from_secs(2));
     mine.report_usage(h, true, 1, 1);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_registers_and_waits", "--nocapture"])
-        .env("JUSTITIA_TEST_CHILD_SOCKET", d.socket())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    while !line.contains("registered") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-    }
+    let mut child = child_shaper(&d.socket(), FlowClass::Bandwidth, None);
     eventually("two flows sharing", Duration::from_secs(2), || {
         let f = d.flows();
         f.len() == 2
@@ -593,7 +590,6 @@ fn metrics_are_valid_prometheus_text() {
         ok
     });
     let s = scraped.unwrap();
-    let uid = rustix::process::getuid().as_raw().to_string();
     let p99 = metric(&s, "justitia_current_p99_seconds", None).unwrap();
     assert!(
         (20e-6..25e-3).contains(&p99),
@@ -783,35 +779,16 @@ fn set_target_keeps_the_running_loop_and_its_measured_idle_p99() {
 }
 
 /// Latency flows counted (L) with one latency flow of ours and one of a child running as
-/// uid 65534 in our cgroup, and the flows as reported; `None` where this test may not start
-/// a process under another uid.
-fn two_uids_in_one_cgroup(config: &str) -> Option<(u32, Vec<justitia_agent::admin::FlowReport>)> {
-    if !rustix::process::geteuid().is_root() {
-        println!("skipped: starting a process under another uid needs root");
-        return None;
-    }
+/// uid 65534 in our cgroup, and the flows as reported.
+fn two_uids_in_one_cgroup(config: &str) -> (u32, Vec<justitia_agent::admin::FlowReport>) {
     let d = Daemon::start(config);
     // The other uid must reach the socket in the temporary directory.
-    let child_exe = d.open_to_other_uids();
+    d.open_to_other_uids();
     let mut mine = AgentClient::connect(d.socket()).unwrap();
     let l = mine.register(FlowClass::Latency, 1, 0);
     mine.wait_registered(l, Duration::from_secs(2));
     assert!(mine.report_usage(l, true, 16, 1));
-    let mut child = Command::new(child_exe)
-        .args(["--exact", "child_registers_and_waits", "--nocapture"])
-        .env("JUSTITIA_TEST_CHILD_SOCKET", d.socket())
-        .env("JUSTITIA_TEST_CHILD_CLASS", "latency")
-        .uid(65534)
-        .gid(65534)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    while !line.contains("registered") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-    }
+    let mut child = child_shaper(&d.socket(), FlowClass::Latency, Some(65534));
     eventually("both flows active", Duration::from_secs(2), || {
         let f = d.flows();
         f.len() == 2 && f.iter().all(|f| f.active)
@@ -825,14 +802,13 @@ fn two_uids_in_one_cgroup(config: &str) -> Option<(u32, Vec<justitia_agent::admi
     let flows = d.flows();
     child.kill().unwrap();
     child.wait().unwrap();
-    Some((latency, flows))
+    (latency, flows)
 }
 
 #[test]
+#[ignore = "needs root: starts a shaper as uid 65534"]
 fn with_tenant_cgroup_two_uids_in_one_cgroup_are_one_tenant() {
-    let Some((latency, flows)) = two_uids_in_one_cgroup("tenant = \"cgroup\"") else {
-        return;
-    };
+    let (latency, flows) = two_uids_in_one_cgroup("tenant = \"cgroup\"");
     // Our cgroup, read here from the unified hierarchy's line (or systemd's on a v1 host).
     let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let ours = text
@@ -851,10 +827,9 @@ fn with_tenant_cgroup_two_uids_in_one_cgroup_are_one_tenant() {
 }
 
 #[test]
+#[ignore = "needs root: starts a shaper as uid 65534"]
 fn by_default_two_uids_are_two_tenants() {
-    let Some((latency, flows)) = two_uids_in_one_cgroup("") else {
-        return;
-    };
+    let (latency, flows) = two_uids_in_one_cgroup("");
     assert_eq!(latency, 2, "{flows:?}");
     let mut tenants: Vec<&str> = flows.iter().map(|f| f.tenant.as_str()).collect();
     tenants.sort();
@@ -996,63 +971,15 @@ fn a_tenants_flows_are_in_its_own_page_and_not_in_the_shared_block() {
     );
 }
 
-/// Not a test on its own: the child of `another_tenants_page_is_out_of_reach`, run under
-/// another uid. Tries to register as root, registers a flow as itself, then reports what
-/// it can see: its page's inode, whether
-/// any slot of its page or of the shared block holds the other tenant's flow, and how many
-/// of the daemon's descriptors it could open through /proc.
+/// A process of uid 65534 (`tenant.py inspect`) tries to register as root, registers a
+/// flow as itself, then reports what it can see: its page's inode, whether any slot of
+/// its page or of the shared block holds the other tenant's flow, and how many of the
+/// daemon's descriptors it could open through /proc.
 #[test]
-fn child_inspects_its_page() {
-    let (Ok(path), Ok(other_flow), Ok(daemon_pid)) = (
-        std::env::var("JUSTITIA_TEST_INSPECT_SOCKET"),
-        std::env::var("JUSTITIA_TEST_INSPECT_FLOW"),
-        std::env::var("JUSTITIA_TEST_INSPECT_DAEMON"),
-    ) else {
-        return;
-    };
-    let other_flow: u64 = other_flow.parse().unwrap();
-    let me = rustix::process::getuid().as_raw();
-    let (s, block, page) = greeting_fds(Path::new(&path));
-    // Claiming root's uid is refused: the kernel's uid is the identity.
-    let spoof = match roundtrip(&s, &register(0, FlowClass::Bandwidth)) {
-        Reply::Refused {
-            reason: RefuseReason::WrongUid,
-            ..
-        } => "refused",
-        _ => "accepted",
-    };
-    let Reply::Registered { flow, .. } = roundtrip(&s, &register(me, FlowClass::Bandwidth)) else {
-        panic!("not registered")
-    };
-    let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
-    let shared = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&block)).unwrap();
-    let holds = |r: &justitia_agent::block::BlockReader, id: u64| {
-        (0..r.slots()).any(|i| r.slot(i).is_some_and(|a| a.flow == id))
-    };
-    let opened = std::fs::read_dir(format!("/proc/{daemon_pid}/fd"))
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .filter(|e| std::fs::File::open(e.path()).is_ok())
-                .count()
-        })
-        .unwrap_or(0);
-    println!(
-        "inode={} own={} other_in_page={} other_in_block={} opened={opened} spoof={spoof}",
-        inode(&page),
-        holds(&mine, flow),
-        holds(&mine, other_flow),
-        holds(&shared, other_flow),
-    );
-}
-
-#[test]
+#[ignore = "needs root: starts a tenant as uid 65534"]
 fn another_tenants_page_is_out_of_reach() {
-    if !rustix::process::geteuid().is_root() {
-        println!("skipped: starting a process under another uid needs root");
-        return;
-    }
     let d = Daemon::start("");
-    let child_exe = d.open_to_other_uids();
+    d.open_to_other_uids();
     let (s, _block, page) = greeting_fds(&d.socket());
     let Reply::Registered { flow, slot, .. } = roundtrip(&s, &register(0, FlowClass::Bandwidth))
     else {
@@ -1060,16 +987,31 @@ fn another_tenants_page_is_out_of_reach() {
     };
     let mine = justitia_agent::block::BlockReader::map(std::os::fd::AsFd::as_fd(&page)).unwrap();
     assert!(mine.slot(slot).is_some_and(|a| a.flow == flow));
-    let out = Command::new(child_exe)
-        .args(["--exact", "child_inspects_its_page", "--nocapture"])
-        .env("JUSTITIA_TEST_INSPECT_SOCKET", d.socket())
-        .env("JUSTITIA_TEST_INSPECT_FLOW", flow.to_string())
-        .env("JUSTITIA_TEST_INSPECT_DAEMON", d.child.id().to_string())
+    let hex = |m: Vec<u8>| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut child = Command::new("python3")
+        .arg(common::tenant_script())
+        .args([
+            "inspect",
+            d.socket().to_str().unwrap(),
+            &flow.to_string(),
+            &d.child.id().to_string(),
+            &hex(register(0, FlowClass::Bandwidth)),
+            &hex(register(65534, FlowClass::Bandwidth)),
+        ])
         .uid(65534)
         .gid(65534)
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let text = first + &String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
         .find(|l| l.starts_with("inode="))

@@ -10,9 +10,16 @@ one line saying what it achieved, and keeps its connections until stdin closes.
   tcp-idle ADDR N           N idle TCP connections
   tcp-header ADDR MIB       one request head line of MIB MiB
   squat ADDR                bind and listen on ADDR first
+  shaper SOCK HEX           register one flow (HEX), report it active
+  inspect SOCK FLOW PID SPOOF OWN
+                            what a tenant can see: its page, the shared block, the
+                            daemon's descriptors, a registration claiming root (SPOOF)
 """
+import mmap
+import os
 import select
 import socket
+import struct
 import sys
 import threading
 
@@ -118,6 +125,63 @@ def main():
             pass
         held.append(s)
         print(f"sent {sent} MiB")
+    elif mode == "shaper":
+        s = seq(args[0])
+        s.settimeout(5)
+        hello = s.recv(256)
+        s.send(bytes.fromhex(args[1]))
+        reply = s.recv(256)
+        assert reply[3] == 0x82, f"not registered: {reply.hex()}"
+        flow = reply[12:20]
+        usage = b"JA" + bytes([hello[2], 2]) + flow + b"\x01" + struct.pack("<QQ", 1, 1)
+        s.send(usage)
+        held.append(s)
+        print("registered")
+    elif mode == "inspect":
+        path, other, daemon, spoof, own = args
+        other = int(other)
+        s = seq(path)
+        s.settimeout(5)
+        _, fds, _, _ = socket.recv_fds(s, 256, 2)
+        block, page = fds
+        s.send(bytes.fromhex(spoof))
+        reply = s.recv(256)
+        spoofed = "refused" if reply[3] == 0x83 and reply[12] == 0 else "accepted"
+        s.send(bytes.fromhex(own))
+        reply = s.recv(256)
+        assert reply[3] == 0x82, f"not registered: {reply.hex()}"
+        flow = struct.unpack("<Q", reply[12:20])[0]
+
+        def flows(fd):
+            size = os.fstat(fd).st_size
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            slots = struct.unpack_from("<Q", m, 16)[0]
+            return {struct.unpack_from("<Q", m, 128 + i * 128 + 8)[0] for i in range(slots)}
+
+        import time
+        mine = set()
+        for _ in range(200):
+            mine = flows(page)
+            if flow in mine:
+                break
+            time.sleep(0.01)
+        opened = 0
+        try:
+            for name in os.listdir(f"/proc/{daemon}/fd"):
+                try:
+                    os.close(os.open(f"/proc/{daemon}/fd/{name}", os.O_RDONLY))
+                    opened += 1
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        print(
+            f"inode={os.fstat(page).st_ino} own={str(flow in mine).lower()} "
+            f"other_in_page={str(other in mine).lower()} "
+            f"other_in_block={str(other in flows(block)).lower()} "
+            f"opened={opened} spoof={spoofed}"
+        )
+        held.append(s)
     elif mode == "squat":
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.bind(addr(args[0]))

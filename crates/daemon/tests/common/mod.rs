@@ -173,3 +173,24 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// `tests/attack/tenant.py` (the hostile or well-behaved tenant other uids run), copied to
+/// a directory every uid may read: the checkout may lie under one only its owner may
+/// enter (a clone in `mktemp -d`).
+pub fn tenant_script() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), PermissionsExt::from_mode(0o755)).unwrap();
+        let script = d.path().join("tenant.py");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attack/tenant.py"),
+            &script,
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, PermissionsExt::from_mode(0o644)).unwrap();
+        d
+    });
+    dir.path().join("tenant.py")
+}
