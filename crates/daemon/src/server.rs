@@ -221,6 +221,8 @@ pub struct Daemon {
     admins: BTreeMap<u64, AdminConn>,
     next_admin: u64,
     logs: LogLimiter,
+    /// When the current pass stops serving sockets (ns).
+    pass_deadline: u64,
     /// The systemd watchdog's ping interval (ns; half of `WatchdogSec=`), if asked for.
     watchdog_ns: Option<u64>,
     last_watchdog: u64,
@@ -463,6 +465,7 @@ impl Daemon {
             admins: BTreeMap::new(),
             next_admin: 1,
             logs: LogLimiter::default(),
+            pass_deadline: 0,
             watchdog_ns: None,
             last_watchdog: 0,
         })
@@ -612,8 +615,9 @@ impl Daemon {
     /// descriptor is ready. The timer is absolute on CLOCK_MONOTONIC with nanosecond
     /// resolution, and only re-armed when the deadline moves (a timer left expired keeps
     /// its descriptor readable, which is right: its deadline has passed). Returns whether
-    /// the probe's descriptor was ready; socket events are kept for [`Self::serve_ready`].
-    fn wait(&mut self) -> bool {
+    /// the probe's descriptor was ready (for [`Self::turn`]); socket events are kept for
+    /// the pass. [`Self::run`] alternates the two; a benchmark may drive them itself.
+    pub fn wait(&mut self) -> bool {
         let wake = self.next_wake();
         if wake != self.armed {
             let spec = rustix::time::Itimerspec {
@@ -668,10 +672,10 @@ impl Daemon {
     /// rest stay readable (epoll is level-triggered and puts a descriptor it reported at
     /// the back of its ready list) and are served on the next pass.
     fn serve_ready(&mut self, start: u64) {
-        let budget = self.pass_budget_ns();
+        self.pass_deadline = start.saturating_add(self.pass_budget_ns());
         for i in 0..self.ready.len() {
             let now = now_ns();
-            if now.saturating_sub(start) > budget {
+            if now > self.pass_deadline {
                 break;
             }
             match self.ready[i] {
@@ -1069,8 +1073,13 @@ impl Daemon {
 
     fn read_client(&mut self, now: u64, client: u64) {
         let mut buf = [0u8; MAX_MESSAGE + 1];
-        // Bounded so that one busy client cannot starve the others.
+        // Bounded so that one busy client cannot starve the others, and by the pass's
+        // budget (a message costs microseconds: a ready list of 64 connections of 16
+        // messages each would take milliseconds).
         for _ in 0..MESSAGES_PER_TURN {
+            if now_ns() > self.pass_deadline {
+                return;
+            }
             let Some(c) = self.clients.get(&client) else {
                 return;
             };
