@@ -84,7 +84,7 @@ impl Hostile {
             ),
         ]
         .iter()
-        .map(|(a, b)| (*a, b.as_ref()))
+        .copied()
         .chain(edits.iter().copied())
         {
             assert!(text.contains(from), "{from} not in the packaged config");
