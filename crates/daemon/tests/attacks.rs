@@ -590,3 +590,119 @@ fn unregisters_before_the_answer_orphan_no_flow() {
         FlowState::Registered { .. }
     ));
 }
+
+/// The admin socket refuses a user who is neither root nor in the admin group, even when
+/// the socket's mode lets them connect (a misconfigured directory, a copied socket).
+#[test]
+#[ignore = "needs root: acts as uids 65534 and 2001-2004"]
+fn the_admin_socket_refuses_other_users() {
+    let d = Hostile::start(&[], 0);
+    let admin = d.dir.path().join("a.sock");
+    std::fs::set_permissions(&admin, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let t = Tenant::run(65534, &["admin", admin.to_str().unwrap()]);
+    let reply: AdminReply = serde_json::from_str(t.said.trim()).unwrap();
+    assert!(
+        matches!(&reply, AdminReply::Error(e) if e.contains("permission denied")),
+        "{reply:?}"
+    );
+    assert!(matches!(
+        d.admin(&AdminRequest::Status),
+        AdminReply::Status(_)
+    ));
+}
+
+/// A peer in a pid namespace the daemon cannot see has pid 0 in `SO_PEERCRED`: it is
+/// served as its uid's tenant. Here the daemon runs in a pid namespace of its own
+/// (`unshare --pid --fork`), so this process is such a peer, with `tenant = "cgroup"` too.
+#[test]
+#[ignore = "needs root: starts the daemon in a new pid namespace"]
+fn a_peer_of_unseen_pid_is_served_by_uid() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let config = dir.path().join("justitiad.toml");
+    std::fs::write(
+        &config,
+        format!("probe = \"synthetic\"\nsocket = \"{d}/j.sock\"\nadmin_socket = \"{d}/a.sock\"\nmetrics = \"\"\nstale_after_ms = 500\ntenant = \"cgroup\"\n"),
+    )
+    .unwrap();
+    let bin = std::env::var("JUSTITIAD_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_justitiad").to_string());
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _daemon = Killed(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(bin)
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let sock = dir.path().join("j.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        if let Ok(c) = AgentClient::connect(&sock) {
+            break c;
+        }
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "not served: {}", tail(&log));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    let state = c.wait_registered(h, SERVED_WITHIN);
+    assert!(matches!(state, FlowState::Registered { .. }), "{state:?}");
+}
+
+/// A registration refused `Full` is sent again by the shaper's client, with backoff, so
+/// the flow is registered once room frees without the caller doing anything. Before, a
+/// refused flow stayed refused, and the harm outlasted the attack.
+#[test]
+fn a_flow_refused_full_registers_once_room_frees() {
+    let d = Hostile::start(
+        &[
+            ("slots = 1024", "slots = 4"),
+            ("stale_after_ms = 5", "stale_after_ms = 500"),
+        ],
+        0,
+    );
+    let me = rustix::process::getuid().as_raw();
+    let mut hog = AgentClient::connect(d.socket()).unwrap();
+    let held: Vec<_> = (0..4)
+        .map(|_| hog.register(FlowClass::Bandwidth, 1, 0))
+        .collect();
+    for &h in &held {
+        assert!(matches!(
+            hog.wait_registered(h, SERVED_WITHIN),
+            FlowState::Registered { .. }
+        ));
+    }
+    let mut late = AgentClient::connect(d.socket()).unwrap();
+    let h = late.register(FlowClass::Bandwidth, 1, 0);
+    let refused = late.wait_registered(h, SERVED_WITHIN);
+    assert!(
+        matches!(
+            refused,
+            FlowState::Refused(justitia_agent::proto::RefuseReason::Full)
+        ),
+        "{refused:?} (uid {me})"
+    );
+    drop(hog);
+    let freed = Instant::now();
+    eventually(
+        "the refused flow registered",
+        Duration::from_secs(3),
+        || {
+            late.tick(monotonic_ns());
+            matches!(late.state(h), FlowState::Registered { .. })
+        },
+    );
+    println!("registered {:?} after room freed", freed.elapsed());
+}

@@ -11,6 +11,7 @@ one line saying what it achieved, and keeps its connections until stdin closes.
   tcp-header ADDR MIB       one request head line of MIB MiB
   squat ADDR                bind and listen on ADDR first
   shaper SOCK HEX           register one flow (HEX), report it active
+  admin SOCK                ask the admin socket for the status
   inspect SOCK FLOW PID SPOOF OWN
                             what a tenant can see: its page, the shared block, the
                             daemon's descriptors, a registration claiming root (SPOOF)
@@ -137,6 +138,15 @@ def main():
         s.send(usage)
         held.append(s)
         print("registered")
+    elif mode == "admin":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(args[0])
+        try:
+            s.sendall(b'{"cmd":"status"}\n')
+        except OSError:
+            pass  # a refusal is written at once and the connection closed
+        print(s.makefile().readline().strip())
     elif mode == "inspect":
         path, other, daemon, spoof, own = args
         other = int(other)
