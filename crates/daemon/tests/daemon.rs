@@ -724,6 +724,29 @@ fn a_bad_reload_keeps_the_running_config_and_a_good_one_applies() {
     });
 }
 
+/// `admin_group` changed on SIGHUP gives the admin socket to the new group (before, the
+/// socket kept the group it was created with until a restart). Giving a file to a group
+/// one is not in needs root.
+#[test]
+#[ignore = "needs root: gives the admin socket to group nogroup"]
+fn a_reload_gives_the_admin_socket_to_a_new_admin_group() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start("");
+    let path = d.dir.path().join("justitiad.toml");
+    let admin = d.dir.path().join("a.sock");
+    let gid = || std::fs::metadata(&admin).unwrap().gid();
+    assert_eq!(gid(), rustix::process::getegid().as_raw());
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}admin_group = \"nogroup\"\n")).unwrap();
+    let pid = rustix::process::Pid::from_child(&d.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    eventually(
+        "the socket given to nogroup",
+        Duration::from_secs(2),
+        || gid() == 65534,
+    );
+}
+
 #[test]
 fn set_target_over_the_admin_socket() {
     let d = Daemon::start("");
