@@ -492,8 +492,10 @@ fn a_message_flood_keeps_the_heartbeat_under_the_stale_limit() {
 /// old (the reads blocked the loop). Root is the admin; the loop must not wait on it.
 #[test]
 fn a_slow_admin_client_does_not_hold_the_loop() {
+    // A limit a busy machine keeps without the real-time priority (this test needs no
+    // root): the blocking reads held the loop for 1.5 to 3 s.
     let d = Hostile::start(
-        &[("stale_after_ms = 5", "stale_after_ms = 50")],
+        &[("stale_after_ms = 5", "stale_after_ms = 500")],
         free_port(),
     );
     let stop = Arc::new(AtomicBool::new(false));
@@ -520,7 +522,7 @@ fn a_slow_admin_client_does_not_hold_the_loop() {
     let cut = slow.join().unwrap();
     stop.store(true, Ordering::Relaxed);
     println!("heartbeat gap {gap:?}; another admin answered in {answered:?}; slow client cut after {cut:?}");
-    assert!(gap < Duration::from_millis(50), "heartbeat {gap:?} old");
+    assert!(gap < Duration::from_millis(500), "heartbeat {gap:?} old");
     assert!(answered < Duration::from_millis(500));
     assert!(
         cut < Duration::from_secs(3),
