@@ -12,6 +12,7 @@ APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
   iproute2 valgrind python3-prometheus-client
+  systemd util-linux python3
 )
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -30,6 +30,15 @@ echo "== loom: the shaper's quick ring, every interleaving of post, poll, close,
 # cfg changes every crate's build). About 10 s of checking after the first build.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test --locked -q -p justitia-preload --lib ring
+echo "== justitiad under hostile tenants, and its tests as other uids (root: uids 65534, 2001-2004)"
+if [ "$(id -u)" = 0 ]; then
+    cargo test -p justitia-daemon --locked --test attacks -- --ignored --test-threads=1
+    cargo test -p justitia-daemon --locked --test daemon -- --ignored
+else
+    echo "not root: these tests act as other uids and need root; not run" >&2
+fi
+echo "== systemd unit hardening (systemd-analyze security; fails above 2.0)"
+systemd-analyze security --offline=yes --threshold=20 packaging/justitiad.service | tail -n 1
 echo "== docs/calibration.md is current"
 calibration="$(mktemp)"
 cargo run -q --locked -p justitia-cli -- validate --markdown "$calibration" >/dev/null 2>&1

@@ -30,9 +30,10 @@
 //! shaper older than its daemon keeps its static settings instead of misreading slots.
 //!
 //! The heartbeat is the daemon's `CLOCK_MONOTONIC` time in nanoseconds, stored at every
-//! wake-up; the boot id is random per daemon start. A reader that sees the heartbeat older
-//! than [`Header::stale_after_ns`] or a boot id other than the one it registered with
-//! treats the daemon as gone.
+//! wake-up; the boot id is random per daemon start. A reader that sees the heartbeat not
+//! move for longer than [`Header::stale_after_ns`] does not use the allotments until it
+//! moves again; one that sees a boot id other than the one it registered with treats the
+//! daemon as gone.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -435,6 +436,15 @@ impl BlockWriter {
         )
     }
 
+    /// Leaves slot `index` as a write in progress leaves it (its sequence word odd), so
+    /// every read of it is torn: for tests of what readers do then.
+    #[cfg(test)]
+    pub(crate) fn tear_slot(&self, index: u32) {
+        if let Some(s) = self.map.slot(index) {
+            s.seq.fetch_or(1, Ordering::Release);
+        }
+    }
+
     /// A reader over the daemon's own mapping, for reports and tests.
     pub fn reader(&self) -> Result<BlockReader, BlockError> {
         BlockReader::map(self.fd.as_fd())
@@ -549,7 +559,14 @@ impl BlockReader {
         self.map.header().heartbeat_ns.load(Ordering::Acquire)
     }
 
-    /// Whether the heartbeat is older than the block's staleness limit at `now_ns`.
+    /// The block's staleness limit (ns).
+    pub fn stale_after_ns(&self) -> u64 {
+        self.stale_after_ns
+    }
+
+    /// Whether the heartbeat is older than the block's staleness limit at `now_ns` read
+    /// on the daemon's clock (a reader in another time namespace measures ages with
+    /// the heartbeat's progress instead, as the agent client does).
     pub fn is_stale(&self, now_ns: u64) -> bool {
         now_ns.saturating_sub(self.heartbeat_ns()) > self.stale_after_ns
     }

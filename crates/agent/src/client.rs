@@ -12,15 +12,25 @@
 //! `connect(2)` on a local socket.
 //!
 //! Fail-open: [`allotment`](AgentClient::allotment) returns `None` as soon as the block's
-//! heartbeat is older than the block's staleness limit, or the connection has hung up,
-//! or the boot id changed; the caller then falls back to its static settings. `tick`
-//! reconnects with exponential backoff and registers every flow again; the
+//! heartbeat has not moved for longer than the block's staleness limit (measured on this
+//! process's clock, whatever the daemon's clock reads), or the connection has hung up;
+//! the caller then falls back to its static settings. A stale heartbeat alone keeps the
+//! connection: the allotments are used again as soon as the heartbeat moves. A hang-up
+//! makes `tick` reconnect with exponential backoff and register every flow again; the
 //! [`FlowHandle`]s the caller holds stay valid across that.
+//!
+//! Invariants: the flow list holds only the caller's live flows and those the daemon
+//! still owes an answer or an unregister (a vacant entry is reused, under a new
+//! generation so that an old handle or a late answer never names the new flow); every
+//! flow registered with the daemon is unregistered once the caller unregisters it, even
+//! when that came before the daemon's answer; a registration refused for room is sent
+//! again with backoff.
 
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use justitia_core::flow::FlowClass;
@@ -34,6 +44,10 @@ use crate::block::{
     monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState, KIND_SHARED, KIND_TENANT,
 };
 use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
+
+/// Registrations sent and not yet answered, at most: the daemon's answers to them fit
+/// in the socket's receive queue.
+pub const MAX_IN_FLIGHT: usize = 32;
 
 /// The registration socket's default path.
 pub const DEFAULT_SOCKET: &str = "/run/justitia/justitiad.sock";
@@ -99,9 +113,27 @@ impl Allotment {
     }
 }
 
-/// The caller's name for a flow; stable across reconnections.
+/// The caller's name for a flow; stable across reconnections. A handle of a flow that
+/// was unregistered names no flow, even once its place in the list is reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FlowHandle(u32);
+pub struct FlowHandle {
+    index: u32,
+    generation: u32,
+}
+
+impl FlowHandle {
+    /// The registration's `client_ref` on the wire: the generation above the index.
+    fn client_ref(self) -> u64 {
+        u64::from(self.generation) << 32 | u64::from(self.index)
+    }
+
+    fn from_client_ref(r: u64) -> Self {
+        FlowHandle {
+            index: r as u32,
+            generation: (r >> 32) as u32,
+        }
+    }
+}
 
 /// Where a flow's registration stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,10 +179,31 @@ impl Default for ClientConfig {
 #[derive(Debug)]
 struct Entry {
     register: Register,
+    /// Bumped each time the entry is reused: a handle or a late reply of an earlier flow
+    /// in the same place matches no longer.
+    generation: u32,
     state: FlowState,
     slot: u32,
     /// The registration has been sent on the current connection.
     sent: bool,
+    /// The caller unregistered the flow while its registration was unanswered: the
+    /// answer's flow is unregistered when it arrives.
+    cancelled: bool,
+    /// An unregister not yet sent (the socket was full).
+    unregister: Option<u64>,
+    /// A registration refused for room (`Full`, `TooManyFlows`) is sent again then (ns).
+    retry_at: u64,
+    retry_backoff: Duration,
+    /// The allotment read at the latest tick, kept for a read that finds the slot torn.
+    last: Option<Allotment>,
+}
+
+impl Entry {
+    /// Whether the entry may be reused: the caller is done with it and the daemon owes
+    /// it nothing.
+    fn vacant(&self) -> bool {
+        matches!(self.state, FlowState::Gone) && !self.cancelled && self.unregister.is_none()
+    }
 }
 
 #[derive(Debug)]
@@ -160,6 +213,21 @@ struct Connection {
     block: BlockReader,
     /// This tenant's page: the slots of its flows.
     page: BlockReader,
+    /// The least (reader's clock - heartbeat) seen, ns: the clocks' offset plus the
+    /// freshest heartbeat's age. See [`AgentClient::allotment`].
+    offset_ns: AtomicI64,
+}
+
+impl Connection {
+    /// Whether the heartbeat is older than the block's limit at `now_ns` on this
+    /// process's clock. The daemon's clock may be offset from the reader's (a time
+    /// namespace), so ages are measured against the least offset seen: a heartbeat that
+    /// does not move ages as the reader's clock advances, whatever the offset.
+    fn stale(&self, now_ns: u64) -> bool {
+        let seen = now_ns as i64 - self.block.heartbeat_ns() as i64;
+        let least = self.offset_ns.fetch_min(seen, Ordering::Relaxed).min(seen);
+        seen.saturating_sub(least) > self.block.stale_after_ns() as i64
+    }
 }
 
 /// Counters a shaper may report.
@@ -179,6 +247,8 @@ pub struct AgentClient {
     path: PathBuf,
     config: ClientConfig,
     conn: Option<Connection>,
+    /// Flows by index; a vacant entry is reused, so the list holds the caller's live
+    /// flows and those the daemon still owes an answer for.
     flows: Vec<Entry>,
     backoff: Duration,
     next_attempt_ns: u64,
@@ -222,7 +292,6 @@ impl AgentClient {
             source,
         }
     }
-
     fn open(&self) -> Result<(Connection, u64), ClientError> {
         let sock = rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -298,7 +367,16 @@ impl AgentClient {
         };
         let block = map(fds.next(), "control block", KIND_SHARED)?;
         let page = map(fds.next(), "tenant page", KIND_TENANT)?;
-        Ok((Connection { sock, block, page }, boot_id))
+        let offset_ns = AtomicI64::new(monotonic_ns() as i64 - block.heartbeat_ns() as i64);
+        Ok((
+            Connection {
+                sock,
+                block,
+                page,
+                offset_ns,
+            },
+            boot_id,
+        ))
     }
 
     fn adopt(&mut self, (conn, boot_id): (Connection, u64)) {
@@ -308,19 +386,28 @@ impl AgentClient {
         self.backoff = self.config.backoff_min;
         self.stats.connections += 1;
         for e in &mut self.flows {
+            // The daemon reclaimed everything of the old connection.
             e.sent = false;
+            e.cancelled = false;
+            e.unregister = None;
+            e.last = None;
             if !matches!(e.state, FlowState::Gone) {
                 e.state = FlowState::Pending;
+                e.retry_at = 0;
             }
         }
-        self.send_pending();
+        self.send_pending(monotonic_ns());
     }
 
     /// Whether a live daemon is connected (heartbeat fresh).
     pub fn is_connected(&self) -> bool {
-        self.conn
-            .as_ref()
-            .is_some_and(|c| !c.block.is_stale(monotonic_ns()))
+        self.conn.as_ref().is_some_and(|c| !c.stale(monotonic_ns()))
+    }
+
+    /// Whether the connection is open, fresh or not: a daemon that is only slow keeps
+    /// its connection, and its shapers their registrations.
+    pub fn has_connection(&self) -> bool {
+        self.conn.is_some()
     }
 
     /// The daemon's latest heartbeat (`CLOCK_MONOTONIC` ns), `None` when not connected.
@@ -351,6 +438,18 @@ impl AgentClient {
         self.stats
     }
 
+    /// Entries in the flow list: the caller's live flows and those whose registration
+    /// the daemon has not answered yet (for tests of its bound).
+    pub fn entries(&self) -> usize {
+        self.flows.iter().filter(|e| !e.vacant()).count()
+    }
+
+    fn entry(&self, h: FlowHandle) -> Option<&Entry> {
+        self.flows
+            .get(h.index as usize)
+            .filter(|e| e.generation == h.generation)
+    }
+
     /// Registers a flow; the registration is sent now if connected, else on reconnection.
     /// The handle is the caller's for the flow's lifetime.
     pub fn register(
@@ -359,58 +458,124 @@ impl AgentClient {
         qps: u32,
         demand_bytes_per_sec: u64,
     ) -> FlowHandle {
-        let index = self.flows.len() as u32;
-        self.flows.push(Entry {
-            register: Register {
-                client_ref: u64::from(index),
-                class,
-                qps: qps.max(1),
-                demand_bytes_per_sec,
-                claimed_uid: self.uid,
-            },
-            state: FlowState::Pending,
-            slot: 0,
-            sent: false,
-        });
-        self.send_pending();
-        FlowHandle(index)
+        let index = match self.flows.iter().position(Entry::vacant) {
+            Some(i) => i,
+            None => {
+                self.flows.push(Entry {
+                    register: Register {
+                        client_ref: 0,
+                        class,
+                        qps: 1,
+                        demand_bytes_per_sec: 0,
+                        claimed_uid: self.uid,
+                    },
+                    generation: 0,
+                    state: FlowState::Gone,
+                    slot: 0,
+                    sent: false,
+                    cancelled: false,
+                    unregister: None,
+                    retry_at: 0,
+                    retry_backoff: Duration::ZERO,
+                    last: None,
+                });
+                self.flows.len() - 1
+            }
+        };
+        let e = &mut self.flows[index];
+        e.generation = e.generation.wrapping_add(1);
+        let handle = FlowHandle {
+            index: index as u32,
+            generation: e.generation,
+        };
+        e.register = Register {
+            client_ref: handle.client_ref(),
+            class,
+            qps: qps.max(1),
+            demand_bytes_per_sec,
+            claimed_uid: self.uid,
+        };
+        e.state = FlowState::Pending;
+        e.slot = 0;
+        e.sent = false;
+        e.retry_at = 0;
+        e.retry_backoff = self.config.backoff_min;
+        e.last = None;
+        self.send_pending(monotonic_ns());
+        handle
     }
 
-    fn send_pending(&mut self) {
+    /// Sends what is owed: registrations not yet sent (and those refused for room whose
+    /// retry time has come), unregisters the socket could not take before.
+    fn send_pending(&mut self, now_ns: u64) {
         let Some(conn) = &self.conn else { return };
+        // The daemon drops an answer its peer's socket has no room for: registrations
+        // are kept few enough in flight that every answer fits.
+        let mut in_flight = self
+            .flows
+            .iter()
+            .filter(|e| e.sent && (e.cancelled || matches!(e.state, FlowState::Pending)))
+            .count();
+        let send = |wire: &[u8]| {
+            rustix::net::send(&conn.sock, wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+        };
         for e in &mut self.flows {
-            if e.sent || !matches!(e.state, FlowState::Pending) {
+            if let Some(flow) = e.unregister {
+                if send(&Request::Unregister { flow }.encode()) {
+                    e.unregister = None;
+                }
+            }
+            if let FlowState::Refused(RefuseReason::Full | RefuseReason::TooManyFlows) = e.state {
+                if now_ns >= e.retry_at {
+                    e.state = FlowState::Pending;
+                    e.sent = false;
+                }
+            }
+            if e.sent || !matches!(e.state, FlowState::Pending) || in_flight >= MAX_IN_FLIGHT {
                 continue;
             }
-            let wire = Request::Register(e.register).encode();
-            if rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)
-                .is_ok()
-            {
+            if send(&Request::Register(e.register).encode()) {
                 e.sent = true;
+                in_flight += 1;
                 self.stats.registrations += 1;
             }
         }
     }
 
-    /// Where a flow's registration stands.
+    /// Where a flow's registration stands. A registration refused for room
+    /// ([`RefuseReason::Full`], [`RefuseReason::TooManyFlows`]) is sent again by
+    /// [`tick`](Self::tick) with a backoff from `backoff_min` doubling to `backoff_max`:
+    /// the flow's state is `Refused` until then.
     pub fn state(&self, h: FlowHandle) -> FlowState {
-        self.flows
-            .get(h.0 as usize)
-            .map_or(FlowState::Gone, |e| e.state)
+        self.entry(h).map_or(FlowState::Gone, |e| e.state)
     }
 
     /// The allotment to enforce now, or `None`: daemon gone or stale, flow not (yet)
-    /// registered or given no share yet (idle until it reports work), not admitted, a latency flow (never shaped), or a torn read on every
-    /// attempt. Never blocks.
+    /// registered or given no share yet (idle until it reports work), not admitted, or a
+    /// latency flow (never shaped). A read that finds the slot torn on every attempt (the
+    /// daemon writing it) gives the allotment of the latest [`tick`](Self::tick), not
+    /// `None`. Never blocks.
+    ///
+    /// Stale means the heartbeat has not moved for longer than the block's limit as this
+    /// process's clock measures it; the daemon's clock may be offset from this one (a
+    /// time namespace) without making it look fresh or stale.
     pub fn allotment(&self, h: FlowHandle) -> Option<Allotment> {
         let conn = self.conn.as_ref()?;
-        let FlowState::Registered { flow, .. } = self.flows.get(h.0 as usize)?.state else {
+        let e = self.entry(h)?;
+        let FlowState::Registered { flow, .. } = e.state else {
             return None;
         };
-        if conn.block.is_stale(monotonic_ns()) {
+        if conn.stale(monotonic_ns()) {
             return None;
         }
-        let slot = conn.page.slot(self.flows[h.0 as usize].slot)?;
+        match conn.page.slot(e.slot) {
+            Some(slot) => Self::allotment_of(flow, slot),
+            None if e.slot < conn.page.slots() => e.last,
+            None => None,
+        }
+    }
+
+    fn allotment_of(flow: u64, slot: crate::block::SlotAllotment) -> Option<Allotment> {
         // A zero rate is an idle flow's (no share until it reports work): the caller keeps
         // its static settings rather than stall.
         (slot.flow == flow && slot.state == SlotState::Allotted && slot.bytes_per_sec > 0)
@@ -429,7 +594,7 @@ impl AgentClient {
     /// `None` when not connected or not registered.
     pub fn counted_bytes(&self, h: FlowHandle) -> Option<u64> {
         let conn = self.conn.as_ref()?;
-        let e = self.flows.get(h.0 as usize)?;
+        let e = self.entry(h)?;
         let FlowState::Registered { flow, .. } = e.state else {
             return None;
         };
@@ -442,9 +607,7 @@ impl AgentClient {
     /// socket buffer full), in which case the caller keeps counting and reports later.
     pub fn report_usage(&mut self, h: FlowHandle, active: bool, bytes: u64, ops: u64) -> bool {
         let Some(conn) = &self.conn else { return false };
-        let Some(FlowState::Registered { flow, .. }) =
-            self.flows.get(h.0 as usize).map(|e| e.state)
-        else {
+        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
             return false;
         };
         let wire = Request::Usage(Usage {
@@ -457,16 +620,26 @@ impl AgentClient {
         rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
-    /// The flow is gone (its QPs destroyed): tells the daemon, and forgets it.
+    /// The flow is gone (its QPs destroyed): tells the daemon, and forgets it. A flow
+    /// whose registration is not answered yet is unregistered when the answer arrives;
+    /// an unregister the socket cannot take now is sent by a later tick.
     pub fn unregister(&mut self, h: FlowHandle) {
-        let Some(e) = self.flows.get_mut(h.0 as usize) else {
+        if self.entry(h).is_none() {
+            return;
+        }
+        let Some(e) = self.flows.get_mut(h.index as usize) else {
             return;
         };
         let old = std::mem::replace(&mut e.state, FlowState::Gone);
-        if let (Some(conn), FlowState::Registered { flow, .. }) = (&self.conn, old) {
-            let wire = Request::Unregister { flow }.encode();
-            let _ = rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+        e.last = None;
+        match old {
+            FlowState::Registered { flow, .. } if self.conn.is_some() => {
+                e.unregister = Some(flow);
+            }
+            FlowState::Pending if e.sent && self.conn.is_some() => e.cancelled = true,
+            _ => {}
         }
+        self.send_pending(monotonic_ns());
     }
 
     /// The connection's socket, for callers that want to poll for replies.
@@ -474,31 +647,44 @@ impl AgentClient {
         self.conn.as_ref().map(|c| c.sock.as_fd())
     }
 
-    /// Receives replies, notices a gone daemon, reconnects with backoff. `now_ns` is
-    /// `CLOCK_MONOTONIC` in ns ([`monotonic_ns`]). Never waits on a live daemon; a
-    /// reconnection attempt costs one local `connect(2)` and, if it is accepted, the
-    /// daemon's greeting (sent at once on accept).
+    /// Receives replies, notices a gone daemon (its socket hung up), reconnects with
+    /// backoff, sends what is owed. `now_ns` is `CLOCK_MONOTONIC` in ns
+    /// ([`monotonic_ns`]). A stale heartbeat is not a gone daemon: the connection and
+    /// the registrations stay, and [`allotment`](Self::allotment) gives `None` (static
+    /// settings) until the heartbeat moves again, so one slow pass of the daemon does not
+    /// make every shaper register again. Never waits on a live daemon; a reconnection
+    /// attempt costs one local `connect(2)` and, if it is accepted, the daemon's greeting
+    /// (sent at once on accept).
     pub fn tick(&mut self, now_ns: u64) {
         if let Some(conn) = &self.conn {
-            let mut gone = conn.block.is_stale(now_ns);
+            let mut gone = false;
             let mut buf = [0u8; MAX_MESSAGE + 1];
-            while !gone {
+            loop {
                 match rustix::net::recv(&conn.sock, &mut buf, RecvFlags::DONTWAIT) {
-                    Ok((0, _)) => gone = true,
+                    Ok((0, _)) => {
+                        gone = true;
+                        break;
+                    }
                     Ok((n, _)) => {
                         if let Ok(reply) = Reply::parse(&buf[..n.min(buf.len())]) {
-                            Self::apply(&mut self.flows, reply);
+                            Self::apply(&mut self.flows, reply, now_ns, &self.config);
                         }
                     }
                     Err(rustix::io::Errno::AGAIN) => break,
                     Err(rustix::io::Errno::INTR) => continue,
-                    Err(_) => gone = true,
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
                 }
             }
             if gone {
                 self.conn = None;
                 self.stats.fail_opens += 1;
                 for e in &mut self.flows {
+                    e.cancelled = false;
+                    e.unregister = None;
+                    e.last = None;
                     if !matches!(e.state, FlowState::Gone) {
                         e.state = FlowState::Pending;
                     }
@@ -507,7 +693,15 @@ impl AgentClient {
                 self.next_attempt_ns =
                     now_ns.saturating_add(self.config.backoff_min.as_nanos() as u64);
             } else {
-                self.send_pending();
+                // Keep what the slots say now, for a later read that finds one torn.
+                for e in &mut self.flows {
+                    if let FlowState::Registered { flow, .. } = e.state {
+                        if let Some(slot) = conn.page.slot(e.slot) {
+                            e.last = Self::allotment_of(flow, slot);
+                        }
+                    }
+                }
+                self.send_pending(now_ns);
             }
             return;
         }
@@ -524,7 +718,7 @@ impl AgentClient {
         }
     }
 
-    fn apply(flows: &mut [Entry], reply: Reply) {
+    fn apply(flows: &mut [Entry], reply: Reply, now_ns: u64, config: &ClientConfig) {
         let (client_ref, state, slot) = match reply {
             Reply::Registered {
                 client_ref,
@@ -543,14 +737,31 @@ impl AgentClient {
             Reply::Refused { client_ref, reason } => (client_ref, FlowState::Refused(reason), 0),
             Reply::Hello { .. } => return,
         };
-        if let Some(e) = usize::try_from(client_ref)
-            .ok()
-            .and_then(|i| flows.get_mut(i))
-        {
-            if matches!(e.state, FlowState::Pending) {
-                e.state = state;
-                e.slot = slot;
+        let handle = FlowHandle::from_client_ref(client_ref);
+        let Some(e) = flows
+            .get_mut(handle.index as usize)
+            .filter(|e| e.generation == handle.generation)
+        else {
+            return;
+        };
+        if e.cancelled {
+            // Unregistered before this answer: the daemon's flow goes too.
+            e.cancelled = false;
+            if let FlowState::Registered { flow, .. } = state {
+                e.unregister = Some(flow);
             }
+            return;
+        }
+        if !matches!(e.state, FlowState::Pending) {
+            return;
+        }
+        e.state = state;
+        e.slot = slot;
+        if let FlowState::Refused(RefuseReason::Full | RefuseReason::TooManyFlows) = state {
+            e.retry_at = now_ns.saturating_add(e.retry_backoff.as_nanos() as u64);
+            e.retry_backoff = (e.retry_backoff * 2).min(config.backoff_max);
+        } else {
+            e.retry_backoff = config.backoff_min;
         }
     }
 
@@ -693,6 +904,125 @@ mod tests {
             other => panic!("expected a layout refusal, got {other:?}"),
         }
         assert_eq!(c.stats().connections, 0);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A daemon of the current layout that accepts one connection: greets it with a
+    /// shared block whose heartbeat is `heartbeat_ns` and a page, answers its first
+    /// registration with flow 7 in slot 0, allotted 1 MB/s. Returns the socket and the
+    /// two blocks.
+    fn fake_daemon(
+        name: &str,
+        heartbeat_ns: u64,
+        stale_after_ns: u64,
+    ) -> (
+        PathBuf,
+        std::thread::JoinHandle<(
+            OwnedFd,
+            crate::block::BlockWriter,
+            crate::block::BlockWriter,
+        )>,
+    ) {
+        use crate::block::{BlockWriter, SlotAllotment};
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
+        let (path, listener) = listening(name, 4);
+        let daemon = std::thread::spawn(move || {
+            let shared = BlockWriter::create_shared(5, stale_after_ns).unwrap();
+            shared.beat(heartbeat_ns);
+            let page = BlockWriter::create_tenant_page(4, 5).unwrap();
+            let sock = rustix::net::accept(&listener).unwrap();
+            let hello = Reply::Hello { boot_id: 5 }.encode();
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [shared.fd(), page.fd()];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            rustix::net::sendmsg(
+                &sock,
+                &[std::io::IoSlice::new(&hello)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )
+            .unwrap();
+            let mut buf = [0u8; MAX_MESSAGE];
+            let (n, _) = rustix::net::recv(&sock, &mut buf, RecvFlags::empty()).unwrap();
+            let Ok(Request::Register(r)) = Request::parse(&buf[..n]) else {
+                panic!("no registration")
+            };
+            page.set_slot(
+                0,
+                SlotAllotment {
+                    flow: 7,
+                    state: SlotState::Allotted,
+                    bytes_per_sec: 1_000_000,
+                    ops_per_sec: 0,
+                    chunk_bytes: 4096,
+                    token_bytes: 4096,
+                    generation: 1,
+                    phase_offset: 0,
+                    phase_epoch: 0,
+                },
+            );
+            let reply = Reply::Registered {
+                client_ref: r.client_ref,
+                flow: 7,
+                slot: 0,
+                admission: AdmissionReply::Admitted,
+            };
+            rustix::net::send(&sock, &reply.encode(), SendFlags::NOSIGNAL).unwrap();
+            (sock, shared, page)
+        });
+        (path, daemon)
+    }
+
+    /// A daemon whose clock is an hour ahead of the shaper's (another time namespace)
+    /// and whose heartbeat then stops: the shaper must see it go stale after the limit.
+    /// Comparing absolute clocks, the heartbeat would look fresh for an hour.
+    #[test]
+    fn a_heartbeat_that_stops_goes_stale_whatever_the_daemons_clock_reads() {
+        let ahead = monotonic_ns() + 3_600_000_000_000;
+        let (path, daemon) = fake_daemon("ahead", ahead, 20_000_000);
+        let mut c = AgentClient::connect(&path).unwrap();
+        let h = c.register(FlowClass::Bandwidth, 1, 0);
+        assert!(matches!(
+            c.wait_registered(h, Duration::from_secs(2)),
+            FlowState::Registered { flow: 7, .. }
+        ));
+        let (_sock, shared, _page) = daemon.join().unwrap();
+        // Fresh while it moves.
+        shared.beat(ahead + 1_000);
+        assert!(c.allotment(h).is_some());
+        std::thread::sleep(Duration::from_millis(60));
+        c.tick(monotonic_ns());
+        assert_eq!(
+            c.allotment(h),
+            None,
+            "a heartbeat stopped 60 ms ago is stale"
+        );
+        assert!(!c.is_connected());
+        // Stale is not gone: the connection and the registration stay, and the
+        // allotment is used again once the heartbeat moves.
+        assert!(c.has_connection());
+        assert!(matches!(c.state(h), FlowState::Registered { flow: 7, .. }));
+        shared.beat(ahead + 61_000_000);
+        c.tick(monotonic_ns());
+        assert_eq!(c.allotment(h).map(|a| a.bytes_per_sec), Some(1_000_000));
+        assert_eq!(c.stats().connections, 1);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A read that finds the slot torn (the daemon writing it) keeps the allotment of the
+    /// latest tick instead of leaving the flow unpaced.
+    #[test]
+    fn a_torn_read_keeps_the_last_allotment() {
+        let (path, daemon) = fake_daemon("torn", monotonic_ns(), 10_000_000_000);
+        let mut c = AgentClient::connect(&path).unwrap();
+        let h = c.register(FlowClass::Bandwidth, 1, 0);
+        c.wait_registered(h, Duration::from_secs(2));
+        let (_sock, _shared, page) = daemon.join().unwrap();
+        c.tick(monotonic_ns());
+        assert_eq!(c.allotment(h).map(|a| a.bytes_per_sec), Some(1_000_000));
+        page.tear_slot(0);
+        assert_eq!(c.allotment(h).map(|a| a.bytes_per_sec), Some(1_000_000));
         let _ = std::fs::remove_file(&path);
     }
 }

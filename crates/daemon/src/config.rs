@@ -19,10 +19,11 @@
 //! | `socket` | `/run/justitia/justitiad.sock` | registration socket (mode 0666: any local process may register, as itself) |
 //! | `admin_socket` | `/run/justitia/justitiad-admin.sock` | admin socket |
 //! | `admin_group` | none | a group whose members may use the admin socket besides root |
-//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint address; `""` turns it off |
+//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint: `address:port`, or `unix:/path` (mode 0660, group `admin_group`), which alone carries the per-tenant series labelled by uid; `""` turns it off. A failed bind is retried, never fatal |
 //! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
 //! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
-//! | `max_flows_per_uid` | 256 | flows one uid may register |
+//! | `max_flows_per_uid` | 256 | flows one uid may register (a quarter of `slots` is kept for tenants with few flows, see `limits`) |
+//! | `max_connections_per_uid` | 64 | connections one uid may hold on the registration socket |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
 //! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
@@ -96,6 +97,8 @@ pub struct Config {
     pub slots: u32,
     /// Flows per uid.
     pub max_flows_per_uid: usize,
+    /// Connections per uid.
+    pub max_connections_per_uid: usize,
     /// Soft admission policy.
     pub admission: AdmissionPolicy,
     /// What a tenant is.
@@ -122,6 +125,7 @@ impl Default for Config {
             stale_after: Duration::from_millis(5),
             slots: justitia_agent::block::DEFAULT_SLOTS,
             max_flows_per_uid: 256,
+            max_connections_per_uid: 64,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             weights: BTreeMap::new(),
@@ -313,8 +317,7 @@ impl Config {
             if s.is_empty() {
                 c.metrics = None;
             } else {
-                s.parse::<std::net::SocketAddr>()
-                    .map_err(|e| err("metrics", format!("`{s}`: {e} (write address:port)")))?;
+                crate::metrics::Endpoint::parse(&s).map_err(|e| err("metrics", e))?;
                 c.metrics = Some(s);
             }
         }
@@ -326,6 +329,9 @@ impl Config {
         }
         if let Some(v) = take("max_flows_per_uid") {
             c.max_flows_per_uid = int("max_flows_per_uid", v, 1, 65_536)? as usize;
+        }
+        if let Some(v) = take("max_connections_per_uid") {
+            c.max_connections_per_uid = int("max_connections_per_uid", v, 1, 65_536)? as usize;
         }
         if let Some(v) = take("admission") {
             c.admission = match string("admission", v)?.as_str() {

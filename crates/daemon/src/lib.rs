@@ -8,12 +8,14 @@
 //! | module | what it owns |
 //! | --- | --- |
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
+//! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
 //! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
-//! | [`tenant`] | tenants by cgroup |
+//! | [`tenant`] | peer identity (pidfd, pid 0) and tenants by cgroup |
 
 pub mod config;
+pub mod limits;
 pub mod metrics;
 pub mod probe;
 pub mod server;

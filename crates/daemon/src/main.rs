@@ -77,8 +77,13 @@ fn main() -> anyhow::Result<()> {
         ),
     };
     let metrics = Metrics::new();
-    if let Some(addr) = &config.metrics {
-        metrics::serve(addr, metrics.clone()).map_err(anyhow::Error::msg)?;
+    if let Some(endpoint) = &config.metrics {
+        let endpoint = metrics::Endpoint::parse(endpoint).map_err(anyhow::Error::msg)?;
+        let group = config
+            .admin_group
+            .as_deref()
+            .and_then(justitia_daemon::config::group_id);
+        metrics::serve(endpoint, metrics.clone(), group).map_err(anyhow::Error::msg)?;
     }
     let signals = SIGNALS.get_or_init(Signals::default);
     install_handlers();

@@ -1,7 +1,6 @@
 //! The daemon's Prometheus metrics and the small HTTP server that exposes them.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -99,6 +98,12 @@ impl Metrics {
     /// NaN is false so no alert fires on it, and dashboards show it as no value.
     /// `justitia status` shows the same absence as `-` (`null` with `--json`).
     pub fn registry(&self) -> Registry {
+        self.registry_with(true)
+    }
+
+    /// A registry holding them, the per-tenant series (labelled by uid) only if
+    /// `per_tenant`.
+    pub fn registry_with(&self, per_tenant: bool) -> Registry {
         let mut r = Registry::with_prefix("justitia");
         r.register(
             "safe_util_bytes_per_second",
@@ -130,16 +135,18 @@ impl Metrics {
             "Flows registered",
             self.flows_registered.clone(),
         );
-        r.register(
-            "tenant_allotment_bytes_per_second",
-            "Sum of a tenant's allotments",
-            self.tenant_allotment.clone(),
-        );
-        r.register(
-            "tenant_usage_bytes",
-            "Bytes a tenant's shapers reported posting",
-            self.tenant_usage.clone(),
-        );
+        if per_tenant {
+            r.register(
+                "tenant_allotment_bytes_per_second",
+                "Sum of a tenant's allotments",
+                self.tenant_allotment.clone(),
+            );
+            r.register(
+                "tenant_usage_bytes",
+                "Bytes a tenant's shapers reported posting",
+                self.tenant_usage.clone(),
+            );
+        }
         r.register(
             "probe_latency_seconds",
             "Reference flow post-to-completion time",
@@ -187,35 +194,286 @@ pub fn cpu_seconds() -> f64 {
     t(ru.ru_utime) + t(ru.ru_stime)
 }
 
-/// Serves `GET /metrics` on `addr` from a thread of its own.
-pub fn serve(addr: &str, metrics: Metrics) -> Result<std::thread::JoinHandle<()>, String> {
-    let server =
-        tiny_http::Server::http(addr).map_err(|e| format!("metrics endpoint {addr}: {e}"))?;
-    let registry = Arc::new(metrics.registry());
+/// The request head read at most; a longer one is answered 431 and closed.
+pub const MAX_HEAD: usize = 8192;
+/// Scrape connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 16;
+/// A scrape connection's whole life: request head read and answer written.
+pub const CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+/// The first retry of a failed bind; retries double to [`BIND_RETRY_MAX`].
+pub const BIND_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between bind retries.
+pub const BIND_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where the metrics are served: a TCP address, or a Unix socket (`unix:/path`), which
+/// alone carries the per-tenant series (see [`serve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `address:port`.
+    Tcp(std::net::SocketAddr),
+    /// A Unix socket path (mode 0660).
+    Unix(std::path::PathBuf),
+}
+
+impl Endpoint {
+    /// Parses `address:port` or `unix:/absolute/path`.
+    pub fn parse(text: &str) -> Result<Endpoint, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if !path.starts_with('/') || path.len() > 100 {
+                return Err(format!(
+                    "`{path}` must be an absolute path of at most 100 bytes"
+                ));
+            }
+            return Ok(Endpoint::Unix(path.into()));
+        }
+        text.parse()
+            .map(Endpoint::Tcp)
+            .map_err(|e| format!("`{text}`: {e} (write address:port or unix:/path)"))
+    }
+}
+
+enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+fn bind(endpoint: &Endpoint, group: Option<u32>) -> std::io::Result<Listener> {
+    match endpoint {
+        Endpoint::Tcp(addr) => {
+            let l = std::net::TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            Ok(Listener::Tcp(l))
+        }
+        Endpoint::Unix(path) => {
+            if std::os::unix::net::UnixStream::connect(path).is_err() {
+                let _ = std::fs::remove_file(path);
+            }
+            let l = std::os::unix::net::UnixListener::bind(path)?;
+            l.set_nonblocking(true)?;
+            rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(0o660))?;
+            if let Some(g) = group {
+                rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(g)))?;
+            }
+            Ok(Listener::Unix(l))
+        }
+    }
+}
+
+struct Scrape {
+    sock: std::os::fd::OwnedFd,
+    head: Vec<u8>,
+    out: Vec<u8>,
+    sent: usize,
+    deadline: std::time::Instant,
+}
+
+fn response(status: &str, content_type: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The answer to a request head.
+fn answer(head: &[u8], metrics: &Metrics, registry: &Registry) -> Vec<u8> {
+    let line = head
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or_default();
+    let mut words = line.split(|&b| b == b' ');
+    let (method, target) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    if method != b"GET" {
+        return response(
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET /metrics only\n",
+        );
+    }
+    if target != b"/metrics" {
+        return response("404 Not Found", "text/plain", "not found: try /metrics\n");
+    }
+    metrics.cpu_seconds.set(cpu_seconds());
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
+        Ok(()) => response(
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            &body,
+        ),
+        Err(e) => response(
+            "500 Internal Server Error",
+            "text/plain",
+            &format!("encoding: {e}\n"),
+        ),
+    }
+}
+
+/// Serves `GET /metrics` at `endpoint` from a thread of its own, bounded so that no
+/// local user can knock it over: at most [`MAX_CONNECTIONS`] at once (more are closed at
+/// accept), a request head of at most [`MAX_HEAD`] bytes (a body is never read), each
+/// connection done within [`CONNECTION_DEADLINE`], all without blocking. A bind that
+/// fails (the port taken) is a warning, retried with backoff from [`BIND_RETRY_MIN`] to
+/// [`BIND_RETRY_MAX`]: the daemon serves shapers meanwhile.
+///
+/// The per-tenant series (allotment and usage labelled by uid) are served only on a Unix
+/// socket, mode 0660 and group `group` (the admin group): on TCP anyone on the host could
+/// read every tenant's usage.
+pub fn serve(
+    endpoint: Endpoint,
+    metrics: Metrics,
+    group: Option<u32>,
+) -> Result<std::thread::JoinHandle<()>, String> {
+    let per_tenant = matches!(endpoint, Endpoint::Unix(_));
+    let registry = metrics.registry_with(per_tenant);
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            for request in server.incoming_requests() {
-                let response = if request.url() == "/metrics" {
-                    metrics.cpu_seconds.set(cpu_seconds());
-                    let mut body = String::new();
-                    match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                        Ok(()) => {
-                            let mut r = tiny_http::Response::from_string(body);
-                            if let Ok(h) = "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
-                                .parse::<tiny_http::Header>()
-                            {
-                                r.add_header(h);
-                            }
-                            r
-                        }
-                        Err(e) => tiny_http::Response::from_string(format!("encoding: {e}")).with_status_code(500),
+            let mut retry = BIND_RETRY_MIN;
+            let listener = loop {
+                match bind(&endpoint, group) {
+                    Ok(l) => break l,
+                    Err(e) => {
+                        tracing::warn!(error = %e, endpoint = ?endpoint, retry_s = retry.as_secs(),
+                                       "metrics endpoint not bound; retrying");
+                        std::thread::sleep(retry);
+                        retry = (retry * 2).min(BIND_RETRY_MAX);
                     }
-                } else {
-                    tiny_http::Response::from_string("not found: try /metrics\n").with_status_code(404)
-                };
-                let _ = request.respond(response);
-            }
+                }
+            };
+            tracing::info!(endpoint = ?endpoint, "metrics endpoint bound");
+            run(&listener, &metrics, &registry);
         })
         .map_err(|e| format!("starting the metrics thread: {e}"))
+}
+
+fn accept(listener: &Listener) -> std::io::Result<std::os::fd::OwnedFd> {
+    let fd: std::os::fd::OwnedFd = match listener {
+        Listener::Tcp(l) => l.accept()?.0.into(),
+        Listener::Unix(l) => l.accept()?.0.into(),
+    };
+    rustix::io::ioctl_fionbio(&fd, true)?;
+    Ok(fd)
+}
+
+fn run(listener: &Listener, metrics: &Metrics, registry: &Registry) {
+    use rustix::event::{PollFd, PollFlags};
+    use std::os::fd::AsFd;
+    let lfd = match listener {
+        Listener::Tcp(l) => l.as_fd(),
+        Listener::Unix(l) => l.as_fd(),
+    };
+    let mut conns: Vec<Scrape> = Vec::new();
+    loop {
+        let now = std::time::Instant::now();
+        conns.retain(|c| c.deadline > now);
+        let wait = conns
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or(std::time::Duration::from_secs(60));
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(conns.len() + 1);
+        fds.push(PollFd::new(&lfd, PollFlags::IN));
+        for c in &conns {
+            let want = if c.out.is_empty() {
+                PollFlags::IN
+            } else {
+                PollFlags::OUT
+            };
+            fds.push(PollFd::new(&c.sock, want));
+        }
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()) as _,
+        };
+        if rustix::event::poll(&mut fds, Some(&ts)).is_err() {
+            continue;
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        let mut done = vec![false; conns.len()];
+        for (i, c) in conns.iter_mut().enumerate() {
+            if !ready[i + 1] {
+                continue;
+            }
+            done[i] = step(c, metrics, registry);
+        }
+        let mut i = 0;
+        conns.retain(|_| {
+            i += 1;
+            !done[i - 1]
+        });
+        if ready[0] {
+            for _ in 0..MAX_CONNECTIONS {
+                match accept(listener) {
+                    Ok(sock) if conns.len() < MAX_CONNECTIONS => conns.push(Scrape {
+                        sock,
+                        head: Vec::new(),
+                        out: Vec::new(),
+                        sent: 0,
+                        deadline: std::time::Instant::now() + CONNECTION_DEADLINE,
+                    }),
+                    // Over the cap: closed at once.
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        // Out of descriptors: the listener stays readable; wait a little
+                        // rather than spin, and keep serving.
+                        tracing::warn!(error = %e, "metrics accept failed");
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads or writes what a connection allows now; true when it is finished.
+fn step(c: &mut Scrape, metrics: &Metrics, registry: &Registry) -> bool {
+    if c.out.is_empty() {
+        let mut buf = [0u8; 2048];
+        loop {
+            match rustix::net::recv(&c.sock, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return true,
+                Ok((n, _)) => {
+                    c.head.extend_from_slice(&buf[..n]);
+                    if let Some(end) = c.head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        c.out = answer(&c.head[..end], metrics, registry);
+                        break;
+                    }
+                    if c.head.len() > MAX_HEAD {
+                        c.out = response(
+                            "431 Request Header Fields Too Large",
+                            "text/plain",
+                            "request head too long\n",
+                        );
+                        break;
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN) => return false,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return true,
+            }
+        }
+        c.head = Vec::new();
+    }
+    while c.sent < c.out.len() {
+        match rustix::net::send(
+            &c.sock,
+            &c.out[c.sent..],
+            rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => c.sent += n,
+            Err(rustix::io::Errno::AGAIN) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return true,
+        }
+    }
+    // Whatever the peer sent after the head (a body) is left unread.
+    let _ = rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Write);
+    true
 }

@@ -31,13 +31,29 @@
 //! (allotments and counted usage). No connection is ever given another tenant's page.
 //!
 //! Identity is the kernel's: a connection's uid and pid come from `SO_PEERCRED` when it is
-//! accepted, and a pidfd of that pid tells when the process is gone even if a child
-//! inherited its socket. A connection that hangs up, or whose process exits, has its
-//! flows reclaimed on that wake-up, so their share goes to the others at the next update
-//! (within one RefPeriod).
+//! accepted, and a pidfd of its process (see [`crate::tenant`]) tells when the process is
+//! gone even if a child inherited its socket. A connection that hangs up, or whose
+//! process exits, has its flows reclaimed on that wake-up, so their share goes to the
+//! others at the next update (within one RefPeriod).
+//!
+//! Every local user can reach the registration socket, so nothing a peer sends may hold
+//! the loop (see [`crate::limits`] for the caps):
+//! - a pass serves sockets for at most [`PASS_BUDGET_DIVISOR`]th of `stale_after_ms`
+//!   (and a connection at most [`MESSAGES_PER_TURN`] messages per pass); what is left
+//!   stays readable and is served on the next pass, after the update and the heartbeat,
+//!   so the heartbeat is written on time whatever arrives;
+//! - `accept` at the descriptor limit (EMFILE, ENFILE) or at the connection cap pauses
+//!   the listener for [`LISTEN_PAUSE`] instead of spinning on a readable listener;
+//! - the admin socket is served without blocking, each connection within
+//!   [`ADMIN_DEADLINE`] overall and at most [`MAX_ADMIN_CONNECTIONS`] at once;
+//! - a log line a peer can cause is rate-limited.
+//!
+//! `READY=1` goes to systemd once the sockets are bound, and when the unit sets
+//! `WatchdogSec=` the loop sends `WATCHDOG=1` at half that interval: a loop that stops
+//! turning is restarted.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{IoSlice, Read, Write};
+use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -69,6 +85,7 @@ use rustix::net::{
 use tracing::{debug, error, info, warn};
 
 use crate::config::{group_id, parse_target, AdmissionPolicy, Config, TenantBy};
+use crate::limits::{LogKind, LogLimiter, SlotCounts};
 use crate::metrics::{Label, Metrics, Tenant};
 use crate::probe::Probe;
 
@@ -93,6 +110,7 @@ pub enum StartError {
 struct Client {
     sock: OwnedFd,
     uid: u32,
+    /// 0 when the peer is in a pid namespace the daemon cannot see.
     pid: i32,
     /// The tenant its flows belong to, and its name in reports.
     tenant: u64,
@@ -122,6 +140,18 @@ struct TenantPage {
     free: Vec<u32>,
     /// Connections of the tenant: the page is dropped when the last one goes.
     clients: usize,
+}
+
+/// An admin connection being served: its request read, then its answer written, without
+/// blocking, before its deadline.
+struct AdminConn {
+    sock: OwnedFd,
+    /// Refused by identity: the answer is the refusal, no request is read.
+    allowed: bool,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    sent: usize,
+    deadline: u64,
 }
 
 /// Flags the signal handlers raise.
@@ -176,8 +206,26 @@ pub struct Daemon {
     last_beat: u64,
     /// What the last status publication reflected: (updates, flows, generation).
     published: Option<(u64, usize, u64)>,
-    /// sd_notify READY sent (at the first probe).
-    notified: bool,
+    /// The reference flow's first completion was logged.
+    probe_running: bool,
+    /// Flows by uid, for the per-uid cap.
+    uid_flows: HashMap<u32, usize>,
+    /// Connections by uid, for the per-uid cap.
+    uid_clients: HashMap<u32, usize>,
+    /// Connections served at most (from the descriptor limit).
+    max_clients: usize,
+    /// The listener is paused (EMFILE or the connection cap) until then (ns; 0: not).
+    listen_paused_until: u64,
+    /// The next tenant id of a cgroup.
+    next_cgroup: u64,
+    admins: BTreeMap<u64, AdminConn>,
+    next_admin: u64,
+    logs: LogLimiter,
+    /// When the current pass stops serving sockets (ns).
+    pass_deadline: u64,
+    /// The systemd watchdog's ping interval (ns; half of `WatchdogSec=`), if asked for.
+    watchdog_ns: Option<u64>,
+    last_watchdog: u64,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -186,8 +234,23 @@ const TAG_LISTEN: u64 = u64::MAX - 1;
 const TAG_ADMIN: u64 = u64::MAX - 3;
 const TAG_TIMER: u64 = u64::MAX - 5;
 const TAG_PROBE: u64 = u64::MAX - 7;
+/// Epoll tags of admin connections: this bit and the connection's id.
+const TAG_ADMIN_CONN: u64 = 1 << 62;
 /// Events taken per wait; more stay pending for the next.
 const EVENTS: usize = 64;
+/// A pass of the loop serves sockets for at most `stale_after_ms` divided by this.
+pub const PASS_BUDGET_DIVISOR: u64 = 5;
+/// Messages read from one connection per pass.
+pub const MESSAGES_PER_TURN: usize = 16;
+/// How long the listener stays paused at the descriptor limit or the connection cap.
+pub const LISTEN_PAUSE: Duration = Duration::from_millis(100);
+/// An admin connection's whole life: request read and answer written.
+pub const ADMIN_DEADLINE: Duration = Duration::from_secs(1);
+/// Admin connections served at once; more are closed at accept.
+pub const MAX_ADMIN_CONNECTIONS: usize = 8;
+/// Tenant ids of cgroups start here, above every uid (a peer of unseen pid is its uid's
+/// tenant even with `tenant = "cgroup"`).
+const CGROUP_TENANT_BASE: u64 = 1 << 40;
 
 fn now_ns() -> u64 {
     monotonic_ns()
@@ -233,6 +296,23 @@ fn bind_socket(
     rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode)).map_err(|e| err(io_err(e)))?;
     rustix::net::listen(&sock, 128).map_err(|e| err(io_err(e)))?;
     Ok(sock)
+}
+
+/// Gives the admin socket to `admin_group` (or back to the daemon's own group without
+/// one), so that the group's members may connect (mode 0660).
+fn own_admin_socket(config: &Config) {
+    let gid = config
+        .admin_group
+        .as_deref()
+        .and_then(group_id)
+        .unwrap_or_else(|| rustix::process::getegid().as_raw());
+    if let Err(e) = rustix::fs::chown(
+        &config.admin_socket,
+        None,
+        Some(rustix::fs::Gid::from_raw(gid)),
+    ) {
+        warn!(error = %e, gid, path = %config.admin_socket.display(), "admin socket not given to its group");
+    }
 }
 
 fn seqpacket_alive(path: &Path) -> bool {
@@ -301,13 +381,7 @@ impl Daemon {
             0o660,
             "admin socket",
         )?;
-        if let Some(g) = config.admin_group.as_deref().and_then(group_id) {
-            let _ = rustix::fs::chown(
-                &config.admin_socket,
-                None,
-                Some(rustix::fs::Gid::from_raw(g)),
-            );
-        }
+        own_admin_socket(&config);
         metrics.max_rate.set(profile.max_rate_bytes_per_sec());
         let sys = |what: &'static str| {
             move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))
@@ -382,40 +456,127 @@ impl Daemon {
             completions: Vec::new(),
             last_beat: now_ns(),
             published: None,
-            notified: false,
+            probe_running: false,
+            uid_flows: HashMap::new(),
+            uid_clients: HashMap::new(),
+            max_clients: crate::limits::max_clients(crate::limits::nofile_limit()),
+            listen_paused_until: 0,
+            next_cgroup: CGROUP_TENANT_BASE,
+            admins: BTreeMap::new(),
+            next_admin: 1,
+            logs: LogLimiter::default(),
+            pass_deadline: 0,
+            watchdog_ns: None,
+            last_watchdog: 0,
         })
     }
 
     /// Runs until `signals.stop` is raised.
     pub fn run(&mut self, signals: &Signals) {
+        // The sockets are bound: shapers can connect from now on.
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        let mut usec = 0;
+        if sd_notify::watchdog_enabled(false, &mut usec) {
+            self.watchdog_ns = Some(usec.saturating_mul(1000) / 2);
+        }
         let mut probe_ready = false;
         while !signals.stop.load(Ordering::Relaxed) {
             if signals.reload.swap(false, Ordering::Relaxed) {
                 self.reload();
             }
-            // Completions first, so that the update on this wake-up counts them; each is
-            // stamped with the time it completed, not the time it is collected.
-            let now = now_ns();
-            if probe_ready || self.probe.outstanding() > 0 {
-                self.completions.clear();
-                self.probe.collect(now, probe_ready, &mut self.completions);
-                self.take_completions();
-            }
-            self.serve_ready(now);
-            let now_d = Duration::from_nanos(now_ns());
-            if self.lp.poll_timeout().is_some_and(|t| t <= now_d) {
-                self.lp.handle_timeout(now_d);
-            }
-            self.drain_events();
-            let now = now_ns();
-            self.block.beat(now);
-            self.last_beat = now;
-            self.publish_status();
+            self.turn(probe_ready);
             probe_ready = self.wait();
         }
         let _ = std::fs::remove_file(&self.config.socket);
         let _ = std::fs::remove_file(&self.config.admin_socket);
         info!("justitiad stopped");
+    }
+
+    /// One pass of the loop after a wake-up: probe completions, the sockets found ready
+    /// (within the pass budget), the control loop's update, the heartbeat, the status.
+    pub fn turn(&mut self, probe_ready: bool) {
+        // Completions first, so that the update on this wake-up counts them; each is
+        // stamped with the time it completed, not the time it is collected.
+        let now = now_ns();
+        self.block.beat(now);
+        if probe_ready || self.probe.outstanding() > 0 {
+            self.completions.clear();
+            self.probe.collect(now, probe_ready, &mut self.completions);
+            self.take_completions();
+        }
+        self.serve_ready(now);
+        self.expire(now_ns());
+        let now_d = Duration::from_nanos(now_ns());
+        if self.lp.poll_timeout().is_some_and(|t| t <= now_d) {
+            self.lp.handle_timeout(now_d);
+        }
+        self.drain_events();
+        let now = now_ns();
+        self.block.beat(now);
+        self.last_beat = now;
+        if let Some(every) = self.watchdog_ns {
+            if now.saturating_sub(self.last_watchdog) >= every {
+                self.last_watchdog = now;
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+        }
+        self.publish_status();
+    }
+
+    /// Resumes a paused listener when its pause is over, and closes admin connections
+    /// past their deadline.
+    fn expire(&mut self, now: u64) {
+        if self.listen_paused_until != 0 && now >= self.listen_paused_until {
+            self.listen_paused_until = 0;
+            self.listen_interest(rustix::event::epoll::EventFlags::IN);
+        }
+        let late: Vec<u64> = self
+            .admins
+            .iter()
+            .filter(|(_, a)| a.deadline <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in late {
+            self.admins.remove(&id);
+            if self.log_ok(LogKind::Admin, now) {
+                warn!(
+                    deadline_ms = ADMIN_DEADLINE.as_millis() as u64,
+                    "admin connection closed: not done by its deadline"
+                );
+            }
+        }
+    }
+
+    fn listen_interest(&self, flags: rustix::event::epoll::EventFlags) {
+        if let Err(e) = rustix::event::epoll::modify(
+            &self.epoll,
+            &self.listener,
+            rustix::event::epoll::EventData::new_u64(TAG_LISTEN),
+            flags,
+        ) {
+            error!(error = %e, "changing the registration socket's watch");
+        }
+    }
+
+    fn pause_listener(&mut self, now: u64) {
+        if self.listen_paused_until == 0 {
+            self.listen_interest(rustix::event::epoll::EventFlags::empty());
+        }
+        self.listen_paused_until = now.saturating_add(LISTEN_PAUSE.as_nanos() as u64);
+    }
+
+    /// Whether a line of `kind` may be logged now; says once how many were dropped.
+    fn log_ok(&mut self, kind: LogKind, now: u64) -> bool {
+        let (ok, dropped) = self.logs.allow(kind, now);
+        if dropped > 0 {
+            warn!(kind = ?kind, dropped, "log lines dropped by the rate limit in the last second");
+        }
+        ok
+    }
+
+    /// The pass budget: sockets are served for at most this long per pass.
+    fn pass_budget_ns(&self) -> u64 {
+        (self.config.stale_after.as_nanos() as u64 / PASS_BUDGET_DIVISOR).max(100_000)
     }
 
     /// Hands the collected completions to the control loop.
@@ -438,6 +599,15 @@ impl Daemon {
         if let Some(t) = self.lp.poll_timeout() {
             wake = wake.min(t.as_nanos() as u64);
         }
+        if self.listen_paused_until != 0 {
+            wake = wake.min(self.listen_paused_until);
+        }
+        if let Some(a) = self.admins.values().map(|a| a.deadline).min() {
+            wake = wake.min(a);
+        }
+        if let Some(every) = self.watchdog_ns {
+            wake = wake.min(self.last_watchdog.saturating_add(every));
+        }
         wake
     }
 
@@ -445,8 +615,9 @@ impl Daemon {
     /// descriptor is ready. The timer is absolute on CLOCK_MONOTONIC with nanosecond
     /// resolution, and only re-armed when the deadline moves (a timer left expired keeps
     /// its descriptor readable, which is right: its deadline has passed). Returns whether
-    /// the probe's descriptor was ready; socket events are kept for [`Self::serve_ready`].
-    fn wait(&mut self) -> bool {
+    /// the probe's descriptor was ready (for [`Self::turn`]); socket events are kept for
+    /// the pass. [`Self::run`] alternates the two; a benchmark may drive them itself.
+    pub fn wait(&mut self) -> bool {
         let wake = self.next_wake();
         if wake != self.armed {
             let spec = rustix::time::Itimerspec {
@@ -497,12 +668,20 @@ impl Daemon {
         )
     }
 
-    /// Serves the sockets the last wait found ready.
-    fn serve_ready(&mut self, now: u64) {
+    /// Serves the sockets the last wait found ready, until the pass budget is spent: the
+    /// rest stay readable (epoll is level-triggered and puts a descriptor it reported at
+    /// the back of its ready list) and are served on the next pass.
+    fn serve_ready(&mut self, start: u64) {
+        self.pass_deadline = start.saturating_add(self.pass_budget_ns());
         for i in 0..self.ready.len() {
+            let now = now_ns();
+            if now > self.pass_deadline {
+                break;
+            }
             match self.ready[i] {
-                TAG_LISTEN => self.accept(),
-                TAG_ADMIN => self.serve_admin(),
+                TAG_LISTEN => self.accept(now),
+                TAG_ADMIN => self.accept_admin(now),
+                tag if tag & TAG_ADMIN_CONN != 0 => self.serve_admin(tag & !TAG_ADMIN_CONN),
                 tag if tag & 1 == 1 => self.reclaim(now, tag >> 1, "process exited"),
                 tag => self.read_client(now, tag >> 1),
             }
@@ -527,9 +706,8 @@ impl Daemon {
                 self.metrics
                     .probe_latency
                     .observe(at.saturating_sub(sent) as f64 * 1e-9);
-                if !self.notified {
-                    self.notified = true;
-                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+                if !self.probe_running {
+                    self.probe_running = true;
                     info!(
                         latency_us = at.saturating_sub(sent) as f64 / 1e3,
                         "reference flow running"
@@ -677,8 +855,21 @@ impl Daemon {
         }
     }
 
-    fn accept(&mut self) {
-        loop {
+    /// Accepts the pending connections (at most [`EVENTS`] per pass): caps per uid and in
+    /// all, the peer's identity and pidfd, its tenant, and the greeting with the shared
+    /// block and the tenant's page.
+    fn accept(&mut self, now: u64) {
+        for _ in 0..EVENTS {
+            if self.clients.len() >= self.max_clients {
+                if self.log_ok(LogKind::Accept, now) {
+                    warn!(
+                        connections = self.clients.len(),
+                        "connection cap reached: registration socket paused"
+                    );
+                }
+                self.pause_listener(now);
+                return;
+            }
             let sock = match rustix::net::accept_with(
                 &self.listener,
                 SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
@@ -686,72 +877,151 @@ impl Daemon {
                 Ok(s) => s,
                 Err(rustix::io::Errno::AGAIN) => return,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    warn!(error = %e, "accept on the registration socket");
+                Err(
+                    e @ (rustix::io::Errno::MFILE
+                    | rustix::io::Errno::NFILE
+                    | rustix::io::Errno::NOBUFS
+                    | rustix::io::Errno::NOMEM),
+                ) => {
+                    // The listener stays readable: waiting on it again would spin.
+                    if self.log_ok(LogKind::Accept, now) {
+                        warn!(error = %e, pause_ms = LISTEN_PAUSE.as_millis() as u64,
+                              "accept on the registration socket: out of descriptors, paused");
+                    }
+                    self.pause_listener(now);
                     return;
                 }
-            };
-            let cred = match rustix::net::sockopt::socket_peercred(&sock) {
-                Ok(c) => c,
                 Err(e) => {
-                    warn!(error = %e, "SO_PEERCRED failed: connection dropped");
+                    if self.log_ok(LogKind::Accept, now) {
+                        warn!(error = %e, "accept on the registration socket");
+                    }
                     continue;
                 }
             };
-            let (uid, pid) = (cred.uid.as_raw(), cred.pid.as_raw_nonzero().get());
-            let (tenant, tenant_name) = match self.config.tenant {
-                TenantBy::Uid => (u64::from(uid), uid.to_string()),
-                TenantBy::Cgroup => match crate::tenant::read_cgroup(pid) {
-                    Ok(path) => {
-                        let next = self.cgroups.len() as u64 + 1;
-                        (*self.cgroups.entry(path.clone()).or_insert(next), path)
-                    }
-                    Err(e) => {
-                        warn!(error = %e, uid, pid, "no cgroup for the tenant: connection dropped");
-                        continue;
-                    }
-                },
-            };
-            let pidfd =
-                rustix::process::pidfd_open(cred.pid, rustix::process::PidfdFlags::empty()).ok();
-            let hello = Reply::Hello {
-                boot_id: self.boot_id,
+            self.admit(now, sock);
+        }
+    }
+
+    fn refuse_connection(&mut self, now: u64, reason: &str, detail: std::fmt::Arguments<'_>) {
+        self.metrics
+            .refused
+            .get_or_create(&Label {
+                value: reason.into(),
+            })
+            .inc();
+        if self.log_ok(LogKind::Accept, now) {
+            warn!(reason, detail = %detail, "connection dropped");
+        }
+    }
+
+    fn admit(&mut self, now: u64, sock: OwnedFd) {
+        let cred = match crate::tenant::peer_cred(sock.as_fd()) {
+            Ok(c) => c,
+            Err(e) => {
+                return self.refuse_connection(
+                    now,
+                    "no_credentials",
+                    format_args!("SO_PEERCRED: {e}"),
+                )
             }
-            .encode();
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            // The tenant's page is created with its first connection and handed only to
-            // its connections.
-            let page = match self.pages.entry(tenant) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    match BlockWriter::create_tenant_page(self.config.slots, self.boot_id) {
-                        Ok(page) => e.insert(TenantPage {
-                            page,
-                            free: (0..self.config.slots).rev().collect(),
-                            clients: 0,
-                        }),
-                        Err(err) => {
-                            warn!(error = %err, uid, pid, "tenant page not created: connection dropped");
-                            continue;
+        };
+        let (uid, pid) = (cred.uid, cred.pid);
+        let held = self.uid_clients.get(&uid).copied().unwrap_or(0);
+        if held >= self.config.max_connections_per_uid {
+            return self.refuse_connection(
+                now,
+                "too_many_connections",
+                format_args!("uid {uid} holds {held} connections"),
+            );
+        }
+        let (pidfd, _kernel) = crate::tenant::peer_pidfd(sock.as_fd(), pid);
+        let (tenant, tenant_name) = match self.config.tenant {
+            // A peer whose pid the daemon cannot see (another pid namespace) has no cgroup
+            // to read: it is its uid's tenant.
+            TenantBy::Uid => (u64::from(uid), uid.to_string()),
+            TenantBy::Cgroup if pid == 0 => (u64::from(uid), uid.to_string()),
+            TenantBy::Cgroup => match crate::tenant::peer_cgroup(pid, pidfd.as_ref()) {
+                Ok(path) => {
+                    let id = match self.cgroups.get(&path) {
+                        Some(&id) => id,
+                        None => {
+                            let id = self.next_cgroup;
+                            self.next_cgroup += 1;
+                            self.cgroups.insert(path.clone(), id);
+                            id
                         }
+                    };
+                    (id, path)
+                }
+                Err(e) => {
+                    return self.refuse_connection(
+                        now,
+                        "no_cgroup",
+                        format_args!("uid {uid} pid {pid}: {e}"),
+                    )
+                }
+            },
+        };
+        let hello = Reply::Hello {
+            boot_id: self.boot_id,
+        }
+        .encode();
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        // The tenant's page is created with its first connection and handed only to
+        // its connections.
+        let page = match self.pages.entry(tenant) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                match BlockWriter::create_tenant_page(self.config.slots, self.boot_id) {
+                    Ok(page) => e.insert(TenantPage {
+                        page,
+                        free: (0..self.config.slots).rev().collect(),
+                        clients: 0,
+                    }),
+                    Err(err) => {
+                        self.release_page(tenant);
+                        return self.refuse_connection(
+                            now,
+                            "no_page",
+                            format_args!("uid {uid} pid {pid}: tenant page not created: {err}"),
+                        );
                     }
                 }
-            };
-            let fds = [self.block.fd(), page.page.fd()];
-            control.push(SendAncillaryMessage::ScmRights(&fds));
-            if let Err(e) = rustix::net::sendmsg(
-                &sock,
-                &[IoSlice::new(&hello)],
-                &mut control,
-                SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
-            ) {
-                warn!(error = %e, pid = cred.pid.as_raw_nonzero().get(), "greeting not sent: connection dropped");
-                self.release_page(tenant);
-                continue;
             }
-            let id = self.next_client;
-            self.next_client += 1;
+        };
+        let fds = [self.block.fd(), page.page.fd()];
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        if let Err(e) = rustix::net::sendmsg(
+            &sock,
+            &[IoSlice::new(&hello)],
+            &mut control,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        ) {
+            self.release_page(tenant);
+            return self.refuse_connection(
+                now,
+                "greeting_not_sent",
+                format_args!("uid {uid} pid {pid}: {e}"),
+            );
+        }
+        let id = self.next_client;
+        self.next_client += 1;
+        if let Err(e) = self.watch(&sock, id << 1) {
+            self.release_page(tenant);
+            return self.refuse_connection(
+                now,
+                "not_watched",
+                format_args!("uid {uid} pid {pid}: {e}"),
+            );
+        }
+        if let Some(p) = &pidfd {
+            // Without it the hang-up of the socket still reclaims the flows.
+            if let Err(e) = self.watch(p, (id << 1) | 1) {
+                debug!(error = %e, pid, "process exit not watched");
+            }
+        }
+        if self.log_ok(LogKind::Flows, now) {
             debug!(
                 client = id,
                 uid,
@@ -759,38 +1029,30 @@ impl Daemon {
                 pidfd = pidfd.is_some(),
                 "shaper connected"
             );
-            if let Err(e) = self.watch(&sock, id << 1) {
-                warn!(error = %e, pid, "connection dropped: cannot watch its socket");
-                self.release_page(tenant);
-                continue;
-            }
-            if let Some(p) = &pidfd {
-                // Without it the hang-up of the socket still reclaims the flows.
-                if let Err(e) = self.watch(p, (id << 1) | 1) {
-                    debug!(error = %e, pid, "process exit not watched");
-                }
-            }
-            if let Some(p) = self.pages.get_mut(&tenant) {
-                p.clients += 1;
-            }
-            self.clients.insert(
-                id,
-                Client {
-                    sock,
-                    uid,
-                    pid,
-                    tenant,
-                    tenant_name,
-                    _pidfd: pidfd,
-                    flows: BTreeSet::new(),
-                },
-            );
         }
+        if let Some(p) = self.pages.get_mut(&tenant) {
+            p.clients += 1;
+        }
+        *self.uid_clients.entry(uid).or_default() += 1;
+        self.clients.insert(
+            id,
+            Client {
+                sock,
+                uid,
+                pid,
+                tenant,
+                tenant_name,
+                _pidfd: pidfd,
+                flows: BTreeSet::new(),
+            },
+        );
     }
 
-    fn refuse_message(&self, client: u64, reason: &str, detail: &str) {
-        let c = &self.clients[&client];
-        warn!(uid = c.uid, pid = c.pid, reason, detail, "message refused");
+    fn refuse_message(&mut self, client: u64, reason: &str, detail: &str) {
+        let (uid, pid) = self.clients.get(&client).map_or((0, 0), |c| (c.uid, c.pid));
+        if self.log_ok(LogKind::Refused, now_ns()) {
+            warn!(uid, pid, reason, detail, "message refused");
+        }
         self.metrics
             .refused
             .get_or_create(&Label {
@@ -811,8 +1073,13 @@ impl Daemon {
 
     fn read_client(&mut self, now: u64, client: u64) {
         let mut buf = [0u8; MAX_MESSAGE + 1];
-        // Bounded so that one busy client cannot starve the loop.
-        for _ in 0..64 {
+        // Bounded so that one busy client cannot starve the others, and by the pass's
+        // budget (a message costs microseconds: a ready list of 64 connections of 16
+        // messages each would take milliseconds).
+        for _ in 0..MESSAGES_PER_TURN {
+            if now_ns() > self.pass_deadline {
+                return;
+            }
             let Some(c) = self.clients.get(&client) else {
                 return;
             };
@@ -912,17 +1179,22 @@ impl Daemon {
     }
 
     fn register(&mut self, now: Duration, client: u64, r: Register) {
-        let (uid, pid, tenant, tenant_name, count) = {
-            let c = &self.clients[&client];
-            (
-                c.uid,
-                c.pid,
-                c.tenant,
-                c.tenant_name.clone(),
-                self.flows.values().filter(|f| f.uid == c.uid).count(),
-            )
+        let Some((uid, pid, tenant, tenant_name)) = self
+            .clients
+            .get(&client)
+            .map(|c| (c.uid, c.pid, c.tenant, c.tenant_name.clone()))
+        else {
+            return;
         };
-        let refuse = |this: &Self, reason: RefuseReason, why: &str, detail: String| {
+        let counts = SlotCounts {
+            total: self.flows.len(),
+            of_uid: self.uid_flows.get(&uid).copied().unwrap_or(0),
+            of_tenant: self
+                .pages
+                .get(&tenant)
+                .map_or(0, |p| self.config.slots as usize - p.free.len()),
+        };
+        let refuse = |this: &mut Self, reason: RefuseReason, why: &str, detail: String| {
             this.refuse_message(client, why, &detail);
             this.metrics
                 .registrations
@@ -946,25 +1218,39 @@ impl Daemon {
                 format!("claims uid {} but the kernel says {uid}", r.claimed_uid),
             );
         }
-        if count >= self.config.max_flows_per_uid {
-            return refuse(
-                self,
-                RefuseReason::TooManyFlows,
-                "too_many_flows",
-                format!("{count} flows already"),
-            );
+        match crate::limits::slot_verdict(
+            counts,
+            r.class,
+            self.config.slots as usize,
+            self.config.max_flows_per_uid,
+        ) {
+            Ok(()) => {}
+            Err(RefuseReason::TooManyFlows) => {
+                return refuse(
+                    self,
+                    RefuseReason::TooManyFlows,
+                    "too_many_flows",
+                    format!("uid {uid} holds {} flows already", counts.of_uid),
+                )
+            }
+            Err(reason) => {
+                return refuse(
+                    self,
+                    reason,
+                    "full",
+                    format!(
+                        "{} flows of {} slots, {} of this tenant",
+                        counts.total, self.config.slots, counts.of_tenant
+                    ),
+                )
+            }
         }
-        let slot = if self.flows.len() < self.config.slots as usize {
-            self.pages.get_mut(&tenant).and_then(|p| p.free.pop())
-        } else {
-            None
-        };
-        let Some(slot) = slot else {
+        let Some(slot) = self.pages.get_mut(&tenant).and_then(|p| p.free.pop()) else {
             return refuse(
                 self,
                 RefuseReason::Full,
                 "full",
-                format!("{} flows, the configured limit", self.flows.len()),
+                format!("the tenant's page is full ({} slots)", self.config.slots),
             );
         };
         let id = self.next_flow;
@@ -1052,10 +1338,13 @@ impl Daemon {
             p.page.set_slot(slot, self.slot_of(id, &flow));
         }
         self.flows.insert(id, flow);
+        *self.uid_flows.entry(uid).or_default() += 1;
         if let Some(c) = self.clients.get_mut(&client) {
             c.flows.insert(id);
         }
-        info!(uid, pid, flow = id, class = %r.class, qps = r.qps, verdict = verdict_label, "flow registered");
+        if self.log_ok(LogKind::Flows, now_ns()) {
+            info!(uid, pid, flow = id, class = %r.class, qps = r.qps, verdict = verdict_label, "flow registered");
+        }
         self.send_reply(
             client,
             Reply::Registered {
@@ -1069,6 +1358,13 @@ impl Daemon {
 
     fn drop_flow(&mut self, now: Duration, id: u64) {
         if let Some(f) = self.flows.remove(&id) {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_flows.entry(f.uid)
+            {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
             let _ = self.lp.remove_flow(now, FlowId(id));
             if let Some(p) = self.pages.get(&f.tenant) {
                 p.page.clear_slot(f.slot);
@@ -1084,16 +1380,24 @@ impl Daemon {
     }
 
     /// Drops a tenant's page once it has no connection and no flow left: its next
-    /// connection gets a new one.
+    /// connection gets a new one. A cgroup's tenant id goes with it, so the map of
+    /// cgroups holds only tenants that are connected.
     fn release_page(&mut self, tenant: u64) {
         let slots = self.config.slots as usize;
-        if self
+        let unused = self
             .pages
             .get(&tenant)
-            .is_some_and(|p| p.clients == 0 && p.free.len() == slots)
-        {
+            .is_none_or(|p| p.clients == 0 && p.free.len() == slots);
+        if unused {
             self.pages.remove(&tenant);
+            if tenant >= CGROUP_TENANT_BASE {
+                self.cgroups.retain(|_, &mut id| id != tenant);
+            }
         }
+    }
+
+    fn own_admin_socket(&self) {
+        own_admin_socket(&self.config);
     }
 
     fn reclaim(&mut self, now: u64, client: u64, why: &str) {
@@ -1108,11 +1412,19 @@ impl Daemon {
             p.clients = p.clients.saturating_sub(1);
         }
         self.release_page(c.tenant);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_clients.entry(c.uid) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
         self.metrics.reclaims.inc_by(n as u64);
-        if n > 0 {
-            info!(uid = c.uid, pid = c.pid, flows = n, why, "flows reclaimed");
-        } else {
-            debug!(uid = c.uid, pid = c.pid, why, "shaper disconnected");
+        if self.log_ok(LogKind::Flows, now) {
+            if n > 0 {
+                info!(uid = c.uid, pid = c.pid, flows = n, why, "flows reclaimed");
+            } else {
+                debug!(uid = c.uid, pid = c.pid, why, "shaper disconnected");
+            }
         }
     }
 
@@ -1213,9 +1525,14 @@ impl Daemon {
                 self.config.target = old.target;
             }
         }
+        if self.config.admin_group != old.admin_group {
+            self.own_admin_socket();
+        }
         info!(path = %path.display(), "configuration reloaded");
     }
 
+    /// Root, the daemon's own user, the admin group as primary group, or (for a peer whose
+    /// pid the daemon can see) as a supplementary group.
     fn admin_allowed(&self, uid: u32, gid: u32, pid: i32) -> bool {
         if uid == 0 || uid == rustix::process::geteuid().as_raw() {
             return true;
@@ -1226,6 +1543,9 @@ impl Daemon {
         if gid == admin {
             return true;
         }
+        if pid <= 0 {
+            return false;
+        }
         // Supplementary groups are not in SO_PEERCRED; /proc has them for a live pid.
         std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
             s.lines()
@@ -1234,49 +1554,134 @@ impl Daemon {
         })
     }
 
-    fn serve_admin(&mut self) {
-        let sock = match rustix::net::accept_with(&self.admin, SocketFlags::CLOEXEC) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
-        let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
+    /// Accepts admin connections, at most [`MAX_ADMIN_CONNECTIONS`] at once: each is
+    /// then served as its socket becomes ready, never waited on.
+    fn accept_admin(&mut self, now: u64) {
+        for _ in 0..MAX_ADMIN_CONNECTIONS {
+            let sock = match rustix::net::accept_with(
+                &self.admin,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            ) {
+                Ok(s) => s,
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    if self.log_ok(LogKind::Admin, now) {
+                        warn!(error = %e, "accept on the admin socket");
+                    }
+                    return;
+                }
+            };
+            if self.admins.len() >= MAX_ADMIN_CONNECTIONS {
+                if self.log_ok(LogKind::Admin, now) {
+                    warn!(
+                        open = self.admins.len(),
+                        "admin connection closed: too many at once"
+                    );
+                }
+                continue;
+            }
+            let Ok(cred) = crate::tenant::peer_cred(sock.as_fd()) else {
+                continue;
+            };
+            let allowed = self.admin_allowed(cred.uid, cred.gid, cred.pid);
+            let id = self.next_admin;
+            self.next_admin += 1;
+            let tag = TAG_ADMIN_CONN | id;
+            if self.watch(&sock, tag).is_err() {
+                continue;
+            }
+            let mut conn = AdminConn {
+                sock,
+                allowed,
+                input: Vec::new(),
+                output: Vec::new(),
+                sent: 0,
+                deadline: now.saturating_add(ADMIN_DEADLINE.as_nanos() as u64),
+            };
+            if !allowed {
+                if self.log_ok(LogKind::Admin, now) {
+                    warn!(
+                        uid = cred.uid,
+                        "admin request refused: not root nor in the admin group"
+                    );
+                }
+                conn.output = Self::encode_admin(&AdminReply::Error(
+                    "permission denied: root or the admin group only".into(),
+                ));
+            }
+            self.admins.insert(id, conn);
+            // The refusal is written at once; a request is read when it arrives.
+            if !allowed {
+                self.serve_admin(id);
+            }
+        }
+    }
+
+    fn encode_admin(reply: &AdminReply) -> Vec<u8> {
+        let mut text = serde_json::to_string(reply)
+            .unwrap_or_else(|e| format!("{{\"error\":\"answer not encoded: {e}\"}}"));
+        text.push('\n');
+        text.into_bytes()
+    }
+
+    /// Reads what an admin connection has sent without waiting, answers once its line is
+    /// complete, and writes what the socket takes; closes it when the answer is out.
+    fn serve_admin(&mut self, id: u64) {
+        let Some(mut conn) = self.admins.remove(&id) else {
             return;
         };
-        let mut stream = UnixStream::from(sock);
-        // A slow admin client may hold the loop for at most this long.
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-        let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-        let reply = if !self.admin_allowed(
-            cred.uid.as_raw(),
-            cred.gid.as_raw(),
-            cred.pid.as_raw_nonzero().get(),
-        ) {
-            warn!(
-                uid = cred.uid.as_raw(),
-                "admin request refused: not root nor in the admin group"
-            );
-            AdminReply::Error("permission denied: root or the admin group only".into())
-        } else {
-            let mut buf = Vec::new();
+        if conn.allowed && conn.output.is_empty() {
             let mut chunk = [0u8; 512];
-            while !buf.contains(&b'\n') && buf.len() <= MAX_ADMIN_REQUEST {
-                match stream.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            let mut ended = false;
+            while !conn.input.contains(&b'\n') && conn.input.len() <= MAX_ADMIN_REQUEST {
+                match rustix::net::recv(&conn.sock, &mut chunk, RecvFlags::DONTWAIT) {
+                    Ok((0, _)) => {
+                        ended = true;
+                        break;
+                    }
+                    Ok((n, _)) => conn.input.extend_from_slice(&chunk[..n]),
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => return,
                 }
             }
-            let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
-            match serde_json::from_slice::<AdminRequest>(line) {
-                Ok(req) if buf.len() <= MAX_ADMIN_REQUEST => self.admin_request(req),
-                Ok(_) => {
-                    AdminReply::Error(format!("request longer than {MAX_ADMIN_REQUEST} bytes"))
-                }
-                Err(e) => AdminReply::Error(format!("bad request: {e}")),
+            let complete = conn.input.contains(&b'\n') || conn.input.len() > MAX_ADMIN_REQUEST;
+            if !complete && !ended {
+                self.admins.insert(id, conn);
+                return;
             }
-        };
-        if let Ok(mut text) = serde_json::to_string(&reply) {
-            text.push('\n');
-            let _ = stream.write_all(text.as_bytes());
+            let line = conn.input.split(|&b| b == b'\n').next().unwrap_or_default();
+            let reply = if conn.input.len() > MAX_ADMIN_REQUEST && !conn.input.contains(&b'\n') {
+                AdminReply::Error(format!("request longer than {MAX_ADMIN_REQUEST} bytes"))
+            } else {
+                match serde_json::from_slice::<AdminRequest>(line) {
+                    Ok(req) => self.admin_request(req),
+                    Err(e) => AdminReply::Error(format!("bad request: {e}")),
+                }
+            };
+            conn.output = Self::encode_admin(&reply);
+        }
+        while conn.sent < conn.output.len() {
+            match rustix::net::send(
+                &conn.sock,
+                &conn.output[conn.sent..],
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            ) {
+                Ok(n) => conn.sent += n,
+                Err(rustix::io::Errno::AGAIN) => {
+                    let _ = rustix::event::epoll::modify(
+                        &self.epoll,
+                        &conn.sock,
+                        rustix::event::epoll::EventData::new_u64(TAG_ADMIN_CONN | id),
+                        rustix::event::epoll::EventFlags::OUT,
+                    );
+                    self.admins.insert(id, conn);
+                    return;
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return,
+            }
         }
     }
 

@@ -27,7 +27,9 @@ impl Daemon {
     pub fn start_with(extra: &str, metrics: bool) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let port = if metrics { free_port() } else { 0 };
-        let metrics_line = if metrics {
+        let metrics_line = if extra.contains("metrics =") {
+            String::new()
+        } else if metrics {
             format!("metrics = \"127.0.0.1:{port}\"")
         } else {
             "metrics = \"\"".into()
@@ -114,10 +116,22 @@ impl Daemon {
         write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
         let mut text = String::new();
         std::io::Read::read_to_string(&mut s, &mut text).unwrap();
-        let body = text.split("\r\n\r\n").nth(1).unwrap().to_string();
-        let lines = body.lines().map(|l| Ok(l.to_string()));
-        prometheus_parse::Scrape::parse(lines).unwrap()
+        parse_scrape(&text)
     }
+    /// Scrapes a Unix-socket endpoint.
+    pub fn scrape_unix(&self, path: &std::path::Path) -> prometheus_parse::Scrape {
+        let mut s = UnixStream::connect(path).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+        parse_scrape(&text)
+    }
+}
+
+pub fn parse_scrape(text: &str) -> prometheus_parse::Scrape {
+    let body = text.split("\r\n\r\n").nth(1).unwrap().to_string();
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).unwrap()
 }
 
 impl Drop for Daemon {
@@ -158,4 +172,25 @@ pub fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// `tests/attack/tenant.py` (the hostile or well-behaved tenant other uids run), copied to
+/// a directory every uid may read: the checkout may lie under one only its owner may
+/// enter (a clone in `mktemp -d`).
+pub fn tenant_script() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), PermissionsExt::from_mode(0o755)).unwrap();
+        let script = d.path().join("tenant.py");
+        std::fs::copy(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attack/tenant.py"),
+            &script,
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, PermissionsExt::from_mode(0o644)).unwrap();
+        d
+    });
+    dir.path().join("tenant.py")
 }
