@@ -10,7 +10,7 @@
 //!
 //! | device | edits |
 //! | --- | --- |
-//! | `<name>` | its `uverbsN` node; `libjustitia.so` bound read-only; `LD_PRELOAD`; the registration socket's directory; `JUSTITIA_CLASS` = the default class |
+//! | `<name>` | its `uverbsN` node; `libjustitia.so` bound read-only; `LD_PRELOAD`; the registration socket's directory (and `JUSTITIA_SOCKET` when the socket is not at the shaper's default path); `JUSTITIA_CLASS` = the default class |
 //! | `<name>-<class>` | the same with `JUSTITIA_CLASS=<class>`, for each of `latency`, `throughput`, `bandwidth`, `auto` |
 //! | `<name>-unshaped` | its `uverbsN` node only (the opt-out) |
 //!
@@ -214,6 +214,7 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
     let rdma_cm = args.sysfs.join("class/misc/rdma_cm").exists();
     let shaper = Shaper {
         library,
+        socket,
         socket_dir,
         class: args.class,
     };
@@ -226,6 +227,7 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
 /// What every shaped device adds to its device nodes.
 struct Shaper {
     library: String,
+    socket: String,
     socket_dir: String,
     /// The class of the devices without a class suffix.
     class: Class,
@@ -233,11 +235,16 @@ struct Shaper {
 
 impl Shaper {
     fn edits(&self, nodes: &[DeviceNode], class: Class) -> ContainerEdits {
+        let mut env = vec![
+            format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
+            format!("JUSTITIA_CLASS={}", class.name()),
+        ];
+        // The shaper looks for the daemon at the default path unless told otherwise.
+        if self.socket != DEFAULT_SOCKET {
+            env.push(format!("JUSTITIA_SOCKET={}", self.socket));
+        }
         ContainerEdits {
-            env: vec![
-                format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
-                format!("JUSTITIA_CLASS={}", class.name()),
-            ],
+            env,
             device_nodes: nodes.to_vec(),
             mounts: vec![
                 Mount {
@@ -619,7 +626,14 @@ mod tests {
         let s = spec(&a);
         assert_eq!(s["cdiVersion"], "0.6.0");
         let edits = &device(&s, "rxe0")["containerEdits"];
-        assert_eq!(strings(&edits["env"])[1], "JUSTITIA_CLASS=bandwidth");
+        assert_eq!(
+            strings(&edits["env"]),
+            [
+                "LD_PRELOAD=/opt/justitia/libjustitia.so",
+                "JUSTITIA_CLASS=bandwidth",
+                "JUSTITIA_SOCKET=/var/run/jd/reg.sock"
+            ]
+        );
         assert_eq!(edits["mounts"][0]["hostPath"], "/opt/lib/libjustitia.so");
         assert_eq!(edits["mounts"][1]["hostPath"], "/var/run/jd");
         assert_eq!(edits["mounts"][1]["containerPath"], "/var/run/jd");
