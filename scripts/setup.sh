@@ -44,3 +44,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
+
+# Go, for deploy/validate (its go.mod's version: Debian's golang-go is too old for the
+# Kubernetes and CDI modules); the machine image has it in /usr/local/go/bin.
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+  log "no Go toolchain: deploy/validate/check.sh will fail; install Go $(awk '/^go / {print $2}' "$(dirname "$0")/../deploy/validate/go.mod") or newer from https://go.dev/dl"
+fi

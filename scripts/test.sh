@@ -49,5 +49,7 @@ if ! diff -u docs/calibration.md "$calibration"; then
     exit 1
 fi
 rm -f "$calibration"
+echo "== deployment files (manifests, Dockerfile, CDI spec: deploy/validate)"
+deploy/validate/check.sh
 echo "== real verbs (Soft-RoCE in a QEMU guest)"
 tests/vm/run-tests.sh

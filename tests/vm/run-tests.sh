@@ -85,12 +85,23 @@ else
   fails=$((fails + 1))
 fi
 
+# deploy/validate applies the CDI spec's edits in the guest (tests/vm/guest/cdi.sh).
+cdi_validator=-
+echo "vm: building deploy/validate (Go)"
+if (command -v go > /dev/null || export PATH="$PATH:/usr/local/go/bin"
+  cd deploy/validate && GOFLAGS=-mod=readonly go build -o "$target/deploy-validate" .); then
+  cdi_validator=$target/deploy-validate
+else
+  echo "FAIL build deploy/validate (Go)"
+  fails=$((fails + 1))
+fi
+
 mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
-  HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
+  CDI_VALIDATOR="$cdi_validator" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
   tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
 vm_boot "$out" "${VM_SUITE_TIMEOUT:-1800}"

@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
+mod cdi;
 mod control_plot;
 mod daemon_admin;
 mod demo;
@@ -46,6 +47,8 @@ enum Command {
     Status(daemon_admin::AdminArgs),
     /// The flows registered with justitiad.
     Flows(daemon_admin::AdminArgs),
+    /// Write a CDI spec that hands containers the host's RDMA devices with the shaper.
+    Cdi(cdi::CdiArgs),
     /// Change a setting of the running justitiad.
     Set {
         #[command(subcommand)]
@@ -113,6 +116,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo { profile } => demo::run(&profile)?,
         Command::Status(args) => daemon_admin::status(&args)?,
         Command::Flows(args) => daemon_admin::flows(&args)?,
+        Command::Cdi(args) => cdi::run(&args)?,
         Command::Set {
             what: SetCommand::Target { value, admin },
         } => daemon_admin::set_target(&admin, &value)?,

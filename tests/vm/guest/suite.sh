@@ -617,6 +617,16 @@ else
       result FAIL "daemon apps" "tests/vm/guest/daemon-apps.sh did not finish within 420 s"
     fi
   fi
+  # The CDI spec of `justitia cdi` applied as a container runtime would (CDI_VALIDATOR:
+  # deploy/validate's program, from run-tests.sh).
+  if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ]; then
+    result SKIP "cdi" "needs the shaper and deploy/validate"
+  else
+    timeout 240 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR"
+    if [ "$?" = 124 ]; then
+      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 240 s"
+    fi
+  fi
 fi
 
 echo "== suite done"

@@ -1,0 +1,720 @@
+//! `justitia cdi`: a Container Device Interface (CDI) spec that hands a container the
+//! host's RDMA device nodes together with the shaper.
+//!
+//! A container runtime that supports CDI (containerd, CRI-O, podman) applies a device's
+//! `containerEdits` when the device is asked for by its fully qualified name,
+//! `justitia.io/rdma=<name>`. This module lists the host's RDMA devices from sysfs (each
+//! `class/infiniband_verbs/uverbsN/ibdev` names the device whose verbs node is
+//! `/dev/infiniband/uverbsN`), or takes them as given, and writes one spec with, for each
+//! device and for `all` (every device listed):
+//!
+//! | device | edits |
+//! | --- | --- |
+//! | `<name>` | its `uverbsN` node; `libjustitia.so` bound read-only; `LD_PRELOAD`; the registration socket's directory (and `JUSTITIA_SOCKET` when the socket is not at the shaper's default path); `JUSTITIA_CLASS` = the default class |
+//! | `<name>-<class>` | the same with `JUSTITIA_CLASS=<class>`, for each of `latency`, `throughput`, `bandwidth`, `auto` |
+//! | `<name>-unshaped` | its `uverbsN` node only (the opt-out) |
+//!
+//! The spec-wide edits carry `/dev/infiniband/rdma_cm` when the host has it (sysfs
+//! `class/misc/rdma_cm`, present once `rdma_ucm` is loaded); runtimes apply them with any
+//! device of the spec.
+//!
+//! A CDI `env` entry replaces a variable of the same name that the container sets itself
+//! (the CDI library's OCI editor replaces by name, and runtimes apply CDI edits after the
+//! container's own environment). So the class a container gets is chosen by the device
+//! name it asks for; the unsuffixed name gives the default. Device nodes carry only their
+//! path: runtimes read the type and numbers from the host's node when they inject it.
+//!
+//! Invariants: every device name is a valid CDI device name and appears once; `all` lists
+//! every device node of the per-device entries, in the same order; the spec is written
+//! whole (a temporary file renamed over the target), because runtimes watch the spec
+//! directories and would otherwise read a partial file.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+/// The CDI specification version the spec declares by default: the current one.
+pub const CURRENT_CDI_VERSION: &str = "1.1.0";
+/// Where `libjustitia.so` is bound inside the container.
+pub const CONTAINER_LIBRARY: &str = "/opt/justitia/libjustitia.so";
+/// Where the DaemonSet copies `libjustitia.so` on the host.
+pub const DEFAULT_HOST_LIBRARY: &str = "/var/lib/justitia/libjustitia.so";
+/// justitiad's registration socket, as `packaging/justitiad.toml` has it.
+pub const DEFAULT_SOCKET: &str = "/run/justitia/justitiad.sock";
+/// The verbs devices' directory on the host and in the container.
+const DEV_DIR: &str = "/dev/infiniband";
+/// Largest `ibdev` file read from sysfs: a device name is at most 64 bytes (IB_DEVICE_NAME_MAX).
+const IBDEV_MAX: u64 = 256;
+/// Most devices the spec lists: each is a directory the host's sysfs gave, and a runaway
+/// tree must not make a runaway spec.
+const MAX_DEVICES: usize = 256;
+/// Suffix of the opt-out devices: their device nodes only, no shaper.
+const UNSHAPED: &str = "unshaped";
+
+/// The class the shaper gives a container's flow (`JUSTITIA_CLASS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Class {
+    /// Left untouched; probes the NIC's latency.
+    Latency,
+    /// Paced by operations.
+    Throughput,
+    /// Split into chunks and paced by bytes.
+    Bandwidth,
+    /// The core classifier decides per QP.
+    Auto,
+}
+
+impl Class {
+    const ALL: [Class; 4] = [
+        Class::Latency,
+        Class::Throughput,
+        Class::Bandwidth,
+        Class::Auto,
+    ];
+
+    /// The name `JUSTITIA_CLASS` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Class::Latency => "latency",
+            Class::Throughput => "throughput",
+            Class::Bandwidth => "bandwidth",
+            Class::Auto => "auto",
+        }
+    }
+}
+
+/// Options of `justitia cdi`.
+#[derive(Args, Debug, Clone)]
+pub struct CdiArgs {
+    /// Root of the sysfs tree the RDMA devices are listed from.
+    #[arg(long, default_value = "/sys")]
+    pub sysfs: PathBuf,
+    /// An RDMA device to list: NAME (its uverbs node looked up in sysfs) or NAME=uverbsN
+    /// (as given, sysfs not read for it). Repeatable. Default: every device sysfs lists.
+    #[arg(long = "device", value_name = "NAME[=uverbsN]")]
+    pub devices: Vec<String>,
+    /// The spec's kind (vendor/class): devices are asked for as KIND=NAME.
+    #[arg(long, default_value = "justitia.io/rdma")]
+    pub kind: String,
+    /// Where libjustitia.so is on the host (bound read-only into the container).
+    #[arg(long, default_value = DEFAULT_HOST_LIBRARY)]
+    pub library: PathBuf,
+    /// justitiad's registration socket on the host; its directory is bound at the same
+    /// path in the container.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// JUSTITIA_CLASS of the devices without a class suffix.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub class: Class,
+    /// The cdiVersion the spec declares (an older one for older runtimes, e.g. 0.6.0).
+    #[arg(long, default_value = CURRENT_CDI_VERSION)]
+    pub cdi_version: String,
+    /// Write the spec to this file (replaced whole) instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+/// One RDMA device: its name and its verbs node's name under `/dev/infiniband`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaDevice {
+    /// The device's name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// Its verbs node (`uverbs0`).
+    pub uverbs: String,
+}
+
+/// A CDI spec, as much of the format as this generator writes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    cdi_version: String,
+    kind: String,
+    devices: Vec<Device>,
+    #[serde(skip_serializing_if = "ContainerEdits::is_empty")]
+    container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Device {
+    name: String,
+    container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerEdits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<DeviceNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<Mount>,
+}
+
+impl ContainerEdits {
+    fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct DeviceNode {
+    path: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Mount {
+    host_path: String,
+    container_path: String,
+    options: Vec<&'static str>,
+}
+
+/// `justitia cdi`.
+pub fn run(args: &CdiArgs) -> Result<()> {
+    let text = generate(args)?;
+    match &args.output {
+        Some(path) => write_whole(path, &text)?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// The spec `args` ask for, as JSON text ending in a newline.
+pub fn generate(args: &CdiArgs) -> Result<String> {
+    check_kind(&args.kind)?;
+    check_version(&args.cdi_version)?;
+    let library = absolute("--library", &args.library)?;
+    let socket = absolute("--socket", &args.socket)?;
+    let socket_dir = args
+        .socket
+        .parent()
+        .filter(|d| *d != Path::new("/"))
+        .with_context(|| format!("--socket {socket}: the socket must be inside a directory other than /, which is bound into the container"))?
+        .to_string_lossy()
+        .into_owned();
+    let devices = if args.devices.is_empty() {
+        list_devices(&args.sysfs)?
+    } else {
+        args.devices
+            .iter()
+            .map(|d| given_device(&args.sysfs, d))
+            .collect::<Result<Vec<_>>>()?
+    };
+    ensure!(
+        !devices.is_empty(),
+        "no RDMA devices in {} (is the ib_uverbs module loaded?)",
+        args.sysfs.join("class/infiniband_verbs").display()
+    );
+    let rdma_cm = args.sysfs.join("class/misc/rdma_cm").exists();
+    let shaper = Shaper {
+        library,
+        socket,
+        socket_dir,
+        class: args.class,
+    };
+    let spec = build(&args.kind, &args.cdi_version, &devices, rdma_cm, &shaper)?;
+    let mut text = serde_json::to_string_pretty(&spec)?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// What every shaped device adds to its device nodes.
+struct Shaper {
+    library: String,
+    socket: String,
+    socket_dir: String,
+    /// The class of the devices without a class suffix.
+    class: Class,
+}
+
+impl Shaper {
+    fn edits(&self, nodes: &[DeviceNode], class: Class) -> ContainerEdits {
+        let mut env = vec![
+            format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
+            format!("JUSTITIA_CLASS={}", class.name()),
+        ];
+        // The shaper looks for the daemon at the default path unless told otherwise.
+        if self.socket != DEFAULT_SOCKET {
+            env.push(format!("JUSTITIA_SOCKET={}", self.socket));
+        }
+        ContainerEdits {
+            env,
+            device_nodes: nodes.to_vec(),
+            mounts: vec![
+                Mount {
+                    host_path: self.library.clone(),
+                    container_path: CONTAINER_LIBRARY.into(),
+                    options: vec!["ro", "nosuid", "nodev", "bind"],
+                },
+                // Read-only is enough: connecting to a Unix socket needs write permission
+                // on the socket, which a read-only mount does not take away.
+                Mount {
+                    host_path: self.socket_dir.clone(),
+                    container_path: self.socket_dir.clone(),
+                    options: vec!["ro", "nosuid", "nodev", "noexec", "bind"],
+                },
+            ],
+        }
+    }
+}
+
+fn build(
+    kind: &str,
+    version: &str,
+    devices: &[RdmaDevice],
+    rdma_cm: bool,
+    shaper: &Shaper,
+) -> Result<Spec> {
+    let node = |d: &RdmaDevice| DeviceNode {
+        path: format!("{DEV_DIR}/{}", d.uverbs),
+    };
+    let mut targets: Vec<(String, Vec<DeviceNode>)> = devices
+        .iter()
+        .map(|d| (d.name.clone(), vec![node(d)]))
+        .collect();
+    targets.push(("all".into(), devices.iter().map(node).collect()));
+    let mut out = Vec::with_capacity(targets.len() * (Class::ALL.len() + 2));
+    for (name, nodes) in &targets {
+        out.push(Device {
+            name: name.clone(),
+            container_edits: shaper.edits(nodes, shaper.class),
+        });
+        for class in Class::ALL {
+            out.push(Device {
+                name: format!("{name}-{}", class.name()),
+                container_edits: shaper.edits(nodes, class),
+            });
+        }
+        out.push(Device {
+            name: format!("{name}-{UNSHAPED}"),
+            container_edits: ContainerEdits {
+                device_nodes: nodes.clone(),
+                ..ContainerEdits::default()
+            },
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for d in &out {
+        check_device_name(&d.name)?;
+        if !seen.insert(d.name.as_str()) {
+            bail!("device name `{}` would appear twice in the spec (a device named like another's variant?)", d.name);
+        }
+    }
+    let container_edits = ContainerEdits {
+        device_nodes: if rdma_cm {
+            vec![DeviceNode {
+                path: format!("{DEV_DIR}/rdma_cm"),
+            }]
+        } else {
+            Vec::new()
+        },
+        ..ContainerEdits::default()
+    };
+    Ok(Spec {
+        cdi_version: version.into(),
+        kind: kind.into(),
+        devices: out,
+        container_edits,
+    })
+}
+
+/// Every device the sysfs tree under `sysfs` lists, by verbs node number.
+fn list_devices(sysfs: &Path) -> Result<Vec<RdmaDevice>> {
+    let dir = sysfs.join("class/infiniband_verbs");
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        // No verbs devices at all: said by the caller, naming the directory.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let uverbs = entry.file_name().to_string_lossy().into_owned();
+        // The directory also holds `abi_version`.
+        if uverbs_number(&uverbs).is_none() {
+            continue;
+        }
+        ensure!(
+            found.len() < MAX_DEVICES,
+            "more than {MAX_DEVICES} verbs devices in {}",
+            dir.display()
+        );
+        let name = read_ibdev(&entry.path().join("ibdev"))?;
+        found.push(RdmaDevice { name, uverbs });
+    }
+    found.sort_by_key(|d| uverbs_number(&d.uverbs));
+    Ok(found)
+}
+
+/// A device given on the command line: `NAME=uverbsN` as is, `NAME` looked up in sysfs.
+fn given_device(sysfs: &Path, given: &str) -> Result<RdmaDevice> {
+    if let Some((name, uverbs)) = given.split_once('=') {
+        ensure!(
+            uverbs_number(uverbs).is_some(),
+            "--device {given}: `{uverbs}` is not a verbs node name (uverbsN)"
+        );
+        check_device_name(name).with_context(|| format!("--device {given}"))?;
+        return Ok(RdmaDevice {
+            name: name.into(),
+            uverbs: uverbs.into(),
+        });
+    }
+    check_device_name(given).with_context(|| format!("--device {given}"))?;
+    let listed = list_devices(sysfs)?;
+    let names: Vec<&str> = listed.iter().map(|d| d.name.as_str()).collect();
+    listed
+        .iter()
+        .find(|d| d.name == given)
+        .cloned()
+        .with_context(|| {
+            format!(
+                "--device {given}: no such RDMA device in {} (found: {}); give NAME=uverbsN to name its node",
+                sysfs.join("class/infiniband_verbs").display(),
+                if names.is_empty() { "none".into() } else { names.join(", ") }
+            )
+        })
+}
+
+/// N of `uverbsN`, or `None` for any other name.
+fn uverbs_number(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("uverbs")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The device name in an `ibdev` file, checked as a CDI device name.
+fn read_ibdev(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(IBDEV_MAX).read_to_string(&mut text))
+        .with_context(|| format!("reading {}", path.display()))?;
+    let name = text.trim().to_string();
+    check_device_name(&name).with_context(|| format!("{}", path.display()))?;
+    Ok(name)
+}
+
+/// A CDI device name: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a
+/// letter or digit.
+fn check_device_name(name: &str) -> Result<()> {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    ensure!(
+        edge(name.chars().next())
+            && edge(name.chars().last())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c)),
+        "`{name}` is not a CDI device name (letters, digits, _ - . : inside, a letter or digit at each end)"
+    );
+    Ok(())
+}
+
+/// A CDI kind, `vendor/class`: the vendor a domain-like name, the class a name.
+fn check_kind(kind: &str) -> Result<()> {
+    let Some((vendor, class)) = kind.split_once('/') else {
+        bail!("--kind {kind}: expected vendor/class, e.g. justitia.io/rdma");
+    };
+    let word = |s: &str, extra: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+    };
+    ensure!(
+        word(vendor, "_-.") && word(class, "_-"),
+        "--kind {kind}: the vendor takes letters, digits, _ - . and the class letters, digits, _ -, each starting with a letter and ending with a letter or digit"
+    );
+    Ok(())
+}
+
+/// A version `MAJOR.MINOR.PATCH`.
+fn check_version(version: &str) -> Result<()> {
+    let parts: Vec<&str> = version.split('.').collect();
+    ensure!(
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        "--cdi-version {version}: expected MAJOR.MINOR.PATCH, e.g. {CURRENT_CDI_VERSION}"
+    );
+    Ok(())
+}
+
+/// `path` as text, which must be absolute (the runtime resolves it on the host).
+fn absolute(option: &str, path: &Path) -> Result<String> {
+    ensure!(
+        path.is_absolute(),
+        "{option} {}: must be an absolute path",
+        path.display()
+    );
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory renamed over it,
+/// so a runtime watching the directory never reads half a spec. The temporary name ends
+/// in `.tmp`, which CDI's spec scan ignores.
+fn write_whole(path: &Path, text: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .with_context(|| format!("--output {}: not a file name", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp", file_name.to_string_lossy()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::Value;
+
+    /// A sysfs tree with the given (uverbs, ibdev) pairs and, if asked, rdma_cm.
+    fn fake_sysfs(devices: &[(&str, &str)], rdma_cm: bool) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let verbs = root.path().join("class/infiniband_verbs");
+        fs::create_dir_all(&verbs).unwrap();
+        fs::write(verbs.join("abi_version"), "6\n").unwrap();
+        for (uverbs, ibdev) in devices {
+            fs::create_dir_all(verbs.join(uverbs)).unwrap();
+            fs::write(verbs.join(uverbs).join("ibdev"), format!("{ibdev}\n")).unwrap();
+        }
+        if rdma_cm {
+            fs::create_dir_all(root.path().join("class/misc/rdma_cm")).unwrap();
+        }
+        root
+    }
+
+    fn args(sysfs: &Path) -> CdiArgs {
+        CdiArgs {
+            sysfs: sysfs.into(),
+            devices: Vec::new(),
+            kind: "justitia.io/rdma".into(),
+            library: DEFAULT_HOST_LIBRARY.into(),
+            socket: DEFAULT_SOCKET.into(),
+            class: Class::Auto,
+            cdi_version: CURRENT_CDI_VERSION.into(),
+            output: None,
+        }
+    }
+
+    fn spec(args: &CdiArgs) -> Value {
+        serde_json::from_str(&generate(args).unwrap()).unwrap()
+    }
+
+    fn device<'a>(spec: &'a Value, name: &str) -> &'a Value {
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("no device {name} in {spec}"))
+    }
+
+    fn strings(v: &Value) -> Vec<&str> {
+        v.as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap()).collect())
+            .unwrap_or_default()
+    }
+
+    fn nodes(d: &Value) -> Vec<&str> {
+        d["containerEdits"]["deviceNodes"]
+            .as_array()
+            .map(|a| a.iter().map(|n| n["path"].as_str().unwrap()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_sysfs_device_gets_its_node_the_shaper_and_the_default_class() {
+        // uverbs10 sorts after uverbs2 by number, not by text.
+        let sys = fake_sysfs(&[("uverbs10", "rxe0"), ("uverbs2", "mlx5_0")], true);
+        let s = spec(&args(sys.path()));
+        assert_eq!(s["cdiVersion"], "1.1.0");
+        assert_eq!(s["kind"], "justitia.io/rdma");
+        let names: Vec<&str> = s["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), 3 * 6, "{names:?}");
+        assert_eq!(
+            &names[..6],
+            [
+                "mlx5_0",
+                "mlx5_0-latency",
+                "mlx5_0-throughput",
+                "mlx5_0-bandwidth",
+                "mlx5_0-auto",
+                "mlx5_0-unshaped"
+            ]
+        );
+        assert_eq!(nodes(device(&s, "mlx5_0")), ["/dev/infiniband/uverbs2"]);
+        assert_eq!(nodes(device(&s, "rxe0")), ["/dev/infiniband/uverbs10"]);
+        assert_eq!(
+            nodes(device(&s, "all")),
+            ["/dev/infiniband/uverbs2", "/dev/infiniband/uverbs10"]
+        );
+        assert_eq!(
+            s["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/infiniband/rdma_cm"
+        );
+        let rxe = &device(&s, "rxe0")["containerEdits"];
+        assert_eq!(
+            strings(&rxe["env"]),
+            [
+                "LD_PRELOAD=/opt/justitia/libjustitia.so",
+                "JUSTITIA_CLASS=auto"
+            ]
+        );
+        let mounts = rxe["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0]["hostPath"], "/var/lib/justitia/libjustitia.so");
+        assert_eq!(mounts[0]["containerPath"], "/opt/justitia/libjustitia.so");
+        assert!(strings(&mounts[0]["options"]).contains(&"ro"));
+        assert_eq!(mounts[1]["hostPath"], "/run/justitia");
+        assert_eq!(mounts[1]["containerPath"], "/run/justitia");
+        assert!(strings(&mounts[1]["options"]).contains(&"ro"));
+        assert_eq!(
+            strings(&device(&s, "all-latency")["containerEdits"]["env"])[1],
+            "JUSTITIA_CLASS=latency"
+        );
+    }
+
+    #[test]
+    fn the_unshaped_devices_carry_device_nodes_only() {
+        let sys = fake_sysfs(&[("uverbs0", "rxe0")], false);
+        let s = spec(&args(sys.path()));
+        for name in ["rxe0-unshaped", "all-unshaped"] {
+            let edits = device(&s, name)["containerEdits"].as_object().unwrap();
+            assert_eq!(edits.keys().collect::<Vec<_>>(), ["deviceNodes"], "{name}");
+            assert_eq!(nodes(device(&s, name)), ["/dev/infiniband/uverbs0"]);
+        }
+        // Without rdma_cm in sysfs there are no spec-wide edits at all.
+        assert!(s.get("containerEdits").is_none(), "{s}");
+    }
+
+    #[test]
+    fn the_default_class_and_paths_follow_the_options() {
+        let sys = fake_sysfs(&[("uverbs0", "rxe0")], false);
+        let mut a = args(sys.path());
+        a.class = Class::Bandwidth;
+        a.library = "/opt/lib/libjustitia.so".into();
+        a.socket = "/var/run/jd/reg.sock".into();
+        a.cdi_version = "0.6.0".into();
+        let s = spec(&a);
+        assert_eq!(s["cdiVersion"], "0.6.0");
+        let edits = &device(&s, "rxe0")["containerEdits"];
+        assert_eq!(
+            strings(&edits["env"]),
+            [
+                "LD_PRELOAD=/opt/justitia/libjustitia.so",
+                "JUSTITIA_CLASS=bandwidth",
+                "JUSTITIA_SOCKET=/var/run/jd/reg.sock"
+            ]
+        );
+        assert_eq!(edits["mounts"][0]["hostPath"], "/opt/lib/libjustitia.so");
+        assert_eq!(edits["mounts"][1]["hostPath"], "/var/run/jd");
+        assert_eq!(edits["mounts"][1]["containerPath"], "/var/run/jd");
+    }
+
+    #[test]
+    fn given_devices_restrict_the_list_or_name_their_node() {
+        let sys = fake_sysfs(&[("uverbs0", "rxe0"), ("uverbs1", "mlx5_0")], false);
+        let mut a = args(sys.path());
+        a.devices = vec!["mlx5_0".into(), "siw0=uverbs7".into()];
+        let s = spec(&a);
+        assert_eq!(s["devices"].as_array().unwrap().len(), 3 * 6);
+        assert_eq!(nodes(device(&s, "mlx5_0")), ["/dev/infiniband/uverbs1"]);
+        assert_eq!(nodes(device(&s, "siw0")), ["/dev/infiniband/uverbs7"]);
+        assert!(s["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["name"] != "rxe0"));
+        // NAME=uverbsN needs no sysfs at all.
+        let mut a = args(Path::new("/nonexistent"));
+        a.devices = vec!["rxe0=uverbs0".into()];
+        assert_eq!(nodes(device(&spec(&a), "all")), ["/dev/infiniband/uverbs0"]);
+    }
+
+    #[test]
+    fn bad_input_is_refused_naming_what_is_wrong() {
+        let sys = fake_sysfs(&[("uverbs0", "rxe0")], false);
+        let err = |f: &dyn Fn(&mut CdiArgs)| {
+            let mut a = args(sys.path());
+            f(&mut a);
+            format!("{:#}", generate(&a).unwrap_err())
+        };
+        let e = err(&|a| a.devices = vec!["mlx5_9".into()]);
+        assert!(
+            e.contains("--device mlx5_9") && e.contains("found: rxe0"),
+            "{e}"
+        );
+        let e = err(&|a| a.devices = vec!["rxe0=verbs0".into()]);
+        assert!(e.contains("uverbsN"), "{e}");
+        let e = err(&|a| a.devices = vec!["bad/name=uverbs0".into()]);
+        assert!(e.contains("not a CDI device name"), "{e}");
+        let e = err(&|a| a.kind = "rdma".into());
+        assert!(e.contains("--kind rdma"), "{e}");
+        let e = err(&|a| a.kind = "justitia.io/rd.ma".into());
+        assert!(e.contains("--kind"), "{e}");
+        let e = err(&|a| a.cdi_version = "1.1".into());
+        assert!(e.contains("--cdi-version 1.1"), "{e}");
+        let e = err(&|a| a.library = "libjustitia.so".into());
+        assert!(e.contains("--library") && e.contains("absolute"), "{e}");
+        let e = err(&|a| a.socket = "/justitiad.sock".into());
+        assert!(e.contains("--socket"), "{e}");
+        // A device whose name is another's variant would make a name appear twice.
+        let e = err(&|a| a.devices = vec!["rxe0=uverbs0".into(), "rxe0-unshaped=uverbs1".into()]);
+        assert!(e.contains("`rxe0-unshaped` would appear twice"), "{e}");
+        let empty = fake_sysfs(&[], false);
+        let e = format!("{:#}", generate(&args(empty.path())).unwrap_err());
+        assert!(
+            e.contains("no RDMA devices") && e.contains("ib_uverbs"),
+            "{e}"
+        );
+        let bad = fake_sysfs(&[("uverbs0", "rxe 0")], false);
+        let e = format!("{:#}", generate(&args(bad.path())).unwrap_err());
+        assert!(e.contains("ibdev") && e.contains("`rxe 0`"), "{e}");
+    }
+
+    #[test]
+    fn the_output_file_is_replaced_whole() {
+        let sys = fake_sysfs(&[("uverbs0", "rxe0")], true);
+        let out = tempfile::tempdir().unwrap();
+        let path = out.path().join("justitia.json");
+        fs::write(&path, "stale").unwrap();
+        let mut a = args(sys.path());
+        a.output = Some(path.clone());
+        run(&a).unwrap();
+        let written: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(written, spec(&a));
+        let left: Vec<_> = fs::read_dir(out.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["justitia.json"]);
+    }
+}
