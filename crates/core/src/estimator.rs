@@ -14,6 +14,7 @@
 //!
 //! Invariants:
 //! - the window never holds more than its capacity; the oldest sample leaves first;
+//! - recording never allocates: the window's room is taken when the estimator is built;
 //! - the quantile `q` of `n` samples is the sample of rank [`Quantile::rank`] (nearest rank,
 //!   `ceil(q * n)`), and the estimate differs from it by at most
 //!   [`MAX_RELATIVE_ERROR`] of its value (it is the midpoint of that sample's bucket);
@@ -113,7 +114,8 @@ impl TailEstimator {
         Ok(TailEstimator {
             quantile,
             capacity: window,
-            window: VecDeque::new(),
+            // The whole window at once, so that recording never allocates.
+            window: VecDeque::with_capacity(window),
             counts: BucketTree::new(),
         })
     }
@@ -145,6 +147,27 @@ impl TailEstimator {
         let rank = quantile.rank(self.window.len());
         let bucket = self.counts.find_rank(rank);
         Some(Duration::from_nanos(bucket_midpoint(bucket)))
+    }
+
+    /// The sample of 1-based `rank` in sorted order (as the midpoint of its bucket), or
+    /// `None` when the window holds fewer than `rank` samples or `rank` is 0.
+    pub fn at_rank(&self, rank: usize) -> Option<Duration> {
+        if rank == 0 || rank > self.window.len() {
+            return None;
+        }
+        Some(Duration::from_nanos(bucket_midpoint(
+            self.counts.find_rank(rank),
+        )))
+    }
+
+    /// The smallest of the newest `count` samples (as the midpoint of its bucket), or
+    /// `None` when the window holds fewer than `count` samples or `count` is 0.
+    pub fn least_of_newest(&self, count: usize) -> Option<Duration> {
+        if count == 0 || count > self.window.len() {
+            return None;
+        }
+        let least = self.window.iter().rev().take(count).min()?;
+        Some(Duration::from_nanos(bucket_midpoint(usize::from(*least))))
     }
 
     /// The quantile this estimator reports from [`TailEstimator::estimate`].
@@ -190,7 +213,7 @@ impl Default for TailEstimator {
         TailEstimator {
             quantile: Quantile::P99,
             capacity: Self::DEFAULT_WINDOW,
-            window: VecDeque::new(),
+            window: VecDeque::with_capacity(Self::DEFAULT_WINDOW),
             counts: BucketTree::new(),
         }
     }
@@ -382,6 +405,24 @@ mod tests {
         estimator.record(Duration::MAX);
         let estimate = estimator.estimate().unwrap().as_nanos() as f64;
         assert!(estimate >= u64::MAX as f64 * (1.0 - MAX_RELATIVE_ERROR));
+    }
+
+    #[test]
+    fn at_rank_is_the_sorted_sample_and_none_beyond_the_window() {
+        let mut estimator = TailEstimator::new(10, Quantile::P99).unwrap();
+        for nanos in [50, 10, 40, 20, 30] {
+            estimator.record(Duration::from_nanos(nanos));
+        }
+        assert_eq!(estimator.at_rank(0), None);
+        assert_eq!(estimator.at_rank(1), Some(Duration::from_nanos(10)));
+        assert_eq!(estimator.at_rank(4), Some(Duration::from_nanos(40)));
+        assert_eq!(estimator.at_rank(5), Some(Duration::from_nanos(50)));
+        assert_eq!(estimator.at_rank(6), None);
+        assert_eq!(estimator.least_of_newest(0), None);
+        assert_eq!(estimator.least_of_newest(2), Some(Duration::from_nanos(20)));
+        assert_eq!(estimator.least_of_newest(3), Some(Duration::from_nanos(20)));
+        assert_eq!(estimator.least_of_newest(5), Some(Duration::from_nanos(10)));
+        assert_eq!(estimator.least_of_newest(6), None);
     }
 
     #[test]
