@@ -1058,6 +1058,40 @@ mod tests {
     }
 
     #[test]
+    fn a_change_in_the_latency_flows_forgets_the_search_ceiling() {
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        });
+        let one = counts(1, 1, 0);
+        // 1 -> 0.5 (ceiling 1), -> 0.75, then a violation there: ceiling 0.75, back to 0.5.
+        c.update(ms(0), one, HIGH);
+        c.update(ms(1), one, LOW);
+        c.update(ms(2), one, HIGH);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        // A second latency flow (same floor, 2/4): the plant changed, so the search climbs
+        // half-way to MaxRate each update, past 0.75, instead of settling below it.
+        let two = counts(2, 2, 0);
+        for t in 3..13 {
+            c.update(ms(t), two, LOW);
+        }
+        assert!(c.safe_util_fraction() > 0.99, "{}", c.safe_util_fraction());
+        // With L unchanged the ceiling holds: the same history settles below 0.75.
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        });
+        c.update(ms(0), one, HIGH);
+        c.update(ms(1), one, LOW);
+        c.update(ms(2), one, HIGH);
+        for t in 3..13 {
+            c.update(ms(t), one, LOW);
+        }
+        let settled = c.safe_util_fraction();
+        assert!((0.74..0.75).contains(&settled), "{settled}");
+    }
+
+    #[test]
     fn a_missing_estimate_does_not_break_a_violation_run() {
         let mut c = controller(ControllerConfig::default());
         let n = counts(4, 4, 0);

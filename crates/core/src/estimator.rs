@@ -160,14 +160,18 @@ impl TailEstimator {
         )))
     }
 
-    /// The smallest of the newest `count` samples (as the midpoint of its bucket), or
-    /// `None` when the window holds fewer than `count` samples or `count` is 0.
-    pub fn least_of_newest(&self, count: usize) -> Option<Duration> {
+    /// The smallest and the largest of the newest `count` samples (as the midpoints of
+    /// their buckets), or `None` when the window holds fewer than `count` samples or
+    /// `count` is 0.
+    pub fn newest_range(&self, count: usize) -> Option<(Duration, Duration)> {
         if count == 0 || count > self.window.len() {
             return None;
         }
-        let least = self.window.iter().rev().take(count).min()?;
-        Some(Duration::from_nanos(bucket_midpoint(usize::from(*least))))
+        let newest = self.window.iter().rev().take(count);
+        let least = newest.clone().min()?;
+        let greatest = newest.max()?;
+        let midpoint = |b: &u16| Duration::from_nanos(bucket_midpoint(usize::from(*b)));
+        Some((midpoint(least), midpoint(greatest)))
     }
 
     /// The quantile this estimator reports from [`TailEstimator::estimate`].
@@ -418,11 +422,13 @@ mod tests {
         assert_eq!(estimator.at_rank(4), Some(Duration::from_nanos(40)));
         assert_eq!(estimator.at_rank(5), Some(Duration::from_nanos(50)));
         assert_eq!(estimator.at_rank(6), None);
-        assert_eq!(estimator.least_of_newest(0), None);
-        assert_eq!(estimator.least_of_newest(2), Some(Duration::from_nanos(20)));
-        assert_eq!(estimator.least_of_newest(3), Some(Duration::from_nanos(20)));
-        assert_eq!(estimator.least_of_newest(5), Some(Duration::from_nanos(10)));
-        assert_eq!(estimator.least_of_newest(6), None);
+        let ns = Duration::from_nanos;
+        assert_eq!(estimator.newest_range(0), None);
+        assert_eq!(estimator.newest_range(1), Some((ns(30), ns(30))));
+        assert_eq!(estimator.newest_range(2), Some((ns(20), ns(30))));
+        assert_eq!(estimator.newest_range(3), Some((ns(20), ns(40))));
+        assert_eq!(estimator.newest_range(5), Some((ns(10), ns(50))));
+        assert_eq!(estimator.newest_range(6), None);
     }
 
     #[test]
