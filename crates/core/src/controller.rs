@@ -1092,6 +1092,44 @@ mod tests {
     }
 
     #[test]
+    fn the_search_resolution_must_lie_strictly_between_0_and_1() {
+        for resolution in [0.0, 1.0, 2.0, -0.5] {
+            let config = ControllerConfig {
+                increase: IncreaseLaw::Search {
+                    resolution,
+                    ceiling_lifetime: ms(1_000),
+                },
+                ..Default::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ControllerError::SearchResolution(resolution))
+            );
+        }
+    }
+
+    #[test]
+    fn without_latency_flows_no_violation_run_starts_or_lasts() {
+        // 4.9 s of violation with a latency flow, one update without any (and without an
+        // estimate), then the flow is back and violated: a new run, far from delta.
+        let mut c = controller(ControllerConfig::default());
+        let one = counts(1, 1, 0);
+        run(&mut c, 0, 4_900, one, HIGH);
+        assert_eq!(
+            c.update(ms(4_900), counts(0, 1, 0), None),
+            ControlAction::Reset
+        );
+        assert_eq!(
+            run(&mut c, 4_901, 5_200, one, HIGH),
+            ControlAction::Decrease
+        );
+        // 6 s of a high Current99 with no latency flow counted start no run either.
+        let mut c = controller(ControllerConfig::default());
+        run(&mut c, 0, 6_000, counts(0, 1, 0), HIGH);
+        assert_eq!(c.update(ms(6_000), one, HIGH), ControlAction::Decrease);
+    }
+
+    #[test]
     fn a_missing_estimate_does_not_break_a_violation_run() {
         let mut c = controller(ControllerConfig::default());
         let n = counts(4, 4, 0);

@@ -27,8 +27,7 @@ impl Host {
     fn new() -> Host {
         let config = LoopConfig {
             target: Target99::Absolute(us(5)),
-            // The shortest window that can show a violation: three slow probes of three.
-            window: 3,
+            window: 1,
             idle_grace_periods: 0,
             ..LoopConfig::default()
         };
@@ -114,7 +113,7 @@ fn a_new_chunk_size_is_a_new_assignment_and_safe_util_alone_is_not() {
     // does not (every flow's wait scales alike, so the spacing holds).
     let before = h.lp.allotment(FlowId(1)).unwrap();
     h.probe_latency = us(100);
-    h.run_until(us(4_000));
+    h.run_until(us(3_000));
     let after = h.lp.allotment(FlowId(1)).unwrap();
     assert!(after.bytes_per_sec < before.bytes_per_sec);
     assert!(after.generation > before.generation);
