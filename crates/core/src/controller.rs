@@ -16,12 +16,15 @@
 //! Two companions from the paper live here too. *Soft admission control* (§4.1, §4.2.1):
 //! asking to admit a latency-sensitive flow while Current99 exceeds Target99 returns a
 //! warning carrying both figures ([`Admission::TargetAtRisk`]). *Unattainable-target mode*
-//! (§4.5), an operator option that is on by default: once Current99 has stayed above
+//! (§4.5), an operator option that is on by default: once Current99 has been observed above
 //! Target99 for delta ([`ControllerConfig::unattainable_after`], 5 s as in §6.5.2), latency
-//! flows are ignored and SafeUtil = MaxRate is shared among the resource-hungry flows. The
-//! mode is left only when L/(B+T) grows beyond its value on entry; while it stays equal or
-//! shrinks (fewer latency flows or more resource-hungry ones) the target is no more
-//! attainable than before.
+//! flows are ignored and SafeUtil = MaxRate is shared among the resource-hungry flows.
+//! Delta counts observed time only: each violating update adds the time since the previous
+//! one, at most [`OBSERVED_GAP_PERIODS`] RefPeriods (5 ms), so a caller that stalled for seconds between two updates
+//! does not give the target up on what it never measured. The mode is left when the
+//! latency flows are all gone (the next latency flow is judged afresh) or when L/(B+T)
+//! grows beyond its value on entry; while it stays equal or shrinks (fewer latency flows
+//! or more resource-hungry ones) the target is no more attainable than before.
 //!
 //! Invariants after every update: 0 < SafeUtil <= MaxRate; SafeUtil = MaxRate when L = 0
 //! or in unattainable mode; otherwise SafeUtil >= the sharing floor of the current counts.
@@ -239,11 +242,29 @@ pub struct SafeUtilController {
     /// whose window is empty (the window restarts after a decrease, and at a RefPeriod
     /// shorter than a probe's round trip the next update may find no sample yet).
     last_p99: Option<Duration>,
-    /// Start of the current unbroken run of updates with Current99 > Target99.
-    violation_since: Option<Duration>,
+    /// The current unbroken run of updates with Current99 > Target99: when its latest
+    /// violating update ran, and how long violations have been observed in it.
+    violation_run: Option<ViolationRun>,
     mode: ControlMode,
     /// The search law's state.
     search: SearchState,
+}
+
+/// The longest gap between two violating updates, in RefPeriods, that counts in full
+/// toward delta: 5 ms at RefPeriod 0.5 ms, the control loop's probe timeout. Updates that
+/// had no estimate in between (a window refilling after a decrease) are part of the run;
+/// a longer gap is a stall of the caller, and counts as this much.
+pub const OBSERVED_GAP_PERIODS: u32 = 10;
+
+/// A run of violating updates, for delta (§4.5).
+#[derive(Debug, Clone, Copy)]
+struct ViolationRun {
+    /// The latest update that observed a violation.
+    last: Duration,
+    /// Time observed in violation: the time from each violating update to the next, at
+    /// most [`OBSERVED_GAP_PERIODS`] RefPeriods each, so that a driver that stalled (and could not observe
+    /// anything) does not count the stall.
+    observed: Duration,
 }
 
 /// What the search law remembers between updates.
@@ -274,7 +295,7 @@ impl SafeUtilController {
             token: Token::for_profile(config.token_bytes, profile),
             safe_util: max_rate,
             last_p99: None,
-            violation_since: None,
+            violation_run: None,
             mode: ControlMode::Normal,
             search: SearchState::default(),
         })
@@ -294,10 +315,21 @@ impl SafeUtilController {
             counts.latency > 0 && current_p99.is_some_and(|p99| p99 > self.config.target_p99);
         // No estimate says nothing either way: a run of violations is broken only by a
         // Current99 that meets the target (or by no latency flow at all).
-        self.violation_since = if violated {
-            self.violation_since.or(Some(now))
+        self.violation_run = if violated {
+            Some(match self.violation_run {
+                Some(run) => ViolationRun {
+                    last: now,
+                    observed: run
+                        .observed
+                        .saturating_add(now.saturating_sub(run.last).min(self.observed_gap())),
+                },
+                None => ViolationRun {
+                    last: now,
+                    observed: Duration::ZERO,
+                },
+            })
         } else if current_p99.is_none() && counts.latency > 0 {
-            self.violation_since
+            self.violation_run
         } else {
             None
         };
@@ -309,10 +341,14 @@ impl SafeUtilController {
         }
 
         if let ControlMode::Unattainable { entry_counts, .. } = self.mode {
-            if latency_ratio_exceeds(counts, entry_counts) {
-                // Back to pursuing the target; a new violation run starts from scratch.
+            if counts.latency == 0 || latency_ratio_exceeds(counts, entry_counts) {
+                // Back to pursuing the target (no latency flow is left to give up on, or
+                // there are more of them); a new violation run starts from scratch.
                 self.mode = ControlMode::Normal;
-                self.violation_since = violated.then_some(now);
+                self.violation_run = violated.then_some(ViolationRun {
+                    last: now,
+                    observed: Duration::ZERO,
+                });
             } else {
                 self.safe_util = self.max_rate;
                 return ControlAction::Unattainable;
@@ -329,7 +365,7 @@ impl SafeUtilController {
             return ControlAction::Hold;
         }
         if violated {
-            if self.unattainable_for_long_enough(now, counts) {
+            if self.unattainable_for_long_enough(counts) {
                 self.mode = ControlMode::Unattainable {
                     entered_at: now,
                     entry_counts: counts,
@@ -390,6 +426,20 @@ impl SafeUtilController {
         }
     }
 
+    /// Lowers the ceiling the update at `now` recorded to `rate`, if that is lower and
+    /// above SafeUtil now: the violation that decrease acted on was measured by probes
+    /// sent at `rate`, so the rates above it are no safer than the one the decrease found
+    /// (a loop that needs several probes to show a violation lets SafeUtil climb past
+    /// where it began). A ceiling recorded earlier, or a rate at or below SafeUtil (the
+    /// probes went at the floor, which says nothing about rates), is left alone.
+    pub fn lower_ceiling(&mut self, now: Duration, rate: f64) {
+        if let Some((ceiling, since)) = &mut self.search.ceiling {
+            if *since == now && rate > self.safe_util {
+                *ceiling = ceiling.min(rate);
+            }
+        }
+    }
+
     /// Sets Target99 (e.g. once an idle baseline has been measured); the next update
     /// compares Current99 with it.
     pub fn set_target_p99(&mut self, target: Duration) {
@@ -407,13 +457,17 @@ impl SafeUtilController {
         }
     }
 
+    /// The most one update's gap adds to the time observed in violation:
+    /// [`OBSERVED_GAP_PERIODS`] RefPeriods.
+    fn observed_gap(&self) -> Duration {
+        self.config.ref_period.saturating_mul(OBSERVED_GAP_PERIODS)
+    }
+
     /// True when the violation run has lasted delta and giving up on the target would help
     /// someone (there are resource-hungry flows to give the RNIC to).
-    fn unattainable_for_long_enough(&self, now: Duration, counts: FlowCounts) -> bool {
-        match (self.config.unattainable_after, self.violation_since) {
-            (Some(delta), Some(since)) => {
-                counts.resource_hungry() > 0 && now.saturating_sub(since) >= delta
-            }
+    fn unattainable_for_long_enough(&self, counts: FlowCounts) -> bool {
+        match (self.config.unattainable_after, self.violation_run) {
+            (Some(delta), Some(run)) => counts.resource_hungry() > 0 && run.observed >= delta,
             _ => false,
         }
     }
@@ -830,7 +884,6 @@ mod tests {
             counts(4, 2, 2), // equal ratio, more flows
             counts(1, 2, 0), // fewer latency flows
             counts(2, 3, 1), // more resource-hungry flows
-            counts(0, 2, 0), // no latency flows at all
         ];
         for (i, n) in stays.into_iter().enumerate() {
             assert_eq!(
@@ -843,6 +896,47 @@ mod tests {
         // Even once the target is met the mode persists: only the ratio ends it.
         assert_eq!(
             c.update(ms(7_000), counts(2, 2, 0), LOW),
+            ControlAction::Unattainable
+        );
+    }
+
+    #[test]
+    fn unattainable_mode_ends_when_the_latency_flows_do() {
+        let mut c = unattainable_with(counts(2, 2, 0));
+        // The latency flows leave: the mode ends with them (L = 0 makes the ratio test
+        // false, which kept the mode for ever).
+        assert_eq!(
+            c.update(ms(6_000), counts(0, 2, 0), None),
+            ControlAction::Reset
+        );
+        assert_eq!(c.mode(), ControlMode::Normal);
+        // A later latency flow that meets its target is regulated, not ignored.
+        let later = counts(1, 2, 0);
+        assert_eq!(c.update(ms(7_000), later, LOW), ControlAction::Increase);
+        assert_eq!(c.mode(), ControlMode::Normal);
+        assert_eq!(c.update(ms(7_001), later, HIGH), ControlAction::Decrease);
+    }
+
+    #[test]
+    fn a_stall_between_updates_does_not_count_toward_delta() {
+        // Every RefPeriod (0.5 ms) for 1 s in violation, then the caller stalls 4.5 s and
+        // the next update still sees the violation: 1 s observed, not 5.5 s.
+        let mut c = controller(ControllerConfig::default());
+        let n = counts(1, 1, 0);
+        let half_ms = |k: u64| Duration::from_micros(500 * k);
+        for k in 0..=2_000 {
+            c.update(half_ms(k), n, HIGH);
+        }
+        assert_eq!(c.update(ms(5_500), n, HIGH), ControlAction::Decrease);
+        assert_eq!(c.mode(), ControlMode::Normal);
+        // Delta is reached once 3.995 s more are observed: 1 s + 5 ms (the stall, ten
+        // RefPeriods at most) + 3.995 s.
+        for k in 1..7_990 {
+            let action = c.update(ms(5_500) + half_ms(k), n, HIGH);
+            assert_eq!(action, ControlAction::Decrease, "at {k}");
+        }
+        assert_eq!(
+            c.update(ms(5_500) + half_ms(7_990), n, HIGH),
             ControlAction::Unattainable
         );
     }
@@ -930,13 +1024,121 @@ mod tests {
     }
 
     #[test]
+    fn lower_ceiling_lowers_only_the_ceiling_just_recorded_and_only_above_safe_util() {
+        let search = |c: &mut SafeUtilController| {
+            for t in 1..40 {
+                c.update(ms(t), counts(1, 1, 0), LOW);
+            }
+            c.safe_util_fraction()
+        };
+        let config = ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        };
+        let n = counts(1, 1, 0);
+        // A decrease from MaxRate records the ceiling MaxRate; lowered to 0.8, the search
+        // settles within its 1 % resolution below 0.8 instead of below 1.
+        let mut c = controller(config);
+        c.update(Duration::ZERO, n, HIGH);
+        c.lower_ceiling(Duration::ZERO, 0.8 * c.max_rate());
+        let settled = search(&mut c);
+        assert!((0.79..0.8).contains(&settled), "{settled}");
+        // A ceiling recorded at another time is not lowered.
+        let mut c = controller(config);
+        c.update(Duration::ZERO, n, HIGH);
+        c.lower_ceiling(ms(1), 0.8 * c.max_rate());
+        let settled = search(&mut c);
+        assert!((0.99..1.0).contains(&settled), "{settled}");
+        // Nor to a rate at or below SafeUtil after the decrease (0.5).
+        let mut c = controller(config);
+        c.update(Duration::ZERO, n, HIGH);
+        c.lower_ceiling(Duration::ZERO, 0.5 * c.max_rate());
+        let settled = search(&mut c);
+        assert!((0.99..1.0).contains(&settled), "{settled}");
+    }
+
+    #[test]
+    fn a_change_in_the_latency_flows_forgets_the_search_ceiling() {
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        });
+        let one = counts(1, 1, 0);
+        // 1 -> 0.5 (ceiling 1), -> 0.75, then a violation there: ceiling 0.75, back to 0.5.
+        c.update(ms(0), one, HIGH);
+        c.update(ms(1), one, LOW);
+        c.update(ms(2), one, HIGH);
+        assert!(close(c.safe_util_fraction(), 0.5));
+        // A second latency flow (same floor, 2/4): the plant changed, so the search climbs
+        // half-way to MaxRate each update, past 0.75, instead of settling below it.
+        let two = counts(2, 2, 0);
+        for t in 3..13 {
+            c.update(ms(t), two, LOW);
+        }
+        assert!(c.safe_util_fraction() > 0.99, "{}", c.safe_util_fraction());
+        // With L unchanged the ceiling holds: the same history settles below 0.75.
+        let mut c = controller(ControllerConfig {
+            increase: IncreaseLaw::SEARCH,
+            ..Default::default()
+        });
+        c.update(ms(0), one, HIGH);
+        c.update(ms(1), one, LOW);
+        c.update(ms(2), one, HIGH);
+        for t in 3..13 {
+            c.update(ms(t), one, LOW);
+        }
+        let settled = c.safe_util_fraction();
+        assert!((0.74..0.75).contains(&settled), "{settled}");
+    }
+
+    #[test]
+    fn the_search_resolution_must_lie_strictly_between_0_and_1() {
+        for resolution in [0.0, 1.0, 2.0, -0.5] {
+            let config = ControllerConfig {
+                increase: IncreaseLaw::Search {
+                    resolution,
+                    ceiling_lifetime: ms(1_000),
+                },
+                ..Default::default()
+            };
+            assert_eq!(
+                config.validate(),
+                Err(ControllerError::SearchResolution(resolution))
+            );
+        }
+    }
+
+    #[test]
+    fn without_latency_flows_no_violation_run_starts_or_lasts() {
+        // 4.9 s of violation with a latency flow, one update without any (and without an
+        // estimate), then the flow is back and violated: a new run, far from delta.
+        let mut c = controller(ControllerConfig::default());
+        let one = counts(1, 1, 0);
+        run(&mut c, 0, 4_900, one, HIGH);
+        assert_eq!(
+            c.update(ms(4_900), counts(0, 1, 0), None),
+            ControlAction::Reset
+        );
+        assert_eq!(
+            run(&mut c, 4_901, 5_200, one, HIGH),
+            ControlAction::Decrease
+        );
+        // 6 s of a high Current99 with no latency flow counted start no run either.
+        let mut c = controller(ControllerConfig::default());
+        run(&mut c, 0, 6_000, counts(0, 1, 0), HIGH);
+        assert_eq!(c.update(ms(6_000), one, HIGH), ControlAction::Decrease);
+    }
+
+    #[test]
     fn a_missing_estimate_does_not_break_a_violation_run() {
         let mut c = controller(ControllerConfig::default());
         let n = counts(4, 4, 0);
         run(&mut c, 0, 2_500, n, HIGH);
         run(&mut c, 2_500, 2_600, n, None);
-        run(&mut c, 2_600, 5_000, n, HIGH);
-        assert_eq!(c.update(ms(5_000), n, HIGH), ControlAction::Unattainable);
+        // ... nor counts in full toward delta: 2.499 s observed before the gap, 5 ms (ten
+        // RefPeriods) for the 101 ms gap, 2.496 s after it.
+        assert_eq!(run(&mut c, 2_600, 5_096, n, HIGH), ControlAction::Decrease);
+        assert_eq!(c.update(ms(5_096), n, HIGH), ControlAction::Unattainable);
     }
 
     #[test]

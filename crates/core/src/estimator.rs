@@ -14,6 +14,7 @@
 //!
 //! Invariants:
 //! - the window never holds more than its capacity; the oldest sample leaves first;
+//! - recording never allocates: the window's room is taken when the estimator is built;
 //! - the quantile `q` of `n` samples is the sample of rank [`Quantile::rank`] (nearest rank,
 //!   `ceil(q * n)`), and the estimate differs from it by at most
 //!   [`MAX_RELATIVE_ERROR`] of its value (it is the midpoint of that sample's bucket);
@@ -113,7 +114,8 @@ impl TailEstimator {
         Ok(TailEstimator {
             quantile,
             capacity: window,
-            window: VecDeque::new(),
+            // The whole window at once, so that recording never allocates.
+            window: VecDeque::with_capacity(window),
             counts: BucketTree::new(),
         })
     }
@@ -145,6 +147,31 @@ impl TailEstimator {
         let rank = quantile.rank(self.window.len());
         let bucket = self.counts.find_rank(rank);
         Some(Duration::from_nanos(bucket_midpoint(bucket)))
+    }
+
+    /// The sample of 1-based `rank` in sorted order (as the midpoint of its bucket), or
+    /// `None` when the window holds fewer than `rank` samples or `rank` is 0.
+    pub fn at_rank(&self, rank: usize) -> Option<Duration> {
+        if rank == 0 || rank > self.window.len() {
+            return None;
+        }
+        Some(Duration::from_nanos(bucket_midpoint(
+            self.counts.find_rank(rank),
+        )))
+    }
+
+    /// The smallest and the largest of the newest `count` samples (as the midpoints of
+    /// their buckets), or `None` when the window holds fewer than `count` samples or
+    /// `count` is 0.
+    pub fn newest_range(&self, count: usize) -> Option<(Duration, Duration)> {
+        if count == 0 || count > self.window.len() {
+            return None;
+        }
+        let newest = self.window.iter().rev().take(count);
+        let least = newest.clone().min()?;
+        let greatest = newest.max()?;
+        let midpoint = |b: &u16| Duration::from_nanos(bucket_midpoint(usize::from(*b)));
+        Some((midpoint(least), midpoint(greatest)))
     }
 
     /// The quantile this estimator reports from [`TailEstimator::estimate`].
@@ -190,7 +217,7 @@ impl Default for TailEstimator {
         TailEstimator {
             quantile: Quantile::P99,
             capacity: Self::DEFAULT_WINDOW,
-            window: VecDeque::new(),
+            window: VecDeque::with_capacity(Self::DEFAULT_WINDOW),
             counts: BucketTree::new(),
         }
     }
@@ -382,6 +409,26 @@ mod tests {
         estimator.record(Duration::MAX);
         let estimate = estimator.estimate().unwrap().as_nanos() as f64;
         assert!(estimate >= u64::MAX as f64 * (1.0 - MAX_RELATIVE_ERROR));
+    }
+
+    #[test]
+    fn at_rank_is_the_sorted_sample_and_none_beyond_the_window() {
+        let mut estimator = TailEstimator::new(10, Quantile::P99).unwrap();
+        for nanos in [50, 10, 40, 20, 30] {
+            estimator.record(Duration::from_nanos(nanos));
+        }
+        assert_eq!(estimator.at_rank(0), None);
+        assert_eq!(estimator.at_rank(1), Some(Duration::from_nanos(10)));
+        assert_eq!(estimator.at_rank(4), Some(Duration::from_nanos(40)));
+        assert_eq!(estimator.at_rank(5), Some(Duration::from_nanos(50)));
+        assert_eq!(estimator.at_rank(6), None);
+        let ns = Duration::from_nanos;
+        assert_eq!(estimator.newest_range(0), None);
+        assert_eq!(estimator.newest_range(1), Some((ns(30), ns(30))));
+        assert_eq!(estimator.newest_range(2), Some((ns(20), ns(30))));
+        assert_eq!(estimator.newest_range(3), Some((ns(20), ns(40))));
+        assert_eq!(estimator.newest_range(5), Some((ns(10), ns(50))));
+        assert_eq!(estimator.newest_range(6), None);
     }
 
     #[test]

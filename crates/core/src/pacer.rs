@@ -260,8 +260,10 @@ impl Lane {
     }
 
     /// Moves a lane in debt onto the release schedule `phase` of a `period` (ticks) from now:
-    /// its debt becomes the nearest one that is `phase x period` modulo `period`, so it is
-    /// moved by at most half a period either way. A lane with credit is left alone (its flow
+    /// its debt becomes the next one that is `phase x period` modulo `period`, so it is
+    /// moved later by less than a period, never earlier (moving earlier would hand out
+    /// credit, and an assignment at every release would add it up past the burst). A lane
+    /// with credit is left alone (its flow
     /// is not releasing on any schedule) unless `from_rest`, when it gives the credit up and
     /// waits `phase x period`. Returns whether the balance changed.
     fn rephase(&mut self, phase: f64, period: i128, from_rest: bool) -> bool {
@@ -278,12 +280,8 @@ impl Lane {
             self.balance = -slot;
         } else {
             let debt = -self.balance;
-            let mut shift = (slot - debt).rem_euclid(period);
-            if 2 * shift >= period {
-                shift -= period;
-            }
-            // At most half a period of credit, within the cap of two periods or more.
-            self.balance = (-(debt + shift)).min(self.cap);
+            let shift = (slot - debt).rem_euclid(period);
+            self.balance = -(debt + shift);
         }
         self.balance != before
     }
@@ -449,7 +447,7 @@ impl Pacer {
 
     /// Changes the rate at `now` as [`set_rate`](Self::set_rate) does, and, when `phase` is
     /// a new assignment, puts the flow at its place in the host's release schedule: its next
-    /// release `phase.offset` of a release interval from now, moved by at most half an
+    /// release `phase.offset` of a release interval from now, moved later by less than an
     /// interval. The interval is one chunk at the new byte rate for the bytes, one operation
     /// at the operation rate for the operations.
     ///
@@ -464,12 +462,13 @@ impl Pacer {
     /// shared between pacers.
     ///
     /// - Only a new assignment (an `epoch` this pacer has not applied) moves the flow; the
-    ///   same phase with a new rate is a plain [`set_rate`](Self::set_rate). Each move is at
-    ///   most half an interval, so moves at assignments (flows joining or leaving, the chunk
+    ///   same phase with a new rate is a plain [`set_rate`](Self::set_rate). Each move is
+    ///   less than an interval, so moves at assignments (flows joining or leaving, the chunk
     ///   size changing) cost the rate nothing that matters; moving at every change of rate
-    ///   would shift the rate by up to half an interval per update.
-    /// - A lane in debt (the flow waits for its next release) keeps its debt modulo the
-    ///   interval's nearest phase point, later or earlier.
+    ///   would cost up to an interval per update.
+    /// - A lane in debt (the flow waits for its next release) waits on to the interval's
+    ///   next phase point: a move never releases anything sooner, so the burst bound holds
+    ///   however often the flow is rephased.
     /// - A lane with credit is left alone (the flow had nothing waiting; it is on no
     ///   schedule), except when the pacer was paused: a flow given its first rate, or a rate
     ///   again after a zero one, gives up its credit and starts at its phase, whatever the
@@ -1036,22 +1035,73 @@ mod tests {
     }
 
     #[test]
-    fn a_new_assignment_moves_a_waiting_flow_to_the_nearest_phase_point() {
+    fn a_new_assignment_moves_a_waiting_flow_to_the_next_phase_point() {
         // Waiting 1 ms, i.e. at phase 0 of the 1 ms interval. Phase 0.25: the points are
-        // 0.25, 1.25, 2.25 ms; the nearest to 1 ms is 1.25 ms (0.25 later).
+        // 0.25, 1.25, 2.25 ms; the next from 1 ms is 1.25 ms (0.25 later).
         let mut p = waiting_one_ms();
         p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.25, 1));
         assert_eq!(
             p.try_release(Duration::ZERO, 5_120, 1),
             Err(Duration::from_micros(1_250))
         );
-        // Phase 0.75: the nearest point is 0.75 ms (0.25 earlier).
+        // Phase 0.75: the next point is 1.75 ms (0.75 later; 0.75 ms, earlier, would have
+        // handed out a quarter interval of credit).
         let mut p = waiting_one_ms();
         p.set_rate_in_phase(Duration::ZERO, one_chunk_per_ms(), phase(0.75, 1));
         assert_eq!(
             p.try_release(Duration::ZERO, 5_120, 1),
-            Err(Duration::from_micros(750))
+            Err(Duration::from_micros(1_750))
         );
+    }
+
+    #[test]
+    fn rephasing_at_every_release_keeps_the_burst_bound() {
+        // A backlogged flow at one 5 KiB chunk per ms, given a new epoch at offset 0.55 at
+        // every release. Bound: over any interval, bytes <= rate x interval + burst (2
+        // chunks) + one request. Moving a waiting flow to the nearest phase point moved it
+        // 0.45 ms earlier each time: a chunk every 0.55 ms, 1.8 x the bound over 100 ms.
+        let rate = one_chunk_per_ms();
+        let mut p = Pacer::new(rate, Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut sent = Vec::new();
+        let mut epoch = 2;
+        while now < Duration::from_millis(300) {
+            match p.try_release(now, 5_120, 1) {
+                Ok(()) => {
+                    sent.push(now);
+                    epoch += 1;
+                    p.set_rate_in_phase(now, rate, phase(0.55, epoch));
+                }
+                Err(wait) => now += wait,
+            }
+        }
+        assert!(sent.len() >= 150, "{} releases", sent.len());
+        let horizon = Duration::from_millis(100);
+        for (i, &from) in sent
+            .iter()
+            .enumerate()
+            .filter(|&(_, &t)| t + horizon <= now)
+        {
+            let within = sent[i..].iter().filter(|&&t| t < from + horizon).count() as u64;
+            let bound = rate.bytes_per_sec / 10 + rate.burst_bytes() + 5_120;
+            assert!(
+                within * 5_120 <= bound,
+                "{within} chunks in 100 ms from {from:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lower_rate_clips_the_credit_to_its_burst() {
+        // Full at 10 GB/s with a 1 ms window: 10 MB of credit. At 100 MB/s the burst is
+        // 2 chunks (100 KB < 2 x 1 MiB): what may go at once is that, and one request.
+        let high = rate(10_000_000_000, 1_048_576);
+        let low = rate(100_000_000, 1_048_576);
+        let mut p = Pacer::with_burst_window(high, Duration::from_millis(1), Duration::ZERO);
+        p.set_rate(Duration::ZERO, low);
+        let released = drain(&mut p, Duration::ZERO, 65_536);
+        let bound = low.burst_bytes_within(Duration::from_millis(1)) + 65_536;
+        assert!(released <= bound, "{released} bytes at once, bound {bound}");
     }
 
     #[test]

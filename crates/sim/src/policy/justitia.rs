@@ -82,9 +82,11 @@ pub struct JustitiaParams {
     /// Size of a reference message (§4.2.1: 10 B).
     #[serde(default = "default_ref_size")]
     pub ref_size: ByteSize,
-    /// Samples in Current99's window (the core's default 1000; the paper's 10000).
-    #[serde(default = "default_ref_window")]
-    pub ref_window: u32,
+    /// Samples in Current99's window; without it, the increase law's own: 1000 for the
+    /// search law (the core's default), the paper's 10000 (RefCount, §4.2.1) for the fixed
+    /// law of Pseudocode 1.
+    #[serde(default)]
+    pub ref_window: Option<u32>,
     /// The increase law.
     #[serde(default)]
     pub increase: Increase,
@@ -102,10 +104,6 @@ fn default_ref_size() -> ByteSize {
     ByteSize(10)
 }
 
-fn default_ref_window() -> u32 {
-    LoopConfig::default().window.try_into().unwrap_or(u32::MAX)
-}
-
 fn default_unattainable_after_ms() -> f64 {
     5_000.0
 }
@@ -120,7 +118,7 @@ impl Default for JustitiaParams {
             target99_x_idle: None,
             ref_period_us: default_ref_period_us(),
             ref_size: default_ref_size(),
-            ref_window: default_ref_window(),
+            ref_window: None,
             increase: Increase::default(),
             unattainable_after_ms: default_unattainable_after_ms(),
         }
@@ -154,7 +152,7 @@ impl JustitiaParams {
             _ => {}
         }
         positive("ref_period_us", self.ref_period_us)?;
-        if self.ref_window == 0 {
+        if self.ref_window == Some(0) {
             return Err(("ref_window".into(), "must be at least 1".into()));
         }
         if self.ref_size.bytes() > u64::from(u32::MAX) {
@@ -189,7 +187,7 @@ impl JustitiaParams {
         LoopConfig {
             target: self.target(),
             ref_period: Duration::from_nanos(time::from_us(self.ref_period_us) / 1_000),
-            window: self.ref_window as usize,
+            window: self.ref_window.map_or(base.window, |w| w as usize),
             increase: match self.increase {
                 Increase::Search => IncreaseLaw::SEARCH,
                 Increase::Fixed => IncreaseLaw::Fixed,
