@@ -78,7 +78,8 @@ daemon_bins=-
 echo "vm: building justitiad, justitia and the daemon's test tools (release)"
 if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
   && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
-  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia; then
+  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia \
+  && cargo build --release "${locked[@]}" -q -p justitia-loadgen --bin justitia-loadgen; then
   daemon_bins=$target/release
 else
   echo "FAIL build justitiad and its test tools"
