@@ -104,33 +104,47 @@ rtt=$(echo "$rperf" | sed -n 's/.*T_W - T_L median \([0-9.]*\) us.*/\1/p')
 tl=$(echo "$rperf" | sed -n 's/.*loopback T_L median \([0-9.]*\) us.*/\1/p')
 tw=$(echo "$rperf" | sed -n 's/.*; T_W median \([0-9.]*\) us.*/\1/p')
 pp=$(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/post-poll.log")
-# T_W is a post-to-completion time of the same 16 B SEND as the plain method's, so their
-# medians agree within the same factor as the ib_send_lat check below, and T_W - T_L is at
-# most T_W. On Soft-RoCE with both ends on one device the "wire" is the same software path
-# as the loopback, so T_W - T_L is near 0: the method takes out what the local end adds,
-# and here that is everything.
+# RPerf takes the local end's costs out of a post-to-completion time, so its T_W - T_L
+# is at most both T_W and the plain method's post-to-completion time of the same 16 B
+# SEND (a sum instead of a difference, or a unit slip, breaks that). On Soft-RoCE with
+# both ends on one device the "wire" is the same software path as the loopback, so
+# T_W - T_L is near 0: the local end is all there is. (T_W is not compared with the plain
+# method's figure: the wire SEND is posted behind the loopback one, which a software RNIC
+# serves first, so T_W holds both.)
 if [ -n "$rtt" ] && [ -n "$pp" ] && [ -n "$tw" ] && [ -n "$tl" ] \
-  && awk -v r="$rtt" -v p="$pp" -v w="$tw" -v f="$AGREE_FACTOR" 'BEGIN {exit !(p > 0 && w > 0 && r <= w && w / p <= f && p / w <= f)}'; then
+  && awk -v r="$rtt" -v p="$pp" -v w="$tw" -v l="$tl" 'BEGIN {exit !(p > 0 && w > 0 && l > 0 && r <= w && r <= p)}'; then
   result PASS "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L median $rtt us, post-to-completion median $pp us, loopback T_L median $tl us, T_W median $tw us"
 else
   result FAIL "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L '$rtt', post-poll '$pp', T_L '$tl' ($(tail -n 1 "$OUT/rperf.log"))"
 fi
 
-# The same 16 B SEND latency by justitia run (ping-pong, half round trip) and ib_send_lat.
-timeout 120 "$BIN/justitia" run "$lat" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method ping-pong > "$OUT/ping-pong.log" 2>&1
-ours=$(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/ping-pong.log")
-port=19900
-timeout 120 ib_send_lat -d "$DEV" -x 0 -s 16 -n 1000 -p $port > "$OUT/ib_send_lat.server.log" 2>&1 &
-spid=$!
-for _ in $(seq 200); do ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break; sleep 0.1; done
-timeout 120 ib_send_lat -d "$DEV" -x 0 -s 16 -n 1000 -p $port localhost > "$OUT/ib_send_lat.client.log" 2>&1
-wait "$spid"
-# Columns: bytes iterations t_min t_max t_typical t_avg t_stdev p99 p99.9.
-theirs=$(awk '/#bytes/ {h = 1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$OUT/ib_send_lat.client.log")
+# The same 16 B SEND latency by justitia run (ping-pong, half round trip) and ib_send_lat,
+# three times each, interleaved; the lowest median of each tool is compared, as a burst of
+# load on the emulating host lifts every figure of a run (medians from 12 us to several ms
+# were seen for both tools on a busy host).
+ours=""
+theirs=""
+for port in 19900 19901 19902; do
+  timeout 120 "$BIN/justitia" run "$lat" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method ping-pong > "$OUT/ping-pong.$port.log" 2>&1
+  ours="$ours $(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/ping-pong.$port.log")"
+  timeout 120 ib_send_lat -d "$DEV" -x 0 -s 16 -n 1000 -p $port > "$OUT/ib_send_lat.$port.server.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 200); do ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && break; sleep 0.1; done
+  timeout 120 ib_send_lat -d "$DEV" -x 0 -s 16 -n 1000 -p $port localhost > "$OUT/ib_send_lat.$port.client.log" 2>&1
+  wait "$spid"
+  # Columns: bytes iterations t_min t_max t_typical t_avg t_stdev p99 p99.9.
+  # perftest's cycle-to-time conversion sometimes fails under emulation ("inf"; see
+  # isolation.sh): such a run gives no figure.
+  theirs="$theirs $(awk '/#bytes/ {h = 1; next} h && $1 ~ /^[0-9]+$/ && $5 != "inf" && $5 + 0 > 0 {print $5; exit}' "$OUT/ib_send_lat.$port.client.log")"
+done
+lowest() { echo "$1" | tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | head -n 1; }
+all_ours=$ours all_theirs=$theirs
+ours=$(lowest "$ours")
+theirs=$(lowest "$theirs")
 if [ -n "$ours" ] && [ -n "$theirs" ] && awk -v a="$ours" -v b="$theirs" -v f="$AGREE_FACTOR" 'BEGIN {exit !(b > 0 && a / b <= f && b / a <= f)}'; then
-  result PASS "run backend: 16 B SEND latency vs ib_send_lat" "justitia run $ours us, ib_send_lat $theirs us (typical), within x$AGREE_FACTOR"
+  result PASS "run backend: 16 B SEND latency vs ib_send_lat" "justitia run $ours us, ib_send_lat $theirs us (typical), within x$AGREE_FACTOR (medians of the runs:$all_ours us and$all_theirs us)"
 else
-  result FAIL "run backend: 16 B SEND latency vs ib_send_lat" "justitia run '$ours' us, ib_send_lat '$theirs' us (tolerance x$AGREE_FACTOR)"
+  result FAIL "run backend: 16 B SEND latency vs ib_send_lat" "justitia run '$ours' us, ib_send_lat '$theirs' us (tolerance x$AGREE_FACTOR; medians:$all_ours us and$all_theirs us)"
 fi
 
 # Ctrl-C in the middle of a run: no load generator and no queue pair of one is left.
