@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_core::flow::FlowClass;
-use justitia_loadgen::clock::ClockChoice;
-use justitia_loadgen::plan::{FlowOutcome, LatencyMethod, Percentiles};
+use justitia_loadgen::clock::{invariant_tsc, ClockChoice};
+use justitia_loadgen::plan::{FlowOutcome, LatencyMethod, Percentiles, Workload};
 use justitia_sim::report::jain_index;
 use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
@@ -158,6 +158,22 @@ pub fn run(args: &RunArgs) -> Result<()> {
     );
     for flow in runs.iter().flat_map(|r| &r.flows) {
         flow.plan.validate()?;
+    }
+    // The requesters choose their clock on this host; whether the TSC qualifies is said
+    // here, once, before anything starts.
+    let has_latency = runs
+        .iter()
+        .flat_map(|r| &r.flows)
+        .any(|f| matches!(f.plan.workload, Workload::Latency { .. }));
+    if has_latency && args.clock != ClockChoice::Monotonic {
+        let invariant = fs::read_to_string("/proc/cpuinfo")
+            .map_err(|e| format!("reading /proc/cpuinfo: {e}"))
+            .and_then(|text| invariant_tsc(&text));
+        match (invariant, args.clock) {
+            (Err(why), ClockChoice::Tsc) => bail!("--clock tsc: {why}"),
+            (Err(why), _) => eprintln!("{why}: latency samples are timed with CLOCK_MONOTONIC"),
+            (Ok(()), _) => {}
+        }
     }
     let loadgen = beside_me(args.loadgen.as_deref(), "justitia-loadgen")?;
     let needs_shaper = runs
