@@ -4,6 +4,10 @@
 # beside that flow under the shaper (bandwidth class paced at 75/50/25% of its alone
 # bandwidth, split but unpaced, and preempt). Prints latency p50 (perftest's "typical"),
 # p99 and p99.9 and the bandwidth flow's MB/s, each as the median and range of the repeats.
+# Then the same experiment as a scenario file, `justitia run lat-vs-1mb-bw-ib56` (each flow
+# its own process, the shaped run following justitiad's allotment as any application
+# would), with the model beside it (--compare) and the isolation verdict; perftest stays
+# the unmodified application of the first part.
 #
 #   tests/vm/isolation-bench.sh        # REPEATS=3 LAT_ITERS=5000 BW_SECONDS=10 by default
 #
@@ -25,6 +29,9 @@ lib=-
 if [ -f crates/preload/Cargo.toml ]; then
   cargo build --release -q -p justitia-preload || exit 1
   lib=$target/release/libjustitia.so
+  cargo build --release -q -p justitia-cli --bin justitia || exit 1
+  cargo build --release -q -p justitia-loadgen --bin justitia-loadgen || exit 1
+  cargo build --release -q -p justitia-daemon --bin justitiad || exit 1
 else
   echo "isolation-bench: the shaper is not built (crates/preload does not exist); only unshaped cases run"
 fi
@@ -32,7 +39,7 @@ mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/isolation.XXXXXX")
 echo "isolation-bench: running in the guest (logs in $out)"
 vm_write_job "$out" env REPEATS="${REPEATS:-3}" LAT_ITERS="${LAT_ITERS:-5000}" BW_SECONDS="${BW_SECONDS:-10}" \
-  tests/vm/guest/isolation.sh "$out" "$lib"
+  RUN_BIN="$target/release" tests/vm/guest/isolation.sh "$out" "$lib"
 vm_boot "$out" "${VM_BENCH_TIMEOUT:-1800}"
 rc=$?
 if [ ! -s "$out/isolation.txt" ]; then
@@ -63,4 +70,9 @@ awk -F'|' '
       printf "%-42s | %-22s | %-26s | %-26s | %s\n", c, stat(p50[c]), stat(p99[c]), stat(p999[c]), stat(bw[c])
     }
   }' "$out/isolation.txt"
+if [ -s "$out/justitia-run.txt" ]; then
+  echo
+  echo "The same experiment as a scenario file: justitia run lat-vs-1mb-bw-ib56 -d rxe0 --compare"
+  cat "$out/justitia-run.txt"
+fi
 exit "$rc"

@@ -9,7 +9,7 @@
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
 # (CI=true), where setup should have installed it, so it fails.
 #
-# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 1800),
+# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 2400),
 # INTEGRITY_TRANSFERS (per checker run, default 200), HANG_TIMEOUT, DESTROY_ITERATIONS,
 # CM_CONNECTIONS, CM_FD_SLACK, CM_RSS_SLACK_KB (the application tests, see the README),
 # CARGO_TARGET_DIR.
@@ -78,7 +78,8 @@ daemon_bins=-
 echo "vm: building justitiad, justitia and the daemon's test tools (release)"
 if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
   && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
-  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia; then
+  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia \
+  && cargo build --release "${locked[@]}" -q -p justitia-loadgen --bin justitia-loadgen; then
   daemon_bins=$target/release
 else
   echo "FAIL build justitiad and its test tools"
@@ -104,7 +105,7 @@ vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS=
   CDI_VALIDATOR="$cdi_validator" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
   tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
-vm_boot "$out" "${VM_SUITE_TIMEOUT:-1800}"
+vm_boot "$out" "${VM_SUITE_TIMEOUT:-2400}"
 rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"
 

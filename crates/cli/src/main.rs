@@ -6,6 +6,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use justitia_core::profile::RnicProfile;
 
+mod backend;
 mod cdi;
 mod control_plot;
 mod daemon_admin;
@@ -13,6 +14,7 @@ mod demo;
 mod export;
 mod plot;
 mod progress;
+mod run;
 mod simulate;
 mod suite;
 mod table;
@@ -30,6 +32,9 @@ struct Cli {
 enum Command {
     /// Run simulated experiments (scenario files) and report, export and plot the results.
     Sim(simulate::SimArgs),
+    /// Run a scenario file on real verbs (each flow its own processes, under the shaper in
+    /// runs with a policy) and report as `sim` does; `--compare` puts the model beside it.
+    Run(Box<run::RunArgs>),
     /// Run every validation target's scenario and compare the model with the papers' figures.
     Validate(validate::ValidateArgs),
     /// Run a comparison suite (scenario files, one workload on one profile each) and print
@@ -96,6 +101,7 @@ fn describe(err: &anyhow::Error) -> String {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
+        Command::Run(args) => run::run(&args)?,
         Command::Validate(args) => validate::run(&args)?,
         Command::Suite(args) => suite::run(&args)?,
         Command::Profiles => {

@@ -19,6 +19,8 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::backend::Backend;
+
 /// Bar colours, one per run in scenario order (Okabe-Ito: distinct for colour-blind readers
 /// and in greyscale print).
 const PALETTE: [RGBColor; 8] = [
@@ -87,13 +89,24 @@ pub struct Figure {
     pub panels: Vec<Panel>,
 }
 
-/// Writes every figure the report has data for into `dir` and returns their paths.
+/// Writes every figure the simulated report has data for into `dir` and returns their
+/// paths.
 pub fn write_figures(report: &ScenarioReport, dir: &Path) -> Result<Vec<PathBuf>> {
+    write_figures_on(report, dir, &Backend::Simulator)
+}
+
+/// Writes every figure the report has data for into `dir`, titled with the backend it ran
+/// on, and returns their paths.
+pub fn write_figures_on(
+    report: &ScenarioReport,
+    dir: &Path,
+    backend: &Backend,
+) -> Result<Vec<PathBuf>> {
     figures(report)
         .iter()
         .map(|figure| {
             let path = dir.join(format!("{}-{}.svg", report.scenario, figure.kind));
-            let svg = render_svg(report, figure)
+            let svg = render_svg_on(report, figure, backend)
                 .with_context(|| format!("drawing {}", path.display()))?;
             fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
             Ok(path)
@@ -398,8 +411,17 @@ pub(crate) fn y_max(values: impl IntoIterator<Item = f64>, headroom: f64) -> f64
     }
 }
 
-/// Draws a figure and returns the SVG text.
+/// Draws a figure of a simulated report and returns the SVG text.
 pub fn render_svg(report: &ScenarioReport, figure: &Figure) -> Result<String> {
+    render_svg_on(report, figure, &Backend::Simulator)
+}
+
+/// Draws a figure, its subtitle naming the backend, and returns the SVG text.
+pub fn render_svg_on(
+    report: &ScenarioReport,
+    figure: &Figure,
+    backend: &Backend,
+) -> Result<String> {
     // Runs without a bar in a panel (e.g. the competitor alone in a latency panel) take no
     // place in it, and no legend entry unless another panel shows them; colours follow the
     // run's place in the scenario so that a run looks the same in every panel and figure.
@@ -421,10 +443,7 @@ pub fn render_svg(report: &ScenarioReport, figure: &Figure) -> Result<String> {
     let total = natural.iter().sum::<u32>().max(1);
     let widths: Vec<u32> = natural.iter().map(|w| w * width / total).collect();
 
-    let subtitle = format!(
-        "simulated: RNIC profile {}, {} ms per run ({} ms warm-up not measured), seed {}",
-        report.profile, report.duration_ms, report.warmup_ms, report.seed
-    );
+    let subtitle = backend.subtitle(report);
     let entries = shown
         .iter()
         .map(|&run| {

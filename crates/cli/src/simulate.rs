@@ -138,7 +138,7 @@ fn resolve(arg: &Path) -> PathBuf {
     arg.to_path_buf()
 }
 
-fn load(arg: &Path) -> Result<(PathBuf, Experiment)> {
+pub(crate) fn load(arg: &Path) -> Result<(PathBuf, Experiment)> {
     let path = resolve(arg);
     let experiment = Experiment::load(&path)
         .with_context(|| format!("loading scenario file {}", path.display()))?;
@@ -164,7 +164,7 @@ fn refuse_clashing_names(experiments: &[(PathBuf, Experiment)]) -> Result<()> {
     Ok(())
 }
 
-fn simulate(path: &Path, experiment: &Experiment) -> Result<ScenarioReport> {
+pub(crate) fn simulate(path: &Path, experiment: &Experiment) -> Result<ScenarioReport> {
     let mut progress = ScenarioProgress::new(&experiment.name);
     let report = experiment
         .run_with_progress(&mut |p| progress.update(p))

@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 use comfy_table::{CellAlignment, ColumnConstraint, Table, Width};
 use justitia_sim::{FlowReport, RunReport, ScenarioReport};
 
+use crate::backend::Backend;
+
 /// Column headings of the flow table, units in brackets.
 pub const FLOW_COLUMNS: [&str; 7] = [
     "flow",
@@ -24,19 +26,17 @@ const UNDERLINED_HEADER: &str = "     -             ";
 /// Columns that hold text; the others are numbers and align right.
 const TEXT_COLUMNS: usize = 2;
 
-/// Renders the whole report of one scenario.
+/// Renders the whole report of one simulated scenario.
 pub fn render(report: &ScenarioReport) -> String {
+    render_on(report, &Backend::Simulator)
+}
+
+/// Renders the whole report of one scenario, its heading naming the backend it ran on.
+pub fn render_on(report: &ScenarioReport, backend: &Backend) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = writeln!(out, "{}: {}", report.scenario, report.description);
-    let _ = writeln!(
-        out,
-        "RNIC profile {}, {} ms simulated per run (first {} ms not measured), seed {}",
-        report.profile,
-        number(report.duration_ms),
-        number(report.warmup_ms),
-        report.seed
-    );
+    let _ = writeln!(out, "{}", backend.heading(report));
     let mut tables: Vec<Table> = report.runs.iter().map(|r| flow_table(&r.flows)).collect();
     same_column_widths(&mut tables);
     for (i, (run, table)) in report.runs.iter().zip(&tables).enumerate() {
@@ -159,7 +159,7 @@ fn flow_table(flows: &[FlowReport]) -> Table {
 /// A number without a needless fraction: `30`, `2.5`.
 /// A policy's figure: whole numbers as they are, others to three decimals without trailing
 /// zeros (`1.982`, not the `1.9819999999999998` an f32 widened to f64 prints as).
-fn number(x: f64) -> String {
+pub(crate) fn number(x: f64) -> String {
     if x.fract() == 0.0 {
         return format!("{x}");
     }

@@ -140,3 +140,25 @@ for rep in $(seq "$REPEATS"); do
   fi
 done
 [ "$have_shaper" = 1 ] || echo "isolation: the shaper is not built; only the unshaped cases ran"
+
+# The same experiment as a scenario file through `justitia run` (RUN_BIN holds justitia and
+# justitia-loadgen): natively and under the shaper following a scratch justitiad, with the
+# model beside it and the isolation verdict (p99 at most x1.2 of alone, rate at least 0.8).
+RUN_BIN=${RUN_BIN:-}
+if [ "$have_shaper" = 1 ] && [ -x "$RUN_BIN/justitia" ] && [ -x "$RUN_BIN/justitiad" ]; then
+  dir=$(mktemp -d /tmp/justitia-bench.XXXXXX)
+  sed -e "s|^socket = .*|socket = \"$dir/justitiad.sock\"|" \
+    -e "s|^admin_socket = .*|admin_socket = \"$dir/admin.sock\"|" \
+    -e "s|^metrics = .*|metrics = \"127.0.0.1:9478\"|" packaging/justitiad.toml > "$dir/justitiad.toml"
+  "$RUN_BIN/justitiad" --config "$dir/justitiad.toml" > "$LOGS/justitiad.log" 2>&1 &
+  dpid=$!
+  sleep 3
+  JUSTITIA_SOCKET=$dir/justitiad.sock timeout 600 "$RUN_BIN/justitia" run scenarios/lat-vs-1mb-bw-ib56.toml \
+    -d "$DEV" --duration-ms $((BW_SECONDS * 1000)) --warmup-ms 1000 --compare \
+    --max-p99-ratio 1.2 --min-rate-ratio 0.8 --plot "$RESULTS" --out "$RESULTS" \
+    > "$RESULTS/justitia-run.txt" 2> "$LOGS/justitia-run.err"
+  echo "justitia run: exit status $? (non-zero when a victim failed the verdict)" >> "$RESULTS/justitia-run.txt"
+  kill "$dpid" 2>/dev/null
+  wait "$dpid" 2>/dev/null
+  rm -rf "$dir"
+fi

@@ -629,4 +629,13 @@ else
   fi
 fi
 
+# `justitia run`: scenario files on rxe0, natively and under the shaper with justitiad
+# (tests/vm/guest/run-backend.sh; about two minutes).
+echo "== run backend"
+if [ "$DAEMON_BIN_DIR" = - ] || ! have_shaper; then
+  result SKIP "run backend" "justitia, justitia-loadgen, justitiad or the shaper not built"
+elif ! timeout 420 tests/vm/guest/run-backend.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB"; then
+  result FAIL "run backend" "tests/vm/guest/run-backend.sh did not finish within 420 s"
+fi
+
 echo "== suite done"

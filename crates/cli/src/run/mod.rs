@@ -1,0 +1,575 @@
+//! `justitia run`: a scenario file on real verbs. Each flow of each run becomes two
+//! processes of `justitia-loadgen` on the local device (a responder, and a requester that
+//! runs under the shaper when the run has a policy, with its class in `JUSTITIA_CLASS`, so
+//! that it follows `justitiad` when one runs), connected over TCP on loopback. Runs go
+//! one after another as in the simulator; the report is the simulator's, its heading
+//! naming the device.
+
+mod compare;
+mod plan;
+mod procs;
+mod verdict;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use justitia_core::flow::FlowClass;
+use justitia_loadgen::clock::{invariant_tsc, ClockChoice};
+use justitia_loadgen::plan::{FlowOutcome, LatencyMethod, Percentiles, Workload};
+use justitia_sim::report::jain_index;
+use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
+
+use crate::backend::Backend;
+use crate::{export, plot, simulate, table};
+use plan::{RealRun, Timing};
+use procs::{Group, Said};
+
+/// How long a flow's processes may take to connect before the run gives up.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What the requester's plan may take beyond the run's duration (draining, reporting).
+const FINISH_SLACK: Duration = Duration::from_secs(30);
+
+/// Arguments of `justitia run`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Each flow of each run is two processes of justitia-loadgen on the device: the responder,
+and the requester, which runs under the shaper (LD_PRELOAD=libjustitia.so, JUSTITIA_CLASS
+from the flow's class) in runs with a policy, and so follows justitiad when one runs.
+Connection set-up is over TCP on loopback. Scenarios with a modelled switch, service
+levels, more than two hosts, rpc or storage flows, pauses or a simulator-only policy are
+refused by name before anything starts.
+
+Examples:
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --duration-ms 2000 --warmup-ms 200
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --compare --max-p99-ratio 1.2 --min-rate-ratio 0.8")]
+pub struct RunArgs {
+    /// The scenario file; a bare name stands for `scenarios/<name>.toml`.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// RDMA device (default: the first one).
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// Port number.
+    #[arg(long, default_value_t = 1)]
+    port: u8,
+    /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
+    #[arg(long, short = 'x', default_value_t = 0)]
+    gid_index: u8,
+    /// Each run's duration on the device, ms (default: the scenario's); flows' start and
+    /// stop times scale with it.
+    #[arg(long)]
+    duration_ms: Option<f64>,
+    /// Each run's unmeasured start, ms (default: the scenario's, scaled like the duration).
+    #[arg(long)]
+    warmup_ms: Option<f64>,
+    /// Time every latency flow this way instead of as the scenario says: `post-poll`,
+    /// `ping-pong` (perftest's half round trip) or `rperf` (T_W - T_L).
+    #[arg(long, value_enum)]
+    latency_method: Option<MethodArg>,
+    /// The clock of latency samples: the TSC calibrated against CLOCK_MONOTONIC when it is
+    /// invariant (`auto` falls back to the monotonic clock where it is not, saying so).
+    #[arg(long, value_enum, default_value_t = ClockChoice::Auto)]
+    clock: ClockChoice,
+    /// The shaper (default: libjustitia.so beside this program).
+    #[arg(long)]
+    shaper: Option<PathBuf>,
+    /// The load generator (default: justitia-loadgen beside this program).
+    #[arg(long)]
+    loadgen: Option<PathBuf>,
+    /// Also simulate the scenario and print model vs measured for every figure.
+    #[arg(long)]
+    compare: bool,
+    /// Verdict: fail a victim whose p99 under competition exceeds this multiple of its p99
+    /// alone.
+    #[arg(long)]
+    max_p99_ratio: Option<f64>,
+    /// Verdict: fail a victim whose rate under competition is below this fraction of its
+    /// rate alone.
+    #[arg(long)]
+    min_rate_ratio: Option<f64>,
+    /// The victims of the verdict (default: latency and throughput flows with an alone run).
+    #[arg(long)]
+    victim: Vec<String>,
+    /// Write `<scenario>.json`, `.csv`, `-series.csv` and `-outcomes.json` into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Write the SVG figures into DIR.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
+}
+
+/// `--latency-method`'s values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum MethodArg {
+    PostPoll,
+    PingPong,
+    Rperf,
+}
+
+impl MethodArg {
+    fn method(self) -> LatencyMethod {
+        match self {
+            MethodArg::PostPoll => LatencyMethod::PostPoll,
+            MethodArg::PingPong => LatencyMethod::PingPong,
+            MethodArg::Rperf => LatencyMethod::Rperf,
+        }
+    }
+}
+
+/// Runs `justitia run`.
+pub fn run(args: &RunArgs) -> Result<()> {
+    let (path, experiment) = simulate::load(&args.file)?;
+    let refused = plan::refusals(&experiment);
+    if !refused.is_empty() {
+        bail!(
+            "scenario {} cannot run on real verbs:\n  {}",
+            path.display(),
+            refused.join("\n  ")
+        );
+    }
+    let s = &experiment.scenario;
+    let duration_ms = args.duration_ms.unwrap_or(s.duration_ms);
+    if !(duration_ms.is_finite() && duration_ms > 0.0 && duration_ms <= 600_000.0) {
+        bail!("--duration-ms must be above 0 and at most 600000, got {duration_ms}");
+    }
+    let warmup_ms = args
+        .warmup_ms
+        .unwrap_or(s.warmup_ms * duration_ms / s.duration_ms);
+    if !(warmup_ms.is_finite() && warmup_ms >= 0.0 && warmup_ms < duration_ms) {
+        bail!("--warmup-ms must be at least 0 and below the duration ({duration_ms}), got {warmup_ms}");
+    }
+    let limits = verdict::Limits {
+        max_p99_ratio: args.max_p99_ratio,
+        min_rate_ratio: args.min_rate_ratio,
+    };
+    let timing = Timing {
+        duration_ms,
+        warmup_ms,
+    };
+    let runs = plan::runs(
+        &experiment,
+        timing,
+        args.latency_method.map(MethodArg::method),
+    );
+    for flow in runs.iter().flat_map(|r| &r.flows) {
+        flow.plan.validate()?;
+    }
+    // The requesters choose their clock on this host; whether the TSC qualifies is said
+    // here, once, before anything starts.
+    let has_latency = runs
+        .iter()
+        .flat_map(|r| &r.flows)
+        .any(|f| matches!(f.plan.workload, Workload::Latency { .. }));
+    if has_latency && args.clock != ClockChoice::Monotonic {
+        let invariant = fs::read_to_string("/proc/cpuinfo")
+            .map_err(|e| format!("reading /proc/cpuinfo: {e}"))
+            .and_then(|text| invariant_tsc(&text));
+        match (invariant, args.clock) {
+            (Err(why), ClockChoice::Tsc) => bail!("--clock tsc: {why}"),
+            (Err(why), _) => eprintln!("{why}: latency samples are timed with CLOCK_MONOTONIC"),
+            (Ok(()), _) => {}
+        }
+    }
+    let loadgen = beside_me(args.loadgen.as_deref(), "justitia-loadgen")?;
+    let needs_shaper = runs
+        .iter()
+        .any(|r| plan::shaper_policy(r.variant.policy) != Some(None));
+    let shaper = if needs_shaper {
+        Some(beside_me(args.shaper.as_deref(), "libjustitia.so")?)
+    } else {
+        None
+    };
+    for dir in [&args.out, &args.plot].into_iter().flatten() {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("creating output folder {}", dir.display()))?;
+    }
+    let model = if args.compare {
+        eprintln!("{}: simulating the model first", experiment.name);
+        Some(simulate::simulate(&path, &experiment)?)
+    } else {
+        None
+    };
+    let device = args
+        .device
+        .clone()
+        .unwrap_or_else(|| "(first device)".to_string());
+    procs::catch_interrupts();
+    let runner = Runner {
+        args,
+        loadgen,
+        shaper,
+    };
+    let mut reports = Vec::new();
+    let mut outcomes = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let started = Instant::now();
+        let got = runner
+            .run_one(run, i, runs.len(), timing)
+            .with_context(|| format!("run `{}`", run.variant.name))?;
+        reports.push(run_report(
+            run,
+            &got,
+            started.elapsed().as_secs_f64(),
+            link_gbps(args),
+        ));
+        outcomes.push((run.variant.name.clone(), got));
+    }
+    let report = ScenarioReport {
+        scenario: experiment.name.clone(),
+        description: s.description.clone(),
+        profile: experiment.profile.name().to_string(),
+        seed: s.seed,
+        duration_ms,
+        warmup_ms,
+        runs: reports,
+    };
+    let backend = Backend::Verbs {
+        device: device.clone(),
+    };
+    print!("{}", table::render_on(&report, &backend));
+    let clocks: std::collections::BTreeSet<&str> = outcomes
+        .iter()
+        .flat_map(|(_, flows)| flows)
+        .filter(|f| f.latency.is_some())
+        .map(|f| f.clock.as_str())
+        .collect();
+    if !clocks.is_empty() {
+        println!(
+            "latency samples timed by: {}",
+            clocks.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    for line in rperf_lines(&outcomes) {
+        println!("{line}");
+    }
+    let mut written = Vec::new();
+    if let Some(dir) = &args.out {
+        written.push(export::write_json(&report, dir)?);
+        written.push(export::write_csv(&report, dir)?);
+        written.push(export::write_series_csv(&report, dir)?);
+        let path = dir.join(format!("{}-outcomes.json", report.scenario));
+        let text = serde_json::to_string_pretty(&outcomes_json(&outcomes))?;
+        fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    if let Some(dir) = &args.plot {
+        written.extend(plot::write_figures_on(&report, dir, &backend)?);
+    }
+    for file in written {
+        eprintln!("wrote {}", file.display());
+    }
+    if let Some(model) = &model {
+        println!();
+        let rows = compare::rows(model, &report);
+        print!(
+            "{}",
+            compare::render(&rows, &report.scenario, &report.profile, &device)
+        );
+    }
+    if limits.max_p99_ratio.is_some() || limits.min_rate_ratio.is_some() {
+        let judged = verdict::judge(&report, limits, &args.victim).map_err(anyhow::Error::msg)?;
+        println!();
+        println!("isolation verdict:");
+        for j in &judged {
+            println!("  {}", j.line());
+        }
+        let failed = judged.iter().filter(|j| !j.passed).count();
+        if failed > 0 {
+            bail!(
+                "isolation verdict: {failed} of {} victim judgements failed",
+                judged.len()
+            );
+        }
+        println!("  every victim passed");
+    }
+    Ok(())
+}
+
+fn outcomes_json(outcomes: &[(String, Vec<FlowOutcome>)]) -> serde_json::Value {
+    serde_json::Value::Array(
+        outcomes
+            .iter()
+            .map(|(run, flows)| serde_json::json!({ "run": run, "flows": flows }))
+            .collect(),
+    )
+}
+
+/// RPerf's parts for each flow timed by it: T_W - T_L beside T_W and the loopback's own T_L.
+fn rperf_lines(outcomes: &[(String, Vec<FlowOutcome>)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (run, flows) in outcomes {
+        for f in flows {
+            if let (Some(rtt), Some(w), Some(l)) = (&f.latency, &f.wire, &f.loopback) {
+                out.push(format!(
+                    "rperf {} in `{run}`: T_W - T_L median {:.2} us (p99 {:.2}); T_W median {:.2} us; loopback T_L median {:.2} us; {} of {} pairs had T_L > T_W; clock {}",
+                    f.name, rtt.p50_us, rtt.p99_us, w.p50_us, l.p50_us, f.negative_samples, rtt.samples, f.clock
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// `explicit`, or `name` in the folder of the running program.
+fn beside_me(explicit: Option<&Path>, name: &str) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let me = std::env::current_exe().context("locating this program")?;
+    let path = me.with_file_name(name);
+    if !path.exists() {
+        bail!(
+            "{} not found beside {} (build it, e.g. `cargo build --release -p {}`, or name it on the command line)",
+            name,
+            me.display(),
+            if name.ends_with(".so") { "justitia-preload" } else { "justitia-loadgen" }
+        );
+    }
+    Ok(path)
+}
+
+/// The device port's rate from sysfs (`40 Gb/sec (4X QDR)`), for the utilisation figure.
+fn link_gbps(args: &RunArgs) -> Option<f64> {
+    let device = args.device.as_deref()?;
+    let text = fs::read_to_string(format!(
+        "/sys/class/infiniband/{device}/ports/{}/rate",
+        args.port
+    ))
+    .ok()?;
+    text.split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+        .filter(|g: &f64| *g > 0.0)
+}
+
+fn latency_report(p: &Percentiles) -> LatencyReport {
+    LatencyReport {
+        samples: p.samples,
+        p50_us: p.p50_us,
+        p99_us: p.p99_us,
+        p999_us: p.p999_us,
+        mean_us: p.mean_us,
+        max_us: p.max_us,
+    }
+}
+
+fn run_report(run: &RealRun, outcomes: &[FlowOutcome], wall: f64, link: Option<f64>) -> RunReport {
+    let flows: Vec<FlowReport> = run
+        .flows
+        .iter()
+        .zip(outcomes)
+        .map(|(f, o)| FlowReport {
+            name: o.name.clone(),
+            class: f.class,
+            app: f.app.to_string(),
+            messages: o.messages,
+            msgs_per_sec: o.msgs_per_sec(),
+            gbps: o.gbps(),
+            latency: o.latency.as_ref().map(latency_report),
+        })
+        .collect();
+    let total: f64 = flows.iter().map(|f| f.gbps).sum();
+    let bandwidth: Vec<f64> = flows
+        .iter()
+        .filter(|f| f.class == FlowClass::Bandwidth)
+        .map(|f| f.gbps)
+        .collect();
+    RunReport {
+        variant: run.variant.name.clone(),
+        policy: run.variant.policy.as_str().to_string(),
+        utilisation: link.map_or(0.0, |l| total / l),
+        jain_bandwidth: jain_index(&bandwidth),
+        flows,
+        policy_figures: Default::default(),
+        fabric_figures: Default::default(),
+        events: 0,
+        series: Default::default(),
+        wall_seconds: wall,
+    }
+}
+
+struct Runner<'a> {
+    args: &'a RunArgs,
+    loadgen: PathBuf,
+    shaper: Option<PathBuf>,
+}
+
+impl Runner<'_> {
+    fn base_command(&self, plan_json: &str) -> Command {
+        let mut c = Command::new(&self.loadgen);
+        if let Some(d) = &self.args.device {
+            c.args(["--device", d]);
+        }
+        c.args(["--port", &self.args.port.to_string()]);
+        c.args(["--gid-index", &self.args.gid_index.to_string()]);
+        c.args(["--plan", plan_json]);
+        c
+    }
+
+    /// Runs one variant: starts every flow's responder, then its requester, waits for all
+    /// to be connected, starts them together, shows progress, collects their outcomes.
+    fn run_one(
+        &self,
+        run: &RealRun,
+        index: usize,
+        runs: usize,
+        timing: Timing,
+    ) -> Result<Vec<FlowOutcome>> {
+        let mut group = Group::new();
+        let policy = plan::shaper_policy(run.variant.policy).flatten();
+        let n = run.flows.len();
+        let mut responders = Vec::with_capacity(n);
+        for f in &run.flows {
+            let json = serde_json::to_string(&f.plan)?;
+            let mut c = self.base_command(&json);
+            c.args(["respond", "--listen", "127.0.0.1:0"]);
+            responders.push(group.spawn(format!("flow {} (responder)", f.plan.name), c)?);
+        }
+        // Each responder says its port.
+        let mut ports = vec![None; n];
+        let deadline = Instant::now() + CONNECT_DEADLINE;
+        while ports.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let late = ports.iter().position(Option::is_none).unwrap_or(0);
+                bail!(
+                    "{} did not listen within {} s",
+                    group.kid(responders[late]).label,
+                    CONNECT_DEADLINE.as_secs()
+                );
+            }
+            if let Some((kid, said)) = group.next(left.min(Duration::from_millis(200)))? {
+                let Some(flow) = responders.iter().position(|&r| r == kid) else {
+                    continue;
+                };
+                match said {
+                    Said::Line(line) => {
+                        if let Some(port) = line.strip_prefix("listening ") {
+                            ports[flow] =
+                                Some(port.trim().parse::<u16>().with_context(|| {
+                                    format!("{}: `{line}`", group.kid(kid).label)
+                                })?);
+                        }
+                    }
+                    Said::Closed => bail!("{}", group.failure(kid, Duration::from_secs(2))),
+                }
+            }
+        }
+        let mut requesters = Vec::with_capacity(n);
+        for (f, port) in run.flows.iter().zip(&ports) {
+            let json = serde_json::to_string(&f.plan)?;
+            let mut c = self.base_command(&json);
+            c.args([
+                "request",
+                "--connect",
+                &format!("127.0.0.1:{}", port.unwrap_or(0)),
+            ]);
+            c.args(["--clock", clock_name(self.args.clock)]);
+            if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
+                c.env("LD_PRELOAD", lib)
+                    .env("JUSTITIA_CLASS", class_name(f.class))
+                    .env("JUSTITIA_POLICY", policy);
+            }
+            requesters.push(group.spawn(format!("flow {} (requester)", f.plan.name), c)?);
+        }
+        let mut ready = vec![false; n];
+        let mut outcomes: Vec<Option<FlowOutcome>> = vec![None; n];
+        while ready.iter().any(|r| !r) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let late = ready.iter().position(|r| !r).unwrap_or(0);
+                bail!(
+                    "{} was not connected within {} s",
+                    group.kid(requesters[late]).label,
+                    CONNECT_DEADLINE.as_secs()
+                );
+            }
+            if let Some((kid, said)) = group.next(left.min(Duration::from_millis(200)))? {
+                match (requesters.iter().position(|&r| r == kid), said) {
+                    (Some(flow), Said::Line(line)) if line == "ready" => ready[flow] = true,
+                    (_, Said::Closed) => bail!("{}", group.failure(kid, Duration::from_secs(2))),
+                    _ => {}
+                }
+            }
+        }
+        for &kid in &requesters {
+            group.tell(kid, "go")?;
+        }
+        let begun = Instant::now();
+        let total = Duration::from_secs_f64(timing.duration_ms / 1e3);
+        let mut shown = Instant::now();
+        let label = format!("[{}/{runs}] `{}`", index + 1, run.variant.name);
+        eprintln!(
+            "{label}: {n} flows running for {:.1} s",
+            total.as_secs_f64()
+        );
+        while outcomes.iter().any(Option::is_none) {
+            if begun.elapsed() > total + FINISH_SLACK {
+                let late = outcomes.iter().position(Option::is_none).unwrap_or(0);
+                bail!(
+                    "{} gave no outcome within {} s of the run's end",
+                    group.kid(requesters[late]).label,
+                    FINISH_SLACK.as_secs()
+                );
+            }
+            if shown.elapsed() >= Duration::from_secs(1) {
+                shown = Instant::now();
+                let done = outcomes.iter().filter(|o| o.is_some()).count();
+                eprintln!(
+                    "{label}: {:.1} s of {:.1} s, {done}/{n} flows done",
+                    begun.elapsed().as_secs_f64().min(total.as_secs_f64()),
+                    total.as_secs_f64()
+                );
+            }
+            let Some((kid, said)) = group.next(Duration::from_millis(200))? else {
+                continue;
+            };
+            match (requesters.iter().position(|&r| r == kid), said) {
+                (Some(flow), Said::Line(line)) => {
+                    if let Some(json) = line.strip_prefix("outcome ") {
+                        let o: FlowOutcome = serde_json::from_str(json).with_context(|| {
+                            format!("{}: reading its outcome", group.kid(kid).label)
+                        })?;
+                        outcomes[flow] = Some(o);
+                    }
+                }
+                (Some(flow), Said::Closed) if outcomes[flow].is_none() => {
+                    bail!("{}", group.failure(kid, Duration::from_secs(2)))
+                }
+                // A responder ends well when its requester hangs up, which may be just
+                // before the requester says its outcome; any other end is a failure.
+                (None, Said::Closed) if !group.exited_ok(kid, Duration::from_secs(2)) => {
+                    bail!("{}", group.failure(kid, Duration::from_secs(2)));
+                }
+                _ => {}
+            }
+        }
+        let failed = group.finish(Duration::from_secs(15));
+        if !failed.is_empty() {
+            bail!("{}", failed.join("; "));
+        }
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+}
+
+fn clock_name(c: ClockChoice) -> &'static str {
+    match c {
+        ClockChoice::Auto => "auto",
+        ClockChoice::Tsc => "tsc",
+        ClockChoice::Monotonic => "monotonic",
+    }
+}
+
+fn class_name(c: FlowClass) -> &'static str {
+    match c {
+        FlowClass::Latency => "latency",
+        FlowClass::Throughput => "throughput",
+        FlowClass::Bandwidth => "bandwidth",
+    }
+}

@@ -1,0 +1,300 @@
+//! From a scenario to the flows a real run starts: what the real backend refuses, and the
+//! plan of each flow of each run.
+//!
+//! Everything refused is refused by name before any process starts: a policy only the
+//! simulator has, a modelled switch or virtual lanes, more than two hosts, an application
+//! model without a real counterpart, pauses.
+
+use justitia_core::flow::FlowClass;
+use justitia_loadgen::plan::{FlowPlan, LatencyMethod, Op, Polling, Workload};
+use justitia_sim::app::latency::LatencyMode;
+use justitia_sim::app::Polling as SimPolling;
+use justitia_sim::policy::PolicySpec;
+use justitia_sim::rnic::Opcode;
+use justitia_sim::scenario::{AppSpec, ResolvedVariant, TopologyKind};
+use justitia_sim::Experiment;
+
+/// One flow of a real run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RealFlow {
+    /// What its processes do.
+    pub plan: FlowPlan,
+    /// The class the shaper is told.
+    pub class: FlowClass,
+    /// The application model's name in reports.
+    pub app: &'static str,
+}
+
+/// One run (variant) of a scenario on real verbs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RealRun {
+    /// The variant as the simulator resolves it.
+    pub variant: ResolvedVariant,
+    /// Its flows, in scenario order.
+    pub flows: Vec<RealFlow>,
+}
+
+/// How long runs last on the device, which may differ from the scenario's simulated time:
+/// a process needs far longer than a simulated 30 ms to say anything steady.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    /// Each run, ms.
+    pub duration_ms: f64,
+    /// Its unmeasured start, ms.
+    pub warmup_ms: f64,
+}
+
+/// The policies a real run can apply, through the shaper's `JUSTITIA_POLICY`.
+pub fn shaper_policy(policy: PolicySpec) -> Option<Option<&'static str>> {
+    match policy {
+        PolicySpec::Native => Some(None),
+        PolicySpec::Justitia => Some(Some("justitia")),
+        PolicySpec::Preempt => Some(Some("preempt")),
+        PolicySpec::Adaptive | PolicySpec::Priority => None,
+    }
+}
+
+/// Everything in `experiment` the real backend cannot run, each naming the field, flow or
+/// run; empty when it can run all of it.
+pub fn refusals(experiment: &Experiment) -> Vec<String> {
+    let s = &experiment.scenario;
+    let mut out = Vec::new();
+    if s.topology.kind != TopologyKind::BackToBack {
+        out.push(format!(
+            "topology.kind = {:?}: a modelled switch fabric; the real backend runs on one local device",
+            s.topology.kind
+        ));
+    }
+    if s.topology.hosts.len() > 2 {
+        out.push(format!(
+            "topology.hosts: {} hosts; the real backend runs the two ends of each flow on one local device (several hosts are not supported yet)",
+            s.topology.hosts.len()
+        ));
+    }
+    for (i, flow) in s.flows.iter().enumerate() {
+        let at = format!("flows[{i}] ({})", flow.name);
+        match flow.app() {
+            Some(AppSpec::Rpc(_)) => out.push(format!(
+                "{at}: an rpc service is a simulator-only application model"
+            )),
+            Some(AppSpec::Storage(_)) => out.push(format!(
+                "{at}: a storage service is a simulator-only application model"
+            )),
+            _ => {}
+        }
+        if flow.sl != 0 {
+            out.push(format!(
+                "{at}: sl = {}: service levels select a modelled switch's virtual lanes",
+                flow.sl
+            ));
+        }
+        if !flow.pauses_ms.is_empty() {
+            out.push(format!("{at}: pauses_ms is simulator-only"));
+        }
+    }
+    for v in s.variants() {
+        if shaper_policy(v.policy).is_none() {
+            out.push(format!(
+                "run `{}`: policy {} is simulator-only (the shaper applies justitia and preempt)",
+                v.name,
+                v.policy.as_str()
+            ));
+        }
+    }
+    out
+}
+
+fn op(opcode: Opcode) -> Op {
+    match opcode {
+        Opcode::Write => Op::Write,
+        Opcode::Read => Op::Read,
+        Opcode::Send => Op::Send,
+    }
+}
+
+fn polling(p: SimPolling) -> Polling {
+    match p {
+        SimPolling::Busy => Polling::Busy,
+        SimPolling::Event => Polling::Event,
+    }
+}
+
+/// The plans of every run, with times scaled from the scenario's duration to `timing`'s
+/// and latency flows timed by `method` when given (else as the scenario says).
+/// Call only on experiments without [`refusals`].
+pub fn runs(
+    experiment: &Experiment,
+    timing: Timing,
+    method: Option<LatencyMethod>,
+) -> Vec<RealRun> {
+    let s = &experiment.scenario;
+    let scale = timing.duration_ms / s.duration_ms;
+    s.variants()
+        .into_iter()
+        .map(|variant| {
+            let flows = variant
+                .flows
+                .iter()
+                .filter_map(|r| {
+                    let spec = &s.flows[r.spec];
+                    let app = spec.app()?;
+                    let workload = match app {
+                        AppSpec::Latency(p) => Workload::Latency {
+                            size: p.size.bytes(),
+                            op: op(p.opcode),
+                            method: method.unwrap_or(match p.mode {
+                                LatencyMode::PostPoll => LatencyMethod::PostPoll,
+                                LatencyMode::PingPong => LatencyMethod::PingPong,
+                                LatencyMode::Rperf => LatencyMethod::Rperf,
+                            }),
+                            inline: p.inline,
+                            interval_us: p.interval_us,
+                        },
+                        AppSpec::Bandwidth(p) => Workload::Stream {
+                            size: p.size.bytes(),
+                            qps: p.qps,
+                            depth: p.depth,
+                            batch: 1,
+                            op: op(p.opcode),
+                            inline: false,
+                            polling: polling(p.polling),
+                        },
+                        AppSpec::Throughput(p) => Workload::Stream {
+                            size: p.size.bytes(),
+                            qps: p.qps,
+                            depth: p.depth.unwrap_or(p.batch).max(p.batch),
+                            batch: p.batch,
+                            op: op(p.opcode),
+                            inline: p.inline,
+                            polling: polling(p.polling),
+                        },
+                        AppSpec::Rpc(_) | AppSpec::Storage(_) => return None,
+                    };
+                    Some(RealFlow {
+                        plan: FlowPlan {
+                            name: r.name.clone(),
+                            workload,
+                            start_ms: spec.start_ms * scale,
+                            stop_ms: spec.stop_ms.unwrap_or(s.duration_ms).min(s.duration_ms)
+                                * scale,
+                            window_from_ms: timing.warmup_ms,
+                            window_to_ms: timing.duration_ms,
+                        },
+                        class: spec.class(),
+                        app: app.kind(),
+                    })
+                })
+                .collect();
+            RealRun { variant, flows }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use justitia_sim::Scenario;
+
+    fn experiment(text: &str) -> Experiment {
+        let scenario = Scenario::from_toml(text, "test").unwrap_or_else(|e| panic!("{e}"));
+        Experiment {
+            name: "t".into(),
+            scenario,
+            profile: justitia_sim::ModelProfile::builtin("IB-56").unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
+    const HEAD: &str =
+        "description = \"d\"\nprofile = \"IB-56\"\nduration_ms = 10\nwarmup_ms = 1\n";
+
+    #[test]
+    fn simulator_only_features_are_refused_by_name() {
+        let e = experiment(&format!(
+            "{HEAD}[[flows]]\nname = \"lat\"\nsl = 1\n[flows.latency]\nsize = 16\n\
+             [[flows]]\nname = \"svc\"\n[flows.rpc]\nrequest_size = 64\nbatch = 8\n\
+             [[variants]]\nname = \"prio\"\npolicy = \"priority\"\n"
+        ));
+        let r = refusals(&e);
+        assert!(
+            r.iter().any(|m| m.contains("flows[0] (lat): sl = 1")),
+            "{r:?}"
+        );
+        assert!(
+            r.iter()
+                .any(|m| m.contains("flows[1] (svc): an rpc service")),
+            "{r:?}"
+        );
+        assert!(
+            r.iter().any(|m| m.contains("run `prio`: policy priority")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn plans_follow_the_scenario_scaled_to_the_real_duration() {
+        let e = experiment(&format!(
+            "{HEAD}[[flows]]\nname = \"lat\"\n[flows.latency]\nsize = 16\nmode = \"ping-pong\"\n\
+             [[flows]]\nname = \"bw\"\nstart_ms = 2\n[flows.bandwidth]\nsize = \"1MB\"\ndepth = 8\nopcode = \"read\"\n\
+             [[flows]]\nname = \"tput\"\n[flows.throughput]\nsize = 16\nbatch = 32\nqps = 2\n"
+        ));
+        assert!(refusals(&e).is_empty());
+        let runs = runs(
+            &e,
+            Timing {
+                duration_ms: 1000.0,
+                warmup_ms: 100.0,
+            },
+            None,
+        );
+        assert_eq!(runs.len(), 1);
+        let flows = &runs[0].flows;
+        assert_eq!(flows.len(), 3);
+        assert!(matches!(
+            flows[0].plan.workload,
+            Workload::Latency {
+                size: 16,
+                method: LatencyMethod::PingPong,
+                ..
+            }
+        ));
+        // 2 ms of 10 ms simulated is 200 ms of 1000 ms measured.
+        assert_eq!(flows[1].plan.start_ms, 200.0);
+        assert_eq!(flows[1].plan.stop_ms, 1000.0);
+        assert!(matches!(
+            flows[1].plan.workload,
+            Workload::Stream {
+                size: 1_048_576,
+                depth: 8,
+                batch: 1,
+                op: Op::Read,
+                polling: Polling::Event,
+                ..
+            }
+        ));
+        assert!(matches!(
+            flows[2].plan.workload,
+            Workload::Stream {
+                qps: 2,
+                depth: 32,
+                batch: 32,
+                ..
+            }
+        ));
+        assert_eq!(flows[2].class, FlowClass::Throughput);
+        let forced = super::runs(
+            &e,
+            Timing {
+                duration_ms: 1000.0,
+                warmup_ms: 100.0,
+            },
+            Some(LatencyMethod::Rperf),
+        );
+        assert!(matches!(
+            forced[0].flows[0].plan.workload,
+            Workload::Latency {
+                method: LatencyMethod::Rperf,
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,1095 @@
+//! The two ends of one flow on real verbs.
+//!
+//! The **requester** posts the flow's requests and measures; it is the process a shaper
+//! loaded with `LD_PRELOAD` sees as the application. The **responder** is the far end: it
+//! connects its queue pairs, posts receive buffers where the requests are SENDs, answers
+//! ping-pongs, and otherwise stays out of the way until the requester hangs up the
+//! out-of-band channel.
+//!
+//! Buffers: each side registers one region of three `size`-byte areas: `[0]` where the
+//! peer's WRITEs and SENDs land, `[1]` the source of this side's own requests, `[2]` where
+//! RPerf's loopback SENDs land. Many requests in flight share an area, as in perftest:
+//! the figures are about moving bytes, not about their contents.
+//!
+//! Invariants: every request posted is signaled and its completion is polled before the
+//! queue pairs are destroyed (a stream stops posting at its stop time and drains, within
+//! [`DRAIN_DEADLINE`]); a completion with an error status ends the flow with an error that
+//! names the flow, the operation and the status.
+
+use std::io::BufRead;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use hdrhistogram::Histogram;
+use justitia_verbs::sys::{
+    ibv_wc, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE,
+    IBV_SEND_INLINE, IBV_WC_SUCCESS,
+};
+use justitia_verbs::{
+    CompletionChannel, CompletionQueue, Context, Ibverbs, MemoryRegion, ProtectionDomain, QpCaps,
+    QueuePair, RecvRequest, SendRequest,
+};
+
+use crate::clock::Timer;
+use crate::oob::{self, Side};
+use crate::plan::{FlowOutcome, FlowPlan, LatencyMethod, Op, Percentiles, Polling, Workload};
+
+/// How long a stream may take to see the completions of what it posted before it stopped.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long one latency sample may take before the flow gives up.
+const SAMPLE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Receive buffers a responder keeps posted per queue pair beyond the plan's depth.
+const RECV_SLACK: u32 = 16;
+
+/// Empty polls in a row after which a busy-polling loop yields the CPU at every further
+/// empty poll. On an RNIC a completion comes within a few microseconds, well inside this
+/// many polls, so nothing yields; on a software RNIC the "NIC" is kernel work that needs
+/// the very CPUs the pollers spin on (Soft-RoCE's tasks run in softirq context, or in
+/// ksoftirqd when it falls behind), and a poller that never yields holds it off until the
+/// next scheduler tick: ping-pongs took 10 to 50 ms instead of 15 us under emulation.
+const SPINS_BEFORE_YIELD: u32 = 256;
+
+/// The patience of one busy-polling loop (see [`SPINS_BEFORE_YIELD`]).
+#[derive(Default)]
+struct Spin {
+    empty: u32,
+}
+
+impl Spin {
+    /// A poll found nothing.
+    fn idle(&mut self) {
+        self.empty = self.empty.saturating_add(1);
+        if self.empty > SPINS_BEFORE_YIELD {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// A poll found something.
+    fn busy(&mut self) {
+        self.empty = 0;
+    }
+}
+
+/// Which device, port and GID both ends use.
+#[derive(Clone, Debug)]
+pub struct DeviceOptions {
+    /// The device's name; the first device when `None`.
+    pub device: Option<String>,
+    /// Its port.
+    pub port: u8,
+    /// The GID index (0 is the link-local GID on Soft-RoCE).
+    pub gid_index: u8,
+}
+
+/// The verbs objects of one end.
+struct Rig {
+    verbs: Arc<Ibverbs>,
+    _ctx: Context,
+    pd: ProtectionDomain,
+    mr: MemoryRegion,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    channel: Option<CompletionChannel>,
+    qps: Vec<QueuePair>,
+    psns: Vec<u32>,
+    size: usize,
+}
+
+fn psn_for(i: usize) -> u32 {
+    (std::process::id()
+        .wrapping_mul(4099)
+        .wrapping_add(i as u32 * 7919))
+        & 0xff_ffff
+}
+
+fn recvs_per_qp(plan: &FlowPlan) -> u32 {
+    match &plan.workload {
+        Workload::Latency { .. } => 1 + RECV_SLACK,
+        Workload::Stream { depth, .. } => depth + RECV_SLACK,
+    }
+}
+
+fn sends_per_qp(plan: &FlowPlan) -> u32 {
+    match &plan.workload {
+        Workload::Latency { .. } => 2,
+        Workload::Stream { depth, .. } => *depth,
+    }
+}
+
+fn message_size(plan: &FlowPlan) -> u64 {
+    match &plan.workload {
+        Workload::Latency { size, .. } | Workload::Stream { size, .. } => *size,
+    }
+}
+
+fn inline_wanted(plan: &FlowPlan) -> bool {
+    match &plan.workload {
+        Workload::Latency { inline, .. } | Workload::Stream { inline, .. } => *inline,
+    }
+}
+
+impl Rig {
+    fn open(options: &DeviceOptions, plan: &FlowPlan, event_channel: bool) -> Result<Rig> {
+        let verbs = Arc::new(Ibverbs::load().context("loading libibverbs")?);
+        let ctx = Context::open(verbs, options.device.as_deref()).with_context(|| {
+            format!(
+                "opening device {}",
+                options.device.as_deref().unwrap_or("(first)")
+            )
+        })?;
+        let attr = ctx.query_device().context("ibv_query_device")?;
+        let pd = ProtectionDomain::new(&ctx).context("allocating a protection domain")?;
+        let size = usize::try_from(message_size(plan)).context("message size")?;
+        let mr = MemoryRegion::new(
+            &pd,
+            3 * size,
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+        )
+        .with_context(|| format!("registering {} bytes", 3 * size))?;
+        let qps = plan.wire_qps();
+        let cq_entries = qps * (sends_per_qp(plan).max(recvs_per_qp(plan))) + 8;
+        let max_cqe = u32::try_from(attr.max_cqe).unwrap_or(0);
+        if cq_entries > max_cqe {
+            bail!(
+                "{qps} queue pairs x {} requests need a completion queue of {cq_entries} entries; the device allows {max_cqe}",
+                sends_per_qp(plan)
+            );
+        }
+        let channel = if event_channel {
+            Some(CompletionChannel::new(&ctx).context("creating a completion channel")?)
+        } else {
+            None
+        };
+        let send_cq = CompletionQueue::new(&ctx, cq_entries, channel.as_ref())
+            .context("creating the send completion queue")?;
+        let recv_cq = CompletionQueue::new(&ctx, cq_entries, None)
+            .context("creating the receive completion queue")?;
+        let inline = if inline_wanted(plan) && size <= 128 {
+            size as u32
+        } else {
+            0
+        };
+        let caps = QpCaps {
+            max_send_wr: sends_per_qp(plan) + 1,
+            max_recv_wr: recvs_per_qp(plan),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: inline,
+        };
+        let mut rig = Rig {
+            verbs: Arc::clone(ctx.verbs()),
+            _ctx: ctx,
+            pd,
+            mr,
+            send_cq,
+            recv_cq,
+            channel,
+            qps: Vec::new(),
+            psns: Vec::new(),
+            size,
+        };
+        for i in 0..qps as usize {
+            let qp = QueuePair::create_rc(&rig.pd, &rig.send_cq, &rig.recv_cq, caps)
+                .with_context(|| format!("creating queue pair {i}"))?;
+            rig.qps.push(qp);
+            rig.psns.push(psn_for(i));
+        }
+        Ok(rig)
+    }
+
+    fn side(&self, options: &DeviceOptions) -> Result<Side> {
+        let qps = self
+            .qps
+            .iter()
+            .zip(&self.psns)
+            .map(|(qp, &psn)| qp.endpoint(options.port, options.gid_index, psn))
+            .collect::<Result<Vec<_>, _>>()
+            .context("querying the port and GID")?;
+        Ok(Side {
+            qps,
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey(),
+        })
+    }
+
+    fn connect(&self, options: &DeviceOptions, peer: &Side) -> Result<()> {
+        for (i, ((qp, &psn), remote)) in self.qps.iter().zip(&self.psns).zip(&peer.qps).enumerate()
+        {
+            qp.connect(options.port, options.gid_index, psn, remote)
+                .with_context(|| format!("connecting queue pair {i}"))?;
+        }
+        Ok(())
+    }
+
+    fn area(&self, index: usize) -> Result<justitia_verbs::sys::ibv_sge> {
+        let len = u32::try_from(self.size).context("message size")?;
+        self.mr
+            .sge(index * self.size, len)
+            .context("describing a buffer area")
+    }
+
+    fn post_receives(&self, qp: usize, count: u32, area: usize) -> Result<()> {
+        let sge = self.area(area)?;
+        let requests: Vec<RecvRequest> = (0..count)
+            .map(|_| RecvRequest {
+                wr_id: qp as u64,
+                sges: vec![sge],
+            })
+            .collect();
+        self.qps[qp]
+            .post_recv(&requests)
+            .with_context(|| format!("posting {count} receives on queue pair {qp}"))
+    }
+
+    /// Polls `cq` until it yields one completion or `deadline` passes.
+    fn poll_one(&self, cq: &CompletionQueue, what: &str) -> Result<ibv_wc> {
+        let mut wc = [ibv_wc::default()];
+        let started = Instant::now();
+        let mut spin = Spin::default();
+        loop {
+            if cq.poll(&mut wc).context("ibv_poll_cq")? == 1 {
+                check_status(&self.verbs, &wc[0], what)?;
+                return Ok(wc[0]);
+            }
+            spin.idle();
+            if started.elapsed() > SAMPLE_DEADLINE {
+                bail!(
+                    "no completion for {what} within {} s",
+                    SAMPLE_DEADLINE.as_secs()
+                );
+            }
+        }
+    }
+}
+
+fn check_status(verbs: &Ibverbs, wc: &ibv_wc, what: &str) -> Result<()> {
+    if wc.status == IBV_WC_SUCCESS {
+        return Ok(());
+    }
+    bail!(
+        "{what} completed with an error: {} (status {}, vendor error {:#x})",
+        verbs.status_str(wc.status),
+        wc.status,
+        wc.vendor_err
+    )
+}
+
+fn request(
+    op: Op,
+    wr_id: u64,
+    sge: justitia_verbs::sys::ibv_sge,
+    peer: &Side,
+    inline: bool,
+) -> SendRequest {
+    let mut r = match op {
+        Op::Write => SendRequest::write(wr_id, vec![sge], peer.addr, peer.rkey),
+        Op::Read => SendRequest::read(wr_id, vec![sge], peer.addr, peer.rkey),
+        Op::Send => SendRequest::send(wr_id, vec![sge]),
+    };
+    if inline && op != Op::Read {
+        r.extra_flags |= IBV_SEND_INLINE;
+    }
+    r
+}
+
+/// Whether the plan's requests land in the responder's receive buffers.
+fn responder_receives(plan: &FlowPlan) -> bool {
+    match &plan.workload {
+        Workload::Stream { op, .. } => *op == Op::Send,
+        Workload::Latency { op, method, .. } => match method {
+            LatencyMethod::Rperf => true,
+            LatencyMethod::PostPoll | LatencyMethod::PingPong => *op == Op::Send,
+        },
+    }
+}
+
+/// Runs the responder of `plan` on `stream` (already accepted) until the requester hangs
+/// up or `interrupted` is set.
+pub fn respond(
+    options: &DeviceOptions,
+    plan: &FlowPlan,
+    mut stream: TcpStream,
+    interrupted: &AtomicBool,
+) -> Result<()> {
+    let mut rig = Rig::open(options, plan, false)?;
+    let peer = oob::exchange(&mut stream, &rig.side(options)?, plan.wire_qps())
+        .context("exchanging endpoints with the requester")?;
+    let receives = responder_receives(plan);
+    // Receives can be posted only once a queue pair has left RESET; a SEND that arrives
+    // before them waits in the requester's RNR retries (unlimited).
+    rig.connect(options, &peer)?;
+    if receives {
+        for qp in 0..rig.qps.len() {
+            rig.post_receives(qp, recvs_per_qp(plan), 0)?;
+        }
+    }
+    // The requester hangs up when it is done; a thread watches for that so that the loops
+    // below only read a flag.
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = Arc::clone(&done);
+        let mut stream = stream
+            .try_clone()
+            .context("cloning the out-of-band socket")?;
+        std::thread::spawn(move || {
+            oob::wait_for_hang_up(&mut stream, || false);
+            done.store(true, Ordering::Release);
+        })
+    };
+    let stop = || done.load(Ordering::Acquire) || interrupted.load(Ordering::Relaxed);
+    let result = match &plan.workload {
+        Workload::Latency {
+            method: LatencyMethod::PingPong,
+            op,
+            inline,
+            ..
+        } => answer_pings(&mut rig, &peer, *op, *inline, &stop),
+        _ if receives => keep_receiving(&rig, &stop),
+        _ => {
+            while !stop() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        }
+    };
+    drop(stream);
+    let _ = watcher.join();
+    result
+}
+
+/// Reposts a receive for every one consumed, until `stop`.
+fn keep_receiving(rig: &Rig, stop: &dyn Fn() -> bool) -> Result<()> {
+    let mut wcs = vec![ibv_wc::default(); 64];
+    while !stop() {
+        let n = rig
+            .recv_cq
+            .poll(&mut wcs)
+            .context("ibv_poll_cq (receives)")?;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+        for wc in &wcs[..n] {
+            check_status(&rig.verbs, wc, "a receive")?;
+            let qp = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+            if qp >= rig.qps.len() {
+                bail!("a receive completion for unknown queue pair {}", wc.wr_id);
+            }
+            rig.post_receives(qp, 1, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// The last byte of area 0, where the peer's ping-pong WRITEs land.
+fn landed_mark(rig: &Rig) -> u8 {
+    let slice = rig.mr.as_slice();
+    // SAFETY: in bounds (area 0 ends at size - 1 < len); read volatile because the RNIC
+    // writes it behind the compiler's back.
+    unsafe { std::ptr::read_volatile(slice.as_ptr().add(rig.size - 1)) }
+}
+
+/// Puts `mark` in the last byte of area 1, the source of this side's requests.
+fn set_send_mark(rig: &mut Rig, mark: u8) {
+    let at = 2 * rig.size - 1;
+    let area = rig.mr.as_mut_slice();
+    // SAFETY: in bounds; volatile because the RNIC reads it behind the compiler's back.
+    unsafe { std::ptr::write_volatile(area.as_mut_ptr().add(at), mark) };
+}
+
+/// perftest's latency responder: answers each ping as soon as it lands.
+fn answer_pings(
+    rig: &mut Rig,
+    peer: &Side,
+    op: Op,
+    inline: bool,
+    stop: &dyn Fn() -> bool,
+) -> Result<()> {
+    let inline = inline && rig.qps[0].caps().max_inline_data as usize >= rig.size;
+    let mut expected: u8 = 1;
+    let mut wcs = [ibv_wc::default(); 4];
+    let sge = rig.area(1)?;
+    // Answers are signaled so that the send queue never fills; their completions are
+    // polled while waiting for the next ping.
+    let mut unacknowledged = 0u32;
+    let mut spin = Spin::default();
+    while !stop() {
+        let landed = match op {
+            Op::Send => {
+                let n = rig
+                    .recv_cq
+                    .poll(&mut wcs[..1])
+                    .context("ibv_poll_cq (receives)")?;
+                if n == 1 {
+                    check_status(&rig.verbs, &wcs[0], "a ping")?;
+                    rig.post_receives(0, 1, 0)?;
+                }
+                n == 1
+            }
+            _ => landed_mark(rig) == expected,
+        };
+        if unacknowledged > 0 {
+            let n = rig
+                .send_cq
+                .poll(&mut wcs)
+                .context("ibv_poll_cq (answers)")?;
+            for wc in &wcs[..n] {
+                check_status(&rig.verbs, wc, "an answer")?;
+            }
+            unacknowledged -= n as u32;
+        }
+        if !landed {
+            spin.idle();
+            continue;
+        }
+        spin.busy();
+        // The answer carries the same mark back (the source area's last byte).
+        set_send_mark(rig, expected);
+        expected = next_mark(expected);
+        while unacknowledged >= sends_per_qp_latency() {
+            let n = rig
+                .send_cq
+                .poll(&mut wcs)
+                .context("ibv_poll_cq (answers)")?;
+            for wc in &wcs[..n] {
+                check_status(&rig.verbs, wc, "an answer")?;
+            }
+            unacknowledged -= n as u32;
+        }
+        let r = request(
+            if op == Op::Send { Op::Send } else { Op::Write },
+            0,
+            sge,
+            peer,
+            inline,
+        );
+        rig.qps[0].post_send(&[r]).context("posting an answer")?;
+        unacknowledged += 1;
+    }
+    Ok(())
+}
+
+fn sends_per_qp_latency() -> u32 {
+    2
+}
+
+/// Ping-pong marks run 1..=255 and wrap, never 0 (the buffer's initial value).
+fn next_mark(mark: u8) -> u8 {
+    if mark == u8::MAX {
+        1
+    } else {
+        mark + 1
+    }
+}
+
+/// The start signal: the runner writes a line on the requester's stdin once every flow of
+/// the run is connected, so that all begin together.
+pub trait StartSignal {
+    /// Blocks until the start.
+    fn wait(&mut self) -> Result<()>;
+}
+
+/// A start signal read as one line from a reader (the runner's pipe).
+pub struct LineSignal<R: BufRead>(pub R);
+
+impl<R: BufRead> StartSignal for LineSignal<R> {
+    fn wait(&mut self) -> Result<()> {
+        let mut line = String::new();
+        let n = std::io::Read::take(&mut self.0, 64)
+            .read_line(&mut line)
+            .context("waiting for the start signal")?;
+        if n == 0 {
+            bail!("the runner closed the start signal without starting");
+        }
+        Ok(())
+    }
+}
+
+/// Runs the requester of `plan` against the responder at the other end of `stream`:
+/// connects, says `ready` through `ready`, waits for `start`, runs and measures.
+pub fn request_flow(
+    options: &DeviceOptions,
+    plan: &FlowPlan,
+    mut stream: TcpStream,
+    timer: &Timer,
+    ready: &mut dyn FnMut() -> Result<()>,
+    start: &mut dyn StartSignal,
+    interrupted: &AtomicBool,
+) -> Result<FlowOutcome> {
+    let event = matches!(
+        plan.workload,
+        Workload::Stream {
+            polling: Polling::Event,
+            ..
+        }
+    );
+    let mut rig = Rig::open(options, plan, event)?;
+    let peer = oob::exchange(&mut stream, &rig.side(options)?, plan.wire_qps())
+        .context("exchanging endpoints with the responder")?;
+    let ping_pong_sends = matches!(
+        plan.workload,
+        Workload::Latency {
+            method: LatencyMethod::PingPong,
+            op: Op::Send,
+            ..
+        }
+    );
+    rig.connect(options, &peer)?;
+    if ping_pong_sends {
+        rig.post_receives(0, recvs_per_qp(plan), 0)?;
+    }
+    let loopback = match &plan.workload {
+        Workload::Latency {
+            method: LatencyMethod::Rperf,
+            ..
+        } => Some(Loopback::open(&rig, options)?),
+        _ => None,
+    };
+    ready()?;
+    start.wait()?;
+    let outcome = match plan.workload.clone() {
+        Workload::Stream {
+            qps: _,
+            depth,
+            batch,
+            op,
+            polling,
+            ..
+        } => run_stream(&rig, &peer, plan, depth, batch, op, polling, interrupted)?,
+        Workload::Latency {
+            op,
+            method,
+            inline,
+            interval_us,
+            ..
+        } => {
+            let mut run = LatencyRun {
+                plan,
+                timer,
+                interval: Duration::from_secs_f64(interval_us / 1e6),
+                interrupted,
+            };
+            match method {
+                LatencyMethod::PostPoll => run.post_poll(&rig, &peer, op, inline)?,
+                LatencyMethod::PingPong => run.ping_pong(&mut rig, &peer, op, inline)?,
+                LatencyMethod::Rperf => match &loopback {
+                    Some(lb) => run.rperf(&rig, &peer, lb, inline)?,
+                    None => bail!("RPerf needs its loopback queue pairs"),
+                },
+            }
+        }
+    };
+    // Hanging up tells the responder to finish.
+    drop(stream);
+    Ok(outcome)
+}
+
+/// RPerf's loopback: a second queue pair of the requester connected to a third one of its
+/// own, on the same device and port, whose SENDs never leave the RNIC.
+struct Loopback {
+    out: QueuePair,
+    back: QueuePair,
+}
+
+impl Loopback {
+    fn open(rig: &Rig, options: &DeviceOptions) -> Result<Loopback> {
+        let caps = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 1 + RECV_SLACK,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: rig.qps[0].caps().max_inline_data,
+        };
+        let out = QueuePair::create_rc(&rig.pd, &rig.send_cq, &rig.recv_cq, caps)
+            .context("creating the loopback queue pair")?;
+        let back = QueuePair::create_rc(&rig.pd, &rig.send_cq, &rig.recv_cq, caps)
+            .context("creating the loopback's far queue pair")?;
+        let (p_out, p_back) = (psn_for(1000), psn_for(1001));
+        let e_out = out
+            .endpoint(options.port, options.gid_index, p_out)
+            .context("querying the loopback's endpoint")?;
+        let e_back = back
+            .endpoint(options.port, options.gid_index, p_back)
+            .context("querying the loopback's endpoint")?;
+        let sge = rig.area(2)?;
+        let recvs: Vec<RecvRequest> = (0..=RECV_SLACK)
+            .map(|_| RecvRequest {
+                wr_id: LOOPBACK_RECV,
+                sges: vec![sge],
+            })
+            .collect();
+        out.connect(options.port, options.gid_index, p_out, &e_back)
+            .context("connecting the loopback queue pair")?;
+        back.connect(options.port, options.gid_index, p_back, &e_out)
+            .context("connecting the loopback's far queue pair")?;
+        back.post_recv(&recvs)
+            .context("posting the loopback's receives")?;
+        Ok(Loopback { out, back })
+    }
+}
+
+const WIRE: u64 = 1;
+const LOOP: u64 = 2;
+const LOOPBACK_RECV: u64 = u64::MAX;
+
+/// Samples of one latency flow.
+struct Samples {
+    latency: Histogram<u64>,
+    loopback: Option<Histogram<u64>>,
+    wire: Option<Histogram<u64>>,
+    negative: u64,
+}
+
+fn histogram() -> Result<Histogram<u64>> {
+    Histogram::new(3).context("creating a latency histogram")
+}
+
+/// Records a sample of `ns`, at least 1 ns and at most an hour. `record` grows the
+/// histogram to the value; only if growing failed does the sample count at the largest
+/// value tracked (`saturating_record` never grows, so alone it would pin every sample
+/// to the histogram's first range).
+fn record(h: &mut Histogram<u64>, ns: f64) {
+    let v = (ns.max(1.0) as u64).min(3_600_000_000_000);
+    if h.record(v).is_err() {
+        h.saturating_record(v);
+    }
+}
+
+fn percentiles(h: &Histogram<u64>) -> Option<Percentiles> {
+    if h.is_empty() {
+        return None;
+    }
+    let us = |ns: u64| ns as f64 / 1e3;
+    Some(Percentiles {
+        samples: h.len(),
+        p50_us: us(h.value_at_quantile(0.5)),
+        p99_us: us(h.value_at_quantile(0.99)),
+        p999_us: us(h.value_at_quantile(0.999)),
+        mean_us: h.mean() / 1e3,
+        max_us: us(h.max()),
+    })
+}
+
+struct LatencyRun<'a> {
+    plan: &'a FlowPlan,
+    timer: &'a Timer,
+    interval: Duration,
+    interrupted: &'a AtomicBool,
+}
+
+impl LatencyRun<'_> {
+    /// Runs `sample` once per message from the plan's start to its stop, each returning
+    /// its figures in ns; counts those that end inside the window.
+    fn each(
+        &mut self,
+        samples: &mut Samples,
+        mut sample: impl FnMut() -> Result<Sample>,
+    ) -> Result<FlowOutcome> {
+        let begun = Instant::now();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        while ms(begun.elapsed()) < self.plan.start_ms {
+            std::hint::spin_loop();
+        }
+        let mut next = Instant::now();
+        let mut messages = 0u64;
+        loop {
+            if self.interrupted.load(Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            let now = Instant::now();
+            if ms(now - begun) >= self.plan.stop_ms {
+                break;
+            }
+            if now < next {
+                continue;
+            }
+            next = now + self.interval;
+            let s = sample()?;
+            let at = ms(begun.elapsed());
+            if at >= self.plan.window_from_ms && at < self.plan.window_to_ms {
+                messages += 1;
+                record(&mut samples.latency, s.latency_ns);
+                if let (Some(h), Some(v)) = (samples.loopback.as_mut(), s.loopback_ns) {
+                    record(h, v);
+                }
+                if let (Some(h), Some(v)) = (samples.wire.as_mut(), s.wire_ns) {
+                    record(h, v);
+                }
+                if s.negative {
+                    samples.negative += 1;
+                }
+            }
+        }
+        let size = message_size(self.plan);
+        Ok(FlowOutcome {
+            name: self.plan.name.clone(),
+            messages,
+            bytes: messages * size,
+            window_s: (self.plan.window_to_ms - self.plan.window_from_ms) / 1e3,
+            latency: percentiles(&samples.latency),
+            loopback: samples.loopback.as_ref().and_then(percentiles),
+            wire: samples.wire.as_ref().and_then(percentiles),
+            negative_samples: samples.negative,
+            clock: self.timer.describe(),
+        })
+    }
+
+    fn post_poll(&mut self, rig: &Rig, peer: &Side, op: Op, inline: bool) -> Result<FlowOutcome> {
+        let inline = inline && rig.qps[0].caps().max_inline_data as usize >= rig.size;
+        let sge = rig.area(1)?;
+        let r = request(op, WIRE, sge, peer, inline);
+        let timer = self.timer;
+        let what = format!("a {} request", op.as_str().to_uppercase());
+        let mut samples = Samples {
+            latency: histogram()?,
+            loopback: None,
+            wire: None,
+            negative: 0,
+        };
+        self.each(&mut samples, || {
+            let t0 = timer.now();
+            rig.qps[0]
+                .post_send(std::slice::from_ref(&r))
+                .with_context(|| format!("posting {what}"))?;
+            rig.poll_one(&rig.send_cq, &what)?;
+            let t1 = timer.now();
+            Ok(Sample::plain(timer.ns(t1.wrapping_sub(t0))))
+        })
+    }
+
+    fn ping_pong(
+        &mut self,
+        rig: &mut Rig,
+        peer: &Side,
+        op: Op,
+        inline: bool,
+    ) -> Result<FlowOutcome> {
+        let inline = inline && rig.qps[0].caps().max_inline_data as usize >= rig.size;
+        let op = if op == Op::Send { Op::Send } else { Op::Write };
+        let sge = rig.area(1)?;
+        let timer = self.timer;
+        let mut mark: u8 = 1;
+        let mut unacknowledged = 0u32;
+        let mut samples = Samples {
+            latency: histogram()?,
+            loopback: None,
+            wire: None,
+            negative: 0,
+        };
+        let mut wcs = [ibv_wc::default(); 2];
+        self.each(&mut samples, || {
+            set_send_mark(rig, mark);
+            let r = request(op, WIRE, sge, peer, inline);
+            let t0 = timer.now();
+            rig.qps[0].post_send(&[r]).context("posting a ping")?;
+            let started = Instant::now();
+            let mut spin = Spin::default();
+            // The answer: a receive completion (SEND) or the mark in area 0 (WRITE).
+            loop {
+                let answered = match op {
+                    Op::Send => {
+                        let n = rig
+                            .recv_cq
+                            .poll(&mut wcs[..1])
+                            .context("ibv_poll_cq (answers)")?;
+                        if n == 1 {
+                            check_status(&rig.verbs, &wcs[0], "an answer")?;
+                        }
+                        n == 1
+                    }
+                    _ => landed_mark(rig) == mark,
+                };
+                if answered {
+                    break;
+                }
+                spin.idle();
+                if started.elapsed() > SAMPLE_DEADLINE {
+                    bail!(
+                        "no answer to ping {mark} within {} s",
+                        SAMPLE_DEADLINE.as_secs()
+                    );
+                }
+            }
+            let t1 = timer.now();
+            // The pings' own completions (their ACKs) are collected without waiting, as
+            // perftest does; only a full send queue waits for one.
+            unacknowledged += 1;
+            let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq (pings)")?;
+            for wc in &wcs[..n] {
+                check_status(&rig.verbs, wc, "a ping")?;
+            }
+            unacknowledged -= n as u32;
+            if unacknowledged >= sends_per_qp_latency() {
+                rig.poll_one(&rig.send_cq, "a ping")?;
+                unacknowledged -= 1;
+            }
+            if op == Op::Send {
+                rig.post_receives(0, 1, 0)?;
+            }
+            mark = next_mark(mark);
+            Ok(Sample::plain(timer.ns(t1.wrapping_sub(t0)) / 2.0))
+        })
+    }
+
+    fn rperf(
+        &mut self,
+        rig: &Rig,
+        peer: &Side,
+        lb: &Loopback,
+        inline: bool,
+    ) -> Result<FlowOutcome> {
+        let inline = inline && rig.qps[0].caps().max_inline_data as usize >= rig.size;
+        let sge = rig.area(1)?;
+        let wire = request(Op::Send, WIRE, sge, peer, inline);
+        let looped = request(Op::Send, LOOP, sge, peer, inline);
+        let timer = self.timer;
+        let mut samples = Samples {
+            latency: histogram()?,
+            loopback: Some(histogram()?),
+            wire: Some(histogram()?),
+            negative: 0,
+        };
+        let mut wcs = [ibv_wc::default(); 1];
+        // RPerf pins its measuring thread (the other methods leave placement to the
+        // scheduler, as perftest does).
+        pin_to_current_cpu();
+        self.each(&mut samples, || {
+            // Both posted at the same instant, as far as one thread can: back to back,
+            // the loopback first, so that it never waits behind the wire SEND in a
+            // software RNIC that handles requests in posting order. Completions are
+            // polled one at a time, so each gets its own time stamp.
+            let t0 = timer.now();
+            lb.out
+                .post_send(std::slice::from_ref(&looped))
+                .context("posting the loopback SEND")?;
+            rig.qps[0]
+                .post_send(std::slice::from_ref(&wire))
+                .context("posting the wire SEND")?;
+            let (mut t_wire, mut t_loop) = (None, None);
+            let started = Instant::now();
+            let mut spin = Spin::default();
+            while t_wire.is_none() || t_loop.is_none() {
+                let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
+                let now = timer.now();
+                if n == 0 {
+                    spin.idle();
+                }
+                for wc in &wcs[..n] {
+                    check_status(&rig.verbs, wc, "an RPerf SEND")?;
+                    match wc.wr_id {
+                        WIRE => t_wire = Some(now),
+                        LOOP => t_loop = Some(now),
+                        other => bail!("an unexpected completion (work request {other})"),
+                    }
+                }
+                if started.elapsed() > SAMPLE_DEADLINE {
+                    bail!(
+                        "no completion of the RPerf SEND pair within {} s",
+                        SAMPLE_DEADLINE.as_secs()
+                    );
+                }
+            }
+            // The loopback's receive is consumed; give it back.
+            let n = rig
+                .recv_cq
+                .poll(&mut wcs[..1])
+                .context("ibv_poll_cq (loopback receive)")?;
+            if n == 1 {
+                check_status(&rig.verbs, &wcs[0], "the loopback's receive")?;
+                lb.back
+                    .post_recv(&[RecvRequest {
+                        wr_id: LOOPBACK_RECV,
+                        sges: vec![rig.area(2)?],
+                    }])
+                    .context("reposting the loopback's receive")?;
+            }
+            let w = timer.ns(t_wire.unwrap_or(t0).wrapping_sub(t0));
+            let l = timer.ns(t_loop.unwrap_or(t0).wrapping_sub(t0));
+            Ok(Sample {
+                latency_ns: (w - l).max(0.0),
+                loopback_ns: Some(l),
+                wire_ns: Some(w),
+                negative: w < l,
+            })
+        })
+    }
+}
+
+/// One latency sample: what the flow reports, and RPerf's parts.
+struct Sample {
+    latency_ns: f64,
+    loopback_ns: Option<f64>,
+    wire_ns: Option<f64>,
+    negative: bool,
+}
+
+impl Sample {
+    fn plain(ns: f64) -> Sample {
+        Sample {
+            latency_ns: ns,
+            loopback_ns: None,
+            wire_ns: None,
+            negative: false,
+        }
+    }
+}
+
+/// Pins the calling thread to the CPU it runs on (RPerf pins its measuring thread, so
+/// that the TSC it reads and the cache it polls stay the same). Said once if refused.
+fn pin_to_current_cpu() {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        eprintln!("justitia-loadgen: cannot tell the current CPU; the thread is not pinned");
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: cpu is a valid CPU index (returned by the kernel).
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    // SAFETY: set is initialised; 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        eprintln!(
+            "justitia-loadgen: cannot pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_stream(
+    rig: &Rig,
+    peer: &Side,
+    plan: &FlowPlan,
+    depth: u32,
+    batch: u32,
+    op: Op,
+    polling: Polling,
+    interrupted: &AtomicBool,
+) -> Result<FlowOutcome> {
+    let inline = inline_wanted(plan) && rig.qps[0].caps().max_inline_data as usize >= rig.size;
+    let sge = rig.area(1)?;
+    let lists: Vec<Vec<SendRequest>> = (0..rig.qps.len())
+        .map(|qp| {
+            (0..batch)
+                .map(|_| request(op, qp as u64, sge, peer, inline))
+                .collect()
+        })
+        .collect();
+    let what = format!("a {} request", op.as_str().to_uppercase());
+    let mut outstanding = vec![0u32; rig.qps.len()];
+    let mut in_flight = 0u64;
+    let mut messages = 0u64;
+    let mut wcs = vec![ibv_wc::default(); 64];
+    let begun = Instant::now();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut stopped_at = None;
+    let mut spin = Spin::default();
+    loop {
+        let now = ms(begun.elapsed());
+        if interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        let posting = now >= plan.start_ms && now < plan.stop_ms;
+        if !posting && now >= plan.stop_ms {
+            let since = *stopped_at.get_or_insert_with(Instant::now);
+            if in_flight == 0 {
+                break;
+            }
+            if since.elapsed() > DRAIN_DEADLINE {
+                bail!(
+                    "{in_flight} requests still outstanding {} s after the flow stopped",
+                    DRAIN_DEADLINE.as_secs()
+                );
+            }
+        }
+        if posting {
+            for (qp, list) in lists.iter().enumerate() {
+                while outstanding[qp] + batch <= depth {
+                    rig.qps[qp]
+                        .post_send(list)
+                        .with_context(|| format!("posting {batch} x {what} on queue pair {qp}"))?;
+                    outstanding[qp] += batch;
+                    in_flight += u64::from(batch);
+                }
+            }
+        }
+        let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
+        let at = ms(begun.elapsed());
+        for wc in &wcs[..n] {
+            check_status(&rig.verbs, wc, &what)?;
+            let qp = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+            let Some(o) = outstanding.get_mut(qp) else {
+                bail!("a completion for unknown queue pair {}", wc.wr_id);
+            };
+            *o = o.saturating_sub(1);
+            in_flight = in_flight.saturating_sub(1);
+            if at >= plan.window_from_ms && at < plan.window_to_ms {
+                messages += 1;
+            }
+        }
+        match (n, polling, &rig.channel) {
+            (0, Polling::Event, Some(channel)) => wait_event(rig, channel)?,
+            (0, _, _) => spin.idle(),
+            _ => spin.busy(),
+        }
+    }
+    Ok(FlowOutcome {
+        name: plan.name.clone(),
+        messages,
+        bytes: messages * rig.size as u64,
+        window_s: (plan.window_to_ms - plan.window_from_ms) / 1e3,
+        latency: None,
+        loopback: None,
+        wire: None,
+        negative_samples: 0,
+        clock: "monotonic".into(),
+    })
+}
+
+/// Sleeps until the send CQ has a completion event, or 50 ms pass (so that the caller's
+/// clock checks still run).
+fn wait_event(rig: &Rig, channel: &CompletionChannel) -> Result<()> {
+    rig.send_cq.req_notify(false).context("ibv_req_notify_cq")?;
+    let mut pfd = libc::pollfd {
+        fd: channel.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 50) };
+    if rc > 0 && pfd.revents & libc::POLLIN != 0 {
+        channel.wait().context("ibv_get_cq_event")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_skip_zero() {
+        assert_eq!(next_mark(1), 2);
+        assert_eq!(next_mark(255), 1);
+    }
+
+    #[test]
+    fn percentiles_of_known_samples() {
+        let mut h = histogram().unwrap_or_else(|e| panic!("{e}"));
+        for ns in 1..=1000 {
+            record(&mut h, f64::from(ns) * 1000.0);
+        }
+        let p = percentiles(&h).unwrap_or_else(|| panic!("no percentiles"));
+        assert_eq!(p.samples, 1000);
+        assert!((p.p50_us - 500.0).abs() < 0.5, "{p:?}");
+        assert!((p.p99_us - 990.0).abs() < 1.0, "{p:?}");
+    }
+}
