@@ -94,6 +94,7 @@ fi
 run_scenario "READ: lat vs remote 1 MB READs" scenarios/lat-vs-remote-read-ib56.toml
 run_scenario "throughput victim vs 1 MB bw" tests/vm/scenarios/tput-vs-1mb-bw-softroce.toml
 run_scenario "three bandwidth flows vs lat" tests/vm/scenarios/lat-vs-3-bw-softroce.toml
+run_scenario "lat vs 1 MB bw spread over 4 QPs" scenarios/lat-vs-1mb-bw-4qps-ib56.toml
 
 # RPerf against plain post-to-completion, 16 B SENDs.
 lat=tests/vm/scenarios/send-lat-16b-softroce.toml
