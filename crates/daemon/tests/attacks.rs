@@ -303,6 +303,24 @@ fn register_hex(uid: u32, class: FlowClass) -> String {
     .encode())
 }
 
+/// Uids 2001-2004, each registering 256 bandwidth flows on `sock` (its cap), as the rows
+/// that crowd the slot table and flood the loop both start.
+fn four_uids_registering_256_flows(sock: &std::path::Path) -> Vec<Tenant> {
+    (2001..=2004)
+        .map(|uid| {
+            Tenant::run(
+                uid,
+                &[
+                    "register",
+                    sock.to_str().unwrap(),
+                    "256",
+                    &register_hex(uid, FlowClass::Bandwidth),
+                ],
+            )
+        })
+        .collect()
+}
+
 /// The longest the daemon's heartbeat is seen old, sampled every 100 us for `span`.
 fn heartbeat_gap(socket: &std::path::Path, span: Duration) -> Duration {
     let c = AgentClient::connect(socket).unwrap();
@@ -414,19 +432,7 @@ fn the_daemon_starts_with_its_metrics_port_taken_and_binds_it_once_free() {
 fn four_uids_at_their_cap_do_not_lock_out_a_fifth() {
     let d = Hostile::start(&[], free_port());
     let sock = d.socket();
-    let hogs: Vec<Tenant> = (2001..=2004)
-        .map(|uid| {
-            Tenant::run(
-                uid,
-                &[
-                    "register",
-                    sock.to_str().unwrap(),
-                    "256",
-                    &register_hex(uid, FlowClass::Bandwidth),
-                ],
-            )
-        })
-        .collect();
+    let hogs = four_uids_registering_256_flows(&sock);
     let held: usize = hogs.iter().map(|t| t.count("registered")).sum();
     println!("the four uids hold {held} flows");
     d.shaper_served(FlowClass::Latency);
@@ -442,19 +448,7 @@ fn four_uids_at_their_cap_do_not_lock_out_a_fifth() {
 fn a_message_flood_keeps_the_heartbeat_under_the_stale_limit() {
     let d = Hostile::start(&[], free_port());
     let sock = d.socket();
-    let hogs: Vec<Tenant> = (2001..=2004)
-        .map(|uid| {
-            Tenant::run(
-                uid,
-                &[
-                    "register",
-                    sock.to_str().unwrap(),
-                    "256",
-                    &register_hex(uid, FlowClass::Bandwidth),
-                ],
-            )
-        })
-        .collect();
+    let hogs = four_uids_registering_256_flows(&sock);
     let usage = hex(&Request::Usage(Usage {
         flow: 1,
         active: true,
