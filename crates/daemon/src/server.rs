@@ -41,7 +41,9 @@
 //! - a pass serves sockets for at most [`PASS_BUDGET_DIVISOR`]th of `stale_after_ms`
 //!   (and a connection at most [`MESSAGES_PER_TURN`] messages per pass); what is left
 //!   stays readable and is served on the next pass, after the update and the heartbeat,
-//!   so the heartbeat is written on time whatever arrives;
+//!   so the heartbeat is written on time whatever arrives; a pass that spent its budget
+//!   is followed by a rest as long, so serving never takes more than half the loop's
+//!   time (at SCHED_FIFO, a loop busy all the time is stopped by real-time throttling);
 //! - `accept` at the descriptor limit (EMFILE, ENFILE) or at the connection cap pauses
 //!   the listener for [`LISTEN_PAUSE`] instead of spinning on a readable listener;
 //! - the admin socket is served without blocking, each connection within
@@ -223,6 +225,9 @@ pub struct Daemon {
     logs: LogLimiter,
     /// When the current pass stops serving sockets (ns).
     pass_deadline: u64,
+    /// After a pass that spent its whole budget, the loop does not serve sockets again
+    /// before this time (ns; 0: no rest owed).
+    rest_until: u64,
     /// The systemd watchdog's ping interval (ns; half of `WatchdogSec=`), if asked for.
     watchdog_ns: Option<u64>,
     last_watchdog: u64,
@@ -466,6 +471,7 @@ impl Daemon {
             next_admin: 1,
             logs: LogLimiter::default(),
             pass_deadline: 0,
+            rest_until: 0,
             watchdog_ns: None,
             last_watchdog: 0,
         })
@@ -643,6 +649,16 @@ impl Daemon {
                 }
             }
         }
+        // A pass that spent its budget left sockets readable, so epoll would return at
+        // once: rest first. Serving then takes at most half of the loop's time however
+        // much arrives, so a daemon at SCHED_FIFO never holds its core long enough for
+        // the kernel's real-time throttling (950 ms of every second) to stop it, which
+        // under a flood left the heartbeat 40-50 ms old.
+        let rest = std::mem::take(&mut self.rest_until).min(wake);
+        let now = now_ns();
+        if rest > now {
+            std::thread::sleep(Duration::from_nanos(rest - now));
+        }
         self.ready.clear();
         let n = match rustix::event::epoll::wait(&self.epoll, &mut self.events[..], None) {
             Ok(n) => n,
@@ -687,6 +703,10 @@ impl Daemon {
             }
         }
         self.ready.clear();
+        let end = now_ns();
+        if end > self.pass_deadline {
+            self.rest_until = end.saturating_add(self.pass_budget_ns());
+        }
     }
 
     /// A probe completed (or failed) at `at` (ns).
