@@ -54,6 +54,14 @@ pub struct StatusReport {
     pub throughput: u32,
     /// Registered flows.
     pub flows: usize,
+    /// Tenants the daemon holds a page for: those with a connection or a flow. Bounded by
+    /// the connections; it falls back as tenants leave.
+    #[serde(default)]
+    pub tenants: usize,
+    /// Cgroups known as tenants (`tenant = "cgroup"`; 0 otherwise): only those with a
+    /// connection or a flow, so a host that churns through containers does not grow it.
+    #[serde(default)]
+    pub cgroups: usize,
     /// The controller's mode.
     pub mode: String,
 }

@@ -73,7 +73,8 @@ fn status_table(s: &StatusReport) -> String {
          Current99  {}\n\
          Target99   {}  (idle p99 {})\n\
          probes     {} completed, {} lost\n\
-         flows      {} registered; active L {} B {} T {}; mode {}\n",
+         flows      {} registered; active L {} B {} T {}; mode {}\n\
+         tenants    {} ({} by cgroup)\n",
         s.device,
         s.profile,
         s.boot_id,
@@ -88,7 +89,9 @@ fn status_table(s: &StatusReport) -> String {
         s.latency,
         s.bandwidth,
         s.throughput,
-        s.mode
+        s.mode,
+        s.tenants,
+        s.cgroups
     )
 }
 
@@ -168,6 +171,8 @@ mod tests {
             bandwidth: 1,
             throughput: 0,
             flows: 1,
+            tenants: 1,
+            cgroups: 0,
             mode: "normal".into(),
         }
     }
@@ -185,6 +190,7 @@ mod tests {
         assert!(json["current_p99_ns"].is_null(), "{json}");
         let table = status_table(&report(Some(31_500)));
         assert!(table.contains("Current99  31.5 us\n"), "{table}");
+        assert!(table.contains("tenants    1 (0 by cgroup)\n"), "{table}");
     }
 
     #[test]

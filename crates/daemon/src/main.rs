@@ -49,13 +49,27 @@ fn install_handlers() {
     }
 }
 
+/// Log lines held for the writer thread at most; beyond them lines are dropped (and
+/// counted), so a log reader that stalls never stalls the loop.
+const LOG_LINES_BUFFERED: usize = 4096;
+
 fn main() -> anyhow::Result<()> {
+    // The loop runs at real-time priority and must never wait on its log: stderr is the
+    // journal's stream (a pipe that fills when journald is slow) or a file (whose writes
+    // wait under the kernel's dirty-page throttling on a busy disk). Lines go to a writer
+    // thread through a bounded buffer instead, and are dropped when it is full.
+    let (writer, _flush_at_exit) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_LINES_BUFFERED)
+        .thread_name("justitiad-log")
+        .finish(std::io::stderr());
+    let log_drops = writer.error_counter();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("JUSTITIA_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colour codes only on a terminal: the journal and log files get plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -77,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         ),
     };
     let metrics = Metrics::new();
+    metrics.watch_log_drops(log_drops);
     if let Some(endpoint) = &config.metrics {
         let endpoint = metrics::Endpoint::parse(endpoint).map_err(anyhow::Error::msg)?;
         let group = config

@@ -56,6 +56,13 @@ pub struct Metrics {
     pub fail_open: Counter,
     /// The daemon's CPU time.
     pub cpu_seconds: Gauge<f64, AtomicU64>,
+    /// Log lines dropped because the log's reader (the journal, a terminal, a file on a
+    /// busy disk) fell behind: the loop hands lines to a writer thread through a bounded
+    /// buffer and never waits for them to be written.
+    pub log_lines_dropped: Counter,
+    /// Where [`Metrics::log_lines_dropped`] is read from at each scrape, once logging is
+    /// set up.
+    log_drops: std::sync::Arc<std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter>>,
 }
 
 impl Default for Metrics {
@@ -83,6 +90,8 @@ impl Metrics {
             refused: Family::default(),
             fail_open: Counter::default(),
             cpu_seconds: Gauge::default(),
+            log_lines_dropped: Counter::default(),
+            log_drops: Default::default(),
         }
     }
 
@@ -178,7 +187,27 @@ impl Metrics {
             "CPU time (user + system) the daemon has used",
             self.cpu_seconds.clone(),
         );
+        r.register(
+            "log_lines_dropped",
+            "Log lines dropped because the log's reader fell behind (the loop never waits on it)",
+            self.log_lines_dropped.clone(),
+        );
         r
+    }
+
+    /// Reports, from now on, the lines `counter` counts as dropped.
+    pub fn watch_log_drops(&self, counter: tracing_appender::non_blocking::ErrorCounter) {
+        let _ = self.log_drops.set(counter);
+    }
+
+    /// Brings the figures read at scrape time up to date.
+    fn refresh(&self) {
+        self.cpu_seconds.set(cpu_seconds());
+        if let Some(c) = self.log_drops.get() {
+            let dropped = c.dropped_lines() as u64;
+            let seen = self.log_lines_dropped.get();
+            self.log_lines_dropped.inc_by(dropped.saturating_sub(seen));
+        }
     }
 }
 
@@ -296,7 +325,7 @@ fn answer(head: &[u8], metrics: &Metrics, registry: &Registry) -> Vec<u8> {
     if target != b"/metrics" {
         return response("404 Not Found", "text/plain", "not found: try /metrics\n");
     }
-    metrics.cpu_seconds.set(cpu_seconds());
+    metrics.refresh();
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, registry) {
         Ok(()) => response(

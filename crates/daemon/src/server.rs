@@ -1761,6 +1761,8 @@ impl Daemon {
             bandwidth: c.bandwidth,
             throughput: c.throughput,
             flows: self.flows.len(),
+            tenants: self.pages.len(),
+            cgroups: self.cgroups.len(),
             mode: match self.lp.mode() {
                 ControlMode::Normal => "normal".into(),
                 ControlMode::Unattainable { .. } => "unattainable".into(),

@@ -64,6 +64,11 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
 /// A pidfd of the peer's process: the kernel's (`SO_PEERPIDFD`) where it has it, else
 /// `pidfd_open` of `pid`; `None` for pid 0 or when neither works (the process is gone).
 /// The second value says whether the kernel's was used.
+///
+/// `pidfd_open` is tried only when the kernel does not know `SO_PEERPIDFD`
+/// ([`falls_back_to_pidfd_open`]). A kernel that knows it but refuses (some refuse for a
+/// peer already reaped) has told the daemon the peer is gone: opening the pid then would
+/// hold whatever process was given the pid since, and read that one's cgroup.
 pub fn peer_pidfd(sock: BorrowedFd<'_>, pid: i32) -> (Option<OwnedFd>, bool) {
     let mut fd: libc::c_int = -1;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
@@ -84,9 +89,20 @@ pub fn peer_pidfd(sock: BorrowedFd<'_>, pid: i32) -> (Option<OwnedFd>, bool) {
         let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
         return (Some(owned), true);
     }
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if !falls_back_to_pidfd_open(errno) {
+        return (None, false);
+    }
     let fallback = rustix::process::Pid::from_raw(pid)
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     (fallback, false)
+}
+
+/// Whether `SO_PEERPIDFD` failing with `errno` leaves `pidfd_open` of the pid to try: only
+/// when the kernel does not have the option (before Linux 6.5). Any other failure is the
+/// kernel's answer about the peer's process.
+pub fn falls_back_to_pidfd_open(errno: i32) -> bool {
+    errno == libc::ENOPROTOOPT
 }
 
 /// Whether the process a pidfd holds still runs (a pidfd becomes readable at its exit).
@@ -191,6 +207,15 @@ mod tests {
         child.wait().unwrap();
         assert!(!pidfd_alive(&pidfd));
         assert!(peer_cgroup(child.id() as i32, Some(&pidfd)).is_err());
+    }
+
+    #[test]
+    fn only_a_kernel_without_so_peerpidfd_falls_back_to_the_pid() {
+        assert!(falls_back_to_pidfd_open(libc::ENOPROTOOPT));
+        // What kernels with the option answer for a peer that is gone.
+        for gone in [libc::ESRCH, libc::EINVAL, libc::ENODATA] {
+            assert!(!falls_back_to_pidfd_open(gone), "errno {gone}");
+        }
     }
 
     #[test]

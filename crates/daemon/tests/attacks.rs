@@ -6,8 +6,9 @@
 //! otherwise and run as root by `scripts/test.sh`
 //! (`cargo test -p justitia-daemon --test attacks -- --ignored --test-threads=1`).
 //!
-//! Each asserts that a well-behaved shaper (this process) registers and gets an
-//! allotment within [`SERVED_WITHIN`] while the attack runs, and again after it stops,
+//! Each asserts that a well-behaved shaper (run as root, a process of its own with uid
+//! [`WELL_BEHAVED_UID`]; else this process) registers and gets an allotment within
+//! [`SERVED_WITHIN`] while the attack runs, and again after it stops,
 //! and the bounds of its row: the heartbeat gap under the stale limit (5 ms), CPU time,
 //! log size, RSS, descriptors, threads. `JUSTITIAD_BIN` runs them against another build.
 
@@ -206,9 +207,19 @@ impl Hostile {
         text.contains("\r\n\r\n").then(|| parse_scrape(&text))
     }
 
-    /// A well-behaved shaper: registers a bandwidth flow, reports work, and must hold an
-    /// allotment within [`SERVED_WITHIN`]. Returns how long it took.
+    /// A well-behaved shaper: registers a flow of `class`, reports work (a resource-hungry
+    /// flow), and must hold an allotment within [`SERVED_WITHIN`]. Returns how long it took.
+    /// Run as root, it is a process of its own with [`WELL_BEHAVED_UID`], so it has no
+    /// privilege the attackers lack; otherwise it runs in this process, as this user.
     fn shaper_served(&self, class: FlowClass) -> Duration {
+        if rustix::process::geteuid().is_root() {
+            served_as(WELL_BEHAVED_UID, || self.shaper_served_here(class))
+        } else {
+            self.shaper_served_here(class)
+        }
+    }
+
+    fn shaper_served_here(&self, class: FlowClass) -> Duration {
         let start = Instant::now();
         let mut c = AgentClient::connect(self.socket())
             .unwrap_or_else(|e| panic!("shaper not connected: {e}; {}", tail(&self.log())));
@@ -231,6 +242,83 @@ impl Hostile {
             }
         }
         start.elapsed()
+    }
+}
+
+/// The uid of the well-behaved shaper: none of the attackers' (65534, 2001-2004), so no
+/// per-uid cap an attacker reaches is also its own.
+const WELL_BEHAVED_UID: u32 = 3001;
+
+/// Runs `shaper` in a child process of `uid` (no supplementary groups) and returns what it
+/// returned; panics with the child's message if it failed, or if it is not done within
+/// twice [`SERVED_WITHIN`] (it is then killed).
+fn served_as(uid: u32, shaper: impl FnOnce() -> Duration) -> Duration {
+    let (mut read, mut write) = std::io::pipe().unwrap();
+    // SAFETY: the child only drops privileges, runs the shaper (a client of its own, no
+    // lock shared with this process's other threads, which the tests do not start while a
+    // shaper runs), writes one message and leaves with `_exit`, running no destructor and
+    // no at-exit handler of the parent's.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        drop(read);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: plain system calls; dropping supplementary groups, then gid, then uid.
+            let dropped = unsafe {
+                libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setgid(uid) == 0
+                    && libc::setuid(uid) == 0
+            };
+            assert!(
+                dropped,
+                "privileges not dropped: {}",
+                std::io::Error::last_os_error()
+            );
+            shaper()
+        }));
+        let message = match &outcome {
+            Ok(took) => format!("ok {}", took.as_nanos()),
+            Err(p) => format!(
+                "failed {}",
+                p.downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| p.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)")
+            ),
+        };
+        let _ = write.write_all(message.as_bytes());
+        // SAFETY: leaves the child at once, as a forked child of a threaded process must.
+        unsafe { libc::_exit(0) };
+    }
+    drop(write);
+    let mut fds = [rustix::event::PollFd::new(
+        &read,
+        rustix::event::PollFlags::IN,
+    )];
+    let limit = rustix::time::Timespec {
+        tv_sec: (2 * SERVED_WITHIN).as_secs() as i64,
+        tv_nsec: 0,
+    };
+    let ready = rustix::event::poll(&mut fds, Some(&limit)).unwrap_or(0);
+    let mut message = vec![0u8; 4096];
+    let n = if ready > 0 {
+        std::io::Read::read(&mut read, &mut message).unwrap_or(0)
+    } else {
+        // SAFETY: our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        0
+    };
+    let mut status = 0;
+    // SAFETY: reaps our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let message = String::from_utf8_lossy(&message[..n]).into_owned();
+    match message.strip_prefix("ok ") {
+        Some(ns) => Duration::from_nanos(ns.parse().unwrap()),
+        None if n == 0 => panic!(
+            "the shaper of uid {uid} said nothing within {:?}",
+            2 * SERVED_WITHIN
+        ),
+        None => panic!("the shaper of uid {uid}: {message}"),
     }
 }
 
@@ -263,6 +351,43 @@ impl Tenant {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
+        let mut said = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut said)
+            .unwrap();
+        assert!(!said.is_empty(), "tenant {args:?} said nothing");
+        Tenant { child, said }
+    }
+
+    /// As [`Tenant::run`], the process first moved into the cgroup whose `cgroup.procs`
+    /// is `procs` (as root, before it takes `uid`).
+    fn run_in(procs: &std::path::Path, uid: u32, args: &[&str]) -> Tenant {
+        let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+        let mut cmd = Command::new("python3");
+        cmd.arg(common::tenant_script())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        // SAFETY: only async-signal-safe calls between fork and exec: open, write, close,
+        // then dropping groups, gid and uid (Command's own `uid` would drop them before
+        // this runs, and an unprivileged process cannot move itself between cgroups).
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
         let mut said = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut said)
@@ -655,6 +780,172 @@ fn a_peer_of_unseen_pid_is_served_by_uid() {
     let h = c.register(FlowClass::Bandwidth, 1, 0);
     let state = c.wait_registered(h, SERVED_WITHIN);
     assert!(matches!(state, FlowState::Registered { .. }), "{state:?}");
+}
+
+/// Cgroups made for one test under the unified hierarchy, removed (their processes
+/// killed first by the test) when dropped.
+struct Cgroups {
+    root: PathBuf,
+}
+
+impl Cgroups {
+    /// A directory of this test's own under the cgroup2 mount.
+    fn new(name: &str) -> Cgroups {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let mount = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+            })
+            .expect("a cgroup2 mount");
+        let root = mount.join(format!("justitia-{name}-{}", std::process::id()));
+        std::fs::create_dir(&root).unwrap();
+        Cgroups { root }
+    }
+
+    /// The `cgroup.procs` of child cgroup `name`, created on first use.
+    fn procs(&self, name: &str) -> PathBuf {
+        let dir = self.root.join(name);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).unwrap();
+        }
+        dir.join("cgroup.procs")
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        if let Ok(dirs) = std::fs::read_dir(&self.root) {
+            for d in dirs.flatten() {
+                if d.path().is_dir() {
+                    let _ = std::fs::remove_dir(d.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(&self.root);
+    }
+}
+
+fn status(d: &Hostile) -> justitia_agent::admin::StatusReport {
+    match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Cgroup tenants that leave are dropped: with `tenant = "cgroup"`, 24 cgroups each
+/// holding a registered flow of uid 65534 are 24 tenants; once their processes are gone
+/// the daemon holds no tenant, no cgroup and no page for them, and three more rounds of 24
+/// new cgroups (a host churning through containers) leave it there, with its descriptors
+/// back where they were.
+#[test]
+#[ignore = "needs root: creates cgroups and acts as uid 65534"]
+fn cgroup_tenants_that_leave_are_dropped() {
+    let d = Hostile::start(&[("tenant = \"uid\"", "tenant = \"cgroup\"")], free_port());
+    let sock = d.socket();
+    let wire = register_hex(65534, FlowClass::Bandwidth);
+    let cgroups = Cgroups::new("churn");
+    let fds0 = d.fds();
+    let before = status(&d);
+    assert_eq!((before.tenants, before.cgroups), (0, 0), "{before:?}");
+    for round in 0..4 {
+        let tenants: Vec<Tenant> = (0..24)
+            .map(|i| {
+                let procs = cgroups.procs(&format!("r{round}-{i}"));
+                Tenant::run_in(&procs, 65534, &["shaper", sock.to_str().unwrap(), &wire])
+            })
+            .collect();
+        let during = status(&d);
+        assert_eq!(
+            (during.tenants, during.cgroups, during.flows),
+            (24, 24, 24),
+            "round {round}: {during:?}"
+        );
+        d.shaper_served(FlowClass::Bandwidth);
+        drop(tenants);
+        eventually("every cgroup tenant dropped", SERVED_WITHIN, || {
+            let s = status(&d);
+            (s.tenants, s.cgroups, s.flows) == (0, 0, 0)
+        });
+    }
+    let fds = d.fds();
+    println!("96 cgroup tenants came and went; descriptors {fds0} -> {fds}");
+    assert!(fds <= fds0 + 2, "descriptors {fds0} -> {fds}");
+}
+
+/// A pid reused between `connect` and `accept` is not taken for the peer: a process of
+/// uid 65534 in cgroup `a` connects while the daemon is stopped, hands the connection to
+/// its child and exits; its pid is then given (through `ns_last_pid`) to a process in
+/// cgroup `b`. When the daemon runs again it must not read `b`'s cgroup for that
+/// connection: the pidfd the kernel took at `connect` holds the exited process, so the
+/// connection is refused (`no_cgroup`) and no tenant is made of `b`.
+#[test]
+#[ignore = "needs root: writes /proc/sys/kernel/ns_last_pid, creates cgroups, acts as uid 65534"]
+fn a_reused_pid_is_not_taken_for_the_peer() {
+    let port = free_port();
+    let d = Hostile::start(&[("tenant = \"uid\"", "tenant = \"cgroup\"")], port);
+    let cgroups = Cgroups::new("reuse");
+    let (a, b) = (cgroups.procs("a"), cgroups.procs("b"));
+    // SAFETY: stopping and continuing our own child.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGSTOP) };
+    let handed = Tenant::run_in(&a, 65534, &["handoff", d.socket().to_str().unwrap()]);
+    let pid: i32 = handed
+        .said
+        .trim()
+        .strip_prefix("pid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The connecting process has exited (its parent, this test, reaps it in `wait`).
+    let mut first = handed;
+    let _ = first.child.wait();
+    let b_cstr = std::ffi::CString::new(b.as_os_str().as_encoded_bytes()).unwrap();
+    let mut reuser = None;
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let procs = b_cstr.clone();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        // SAFETY: open, write and close between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        if child.id() as i32 == pid {
+            reuser = Some(child);
+            break;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut reuser = reuser.expect("pid not reused in 200 tries");
+    let now_in = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(now_in.contains("/b\n"), "pid {pid} is in {now_in}");
+    // SAFETY: our own child.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGCONT) };
+    eventually("the connection refused", SERVED_WITHIN, || {
+        d.scrape().is_some_and(|s| {
+            metric(
+                &s,
+                "justitia_messages_refused_total",
+                Some(("value", "no_cgroup")),
+            ) == Some(1.0)
+        })
+    });
+    let s = status(&d);
+    assert_eq!((s.tenants, s.cgroups, s.flows), (0, 0, 0), "{s:?}");
+    d.shaper_served(FlowClass::Bandwidth);
+    let _ = reuser.kill();
+    let _ = reuser.wait();
+    drop(first);
 }
 
 /// A registration refused `Full` is sent again by the shaper's client, with backoff, so

@@ -193,7 +193,10 @@ fn identity_comes_from_the_kernel_not_the_message() {
         }
     );
     assert!(d.flows().is_empty());
-    assert!(d.log().contains("wrong_uid"), "{}", d.log());
+    // The log is written by the daemon's writer thread, a moment after the event.
+    eventually("wrong_uid in the log", Duration::from_secs(2), || {
+        d.log().contains("wrong_uid")
+    });
     // The same message with the sender's own uid registers, under the kernel's uid.
     assert!(matches!(
         roundtrip(&s, &register(me, FlowClass::Bandwidth)),
@@ -234,8 +237,7 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
     ] {
         assert_eq!(roundtrip(&s, &msg), refused);
     }
-    let log = d.log();
-    for reason in [
+    let reasons = [
         "truncated_or_bad_length",
         "truncated: 2 bytes",
         "register message of 30 bytes, expected 29",
@@ -246,7 +248,17 @@ fn malformed_truncated_and_oversized_messages_are_refused_and_the_daemon_keeps_s
         "protocol version 9",
         "unknown message kind 0x82",
         "bad magic",
-    ] {
+    ];
+    // The log is written by the daemon's writer thread, a moment after the event.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let log = loop {
+        let log = d.log();
+        if reasons.iter().all(|r| log.contains(r)) || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    for reason in reasons {
         assert!(log.contains(reason), "no `{reason}` in the log: {log}");
     }
     assert_eq!(d.flows().len(), 1, "{:?}", d.flows());
@@ -543,9 +555,10 @@ fn a_latency_flow_arriving_while_the_target_is_violated_is_admitted_with_a_warni
         ),
         Some(1.0)
     );
-    assert!(d
-        .log()
-        .contains("latency flow registered while Current99 exceeds Target99"));
+    eventually("the warning in the log", Duration::from_secs(2), || {
+        d.log()
+            .contains("latency flow registered while Current99 exceeds Target99")
+    });
     // `justitia flows` spells the verdict as the metric labels it.
     let verdicts: Vec<String> = d.flows().into_iter().map(|f| f.admission).collect();
     assert_eq!(verdicts, ["admitted", "admitted_with_warning"]);

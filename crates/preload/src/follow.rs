@@ -93,6 +93,9 @@ pub struct FollowStatus {
     pub active: bool,
     /// Times the daemon was found gone while connected.
     pub fallbacks: u64,
+    /// Times the daemon's heartbeat went stale while its connection stayed open (a slow
+    /// daemon, not a gone one).
+    pub stale_periods: u64,
     /// Connections made to a daemon.
     pub connections: u64,
 }
@@ -112,8 +115,11 @@ pub struct Follower {
     flow: Option<(FlowHandle, FlowClass)>,
     allotment: Option<Allotment>,
     connected: bool,
+    /// The connection was open at the previous tick, fresh or stale.
+    open: bool,
     said_missing: bool,
     fallbacks: u64,
+    stale_periods: u64,
     /// Counts at the previous tick, and what has not been reported yet.
     seen: (u64, u64, u64),
     unreported: (u64, u64),
@@ -148,8 +154,10 @@ impl Follower {
             flow: None,
             allotment: None,
             connected: false,
+            open: false,
             said_missing: false,
             fallbacks: 0,
+            stale_periods: 0,
             seen: (0, 0, 0),
             unreported: (0, 0),
             quiet_ticks: IDLE_TICKS,
@@ -166,6 +174,7 @@ impl Follower {
             allotment: self.allotment,
             active: self.reported_active == Some(true),
             fallbacks: self.fallbacks,
+            stale_periods: self.stale_periods,
             connections: self.client.stats().connections,
         }
     }
@@ -262,11 +271,16 @@ impl Follower {
         }
     }
 
-    /// Says when the daemon appears, goes, comes back, or (asked for) is not there.
+    /// Says when the daemon appears, goes, comes back, or (asked for) is not there. A
+    /// heartbeat gone stale on an open connection is a slow daemon, not a gone one: the
+    /// allotment is not used meanwhile (static settings), nothing registers again, and it
+    /// is said once per process (later periods at debug level), so a daemon that is slow
+    /// now and then does not fill every application's stderr.
     fn track_connection(&mut self) {
+        let open = self.client.has_connection();
         let connected = self.client.is_connected();
         let path = self.path.display();
-        match (self.connected, connected) {
+        match (self.open, open) {
             (false, true) => {
                 self.reported_active = None;
                 if self.client.stats().connections <= 1 && self.fallbacks == 0 {
@@ -280,14 +294,26 @@ impl Follower {
             }
             (true, false) => {
                 self.fallbacks += 1;
-                let fallback = match self.static_rate {
-                    Some(r) => format!("JUSTITIA_RATE {} B/s", r.bytes_per_sec),
-                    None => "unpaced".to_string(),
-                };
                 log!(
                     Warn,
-                    "justitiad at {path} is gone; static settings ({fallback}) until it returns"
+                    "justitiad at {path} is gone; static settings ({}) until it returns",
+                    self.fallback_name()
                 );
+            }
+            (true, true) if self.connected && !connected => {
+                self.stale_periods += 1;
+                if self.stale_periods == 1 {
+                    log!(
+                        Warn,
+                        "justitiad at {path} is slow (its heartbeat is older than its limit); static settings ({}) while it is, said once",
+                        self.fallback_name()
+                    );
+                } else {
+                    log!(Debug, "justitiad at {path} is slow again; static settings");
+                }
+            }
+            (true, true) if !self.connected && connected => {
+                log!(Debug, "justitiad at {path} is fresh again; following it");
             }
             (false, false) if self.flow.is_some() && !self.said_missing => {
                 self.said_missing = true;
@@ -313,7 +339,16 @@ impl Follower {
             }
             _ => {}
         }
+        self.open = open;
         self.connected = connected;
+    }
+
+    /// The static settings in words, for the logs.
+    fn fallback_name(&self) -> String {
+        match self.static_rate {
+            Some(r) => format!("JUSTITIA_RATE {} B/s", r.bytes_per_sec),
+            None => "unpaced".to_string(),
+        }
     }
 
     /// Tells the daemon whether the flow has work (a post, a chunk or a waiting request in

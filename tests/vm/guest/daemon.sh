@@ -81,8 +81,9 @@ fi
 
 JUSTITIA_LOG=info "$BIN/justitiad" --config "$config" > "$log" 2>&1 &
 dpid=$!
+# The log is written by the daemon's writer thread: wait for its line too.
 for _ in $(seq 200); do
-  [ -S "$run/justitiad.sock" ] && break
+  [ -S "$run/justitiad.sock" ] && grep -q "justitiad started" "$log" && break
   kill -0 "$dpid" 2>/dev/null || break
   sleep 0.1
 done

@@ -11,6 +11,8 @@ one line saying what it achieved, and keeps its connections until stdin closes.
   tcp-header ADDR MIB       one request head line of MIB MiB
   squat ADDR                bind and listen on ADDR first
   shaper SOCK HEX           register one flow (HEX), report it active
+  handoff SOCK              connect, hand the connection to a child that keeps it, print
+                            this process's pid and exit (the child stays till stdin closes)
   admin SOCK                ask the admin socket for the status
   inspect SOCK FLOW PID SPOOF OWN
                             what a tenant can see: its page, the shared block, the
@@ -138,6 +140,15 @@ def main():
         s.send(usage)
         held.append(s)
         print("registered")
+    elif mode == "handoff":
+        s = seq(args[0])
+        if os.fork() == 0:
+            held.append(s)
+            until_stdin_closes()
+            os._exit(0)
+        print(f"pid {os.getpid()}")
+        sys.stdout.flush()
+        os._exit(0)
     elif mode == "admin":
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5)

@@ -422,6 +422,46 @@ fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when
     });
 }
 
+/// A daemon that is slow (stopped for longer than its 500 ms stale limit, three times) is
+/// not a gone daemon: the shaper drops to static settings while the heartbeat is stale and
+/// follows again when it is fresh, on the same connection and registration, and counts
+/// three stale periods and no fallback. Before, each stale period was reported (and
+/// counted) as the daemon gone and back.
+#[test]
+fn a_slow_daemon_is_neither_gone_nor_reconnected_and_is_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    app.drive_until("the daemon's allotment", Duration::from_secs(5), |a| {
+        a.paced_at().is_some()
+    });
+    let flow = app.flow_id().unwrap();
+    let pid = d.child.id() as i32;
+    for period in 1..=3u64 {
+        // SAFETY: stopping our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        app.drive_until("static settings", Duration::from_secs(5), |a| {
+            a.paced_at().is_none()
+        });
+        // SAFETY: continuing it.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        app.drive_until("the allotment again", Duration::from_secs(5), |a| {
+            a.paced_at().is_some()
+        });
+        let s = app.engine.follow_status().unwrap();
+        assert_eq!(
+            (s.stale_periods, s.fallbacks, s.connections),
+            (period, 0, 1),
+            "{s:?}"
+        );
+    }
+    assert_eq!(app.flow_id(), Some(flow), "registered again");
+}
+
 #[test]
 fn justitia_rate_keeps_its_rate_under_a_daemon_and_the_chunk_follows() {
     let dir = tempfile::tempdir().unwrap();
