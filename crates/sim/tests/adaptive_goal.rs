@@ -624,14 +624,16 @@ fn every_tenant_keeps_most_of_its_fair_share_on_every_workload() {
 ///   send path, not none. Bound: the stream's rate, at most what the link drains, shared
 ///   by two tenants, leaves the two together at most half of what they reach natively
 ///   (each its own link).
-/// - `4qps-vs-512qps-roce100qpc`: tenant B's chunks go round its 512 queue pairs, twice
-///   the 256 contexts the RNIC holds, so nearly every chunk waits for a context read; no
-///   bound derived yet.
+/// - `4qps-vs-512qps-roce100qpc`: tenant B has 512 queue pairs, twice the 256 contexts
+///   the RNIC holds. Dealt chunk by chunk round all of them, nearly every chunk waited for
+///   a context read (x1.40 / 66%); with the queue budget (85 queue pairs a tenant, each
+///   served for 1 MB before the next) x1.21 / 91%, just outside the goal; no bound
+///   derived yet.
 #[test]
 fn tenant_workloads_known_misses() {
     let cases: [(&str, f64, f64, Option<f64>); 2] = [
         ("read-beside-send-roce100", 0.48, 1.13, Some(0.5)),
-        ("4qps-vs-512qps-roce100qpc", 0.66, 1.40, None),
+        ("4qps-vs-512qps-roce100qpc", 0.91, 1.208, None),
     ];
     let mut moved = Vec::new();
     for (name, bandwidth, latency_x, bound) in cases {

@@ -103,11 +103,19 @@ struct TenantQueues<Q> {
     flows: Vec<FlowQueues<Q>>,
     /// The flow to try first next time.
     next: usize,
+    /// With a queue budget: its open queues (flow index, queue index, bytes given since
+    /// opened), the only ones it is served from.
+    open: Vec<(usize, usize, u64)>,
 }
 
 impl<Q: Copy + PartialEq> TenantQueues<Q> {
-    /// Its first ready queue in round-robin order: (flow index, queue index, queue, bytes).
-    fn ready(&self, ready: &mut impl FnMut(Q) -> Option<u64>) -> Option<(usize, usize, Q, u64)> {
+    /// Its first ready queue in round-robin order, passing over those `skip` names:
+    /// (flow index, queue index, queue, bytes).
+    fn ready(
+        &self,
+        ready: &mut impl FnMut(Q) -> Option<u64>,
+        skip: &[(usize, usize, u64)],
+    ) -> Option<(usize, usize, Q, u64)> {
         let n = self.flows.len();
         for i in 0..n {
             let fi = (self.next + i) % n;
@@ -115,6 +123,9 @@ impl<Q: Copy + PartialEq> TenantQueues<Q> {
             let m = f.queues.len();
             for j in 0..m {
                 let qi = (f.next + j) % m;
+                if skip.iter().any(|&(a, b, _)| (a, b) == (fi, qi)) {
+                    continue;
+                }
                 let q = f.queues[qi];
                 if let Some(bytes) = ready(q) {
                     return Some((fi, qi, q, bytes));
@@ -122,6 +133,34 @@ impl<Q: Copy + PartialEq> TenantQueues<Q> {
             }
         }
         None
+    }
+
+    /// Under a budget of `budget` open queues, each open for at most `turn` bytes: the
+    /// first ready open queue, oldest first; open queues found not ready, or whose turn is
+    /// spent, are closed; with none ready and room in the budget, the next ready queue in
+    /// round-robin order is opened. So the queues in use change once per turn, or when one
+    /// has nothing to send.
+    fn ready_within(
+        &mut self,
+        ready: &mut impl FnMut(Q) -> Option<u64>,
+        budget: usize,
+        turn: u64,
+    ) -> Option<(usize, usize, Q, u64)> {
+        while let Some(&(fi, qi, given)) = self.open.first() {
+            let q = self.flows[fi].queues[qi];
+            match ready(q).filter(|_| given < turn) {
+                Some(bytes) => return Some((fi, qi, q, bytes)),
+                None => {
+                    self.open.remove(0);
+                }
+            }
+        }
+        if self.open.len() >= budget {
+            return None;
+        }
+        let found = self.ready(ready, &self.open)?;
+        self.open.push((found.0, found.1, 0));
+        Some(found)
     }
 }
 
@@ -135,6 +174,9 @@ pub struct TenantRoundRobin<Q> {
     turn: usize,
     /// Bytes per unit of weight per turn.
     quantum: u64,
+    /// Open queues a tenant may have per unit of its weight, and the bytes a queue is
+    /// served while open; `None`: every queue is served in turn.
+    queue_budget: Option<(u32, u64)>,
 }
 
 impl<Q: Copy + PartialEq> Default for TenantRoundRobin<Q> {
@@ -151,6 +193,7 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
             tenants: Vec::new(),
             turn: 0,
             quantum: 1,
+            queue_budget: None,
         }
     }
 
@@ -171,6 +214,7 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
                         deficit: 0,
                         flows: Vec::new(),
                         next: 0,
+                        open: Vec::new(),
                     },
                 );
                 if at < self.turn {
@@ -198,6 +242,21 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
         self.quantum = bytes.max(1);
     }
 
+    /// Bounds the queues each tenant is served from at a time to `per_weight` times its
+    /// weight, each served for at most `turn` bytes before the next of the tenant's ready
+    /// queues takes its place (`None`: no bound). Where the RNIC caches a bounded number of
+    /// queue-pair contexts, dealing chunks round a tenant's hundreds of queue pairs would
+    /// evict every context, the other tenants' too; with a budget a tenant's contexts
+    /// change once per turn, not once per chunk.
+    pub fn set_queue_budget(&mut self, budget: Option<(u32, u64)>) {
+        self.queue_budget = budget.map(|(per_weight, turn)| (per_weight.max(1), turn.max(1)));
+        if budget.is_none() {
+            for t in &mut self.tenants {
+                t.open.clear();
+            }
+        }
+    }
+
     /// Tenants in the round robin.
     pub fn tenants(&self) -> usize {
         self.tenants.len()
@@ -216,9 +275,19 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
         // so a chunk of b bytes waits at most ceil(b / quantum) rounds.
         loop {
             let t = &mut self.tenants[self.turn];
-            match t.ready(&mut ready) {
+            let found = match self.queue_budget {
+                Some((per_weight, turn)) => {
+                    let budget = per_weight.saturating_mul(t.weight.max(1)) as usize;
+                    t.ready_within(&mut ready, budget, turn)
+                }
+                None => t.ready(&mut ready, &[]),
+            };
+            match found {
                 Some((fi, qi, q, bytes)) if t.deficit >= bytes => {
                     t.deficit -= bytes;
+                    if let Some(open) = t.open.iter_mut().find(|o| (o.0, o.1) == (fi, qi)) {
+                        open.2 = open.2.saturating_add(bytes);
+                    }
                     let f = &mut t.flows[fi];
                     f.next = (qi + 1) % f.queues.len();
                     t.next = (fi + 1) % t.flows.len();
@@ -359,6 +428,38 @@ mod tests {
         let s = served(&mut rr, &owner, 99, 1000, &|_| false);
         assert_eq!(s.values().collect::<Vec<_>>(), vec![&33_000; 3]);
         assert_eq!(rr.pick(|_| None), None);
+    }
+
+    /// A budget of 4 open queues of 8 KB each: a tenant of 64 queues is served from 4 at a
+    /// time, each for two 4 KB chunks, then the next 4; the tenant's share is unchanged.
+    #[test]
+    fn a_queue_budget_bounds_the_queues_in_use() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        rr.set_queue_budget(Some((4, 8192)));
+        rr.insert(&spec(0, 1, FlowClass::Bandwidth, 1), 1000u32);
+        for i in 0..64 {
+            rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), i);
+        }
+        let picks: Vec<u32> = (0..64)
+            .filter_map(|_| rr.pick(|_| Some(4096)))
+            .filter(|&q| q != 1000)
+            .collect();
+        assert_eq!(picks.len(), 32, "half the stream: {picks:?}");
+        // Each queue twice in a row (its turn), one queue open at a time while it is ready.
+        let expected: Vec<u32> = (0..16).flat_map(|q| [q, q]).collect();
+        assert_eq!(picks, expected);
+        // With only queue 0 ready, it is served for its turn, closed, and opened again at
+        // once: no other queue waits for it.
+        let mut only = TenantRoundRobin::new();
+        only.set_quantum(4096);
+        only.set_queue_budget(Some((1, 8192)));
+        only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 0u32);
+        only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 1u32);
+        let served: Vec<u32> = (0..6)
+            .filter_map(|_| only.pick(|q| (q == 0).then_some(4096)))
+            .collect();
+        assert_eq!(served, vec![0; 6]);
     }
 
     proptest! {

@@ -149,6 +149,7 @@ impl ChunkShaper {
                 chunk_bytes: u32::MAX,
                 yields_per_chunk: 0,
                 throughput_share: None,
+                queue_budget: None,
             },
             pacer: None,
             timer_at: None,
@@ -189,6 +190,7 @@ impl ChunkShaper {
             None => self.pacer = None,
         }
         self.order.set_quantum(u64::from(plan.chunk_bytes.max(1)));
+        self.order.set_queue_budget(plan.queue_budget);
         self.plan = plan;
         self.pump(ctx);
     }
@@ -390,6 +392,7 @@ impl AdaptivePolicy {
             max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
             max_ops_per_sec: profile.policy.max_ops_per_sec(),
             qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
+            qp_cache_entries: profile.rnic.qp_cache_entries,
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
