@@ -7,9 +7,15 @@
 //! policy the table gives:
 //!
 //! - **p99 x alone**: the worst latency flow's p99 over its own p99 in the alone run;
-//! - **bandwidth % of alone**: the bandwidth flows' goodput together over theirs alone;
-//! - **throughput % of alone**: the throughput flows' message rate together over theirs
-//!   alone;
+//! - **bandwidth % of alone**: the bandwidth flows' goodput together over the most the
+//!   class reached in one reference run (with one reference run holding every bandwidth
+//!   flow, over theirs alone; with tenants alone one at a time, over one tenant's: the
+//!   link's utilisation);
+//! - **throughput % of alone**: the throughput flows' message rate, likewise;
+//! - **tenants % of fair**: the lowest, over the run's tenants, of a tenant's rate over its
+//!   tenant-fair share (`justitia_sim::fairness`: its weighted equal split of its class's
+//!   capacity among the run's tenants, a tenant's flows of one class counted once, or its
+//!   alone figure when smaller); a tenant is a flow of its own unless the scenario says;
 //! - **extra WQEs per GB**: work requests the policy posts beyond the applications' own,
 //!   per GB of payload all flows moved (a sub-message, a chunk, a yield or a probe is a
 //!   WQE the host posts). Counted from the policy's own figures where it reports them
@@ -23,9 +29,10 @@
 //!
 //! A cell is marked `ok` when the run meets the goal: every latency flow's p99 within
 //! x[`LATENCY_BAND`] of alone, the bandwidth flows together at [`BANDWIDTH_FLOOR`] of
-//! alone or more, and every flow at or above its sharing-incentive floor (its alone rate
-//! times the flows of its class over all flows of the run: what an equal split of the RNIC
-//! among every flow would leave it).
+//! alone or more, and every tenant at or above its tenant-fair share (its sharing-incentive
+//! floor: what a weighted equal split of the RNIC among the run's tenants leaves it, or its
+//! alone figure when smaller; with a tenant per flow, the flow's alone rate times the flows
+//! of its class over all flows of the run, when its reference run holds its class).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -34,6 +41,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_core::flow::FlowClass;
+use justitia_sim::fairness::{self, rate, TenantMap};
 use justitia_sim::series::RunSeries;
 use justitia_sim::{Experiment, RunReport, ScenarioReport};
 
@@ -75,11 +83,13 @@ pub struct Cell {
     pub bandwidth: Option<f64>,
     /// The throughput flows' message rate together over theirs alone.
     pub throughput: Option<f64>,
+    /// The lowest tenant's rate over its tenant-fair share.
+    pub tenants: Option<f64>,
     /// Extra work requests per GB of payload moved.
     pub extra_wqes_per_gb: f64,
     /// Host CPU for them, ms per GB.
     pub cpu_ms_per_gb: f64,
-    /// Every flow at or above its sharing-incentive floor.
+    /// Every tenant at or above its tenant-fair share (within [`FLOOR_SLACK`]).
     pub floors_kept: bool,
 }
 
@@ -131,8 +141,12 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             report.runs.len()
         );
         rows.push(
-            summarise(&report, experiment.profile.host.post_ns)
-                .with_context(|| format!("summarising {}", path.display()))?,
+            summarise(
+                &report,
+                &fairness::tenants(&experiment.scenario),
+                experiment.profile.host.post_ns,
+            )
+            .with_context(|| format!("summarising {}", path.display()))?,
         );
     }
     print!("{}", render(&args.name, &rows));
@@ -158,18 +172,9 @@ fn workload_name(scenario: &str) -> String {
     }
 }
 
-/// A flow's rate in its class's measure: Gb/s for bandwidth flows, messages per second
-/// otherwise.
-fn rate(class: FlowClass, gbps: f64, msgs_per_sec: f64) -> f64 {
-    match class {
-        FlowClass::Bandwidth => gbps,
-        _ => msgs_per_sec,
-    }
-}
-
-/// The table row of one scenario's report; `post_ns` is the profile's CPU cost of one
-/// post.
-pub fn summarise(report: &ScenarioReport, post_ns: f64) -> Result<Row> {
+/// The table row of one scenario's report; `tenants` maps its flows to their tenants,
+/// `post_ns` is the profile's CPU cost of one post.
+pub fn summarise(report: &ScenarioReport, tenants: &TenantMap, post_ns: f64) -> Result<Row> {
     let (alone, runs): (Vec<&RunReport>, Vec<&RunReport>) = report
         .runs
         .iter()
@@ -180,23 +185,15 @@ pub fn summarise(report: &ScenarioReport, post_ns: f64) -> Result<Row> {
             report.scenario
         );
     }
-    let reference = |name: &str| {
-        alone.iter().find_map(|r| {
-            r.flow(name).map(|f| {
-                let peers = r.flows.iter().filter(|g| g.class == f.class).count();
-                (f, peers)
-            })
-        })
-    };
+    let reference = |name: &str| alone.iter().find_map(|r| r.flow(name));
     let window_s = (report.duration_ms - report.warmup_ms) / 1e3;
+    let capacity = fairness::capacity(report);
     let mut cells = Vec::new();
     for run in runs {
         let mut latency_x: Option<f64> = None;
         let mut sums = [(0.0, 0.0); 2];
-        let mut floors_kept = true;
-        let flows = run.flows.len();
         for flow in &run.flows {
-            let Some((base, peers)) = reference(&flow.name) else {
+            let Some(base) = reference(&flow.name) else {
                 bail!(
                     "flow {} of run `{}` has no alone run in {}",
                     flow.name,
@@ -211,11 +208,6 @@ pub fn summarise(report: &ScenarioReport, post_ns: f64) -> Result<Row> {
                 }
             }
             let here = rate(flow.class, flow.gbps, flow.msgs_per_sec);
-            let there = rate(base.class, base.gbps, base.msgs_per_sec);
-            let floor = there * peers as f64 / flows.max(1) as f64;
-            if here < FLOOR_SLACK * floor {
-                floors_kept = false;
-            }
             let slot = match flow.class {
                 FlowClass::Bandwidth => Some(0),
                 FlowClass::Throughput => Some(1),
@@ -223,10 +215,16 @@ pub fn summarise(report: &ScenarioReport, post_ns: f64) -> Result<Row> {
             };
             if let Some(s) = slot {
                 sums[s].0 += here;
-                sums[s].1 += there;
+                sums[s].1 = capacity.get(&flow.class).copied().unwrap_or(0.0);
             }
         }
         let share = |(now, then): (f64, f64)| (then > 0.0).then(|| now / then);
+        let tenant_fair = fairness::tenant_shares(report, run, tenants)
+            .iter()
+            .map(|t| t.ratio())
+            .fold(None, |low: Option<f64>, r| {
+                Some(low.map_or(r, |l| l.min(r)))
+            });
         let moved_gb: f64 = run.flows.iter().map(|f| f.gbps).sum::<f64>() * window_s / 8.0;
         let extra = extra_wqes(report, run) * window_s / (report.duration_ms / 1e3);
         let per_gb = if moved_gb > 0.0 {
@@ -239,9 +237,10 @@ pub fn summarise(report: &ScenarioReport, post_ns: f64) -> Result<Row> {
             latency_x,
             bandwidth: share(sums[0]),
             throughput: share(sums[1]),
+            tenants: tenant_fair,
             extra_wqes_per_gb: per_gb,
             cpu_ms_per_gb: per_gb * post_ns / 1e6,
-            floors_kept,
+            floors_kept: tenant_fair.is_none_or(|t| t >= FLOOR_SLACK),
         });
     }
     Ok(Row {
@@ -330,7 +329,8 @@ fn count(x: f64) -> String {
 }
 
 /// The suite's table, as Markdown: one row per workload and profile, one column per policy,
-/// each cell `p99 x alone / bandwidth % / throughput % / extra WQEs per GB / CPU ms per GB`
+/// each cell `p99 x alone / bandwidth % / throughput % / tenants % of fair / extra WQEs per
+/// GB / CPU ms per GB`
 /// and `ok` when the goal holds.
 pub fn render(name: &str, rows: &[Row]) -> String {
     let mut out = String::new();
@@ -340,7 +340,7 @@ pub fn render(name: &str, rows: &[Row]) -> String {
             columns.push(&cell.policy);
         }
     }
-    let _ = writeln!(out, "{name}: each cell is latency p99 x alone / bandwidth % of alone / throughput % of alone / extra WQEs per GB / host CPU ms per GB; `ok`: p99 within x{LATENCY_BAND}, bandwidth at {:.0}% or more, every sharing-incentive floor kept", 100.0 * BANDWIDTH_FLOOR);
+    let _ = writeln!(out, "{name}: each cell is latency p99 x alone / bandwidth % of alone / throughput % of alone / lowest tenant % of its tenant-fair share / extra WQEs per GB / host CPU ms per GB; `ok`: p99 within x{LATENCY_BAND}, bandwidth at {:.0}% or more, every sharing-incentive floor kept", 100.0 * BANDWIDTH_FLOOR);
     let _ = writeln!(out);
     let _ = writeln!(out, "| workload | profile | {} |", columns.join(" | "));
     let _ = writeln!(out, "| --- | --- |{}", " --- |".repeat(columns.len()));
@@ -353,10 +353,11 @@ pub fn render(name: &str, rows: &[Row]) -> String {
                     .find(|cell| cell.policy == c)
                     .map_or("".into(), |cell| {
                         format!(
-                            "{} / {} / {} / {} / {:.2}{}",
+                            "{} / {} / {} / {} / {} / {:.2}{}",
                             ratio(cell.latency_x),
                             percent(cell.bandwidth),
                             percent(cell.throughput),
+                            percent(cell.tenants),
                             count(cell.extra_wqes_per_gb),
                             cell.cpu_ms_per_gb,
                             if cell.meets_goal() { " ok" } else { "" }
@@ -543,7 +544,7 @@ mod tests {
             run("slow", vec![lat(2.5), bw(39.0)]),
             run("starved", vec![lat(2.0), bw(37.0)]),
         ]);
-        let row = summarise(&r, 60.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), 60.0).expect("summary");
         assert_eq!(row.workload, "lat-vs-1bw");
         let cell = |name: &str| {
             row.cells
@@ -575,7 +576,7 @@ mod tests {
             run("fair", vec![tput(5.5e6), bw(39.0)]),
             run("unfair", vec![tput(4e6), bw(39.0)]),
         ]);
-        let row = summarise(&r, 60.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), 60.0).expect("summary");
         assert!(row.cells[0].floors_kept && row.cells[0].meets_goal());
         assert!(!row.cells[1].floors_kept && !row.cells[1].meets_goal());
         assert!((row.cells[1].throughput.unwrap_or(0.0) - 0.4).abs() < 1e-9);
@@ -595,7 +596,7 @@ mod tests {
         let mut bw_messages = bw;
         bw_messages.messages = 1000;
         let r = report(vec![run("alone b", vec![bw_messages]), split]);
-        let row = summarise(&r, 50.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), 50.0).expect("summary");
         let cell = &row.cells[0];
         // 15000 posted - 1000 the application's = 14000 per 0.01 GB.
         assert!((cell.extra_wqes_per_gb - 1.4e6).abs() < 1.0, "{cell:?}");
@@ -605,7 +606,7 @@ mod tests {
     #[test]
     fn a_report_without_alone_runs_is_refused() {
         let r = report(vec![run("native", Vec::new())]);
-        assert!(summarise(&r, 1.0).is_err());
+        assert!(summarise(&r, &TenantMap::new(), 1.0).is_err());
     }
 
     #[test]
@@ -615,6 +616,7 @@ mod tests {
             latency_x: Some(x),
             bandwidth: Some(0.9),
             throughput: None,
+            tenants: Some(1.0),
             extra_wqes_per_gb: 0.0,
             cpu_ms_per_gb: 0.0,
             floors_kept: true,
@@ -635,7 +637,7 @@ mod tests {
         let table = render("s", &rows);
         assert!(
             table.contains(
-                "| w | IB-56 | x2.00 / 90% / - / 0 / 0.00 | x1.10 / 90% / - / 0 / 0.00 |"
+                "| w | IB-56 | x2.00 / 90% / - / 100% / 0 / 0.00 | x1.10 / 90% / - / 100% / 0 / 0.00 |"
             ),
             "{table}"
         );

@@ -16,6 +16,14 @@
 //! bounds the wait, and the pacing costs only the headroom. Per update ([`AdaptiveLaw::update`],
 //! time passed in, no clock read):
 //!
+//! **Tenants.** Flows are counted as Justitia's loop counts them: a tenant counts once in
+//! each class in which it has flows present, with its weight ([`TenantWeights`]); below, L,
+//! B and T are those weighted tenant counts. The stream's chunks are dealt among the
+//! bandwidth tenants by [`TenantRoundRobin`] (by weight, then among a tenant's own flows
+//! and queue pairs), so a tenant's bandwidth is split among its own flows and never taken
+//! from another tenant by opening more applications or queue pairs, and a tenant that
+//! leaves its turn unused gives it to the others at once.
+//!
 //! 1. No latency and no throughput flow: nothing to protect. No pacing, chunks as large as
 //!    the profile's chunk without latency flows, no yields.
 //! 2. A latency flow, or a throughput flow (moved into the protected class: it suffers from
@@ -36,7 +44,11 @@
 //! 4. The rate left to the bandwidth flows is MaxRate, or what the wire leaves beside the
 //!    other flows' measured load in chunks of this size (headers included), whichever is
 //!    less: small inline messages take wire, not the payload reads that bound MaxRate on
-//!    some RNICs; and never less than the bandwidth flows' equal share B/(L+B+T).
+//!    some RNICs. The rate the stream is finally paced at is never below the bandwidth
+//!    tenants' sharing-incentive floor B/(L+B+T) x MaxRate: the headroom, the fraction and
+//!    what is left each shrink it, and their product alone fell to 0.244 of MaxRate with
+//!    one latency and one bandwidth tenant under persistent violations and a busy wire,
+//!    against a floor of 0.5.
 //! 5. The smallest chunk is what the host can post at the pacing rate
 //!    ([`AdaptiveConfig::max_chunks_per_sec`]): below it the rate gives way instead.
 //! 6. With latency flows present, throughput flows beside bandwidth flows are paced by
@@ -47,14 +59,27 @@
 //!    ahead of the latency flows' and take the bandwidth flows' turns, and with many of
 //!    them (8 latency + 8 bandwidth + 8 throughput flows on RoCE-100) the bandwidth flows
 //!    fell under their own floor (28% of alone); the goal asks nothing of a throughput flow
-//!    beyond its floor. Without latency flows the throughput flows are the protected class
-//!    (step 2) and are not paced; without bandwidth flows there is nobody to give way to.
+//!    beyond its floor. By tenant: a throughput tenant of weight w is paced at w/(L+B+T)
+//!    of that, split equally among its throughput flows. Without latency flows the
+//!    throughput flows are the protected class (step 2) and are not paced; without
+//!    bandwidth flows there is nobody to give way to.
+//!
+//! 7. Where the RNIC caches a bounded number of queue-pair contexts (C), each bandwidth
+//!    tenant is served from at most C/(L+B+T) of its queue pairs at a time per unit of
+//!    weight, each for one large chunk before the next takes its place
+//!    ([`AdaptiveLaw::queue_budget`]): dealt chunk by chunk round a tenant's 512 queue
+//!    pairs on a 256-context RNIC, nearly every chunk waited for a context read (the link
+//!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21).
 //!
 //! Arrivals and departures change the plan at once: the driver calls
 //! [`AdaptiveLaw::plan`] whenever the counts change, so a bandwidth flow is unpaced in the
 //! same instant the last latency flow leaves.
 
 use std::time::Duration;
+
+pub mod tenants;
+
+pub use tenants::{TenantRoundRobin, TenantWeights};
 
 /// Goal band: a latency flow's p99 within this multiple of alone.
 pub const DEFAULT_BAND: f64 = 1.2;
@@ -98,6 +123,8 @@ pub struct AdaptiveConfig {
     /// Operations/s one queue pair sustains (infinite: unknown, MaxTput alone bounds a
     /// flow).
     pub qp_ops_per_sec: f64,
+    /// Queue-pair contexts the RNIC holds on chip (0: not bounded, or unknown).
+    pub qp_cache_entries: u32,
 }
 
 /// Why a configuration was refused.
@@ -130,6 +157,7 @@ impl AdaptiveConfig {
             max_chunks_per_sec: f64::INFINITY,
             max_ops_per_sec: f64::INFINITY,
             qp_ops_per_sec: f64::INFINITY,
+            qp_cache_entries: 0,
         }
     }
 
@@ -213,12 +241,8 @@ impl AdaptiveConfig {
 /// What the law is told at an update.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Observation {
-    /// Latency flows present on the host.
-    pub latency_flows: u32,
-    /// Bandwidth flows present.
-    pub bandwidth_flows: u32,
-    /// Throughput flows present.
-    pub throughput_flows: u32,
+    /// L, B and T: the weights of the tenants with flows of each class present.
+    pub tenants: TenantWeights,
     /// The tail to defend (band x the latency flows' alone p99), if known.
     pub target99: Option<Duration>,
     /// The latency flows' p99 measured since the last update, if there were samples.
@@ -236,9 +260,15 @@ pub struct Plan {
     pub chunk_bytes: u32,
     /// Zero-length yields after each chunk.
     pub yields_per_chunk: u32,
-    /// The fraction of what it could post alone each throughput flow is paced at (see
-    /// [`AdaptiveLaw::throughput_ops_per_sec`]); `None`: not paced.
+    /// The fraction of what the throughput flows could post alone each throughput tenant
+    /// is paced at per unit of its weight (see [`AdaptiveLaw::throughput_ops_per_sec`]);
+    /// `None`: not paced.
     pub throughput_share: Option<f64>,
+    /// Where the RNIC caches a bounded number of queue-pair contexts: the queue pairs a
+    /// bandwidth tenant is served from at a time per unit of its weight, and the bytes
+    /// each is served before the next takes its place (see
+    /// [`TenantRoundRobin::set_queue_budget`]); `None`: no bound.
+    pub queue_budget: Option<(u32, u64)>,
 }
 
 /// The law's state on one host.
@@ -323,32 +353,16 @@ impl AdaptiveLaw {
         by_rate.max(c.min_chunk_bytes)
     }
 
-    /// The sharing floor of the bandwidth flows' pacing fraction: (B+T)/(L+B+T).
-    fn floor(o: &Observation) -> f64 {
-        let hungry = f64::from(o.bandwidth_flows + o.throughput_flows);
-        let all = hungry + f64::from(o.latency_flows);
-        if all > 0.0 {
-            hungry / all
-        } else {
-            1.0
-        }
-    }
-
-    /// The bandwidth flows' share of an equal split among all flows, B/(L+B+T): what they
-    /// keep of MaxRate however much the others use.
-    fn bandwidth_share(o: &Observation) -> f64 {
-        let all = f64::from(o.latency_flows + o.bandwidth_flows + o.throughput_flows);
-        if all > 0.0 {
-            f64::from(o.bandwidth_flows) / all
-        } else {
-            1.0
-        }
+    /// The bandwidth tenants' sharing-incentive floor, B/(L+B+T) x MaxRate: the least the
+    /// stream is ever paced at.
+    pub fn floor_rate(&self, o: &Observation) -> f64 {
+        o.tenants.bandwidth_share() * self.config.max_rate_bytes_per_sec
     }
 
     /// Feedback from the measured tail at `now`, then the plan.
     pub fn update(&mut self, now: Duration, o: &Observation) -> Plan {
         self.last_update = Some(now);
-        if o.latency_flows > 0 {
+        if o.tenants.latency > 0 {
             let floor = self.chunk_floor();
             let budget = self.chunk_budget(o.target99).max(floor);
             // A target that moved down takes the chunk with it.
@@ -361,7 +375,8 @@ impl AdaptiveLaw {
                         next = self.whole_packets(chunk / 2).max(floor);
                     } else {
                         self.ceiling = self.fraction;
-                        self.fraction = (self.fraction * RATE_DECREASE).max(Self::floor(o));
+                        self.fraction =
+                            (self.fraction * RATE_DECREASE).max(o.tenants.hungry_share());
                     }
                 } else if self.fraction < 1.0 {
                     // Halfway back toward the rate that last violated, which itself rises
@@ -394,54 +409,78 @@ impl AdaptiveLaw {
     /// driver applies when flows arrive or leave between updates.
     pub fn plan(&self, o: &Observation) -> Plan {
         let c = &self.config;
-        if o.latency_flows == 0 && o.throughput_flows == 0 {
+        let w = &o.tenants;
+        if w.latency == 0 && w.throughput == 0 {
             return Plan {
                 pace_bytes_per_sec: None,
                 chunk_bytes: c.max_chunk_bytes,
                 yields_per_chunk: 0,
                 throughput_share: None,
+                queue_budget: self.queue_budget(o),
             };
         }
         let floor = self.chunk_floor();
-        let (chunk, fraction) = if o.latency_flows > 0 {
+        let (chunk, fraction) = if w.latency > 0 {
             let budget = self.chunk_budget(o.target99).max(floor);
             (
                 self.chunk.unwrap_or(budget).clamp(floor, budget),
-                self.fraction.max(Self::floor(o)),
+                self.fraction.max(w.hungry_share()),
             )
         } else {
             (self.chunk_budget(None).max(floor), 1.0)
         };
-        let left = c
-            .drain_rate_beside(chunk, o.other_bytes_per_sec)
-            .max(c.max_rate_bytes_per_sec * Self::bandwidth_share(o));
+        let left = c.drain_rate_beside(chunk, o.other_bytes_per_sec);
         Plan {
-            pace_bytes_per_sec: Some(c.headroom * fraction * left),
+            pace_bytes_per_sec: Some((c.headroom * fraction * left).max(self.floor_rate(o))),
             chunk_bytes: chunk,
             yields_per_chunk: 0,
             throughput_share: Self::throughput_share(o),
+            queue_budget: self.queue_budget(o),
         }
     }
 
-    /// The throughput flows' share, 1/(L+B+T), while latency flows are present and
-    /// bandwidth flows are there to give way to; `None` otherwise.
-    fn throughput_share(o: &Observation) -> Option<f64> {
-        let all = o.latency_flows + o.bandwidth_flows + o.throughput_flows;
-        (o.latency_flows > 0 && o.bandwidth_flows > 0 && o.throughput_flows > 0)
-            .then(|| 1.0 / f64::from(all))
+    /// The active-queue-pair budget: with C contexts cached on chip, C/(L+B+T) queue pairs
+    /// per unit of a tenant's weight (at least one), each served for one large chunk before
+    /// the next: an equal split of the cache among the tenants, as PeRF bounds each
+    /// application's queue pairs (QNum_allow), so that one tenant's hundreds of queue pairs
+    /// do not evict the others' contexts. `None` without a bounded cache.
+    pub fn queue_budget(&self, o: &Observation) -> Option<(u32, u64)> {
+        let c = &self.config;
+        (c.qp_cache_entries > 0).then(|| {
+            (
+                (c.qp_cache_entries / o.tenants.total().max(1)).max(1),
+                u64::from(c.max_chunk_bytes),
+            )
+        })
     }
 
-    /// The operations/s a throughput flow on `qps` of the throughput flows'
-    /// `throughput_qps` queue pairs is paced at under a plan's `share`: that share of what
-    /// the throughput flows post alone, `min(MaxTput, throughput_qps x one queue pair's
-    /// rate)`, or what its own queue pairs post, if less. Infinite when neither is known
-    /// (not paced).
-    pub fn throughput_ops_per_sec(&self, share: f64, qps: u32, throughput_qps: u32) -> f64 {
+    /// The throughput tenants' share per unit of weight, 1/(L+B+T), while latency flows
+    /// are present and bandwidth flows are there to give way to; `None` otherwise.
+    fn throughput_share(o: &Observation) -> Option<f64> {
+        let w = &o.tenants;
+        (w.latency > 0 && w.bandwidth > 0 && w.throughput > 0).then(|| 1.0 / f64::from(w.total()))
+    }
+
+    /// The operations/s a throughput flow is paced at under a plan's `share`: its tenant,
+    /// of weight `weight` with `tenant_flows` throughput flows present, is paced at `share
+    /// x weight` of what the throughput flows post alone on their `throughput_qps` queue
+    /// pairs, `min(MaxTput, throughput_qps x one queue pair's rate)`, split equally among
+    /// its flows; or the flow at what its own `qps` queue pairs post, if less. Infinite
+    /// when neither is known (not paced).
+    pub fn throughput_ops_per_sec(
+        &self,
+        share: f64,
+        weight: u32,
+        tenant_flows: u32,
+        qps: u32,
+        throughput_qps: u32,
+    ) -> f64 {
         let c = &self.config;
         let class = c
             .max_ops_per_sec
             .min(f64::from(throughput_qps.max(1)) * c.qp_ops_per_sec);
-        (share * class).min(f64::from(qps.max(1)) * c.qp_ops_per_sec)
+        (share * f64::from(weight.max(1)) * class / f64::from(tenant_flows.max(1)))
+            .min(f64::from(qps.max(1)) * c.qp_ops_per_sec)
     }
 
     /// When the law last took feedback.
@@ -455,11 +494,20 @@ mod tests {
     #![allow(clippy::expect_used)]
 
     use super::*;
+    use crate::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
     use proptest::prelude::*;
 
     /// IB-56: 48 Gb/s MaxRate (6e9 B/s), 4 KB MTU, 1 MB chunks without latency flows.
     fn ib56() -> AdaptiveLaw {
         AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)).expect("valid")
+    }
+
+    fn weights(latency: u32, bandwidth: u32, throughput: u32) -> TenantWeights {
+        TenantWeights {
+            latency,
+            bandwidth,
+            throughput,
+        }
     }
 
     fn us(x: f64) -> Duration {
@@ -468,9 +516,7 @@ mod tests {
 
     fn with_latency(target: f64, current: Option<f64>) -> Observation {
         Observation {
-            latency_flows: 1,
-            bandwidth_flows: 1,
-            throughput_flows: 0,
+            tenants: weights(1, 1, 0),
             target99: Some(us(target)),
             current99: current.map(us),
             other_bytes_per_sec: 0.0,
@@ -481,7 +527,7 @@ mod tests {
     fn nothing_to_protect_means_no_pacing_and_large_chunks() {
         let mut law = ib56();
         let o = Observation {
-            bandwidth_flows: 2,
+            tenants: weights(0, 2, 0),
             ..Observation::default()
         };
         let plan = law.update(Duration::ZERO, &o);
@@ -560,13 +606,65 @@ mod tests {
         assert_eq!(step(&mut law).chunk_bytes, 2400);
     }
 
+    /// The final pace keeps the floor: one latency and one bandwidth tenant, violations
+    /// that never end and the latency tenant's messages taking 4 of the 6 GB/s. The fraction
+    /// settles at (B+T)/(L+B+T) = 1/2 and 2 GB/s is left, so headroom x fraction x left is
+    /// 0.975 GB/s (before, with what is left floored at half of MaxRate on its own, 1.46
+    /// GB/s, 0.244 of MaxRate); the sharing-incentive floor B/(L+B+T) x MaxRate is 3 GB/s,
+    /// and the stream is paced at it.
+    #[test]
+    fn the_final_pace_never_drops_below_the_sharing_floor() {
+        let mut law = ib56();
+        let mut bad = with_latency(2.4, Some(3.0));
+        bad.other_bytes_per_sec = 4e9;
+        let mut pace = 0.0;
+        for i in 0..60 {
+            pace = law
+                .update(us(500.0 * f64::from(i)), &bad)
+                .pace_bytes_per_sec
+                .expect("paced");
+        }
+        assert!((law.fraction() - 0.5).abs() < 1e-12, "{}", law.fraction());
+        assert!((pace - 3e9).abs() < 1.0, "{pace}");
+        // Sixteen bandwidth flows of one tenant count as one: the floor stays a half.
+        let flows: Vec<FlowSpec> = std::iter::once(FlowClass::Latency)
+            .chain(std::iter::repeat_n(FlowClass::Bandwidth, 16))
+            .enumerate()
+            .map(|(i, class)| FlowSpec {
+                id: FlowId(i as u64),
+                tenant: TenantId(u64::from(class == FlowClass::Bandwidth)),
+                class,
+                weight: Weight::ONE,
+            })
+            .collect();
+        bad.tenants = TenantWeights::of(&flows);
+        assert!((law.floor_rate(&bad) - 3e9).abs() < 1.0);
+    }
+
+    /// The queue budget: 256 contexts among a latency tenant and two bandwidth tenants is
+    /// 85 queue pairs per unit of weight, each for one 1 MB chunk; none without a cache.
+    #[test]
+    fn a_bounded_context_cache_gives_each_tenant_a_queue_budget() {
+        let config = AdaptiveConfig {
+            qp_cache_entries: 256,
+            ..AdaptiveConfig::for_rnic(12e9, 4096, 1 << 20)
+        };
+        let law = AdaptiveLaw::new(config).expect("valid");
+        let o = Observation {
+            tenants: weights(1, 2, 0),
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        assert_eq!(law.plan(&o).queue_budget, Some((85, 1 << 20)));
+        assert_eq!(ib56().plan(&o).queue_budget, None);
+    }
+
     /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.
     #[test]
     fn throughput_flows_alone_are_protected_by_one_packet_chunks() {
         let mut law = ib56();
         let o = Observation {
-            bandwidth_flows: 1,
-            throughput_flows: 1,
+            tenants: weights(0, 1, 1),
             other_bytes_per_sec: 0.5e9,
             ..Observation::default()
         };
@@ -581,7 +679,8 @@ mod tests {
     /// Mops/s a queue pair, one throughput flow on one queue pair beside one latency and
     /// one bandwidth flow at 5.5/2 with a share of a half; in 8 + 8 + 8 flows of one queue
     /// pair each (MaxTput binds) at 30/24; a flow on one of ten queue pairs at 5.5 (its
-    /// own queue pair binds); without latency or bandwidth flows they are not paced.
+    /// own queue pair binds); by tenant, a tenant's share split among its flows; without
+    /// latency or bandwidth flows they are not paced.
     #[test]
     fn throughput_flows_beside_bandwidth_flows_are_paced_at_their_equal_share() {
         let config = AdaptiveConfig {
@@ -591,9 +690,7 @@ mod tests {
         };
         let mut law = AdaptiveLaw::new(config).expect("valid");
         let mix = Observation {
-            latency_flows: 8,
-            bandwidth_flows: 8,
-            throughput_flows: 8,
+            tenants: weights(8, 8, 8),
             target99: Some(us(2.0)),
             ..Observation::default()
         };
@@ -602,31 +699,33 @@ mod tests {
             .throughput_share
             .expect("paced");
         assert!((share - 1.0 / 24.0).abs() < 1e-12, "{share}");
-        let one = law.throughput_ops_per_sec(share, 1, 8);
+        let one = law.throughput_ops_per_sec(share, 1, 1, 1, 8);
         assert!((one - 30e6 / 24.0).abs() < 1e-6, "{one}");
-        let own = law.throughput_ops_per_sec(0.5, 1, 10);
+        // A tenant of weight 2 with four of the eight throughput flows: 2/24 of 30 Mops/s
+        // for the tenant, a quarter of it each.
+        let tenant = law.throughput_ops_per_sec(share, 2, 4, 1, 8);
+        assert!((tenant - 30e6 / 48.0).abs() < 1e-6, "{tenant}");
+        let own = law.throughput_ops_per_sec(0.5, 1, 1, 1, 10);
         assert!((own - 5.5e6).abs() < 1e-6, "{own}");
         let one_each = Observation {
-            latency_flows: 1,
-            bandwidth_flows: 1,
-            throughput_flows: 1,
+            tenants: weights(1, 1, 1),
             target99: Some(us(2.0)),
             ..Observation::default()
         };
         assert_eq!(law.plan(&one_each).throughput_share, Some(1.0 / 3.0));
         let no_latency = Observation {
-            latency_flows: 0,
+            tenants: weights(0, 1, 1),
             ..one_each
         };
         assert_eq!(law.plan(&no_latency).throughput_share, None);
-        let alone = law.throughput_ops_per_sec(0.5, 1, 1);
+        let alone = law.throughput_ops_per_sec(0.5, 1, 1, 1, 1);
         assert!((alone - 2.75e6).abs() < 1e-6, "{alone}");
         let no_bandwidth = Observation {
-            bandwidth_flows: 0,
+            tenants: weights(8, 0, 8),
             ..mix
         };
         assert_eq!(law.plan(&no_bandwidth).throughput_share, None);
-        assert!(ib56().throughput_ops_per_sec(0.5, 1, 1).is_infinite());
+        assert!(ib56().throughput_ops_per_sec(0.5, 1, 1, 1, 1).is_infinite());
         let refused = AdaptiveConfig {
             qp_ops_per_sec: 0.0,
             ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
@@ -669,7 +768,7 @@ mod tests {
         };
         let mut law = AdaptiveLaw::new(config).expect("valid");
         let mut bad = with_latency(2.4, Some(3.0));
-        bad.bandwidth_flows = 4;
+        bad.tenants.bandwidth = 4;
         let chunks: Vec<u32> = (0..3)
             .map(|i| law.update(us(500.0 * f64::from(i)), &bad).chunk_bytes)
             .collect();
@@ -706,9 +805,9 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the history, the plan keeps the bandwidth flows at or above their
-        /// sharing floor of what is left, below the drain rate, and the chunk within its
-        /// bounds; the budget's one-chunk wait fits the target's slack.
+        /// Whatever the history, the plan paces the bandwidth flows at or above their
+        /// sharing-incentive floor, below the drain rate unless the floor needs more, and
+        /// the chunk within its bounds; the budget's one-chunk wait fits the target's slack.
         #[test]
         fn plans_stay_within_their_bounds(
             steps in proptest::collection::vec((0u32..4, 0u32..8, 0u32..4, 0.5f64..20.0, proptest::option::of(0.5f64..40.0), 0.0f64..7e9), 1..60),
@@ -716,9 +815,7 @@ mod tests {
             let mut law = ib56();
             for (i, (l, b, t, target, current, other)) in steps.into_iter().enumerate() {
                 let o = Observation {
-                    latency_flows: l,
-                    bandwidth_flows: b,
-                    throughput_flows: t,
+                    tenants: weights(l, b, t),
                     target99: Some(us(target)),
                     current99: current.map(us),
                     other_bytes_per_sec: other,
@@ -726,12 +823,12 @@ mod tests {
                 let plan = law.update(us(500.0 * i as f64), &o);
                 prop_assert!(plan.chunk_bytes >= 512 && plan.chunk_bytes <= 1 << 20);
                 if let Some(pace) = plan.pace_bytes_per_sec {
+                    // The final rate against the floor B/(L+B+T) x MaxRate, and never above
+                    // the headroom of what the others leave unless the floor needs it.
                     let all = f64::from(l + b + t);
-                    let floor = if all > 0.0 { f64::from(b + t) / all } else { 1.0 };
-                    let share = if all > 0.0 { f64::from(b) / all } else { 1.0 };
-                    let left = (6e9 - other).max(6e9 * share);
-                    prop_assert!(pace <= 0.975 * left + 1e-3);
-                    prop_assert!(pace >= 0.975 * floor * share * 6e9 - 1e-3);
+                    let floor = if all > 0.0 { f64::from(b) / all } else { 1.0 } * 6e9;
+                    prop_assert!(pace >= floor - 1e-3, "pace {} under the floor {}", pace, floor);
+                    prop_assert!(pace <= (0.975 * (6e9 - other).max(0.0)).max(floor) + 1e-3);
                 }
                 if l > 0 {
                     let slack = us(target).as_secs_f64() / 6.0;

@@ -27,11 +27,13 @@
 //! | [`model_profile`] | the calibrated parameters of each RNIC (`profiles/*.toml`) |
 //! | [`scenario`] | experiments as TOML (`scenarios/*.toml`) |
 //! | [`metrics`], [`report`] | percentiles, rates, utilisation, fairness |
+//! | [`fairness`] | each tenant's rate against its tenant-fair share (the comparison suite) |
 //! | [`series`] | rates and control-loop state over time |
 
 pub mod app;
 pub mod engine;
 mod event;
+pub mod fairness;
 pub mod ids;
 pub mod link;
 pub mod metrics;

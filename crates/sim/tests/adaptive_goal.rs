@@ -1,9 +1,10 @@
 //! `adaptive` against its goal on the comparison suite (`scenarios/suite-*.toml`): every
 //! latency flow's p99 within x1.2 of its alone p99, the bandwidth flows together at 95% of
-//! their alone goodput or more, and every flow at or above its sharing-incentive floor
-//! (its alone rate times the flows of its class over all flows of the run: what an equal
-//! split of the RNIC among every flow leaves it). The bands are the goal's, not the
-//! model's output.
+//! their alone goodput or more, and every tenant at or above its tenant-fair share (what a
+//! weighted equal split of the RNIC among the run's tenants leaves it, or its alone figure
+//! when smaller; `justitia_sim::fairness`; a flow is a tenant of its own unless the
+//! scenario says). The bands are the goal's, not the model's output. On every workload,
+//! goal met or not, every tenant keeps 0.8 of its tenant-fair share.
 //!
 //! Where the goal cannot be met, a known-miss entry gives the bound, computed from the
 //! profile's parameters and the alone runs (references, not runs of the policy under
@@ -17,12 +18,15 @@ mod common;
 
 use common::experiment;
 use justitia_core::flow::FlowClass;
+use justitia_sim::fairness;
 use justitia_sim::{Experiment, ModelProfile, RunReport, ScenarioReport};
 
 /// The goal's latency band.
 const BAND: f64 = 1.2;
 /// The goal's bandwidth floor.
 const BANDWIDTH: f64 = 0.95;
+/// What every tenant keeps of its tenant-fair share on every workload.
+const TENANT_FAIR: f64 = 0.8;
 /// A measured rate within 2% of its floor keeps it (finite windows).
 const FLOOR_SLACK: f64 = 0.98;
 /// How far a pinned known-miss figure may move before the entry fails.
@@ -35,7 +39,8 @@ struct Outcome {
     latency_x: Option<f64>,
     /// Bandwidth flows' goodput together over theirs alone.
     bandwidth: f64,
-    /// Lowest ratio of a flow's rate to its sharing-incentive floor.
+    /// Lowest ratio of a tenant's rate to its tenant-fair share (`justitia_sim::fairness`;
+    /// a flow is a tenant of its own unless the scenario says).
     floor_ratio: f64,
     /// Throughput flows' messages/s together alone, and their count.
     throughput_alone: Option<(f64, usize)>,
@@ -61,67 +66,53 @@ fn run_adaptive(mut e: Experiment) -> ScenarioReport {
     e.run().expect("runs")
 }
 
-fn rate(class: FlowClass, gbps: f64, msgs: f64) -> f64 {
-    if class == FlowClass::Bandwidth {
-        gbps
-    } else {
-        msgs
-    }
-}
-
-fn outcome(report: &ScenarioReport, policy_run: &str) -> Outcome {
-    let alone: Vec<&RunReport> = report
-        .runs
-        .iter()
-        .filter(|r| r.variant.starts_with("alone"))
-        .collect();
+fn outcome(e: &Experiment, report: &ScenarioReport, policy_run: &str) -> Outcome {
     let run = report.run(policy_run).expect("policy run");
     let mut latency_x: Option<f64> = None;
-    let (mut bw_now, mut bw_alone) = (0.0, 0.0);
-    let mut tput_alone = (0.0, 0);
-    let mut floor_ratio = f64::INFINITY;
-    for f in &run.flows {
-        let (base, peers) = alone
+    for f in run.flows.iter().filter(|f| f.class == FlowClass::Latency) {
+        let base = report
+            .runs
             .iter()
-            .find_map(|r| {
-                r.flow(&f.name)
-                    .map(|b| (b, r.flows.iter().filter(|g| g.class == b.class).count()))
-            })
+            .filter(|r| r.variant.starts_with("alone"))
+            .find_map(|r| r.flow(&f.name))
             .expect("every flow has an alone run");
         if let (Some(now), Some(then)) = (f.latency, base.latency) {
-            if f.class == FlowClass::Latency {
-                let x = now.p99_us / then.p99_us;
-                latency_x = Some(latency_x.map_or(x, |w: f64| w.max(x)));
-            }
-        }
-        let here = rate(f.class, f.gbps, f.msgs_per_sec);
-        let there = rate(base.class, base.gbps, base.msgs_per_sec);
-        floor_ratio = floor_ratio.min(here / (there * peers as f64 / run.flows.len() as f64));
-        match f.class {
-            FlowClass::Bandwidth => {
-                bw_now += f.gbps;
-                bw_alone += base.gbps;
-            }
-            FlowClass::Throughput => {
-                tput_alone.0 += base.msgs_per_sec;
-                tput_alone.1 += 1;
-            }
-            FlowClass::Latency => {}
+            let x = now.p99_us / then.p99_us;
+            latency_x = Some(latency_x.map_or(x, |w: f64| w.max(x)));
         }
     }
+    let capacity = fairness::capacity(report);
+    let total = |class| -> f64 {
+        run.flows
+            .iter()
+            .filter(|f| f.class == class)
+            .map(|f| fairness::rate(class, f.gbps, f.msgs_per_sec))
+            .sum()
+    };
+    let shares = fairness::tenant_shares(report, run, &fairness::tenants(&e.scenario));
+    let throughput: Vec<_> = shares
+        .iter()
+        .filter(|s| s.class == FlowClass::Throughput)
+        .collect();
+    let bandwidth_alone = capacity.get(&FlowClass::Bandwidth).copied().unwrap_or(0.0);
     Outcome {
         latency_x,
-        bandwidth: bw_now / bw_alone,
-        floor_ratio,
-        throughput_alone: (tput_alone.1 > 0).then_some(tput_alone),
-        bandwidth_alone: bw_alone,
+        bandwidth: total(FlowClass::Bandwidth) / bandwidth_alone,
+        floor_ratio: shares
+            .iter()
+            .map(|s| s.ratio())
+            .fold(f64::INFINITY, f64::min),
+        throughput_alone: (!throughput.is_empty())
+            .then(|| (throughput.iter().map(|s| s.alone).sum(), throughput.len())),
+        bandwidth_alone,
         flows: run.flows.len(),
     }
 }
 
 fn suite(name: &str) -> Outcome {
-    let report = run_adaptive(experiment(&format!("suite-{name}")));
-    let o = outcome(&report, "adaptive");
+    let e = experiment(&format!("suite-{name}"));
+    let report = run_adaptive(e.clone());
+    let o = outcome(&e, &report, "adaptive");
     eprintln!("{name}: {o:?}");
     o
 }
@@ -139,6 +130,9 @@ fn the_goal_holds_on_these_workloads() {
         "dapp-vs-bapp-roce40",
         "tput-vs-bw-ib56",
         "mapp-vs-bapp-ib56",
+        // Tenants that differ in applications and queue pairs.
+        "1app-vs-16apps-roce100",
+        "2qps-vs-64qps-roce100",
     ] {
         let o = suite(name);
         if !o.meets_goal() {
@@ -178,12 +172,12 @@ fn known_misses_bounded_by_the_throughput_flows_floor_on_the_wire() {
         // keep about 60%, under the wire's bound (about 75%), and over their own floor
         // (8/24). Before the throughput flows were paced they kept 28% and 22%, under it.
         ("mix-8-8-8-roce100", 0.605, Some(1.298)),
-        ("mix-8-8-8-roce40", 0.607, Some(1.486)),
+        ("mix-8-8-8-roce40", 0.603, Some(1.407)),
     ];
     let mut moved = Vec::new();
     for (name, bandwidth, latency_x) in cases {
         let e = experiment(&format!("suite-{name}"));
-        let o = outcome(&run_adaptive(e.clone()), "adaptive");
+        let o = outcome(&e, &run_adaptive(e.clone()), "adaptive");
         let bound = throughput_wire_bound(&e, &o);
         eprintln!("{name}: bound {bound:.3}, measured {o:?}");
         assert!(
@@ -238,14 +232,14 @@ fn mean_service(p: &ModelProfile, c: u32) -> f64 {
 fn ib56_latency_workloads_miss_by_the_payload_reads_jitter() {
     let cases = [
         ("lat-vs-1bw-ib56", 0.825, 1.226),
-        ("lat-vs-4bw-ib56", 0.832, 1.229),
+        ("lat-vs-4bw-ib56", 0.840, 1.267),
         ("dapp-vs-bapp-ib56", 0.815, 1.231),
     ];
     let mut moved = Vec::new();
     for (name, bandwidth, latency_x) in cases {
         let e = experiment(&format!("suite-{name}"));
         let report = run_adaptive(e.clone());
-        let o = outcome(&report, "adaptive");
+        let o = outcome(&e, &report, "adaptive");
         let alone_p99 = report
             .runs
             .iter()
@@ -294,7 +288,7 @@ fn ib56_latency_workloads_miss_by_the_payload_reads_jitter() {
 #[test]
 fn roce100_throughput_miss_lies_within_the_headroom_of_the_wire_bound() {
     let e = experiment("suite-tput-vs-bw-roce100");
-    let o = outcome(&run_adaptive(e.clone()), "adaptive");
+    let o = outcome(&e, &run_adaptive(e.clone()), "adaptive");
     let bound = throughput_wire_bound(&e, &o);
     let headroom = justitia_core::adaptive::DEFAULT_HEADROOM;
     eprintln!(
@@ -332,7 +326,7 @@ fn roce100_throughput_miss_lies_within_the_headroom_of_the_wire_bound() {
 fn ib56_mix_misses_with_every_lever_at_its_floor() {
     let e = experiment("suite-mix-8-8-8-ib56");
     let report = run_adaptive(e.clone());
-    let o = outcome(&report, "adaptive");
+    let o = outcome(&e, &report, "adaptive");
     let figures = &report
         .runs
         .iter()
@@ -431,8 +425,9 @@ fn the_goal_holds_across_sizes_queue_pairs_and_mtus_on_roce100() {
     ];
     let mut failed = Vec::new();
     for (size, qps, mtu) in points {
-        let report = sweep_point(size, qps, mtu).run().expect("runs");
-        let o = outcome(&report, "adaptive");
+        let e = sweep_point(size, qps, mtu);
+        let report = e.run().expect("runs");
+        let o = outcome(&e, &report, "adaptive");
         eprintln!("{size} x {qps} QPs, MTU {mtu}: {o:?}");
         if !o.meets_goal() {
             failed.push(format!("{size} x {qps} QPs, MTU {mtu}: {o:?}"));
@@ -538,5 +533,135 @@ unattainable_after_ms = 0
     assert!(
         during < 0.99 * alone_bw,
         "not paced while the latency flow ran: {during:.2}"
+    );
+}
+
+/// A tenant's goodput in a run: its flows' Gb/s together (copies `name#n` included).
+fn tenant_gbps(run: &RunReport, flow: &str) -> f64 {
+    run.flows
+        .iter()
+        .filter(|f| f.name == flow || f.name.starts_with(&format!("{flow}#")))
+        .map(|f| f.gbps)
+        .sum()
+}
+
+/// Tenant A with one 1 MB application, tenant B with sixteen (`suite-1app-vs-16apps-roce100`),
+/// without and with a latency tenant: by tenant, each keeps half of the link (A's goodput
+/// alone) within the goal's 95%, where counting flows would leave A one seventeenth.
+/// Without the latency tenant nothing is paced, so this is the round robin and the shaper's
+/// window alone; with it, the stream paced for the latency tenant's tail.
+#[test]
+fn one_application_against_sixteen_keeps_half_the_link() {
+    let mut e = experiment("suite-1app-vs-16apps-roce100");
+    let adaptive = e
+        .scenario
+        .variants
+        .iter()
+        .find(|v| v.name == "adaptive")
+        .cloned()
+        .expect("an adaptive variant");
+    let mut bandwidth_only = adaptive.clone();
+    bandwidth_only.name = "adaptive, no latency tenant".into();
+    bandwidth_only.flows = Some(vec!["A".into(), "B".into()]);
+    e.scenario.variants.retain(|v| v.name == "alone A");
+    e.scenario.variants.push(adaptive);
+    e.scenario.variants.push(bandwidth_only);
+    let report = e.run().expect("runs");
+    let link = tenant_gbps(report.run("alone A").expect("alone A"), "A");
+    let mut short = Vec::new();
+    for variant in ["adaptive, no latency tenant", "adaptive"] {
+        let run = report.run(variant).expect("run");
+        let (a, b) = (tenant_gbps(run, "A"), tenant_gbps(run, "B"));
+        eprintln!("{variant}: A {a:.2} Gb/s, B {b:.2} Gb/s of {link:.2}");
+        for (tenant, gbps) in [("A", a), ("B", b)] {
+            if gbps < 0.5 * BANDWIDTH * link {
+                short.push(format!("{variant}: tenant {tenant} {gbps:.2} Gb/s"));
+            }
+        }
+    }
+    assert!(
+        short.is_empty(),
+        "under half of 95% of {link:.2}: {short:?}"
+    );
+}
+
+/// Every workload of the suite, met or missed: each tenant keeps 0.8 of its tenant-fair
+/// share under `adaptive`, but for the READ requester beside a SEND tenant (pinned in
+/// [`tenant_workloads_known_misses`]).
+#[test]
+fn every_tenant_keeps_most_of_its_fair_share_on_every_workload() {
+    let dir = common::scenarios_dir();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("scenarios")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|f| Some(f.strip_prefix("suite-")?.strip_suffix(".toml")?.to_string()))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 22, "{names:?}");
+    let short: Vec<String> = names
+        .iter()
+        .map(|name| (name, suite(name)))
+        // The known miss below (one stream for two send paths).
+        .filter(|(name, o)| o.floor_ratio < TENANT_FAIR && *name != "read-beside-send-roce100")
+        .map(|(name, o)| format!("{name}: {o:?}"))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "tenants under 0.8 of fair:\n{}",
+        short.join("\n")
+    );
+}
+
+/// Known misses among the tenant workloads, pinned within 3%: the measured bandwidth (of
+/// what the class reaches natively with both tenants) and latency multiple.
+///
+/// - `read-beside-send`: tenant A's READs bring data from the other host, so they do not
+///   use this host's send path, yet they are paced in its one stream and given half of it:
+///   the SEND tenant is held to about half of the link it could have whole, 0.72 of its
+///   tenant-fair share, the one tenant under 0.8 on any workload. Left unpaced, the READ
+///   responses fill the other host's transmitter, where the latency flow's ACKs wait
+///   (x2.3 of alone): the READs need a stream of their own, paced for the responder's
+///   send path, not none. Bound: the stream's rate, at most what the link drains, shared
+///   by two tenants, leaves the two together at most half of what they reach natively
+///   (each its own link).
+/// - `4qps-vs-512qps-roce100qpc`: tenant B has 512 queue pairs, twice the 256 contexts
+///   the RNIC holds. Dealt chunk by chunk round all of them, nearly every chunk waited for
+///   a context read (x1.40 / 66%); with the queue budget (85 queue pairs a tenant, each
+///   served for 1 MB before the next) x1.21 / 91%, just outside the goal; no bound
+///   derived yet.
+#[test]
+fn tenant_workloads_known_misses() {
+    let cases: [(&str, f64, f64, Option<f64>); 2] = [
+        ("read-beside-send-roce100", 0.48, 1.13, Some(0.5)),
+        ("4qps-vs-512qps-roce100qpc", 0.91, 1.208, None),
+    ];
+    let mut moved = Vec::new();
+    for (name, bandwidth, latency_x, bound) in cases {
+        let o = suite(name);
+        assert!(!o.meets_goal(), "{name} now meets the goal: move it there");
+        if name.starts_with("read-beside-send") {
+            assert!(
+                (o.floor_ratio - 0.72).abs() <= PIN,
+                "{name}: the SEND tenant's share of fair moved: {o:?}"
+            );
+        }
+        if let Some(bound) = bound {
+            assert!(
+                o.bandwidth <= bound + 0.01,
+                "{name}: {:.3} beats the bound {bound}",
+                o.bandwidth
+            );
+        }
+        if (o.bandwidth - bandwidth).abs() > PIN
+            || o.latency_x
+                .is_some_and(|x| (x / latency_x - 1.0).abs() > PIN)
+        {
+            moved.push(format!("{name}: now {o:?}"));
+        }
+    }
+    assert!(
+        moved.is_empty(),
+        "pinned figures moved:\n{}",
+        moved.join("\n")
     );
 }

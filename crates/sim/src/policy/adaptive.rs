@@ -20,10 +20,19 @@
 //!   new counts is applied at once. The plan goes to a [`ChunkShaper`]: one stream of
 //!   chunks for all bandwidth flows of the host, round robin over their queue pairs, paced
 //!   by the core's [`Pacer`] (the one enforcement algorithm) at the plan's total rate.
-//!   Without pacing, requests go whole, as posted.
+//!   Which queue pair the next chunk comes from is the core's [`TenantRoundRobin`]: by
+//!   tenant and weight, then among the tenant's own flows and queue pairs, so a tenant's
+//!   share does not grow with its applications or queue pairs. Without pacing, chunks are
+//!   the plan's large ones and the shaper keeps at most two of them on the RNIC (far more
+//!   than the link's bandwidth-delay product, so the link stays busy): the RNIC serves its
+//!   queue pairs in turn, and only what the shaper holds back lets the round robin, not the
+//!   number of queue pairs, decide the tenants' shares.
+//! - **Tenants.** The law is told L, B and T as weighted tenant counts (the core's
+//!   [`TenantWeights`] of the flows present).
 //! - **Throughput flows.** When the plan paces them by operations, each throughput flow's
 //!   requests go through a [`PacedShaper`] (the same enforcement the `justitia` policy
-//!   uses) at the plan's operations/s; otherwise they pass as posted.
+//!   uses) at the plan's operations/s for its tenant, split among the tenant's throughput
+//!   flows; otherwise they pass as posted.
 //!
 //! No hardware classes, no change to applications: chunks are ordinary WRITEs of the
 //! application's own buffers, and the application hears of a message when its last chunk
@@ -33,9 +42,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::adaptive::{
-    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
+    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, TenantRoundRobin,
+    TenantWeights,
 };
-use justitia_core::flow::{FlowClass, FlowId};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 use justitia_core::pacer::{PaceRate, Pacer};
 
 use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
@@ -56,6 +66,9 @@ const PACE_TIMER: u64 = 1 << 61;
 /// Chunks one queue pair may have on the RNIC: enough for the bandwidth-delay product of
 /// a 100 Gb/s link with chunks of a few KB, so that pacing, not the window, sets the rate.
 const WINDOW_CHUNKS: u32 = 64;
+
+/// Chunks of the plan's size the shaper keeps on the RNIC while not pacing.
+const UNPACED_WINDOW_CHUNKS: u64 = 2;
 
 /// Why the `adaptive` policy could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -85,8 +98,12 @@ struct ShapedQp {
 /// What a request the shaper handed to the RNIC stands for.
 #[derive(Clone, Copy)]
 enum Handed {
-    /// A chunk; `last` ends the application's message.
-    Chunk { app_tag: u64, last: bool },
+    /// A chunk of `bytes`; `last` ends the application's message.
+    Chunk {
+        app_tag: u64,
+        bytes: u64,
+        last: bool,
+    },
     /// A zero-length yield.
     Yield,
 }
@@ -94,8 +111,12 @@ enum Handed {
 /// The host's bandwidth flows as one paced stream of chunks.
 pub struct ChunkShaper {
     qps: BTreeMap<QpId, ShapedQp>,
-    /// The queue pair served last, for round robin.
-    last: Option<QpId>,
+    /// Which queue pair's chunk goes next.
+    order: TenantRoundRobin<QpId>,
+    /// The queue pair picked whose chunk the pacer has not let go yet: it goes first.
+    held: Option<QpId>,
+    /// Bytes of chunks on the RNIC.
+    in_flight_bytes: u64,
     plan: Plan,
     pacer: Option<Pacer>,
     timer_at: Option<Picos>,
@@ -107,19 +128,28 @@ pub struct ChunkShaper {
 
 impl ChunkShaper {
     fn new(flows: &[FlowInfo]) -> Self {
-        let qps = flows
+        let mut order = TenantRoundRobin::new();
+        let mut qps = BTreeMap::new();
+        for f in flows
             .iter()
             .filter(|f| f.spec.class == FlowClass::Bandwidth)
-            .flat_map(|f| f.qps.iter().map(|&qp| (qp, ShapedQp::default())))
-            .collect();
+        {
+            for &qp in &f.qps {
+                qps.insert(qp, ShapedQp::default());
+                order.insert(&f.spec, qp);
+            }
+        }
         ChunkShaper {
             qps,
-            last: None,
+            order,
+            held: None,
+            in_flight_bytes: 0,
             plan: Plan {
                 pace_bytes_per_sec: None,
                 chunk_bytes: u32::MAX,
                 yields_per_chunk: 0,
                 throughput_share: None,
+                queue_budget: None,
             },
             pacer: None,
             timer_at: None,
@@ -159,6 +189,8 @@ impl ChunkShaper {
             }
             None => self.pacer = None,
         }
+        self.order.set_quantum(u64::from(plan.chunk_bytes.max(1)));
+        self.order.set_queue_budget(plan.queue_budget);
         self.plan = plan;
         self.pump(ctx);
     }
@@ -177,10 +209,15 @@ impl ChunkShaper {
     /// A completion on a shaped queue pair: true if it was one of the shaper's.
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) -> bool {
         match self.handed.remove(&(qp, tag)) {
-            Some(Handed::Chunk { app_tag, last }) => {
+            Some(Handed::Chunk {
+                app_tag,
+                bytes,
+                last,
+            }) => {
                 if let Some(entry) = self.qps.get_mut(&qp) {
                     entry.in_flight = entry.in_flight.saturating_sub(1);
                 }
+                self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
                 if last {
                     ctx.complete(qp, app_tag);
                 }
@@ -199,40 +236,52 @@ impl ChunkShaper {
         self.pump(ctx);
     }
 
-    /// The next queue pair after the last served, round robin, with a message waiting and
-    /// room in its window.
-    fn next_qp(&self, window: u32) -> Option<QpId> {
-        let eligible = |(_, e): &(&QpId, &ShapedQp)| !e.pending.is_empty() && e.in_flight < window;
-        let after = self.last.map_or(0, |q| q.0.saturating_add(1));
-        self.qps
-            .range(QpId(after)..)
-            .find(eligible)
-            .or_else(|| self.qps.iter().find(eligible))
-            .map(|(&qp, _)| qp)
+    /// The next piece of a message of `remaining` bytes: its rest in equal pieces of at
+    /// most a chunk, so that a 4 KB message with 4000 B chunks goes as two of 2 KB, not
+    /// 4000 B and a 96 B tail that costs a whole packet's headers.
+    fn piece(remaining: u64, chunk_bytes: u64) -> u64 {
+        let pieces = remaining.div_ceil(chunk_bytes).max(1);
+        remaining.div_ceil(pieces)
+    }
+
+    /// The queue pair whose chunk goes next: the one held for the pacer, else the round
+    /// robin's pick among those with a message waiting and room in their window.
+    fn next_qp(&mut self, window: u32, chunk_bytes: u64) -> Option<QpId> {
+        let qps = &self.qps;
+        let ready = |qp: QpId| {
+            qps.get(&qp)
+                .filter(|e| e.in_flight < window)
+                .and_then(|e| e.pending.front())
+                .map(|head| Self::piece(head.remaining, chunk_bytes))
+        };
+        if let Some(qp) = self.held.take().filter(|&qp| ready(qp).is_some()) {
+            return Some(qp);
+        }
+        self.order.pick(ready)
     }
 
     /// Hands the RNIC what the plan allows.
     fn pump(&mut self, ctx: &mut PolicyContext<'_>) {
-        let window = if self.pacer.is_some() {
-            WINDOW_CHUNKS
+        let chunk_bytes = u64::from(self.plan.chunk_bytes.max(1));
+        let (window, bytes_window) = if self.pacer.is_some() {
+            (WINDOW_CHUNKS, u64::MAX)
         } else {
-            u32::MAX
+            (u32::MAX, UNPACED_WINDOW_CHUNKS.saturating_mul(chunk_bytes))
         };
-        while let Some(qp) = self.next_qp(window) {
-            let chunk_bytes = u64::from(self.plan.chunk_bytes.max(1));
+        while self.in_flight_bytes < bytes_window {
+            let Some(qp) = self.next_qp(window, chunk_bytes) else {
+                return;
+            };
             let Some(entry) = self.qps.get_mut(&qp) else {
                 return;
             };
             let Some(head) = entry.pending.front_mut() else {
                 return;
             };
-            // The message's rest in equal pieces of at most a chunk: a 4 KB message with
-            // 4000 B chunks goes as two of 2 KB, not 4000 B and a 96 B tail that costs a
-            // whole packet's headers.
-            let pieces = head.remaining.div_ceil(chunk_bytes).max(1);
-            let bytes = head.remaining.div_ceil(pieces);
+            let bytes = Self::piece(head.remaining, chunk_bytes);
             if let Some(pacer) = &mut self.pacer {
                 if let Err(wait) = pacer.try_release(core_time(ctx.now()), bytes, 1) {
+                    self.held = Some(qp);
                     let at = ctx.now() + time::from_ns(wait.as_nanos() as f64);
                     if self.timer_at.is_none_or(|t| t > at || t < ctx.now()) {
                         self.timer_at = Some(at);
@@ -247,8 +296,15 @@ impl ChunkShaper {
                 entry.pending.pop_front();
             }
             entry.in_flight += 1;
-            self.last = Some(qp);
-            let tag = self.hand(qp, Handed::Chunk { app_tag, last });
+            self.in_flight_bytes += bytes;
+            let tag = self.hand(
+                qp,
+                Handed::Chunk {
+                    app_tag,
+                    bytes,
+                    last,
+                },
+            );
             self.chunks += 1;
             ctx.post(
                 qp,
@@ -298,8 +354,8 @@ pub struct AdaptivePolicy {
     header_bytes: f64,
     /// Class of each flow's queue pairs that the policy does not shape.
     watched: BTreeMap<QpId, FlowClass>,
-    /// Present flows by class.
-    present: BTreeMap<u64, FlowClass>,
+    /// Present flows.
+    present: BTreeMap<u64, FlowSpec>,
     /// Post times of the latency flows' requests on the RNIC, by (queue pair, tag).
     posted_at: BTreeMap<(QpId, u64), Picos>,
     /// Latency samples (us) since the last fed period.
@@ -336,6 +392,7 @@ impl AdaptivePolicy {
             max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
             max_ops_per_sec: profile.policy.max_ops_per_sec(),
             qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
+            qp_cache_entries: profile.rnic.qp_cache_entries,
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
@@ -367,11 +424,8 @@ impl AdaptivePolicy {
     }
 
     fn observation(&self, current99: Option<Duration>) -> Observation {
-        let count = |class| self.present.values().filter(|&&c| c == class).count() as u32;
         Observation {
-            latency_flows: count(FlowClass::Latency),
-            bandwidth_flows: count(FlowClass::Bandwidth),
-            throughput_flows: count(FlowClass::Throughput),
+            tenants: TenantWeights::of(self.present.values()),
             target99: self.driver.control.target().value,
             current99,
             other_bytes_per_sec: self.other_rate,
@@ -406,13 +460,25 @@ impl AdaptivePolicy {
                 .filter(|(id, _)| self.present.contains_key(id))
                 .map(|(_, &q)| q)
                 .sum();
-            for (&id, &qps) in &self.throughput_qps {
-                if !self.present.contains_key(&id) {
-                    continue;
+            // Each throughput tenant's weight and its throughput flows present.
+            let mut tenants: BTreeMap<TenantId, (u32, u32)> = BTreeMap::new();
+            for spec in self.present.values() {
+                if spec.class == FlowClass::Throughput {
+                    let t = tenants.entry(spec.tenant).or_insert((0, 0));
+                    *t = (t.0.max(spec.weight.get()), t.1 + 1);
                 }
+            }
+            for (&id, &qps) in &self.throughput_qps {
+                let Some(spec) = self.present.get(&id) else {
+                    continue;
+                };
+                let (weight, flows) = tenants.get(&spec.tenant).copied().unwrap_or((1, 1));
                 let ops = plan
                     .throughput_share
-                    .map(|share| self.law.throughput_ops_per_sec(share, qps, present_qps))
+                    .map(|share| {
+                        self.law
+                            .throughput_ops_per_sec(share, weight, flows, qps, present_qps)
+                    })
                     .filter(|ops| ops.is_finite());
                 let rate = ops.map(|ops| PaceRate {
                     bytes_per_sec: self.wire_bytes_per_sec,
@@ -492,7 +558,7 @@ impl Policy for AdaptivePolicy {
                 .driver
                 .control
                 .set_flow_active(core_time(ctx.now()), flow.spec.id, true);
-            self.present.insert(flow.spec.id.0, flow.spec.class);
+            self.present.insert(flow.spec.id.0, flow.spec);
         } else {
             self.present.remove(&flow.spec.id.0);
         }

@@ -1,0 +1,496 @@
+//! Tenants in `adaptive`: how they count, and how the bandwidth stream is split among them.
+//!
+//! **Counting.** As in Justitia's loop, a tenant counts once in each class in which it has
+//! flows present, with its weight (the largest weight among its flows of that class):
+//! [`TenantWeights`] holds, per class, the summed weights of those tenants. With unit
+//! weights these are Justitia's L, B and T counted by tenant, so opening more applications
+//! or queue pairs raises no count.
+//!
+//! **Splitting.** The host's bandwidth flows are paced as one stream of chunks; which
+//! queue pair the next chunk comes from is [`TenantRoundRobin`]'s pick: deficit round
+//! robin over the tenants by bytes, each tenant's quantum its weight times the chunk, then
+//! round robin over the tenant's flows and over each flow's queue pairs. So a backlogged
+//! tenant of weight `w` receives `w / sum(w)` of the stream's bytes whatever the number of
+//! its flows and queue pairs, and a tenant with nothing to send is passed over at once: the
+//! capacity it leaves goes to the others in the same pick (work conserving).
+//!
+//! Invariants: a pick returns only a queue the caller said is ready; a tenant's deficit is
+//! zero whenever it is passed over with nothing ready, so idleness earns no credit; over
+//! any span in which the tenants are always ready, each one's bytes are within two quanta
+//! of its weight's share of the total (chunks no larger than the quantum).
+
+use std::collections::BTreeMap;
+
+use crate::flow::{FlowClass, FlowId, FlowSpec, TenantId};
+
+/// Per class, the summed weights of the tenants with flows of that class present (a tenant
+/// counts once per class, with the largest weight among those flows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantWeights {
+    /// L: the latency tenants' weights.
+    pub latency: u32,
+    /// B: the bandwidth tenants' weights.
+    pub bandwidth: u32,
+    /// T: the throughput tenants' weights.
+    pub throughput: u32,
+}
+
+impl TenantWeights {
+    /// The weights of the tenants of these present flows.
+    pub fn of<'a>(flows: impl IntoIterator<Item = &'a FlowSpec>) -> Self {
+        let mut largest: BTreeMap<(TenantId, FlowClass), u32> = BTreeMap::new();
+        for f in flows {
+            let w = largest.entry((f.tenant, f.class)).or_insert(0);
+            *w = (*w).max(f.weight.get());
+        }
+        let mut out = TenantWeights::default();
+        for ((_, class), w) in largest {
+            let slot = match class {
+                FlowClass::Latency => &mut out.latency,
+                FlowClass::Bandwidth => &mut out.bandwidth,
+                FlowClass::Throughput => &mut out.throughput,
+            };
+            *slot = slot.saturating_add(w);
+        }
+        out
+    }
+
+    /// L + B + T.
+    pub fn total(&self) -> u32 {
+        self.latency
+            .saturating_add(self.bandwidth)
+            .saturating_add(self.throughput)
+    }
+
+    /// The bandwidth tenants' sharing-incentive share B/(L+B+T): what an equal split of the
+    /// RNIC among every tenant (by weight) leaves them together; 1 with no tenants.
+    pub fn bandwidth_share(&self) -> f64 {
+        let all = self.total();
+        if all == 0 {
+            1.0
+        } else {
+            f64::from(self.bandwidth) / f64::from(all)
+        }
+    }
+
+    /// The resource-hungry tenants' share (B+T)/(L+B+T); 1 with no tenants.
+    pub fn hungry_share(&self) -> f64 {
+        let all = self.total();
+        if all == 0 {
+            1.0
+        } else {
+            f64::from(self.bandwidth.saturating_add(self.throughput)) / f64::from(all)
+        }
+    }
+}
+
+/// One flow's queues in the round robin.
+#[derive(Clone, Debug)]
+struct FlowQueues<Q> {
+    flow: FlowId,
+    queues: Vec<Q>,
+    /// The queue to try first next time.
+    next: usize,
+}
+
+/// One tenant's flows in the round robin.
+#[derive(Clone, Debug)]
+struct TenantQueues<Q> {
+    tenant: TenantId,
+    weight: u32,
+    /// Bytes it may still be given in its present turn.
+    deficit: u64,
+    flows: Vec<FlowQueues<Q>>,
+    /// The flow to try first next time.
+    next: usize,
+    /// With a queue budget: its open queues (flow index, queue index, bytes given since
+    /// opened), the only ones it is served from.
+    open: Vec<(usize, usize, u64)>,
+}
+
+impl<Q: Copy + PartialEq> TenantQueues<Q> {
+    /// Its first ready queue in round-robin order, passing over those `skip` names:
+    /// (flow index, queue index, queue, bytes).
+    fn ready(
+        &self,
+        ready: &mut impl FnMut(Q) -> Option<u64>,
+        skip: &[(usize, usize, u64)],
+    ) -> Option<(usize, usize, Q, u64)> {
+        let n = self.flows.len();
+        for i in 0..n {
+            let fi = (self.next + i) % n;
+            let f = &self.flows[fi];
+            let m = f.queues.len();
+            for j in 0..m {
+                let qi = (f.next + j) % m;
+                if skip.iter().any(|&(a, b, _)| (a, b) == (fi, qi)) {
+                    continue;
+                }
+                let q = f.queues[qi];
+                if let Some(bytes) = ready(q) {
+                    return Some((fi, qi, q, bytes));
+                }
+            }
+        }
+        None
+    }
+
+    /// Under a budget of `budget` open queues, each open for at most `turn` bytes: the
+    /// first ready open queue, oldest first; open queues found not ready, or whose turn is
+    /// spent, are closed; with none ready and room in the budget, the next ready queue in
+    /// round-robin order is opened. So the queues in use change once per turn, or when one
+    /// has nothing to send.
+    fn ready_within(
+        &mut self,
+        ready: &mut impl FnMut(Q) -> Option<u64>,
+        budget: usize,
+        turn: u64,
+    ) -> Option<(usize, usize, Q, u64)> {
+        while let Some(&(fi, qi, given)) = self.open.first() {
+            let q = self.flows[fi].queues[qi];
+            match ready(q).filter(|_| given < turn) {
+                Some(bytes) => return Some((fi, qi, q, bytes)),
+                None => {
+                    self.open.remove(0);
+                }
+            }
+        }
+        if self.open.len() >= budget {
+            return None;
+        }
+        let found = self.ready(ready, &self.open)?;
+        self.open.push((found.0, found.1, 0));
+        Some(found)
+    }
+}
+
+/// Weighted deficit round robin over tenants, then round robin over each tenant's flows
+/// and each flow's queues (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct TenantRoundRobin<Q> {
+    /// Ordered by tenant id.
+    tenants: Vec<TenantQueues<Q>>,
+    /// The tenant whose turn it is.
+    turn: usize,
+    /// Bytes per unit of weight per turn.
+    quantum: u64,
+    /// Open queues a tenant may have per unit of its weight, and the bytes a queue is
+    /// served while open; `None`: every queue is served in turn.
+    queue_budget: Option<(u32, u64)>,
+}
+
+impl<Q: Copy + PartialEq> Default for TenantRoundRobin<Q> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
+    /// An empty round robin with a quantum of one byte (set it with
+    /// [`set_quantum`](Self::set_quantum)).
+    pub fn new() -> Self {
+        TenantRoundRobin {
+            tenants: Vec::new(),
+            turn: 0,
+            quantum: 1,
+            queue_budget: None,
+        }
+    }
+
+    /// Adds queue `queue` of flow `spec.id` of tenant `spec.tenant`; the tenant's weight is
+    /// the largest among its flows added.
+    pub fn insert(&mut self, spec: &FlowSpec, queue: Q) {
+        let at = match self
+            .tenants
+            .binary_search_by_key(&spec.tenant, |t| t.tenant)
+        {
+            Ok(at) => at,
+            Err(at) => {
+                self.tenants.insert(
+                    at,
+                    TenantQueues {
+                        tenant: spec.tenant,
+                        weight: 0,
+                        deficit: 0,
+                        flows: Vec::new(),
+                        next: 0,
+                        open: Vec::new(),
+                    },
+                );
+                if at < self.turn {
+                    self.turn += 1;
+                }
+                at
+            }
+        };
+        let t = &mut self.tenants[at];
+        t.weight = t.weight.max(spec.weight.get());
+        match t.flows.iter_mut().find(|f| f.flow == spec.id) {
+            Some(f) if !f.queues.contains(&queue) => f.queues.push(queue),
+            Some(_) => {}
+            None => t.flows.push(FlowQueues {
+                flow: spec.id,
+                queues: vec![queue],
+                next: 0,
+            }),
+        }
+    }
+
+    /// Bytes per unit of weight a tenant is given per turn: the chunk size, so that each
+    /// tenant of weight 1 sends about one chunk per turn.
+    pub fn set_quantum(&mut self, bytes: u64) {
+        self.quantum = bytes.max(1);
+    }
+
+    /// Bounds the queues each tenant is served from at a time to `per_weight` times its
+    /// weight, each served for at most `turn` bytes before the next of the tenant's ready
+    /// queues takes its place (`None`: no bound). Where the RNIC caches a bounded number of
+    /// queue-pair contexts, dealing chunks round a tenant's hundreds of queue pairs would
+    /// evict every context, the other tenants' too; with a budget a tenant's contexts
+    /// change once per turn, not once per chunk.
+    pub fn set_queue_budget(&mut self, budget: Option<(u32, u64)>) {
+        self.queue_budget = budget.map(|(per_weight, turn)| (per_weight.max(1), turn.max(1)));
+        if budget.is_none() {
+            for t in &mut self.tenants {
+                t.open.clear();
+            }
+        }
+    }
+
+    /// Tenants in the round robin.
+    pub fn tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// The queue the next chunk comes from, among those for which `ready` gives the next
+    /// chunk's bytes (`None`: nothing that may go now); the chunk is charged to its tenant.
+    pub fn pick(&mut self, mut ready: impl FnMut(Q) -> Option<u64>) -> Option<Q> {
+        let n = self.tenants.len();
+        if n == 0 {
+            return None;
+        }
+        self.turn %= n;
+        let mut idle = 0;
+        // A ready tenant's deficit grows by at least one quantum each time its turn comes,
+        // so a chunk of b bytes waits at most ceil(b / quantum) rounds.
+        loop {
+            let t = &mut self.tenants[self.turn];
+            let found = match self.queue_budget {
+                Some((per_weight, turn)) => {
+                    let budget = per_weight.saturating_mul(t.weight.max(1)) as usize;
+                    t.ready_within(&mut ready, budget, turn)
+                }
+                None => t.ready(&mut ready, &[]),
+            };
+            match found {
+                Some((fi, qi, q, bytes)) if t.deficit >= bytes => {
+                    t.deficit -= bytes;
+                    if let Some(open) = t.open.iter_mut().find(|o| (o.0, o.1) == (fi, qi)) {
+                        open.2 = open.2.saturating_add(bytes);
+                    }
+                    let f = &mut t.flows[fi];
+                    f.next = (qi + 1) % f.queues.len();
+                    t.next = (fi + 1) % t.flows.len();
+                    return Some(q);
+                }
+                Some(_) => idle = 0,
+                None => {
+                    // Passed over with nothing to send: no credit for idleness.
+                    t.deficit = 0;
+                    idle += 1;
+                    if idle >= n {
+                        return None;
+                    }
+                }
+            }
+            self.turn = (self.turn + 1) % n;
+            let next = &mut self.tenants[self.turn];
+            next.deficit = next
+                .deficit
+                .saturating_add(self.quantum.saturating_mul(u64::from(next.weight)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::Weight;
+    use proptest::prelude::*;
+
+    fn spec(id: u64, tenant: u64, class: FlowClass, weight: u32) -> FlowSpec {
+        FlowSpec {
+            id: FlowId(id),
+            tenant: TenantId(tenant),
+            class,
+            weight: Weight::new(weight).unwrap_or(Weight::ONE),
+        }
+    }
+
+    /// A tenant counts once per class with its largest weight: one latency flow (tenant 1),
+    /// sixteen bandwidth flows of tenant 2, one of tenant 3 of weight 2, and a throughput
+    /// flow of tenant 3: L = 1, B = 1 + 2, T = 2.
+    #[test]
+    fn tenants_count_once_per_class_with_their_weight() {
+        let mut flows = vec![spec(0, 1, FlowClass::Latency, 1)];
+        flows.extend((1..=16).map(|i| spec(i, 2, FlowClass::Bandwidth, 1)));
+        flows.push(spec(17, 3, FlowClass::Bandwidth, 2));
+        flows.push(spec(18, 3, FlowClass::Throughput, 1));
+        flows.push(spec(19, 3, FlowClass::Throughput, 2));
+        let w = TenantWeights::of(&flows);
+        assert_eq!(
+            w,
+            TenantWeights {
+                latency: 1,
+                bandwidth: 3,
+                throughput: 2
+            }
+        );
+        assert!((w.bandwidth_share() - 0.5).abs() < 1e-12);
+        assert!((w.hungry_share() - 5.0 / 6.0).abs() < 1e-12);
+        assert_eq!(TenantWeights::default().bandwidth_share(), 1.0);
+    }
+
+    /// Bytes each tenant is given over `picks` picks, every queue always ready with
+    /// `chunk`-byte chunks except those `idle` says are not.
+    fn served(
+        rr: &mut TenantRoundRobin<u32>,
+        owner: &dyn Fn(u32) -> u64,
+        picks: usize,
+        chunk: u64,
+        idle: &dyn Fn(u32) -> bool,
+    ) -> BTreeMap<u64, u64> {
+        let mut out = BTreeMap::new();
+        for _ in 0..picks {
+            if let Some(q) = rr.pick(|q| (!idle(q)).then_some(chunk)) {
+                *out.entry(owner(q)).or_insert(0) += chunk;
+            }
+        }
+        out
+    }
+
+    /// Tenant A with one queue, tenant B with sixteen flows: the stream goes half and half,
+    /// chunk by chunk; B's flows take turns within B's half.
+    #[test]
+    fn one_flow_against_sixteen_gets_half() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        rr.insert(&spec(0, 1, FlowClass::Bandwidth, 1), 0u32);
+        for i in 1..=16 {
+            rr.insert(&spec(u64::from(i), 2, FlowClass::Bandwidth, 1), i);
+        }
+        let owner = |q: u32| if q == 0 { 1 } else { 2 };
+        let mut order = Vec::new();
+        for _ in 0..34 {
+            order.push(rr.pick(|_| Some(4096)).unwrap_or(u32::MAX));
+        }
+        let a = order.iter().filter(|&&q| q == 0).count();
+        assert_eq!(a, 17, "{order:?}");
+        let b: std::collections::BTreeSet<u32> =
+            order.iter().copied().filter(|&q| q != 0).collect();
+        assert_eq!(b.len(), 16, "each of B's flows once: {order:?}");
+        let s = served(&mut rr, &owner, 1000, 4096, &|_| false);
+        assert_eq!(s.get(&1), s.get(&2));
+    }
+
+    /// Weights apply: 2 against 1 gives two thirds.
+    #[test]
+    fn weights_split_the_stream() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(1000);
+        rr.insert(&spec(0, 1, FlowClass::Bandwidth, 2), 0u32);
+        rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 1u32);
+        rr.insert(&spec(2, 2, FlowClass::Bandwidth, 1), 2u32);
+        let owner = |q: u32| if q == 0 { 1 } else { 2 };
+        let s = served(&mut rr, &owner, 3000, 1000, &|_| false);
+        assert_eq!((s[&1], s[&2]), (2_000_000, 1_000_000));
+    }
+
+    /// Work conserving: a tenant with nothing ready is passed over in the same pick, and
+    /// earns nothing for it; with nothing ready anywhere, no pick.
+    #[test]
+    fn an_idle_tenants_share_goes_to_the_others() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(1000);
+        for t in 0..3u32 {
+            rr.insert(
+                &spec(u64::from(t), u64::from(t), FlowClass::Bandwidth, 1),
+                t,
+            );
+        }
+        let owner = |q: u32| u64::from(q);
+        let s = served(&mut rr, &owner, 100, 1000, &|q| q == 1);
+        assert_eq!(
+            (s.get(&0), s.get(&1), s.get(&2)),
+            (Some(&50_000), None, Some(&50_000))
+        );
+        // Back: an equal third from the next picks, no burst from saved credit.
+        let s = served(&mut rr, &owner, 99, 1000, &|_| false);
+        assert_eq!(s.values().collect::<Vec<_>>(), vec![&33_000; 3]);
+        assert_eq!(rr.pick(|_| None), None);
+    }
+
+    /// A budget of 4 open queues of 8 KB each: a tenant of 64 queues is served from 4 at a
+    /// time, each for two 4 KB chunks, then the next 4; the tenant's share is unchanged.
+    #[test]
+    fn a_queue_budget_bounds_the_queues_in_use() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        rr.set_queue_budget(Some((4, 8192)));
+        rr.insert(&spec(0, 1, FlowClass::Bandwidth, 1), 1000u32);
+        for i in 0..64 {
+            rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), i);
+        }
+        let picks: Vec<u32> = (0..64)
+            .filter_map(|_| rr.pick(|_| Some(4096)))
+            .filter(|&q| q != 1000)
+            .collect();
+        assert_eq!(picks.len(), 32, "half the stream: {picks:?}");
+        // Each queue twice in a row (its turn), one queue open at a time while it is ready.
+        let expected: Vec<u32> = (0..16).flat_map(|q| [q, q]).collect();
+        assert_eq!(picks, expected);
+        // With only queue 0 ready, it is served for its turn, closed, and opened again at
+        // once: no other queue waits for it.
+        let mut only = TenantRoundRobin::new();
+        only.set_quantum(4096);
+        only.set_queue_budget(Some((1, 8192)));
+        only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 0u32);
+        only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 1u32);
+        let served: Vec<u32> = (0..6)
+            .filter_map(|_| only.pick(|q| (q == 0).then_some(4096)))
+            .collect();
+        assert_eq!(served, vec![0; 6]);
+    }
+
+    proptest! {
+        /// Any tenants, weights, flows and chunk sizes, all backlogged: each tenant's bytes
+        /// are its weight's share of the total within two chunks.
+        #[test]
+        fn backlogged_tenants_share_by_weight(
+            tenants in proptest::collection::vec((1u32..5, 1usize..20), 1..6),
+            chunk in 1u64..10_000,
+            picks in 200usize..800,
+        ) {
+            let mut rr = TenantRoundRobin::new();
+            rr.set_quantum(chunk);
+            let mut owner = Vec::new();
+            let mut id = 0u64;
+            for (t, &(w, flows)) in tenants.iter().enumerate() {
+                for _ in 0..flows {
+                    rr.insert(&spec(id, t as u64, FlowClass::Bandwidth, w), id as u32);
+                    owner.push(t as u64);
+                    id += 1;
+                }
+            }
+            let s = served(&mut rr, &|q| owner[q as usize], picks, chunk, &|_| false);
+            let total: u64 = s.values().sum();
+            prop_assert_eq!(total, picks as u64 * chunk);
+            let weights: u32 = tenants.iter().map(|t| t.0).sum();
+            for (t, &(w, _)) in tenants.iter().enumerate() {
+                let got = s.get(&(t as u64)).copied().unwrap_or(0) as f64;
+                let fair = total as f64 * f64::from(w) / f64::from(weights);
+                prop_assert!((got - fair).abs() <= 2.0 * chunk as f64 * f64::from(w), "tenant {} got {} of fair {}", t, got, fair);
+            }
+        }
+    }
+}
