@@ -20,7 +20,7 @@ use std::sync::{Arc, MutexGuard};
 use justitia_verbs::sys::*;
 
 use crate::engine::ex_state::{CqExOps, Current};
-use crate::engine::{self, CqShared, QpShared};
+use crate::engine::{self, note_touched, CqShared, Held, QpShared};
 use crate::ffi::guarded;
 
 /// Installs the shaper's poll pointers in `cqx`, and its accessors in place of the
@@ -77,6 +77,7 @@ impl CqShared {
         }
         let qps = self.qps.lock();
         let mut synthesized = Vec::new();
+        let mut held = Vec::new();
         while rc == 0 {
             // SAFETY: inside a poll, the provider presents a valid entry.
             let mut wc = unsafe {
@@ -88,6 +89,10 @@ impl CqShared {
                         (IBV_WC_SUCCESS, Some(f)) => f(cqx),
                         _ => 0,
                     },
+                    vendor_err: match (c.status, ops.read_vendor_err) {
+                        (IBV_WC_SUCCESS, _) | (_, None) => 0,
+                        (_, Some(f)) => f(cqx),
+                    },
                     byte_len: ops.read_byte_len.map_or(0, |f| f(cqx)),
                     qp_num: match (ops.has_qp_num, ops.read_qp_num) {
                         (true, Some(f)) => f(cqx),
@@ -97,36 +102,52 @@ impl CqShared {
                 }
             };
             let before = wc.byte_len;
-            let (deliver, q) = self.translate(&qps, &mut wc, ops.has_qp_num, &mut synthesized);
-            if let Some(q) = q {
-                if !current.touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                    current.touched.push(q);
+            match self.translate(
+                &qps,
+                &mut wc,
+                ops.has_qp_num,
+                &mut synthesized,
+                &mut current.held_back,
+            ) {
+                // Held (a send completion, whose fields are those read above) to be
+                // presented once its QP's earlier ones are.
+                None => held.push(Held::raw(wc)),
+                Some((deliver, q)) => {
+                    if let Some(q) = q {
+                        note_touched(&mut current.touched, q);
+                    }
+                    held.extend(synthesized.drain(..).map(Held::settled));
+                    if deliver {
+                        // SAFETY: as above; wr_id is the CQ's field for the current entry.
+                        unsafe { (*cqx).wr_id = wc.wr_id };
+                        if wc.byte_len != before {
+                            current.byte_len = Some(wc.byte_len);
+                        }
+                        break;
+                    }
                 }
-            }
-            if deliver {
-                // SAFETY: as above; wr_id is the CQ's field for the current entry.
-                unsafe { (*cqx).wr_id = wc.wr_id };
-                if wc.byte_len != before {
-                    current.byte_len = Some(wc.byte_len);
-                }
-                break;
             }
             // SAFETY: inside a poll.
             rc = unsafe { (ops.next_poll)(cqx) };
         }
+        // Under the poll lock, as every completion held as the provider gave it.
+        self.push_held(held);
         drop(qps);
-        if !synthesized.is_empty() {
-            self.push_synthesized(synthesized);
-        }
         rc
     }
 
-    /// Presents the next synthesized completion, if any, as the current entry.
+    /// Presents the next held completion, if any, as the current entry (see
+    /// [`CqShared::take_held`]). Lock order: the poll in progress, then the poll lock.
     ///
     /// # Safety
     /// `cqx` is this CQ, inside the application's poll.
-    unsafe fn present_synthesized(&self, cqx: *mut ibv_cq_ex, current: &mut Current) -> c_int {
-        current.synthetic = self.pop_synthesized();
+    unsafe fn present_held(&self, cqx: *mut ibv_cq_ex, current: &mut Current) -> c_int {
+        let mut next = None;
+        if self.has_held() {
+            let qps = self.qps.lock();
+            self.take_held(&qps, 1, &mut current.touched, |wc| next = Some(wc));
+        }
+        current.synthetic = next;
         match current.synthetic {
             Some(wc) => {
                 // SAFETY: the application's live CQ.
@@ -148,6 +169,8 @@ impl CqShared {
         let mut current = self.current();
         current.synthetic = None;
         current.provider_active = rc == 0;
+        // The QPs with completions held: the provider's next ones of theirs go behind.
+        current.held_back = self.held_qps();
         if rc == 0 {
             // SAFETY: a provider poll has started.
             rc = unsafe { self.filter_ex(cqx, ops, 0, &mut current) };
@@ -162,7 +185,7 @@ impl CqShared {
         }
         if rc == libc::ENOENT {
             // SAFETY: no provider poll is active; cqx is this CQ.
-            rc = unsafe { self.present_synthesized(cqx, &mut current) };
+            rc = unsafe { self.present_held(cqx, &mut current) };
         }
         if rc != 0 {
             let touched = std::mem::take(&mut current.touched);
@@ -183,7 +206,7 @@ impl CqShared {
             let rc = unsafe { (ops.next_poll)(cqx) };
             // SAFETY: as above.
             let rc = unsafe { self.filter_ex(cqx, ops, rc, &mut current) };
-            if rc != libc::ENOENT || !self.has_synthesized() {
+            if rc != libc::ENOENT || !self.has_held() {
                 return rc;
             }
             // The provider is done; end its poll now, and go on with synthesized ones.
@@ -192,7 +215,7 @@ impl CqShared {
             current.provider_active = false;
         }
         // SAFETY: no provider poll is active; cqx is this CQ.
-        unsafe { self.present_synthesized(cqx, &mut current) }
+        unsafe { self.present_held(cqx, &mut current) }
     }
 
     /// `ibv_end_poll`.
@@ -214,13 +237,14 @@ impl CqShared {
         self.drain_touched(touched);
     }
 
-    /// Lets the QPs heard from post more, and releases paced requests that are due.
+    /// Lets the QPs heard from post more, and releases the paced requests that are due of
+    /// this CQ's QPs, never waiting for a QP's lock.
     fn drain_touched(&self, touched: Vec<Arc<QpShared>>) {
         let now = self.engine.now();
         for q in touched {
-            q.drain(now);
+            q.drain_or_defer(now);
         }
-        self.engine.on_poll(now);
+        self.engine.release_for(self, now);
     }
 }
 

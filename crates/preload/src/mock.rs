@@ -12,6 +12,7 @@
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 
 use justitia_verbs::sys::*;
@@ -100,6 +101,24 @@ struct MockState {
 struct MockInner {
     vctx: UnsafeCell<verbs_context>,
     state: Mutex<MockState>,
+    /// The next post on this QP stops inside the provider (holding none of the mock's
+    /// locks) until the test lets it go (see [`MockDevice::hold_next_post`]).
+    gate: Mutex<Option<PostGate>>,
+}
+
+/// A post held inside the provider: it says when it got there, and waits to be let go.
+struct PostGate {
+    qp: usize,
+    entered: Sender<()>,
+    go: Receiver<()>,
+}
+
+/// The test's end of a post held inside the provider.
+pub struct HeldPost {
+    /// Receives once the post is inside the provider.
+    pub entered: Receiver<()>,
+    /// Lets the post go on (a send, or dropping it).
+    pub go: Sender<()>,
 }
 
 /// One mock device context and everything created on it.
@@ -145,6 +164,7 @@ impl MockDevice {
                 next_qp_num: 0x100,
                 ..Default::default()
             }),
+            gate: Mutex::new(None),
         });
         let me = (&*inner as *const MockInner).cast_mut();
         // SAFETY: nobody else sees the context yet.
@@ -231,6 +251,20 @@ impl MockDevice {
     /// `end_poll` calls that reached the provider.
     pub fn end_polls(&self) -> u32 {
         self.state().end_polls
+    }
+
+    /// The next `post_send` call on `qp` stops inside the provider, before it takes any
+    /// request and holding none of the mock's locks, until the test lets it go: a provider
+    /// post that takes long (a doorbell stuck behind a busy PCIe link, a preempted thread).
+    pub fn hold_next_post(&self, qp: *mut ibv_qp) -> HeldPost {
+        let (entered_tx, entered) = channel();
+        let (go, go_rx) = channel();
+        *self.inner.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(PostGate {
+            qp: qp as usize,
+            entered: entered_tx,
+            go: go_rx,
+        });
+        HeldPost { entered, go }
     }
 
     /// `post_send` calls that reached the provider (one per list).
@@ -542,7 +576,20 @@ unsafe extern "C" fn mock_post_send(
     // SAFETY: the caller passes a live QP.
     let qp_num = unsafe { (*qp).qp_num };
     // SAFETY: a mock QP points to its mock context.
-    inner_of(unsafe { (*qp).context })
+    let inner = inner_of(unsafe { (*qp).context });
+    let gate = {
+        let mut gate = inner.gate.lock().unwrap_or_else(|e| e.into_inner());
+        match &*gate {
+            Some(g) if g.qp == qp as usize => gate.take(),
+            _ => None,
+        }
+    };
+    if let Some(g) = gate {
+        // The test may have gone: then the post just goes on.
+        let _ = g.entered.send(());
+        let _ = g.go.recv();
+    }
+    inner
         .state
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -68,6 +68,9 @@ pub struct Current {
     pub(crate) synthetic: Option<ibv_wc>,
     /// QPs heard from in this poll, to let post more when it ends.
     pub(crate) touched: Vec<Arc<QpShared>>,
+    /// QPs whose completions are held in this poll: their later ones are held behind them
+    /// (see `CqShared::translate`).
+    pub(crate) held_back: Vec<u32>,
 }
 
 /// The provider's own `ibv_wr_*` pointers of one QP.

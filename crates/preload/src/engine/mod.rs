@@ -4,8 +4,11 @@
 //!
 //! Locks, in the order they are taken (a lock is never taken while a later one is held):
 //! a CQ's poll lock (`CqShared::qps`); a QP's state lock (`QpShared::state`, held
-//! across the provider's post, never across a poll of the provider's CQ); the rate gate's
-//! pacer lock ([`RateGate`]); the pacer's queue lock and the CQ's held completions, leaves.
+//! across the provider's post, never across a poll of the provider's CQ, and under a poll
+//! lock only tried, never waited for); the rate gate's pacer lock ([`RateGate`]); the
+//! pacer's queue lock and the CQ's held completions, leaves. A verb never waits for a QP's
+//! lock held by another thread for another object (see the crate's README, "Locks"):
+//! polls and the shaper's own polls in destroy and reset try it ([`QpShared::drain_or_defer`]).
 //! Threads (the pacer, the follower) are started with none of the first two held.
 //!
 //! An [`Engine`] holds one process's settings, clock, counters and rate pacer. In the
@@ -50,7 +53,7 @@ use crate::send_queue::{
     Blocked, DrainEnv, FastLane, OwnedWr, QuickRing, RateGate, SendQueue, Treatment,
 };
 use crate::stats::{Counters, StatsSnapshot};
-pub(crate) use cq::cq;
+pub(crate) use cq::{cq, note_touched, Held};
 pub use cq::{cq_token, destroy_cq, register_cq, unregister_cq, CqQps, CqShared};
 
 /// `ibv_context.ops.post_send`.
@@ -151,16 +154,16 @@ struct PacerQueue {
 }
 
 /// Releases paced requests when their tokens are due: from the application's own polls of
-/// a shaped CQ when it polls (exact, and free of extra wake-ups), else from a thread.
+/// the QP's send CQ when it polls (exact, and free of extra wake-ups), else from a thread.
+/// A poll releases only the QPs that send their completions to the CQ it polls, and only
+/// if it gets their locks without waiting (see [`Engine::release_for`]).
 struct Pacer {
     mode: PacerMode,
     queue: Mutex<PacerQueue>,
     wake: Condvar,
     /// The earliest deadline in the queue, in nanoseconds of the engine's clock
-    /// (`u64::MAX` when empty), so that a poll finds out with one load whether it has work.
+    /// (`u64::MAX` when empty; it may be early after a poll released QPs).
     next_due_ns: AtomicU64,
-    /// When a poll last released requests, in nanoseconds (0: never).
-    last_poll_release_ns: AtomicU64,
     /// The process that started the thread (a forked child must start its own).
     thread_pid: Mutex<Option<u32>>,
 }
@@ -268,7 +271,6 @@ impl Engine {
                 queue: Mutex::new(PacerQueue::default()),
                 wake: Condvar::new(),
                 next_due_ns: AtomicU64::new(u64::MAX),
-                last_poll_release_ns: AtomicU64::new(0),
                 thread_pid: Mutex::new(None),
             },
             config,
@@ -548,15 +550,10 @@ impl Engine {
         self.pacer.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether the application's polls have been releasing paced requests lately.
-    fn polls_drive(&self, now: Duration) -> bool {
-        let last = self.pacer.last_poll_release_ns.load(Ordering::Relaxed);
-        last != 0 && nanos(now).saturating_sub(last) < nanos(POLLS_DRIVE_FOR)
-    }
-
-    /// When the pacer thread should wake for a deadline `at`.
-    fn thread_deadline(&self, at: Duration, now: Duration) -> Duration {
-        if self.polls_drive(now) {
+    /// When the pacer thread should wake for `qp` due at `at`: later while the polls of
+    /// its send CQ release its requests themselves.
+    fn thread_deadline(&self, qp: &QpShared, at: Duration, now: Duration) -> Duration {
+        if qp.send_cq.as_ref().is_some_and(|c| c.polls_drive(now)) {
             at + BACKSTOP_DELAY
         } else {
             at
@@ -570,15 +567,17 @@ impl Engine {
         }
         let notify = {
             let mut queue = self.pacer_queue();
+            let wakes = self.thread_deadline(&qp, at, now);
+            if let Some(cq) = &qp.send_cq {
+                cq.pacer_due_ns.fetch_min(nanos(at), Ordering::AcqRel);
+            }
             queue.waiting.push((qp, at));
             self.pacer
                 .next_due_ns
                 .fetch_min(nanos(at), Ordering::AcqRel);
             // A running thread looks at the queue before it sleeps; a sleeping one needs a
             // nudge only when this deadline comes before its own.
-            queue
-                .thread_wakes_at
-                .is_some_and(|t| self.thread_deadline(at, now) < t)
+            queue.thread_wakes_at.is_some_and(|t| wakes < t)
         };
         if self.pacer.mode == PacerMode::Thread {
             self.ensure_pacer_thread();
@@ -620,24 +619,46 @@ impl Engine {
         self.pacer.next_due_ns.load(Ordering::Acquire) != u64::MAX
     }
 
-    /// [`Self::on_poll`] now, for a poll that found QPs waiting in the pacer's queue. Out of
-    /// line: the poll of a flow that is not held back never gets here.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn release_on_poll(self: &Arc<Self>) {
-        self.on_poll(self.clock.now());
-    }
-
-    /// Called by every shaped poll: releases the requests whose tokens are due. Costs one
-    /// load when none is.
-    pub(crate) fn on_poll(self: &Arc<Self>, now: Duration) {
-        if nanos(now) < self.pacer.next_due_ns.load(Ordering::Acquire) {
+    /// Called by the shaped polls of `cq`: releases the paced requests that are due of
+    /// the QPs sending their completions to `cq`, each drained only if its lock is free
+    /// (else it stays queued, for the next poll or the pacer thread). Costs one load when
+    /// none is due. Never another CQ's QPs: a poll does not post for QPs it does not serve.
+    pub(crate) fn release_for(self: &Arc<Self>, cq: &CqShared, now: Duration) {
+        if nanos(now) < cq.pacer_due_ns.load(Ordering::Acquire) {
             return;
         }
-        self.pacer
-            .last_poll_release_ns
+        let due: Vec<Arc<QpShared>> = {
+            let mut queue = self.pacer_queue();
+            let mut due = Vec::new();
+            let mut next_here = u64::MAX;
+            queue.waiting.retain(|(qp, at)| {
+                if !qp.send_cq.as_deref().is_some_and(|c| std::ptr::eq(c, cq)) {
+                    return true;
+                }
+                if *at <= now {
+                    due.push(Arc::clone(qp));
+                    false
+                } else {
+                    next_here = next_here.min(nanos(*at));
+                    true
+                }
+            });
+            cq.pacer_due_ns.store(next_here, Ordering::Release);
+            let next = queue.waiting.iter().map(|(_, at)| nanos(*at)).min();
+            self.pacer
+                .next_due_ns
+                .store(next.unwrap_or(u64::MAX), Ordering::Release);
+            due
+        };
+        if due.is_empty() {
+            return;
+        }
+        cq.polls_released_ns
             .store(nanos(now).max(1), Ordering::Relaxed);
-        self.pacer_tick(now);
+        for qp in due {
+            qp.in_pacer.store(false, Ordering::Release);
+            qp.drain_or_defer(now);
+        }
     }
 
     fn ensure_pacer_thread(self: &Arc<Self>) {
@@ -681,9 +702,9 @@ fn pacer_loop(engine: Weak<Engine>) {
         let wake_at = queue
             .waiting
             .iter()
-            .map(|(_, at)| *at)
+            .map(|(qp, at)| engine.thread_deadline(qp, *at, now))
             .min()
-            .map_or(now + IDLE_SLEEP, |at| engine.thread_deadline(at, now));
+            .unwrap_or(now + IDLE_SLEEP);
         let sleep = wake_at.saturating_sub(now);
         if !sleep.is_zero() {
             queue.thread_wakes_at = Some(wake_at);
@@ -1017,10 +1038,14 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     // until the QP is in it, so that two QPs created at once cannot both take the CQ's
     // last room.
     let mut cq_qps = send_cq.as_ref().map(|c| c.qps.lock());
+    let mut too_small = None;
     let shaped = engine.shapes(init.qp_type)
         && init.shapable
         && match (&send_cq, &cq_qps) {
-            (Some(cq), Some(qps)) => cq.has_room_for(qps, init.cap.max_send_wr),
+            (Some(cq), Some(qps)) => {
+                too_small = cq.room_needed(qps, init.cap.max_send_wr);
+                too_small.is_none()
+            }
             _ => false,
         };
     // SAFETY: the caller guarantees qp is live.
@@ -1088,6 +1113,10 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         cq.add_qp_locked(qps, &shared);
     }
     drop(cq_qps);
+    // Said outside the CQ's lock.
+    if let (Some(needed), Some(cq)) = (too_small, &send_cq) {
+        cq.say_too_small(needed);
+    }
     // Outside the CQ's lock: joining the flow may start the follower thread.
     shared.count_member();
     if let Some(old) = replaced {
@@ -1151,7 +1180,7 @@ pub(crate) fn unregister_qp_in<const N: usize>(
     qps: &PtrMap<QpShared, N>,
     qp: *mut ibv_qp,
     token: NonNull<QpShared>,
-) -> Option<(Arc<QpShared>, Vec<ibv_wc>)> {
+) -> Option<(Arc<QpShared>, Vec<Held>)> {
     // SAFETY: the token is the registered state, alive while it is in the map.
     unsafe { token.as_ref() }.lock().sq.set_destroyed(true);
     let shared = qps.remove(qp.cast(), token)?;
@@ -1165,7 +1194,7 @@ impl QpShared {
     /// list waits for a poll of the pacer's in progress for it, and no later one starts
     /// (see `CqShared::poll_for_pacer`): once this returns, nothing the shaper runs on
     /// another thread polls its CQ on its behalf.
-    fn detach(self: &Arc<Self>) -> Vec<ibv_wc> {
+    fn detach(self: &Arc<Self>) -> Vec<Held> {
         self.lock().sq.set_destroyed(true);
         if self.counted.swap(false, Ordering::AcqRel) {
             self.engine.members_changed(false);
@@ -1193,7 +1222,7 @@ impl QpShared {
 
     /// Registers again a QP whose destroy the provider refused, with the completions the
     /// shaper held for it (`purged`) held again.
-    fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>, purged: Vec<ibv_wc>) {
+    fn reinstate<const N: usize>(self: &Arc<Self>, qps: &PtrMap<QpShared, N>, purged: Vec<Held>) {
         self.lock().sq.set_destroyed(false);
         if qps.insert(self.qp.cast(), Arc::clone(self)).is_err() {
             return;
@@ -1203,9 +1232,7 @@ impl QpShared {
             if self.shaped {
                 cq.add_qp(self);
             }
-            if !purged.is_empty() {
-                cq.push_synthesized(purged);
-            }
+            cq.push_held(purged);
         }
         self.drain(self.engine.clock.now());
     }
@@ -1693,6 +1720,21 @@ impl QpShared {
             cq.poll_for_pacer(self, now);
         }
         self.drain(now);
+    }
+
+    /// [`Self::drain`] if the QP's lock is free; if another thread holds it (a poster,
+    /// across the provider's post), the QP is queued for the pacer instead, due now, so
+    /// that the caller (a poll, or a verb on another object) never waits for that thread.
+    pub(crate) fn drain_or_defer(&self, now: Duration) {
+        let Some(mut st) = self.state.try_lock() else {
+            if let Some(me) = self.me.upgrade() {
+                self.engine.schedule(me, now, now);
+            }
+            return;
+        };
+        let (_, synthesized, blocked) = self.drain_locked(&mut st, now);
+        drop(st);
+        self.after_drain(synthesized, blocked, now);
     }
 
     /// Posts what slots and tokens allow now (after completions, or when the pacer says).
