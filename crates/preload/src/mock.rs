@@ -13,7 +13,7 @@ use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use justitia_verbs::sys::*;
 use justitia_verbs::VERBS_ABI_IS_EXTENDED;
@@ -104,6 +104,14 @@ struct MockInner {
     /// The next post on this QP stops inside the provider (holding none of the mock's
     /// locks) until the test lets it go (see [`MockDevice::hold_next_post`]).
     gate: Mutex<Option<PostGate>>,
+    /// The extended CQ (its address) whose poll is in progress, from `start_poll` to
+    /// `end_poll`: as a provider holds the CQ's lock across one, every other poll of it
+    /// waits (`ibv_poll_cq` included).
+    session: Mutex<Option<usize>>,
+    session_ended: Condvar,
+    /// Told when a poll starts waiting for another one to end (see
+    /// [`MockDevice::tell_when_a_poll_waits`]).
+    poll_waits: Mutex<Option<Sender<()>>>,
 }
 
 /// A post held inside the provider: it says when it got there, and waits to be let go.
@@ -165,6 +173,9 @@ impl MockDevice {
                 ..Default::default()
             }),
             gate: Mutex::new(None),
+            session: Mutex::new(None),
+            session_ended: Condvar::new(),
+            poll_waits: Mutex::new(None),
         });
         let me = (&*inner as *const MockInner).cast_mut();
         // SAFETY: nobody else sees the context yet.
@@ -265,6 +276,18 @@ impl MockDevice {
             go: go_rx,
         });
         HeldPost { entered, go }
+    }
+
+    /// From now on, every poll of a CQ (plain or extended) that waits for an extended poll
+    /// of it in progress to end says so on the channel returned.
+    pub fn tell_when_a_poll_waits(&self) -> Receiver<()> {
+        let (tx, rx) = channel();
+        *self
+            .inner
+            .poll_waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
     }
 
     /// `post_send` calls that reached the provider (one per list).
@@ -663,7 +686,42 @@ unsafe extern "C" fn mock_post_recv(
     0
 }
 
+/// Waits until no extended poll of `cq` is in progress, and begins one if `begin`.
+fn enter_cq(cq: *mut ibv_cq, begin: bool) {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let mut session = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+    let mut told = false;
+    while *session == Some(cq as usize) {
+        if !told {
+            told = true;
+            if let Some(tx) = &*inner.poll_waits.lock().unwrap_or_else(|e| e.into_inner()) {
+                let _ = tx.send(());
+            }
+        }
+        session = inner
+            .session_ended
+            .wait(session)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+    if begin {
+        *session = Some(cq as usize);
+    }
+}
+
+/// Ends the extended poll of `cq` in progress.
+fn leave_cq(cq: *mut ibv_cq) {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let mut session = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+    if *session == Some(cq as usize) {
+        *session = None;
+        inner.session_ended.notify_all();
+    }
+}
+
 unsafe extern "C" fn mock_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    enter_cq(cq, false);
     with_cq(cq, |c| {
         let mut got = 0;
         while got < n {
@@ -744,7 +802,13 @@ fn present(cqx: *mut ibv_cq_ex, c: &mut MockCq) -> c_int {
 }
 
 unsafe extern "C" fn mock_start_poll(cqx: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
-    with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL)
+    enter_cq(cqx.cast(), true);
+    let rc = with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL);
+    // A poll that found nothing is over (the application does not end it).
+    if rc != 0 {
+        leave_cq(cqx.cast());
+    }
+    rc
 }
 
 unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
@@ -753,6 +817,7 @@ unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
 
 unsafe extern "C" fn mock_end_poll(cqx: *mut ibv_cq_ex) {
     with_cq(cqx.cast(), |c| c.current = None);
+    leave_cq(cqx.cast());
     // SAFETY: a mock CQ points to its mock context.
     inner_of(unsafe { (*cqx).context })
         .state

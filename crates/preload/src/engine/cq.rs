@@ -11,13 +11,13 @@
 //!    completion the quick ring cannot (`CqShared::translate`). A poster holds that lock
 //!    across the provider's post, so a poll never waits for it: a completion whose QP's
 //!    lock is busy is held, as the provider gave it, for a later poll to settle (see
-//!    [`Held`]).
+//!    `Held`).
 //! 3. The held completions' queue (`held`), a leaf: nothing is taken under it.
 //!
 //! No QP's lock is held when the poll lock is taken, and what a poll lets a QP post (a
 //! drain into freed slots, paced requests that are due) runs after the poll lock is
 //! released, with the QP's lock tried, never waited for: a QP whose lock is busy is left to
-//! the pacer thread (see [`QpShared::drain_or_defer`]).
+//! the pacer thread (see `QpShared::drain_or_defer`).
 //!
 //! Order: the completions of one QP's send queue reach the application in the order the
 //! provider gave them, synthesized ones where the shaper settled them. Once one of a QP's
@@ -102,7 +102,11 @@ pub struct CqShared {
     pub(crate) synthetic_events: AtomicU32,
     /// The application is destroying the CQ: the shaper polls it no more (see
     /// [`destroy_cq`]). Set and read under [`Self::qps`]'s lock.
-    dead: AtomicBool,
+    pub(crate) dead: AtomicBool,
+    /// Polls of the application's on this extended CQ begun (`ibv_start_poll` entered)
+    /// and not ended: while there is one, the shaper does not poll the CQ itself (see
+    /// [`crate::cq_ex`]).
+    pub(crate) sessions: AtomicU32,
 }
 
 // SAFETY: function pointers are the provider's; mutable state is behind mutexes.
@@ -147,6 +151,7 @@ pub unsafe fn register_cq(
         armed: AtomicBool::new(false),
         synthetic_events: AtomicU32::new(0),
         dead: AtomicBool::new(false),
+        sessions: AtomicU32::new(0),
     });
     if ctx.engine.config.class.is_some() {
         channels::attach(&shared);
@@ -225,21 +230,31 @@ impl CqShared {
 
     /// The QPs with completions held: their next ones go behind those.
     pub(crate) fn held_qps(&self) -> Vec<u32> {
+        self.held_back().0
+    }
+
+    /// [`Self::held_qps`], and whether a completion whose QP is not known yet is held
+    /// (then every next completion goes behind it).
+    pub(crate) fn held_back(&self) -> (Vec<u32>, bool) {
         if !self.may_hold() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
-        let mut qps: Vec<u32> = self.held().iter().map(|h| h.wc.qp_num).collect();
+        let held = self.held();
+        let mut qps: Vec<u32> = held.iter().map(|h| h.wc.qp_num).collect();
+        let all = held.iter().any(Held::unattributed);
+        drop(held);
         qps.sort_unstable();
         qps.dedup();
-        qps
+        (qps, all)
     }
 
     /// Delivers held completions in order, at most `room` of them, through `out`; returns
     /// how many. Called with the poll lock held (`qps`). A completion held as the provider
     /// gave it is translated now if its QP's lock is free (what that settles is delivered
     /// right behind it); if not, it and every later completion of its QP stay held, in
-    /// order. One of a QP no longer on the CQ (destroyed) carries the shaper's tag and is
-    /// dropped. The QPs whose requests may now post are added to `touched`.
+    /// order (every later completion at all, for one whose QP is not known yet). (A
+    /// destroyed QP's are not here: its destroy purged them.) The QPs whose requests may
+    /// now post are added to `touched`.
     pub(crate) fn take_held(
         &self,
         qps: &[Arc<QpShared>],
@@ -270,14 +285,11 @@ impl CqShared {
                 removed += 1;
                 continue;
             }
-            if ring_of(qps, h.wc.qp_num).is_none() {
-                removed += 1;
-                continue;
-            }
             let mut wc = h.wc;
             let mut synthesized = Vec::new();
-            match self.translate(qps, &mut wc, true, &mut synthesized, &mut held_back) {
-                None => kept.push_back(h),
+            match self.translate(qps, &mut wc, h.qp_known, &mut synthesized, &mut held_back) {
+                // Attributed by translate (it found the QP, whose lock is busy).
+                None => kept.push_back(Held::raw(wc, true)),
                 Some((deliver, q)) => {
                     removed += 1;
                     if let Some(q) = q {
@@ -451,16 +463,20 @@ impl CqShared {
 
     /// Drops the completions the provider left in the CQ that carry the tags of `ring`,
     /// the send queue of the QP `qp_num`, which was destroyed or reset (see
-    /// [`destroy_qp`]); the other completions are held for the application. Not for an
-    /// extended CQ (see [`Self::poll_for_pacer`]).
-    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &QuickRing, now: Duration) {
-        let touched = self.poll_aside(None, Some((qp_num, ring)));
+    /// [`destroy_qp`]); the other completions are held for the application. An extended
+    /// CQ is polled with its own verbs, when no poll of the application's is in progress,
+    /// else by the one in progress as it goes and when it ends (see [`crate::cq_ex`]).
+    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &Arc<QuickRing>, now: Duration) {
+        let touched = match self.ex {
+            Some(ops) => self.drop_stale_ex(ops, qp_num, ring),
+            None => self.poll_aside(None, Some((qp_num, ring))),
+        };
         {
             // Held as the provider gave them, under the poll lock (which holds them).
             let _polls = self.qps.lock();
             let mut q = self.held();
             let before = q.len();
-            q.retain(|h| h.settled || h.wc.qp_num != qp_num || !ring.contains(h.wc.wr_id));
+            q.retain(|h| !h.stale_of(qp_num, ring));
             self.work
                 .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
         }
@@ -509,7 +525,7 @@ impl CqShared {
                     continue;
                 }
                 match self.translate(&qps, e, true, &mut synthesized, &mut held_back) {
-                    None => held.push(Held::raw(*e)),
+                    None => held.push(Held::raw(*e, true)),
                     Some((deliver, q)) => {
                         if deliver {
                             held.push(Held::settled(*e));
@@ -655,7 +671,7 @@ impl CqShared {
                     // SAFETY: i is within the entries the provider wrote.
                     let e = unsafe { &mut *wc.add(i) };
                     match self.translate(&qps, e, true, &mut synthesized, held_back) {
-                        None => held.push(Held::raw(*e)),
+                        None => held.push(Held::raw(*e, true)),
                         Some((deliver, q)) => {
                             if let Some(q) = q {
                                 note_touched(touched, q);
@@ -749,17 +765,41 @@ impl CqShared {
 pub(crate) struct Held {
     pub(crate) wc: ibv_wc,
     settled: bool,
+    /// Its `qp_num` is the provider's (false: an extended CQ without QP numbers, whose
+    /// completion is attributed by its tag when it is translated).
+    qp_known: bool,
 }
 
 impl Held {
     /// A completion to deliver as it is.
     pub(crate) fn settled(wc: ibv_wc) -> Held {
-        Held { wc, settled: true }
+        Held {
+            wc,
+            settled: true,
+            qp_known: true,
+        }
     }
 
-    /// A completion of a QP's send queue still to translate.
-    pub(crate) fn raw(wc: ibv_wc) -> Held {
-        Held { wc, settled: false }
+    /// A completion still to translate; `qp_known` as for [`CqShared::translate`].
+    pub(crate) fn raw(wc: ibv_wc, qp_known: bool) -> Held {
+        Held {
+            wc,
+            settled: false,
+            qp_known,
+        }
+    }
+
+    /// Whether this is a completion of the QP `qp_num` carrying a tag of its `ring` (see
+    /// [`CqShared::drop_stale`]).
+    pub(crate) fn stale_of(&self, qp_num: u32, ring: &QuickRing) -> bool {
+        !self.settled
+            && (!self.qp_known || self.wc.qp_num == qp_num)
+            && ring.contains(self.wc.wr_id)
+    }
+
+    /// A completion held before its QP is known: everything after it waits behind it.
+    pub(crate) fn unattributed(&self) -> bool {
+        !self.settled && !self.qp_known
     }
 }
 

@@ -8,7 +8,7 @@
 //! lock only tried, never waited for); the rate gate's pacer lock ([`RateGate`]); the
 //! pacer's queue lock and the CQ's held completions, leaves. A verb never waits for a QP's
 //! lock held by another thread for another object (see the crate's README, "Locks"):
-//! polls and the shaper's own polls in destroy and reset try it ([`QpShared::drain_or_defer`]).
+//! polls and the shaper's own polls in destroy and reset try it (`QpShared::drain_or_defer`).
 //! Threads (the pacer, the follower) are started with none of the first two held.
 //!
 //! An [`Engine`] holds one process's settings, clock, counters and rate pacer. In the
@@ -896,7 +896,7 @@ pub struct QpShared {
     pub(crate) qp: *mut ibv_qp,
     pub(crate) qp_num: u32,
     /// Its send queue's tags and quick requests, which polls settle without its lock.
-    ring: Arc<QuickRing>,
+    pub(crate) ring: Arc<QuickRing>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) post_send: PostSendFn,
     pub(crate) post_recv: Option<PostRecvFn>,

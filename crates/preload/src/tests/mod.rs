@@ -16,6 +16,7 @@ use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::{MockDevice, PostedWr};
 
 mod daemon;
+mod extended;
 mod hardening;
 mod locks;
 mod real_apps;
