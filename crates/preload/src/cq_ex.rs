@@ -155,6 +155,7 @@ impl CqShared {
                     ops.has_qp_num,
                     &mut synthesized,
                     &mut current.held_back,
+                    true,
                 ),
                 _ => {
                     current.hold_all = true;
@@ -366,6 +367,7 @@ impl CqShared {
                     ops.has_qp_num,
                     &mut synthesized,
                     &mut held_back,
+                    true,
                 ) {
                     None => held.push(Held::raw(wc, true)),
                     Some((deliver, q)) => {

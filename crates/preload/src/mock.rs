@@ -117,6 +117,10 @@ struct MockInner {
 /// A post held inside the provider: it says when it got there, and waits to be let go.
 struct PostGate {
     qp: usize,
+    /// Post calls on the QP to let through first.
+    skip: u32,
+    /// Held once the call took its requests (else before it takes any).
+    after: bool,
     entered: Sender<()>,
     go: Receiver<()>,
 }
@@ -268,10 +272,19 @@ impl MockDevice {
     /// request and holding none of the mock's locks, until the test lets it go: a provider
     /// post that takes long (a doorbell stuck behind a busy PCIe link, a preempted thread).
     pub fn hold_next_post(&self, qp: *mut ibv_qp) -> HeldPost {
+        self.hold_post(qp, 0, false)
+    }
+
+    /// The post call on `qp` after the next `skip` ones stops inside the provider, as
+    /// [`Self::hold_next_post`]; with `after`, once it took its requests (they can be
+    /// executed and their completions polled before the call returns).
+    pub fn hold_post(&self, qp: *mut ibv_qp, skip: u32, after: bool) -> HeldPost {
         let (entered_tx, entered) = channel();
         let (go, go_rx) = channel();
         *self.inner.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(PostGate {
             qp: qp as usize,
+            skip,
+            after,
             entered: entered_tx,
             go: go_rx,
         });
@@ -602,16 +615,46 @@ unsafe extern "C" fn mock_post_send(
     let inner = inner_of(unsafe { (*qp).context });
     let gate = {
         let mut gate = inner.gate.lock().unwrap_or_else(|e| e.into_inner());
-        match &*gate {
+        match &mut *gate {
+            Some(g) if g.qp == qp as usize && g.skip > 0 => {
+                g.skip -= 1;
+                None
+            }
             Some(g) if g.qp == qp as usize => gate.take(),
             _ => None,
         }
     };
-    if let Some(g) = gate {
-        // The test may have gone: then the post just goes on.
+    // The test may have gone: then the post just goes on.
+    let wait = |g: PostGate| {
         let _ = g.entered.send(());
         let _ = g.go.recv();
+    };
+    let (before, after) = match gate {
+        Some(g) if g.after => (None, Some(g)),
+        g => (g, None),
+    };
+    if let Some(g) = before {
+        wait(g);
     }
+    // SAFETY: as the caller's.
+    let rc = unsafe { post_send_now(inner, qp, qp_num, wr, bad_wr) };
+    if let Some(g) = after {
+        wait(g);
+    }
+    rc
+}
+
+/// [`mock_post_send`] past its gate.
+///
+/// # Safety
+/// As `mock_post_send`'s.
+unsafe fn post_send_now(
+    inner: &MockInner,
+    qp: *mut ibv_qp,
+    qp_num: u32,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
     inner
         .state
         .lock()

@@ -222,6 +222,11 @@ impl CqShared {
         !self.held().is_empty()
     }
 
+    /// True when completions of the QP `qp_num` are held.
+    fn holds_for(&self, qp_num: u32) -> bool {
+        self.held().iter().any(|h| h.wc.qp_num == qp_num)
+    }
+
     /// True when completions may be held (one load).
     #[inline(always)]
     fn may_hold(&self) -> bool {
@@ -287,7 +292,14 @@ impl CqShared {
             }
             let mut wc = h.wc;
             let mut synthesized = Vec::new();
-            match self.translate(qps, &mut wc, h.qp_known, &mut synthesized, &mut held_back) {
+            match self.translate(
+                qps,
+                &mut wc,
+                h.qp_known,
+                &mut synthesized,
+                &mut held_back,
+                false,
+            ) {
                 // Attributed by translate (it found the QP, whose lock is busy).
                 None => kept.push_back(Held::raw(wc, true)),
                 Some((deliver, q)) => {
@@ -389,7 +401,9 @@ impl CqShared {
     /// its QP's send queue's and must be held, as it is, behind what is held of that QP:
     /// its QP is in `held_back`, or its lock is busy (then it is added to `held_back`).
     /// A QP whose settling synthesized completions (into `synthesized`, to be held right
-    /// behind this one) is added to `held_back` too.
+    /// behind this one) is added to `held_back` too. With `behind_held`, so is a QP with
+    /// completions in the held queue (queued since the caller looked, outside its lock);
+    /// [`Self::take_held`], which works through that queue itself, passes false.
     ///
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
     /// completions are then attributed by their tags (every WQE the shaper posts carries
@@ -402,6 +416,7 @@ impl CqShared {
         qp_num_known: bool,
         synthesized: &mut Vec<ibv_wc>,
         held_back: &mut Vec<u32>,
+        behind_held: bool,
     ) -> Option<(bool, Option<Arc<QpShared>>)> {
         let owner = if qp_num_known {
             qps.binary_search_by_key(&wc.qp_num, |q| q.qp_num)
@@ -424,6 +439,12 @@ impl CqShared {
             return Some((true, None));
         }
         if held_back.contains(&q.qp_num) {
+            return None;
+        }
+        // Completions of the QP queued meanwhile (synthesized under its lock, by a drain
+        // or a move to the error state on another thread) are older than this one.
+        if behind_held && self.may_hold() && self.holds_for(q.qp_num) {
+            held_back.push(q.qp_num);
             return None;
         }
         // Settled on the ring: a quick request's on an open ring, behind which nothing
@@ -524,7 +545,7 @@ impl CqShared {
                 if stale.is_some_and(|(n, r)| e.qp_num == n && r.contains(e.wr_id)) {
                     continue;
                 }
-                match self.translate(&qps, e, true, &mut synthesized, &mut held_back) {
+                match self.translate(&qps, e, true, &mut synthesized, &mut held_back, true) {
                     None => held.push(Held::raw(*e, true)),
                     Some((deliver, q)) => {
                         if deliver {
@@ -670,7 +691,7 @@ impl CqShared {
                 for i in range {
                     // SAFETY: i is within the entries the provider wrote.
                     let e = unsafe { &mut *wc.add(i) };
-                    match self.translate(&qps, e, true, &mut synthesized, held_back) {
+                    match self.translate(&qps, e, true, &mut synthesized, held_back, true) {
                         None => held.push(Held::raw(*e, true)),
                         Some((deliver, q)) => {
                             if let Some(q) = q {

@@ -1634,7 +1634,7 @@ impl QpShared {
         &self,
         st: &mut QpState,
         now: Duration,
-    ) -> (Option<(usize, c_int)>, Vec<ibv_wc>, Blocked) {
+    ) -> (Option<(usize, c_int)>, Vec<u64>, Blocked) {
         if st.sq.destroyed() {
             return (None, Vec::new(), Blocked::Idle);
         }
@@ -1658,41 +1658,52 @@ impl QpShared {
                 .unwrap_or(0);
             Err((index, rc))
         };
-        let mut synthesized = Vec::new();
-        let outcome = st.sq.drain(
-            now,
-            &mut DrainEnv {
-                post: &mut post,
-                pacer: self.engine.paced().then_some(&self.engine.rate),
-                counters: &self.engine.counters,
-                synthesized: &mut synthesized,
-            },
-        );
-        self.engine
-            .counters
-            .note_queued(u64::try_from(st.sq.queued()).unwrap_or(u64::MAX));
-        (outcome.refused, synthesized, outcome.blocked)
-    }
-
-    /// What follows a drain, outside the QP's lock: synthesized completions queued (and a
-    /// refusal by the provider said on stderr), and the QP handed to the pacer if blocked.
-    fn after_drain(&self, synthesized: Vec<ibv_wc>, blocked: Blocked, now: Duration) {
-        // A drain synthesizes IBV_WC_GENERAL_ERR only for a request the provider refused.
-        for wc in synthesized
-            .iter()
-            .filter(|w| w.status == IBV_WC_GENERAL_ERR)
-        {
-            log!(
-                Warn,
-                "QP {}: the provider refused a work request of the request with wr_id {:#x}; it completes with an error",
-                self.qp_num,
-                wc.wr_id
+        let mut refused_ids = Vec::new();
+        let outcome = loop {
+            let mut synthesized = Vec::new();
+            let outcome = st.sq.drain(
+                now,
+                &mut DrainEnv {
+                    post: &mut post,
+                    pacer: self.engine.paced().then_some(&self.engine.rate),
+                    counters: &self.engine.counters,
+                    synthesized: &mut synthesized,
+                },
             );
-        }
-        if !synthesized.is_empty() {
+            // A drain synthesizes IBV_WC_GENERAL_ERR only for a request the provider
+            // refused (said on stderr once the lock is released).
+            refused_ids.extend(
+                synthesized
+                    .iter()
+                    .filter(|w| w.status == IBV_WC_GENERAL_ERR)
+                    .map(|w| w.wr_id),
+            );
+            // Queued under the QP's lock, before anything later of the queue is posted:
+            // a poll settles the QP's later completions under that lock, so they cannot
+            // overtake these (see `CqShared::translate`). The held queue is a leaf.
             if let Some(cq) = &self.send_cq {
                 cq.push_synthesized(synthesized);
             }
+            if !outcome.more {
+                break outcome;
+            }
+        };
+        self.engine
+            .counters
+            .note_queued(u64::try_from(st.sq.queued()).unwrap_or(u64::MAX));
+        (outcome.refused, refused_ids, outcome.blocked)
+    }
+
+    /// What follows a drain, outside the QP's lock: a refusal by the provider said on
+    /// stderr (`refused`: the `wr_id`s of the requests it failed), and the QP handed to
+    /// the pacer if blocked.
+    fn after_drain(&self, refused: Vec<u64>, blocked: Blocked, now: Duration) {
+        for wr_id in refused {
+            log!(
+                Warn,
+                "QP {}: the provider refused a work request of the request with wr_id {wr_id:#x}; it completes with an error",
+                self.qp_num,
+            );
         }
         let wait = match blocked {
             Blocked::Tokens(wait) => wait,
@@ -1765,10 +1776,11 @@ impl QpShared {
                 _ => {}
             }
         }
-        drop(st);
-        if let (false, Some(cq)) = (synthesized.is_empty(), &self.send_cq) {
+        // Queued under the lock, as a drain's (see `Self::drain_locked`).
+        if let Some(cq) = &self.send_cq {
             cq.push_synthesized(synthesized);
         }
+        drop(st);
         // The provider reset the QP and may have left its completions in the CQ: they carry
         // tags the new incarnation reuses, and one could settle a new request that has not
         // run. They are dropped now, before the QP can post again.

@@ -397,6 +397,11 @@ pub struct DrainOutcome {
     /// position in the call's list and the error. It and every later request of the call
     /// were taken back, as the provider would have done.
     pub refused: Option<(usize, c_int)>,
+    /// The drain stopped after settling a request the provider refused part of: the error
+    /// completion it synthesized must be queued for the application before anything
+    /// later of the queue is posted (a later request's completion must not overtake it);
+    /// then drain again.
+    pub more: bool,
 }
 
 /// Most WQEs handed to the provider in one call: enough that a split request's chunks and
@@ -807,6 +812,7 @@ impl SendQueue {
         let mut outcome = DrainOutcome {
             blocked: Blocked::Idle,
             refused: None,
+            more: false,
         };
         self.materialize();
         loop {
@@ -844,8 +850,13 @@ impl SendQueue {
                     }
                 }
                 Err((index, rc)) => {
+                    let synthesized = env.synthesized.len();
                     if let Some(refused) = self.refused_at(index, rc, now, env, snapshots) {
                         outcome.refused = Some(refused);
+                        return outcome;
+                    }
+                    if env.synthesized.len() > synthesized {
+                        outcome.more = true;
                         return outcome;
                     }
                 }

@@ -136,3 +136,60 @@ fn a_poll_releases_paced_requests_only_of_the_qps_of_its_cq() {
     );
     forget(&r.dev, &[y], other_cq);
 }
+
+/// The provider refuses a chunk of request A in the middle of a post call that also
+/// carries request B: A completes with an error, B runs. A poll on another thread while
+/// the post call is still inside the provider (B already taken and run) must not let B's
+/// success overtake A's error: the application sees A's completion, then B's.
+#[test]
+fn an_error_synthesized_for_a_request_is_never_overtaken_by_the_next_ones_success() {
+    let r = rig_with(BW, 8, false);
+    let x = r.qp;
+    let src = pattern(256 << 10, 9);
+    let mut dst = vec![0u8; 256 << 10];
+    let remote = dst.as_mut_ptr() as u64;
+    // The first call's third WQE (A's third chunk) is refused; the second call (B) is held
+    // inside the provider once it took B.
+    r.dev.refuse_in_next_post(x, 2, libc::EIO);
+    let held = r.dev.hold_post(x, 1, true);
+    let poster = {
+        let (src_addr, remote, x) = (src.as_ptr() as u64, remote, x as usize);
+        std::thread::spawn(move || {
+            let mut a = [ibv_sge {
+                addr: src_addr,
+                length: 256 << 10,
+                lkey: 1,
+            }];
+            let mut b = [ibv_sge {
+                addr: src_addr,
+                length: 100,
+                lkey: 1,
+            }];
+            let mut wrs = [
+                rdma(IBV_WR_RDMA_WRITE, 1, &mut a, remote, true),
+                rdma(IBV_WR_RDMA_WRITE, 2, &mut b, remote, true),
+            ];
+            let next: *mut ibv_send_wr = &mut wrs[1];
+            wrs[0].next = next;
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a live QP and a valid two-request list.
+            unsafe { ops::post_send(x as *mut ibv_qp, wrs.as_mut_ptr(), &mut bad) }
+        })
+    };
+    held.entered
+        .recv_timeout(STUCK)
+        .expect("B's post call reached the provider");
+    r.dev.execute_all(x);
+    let mut seen: Vec<(u64, ibv_wc_status)> = poll_once(r.cq)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    let _ = held.go.send(());
+    assert_eq!(poster.join().unwrap(), 0, "A and B were taken");
+    seen.extend(poll_once(r.cq).iter().map(|w| (w.wr_id, w.status)));
+    assert_eq!(
+        seen,
+        vec![(1, IBV_WC_GENERAL_ERR), (2, IBV_WC_SUCCESS)],
+        "A's error, then B's success"
+    );
+}
