@@ -217,6 +217,13 @@ impl CqShared {
         }
     }
 
+    /// The held queue's lock, held: a test holds it across a `fork()`, as a thread of the
+    /// parent could.
+    #[cfg(test)]
+    pub(crate) fn lock_held(&self) -> std::sync::MutexGuard<'_, VecDeque<Held>> {
+        self.held()
+    }
+
     /// True when completions are held for the application.
     pub(crate) fn has_held(&self) -> bool {
         !self.held().is_empty()

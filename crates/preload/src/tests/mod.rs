@@ -17,6 +17,7 @@ use crate::mock::{MockDevice, PostedWr};
 
 mod daemon;
 mod extended;
+mod fork;
 mod hardening;
 mod locks;
 mod real_apps;
