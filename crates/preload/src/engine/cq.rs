@@ -76,6 +76,9 @@ pub struct CqShared {
     pub(crate) qps: parking_lot::Mutex<CqQps>,
     /// Its size (`ibv_cq.cqe`, what the provider granted).
     cqe: u32,
+    /// The receive queues' depths (`max_recv_wr`) of the registered QPs whose receive CQ
+    /// this is: entries their receives may take, beside the send queues'.
+    pub(super) recv_entries: AtomicU64,
     /// Completions held for the application's next poll, in order (see [`Held`]).
     held: Mutex<VecDeque<Held>>,
     /// Shaped QPs (in units of [`SHAPED_QP`]) plus held completions: zero means a poll
@@ -141,6 +144,7 @@ pub unsafe fn register_cq(
         cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
         held: Mutex::new(VecDeque::new()),
         work: AtomicU64::new(0),
+        recv_entries: AtomicU64::new(0),
         pacer_due_ns: AtomicU64::new(u64::MAX),
         polls_released_ns: AtomicU64::new(0),
         ex,
@@ -333,15 +337,24 @@ impl CqShared {
         given
     }
 
-    /// Whether the CQ can hold every completion of its shaped QPs (`qps`) and of one more
-    /// of `depth` send slots: `None` if it can, else the entries needed. A shaped QP has at
-    /// most its `max_send_wr` completions waiting, but may have more than the application's
-    /// own signaling would leave (the shaper signals internal WQEs to recycle slots), so a
-    /// CQ the application sized to its own pattern could overflow: such a QP is only
-    /// observed (said once, by [`Self::say_too_small`], outside the CQ's lock).
-    pub(super) fn room_needed(&self, qps: &[Arc<QpShared>], depth: u32) -> Option<u64> {
-        let needed: u64 =
-            qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>() + u64::from(depth);
+    /// Whether the CQ can hold every completion of its shaped QPs' send queues (`qps`),
+    /// every receive of the QPs whose receive CQ it is, and one more send queue of `depth`
+    /// slots with `recv_depth` receives here: `None` if it can, else the entries needed. A
+    /// shaped QP has at most its `max_send_wr` completions waiting, but may have more than
+    /// the application's own signaling would leave (the shaper signals internal WQEs to
+    /// recycle slots), so a CQ the application sized to its own pattern could overflow:
+    /// such a QP is only observed (said once, by [`Self::say_too_small`], outside the CQ's
+    /// lock).
+    pub(super) fn room_needed(
+        &self,
+        qps: &[Arc<QpShared>],
+        depth: u32,
+        recv_depth: u32,
+    ) -> Option<u64> {
+        let needed: u64 = qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>()
+            + u64::from(depth)
+            + self.recv_entries.load(Ordering::Acquire)
+            + u64::from(recv_depth);
         (needed > u64::from(self.cqe)).then_some(needed)
     }
 

@@ -904,6 +904,11 @@ pub struct QpShared {
     /// Its `max_send_wr`: the most completions it can have waiting in its send CQ.
     send_depth: u32,
     send_cq: Option<Arc<CqShared>>,
+    /// Its receive CQ, if registered, and its `max_recv_wr`: counted in that CQ's
+    /// `recv_entries` while `recv_counted` (from registration to destroy).
+    recv_cq: Option<Arc<CqShared>>,
+    recv_depth: u32,
+    recv_counted: AtomicBool,
     pub(crate) state: parking_lot::Mutex<QpState>,
     in_pacer: AtomicBool,
     pub(crate) ex: Option<QpExOps>,
@@ -1033,6 +1038,13 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         drop(unregister_qp_in(qps, qp, stale));
     }
     let send_cq = CQS.get_arc(init.send_cq.cast());
+    let recv_cq = CQS.get_arc(init.recv_cq.cast());
+    // Its receives' share of its send CQ, when that is its receive CQ too.
+    let recv_here = if init.recv_cq == init.send_cq {
+        init.cap.max_recv_wr
+    } else {
+        0
+    };
     // Completions of a shaped QP must be translated, so its send CQ must be one the shaper
     // knows; a QP whose CQ it does not know is only observed. The CQ's QP list stays locked
     // until the QP is in it, so that two QPs created at once cannot both take the CQ's
@@ -1043,7 +1055,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         && init.shapable
         && match (&send_cq, &cq_qps) {
             (Some(cq), Some(qps)) => {
-                too_small = cq.room_needed(qps, init.cap.max_send_wr);
+                too_small = cq.room_needed(qps, init.cap.max_send_wr, recv_here);
                 too_small.is_none()
             }
             _ => false,
@@ -1072,6 +1084,9 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         shaped,
         send_depth: init.cap.max_send_wr,
         send_cq: send_cq.clone(),
+        recv_cq,
+        recv_depth: init.cap.max_recv_wr,
+        recv_counted: AtomicBool::new(false),
         state: parking_lot::Mutex::new(QpState {
             sq,
             path_mtu: MIN_PATH_MTU,
@@ -1112,6 +1127,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
         cq.add_qp_locked(qps, &shared);
     }
+    shared.count_receives();
     drop(cq_qps);
     // Said outside the CQ's lock.
     if let (Some(needed), Some(cq)) = (too_small, &send_cq) {
@@ -1199,6 +1215,13 @@ impl QpShared {
         if self.counted.swap(false, Ordering::AcqRel) {
             self.engine.members_changed(false);
         }
+        if let (true, Some(cq)) = (
+            self.recv_counted.swap(false, Ordering::AcqRel),
+            &self.recv_cq,
+        ) {
+            cq.recv_entries
+                .fetch_sub(u64::from(self.recv_depth), Ordering::AcqRel);
+        }
         let purged = match &self.send_cq {
             Some(cq) => {
                 cq.remove_qp(self);
@@ -1211,6 +1234,17 @@ impl QpShared {
         queue.waiting.retain(|(q, _)| !Arc::ptr_eq(q, self));
         self.in_pacer.store(false, Ordering::Release);
         purged
+    }
+
+    /// Counts a registered QP's receive queue in its receive CQ's entries.
+    fn count_receives(&self) {
+        if let (Some(cq), false) = (
+            &self.recv_cq,
+            self.recv_counted.swap(true, Ordering::AcqRel),
+        ) {
+            cq.recv_entries
+                .fetch_add(u64::from(self.recv_depth), Ordering::AcqRel);
+        }
     }
 
     /// Counts a registered member QP in the daemon's flow.
@@ -1228,6 +1262,7 @@ impl QpShared {
             return;
         }
         self.count_member();
+        self.count_receives();
         if let Some(cq) = &self.send_cq {
             if self.shaped {
                 cq.add_qp(self);
