@@ -428,6 +428,15 @@ impl Engine {
         self.apply(settings, self.clock.now());
     }
 
+    /// The follower's lock, held: a test stands in for a follower thread stuck in a
+    /// connection attempt (its lock held for as long as the test likes).
+    #[cfg(test)]
+    pub(crate) fn hold_follower(&self) -> Option<MutexGuard<'_, Follower>> {
+        self.follower
+            .as_ref()
+            .map(|f| f.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Where following the daemon stands; `None` with `JUSTITIA_DAEMON=off`.
     pub fn follow_status(&self) -> Option<FollowStatus> {
         self.follower
