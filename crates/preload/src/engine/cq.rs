@@ -676,7 +676,7 @@ impl CqShared {
     /// Whether this CQ's polls have been releasing paced requests lately.
     pub(super) fn polls_drive(&self, now: Duration) -> bool {
         let last = self.polls_released_ns.load(Ordering::Relaxed);
-        last != 0 && nanos(now).saturating_sub(last) < nanos(super::POLLS_DRIVE_FOR)
+        last != 0 && nanos(now).saturating_sub(last) < nanos(super::pacer::POLLS_DRIVE_FOR)
     }
 
     /// [`Self::poll_shaped`] of what its usual case does not cover, resuming after what
