@@ -10,18 +10,29 @@
 //! fields served by the wrapped accessors; the provider's poll is then ended first, so the
 //! application's `ibv_end_poll` ends it exactly once.
 //!
+//! Locks, in order: the poll in progress (`CqShared::ex_current`), then the CQ's poll lock
+//! (`CqShared::qps`). Between `ibv_start_poll` and `ibv_end_poll` the provider holds the
+//! CQ's own lock, and an `ibv_poll_cq` of the same CQ on another thread may be waiting for
+//! it with the poll lock held: so while the provider's poll is active the poll lock is only
+//! tried (`CqShared::filter_ex` holds entries it cannot translate without it), and taken
+//! outright only once the provider's poll is over (`CqShared::present_held`). The
+//! shaper's own poll of the CQ (`CqShared::poll_ex_aside`, after a destroy or reset)
+//! holds the poll-in-progress lock and runs only when no application poll has begun.
+//!
 //! Entries are attributed to QPs by QP number; the shaper asks for QP numbers when it
 //! creates the CQ (see [`crate::install::create_cq_ex`]). Without them, the tags of internal
 //! WQEs and the `wr_id` each QP expects next attribute them instead.
 
 use std::ffi::c_int;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 use justitia_verbs::sys::*;
 
 use crate::engine::ex_state::{CqExOps, Current};
-use crate::engine::{self, CqShared, QpShared};
+use crate::engine::{self, note_touched, CqShared, Held, QpShared};
 use crate::ffi::guarded;
+use crate::send_queue::QuickRing;
 
 /// Installs the shaper's poll pointers in `cqx`, and its accessors in place of the
 /// provider's it has.
@@ -53,14 +64,64 @@ fn state(cqx: *mut ibv_cq_ex) -> Option<(&'static CqShared, CqExOps)> {
     Some((c, c.ex?))
 }
 
+/// Reads the provider's current entry, every field the shaper presents for a held one.
+///
+/// # Safety
+/// `cqx` is inside a provider poll.
+unsafe fn read_entry(cqx: *mut ibv_cq_ex, ops: CqExOps, all: bool) -> ibv_wc {
+    // SAFETY: guaranteed by the caller; the accessors are the provider's.
+    unsafe {
+        let c = &*cqx;
+        let success = c.status == IBV_WC_SUCCESS;
+        let mut wc = ibv_wc {
+            wr_id: c.wr_id,
+            status: c.status,
+            opcode: match (success, ops.read_opcode) {
+                (true, Some(f)) => f(cqx),
+                _ => 0,
+            },
+            vendor_err: match (success, ops.read_vendor_err) {
+                (false, Some(f)) => f(cqx),
+                _ => 0,
+            },
+            byte_len: ops.read_byte_len.map_or(0, |f| f(cqx)),
+            qp_num: match (ops.has_qp_num, ops.read_qp_num) {
+                (true, Some(f)) => f(cqx),
+                _ => 0,
+            },
+            ..Default::default()
+        };
+        if all && success {
+            wc.__bindgen_anon_1.imm_data = ops.read_imm_data.map_or(0, |f| f(cqx));
+            wc.src_qp = ops.read_src_qp.map_or(0, |f| f(cqx));
+            wc.wc_flags = ops.read_wc_flags.map_or(0, |f| f(cqx));
+            wc.slid = ops.read_slid.map_or(0, |f| f(cqx)) as u16;
+            wc.sl = ops.read_sl.map_or(0, |f| f(cqx));
+            wc.dlid_path_bits = ops.read_dlid_path_bits.map_or(0, |f| f(cqx));
+        }
+        wc
+    }
+}
+
 impl CqShared {
     fn current(&self) -> MutexGuard<'_, Current> {
         self.ex_current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The provider's poll of the application ended (or never began).
+    fn session_ended(&self, current: &mut Current) {
+        current.provider_active = false;
+        self.sessions.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Skips entries the application must not see, starting from the one the provider
     /// presents after a poll verb returned `rc`; returns the verb's result for the
     /// application.
+    ///
+    /// The poll lock is only tried here: inside the application's poll the provider holds
+    /// the CQ's own lock, for which an `ibv_poll_cq` of another thread may be waiting with
+    /// the poll lock held. Without it, entries are held as they are (their QP not known
+    /// yet), and every later one behind them, for [`Self::present_held`].
     ///
     /// # Safety
     /// `cqx` is this CQ, inside a provider poll.
@@ -72,61 +133,85 @@ impl CqShared {
         current: &mut Current,
     ) -> c_int {
         current.byte_len = None;
-        if self.shaped.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        if self.shaped.load(Ordering::Relaxed) == 0 && current.stale.is_empty() {
             return rc;
         }
-        let qps = self.qps.lock();
+        let qps = self.qps.try_lock();
         let mut synthesized = Vec::new();
+        let mut held = Vec::new();
         while rc == 0 {
             // SAFETY: inside a poll, the provider presents a valid entry.
-            let mut wc = unsafe {
-                let c = &*cqx;
-                ibv_wc {
-                    wr_id: c.wr_id,
-                    status: c.status,
-                    opcode: match (c.status, ops.read_opcode) {
-                        (IBV_WC_SUCCESS, Some(f)) => f(cqx),
-                        _ => 0,
-                    },
-                    byte_len: ops.read_byte_len.map_or(0, |f| f(cqx)),
-                    qp_num: match (ops.has_qp_num, ops.read_qp_num) {
-                        (true, Some(f)) => f(cqx),
-                        _ => 0,
-                    },
-                    ..Default::default()
+            let mut wc = unsafe { read_entry(cqx, ops, false) };
+            let before = wc.byte_len;
+            let stale = current
+                .stale
+                .iter()
+                .any(|(n, ring)| (!ops.has_qp_num || wc.qp_num == *n) && ring.contains(wc.wr_id));
+            let verdict = match &qps {
+                _ if stale => Some((false, None)),
+                Some(qps) if !current.hold_all => self.translate(
+                    qps,
+                    &mut wc,
+                    ops.has_qp_num,
+                    &mut synthesized,
+                    &mut current.held_back,
+                    true,
+                ),
+                _ => {
+                    current.hold_all = true;
+                    None
                 }
             };
-            let before = wc.byte_len;
-            let (deliver, q) = self.translate(&qps, &mut wc, ops.has_qp_num, &mut synthesized);
-            if let Some(q) = q {
-                if !current.touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                    current.touched.push(q);
+            match verdict {
+                // Held (whole, should it be the application's) to be presented once what
+                // is held before it is.
+                None => {
+                    // SAFETY: as above.
+                    let whole = unsafe { read_entry(cqx, ops, true) };
+                    let known = ops.has_qp_num || wc.qp_num != 0;
+                    held.push(Held::raw(
+                        ibv_wc {
+                            qp_num: wc.qp_num,
+                            ..whole
+                        },
+                        known,
+                    ));
                 }
-            }
-            if deliver {
-                // SAFETY: as above; wr_id is the CQ's field for the current entry.
-                unsafe { (*cqx).wr_id = wc.wr_id };
-                if wc.byte_len != before {
-                    current.byte_len = Some(wc.byte_len);
+                Some((deliver, q)) => {
+                    if let Some(q) = q {
+                        note_touched(&mut current.touched, q);
+                    }
+                    held.extend(synthesized.drain(..).map(Held::settled));
+                    if deliver {
+                        // SAFETY: as above; wr_id is the CQ's field for the current entry.
+                        unsafe { (*cqx).wr_id = wc.wr_id };
+                        if wc.byte_len != before {
+                            current.byte_len = Some(wc.byte_len);
+                        }
+                        break;
+                    }
                 }
-                break;
             }
             // SAFETY: inside a poll.
             rc = unsafe { (ops.next_poll)(cqx) };
         }
         drop(qps);
-        if !synthesized.is_empty() {
-            self.push_synthesized(synthesized);
-        }
+        self.push_held(held);
         rc
     }
 
-    /// Presents the next synthesized completion, if any, as the current entry.
+    /// Presents the next held completion, if any, as the current entry (see
+    /// [`CqShared::take_held`]). Called with no provider poll active.
     ///
     /// # Safety
     /// `cqx` is this CQ, inside the application's poll.
-    unsafe fn present_synthesized(&self, cqx: *mut ibv_cq_ex, current: &mut Current) -> c_int {
-        current.synthetic = self.pop_synthesized();
+    unsafe fn present_held(&self, cqx: *mut ibv_cq_ex, current: &mut Current) -> c_int {
+        let mut next = None;
+        if self.has_held() {
+            let qps = self.qps.lock();
+            self.take_held(&qps, 1, &mut current.touched, |wc| next = Some(wc));
+        }
+        current.synthetic = next;
         match current.synthetic {
             Some(wc) => {
                 // SAFETY: the application's live CQ.
@@ -148,6 +233,8 @@ impl CqShared {
         let mut current = self.current();
         current.synthetic = None;
         current.provider_active = rc == 0;
+        // The QPs with completions held: the provider's next ones of theirs go behind.
+        (current.held_back, current.hold_all) = self.held_back();
         if rc == 0 {
             // SAFETY: a provider poll has started.
             rc = unsafe { self.filter_ex(cqx, ops, 0, &mut current) };
@@ -158,11 +245,15 @@ impl CqShared {
             // will not call end_poll after an error from start_poll, so end it here.
             // SAFETY: the provider's poll is active.
             unsafe { (ops.end_poll)(cqx) };
-            current.provider_active = false;
+            self.session_ended(&mut current);
+        } else {
+            self.session_ended(&mut current);
         }
+        // SAFETY: no provider poll is active; cqx is this CQ.
+        unsafe { self.after_session(cqx, ops, &mut current) };
         if rc == libc::ENOENT {
             // SAFETY: no provider poll is active; cqx is this CQ.
-            rc = unsafe { self.present_synthesized(cqx, &mut current) };
+            rc = unsafe { self.present_held(cqx, &mut current) };
         }
         if rc != 0 {
             let touched = std::mem::take(&mut current.touched);
@@ -183,16 +274,18 @@ impl CqShared {
             let rc = unsafe { (ops.next_poll)(cqx) };
             // SAFETY: as above.
             let rc = unsafe { self.filter_ex(cqx, ops, rc, &mut current) };
-            if rc != libc::ENOENT || !self.has_synthesized() {
+            if rc != libc::ENOENT || !self.has_held() {
                 return rc;
             }
-            // The provider is done; end its poll now, and go on with synthesized ones.
+            // The provider is done; end its poll now, and go on with held ones.
             // SAFETY: the provider's poll is active.
             unsafe { (ops.end_poll)(cqx) };
-            current.provider_active = false;
+            self.session_ended(&mut current);
+            // SAFETY: no provider poll is active; cqx is this CQ.
+            unsafe { self.after_session(cqx, ops, &mut current) };
         }
         // SAFETY: no provider poll is active; cqx is this CQ.
-        unsafe { self.present_synthesized(cqx, &mut current) }
+        unsafe { self.present_held(cqx, &mut current) }
     }
 
     /// `ibv_end_poll`.
@@ -205,7 +298,9 @@ impl CqShared {
             if current.provider_active {
                 // SAFETY: the provider's poll is active.
                 unsafe { (ops.end_poll)(cqx) };
-                current.provider_active = false;
+                self.session_ended(&mut current);
+                // SAFETY: no provider poll is active; cqx is this CQ.
+                unsafe { self.after_session(cqx, ops, &mut current) };
             }
             current.byte_len = None;
             current.synthetic = None;
@@ -214,13 +309,114 @@ impl CqShared {
         self.drain_touched(touched);
     }
 
-    /// Lets the QPs heard from post more, and releases paced requests that are due.
+    /// After a poll of the application's ended: if QPs were destroyed or reset meanwhile
+    /// and no other poll has begun, polls the CQ for their stale completions.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ, with no provider poll active.
+    unsafe fn after_session(&self, cqx: *mut ibv_cq_ex, ops: CqExOps, current: &mut Current) {
+        if current.stale.is_empty() || self.sessions.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let stale = std::mem::take(&mut current.stale);
+        // SAFETY: guaranteed by the caller.
+        let touched = unsafe { self.poll_ex_aside(cqx, ops, &stale) };
+        for q in touched {
+            note_touched(&mut current.touched, q);
+        }
+    }
+
+    /// Polls this extended CQ empty with its own verbs, for the shaper: completions
+    /// carrying the tags of a QP of `stale` are dropped, the others held for the
+    /// application, in order. Called with the poll in progress locked and no poll of the
+    /// application's begun: one that begins now waits for this one on that lock, before
+    /// the provider's (see [`start_poll`]). Lock order: the poll in progress, the poll lock.
+    ///
+    /// # Safety
+    /// `cqx` is this CQ, with no provider poll active.
+    unsafe fn poll_ex_aside(
+        &self,
+        cqx: *mut ibv_cq_ex,
+        ops: CqExOps,
+        stale: &[(u32, Arc<QuickRing>)],
+    ) -> Vec<Arc<QpShared>> {
+        let mut touched = Vec::new();
+        let qps = self.qps.lock();
+        if self.dead.load(Ordering::Acquire) {
+            return touched;
+        }
+        let mut attr = ibv_poll_cq_attr::default();
+        // SAFETY: guaranteed by the caller.
+        let mut rc = unsafe { (ops.start_poll)(cqx, &mut attr) };
+        if rc != 0 {
+            return touched;
+        }
+        let (mut held_back, _) = self.held_back();
+        let mut held = Vec::new();
+        let mut synthesized = Vec::new();
+        while rc == 0 {
+            // SAFETY: inside the provider poll started above.
+            let mut wc = unsafe { read_entry(cqx, ops, true) };
+            let dropped = stale
+                .iter()
+                .any(|(n, ring)| (!ops.has_qp_num || wc.qp_num == *n) && ring.contains(wc.wr_id));
+            if !dropped {
+                match self.translate(
+                    &qps,
+                    &mut wc,
+                    ops.has_qp_num,
+                    &mut synthesized,
+                    &mut held_back,
+                    true,
+                ) {
+                    None => held.push(Held::raw(wc, true)),
+                    Some((deliver, q)) => {
+                        if deliver {
+                            held.push(Held::settled(wc));
+                        }
+                        held.extend(synthesized.drain(..).map(Held::settled));
+                        if let Some(q) = q {
+                            note_touched(&mut touched, q);
+                        }
+                    }
+                }
+            }
+            // SAFETY: as above.
+            rc = unsafe { (ops.next_poll)(cqx) };
+        }
+        // SAFETY: as above.
+        unsafe { (ops.end_poll)(cqx) };
+        self.push_held(held);
+        touched
+    }
+
+    /// [`CqShared::drop_stale`] of an extended CQ: polled now if no poll of the
+    /// application's is in progress, else by that poll as it goes and when it ends.
+    pub(crate) fn drop_stale_ex(
+        &self,
+        ops: CqExOps,
+        qp_num: u32,
+        ring: &Arc<QuickRing>,
+    ) -> Vec<Arc<QpShared>> {
+        let mut current = self.current();
+        current.stale.push((qp_num, Arc::clone(ring)));
+        if self.sessions.load(Ordering::Acquire) != 0 {
+            return Vec::new();
+        }
+        let stale = std::mem::take(&mut current.stale);
+        // SAFETY: no poll of the application's is in progress, and none begins while the
+        // poll in progress is locked (see `start_poll`).
+        unsafe { self.poll_ex_aside(self.cq.cast(), ops, &stale) }
+    }
+
+    /// Lets the QPs heard from post more, and releases the paced requests that are due of
+    /// this CQ's QPs, never waiting for a QP's lock.
     fn drain_touched(&self, touched: Vec<Arc<QpShared>>) {
         let now = self.engine.now();
         for q in touched {
-            q.drain(now);
+            q.drain_or_defer(now);
         }
-        self.engine.on_poll(now);
+        self.engine.release_for(self, now);
     }
 }
 
@@ -228,6 +424,15 @@ unsafe extern "C" fn start_poll(cqx: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr
     let Some((c, ops)) = state(cqx) else {
         return libc::ENOENT;
     };
+    if crate::ffi::in_forked_child() {
+        // SAFETY: the provider's own start_poll; in a child every poll verb passes through.
+        return unsafe { (ops.start_poll)(cqx, attr) };
+    }
+    // Counted before the provider's poll begins, and past the poll-in-progress lock, so
+    // that the shaper's own poll of the CQ (which holds that lock, see
+    // `CqShared::poll_ex_aside`) either sees this one coming or ends before it begins.
+    c.sessions.fetch_add(1, Ordering::AcqRel);
+    drop(c.current());
     // SAFETY: the provider's own start_poll, with the caller's arguments.
     let rc = unsafe { (ops.start_poll)(cqx, attr) };
     // SAFETY: cqx is the CQ whose state this is.
@@ -270,6 +475,12 @@ macro_rules! accessor {
             let Some((c, ops)) = state(cqx) else {
                 return Default::default();
             };
+            if crate::ffi::in_forked_child() {
+                // SAFETY: the provider's own accessor; in a child every verb passes through.
+                return ops
+                    .$field
+                    .map_or_else(Default::default, |f| unsafe { f(cqx) });
+            }
             match (presented(c).0, ops.$field) {
                 (Some($wc), _) => $synthetic,
                 // SAFETY: the provider's own accessor, inside the application's poll.
@@ -299,6 +510,10 @@ unsafe extern "C" fn read_byte_len(cqx: *mut ibv_cq_ex) -> u32 {
     let Some((c, ops)) = state(cqx) else {
         return 0;
     };
+    if crate::ffi::in_forked_child() {
+        // SAFETY: the provider's own accessor; in a child every verb passes through.
+        return ops.read_byte_len.map_or(0, |f| unsafe { f(cqx) });
+    }
     match (presented(c), ops.read_byte_len) {
         ((Some(wc), _), _) => wc.byte_len,
         ((None, Some(len)), _) => len,

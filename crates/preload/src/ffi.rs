@@ -31,8 +31,26 @@ static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 /// Said once per process when the shaper's part of a call panicked.
 static PANIC_SAID: AtomicBool = AtomicBool::new(false);
 
+/// Said once per process in a forked child, at its first call into the shaper.
+static CHILD_SAID: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_fork_child() {
     FORKED_CHILD.store(true, Ordering::Relaxed);
+    // A grandchild says it again.
+    CHILD_SAID.store(false, Ordering::Relaxed);
+}
+
+/// Says once, in a forked child, that the shaper passes everything through there. Written
+/// with one `write(2)`: the child must take no lock (std's stderr lock included) that a
+/// thread of the parent may have held at the fork.
+#[cold]
+fn say_child() {
+    if CHILD_SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let msg = b"justitia: this process was forked from one the shaper had started in; its verbs pass through unshaped\n";
+    // SAFETY: writes a static buffer to stderr; the result does not matter.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
 /// Registers the fork handler (once per process); called when the shaper starts.
@@ -47,7 +65,11 @@ pub fn watch_forks() {
 /// True in a child forked after the shaper started: every call passes through.
 #[inline(always)]
 pub fn in_forked_child() -> bool {
-    FORKED_CHILD.load(Ordering::Relaxed)
+    let child = FORKED_CHILD.load(Ordering::Relaxed);
+    if child {
+        say_child();
+    }
+    child
 }
 
 /// True while the calling thread is inside a real verb called by the shaper.

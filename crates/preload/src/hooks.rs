@@ -278,7 +278,8 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         Some(f) => unsafe { f(cq, solicited_only) },
         None => libc::EOPNOTSUPP,
     };
-    if let (0, Some(c)) = (rc, shared) {
+    // Not in a forked child: noting it takes the shaper's locks.
+    if let (0, Some(c), false) = (rc, shared, crate::ffi::in_forked_child()) {
         c.on_armed();
     }
     rc

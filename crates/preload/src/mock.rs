@@ -12,7 +12,8 @@
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Condvar, Mutex};
 
 use justitia_verbs::sys::*;
 use justitia_verbs::VERBS_ABI_IS_EXTENDED;
@@ -100,6 +101,36 @@ struct MockState {
 struct MockInner {
     vctx: UnsafeCell<verbs_context>,
     state: Mutex<MockState>,
+    /// The next post on this QP stops inside the provider (holding none of the mock's
+    /// locks) until the test lets it go (see [`MockDevice::hold_next_post`]).
+    gate: Mutex<Option<PostGate>>,
+    /// The extended CQ (its address) whose poll is in progress, from `start_poll` to
+    /// `end_poll`: as a provider holds the CQ's lock across one, every other poll of it
+    /// waits (`ibv_poll_cq` included).
+    session: Mutex<Option<usize>>,
+    session_ended: Condvar,
+    /// Told when a poll starts waiting for another one to end (see
+    /// [`MockDevice::tell_when_a_poll_waits`]).
+    poll_waits: Mutex<Option<Sender<()>>>,
+}
+
+/// A post held inside the provider: it says when it got there, and waits to be let go.
+struct PostGate {
+    qp: usize,
+    /// Post calls on the QP to let through first.
+    skip: u32,
+    /// Held once the call took its requests (else before it takes any).
+    after: bool,
+    entered: Sender<()>,
+    go: Receiver<()>,
+}
+
+/// The test's end of a post held inside the provider.
+pub struct HeldPost {
+    /// Receives once the post is inside the provider.
+    pub entered: Receiver<()>,
+    /// Lets the post go on (a send, or dropping it).
+    pub go: Sender<()>,
 }
 
 /// One mock device context and everything created on it.
@@ -145,6 +176,10 @@ impl MockDevice {
                 next_qp_num: 0x100,
                 ..Default::default()
             }),
+            gate: Mutex::new(None),
+            session: Mutex::new(None),
+            session_ended: Condvar::new(),
+            poll_waits: Mutex::new(None),
         });
         let me = (&*inner as *const MockInner).cast_mut();
         // SAFETY: nobody else sees the context yet.
@@ -231,6 +266,41 @@ impl MockDevice {
     /// `end_poll` calls that reached the provider.
     pub fn end_polls(&self) -> u32 {
         self.state().end_polls
+    }
+
+    /// The next `post_send` call on `qp` stops inside the provider, before it takes any
+    /// request and holding none of the mock's locks, until the test lets it go: a provider
+    /// post that takes long (a doorbell stuck behind a busy PCIe link, a preempted thread).
+    pub fn hold_next_post(&self, qp: *mut ibv_qp) -> HeldPost {
+        self.hold_post(qp, 0, false)
+    }
+
+    /// The post call on `qp` after the next `skip` ones stops inside the provider, as
+    /// [`Self::hold_next_post`]; with `after`, once it took its requests (they can be
+    /// executed and their completions polled before the call returns).
+    pub fn hold_post(&self, qp: *mut ibv_qp, skip: u32, after: bool) -> HeldPost {
+        let (entered_tx, entered) = channel();
+        let (go, go_rx) = channel();
+        *self.inner.gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(PostGate {
+            qp: qp as usize,
+            skip,
+            after,
+            entered: entered_tx,
+            go: go_rx,
+        });
+        HeldPost { entered, go }
+    }
+
+    /// From now on, every poll of a CQ (plain or extended) that waits for an extended poll
+    /// of it in progress to end says so on the channel returned.
+    pub fn tell_when_a_poll_waits(&self) -> Receiver<()> {
+        let (tx, rx) = channel();
+        *self
+            .inner
+            .poll_waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
     }
 
     /// `post_send` calls that reached the provider (one per list).
@@ -542,7 +612,50 @@ unsafe extern "C" fn mock_post_send(
     // SAFETY: the caller passes a live QP.
     let qp_num = unsafe { (*qp).qp_num };
     // SAFETY: a mock QP points to its mock context.
-    inner_of(unsafe { (*qp).context })
+    let inner = inner_of(unsafe { (*qp).context });
+    let gate = {
+        let mut gate = inner.gate.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *gate {
+            Some(g) if g.qp == qp as usize && g.skip > 0 => {
+                g.skip -= 1;
+                None
+            }
+            Some(g) if g.qp == qp as usize => gate.take(),
+            _ => None,
+        }
+    };
+    // The test may have gone: then the post just goes on.
+    let wait = |g: PostGate| {
+        let _ = g.entered.send(());
+        let _ = g.go.recv();
+    };
+    let (before, after) = match gate {
+        Some(g) if g.after => (None, Some(g)),
+        g => (g, None),
+    };
+    if let Some(g) = before {
+        wait(g);
+    }
+    // SAFETY: as the caller's.
+    let rc = unsafe { post_send_now(inner, qp, qp_num, wr, bad_wr) };
+    if let Some(g) = after {
+        wait(g);
+    }
+    rc
+}
+
+/// [`mock_post_send`] past its gate.
+///
+/// # Safety
+/// As `mock_post_send`'s.
+unsafe fn post_send_now(
+    inner: &MockInner,
+    qp: *mut ibv_qp,
+    qp_num: u32,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    inner
         .state
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -616,7 +729,42 @@ unsafe extern "C" fn mock_post_recv(
     0
 }
 
+/// Waits until no extended poll of `cq` is in progress, and begins one if `begin`.
+fn enter_cq(cq: *mut ibv_cq, begin: bool) {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let mut session = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+    let mut told = false;
+    while *session == Some(cq as usize) {
+        if !told {
+            told = true;
+            if let Some(tx) = &*inner.poll_waits.lock().unwrap_or_else(|e| e.into_inner()) {
+                let _ = tx.send(());
+            }
+        }
+        session = inner
+            .session_ended
+            .wait(session)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+    if begin {
+        *session = Some(cq as usize);
+    }
+}
+
+/// Ends the extended poll of `cq` in progress.
+fn leave_cq(cq: *mut ibv_cq) {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let mut session = inner.session.lock().unwrap_or_else(|e| e.into_inner());
+    if *session == Some(cq as usize) {
+        *session = None;
+        inner.session_ended.notify_all();
+    }
+}
+
 unsafe extern "C" fn mock_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    enter_cq(cq, false);
     with_cq(cq, |c| {
         let mut got = 0;
         while got < n {
@@ -697,7 +845,13 @@ fn present(cqx: *mut ibv_cq_ex, c: &mut MockCq) -> c_int {
 }
 
 unsafe extern "C" fn mock_start_poll(cqx: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
-    with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL)
+    enter_cq(cqx.cast(), true);
+    let rc = with_cq(cqx.cast(), |c| present(cqx, c)).unwrap_or(libc::EINVAL);
+    // A poll that found nothing is over (the application does not end it).
+    if rc != 0 {
+        leave_cq(cqx.cast());
+    }
+    rc
 }
 
 unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
@@ -706,6 +860,7 @@ unsafe extern "C" fn mock_next_poll(cqx: *mut ibv_cq_ex) -> c_int {
 
 unsafe extern "C" fn mock_end_poll(cqx: *mut ibv_cq_ex) {
     with_cq(cqx.cast(), |c| c.current = None);
+    leave_cq(cqx.cast());
     // SAFETY: a mock CQ points to its mock context.
     inner_of(unsafe { (*cqx).context })
         .state

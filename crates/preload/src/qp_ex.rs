@@ -59,6 +59,21 @@ pub fn install(qpx: &mut ibv_qp_ex, shaped: bool) {
     );
 }
 
+/// In a forked child, calls the provider's own `$field` with the application's arguments
+/// and returns: every verb passes through there, and the shaper's locks may have been
+/// held by a thread of the parent at the fork (see [`crate::ffi`]).
+macro_rules! in_child_pass_through {
+    ($qpx:ident, $field:ident ($($arg:expr),*)) => {
+        if crate::ffi::in_forked_child() {
+            return match state($qpx).and_then(|q| q.ex).and_then(|ops| ops.0.$field) {
+                // SAFETY: the provider's own function, with the application's arguments.
+                Some(f) => unsafe { f($qpx $(, $arg)*) },
+                None => Default::default(),
+            };
+        }
+    };
+}
+
 /// The QP state behind a `qpx` the shaper installed pointers in.
 fn state(qpx: *mut ibv_qp_ex) -> Option<&'static QpShared> {
     engine::qp(qpx.cast())
@@ -106,6 +121,7 @@ fn current(qpx: *mut ibv_qp_ex, f: impl FnOnce(&mut Collected)) {
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    in_child_pass_through!(qpx, wr_start());
     with_batch(qpx, |b| {
         b.wrs.clear();
         b.unsupported = None;
@@ -113,6 +129,7 @@ unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    in_child_pass_through!(qpx, wr_abort());
     with_batch(qpx, |b| {
         b.wrs.clear();
         b.unsupported = None;
@@ -120,6 +137,7 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    in_child_pass_through!(qpx, wr_complete());
     let Some(q) = state(qpx) else {
         return libc::EINVAL;
     };
@@ -153,6 +171,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    in_child_pass_through!(qpx, wr_rdma_write(rkey, remote_addr));
     start(qpx, IBV_WR_RDMA_WRITE, |wr| {
         wr.wr.rdma.rkey = rkey;
         wr.wr.rdma.remote_addr = remote_addr;
@@ -165,6 +184,7 @@ unsafe extern "C" fn wr_rdma_write_imm(
     remote_addr: u64,
     imm_data: __be32,
 ) {
+    in_child_pass_through!(qpx, wr_rdma_write_imm(rkey, remote_addr, imm_data));
     start(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, |wr| {
         wr.wr.rdma.rkey = rkey;
         wr.wr.rdma.remote_addr = remote_addr;
@@ -173,6 +193,7 @@ unsafe extern "C" fn wr_rdma_write_imm(
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    in_child_pass_through!(qpx, wr_rdma_read(rkey, remote_addr));
     start(qpx, IBV_WR_RDMA_READ, |wr| {
         wr.wr.rdma.rkey = rkey;
         wr.wr.rdma.remote_addr = remote_addr;
@@ -180,22 +201,26 @@ unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u
 }
 
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
+    in_child_pass_through!(qpx, wr_send());
     start(qpx, IBV_WR_SEND, |_| {});
 }
 
 unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm_data: __be32) {
+    in_child_pass_through!(qpx, wr_send_imm(imm_data));
     start(qpx, IBV_WR_SEND_WITH_IMM, |wr| {
         wr.__bindgen_anon_1.imm_data = imm_data;
     });
 }
 
 unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    in_child_pass_through!(qpx, wr_send_inv(invalidate_rkey));
     start(qpx, IBV_WR_SEND_WITH_INV, |wr| {
         wr.__bindgen_anon_1.invalidate_rkey = invalidate_rkey;
     });
 }
 
 unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    in_child_pass_through!(qpx, wr_local_inv(invalidate_rkey));
     start(qpx, IBV_WR_LOCAL_INV, |wr| {
         wr.__bindgen_anon_1.invalidate_rkey = invalidate_rkey;
     });
@@ -208,6 +233,7 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
     compare: u64,
     swap: u64,
 ) {
+    in_child_pass_through!(qpx, wr_atomic_cmp_swp(rkey, remote_addr, compare, swap));
     start(qpx, IBV_WR_ATOMIC_CMP_AND_SWP, |wr| {
         wr.wr.atomic.rkey = rkey;
         wr.wr.atomic.remote_addr = remote_addr;
@@ -222,6 +248,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     remote_addr: u64,
     add: u64,
 ) {
+    in_child_pass_through!(qpx, wr_atomic_fetch_add(rkey, remote_addr, add));
     start(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, |wr| {
         wr.wr.atomic.rkey = rkey;
         wr.wr.atomic.remote_addr = remote_addr;
@@ -235,6 +262,7 @@ unsafe extern "C" fn wr_bind_mw(
     rkey: u32,
     bind_info: *const ibv_mw_bind_info,
 ) {
+    in_child_pass_through!(qpx, wr_bind_mw(mw, rkey, bind_info));
     // SAFETY: the application passes a valid bind description.
     let info = unsafe { bind_info.as_ref() }.copied().unwrap_or_default();
     start(qpx, IBV_WR_BIND_MW, |wr| {
@@ -250,14 +278,17 @@ unsafe extern "C" fn wr_atomic_write(
     _remote_addr: u64,
     _atomic_wr: *const c_void,
 ) {
+    in_child_pass_through!(qpx, wr_atomic_write(_rkey, _remote_addr, _atomic_wr));
     with_batch(qpx, |b| b.unsupported = Some("ibv_wr_atomic_write"));
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    in_child_pass_through!(qpx, wr_set_sge(lkey, addr, length));
     current(qpx, |c| c.sges = vec![ibv_sge { addr, length, lkey }]);
 }
 
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    in_child_pass_through!(qpx, wr_set_sge_list(num_sge, sg_list));
     let sges = if num_sge == 0 || sg_list.is_null() {
         Vec::new()
     } else {
@@ -268,6 +299,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, sg_lis
 }
 
 unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    in_child_pass_through!(qpx, wr_set_inline_data(addr, length));
     let data = if addr.is_null() || length == 0 {
         Vec::new()
     } else {
@@ -285,6 +317,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
     num_buf: usize,
     buf_list: *const ibv_data_buf,
 ) {
+    in_child_pass_through!(qpx, wr_set_inline_data_list(num_buf, buf_list));
     let mut data = Vec::new();
     if num_buf > 0 && !buf_list.is_null() {
         // SAFETY: the application passes num_buf readable descriptors of readable buffers.

@@ -281,8 +281,10 @@ int main(int argc, char **argv)
 	struct ibv_pd *pd = v.alloc_pd(ctx);
 	if (!pd)
 		fail(errno, "ibv_alloc_pd");
-	struct ibv_cq *cq_a = v.create_cq(ctx, 16, NULL, NULL, 0);
-	struct ibv_cq *cq_b = v.create_cq(ctx, 16, NULL, NULL, 0);
+	/* Room for a QP's 16 sends and 16 receives: the shaper shapes a QP only if its CQ
+	 * holds every completion both queues may have waiting. */
+	struct ibv_cq *cq_a = v.create_cq(ctx, 32, NULL, NULL, 0);
+	struct ibv_cq *cq_b = v.create_cq(ctx, 32, NULL, NULL, 0);
 	if (!cq_a || !cq_b)
 		fail(errno, "ibv_create_cq");
 	struct ibv_qp_init_attr ia;

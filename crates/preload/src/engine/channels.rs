@@ -110,7 +110,7 @@ impl ChannelShared {
         let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
         let ready = cqs
             .iter()
-            .find(|c| c.has_synthesized() && c.armed.load(Ordering::Acquire))?;
+            .find(|c| c.has_held() && c.armed.load(Ordering::Acquire))?;
         ready.armed.store(false, Ordering::Release);
         ready.synthetic_events.fetch_add(1, Ordering::AcqRel);
         Some(ready.cq)

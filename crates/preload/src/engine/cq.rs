@@ -7,12 +7,23 @@
 //!    pacer's and the shaper's own polls of it (`CqShared::poll_for_pacer`,
 //!    `CqShared::drop_stale`, one batch per turn), and by whatever changes the CQ's QP
 //!    list (registration, detach, destroy).
-//! 2. A QP's state lock (`QpShared::state`): taken under the poll lock to settle a
-//!    completion the quick ring cannot (`CqShared::translate`).
-//! 3. The held completions' queue (`synthesized`), a leaf: nothing is taken under it.
+//! 2. A QP's state lock (`QpShared::state`): only *tried* under the poll lock, to settle a
+//!    completion the quick ring cannot (`CqShared::translate`). A poster holds that lock
+//!    across the provider's post, so a poll never waits for it: a completion whose QP's
+//!    lock is busy is held, as the provider gave it, for a later poll to settle (see
+//!    `Held`).
+//! 3. The held completions' queue (`held`), a leaf: nothing is taken under it.
 //!
-//! No QP's lock is held when the poll lock is taken, and a drain that a completion allows
-//! runs after the poll lock is released.
+//! No QP's lock is held when the poll lock is taken, and what a poll lets a QP post (a
+//! drain into freed slots, paced requests that are due) runs after the poll lock is
+//! released, with the QP's lock tried, never waited for: a QP whose lock is busy is left to
+//! the pacer thread (see `QpShared::drain_or_defer`).
+//!
+//! Order: the completions of one QP's send queue reach the application in the order the
+//! provider gave them, synthesized ones where the shaper settled them. Once one of a QP's
+//! completions is held, every later one of that QP is held behind it (the polls track the
+//! QPs they hold back), and the held queue is delivered in order, before the provider's
+//! next completions of those QPs.
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -24,7 +35,7 @@ use std::time::Duration;
 use justitia_verbs::sys::*;
 
 use super::{
-    channels, ex_state, CtxShared, Engine, PollCqFn, QpShared, ReqNotifyFn, CQS, SHAPED_QP,
+    channels, ex_state, nanos, CtxShared, Engine, PollCqFn, QpShared, ReqNotifyFn, CQS, SHAPED_QP,
 };
 use crate::log::log;
 use crate::send_queue::{QuickRing, Verdict};
@@ -65,10 +76,23 @@ pub struct CqShared {
     pub(crate) qps: parking_lot::Mutex<CqQps>,
     /// Its size (`ibv_cq.cqe`, what the provider granted).
     cqe: u32,
-    synthesized: Mutex<VecDeque<ibv_wc>>,
-    /// Shaped QPs (in units of [`SHAPED_QP`]) plus synthesized completions waiting: zero
-    /// means a poll passes straight through, with one load to find out.
+    /// The receive queues' depths (`max_recv_wr`) of the registered QPs whose receive CQ
+    /// this is: entries their receives may take, beside the send queues'.
+    pub(super) recv_entries: AtomicU64,
+    /// Completions held for the application's next poll, in order (see [`Held`]).
+    held: Mutex<VecDeque<Held>>,
+    /// Shaped QPs (in units of [`SHAPED_QP`]) plus held completions: zero means a poll
+    /// passes straight through, with one load to find out.
     pub(super) work: AtomicU64,
+    /// The earliest time, in nanoseconds of the engine's clock, at which a QP sending its
+    /// completions here is due in the pacer's queue (`u64::MAX`: none), so that a poll
+    /// finds out with one load whether it has paced requests to release. Lowered under the
+    /// pacer's queue lock when a QP is queued, recomputed there by the polls that release;
+    /// it may be early (a QP released by the pacer thread), which costs one look.
+    pub(super) pacer_due_ns: AtomicU64,
+    /// When a poll of this CQ last released paced requests, in nanoseconds (0: never):
+    /// while its polls do, the pacer thread only stands behind them for its QPs.
+    pub(super) polls_released_ns: AtomicU64,
     pub(crate) ex: Option<ex_state::CqExOps>,
     pub(crate) ex_current: Mutex<ex_state::Current>,
     /// The CQ itself (what an event names).
@@ -81,7 +105,11 @@ pub struct CqShared {
     pub(crate) synthetic_events: AtomicU32,
     /// The application is destroying the CQ: the shaper polls it no more (see
     /// [`destroy_cq`]). Set and read under [`Self::qps`]'s lock.
-    dead: AtomicBool,
+    pub(crate) dead: AtomicBool,
+    /// Polls of the application's on this extended CQ begun (`ibv_start_poll` entered)
+    /// and not ended: while there is one, the shaper does not poll the CQ itself (see
+    /// [`crate::cq_ex`]).
+    pub(crate) sessions: AtomicU32,
 }
 
 // SAFETY: function pointers are the provider's; mutable state is behind mutexes.
@@ -114,8 +142,11 @@ pub unsafe fn register_cq(
         qps: parking_lot::Mutex::new(CqQps::default()),
         // SAFETY: the caller guarantees cq is live.
         cqe: u32::try_from(unsafe { (*cq).cqe }).unwrap_or(0),
-        synthesized: Mutex::new(VecDeque::new()),
+        held: Mutex::new(VecDeque::new()),
         work: AtomicU64::new(0),
+        recv_entries: AtomicU64::new(0),
+        pacer_due_ns: AtomicU64::new(u64::MAX),
+        polls_released_ns: AtomicU64::new(0),
         ex,
         ex_current: Mutex::new(ex_state::Current::default()),
         cq,
@@ -124,6 +155,7 @@ pub unsafe fn register_cq(
         armed: AtomicBool::new(false),
         synthetic_events: AtomicU32::new(0),
         dead: AtomicBool::new(false),
+        sessions: AtomicU32::new(0),
     });
     if ctx.engine.config.class.is_some() {
         channels::attach(&shared);
@@ -163,39 +195,171 @@ impl CqShared {
         self.work.load(Ordering::Relaxed) != 0
     }
 
+    fn held(&self) -> std::sync::MutexGuard<'_, VecDeque<Held>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Queues completions the hardware will not produce, and wakes an application that
     /// waits for an event on this CQ.
     pub(crate) fn push_synthesized(&self, wcs: Vec<ibv_wc>) {
+        self.push_held(wcs.into_iter().map(Held::settled).collect());
+    }
+
+    /// Queues held completions behind those held already, and wakes an application that
+    /// waits for an event on this CQ.
+    pub(crate) fn push_held(&self, entries: Vec<Held>) {
+        if entries.is_empty() {
+            return;
+        }
         {
-            let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
-            self.work.fetch_add(wcs.len() as u64, Ordering::AcqRel);
-            q.extend(wcs);
+            let mut q = self.held();
+            self.work.fetch_add(entries.len() as u64, Ordering::AcqRel);
+            q.extend(entries);
         }
         if self.armed.load(Ordering::Acquire) {
             channels::notify(self);
         }
     }
 
-    /// True when synthesized completions wait to be delivered.
-    pub(crate) fn has_synthesized(&self) -> bool {
-        !self
-            .synthesized
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+    /// The held queue's lock, held: a test holds it across a `fork()`, as a thread of the
+    /// parent could.
+    #[cfg(test)]
+    pub(crate) fn lock_held(&self) -> std::sync::MutexGuard<'_, VecDeque<Held>> {
+        self.held()
     }
 
-    /// Whether the CQ can hold every completion of its shaped QPs (`qps`) and of one more
-    /// of `depth` send slots. A shaped QP has at most its `max_send_wr` completions
-    /// waiting, but may have more than the application's own signaling would leave (the
-    /// shaper signals internal WQEs to recycle slots), so a CQ the application sized to its
-    /// own pattern could overflow: such a QP is only observed (said once).
-    pub(super) fn has_room_for(&self, qps: &[Arc<QpShared>], depth: u32) -> bool {
-        let needed: u64 =
-            qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>() + u64::from(depth);
-        if needed <= u64::from(self.cqe) {
-            return true;
+    /// True when completions are held for the application.
+    pub(crate) fn has_held(&self) -> bool {
+        !self.held().is_empty()
+    }
+
+    /// True when completions of the QP `qp_num` are held.
+    fn holds_for(&self, qp_num: u32) -> bool {
+        self.held().iter().any(|h| h.wc.qp_num == qp_num)
+    }
+
+    /// True when completions may be held (one load).
+    #[inline(always)]
+    fn may_hold(&self) -> bool {
+        !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP)
+    }
+
+    /// The QPs with completions held: their next ones go behind those.
+    pub(crate) fn held_qps(&self) -> Vec<u32> {
+        self.held_back().0
+    }
+
+    /// [`Self::held_qps`], and whether a completion whose QP is not known yet is held
+    /// (then every next completion goes behind it).
+    pub(crate) fn held_back(&self) -> (Vec<u32>, bool) {
+        if !self.may_hold() {
+            return (Vec::new(), false);
         }
+        let held = self.held();
+        let mut qps: Vec<u32> = held.iter().map(|h| h.wc.qp_num).collect();
+        let all = held.iter().any(Held::unattributed);
+        drop(held);
+        qps.sort_unstable();
+        qps.dedup();
+        (qps, all)
+    }
+
+    /// Delivers held completions in order, at most `room` of them, through `out`; returns
+    /// how many. Called with the poll lock held (`qps`). A completion held as the provider
+    /// gave it is translated now if its QP's lock is free (what that settles is delivered
+    /// right behind it); if not, it and every later completion of its QP stay held, in
+    /// order (every later completion at all, for one whose QP is not known yet). (A
+    /// destroyed QP's are not here: its destroy purged them.) The QPs whose requests may
+    /// now post are added to `touched`.
+    pub(crate) fn take_held(
+        &self,
+        qps: &[Arc<QpShared>],
+        room: usize,
+        touched: &mut Vec<Arc<QpShared>>,
+        mut out: impl FnMut(ibv_wc),
+    ) -> usize {
+        if room == 0 || !self.may_hold() {
+            return 0;
+        }
+        // Taken out whole, so that no QP lock is tried under the queue's lock (a leaf);
+        // completions queued meanwhile (a poster's, outside the poll lock) go behind what
+        // is put back.
+        let mut pending = std::mem::take(&mut *self.held());
+        let mut kept = VecDeque::new();
+        let mut held_back: Vec<u32> = Vec::new();
+        let mut given = 0usize;
+        let mut added = 0u64;
+        let mut removed = 0u64;
+        while let Some(h) = pending.pop_front() {
+            if given == room || held_back.contains(&h.wc.qp_num) {
+                kept.push_back(h);
+                continue;
+            }
+            if h.settled {
+                out(h.wc);
+                given += 1;
+                removed += 1;
+                continue;
+            }
+            let mut wc = h.wc;
+            let mut synthesized = Vec::new();
+            match self.translate(
+                qps,
+                &mut wc,
+                h.qp_known,
+                &mut synthesized,
+                &mut held_back,
+                false,
+            ) {
+                // Attributed by translate (it found the QP, whose lock is busy).
+                None => kept.push_back(Held::raw(wc, true)),
+                Some((deliver, q)) => {
+                    removed += 1;
+                    if let Some(q) = q {
+                        note_touched(touched, q);
+                    }
+                    added += synthesized.len() as u64;
+                    for s in synthesized.into_iter().rev() {
+                        pending.push_front(Held::settled(s));
+                    }
+                    if deliver {
+                        out(wc);
+                        given += 1;
+                    }
+                }
+            }
+        }
+        let mut q = self.held();
+        kept.extend(q.drain(..));
+        *q = kept;
+        self.work.fetch_add(added, Ordering::AcqRel);
+        self.work.fetch_sub(removed, Ordering::AcqRel);
+        given
+    }
+
+    /// Whether the CQ can hold every completion of its shaped QPs' send queues (`qps`),
+    /// every receive of the QPs whose receive CQ it is, and one more send queue of `depth`
+    /// slots with `recv_depth` receives here: `None` if it can, else the entries needed. A
+    /// shaped QP has at most its `max_send_wr` completions waiting, but may have more than
+    /// the application's own signaling would leave (the shaper signals internal WQEs to
+    /// recycle slots), so a CQ the application sized to its own pattern could overflow:
+    /// such a QP is only observed (said once, by [`Self::say_too_small`], outside the CQ's
+    /// lock).
+    pub(super) fn room_needed(
+        &self,
+        qps: &[Arc<QpShared>],
+        depth: u32,
+        recv_depth: u32,
+    ) -> Option<u64> {
+        let needed: u64 = qps.iter().map(|q| u64::from(q.send_depth)).sum::<u64>()
+            + u64::from(depth)
+            + self.recv_entries.load(Ordering::Acquire)
+            + u64::from(recv_depth);
+        (needed > u64::from(self.cqe)).then_some(needed)
+    }
+
+    /// Says once that a QP needing `needed` entries of this CQ passes through.
+    pub(super) fn say_too_small(&self, needed: u64) {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Ordering::Relaxed) {
             log!(
@@ -204,7 +368,6 @@ impl CqShared {
                 self.cqe
             );
         }
-        false
     }
 
     /// Adds a shaped QP that sends its completions here, in QP-number order (so that a
@@ -236,38 +399,32 @@ impl CqShared {
     }
 
     /// Takes out the completions held for the QP `qp_num`, which is being destroyed.
-    pub(crate) fn purge_qp(&self, qp_num: u32) -> Vec<ibv_wc> {
-        let mut q = self.synthesized.lock().unwrap_or_else(|e| e.into_inner());
-        let (purged, kept): (VecDeque<ibv_wc>, VecDeque<ibv_wc>) =
-            q.drain(..).partition(|wc| wc.qp_num == qp_num);
+    pub(crate) fn purge_qp(&self, qp_num: u32) -> Vec<Held> {
+        let mut q = self.held();
+        let (purged, kept): (VecDeque<Held>, VecDeque<Held>) =
+            q.drain(..).partition(|h| h.wc.qp_num == qp_num);
         *q = kept;
         self.work.fetch_sub(purged.len() as u64, Ordering::AcqRel);
         purged.into()
     }
 
-    /// Takes the next synthesized completion.
-    pub(crate) fn pop_synthesized(&self) -> Option<ibv_wc> {
-        let wc = self
-            .synthesized
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front();
-        if wc.is_some() {
-            self.work.fetch_sub(1, Ordering::AcqRel);
-        }
-        wc
-    }
-
     /// The application armed the CQ: an event is due now if synthesized completions wait.
     pub(crate) fn on_armed(&self) {
         self.armed.store(true, Ordering::Release);
-        if self.has_synthesized() {
+        if self.has_held() {
             channels::notify(self);
         }
     }
 
     /// Translates one completion; returns whether to deliver it, and its QP when requests
-    /// wait there (the caller lets it post into the freed slot).
+    /// wait there (the caller lets it post into the freed slot). `None`: the completion is
+    /// its QP's send queue's and must be held, as it is, behind what is held of that QP:
+    /// its QP is in `held_back`, or its lock is busy (then it is added to `held_back`).
+    /// A QP whose settling synthesized completions (into `synthesized`, to be held right
+    /// behind this one) is added to `held_back` too. With `behind_held`, so is a QP with
+    /// completions in the held queue (queued since the caller looked, outside its lock);
+    /// [`Self::take_held`], which works through that queue itself, passes false.
+    ///
     /// `qp_num_known` is false for an extended CQ created without QP numbers, whose
     /// completions are then attributed by their tags (every WQE the shaper posts carries
     /// one).
@@ -278,7 +435,9 @@ impl CqShared {
         wc: &mut ibv_wc,
         qp_num_known: bool,
         synthesized: &mut Vec<ibv_wc>,
-    ) -> (bool, Option<Arc<QpShared>>) {
+        held_back: &mut Vec<u32>,
+        behind_held: bool,
+    ) -> Option<(bool, Option<Arc<QpShared>>)> {
         let owner = if qp_num_known {
             qps.binary_search_by_key(&wc.qp_num, |q| q.qp_num)
                 .ok()
@@ -287,23 +446,45 @@ impl CqShared {
             qps.iter().find(|q| q.ring.contains(wc.wr_id))
         };
         let Some(q) = owner else {
-            return (true, None);
+            return Some((true, None));
         };
         if !qp_num_known {
             wc.qp_num = q.qp_num;
         }
-        // Settled on the ring: not the send queue's, or a quick request's on an open ring,
-        // behind which nothing waits to be posted.
-        if let Some(verdict) = q.ring.settle(wc) {
-            return (verdict != Verdict::Hide, None);
+        // A completion without one of the QP's tags, or a receive's, is never its send
+        // queue's: delivered untouched, whatever is held.
+        if !q.ring.contains(wc.wr_id)
+            || (wc.status == IBV_WC_SUCCESS && wc.opcode & IBV_WC_RECV != 0)
+        {
+            return Some((true, None));
         }
-        let (verdict, drain) = {
-            let mut st = q.lock();
-            let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
-            (verdict, st.sq.needs_drain())
+        if held_back.contains(&q.qp_num) {
+            return None;
+        }
+        // Completions of the QP queued meanwhile (synthesized under its lock, by a drain
+        // or a move to the error state on another thread) are older than this one.
+        if behind_held && self.may_hold() && self.holds_for(q.qp_num) {
+            held_back.push(q.qp_num);
+            return None;
+        }
+        // Settled on the ring: a quick request's on an open ring, behind which nothing
+        // waits to be posted.
+        if let Some(verdict) = q.ring.settle(wc) {
+            return Some((verdict != Verdict::Hide, None));
+        }
+        let Some(mut st) = q.state.try_lock() else {
+            held_back.push(q.qp_num);
+            return None;
         };
+        let before = synthesized.len();
+        let verdict = st.sq.complete(wc, &self.engine.counters, synthesized);
+        let drain = st.sq.needs_drain();
+        drop(st);
+        if synthesized.len() > before {
+            held_back.push(q.qp_num);
+        }
         // A QP with nothing waiting has nothing to post for the slot the completion freed.
-        (verdict != Verdict::Hide, drain.then(|| Arc::clone(q)))
+        Some((verdict != Verdict::Hide, drain.then(|| Arc::clone(q))))
     }
 
     /// Polls the provider's CQ for the pacer on behalf of `qp` (see
@@ -323,11 +504,27 @@ impl CqShared {
 
     /// Drops the completions the provider left in the CQ that carry the tags of `ring`,
     /// the send queue of the QP `qp_num`, which was destroyed or reset (see
-    /// [`destroy_qp`]); the other completions are held for the application. Not for an
-    /// extended CQ (see [`Self::poll_for_pacer`]).
-    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &QuickRing, now: Duration) {
-        for q in self.poll_aside(None, Some((qp_num, ring))) {
-            q.drain(now);
+    /// [`destroy_qp`]); the other completions are held for the application. An extended
+    /// CQ is polled with its own verbs, when no poll of the application's is in progress,
+    /// else by the one in progress as it goes and when it ends (see [`crate::cq_ex`]).
+    pub(crate) fn drop_stale(&self, qp_num: u32, ring: &Arc<QuickRing>, now: Duration) {
+        let touched = match self.ex {
+            Some(ops) => self.drop_stale_ex(ops, qp_num, ring),
+            None => self.poll_aside(None, Some((qp_num, ring))),
+        };
+        {
+            // Held as the provider gave them, under the poll lock (which holds them).
+            let _polls = self.qps.lock();
+            let mut q = self.held();
+            let before = q.len();
+            q.retain(|h| !h.stale_of(qp_num, ring));
+            self.work
+                .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
+        }
+        // Called from the application's verbs (modify, destroy): never waits for another
+        // QP's lock.
+        for q in touched {
+            q.drain_or_defer(now);
         }
     }
 
@@ -363,26 +560,27 @@ impl CqShared {
             let got = usize::try_from(got).unwrap_or(0);
             let mut held = Vec::new();
             let mut synthesized = Vec::new();
+            let mut held_back = self.held_qps();
             for e in buf.iter_mut().take(got) {
                 if stale.is_some_and(|(n, r)| e.qp_num == n && r.contains(e.wr_id)) {
                     continue;
                 }
-                let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
-                if deliver {
-                    held.push(*e);
-                }
-                if let Some(q) = q {
-                    if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                        touched.push(q);
+                match self.translate(&qps, e, true, &mut synthesized, &mut held_back, true) {
+                    None => held.push(Held::raw(*e, true)),
+                    Some((deliver, q)) => {
+                        if deliver {
+                            held.push(Held::settled(*e));
+                        }
+                        held.extend(synthesized.drain(..).map(Held::settled));
+                        if let Some(q) = q {
+                            note_touched(&mut touched, q);
+                        }
                     }
                 }
             }
-            held.extend(synthesized);
             // Queued under the poll lock: an application poll waiting for it finds them
             // before what the provider has next.
-            if !held.is_empty() {
-                self.push_synthesized(held);
-            }
+            self.push_held(held);
             drop(qps);
             if got < buf.len() {
                 break;
@@ -409,7 +607,7 @@ impl CqShared {
         let qps = self.qps.lock();
         // Checked under the lock the pacer's own polls hold while they queue what they
         // took: with nothing queued, the provider's next completions are the oldest.
-        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
+        if self.may_hold() {
             // SAFETY: guaranteed by the caller.
             return unsafe { self.poll_general(qps, n, wc, Resume::default()) };
         }
@@ -460,10 +658,25 @@ impl CqShared {
             return unsafe { self.poll_general(qps, n, wc, resume) };
         }
         drop(qps);
-        if self.engine.pacer_has_waiting() {
-            self.engine.release_on_poll();
+        if self.pacer_due_ns.load(Ordering::Relaxed) != u64::MAX {
+            self.release_on_poll();
         }
         kept as c_int
+    }
+
+    /// Releases the paced requests that are due of the QPs sending their completions
+    /// here, for a poll that found one of them queued. Out of line: the poll of a flow
+    /// that is not held back never gets here.
+    #[cold]
+    #[inline(never)]
+    fn release_on_poll(&self) {
+        self.engine.release_for(self, self.engine.now());
+    }
+
+    /// Whether this CQ's polls have been releasing paced requests lately.
+    pub(super) fn polls_drive(&self, now: Duration) -> bool {
+        let last = self.polls_released_ns.load(Ordering::Relaxed);
+        last != 0 && nanos(now).saturating_sub(last) < nanos(super::pacer::POLLS_DRIVE_FOR)
     }
 
     /// [`Self::poll_shaped`] of what its usual case does not cover, resuming after what
@@ -480,44 +693,63 @@ impl CqShared {
         resume: Resume,
     ) -> c_int {
         let want_total = usize::try_from(n).unwrap_or(0);
-        let mut out = 0usize;
+        let mut out;
         let mut touched: Vec<Arc<QpShared>> = Vec::new();
-        let mut synthesized = Vec::new();
+        // What this poll holds, in order: completions whose QP's lock is busy or whose QP
+        // has completions held before them, and synthesized ones.
+        let mut held: Vec<Held> = Vec::new();
+        let mut failed = None;
         {
-            let mut translate = |out: usize, range: std::ops::Range<usize>| {
+            // Compacts the provider's entries `range` of the buffer to `out..`, translated;
+            // returns the new `out`.
+            let mut translate = |out: usize,
+                                 range: std::ops::Range<usize>,
+                                 held_back: &mut Vec<u32>,
+                                 touched: &mut Vec<Arc<QpShared>>| {
                 let mut kept = out;
+                let mut synthesized = Vec::new();
                 for i in range {
                     // SAFETY: i is within the entries the provider wrote.
                     let e = unsafe { &mut *wc.add(i) };
-                    let (deliver, q) = self.translate(&qps, e, true, &mut synthesized);
-                    if let Some(q) = q {
-                        if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                            touched.push(q);
+                    match self.translate(&qps, e, true, &mut synthesized, held_back, true) {
+                        None => held.push(Held::raw(*e, true)),
+                        Some((deliver, q)) => {
+                            if let Some(q) = q {
+                                note_touched(touched, q);
+                            }
+                            held.extend(synthesized.drain(..).map(Held::settled));
+                            if deliver {
+                                if kept != i {
+                                    // SAFETY: kept < i, both within the buffer.
+                                    unsafe { *wc.add(kept) = *wc.add(i) };
+                                }
+                                kept += 1;
+                            }
                         }
-                    }
-                    if deliver {
-                        if kept != i {
-                            // SAFETY: kept < i, both within the buffer.
-                            unsafe { *wc.add(kept) = *wc.add(i) };
-                        }
-                        kept += 1;
                     }
                 }
                 kept
             };
+            let mut held_back = Vec::new();
             let mut poll_more = true;
             if resume.got > 0 {
-                out = translate(resume.kept, resume.next..resume.got);
+                out = translate(
+                    resume.kept,
+                    resume.next..resume.got,
+                    &mut held_back,
+                    &mut touched,
+                );
                 poll_more = resume.full;
-            } else if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
-                while out < want_total {
-                    let Some(e) = self.pop_synthesized() else {
-                        break;
-                    };
-                    // SAFETY: out < want_total.
-                    unsafe { *wc.add(out) = e };
-                    out += 1;
-                }
+            } else {
+                // What is held is older than anything the provider has of the same QPs.
+                let mut given = 0;
+                self.take_held(&qps, want_total, &mut touched, |e| {
+                    // SAFETY: take_held gives at most want_total entries.
+                    unsafe { *wc.add(given) = e };
+                    given += 1;
+                });
+                out = given;
+                held_back = self.held_qps();
             }
             while poll_more && out < want_total {
                 let want = want_total - out;
@@ -530,40 +762,92 @@ impl CqShared {
                     )
                 };
                 if got < 0 {
-                    if out == 0 {
-                        return got;
-                    }
+                    failed = Some(got);
                     break;
                 }
                 let got = usize::try_from(got).unwrap_or(0);
-                out = translate(out, out..out + got);
+                out = translate(out, out..out + got, &mut held_back, &mut touched);
                 poll_more = got == want;
             }
         }
+        // Held under the poll lock, behind what was held before, and delivered now as far
+        // as the buffer has room and their QPs' locks allow.
+        self.push_held(held);
+        let room = want_total - out;
+        let mut given = 0;
+        self.take_held(&qps, room, &mut touched, |e| {
+            // SAFETY: take_held gives at most `room` entries, after the `out` used.
+            unsafe { *wc.add(out + given) = e };
+            given += 1;
+        });
+        out += given;
         drop(qps);
-        if !synthesized.is_empty() {
-            self.push_synthesized(synthesized);
-        }
-        if !self.work.load(Ordering::Acquire).is_multiple_of(SHAPED_QP) {
-            while out < want_total {
-                let Some(e) = self.pop_synthesized() else {
-                    break;
-                };
-                // SAFETY: out < want_total.
-                unsafe { *wc.add(out) = e };
-                out += 1;
-            }
-        }
         // The clock is read only when something may be due: most polls of a flow that is
         // not held back find neither a QP with requests waiting nor a paced one queued.
-        if !touched.is_empty() || self.engine.pacer_has_waiting() {
+        if !touched.is_empty() || self.pacer_due_ns.load(Ordering::Relaxed) != u64::MAX {
             let now = self.engine.clock.now();
             for q in touched {
-                q.drain(now);
+                q.drain_or_defer(now);
             }
-            self.engine.on_poll(now);
+            self.engine.release_for(self, now);
         }
-        c_int::try_from(out).unwrap_or(c_int::MAX)
+        match failed {
+            Some(rc) if out == 0 => rc,
+            _ => c_int::try_from(out).unwrap_or(c_int::MAX),
+        }
+    }
+}
+
+/// A completion the shaper holds for the application's next poll: settled (delivered as
+/// it is: an application completion the pacer's poll took, or one the shaper synthesized),
+/// or as the provider gave it, to be translated under its QP's lock, which another thread
+/// held when it was polled (see [`CqShared::take_held`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Held {
+    pub(crate) wc: ibv_wc,
+    settled: bool,
+    /// Its `qp_num` is the provider's (false: an extended CQ without QP numbers, whose
+    /// completion is attributed by its tag when it is translated).
+    qp_known: bool,
+}
+
+impl Held {
+    /// A completion to deliver as it is.
+    pub(crate) fn settled(wc: ibv_wc) -> Held {
+        Held {
+            wc,
+            settled: true,
+            qp_known: true,
+        }
+    }
+
+    /// A completion still to translate; `qp_known` as for [`CqShared::translate`].
+    pub(crate) fn raw(wc: ibv_wc, qp_known: bool) -> Held {
+        Held {
+            wc,
+            settled: false,
+            qp_known,
+        }
+    }
+
+    /// Whether this is a completion of the QP `qp_num` carrying a tag of its `ring` (see
+    /// [`CqShared::drop_stale`]).
+    pub(crate) fn stale_of(&self, qp_num: u32, ring: &QuickRing) -> bool {
+        !self.settled
+            && (!self.qp_known || self.wc.qp_num == qp_num)
+            && ring.contains(self.wc.wr_id)
+    }
+
+    /// A completion held before its QP is known: everything after it waits behind it.
+    pub(crate) fn unattributed(&self) -> bool {
+        !self.settled && !self.qp_known
+    }
+}
+
+/// Adds `q` to `touched` once.
+pub(crate) fn note_touched(touched: &mut Vec<Arc<QpShared>>, q: Arc<QpShared>) {
+    if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+        touched.push(q);
     }
 }
 

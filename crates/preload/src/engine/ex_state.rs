@@ -68,6 +68,15 @@ pub struct Current {
     pub(crate) synthetic: Option<ibv_wc>,
     /// QPs heard from in this poll, to let post more when it ends.
     pub(crate) touched: Vec<Arc<QpShared>>,
+    /// QPs whose completions are held in this poll: their later ones are held behind them
+    /// (see `CqShared::translate`).
+    pub(crate) held_back: Vec<u32>,
+    /// A completion whose QP is not known was held in this poll: every later one is held
+    /// behind it.
+    pub(crate) hold_all: bool,
+    /// Destroyed or reset QPs (number, ring) whose completions left in the CQ the poll in
+    /// progress drops as it goes; the CQ is polled for them when it ends.
+    pub(crate) stale: Vec<(u32, Arc<crate::send_queue::QuickRing>)>,
 }
 
 /// The provider's own `ibv_wr_*` pointers of one QP.

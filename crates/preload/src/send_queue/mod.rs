@@ -397,6 +397,11 @@ pub struct DrainOutcome {
     /// position in the call's list and the error. It and every later request of the call
     /// were taken back, as the provider would have done.
     pub refused: Option<(usize, c_int)>,
+    /// The drain stopped after settling a request the provider refused part of: the error
+    /// completion it synthesized must be queued for the application before anything
+    /// later of the queue is posted (a later request's completion must not overtake it);
+    /// then drain again.
+    pub more: bool,
 }
 
 /// Most WQEs handed to the provider in one call: enough that a split request's chunks and
@@ -807,6 +812,7 @@ impl SendQueue {
         let mut outcome = DrainOutcome {
             blocked: Blocked::Idle,
             refused: None,
+            more: false,
         };
         self.materialize();
         loop {
@@ -844,8 +850,13 @@ impl SendQueue {
                     }
                 }
                 Err((index, rc)) => {
+                    let synthesized = env.synthesized.len();
                     if let Some(refused) = self.refused_at(index, rc, now, env, snapshots) {
                         outcome.refused = Some(refused);
+                        return outcome;
+                    }
+                    if env.synthesized.len() > synthesized {
+                        outcome.more = true;
                         return outcome;
                     }
                 }
@@ -1723,7 +1734,11 @@ mod tests {
     /// poll that moved the ring's tail with a plain store instead of its compare-and-swap
     /// undoes closes: it reopens the ring under requests the general queue has taken over,
     /// and completions are lost (the polls give way to the poster between reading the ring
-    /// and moving its tail, so that the test hits that window often).
+    /// and moving its tail, so that the test hits that window often). No clock: the
+    /// poller stops when the poster is done and the wire is empty, or when the two are
+    /// stuck (the wire empty, everything on it settled, and two of the poster's attempts
+    /// begun since then refused for want of a slot: completions were lost), however slowly
+    /// a loaded host runs them.
     #[test]
     fn polls_without_the_lock_race_posts_that_close_the_ring() {
         const REQUESTS: u64 = 20_000;
@@ -1768,6 +1783,9 @@ mod tests {
         // Set when the poller gives up, so that a poster stuck on a queue that never
         // frees a slot stops too.
         let gave_up = std::sync::atomic::AtomicBool::new(false);
+        // The poster's attempts refused for want of a slot, and whether it is done.
+        let refused = std::sync::atomic::AtomicU64::new(0);
+        let posted_all = std::sync::atomic::AtomicBool::new(false);
         let poster = || {
             let mut sge = ibv_sge {
                 addr: 0x20_0000,
@@ -1806,23 +1824,42 @@ mod tests {
                         break;
                     }
                     drop(q);
-                    if gave_up.load(Ordering::Relaxed) {
+                    refused.fetch_add(1, Ordering::SeqCst);
+                    if gave_up.load(Ordering::SeqCst) {
                         return;
                     }
                     std::thread::yield_now();
                 }
             }
+            posted_all.store(true, Ordering::SeqCst);
         };
         let poller = || {
             ring::race::WIDE.set(true);
             let mut delivered = Vec::new();
             let want = (0..REQUESTS).filter(|&id| visible(id)).count();
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while delivered.len() < want && std::time::Instant::now() < deadline {
-                let Some((tag, signaled)) = wire.lock().unwrap().pop_front() else {
+            // Refused attempts counted when the wire was last found empty (`None`: it was
+            // not).
+            let mut empty_since: Option<u64> = None;
+            while delivered.len() < want {
+                let next = wire.lock().unwrap().pop_front();
+                let Some((tag, signaled)) = next else {
+                    // Read before the refusals: a poster done now put everything on the
+                    // wire before, which is empty.
+                    if posted_all.load(Ordering::SeqCst) && wire.lock().unwrap().is_empty() {
+                        break;
+                    }
+                    let now_refused = refused.load(Ordering::SeqCst);
+                    match empty_since {
+                        // Two attempts begun after everything on the wire was settled,
+                        // both refused: no slot will ever come back.
+                        Some(since) if now_refused >= since + 2 => break,
+                        Some(_) => {}
+                        None => empty_since = Some(now_refused),
+                    }
                     std::thread::yield_now();
                     continue;
                 };
+                empty_since = None;
                 if !signaled {
                     continue;
                 }
@@ -1843,7 +1880,7 @@ mod tests {
                     delivered.push(wc.wr_id);
                 }
             }
-            gave_up.store(true, Ordering::Relaxed);
+            gave_up.store(true, Ordering::SeqCst);
             delivered
         };
         let delivered = std::thread::scope(|s| {

@@ -517,6 +517,18 @@ fn silent_listener(path: &Path) -> std::os::fd::OwnedFd {
     }
 }
 
+/// How long the test waits for posts that must not wait at all (see
+/// [`without_a_daemon_settings_stay_static_and_posts_never_wait_for_one`]): the follower
+/// is let go only after they returned, so the posts either return without it or never do;
+/// this only turns a post stuck on the follower into a failure instead of a hang.
+const STUCK: Duration = Duration::from_secs(60);
+
+/// An application's QP, posted on from a thread of the test.
+struct Posting<'a>(&'a mut App);
+
+// SAFETY: the QP and CQ pointers are the mock's, usable from any thread; one thread posts.
+unsafe impl Send for Posting<'_> {}
+
 #[test]
 fn without_a_daemon_settings_stay_static_and_posts_never_wait_for_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -530,18 +542,43 @@ fn without_a_daemon_settings_stay_static_and_posts_never_wait_for_one() {
             ("JUSTITIA_CLASS", "bandwidth"),
             ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
         ]);
-        let start = Instant::now();
-        let mut slowest = Duration::ZERO;
-        while start.elapsed() < Duration::from_millis(300) {
-            slowest = slowest.max(app.post_one());
-        }
-        // A post that waited for the connection would take the 100 ms greeting timeout;
-        // below that is the host's scheduling (tests share two busy cores).
+        // The QP joins the flow at its first post, which starts the follower thread; it
+        // tries the socket meanwhile.
+        app.post_one();
+        // The test stands in for a follower stuck in a connection attempt (a daemon that
+        // never greets) for as long as it likes: a post that waited for the daemon (the
+        // follower's lock, or its socket behind it) would wait until the test lets go,
+        // which it does once the posts returned, or when it gives up on them.
+        let engine = Arc::clone(&app.engine);
+        let following = engine.hold_follower();
+        assert!(following.is_some(), "a follower with a socket set");
+        let (done, posts_done) = std::sync::mpsc::channel();
+        let posting = Posting(&mut app);
+        let outcome = std::thread::scope(|s| {
+            s.spawn(move || {
+                let posting = posting;
+                for _ in 0..100 {
+                    posting.0.post_one();
+                }
+                let _ = done.send(());
+            });
+            let outcome = posts_done.recv_timeout(STUCK);
+            drop(following);
+            outcome
+        });
         assert!(
-            slowest < Duration::from_millis(90),
-            "{}: a post took {slowest:?}",
+            outcome.is_ok(),
+            "{}: a post waited for the follower",
             socket.display()
         );
+        // Let go, the follower registers the flow as pending (no daemon took it) at its
+        // next tick, while the application keeps posting.
+        let start = Instant::now();
+        while app.engine.follow_status().unwrap().flow.is_none() {
+            assert!(start.elapsed() < STUCK, "the follower never ticked");
+            app.post_one();
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // Every request went out whole, unpaced, as without the daemon.
         let log = app.dev.log();
         assert_eq!(log.len() as u64, app.posted);

@@ -16,7 +16,10 @@ use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::{MockDevice, PostedWr};
 
 mod daemon;
+mod extended;
+mod fork;
 mod hardening;
+mod locks;
 mod real_apps;
 mod regressions;
 mod stress;

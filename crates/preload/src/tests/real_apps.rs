@@ -520,6 +520,56 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
     engine::unregister_cq(cq, engine::cq_token(cq).unwrap());
 }
 
+/// The CQ-size rule counts the receives sharing the CQ: a QP of 16 send and 16 receive
+/// slots whose completions all go to one CQ of 24 entries may have 32 waiting there under
+/// the shaper, so it is only observed; the same QP with its receives on another CQ fits.
+#[test]
+fn the_cq_size_rule_counts_receives_sharing_the_cq() {
+    let engine = engine_from(
+        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]),
+        Arc::new(VirtualClock::new()),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    dev.set_cq_size(cq, 24);
+    let recv_cq = dev.create_cq();
+    // SAFETY: both just created on ctx.
+    unsafe {
+        on_create_cq(ctx, cq);
+        on_create_cq(ctx, recv_cq);
+    }
+    let with_receives = |recv| {
+        let mut attr = qp_attr(cq, 16);
+        attr.recv_cq = recv;
+        attr.cap.max_recv_wr = 16;
+        create_qp(&dev, attr)
+    };
+    let shared = with_receives(cq);
+    assert!(
+        !engine::qp(shared).unwrap().shaped,
+        "16 sends + 16 receives > 24 entries"
+    );
+    assert_eq!(engine::destroy_qp(shared, || 0), 0);
+    // Its receives left the CQ's count with it: a QP of 16 sends alone fits.
+    let alone = create_qp(&dev, qp_attr(cq, 16));
+    assert!(engine::qp(alone).unwrap().shaped, "16 sends of 24 entries");
+    assert_eq!(engine::destroy_qp(alone, || 0), 0);
+    let apart = with_receives(recv_cq);
+    assert!(
+        engine::qp(apart).unwrap().shaped,
+        "16 sends of 24 entries, its receives elsewhere"
+    );
+    assert_eq!(engine::destroy_qp(apart, || 0), 0);
+    for c in [cq, recv_cq] {
+        engine::unregister_cq(c, engine::cq_token(c).unwrap());
+    }
+}
+
 /// Issue 10, item 3: an application posts an unsignaled 1 MiB WRITE and a SEND, then waits
 /// for the peer's reply without polling its send CQ. Natively both go at once; under the
 /// shaper the WRITE's chunks filled the send queue and the SEND waited for slots that only
