@@ -235,4 +235,30 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn the_flows_table_shows_the_guarantee_a_read_flow_holds() {
+        let flow = FlowReport {
+            flow: 4,
+            uid: 1000,
+            tenant: "1000".into(),
+            pid: 42,
+            class: "bandwidth".into(),
+            qps: 1,
+            active: true,
+            admission: "admitted".into(),
+            allot_bytes_per_sec: Some(6.25e9),
+            bytes: 1 << 20,
+            remote: Some("reads from 10.0.0.2".into()),
+            read_guarantee_bytes_per_sec: Some(6.25e9),
+        };
+        let table = flows_table(&[flow]);
+        assert!(table.lines().next().unwrap().contains("guar Gb/s"));
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            &cells[7..9],
+            ["50.000", "50.000"],
+            "allotment and guarantee"
+        );
+    }
 }
