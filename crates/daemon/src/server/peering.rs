@@ -103,23 +103,18 @@ impl Daemon {
         }
     }
 
-    /// A shaper told where a flow's QP goes. A READ requester's flow leaves this host's
-    /// L, B, T (its data leaves the peer's RNIC) whether or not the peer channel is on; a
-    /// bandwidth flow into a peer is declared to it for incast. Only a peer the channel can
-    /// name is recorded.
+    /// A shaper told where a flow's QP goes. A READ requester's flow against a peer the
+    /// channel can name leaves this host's L, B, T (its data leaves the peer's RNIC) and
+    /// is declared to the peer; a bandwidth flow into a peer is declared to it for incast.
+    /// With the channel off, or a QP looped back to this host, nothing is known of the
+    /// other end's RNIC: the flow counts here as any other.
     pub(super) fn remote_end(&mut self, now: Duration, r: RemoteEnd) {
         let end = if r.gid == [0; 16] {
             crate::peer::RemoteEnd::Lid(r.lid)
         } else {
             crate::peer::RemoteEnd::Gid(NodeId(r.gid))
         };
-        let peer = match &self.peer {
-            Some(link) => link.peer_of(end),
-            None => match end {
-                crate::peer::RemoteEnd::Gid(g) => Some(g),
-                crate::peer::RemoteEnd::Lid(_) => None,
-            },
-        };
+        let peer = self.peer.as_ref().and_then(|link| link.peer_of(end));
         let Some(f) = self.flows.get_mut(&r.flow) else {
             return;
         };
@@ -131,9 +126,7 @@ impl Daemon {
             None
         };
         f.remote = peer.zip(role);
-        let reads_from = r
-            .reads
-            .then(|| peer.map_or(u64::from(r.lid), responder_key));
+        let reads_from = peer.filter(|_| r.reads).map(responder_key);
         let _ = self.lp.set_flow_reads_from(now, FlowId(r.flow), reads_from);
     }
 
