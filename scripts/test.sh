@@ -14,6 +14,9 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== peer channel: 30 s of structure-aware fuzzing of the message parser and channel"
+# Mutated, partly re-signed messages (the HMAC tag would stop blind inputs); see the test.
+JUSTITIA_FUZZ_SECS=30 cargo test -p justitia-peer --locked --test fuzz -- --ignored --nocapture
 echo "== the shaper's stress test under valgrind memcheck (use after free, invalid reads)"
 # Memcheck on the test binary cargo test built (no second build); helgrind and TSan would
 # flag parking_lot's futex locks, which they cannot see. About 10 s.

@@ -109,18 +109,28 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
 }
 
 /// The flows as `justitia flows` prints them; the admission verdict as the daemon spells
-/// it (the `justitia_registrations_total` metric's label).
+/// it (the `justitia_registrations_total` metric's label); `guar Gb/s` the guarantee a
+/// READ flow holds from the host it reads from.
 fn flows_table(f: &[FlowReport]) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
-        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  tenant\n",
-        "flow", "uid", "pid", "class", "qps", "active", "admission", "allot Gb/s", "bytes"
+        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  tenant\n",
+        "flow",
+        "uid",
+        "pid",
+        "class",
+        "qps",
+        "active",
+        "admission",
+        "allot Gb/s",
+        "guar Gb/s",
+        "bytes"
     );
     for r in f {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  {}",
+            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  {}",
             r.flow,
             r.uid,
             r.pid,
@@ -130,6 +140,8 @@ fn flows_table(f: &[FlowReport]) -> String {
             r.admission,
             r.allot_bytes_per_sec
                 .map_or("-".into(), |a| format!("{:.3}", a * 8e-9)),
+            r.read_guarantee_bytes_per_sec
+                .map_or("-".into(), |g| format!("{:.3}", g * 8e-9)),
             r.bytes,
             r.tenant
         );
@@ -211,6 +223,8 @@ mod tests {
             admission: "admitted_with_warning".into(),
             allot_bytes_per_sec: None,
             bytes: 16,
+            remote: None,
+            read_guarantee_bytes_per_sec: None,
         };
         let table = flows_table(&[flow]);
         let row = table.lines().nth(1).unwrap();
@@ -226,9 +240,36 @@ mod tests {
                 "true",
                 "admitted_with_warning",
                 "-",
+                "-",
                 "16",
                 "1000"
             ]
+        );
+    }
+
+    #[test]
+    fn the_flows_table_shows_the_guarantee_a_read_flow_holds() {
+        let flow = FlowReport {
+            flow: 4,
+            uid: 1000,
+            tenant: "1000".into(),
+            pid: 42,
+            class: "bandwidth".into(),
+            qps: 1,
+            active: true,
+            admission: "admitted".into(),
+            allot_bytes_per_sec: Some(6.25e9),
+            bytes: 1 << 20,
+            remote: Some("reads from 10.0.0.2".into()),
+            read_guarantee_bytes_per_sec: Some(6.25e9),
+        };
+        let table = flows_table(&[flow]);
+        assert!(table.lines().next().unwrap().contains("guar Gb/s"));
+        let cells: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            &cells[7..9],
+            ["50.000", "50.000"],
+            "allotment and guarantee"
         );
     }
 }

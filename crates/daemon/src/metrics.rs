@@ -63,6 +63,16 @@ pub struct Metrics {
     /// Where [`Metrics::log_lines_dropped`] is read from at each scrape, once logging is
     /// set up.
     log_drops: std::sync::Arc<std::sync::OnceLock<tracing_appender::non_blocking::ErrorCounter>>,
+    /// Peer datagrams sent.
+    pub peer_sent: Counter,
+    /// Bytes of peer datagrams sent.
+    pub peer_sent_bytes: Counter,
+    /// Peer datagrams that could not be sent (no address, or the kernel refused).
+    pub peer_send_failed: Counter,
+    /// Peer datagrams accepted.
+    pub peer_received: Counter,
+    /// Peer datagrams refused, by reason.
+    pub peer_refused: Family<Label, Counter>,
 }
 
 impl Default for Metrics {
@@ -92,6 +102,11 @@ impl Metrics {
             cpu_seconds: Gauge::default(),
             log_lines_dropped: Counter::default(),
             log_drops: Default::default(),
+            peer_sent: Counter::default(),
+            peer_sent_bytes: Counter::default(),
+            peer_send_failed: Counter::default(),
+            peer_received: Counter::default(),
+            peer_refused: Family::default(),
         }
     }
 
@@ -191,6 +206,31 @@ impl Metrics {
             "log_lines_dropped",
             "Log lines dropped because the log's reader fell behind (the loop never waits on it)",
             self.log_lines_dropped.clone(),
+        );
+        r.register(
+            "peer_messages_sent",
+            "Peer-channel datagrams sent",
+            self.peer_sent.clone(),
+        );
+        r.register(
+            "peer_sent_bytes",
+            "Bytes of peer-channel datagrams sent",
+            self.peer_sent_bytes.clone(),
+        );
+        r.register(
+            "peer_send_failures",
+            "Peer-channel datagrams not sent (no address for the peer, or the kernel refused)",
+            self.peer_send_failed.clone(),
+        );
+        r.register(
+            "peer_messages_received",
+            "Peer-channel datagrams accepted",
+            self.peer_received.clone(),
+        );
+        r.register(
+            "peer_messages_refused",
+            "Peer-channel datagrams refused, by reason",
+            self.peer_refused.clone(),
         );
         r
     }

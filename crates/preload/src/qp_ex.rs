@@ -194,6 +194,7 @@ unsafe extern "C" fn wr_rdma_write_imm(
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     in_child_pass_through!(qpx, wr_rdma_read(rkey, remote_addr));
+    crate::remote::saw_read();
     start(qpx, IBV_WR_RDMA_READ, |wr| {
         wr.wr.rdma.rkey = rkey;
         wr.wr.rdma.remote_addr = remote_addr;

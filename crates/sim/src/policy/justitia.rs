@@ -20,12 +20,16 @@
 //!   bandwidth flows' requests cut to the allotment's chunk size by the core's planner
 //!   (what is pending is re-cut when the size changes).
 //!
-//! - **Remote READs** (§4.4). A READ flow's requester tells the host it reads from, by a
-//!   [`PolicyMessage`] ([`MESSAGE_DELAY`](super::MESSAGE_DELAY) on its way), whenever the
-//!   flow starts or stops having work; that host's loop counts the READ flows it serves
-//!   ([`ControlLoop::set_remote_reads`]), and each [`Event::ReadGuarantee`] it emits goes
-//!   to every host with such a flow, whose loop caps the flow's allotment at it
-//!   ([`ControlLoop::read_guarantee_received`]).
+//! - **Remote READs** (§4.4), through the daemons' own protocol (`justitia-peer`, the
+//!   code `justitiad` runs): each host has a [`Channel`]; a READ flow's requester declares
+//!   its READ flows with work to the host they read from (a demand), that host's loop
+//!   counts them per (host, tenant, class) ([`ControlLoop::set_remote_reads`]), and each
+//!   [`Event::ReadGuarantee`] it emits becomes the grant it sends every host with such
+//!   flows, whose loop allots the flows from it ([`ControlLoop::read_guarantee_received`]).
+//!   Datagrams take `peer_delay_us` (default [`MESSAGE_DELAY`](super::MESSAGE_DELAY)) each
+//!   way; a host given `peer_silent_after_ms` stops sending from then (its daemon died),
+//!   and its peers stop counting it and being constrained by it after the channel's
+//!   silence (fail-open).
 //!
 //! Not modelled: the flow-control messages of split SENDs (the peer is assumed to
 //! cooperate).
@@ -37,8 +41,12 @@ use justitia_core::control_loop::{
     ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
 };
 use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
-use justitia_core::flow::{FlowClass, FlowCounts, FlowId};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
+use justitia_core::remote_read::RemoteReadUnit;
+use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent};
+use justitia_peer::wire::{ClusterKey, DemandEntry, Role};
+use justitia_peer::NodeId;
 use serde::{Deserialize, Serialize};
 
 use super::paced::{Activity, PacedShaper, PACE_TIMER};
@@ -94,6 +102,17 @@ pub struct JustitiaParams {
     /// resource-hungry flows only (§4.5, §6.5.2: 5 s), in ms; 0 turns the option off.
     #[serde(default = "default_unattainable_after_ms")]
     pub unattainable_after_ms: f64,
+    /// How long a peer-channel datagram takes between two hosts' daemons, us.
+    #[serde(default = "default_peer_delay_us")]
+    pub peer_delay_us: f64,
+    /// From this time (ms from the start) every host's daemon sends no peer datagram, as
+    /// if it had died; absent, never.
+    #[serde(default)]
+    pub peer_silent_after_ms: Option<f64>,
+}
+
+fn default_peer_delay_us() -> f64 {
+    super::MESSAGE_DELAY as f64 / 1e6
 }
 
 fn default_ref_period_us() -> f64 {
@@ -121,6 +140,8 @@ impl Default for JustitiaParams {
             ref_window: None,
             increase: Increase::default(),
             unattainable_after_ms: default_unattainable_after_ms(),
+            peer_delay_us: default_peer_delay_us(),
+            peer_silent_after_ms: None,
         }
     }
 }
@@ -157,6 +178,15 @@ impl JustitiaParams {
         }
         if self.ref_size.bytes() > u64::from(u32::MAX) {
             return Err(("ref_size".into(), "is above 4 GB".into()));
+        }
+        if !(self.peer_delay_us.is_finite() && self.peer_delay_us >= 0.0) {
+            return Err((
+                "peer_delay_us".into(),
+                format!("must be at least 0, got {}", self.peer_delay_us),
+            ));
+        }
+        if let Some(ms) = self.peer_silent_after_ms {
+            positive("peer_silent_after_ms", ms)?;
         }
         if !(self.unattainable_after_ms.is_finite() && self.unattainable_after_ms >= 0.0) {
             return Err((
@@ -270,6 +300,12 @@ impl LoopDriver {
                 qps: u32::try_from(flow.qps.len()).unwrap_or(u32::MAX),
             };
             let _ = self.control.register_flow(now, registration);
+            if flow.reads {
+                // Its data leaves the peer's RNIC: counted there, not here.
+                let _ = self
+                    .control
+                    .set_flow_reads_from(now, id, Some(u64::from(flow.peer.0)));
+            }
             if flow.spec.class == FlowClass::Latency {
                 let _ = self.control.set_flow_active(now, id, true);
             }
@@ -390,10 +426,37 @@ pub struct JustitiaPolicy {
     shaper: Option<PacedShaper>,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
-    /// This host's READ flows: each one's class and the host it reads from.
-    reads: Vec<(FlowId, FlowClass, HostId)>,
-    /// The other hosts' READ flows this host serves that have work, with their hosts.
-    served: BTreeMap<FlowId, (FlowClass, HostId)>,
+    /// This host's READ flows: each one's spec and the host it reads from.
+    reads: Vec<(FlowSpec, HostId)>,
+    /// Those of them that have work.
+    reading: BTreeMap<FlowId, (FlowSpec, HostId)>,
+    /// The peer channel (made at the start, when the host is known).
+    peer: Option<Channel>,
+    peer_delay: Picos,
+    peer_silent_after: Option<Picos>,
+    peer_timer_at: Option<Picos>,
+    /// The channel's figures: datagrams sent, refused; when the first guarantee was taken,
+    /// and when the last lapsed (ms).
+    peer_sent: u64,
+    peer_refused: u64,
+    first_guarantee_ms: Option<f64>,
+    lapsed_ms: Option<f64>,
+}
+
+/// The cluster key of the simulated hosts' daemons.
+const SIM_KEY: [u8; 32] = *b"justitia simulated cluster key!!";
+/// The timer tag of the peer channel's [`Channel::poll_timeout`].
+const PEER_TIMER: u64 = 1;
+
+/// A host's node id on the peer channel: its host index in the last two bytes.
+fn node_of(host: HostId) -> NodeId {
+    let mut id = [0u8; 16];
+    id[14..].copy_from_slice(&host.0.to_be_bytes());
+    NodeId(id)
+}
+
+fn host_of(node: NodeId) -> HostId {
+    HostId(u16::from_be_bytes([node.0[14], node.0[15]]))
 }
 
 impl JustitiaPolicy {
@@ -404,42 +467,154 @@ impl JustitiaPolicy {
             shaper: None,
             hungry: Vec::new(),
             reads: Vec::new(),
-            served: BTreeMap::new(),
+            reading: BTreeMap::new(),
+            peer: None,
+            peer_delay: (params.peer_delay_us * 1e6).round() as Picos,
+            peer_silent_after: params
+                .peer_silent_after_ms
+                .map(|ms| (ms * 1e9).round() as Picos),
+            peer_timer_at: None,
+            peer_sent: 0,
+            peer_refused: 0,
+            first_guarantee_ms: None,
+            lapsed_ms: None,
         })
     }
 
-    /// Tells the hosts this host's READ flows read from which of them started or stopped
-    /// having work.
-    fn tell_reads(&self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
+    /// Declares this host's READ flows that started or stopped having work to the hosts
+    /// they read from.
+    fn tell_reads(&mut self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
+        let mut peers = Vec::new();
         for change in changes {
             let (id, active) = match *change {
                 Activity::HasWork(id) => (id, true),
                 Activity::Idle(id) => (id, false),
             };
-            if let Some(&(flow, class, peer)) = self.reads.iter().find(|r| r.0 == id) {
-                ctx.send(
-                    peer,
-                    PolicyMessage::RemoteRead {
-                        flow,
-                        class,
-                        active,
-                    },
-                );
+            if let Some(&(spec, peer)) = self.reads.iter().find(|r| r.0.id == id) {
+                let changed = if active {
+                    self.reading.insert(id, (spec, peer)).is_none()
+                } else {
+                    self.reading.remove(&id).is_some()
+                };
+                if changed {
+                    peers.push(peer);
+                }
+            }
+        }
+        if peers.is_empty() {
+            return;
+        }
+        peers.sort_unstable();
+        peers.dedup();
+        let now = core_time(ctx.now());
+        for peer in peers {
+            let mut units: BTreeMap<(TenantId, FlowClass), DemandEntry> = BTreeMap::new();
+            for (spec, _) in self.reading.values().filter(|(_, p)| *p == peer) {
+                let e = units
+                    .entry((spec.tenant, spec.class))
+                    .or_insert(DemandEntry {
+                        tenant: spec.tenant,
+                        class: spec.class,
+                        role: Role::Read,
+                        flows: 0,
+                        weight: spec.weight.get(),
+                    });
+                e.flows = e.flows.saturating_add(1);
+                e.weight = e.weight.max(spec.weight.get());
+            }
+            let entries: Vec<DemandEntry> = units.into_values().collect();
+            if let Some(channel) = &mut self.peer {
+                // Refused only beyond the channel's caps, which no scenario reaches.
+                let _ = channel.set_demand(now, node_of(peer), &entries);
+            }
+        }
+        self.flush_peer(ctx);
+    }
+
+    /// Hands each guarantee of this host's loop to the channel, for every host whose READ
+    /// flows it serves.
+    fn announce(&mut self, ctx: &mut PolicyContext<'_>, events: &[Event]) {
+        let link = self.driver.control.max_rate();
+        let now = core_time(ctx.now());
+        let mut any = false;
+        for event in events {
+            if let (Event::ReadGuarantee(guarantee), Some(channel)) = (event, &mut self.peer) {
+                channel.set_grant(now, guarantee, link);
+                any = true;
+            }
+        }
+        if any {
+            self.flush_peer(ctx);
+        }
+    }
+
+    /// Sends what the channel has due (nothing once this host's daemon is silent), acts on
+    /// its events, and keeps its timer.
+    fn flush_peer(&mut self, ctx: &mut PolicyContext<'_>) {
+        let now = core_time(ctx.now());
+        let silent = self.peer_silent_after.is_some_and(|t| ctx.now() >= t);
+        let Some(channel) = &mut self.peer else {
+            return;
+        };
+        channel.handle_timeout(now);
+        while let Some(t) = channel.poll_transmit(now) {
+            if !silent {
+                self.peer_sent += 1;
+                ctx.send(host_of(t.to), PolicyMessage::Peer(t.bytes), self.peer_delay);
+            }
+        }
+        self.peer_events(ctx);
+        if let Some(due) = self.peer.as_ref().and_then(Channel::poll_timeout) {
+            let at = picos(due).max(ctx.now());
+            if self.peer_timer_at != Some(at) {
+                self.peer_timer_at = Some(at);
+                ctx.set_timer(at, PEER_TIMER);
             }
         }
     }
 
-    /// Sends a guarantee of this host's loop to every host whose READ flows it serves.
-    fn announce(&self, ctx: &mut PolicyContext<'_>, events: &[Event]) {
-        for event in events {
-            if let Event::ReadGuarantee(guarantee) = *event {
-                let mut hosts: Vec<HostId> = self.served.values().map(|&(_, h)| h).collect();
-                hosts.sort_unstable();
-                hosts.dedup();
-                for host in hosts {
-                    ctx.send(host, PolicyMessage::ReadGuarantee(guarantee));
+    /// Acts on the channel's events: the READ units peers hold against this host go to the
+    /// loop; a peer's guarantee to every READ flow of this host against it.
+    fn peer_events(&mut self, ctx: &PolicyContext<'_>) {
+        let now = core_time(ctx.now());
+        let Some(channel) = &mut self.peer else {
+            return;
+        };
+        let mut served_changed = false;
+        while let Some(event) = channel.poll_event() {
+            match event {
+                ChannelEvent::ServedChanged => served_changed = true,
+                ChannelEvent::Guarantee {
+                    peer, guarantee, ..
+                } => {
+                    let from = host_of(peer);
+                    for &(spec, p) in &self.reads {
+                        if p == from {
+                            // Refused only for a flow not registered now (stopped).
+                            let _ = self
+                                .driver
+                                .control
+                                .read_guarantee_received(now, spec.id, guarantee);
+                        }
+                    }
+                    self.first_guarantee_ms
+                        .get_or_insert(now.as_secs_f64() * 1e3);
+                }
+                ChannelEvent::GuaranteeLapsed { .. } => {
+                    self.lapsed_ms = Some(now.as_secs_f64() * 1e3);
                 }
             }
+        }
+        if served_changed {
+            let units: Vec<RemoteReadUnit> = channel
+                .served()
+                .filter(|(_, e)| e.role == Role::Read)
+                .map(|(_, e)| RemoteReadUnit {
+                    class: e.class,
+                    weight: Weight::new(e.weight).unwrap_or(Weight::ONE),
+                })
+                .collect();
+            self.driver.control.set_remote_reads(now, &units);
         }
     }
 
@@ -447,13 +622,16 @@ impl JustitiaPolicy {
     fn drive(&mut self, ctx: &mut PolicyContext<'_>) {
         let events = self.driver.drive(ctx);
         self.announce(ctx, &events);
-        let Some(shaper) = &mut self.shaper else {
+        if self.shaper.is_none() {
             return;
-        };
+        }
         if events
             .iter()
             .any(|e| matches!(e, Event::AllotmentsChanged { .. }))
         {
+            let Some(shaper) = &mut self.shaper else {
+                return;
+            };
             for &id in &self.hungry {
                 if let Some(allotment) = self.driver.control.allotment(id) {
                     shaper.set_allotment(ctx, id, Some(allotment));
@@ -493,8 +671,19 @@ impl Policy for JustitiaPolicy {
         self.reads = flows
             .iter()
             .filter(|f| f.reads)
-            .map(|f| (f.spec.id, f.spec.class, f.peer))
+            .map(|f| (f.spec, f.peer))
             .collect();
+        let key = ClusterKey::from_file_contents(&SIM_KEY);
+        self.peer = key.ok().and_then(|key| {
+            Channel::new(
+                ChannelConfig::default(),
+                key,
+                node_of(ctx.host),
+                1,
+                core_time(ctx.now()),
+            )
+            .ok()
+        });
         self.driver.connect(ctx, flows);
         self.drive(ctx);
     }
@@ -547,45 +736,22 @@ impl Policy for JustitiaPolicy {
             self.forward_activity(ctx);
         } else if tag == LOOP_TIMER && self.driver.timer_is_current(ctx) {
             self.drive(ctx);
+        } else if tag == PEER_TIMER && self.peer_timer_at == Some(ctx.now()) {
+            self.peer_timer_at = None;
+            self.flush_peer(ctx);
         }
     }
 
-    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
+    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, _from: HostId, message: PolicyMessage) {
+        let PolicyMessage::Peer(datagram) = message;
         let now = core_time(ctx.now());
-        match message {
-            PolicyMessage::RemoteRead {
-                flow,
-                class,
-                active,
-            } => {
-                if active {
-                    self.served.insert(flow, (class, from));
-                } else {
-                    self.served.remove(&flow);
-                }
-                let mut counts = FlowCounts::default();
-                for &(class, _) in self.served.values() {
-                    match class {
-                        FlowClass::Latency => counts.latency += 1,
-                        FlowClass::Bandwidth => counts.bandwidth += 1,
-                        FlowClass::Throughput => counts.throughput += 1,
-                    }
-                }
-                self.driver.control.set_remote_reads(now, counts);
-            }
-            PolicyMessage::ReadGuarantee(guarantee) => {
-                for &(flow, _, peer) in &self.reads {
-                    if peer == from {
-                        // Refused only for a flow not registered now (stopped) or a
-                        // malformed guarantee, which this model never sends.
-                        let _ = self
-                            .driver
-                            .control
-                            .read_guarantee_received(now, flow, guarantee);
-                    }
-                }
+        if let Some(channel) = &mut self.peer {
+            if channel.receive(now, &datagram).is_err() {
+                self.peer_refused += 1;
             }
         }
+        self.peer_events(ctx);
+        self.flush_peer(ctx);
     }
 
     fn control_state(&self) -> Option<ControlState> {
@@ -593,6 +759,17 @@ impl Policy for JustitiaPolicy {
     }
 
     fn figures(&self) -> PolicyFigures {
-        self.driver.figures()
+        let mut f = self.driver.figures();
+        if self.peer_sent > 0 || self.peer_refused > 0 {
+            f.insert("peer_datagrams_sent".into(), self.peer_sent as f64);
+            f.insert("peer_datagrams_refused".into(), self.peer_refused as f64);
+        }
+        if let Some(ms) = self.first_guarantee_ms {
+            f.insert("peer_first_guarantee_ms".into(), ms);
+        }
+        if let Some(ms) = self.lapsed_ms {
+            f.insert("peer_guarantee_lapsed_ms".into(), ms);
+        }
+        f
     }
 }

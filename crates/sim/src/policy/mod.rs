@@ -31,8 +31,7 @@ pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use justitia_core::flow::{FlowClass, FlowId, FlowSpec};
-use justitia_core::remote_read::ReadGuarantee;
+use justitia_core::flow::FlowSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::EventQueue;
@@ -64,19 +63,11 @@ pub struct FlowInfo {
 pub const MESSAGE_DELAY: Picos = 10_000_000;
 
 /// A message between two hosts' policies.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum PolicyMessage {
-    /// A READ flow of the sender, served by the receiver, has work (`active`) or has none.
-    RemoteRead {
-        /// The flow.
-        flow: FlowId,
-        /// Its class.
-        class: FlowClass,
-        /// Whether it has work now.
-        active: bool,
-    },
-    /// The sender's guarantee to each READ flow it serves (§4.4).
-    ReadGuarantee(ReadGuarantee),
+    /// A datagram of the peer channel between two hosts' daemons (`justitia-peer`: the
+    /// sender's READ flows against the receiver, or the receiver's guarantee back).
+    Peer(Vec<u8>),
 }
 
 /// Messages on their way between policies, by slot (an event names the slot, so that
@@ -178,11 +169,11 @@ impl PolicyContext<'_> {
         self.fabric.set_lane(qp, lane);
     }
 
-    /// Sends `message` to the policy of host `to`, which gets it [`MESSAGE_DELAY`] later
-    /// in [`Policy::on_message`].
-    pub fn send(&mut self, to: HostId, message: PolicyMessage) {
+    /// Sends `message` to the policy of host `to`, which gets it `delay` later in
+    /// [`Policy::on_message`] ([`MESSAGE_DELAY`] unless a scenario says otherwise).
+    pub fn send(&mut self, to: HostId, message: PolicyMessage, delay: Picos) {
         let slot = self.mailbox.put(self.host, message);
-        let at = self.queue.now().saturating_add(MESSAGE_DELAY);
+        let at = self.queue.now().saturating_add(delay);
         self.queue
             .schedule(at, Event::PolicyMessage { host: to, slot });
     }

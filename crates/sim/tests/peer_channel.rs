@@ -1,0 +1,80 @@
+//! The remote-READ rule of §4.4 with the daemons' own protocol (`justitia-peer`) in the
+//! loop: the requester's demand and the responder's guarantees are datagrams signed,
+//! checked and ordered by the code `justitiad` runs, delayed by the link; a delayed
+//! guarantee arrives when the delays say, and guarantees that stop lapse within the
+//! channel's silence (fail-open).
+
+#![allow(clippy::expect_used)]
+
+mod common;
+
+use common::{report, run};
+
+/// The channel's silence and refresh by default (`justitia_peer::channel`), and the
+/// paper's RefPeriod, ms.
+const SILENCE_MS: f64 = 20.0;
+const REFRESH_MS: f64 = 5.0;
+const REF_PERIOD_MS: f64 = 0.5;
+
+fn figure(r: &justitia_sim::RunReport, key: &str) -> Option<f64> {
+    r.policy_figures.get(key).copied()
+}
+
+/// Fig. 24's setting: b READs from a. Both daemons send datagrams; b (the requester)
+/// takes a's guarantee within two message delays (10 us each) and a RefPeriod of its
+/// READ flow starting at 0; nothing is refused.
+#[test]
+fn the_requester_takes_the_responders_guarantee_over_the_channel() {
+    let r = report("remote-read-peer-channel-ib56");
+    let j = run(&r, "justitia");
+    for host in ["a", "b"] {
+        let sent = figure(j, &format!("{host}.peer_datagrams_sent")).unwrap_or(0.0);
+        assert!(sent >= 2.0, "{host} sent {sent} datagrams");
+        assert_eq!(
+            figure(j, &format!("{host}.peer_datagrams_refused")),
+            Some(0.0)
+        );
+    }
+    let first = figure(j, "b.peer_first_guarantee_ms").expect("b got a guarantee");
+    assert!(
+        first <= 2.0 * 0.010 + REF_PERIOD_MS + 0.05,
+        "first guarantee at {first} ms"
+    );
+    assert_eq!(
+        figure(j, "b.peer_guarantee_lapsed_ms"),
+        None,
+        "a never went silent"
+    );
+}
+
+/// With 2 ms each way the first guarantee reaches b no earlier than a round trip (4 ms:
+/// the demand out, the grant back) and no later than a round trip and a RefPeriod (a
+/// announces at its next update).
+#[test]
+fn a_delayed_guarantee_arrives_a_round_trip_after_the_read_starts() {
+    let r = report("remote-read-peer-channel-ib56");
+    let d = run(&r, "justitia, 2 ms each way");
+    let first = figure(d, "b.peer_first_guarantee_ms").expect("b got a guarantee");
+    assert!(
+        (4.0..=4.0 + REF_PERIOD_MS + 0.05).contains(&first),
+        "first guarantee at {first} ms, expected 4 to 4.5"
+    );
+}
+
+/// Every daemon silent from 10 ms: a's last grant left within a refresh before that, so b
+/// lets it lapse (fail-open) between 10 + silence - refresh and 10 + silence (plus the
+/// message delay and a RefPeriod of slack for timer alignment): 25 to 30.5 ms.
+#[test]
+fn guarantees_that_stop_lapse_within_the_silence_bound() {
+    let r = report("remote-read-peer-channel-ib56");
+    let s = run(&r, "justitia, daemons silent from 10 ms");
+    let lapsed = figure(s, "b.peer_guarantee_lapsed_ms").expect("the guarantee lapsed");
+    let (low, high) = (
+        10.0 + SILENCE_MS - REFRESH_MS,
+        10.0 + SILENCE_MS + REF_PERIOD_MS,
+    );
+    assert!(
+        (low..=high).contains(&lapsed),
+        "lapsed at {lapsed} ms, expected {low} to {high}"
+    );
+}
