@@ -1,8 +1,12 @@
 //! The validation table's checks the model does not meet (`justitia validate` marks them
 //! FAIL): each with the model's figure when it was listed. The test of the whole table fails
 //! when a check outside this list leaves its tolerance, when a listed gap closes, or when a
-//! listed figure moves by more than 10%, so this list always says where the model stands.
-//! The paper's figures and tolerances are in `crates/sim/validation/targets.toml`.
+//! gap widens: when the model ends up further from the paper's figure than the listed figure
+//! is, by more than one per cent of the paper's figure (the distance is always taken
+//! relative to the paper, so a figure near zero such as P6.mapp has the same slack as any
+//! other). A gap that narrows by more than that is printed with the new figure to list, so
+//! that the ratchet holds the gain. The paper's figures and tolerances are in
+//! `crates/sim/validation/targets.toml`.
 
 /// (check id, the model's figure), grouped by target, each group with the mechanism the
 /// model lacks.
