@@ -1909,6 +1909,69 @@ mod tests {
     }
 
     #[test]
+    fn the_papers_loop_is_its_window_rule_and_law_with_the_given_target() {
+        let target = Target99::Absolute(us(7));
+        let paper = LoopConfig::paper(target);
+        assert_eq!(paper.target, target);
+        assert_eq!(paper.window, 10_000);
+        assert_eq!(paper.violation, ViolationRule::Current99);
+        assert_eq!(paper.increase, IncreaseLaw::Fixed);
+        // The rest is the default's.
+        let default = LoopConfig::default();
+        assert_eq!(paper.ref_period, default.ref_period);
+        assert_eq!(paper.probe_timeout, default.probe_timeout);
+        assert_ne!(default.violation, ViolationRule::Current99);
+    }
+
+    #[test]
+    fn targets_rates_and_windows_out_of_range_are_refused_by_name() {
+        let refused = |config: LoopConfig| match config.validate() {
+            Err(LoopError::Setting(name, _)) => Some(name),
+            _ => None,
+        };
+        let with = |target, window, violation| LoopConfig {
+            target,
+            window,
+            violation,
+            ..LoopConfig::default()
+        };
+        let (ok_target, rule) = (Target99::Absolute(us(5)), ViolationRule::HeldP99);
+        assert_eq!(
+            refused(with(Target99::Absolute(Duration::ZERO), 1000, rule)),
+            Some("target")
+        );
+        assert_eq!(
+            refused(with(
+                Target99::Absolute(Duration::from_nanos(1)),
+                1000,
+                rule
+            )),
+            None
+        );
+        // A false-violation rate lies strictly between 0 and 1.
+        for alpha in [0.0, 1.0, -0.1, f64::NAN] {
+            let config = with(ok_target, 1000, ViolationRule::Confident(alpha));
+            assert_eq!(refused(config), Some("violation"), "alpha {alpha}");
+        }
+        for alpha in [1e-9, 0.5, 0.999] {
+            assert_eq!(
+                refused(with(ok_target, 1000, ViolationRule::Confident(alpha))),
+                None
+            );
+        }
+        // A rule that needs VIOLATION_RUN samples needs a window that holds them; the
+        // paper's rule decides on any window.
+        for rule in [ViolationRule::HeldP99, ViolationRule::Confident(1e-3)] {
+            assert_eq!(
+                refused(with(ok_target, VIOLATION_RUN - 1, rule)),
+                Some("window")
+            );
+            assert_eq!(refused(with(ok_target, VIOLATION_RUN, rule)), None);
+        }
+        assert_eq!(refused(with(ok_target, 1, ViolationRule::Current99)), None);
+    }
+
+    #[test]
     fn quiet_periods_zero_is_refused() {
         let config = LoopConfig {
             quiet_periods: 0,
