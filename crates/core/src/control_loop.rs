@@ -1923,6 +1923,105 @@ mod tests {
         assert_ne!(default.violation, ViolationRule::Current99);
     }
 
+    /// A loop on RoCE-100 with one latency and one bandwidth flow, driven every RefPeriod of
+    /// `config` with probes of `latency`, for `periods` updates; the time of each update.
+    fn run_periods(lp: &mut ControlLoop, t: &mut Duration, periods: u32, latency: Duration) {
+        for _ in 0..periods {
+            *t += lp.config().ref_period;
+            lp.handle_timeout(*t);
+            while let Some(event) = lp.poll_event() {
+                if event == Event::ProbeDue {
+                    let id = lp.probe_sent(*t);
+                    assert!(lp.probe_completed(*t + latency, id));
+                }
+            }
+        }
+    }
+
+    fn loop_of(config: LoopConfig) -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for (id, class) in [(1, FlowClass::Latency), (2, FlowClass::Bandwidth)] {
+            lp.register_flow(Duration::ZERO, flow(id, class)).unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        lp
+    }
+
+    #[test]
+    fn the_controller_runs_on_the_loops_ref_period_delta_step_and_law() {
+        // RefPeriod 10 ms, delta 50 ms, every probe slow: the second sample (update 3, at
+        // 30 ms) starts the violation run, and each update adds its 10 ms gap to the time
+        // observed (a gap counts up to ten RefPeriods), so delta is reached 50 ms later, at
+        // 80 ms, and the mode changes then or at the next update. The controller's own default RefPeriod (0.5 ms) would count 5 ms an update
+        // (130 ms); its default delta (5 s) would not give up at all.
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ref_period: Duration::from_millis(10),
+            unattainable_after: Some(Duration::from_millis(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let mut entered = None;
+        for _ in 0..20 {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            if entered.is_none() && matches!(lp.mode(), ControlMode::Unattainable { .. }) {
+                entered = Some(t);
+            }
+        }
+        let entered = entered.unwrap_or_else(|| panic!("never gave up the target"));
+        assert!(
+            (Duration::from_millis(80)..=Duration::from_millis(90)).contains(&entered),
+            "gave up at {entered:?}"
+        );
+        // The fixed law with a step of a tenth of MaxRate: from the floor (one halving,
+        // 1/2), the first increase reaches 6/10 of MaxRate. The default step (1/1000) or the
+        // search law would not.
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            increase: IncreaseLaw::Fixed,
+            increase_step: 0.1,
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 3, us(100));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+        assert!((lp.safe_util() / lp.max_rate() - 0.5).abs() < 1e-9);
+        while lp.last_action() != Some(ControlAction::Increase) {
+            run_periods(&mut lp, &mut t, 1, us(10));
+            assert!(t < Duration::from_millis(100), "no increase");
+        }
+        let fraction = lp.safe_util() / lp.max_rate();
+        assert!(
+            (fraction - 0.6).abs() < 1e-9,
+            "SafeUtil {fraction} of MaxRate"
+        );
+    }
+
+    #[test]
+    fn only_active_resource_hungry_flows_share_safe_util() {
+        // A latency flow, an active bandwidth flow, and one registered without work: the
+        // active one is allotted the whole of SafeUtil.
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        lp.register_flow(Duration::ZERO, flow(3, FlowClass::Bandwidth))
+            .unwrap();
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 2, us(10));
+        let active = lp.allotment(FlowId(2)).unwrap();
+        assert!((active.bytes_per_sec / lp.safe_util() - 1.0).abs() < 1e-9);
+        assert!(
+            lp.allotment(FlowId(1)).is_none(),
+            "a latency flow is never shaped"
+        );
+        assert!(lp
+            .allotment(FlowId(3))
+            .is_none_or(|a| a.bytes_per_sec == 0.0));
+    }
+
     #[test]
     fn targets_rates_and_windows_out_of_range_are_refused_by_name() {
         let refused = |config: LoopConfig| match config.validate() {
