@@ -17,14 +17,16 @@ const REGENERATE: &str =
 #[command(after_help = "\
 Output:
   stdout       one line per check: id, paper's figure, model's figure, error (model - paper)
-               / paper, tolerance, fit or validate, result; then the summary of each set
+               / paper, tolerance, fit, identity or validate, result; then the summary of each set
                (checks within tolerance, median and largest error).
   stderr       the scenarios run and the wall time.
   --markdown F the same as a markdown document (docs/calibration.md is this output).
 
 Every scenario the table names runs once, from scenarios/ in the working directory, and
 serves all the checks that read it. Fit checks are figures a parameter of profiles/*.toml
-was set to; only the validate set measures the model out of sample.")]
+was set to; identity checks hold by construction (a fitted capacity, the controller's
+sharing floor) and are counted apart; only the validate set measures the model out of
+sample.")]
 pub struct ValidateArgs {
     /// The table of checks; the one compiled in (crates/sim/validation/targets.toml) if not
     /// given.
@@ -110,6 +112,8 @@ fn render(v: &Validation) -> String {
     out.push_str(&v.summary_text(Tag::Validate));
     out.push('\n');
     out.push_str(&v.summary_text(Tag::Fit));
+    out.push('\n');
+    out.push_str(&v.summary_text(Tag::Identity));
     out.push('\n');
     out
 }

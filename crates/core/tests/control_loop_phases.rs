@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use justitia_core::control_loop::{ControlLoop, Event, FlowRegistration, LoopConfig, Target99};
+use justitia_core::control_loop::{
+    ControlLoop, Event, FlowRegistration, LoopConfig, Target99, ViolationRule,
+};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::pacer::ReleasePhase;
 use justitia_core::profile::RnicProfile;
@@ -27,7 +29,9 @@ impl Host {
     fn new() -> Host {
         let config = LoopConfig {
             target: Target99::Absolute(us(5)),
+            // One probe decides: the paper's rule on a window of one sample.
             window: 1,
+            violation: ViolationRule::Current99,
             idle_grace_periods: 0,
             ..LoopConfig::default()
         };

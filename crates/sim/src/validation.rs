@@ -4,9 +4,12 @@
 //! check for every published figure of the validation targets (N.., J.., P.., R..): the
 //! figure as published, its source, the tolerance and why, the scenario and the expression
 //! over that scenario's report that gives the model's figure, and whether the figure was
-//! used to set a model parameter (`fit`) or not (`validate`). Only the validate set says how
-//! well the model predicts; a fitted figure met within tolerance shows only that the fit
-//! held.
+//! used to set a model parameter (`fit`), holds by construction (`identity`), or neither
+//! (`validate`). Only the validate set says how well the model predicts; a fitted figure met
+//! within tolerance shows only that the fit held, and an identity (a total equal to the
+//! MaxRate a parameter was fitted to, a share equal to the controller's sharing floor, a
+//! ratio of two runs the model cannot tell apart) cannot fail while the model runs at all.
+//! Identities are shown and counted apart, never in the validate set.
 //!
 //! [`Validation::run`] runs every scenario the table names once and evaluates every check
 //! against the reports; `justitia validate` prints the result and writes
@@ -84,14 +87,20 @@ pub enum ValidationError {
     },
 }
 
-/// Whether a figure was used to set a model parameter.
+/// Whether a figure was used to set a model parameter, or holds by construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Tag {
     /// A parameter of `profiles/*.toml` was fitted to this figure: meeting it shows the fit
     /// held, nothing more.
     Fit,
-    /// No parameter was set from this figure: it tests the model out of sample.
+    /// The model's figure equals the published one by construction: a total equal to a
+    /// fitted capacity, a share equal to the controller's sharing floor, a ratio of two runs
+    /// the model serves alike. Shown, never counted as a validation; its basis says why
+    /// (`identity: ...`).
+    Identity,
+    /// No parameter was set from this figure and it does not hold by construction: it
+    /// tests the model out of sample.
     Validate,
 }
 
@@ -99,6 +108,7 @@ impl fmt::Display for Tag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Tag::Fit => "fit",
+            Tag::Identity => "identity",
             Tag::Validate => "validate",
         })
     }
@@ -574,12 +584,14 @@ impl Validation {
         md.push_str(
             "Every published figure of the validation targets (`validation-targets.md`) and \
              of the applications Justitia measured (A), the model's figure from a simulator scenario, and whether a model parameter was fitted \
-             to it (`fit`: meeting it shows only that the fit held) or not (`validate`: out of \
+             to it (`fit`: meeting it shows only that the fit held), whether it holds by \
+             construction (`identity`: shown, not counted) or neither (`validate`: out of \
              sample). Errors are (model - paper) / paper, zero inside a published range; a \
              direction is met or not.\n\n",
         );
         md.push_str(&format!("- {}\n", self.summary_text(Tag::Validate)));
         md.push_str(&format!("- {}\n", self.summary_text(Tag::Fit)));
+        md.push_str(&format!("- {}\n", self.summary_text(Tag::Identity)));
         md.push_str(&format!("- scenarios run: {}\n\n", self.scenarios));
         let gaps = self.validate_failures();
         if !gaps.is_empty() {

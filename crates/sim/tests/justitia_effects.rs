@@ -33,14 +33,31 @@ fn j1_latency_isolation_with_sharing_incentive() {
 
 /// J2: with a relaxed target (10 us) and the bandwidth flow on 4 QPs, Justitia keeps most
 /// of the bandwidth and bounds the latency: median 2.2 / 6.7 us, p99 3.2 / 7.1 us,
-/// 41.3 / 29.7 Gb/s on IB / RoCE (Justitia Fig 10).
+/// 41.3 / 29.7 Gb/s on IB / RoCE (Justitia Fig 10); those figures are the table's J2
+/// checks, with their known gaps (`common/gaps.rs`: the model's flows keep more bandwidth,
+/// and on RoCE-40 its latency flow does better than measured).
 ///
-/// Known gaps (`common/gaps.rs`): both bandwidth flows keep more than measured (46.4 and
-/// 36.5 Gb/s); on RoCE-40 the latency flow gets about 2.2 us against 6.7, because the
-/// model's 5 KB chunks paced below the line rate never let the transmit FIFO fill,
-/// whatever the target.
+/// Asserted here on IB-56, from the scenario and the paper: natively the latency flow's p99
+/// is above the 10 us target (the 4-QP flow's fetch bursts), under Justitia it is within
+/// it, and the bandwidth flow keeps at least the paper's 41.3 of 48 Gb/s (0.86) of what it
+/// gets natively. A loop that cut SafeUtil while the relaxed target is met leaves the
+/// bandwidth flow at half; a shaper that neither cuts the flow's messages into chunks nor
+/// paces them leaves the latency flow at its native p99.
 #[test]
-fn j2_relaxed_target_keeps_bandwidth() {
+fn j2_relaxed_target_is_met_and_keeps_most_bandwidth() {
+    let r = report("lat-vs-1mb-bw-4qps-ib56");
+    let target = 10.0;
+    let native = latency(run(&r, "with bw"), "lat");
+    let j = run(&r, "with bw + justitia");
+    let lat = latency(j, "lat");
+    let kept = flow(j, "bw").gbps / flow(run(&r, "with bw"), "bw").gbps;
+    eprintln!(
+        "J2 IB-56: lat p99 {:.2} us (native {:.2}), bandwidth kept {kept:.3}",
+        lat.p99_us, native.p99_us
+    );
+    assert!(native.p99_us > target, "native p99 {} us", native.p99_us);
+    assert!(lat.p99_us <= target, "p99 {} us under Justitia", lat.p99_us);
+    assert!(kept >= 41.3 / 48.0, "bandwidth kept {kept}");
     assert_targets("J2");
 }
 
@@ -199,30 +216,36 @@ fn latency_rpc_against_storage_service() {
 
 /// READs issued by the remote host make the local RNIC send their responses, which compete
 /// with its own sends in its arbiter: the local latency flow suffers as from a local
-/// bandwidth flow (Justitia §4.4, §6.6, Fig 24c-d). With Justitia the requester paces its
-/// READs like a local bandwidth flow (the ping-pong's other end is a latency flow of its
-/// host too), at most at the responder's guarantee, and the latency flow recovers.
+/// bandwidth flow (Justitia §4.4, §6.6, Fig 24c-d). With Justitia the responder counts the
+/// READ flow it serves with its latency flow, L'+B'+T' = 2, and guarantees it 1/2 of its
+/// MaxRate, at which the requester paces its READs: the READ flow runs at 24 Gb/s on
+/// IB-56, within 2%, and the latency flow's median is back within 30% of its alone figure
+/// (J1's claim), where natively it is more than 1.5 times it. Without the guarantee the
+/// READs take the link's 48 Gb/s.
 #[test]
-fn remote_reads_compete_with_local_sends() {
-    let r = report("lat-vs-remote-read-ib56");
+fn remote_reads_are_held_to_the_responders_guarantee() {
+    let name = "lat-vs-remote-read-ib56";
+    let max_rate = common::experiment(name).profile.policy.max_rate_gbps;
+    let r = report(name);
     let alone = latency(run(&r, "alone"), "lat");
     let native = latency(run(&r, "with remote read"), "lat");
-    let j = latency(run(&r, "with remote read + justitia"), "lat");
-    assert_between(
-        "READ responses: latency with / alone",
-        native.p50_us / alone.p50_us,
-        1.5,
-        3.0,
+    let with = run(&r, "with remote read + justitia");
+    let j = latency(with, "lat");
+    assert!(
+        native.p50_us > 1.5 * alone.p50_us,
+        "READ responses must hurt natively: {native:?} vs alone {alone:?}"
     );
     assert_near(
-        "READ flow alone (Gb/s)",
-        flow(run(&r, "read alone"), "remote read").gbps,
-        48.0,
-        0.05,
+        "READ flow at the responder's guarantee, 1/2 of MaxRate (Gb/s)",
+        flow(with, "remote read").gbps,
+        max_rate / 2.0,
+        0.02,
     );
-    assert!(
-        j.p50_us < native.p50_us,
-        "Justitia {j:?} vs native {native:?}"
+    assert_near(
+        "latency median with Justitia vs alone (us)",
+        j.p50_us,
+        alone.p50_us,
+        EFFECT,
     );
 }
 
@@ -270,14 +293,35 @@ fn the_responders_guarantee_protects_its_latency_flow_from_remote_reads() {
 
 /// The headline on RoCE-100 (the speed benchmark's scenario): Justitia brings the latency
 /// flow back near its alone figures (within 30%) and beats native at the median and p99,
-/// while the bandwidth flow keeps at least its sharing-incentive floor, half the NIC with
-/// one latency and one bandwidth flow.
+/// while the bandwidth flow, the only resource-hungry flow, is served what the loop allots
+/// it: its goodput is the loop's mean SafeUtil within 3%, and that is at least the sharing
+/// floor, half of MaxRate. A pacer that lets the flow run at line rate, or one that holds
+/// it under its allotment, misses the first; a loop that halves below the floor, the second.
 #[test]
-fn headline_roce100_isolates_and_keeps_the_floor() {
-    let r = report("lat-vs-1mb-bw-roce100");
+fn headline_roce100_isolates_and_serves_safe_util() {
+    let name = "lat-vs-1mb-bw-roce100";
+    let max_rate = common::experiment(name).profile.policy.max_rate_gbps;
+    let r = report(name);
     let alone = latency(run(&r, "alone"), "lat");
     let native = latency(run(&r, "with bw"), "lat");
-    let justitia = latency(run(&r, "with bw + justitia"), "lat");
+    let j = run(&r, "with bw + justitia");
+    let justitia = latency(j, "lat");
+    let safe_util = j
+        .policy_figures
+        .get("a.mean_safe_util_gbps")
+        .copied()
+        .unwrap_or_else(|| panic!("no mean SafeUtil: {:?}", j.policy_figures));
+    assert_near(
+        "RoCE-100 bandwidth flow under Justitia vs mean SafeUtil (Gb/s)",
+        flow(j, "bw").gbps,
+        safe_util,
+        0.03,
+    );
+    assert!(
+        safe_util >= max_rate / 2.0,
+        "mean SafeUtil {safe_util} Gb/s under the floor {}",
+        max_rate / 2.0
+    );
     assert_near(
         "RoCE-100 median with Justitia vs alone (us)",
         justitia.p50_us,
@@ -287,14 +331,6 @@ fn headline_roce100_isolates_and_keeps_the_floor() {
     assert!(
         justitia.p50_us < native.p50_us && justitia.p99_us < native.p99_us,
         "Justitia {justitia:?} must beat native {native:?}"
-    );
-    let native_bw = flow(run(&r, "with bw"), "bw").gbps;
-    let shared_bw = flow(run(&r, "with bw + justitia"), "bw").gbps;
-    assert_between(
-        "RoCE-100 bandwidth flow under Justitia / native",
-        shared_bw / native_bw,
-        0.5 * (1.0 - 0.05),
-        1.0,
     );
 }
 

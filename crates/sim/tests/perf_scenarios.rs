@@ -8,11 +8,29 @@ use common::{assert_between, assert_targets, flow, report, run};
 use justitia_sim::model_profile::{PfcParams, SwitchParams};
 
 /// P4 (PeRF §5.2.5, Fig 12): with SEND and with READ, preempt against native beside a
-/// B_App: the B_App's cost, the D_App's average latency cut and the M_App's rate gain,
-/// each within the table's tolerance or on the known-gap list with its model figure.
+/// B_App; the table's P4 checks are all known gaps (`common/gaps.rs`). Asserted here from
+/// the paper's figures, as bounds the model meets and a wrong one would not: with SEND,
+/// preempt at least doubles the M_App's message rate (PeRF: x2.7; a preempt that does not
+/// split the B_App's 1 MB SENDs leaves it as natively), and with SEND and READ the B_App
+/// keeps at least 90% of its native rate (PeRF: it loses 5%; a split that stalls the B_App
+/// between its sub-messages loses more).
 #[test]
-fn p4_send_and_read_against_perf_fig12() {
-    assert_targets("P4");
+fn p4_preempt_splits_send_and_read_at_a_small_cost() {
+    let r = report("perf-p4-send-read-roce100");
+    let rate = |variant: &str, name: &str| flow(run(&r, variant), name).msgs_per_sec;
+    let gain = rate("SEND M_App + B_App preempt", "M_App send")
+        / rate("SEND M_App + B_App native", "M_App send");
+    eprintln!("P4 SEND: M_App x{gain:.2}");
+    assert!(gain >= 2.0, "SEND: the M_App's gain x{gain}");
+    for (op, b_app) in [("SEND", "B_App send"), ("READ", "B_App read")] {
+        let kept = flow(run(&r, &format!("{op} D_App + B_App preempt")), b_app).gbps
+            / flow(run(&r, &format!("{op} D_App + B_App native")), b_app).gbps;
+        eprintln!("P4 {op}: B_App keeps {kept:.3}");
+        assert!(
+            kept >= 0.9,
+            "{op}: the B_App keeps {kept} of its native rate"
+        );
+    }
 }
 
 /// P5 (PeRF Fig 13): 1000 B_Apps of 8 queue pairs and one M_App under preempt, at full
@@ -33,10 +51,29 @@ fn p5_1000_bapps_against_perf_fig13() {
     assert_targets("P5");
 }
 
-/// P6 (PeRF §5.2.3, Fig 10): a 16-QP M_App against a single-QP M_App and a single-QP
-/// D_App, preempt against native, from the table.
+/// P6 (PeRF §5.2.3, Fig 10): a 16-QP M_App against a single-QP M_App, preempt against
+/// native; the table's P6 checks are known gaps (preempt's QNum_allow is not modelled).
+/// Asserted here from first principles: the RNIC serves its queue pairs round robin, so the
+/// single-QP M_App gets 1/17 of the 17 queue pairs' total message rate, within 2%, natively
+/// and under preempt (which leaves 16 B messages whole). An RNIC that served applications
+/// rather than queue pairs would give it half.
 #[test]
-fn p6_multi_qp_mapp_against_perf_fig10() {
+fn p6_the_rnic_serves_queue_pairs_round_robin() {
+    let r = report("perf-p6-mapp-multi-vs-single-roce100");
+    for variant in [
+        "M_App single + multi native",
+        "M_App single + multi preempt",
+    ] {
+        let run = run(&r, variant);
+        let single = flow(run, "M_App single").msgs_per_sec;
+        let total = single + flow(run, "M_App multi").msgs_per_sec;
+        common::assert_near(
+            &format!("{variant}: the single-QP M_App's share"),
+            single / total,
+            1.0 / 17.0,
+            0.02,
+        );
+    }
     assert_targets("P6");
 }
 

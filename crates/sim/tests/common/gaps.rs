@@ -1,8 +1,12 @@
 //! The validation table's checks the model does not meet (`justitia validate` marks them
 //! FAIL): each with the model's figure when it was listed. The test of the whole table fails
 //! when a check outside this list leaves its tolerance, when a listed gap closes, or when a
-//! listed figure moves by more than 10%, so this list always says where the model stands.
-//! The paper's figures and tolerances are in `crates/sim/validation/targets.toml`.
+//! gap widens: when the model ends up further from the paper's figure than the listed figure
+//! is, by more than one per cent of the paper's figure (the distance is always taken
+//! relative to the paper, so a figure near zero such as P6.mapp has the same slack as any
+//! other). A gap that narrows by more than that is printed with the new figure to list, so
+//! that the ratchet holds the gain. The paper's figures and tolerances are in
+//! `crates/sim/validation/targets.toml`.
 
 /// (check id, the model's figure), grouped by target, each group with the mechanism the
 /// model lacks.
@@ -41,9 +45,9 @@ pub const KNOWN_GAPS: &[(&str, f64)] = &[
     // 10 MB to 1 GB messages another.
     ("J6.native.p50x", 16.721),  // paper 71.4 x
     ("J6.native.p99x", 16.022),  // paper 79.8 x
-    ("J6.gain.p50", 14.798),     // paper 48.8 x
-    ("J6.gain.p99", 10.802),     // paper 16.4 x
-    ("J6.justitia.p99x", 1.483), // paper 4.87 x
+    ("J6.gain.p50", 14.323),     // paper 48.8 x
+    ("J6.gain.p99", 9.848),      // paper 16.4 x
+    ("J6.justitia.p99x", 1.627), // paper 4.87 x
     // The yield is a header-only packet (8% of a 16 KB sub-message), and a sub-message enters
     // the FIFO as one burst.
     ("P1.dapp.bw", 0.085),   // paper < 0.05
@@ -119,6 +123,6 @@ pub const KNOWN_GAPS: &[(&str, f64)] = &[
     // bursts) where the measured eRPC waited x67; Justitia wins back what the model lost.
     ("A2.p50x", 8.384),     // paper 67 x
     ("A2.p99x", 8.157),     // paper 40 x
-    ("A2.gain.p50", 7.125), // paper 56.9 x
-    ("A2.gain.p99", 6.342), // paper 32.2 x
+    ("A2.gain.p50", 7.321), // paper 56.9 x
+    ("A2.gain.p99", 6.258), // paper 32.2 x
 ];

@@ -158,3 +158,48 @@ pub fn assert_targets(target: &str) {
         assert_target(&id);
     }
 }
+
+/// A bandwidth flow served `served` times a reference flow's rates (10 Gb/s, 1 M msgs/s),
+/// for checks that compare flows with each other.
+pub fn synthetic_flow(name: &str, served: f64) -> FlowReport {
+    FlowReport {
+        name: name.into(),
+        class: justitia_core::flow::FlowClass::Bandwidth,
+        app: "bandwidth".into(),
+        messages: 1,
+        msgs_per_sec: 1e6 * served,
+        gbps: 10.0 * served,
+        latency: None,
+    }
+}
+
+/// Reports of one scenario with one run of these flows, as [`Validation::evaluate`] reads
+/// them.
+pub fn synthetic_report(
+    scenario: &str,
+    variant: &str,
+    flows: Vec<FlowReport>,
+) -> BTreeMap<String, ScenarioReport> {
+    let run = RunReport {
+        variant: variant.into(),
+        policy: "native".into(),
+        flows,
+        utilisation: 1.0,
+        jain_bandwidth: None,
+        policy_figures: BTreeMap::new(),
+        fabric_figures: BTreeMap::new(),
+        events: 0,
+        series: Default::default(),
+        wall_seconds: 0.0,
+    };
+    let report = ScenarioReport {
+        scenario: scenario.into(),
+        description: String::new(),
+        profile: "IB-56".into(),
+        seed: 1,
+        duration_ms: 1.0,
+        warmup_ms: 0.0,
+        runs: vec![run],
+    };
+    BTreeMap::from([(scenario.to_string(), report)])
+}
