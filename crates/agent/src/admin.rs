@@ -84,6 +84,13 @@ pub struct FlowReport {
     pub allot_bytes_per_sec: Option<f64>,
     /// Bytes reported sent.
     pub bytes: u64,
+    /// Where the flow goes when it loads another host (`reads from 10.0.0.2`, `sends to
+    /// 10.0.0.2`); absent from a daemon that does not report it.
+    #[serde(default)]
+    pub remote: Option<String>,
+    /// The guarantee its peer gave a READ flow, bytes/s, while one holds.
+    #[serde(default)]
+    pub read_guarantee_bytes_per_sec: Option<f64>,
 }
 
 /// An answer on the admin socket.

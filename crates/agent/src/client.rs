@@ -620,6 +620,32 @@ impl AgentClient {
         rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
+    /// Tells the daemon where a registered flow's QP goes (`gid`, or `lid` when addressed
+    /// by LID alone, and the remote QP number) and whether it posts READs. False when not
+    /// registered yet or the socket would not take it now: the caller tries again.
+    pub fn report_remote(
+        &mut self,
+        h: FlowHandle,
+        gid: [u8; 16],
+        lid: u16,
+        qpn: u32,
+        reads: bool,
+    ) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
+            return false;
+        };
+        let wire = Request::Remote(crate::proto::RemoteEnd {
+            flow,
+            gid,
+            lid,
+            qpn: qpn & 0xff_ffff,
+            reads,
+        })
+        .encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+    }
+
     /// The flow is gone (its QPs destroyed): tells the daemon, and forgets it. A flow
     /// whose registration is not answered yet is unregistered when the answer arrives;
     /// an unregister the socket cannot take now is sent by a later tick.

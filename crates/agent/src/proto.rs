@@ -7,6 +7,10 @@
 //! exact length of its kind and checks every field's range, so no input makes it panic or
 //! allocate beyond the message.
 //!
+//! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4), added
+//! later within the version: a daemon that does not know kind 4 refuses that message alone
+//! (the flow stays registered and shaped), so a newer shaper works with an older daemon.
+//!
 //! No message carries an identity the daemon trusts: the tenant is the peer's uid from
 //! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
 //! that the daemon can refuse a confused or lying client loudly.
@@ -25,6 +29,7 @@ pub const NO_UID: u32 = u32::MAX;
 const KIND_REGISTER: u8 = 1;
 const KIND_USAGE: u8 = 2;
 const KIND_UNREGISTER: u8 = 3;
+const KIND_REMOTE: u8 = 4;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
@@ -43,6 +48,24 @@ pub struct Register {
     /// The uid the client believes it runs as, checked against the kernel's ([`NO_UID`]:
     /// not stated).
     pub claimed_uid: u32,
+}
+
+/// Where a flow's RC QP goes, learnt by the shaper when the QP moved to RTR
+/// (`ibv_modify_qp` with the address vector and the destination QP number), and whether
+/// the flow posts READs: the daemon then tells the peer host's daemon (see
+/// `justitia-peer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteEnd {
+    /// The daemon's flow id.
+    pub flow: u64,
+    /// The destination GID (all zero when the QP is addressed by LID alone).
+    pub gid: [u8; 16],
+    /// The destination LID (0 on RoCE, or when a GID is given).
+    pub lid: u16,
+    /// The remote QP number (24 bits).
+    pub qpn: u32,
+    /// The flow posts READs: their data leaves the remote host's RNIC.
+    pub reads: bool,
 }
 
 /// A shaper reports a flow's activity and what it sent since the last report.
@@ -70,6 +93,8 @@ pub enum Request {
         /// The daemon's flow id.
         flow: u64,
     },
+    /// Where the flow's QP goes (sent once it is known, and again if it READs).
+    Remote(RemoteEnd),
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -287,6 +312,15 @@ impl Request {
                 v.extend_from_slice(&flow.to_le_bytes());
                 v
             }
+            Request::Remote(r) => {
+                let mut v = header(KIND_REMOTE);
+                v.extend_from_slice(&r.flow.to_le_bytes());
+                v.extend_from_slice(&r.gid);
+                v.extend_from_slice(&r.lid.to_le_bytes());
+                v.extend_from_slice(&r.qpn.to_le_bytes());
+                v.push(u8::from(r.reads));
+                v
+            }
         }
     }
 
@@ -296,6 +330,7 @@ impl Request {
             KIND_REGISTER => Some(("register", 25)),
             KIND_USAGE => Some(("usage", 25)),
             KIND_UNREGISTER => Some(("unregister", 8)),
+            KIND_REMOTE => Some(("remote", 31)),
             _ => None,
         })?;
         Ok(match kind {
@@ -335,6 +370,35 @@ impl Request {
                     active,
                     bytes: c.u64(),
                     ops: c.u64(),
+                })
+            }
+            KIND_REMOTE => {
+                let flow = c.u64();
+                let mut gid = [0u8; 16];
+                for b in &mut gid {
+                    *b = c.u8();
+                }
+                let lid = u16::from(c.u8()) | u16::from(c.u8()) << 8;
+                let qpn = c.u32();
+                if qpn >= 1 << 24 {
+                    return Err(ParseError::BadField {
+                        field: "qpn",
+                        reason: format!("{qpn} does not fit 24 bits"),
+                    });
+                }
+                if gid == [0; 16] && lid == 0 {
+                    return Err(ParseError::BadField {
+                        field: "gid",
+                        reason: "neither a GID nor a LID".into(),
+                    });
+                }
+                let reads = bool_field("reads", c.u8())?;
+                Request::Remote(RemoteEnd {
+                    flow,
+                    gid,
+                    lid,
+                    qpn,
+                    reads,
                 })
             }
             _ => Request::Unregister { flow: c.u64() },
@@ -467,6 +531,46 @@ mod tests {
         let g = Request::Unregister { flow: 9 };
         assert_eq!(g.encode().len(), 12);
         assert_eq!(Request::parse(&g.encode()), Ok(g));
+    }
+
+    #[test]
+    fn a_remote_end_round_trips_and_needs_a_gid_or_lid_and_a_24_bit_qpn() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 0, 0, 2]);
+        let r = RemoteEnd {
+            flow: 4,
+            gid,
+            lid: 0,
+            qpn: 0x11,
+            reads: true,
+        };
+        let wire = Request::Remote(r).encode();
+        assert_eq!(wire.len(), 35);
+        assert_eq!(&wire[..4], b"JA\x01\x04");
+        assert_eq!(Request::parse(&wire), Ok(Request::Remote(r)));
+        let bad = |r: RemoteEnd| match Request::parse(&Request::Remote(r).encode()) {
+            Err(ParseError::BadField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(bad(RemoteEnd { qpn: 1 << 24, ..r }), "qpn");
+        assert_eq!(bad(RemoteEnd { gid: [0; 16], ..r }), "gid");
+        let by_lid = RemoteEnd {
+            gid: [0; 16],
+            lid: 12,
+            ..r
+        };
+        assert_eq!(
+            Request::parse(&Request::Remote(by_lid).encode()),
+            Ok(Request::Remote(by_lid))
+        );
+        let mut wire = Request::Remote(r).encode();
+        wire[34] = 2;
+        assert!(matches!(
+            Request::parse(&wire),
+            Err(ParseError::BadField { field: "reads", .. })
+        ));
     }
 
     #[test]

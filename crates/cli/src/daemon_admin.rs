@@ -106,18 +106,28 @@ pub fn flows(args: &AdminArgs) -> Result<()> {
 }
 
 /// The flows as `justitia flows` prints them; the admission verdict as the daemon spells
-/// it (the `justitia_registrations_total` metric's label).
+/// it (the `justitia_registrations_total` metric's label); `guar Gb/s` the guarantee a
+/// READ flow holds from the host it reads from.
 fn flows_table(f: &[FlowReport]) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
-        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  tenant\n",
-        "flow", "uid", "pid", "class", "qps", "active", "admission", "allot Gb/s", "bytes"
+        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  tenant\n",
+        "flow",
+        "uid",
+        "pid",
+        "class",
+        "qps",
+        "active",
+        "admission",
+        "allot Gb/s",
+        "guar Gb/s",
+        "bytes"
     );
     for r in f {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>14}  {}",
+            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  {}",
             r.flow,
             r.uid,
             r.pid,
@@ -127,6 +137,8 @@ fn flows_table(f: &[FlowReport]) -> String {
             r.admission,
             r.allot_bytes_per_sec
                 .map_or("-".into(), |a| format!("{:.3}", a * 8e-9)),
+            r.read_guarantee_bytes_per_sec
+                .map_or("-".into(), |g| format!("{:.3}", g * 8e-9)),
             r.bytes,
             r.tenant
         );
@@ -200,6 +212,8 @@ mod tests {
             admission: "admitted_with_warning".into(),
             allot_bytes_per_sec: None,
             bytes: 16,
+            remote: None,
+            read_guarantee_bytes_per_sec: None,
         };
         let table = flows_table(&[flow]);
         let row = table.lines().nth(1).unwrap();
@@ -214,6 +228,7 @@ mod tests {
                 "1",
                 "true",
                 "admitted_with_warning",
+                "-",
                 "-",
                 "16",
                 "1000"

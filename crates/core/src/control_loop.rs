@@ -172,12 +172,21 @@
 //! A READ moves data out of the responder's RNIC, where it competes with the responder's
 //! own flows, yet it is posted, and can only be paced, on the requester (§4.4). So the
 //! responder's loop counts the remote READ flows it serves (the requesters' READ flows
-//! that have work, told by the driver) together with its own active flows, L'+B'+T', and
-//! after every update announces the guarantee 1/(L'+B'+T') of its MaxRate and MaxTput
-//! ([`crate::remote_read`]), numbered so that a receiver orders them. The requester's
-//! loop caps a READ flow's allotment at the newest guarantee heard from the host it reads
-//! from, from the next update on, as the paper does without handing the cap's spare to
-//! other flows (capacity may stay idle). A guarantee not renewed for
+//! that have work, told by the driver as [`RemoteReadUnit`]s: one per requester host,
+//! tenant and class, at the tenant's weight, as it counts its own tenants) together with
+//! its own active flows, L'+B'+T', and after every update announces the guarantee
+//! 1/(L'+B'+T') of its MaxRate and MaxTput per unit of weight ([`crate::remote_read`]),
+//! numbered so that a receiver orders them.
+//!
+//! On the requester a READ flow is marked as such
+//! ([`set_flow_reads_from`](ControlLoop::set_flow_reads_from)): its data leaves the
+//! responder's RNIC, not this host's, so it is not counted in this host's L, B, T and
+//! takes no part in the division of this host's SafeUtil. Its allotment is the newest
+//! guarantee heard from the host it reads from, times its tenant's weight, divided among
+//! its tenant's active READ flows of its class against that host, from the next update on
+//! (capacity may stay idle, as in the paper); with no guarantee (none heard yet, or
+//! lapsed) it is MaxRate: nothing here constrains it (fail-open). A flow not so marked
+//! that receives a guarantee is capped at it within its local share. A guarantee not renewed for
 //! [`READ_GUARANTEE_PERIODS`] RefPeriods lapses: a responder that went away stops capping,
 //! and one that restarted is believed as soon as its old guarantee has lapsed, whatever
 //! its new epoch. The guarantee does not change the responder's own division: its flows
@@ -190,6 +199,7 @@
 //! - allotments are given only to active resource-hungry flows (a flow within its idle
 //!   grace is active), an idle flow's is zero, and the active flows' rates sum to SafeUtil
 //!   (up to rounding) unless a READ flow is capped by its guarantee, which only lowers it;
+//!   a flow marked as reading from another host takes no part in L, B, T or the sum;
 //! - 0 < SafeUtil <= MaxRate, and SafeUtil >= the sharing floor of the active counts;
 //! - the chunk size is the profile's chunk with latency flows when an active latency
 //!   flow is counted, the one without otherwise;
@@ -231,6 +241,7 @@ use crate::pacer::{PaceRate, ReleasePhase};
 use crate::profile::RnicProfile;
 use crate::remote_read::{
     InvalidReadGuarantee, ReadGuarantee, ReadGuaranteeReceiver, ReadGuaranteeSender, Receipt,
+    RemoteReadUnit,
 };
 
 /// Target99, in the probe's units (see the module documentation).
@@ -585,12 +596,15 @@ struct FlowState {
     /// The chunk its requests are cut to when smaller than the loop's (a READ flow's
     /// guarantee's, from the latest allotment); `u32::MAX` otherwise.
     chunk_cap: u32,
+    /// For a READ requester's flow: the host it reads from, in the driver's numbering. It
+    /// is then not counted here (see "Remote READs").
+    reads_from: Option<u64>,
 }
 
 impl FlowState {
     /// Whether the flow takes part in the division.
     fn shares(&self) -> bool {
-        self.active && self.spec.class.is_resource_hungry()
+        self.active && self.spec.class.is_resource_hungry() && self.reads_from.is_none()
     }
 }
 
@@ -796,9 +810,9 @@ pub struct ControlLoop {
     phase_order: Vec<(FlowId, usize)>,
     updates: u64,
     events: VecDeque<Event>,
-    /// The remote READ flows this host serves, by class, and the numbering of the
-    /// guarantees it sends their requesters.
-    remote_reads: FlowCounts,
+    /// The remote READ units this host serves, and the numbering of the guarantees it
+    /// sends their requesters.
+    remote_reads: Vec<RemoteReadUnit>,
     read_sender: ReadGuaranteeSender,
     /// Flows with a guarantee to lapse, and whether a guarantee changed since the last
     /// allotments (they must be rewritten).
@@ -872,7 +886,7 @@ impl ControlLoop {
             phase_order: Vec::new(),
             updates: 0,
             events: VecDeque::new(),
-            remote_reads: FlowCounts::default(),
+            remote_reads: Vec::new(),
             // Each loop is an incarnation of its host's sender: a driver's clock at start
             // grows from one to the next (within a boot; across one, lapsing covers it).
             read_sender: ReadGuaranteeSender::new(
@@ -917,6 +931,7 @@ impl ControlLoop {
             generation: self.generation,
             read_cap: None,
             chunk_cap: u32::MAX,
+            reads_from: None,
         });
         // Room for every flow in the buffer that orders the sharing flows, so that no
         // division has to grow it.
@@ -953,15 +968,62 @@ impl ControlLoop {
         Ok(())
     }
 
-    /// The remote READ flows this host serves now, by class (the requesters' flows that
-    /// have work; the driver learns of them from the requesters). They count with the
-    /// local flows in the guarantee this host announces after every update.
-    pub fn set_remote_reads(&mut self, now: Duration, reads: FlowCounts) {
+    /// The remote READ units this host serves now (the requesters' flows that have work,
+    /// one unit per requester host, tenant and class; the driver learns of them from the
+    /// requesters). They count with the local flows in the guarantee this host announces
+    /// after every update.
+    pub fn set_remote_reads(&mut self, now: Duration, units: &[RemoteReadUnit]) {
         self.advance(now);
-        if reads != self.remote_reads {
-            self.remote_reads = reads;
+        let mut units = units.to_vec();
+        units.sort_unstable();
+        if units != self.remote_reads {
+            self.remote_reads = units;
             self.stir();
         }
+    }
+
+    /// Marks a flow as a READ requester's flow against host `responder` (in the driver's
+    /// numbering), or unmarks it with `None`: see "Remote READs". A marked flow leaves
+    /// this host's L, B, T and division from the next update on.
+    pub fn set_flow_reads_from(
+        &mut self,
+        now: Duration,
+        id: FlowId,
+        responder: Option<u64>,
+    ) -> Result<(), LoopError> {
+        self.advance(now);
+        let index = self.find(id).ok_or(LoopError::UnknownFlow(id))?;
+        if self.flows[index].reads_from == responder {
+            return Ok(());
+        }
+        // Uncounted under the old marking, counted again under the new.
+        let active = self.flows[index].active;
+        self.count_activity(index, false);
+        self.flows[index].reads_from = responder;
+        self.count_activity(index, active);
+        self.caps_changed = true;
+        self.stir();
+        Ok(())
+    }
+
+    /// The weighted count of this host's active units and the remote READ units it
+    /// serves: the guarantee is 1 over it (see [`crate::remote_read`]).
+    fn weighted_units(&self) -> u64 {
+        let local: u64 = self
+            .tenants
+            .iter()
+            .filter(|t| t.flows > 0)
+            .map(|t| {
+                let latency = u64::from(t.active[class_index(FlowClass::Latency)] > 0);
+                let hungry = [FlowClass::Throughput, FlowClass::Bandwidth]
+                    .iter()
+                    .filter(|&&c| t.active[class_index(c)] > 0)
+                    .count() as u64;
+                latency + hungry * u64::from(t.weight.max(1))
+            })
+            .sum();
+        let remote: u64 = self.remote_reads.iter().map(RemoteReadUnit::weighted).sum();
+        local.saturating_add(remote)
     }
 
     /// A guarantee from the host a READ flow of this host reads from. A newer one caps the
@@ -1140,8 +1202,13 @@ impl ControlLoop {
             return;
         }
         flow.active = active;
-        self.flows_changed = true;
         self.stirred_at.get_or_insert(self.now);
+        if flow.reads_from.is_some() {
+            // Not counted here: only its own allotment changes.
+            self.caps_changed = true;
+            return;
+        }
+        self.flows_changed = true;
         let (class, weight) = (flow.spec.class, flow.spec.weight.get());
         let tenant = &mut self.tenants[flow.tenant];
         let tenant_count = &mut tenant.active[class_index(class)];
@@ -1460,10 +1527,10 @@ impl ControlLoop {
         if latency_present || (self.baseline.is_some() && self.hungry_active == 0) {
             self.events.push_back(Event::ProbeDue);
         }
-        if self.remote_reads.total() > 0 {
+        if !self.remote_reads.is_empty() {
             let guarantee =
                 self.read_sender
-                    .announce(self.counts, self.remote_reads, &self.profile);
+                    .announce(self.weighted_units(), latency_present, &self.profile);
             self.events.push_back(Event::ReadGuarantee(guarantee));
         }
     }
@@ -1572,9 +1639,10 @@ impl ControlLoop {
         }
         let safe_util = self.controller.safe_util();
         let ops_per_byte = self.profile.ops_per_byte();
+        let read_allotments = self.read_allotments();
         let mut changed = false;
         let tenants = &self.tenants;
-        for flow in &mut self.flows {
+        for (index, flow) in self.flows.iter_mut().enumerate() {
             if divided {
                 flow.share = if flow.shares() {
                     tenants[flow.tenant].flow_share
@@ -1588,9 +1656,11 @@ impl ControlLoop {
             let mut bytes_per_sec = flow.share * safe_util;
             let mut ops_per_sec = bytes_per_sec * ops_per_byte;
             let mut chunk_cap = u32::MAX;
-            // A READ flow gets no more than the host it reads from guarantees it (§4.4),
-            // in that host's chunks.
-            if let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) {
+            if let Some(&(_, allotted)) = read_allotments.iter().find(|(i, _)| *i == index) {
+                (bytes_per_sec, ops_per_sec, chunk_cap) = allotted;
+            } else if let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) {
+                // A READ flow gets no more than the host it reads from guarantees it
+                // (§4.4), in that host's chunks.
                 bytes_per_sec = bytes_per_sec.min(cap.bytes_per_sec);
                 ops_per_sec = ops_per_sec.min(cap.ops_per_sec);
                 chunk_cap = cap.chunk_bytes;
@@ -1612,6 +1682,55 @@ impl ControlLoop {
             self.events
                 .push_back(Event::AllotmentsChanged { generation });
         }
+    }
+
+    /// The allotments of the READ requesters' flows (see "Remote READs"), by place: the
+    /// guarantee times the tenant's weight, divided among the tenant's active READ flows
+    /// of the class against the same host; MaxRate without a guarantee. Allocates only
+    /// while some flow is so marked; a pass over the marked flows for each marked flow.
+    fn read_allotments(&self) -> Vec<(usize, (f64, f64, u32))> {
+        let max = (
+            self.profile.max_rate_bytes_per_sec(),
+            self.profile.max_ops_per_sec(),
+        );
+        let marked = |f: &FlowState| f.reads_from.is_some() && f.spec.class.is_resource_hungry();
+        let mut out = Vec::new();
+        for (index, flow) in self.flows.iter().enumerate().filter(|(_, f)| marked(f)) {
+            if !flow.active {
+                out.push((index, (0.0, 0.0, u32::MAX)));
+                continue;
+            }
+            let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) else {
+                out.push((index, (max.0, max.1, u32::MAX)));
+                continue;
+            };
+            let siblings = self
+                .flows
+                .iter()
+                .filter(|f| {
+                    marked(f)
+                        && f.active
+                        && f.reads_from == flow.reads_from
+                        && f.spec.tenant == flow.spec.tenant
+                        && f.spec.class == flow.spec.class
+                })
+                .count()
+                .max(1) as f64;
+            // The responder's whole RNIC at most: its figures are its fraction of its
+            // MaxRate and MaxTput.
+            let scale = (cap.fraction * f64::from(flow.spec.weight.get())).min(1.0)
+                / cap.fraction
+                / siblings;
+            out.push((
+                index,
+                (
+                    cap.bytes_per_sec * scale,
+                    cap.ops_per_sec * scale,
+                    cap.chunk_bytes,
+                ),
+            ));
+        }
+        out
     }
 
     /// Gives the n flows that share offsets 0, 1/n, 2/n, ... in the order of their ids, and
@@ -2162,14 +2281,11 @@ mod tests {
             "no remote reads, nothing to say"
         );
         // Two remote READ flows: L' + B' + T' = 1 + 1 + 2 = 4.
-        lp.set_remote_reads(
-            t,
-            FlowCounts {
-                latency: 0,
-                bandwidth: 2,
-                throughput: 0,
-            },
-        );
+        let unit = RemoteReadUnit {
+            class: FlowClass::Bandwidth,
+            weight: Weight::ONE,
+        };
+        lp.set_remote_reads(t, &[unit, unit]);
         let said = announced(&mut lp, &mut t, 3);
         assert_eq!(said.len(), 3, "one per update");
         for (i, g) in said.iter().enumerate() {
@@ -2184,8 +2300,129 @@ mod tests {
                 "its latency flow's chunk"
             );
         }
-        lp.set_remote_reads(t, FlowCounts::default());
+        lp.set_remote_reads(t, &[]);
         assert!(announced(&mut lp, &mut t, 2).is_empty());
+    }
+
+    /// The figure: a host that WRITEs to B and READs from B, no latency flow
+    /// anywhere. Natively each flow gets the whole of its RNIC (48 + 48 Gb/s on the
+    /// paper's 56 Gb/s IB): the WRITE's data leaves A's RNIC, the READ's leaves B's. A
+    /// READ requester's flow counted in A's own L/B/T halved the WRITE for READs it never
+    /// competes with; now the WRITE keeps A's whole SafeUtil and the READ gets B's
+    /// guarantee, 1 of 1 unit at B.
+    #[test]
+    fn a_host_that_writes_and_reads_gets_its_write_flows_full_rate_not_half() {
+        let profile = RnicProfile::builtin("IB-56").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut a = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let mut b = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let (write, read) = (FlowId(1), FlowId(2));
+        a.register_flow(Duration::ZERO, flow(1, FlowClass::Bandwidth))
+            .unwrap();
+        a.register_flow(Duration::ZERO, flow(2, FlowClass::Bandwidth))
+            .unwrap();
+        a.set_flow_reads_from(Duration::ZERO, read, Some(7))
+            .unwrap();
+        a.set_flow_active(Duration::ZERO, write, true).unwrap();
+        a.set_flow_active(Duration::ZERO, read, true).unwrap();
+        // B serves A's one READ unit and has no flow of its own.
+        b.set_remote_reads(
+            Duration::ZERO,
+            &[RemoteReadUnit {
+                class: FlowClass::Bandwidth,
+                weight: Weight::ONE,
+            }],
+        );
+        let mut t = Duration::ZERO;
+        let mut tb = Duration::ZERO;
+        for _ in 0..4 {
+            for g in announced(&mut b, &mut tb, 1) {
+                a.read_guarantee_received(t, read, g).unwrap();
+            }
+            announced(&mut a, &mut t, 1);
+        }
+        let max = profile.max_rate_bytes_per_sec();
+        assert_eq!(a.counts.bandwidth, 1, "the READ is not counted at A");
+        assert_eq!(
+            a.allotment(write).unwrap().bytes_per_sec,
+            max,
+            "not max / 2"
+        );
+        let capped = a.read_cap(read).expect("B's guarantee");
+        assert_eq!(capped.fraction, 1.0, "B counts the READ unit alone");
+        assert_eq!(a.allotment(read).unwrap().bytes_per_sec, max);
+    }
+
+    /// Weights apply across hosts: B holds a local bandwidth tenant of weight 1 and serves
+    /// A's READ tenant of weight 3 (two flows): 1/4 of B per unit of weight, 3/4 for A's
+    /// tenant, 3/8 of B's MaxRate for each of its two flows.
+    #[test]
+    fn a_read_tenant_gets_its_weighted_share_of_the_responder_split_among_its_flows() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut b = reading_loop(Duration::ZERO);
+        b.set_remote_reads(
+            Duration::ZERO,
+            &[RemoteReadUnit {
+                class: FlowClass::Bandwidth,
+                weight: Weight::new(3).unwrap(),
+            }],
+        );
+        let mut tb = Duration::ZERO;
+        let g = *announced(&mut b, &mut tb, 2).last().unwrap();
+        assert_eq!(g.fraction, 0.25);
+
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut a = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for id in [1, 2] {
+            let mut reg = flow(id, FlowClass::Bandwidth);
+            reg.spec.tenant = TenantId(9);
+            reg.spec.weight = Weight::new(3).unwrap();
+            a.register_flow(Duration::ZERO, reg).unwrap();
+            a.set_flow_reads_from(Duration::ZERO, FlowId(id), Some(1))
+                .unwrap();
+            a.set_flow_active(Duration::ZERO, FlowId(id), true).unwrap();
+            a.read_guarantee_received(Duration::ZERO, FlowId(id), g)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        let each = 0.375 * profile.max_rate_bytes_per_sec();
+        for id in [1, 2] {
+            let got = a.allotment(FlowId(id)).unwrap();
+            assert!((got.bytes_per_sec - each).abs() < 1.0, "{got:?}");
+            assert_eq!(got.chunk_bytes, g.chunk_bytes);
+        }
+        assert_eq!(a.counts.total(), 0, "READ requesters count at B, not here");
+    }
+
+    /// Fail-open: a READ requester's flow whose guarantee lapses is no longer constrained
+    /// (MaxRate), and one that goes idle gets nothing.
+    #[test]
+    fn a_read_requesters_flow_runs_unconstrained_once_its_guarantee_lapses() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut a = reading_loop(Duration::ZERO);
+        a.set_flow_reads_from(Duration::ZERO, FlowId(1), Some(3))
+            .unwrap();
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        let max = profile.max_rate_bytes_per_sec();
+        assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, max);
+        a.read_guarantee_received(t, FlowId(1), guarantee(1, 0, 0.25, &profile))
+            .unwrap();
+        announced(&mut a, &mut t, 1);
+        assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, 0.25 * max);
+        announced(&mut a, &mut t, READ_GUARANTEE_PERIODS);
+        assert_eq!(a.read_cap(FlowId(1)), None);
+        assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, max);
+        a.set_flow_active(t, FlowId(1), false).unwrap();
+        announced(&mut a, &mut t, 4);
+        assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, 0.0);
     }
 
     #[test]

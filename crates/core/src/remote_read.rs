@@ -8,6 +8,14 @@
 //! locally (§4.4). Like the paper, this may leave capacity idle when remote readers use
 //! less than their share.
 //!
+//! One counting rule for local and remote flows: B counts a remote READ requester's
+//! flows per (requester host, tenant, class), once however many flows, as it counts its
+//! own tenants ([`RemoteReadUnit`]); and weights apply. So the guarantee is per unit of
+//! weight: 1 over the sum, over the counted units, of 1 for a latency unit and the
+//! tenant's weight for a resource-hungry one (1/(L'+B'+T') when every weight is one). A
+//! requester tenant of weight w gets w times it, divided among its flows of that class
+//! reading from B.
+//!
 //! [`ReadGuaranteeSender`] stamps every [`ReadGuarantee`] with the sender's epoch (a number
 //! that grows each time the sender starts, e.g. its start time) and a sequence number that
 //! grows with every message of that epoch. [`ReadGuaranteeReceiver`] keeps the newest one
@@ -21,13 +29,35 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::flow::FlowCounts;
+use crate::flow::{FlowClass, Weight};
 use crate::profile::RnicProfile;
 
-/// The share a host guarantees to each remote READ flow: 1/(L'+B'+T'), or the whole RNIC
-/// when no flow is counted.
-pub fn read_guarantee_fraction(counts: FlowCounts) -> f64 {
-    1.0 / f64::from(counts.total().max(1))
+/// The share a host guarantees per unit of weight: 1 over its weighted count of units
+/// (L'+B'+T' when every weight is 1), or the whole RNIC when none is counted.
+pub fn read_guarantee_fraction(weighted_units: u64) -> f64 {
+    1.0 / weighted_units.max(1) as f64
+}
+
+/// One remote requester's tenant and class whose READ flows a host serves: it counts once
+/// in L', B' or T', at its weight, however many flows it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RemoteReadUnit {
+    /// The class of its READ flows.
+    pub class: FlowClass,
+    /// The tenant's weight on its host.
+    pub weight: Weight,
+}
+
+impl RemoteReadUnit {
+    /// What it adds to the weighted count: 1 for a latency unit (never shaped, it has no
+    /// weight in a division), its weight for a resource-hungry one.
+    pub fn weighted(&self) -> u64 {
+        if self.class.is_resource_hungry() {
+            u64::from(self.weight.get())
+        } else {
+            1
+        }
+    }
 }
 
 /// The message a host sends to each remote reader.
@@ -37,7 +67,7 @@ pub struct ReadGuarantee {
     pub epoch: u64,
     /// Position of this message within its epoch.
     pub sequence: u64,
-    /// 1/(L'+B'+T'), in (0, 1].
+    /// The fraction per unit of weight, 1/(L'+B'+T') when every weight is 1; in (0, 1].
     pub fraction: f64,
     /// The guaranteed rate in bytes/s: fraction x the sender's MaxRate.
     pub bytes_per_sec: f64,
@@ -73,20 +103,16 @@ impl ReadGuaranteeSender {
         }
     }
 
-    /// The guarantee for the current flows: `local` are this host's own active flows,
-    /// `remote_reads` the remote READ flows it serves, counted by class.
+    /// The guarantee for the current flows: `weighted_units` is the weighted count of this
+    /// host's own active units and the remote READ units it serves (see the module
+    /// documentation), `local_latency` whether it counts a latency flow of its own.
     pub fn announce(
         &mut self,
-        local: FlowCounts,
-        remote_reads: FlowCounts,
+        weighted_units: u64,
+        local_latency: bool,
         profile: &RnicProfile,
     ) -> ReadGuarantee {
-        let counts = FlowCounts {
-            latency: local.latency.saturating_add(remote_reads.latency),
-            bandwidth: local.bandwidth.saturating_add(remote_reads.bandwidth),
-            throughput: local.throughput.saturating_add(remote_reads.throughput),
-        };
-        let fraction = read_guarantee_fraction(counts);
+        let fraction = read_guarantee_fraction(weighted_units);
         let sequence = self.next_sequence;
         self.next_sequence = self.next_sequence.saturating_add(1);
         ReadGuarantee {
@@ -95,7 +121,7 @@ impl ReadGuaranteeSender {
             fraction,
             bytes_per_sec: fraction * profile.max_rate_bytes_per_sec(),
             ops_per_sec: fraction * profile.max_ops_per_sec(),
-            chunk_bytes: profile.chunk_bytes(local.latency > 0),
+            chunk_bytes: profile.chunk_bytes(local_latency),
         }
     }
 }
@@ -178,22 +204,24 @@ impl ReadGuaranteeReceiver {
 mod tests {
     use super::*;
 
-    fn counts(latency: u32, bandwidth: u32, throughput: u32) -> FlowCounts {
-        FlowCounts {
-            latency,
-            bandwidth,
-            throughput,
-        }
-    }
-
     fn ib56() -> RnicProfile {
         RnicProfile::builtin("IB-56").unwrap()
     }
 
     #[test]
-    fn fraction_counts_every_flow_and_never_divides_by_zero() {
-        assert_eq!(read_guarantee_fraction(counts(1, 2, 1)), 0.25);
-        assert_eq!(read_guarantee_fraction(counts(0, 0, 0)), 1.0);
+    fn fraction_counts_every_unit_and_never_divides_by_zero() {
+        assert_eq!(read_guarantee_fraction(4), 0.25);
+        assert_eq!(read_guarantee_fraction(0), 1.0);
+        let unit = |class, weight| RemoteReadUnit {
+            class,
+            weight: Weight::new(weight).unwrap(),
+        };
+        assert_eq!(unit(FlowClass::Bandwidth, 3).weighted(), 3);
+        assert_eq!(
+            unit(FlowClass::Latency, 3).weighted(),
+            1,
+            "latency is never weighted"
+        );
     }
 
     #[test]
@@ -201,12 +229,12 @@ mod tests {
         let profile = ib56();
         let mut sender = ReadGuaranteeSender::new(7);
         // Two local bandwidth flows and one latency flow, plus one remote READ flow.
-        let first = sender.announce(counts(1, 2, 0), counts(0, 1, 0), &profile);
+        let first = sender.announce(4, true, &profile);
         assert_eq!((first.epoch, first.sequence), (7, 0));
         assert_eq!(first.fraction, 0.25);
         assert!((first.bytes_per_sec - 1.5e9).abs() < 1.0);
         assert!((first.ops_per_sec - 7.5e6).abs() < 1e-3);
-        let second = sender.announce(counts(0, 0, 0), counts(0, 1, 0), &profile);
+        let second = sender.announce(1, false, &profile);
         assert_eq!(second.sequence, 1);
         assert_eq!(second.fraction, 1.0);
         assert!(second.is_newer_than(&first));
@@ -216,8 +244,8 @@ mod tests {
     fn receiver_ignores_stale_and_duplicate_messages() {
         let profile = ib56();
         let mut sender = ReadGuaranteeSender::new(1);
-        let old = sender.announce(counts(0, 1, 0), counts(0, 1, 0), &profile);
-        let new = sender.announce(counts(0, 3, 0), counts(0, 1, 0), &profile);
+        let old = sender.announce(2, false, &profile);
+        let new = sender.announce(4, false, &profile);
         let mut receiver = ReadGuaranteeReceiver::new();
         assert_eq!(receiver.current(), None);
         assert_eq!(receiver.accept(new), Ok(Receipt::Applied));
@@ -232,11 +260,11 @@ mod tests {
         let mut before = ReadGuaranteeSender::new(1);
         let mut receiver = ReadGuaranteeReceiver::new();
         for _ in 0..5 {
-            let m = before.announce(counts(0, 1, 0), counts(0, 1, 0), &profile);
+            let m = before.announce(2, false, &profile);
             assert_eq!(receiver.accept(m), Ok(Receipt::Applied));
         }
         let mut after = ReadGuaranteeSender::new(2);
-        let m = after.announce(counts(0, 0, 0), counts(0, 1, 0), &profile);
+        let m = after.announce(1, false, &profile);
         assert_eq!(m.sequence, 0);
         assert_eq!(receiver.accept(m), Ok(Receipt::Applied));
         assert_eq!(receiver.current().map(|g| g.epoch), Some(2));
@@ -244,7 +272,7 @@ mod tests {
 
     #[test]
     fn out_of_range_figures_are_refused_and_not_applied() {
-        let good = ReadGuaranteeSender::new(1).announce(counts(0, 1, 0), counts(0, 1, 0), &ib56());
+        let good = ReadGuaranteeSender::new(1).announce(2, false, &ib56());
         let mut receiver = ReadGuaranteeReceiver::new();
         let cases = [
             (
@@ -306,8 +334,7 @@ mod tests {
 
     #[test]
     fn message_round_trips_through_serde() {
-        let message =
-            ReadGuaranteeSender::new(3).announce(counts(1, 1, 1), counts(0, 0, 1), &ib56());
+        let message = ReadGuaranteeSender::new(3).announce(4, true, &ib56());
         let text = toml::to_string(&message).unwrap();
         let back: ReadGuarantee = toml::from_str(&text).unwrap();
         assert_eq!(back, message);

@@ -27,6 +27,18 @@
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
 //! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
+//! | `[peer]` | off | the peer channel to other hosts' daemons (remote READs, incast); on when the table is present |
+//! | `peer.node` | required | this host's RDMA port GID (IPv6 form), or on RoCE v2 its IPv4 address |
+//! | `peer.key_file` | required | the cluster key, at least 32 bytes, the same on every host |
+//! | `peer.listen` | `"0.0.0.0:7471"` | the UDP address the channel binds |
+//! | `peer.port` | 7471 | the port peers' daemons listen on (RoCE discovery from the GID) |
+//! | `peer.max_peers` | 64 | peers held at once |
+//! | `peer.max_flows_per_peer` | 1024 | flows one peer may declare against this host |
+//! | `peer.max_messages_per_sec` | 2000 | datagrams one peer may send per second |
+//! | `peer.silence_ms` | 20 | a peer silent this long stops counting and constraining (fail-open) |
+//! | `peer.refresh_ms` | 5 | how often an unchanged demand or grant is sent again |
+//! | `[peer.hosts]` | none | `"<GID>" = "address:port"`: peers whose GID holds no routable address (InfiniBand, link-local) |
+//! | `[peer.lids]` | none | `"<LID>" = "<GID>"`: InfiniBand peers reached by LID alone |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -105,6 +117,8 @@ pub struct Config {
     pub tenant: TenantBy,
     /// Weights by uid.
     pub weights: BTreeMap<u32, u32>,
+    /// The peer channel, when on.
+    pub peer: Option<crate::peer::PeerSettings>,
 }
 
 impl Default for Config {
@@ -129,6 +143,7 @@ impl Default for Config {
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             weights: BTreeMap::new(),
+            peer: None,
         }
     }
 }
@@ -372,6 +387,12 @@ impl Config {
                 c.weights.insert(id, int(&key, w, 1, 1000)? as u32);
             }
         }
+        if let Some(v) = take("peer") {
+            let toml::Value::Table(t) = v else {
+                return Err(err("peer", "expected a table".into()));
+            };
+            c.peer = Some(parse_peer(t).map_err(|(key, reason)| err(&key, reason))?);
+        }
         if c.probe_timeout <= c.ref_period {
             return Err(err(
                 "probe_timeout_ms",
@@ -386,6 +407,123 @@ impl Config {
         }
         Ok(c)
     }
+}
+
+/// The `[peer]` table; an error names its key (`peer.<key>`) and the reason.
+fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, String)> {
+    use crate::peer::{parse_gid, PeerSettings, DEFAULT_PORT};
+    use justitia_peer::channel::ChannelConfig;
+    let name = |key: &str| format!("peer.{key}");
+    let string = |key: &str, v: toml::Value| match v {
+        toml::Value::String(s) => Ok(s),
+        other => Err((
+            name(key),
+            format!("expected a string, got {}", other.type_str()),
+        )),
+    };
+    let int = |key: &str, v: toml::Value, lo: i64, hi: i64| match v {
+        toml::Value::Integer(i) if (lo..=hi).contains(&i) => Ok(i),
+        toml::Value::Integer(i) => Err((name(key), format!("{i} is out of range {lo}..={hi}"))),
+        other => Err((
+            name(key),
+            format!("expected an integer, got {}", other.type_str()),
+        )),
+    };
+    let addr = |key: &str, s: &str| {
+        s.parse::<std::net::SocketAddr>()
+            .map_err(|_| (key.to_string(), format!("`{s}` is not an address:port")))
+    };
+    let node = t.remove("node").ok_or_else(|| {
+        (
+            name("node"),
+            "required: this host's GID or IPv4 address".to_string(),
+        )
+    })?;
+    let node = parse_gid(&string("node", node)?).map_err(|r| (name("node"), r))?;
+    let key_file = t.remove("key_file").ok_or_else(|| {
+        (
+            name("key_file"),
+            "required: the cluster key's path".to_string(),
+        )
+    })?;
+    let key_file = PathBuf::from(string("key_file", key_file)?);
+    if !key_file.is_absolute() {
+        return Err((name("key_file"), "must be an absolute path".into()));
+    }
+    let listen = match t.remove("listen") {
+        Some(v) => addr(&name("listen"), &string("listen", v)?)?,
+        None => std::net::SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+    };
+    let port = match t.remove("port") {
+        Some(v) => int("port", v, 1, 65_535)? as u16,
+        None => DEFAULT_PORT,
+    };
+    let mut channel = ChannelConfig::default();
+    if let Some(v) = t.remove("max_peers") {
+        channel.max_peers = int("max_peers", v, 1, 4096)? as usize;
+    }
+    if let Some(v) = t.remove("max_flows_per_peer") {
+        channel.max_flows_per_peer = int("max_flows_per_peer", v, 1, 65_536)? as u32;
+    }
+    if let Some(v) = t.remove("max_messages_per_sec") {
+        channel.max_messages_per_sec = int("max_messages_per_sec", v, 10, 1_000_000)? as u32;
+    }
+    if let Some(v) = t.remove("silence_ms") {
+        channel.silence = Duration::from_millis(int("silence_ms", v, 1, 60_000)? as u64);
+    }
+    if let Some(v) = t.remove("refresh_ms") {
+        channel.refresh = Duration::from_millis(int("refresh_ms", v, 1, 60_000)? as u64);
+    }
+    channel
+        .validate()
+        .map_err(|e| ("peer".to_string(), e.to_string()))?;
+    let mut hosts = BTreeMap::new();
+    if let Some(v) = t.remove("hosts") {
+        let toml::Value::Table(map) = v else {
+            return Err((
+                name("hosts"),
+                "expected a table of \"GID\" = \"address:port\"".into(),
+            ));
+        };
+        for (gid, a) in map {
+            let key = format!("peer.hosts.{gid}");
+            let node = parse_gid(&gid).map_err(|r| (key.clone(), r))?;
+            let toml::Value::String(a) = a else {
+                return Err((key, "expected \"address:port\"".into()));
+            };
+            hosts.insert(node, addr(&key, &a)?);
+        }
+    }
+    let mut lids = BTreeMap::new();
+    if let Some(v) = t.remove("lids") {
+        let toml::Value::Table(map) = v else {
+            return Err((name("lids"), "expected a table of \"LID\" = \"GID\"".into()));
+        };
+        for (lid, g) in map {
+            let key = format!("peer.lids.{lid}");
+            let l: u16 = lid
+                .parse()
+                .ok()
+                .filter(|&l| l > 0)
+                .ok_or_else(|| (key.clone(), format!("`{lid}` is not a LID (1..=65535)")))?;
+            let toml::Value::String(g) = g else {
+                return Err((key, "expected a GID".into()));
+            };
+            lids.insert(l, parse_gid(&g).map_err(|r| (key, r))?);
+        }
+    }
+    if let Some((key, _)) = t.into_iter().next() {
+        return Err((name(&key), "unknown key".into()));
+    }
+    Ok(PeerSettings {
+        node,
+        listen,
+        port,
+        key_file,
+        hosts,
+        lids,
+        channel,
+    })
 }
 
 /// A group's id from `/etc/group`.
@@ -405,6 +543,38 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(Path::new("/etc/justitia/justitiad.toml"), text)
+    }
+
+    #[test]
+    fn the_peer_table_turns_the_channel_on_and_names_a_bad_key() {
+        let c = parse(
+            "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/etc/justitia/cluster.key\"\nsilence_ms = 40\n\
+             [peer.hosts]\n\"fe80::2\" = \"192.168.0.2:7000\"\n[peer.lids]\n\"12\" = \"fe80::2\"\n",
+        )
+        .unwrap();
+        let p = c.peer.unwrap();
+        assert_eq!(p.node, crate::peer::parse_gid("::ffff:10.0.0.1").unwrap());
+        assert_eq!(p.listen, "0.0.0.0:7471".parse().unwrap());
+        assert_eq!(p.channel.silence, Duration::from_millis(40));
+        assert_eq!(p.lids[&12], crate::peer::parse_gid("fe80::2").unwrap());
+        assert_eq!(p.hosts.len(), 1);
+        let key = |text: &str| parse(text).err().map(|e| e.key);
+        assert_eq!(key("[peer]\nkey_file = \"/k\"\n"), Some("peer.node".into()));
+        assert_eq!(
+            key("[peer]\nnode = \"10.0.0.1\"\n"),
+            Some("peer.key_file".into())
+        );
+        let base = "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/k\"\n";
+        assert_eq!(
+            key(&format!("{base}colour = 1\n")),
+            Some("peer.colour".into())
+        );
+        assert_eq!(key(&format!("{base}silence_ms = 6\n")), Some("peer".into()));
+        assert_eq!(
+            key(&format!("{base}[peer.hosts]\n\"fe80::2\" = \"nowhere\"\n")),
+            Some("peer.hosts.fe80::2".into())
+        );
+        assert_eq!(parse("").unwrap().peer, None, "off by default");
     }
 
     #[test]

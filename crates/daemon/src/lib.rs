@@ -12,11 +12,13 @@
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
 //! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
+//! | [`peer`] | the peer channel's socket, discovery and metrics (`justitia-peer` on UDP) |
 //! | [`tenant`] | peer identity (pidfd, pid 0) and tenants by cgroup |
 
 pub mod config;
 pub mod limits;
 pub mod metrics;
+pub mod peer;
 pub mod probe;
 pub mod server;
 pub mod tenant;

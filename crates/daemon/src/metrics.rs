@@ -56,6 +56,16 @@ pub struct Metrics {
     pub fail_open: Counter,
     /// The daemon's CPU time.
     pub cpu_seconds: Gauge<f64, AtomicU64>,
+    /// Peer datagrams sent.
+    pub peer_sent: Counter,
+    /// Bytes of peer datagrams sent.
+    pub peer_sent_bytes: Counter,
+    /// Peer datagrams that could not be sent (no address, or the kernel refused).
+    pub peer_send_failed: Counter,
+    /// Peer datagrams accepted.
+    pub peer_received: Counter,
+    /// Peer datagrams refused, by reason.
+    pub peer_refused: Family<Label, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,6 +93,11 @@ impl Metrics {
             refused: Family::default(),
             fail_open: Counter::default(),
             cpu_seconds: Gauge::default(),
+            peer_sent: Counter::default(),
+            peer_sent_bytes: Counter::default(),
+            peer_send_failed: Counter::default(),
+            peer_received: Counter::default(),
+            peer_refused: Family::default(),
         }
     }
 
@@ -177,6 +192,31 @@ impl Metrics {
             "process_cpu_seconds",
             "CPU time (user + system) the daemon has used",
             self.cpu_seconds.clone(),
+        );
+        r.register(
+            "peer_messages_sent",
+            "Peer-channel datagrams sent",
+            self.peer_sent.clone(),
+        );
+        r.register(
+            "peer_sent_bytes",
+            "Bytes of peer-channel datagrams sent",
+            self.peer_sent_bytes.clone(),
+        );
+        r.register(
+            "peer_send_failures",
+            "Peer-channel datagrams not sent (no address for the peer, or the kernel refused)",
+            self.peer_send_failed.clone(),
+        );
+        r.register(
+            "peer_messages_received",
+            "Peer-channel datagrams accepted",
+            self.peer_received.clone(),
+        );
+        r.register(
+            "peer_messages_refused",
+            "Peer-channel datagrams refused, by reason",
+            self.peer_refused.clone(),
         );
         r
     }

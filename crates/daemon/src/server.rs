@@ -48,7 +48,11 @@
 //!   the listener for [`LISTEN_PAUSE`] instead of spinning on a readable listener;
 //! - the admin socket is served without blocking, each connection within
 //!   [`ADMIN_DEADLINE`] overall and at most [`MAX_ADMIN_CONNECTIONS`] at once;
-//! - a log line a peer can cause is rate-limited.
+//! - a log line a peer can cause is rate-limited;
+//! - the peer channel's UDP socket (when `[peer]` is configured) is read in the same
+//!   pass, at most [`crate::peer::DATAGRAMS_PER_PASS`] datagrams and never past the pass's
+//!   deadline, and written without blocking (`server/peering.rs`: the loop's remote-READ inputs
+//!   and outputs carried to and from [`PeerLink`]).
 //!
 //! `READY=1` goes to systemd once the sockets are bound, and when the unit sets
 //! `WatchdogSec=` the loop sends `WATCHDOG=1` at half that interval: a loop that stops
@@ -89,7 +93,10 @@ use tracing::{debug, error, info, warn};
 use crate::config::{group_id, parse_target, AdmissionPolicy, Config, TenantBy};
 use crate::limits::{LogKind, LogLimiter, SlotCounts};
 use crate::metrics::{Label, Metrics, Tenant};
+use crate::peer::PeerLink;
 use crate::probe::Probe;
+
+mod peering;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +140,9 @@ struct Flow {
     active: bool,
     bytes: u64,
     admission: AdmissionReply,
+    /// The peer host its QP goes to and how it loads it (READ requester, or bandwidth
+    /// into it), once its shaper said so and the host is one the peer channel reaches.
+    remote: Option<(justitia_peer::NodeId, justitia_peer::wire::Role)>,
 }
 
 /// A tenant's private page and the slots free in it.
@@ -231,6 +241,8 @@ pub struct Daemon {
     /// The systemd watchdog's ping interval (ns; half of `WatchdogSec=`), if asked for.
     watchdog_ns: Option<u64>,
     last_watchdog: u64,
+    /// The peer channel, when configured.
+    peer: Option<PeerLink>,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -239,6 +251,7 @@ const TAG_LISTEN: u64 = u64::MAX - 1;
 const TAG_ADMIN: u64 = u64::MAX - 3;
 const TAG_TIMER: u64 = u64::MAX - 5;
 const TAG_PROBE: u64 = u64::MAX - 7;
+const TAG_PEER: u64 = u64::MAX - 9;
 /// Epoll tags of admin connections: this bit and the connection's id.
 const TAG_ADMIN_CONN: u64 = 1 << 62;
 /// Events taken per wait; more stay pending for the next.
@@ -415,6 +428,26 @@ impl Daemon {
             watch(unsafe { BorrowedFd::borrow_raw(fd) }, TAG_PROBE)
                 .map_err(sys("watching the probe's completion channel"))?;
         }
+        let peer = match &config.peer {
+            Some(settings) => {
+                // The channel's epoch: the wall clock at start, which grows from one
+                // incarnation to the next (peers believe a larger epoch at once).
+                let epoch = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                let link = PeerLink::bind(
+                    settings.clone(),
+                    epoch,
+                    Duration::from_nanos(now_ns()),
+                    metrics.clone(),
+                )
+                .map_err(|e| StartError::Other(e.to_string()))?;
+                watch(link.socket(), TAG_PEER).map_err(sys("watching the peer socket"))?;
+                info!(node = %settings.node, listen = %settings.listen, "peer channel open");
+                Some(link)
+            }
+            None => None,
+        };
         let class_gauges = ["latency", "bandwidth", "throughput"].map(|class| {
             metrics
                 .flows_counted
@@ -474,6 +507,7 @@ impl Daemon {
             rest_until: 0,
             watchdog_ns: None,
             last_watchdog: 0,
+            peer,
         })
     }
 
@@ -517,6 +551,7 @@ impl Daemon {
             self.lp.handle_timeout(now_d);
         }
         self.drain_events();
+        self.flush_peer();
         let now = now_ns();
         self.block.beat(now);
         self.last_beat = now;
@@ -614,6 +649,9 @@ impl Daemon {
         if let Some(every) = self.watchdog_ns {
             wake = wake.min(self.last_watchdog.saturating_add(every));
         }
+        if let Some(t) = self.peer.as_ref().and_then(PeerLink::poll_timeout) {
+            wake = wake.min(t.as_nanos() as u64);
+        }
         wake
     }
 
@@ -697,6 +735,7 @@ impl Daemon {
             match self.ready[i] {
                 TAG_LISTEN => self.accept(now),
                 TAG_ADMIN => self.accept_admin(now),
+                TAG_PEER => self.serve_peer(),
                 tag if tag & TAG_ADMIN_CONN != 0 => self.serve_admin(tag & !TAG_ADMIN_CONN),
                 tag if tag & 1 == 1 => self.reclaim(now, tag >> 1, "process exited"),
                 tag => self.read_client(now, tag >> 1),
@@ -785,9 +824,8 @@ impl Daemon {
                     );
                 }
                 Event::ModeChanged(mode) => warn!(?mode, "control mode changed"),
-                // Announced only while remote READ flows are counted, which takes a peer
-                // daemon to tell of them; this daemon talks to none, so it counts none.
-                Event::ReadGuarantee(_) => {}
+                // Announced only while peers' READ flows are counted: to them.
+                Event::ReadGuarantee(g) => self.peer_grant(&g),
             }
         }
     }
@@ -1195,6 +1233,21 @@ impl Daemon {
                     );
                 }
             }
+            Request::Remote(r) => {
+                let owned = self
+                    .clients
+                    .get(&client)
+                    .is_some_and(|c| c.flows.contains(&r.flow));
+                if owned {
+                    self.remote_end(now_d, r);
+                } else {
+                    self.refuse_message(
+                        client,
+                        "not_owner",
+                        &format!("remote end of flow {} it does not own", r.flow),
+                    );
+                }
+            }
         }
     }
 
@@ -1353,6 +1406,7 @@ impl Daemon {
             active: false,
             bytes: 0,
             admission,
+            remote: None,
         };
         if let Some(p) = self.pages.get(&tenant) {
             p.page.set_slot(slot, self.slot_of(id, &flow));
@@ -1472,6 +1526,10 @@ impl Daemon {
             };
             lp.register_flow(now, FlowRegistration { spec, qps: f.qps })
                 .map_err(|e| e.to_string())?;
+            if let Some((peer, justitia_peer::wire::Role::Read)) = f.remote {
+                lp.set_flow_reads_from(now, FlowId(id), Some(peering::responder_key(peer)))
+                    .map_err(|e| e.to_string())?;
+            }
             lp.set_flow_active(now, FlowId(id), f.active)
                 .map_err(|e| e.to_string())?;
         }
@@ -1506,6 +1564,7 @@ impl Daemon {
             ("slots", new.slots != old.slots),
             ("stale_after_ms", new.stale_after != old.stale_after),
             ("tenant", new.tenant != old.tenant),
+            ("peer", new.peer != old.peer),
         ];
         for (key, changed) in restart_only {
             if changed {
@@ -1530,6 +1589,7 @@ impl Daemon {
             slots: old.slots,
             stale_after: old.stale_after,
             tenant: old.tenant,
+            peer: old.peer,
             ..new
         };
         if relooped {
@@ -1721,6 +1781,12 @@ impl Daemon {
                         active: f.active,
                         admission: f.admission.as_str().into(),
                         allot_bytes_per_sec: self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
+                        remote: f
+                            .remote
+                            .map(|(peer, role)| peering::describe_remote(peer, role)),
+                        read_guarantee_bytes_per_sec: self
+                            .flow_guarantee(id)
+                            .map(|g| g.bytes_per_sec),
                         bytes: f.bytes,
                     })
                     .collect(),

@@ -339,6 +339,10 @@ pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
     let rc = unsafe { real(qp, attr, mask) };
     // SAFETY: the caller's attribute block.
     if let (0, Some(a)) = (rc, unsafe { attr.as_ref() }) {
+        // SAFETY: a QP the provider just modified is live.
+        if let Some(live) = unsafe { qp.as_ref() } {
+            guarded(|| crate::remote::on_modify(live, a, mask as u32), || ());
+        }
         if let Some(q) = engine::qp(qp) {
             guarded(|| q.on_modify(a, mask as u32), || ());
         }

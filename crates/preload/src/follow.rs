@@ -121,6 +121,8 @@ pub struct Follower {
     /// What the daemon was last told about activity; `None` after (re)registration.
     reported_active: Option<bool>,
     last_report_ns: u64,
+    /// The remote end last reported (see [`crate::remote`]); `None` after (re)registration.
+    remote_sent: Option<(crate::remote::End, bool)>,
 }
 
 impl Follower {
@@ -155,6 +157,7 @@ impl Follower {
             quiet_ticks: IDLE_TICKS,
             reported_active: None,
             last_report_ns: 0,
+            remote_sent: None,
         })
     }
 
@@ -211,6 +214,7 @@ impl Follower {
         }
         self.track_connection();
         self.report(now_ns, group);
+        self.report_remote();
         self.allotment = match self.flow {
             Some((h, _)) if self.connected => self.client.allotment(h),
             _ => None,
@@ -258,7 +262,29 @@ impl Follower {
             let h = self.client.register(class, group.qps, 0);
             self.flow = Some((h, class));
             self.reported_active = None;
+            self.remote_sent = None;
             log!(Debug, "flow of class {class} registering with justitiad");
+        }
+    }
+
+    /// Tells the daemon where the flow goes once it is registered, and again when that
+    /// changes (another peer, or its first READ).
+    fn report_remote(&mut self) {
+        let (Some((h, _)), true) = (self.flow, self.connected) else {
+            return;
+        };
+        let Some(now) = crate::remote::snapshot() else {
+            return;
+        };
+        if self.remote_sent == Some(now) {
+            return;
+        }
+        let (end, reads) = now;
+        if self
+            .client
+            .report_remote(h, end.gid, end.lid, end.qpn, reads)
+        {
+            self.remote_sent = Some(now);
         }
     }
 
@@ -269,6 +295,7 @@ impl Follower {
         match (self.connected, connected) {
             (false, true) => {
                 self.reported_active = None;
+                self.remote_sent = None;
                 if self.client.stats().connections <= 1 && self.fallbacks == 0 {
                     log!(Info, "following justitiad at {path}");
                 } else {

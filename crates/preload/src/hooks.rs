@@ -32,6 +32,10 @@ pub unsafe extern "C" fn post_send(
         let shaped = q.posts_shaped();
         // SAFETY: guaranteed by the caller.
         if let Some(w) = unsafe { wr.as_ref() } {
+            if w.opcode == IBV_WR_RDMA_READ {
+                // Its data leaves the peer's RNIC: the daemon tells the peer's.
+                crate::remote::saw_read();
+            }
             if w.next.is_null() {
                 if shaped {
                     // SAFETY: guaranteed by the caller; a single request.

@@ -36,6 +36,8 @@ pub mod qp_ex;
 #[cfg(not(loom))]
 pub mod registry;
 #[cfg(not(loom))]
+pub mod remote;
+#[cfg(not(loom))]
 pub mod send_queue;
 #[cfg(not(loom))]
 pub mod stats;

@@ -173,6 +173,7 @@ unsafe extern "C" fn wr_rdma_write_imm(
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    crate::remote::saw_read();
     start(qpx, IBV_WR_RDMA_READ, |wr| {
         wr.wr.rdma.rkey = rkey;
         wr.wr.rdma.remote_addr = remote_addr;

@@ -297,3 +297,26 @@ fn headline_roce100_isolates_and_keeps_the_floor() {
         1.0,
     );
 }
+
+/// One counting rule for local and remote flows (issues 25 and 27): a host that WRITEs
+/// to its peer and READs from it, with no latency flow anywhere, has two RNICs' worth:
+/// the WRITE's data leaves its RNIC, the READ's the peer's. Natively each flow gets the
+/// whole of its RNIC (48 Gb/s of payload on IB-56); Justitia must not halve the WRITE
+/// for READs it never competes with, which it did (24 + 24 Gb/s) while the READ
+/// requester's flow counted in its own host's L/B/T.
+#[test]
+fn a_host_that_writes_and_reads_keeps_both_rnics_full_rate() {
+    let r = report("write-and-read-ib56");
+    let native = run(&r, "native");
+    let justitia = run(&r, "justitia");
+    for name in ["write", "read"] {
+        let n = flow(native, name).gbps;
+        let j = flow(justitia, name).gbps;
+        assert_between(&format!("native {name}"), n, 44.0, 52.0);
+        assert!(
+            j > 0.9 * n,
+            "{name}: {j:.1} Gb/s under Justitia against {n:.1} natively (half is {:.1})",
+            n / 2.0
+        );
+    }
+}

@@ -37,8 +37,9 @@ use justitia_core::control_loop::{
     ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
 };
 use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
-use justitia_core::flow::{FlowClass, FlowCounts, FlowId};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
+use justitia_core::remote_read::RemoteReadUnit;
 use serde::{Deserialize, Serialize};
 
 use super::paced::{Activity, PacedShaper, PACE_TIMER};
@@ -270,6 +271,12 @@ impl LoopDriver {
                 qps: u32::try_from(flow.qps.len()).unwrap_or(u32::MAX),
             };
             let _ = self.control.register_flow(now, registration);
+            if flow.reads {
+                // Its data leaves the peer's RNIC: counted there, not here.
+                let _ = self
+                    .control
+                    .set_flow_reads_from(now, id, Some(u64::from(flow.peer.0)));
+            }
             if flow.spec.class == FlowClass::Latency {
                 let _ = self.control.set_flow_active(now, id, true);
             }
@@ -390,10 +397,10 @@ pub struct JustitiaPolicy {
     shaper: Option<PacedShaper>,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
-    /// This host's READ flows: each one's class and the host it reads from.
-    reads: Vec<(FlowId, FlowClass, HostId)>,
+    /// This host's READ flows: each one's spec and the host it reads from.
+    reads: Vec<(FlowSpec, HostId)>,
     /// The other hosts' READ flows this host serves that have work, with their hosts.
-    served: BTreeMap<FlowId, (FlowClass, HostId)>,
+    served: BTreeMap<(HostId, FlowId), FlowSpec>,
 }
 
 impl JustitiaPolicy {
@@ -416,12 +423,14 @@ impl JustitiaPolicy {
                 Activity::HasWork(id) => (id, true),
                 Activity::Idle(id) => (id, false),
             };
-            if let Some(&(flow, class, peer)) = self.reads.iter().find(|r| r.0 == id) {
+            if let Some(&(spec, peer)) = self.reads.iter().find(|r| r.0.id == id) {
                 ctx.send(
                     peer,
                     PolicyMessage::RemoteRead {
-                        flow,
-                        class,
+                        flow: spec.id,
+                        tenant: spec.tenant,
+                        weight: spec.weight,
+                        class: spec.class,
                         active,
                     },
                 );
@@ -433,7 +442,7 @@ impl JustitiaPolicy {
     fn announce(&self, ctx: &mut PolicyContext<'_>, events: &[Event]) {
         for event in events {
             if let Event::ReadGuarantee(guarantee) = *event {
-                let mut hosts: Vec<HostId> = self.served.values().map(|&(_, h)| h).collect();
+                let mut hosts: Vec<HostId> = self.served.keys().map(|&(h, _)| h).collect();
                 hosts.sort_unstable();
                 hosts.dedup();
                 for host in hosts {
@@ -493,7 +502,7 @@ impl Policy for JustitiaPolicy {
         self.reads = flows
             .iter()
             .filter(|f| f.reads)
-            .map(|f| (f.spec.id, f.spec.class, f.peer))
+            .map(|f| (f.spec, f.peer))
             .collect();
         self.driver.connect(ctx, flows);
         self.drive(ctx);
@@ -555,26 +564,40 @@ impl Policy for JustitiaPolicy {
         match message {
             PolicyMessage::RemoteRead {
                 flow,
+                tenant,
+                weight,
                 class,
                 active,
             } => {
                 if active {
-                    self.served.insert(flow, (class, from));
+                    let spec = FlowSpec {
+                        id: flow,
+                        tenant,
+                        class,
+                        weight,
+                    };
+                    self.served.insert((from, flow), spec);
                 } else {
-                    self.served.remove(&flow);
+                    self.served.remove(&(from, flow));
                 }
-                let mut counts = FlowCounts::default();
-                for &(class, _) in self.served.values() {
-                    match class {
-                        FlowClass::Latency => counts.latency += 1,
-                        FlowClass::Bandwidth => counts.bandwidth += 1,
-                        FlowClass::Throughput => counts.throughput += 1,
-                    }
+                // One unit per (host, tenant, class), at the tenant's largest weight, as
+                // the loop counts local tenants.
+                let mut units: BTreeMap<(HostId, TenantId, FlowClass), Weight> = BTreeMap::new();
+                for (&(host, _), spec) in &self.served {
+                    let w = units
+                        .entry((host, spec.tenant, spec.class))
+                        .or_insert(spec.weight);
+                    *w = (*w).max(spec.weight);
                 }
-                self.driver.control.set_remote_reads(now, counts);
+                let units: Vec<RemoteReadUnit> = units
+                    .into_iter()
+                    .map(|((_, _, class), weight)| RemoteReadUnit { class, weight })
+                    .collect();
+                self.driver.control.set_remote_reads(now, &units);
             }
             PolicyMessage::ReadGuarantee(guarantee) => {
-                for &(flow, _, peer) in &self.reads {
+                for &(spec, peer) in &self.reads {
+                    let flow = spec.id;
                     if peer == from {
                         // Refused only for a flow not registered now (stopped) or a
                         // malformed guarantee, which this model never sends.

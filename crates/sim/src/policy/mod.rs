@@ -31,7 +31,7 @@ pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use justitia_core::flow::{FlowClass, FlowId, FlowSpec};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::remote_read::ReadGuarantee;
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +70,11 @@ pub enum PolicyMessage {
     RemoteRead {
         /// The flow.
         flow: FlowId,
+        /// Its tenant on the sender's host and the tenant's weight: the receiver counts
+        /// the tenant's flows of one class once, at that weight.
+        tenant: TenantId,
+        /// The tenant's weight.
+        weight: Weight,
         /// Its class.
         class: FlowClass,
         /// Whether it has work now.

@@ -1,0 +1,197 @@
+//! Two `justitiad` processes joined by the peer channel on loopback (127.0.0.1 and
+//! 127.0.0.2, each its own node), driven through the registration socket as shapers do:
+//! a READ flow on A against B is paced at B's guarantee, shown in `justitia flows` and
+//! the metrics; datagrams without the key are refused and counted; when B dies, A's flow
+//! is unconstrained again within the silence bound.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use justitia_agent::proto::{Register, RemoteEnd, Reply, Request, Usage};
+use justitia_core::flow::{FlowClass, TenantId};
+use justitia_peer::channel::{Channel, ChannelConfig};
+use justitia_peer::wire::{ClusterKey, DemandEntry, Role};
+use justitia_peer::NodeId;
+
+use common::{eventually, free_port, metric, Daemon};
+
+fn seqpacket(path: &Path) -> std::os::fd::OwnedFd {
+    use rustix::net::*;
+    let s = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(&s, &SocketAddrUnix::new(path).unwrap()).unwrap();
+    rustix::net::sockopt::set_socket_timeout(
+        &s,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let mut buf = [0u8; 128];
+    rustix::net::recv(&s, &mut buf, rustix::net::RecvFlags::empty()).unwrap();
+    s
+}
+
+/// Registers an active bandwidth flow; returns the connection (which holds it) and its id.
+fn bandwidth_flow(path: &Path) -> (std::os::fd::OwnedFd, u64) {
+    let s = seqpacket(path);
+    let msg = Request::Register(Register {
+        client_ref: 1,
+        class: FlowClass::Bandwidth,
+        qps: 1,
+        demand_bytes_per_sec: 0,
+        claimed_uid: rustix::process::getuid().as_raw(),
+    })
+    .encode();
+    rustix::net::send(&s, &msg, rustix::net::SendFlags::empty()).unwrap();
+    let mut buf = [0u8; 128];
+    let (n, _) = rustix::net::recv(&s, &mut buf, rustix::net::RecvFlags::empty()).unwrap();
+    let Ok(Reply::Registered { flow, .. }) = Reply::parse(&buf[..n]) else {
+        panic!("not registered")
+    };
+    send(
+        &s,
+        Request::Usage(Usage {
+            flow,
+            active: true,
+            bytes: 1 << 20,
+            ops: 1,
+        }),
+    );
+    (s, flow)
+}
+
+fn send(s: &std::os::fd::OwnedFd, r: Request) {
+    rustix::net::send(s, &r.encode(), rustix::net::SendFlags::empty()).unwrap();
+}
+
+fn gid(v4: [u8; 4]) -> [u8; 16] {
+    std::net::Ipv4Addr::from(v4).to_ipv6_mapped().octets()
+}
+
+fn peer_config(node: &str, port: u16, key: &Path) -> String {
+    // stale_after_ms before the table, so the harness adds nothing after it.
+    format!(
+        "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{}\"\nlisten = \"{node}:{port}\"\nport = {port}\n",
+        key.display()
+    )
+}
+
+#[test]
+fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = free_port();
+    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
+    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
+
+    // B has a bandwidth flow of its own; A READs from B.
+    let (_b_conn, _) = bandwidth_flow(&b.socket());
+    let (a_conn, read) = bandwidth_flow(&a.socket());
+    send(
+        &a_conn,
+        Request::Remote(RemoteEnd {
+            flow: read,
+            gid: gid([127, 0, 0, 2]),
+            lid: 0,
+            qpn: 0x42,
+            reads: true,
+        }),
+    );
+    // B counts its flow and A's READ unit: 1/2 of its MaxRate, and A's flow is paced at it.
+    let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
+    let half = Some(max_rate / 2.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let shown = loop {
+        let f = a.flows().remove(0);
+        if f.read_guarantee_bytes_per_sec == half {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no guarantee at A: {f:?}\nA: {}\nB: {}",
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(shown.allot_bytes_per_sec, half, "paced at the guarantee");
+    assert_eq!(shown.remote.as_deref(), Some("reads from 127.0.0.2"));
+    let sa = a.scrape();
+    let sb = b.scrape();
+    for (who, s) in [("A", &sa), ("B", &sb)] {
+        let sent = metric(s, "justitia_peer_messages_sent_total", None).unwrap();
+        let got = metric(s, "justitia_peer_messages_received_total", None).unwrap();
+        assert!(
+            sent >= 1.0 && got >= 1.0,
+            "{who}: sent {sent}, received {got}"
+        );
+    }
+
+    // Without the key: a datagram of another key, and one that is no message at all.
+    let forger_key = ClusterKey::from_file_contents(&[8u8; 32]).unwrap();
+    let mut forger = Channel::new(
+        ChannelConfig::default(),
+        forger_key,
+        NodeId(gid([127, 0, 0, 1])),
+        u64::MAX,
+        Duration::ZERO,
+    )
+    .unwrap();
+    forger
+        .set_demand(
+            Duration::ZERO,
+            NodeId(gid([127, 0, 0, 2])),
+            &[DemandEntry {
+                tenant: TenantId(1),
+                class: FlowClass::Bandwidth,
+                role: Role::Read,
+                flows: 100,
+                weight: 1000,
+            }],
+        )
+        .unwrap();
+    let forged = forger.poll_transmit(Duration::ZERO).unwrap().bytes;
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b_addr = format!("127.0.0.2:{port}");
+    udp.send_to(&forged, &b_addr).unwrap();
+    udp.send_to(b"hello", &b_addr).unwrap();
+    let refused = |reason: &str| {
+        metric(
+            &b.scrape(),
+            "justitia_peer_messages_refused_total",
+            Some(("value", reason)),
+        )
+        .unwrap_or(0.0)
+    };
+    eventually("the refusals counted", Duration::from_secs(5), || {
+        refused("authentication") == 1.0 && refused("truncated") == 1.0
+    });
+    // No rate changed: the forged demand (100 flows of weight 1000) would have cut B's
+    // guarantee to 1/1001. A holds 1/2, or none for a moment where this busy machine held
+    // B's refresh back past the silence.
+    for _ in 0..20 {
+        let g = a.flows()[0].read_guarantee_bytes_per_sec;
+        assert!(g == half || g.is_none(), "{g:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // B dies: A's READ flow is no longer constrained once the guarantee lapses (20 ms at
+    // the default RefPeriod and silence; a busy test machine gets a second).
+    let killed = Instant::now();
+    drop(b);
+    eventually("fail-open at A", Duration::from_secs(1), || {
+        let f = &a.flows()[0];
+        f.read_guarantee_bytes_per_sec.is_none() && f.allot_bytes_per_sec == Some(max_rate)
+    });
+    eprintln!("fail-open after {:?}", killed.elapsed());
+}

@@ -1,0 +1,157 @@
+//! The protocol between the daemons of two Justitia hosts, with no I/O and no clock: time
+//! is handed in, datagrams are handed in and taken out (as quinn-proto does), so the
+//! daemon and the simulator run the same code.
+//!
+//! A host A whose flows load another host B tells B so in a *demand*: its READ flows
+//! against B (their data leaves B's RNIC, §4.4) and its bandwidth flows into B (incast,
+//! §6.7), by tenant and class. B counts them with its own flows and answers every host
+//! that holds any with a *grant*: the READ guarantee 1/(L'+B'+T') of its MaxRate per unit
+//! of weight, and its link's share per unit of weight for incast. A paces those flows to
+//! it.
+//!
+//! | module | what it owns |
+//! | --- | --- |
+//! | [`wire`] | the datagram's layout, its authentication (HMAC-SHA256 with the cluster key) and every field's range |
+//! | [`channel`] | the per-peer state machine: replay refusal, caps, refresh, fail-open |
+//!
+//! Every refusal is a [`Refusal`], which the daemon counts by [`Refusal::label`]. A refused
+//! datagram changes no state.
+
+pub mod channel;
+pub mod wire;
+
+use std::fmt;
+
+/// A host's identity on the peer channel: its RDMA port's GID (on RoCE the GID holds the
+/// host's IP address; on InfiniBand it is the port's GUID-based GID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub [u8; 16]);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, pair) in self.0.chunks_exact(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a datagram, or a local request, was refused. A refused datagram changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Shorter than a header and a tag.
+    #[error("datagram too short")]
+    Truncated,
+    /// Longer than the largest message of this version.
+    #[error("datagram too long")]
+    Oversized,
+    /// Not a Justitia peer message.
+    #[error("bad magic")]
+    BadMagic,
+    /// Another version of the protocol.
+    #[error("unsupported version")]
+    Version,
+    /// The body length does not match the datagram or the kind's layout.
+    #[error("bad length")]
+    Length,
+    /// The tag does not match: another key, or altered on the way.
+    #[error("authentication failed")]
+    Authentication,
+    /// An unknown message kind (authenticated, so a newer peer).
+    #[error("unknown message kind")]
+    Kind,
+    /// A field outside its range.
+    #[error("{0} out of range")]
+    OutOfRange(&'static str),
+    /// Addressed to another host.
+    #[error("addressed to another host")]
+    NotForUs,
+    /// Claims to come from this host.
+    #[error("claims to come from this host")]
+    FromSelf,
+    /// Not newer by (epoch, sequence) than the newest accepted from its sender.
+    #[error("replayed or reordered")]
+    Replayed,
+    /// A grant from a host this one holds no flow against.
+    #[error("unsolicited grant")]
+    Unsolicited,
+    /// The table of peers is full.
+    #[error("too many peers")]
+    TooManyPeers,
+    /// More flows than a peer may hold against this host.
+    #[error("too many flows from one peer")]
+    TooManyFlows,
+    /// The peer sends faster than its cap.
+    #[error("message rate above the cap")]
+    RateLimited,
+}
+
+impl Refusal {
+    /// Every reason's label, for metrics that show a zero before the first refusal.
+    pub const LABELS: [&'static str; 15] = [
+        "truncated",
+        "oversized",
+        "bad_magic",
+        "version",
+        "length",
+        "authentication",
+        "kind",
+        "out_of_range",
+        "not_for_us",
+        "from_self",
+        "replayed",
+        "unsolicited",
+        "too_many_peers",
+        "too_many_flows",
+        "rate_limited",
+    ];
+
+    /// The reason's metric label (one of [`Refusal::LABELS`]).
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Truncated => "truncated",
+            Refusal::Oversized => "oversized",
+            Refusal::BadMagic => "bad_magic",
+            Refusal::Version => "version",
+            Refusal::Length => "length",
+            Refusal::Authentication => "authentication",
+            Refusal::Kind => "kind",
+            Refusal::OutOfRange(_) => "out_of_range",
+            Refusal::NotForUs => "not_for_us",
+            Refusal::FromSelf => "from_self",
+            Refusal::Replayed => "replayed",
+            Refusal::Unsolicited => "unsolicited",
+            Refusal::TooManyPeers => "too_many_peers",
+            Refusal::TooManyFlows => "too_many_flows",
+            Refusal::RateLimited => "rate_limited",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_distinct_and_each_reason_has_one_listed() {
+        let mut labels = Refusal::LABELS.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), Refusal::LABELS.len());
+        for r in [
+            Refusal::Truncated,
+            Refusal::OutOfRange("x"),
+            Refusal::RateLimited,
+            Refusal::Replayed,
+        ] {
+            assert!(Refusal::LABELS.contains(&r.label()));
+        }
+        assert_eq!(
+            NodeId([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]).to_string(),
+            "fe80:0000:0000:0000:0000:0000:0000:0001"
+        );
+    }
+}
