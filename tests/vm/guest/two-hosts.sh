@@ -218,16 +218,16 @@ else
     # The perftest processes poll without pause and, niced, leave the one emulated CPU of
     # each host to the daemon and justitia; they run until the listing is done.
     wport=$((PORT++)) rport=$((PORT++))
-    onb 10 "nice -n 19 timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $wport -D 60 > $BLOGS/flows.write.server.log 2>&1 &"
-    nice -n 19 timeout "$STEP" ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -D 60 > "$L.flows.read.server.log" 2>&1 &
+    onb 10 "nice -n 19 timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $wport -n 1000000 > $BLOGS/flows.write.server.log 2>&1 &"
+    nice -n 19 timeout "$STEP" ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -n 1000000 > "$L.flows.read.server.log" 2>&1 &
     PIDS+=($!)
     b_listen "$wport"
     for _ in $(seq 100); do ss -Hltn "sport = :$rport" | grep -q . && break; sleep 0.1; done
-    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_SOCKET=$dir/justitiad.sock nice -n 19 timeout "$STEP" \
-      ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -D 60 "$B_ADDR" > "$L.flows.write.client.log" 2>&1 &
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock nice -n 19 timeout "$STEP" \
+      ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -n 1000000 "$B_ADDR" > "$L.flows.write.client.log" 2>&1 &
     PIDS+=($!)
-    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=latency JUSTITIA_SOCKET=$bdir/justitiad.sock nice -n 19 timeout $STEP \
-      ib_read_bw -d $B_DEV -x $GID -p $rport -D 60 $A_ADDR > $BLOGS/flows.read.client.log 2>&1 &"
+    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=latency JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bdir/justitiad.sock nice -n 19 timeout $STEP \
+      ib_read_bw -d $B_DEV -x $GID -p $rport -n 1000000 $A_ADDR > $BLOGS/flows.read.client.log 2>&1 &"
     # "pid:class" of every flow `justitia flows --json` lists (pid comes before class).
     table='/"pid":/ {gsub(/[^0-9]/, "", $2); p = $2} /"class":/ {gsub(/[",]/, "", $2); printf "%s%s:%s", s, p, $2; s = " "}'
     a_flows="" b_flows="" a_tool="" b_tool=""
@@ -258,10 +258,11 @@ fi
 # 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 64 KiB each,
 # each to its own server there; the bandwidth each gets is printed, natively and under the
 # shaper (bandwidth class, following A's daemon). The pair has two hosts, so both senders
-# are processes on A: they share A's link as well as B's. (Counted, not timed: in
-# perftest's timed mode, -D, the server tears its QP down when its own time is up, and a
-# shaped sender whose paced tail is still in flight then fails with a remote invalid
-# request error, status 9, as seen in 2 of 2 shaped runs and 0 of 2 native ones.)
+# are processes on A: they share A's link as well as B's. (A shaped ib_write_bw following
+# justitiad across the cable fails now and then with a remote invalid request error,
+# status 9, after some dozens to hundreds of completions; seen with 64 KiB and default
+# chunks, timed (-D) and counted, never natively nor with 16 KiB chunks: not explained
+# yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
 INCAST_ITERS=150
 # incast MODE ENV: both senders at once; sets BW1, BW2, SENT (MB eth0 sent) and RCS.
 incast() {
@@ -300,6 +301,187 @@ for mode in native shaped; do
     result FAIL "incast, two senders WRITE 150 x 64 KiB each into B at once ($mode)" "exit statuses$RCS, figures '$BW1' '$BW2' (logs: $L.incast.$mode.*)"
   fi
 done
+
+# ---------------------------------------------------------------------------------------
+# 6. The peer channel (crates/peer, crates/daemon/src/peer.rs): each daemon with a [peer]
+# table (its node, a cluster key both hold, UDP port 7471 on the cable) and silence_ms
+# PEER_SILENCE_MS (1000: under emulation the loop stalls for tens of milliseconds, which the
+# packaged 20 ms would take for a silent peer). A READs from B (ib_read_bw, bandwidth
+# class, under the shaper following A's daemon) while B WRITEs to A (ib_write_bw, bandwidth
+# class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
+# half its MaxRate (one unit of two, Justitia's remote READ rule); A's flow must hold that
+# guarantee, its allotment paced to it. Then kill -9 of B's daemon (A's guarantee gone
+# within the silence bound), its restart (the guarantee back), and a forged, a replayed
+# and a malformed datagram to A's channel (each refused and counted; the guarantee
+# unchanged). PEER_OFF=guarantee runs A's daemon without its [peer] table, so no
+# guarantee is applied: the checks that need one must then fail.
+PEER_SILENCE_MS=${PEER_SILENCE_MS:-1000}
+PEER_PORT=7471
+a_metrics=127.0.0.1:19467
+metric() { # SCRAPE NAME{LABELS}: the sample's value, or empty
+  awk -v k="$2" '$1 == k {print $2; exit}' "$1"
+}
+# flow_json PID FIELD...: "v1 v2 ..." of PID's flow in A's `justitia flows --json` (null
+# where absent; "absent" when the pid has no flow).
+flow_fields() {
+  "$BIN/justitia" flows --socket "$pdir/admin.sock" --json 2>/dev/null | python3 -c '
+import json, sys
+pid = int(sys.argv[1]); fields = sys.argv[2:]
+mine = [f for f in json.load(sys.stdin) if f.get("pid") == pid]
+print(" ".join(str(mine[0].get(k)).replace(" ", "_") for k in fields) if mine else "absent")' "$@"
+}
+peer_table() { # NODE KEY_FILE
+  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\n' \
+    "$1" "$2" "$1" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS"
+}
+if ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
+  result SKIP "peer channel" "packaging/justitiad.toml has no [peer] table (the peer channel is not built)"
+else
+  # The daemons of section 4 make way for peered ones.
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  onb 20 "pkill -KILL -x justitiad" > /dev/null
+  pdir=$(mktemp -d /tmp/two-hosts-peer.XXXXXX)
+  bpdir=/tmp/two-hosts-peer.b
+  head -c 32 /dev/urandom > "$pdir/cluster.key"
+  chmod 0400 "$pdir/cluster.key"
+  key64=$(base64 -w0 "$pdir/cluster.key")
+  daemon_config "$pdir/justitiad.toml" "$pdir/justitiad.sock" "$pdir/admin.sock" "$a_metrics" "device=\"$A_DEV\"" \
+    || result FAIL "peer channel" "$DAEMON_ERR"
+  [ "${PEER_OFF:-}" = guarantee ] || peer_table "$A_ADDR" "$pdir/cluster.key" >> "$pdir/justitiad.toml"
+  cp "$pdir/justitiad.toml" "$L.peer.justitiad.toml"
+  # B's daemon, started (and restarted) by one command on B.
+  start_b="cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && daemon_start $bpdir/justitiad.toml \$1 \
+    && echo \$DAEMON_PID > $bpdir/pid && daemon_wait \$1 $bpdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }"
+  b_err=$(onb 60 "mkdir -p $bpdir && echo $key64 | base64 -d > $bpdir/cluster.key && chmod 0400 $bpdir/cluster.key \
+    && printf '%s\n' '$start_b' > $bpdir/start.sh && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+    && daemon_config $bpdir/justitiad.toml $bpdir/justitiad.sock $bpdir/admin.sock 127.0.0.1:19467 'device=\"$B_DEV\"' \
+    && printf '%s' '$(peer_table "$B_ADDR" "$bpdir/cluster.key")' >> $bpdir/justitiad.toml \
+    && cp $bpdir/justitiad.toml $BLOGS/peer.justitiad.toml && bash $bpdir/start.sh $BLOGS/peer.justitiad.1.log")
+  b_rc=$?
+  daemon_start "$pdir/justitiad.toml" "$L.peer.justitiad.log"
+  PIDS+=("$DAEMON_PID")
+  if ! daemon_wait "$L.peer.justitiad.log" "$pdir/admin.sock" 60 || [ "$b_rc" != 0 ]; then
+    result FAIL "peer: B's guarantee reaches A" "daemons with [peer] did not start: A: ${DAEMON_ERR:-ok}; B: ${b_err:-ok}"
+  else
+    wport=$((PORT++)) rport=$((PORT++))
+    # A's READ flow against B, and B's WRITE flow into A, both long; stopped at the end.
+    onb 10 "nice -n 19 timeout $STEP ib_read_bw -d $B_DEV -x $GID -p $rport -s 65536 -n 1000000 > $BLOGS/peer.read.server.log 2>&1 &"
+    nice -n 19 timeout "$STEP" ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -s 65536 -n 1000000 > "$L.peer.write.server.log" 2>&1 &
+    PIDS+=($!)
+    b_listen "$rport"
+    for _ in $(seq 100); do ss -Hltn "sport = :$wport" | grep -q . && break; sleep 0.1; done
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock nice -n 19 timeout "$STEP" \
+      ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -s 65536 -n 1000000 "$B_ADDR" > "$L.peer.read.client.log" 2>&1 &
+    PIDS+=($!)
+    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bpdir/justitiad.sock nice -n 19 timeout $STEP \
+      ib_write_bw -d $B_DEV -x $GID -p $wport -s 65536 -n 1000000 $A_ADDR > $BLOGS/peer.write.client.log 2>&1 &"
+    reader=""
+    for _ in $(seq 100); do reader=$(pgrep -x ib_read_bw | head -n 1); [ -n "$reader" ] && break; sleep 0.1; done
+    # wait_guarantee WANT SECONDS: until the reader's guarantee is present (WANT=set) or
+    # gone (WANT=null); FLOW holds "remote guarantee allot", WAITED the milliseconds it took (at most
+    # one `justitia flows` late: a few hundred milliseconds under emulation).
+    wait_guarantee() {
+      local want=$1 t0 deadline=$((SECONDS + $2)) g
+      t0=$(date +%s%N)
+      while :; do
+        FLOW=$(flow_fields "$reader" remote read_guarantee_bytes_per_sec allot_bytes_per_sec active)
+        g=$(echo "$FLOW" | awk '{print $2}')
+        echo "$SECONDS want $want: $FLOW" >> "$L.peer.trace.log"
+        WAITED=$((($(date +%s%N) - t0) / 1000000))
+        if [ "$want" = set ] && [ -n "$g" ] && [ "$g" != None ]; then return 0; fi
+        if [ "$want" = null ] && [ "$g" = None ]; then return 0; fi
+        [ "$SECONDS" -ge "$deadline" ] && return 1
+        sleep 0.2
+      done
+    }
+    b_max=$(onb 20 "$BIN/justitia status --socket $bpdir/admin.sock --json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["max_rate"])' 2>/dev/null)
+    if wait_guarantee set 40; then
+      read -r remote guarantee allot _ <<< "$FLOW"
+      curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.a.txt"
+      onb 20 "curl -s http://127.0.0.1:19467/metrics" > "$L.peer.metrics.b.txt"
+      a_recv=$(metric "$L.peer.metrics.a.txt" justitia_peer_messages_received_total)
+      b_sent=$(metric "$L.peer.metrics.b.txt" justitia_peer_messages_sent_total)
+      # One unit of two at B: A's READ flow beside B's own WRITE flow.
+      if [ "$remote" = "reads_from_$B_ADDR" ] && awk -v g="$guarantee" -v a="$allot" -v m="${b_max:-0}" -v r="${a_recv:-0}" -v s="${b_sent:-0}" \
+        'BEGIN {exit !(m > 0 && g > 0.49 * m && g < 0.51 * m && a > 0 && a <= g * 1.001 && r > 0 && s > 0)}'; then
+        result PASS "peer: B's guarantee reaches A, A's READs paced to it" "A's ib_read_bw (pid $reader) $remote: guarantee $(awk -v g="$guarantee" 'BEGIN {printf "%.1f MB/s", g / 1e6}') = $(awk -v g="$guarantee" -v m="$b_max" 'BEGIN {printf "%.3f", g / m}') of B's MaxRate $(awk -v m="$b_max" 'BEGIN {printf "%.1f MB/s", m / 1e6}'), allotment $(awk -v a="$allot" 'BEGIN {printf "%.1f MB/s", a / 1e6}'); metrics: B sent $b_sent peer messages, A received $a_recv; within ${WAITED} ms"
+      else
+        result FAIL "peer: B's guarantee reaches A, A's READs paced to it" "A's flow: remote '$remote', guarantee $guarantee, allotment $allot (B's MaxRate '$b_max': expected half); B sent '$b_sent', A received '$a_recv' (logs: $L.peer.*)"
+      fi
+    else
+      result FAIL "peer: B's guarantee reaches A, A's READs paced to it" "no guarantee on A's READ flow (pid ${reader:-none}) in 40 s: $FLOW (logs: $L.peer.*)"
+    fi
+
+    # Data across the cable while the guarantee holds: rping -V, its server on A shaped
+    # and following A's daemon.
+    port=$((PORT++))
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock \
+      timeout "$STEP" rping -s -a "$A_ADDR" -p "$port" -C 20 -S 65000 > "$L.peer.rping.server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 200); do rdma resource show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.1; done
+    onb $((STEP + 10)) "timeout $STEP rping -c -a $A_ADDR -p $port -C 20 -S 65000 -V -v > $BLOGS/peer.rping.client.log 2>&1"
+    crc=$?
+    wait "$spid"
+    src=$?
+    pings=$(grep -c 'ping data: rdma-ping-' "$BLOGS/peer.rping.client.log")
+    mism=$(grep -c -i mismatch "$BLOGS/peer.rping.client.log")
+    if [ "$crc" = 0 ] && [ "$src" = 0 ] && [ "$pings" = 20 ] && [ "$mism" = 0 ]; then
+      result PASS "peer: rping -V by A against B beside the guaranteed READ flow" "20 pings validated, 0 mismatches"
+    else
+      result FAIL "peer: rping -V by A against B beside the guaranteed READ flow" "client exit $crc, server exit $src, $pings of 20 validated, $mism mismatches"
+    fi
+
+    # Hostile datagrams to A's channel, from B: each refused and counted, the guarantee
+    # unchanged.
+    before=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.before.txt"
+    inject=$(onb 30 "python3 tests/vm/guest/peer_inject.py malformed $A_ADDR $PEER_PORT; \
+      python3 tests/vm/guest/peer_inject.py forged $A_ADDR $PEER_PORT $B_ADDR $A_ADDR; \
+      python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT 10")
+    echo "$inject" > "$L.peer.inject.log"
+    sleep 1
+    curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.after.txt"
+    after=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    for reason in length authentication replayed; do
+      k="justitia_peer_messages_refused_total{value=\"$reason\"}"
+      n0=$(metric "$L.peer.metrics.before.txt" "$k")
+      n1=$(metric "$L.peer.metrics.after.txt" "$k")
+      what=$(echo "$inject" | grep -m1 "^$( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; })")
+      label="peer: a $( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; }) datagram to A is refused and counted"
+      if [ -n "$n0" ] && [ -n "$n1" ] && awk -v a="$n0" -v b="$n1" 'BEGIN {exit !(b >= a + 1)}' \
+        && [ "$before" = "$after" ] && [ "$after" != None ] && [ "$after" != absent ]; then
+        result PASS "$label" "$what; refused{$reason} $n0 -> $n1; A's guarantee unchanged ($after B/s)"
+      else
+        result FAIL "$label" "$what; refused{$reason} '$n0' -> '$n1'; A's guarantee $before -> $after (logs: $L.peer.*)"
+      fi
+    done
+
+    # kill -9 of B's daemon: A's flow is unconstrained again within the silence bound (plus
+    # the time one `justitia flows` takes here), then B's daemon restarted: believed at once.
+    held=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    onb 10 "kill -KILL \$(cat $bpdir/pid)" > /dev/null
+    bound=$((PEER_SILENCE_MS / 1000 + 3))
+    if [ "$held" = None ] || [ "$held" = absent ]; then
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's flow held no guarantee before the kill ($held)"
+    elif wait_guarantee null "$bound"; then
+      result PASS "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "guarantee gone from A's flow ${WAITED} ms after the kill (silence_ms $PEER_SILENCE_MS; checked within $bound s, the rest for the daemon's loop and polling under emulation); now: $FLOW"
+    else
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "still $FLOW ${WAITED} ms after the kill (silence_ms $PEER_SILENCE_MS, checked within ${bound} s)"
+    fi
+    b_err=$(onb 60 "bash $bpdir/start.sh $BLOGS/peer.justitiad.2.log")
+    if [ "$?" != 0 ]; then
+      result FAIL "peer: B's daemon restarted, the guarantee returns" "B's daemon did not start again: $b_err"
+    elif wait_guarantee set 30; then
+      result PASS "peer: B's daemon restarted, the guarantee returns" "A's flow: $FLOW, ${WAITED} ms after B's daemon listened"
+    else
+      result FAIL "peer: B's daemon restarted, the guarantee returns" "no guarantee on A's flow 30 s after the restart: $FLOW"
+    fi
+    pkill -x ib_read_bw
+    pkill -x ib_write_bw
+    onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
+  fi
+  rm -rf "$pdir"
+fi
 
 cleanup
 rm -rf "$dir"
