@@ -50,7 +50,10 @@ daemon_start() {
 daemon_wait() {
   local log=$1 socket=$2 deadline=$((SECONDS + $3)) probing=${4:-}
   while :; do
-    if [ -S "$socket" ] && { [ -z "$probing" ] || grep -q "reference flow running" "$log"; }; then
+    # Alive as well: a daemon that binds its sockets and then stops on a bad setting (a
+    # short key file) leaves them behind.
+    if [ -S "$socket" ] && kill -0 "$DAEMON_PID" 2>/dev/null \
+      && { [ -z "$probing" ] || grep -q "reference flow running" "$log"; }; then
       return 0
     fi
     if ! kill -0 "$DAEMON_PID" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then

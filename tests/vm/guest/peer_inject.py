@@ -51,20 +51,24 @@ def forged(dest, port, sender, receiver):
     header += node(sender) + node(receiver) + struct.pack(">QQ", 1 << 40, 1)
     tag = hmac.new(os.urandom(32), header + body, hashlib.sha256).digest()
     send(dest, port, header + body + tag)
-    print("forged: grant %s -> %s, %d bytes, tagged with another key" % (sender, receiver, len(header + body + tag)))
+    print("forged: %d bytes, a grant %s -> %s tagged with another key" % (len(header + body + tag), sender, receiver))
 
 
 def replayed(iface, dest, port, seconds):
-    ETH_P_IP = 0x0800
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
-    s.bind((iface, ETH_P_IP))
+    # Outgoing frames reach only the taps of every protocol (ETH_P_ALL), not a socket
+    # bound to IPv4 alone.
+    ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+    s.bind((iface, ETH_P_ALL))
     s.settimeout(0.5)
     want = socket.inet_aton(dest)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            packet, _ = s.recvfrom(65535)
+            packet, addr = s.recvfrom(65535)
         except socket.timeout:
+            continue
+        if addr[1] != ETH_P_IP or len(packet) < 28:
             continue
         ihl = (packet[0] & 0x0F) * 4
         if packet[9] != socket.IPPROTO_UDP or packet[16:20] != want:
