@@ -305,8 +305,9 @@ done
 # ---------------------------------------------------------------------------------------
 # 6. The peer channel (crates/peer, crates/daemon/src/peer.rs): each daemon with a [peer]
 # table (its node, a cluster key both hold, UDP port 7471 on the cable) and silence_ms
-# PEER_SILENCE_MS (1000: under emulation the loop stalls for tens of milliseconds, which the
-# packaged 20 ms would take for a silent peer). A READs from B (ib_read_bw, bandwidth
+# PEER_SILENCE_MS (3000: under emulation a loop stalls for tens of milliseconds and now and
+# then for over a second, which the packaged 20 ms, and 1000 now and then, take for a
+# silent peer). A READs from B (ib_read_bw, bandwidth
 # class, under the shaper following A's daemon) while B WRITEs to A (ib_write_bw, bandwidth
 # class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
 # half its MaxRate (one unit of two, Justitia's remote READ rule); A's flow must hold that
@@ -315,7 +316,7 @@ done
 # and a malformed datagram to A's channel (each refused and counted; the guarantee
 # unchanged). PEER_OFF=guarantee runs A's daemon without its [peer] table, so no
 # guarantee is applied: the checks that need one must then fail.
-PEER_SILENCE_MS=${PEER_SILENCE_MS:-1000}
+PEER_SILENCE_MS=${PEER_SILENCE_MS:-3000}
 PEER_PORT=7471
 a_metrics=127.0.0.1:19467
 metric() { # SCRAPE NAME{LABELS}: the sample's value, or empty
@@ -475,7 +476,10 @@ else
     # The lapse is timed by A's daemon's own log line against A's clock at the kill (which
     # reaches B up to half a second later); a second beyond silence_ms is left for the
     # daemon's loop under emulation. Polling `justitia flows` only confirms it.
-    held=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    # Under emulation a stall of either loop now and then outlasts silence_ms and the
+    # guarantee lapses and returns by itself: the kill waits until it is held.
+    wait_guarantee set 30
+    held=$(echo "$FLOW" | awk '{print $2}')
     kill_ns=$(date +%s%N)
     onb 10 "kill -KILL \$(cat $bpdir/pid)" > /dev/null
     bound=$((PEER_SILENCE_MS / 1000 + 10))
