@@ -15,9 +15,13 @@ PATH=$PATH:/usr/sbin:/sbin
 
 # The modules the guest needs (modprobe's dependency walk adds what they depend on):
 # virtio and 9p for the shares, Soft-RoCE and veth for the device, the connection manager
-# for rping and rdma_cm-based tools. crc32_generic is not a declared dependency of
-# rdma_rxe, but without it "rdma link add" fails with ENOENT.
-VM_MODULES=(virtio_pci 9pnet_virtio 9p crc32_generic rdma_rxe veth rdma_ucm)
+# for rping and rdma_cm-based tools, virtio_net for the link between the two guests of
+# the two-host checks. crc32_generic is not a declared dependency of rdma_rxe, but without
+# it "rdma link add" fails with ENOENT.
+VM_MODULES=(virtio_pci 9pnet_virtio 9p crc32_generic rdma_rxe veth rdma_ucm virtio_net)
+# The kernel cache directory's name carries a hash of the module set, so that a checkout
+# with another set unpacks its own beside it and never rewrites one in use.
+VM_MODULES_KEY=$(printf '%s\n' "${VM_MODULES[@]}" | sha256sum | cut -c1-8)
 
 # Debian packages whose commands the harness and the guest use, as "command:package".
 VM_PREREQS=(
@@ -50,7 +54,7 @@ vm_missing_prereqs() {
 # The newest complete kernel already in the cache, if any.
 vm_cached_kernel_dir() {
   local k newest=""
-  for k in "$VM_CACHE"/linux-image-6.1.0-*-amd64; do
+  for k in "$VM_CACHE"/linux-image-6.1.0-*-amd64-m"$VM_MODULES_KEY"; do
     [ -e "$k/complete" ] && newest=$(printf '%s\n%s\n' "$newest" "$k" | sort -V | tail -n 1)
   done
   [ -n "$newest" ] && echo "$newest"
@@ -84,7 +88,7 @@ vm_ensure_kernel() {
     vm_log "apt offers no linux-image-6.1.0-NN-amd64 package and none is cached"
     return 1
   fi
-  dir=$VM_CACHE/$pkg
+  dir=$VM_CACHE/$pkg-m$VM_MODULES_KEY
   if [ -e "$dir/complete" ]; then
     echo "$dir"
     return 0
@@ -154,17 +158,20 @@ vm_ensure_initramfs() {
   chmod 0755 "$root/init"
   cp "$kdir/modules.order" "$root/modules.order"
   cp "$kdir"/modules/*.ko "$root/lib/modules/"
-  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.tmp" && mv "$out.tmp" "$out"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out.$$.tmp" && mv "$out.$$.tmp" "$out"
   rm -rf "$root"
   echo "$out"
 }
 
-# vm_boot OUT TIMEOUT: boots the guest, which runs OUT/job.sh in the chroot with at most
-# TIMEOUT seconds, and waits for it to power off. The console goes to OUT/console.log,
-# the job's output to OUT/job.log and its status to OUT/job.rc. Returns the job's status,
-# 124 if the job or the guest timed out, 125 if the guest failed before the job ran.
+# vm_boot OUT TIMEOUT [QEMU_ARG...]: boots the guest, which runs OUT/job.sh in the chroot
+# with at most TIMEOUT seconds, and waits for it to power off. The console goes to
+# OUT/console.log, the job's output to OUT/job.log and its status to OUT/job.rc. Returns
+# the job's status, 124 if the job or the guest timed out, 125 if the guest failed before
+# the job ran. VM_SMP (2) and VM_MEM (2048 MiB) size the guest; QEMU_ARGs are added to its
+# command line (the two-host pair's network card).
 vm_boot() {
   local out=$1 limit=$2 kdir initrd rc
+  shift 2
   kdir=$(vm_ensure_kernel) || return 125
   initrd=$(vm_ensure_initramfs "$kdir") || return 125
   rm -f "$out/job.rc" "$out/boot-error"
@@ -176,12 +183,12 @@ vm_boot() {
   } > "$out/keep"
   # The guest gets the job's limit; QEMU gets that plus room for boot and power-off.
   timeout --kill-after=10 $((limit + 120)) qemu-system-x86_64 \
-    -accel tcg -smp 2 -m 2048 -nodefaults -nic none -display none -no-reboot \
-    -serial "file:$out/console.log" -monitor none \
+    -accel tcg -smp "${VM_SMP:-2}" -m "${VM_MEM:-2048}" -nodefaults -nic none -display none -no-reboot \
+    -serial "file:$out/console.log" -monitor none -pidfile "$out/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$initrd" \
     -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off justitia_out=$out justitia_timeout=$limit" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
-    -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+    -virtfs "local,path=$out,mount_tag=out,security_model=none" "$@" \
     </dev/null >"$out/qemu.log" 2>&1
   rc=$?
   if [ -s "$out/job.rc" ]; then
@@ -199,16 +206,50 @@ vm_boot() {
   return 125
 }
 
-# vm_write_job OUT CMD...: the script the guest runs: bring up rxe0, then CMD from the
-# repository root.
+# vm_write_job OUT CMD...: the script the guest runs: bring up its device (VM_UP, default
+# tests/vm/guest/rdma-up.sh: rxe0 on a veth pair), then CMD from the repository root.
 vm_write_job() {
   local out=$1
   shift
   {
     echo '#!/bin/bash'
     echo "cd $(printf '%q' "$VM_REPO") || exit 125"
-    echo 'tests/vm/guest/rdma-up.sh || exit 125'
+    echo "${VM_UP:-tests/vm/guest/rdma-up.sh} || exit 125"
     printf '%q ' "$@"
     echo
   } > "$out/job.sh"
+}
+
+# vm_boot_pair OUT_A OUT_B TIMEOUT: boots two guests at once, host A running OUT_A/job.sh
+# and host B OUT_B/job.sh, one emulated CPU and 1 GiB each (the build machines have two
+# cores), joined by a virtual cable: each has a virtio-net card (eth0) on a QEMU datagram
+# netdev whose two ends are Unix sockets in a scratch directory, so every frame one sends
+# arrives at the other and nowhere else, and no TCP or UDP port of the machine is taken.
+# Returns A's status (as vm_boot does); B's is left in OUT_B/job.rc.
+vm_boot_pair() {
+  local out_a=$1 out_b=$2 limit=$3 link rc_a pid_b kdir
+  # Both boots need the kernel and the initramfs: made once, before either starts.
+  kdir=$(vm_ensure_kernel) && vm_ensure_initramfs "$kdir" > /dev/null || return 125
+  link=$(mktemp -d /tmp/justitia-link.XXXXXX)
+  VM_SMP=1 VM_MEM=1024 vm_boot "$out_b" "$limit" \
+    -netdev "dgram,id=link,local.type=unix,local.path=$link/b,remote.type=unix,remote.path=$link/a" \
+    -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:02 &
+  pid_b=$!
+  VM_SMP=1 VM_MEM=1024 vm_boot "$out_a" "$limit" \
+    -netdev "dgram,id=link,local.type=unix,local.path=$link/a,remote.type=unix,remote.path=$link/b" \
+    -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:01
+  rc_a=$?
+  # B powers off when A's checks tell it to; if A ended without doing so, B's emulator
+  # is stopped after a grace period rather than left to its own time limit.
+  for _ in $(seq 60); do
+    kill -0 "$pid_b" 2>/dev/null || break
+    sleep 1
+  done
+  if kill -0 "$pid_b" 2>/dev/null && [ -s "$out_b/qemu.pid" ]; then
+    vm_log "host B still running 60 s after host A stopped: stopping it"
+    kill "$(cat "$out_b/qemu.pid")" 2>/dev/null
+  fi
+  wait "$pid_b"
+  rm -rf "$link"
+  return "$rc_a"
 }

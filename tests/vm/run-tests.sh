@@ -3,13 +3,15 @@
 # transparency runs of ibv_rc_pingpong, rping and perftest with and without the shaper,
 # splitting runs with 1 MiB messages, the data-integrity checker, the test applications
 # of tests/vm/apps (dlopen and ctypes, rdma_cm churn, destroy with work held, the hang
-# case), and justitiad probing rxe0 (tests/vm/guest/suite.sh, tests/vm/guest/daemon.sh).
+# case), and justitiad probing rxe0 (tests/vm/guest/suite.sh, tests/vm/guest/daemon.sh);
+# then two guests as two RDMA hosts joined by a virtual cable (tests/vm/two-hosts.sh).
 #
 # Prints one line per test, then exactly "vm: N passed, M failed"; exits non-zero on any
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
 # (CI=true), where setup should have installed it, so it fails.
 #
 # Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 2400),
+# VM_PAIR_TIMEOUT (seconds for the two-host pair's run, default 600),
 # INTEGRITY_TRANSFERS (per checker run, default 200), HANG_TIMEOUT, DESTROY_ITERATIONS,
 # CM_CONNECTIONS, CM_FD_SLACK, CM_RSS_SLACK_KB (the application tests, see the README),
 # CARGO_TARGET_DIR.
@@ -110,7 +112,8 @@ rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"
 
 skips=0
-if [ -f "$out/results.txt" ]; then
+count_results() { # RESULTS_FILE
+  [ -f "$1" ] || return 0
   while IFS= read -r line; do
     echo "$line"
     case $line in
@@ -118,13 +121,35 @@ if [ -f "$out/results.txt" ]; then
       FAIL\ *) fails=$((fails + 1)) ;;
       SKIP\ *) skips=$((skips + 1)) ;;
     esac
-  done < "$out/results.txt"
-fi
+  done < "$1"
+}
+count_results "$out/results.txt"
 if [ "$rc" != 0 ]; then
   echo "FAIL vm suite: the guest run ended with status $rc (see $out/job.log and $out/console.log)"
   fails=$((fails + 1))
   tail -n 20 "$out/job.log" 2>/dev/null | sed 's/^/  job: /'
   tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/  console: /'
+fi
+
+# Two RDMA hosts: a second boot, of two guests joined by a virtual cable, each with its own
+# Soft-RoCE device and justitiad (tests/vm/two-hosts.sh, tests/vm/guest/two-hosts.sh).
+if [ "$lib" = - ] || [ "$daemon_bins" = - ]; then
+  echo "SKIP two hosts: the shaper or justitiad is not built"
+  skips=$((skips + 1))
+else
+  pair=$out/two-hosts
+  echo "vm: booting the two-host pair (logs in $pair)"
+  start=$(date +%s)
+  tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-600}" --out "$pair" -- \
+    env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" tests/vm/guest/two-hosts.sh "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
+  rc=$?
+  echo "vm: the two-host pair ran for $(($(date +%s) - start)) s"
+  count_results "$pair/results.txt"
+  if [ "$rc" != 0 ]; then
+    echo "FAIL vm two hosts: the pair's run ended with status $rc (see $out/two-hosts.log, $pair/console.log and $pair/b/console.log)"
+    fails=$((fails + 1))
+    tail -n 20 "$out/two-hosts.log" | sed 's/^/  job: /'
+  fi
 fi
 [ "$skips" = 0 ] || echo "vm: $skips skipped"
 echo "vm: $passes passed, $fails failed"

@@ -28,6 +28,8 @@ RESULTS=$1
 BIN=$2
 LIB=$3
 VALIDATOR=$4
+# shellcheck source=tests/vm/guest/daemon-lib.sh
+source "$(dirname "$0")/daemon-lib.sh"
 LOGS=$RESULTS/logs
 L=$LOGS/cdi
 mkdir -p "$LOGS"
@@ -89,18 +91,10 @@ pass "$(cat "$L.validate.log" | sed 's|^[^ ]*: ||'); $DEV is /dev/infiniband/$uv
 
 # 2. The daemon, with its registration socket where the spec binds it.
 config=$run/justitiad.toml
-sed -e "s|^socket = .*|socket = \"$run/registration/justitiad.sock\"|" \
-  -e "s|^admin_socket = .*|admin_socket = \"$run/admin/admin.sock\"|" \
-  -e "s|^metrics = .*|metrics = \"\"|" \
-  -e "s|^stale_after_ms = .*|stale_after_ms = 1000|" packaging/justitiad.toml > "$config"
-JUSTITIA_LOG=info "$BIN/justitiad" --config "$config" > "$L.justitiad.log" 2>&1 &
-dpid=$!
-for _ in $(seq 200); do
-  [ -S "$run/registration/justitiad.sock" ] && break
-  kill -0 "$dpid" 2>/dev/null || break
-  sleep 0.1
-done
-[ -S "$run/registration/justitiad.sock" ] || fail_rest "justitiad did not start: $(tail -n 3 "$L.justitiad.log" | tr '\n' ' ')"
+daemon_config "$config" "$run/registration/justitiad.sock" "$run/admin/admin.sock" "" || fail_rest "$DAEMON_ERR"
+daemon_start "$config" "$L.justitiad.log"
+dpid=$DAEMON_PID
+daemon_wait "$L.justitiad.log" "$run/registration/justitiad.sock" 20 || fail_rest "justitiad did not start: $DAEMON_ERR"
 
 # The container's own environment, then what the CDI library makes of it with the device.
 stats=$run/stats.%p.json

@@ -45,6 +45,8 @@ DEV=rxe0
 GID=0
 PORT=19600
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/vm/guest/daemon-lib.sh
+source "$HERE/daemon-lib.sh"
 L=$LOGS/daemon-apps
 
 # A timeline of the run (the guest's seconds), for reading a slow or failed run.
@@ -103,28 +105,18 @@ if ! /usr/bin/python3 -c 'import prometheus_client.parser, prometheus_client.ope
 fi
 
 config=$run/justitiad.toml
-sed -e "s|^socket = .*|socket = \"$run/justitiad.sock\"|" \
-  -e "s|^admin_socket = .*|admin_socket = \"$run/admin.sock\"|" \
-  -e "s|^metrics = .*|metrics = \"$metrics\"|" \
-  -e "s|^stale_after_ms = .*|stale_after_ms = 1000|" packaging/justitiad.toml > "$config"
+daemon_config "$config" "$run/justitiad.sock" "$run/admin.sock" "$metrics" || fail_rest "$DAEMON_ERR"
 cp "$config" "$L.justitiad.toml"
-if [ "$(grep -c "$run" "$config")" != 2 ] || ! grep -q "^metrics = \"$metrics\"" "$config"; then
-  fail_rest "packaging/justitiad.toml no longer has the socket, admin_socket and metrics keys this test sets"
-fi
 
 # start_daemon N: justitiad in the background (its log $L.justitiad.N.log), waiting until
 # its first probe has completed; sets dpid, or ERR and returns 1.
 start_daemon() {
-  local log=$L.justitiad.$1.log _
-  JUSTITIA_LOG=info "$BIN/justitiad" --config "$config" > "$log" 2>&1 &
-  dpid=$!
+  local log=$L.justitiad.$1.log
+  daemon_start "$config" "$log"
+  dpid=$DAEMON_PID
   note "justitiad $1 started, pid $dpid"
-  for _ in $(seq 300); do
-    grep -q "reference flow running" "$log" && [ -S "$run/admin.sock" ] && return 0
-    kill -0 "$dpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  ERR="no probe 30 s after start: $(tail -n 3 "$log" | tr '\n' ' ')"
+  daemon_wait "$log" "$run/admin.sock" 30 probing && return 0
+  ERR=$DAEMON_ERR
   return 1
 }
 

@@ -1,0 +1,67 @@
+# shellcheck shell=bash
+# Inside the guest: starting a scratch justitiad, shared by the daemon checks (daemon.sh,
+# daemon-apps.sh, cdi.sh, two-hosts.sh). Sourced; BIN must name the directory holding
+# justitiad.
+
+# daemon_config CONFIG SOCKET ADMIN_SOCKET METRICS [KEY=VALUE...]: packaging/justitiad.toml
+# with its registration socket, admin socket and metrics address moved (to a scratch
+# directory, so a test never meets an installed daemon), stale_after_ms raised to 1000 and
+# each KEY (a top-level key, commented out or not in the packaged file) set to VALUE
+# (TOML, quoted where a string); every other key as shipped. Under emulation the daemon's
+# loop can stall for tens of milliseconds (probes of 40 ms have been seen), which the
+# packaged 5 ms heartbeat limit rightly takes for a dead daemon: the registered shapers
+# would fail open and register again over and over. Returns 1, saying why in DAEMON_ERR,
+# when the packaged file no longer has a key it sets.
+daemon_config() {
+  local config=$1 socket=$2 admin=$3 metrics=$4 kv key
+  shift 4
+  local edits=(-e "s|^socket = .*|socket = \"$socket\"|"
+    -e "s|^admin_socket = .*|admin_socket = \"$admin\"|"
+    -e "s|^metrics = .*|metrics = \"$metrics\"|"
+    -e "s|^stale_after_ms = .*|stale_after_ms = 1000|")
+  for kv in "$@"; do
+    key=${kv%%=*}
+    edits+=(-e "s|^#* *$key = .*|$key = ${kv#*=}|")
+  done
+  sed "${edits[@]}" packaging/justitiad.toml > "$config"
+  DAEMON_ERR=""
+  grep -q "^socket = \"$socket\"" "$config" || DAEMON_ERR="socket"
+  grep -q "^admin_socket = \"$admin\"" "$config" || DAEMON_ERR="$DAEMON_ERR admin_socket"
+  grep -q "^metrics = \"$metrics\"" "$config" || DAEMON_ERR="$DAEMON_ERR metrics"
+  grep -q "^stale_after_ms = 1000" "$config" || DAEMON_ERR="$DAEMON_ERR stale_after_ms"
+  for kv in "$@"; do
+    grep -qF "${kv%%=*} = ${kv#*=}" "$config" || DAEMON_ERR="$DAEMON_ERR ${kv%%=*}"
+  done
+  if [ -n "$DAEMON_ERR" ]; then
+    DAEMON_ERR="packaging/justitiad.toml no longer has the keys this test sets:$DAEMON_ERR"
+    return 1
+  fi
+}
+
+# daemon_start CONFIG LOG: justitiad in the background at log level info; sets DAEMON_PID.
+daemon_start() {
+  JUSTITIA_LOG=info "$BIN/justitiad" --config "$1" > "$2" 2>&1 &
+  DAEMON_PID=$!
+}
+
+# daemon_wait LOG SOCKET SECONDS [probing]: until SOCKET exists and the daemon has logged
+# its start (its log is written by a thread of its own, a moment later), and, with
+# "probing", its first probe; returns 1, saying why in DAEMON_ERR, when the daemon
+# exits or the time is up.
+daemon_wait() {
+  local log=$1 socket=$2 deadline=$((SECONDS + $3)) probing=${4:-}
+  while :; do
+    # Alive as well: a daemon that binds its sockets and then stops on a bad setting (a
+    # short key file) leaves them behind.
+    if [ -S "$socket" ] && kill -0 "$DAEMON_PID" 2>/dev/null \
+      && grep -q "justitiad started" "$log" \
+      && { [ -z "$probing" ] || grep -q "reference flow running" "$log"; }; then
+      return 0
+    fi
+    if ! kill -0 "$DAEMON_PID" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+      DAEMON_ERR="not ${probing:-listening} $3 s after start: $(tail -n 3 "$log" | tr '\n' ' ')"
+      return 1
+    fi
+    sleep 0.1
+  done
+}

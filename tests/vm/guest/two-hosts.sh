@@ -1,0 +1,518 @@
+#!/bin/bash
+# On host A of the two-host pair (tests/vm/two-hosts.sh; rxea on 10.77.0.1, host B's rxeb
+# on 10.77.0.2, joined by a virtual cable): the checks that cross between two RDMA hosts.
+# Host B runs what A asks through tests/vm/guest/remote.py. One line per check goes to
+# RESULTS/results.txt, as in suite.sh; A's logs go to RESULTS/logs/two-hosts.*, B's to
+# RESULTS/b/logs/ (B's own output directory, which A sees).
+#
+#   two-hosts.sh RESULTS SHAPER_LIB BIN_DIR
+#
+# BIN_DIR holds justitiad and justitia (cargo build --release). Every run is bounded;
+# under emulation a WRITE or READ stream across the cable moves about 10 MB/s.
+set -uo pipefail
+
+RESULTS=$1
+LIB=$2
+BIN=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+LOGS=$RESULTS/logs
+BLOGS=$RESULTS/b/logs
+L=$LOGS/two-hosts
+mkdir -p "$LOGS" "$BLOGS"
+touch "$RESULTS/results.txt"
+# shellcheck source=tests/vm/guest/daemon-lib.sh
+source "$HERE/daemon-lib.sh"
+
+A_DEV=rxea B_DEV=rxeb
+A_ADDR=10.77.0.1 B_ADDR=10.77.0.2
+GID=1 # the IPv4-mapped GID, RoCE v2
+STEP=${STEP_TIMEOUT:-120}
+PORT=19500
+
+LAST_RESULT=$SECONDS
+result() { # STATUS NAME DETAIL
+  printf '%s %s: %s (%d s)\n' "$1" "two hosts: $2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
+  LAST_RESULT=$SECONDS
+}
+
+# onb SECONDS COMMAND: COMMAND (a bash command line) on host B, from the repository root;
+# its output on stdout, its status returned.
+onb() {
+  python3 "$HERE/remote.py" run "$B_ADDR" 7770 "$1" "$2"
+}
+
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  onb 20 "pkill -KILL -x justitiad; pkill -KILL -f '^(timeout [0-9]+ )?(ib_|rping)'" > /dev/null 2>&1
+  wait 2>/dev/null
+}
+trap 'cleanup; exit 124' TERM
+
+# The counts of the run (bytes, iterations) and the bandwidth or latency it reports.
+perftest_counts() { # LOG: "#bytes x #iterations"
+  awk '/#bytes/ && /#iterations/ {h = 1; next} h && $1 ~ /^[0-9]+$/ {print $1 "x" $2; exit}' "$1"
+}
+perftest_figure() { # LOG: average MB/s of a bandwidth run, typical us of a latency run
+  awk '/#bytes/ {h = 1; lat = /t_typical/; next}
+    h && $1 ~ /^[0-9]+$/ {print (lat ? $5 " us typical" : $4 " MB/s"); exit}' "$1"
+}
+rx_tx() { # the bytes eth0 has received and sent, "RX TX"
+  echo "$(cat /sys/class/net/eth0/statistics/rx_bytes) $(cat /sys/class/net/eth0/statistics/tx_bytes)"
+}
+
+# b_listen PORT: until a TCP server listens on PORT on host B (at most 20 s).
+b_listen() {
+  onb 30 "for _ in \$(seq 200); do ss -Hltn 'sport = :$1' | grep -q . && exit 0; sleep 0.1; done; exit 1" > /dev/null
+}
+
+# ---------------------------------------------------------------------------------------
+# 1. Each host has its own device and sees no other; the other's address is reached over
+# the cable only.
+a_devs=$(ibv_devices | awk 'NR > 2 {print $1}' | paste -sd ' ')
+b_devs=$(onb 60 "ibv_devices | awk 'NR > 2 {print \$1}' | paste -sd ' '")
+a_gid=$(cat /sys/class/infiniband/$A_DEV/ports/1/gids/$GID 2>/dev/null)
+b_gid=$(onb 20 "cat /sys/class/infiniband/$B_DEV/ports/1/gids/$GID")
+if [ "$a_devs" = "$A_DEV" ] && [ "$b_devs" = "$B_DEV" ] && [ "${a_gid##*:}" = 0001 ] && [ "${b_gid##*:}" = 0002 ]; then
+  result PASS "each host sees only its own device" "A: $a_devs (GID $GID $a_gid), B: $b_devs (GID $GID $b_gid)"
+else
+  result FAIL "each host sees only its own device" "A lists '$a_devs' (GID $a_gid), B lists '$b_devs' (GID $b_gid)"
+fi
+
+# ---------------------------------------------------------------------------------------
+# 2. perftest across the cable: server on B, client on A, natively and under the shaper
+# (bandwidth class, 16 KiB chunks, both sides); the same counts, and the bytes must have
+# crossed eth0 in the direction the data goes (a READ's data comes to A, a WRITE's leaves).
+SHAPED="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K"
+# cross NAME ENV TOOL ARGS...: sets COUNTS, FIGURE, MOVED ("rx tx" bytes) or ERROR.
+cross() {
+  local name=$1 env_words=$2 tool=$3 port=$((PORT++)) before after rc attempt
+  shift 3
+  for attempt in 1 2; do
+    ERROR=""
+    spid=$(onb 10 "env $env_words ${env_words:+JUSTITIA_STATS=$BLOGS/$name.%p.stats.json} timeout $STEP $tool -d $B_DEV -x $GID -p $port $* > $BLOGS/$name.server.log 2>&1 & echo \$!")
+    if ! b_listen "$port"; then
+      ERROR="the server on B did not listen (log: $BLOGS/$name.server.log)"
+    else
+      before=$(rx_tx)
+      # shellcheck disable=SC2086 # NAME=value words without spaces
+      env $env_words ${env_words:+JUSTITIA_STATS=$L.$name.%p.stats.json} timeout "$STEP" "$tool" -d "$A_DEV" -x "$GID" -p "$port" "$@" "$B_ADDR" > "$L.$name.client.log" 2>&1
+      rc=$?
+      after=$(rx_tx)
+      onb 30 "for _ in \$(seq 100); do kill -0 $spid 2> /dev/null || exit 0; sleep 0.2; done; kill $spid" > /dev/null
+      COUNTS=$(perftest_counts "$L.$name.client.log")
+      FIGURE=$(perftest_figure "$L.$name.client.log")
+      MOVED=$(awk -v b="$before" -v a="$after" 'BEGIN {split(b, x, " "); split(a, y, " "); print y[1] - x[1], y[2] - x[2]}')
+      [ "$rc" = 0 ] && [ -n "$COUNTS" ] && return 0
+      ERROR="client exit $rc: $(grep -h -m1 -i -E "error|fail|couldn't|unable|can't" "$L.$name.client.log") (logs: $L.$name.client.log, $BLOGS/$name.server.log)"
+    fi
+    PORT=$((PORT + 1))
+    port=$PORT
+    for f in "$L.$name.client.log" "$BLOGS/$name.server.log"; do
+      [ -f "$f" ] && mv "$f" "${f%.log}.attempt$attempt.log"
+    done
+  done
+  return 1
+}
+split_of() { # NAME: the split requests and chunks the shaper on A counted
+  cat "$L.$1".*.stats.json 2>/dev/null | tr -d ' \n' \
+    | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*' | paste -sd ' '
+}
+for spec in "ib_read_bw -s 65536 -n 300:rx" "ib_write_bw -s 65536 -n 300:tx" "ib_read_lat -s 64 -n 300:rx"; do
+  cmd=${spec%:*} dir=${spec##*:}
+  tool=${cmd%% *}
+  base=""
+  for mode in native shaped; do
+    env_words=""
+    [ "$mode" = shaped ] && env_words=$SHAPED
+    # shellcheck disable=SC2086 # the tool's arguments
+    if ! cross "$tool.$mode" "$env_words" $cmd; then
+      result FAIL "$tool A -> B ($mode)" "$ERROR"
+      continue
+    fi
+    bytes=$(echo "$COUNTS" | awk -F x '{print $1 * $2}')
+    on_wire=$(echo "$MOVED" | awk -v d="$dir" '{print (d == "rx") ? $1 : $2}')
+    stats=$(split_of "$tool.$mode")
+    if [ "$on_wire" -lt "$bytes" ]; then
+      result FAIL "$tool A -> B ($mode)" "$COUNTS moved but eth0 counted only $on_wire bytes $dir: the data did not cross the cable"
+    elif [ "$mode" = shaped ] && [ -z "$stats" ]; then
+      result FAIL "$tool A -> B ($mode)" "no statistics from the shaper on A: it was not in the data path"
+    elif [ "$mode" = shaped ] && [ "$tool" != ib_read_lat ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
+      result FAIL "$tool A -> B ($mode)" "64 KiB requests with 16 KiB chunks, but the shaper on A split none: $stats"
+    elif [ -n "$base" ] && [ "$COUNTS" != "$base" ]; then
+      result FAIL "$tool A -> B ($mode)" "counts $COUNTS differ from the native run's $base"
+    else
+      [ -z "$base" ] && base=$COUNTS
+      result PASS "$tool A -> B ($mode)" "$COUNTS, $FIGURE; eth0 $dir $on_wire bytes${stats:+; shaper on A: $stats}"
+    fi
+  done
+done
+
+# ---------------------------------------------------------------------------------------
+# 3. Data across the cable, byte by byte: rping with validation. Its server (here on A)
+# RDMA READs each ping out of the client's buffer on B, then RDMA WRITEs it back into
+# another buffer of the client, which compares the two (-V) and fails on a mismatch. 65000
+# bytes a ping: with 16 KiB chunks the shaper must split the WRITEs (four chunks, the last
+# odd); it leaves the READs whole, as rping's QP allows one READ outstanding and the shaper
+# never cuts a READ into more pieces than its max_rd_atomic. (justitia-integrity connects
+# its two QPs within one process, so it cannot span two hosts.)
+PINGS=40
+for mode in native shaped; do
+  port=$((PORT++))
+  env_words=""
+  [ "$mode" = shaped ] && env_words="$SHAPED JUSTITIA_STATS=$L.rping.$mode.%p.stats.json"
+  # shellcheck disable=SC2086
+  env $env_words timeout "$STEP" rping -s -a "$A_ADDR" -p "$port" -C "$PINGS" -S 65000 > "$L.rping.$mode.server.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 200); do rdma resource show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.1; done
+  onb $((STEP + 10)) "timeout $STEP rping -c -a $A_ADDR -p $port -C $PINGS -S 65000 -V -v > $BLOGS/rping.$mode.client.log 2>&1"
+  crc=$?
+  wait "$spid"
+  src=$?
+  pings=$(grep -c 'ping data: rdma-ping-' "$BLOGS/rping.$mode.client.log")
+  mism=$(grep -c -i mismatch "$BLOGS/rping.$mode.client.log")
+  stats=$(split_of "rping.$mode")
+  if [ "$crc" != 0 ] || [ "$src" != 0 ] || [ "$pings" != "$PINGS" ] || [ "$mism" != 0 ]; then
+    result FAIL "rping -V, READ and WRITE of 65000 B by A against B ($mode)" "client exit $crc, server exit $src, $pings of $PINGS pings validated, $mism mismatches (logs: $L.rping.$mode.server.log, $BLOGS/rping.$mode.client.log)"
+  elif [ "$mode" = shaped ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
+    result FAIL "rping -V, READ and WRITE of 65000 B by A against B ($mode)" "the shaper on A split nothing: '$stats'"
+  else
+    result PASS "rping -V, READ and WRITE of 65000 B by A against B ($mode)" "$pings pings validated, 0 mismatches${stats:+; shaper on A (READs left whole, max_rd_atomic 1): $stats}"
+  fi
+done
+
+# ---------------------------------------------------------------------------------------
+# 4. A justitiad on each host, on its own device; each lists only its own flows. A WRITEs
+# to B in the bandwidth class while B READs from A in the latency class, both under the
+# shaper following their own host's daemon; perftest servers run unshaped, so each daemon
+# must list exactly one flow, its own host's client, in its class.
+dir=$(mktemp -d /tmp/two-hosts.XXXXXX)
+bdir=/tmp/two-hosts.b
+config_ok=1
+daemon_config "$dir/justitiad.toml" "$dir/justitiad.sock" "$dir/admin.sock" 127.0.0.1:19466 "device=\"$A_DEV\"" || config_ok=0
+cp "$dir/justitiad.toml" "$L.justitiad.toml" 2>/dev/null
+if [ "$config_ok" = 0 ]; then
+  result FAIL "a justitiad on each host" "$DAEMON_ERR"
+else
+  daemon_start "$dir/justitiad.toml" "$L.justitiad.log"
+  a_daemon=$DAEMON_PID
+  PIDS+=("$a_daemon")
+  b_err=$(onb 60 "mkdir -p $bdir && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+    && daemon_config $bdir/justitiad.toml $bdir/justitiad.sock $bdir/admin.sock 127.0.0.1:19466 'device=\"$B_DEV\"' \
+    && cp $bdir/justitiad.toml $BLOGS/justitiad.toml && daemon_start $bdir/justitiad.toml $BLOGS/justitiad.log \
+    && echo \$DAEMON_PID > $bdir/pid && daemon_wait $BLOGS/justitiad.log $bdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }")
+  b_rc=$?
+  if ! daemon_wait "$L.justitiad.log" "$dir/admin.sock" 60; then
+    result FAIL "a justitiad on each host" "A: $DAEMON_ERR"
+  elif [ "$b_rc" != 0 ]; then
+    result FAIL "a justitiad on each host" "B: $b_err"
+  else
+    a_start=$(grep -m1 -o 'device=[^ ]* port=[^ ]*' "$L.justitiad.log")
+    b_start=$(grep -m1 -o 'device=[^ ]* port=[^ ]*' "$BLOGS/justitiad.log")
+    if [ "$a_start" = "device=$A_DEV port=1" ] && [ "$b_start" = "device=$B_DEV port=1" ]; then
+      result PASS "a justitiad on each host" "A: $a_start, B: $b_start"
+    else
+      result FAIL "a justitiad on each host" "A: '$a_start', B: '$b_start'"
+    fi
+    # The perftest processes poll without pause and, niced, leave the one emulated CPU of
+    # each host to the daemon and justitia; they run until the listing is done.
+    wport=$((PORT++)) rport=$((PORT++))
+    onb 10 "nice -n 19 timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $wport -n 1000000 > $BLOGS/flows.write.server.log 2>&1 &"
+    nice -n 19 timeout "$STEP" ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -n 1000000 > "$L.flows.read.server.log" 2>&1 &
+    PIDS+=($!)
+    b_listen "$wport"
+    for _ in $(seq 100); do ss -Hltn "sport = :$rport" | grep -q . && break; sleep 0.1; done
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock nice -n 19 timeout "$STEP" \
+      ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -n 1000000 "$B_ADDR" > "$L.flows.write.client.log" 2>&1 &
+    PIDS+=($!)
+    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=latency JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bdir/justitiad.sock nice -n 19 timeout $STEP \
+      ib_read_bw -d $B_DEV -x $GID -p $rport -n 1000000 $A_ADDR > $BLOGS/flows.read.client.log 2>&1 &"
+    # "pid:class" of every flow `justitia flows --json` lists (pid comes before class).
+    table='/"pid":/ {gsub(/[^0-9]/, "", $2); p = $2} /"class":/ {gsub(/[",]/, "", $2); printf "%s%s:%s", s, p, $2; s = " "}'
+    a_flows="" b_flows="" a_tool="" b_tool=""
+    for _ in $(seq 30); do
+      sleep 1
+      a_tool=$(pgrep -x ib_write_bw)
+      a_flows=$("$BIN/justitia" flows --socket "$dir/admin.sock" --json 2>> "$L.flows.err" | awk "$table")
+      b_flows=$(onb 20 "echo \$(pgrep -x ib_read_bw) \$($BIN/justitia flows --socket $bdir/admin.sock --json | awk '$table')")
+      b_tool=${b_flows%% *}
+      b_flows=${b_flows#"$b_tool"}
+      b_flows=${b_flows# }
+      echo "$SECONDS A: tool $a_tool flows '$a_flows'; B: tool $b_tool flows '$b_flows'" >> "$L.flows.trace.log"
+      [ -n "$a_flows" ] && [ -n "$b_flows" ] && break
+    done
+    pkill -x ib_write_bw
+    pkill -x ib_read_bw
+    onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
+    # Each host's only shaped process is its client (perftest's server runs unshaped).
+    if [ "$a_flows" = "${a_tool:-?}:bandwidth" ] && [ "$b_flows" = "${b_tool:-?}:latency" ]; then
+      result PASS "justitia flows on each host lists only its own" "A: $a_flows (its ib_write_bw to B), B: $b_flows (its ib_read_bw from A)"
+    else
+      result FAIL "justitia flows on each host lists only its own" "A lists '$a_flows' (expected ${a_tool:-?}:bandwidth), B lists '$b_flows' (expected ${b_tool:-?}:latency) (logs: $L.flows.*, $BLOGS/flows.*)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------
+# 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 64 KiB each,
+# each to its own server there; the bandwidth each gets is printed, natively and under the
+# shaper (bandwidth class, following A's daemon). The pair has two hosts, so both senders
+# are processes on A: they share A's link as well as B's. (A shaped ib_write_bw following
+# justitiad across the cable fails now and then with a remote invalid request error,
+# status 9, after some dozens to hundreds of completions; seen with 64 KiB and default
+# chunks, timed (-D) and counted, never natively nor with 16 KiB chunks: not explained
+# yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
+INCAST_ITERS=150
+# incast MODE ENV: both senders at once; sets BW1, BW2, SENT (MB eth0 sent) and RCS.
+incast() {
+  local mode=$1 env_words=$2 p1=$((PORT++)) p2=$((PORT++)) p c before after cpids=()
+  for p in $p1 $p2; do
+    onb 10 "timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $p -s 65536 -n $INCAST_ITERS > $BLOGS/incast.$mode.$p.server.log 2>&1 &"
+  done
+  b_listen "$p1" && b_listen "$p2"
+  before=$(rx_tx)
+  for p in $p1 $p2; do
+    # shellcheck disable=SC2086 # NAME=value words without spaces
+    env $env_words timeout "$STEP" ib_write_bw -d "$A_DEV" -x "$GID" -p "$p" -s 65536 -n "$INCAST_ITERS" "$B_ADDR" > "$L.incast.$mode.$p.log" 2>&1 &
+    cpids+=($!)
+  done
+  RCS=""
+  for c in "${cpids[@]}"; do wait "$c"; RCS="$RCS $?"; done
+  after=$(rx_tx)
+  BW1=$(perftest_figure "$L.incast.$mode.$p1.log")
+  BW2=$(perftest_figure "$L.incast.$mode.$p2.log")
+  SENT=$(awk -v b="$before" -v a="$after" 'BEGIN {split(b, x, " "); split(a, y, " "); print int((y[2] - x[2]) / 1e6)}')
+  [ "$RCS" = " 0 0" ] && [ -n "$BW1" ] && [ -n "$BW2" ]
+}
+for mode in native shaped; do
+  env_words=""
+  [ "$mode" = shaped ] && env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock"
+  # perftest under emulation now and then ends a timed run without its report (exit 1, no
+  # message; suite.sh retries the same way): one more attempt, said in the line.
+  note=""
+  if ! incast "$mode" "$env_words"; then
+    note=" [passed on attempt 2; attempt 1: exit statuses$RCS, figures '$BW1' '$BW2']"
+    incast "$mode" "$env_words" || note=""
+  fi
+  if [ "$RCS" = " 0 0" ] && [ -n "$BW1" ] && [ -n "$BW2" ]; then
+    result PASS "incast, two senders WRITE 150 x 64 KiB each into B at once ($mode)" "sender 1 $BW1, sender 2 $BW2; eth0 tx $SENT MB$note"
+  else
+    result FAIL "incast, two senders WRITE 150 x 64 KiB each into B at once ($mode)" "exit statuses$RCS, figures '$BW1' '$BW2' (logs: $L.incast.$mode.*)"
+  fi
+done
+
+# ---------------------------------------------------------------------------------------
+# 6. The peer channel (crates/peer, crates/daemon/src/peer.rs): each daemon with a [peer]
+# table (its node, a cluster key both hold, UDP port 7471 on the cable) and silence_ms
+# PEER_SILENCE_MS (3000: under emulation a loop stalls for tens of milliseconds and now and
+# then for over a second, which the packaged 20 ms, and 1000 now and then, take for a
+# silent peer). A READs from B (ib_read_bw, bandwidth
+# class, under the shaper following A's daemon) while B WRITEs to A (ib_write_bw, bandwidth
+# class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
+# half its MaxRate (one unit of two, Justitia's remote READ rule); A's flow must hold that
+# guarantee, its allotment paced to it. Then kill -9 of B's daemon (A's guarantee gone
+# within the silence bound), its restart (the guarantee back), and a forged, a replayed
+# and a malformed datagram to A's channel (each refused and counted; the guarantee
+# unchanged). PEER_OFF=guarantee runs A's daemon without its [peer] table, so no
+# guarantee is applied: the checks that need one must then fail.
+PEER_SILENCE_MS=${PEER_SILENCE_MS:-3000}
+PEER_PORT=7471
+a_metrics=127.0.0.1:19467
+metric() { # SCRAPE NAME{LABELS}: the sample's value, or empty
+  awk -v k="$2" '$1 == k {print $2; exit}' "$1"
+}
+# flow_json PID FIELD...: "v1 v2 ..." of PID's flow in A's `justitia flows --json` (null
+# where absent; "absent" when the pid has no flow).
+flow_fields() {
+  "$BIN/justitia" flows --socket "$pdir/admin.sock" --json 2>/dev/null | python3 -c '
+import json, sys
+pid = int(sys.argv[1]); fields = sys.argv[2:]
+mine = [f for f in json.load(sys.stdin) if f.get("pid") == pid]
+print(" ".join(str(mine[0].get(k)).replace(" ", "_") for k in fields) if mine else "absent")' "$@"
+}
+peer_table() { # NODE KEY_FILE
+  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\n' \
+    "$1" "$2" "$1" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS"
+}
+if ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
+  result SKIP "peer channel" "packaging/justitiad.toml has no [peer] table (the peer channel is not built)"
+else
+  # The daemons of section 4 make way for peered ones.
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  onb 20 "pkill -KILL -x justitiad" > /dev/null
+  pdir=$(mktemp -d /tmp/two-hosts-peer.XXXXXX)
+  bpdir=/tmp/two-hosts-peer.b
+  # 32 random bytes as 64 hex digits: no byte of it is whitespace a reader might trim.
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pdir/cluster.key"
+  chmod 0400 "$pdir/cluster.key"
+  key64=$(base64 -w0 "$pdir/cluster.key")
+  daemon_config "$pdir/justitiad.toml" "$pdir/justitiad.sock" "$pdir/admin.sock" "$a_metrics" "device=\"$A_DEV\"" \
+    || result FAIL "peer channel" "$DAEMON_ERR"
+  [ "${PEER_OFF:-}" = guarantee ] || peer_table "$A_ADDR" "$pdir/cluster.key" >> "$pdir/justitiad.toml"
+  cp "$pdir/justitiad.toml" "$L.peer.justitiad.toml"
+  # B's daemon, started (and restarted) by one command on B.
+  start_b="cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && daemon_start $bpdir/justitiad.toml \$1 \
+    && echo \$DAEMON_PID > $bpdir/pid && daemon_wait \$1 $bpdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }"
+  b_err=$(onb 60 "mkdir -p $bpdir && echo $key64 | base64 -d > $bpdir/cluster.key && chmod 0400 $bpdir/cluster.key \
+    && printf '%s\n' '$start_b' > $bpdir/start.sh && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+    && daemon_config $bpdir/justitiad.toml $bpdir/justitiad.sock $bpdir/admin.sock 127.0.0.1:19467 'device=\"$B_DEV\"' \
+    && printf '%s' '$(peer_table "$B_ADDR" "$bpdir/cluster.key")' >> $bpdir/justitiad.toml \
+    && cp $bpdir/justitiad.toml $BLOGS/peer.justitiad.toml && bash $bpdir/start.sh $BLOGS/peer.justitiad.1.log")
+  b_rc=$?
+  daemon_start "$pdir/justitiad.toml" "$L.peer.justitiad.log"
+  PIDS+=("$DAEMON_PID")
+  if ! daemon_wait "$L.peer.justitiad.log" "$pdir/admin.sock" 60 || [ "$b_rc" != 0 ]; then
+    result FAIL "peer: B's guarantee reaches A" "daemons with [peer] did not start: A: ${DAEMON_ERR:-ok}; B: ${b_err:-ok}"
+  else
+    wport=$((PORT++)) rport=$((PORT++))
+    # A's READ flow against B, and B's WRITE flow into A, both long; stopped at the end.
+    onb 10 "nice -n 19 timeout $((STEP * 3)) ib_read_bw -d $B_DEV -x $GID -p $rport -s 65536 -n 1000000 > $BLOGS/peer.read.server.log 2>&1 &"
+    nice -n 19 timeout "$((STEP * 3))" ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -s 65536 -n 1000000 > "$L.peer.write.server.log" 2>&1 &
+    PIDS+=($!)
+    b_listen "$rport"
+    for _ in $(seq 100); do ss -Hltn "sport = :$wport" | grep -q . && break; sleep 0.1; done
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock nice -n 19 timeout "$((STEP * 3))" \
+      ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -s 65536 -n 1000000 "$B_ADDR" > "$L.peer.read.client.log" 2>&1 &
+    PIDS+=($!)
+    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bpdir/justitiad.sock nice -n 19 timeout $((STEP * 3)) \
+      ib_write_bw -d $B_DEV -x $GID -p $wport -s 65536 -n 1000000 $A_ADDR > $BLOGS/peer.write.client.log 2>&1 &"
+    reader=""
+    for _ in $(seq 100); do reader=$(pgrep -x ib_read_bw | head -n 1); [ -n "$reader" ] && break; sleep 0.1; done
+    # wait_guarantee WANT SECONDS: until the reader's guarantee is present (WANT=set) or
+    # gone (WANT=null); FLOW holds "remote guarantee allot", WAITED the milliseconds it took (at most
+    # one `justitia flows` late: a few hundred milliseconds under emulation).
+    wait_guarantee() {
+      local want=$1 t0 deadline=$((SECONDS + $2)) g
+      t0=$(date +%s%N)
+      while :; do
+        FLOW=$(flow_fields "$reader" remote read_guarantee_bytes_per_sec allot_bytes_per_sec active)
+        g=$(echo "$FLOW" | awk '{print $2}')
+        echo "$SECONDS want $want: $FLOW" >> "$L.peer.trace.log"
+        WAITED=$((($(date +%s%N) - t0) / 1000000))
+        if [ "$want" = set ] && [ -n "$g" ] && [ "$g" != None ]; then return 0; fi
+        if [ "$want" = null ] && [ "$g" = None ]; then return 0; fi
+        [ "$SECONDS" -ge "$deadline" ] && return 1
+        sleep 0.2
+      done
+    }
+    b_max=$(onb 20 "$BIN/justitia status --socket $bpdir/admin.sock --json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["max_rate"])' 2>/dev/null)
+    if wait_guarantee set 90; then
+      # B's own WRITE flow may register after A's READ flow is first granted (the whole
+      # MaxRate then): until the guarantee is B's MaxRate shared by the two, at most 20 s.
+      seen=""
+      for _ in $(seq 40); do
+        read -r remote guarantee allot _ <<< "$FLOW"
+        case " $seen " in *" $guarantee "*) ;; *) seen="$seen $guarantee" ;; esac
+        awk -v g="$guarantee" -v m="${b_max:-0}" 'BEGIN {exit !(g > 0.49 * m && g < 0.51 * m)}' && break
+        sleep 0.5
+        FLOW=$(flow_fields "$reader" remote read_guarantee_bytes_per_sec allot_bytes_per_sec active)
+      done
+      curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.a.txt"
+      onb 20 "curl -s http://127.0.0.1:19467/metrics" > "$L.peer.metrics.b.txt"
+      a_recv=$(metric "$L.peer.metrics.a.txt" justitia_peer_messages_received_total)
+      b_sent=$(metric "$L.peer.metrics.b.txt" justitia_peer_messages_sent_total)
+      # One unit of two at B: A's READ flow beside B's own WRITE flow.
+      if [ "$remote" = "reads_from_$B_ADDR" ] && awk -v g="$guarantee" -v a="$allot" -v m="${b_max:-0}" -v r="${a_recv:-0}" -v s="${b_sent:-0}" \
+        'BEGIN {exit !(m > 0 && g > 0.49 * m && g < 0.51 * m && a > 0 && a <= g * 1.001 && r > 0 && s > 0)}'; then
+        result PASS "peer: B's guarantee reaches A, A's READs paced to it" "A's ib_read_bw (pid $reader) $remote: guarantee $(awk -v g="$guarantee" 'BEGIN {printf "%.1f MB/s", g / 1e6}') = $(awk -v g="$guarantee" -v m="$b_max" 'BEGIN {printf "%.3f", g / m}') of B's MaxRate $(awk -v m="$b_max" 'BEGIN {printf "%.1f MB/s", m / 1e6}'), allotment $(awk -v a="$allot" 'BEGIN {printf "%.1f MB/s", a / 1e6}'); metrics: B sent $b_sent peer messages, A received $a_recv; first guarantee within ${WAITED} ms, guarantees seen:$seen"
+      else
+        result FAIL "peer: B's guarantee reaches A, A's READs paced to it" "A's flow: remote '$remote', guarantee $guarantee, allotment $allot (B's MaxRate '$b_max': expected half; guarantees seen:$seen); B sent '$b_sent', A received '$a_recv' (logs: $L.peer.*)"
+      fi
+    else
+      result FAIL "peer: B's guarantee reaches A, A's READs paced to it" "no guarantee on A's READ flow (pid ${reader:-none}) in 90 s: $FLOW (logs: $L.peer.*)"
+    fi
+
+    # Data across the cable while the guarantee holds: rping -V, its server on A shaped
+    # and following A's daemon.
+    port=$((PORT++))
+    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock \
+      timeout "$STEP" rping -s -a "$A_ADDR" -p "$port" -C 20 -S 65000 > "$L.peer.rping.server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 200); do rdma resource show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.1; done
+    onb $((STEP + 10)) "timeout $STEP rping -c -a $A_ADDR -p $port -C 20 -S 65000 -V -v > $BLOGS/peer.rping.client.log 2>&1"
+    crc=$?
+    wait "$spid"
+    src=$?
+    pings=$(grep -c 'ping data: rdma-ping-' "$BLOGS/peer.rping.client.log")
+    mism=$(grep -c -i mismatch "$BLOGS/peer.rping.client.log")
+    if [ "$crc" = 0 ] && [ "$src" = 0 ] && [ "$pings" = 20 ] && [ "$mism" = 0 ]; then
+      result PASS "peer: rping -V by A against B beside the guaranteed READ flow" "20 pings validated, 0 mismatches"
+    else
+      result FAIL "peer: rping -V by A against B beside the guaranteed READ flow" "client exit $crc, server exit $src, $pings of 20 validated, $mism mismatches"
+    fi
+
+    # Hostile datagrams to A's channel, from B: each refused and counted. B's own grants go
+    # on meanwhile (and may change with B's flows), so what is checked of A's guarantee is
+    # that it is never the forged grant's 625 MB/s; that a refused datagram changes no
+    # state is the channel's own invariant, tested in crates/peer.
+    before=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.before.txt"
+    inject=$(onb 30 "python3 tests/vm/guest/peer_inject.py malformed $A_ADDR $PEER_PORT; \
+      python3 tests/vm/guest/peer_inject.py forged $A_ADDR $PEER_PORT $B_ADDR $A_ADDR; \
+      python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT 10")
+    echo "$inject" > "$L.peer.inject.log"
+    sleep 1
+    curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.after.txt"
+    after=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
+    for reason in length authentication replayed; do
+      k="justitia_peer_messages_refused_total{value=\"$reason\"}"
+      n0=$(metric "$L.peer.metrics.before.txt" "$k")
+      n1=$(metric "$L.peer.metrics.after.txt" "$k")
+      what=$(echo "$inject" | grep -m1 "^$( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; })")
+      label="peer: a $( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; }) datagram to A is refused and counted"
+      # The datagram must have been sent (a replay needs one of B's own to copy).
+      if echo "$what" | grep -qE '^[a-z]+: [0-9]+ bytes' && [ -n "$n0" ] && [ -n "$n1" ] \
+        && awk -v a="$n0" -v b="$n1" 'BEGIN {exit !(b >= a + 1)}' \
+        && [ "$after" != absent ] && [ "$after" != 625000000.0 ]; then
+        result PASS "$label" "$what; refused{$reason} $n0 -> $n1; A's guarantee $before -> $after B/s (B's own grants go on; never the forged 625 MB/s)"
+      else
+        result FAIL "$label" "$what; refused{$reason} '$n0' -> '$n1'; A's guarantee $before -> $after (logs: $L.peer.*)"
+      fi
+    done
+
+    # kill -9 of B's daemon: A's flow is unconstrained again within the silence bound (plus
+    # the time one `justitia flows` takes here), then B's daemon restarted: believed at once.
+    # The lapse is timed by A's daemon's own log line against A's clock at the kill (which
+    # reaches B up to half a second later); a second beyond silence_ms is left for the
+    # daemon's loop under emulation. Polling `justitia flows` only confirms it.
+    # Under emulation a stall of either loop now and then outlasts silence_ms and the
+    # guarantee lapses and returns by itself: the kill waits until it is held.
+    wait_guarantee set 30
+    held=$(echo "$FLOW" | awk '{print $2}')
+    kill_ns=$(date +%s%N)
+    onb 10 "kill -KILL \$(cat $bpdir/pid)" > /dev/null
+    bound=$((PEER_SILENCE_MS / 1000 + 10))
+    lapse_ms=""
+    if [ "$held" != None ] && [ "$held" != absent ] && wait_guarantee null "$bound"; then
+      while read -r ts _; do
+        t=$(date -d "$ts" +%s%N 2>/dev/null) || continue
+        [ "$t" -ge "$kill_ns" ] && { lapse_ms=$(((t - kill_ns) / 1000000)); break; }
+      done < <(grep "peer silent" "$L.peer.justitiad.log")
+    fi
+    if [ "$held" = None ] || [ "$held" = absent ]; then
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's flow held no guarantee before the kill ($held)"
+    elif [ -n "$lapse_ms" ] && [ "$lapse_ms" -le $((PEER_SILENCE_MS + 1000)) ]; then
+      result PASS "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's daemon let the guarantee lapse ${lapse_ms} ms after the kill (silence_ms $PEER_SILENCE_MS, bound $((PEER_SILENCE_MS + 1000)) ms); justitia flows showed it gone after ${WAITED} ms: $FLOW"
+    elif [ -n "$lapse_ms" ]; then
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "the guarantee lapsed ${lapse_ms} ms after the kill, beyond silence_ms $PEER_SILENCE_MS + 1000 ms"
+    else
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "no lapse logged by A's daemon; its flow: $FLOW ${WAITED} ms after the kill (silence_ms $PEER_SILENCE_MS)"
+    fi
+    b_err=$(onb 60 "bash $bpdir/start.sh $BLOGS/peer.justitiad.2.log")
+    if [ "$?" != 0 ]; then
+      result FAIL "peer: B's daemon restarted, the guarantee returns" "B's daemon did not start again: $b_err"
+    elif wait_guarantee set 30; then
+      result PASS "peer: B's daemon restarted, the guarantee returns" "A's flow: $FLOW, ${WAITED} ms after B's daemon listened"
+    else
+      result FAIL "peer: B's daemon restarted, the guarantee returns" "no guarantee on A's flow 30 s after the restart: $FLOW"
+    fi
+    pkill -x ib_read_bw
+    pkill -x ib_write_bw
+    onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
+  fi
+  rm -rf "$pdir"
+fi
+
+cleanup
+rm -rf "$dir"
