@@ -362,31 +362,14 @@ impl Tenant {
     /// As [`Tenant::run`], the process first moved into the cgroup whose `cgroup.procs`
     /// is `procs` (as root, before it takes `uid`).
     fn run_in(procs: &std::path::Path, uid: u32, args: &[&str]) -> Tenant {
-        let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
         let mut cmd = Command::new("python3");
         cmd.arg(common::tenant_script())
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        // SAFETY: only async-signal-safe calls between fork and exec: open, write, close,
-        // then dropping groups, gid and uid (Command's own `uid` would drop them before
-        // this runs, and an unprivileged process cannot move itself between cgroups).
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(uid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // Command's own `uid` would drop privileges before this runs, and an unprivileged
+        // process cannot move itself between cgroups.
+        join_cgroup_before_exec(&mut cmd, procs, Some(uid));
         let mut child = cmd.spawn().unwrap();
         let mut said = String::new();
         BufReader::new(child.stdout.take().unwrap())
@@ -410,6 +393,32 @@ impl Drop for Tenant {
         drop(self.child.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Makes `cmd`'s process move itself into the cgroup whose `cgroup.procs` is `procs`
+/// between fork and exec, as root, then take `uid` (no supplementary groups) if given.
+fn join_cgroup_before_exec(cmd: &mut Command, procs: &std::path::Path, uid: Option<u32>) {
+    let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: only async-signal-safe calls between fork and exec: open, write, close,
+    // then dropping groups, gid and uid.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            if let Some(uid) = uid {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }
 
@@ -900,24 +909,12 @@ fn a_reused_pid_is_not_taken_for_the_peer() {
     // The connecting process has exited (its parent, this test, reaps it in `wait`).
     let mut first = handed;
     let _ = first.child.wait();
-    let b_cstr = std::ffi::CString::new(b.as_os_str().as_encoded_bytes()).unwrap();
     let mut reuser = None;
     for _ in 0..200 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
-        let procs = b_cstr.clone();
         let mut cmd = Command::new("sleep");
         cmd.arg("30");
-        // SAFETY: open, write and close between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-                Ok(())
-            });
-        }
+        join_cgroup_before_exec(&mut cmd, &b, None);
         let mut child = cmd.spawn().unwrap();
         if child.id() as i32 == pid {
             reuser = Some(child);
