@@ -1525,6 +1525,13 @@ impl ControlLoop {
         if self.capped > 0 {
             self.lapse_read_caps(now);
         }
+        // `capped` only decides whether the lapse pass runs; a wrong count would cost a
+        // pass per update, or leave a guarantee held past its time. Checked in debug builds.
+        debug_assert_eq!(
+            self.capped,
+            self.flows.iter().filter(|f| f.read_cap.is_some()).count(),
+            "flows holding a READ guarantee"
+        );
         let recapped = std::mem::take(&mut self.caps_changed);
         if redivide || rechunked || recapped || self.controller.safe_util() != before.0 {
             self.reallot(redivide, rechunked);
@@ -2691,6 +2698,83 @@ mod tests {
         assert_eq!(
             lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
             0.5 * profile.max_rate_bytes_per_sec()
+        );
+    }
+
+    /// The count of flows holding a guarantee follows every way a guarantee goes: refused
+    /// before any was held, lapsed, and the flow removed (the update's debug check compares
+    /// it with the flows).
+    #[test]
+    fn every_way_a_guarantee_goes_is_counted() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = reading_loop(Duration::ZERO);
+        let mut t = Duration::ZERO;
+        announced(&mut lp, &mut t, 1);
+        let mut bad = guarantee(1, 0, 0.25, &profile);
+        bad.fraction = 0.0;
+        assert!(lp.read_guarantee_received(t, FlowId(1), bad).is_err());
+        assert_eq!(lp.read_cap(FlowId(1)), None);
+        announced(&mut lp, &mut t, 1);
+        assert_eq!(lp.capped, 0);
+        lp.read_guarantee_received(t, FlowId(1), guarantee(1, 0, 0.25, &profile))
+            .unwrap();
+        announced(&mut lp, &mut t, READ_GUARANTEE_PERIODS + 2);
+        assert_eq!((lp.read_cap(FlowId(1)), lp.capped), (None, 0), "lapsed");
+        lp.read_guarantee_received(t, FlowId(1), guarantee(2, 0, 0.25, &profile))
+            .unwrap();
+        assert_eq!(lp.capped, 1);
+        lp.remove_flow(t, FlowId(1)).unwrap();
+        assert_eq!(lp.capped, 0, "removed with its guarantee");
+        announced(&mut lp, &mut t, 1);
+    }
+
+    /// A tenant's state is freed with its last flow, so a host where tenants come and go
+    /// keeps as many as are there at once: 1000 tenants one after another use one state.
+    #[test]
+    fn tenants_that_come_and_go_leave_no_state_behind() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = ControlLoop::new(LoopConfig::default(), &profile, Duration::ZERO).unwrap();
+        for id in 1..=1000 {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.remove_flow(Duration::ZERO, FlowId(id)).unwrap();
+        }
+        assert_eq!(lp.tenants.len(), 1);
+        assert!(lp.tenant_slots.is_empty());
+    }
+
+    /// A flow that says again that it is idle while in its grace keeps the grace it began
+    /// with: it loses its share one grace after the first report, not after the last.
+    #[test]
+    fn an_idle_report_repeated_within_the_grace_does_not_restart_it() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = ControlLoop::new(LoopConfig::default(), &profile, Duration::ZERO).unwrap();
+        for id in [1, 2] {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 2, us(2));
+        let grace = lp.config().idle_grace();
+        let idle_at = t;
+        lp.set_flow_active(t, FlowId(2), false).unwrap();
+        drive(&mut lp, &mut t, 1, us(2));
+        lp.set_flow_active(t, FlowId(2), false).unwrap();
+        // The first update at or after one grace from the first report.
+        while t < idle_at + grace {
+            drive(&mut lp, &mut t, 1, us(2));
+        }
+        assert_eq!(
+            lp.counts().bandwidth,
+            1,
+            "flow 2 idle one grace after its first report"
+        );
+        assert_eq!(
+            lp.allotment(FlowId(1)).unwrap().bytes_per_sec,
+            lp.safe_util(),
+            "flow 1 has the whole of SafeUtil"
         );
     }
 
