@@ -71,14 +71,26 @@
 //!    pairs on a 256-context RNIC, nearly every chunk waited for a context read (the link
 //!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21).
 //!
+//! 8. Costs by resource ([`resources`]): a bandwidth flow's bytes are charged to the send
+//!    path they leave by, this host's for WRITEs and SENDs, the responder's for a READ
+//!    requester, and the flows charged to each are paced as a stream of their own, planned
+//!    by [`AdaptiveLaw::plan_charged`] from the observation of that resource's flows
+//!    ([`charged_to`]): a SEND tenant is not cut for a READ tenant whose data never
+//!    crosses this host's transmitter (the suite's `read-beside-send`: the SEND tenant
+//!    kept 0.72 of its tenant-fair share in one stream). The feedback is one: every stream
+//!    follows the law's one chunk and fraction, stepped by [`AdaptiveLaw::update`] on the
+//!    host's observation.
+//!
 //! Arrivals and departures change the plan at once: the driver calls
 //! [`AdaptiveLaw::plan`] whenever the counts change, so a bandwidth flow is unpaced in the
 //! same instant the last latency flow leaves.
 
 use std::time::Duration;
 
+pub mod resources;
 pub mod tenants;
 
+pub use resources::{charged_to, Resource};
 pub use tenants::{TenantRoundRobin, TenantWeights};
 
 /// Goal band: a latency flow's p99 within this multiple of alone.
@@ -408,6 +420,12 @@ impl AdaptiveLaw {
     /// The plan for these counts with the law's present state (no feedback): what the
     /// driver applies when flows arrive or leave between updates.
     pub fn plan(&self, o: &Observation) -> Plan {
+        self.plan_split(o, 1)
+    }
+
+    /// [`AdaptiveLaw::plan`] with the chunk split `paths` ways (at least one, never below
+    /// the smallest chunk worth posting).
+    fn plan_split(&self, o: &Observation, paths: u32) -> Plan {
         let c = &self.config;
         let w = &o.tenants;
         if w.latency == 0 && w.throughput == 0 {
@@ -423,7 +441,7 @@ impl AdaptiveLaw {
         let (chunk, fraction) = if w.latency > 0 {
             let budget = self.chunk_budget(o.target99).max(floor);
             (
-                self.chunk.unwrap_or(budget).clamp(floor, budget),
+                (self.chunk.unwrap_or(budget).clamp(floor, budget) / paths.max(1)).max(floor),
                 self.fraction.max(w.hungry_share()),
             )
         } else {
@@ -436,6 +454,24 @@ impl AdaptiveLaw {
             yields_per_chunk: 0,
             throughput_share: Self::throughput_share(o),
             queue_budget: self.queue_budget(o),
+        }
+    }
+
+    /// The plan for the bandwidth flows charged to one resource, from the observation of
+    /// that resource's flows (`charged`, see [`charged_to`]) and the host's (`host`): paced
+    /// and floored by `charged`'s counts; the queue budget the host's, since the context
+    /// cache is this RNIC's whatever send path a queue pair's data leaves by. A latency
+    /// message waits behind at most one chunk on each paced send path its round trip
+    /// crosses (its request on this host's, its acknowledgement on the peer's, where READ
+    /// responses to this host leave), so with `paths` of them carrying a stream the law's
+    /// chunk, the wait the target's slack allows, is split `paths` ways (not below the
+    /// smallest chunk worth posting): in one chunk each, a latency flow beside a SEND and a
+    /// READ tenant reading from its peer waited two and reached x1.25 of alone. With
+    /// `charged` the host's observation and one path it is [`AdaptiveLaw::plan`].
+    pub fn plan_charged(&self, host: &Observation, charged: &Observation, paths: u32) -> Plan {
+        Plan {
+            queue_budget: self.queue_budget(host),
+            ..self.plan_split(charged, paths)
         }
     }
 
@@ -657,6 +693,60 @@ mod tests {
         };
         assert_eq!(law.plan(&o).queue_budget, Some((85, 1 << 20)));
         assert_eq!(ib56().plan(&o).queue_budget, None);
+    }
+
+    /// Costs by resource: a latency tenant, a READ tenant reading from the latency flow's
+    /// peer and a SEND tenant. Under persistent violations, one stream for both bandwidth
+    /// tenants is paced at its floor, 2/3 of MaxRate, and the SEND tenant gets half of
+    /// that, a third of MaxRate; charged to its own send path it has the stream to itself,
+    /// paced at the headroom times the law's fraction (floored at the host's (B+T)/(L+B+T)
+    /// = 2/3): 0.65 of MaxRate, above its path's floor of 1/2 (L + B = 2). The target's 2 us leave 4000 B
+    /// of slack at 12 GB/s; with both send paths of the latency flow's round trip carrying
+    /// a stream, each stream's chunk is half of it. The queue budget is the host's, 256
+    /// contexts over its three tenants, not the path's two.
+    #[test]
+    fn each_send_path_is_paced_for_its_own_tenants() {
+        let config = AdaptiveConfig {
+            qp_cache_entries: 256,
+            ..AdaptiveConfig::for_rnic(12e9, 4096, 1 << 20)
+        };
+        let mut law = AdaptiveLaw::new(config).expect("valid");
+        let spec = |id, class| FlowSpec {
+            id: FlowId(id),
+            tenant: TenantId(id),
+            class,
+            weight: Weight::ONE,
+        };
+        let flows = [
+            (spec(1, FlowClass::Latency), Resource::of(false, 9_u8)),
+            (spec(2, FlowClass::Bandwidth), Resource::of(true, 9)),
+            (spec(3, FlowClass::Bandwidth), Resource::of(false, 9)),
+        ];
+        let host = Observation {
+            tenants: TenantWeights::of(flows.iter().map(|(f, _)| f)),
+            target99: Some(us(2.0)),
+            current99: Some(us(50.0)),
+            other_bytes_per_sec: 0.0,
+        };
+        let pairs = || flows.iter().map(|(f, r)| (f, r));
+        let send = charged_to(&Resource::SendPath, &host, pairs(), 0.0);
+        let read = charged_to(&Resource::Responder(9), &host, pairs(), 0.0);
+        let fresh = law.plan_charged(&host, &send, 2);
+        assert_eq!(fresh.chunk_bytes, 2000);
+        assert_eq!(law.plan_charged(&host, &send, 1).chunk_bytes, 4000);
+        assert_eq!(fresh.queue_budget, Some((85, 1 << 20)));
+        for i in 0..100 {
+            law.update(Duration::from_millis(i), &host);
+        }
+        let one_stream = law.plan(&host).pace_bytes_per_sec.expect("paced");
+        assert!((one_stream - 12e9 * 2.0 / 3.0).abs() < 1.0, "{one_stream}");
+        for o in [send, read] {
+            let plan = law.plan_charged(&host, &o, 2);
+            let pace = plan.pace_bytes_per_sec.expect("paced");
+            assert!((pace - 0.975 * 2.0 / 3.0 * 12e9).abs() < 1.0, "{pace}");
+            assert!(pace >= law.floor_rate(&o));
+            assert_eq!(plan.chunk_bytes, 512, "the smallest chunk, not half of it");
+        }
     }
 
     /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.

@@ -18,8 +18,9 @@
 //! - **Plan.** After each RefPeriod the law takes the counts, the target, the tail and the
 //!   others' load and returns a plan; on any flow's arrival or departure the plan for the
 //!   new counts is applied at once. The plan goes to a [`ChunkShaper`]: one stream of
-//!   chunks for all bandwidth flows of the host, round robin over their queue pairs, paced
-//!   by the core's [`Pacer`] (the one enforcement algorithm) at the plan's total rate.
+//!   chunks for all bandwidth flows of the host charged to one resource, round robin over
+//!   their queue pairs, paced by the core's [`Pacer`] (the one enforcement algorithm) at
+//!   the plan's total rate.
 //!   Which queue pair the next chunk comes from is the core's [`TenantRoundRobin`]: by
 //!   tenant and weight, then among the tenant's own flows and queue pairs, so a tenant's
 //!   share does not grow with its applications or queue pairs. Without pacing, chunks are
@@ -27,6 +28,14 @@
 //!   than the link's bandwidth-delay product, so the link stays busy): the RNIC serves its
 //!   queue pairs in turn, and only what the shaper holds back lets the round robin, not the
 //!   number of queue pairs, decide the tenants' shares.
+//! - **Resources.** A bandwidth flow's chunks go in the stream of the send path its bytes
+//!   leave by (the core's [`Resource`]): this host's for WRITEs and SENDs, the responder's
+//!   for a READ requester. Each stream has its own round robin and pacer and follows the
+//!   plan of its resource's flows ([`AdaptiveLaw::plan_charged`], from the core's
+//!   [`charged_to`]), with the law's chunk split among the send paths a latency message's
+//!   round trip crosses. Each send path is charged the wire its stream does not carry but
+//!   this host's traffic makes it send: on this host's, the unshaped flows' messages and a
+//!   request packet per READ chunk; on a peer's, an acknowledgement per message sent to it.
 //! - **Tenants.** The law is told L, B and T as weighted tenant counts (the core's
 //!   [`TenantWeights`] of the flows present).
 //! - **Throughput flows.** When the plan paces them by operations, each throughput flow's
@@ -42,8 +51,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::adaptive::{
-    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, TenantRoundRobin,
-    TenantWeights,
+    charged_to, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource,
+    TenantRoundRobin, TenantWeights,
 };
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 use justitia_core::pacer::{PaceRate, Pacer};
@@ -56,11 +65,13 @@ use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
+use crate::topology::HostId;
 
 /// Latency samples a RefPeriod needs before its p99 is fed to the law.
 pub const MIN_SAMPLES: usize = 20;
 
-/// Timer tags at or above this are the shaper's pacing timer (the loop's is 0).
+/// Timer tags at or above this are a stream's pacing timer, `PACE_TIMER + its index` (the
+/// loop's is 0).
 const PACE_TIMER: u64 = 1 << 61;
 
 /// Chunks one queue pair may have on the RNIC: enough for the bandwidth-delay product of
@@ -89,10 +100,11 @@ struct Pending {
 }
 
 /// A bandwidth flow's queue pair.
-#[derive(Default)]
 struct ShapedQp {
     pending: VecDeque<Pending>,
     in_flight: u32,
+    /// The host at the other end.
+    peer: HostId,
 }
 
 /// What a request the shaper handed to the RNIC stands for.
@@ -108,8 +120,10 @@ enum Handed {
     Yield,
 }
 
-/// The host's bandwidth flows as one paced stream of chunks.
+/// The host's bandwidth flows charged to one resource as one paced stream of chunks.
 pub struct ChunkShaper {
+    /// Its pacing timer's tag.
+    timer_tag: u64,
     qps: BTreeMap<QpId, ShapedQp>,
     /// Which queue pair's chunk goes next.
     order: TenantRoundRobin<QpId>,
@@ -124,22 +138,34 @@ pub struct ChunkShaper {
     next_tag: u64,
     chunks: u64,
     yields: u64,
+    /// Chunks handed over since the driver last took the count, by the host at the other
+    /// end: each costs that host's send path an acknowledgement (a WRITE or a SEND) or
+    /// this host's a request packet (a READ).
+    messages_to: BTreeMap<HostId, u64>,
 }
 
 impl ChunkShaper {
-    fn new(flows: &[FlowInfo]) -> Self {
+    fn new<'a>(flows: impl IntoIterator<Item = &'a FlowInfo>, timer_tag: u64) -> Self {
         let mut order = TenantRoundRobin::new();
         let mut qps = BTreeMap::new();
         for f in flows
-            .iter()
+            .into_iter()
             .filter(|f| f.spec.class == FlowClass::Bandwidth)
         {
             for &qp in &f.qps {
-                qps.insert(qp, ShapedQp::default());
+                qps.insert(
+                    qp,
+                    ShapedQp {
+                        pending: VecDeque::new(),
+                        in_flight: 0,
+                        peer: f.peer,
+                    },
+                );
                 order.insert(&f.spec, qp);
             }
         }
         ChunkShaper {
+            timer_tag,
             qps,
             order,
             held: None,
@@ -157,6 +183,7 @@ impl ChunkShaper {
             next_tag: 1,
             chunks: 0,
             yields: 0,
+            messages_to: BTreeMap::new(),
         }
     }
 
@@ -285,13 +312,14 @@ impl ChunkShaper {
                     let at = ctx.now() + time::from_ns(wait.as_nanos() as f64);
                     if self.timer_at.is_none_or(|t| t > at || t < ctx.now()) {
                         self.timer_at = Some(at);
-                        ctx.set_timer(at, PACE_TIMER);
+                        ctx.set_timer(at, self.timer_tag);
                     }
                     return;
                 }
             }
             head.remaining -= bytes;
             let (app_tag, opcode, last) = (head.app_tag, head.opcode, head.remaining == 0);
+            *self.messages_to.entry(entry.peer).or_insert(0) += 1;
             if last {
                 entry.pending.pop_front();
             }
@@ -343,7 +371,12 @@ impl ChunkShaper {
 pub struct AdaptivePolicy {
     driver: LoopDriver,
     law: AdaptiveLaw,
-    shaper: Option<ChunkShaper>,
+    /// One stream per resource the bandwidth flows are charged to, this host's send path
+    /// first; a stream's index is its timer's offset from [`PACE_TIMER`].
+    streams: Vec<(Resource<HostId>, ChunkShaper)>,
+    /// What each flow is charged to, and the host at its other end.
+    charged: BTreeMap<u64, Resource<HostId>>,
+    peers: BTreeMap<u64, HostId>,
     /// The throughput flows' operations pacing, and each throughput flow's queue pairs.
     throughput: Option<PacedShaper>,
     throughput_qps: BTreeMap<u64, u32>,
@@ -352,18 +385,23 @@ pub struct AdaptivePolicy {
     wire_bytes_per_sec: u64,
     mtu: u32,
     header_bytes: f64,
-    /// Class of each flow's queue pairs that the policy does not shape.
-    watched: BTreeMap<QpId, FlowClass>,
+    /// Wire bytes of an acknowledgement, and of a READ request packet.
+    ack_bytes: f64,
+    request_bytes: f64,
+    /// Class and peer of each flow's queue pairs that the policy does not shape.
+    watched: BTreeMap<QpId, (FlowClass, HostId)>,
     /// Present flows.
     present: BTreeMap<u64, FlowSpec>,
     /// Post times of the latency flows' requests on the RNIC, by (queue pair, tag).
     posted_at: BTreeMap<(QpId, u64), Picos>,
     /// Latency samples (us) since the last fed period.
     samples: Vec<f64>,
-    /// Wire bytes the unshaped flows posted since the last update, and since when.
-    other_bytes: f64,
+    /// Wire bytes each send path carried besides its stream's chunks since the last update
+    /// (the unshaped flows' messages on this host's, the acknowledgements and READ requests
+    /// of this host's messages on either), since when, and their rates over the last span.
+    other_bytes: BTreeMap<Resource<HostId>, f64>,
     other_since: Picos,
-    other_rate: f64,
+    other_rate: BTreeMap<Resource<HostId>, f64>,
     updates_seen: u64,
     /// The latency flows' p99 fed to the law last.
     last_p99: Option<Duration>,
@@ -402,19 +440,25 @@ impl AdaptivePolicy {
         Ok(AdaptivePolicy {
             driver,
             law: AdaptiveLaw::new(config)?,
-            shaper: None,
+            streams: Vec::new(),
+            charged: BTreeMap::new(),
+            peers: BTreeMap::new(),
             throughput: None,
             throughput_qps: BTreeMap::new(),
             wire_bytes_per_sec: (profile.link.gbps * 1e9 / 8.0) as u64,
             mtu: profile.mtu(),
             header_bytes: f64::from(profile.link.header_bytes),
+            ack_bytes: f64::from(profile.link.ack_bytes),
+            request_bytes: f64::from(
+                profile.link.header_bytes + profile.link.first_packet_extra_bytes,
+            ),
             watched: BTreeMap::new(),
             present: BTreeMap::new(),
             posted_at: BTreeMap::new(),
             samples: Vec::new(),
-            other_bytes: 0.0,
+            other_bytes: BTreeMap::new(),
             other_since: 0,
-            other_rate: 0.0,
+            other_rate: BTreeMap::new(),
             updates_seen: 0,
             last_p99: None,
             steers: false,
@@ -428,7 +472,35 @@ impl AdaptivePolicy {
             tenants: TenantWeights::of(self.present.values()),
             target99: self.driver.control.target().value,
             current99,
-            other_bytes_per_sec: self.other_rate,
+            other_bytes_per_sec: self.other_rate(&Resource::SendPath),
+        }
+    }
+
+    /// Charges `bytes` of wire to a send path.
+    fn charge(&mut self, resource: Resource<HostId>, bytes: f64) {
+        *self.other_bytes.entry(resource).or_insert(0.0) += bytes;
+    }
+
+    /// What a send path carried lately besides its stream, wire bytes/s.
+    fn other_rate(&self, resource: &Resource<HostId>) -> f64 {
+        self.other_rate.get(resource).copied().unwrap_or(0.0)
+    }
+
+    /// Charges the streams' chunks since the last count to the send paths they cost
+    /// besides their own: a WRITE or SEND chunk its acknowledgement on the peer's, a READ
+    /// chunk its request packet on this host's.
+    fn count_stream_messages(&mut self) {
+        let mut charges = Vec::new();
+        for (resource, stream) in &mut self.streams {
+            for (peer, n) in std::mem::take(&mut stream.messages_to) {
+                charges.push(match resource {
+                    Resource::SendPath => (Resource::Responder(peer), n as f64 * self.ack_bytes),
+                    Resource::Responder(_) => (Resource::SendPath, n as f64 * self.request_bytes),
+                });
+            }
+        }
+        for (resource, bytes) in charges {
+            self.charge(resource, bytes);
         }
     }
 
@@ -444,15 +516,69 @@ impl AdaptivePolicy {
     }
 
     fn replan(&mut self, ctx: &mut PolicyContext<'_>) {
-        let plan = self.law.plan(&self.observation(None));
-        self.apply(ctx, plan);
+        self.apply(ctx, &self.observation(None));
     }
 
-    /// Hands a plan to the bandwidth flows' chunk stream and the throughput flows' pacers.
-    fn apply(&mut self, ctx: &mut PolicyContext<'_>, plan: Plan) {
-        if let Some(shaper) = &mut self.shaper {
-            shaper.apply(ctx, plan);
+    /// The flows present, each with what it is charged to.
+    fn charged_flows(&self) -> impl Iterator<Item = (&FlowSpec, &Resource<HostId>)> {
+        self.present
+            .iter()
+            .filter_map(|(id, spec)| Some((spec, self.charged.get(id)?)))
+    }
+
+    /// The send paths a latency message's round trip crosses that carry a stream with
+    /// bandwidth flows present: this host's, and the responder's of READs from a latency
+    /// flow's peer (at least one).
+    fn latency_paths(&self) -> u32 {
+        let latency_peers: Vec<HostId> = self
+            .present
+            .iter()
+            .filter(|(_, spec)| spec.class == FlowClass::Latency)
+            .filter_map(|(id, _)| self.peers.get(id).copied())
+            .collect();
+        let busy = |r: &Resource<HostId>| {
+            self.charged_flows()
+                .any(|(spec, charged)| spec.class == FlowClass::Bandwidth && charged == r)
+        };
+        let crossed = self
+            .streams
+            .iter()
+            .map(|(r, _)| r)
+            .filter(|r| match r {
+                Resource::SendPath => true,
+                Resource::Responder(peer) => latency_peers.contains(peer),
+            })
+            .filter(|r| busy(r))
+            .count();
+        u32::try_from(crossed).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// The plan for the flows charged to `resource`.
+    fn plan_for(&self, resource: &Resource<HostId>, host: &Observation) -> Plan {
+        let flows = self.charged_flows();
+        let other = match resource {
+            Resource::SendPath => host.other_bytes_per_sec,
+            Resource::Responder(_) => self.other_rate(resource),
+        };
+        self.law.plan_charged(
+            host,
+            &charged_to(resource, host, flows, other),
+            self.latency_paths(),
+        )
+    }
+
+    /// Hands each stream its resource's plan, and the throughput flows' pacers the send
+    /// path's.
+    fn apply(&mut self, ctx: &mut PolicyContext<'_>, host: &Observation) {
+        let plans: Vec<Plan> = self
+            .streams
+            .iter()
+            .map(|(resource, _)| self.plan_for(resource, host))
+            .collect();
+        for ((_, stream), plan) in self.streams.iter_mut().zip(plans) {
+            stream.apply(ctx, plan);
         }
+        let plan = self.plan_for(&Resource::SendPath, host);
         if let Some(throughput) = &mut self.throughput {
             let present_qps: u32 = self
                 .throughput_qps
@@ -500,21 +626,31 @@ impl AdaptivePolicy {
         }
         self.updates_seen = updates;
         let now = ctx.now();
+        self.count_stream_messages();
         let span = now.saturating_sub(self.other_since);
         if span > 0 {
-            self.other_rate = self.other_bytes / (span as f64 / time::SECOND as f64);
+            let seconds = span as f64 / time::SECOND as f64;
+            self.other_rate = std::mem::take(&mut self.other_bytes)
+                .into_iter()
+                .map(|(r, bytes)| (r, bytes / seconds))
+                .collect();
         }
-        self.other_bytes = 0.0;
         self.other_since = now;
         let p99 = self.take_p99();
         if p99.is_some() {
             self.last_p99 = p99;
         }
         let o = self.observation(p99);
-        let plan = self.law.update(core_time(now), &o);
-        self.apply(ctx, plan);
+        // One feedback for every stream: the law's chunk and fraction step on the host's
+        // tail; each stream's plan is then its resource's.
+        let _ = self.law.update(core_time(now), &o);
+        self.apply(ctx, &o);
         self.updates += 1;
-        if plan.pace_bytes_per_sec.is_some() {
+        if self
+            .streams
+            .first()
+            .is_some_and(|(_, s)| s.plan.pace_bytes_per_sec.is_some())
+        {
             self.paced_updates += 1;
         }
     }
@@ -526,7 +662,29 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        self.shaper = Some(ChunkShaper::new(flows));
+        for f in flows {
+            self.charged
+                .insert(f.spec.id.0, Resource::of(f.reads, f.peer));
+            self.peers.insert(f.spec.id.0, f.peer);
+        }
+        // This host's send path always has a stream (its plan paces the throughput flows
+        // and is the one the figures show), then one per responder read from.
+        let mut resources = vec![Resource::SendPath];
+        for r in self.charged.values() {
+            if !resources.contains(r) {
+                resources.push(*r);
+            }
+        }
+        self.streams = resources
+            .into_iter()
+            .enumerate()
+            .map(|(i, resource)| {
+                let flows = flows
+                    .iter()
+                    .filter(|f| self.charged.get(&f.spec.id.0) == Some(&resource));
+                (resource, ChunkShaper::new(flows, PACE_TIMER + i as u64))
+            })
+            .collect();
         let throughput: Vec<FlowInfo> = flows
             .iter()
             .filter(|f| f.spec.class == FlowClass::Throughput)
@@ -542,7 +700,7 @@ impl Policy for AdaptivePolicy {
             .filter(|f| f.spec.class != FlowClass::Bandwidth)
         {
             for &qp in &f.qps {
-                self.watched.insert(qp, f.spec.class);
+                self.watched.insert(qp, (f.spec.class, f.peer));
             }
         }
         self.steers = flows.iter().any(|f| f.spec.class.is_resource_hungry());
@@ -566,14 +724,13 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
-        if let Some(shaper) = &mut self.shaper {
-            if shaper.shapes(qp) {
-                shaper.on_post(ctx, qp, wr);
-                return;
-            }
+        if let Some((_, stream)) = self.streams.iter_mut().find(|(_, s)| s.shapes(qp)) {
+            stream.on_post(ctx, qp, wr);
+            return;
         }
-        if let Some(&class) = self.watched.get(&qp) {
-            self.other_bytes += f64::from(wr.bytes) + self.header_bytes;
+        if let Some(&(class, peer)) = self.watched.get(&qp) {
+            self.charge(Resource::SendPath, f64::from(wr.bytes) + self.header_bytes);
+            self.charge(Resource::Responder(peer), self.ack_bytes);
             if class == FlowClass::Latency {
                 self.posted_at.insert((qp, wr.tag), ctx.now());
             }
@@ -592,8 +749,8 @@ impl Policy for AdaptivePolicy {
         if self.driver.on_completion(ctx, qp) {
             return;
         }
-        if let Some(shaper) = &mut self.shaper {
-            if shaper.on_completion(ctx, qp, tag) {
+        if let Some((_, stream)) = self.streams.iter_mut().find(|(_, s)| s.shapes(qp)) {
+            if stream.on_completion(ctx, qp, tag) {
                 return;
             }
         }
@@ -618,8 +775,9 @@ impl Policy for AdaptivePolicy {
                 throughput.take_activity();
             }
         } else if tag >= PACE_TIMER {
-            if let Some(shaper) = &mut self.shaper {
-                shaper.on_timer(ctx);
+            let index = usize::try_from(tag - PACE_TIMER).unwrap_or(usize::MAX);
+            if let Some((_, stream)) = self.streams.get_mut(index) {
+                stream.on_timer(ctx);
             }
         } else if self.driver.timer_is_current(ctx) {
             self.drive(ctx);
@@ -633,9 +791,9 @@ impl Policy for AdaptivePolicy {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         self.steers.then(|| ControlState {
             safe_util_gbps: self
-                .shaper
-                .as_ref()
-                .and_then(|s| s.plan.pace_bytes_per_sec)
+                .streams
+                .first()
+                .and_then(|(_, s)| s.plan.pace_bytes_per_sec)
                 .unwrap_or(self.law.config().max_rate_bytes_per_sec)
                 * 8.0
                 / 1e9,
@@ -650,12 +808,24 @@ impl Policy for AdaptivePolicy {
         if let Some(t) = self.driver.control.target().value {
             f.insert("target99_us".into(), t.as_secs_f64() * 1e6);
         }
-        if let Some(shaper) = &self.shaper {
-            f.insert("sub_messages".into(), shaper.chunks as f64);
-            f.insert("yields".into(), shaper.yields as f64);
-            f.insert("chunk_bytes".into(), f64::from(shaper.plan.chunk_bytes));
-            if let Some(rate) = shaper.plan.pace_bytes_per_sec {
-                f.insert("pace_gbps".into(), rate * 8.0 / 1e9);
+        let chunks: u64 = self.streams.iter().map(|(_, s)| s.chunks).sum();
+        let yields: u64 = self.streams.iter().map(|(_, s)| s.yields).sum();
+        f.insert("sub_messages".into(), chunks as f64);
+        f.insert("yields".into(), yields as f64);
+        // The send path's stream; a responder's as `read_pace_gbps.<host>`.
+        for (resource, stream) in &self.streams {
+            match resource {
+                Resource::SendPath => {
+                    f.insert("chunk_bytes".into(), f64::from(stream.plan.chunk_bytes));
+                    if let Some(rate) = stream.plan.pace_bytes_per_sec {
+                        f.insert("pace_gbps".into(), rate * 8.0 / 1e9);
+                    }
+                }
+                Resource::Responder(host) => {
+                    if let Some(rate) = stream.plan.pace_bytes_per_sec {
+                        f.insert(format!("read_pace_gbps.{}", host.0), rate * 8.0 / 1e9);
+                    }
+                }
             }
         }
         f.insert("probes".into(), self.driver.control.updates() as f64);
