@@ -69,7 +69,9 @@
 //!    weight, each for one large chunk before the next takes its place
 //!    ([`AdaptiveLaw::queue_budget`]): dealt chunk by chunk round a tenant's 512 queue
 //!    pairs on a 256-context RNIC, nearly every chunk waited for a context read (the link
-//!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21).
+//!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21, and with an
+//!    open queue pair keeping its place while it waits for its application's next message
+//!    94.9% and x1.18).
 //!
 //! 8. Costs by resource ([`resources`]): a bandwidth flow's bytes are charged to the send
 //!    path they leave by, this host's for WRITEs and SENDs, the responder's for a READ

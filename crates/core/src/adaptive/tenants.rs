@@ -135,30 +135,33 @@ impl<Q: Copy + PartialEq> TenantQueues<Q> {
         None
     }
 
-    /// Under a budget of `budget` open queues, each open for at most `turn` bytes: the
-    /// first ready open queue, oldest first; open queues found not ready, or whose turn is
-    /// spent, are closed; with none ready and room in the budget, the next ready queue in
-    /// round-robin order is opened. So the queues in use change once per turn, or when one
-    /// has nothing to send.
+    /// Under a budget of `budget` open queues, each open for at most `turn` bytes: open
+    /// queues whose turn is spent are closed; then the first ready open queue, oldest
+    /// first; with none ready, the next ready queue in round-robin order is opened, in
+    /// place of the oldest open one if the budget is full. So an open queue that waits
+    /// for its application's next message keeps its place (and its context on the RNIC)
+    /// while another open queue has something to send, and the tenant is never passed
+    /// over while one of its queues is ready. Closing a queue each time it was found not
+    /// ready opened a cold queue every few hundred KB where a closed-loop application
+    /// keeps a few messages posted per queue pair (4 x 64 KB on each of 512 queue pairs on
+    /// a 256-context RNIC: x1.21 of alone and 91% of the link, against x1.19 and 95%).
     fn ready_within(
         &mut self,
         ready: &mut impl FnMut(Q) -> Option<u64>,
         budget: usize,
         turn: u64,
     ) -> Option<(usize, usize, Q, u64)> {
-        while let Some(&(fi, qi, given)) = self.open.first() {
+        self.open.retain(|&(_, _, given)| given < turn);
+        for &(fi, qi, _) in &self.open {
             let q = self.flows[fi].queues[qi];
-            match ready(q).filter(|_| given < turn) {
-                Some(bytes) => return Some((fi, qi, q, bytes)),
-                None => {
-                    self.open.remove(0);
-                }
+            if let Some(bytes) = ready(q) {
+                return Some((fi, qi, q, bytes));
             }
         }
-        if self.open.len() >= budget {
-            return None;
-        }
         let found = self.ready(ready, &self.open)?;
+        if self.open.len() >= budget.max(1) {
+            self.open.remove(0);
+        }
         self.open.push((found.0, found.1, 0));
         Some(found)
     }
@@ -460,6 +463,30 @@ mod tests {
             .filter_map(|_| only.pick(|q| (q == 0).then_some(4096)))
             .collect();
         assert_eq!(served, vec![0; 6]);
+    }
+
+    /// A queue whose application has nothing posted for a moment keeps its place while
+    /// another open queue is ready: with a budget of 2 and queues 0, 1 and 2 open in that
+    /// order, queue 0 not ready at one pick is not closed, and when it is ready again it
+    /// is served, not queue 2 (a cold context on the RNIC). With neither open queue ready,
+    /// the oldest gives its place to queue 2 at once, so the tenant is not passed over.
+    #[test]
+    fn a_queue_waiting_for_its_next_message_keeps_its_place() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        rr.set_queue_budget(Some((2, 1 << 20)));
+        for q in 0..3u32 {
+            rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), q);
+        }
+        assert_eq!(rr.pick(|q| (q == 0).then_some(4096)), Some(0));
+        assert_eq!(rr.pick(|q| (q == 1).then_some(4096)), Some(1));
+        // Queue 0 waits for its application while queue 1 is served.
+        assert_eq!(rr.pick(|q| (q != 0).then_some(4096)), Some(1));
+        // Queue 0 is back: it is served; queue 2 stays closed.
+        assert_eq!(rr.pick(|q| (q != 1).then_some(4096)), Some(0));
+        // Neither open queue ready: queue 2 takes the oldest's place (queue 0's) at once.
+        assert_eq!(rr.pick(|q| (q == 2).then_some(4096)), Some(2));
+        assert_eq!(rr.pick(|q| (q != 2).then_some(4096)), Some(1));
     }
 
     proptest! {
