@@ -1,7 +1,7 @@
 //! The cost of one control-loop update for 1, 100 and 10 000 registered flows.
 //!
 //! `update` is the common case: a probe completes and the RefPeriod update runs. The
-//! loop runs the paper's fixed step with a one-sample window and the probe is above
+//! loop runs the paper's fixed step and violation rule with a one-sample window and the probe is above
 //! Target99 once in 100 updates, so every update moves SafeUtil (99 steps up, one
 //! halving to the floor) and rewrites every allotment: the most an update does without a
 //! change of flows. `update_after_flow_change` adds one flow going idle or resuming before
@@ -41,7 +41,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveLaw, Observation, TenantRoundRobin, TenantWeights,
 };
-use justitia_core::control_loop::{ControlLoop, Event, FlowRegistration, LoopConfig, Target99};
+use justitia_core::control_loop::{
+    ControlLoop, Event, FlowRegistration, LoopConfig, Target99, ViolationRule,
+};
 use justitia_core::controller::IncreaseLaw;
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
@@ -59,6 +61,8 @@ fn setup(flows: u64, many_tenants: bool) -> (ControlLoop, Duration) {
         target: Target99::Absolute(TARGET),
         increase: IncreaseLaw::Fixed,
         window: 1,
+        // The paper's comparison: the default rule refuses a one-sample window.
+        violation: ViolationRule::Current99,
         idle_grace_periods: 0,
         ..LoopConfig::default()
     };
