@@ -77,6 +77,7 @@
 
 use std::time::Duration;
 
+pub mod allotments;
 pub mod tenants;
 
 pub use tenants::{TenantRoundRobin, TenantWeights};
