@@ -68,7 +68,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use justitia_agent::admin::{
-    AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
+    AdaptiveStatus, AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
 };
 use justitia_agent::block::{
     monotonic_ns, phase_to_fixed, random_boot_id, BlockStatus, BlockWriter, SlotAllotment,
@@ -415,6 +415,16 @@ impl Daemon {
         )?;
         own_admin_socket(&config);
         metrics.max_rate.set(profile.max_rate_bytes_per_sec());
+        metrics
+            .policy
+            .get_or_create(&crate::metrics::PolicyLabel {
+                policy: config.policy.as_str().into(),
+            })
+            .set(1);
+        if config.policy != PolicyKind::Adaptive {
+            metrics.adaptive_pace.set(f64::NAN);
+            metrics.adaptive_fraction.set(f64::NAN);
+        }
         let sys = |what: &'static str| {
             move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))
         };
@@ -854,7 +864,11 @@ impl Daemon {
     /// Publishes the status into the block and the metrics when an update ran or the
     /// flows changed since the last publication; otherwise there is nothing new.
     fn publish_status(&mut self) {
-        let key = (self.lp.updates(), self.flows.len(), self.lp.generation());
+        let key = (
+            self.lp.updates(),
+            self.flows.len(),
+            self.lp.generation() ^ self.adaptive.as_ref().map_or(0, |d| d.generation() << 32),
+        );
         if self.published == Some(key) {
             return;
         }
@@ -879,6 +893,18 @@ impl Daemon {
             gauge.set(i64::from(n));
         }
         self.metrics.flows_registered.set(self.flows.len() as i64);
+        if let Some(a) = self.adaptive.as_ref().map(AdaptiveDriver::state) {
+            self.metrics
+                .adaptive_pace
+                .set(a.pace_bytes_per_sec.unwrap_or(f64::NAN));
+            self.metrics.adaptive_chunk.set(i64::from(a.chunk_bytes));
+            self.metrics.adaptive_fraction.set(a.fraction);
+            self.metrics.adaptive_other_load.set(a.other_bytes_per_sec);
+            let counted = self.metrics.adaptive_decreases.get();
+            self.metrics
+                .adaptive_decreases
+                .inc_by(a.decreases.saturating_sub(counted));
+        }
     }
 
     /// With `policy = "adaptive"`, after the loop's update or a change of flows: the law
@@ -1942,6 +1968,17 @@ impl Daemon {
                 ControlMode::Normal => "normal".into(),
                 ControlMode::Unattainable { .. } => "unattainable".into(),
             },
+            adaptive: self.adaptive.as_ref().map(|d| {
+                let a = d.state();
+                Box::new(AdaptiveStatus {
+                    pace_bytes_per_sec: a.pace_bytes_per_sec,
+                    chunk_bytes: a.chunk_bytes,
+                    fraction: a.fraction,
+                    headroom: a.headroom,
+                    decreases: a.decreases,
+                    other_bytes_per_sec: a.other_bytes_per_sec,
+                })
+            }),
         }
     }
 }
