@@ -11,7 +11,10 @@
 //! - **Bandwidth flow** of a tenant of weight `w` (the largest among its bandwidth flows
 //!   present) with `n` bandwidth flows present, B the bandwidth tenants' summed weights:
 //!   `pace x w / B / n` bytes/s in chunks of the plan's size. Without pacing (nothing to
-//!   protect) MaxRate, which no flow exceeds, in the plan's large chunks.
+//!   protect) MaxRate is split so, in the plan's large chunks: a single-stream driver's
+//!   unpaced stream is still dealt among the tenants by its round robin, and per-flow
+//!   shapers keep that split only if each is held to its part (a flow alone, or a tenant
+//!   whose flows are all idle, gives its part to the others at the next plan).
 //! - **Throughput flow**: the plan's operations rate for its tenant
 //!   ([`AdaptiveLaw::throughput_ops_per_sec`]) split among the tenant's throughput flows
 //!   ([`throughput_paces`]), bytes/s at MaxRate (its small messages are paced by
@@ -19,8 +22,8 @@
 //!   MaxRate and no operations bound.
 //! - **Latency flow**: no allotment; never shaped.
 //!
-//! Invariants: while paced, the bandwidth flows' rates sum to the plan's pace, and a
-//! tenant's sum is `pace x w / B` whatever the number of its flows, so a tenant does not
+//! Invariants: the bandwidth flows' rates sum to the plan's pace (MaxRate when not
+//! paced), and a tenant's sum is `pace x w / B` whatever the number of its flows, so a tenant does not
 //! take another's bandwidth by opening more applications; every allotment is finite and
 //! positive.
 
@@ -110,16 +113,11 @@ pub fn allotments(
             let allotment = match f.spec.class {
                 FlowClass::Latency => None,
                 FlowClass::Bandwidth => {
-                    let bytes_per_sec = match plan.pace_bytes_per_sec {
-                        Some(pace) => {
-                            let (weight, count) =
-                                bandwidth.get(&f.spec.tenant).copied().unwrap_or((1, 1));
-                            pace * f64::from(weight)
-                                / f64::from(total_weight.max(1))
-                                / f64::from(count.max(1))
-                        }
-                        None => max_rate,
-                    };
+                    let pace = plan.pace_bytes_per_sec.unwrap_or(max_rate);
+                    let (weight, count) = bandwidth.get(&f.spec.tenant).copied().unwrap_or((1, 1));
+                    let bytes_per_sec = pace * f64::from(weight)
+                        / f64::from(total_weight.max(1))
+                        / f64::from(count.max(1));
                     Some(FlowAllotment {
                         bytes_per_sec,
                         ops_per_sec: None,
@@ -187,12 +185,15 @@ mod tests {
             assert_eq!(a.chunk_bytes, 2400);
             assert_eq!(a.ops_per_sec, None);
         }
-        // Without latency flows: not paced, MaxRate in the large chunks.
+        // Without latency flows: not paced, MaxRate split the same way, in the large
+        // chunks: a third of 6e9 to the weight-1 tenant, 2e9, split three ways.
         let plan = law.plan(&Observation::default());
-        let a = allotments(&law, &plan, &flows[1..2])[0]
-            .1
-            .expect("allotted");
-        assert_eq!((a.bytes_per_sec, a.chunk_bytes), (6e9, 1 << 20));
+        let got = allotments(&law, &plan, &flows[1..]);
+        let a = got[0].1.expect("allotted");
+        assert!((a.bytes_per_sec - 2e9 / 3.0).abs() < 1.0, "{a:?}");
+        assert_eq!(a.chunk_bytes, 1 << 20);
+        let a = got[3].1.expect("allotted");
+        assert!((a.bytes_per_sec - 4e9).abs() < 1.0, "{a:?}");
     }
 
     /// Throughput flows beside a latency and a bandwidth tenant, with MaxTput 30 Mops/s
