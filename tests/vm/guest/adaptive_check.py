@@ -11,7 +11,9 @@ together at max(headroom x fraction x max(MaxRate - others' load, 0), B/(L+B+T) 
 a tenant's part split equally among its active bandwidth flows; the chunk is at most the
 target's slack, (band - 1) / band of Target99 at MaxRate, and never below 512 B; latency
 flows get no allotment. The fraction and the others' load are the law's state, read from
-the status. Prints "ok DETAIL" and exits 0, or prints why not and exits 1.
+the status; the allotment must be within 1 % of the figure (the others' load, a few KB/s
+from the latency flow, moves between the two answers; unpaced, the flow would have all of
+MaxRate, 2.5 % more). Prints "ok DETAIL" and exits 0, or prints why not and exits 1.
 """
 
 import json
@@ -43,12 +45,15 @@ def main(argv):
         fail("the status has no adaptive state: the daemon does not run policy adaptive")
     by_pid = {f["pid"]: f for f in flows}
     lat, bw = by_pid.get(lat_pid), by_pid.get(bw_pid)
-    if not lat or lat["class"] != "latency" or not lat["active"]:
-        fail(f"pid {lat_pid} is not an active latency flow: {lat}")
+    if not lat or lat["class"] != "latency":
+        fail(f"pid {lat_pid} is not a latency flow: {lat}")
+    if not any(f["active"] and f["class"] == "latency" and f["tenant"] == lat["tenant"] for f in flows):
+        fail(f"no latency flow of pid {lat_pid}'s tenant is active")
     if not bw or bw["class"] != "bandwidth" or not bw["active"]:
         fail(f"pid {bw_pid} is not an active bandwidth flow: {bw}")
-    if lat["allot_bytes_per_sec"] is not None:
-        fail(f"the latency flow has an allotment: {lat['allot_bytes_per_sec']}")
+    shaped = [f for f in flows if f["class"] == "latency" and f["allot_bytes_per_sec"] is not None]
+    if shaped:
+        fail(f"a latency flow has an allotment: {shaped[0]}")
     max_rate = status["max_rate"]
     target_ns = status["target_p99_ns"]
     if not target_ns:
@@ -67,7 +72,7 @@ def main(argv):
     own = [f for f in active if f["class"] == "bandwidth" and f["tenant"] == bw["tenant"]]
     expected = pace / tenants["bandwidth"] / len(own)
     got = bw["allot_bytes_per_sec"]
-    if got is None or abs(got - expected) > max(1.0, 1e-9 * expected):
+    if got is None or abs(got - expected) > 0.01 * expected:
         fail(
             f"bandwidth flow allotted {got} B/s, the law gives {expected:.0f} "
             f"(fraction {law['fraction']}, others' load {law['other_bytes_per_sec']:.0f} B/s, "
