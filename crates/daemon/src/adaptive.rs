@@ -1,5 +1,5 @@
 //! `policy = "adaptive"`: justitia-core's adaptive law
-//! ([`AdaptiveLaw`](justitia_core::adaptive::AdaptiveLaw)) on the host, driven as the
+//! ([`justitia_core::adaptive::AdaptiveLaw`]) on the host, driven as the
 //! simulator's driver drives it, its plan published as each flow's allotment.
 //!
 //! What the driver does, each step a call into the core:
@@ -17,7 +17,7 @@
 //!   others' load; whenever the active flows change in between,
 //!   [`AdaptiveLaw::plan`](justitia_core::adaptive::AdaptiveLaw::plan) gives the plan for
 //!   the new counts at once. The plan becomes one allotment per flow with the core's
-//!   [`allotments`](justitia_core::adaptive::allotments::allotments) (by tenant and weight,
+//!   [`justitia_core::adaptive::allotments::allotments`] (by tenant and weight,
 //!   then among a tenant's own flows), which the server publishes in the tenants' pages as
 //!   it publishes Justitia's.
 //!
