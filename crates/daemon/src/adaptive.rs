@@ -21,6 +21,12 @@
 //!   then among a tenant's own flows), which the server publishes in the tenants' pages as
 //!   it publishes Justitia's.
 //!
+//! Cost: a plan allocates (the active flows' list, the tenants' counts, the allotments),
+//! where the loop's own update does not; it runs only on a wake-up that updated the loop or
+//! changed the flows, and with the update it costs about what the loop's update after a
+//! change of flows does (`loop_update` bench: `adaptive_update` plus `adaptive_allotments`,
+//! 0.4 us / 4.9 us / 0.49 ms for 1 / 100 / 10 000 flows).
+//!
 //! Invariants: only active flows count and get an allotment (an idle flow's share goes to
 //! the others at the next plan); the allotments change only when a plan is made, and each
 //! plan that changes them raises [`AdaptiveDriver::generation`].

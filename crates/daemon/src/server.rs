@@ -19,8 +19,9 @@
 //! seen then is collected on the next wake-up (or one the completion channel causes), and
 //! every completion carries the time it happened, so a probe's latency runs from a
 //! timestamp taken just before its post to its completion, whenever the loop collects it.
-//! A wake-up allocates nothing, and the status is published only when an update ran or
-//! the flows changed. It makes no policy decision of its own: registrations, activity and
+//! A wake-up allocates nothing (under `policy = "adaptive"`, except one that plans: see
+//! [`crate::adaptive`]), and the status is published only when an update ran or the flows
+//! changed. It makes no policy decision of its own: registrations, activity and
 //! probe samples go into the [`ControlLoop`], and whatever allotments it hands out are
 //! published into the tenants' pages.
 //!
