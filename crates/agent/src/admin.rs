@@ -64,6 +64,28 @@ pub struct StatusReport {
     pub cgroups: usize,
     /// The controller's mode.
     pub mode: String,
+    /// The adaptive law's state under `policy = "adaptive"`; absent under `justitia` (and
+    /// from a daemon that does not report it). Boxed: the status stays small beside the
+    /// other answers.
+    #[serde(default)]
+    pub adaptive: Option<Box<AdaptiveStatus>>,
+}
+
+/// The adaptive law's state on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdaptiveStatus {
+    /// The rate the bandwidth flows are paced at together, bytes/s; `None`: not paced.
+    pub pace_bytes_per_sec: Option<f64>,
+    /// The chunk size bandwidth requests are cut to, bytes.
+    pub chunk_bytes: u32,
+    /// The pacing fraction (1 until a violation at the smallest chunk).
+    pub fraction: f64,
+    /// The headroom below the drain rate.
+    pub headroom: f64,
+    /// Violations that shrank the chunk or the rate so far.
+    pub decreases: u64,
+    /// The latency and throughput flows' load at the last update, bytes/s.
+    pub other_bytes_per_sec: f64,
 }
 
 /// One registered flow.

@@ -67,7 +67,7 @@ pub fn status(args: &AdminArgs) -> Result<()> {
 
 /// The status as `justitia status` prints it.
 fn status_table(s: &StatusReport) -> String {
-    format!(
+    let mut out = format!(
         "device     {}  profile {}  boot {:#x}\n\
          SafeUtil   {:.2} Gb/s of {:.2} Gb/s\n\
          Current99  {}\n\
@@ -92,7 +92,22 @@ fn status_table(s: &StatusReport) -> String {
         s.mode,
         s.tenants,
         s.cgroups
-    )
+    );
+    match &s.adaptive {
+        None => out.push_str("policy     justitia\n"),
+        Some(a) => out.push_str(&format!(
+            "policy     adaptive\n\
+             adaptive   pace {}  chunk {} B  fraction {:.3}  headroom {:.3}  decreases {}  others' load {:.2} Gb/s\n",
+            a.pace_bytes_per_sec
+                .map_or("unpaced".into(), |p| format!("{:.2} Gb/s", p * 8e-9)),
+            a.chunk_bytes,
+            a.fraction,
+            a.headroom,
+            a.decreases,
+            a.other_bytes_per_sec * 8e-9
+        )),
+    }
+    out
 }
 
 /// `justitia flows`.
@@ -186,7 +201,33 @@ mod tests {
             tenants: 1,
             cgroups: 0,
             mode: "normal".into(),
+            adaptive: None,
         }
+    }
+
+    /// The policy's line, and adaptive's state under it: 2.925e9 B/s is 23.40 Gb/s.
+    #[test]
+    fn the_table_names_the_policy_and_adaptives_state() {
+        assert!(status_table(&report(None)).contains("policy     justitia\n"));
+        let s = StatusReport {
+            adaptive: Some(Box::new(justitia_agent::admin::AdaptiveStatus {
+                pace_bytes_per_sec: Some(2.925e9),
+                chunk_bytes: 2400,
+                fraction: 0.9,
+                headroom: 0.975,
+                decreases: 4,
+                other_bytes_per_sec: 0.0,
+            })),
+            ..report(None)
+        };
+        let table = status_table(&s);
+        assert!(table.contains("policy     adaptive\n"), "{table}");
+        assert!(
+            table.contains("adaptive   pace 23.40 Gb/s  chunk 2400 B  fraction 0.900"),
+            "{table}"
+        );
+        let json: serde_json::Value = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["adaptive"]["chunk_bytes"], 2400, "{json}");
     }
 
     #[test]

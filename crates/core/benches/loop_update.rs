@@ -1,7 +1,7 @@
 //! The cost of one control-loop update for 1, 100 and 10 000 registered flows.
 //!
 //! `update` is the common case: a probe completes and the RefPeriod update runs. The
-//! loop runs the paper's fixed step with a one-sample window and the probe is above
+//! loop runs the paper's fixed step and violation rule with a one-sample window and the probe is above
 //! Target99 once in 100 updates, so every update moves SafeUtil (99 steps up, one
 //! halving to the floor) and rewrites every allotment: the most an update does without a
 //! change of flows. `update_after_flow_change` adds one flow going idle or resuming before
@@ -19,7 +19,9 @@
 //! stepped with a measured tail above the target once in 100 updates; `adaptive_pick` is
 //! the per-chunk cost of dealing the bandwidth stream among tenants, one
 //! `TenantRoundRobin::pick` over the bandwidth flows' queue pairs, every one ready, the
-//! flows a tenant each (weights 1 to 4).
+//! flows a tenant each (weights 1 to 4); `adaptive_allotments` is what `justitiad` adds to
+//! each update under `policy = "adaptive"`, the plan split into one allotment per flow
+//! (`adaptive::allotments`).
 //!
 //! On the shared 2-core development VM (criterion means, 1 / 100 / 10 000 flows):
 //! `update` 75 ns / 169 ns / 11.3 us; `update_after_flow_change` 67 ns / 636 ns / 56 us;
@@ -29,7 +31,12 @@
 //! (`-- --warm-up-time 1 --measurement-time 2`, the VM busier): `update` 147 ns / 325 ns /
 //! 32 us, `update_after_flow_change` 86 ns / 1.19 us / 303 us; `adaptive_update` 491 ns /
 //! 1.49 us / 119 us (the tenant count's map of tenants and classes is most of it: the law's
-//! own step does not depend on the flows); `adaptive_pick` 35 ns / 64 ns / 98 ns.
+//! own step does not depend on the flows); `adaptive_pick` 35 ns / 64 ns / 98 ns. With
+//! `adaptive_allotments` beside them (same options, the VM busier still, `update` too noisy
+//! to read): `update_after_flow_change` 208 ns / 5.1 us / 486 us, `adaptive_update` 233 ns /
+//! 1.74 us / 211 us, `adaptive_allotments` 165 ns / 3.13 us / 282 us: justitiad's update
+//! under `adaptive` (the two together) costs about what Justitia's does after a change of
+//! flows.
 
 // criterion's macros generate the bench's entry points without documentation.
 #![allow(missing_docs)]
@@ -38,10 +45,13 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use justitia_core::adaptive::allotments::{allotments, HostFlow};
 use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveLaw, Observation, TenantRoundRobin, TenantWeights,
 };
-use justitia_core::control_loop::{ControlLoop, Event, FlowRegistration, LoopConfig, Target99};
+use justitia_core::control_loop::{
+    ControlLoop, Event, FlowRegistration, LoopConfig, Target99, ViolationRule,
+};
 use justitia_core::controller::IncreaseLaw;
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::profile::RnicProfile;
@@ -59,6 +69,8 @@ fn setup(flows: u64, many_tenants: bool) -> (ControlLoop, Duration) {
         target: Target99::Absolute(TARGET),
         increase: IncreaseLaw::Fixed,
         window: 1,
+        // The paper's comparison: the default rule refuses a one-sample window.
+        violation: ViolationRule::Current99,
         idle_grace_periods: 0,
         ..LoopConfig::default()
     };
@@ -199,6 +211,27 @@ fn bench(c: &mut Criterion) {
                     };
                     black_box(law.update(now, &o));
                 });
+            },
+        );
+        // What justitiad adds to each update under `policy = "adaptive"`: the plan split
+        // into one allotment per flow.
+        group.bench_with_input(
+            BenchmarkId::new("adaptive_allotments", flows),
+            &flows,
+            |b, _| {
+                let config = AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20);
+                let law = AdaptiveLaw::new(config).unwrap_or_else(|e| panic!("{e}"));
+                let host: Vec<HostFlow> = specs
+                    .iter()
+                    .map(|&spec| HostFlow { spec, qps: 1 })
+                    .collect();
+                let plan = law.plan(&Observation {
+                    tenants: TenantWeights::of(&specs),
+                    target99: Some(TARGET),
+                    current99: None,
+                    other_bytes_per_sec: 1e8,
+                });
+                b.iter(|| black_box(allotments(&law, &plan, black_box(&host))));
             },
         );
         group.bench_with_input(BenchmarkId::new("adaptive_pick", flows), &flows, |b, _| {

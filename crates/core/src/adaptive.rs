@@ -89,6 +89,7 @@
 
 use std::time::Duration;
 
+pub mod allotments;
 pub mod resources;
 pub mod tenants;
 

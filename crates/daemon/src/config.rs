@@ -10,6 +10,7 @@
 //! | `device` | first device with an active port | RDMA device the reference flow runs on |
 //! | `port` | first active port of `device` | its port |
 //! | `gid_index` | 0 | GID index of the loopback connection (RoCE) |
+//! | `policy` | `"justitia"` | the policy bandwidth and throughput flows are shaped by: `"justitia"` (the control loop's SafeUtil split among the flows), or `"adaptive"` (the adaptive law: bandwidth flows paced together just below what the transmitter drains, in chunks sized from Current99; see [`crate::adaptive`]) |
 //! | `profile` | looked up from the port's link layer and speed x width | RNIC profile name (`roce-100`, `ib-56`, ...) |
 //! | `target` | `"2x"` | Target99: `"150us"`, `"2ms"`, `"800ns"` absolute, or `"2.5x"` the probe's idle p99 |
 //! | `ref_period_us` | 500 | RefPeriod: probe interval and control interval (with no latency flow, no probe runs and the loop updates every 10 RefPeriods, acting on any change at the next RefPeriod tick) |
@@ -67,6 +68,25 @@ pub enum AdmissionPolicy {
     Refuse,
 }
 
+/// Which policy shapes the resource-hungry flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Justitia's control loop: SafeUtil split among the flows.
+    Justitia,
+    /// The adaptive law (see [`crate::adaptive`]).
+    Adaptive,
+}
+
+impl PolicyKind {
+    /// The name the configuration, the metrics and `justitia status` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Justitia => "justitia",
+            PolicyKind::Adaptive => "adaptive",
+        }
+    }
+}
+
 /// What makes two flows one tenant's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TenantBy {
@@ -87,6 +107,8 @@ pub struct Config {
     pub gid_index: u8,
     /// Profile name.
     pub profile: Option<String>,
+    /// The shaping policy.
+    pub policy: PolicyKind,
     /// Target99.
     pub target: Target99,
     /// RefPeriod.
@@ -128,6 +150,7 @@ impl Default for Config {
             port: None,
             gid_index: 0,
             profile: None,
+            policy: PolicyKind::Justitia,
             target: Target99::IdleMultiple(2.0),
             ref_period: Duration::from_micros(500),
             probe_timeout: Duration::from_millis(5),
@@ -266,6 +289,18 @@ impl Config {
             justitia_core::profile::RnicProfile::builtin(&s)
                 .map_err(|e| err("profile", e.to_string()))?;
             c.profile = Some(s);
+        }
+        if let Some(v) = take("policy") {
+            c.policy = match string("policy", v)?.as_str() {
+                "justitia" => PolicyKind::Justitia,
+                "adaptive" => PolicyKind::Adaptive,
+                other => {
+                    return Err(err(
+                        "policy",
+                        format!("`{other}` is neither `justitia` nor `adaptive`"),
+                    ))
+                }
+            };
         }
         if let Some(v) = take("target") {
             c.target = parse_target(&string("target", v)?).map_err(|r| err("target", r))?;
@@ -590,12 +625,13 @@ mod tests {
         assert_eq!(c.ref_period, Duration::from_micros(500));
         assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9464"));
         assert_eq!(c.socket, PathBuf::from("/run/justitia/justitiad.sock"));
+        assert_eq!(c.policy, PolicyKind::Justitia);
     }
 
     #[test]
     fn keys_are_read() {
         let c = parse(
-            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\nmetrics = \"\"\ntenant = \"cgroup\"\n[weights]\n\"1000\" = 3\n",
+            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\npolicy = \"adaptive\"\nmetrics = \"\"\ntenant = \"cgroup\"\n[weights]\n\"1000\" = 3\n",
         )
         .unwrap();
         assert_eq!(c.device.as_deref(), Some("rxe0"));
@@ -606,6 +642,7 @@ mod tests {
         assert_eq!(c.metrics, None);
         assert_eq!(c.weights.get(&1000), Some(&3));
         assert_eq!(c.tenant, TenantBy::Cgroup);
+        assert_eq!(c.policy, PolicyKind::Adaptive);
     }
 
     #[test]
@@ -621,6 +658,12 @@ mod tests {
             ("admission = \"maybe\"", "admission", "neither"),
             ("probe = \"magic\"", "probe", "neither"),
             ("tenant = \"user\"", "tenant", "neither"),
+            (
+                "policy = \"perf\"",
+                "policy",
+                "neither `justitia` nor `adaptive`",
+            ),
+            ("policy = 1", "policy", "expected a string"),
             ("[weights]\nalice = 2", "weights.alice", "numeric uid"),
             ("[weights]\n\"5\" = 0", "weights.5", "out of range"),
             ("tagret = \"2x\"", "tagret", "unknown key"),

@@ -7,6 +7,7 @@
 //!
 //! | module | what it owns |
 //! | --- | --- |
+//! | [`adaptive`] | `policy = "adaptive"`: the core's adaptive law driven on the host |
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
@@ -15,6 +16,7 @@
 //! | [`peer`] | the peer channel's socket, discovery and metrics (`justitia-peer` on UDP) |
 //! | [`tenant`] | peer identity (pidfd, pid 0) and tenants by cgroup |
 
+pub mod adaptive;
 pub mod config;
 pub mod limits;
 pub mod metrics;

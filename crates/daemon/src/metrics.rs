@@ -23,6 +23,13 @@ pub struct Tenant {
     pub uid: String,
 }
 
+/// The policy's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    /// `justitia` or `adaptive`.
+    pub policy: String,
+}
+
 /// Every metric the daemon exports.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -34,6 +41,19 @@ pub struct Metrics {
     pub current_p99: Gauge<f64, AtomicU64>,
     /// Target99, seconds.
     pub target_p99: Gauge<f64, AtomicU64>,
+    /// 1 for the policy in effect.
+    pub policy: Family<PolicyLabel, Gauge>,
+    /// `adaptive`: the rate the bandwidth flows are paced at together, bytes/s (NaN: not
+    /// paced, or another policy).
+    pub adaptive_pace: Gauge<f64, AtomicU64>,
+    /// `adaptive`: the chunk size, bytes (0 under another policy).
+    pub adaptive_chunk: Gauge,
+    /// `adaptive`: the pacing fraction (NaN under another policy).
+    pub adaptive_fraction: Gauge<f64, AtomicU64>,
+    /// `adaptive`: violations that shrank the chunk or the rate.
+    pub adaptive_decreases: Counter,
+    /// `adaptive`: the latency and throughput flows' load at the last update, bytes/s.
+    pub adaptive_other_load: Gauge<f64, AtomicU64>,
     /// L, B, T by class.
     pub flows_counted: Family<Label, Gauge>,
     /// Registered flows.
@@ -89,6 +109,12 @@ impl Metrics {
             max_rate: Gauge::default(),
             current_p99: Gauge::default(),
             target_p99: Gauge::default(),
+            policy: Family::default(),
+            adaptive_pace: Gauge::default(),
+            adaptive_chunk: Gauge::default(),
+            adaptive_fraction: Gauge::default(),
+            adaptive_decreases: Counter::default(),
+            adaptive_other_load: Gauge::default(),
             flows_counted: Family::default(),
             flows_registered: Gauge::default(),
             tenant_allotment: Family::default(),
@@ -148,6 +174,36 @@ impl Metrics {
             "target_p99_seconds",
             "Target99 in effect (NaN: an idle multiple not yet measured)",
             self.target_p99.clone(),
+        );
+        r.register(
+            "policy",
+            "The shaping policy in effect (1 for its label)",
+            self.policy.clone(),
+        );
+        r.register(
+            "adaptive_pace_bytes_per_second",
+            "adaptive: the rate the bandwidth flows are paced at together (NaN: not paced, or another policy)",
+            self.adaptive_pace.clone(),
+        );
+        r.register(
+            "adaptive_chunk_bytes",
+            "adaptive: the chunk size bandwidth requests are cut to (0 under another policy)",
+            self.adaptive_chunk.clone(),
+        );
+        r.register(
+            "adaptive_pace_fraction",
+            "adaptive: the pacing fraction, 1 until a violation at the smallest chunk (NaN under another policy)",
+            self.adaptive_fraction.clone(),
+        );
+        r.register(
+            "adaptive_decreases",
+            "adaptive: violations that shrank the chunk or the rate",
+            self.adaptive_decreases.clone(),
+        );
+        r.register(
+            "adaptive_other_load_bytes_per_second",
+            "adaptive: the latency and throughput flows' reported load at the last update",
+            self.adaptive_other_load.clone(),
         );
         r.register(
             "flows_counted",

@@ -19,8 +19,9 @@
 //! seen then is collected on the next wake-up (or one the completion channel causes), and
 //! every completion carries the time it happened, so a probe's latency runs from a
 //! timestamp taken just before its post to its completion, whenever the loop collects it.
-//! A wake-up allocates nothing, and the status is published only when an update ran or
-//! the flows changed. It makes no policy decision of its own: registrations, activity and
+//! A wake-up allocates nothing (under `policy = "adaptive"`, except one that plans: see
+//! [`crate::adaptive`]), and the status is published only when an update ran or the flows
+//! changed. It makes no policy decision of its own: registrations, activity and
 //! probe samples go into the [`ControlLoop`], and whatever allotments it hands out are
 //! published into the tenants' pages.
 //!
@@ -68,7 +69,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use justitia_agent::admin::{
-    AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
+    AdaptiveStatus, AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
 };
 use justitia_agent::block::{
     monotonic_ns, phase_to_fixed, random_boot_id, BlockStatus, BlockWriter, SlotAllotment,
@@ -90,7 +91,8 @@ use rustix::net::{
 };
 use tracing::{debug, error, info, warn};
 
-use crate::config::{group_id, parse_target, AdmissionPolicy, Config, TenantBy};
+use crate::adaptive::{AdaptiveDriver, DriverFlow};
+use crate::config::{group_id, parse_target, AdmissionPolicy, Config, PolicyKind, TenantBy};
 use crate::limits::{LogKind, LogLimiter, SlotCounts};
 use crate::metrics::{Label, Metrics, Tenant};
 use crate::peer::PeerLink;
@@ -243,6 +245,12 @@ pub struct Daemon {
     last_watchdog: u64,
     /// The peer channel, when configured.
     peer: Option<PeerLink>,
+    /// With `policy = "adaptive"`: the adaptive law's driver, whose allotments are
+    /// published instead of the loop's.
+    adaptive: Option<AdaptiveDriver>,
+    /// The loop's updates and generation, the flows and the active flows the adaptive
+    /// driver last planned for.
+    adaptive_seen: (u64, u64, usize, usize),
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -384,6 +392,13 @@ impl Daemon {
             Duration::from_nanos(now_ns()),
         )
         .map_err(|e| StartError::Other(format!("control loop: {e}")))?;
+        let adaptive = match config.policy {
+            PolicyKind::Justitia => None,
+            PolicyKind::Adaptive => Some(
+                AdaptiveDriver::new(&profile)
+                    .map_err(|e| StartError::Other(format!("policy adaptive: {e}")))?,
+            ),
+        };
         let boot_id = random_boot_id();
         let block = BlockWriter::create_shared(boot_id, config.stale_after.as_nanos() as u64)
             .map_err(|e| StartError::Other(format!("control block: {e}")))?;
@@ -401,6 +416,16 @@ impl Daemon {
         )?;
         own_admin_socket(&config);
         metrics.max_rate.set(profile.max_rate_bytes_per_sec());
+        metrics
+            .policy
+            .get_or_create(&crate::metrics::PolicyLabel {
+                policy: config.policy.as_str().into(),
+            })
+            .set(1);
+        if config.policy != PolicyKind::Adaptive {
+            metrics.adaptive_pace.set(f64::NAN);
+            metrics.adaptive_fraction.set(f64::NAN);
+        }
         let sys = |what: &'static str| {
             move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))
         };
@@ -508,6 +533,8 @@ impl Daemon {
             watchdog_ns: None,
             last_watchdog: 0,
             peer,
+            adaptive,
+            adaptive_seen: (0, 0, 0, 0),
         })
     }
 
@@ -551,6 +578,7 @@ impl Daemon {
             self.lp.handle_timeout(now_d);
         }
         self.drain_events();
+        self.drive_adaptive();
         self.flush_peer();
         let now = now_ns();
         self.block.beat(now);
@@ -815,7 +843,11 @@ impl Daemon {
                     self.probes_lost += 1;
                     self.metrics.probes_lost.inc();
                 }
-                Event::AllotmentsChanged { .. } => self.publish_allotments(),
+                // Under `adaptive` the driver publishes its own allotments.
+                Event::AllotmentsChanged { .. } if self.adaptive.is_none() => {
+                    self.publish_allotments()
+                }
+                Event::AllotmentsChanged { .. } => {}
                 Event::TargetMeasured { idle_p99, target } => {
                     info!(
                         idle_p99_us = idle_p99.as_secs_f64() * 1e6,
@@ -833,7 +865,11 @@ impl Daemon {
     /// Publishes the status into the block and the metrics when an update ran or the
     /// flows changed since the last publication; otherwise there is nothing new.
     fn publish_status(&mut self) {
-        let key = (self.lp.updates(), self.flows.len(), self.lp.generation());
+        let key = (
+            self.lp.updates(),
+            self.flows.len(),
+            self.lp.generation() ^ self.adaptive.as_ref().map_or(0, |d| d.generation() << 32),
+        );
         if self.published == Some(key) {
             return;
         }
@@ -858,9 +894,99 @@ impl Daemon {
             gauge.set(i64::from(n));
         }
         self.metrics.flows_registered.set(self.flows.len() as i64);
+        if let Some(a) = self.adaptive.as_ref().map(AdaptiveDriver::state) {
+            self.metrics
+                .adaptive_pace
+                .set(a.pace_bytes_per_sec.unwrap_or(f64::NAN));
+            self.metrics.adaptive_chunk.set(i64::from(a.chunk_bytes));
+            self.metrics.adaptive_fraction.set(a.fraction);
+            self.metrics.adaptive_other_load.set(a.other_bytes_per_sec);
+            let counted = self.metrics.adaptive_decreases.get();
+            self.metrics
+                .adaptive_decreases
+                .inc_by(a.decreases.saturating_sub(counted));
+        }
+    }
+
+    /// With `policy = "adaptive"`, after the loop's update or a change of flows: the law
+    /// takes feedback or plans for the new counts, and the allotments are published when
+    /// they changed. Nothing is done (nor allocated) when neither happened.
+    fn drive_adaptive(&mut self) {
+        let Some(driver) = &mut self.adaptive else {
+            return;
+        };
+        let seen = (
+            self.lp.updates(),
+            self.lp.generation(),
+            self.flows.len(),
+            self.flows.values().filter(|f| f.active).count(),
+        );
+        if seen == self.adaptive_seen {
+            return;
+        }
+        let updated = seen.0 != self.adaptive_seen.0;
+        self.adaptive_seen = seen;
+        let weights = &self.config.weights;
+        let flows = self.flows.iter().map(|(&id, f)| DriverFlow {
+            flow: justitia_core::adaptive::allotments::HostFlow {
+                spec: FlowSpec {
+                    id: FlowId(id),
+                    tenant: TenantId(f.tenant),
+                    class: f.class,
+                    weight: weights
+                        .get(&f.uid)
+                        .and_then(|&w| Weight::new(w).ok())
+                        .unwrap_or(Weight::ONE),
+                },
+                qps: f.qps,
+            },
+            active: f.active,
+            bytes: f.bytes,
+        });
+        let target = self.lp.target().value;
+        let changed = if updated {
+            let now = Duration::from_nanos(now_ns());
+            driver.update(now, flows, target, self.lp.current_p99())
+        } else {
+            driver.flows_changed(flows, target)
+        };
+        if changed {
+            self.publish_allotments();
+        }
     }
 
     fn slot_of(&self, id: u64, f: &Flow) -> SlotAllotment {
+        if let Some(driver) = &self.adaptive {
+            return match driver.allotment(id) {
+                Some(a) => SlotAllotment {
+                    flow: id,
+                    state: SlotState::Allotted,
+                    bytes_per_sec: (a.bytes_per_sec as u64).max(1),
+                    ops_per_sec: a.ops_per_sec.map_or(0, |o| (o as u64).max(1)),
+                    chunk_bytes: u64::from(a.chunk_bytes),
+                    token_bytes: u64::from(a.chunk_bytes),
+                    generation: driver.generation(),
+                    // One phase for all: each flow's pacer on its own schedule.
+                    phase_offset: 0,
+                    phase_epoch: 0,
+                },
+                None => SlotAllotment {
+                    flow: id,
+                    state: if f.class.is_resource_hungry() {
+                        SlotState::Allotted
+                    } else {
+                        SlotState::Unshaped
+                    },
+                    bytes_per_sec: 0,
+                    ops_per_sec: 0,
+                    chunk_bytes: 0,
+                    token_bytes: 0,
+                    generation: driver.generation(),
+                    phase_offset: 0,
+                    phase_epoch: 0,
+                },
+            };
+        }
         match self.lp.allotment(FlowId(id)) {
             Some(a) => SlotAllotment {
                 flow: id,
@@ -1564,6 +1690,7 @@ impl Daemon {
             ("slots", new.slots != old.slots),
             ("stale_after_ms", new.stale_after != old.stale_after),
             ("tenant", new.tenant != old.tenant),
+            ("policy", new.policy != old.policy),
             ("peer", new.peer != old.peer),
         ];
         for (key, changed) in restart_only {
@@ -1589,6 +1716,7 @@ impl Daemon {
             slots: old.slots,
             stale_after: old.stale_after,
             tenant: old.tenant,
+            policy: old.policy,
             peer: old.peer,
             ..new
         };
@@ -1780,7 +1908,7 @@ impl Daemon {
                         qps: f.qps,
                         active: f.active,
                         admission: f.admission.as_str().into(),
-                        allot_bytes_per_sec: self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
+                        allot_bytes_per_sec: self.allotted_bytes(id),
                         remote: f
                             .remote
                             .map(|(peer, role)| peering::describe_remote(peer, role)),
@@ -1804,6 +1932,14 @@ impl Daemon {
                 },
                 Err(e) => AdminReply::Error(e),
             },
+        }
+    }
+
+    /// A flow's allotted bytes/s under the policy in effect.
+    fn allotted_bytes(&self, id: u64) -> Option<f64> {
+        match &self.adaptive {
+            Some(driver) => driver.allotment(id).map(|a| a.bytes_per_sec),
+            None => self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
         }
     }
 
@@ -1833,6 +1969,17 @@ impl Daemon {
                 ControlMode::Normal => "normal".into(),
                 ControlMode::Unattainable { .. } => "unattainable".into(),
             },
+            adaptive: self.adaptive.as_ref().map(|d| {
+                let a = d.state();
+                Box::new(AdaptiveStatus {
+                    pace_bytes_per_sec: a.pace_bytes_per_sec,
+                    chunk_bytes: a.chunk_bytes,
+                    fraction: a.fraction,
+                    headroom: a.headroom,
+                    decreases: a.decreases,
+                    other_bytes_per_sec: a.other_bytes_per_sec,
+                })
+            }),
         }
     }
 }

@@ -6,7 +6,9 @@
 # class, a request too small to split) and through the shaped path of a throughput flow
 # paced by operations (16 B requests, the pacer asked about each) and through the shaped
 # path of a bandwidth flow following the allotment a stand-in daemon publishes in a control
-# block (the pacer asked about each request at the allotted rate), counts the instructions
+# block (the pacer asked about each request at the allotted rate), and the same under
+# JUSTITIA_POLICY=adaptive with the allotment an adaptive daemon publishes (bytes only, no
+# release phase), counts the instructions
 # executed inside the post and poll calls only, and prints them per request and what the
 # shaper adds, each beside its target.
 # Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).
@@ -33,7 +35,8 @@ shaper=$(count shaper)
 shaped=$(count shaped)
 paced=$(count paced)
 follow=$(count follow)
-awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v n="$n" 'BEGIN {
+adaptive=$(count follow-adaptive)
+awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v a="$adaptive" -v n="$n" 'BEGIN {
   printf "instructions per post+poll, %d iterations (callgrind, mock provider)\n", n
   printf "  direct to provider : %8.1f\n", d / n
   printf "  through the shaper : %8.1f\n", s / n
@@ -41,4 +44,5 @@ awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v
   printf "  shaped path adds   : %8.1f (bandwidth class, request not split; target: under 300)\n", (x - d) / n
   printf "  paced path adds    : %8.1f (throughput class, 16 B paced by ops; target: under 300)\n", (p - d) / n
   printf "  following adds     : %8.1f (bandwidth class at the daemon'"'"'s allotment; target: under 300)\n", (f - d) / n
+  printf "  adaptive adds      : %8.1f (the same under JUSTITIA_POLICY=adaptive, an adaptive daemon'"'"'s allotment; target: under 300)\n", (a - d) / n
 }'

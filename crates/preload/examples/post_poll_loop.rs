@@ -7,11 +7,14 @@
 //! reaches, so the pacer is asked about every request and never holds one back), or
 //! through the shaped path of a bandwidth flow that follows the daemon (`follow`: the rate
 //! is the allotment a stand-in for `justitiad` publishes in a control block, 100 GB/s and
-//! 1 G ops/s with a release phase, read by the shaper's follower before the loop starts).
+//! 1 G ops/s with a release phase, read by the shaper's follower before the loop starts),
+//! or the same under `JUSTITIA_POLICY=adaptive` (`follow-adaptive`: the allotment as a
+//! daemon running `policy = "adaptive"` publishes it, 100 GB/s by bytes only, no release
+//! phase).
 //! Run by `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
 //! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive N`
 
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
@@ -57,13 +60,20 @@ fn main() -> anyhow::Result<()> {
     let (shaped, class, rate) = match mode.as_str() {
         "direct" => (false, None, None),
         "shaper" => (true, None, None),
-        "shaped" | "follow" => (true, Some("bandwidth"), None),
+        "shaped" | "follow" | "follow-adaptive" => (true, Some("bandwidth"), None),
         "paced" => (true, Some("throughput"), Some("100G:1G")),
         other => {
-            anyhow::bail!("mode must be direct, shaper, shaped, paced or follow, not {other}")
+            anyhow::bail!(
+                "mode must be direct, shaper, shaped, paced, follow or follow-adaptive, not {other}"
+            )
         }
     };
-    let daemon = (mode == "follow").then(StandIn::start).transpose()?;
+    let adaptive = mode == "follow-adaptive";
+    let daemon = match mode.as_str() {
+        "follow" => Some(StandIn::start(justitia_allotment())?),
+        "follow-adaptive" => Some(StandIn::start(adaptive_allotment())?),
+        _ => None,
+    };
     let socket = daemon.as_ref().map(|d| d.path.display().to_string());
 
     let dev = MockDevice::new();
@@ -74,6 +84,7 @@ fn main() -> anyhow::Result<()> {
             match name {
                 "JUSTITIA_CLASS" => class,
                 "JUSTITIA_RATE" => rate,
+                "JUSTITIA_POLICY" => adaptive.then_some("adaptive"),
                 "JUSTITIA_DAEMON" => Some(if socket.is_some() { "on" } else { "off" }),
                 "JUSTITIA_SOCKET" => socket.as_deref(),
                 _ => None,
@@ -148,6 +159,33 @@ fn main() -> anyhow::Result<()> {
 const ALLOTTED_BYTES_PER_SEC: u64 = 100_000_000_000;
 const ALLOTTED_OPS_PER_SEC: u64 = 1_000_000_000;
 
+/// The allotment a daemon running `justitia` publishes: bytes and operations, a release
+/// phase.
+fn justitia_allotment() -> SlotAllotment {
+    SlotAllotment {
+        flow: 1,
+        state: SlotState::Allotted,
+        bytes_per_sec: ALLOTTED_BYTES_PER_SEC,
+        ops_per_sec: ALLOTTED_OPS_PER_SEC,
+        chunk_bytes: 5120,
+        token_bytes: 5120,
+        generation: 1,
+        phase_offset: phase_to_fixed(0.5),
+        phase_epoch: 1,
+    }
+}
+
+/// The allotment a daemon running `adaptive` publishes for a bandwidth flow: bytes only,
+/// no release phase.
+fn adaptive_allotment() -> SlotAllotment {
+    SlotAllotment {
+        ops_per_sec: 0,
+        phase_offset: 0,
+        phase_epoch: 0,
+        ..justitia_allotment()
+    }
+}
+
 /// What `justitiad` does for one flow, and no more: listens on a socket, greets a shaper
 /// with a control block, answers its registration with slot 0, and publishes the
 /// allotment there. The control loop is not needed to measure a post that follows it.
@@ -158,7 +196,7 @@ struct StandIn {
 }
 
 impl StandIn {
-    fn start() -> anyhow::Result<StandIn> {
+    fn start(slot: SlotAllotment) -> anyhow::Result<StandIn> {
         let path = std::env::temp_dir().join(format!("justitia-bench-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = rustix::net::socket_with(
@@ -175,7 +213,7 @@ impl StandIn {
         let page = Arc::new(BlockWriter::create_tenant_page(1, 7)?);
         let (b, w) = (Arc::clone(&block), Arc::clone(&page));
         std::thread::spawn(move || {
-            if let Err(e) = serve(&listener, &b, &w) {
+            if let Err(e) = serve(&listener, &b, &w, slot) {
                 eprintln!("stand-in daemon: {e}");
             }
         });
@@ -209,7 +247,12 @@ impl Drop for StandIn {
     }
 }
 
-fn serve(listener: &OwnedFd, block: &BlockWriter, writer: &BlockWriter) -> anyhow::Result<()> {
+fn serve(
+    listener: &OwnedFd,
+    block: &BlockWriter,
+    writer: &BlockWriter,
+    slot: SlotAllotment,
+) -> anyhow::Result<()> {
     let sock = rustix::net::accept(listener)?;
     let hello = Reply::Hello { boot_id: 7 }.encode();
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
@@ -237,20 +280,7 @@ fn serve(listener: &OwnedFd, block: &BlockWriter, writer: &BlockWriter) -> anyho
         let Ok(Request::Register(r)) = Request::parse(&buf[..got.bytes]) else {
             continue;
         };
-        writer.set_slot(
-            0,
-            SlotAllotment {
-                flow: 1,
-                state: SlotState::Allotted,
-                bytes_per_sec: ALLOTTED_BYTES_PER_SEC,
-                ops_per_sec: ALLOTTED_OPS_PER_SEC,
-                chunk_bytes: 5120,
-                token_bytes: 5120,
-                generation: 1,
-                phase_offset: phase_to_fixed(0.5),
-                phase_epoch: 1,
-            },
-        );
+        writer.set_slot(0, slot);
         let reply = Reply::Registered {
             client_ref: r.client_ref,
             flow: 1,

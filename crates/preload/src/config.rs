@@ -54,6 +54,10 @@ pub enum Policy {
     Justitia,
     /// Split into sub-messages with zero-length WRITE yields between them, unpaced (PeRF).
     Preempt,
+    /// Split into chunks and pace them at the allotments of a `justitiad` running
+    /// `policy = "adaptive"` (the chunk and rate its law plans); enforced as `Justitia`
+    /// is, so without a daemon it is `Justitia` on the static settings.
+    Adaptive,
 }
 
 /// Whether the shaper follows `justitiad`.
@@ -164,7 +168,8 @@ impl Config {
             config.policy = match v.to_ascii_lowercase().as_str() {
                 "justitia" => Policy::Justitia,
                 "preempt" => Policy::Preempt,
-                _ => return Err(error(var, &v, "expected justitia or preempt")),
+                "adaptive" => Policy::Adaptive,
+                _ => return Err(error(var, &v, "expected justitia, adaptive or preempt")),
             };
         }
         if let Some((var, v)) = get("JUSTITIA_CHUNK") {
@@ -441,6 +446,17 @@ mod tests {
             DaemonSetting::On
         );
         assert!(parse(&[("JUSTITIA_CHUNK", "64K")]).unwrap().chunk_set);
+    }
+
+    #[test]
+    fn adaptive_is_a_policy_and_an_unknown_one_is_refused_by_name() {
+        let c = parse(&[("JUSTITIA_POLICY", "Adaptive")]).unwrap();
+        assert_eq!(c.policy, Policy::Adaptive);
+        let err = parse(&[("JUSTITIA_POLICY", "perf")]).unwrap_err();
+        assert!(
+            err.to_string().contains("justitia, adaptive or preempt"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -617,6 +617,16 @@ else
       result FAIL "daemon apps" "tests/vm/guest/daemon-apps.sh did not finish within 420 s"
     fi
   fi
+  # The daemon under `policy = "adaptive"`: its allotments follow the law, and the integrity
+  # checker under them finds no mismatch (two to four minutes).
+  if ! have_shaper; then
+    result SKIP "daemon adaptive" "$NO_SHAPER"
+  else
+    timeout 300 tests/vm/guest/daemon-adaptive.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$INTEGRITY"
+    if [ "$?" = 124 ]; then
+      result FAIL "daemon adaptive" "tests/vm/guest/daemon-adaptive.sh did not finish within 300 s"
+    fi
+  fi
   # The CDI spec of `justitia cdi` applied as a container runtime would (CDI_VALIDATOR:
   # deploy/validate's program, from run-tests.sh).
   if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ]; then
@@ -624,7 +634,7 @@ else
   else
     timeout 240 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR"
     if [ "$?" = 124 ]; then
-      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 240 s"
+      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 300 s"
     fi
   fi
 fi

@@ -463,7 +463,7 @@ impl Engine {
             FlowClass::Throughput if paced => Treatment::WholePaced,
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
-                Policy::Justitia => Treatment::Split {
+                Policy::Justitia | Policy::Adaptive => Treatment::Split {
                     chunk_bytes: state.chunk_bytes_for(self.chunk_bytes(), opcode, bytes),
                     paced,
                 },
@@ -489,7 +489,7 @@ impl Engine {
             FlowClass::Latency => whole(false),
             FlowClass::Throughput => whole(paced),
             FlowClass::Bandwidth => match self.config.policy {
-                Policy::Justitia => FastLane {
+                Policy::Justitia | Policy::Adaptive => FastLane {
                     whole_up_to: u64::from(self.chunk_bytes().max(path_mtu)),
                     paced,
                 },

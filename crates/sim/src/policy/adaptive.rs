@@ -50,11 +50,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
+use justitia_core::adaptive::allotments::{throughput_paces, HostFlow};
 use justitia_core::adaptive::{
     charged_to, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource,
     TenantRoundRobin, TenantWeights,
 };
-use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
+use justitia_core::flow::{FlowClass, FlowSpec};
 use justitia_core::pacer::{PaceRate, Pacer};
 
 use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
@@ -580,38 +581,18 @@ impl AdaptivePolicy {
         }
         let plan = self.plan_for(&Resource::SendPath, host);
         if let Some(throughput) = &mut self.throughput {
-            let present_qps: u32 = self
+            let present: Vec<HostFlow> = self
                 .throughput_qps
                 .iter()
-                .filter(|(id, _)| self.present.contains_key(id))
-                .map(|(_, &q)| q)
-                .sum();
-            // Each throughput tenant's weight and its throughput flows present.
-            let mut tenants: BTreeMap<TenantId, (u32, u32)> = BTreeMap::new();
-            for spec in self.present.values() {
-                if spec.class == FlowClass::Throughput {
-                    let t = tenants.entry(spec.tenant).or_insert((0, 0));
-                    *t = (t.0.max(spec.weight.get()), t.1 + 1);
-                }
-            }
-            for (&id, &qps) in &self.throughput_qps {
-                let Some(spec) = self.present.get(&id) else {
-                    continue;
-                };
-                let (weight, flows) = tenants.get(&spec.tenant).copied().unwrap_or((1, 1));
-                let ops = plan
-                    .throughput_share
-                    .map(|share| {
-                        self.law
-                            .throughput_ops_per_sec(share, weight, flows, qps, present_qps)
-                    })
-                    .filter(|ops| ops.is_finite());
+                .filter_map(|(id, &qps)| self.present.get(id).map(|&spec| HostFlow { spec, qps }))
+                .collect();
+            for (id, ops) in throughput_paces(&self.law, &plan, &present) {
                 let rate = ops.map(|ops| PaceRate {
                     bytes_per_sec: self.wire_bytes_per_sec,
                     ops_per_sec: Some(ops.max(1.0) as u64),
                     chunk_bytes: self.mtu,
                 });
-                throughput.set_pace(ctx, FlowId(id), rate);
+                throughput.set_pace(ctx, id, rate);
             }
             // The law counts flows by presence, not by the shaper's view of their work.
             throughput.take_activity();

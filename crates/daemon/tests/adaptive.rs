@@ -1,0 +1,171 @@
+//! `policy = "adaptive"`: the daemon publishes the adaptive law's plan as allotments. Every
+//! expected figure is worked out here from the law's documented formula
+//! (`justitia_core::adaptive`, steps 2-4 and 6) and the RoCE-100 profile, not by calling
+//! the law.
+//!
+//! RoCE-100: MaxRate 97 Gb/s = 12.125e9 B/s, MaxTput 105 M ops/s, 4 KB MTU, 1 MB chunks
+//! without latency flows. Target99 48 us absolute with the law's band 1.2 leaves a slack of
+//! 48 / 1.2 x 0.2 = 8 us, 97 000 B at MaxRate, rounded down to 23 whole packets: 94 208 B.
+//! The synthetic probe completes 20 us after it is sent, within the target, so the chunk
+//! stays at that budget and the fraction at 1. With no bytes reported by the other flows
+//! the stream is paced at the headroom 0.975 x MaxRate = 11.821875e9 B/s, above the
+//! bandwidth tenants' floor B/(L+B+T) x MaxRate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::client::{AgentClient, Allotment, FlowHandle};
+use justitia_core::flow::FlowClass;
+
+use common::{eventually, metric, Daemon};
+
+const MAX_RATE: u64 = 12_125_000_000;
+const PACE: u64 = 11_821_875_000;
+const CHUNK: u64 = 23 * 4096;
+
+/// Within one byte (or operation) per second: the law works in floating point and the
+/// slot holds whole units.
+fn near(got: u64, want: u64) -> bool {
+    got.abs_diff(want) <= 1
+}
+
+fn near_f(got: Option<f64>, want: u64) -> bool {
+    got.is_some_and(|g| (g - want as f64).abs() <= 1.0)
+}
+
+const CONFIG: &str = "policy = \"adaptive\"\nprofile = \"roce-100\"\ntarget = \"48us\"\n";
+
+fn registered(c: &mut AgentClient, class: FlowClass, qps: u32) -> FlowHandle {
+    let h = c.register(class, qps, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    // Active, with no bytes: the others' load stays zero.
+    assert!(c.report_usage(h, true, 0, 1));
+    h
+}
+
+fn wait_for(c: &mut AgentClient, h: FlowHandle, what: &str, want: impl Fn(&Allotment) -> bool) {
+    eventually(what, Duration::from_secs(5), || {
+        c.tick(justitia_agent::block::monotonic_ns());
+        c.allotment(h).is_some_and(|a| want(&a))
+    });
+}
+
+#[test]
+fn a_latency_and_a_bandwidth_flow_get_the_laws_allotments() {
+    let d = Daemon::start_with(CONFIG, true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    // A bandwidth flow alone: nothing to protect, not paced: all of MaxRate (which no
+    // flow exceeds) in 1 MB chunks.
+    let b = registered(&mut c, FlowClass::Bandwidth, 1);
+    wait_for(&mut c, b, "the unpaced allotment", |a| {
+        near(a.bytes_per_sec, MAX_RATE) && a.chunk_bytes == 1 << 20
+    });
+    // A latency flow arrives: the bandwidth flow is paced at the headroom of MaxRate in
+    // chunks of the target's slack; the latency flow is never shaped.
+    let l = registered(&mut c, FlowClass::Latency, 1);
+    wait_for(&mut c, b, "the paced allotment", |a| {
+        near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK
+    });
+    assert_eq!(c.allotment(l), None, "latency flows are never shaped");
+    let a = c.allotment(b).unwrap();
+    assert_eq!(a.ops_per_sec, 0, "bandwidth flows are paced by bytes only");
+    let flows = d.flows();
+    let report = flows.iter().find(|f| f.class == "bandwidth").unwrap();
+    assert!(near_f(report.allot_bytes_per_sec, PACE), "{report:?}");
+    // Status and metrics carry the law's state.
+    let AdminReply::Status(s) = d.admin(&AdminRequest::Status) else {
+        panic!("no status")
+    };
+    let adaptive = s.adaptive.expect("adaptive's state in the status");
+    assert_eq!(adaptive.chunk_bytes as u64, CHUNK);
+    assert!(near_f(adaptive.pace_bytes_per_sec, PACE), "{adaptive:?}");
+    assert_eq!(adaptive.fraction, 1.0);
+    let scrape = d.scrape();
+    assert_eq!(
+        metric(&scrape, "justitia_policy", Some(("policy", "adaptive"))),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&scrape, "justitia_adaptive_chunk_bytes", None),
+        Some(CHUNK as f64)
+    );
+    assert!(near_f(
+        metric(&scrape, "justitia_adaptive_pace_bytes_per_second", None),
+        PACE
+    ));
+    // A second bandwidth flow of the same tenant (this uid) splits the tenant's pace: the
+    // tenant does not get more by opening more flows.
+    let b2 = registered(&mut c, FlowClass::Bandwidth, 1);
+    for h in [b, b2] {
+        wait_for(&mut c, h, "half the pace each", |a| {
+            near(a.bytes_per_sec, PACE / 2) && a.chunk_bytes == CHUNK
+        });
+    }
+    // A throughput flow on 2 queue pairs: with latency and bandwidth flows present it is
+    // paced by operations at 1/(L+B+T) = 1/3 of MaxTput, 35 M ops/s; the bandwidth pace
+    // is unchanged (its floor, 1/3 of MaxRate, is below it).
+    let t = registered(&mut c, FlowClass::Throughput, 2);
+    wait_for(&mut c, t, "the throughput flow's pace", |a| {
+        near(a.ops_per_sec, 35_000_000) && near(a.bytes_per_sec, MAX_RATE)
+    });
+    assert!(near(c.allotment(b).unwrap().bytes_per_sec, PACE / 2));
+    // The latency flow leaves: the throughput flow is the protected class now (step 2),
+    // not paced by operations; the bandwidth flows are paced at the headroom in chunks of
+    // one MTU packet (step 3's budget without a target).
+    c.unregister(l);
+    for h in [b, b2] {
+        wait_for(&mut c, h, "one-packet chunks", |a| {
+            near(a.bytes_per_sec, PACE / 2) && a.chunk_bytes == 4096
+        });
+    }
+    wait_for(&mut c, t, "no operations pace", |a| a.ops_per_sec == 0);
+    // And the throughput flow leaves: nothing to protect, unpaced again, at once, the
+    // tenant's MaxRate split between its two flows.
+    c.unregister(t);
+    for h in [b, b2] {
+        wait_for(&mut c, h, "the unpaced allotment again", |a| {
+            near(a.bytes_per_sec, MAX_RATE / 2) && a.chunk_bytes == 1 << 20
+        });
+    }
+}
+
+/// Under `justitia` (the default) the status has no adaptive state and the metric names
+/// the policy.
+#[test]
+fn justitia_stays_the_default_policy() {
+    let d = Daemon::start_with("", true);
+    let AdminReply::Status(s) = d.admin(&AdminRequest::Status) else {
+        panic!("no status")
+    };
+    assert_eq!(s.adaptive, None);
+    assert_eq!(
+        metric(&d.scrape(), "justitia_policy", Some(("policy", "justitia"))),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn an_unknown_policy_stops_the_daemon_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "policy = \"perf\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_justitiad"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: key `policy`: `perf` is neither `justitia` nor `adaptive`",
+            path.display()
+        )),
+        "{err}"
+    );
+}
