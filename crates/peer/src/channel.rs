@@ -10,7 +10,9 @@
 //! A demand goes to a peer when it changes and again every [`ChannelConfig::refresh`]
 //! while it is not empty (one empty demand tells the peer the flows are gone). The grant
 //! goes to every peer that holds flows against this host when it changes and every
-//! refresh. No peer is sent two messages closer than `2 / max_messages_per_sec` apart, so
+//! refresh. Its incast share is the core's
+//! ([`justitia_core::incast::incast_share`]) over the incast units the peers declare, one
+//! per (peer, tenant) at its weight, and is rebuilt whenever what they declare changes. No peer is sent two messages closer than `2 / max_messages_per_sec` apart, so
 //! a sender stays at half its peer's cap; changes in between coalesce.
 //!
 //! # Receiving
@@ -35,6 +37,8 @@
 
 use std::time::Duration;
 
+use justitia_core::flow::Weight;
+use justitia_core::incast::{incast_share, IncastUnit};
 use justitia_core::remote_read::ReadGuarantee;
 
 use crate::wire::{self, Body, ClusterKey, DemandEntry, Grant, Header, Role, MAX_DEMAND_ENTRIES};
@@ -227,8 +231,10 @@ pub struct Channel {
     epoch: u64,
     next_sequence: u64,
     peers: Vec<Peer>,
-    /// The grant this host gives now, if it serves any flow.
+    /// The grant this host gives now, once it has one to give.
     grant: Option<Grant>,
+    /// What the grant is built from: the READ guarantee and the link's rate.
+    granting: Option<(ReadGuarantee, f64)>,
     events: Vec<ChannelEvent>,
     now: Duration,
 }
@@ -252,6 +258,7 @@ impl Channel {
             next_sequence: 0,
             peers: Vec::new(),
             grant: None,
+            granting: None,
             events: Vec::new(),
             now,
         })
@@ -331,16 +338,41 @@ impl Channel {
     }
 
     /// The grant this host gives now: its READ guarantee (from the control loop's
-    /// [`ReadGuarantee`] event; its own epoch and sequence are not sent, the message's are)
-    /// and its link `link_bytes_per_sec` to be shared among the incast flows it receives.
+    /// [`ReadGuarantee`] event, or the whole RNIC while it counts no remote READ; its own
+    /// epoch and sequence are not sent, the message's are) and its link
+    /// `link_bytes_per_sec`, shared among the incast flows it receives. The incast share is
+    /// the core's ([`incast_share`]: one unit per sending host and tenant, at its weight)
+    /// and follows the peers' demands as they change, without another call.
     pub fn set_grant(&mut self, now: Duration, guarantee: &ReadGuarantee, link_bytes_per_sec: f64) {
         self.advance(now);
-        let weights = self.incast_weight();
-        let incast = if weights > 0 && link_bytes_per_sec.is_finite() && link_bytes_per_sec > 0.0 {
-            (link_bytes_per_sec / f64::from(weights)).min(wire::MAX_BYTES_PER_SEC)
-        } else {
-            0.0
+        self.granting = Some((*guarantee, link_bytes_per_sec));
+        self.regrant();
+    }
+
+    /// Rebuilds the grant from the READ guarantee and the incast units served now.
+    fn regrant(&mut self) {
+        let Some((guarantee, link)) = self.granting else {
+            return;
         };
+        let units: Vec<IncastUnit> = self
+            .peers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                p.served
+                    .iter()
+                    .filter(|e| e.role == Role::Incast)
+                    .map(move |e| IncastUnit {
+                        // The peer's place in the table: unique, so that two hosts never
+                        // merge into one unit.
+                        host: i as u64,
+                        tenant: e.tenant,
+                        // The wire guarantees 1 <= weight.
+                        weight: Weight::new(e.weight).unwrap_or(Weight::ONE),
+                    })
+            })
+            .collect();
+        let incast = incast_share(link, &units).map_or(0.0, |s| s.min(wire::MAX_BYTES_PER_SEC));
         self.grant = Some(Grant {
             fraction: guarantee.fraction,
             bytes_per_sec: guarantee.bytes_per_sec,
@@ -350,13 +382,9 @@ impl Channel {
         });
     }
 
-    /// The sum of the weights of the incast (tenant, class) units peers hold against this
-    /// host: each sender's tenant counts once, at its weight.
-    fn incast_weight(&self) -> u32 {
-        self.served()
-            .filter(|(_, e)| e.role == Role::Incast)
-            .map(|(_, e)| e.weight)
-            .fold(0u32, u32::saturating_add)
+    /// The incast share this host grants now per unit of weight, bytes/s (0: none).
+    pub fn incast_share(&self) -> f64 {
+        self.grant.map_or(0.0, |g| g.incast_bytes_per_sec)
     }
 
     /// The flows peers hold against this host, with the peer that holds each.
@@ -424,12 +452,13 @@ impl Channel {
         }
         peer.newest = Some((header.epoch, header.sequence));
         peer.heard_at = now;
+        let mut served_changed = false;
         match body {
             Body::Demand(mut entries) => {
                 entries.sort_unstable();
                 if entries != peer.served {
                     peer.served = entries;
-                    self.events.push(ChannelEvent::ServedChanged);
+                    served_changed = true;
                 }
             }
             Body::Grant(grant) => {
@@ -454,6 +483,10 @@ impl Channel {
                 let i = self.slot(header.from, now)?;
                 self.peers[i] = peer;
             }
+        }
+        if served_changed {
+            self.regrant();
+            self.events.push(ChannelEvent::ServedChanged);
         }
         Ok(())
     }
@@ -498,6 +531,7 @@ impl Channel {
             }
         }
         if served_changed {
+            self.regrant();
             self.events.push(ChannelEvent::ServedChanged);
         }
     }
@@ -701,6 +735,41 @@ mod tests {
         a.receive(ms(1), &to_a.unwrap().bytes).unwrap();
         // Weights 1 and 3: 12.5e9 / 4 per unit of weight.
         assert_eq!(a.grant_from(B).unwrap().incast_bytes_per_sec, 12.5e9 / 4.0);
+    }
+
+    /// The receiver's share follows the senders it counts, with no new grant from the
+    /// loop: a second sender halves it, and when that one goes silent the first gets the
+    /// whole link back after the silence. A host with a grant but no incast sender grants
+    /// no share (0: nothing to pace).
+    #[test]
+    fn the_incast_share_follows_the_senders_as_they_come_and_go() {
+        let link = 10e9;
+        let mut r = channel(B, 2);
+        r.set_grant(ms(0), &guarantee(1.0), link);
+        assert_eq!(r.incast_share(), 0.0);
+        let incast = DemandEntry {
+            tenant: TenantId(1),
+            class: FlowClass::Bandwidth,
+            role: Role::Incast,
+            flows: 2,
+            weight: 1,
+        };
+        let mut a = channel(A, 1);
+        a.set_demand(ms(0), B, &[incast]).unwrap();
+        deliver(&mut a, &mut r, ms(0));
+        assert_eq!(r.incast_share(), link, "one unit, however many flows");
+        let mut c = channel(NodeId([0xc; 16]), 1);
+        c.set_demand(ms(1), B, &[incast]).unwrap();
+        deliver(&mut c, &mut r, ms(1));
+        assert_eq!(r.incast_share(), link / 2.0, "same tenant id, another host");
+        // A keeps refreshing; C goes silent from 1 ms.
+        for t in (5..=20).step_by(5) {
+            deliver(&mut a, &mut r, ms(t));
+            r.handle_timeout(ms(t));
+        }
+        assert_eq!(r.incast_share(), link / 2.0, "C still counted at 20 ms");
+        r.handle_timeout(ms(21));
+        assert_eq!(r.incast_share(), link, "C lapsed at 1 + 20 ms");
     }
 
     #[test]
