@@ -1,13 +1,21 @@
 //! The receiver's share of its link in an incast (§6.7), and the senders' pacing to it.
 //!
 //! In an incast the contended resource is the receiver's link, yet only the senders can
-//! pace what goes into it. So the receiver B counts the bandwidth flows it sees coming in
-//! (each sender's daemon declares them), one *incast unit* per (sending host, tenant) at the
-//! tenant's weight however many flows it has, as a host counts its own tenants, and grants
-//! every unit of weight the same share of its link ([`incast_share`]): `link / Σ weights`,
-//! so n senders of weight 1 get 1/n each (the sharing incentive, per unit of weight). Like
-//! the READ guarantee of §4.4, the share is static: capacity a sender leaves unused is not
-//! handed to the others (B does not know the senders' demands, only their flows).
+//! pace what goes into it. So the receiver B counts the flows it sees coming in (each
+//! sender's daemon declares them), one *incast unit* per (sending host, tenant, class),
+//! however many flows, as a host counts its own tenants: a latency unit at 1, a
+//! resource-hungry one at its tenant's weight, L'+B'+T' as for the READ guarantee of §4.4.
+//! It grants every unit of weight the same share of its link ([`incast_share`]):
+//! `link / Σ weights`, so n units of weight 1 get 1/n each (the sharing incentive), and a
+//! latency flow coming in keeps its 1/n of the link free of bandwidth flows, as a local
+//! latency flow does in L/(L+B+T). Like the READ guarantee, the share is static: capacity
+//! a sender leaves unused is not handed to the others (B does not know the senders'
+//! demands, only their flows).
+//!
+//! Only an incast is divided: while every unit comes from one host, that host's own
+//! uplink carries all of it and its own loop already divides it (and keeps the work
+//! conservation a relaxed target gives, which a static share would take away), so B
+//! grants no share.
 //!
 //! A sender A keeps the newest share each receiver granted it ([`IncastLimits`]), and a
 //! bandwidth flow of tenant t (weight w) into B is paced at no more than `w x share`
@@ -19,9 +27,10 @@
 //! for longer than the lapse.
 //!
 //! Invariants:
-//! - [`incast_share`] is positive and finite whenever a unit is counted, and the shares it
-//!   grants sum to at most the link: `Σ wᵢ x share <= link`, each unit getting at least
-//!   `wᵢ / Σ w` of it less a rounding (1/n when all weights are 1);
+//! - [`incast_share`] is positive and finite whenever units of two hosts or more are
+//!   counted, and the shares it grants sum to at most the link: `Σ wᵢ x share <= link`,
+//!   each unit getting at least `wᵢ / Σ w` of it less a rounding (1/n when all weights
+//!   are 1);
 //! - a tenant's caps into one receiver sum to `w x share`, however many flows it has;
 //! - [`paced`] never raises a rate, and leaves an allotment with no cap as it is;
 //! - a share older than the lapse at `now` is never applied, and nothing here reads a
@@ -31,23 +40,39 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::control_loop::Allotment;
-use crate::flow::{TenantId, Weight};
+use crate::flow::{FlowClass, TenantId, Weight};
 
-/// One (sending host, tenant) whose bandwidth flows come into this host: it counts once,
-/// at its weight, however many flows it has.
+/// One (sending host, tenant, class) whose flows come into this host: it counts once,
+/// however many flows it has: 1 for a latency unit, its tenant's weight otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IncastUnit {
-    /// The sending host, in the driver's numbering (the daemon folds the peer's GID).
+    /// The sending host, in the driver's numbering (unique per host).
     pub host: u64,
     /// The tenant on that host.
     pub tenant: TenantId,
+    /// The class of its flows.
+    pub class: FlowClass,
     /// The tenant's weight on its host.
     pub weight: Weight,
 }
 
+impl IncastUnit {
+    /// What it adds to the division: 1 for a latency unit (never shaped, it has no weight
+    /// in a division), its weight for a resource-hungry one.
+    pub fn weighted(&self) -> u32 {
+        if self.class.is_resource_hungry() {
+            self.weight.get()
+        } else {
+            1
+        }
+    }
+}
+
 /// The share of `link_bytes_per_sec` the receiver grants per unit of weight of the incast
-/// units it sees: `link / Σ weights`, counting a (host, tenant) named twice once at its
-/// larger weight. `None` when no unit is counted or the link is not a positive rate.
+/// units it sees: `link / Σ weights` (see [`IncastUnit::weighted`]), counting a (host,
+/// tenant, class) named twice once at its larger weight. `None` when the units come from
+/// fewer than two hosts (no incast: see the module documentation) or the link is not a
+/// positive rate.
 ///
 /// The result is rounded down where needed so that the granted shares never sum to more
 /// than the link (see the module's invariants).
@@ -55,15 +80,17 @@ pub fn incast_share(link_bytes_per_sec: f64, units: &[IncastUnit]) -> Option<f64
     if !(link_bytes_per_sec.is_finite() && link_bytes_per_sec > 0.0) {
         return None;
     }
-    let mut weights: BTreeMap<(u64, TenantId), u32> = BTreeMap::new();
+    let mut weights: BTreeMap<(u64, TenantId, FlowClass), u32> = BTreeMap::new();
     for u in units {
-        let w = weights.entry((u.host, u.tenant)).or_insert(0);
-        *w = (*w).max(u.weight.get());
+        let w = weights.entry((u.host, u.tenant, u.class)).or_insert(0);
+        *w = (*w).max(u.weighted());
     }
-    let total: f64 = weights.values().map(|&w| f64::from(w)).sum();
-    if total == 0.0 {
+    let mut hosts = weights.keys().map(|k| k.0);
+    let first = hosts.next()?;
+    if hosts.all(|h| h == first) {
         return None;
     }
+    let total: f64 = weights.values().map(|&w| f64::from(w)).sum();
     let mut share = link_bytes_per_sec / total;
     // Division rounds to nearest: step down until the whole grant fits in the link.
     while share * total > link_bytes_per_sec {
@@ -194,7 +221,15 @@ mod tests {
         IncastUnit {
             host,
             tenant: TenantId(tenant),
+            class: FlowClass::Bandwidth,
             weight: Weight::new(weight).unwrap(),
+        }
+    }
+
+    fn latency(host: u64, tenant: u64, weight: u32) -> IncastUnit {
+        IncastUnit {
+            class: FlowClass::Latency,
+            ..unit(host, tenant, weight)
         }
     }
 
@@ -219,29 +254,42 @@ mod tests {
         }
     }
 
-    /// Fig. 25's receiver: eight bandwidth senders of weight 1 get an eighth of the link
-    /// each; the latency sender declares no incast unit and takes none.
+    /// Fig. 25's receiver: eight bandwidth senders of weight 1 and a ninth host's latency
+    /// flow are nine units: a ninth of the link each, the latency flow's ninth left free.
+    /// One sending host, however many flows and classes, is no incast: no share.
     #[test]
     fn n_senders_of_weight_one_get_one_nth_of_the_link() {
-        let link = 7e9;
-        let units: Vec<_> = (1..=8).map(|h| unit(h, 1000, 1)).collect();
+        let link = 9e9;
+        let mut units: Vec<_> = (1..=8).map(|h| unit(h, 1000, 1)).collect();
         assert_eq!(incast_share(link, &units), Some(link / 8.0));
-        assert_eq!(incast_share(link, &units[..1]), Some(link));
+        units.push(latency(9, 1000, 5));
+        assert_eq!(incast_share(link, &units), Some(1e9), "latency counts 1");
+        assert_eq!(incast_share(link, &units[..1]), None);
+        let one_host = [unit(1, 1, 1), unit(1, 2, 1), latency(1, 3, 1)];
+        assert_eq!(incast_share(link, &one_host), None);
         assert_eq!(incast_share(link, &[]), None);
         assert_eq!(incast_share(0.0, &units), None);
         assert_eq!(incast_share(f64::NAN, &units), None);
     }
 
-    /// One unit per (host, tenant): a tenant's second flow, or the same tenant named twice,
-    /// adds nothing; the same tenant id on another host is another unit; weights add.
+    /// One unit per (host, tenant, class): a tenant's second flow, or the same tenant named
+    /// twice, adds nothing; the same tenant id on another host, or its latency flow, is
+    /// another unit; weights add.
     #[test]
-    fn units_count_per_sending_host_and_tenant_at_their_weight() {
+    fn units_count_per_sending_host_tenant_and_class_at_their_weight() {
         let link = 12e9;
         let twice = [unit(1, 5, 1), unit(1, 5, 3), unit(2, 5, 1)];
         // (1, 5) at its larger weight 3, and (2, 5) at 1: a quarter per unit of weight.
         assert_eq!(incast_share(link, &twice), Some(3e9));
         let weighted = [unit(1, 1, 1), unit(2, 1, 3)];
         assert_eq!(incast_share(link, &weighted), Some(3e9));
+        let with_latency = [
+            unit(1, 1, 1),
+            latency(1, 1, 1),
+            unit(2, 1, 1),
+            unit(2, 1, 1),
+        ];
+        assert_eq!(incast_share(link, &with_latency), Some(4e9));
     }
 
     #[test]
@@ -289,12 +337,26 @@ mod tests {
         assert_eq!(limits.poll_timeout(), None);
     }
 
+    /// Units of at least two hosts (one host is no incast).
     fn arb_units() -> impl Strategy<Value = Vec<IncastUnit>> {
-        proptest::collection::vec((0u64..6, 0u64..4, 1u32..=1_000_000), 1..40).prop_map(|v| {
-            v.into_iter()
-                .map(|(host, tenant, weight)| unit(host, tenant, weight))
-                .collect()
-        })
+        (
+            proptest::collection::vec((0u64..6, 0u64..4, any::<bool>(), 1u32..=1_000_000), 1..40),
+            1u32..=1_000_000,
+        )
+            .prop_map(|(v, w)| {
+                let mut units: Vec<_> = v
+                    .into_iter()
+                    .map(|(host, tenant, lat, weight)| {
+                        if lat {
+                            latency(host, tenant, weight)
+                        } else {
+                            unit(host, tenant, weight)
+                        }
+                    })
+                    .collect();
+                units.push(unit(6, 0, w));
+                units
+            })
     }
 
     proptest! {
@@ -308,10 +370,11 @@ mod tests {
         ) {
             let share = incast_share(link, &units).unwrap();
             prop_assert!(share > 0.0 && share.is_finite());
-            let mut distinct: BTreeMap<(u64, TenantId), u32> = BTreeMap::new();
+            let mut distinct: BTreeMap<(u64, TenantId, FlowClass), u32> = BTreeMap::new();
             for u in &units {
-                let w = distinct.entry((u.host, u.tenant)).or_insert(0);
-                *w = (*w).max(u.weight.get());
+                let w = distinct.entry((u.host, u.tenant, u.class)).or_insert(0);
+                let weighted = if u.class == FlowClass::Latency { 1 } else { u.weight.get() };
+                *w = (*w).max(weighted);
             }
             let total: f64 = distinct.values().map(|&w| f64::from(w)).sum();
             let granted: f64 = distinct.values().map(|&w| f64::from(w) * share).sum();
@@ -326,7 +389,7 @@ mod tests {
 
         /// With every weight 1 each of the n units gets 1/n of the link.
         #[test]
-        fn unit_weights_give_each_of_n_senders_one_nth(n in 1u64..200, link in 1e3f64..1e12) {
+        fn unit_weights_give_each_of_n_senders_one_nth(n in 2u64..200, link in 1e3f64..1e12) {
             let units: Vec<_> = (0..n).map(|h| unit(h, 1, 1)).collect();
             let share = incast_share(link, &units).unwrap();
             prop_assert!(share <= link / n as f64);
