@@ -15,6 +15,7 @@
 //! | [`control_loop`] | the whole per-host loop as one sans-I/O state machine: flows, probes, SafeUtil, allotments | Justitia §4.2, §4.5, §5.1 |
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
+//! | [`incast`] | the receiver's share of its link among incoming senders, and the senders' pacing to it | Justitia §6.7 |
 //! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
@@ -28,6 +29,7 @@ pub mod control_loop;
 pub mod controller;
 pub mod estimator;
 pub mod flow;
+pub mod incast;
 pub mod pacer;
 pub mod profile;
 pub mod remote_read;

@@ -362,6 +362,12 @@ impl PeerLink {
         self.channel.set_grant(now, guarantee, link_bytes_per_sec);
     }
 
+    /// This host's link, for the incast share it grants before its loop has announced a
+    /// READ guarantee (see [`Channel::set_link`]).
+    pub fn set_link(&mut self, now: Duration, link_bytes_per_sec: f64, whole: &ReadGuarantee) {
+        self.channel.set_link(now, link_bytes_per_sec, whole);
+    }
+
     /// The remote READ units this host serves: one per (peer, tenant, class).
     pub fn served_reads(&self) -> Vec<RemoteReadUnit> {
         self.channel

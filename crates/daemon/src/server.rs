@@ -251,6 +251,8 @@ pub struct Daemon {
     /// The loop's updates and generation, the flows and the active flows the adaptive
     /// driver last planned for.
     adaptive_seen: (u64, u64, usize, usize),
+    /// The incast shares the peers this host's flows go into grant (§6.7).
+    incast: justitia_core::incast::IncastLimits,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -453,6 +455,13 @@ impl Daemon {
             watch(unsafe { BorrowedFd::borrow_raw(fd) }, TAG_PROBE)
                 .map_err(sys("watching the probe's completion channel"))?;
         }
+        // A receiver's incast share lapses with the channel's silence, as its grant does.
+        let incast_lapse = config
+            .peer
+            .as_ref()
+            .map_or(justitia_peer::channel::DEFAULT_SILENCE, |p| {
+                p.channel.silence
+            });
         let peer = match &config.peer {
             Some(settings) => {
                 // The channel's epoch: the wall clock at start, which grows from one
@@ -460,7 +469,7 @@ impl Daemon {
                 let epoch = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                let link = PeerLink::bind(
+                let mut link = PeerLink::bind(
                     settings.clone(),
                     epoch,
                     Duration::from_nanos(now_ns()),
@@ -468,6 +477,7 @@ impl Daemon {
                 )
                 .map_err(|e| StartError::Other(e.to_string()))?;
                 watch(link.socket(), TAG_PEER).map_err(sys("watching the peer socket"))?;
+                peering::open(&mut link, &profile);
                 info!(node = %settings.node, listen = %settings.listen, "peer channel open");
                 Some(link)
             }
@@ -532,6 +542,7 @@ impl Daemon {
             rest_until: 0,
             watchdog_ns: None,
             last_watchdog: 0,
+            incast: justitia_core::incast::IncastLimits::new(incast_lapse),
             peer,
             adaptive,
             adaptive_seen: (0, 0, 0, 0),
@@ -987,7 +998,7 @@ impl Daemon {
                 },
             };
         }
-        match self.lp.allotment(FlowId(id)) {
+        match self.paced_allotment(id) {
             Some(a) => SlotAllotment {
                 flow: id,
                 state: SlotState::Allotted,
@@ -1939,7 +1950,7 @@ impl Daemon {
     fn allotted_bytes(&self, id: u64) -> Option<f64> {
         match &self.adaptive {
             Some(driver) => driver.allotment(id).map(|a| a.bytes_per_sec),
-            None => self.lp.allotment(FlowId(id)).map(|a| a.bytes_per_sec),
+            None => self.paced_allotment(id).map(|a| a.bytes_per_sec),
         }
     }
 

@@ -195,3 +195,61 @@ fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
     });
     eprintln!("fail-open after {:?}", killed.elapsed());
 }
+
+/// Incast (§6.7): A and C each send a bandwidth flow into B. B counts two incast units of
+/// weight 1 from two hosts and grants each half its MaxRate; A's and C's flows, alone on
+/// their hosts (their own loops would give them all of MaxRate), are published to their
+/// shapers at that half. When B dies, A's flow is back at its own allotment within the
+/// silence bound (20 ms by default; a busy test machine gets a second).
+#[test]
+fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_until_the_receiver_dies() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = free_port();
+    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
+    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
+    let c = Daemon::start_with(&peer_config("127.0.0.3", port, &key), true);
+    let mut conns = Vec::new();
+    for sender in [&a, &c] {
+        let (conn, flow) = bandwidth_flow(&sender.socket());
+        send(
+            &conn,
+            Request::Remote(RemoteEnd {
+                flow,
+                gid: gid([127, 0, 0, 2]),
+                lid: 0,
+                qpn: 0x42,
+                reads: false,
+            }),
+        );
+        conns.push(conn);
+    }
+    let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
+    let half = Some(max_rate / 2.0);
+    for (who, sender) in [("A", &a), ("C", &c)] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let shown = loop {
+            let f = sender.flows().remove(0);
+            if f.allot_bytes_per_sec == half {
+                break f;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} not paced at B's share: {f:?}\n{who}: {}\nB: {}",
+                sender.log(),
+                b.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(shown.remote.as_deref(), Some("sends to 127.0.0.2"));
+        assert_eq!(shown.read_guarantee_bytes_per_sec, None, "not a READ");
+    }
+
+    let killed = Instant::now();
+    drop(b);
+    eventually("fail-open at A", Duration::from_secs(1), || {
+        a.flows()[0].allot_bytes_per_sec == Some(max_rate)
+    });
+    eprintln!("fail-open after {:?}", killed.elapsed());
+}

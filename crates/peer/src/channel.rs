@@ -10,8 +10,12 @@
 //! A demand goes to a peer when it changes and again every [`ChannelConfig::refresh`]
 //! while it is not empty (one empty demand tells the peer the flows are gone). The grant
 //! goes to every peer that holds flows against this host when it changes and every
-//! refresh. No peer is sent two messages closer than `2 / max_messages_per_sec` apart, so
-//! a sender stays at half its peer's cap; changes in between coalesce.
+//! refresh. Its incast share is the core's ([`justitia_core::incast::incast_share`]) over
+//! the incast units the peers declare, one per (peer, tenant, class) at its weight, and is
+//! rebuilt whenever what they declare changes. No peer is sent more than
+//! `max_messages_per_sec / 2` messages a second, in bursts of at most [`SEND_BURST`] (a
+//! demand and a grant due together both go at once), so a sender stays at half its peer's
+//! cap; changes in between coalesce.
 //!
 //! # Receiving
 //! A datagram is decoded ([`crate::wire::decode`]: framing, tag, ranges), must be for this
@@ -35,6 +39,8 @@
 
 use std::time::Duration;
 
+use justitia_core::flow::Weight;
+use justitia_core::incast::{incast_share, IncastUnit};
 use justitia_core::remote_read::ReadGuarantee;
 
 use crate::wire::{self, Body, ClusterKey, DemandEntry, Grant, Header, Role, MAX_DEMAND_ENTRIES};
@@ -54,6 +60,10 @@ pub struct ChannelConfig {
     /// How often an unchanged demand or grant is sent again.
     pub refresh: Duration,
 }
+
+/// Messages a host may send one peer back to back: a demand and a grant due at the same
+/// moment both go at once (the receiver's bucket takes at least four).
+pub const SEND_BURST: f64 = 2.0;
 
 /// [`ChannelConfig::silence`] by default: 20 ms, the core's own lapse of a READ guarantee
 /// at the paper's RefPeriod (40 x 500 us), four refreshes.
@@ -188,7 +198,9 @@ struct Peer {
     /// The grant last sent to it.
     granted: Option<Grant>,
     grant_sent: Option<Duration>,
-    last_sent: Option<Duration>,
+    /// The sender's token bucket for messages to it: tokens at `send_at`.
+    send_tokens: f64,
+    send_at: Duration,
 }
 
 impl Peer {
@@ -208,7 +220,8 @@ impl Peer {
             demand_sent: None,
             granted: None,
             grant_sent: None,
-            last_sent: None,
+            send_tokens: SEND_BURST,
+            send_at: now,
         }
     }
 
@@ -227,8 +240,13 @@ pub struct Channel {
     epoch: u64,
     next_sequence: u64,
     peers: Vec<Peer>,
-    /// The grant this host gives now, if it serves any flow.
+    /// The grant this host gives now, once it has one to give.
     grant: Option<Grant>,
+    /// What the grant is built from: the loop's READ guarantee, the whole RNIC's for
+    /// incast-only grants, and the link's rate.
+    read_grant: Option<ReadGuarantee>,
+    unconstrained: Option<ReadGuarantee>,
+    link: f64,
     events: Vec<ChannelEvent>,
     now: Duration,
 }
@@ -252,6 +270,9 @@ impl Channel {
             next_sequence: 0,
             peers: Vec::new(),
             grant: None,
+            read_grant: None,
+            unconstrained: None,
+            link: 0.0,
             events: Vec::new(),
             now,
         })
@@ -331,15 +352,64 @@ impl Channel {
     }
 
     /// The grant this host gives now: its READ guarantee (from the control loop's
-    /// [`ReadGuarantee`] event; its own epoch and sequence are not sent, the message's are)
-    /// and its link `link_bytes_per_sec` to be shared among the incast flows it receives.
+    /// [`ReadGuarantee`] event, or the whole RNIC while it counts no remote READ; its own
+    /// epoch and sequence are not sent, the message's are) and its link
+    /// `link_bytes_per_sec`, shared among the incast flows it receives. The incast share is
+    /// the core's ([`incast_share`]: one unit per sending host and tenant, at its weight)
+    /// and follows the peers' demands as they change, without another call.
     pub fn set_grant(&mut self, now: Duration, guarantee: &ReadGuarantee, link_bytes_per_sec: f64) {
         self.advance(now);
-        let weights = self.incast_weight();
-        let incast = if weights > 0 && link_bytes_per_sec.is_finite() && link_bytes_per_sec > 0.0 {
-            (link_bytes_per_sec / f64::from(weights)).min(wire::MAX_BYTES_PER_SEC)
-        } else {
-            0.0
+        self.read_grant = Some(*guarantee);
+        self.link = link_bytes_per_sec;
+        self.regrant();
+    }
+
+    /// This host's link `link_bytes_per_sec`, to be shared among the incast flows it
+    /// receives, before its loop has announced a READ guarantee: the grant then carries
+    /// `unconstrained` (the whole RNIC, which constrains no READ) and is given only once
+    /// some peer declares an incast flow, so that a READ requester's first grant is the
+    /// loop's.
+    pub fn set_link(
+        &mut self,
+        now: Duration,
+        link_bytes_per_sec: f64,
+        unconstrained: &ReadGuarantee,
+    ) {
+        self.advance(now);
+        self.link = link_bytes_per_sec;
+        self.unconstrained = Some(*unconstrained);
+        self.regrant();
+    }
+
+    /// Rebuilds the grant from the READ guarantee and the incast units served now.
+    fn regrant(&mut self) {
+        let link = self.link;
+        let units: Vec<IncastUnit> = self
+            .peers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                p.served
+                    .iter()
+                    .filter(|e| e.role == Role::Incast)
+                    .map(move |e| IncastUnit {
+                        // The peer's place in the table: unique, so that two hosts never
+                        // merge into one unit.
+                        host: i as u64,
+                        tenant: e.tenant,
+                        class: e.class,
+                        // The wire guarantees 1 <= weight.
+                        weight: Weight::new(e.weight).unwrap_or(Weight::ONE),
+                    })
+            })
+            .collect();
+        let incast = incast_share(link, &units).map_or(0.0, |s| s.min(wire::MAX_BYTES_PER_SEC));
+        let guarantee = match (self.read_grant, self.unconstrained) {
+            (Some(g), _) => g,
+            // Once given, a grant goes on (with no share when the incast is over), so
+            // that its senders stop pacing at once rather than at the silence.
+            (None, Some(g)) if incast > 0.0 || self.grant.is_some() => g,
+            _ => return,
         };
         self.grant = Some(Grant {
             fraction: guarantee.fraction,
@@ -350,13 +420,9 @@ impl Channel {
         });
     }
 
-    /// The sum of the weights of the incast (tenant, class) units peers hold against this
-    /// host: each sender's tenant counts once, at its weight.
-    fn incast_weight(&self) -> u32 {
-        self.served()
-            .filter(|(_, e)| e.role == Role::Incast)
-            .map(|(_, e)| e.weight)
-            .fold(0u32, u32::saturating_add)
+    /// The incast share this host grants now per unit of weight, bytes/s (0: none).
+    pub fn incast_share(&self) -> f64 {
+        self.grant.map_or(0.0, |g| g.incast_bytes_per_sec)
     }
 
     /// The flows peers hold against this host, with the peer that holds each.
@@ -424,12 +490,13 @@ impl Channel {
         }
         peer.newest = Some((header.epoch, header.sequence));
         peer.heard_at = now;
+        let mut served_changed = false;
         match body {
             Body::Demand(mut entries) => {
                 entries.sort_unstable();
                 if entries != peer.served {
                     peer.served = entries;
-                    self.events.push(ChannelEvent::ServedChanged);
+                    served_changed = true;
                 }
             }
             Body::Grant(grant) => {
@@ -454,6 +521,10 @@ impl Channel {
                 let i = self.slot(header.from, now)?;
                 self.peers[i] = peer;
             }
+        }
+        if served_changed {
+            self.regrant();
+            self.events.push(ChannelEvent::ServedChanged);
         }
         Ok(())
     }
@@ -498,6 +569,7 @@ impl Channel {
             }
         }
         if served_changed {
+            self.regrant();
             self.events.push(ChannelEvent::ServedChanged);
         }
     }
@@ -536,10 +608,17 @@ impl Channel {
             _ => None,
         };
         let due = demand.into_iter().chain(grant).min()?;
-        let gap = p
-            .last_sent
-            .map_or(Duration::ZERO, |t| t + self.config.gap());
-        Some(due.max(gap))
+        let allowed = if p.send_tokens >= 1.0 {
+            Duration::ZERO
+        } else {
+            p.send_at + Duration::from_secs_f64((1.0 - p.send_tokens) / self.send_rate())
+        };
+        Some(due.max(allowed))
+    }
+
+    /// Messages a second this host sends one peer at most: half the peer's cap.
+    fn send_rate(&self) -> f64 {
+        f64::from(self.config.max_messages_per_sec) / 2.0
     }
 
     /// The next datagram due by `now`, if any: call until `None`.
@@ -566,8 +645,11 @@ impl Channel {
         };
         self.next_sequence = self.next_sequence.saturating_add(1);
         let bytes = wire::encode(&self.key, &header, &body);
+        let rate = self.send_rate();
         let p = &mut self.peers[i];
-        p.last_sent = Some(now);
+        let elapsed = now.saturating_sub(p.send_at).as_secs_f64();
+        p.send_tokens = (p.send_tokens + elapsed * rate).min(SEND_BURST) - 1.0;
+        p.send_at = now;
         match body {
             Body::Demand(_) => {
                 p.demand_dirty = false;
@@ -701,6 +783,41 @@ mod tests {
         a.receive(ms(1), &to_a.unwrap().bytes).unwrap();
         // Weights 1 and 3: 12.5e9 / 4 per unit of weight.
         assert_eq!(a.grant_from(B).unwrap().incast_bytes_per_sec, 12.5e9 / 4.0);
+    }
+
+    /// The receiver's share follows the senders it counts, with no new grant from the
+    /// loop: one host is no incast (0: nothing to pace), a second sending host makes it
+    /// half the link, and when that one goes silent there is no incast again after the
+    /// silence.
+    #[test]
+    fn the_incast_share_follows_the_senders_as_they_come_and_go() {
+        let link = 10e9;
+        let mut r = channel(B, 2);
+        r.set_grant(ms(0), &guarantee(1.0), link);
+        assert_eq!(r.incast_share(), 0.0);
+        let incast = DemandEntry {
+            tenant: TenantId(1),
+            class: FlowClass::Bandwidth,
+            role: Role::Incast,
+            flows: 2,
+            weight: 1,
+        };
+        let mut a = channel(A, 1);
+        a.set_demand(ms(0), B, &[incast]).unwrap();
+        deliver(&mut a, &mut r, ms(0));
+        assert_eq!(r.incast_share(), 0.0, "one host: no incast");
+        let mut c = channel(NodeId([0xc; 16]), 1);
+        c.set_demand(ms(1), B, &[incast]).unwrap();
+        deliver(&mut c, &mut r, ms(1));
+        assert_eq!(r.incast_share(), link / 2.0, "same tenant id, another host");
+        // A keeps refreshing; C goes silent from 1 ms.
+        for t in (5..=20).step_by(5) {
+            deliver(&mut a, &mut r, ms(t));
+            r.handle_timeout(ms(t));
+        }
+        assert_eq!(r.incast_share(), link / 2.0, "C still counted at 20 ms");
+        r.handle_timeout(ms(21));
+        assert_eq!(r.incast_share(), 0.0, "C lapsed at 1 + 20 ms: no incast");
     }
 
     #[test]
@@ -849,7 +966,7 @@ mod tests {
                 Err(Refusal::RateLimited) => limited += 1,
                 Err(e) => panic!("{e}"),
             }
-            flood.peers[0].last_sent = None;
+            flood.peers[0].send_tokens = SEND_BURST;
         }
         assert_eq!(
             (accepted, limited),
@@ -872,7 +989,26 @@ mod tests {
             }
         }
         assert!(t >= Duration::from_millis(999));
-        assert_eq!(sent, 1000, "one per 1 ms gap at the default 2000/s cap");
+        // A burst of two at the start, then one a millisecond: 1000/s, half the 2000/s cap.
+        assert_eq!(sent, 2 + 999);
+    }
+
+    /// A host that both loads a peer and is loaded by it sends its demand and its grant at
+    /// once, not a send gap apart: the grant is not held back by the demand before it.
+    #[test]
+    fn a_demand_and_a_grant_due_together_both_go_at_once() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        b.set_demand(ms(0), A, &[read(1, 1)]).unwrap();
+        deliver(&mut b, &mut a, ms(0));
+        a.set_demand(ms(1), B, &[read(2, 1)]).unwrap();
+        a.set_grant(ms(1), &guarantee(0.5), 12.5e9);
+        assert_eq!(deliver(&mut a, &mut b, ms(1)), 2);
+        // The bucket is spent: a third message waits for a token (1 ms at 1000/s).
+        a.set_demand(ms(1), B, &[read(3, 1)]).unwrap();
+        assert_eq!(a.poll_transmit(ms(1)), None);
+        assert_eq!(a.poll_timeout(), Some(ms(2)));
+        assert_eq!(deliver(&mut a, &mut b, ms(2)), 1);
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! daemon and the simulator run the same code.
 //!
 //! A host A whose flows load another host B tells B so in a *demand*: its READ flows
-//! against B (their data leaves B's RNIC, §4.4) and its bandwidth flows into B (incast,
-//! §6.7), by tenant and class. B counts them with its own flows and answers every host
-//! that holds any with a *grant*: the READ guarantee 1/(L'+B'+T') of its MaxRate per unit
-//! of weight, and its link's share per unit of weight for incast. A paces those flows to
-//! it.
+//! against B (their data leaves B's RNIC, §4.4) and its other flows into B (incast, §6.7),
+//! by tenant and class. B counts them with its own flows and answers every host that holds
+//! any with a *grant*: the READ guarantee 1/(L'+B'+T') of its MaxRate per unit of weight,
+//! and, when flows of two hosts or more come in, its link's share per unit of weight
+//! (`justitia_core::incast`). A paces its READ and bandwidth flows to it.
 //!
 //! | module | what it owns |
 //! | --- | --- |

@@ -121,7 +121,9 @@ pub enum Body {
 pub enum Role {
     /// The sender posts READs against the receiver: their data leaves the receiver's RNIC.
     Read,
-    /// The sender's bandwidth flow goes into the receiver: its link is the contended one.
+    /// The sender's flow goes into the receiver, whose link is the contended one in an
+    /// incast: the receiver counts it among the flows sharing that link (a bandwidth flow
+    /// is then paced to the receiver's share).
     Incast,
 }
 
@@ -297,9 +299,6 @@ fn parse_demand(body: &[u8]) -> Result<Vec<DemandEntry>, Refusal> {
             2 => Role::Incast,
             _ => return Err(Refusal::OutOfRange("role")),
         };
-        if role == Role::Incast && class != FlowClass::Bandwidth {
-            return Err(Refusal::OutOfRange("incast class"));
-        }
         let flows = u16::from_be_bytes([raw[10], raw[11]]);
         if flows == 0 {
             return Err(Refusal::OutOfRange("flows"));
@@ -570,13 +569,11 @@ mod tests {
                 "{field}"
             );
         }
+        // A latency flow into the receiver is declared too: it counts there (§6.7).
         let mut b = body.to_vec();
         b[12] = 0; // latency
         b[13] = 2; // incast
-        assert_eq!(
-            decode(&k, &signed_raw(1, &b)).err(),
-            Some(Refusal::OutOfRange("incast class"))
-        );
+        assert!(decode(&k, &signed_raw(1, &b)).is_ok());
         let twice = encode(&k, &header(), &Body::Demand(vec![entry(1), entry(1)]));
         assert_eq!(
             decode(&k, &twice).err(),
@@ -594,6 +591,8 @@ mod tests {
                 Just((FlowClass::Latency, Role::Read)),
                 Just((FlowClass::Throughput, Role::Read)),
                 Just((FlowClass::Bandwidth, Role::Read)),
+                Just((FlowClass::Latency, Role::Incast)),
+                Just((FlowClass::Throughput, Role::Incast)),
                 Just((FlowClass::Bandwidth, Role::Incast)),
             ],
             1u16..,

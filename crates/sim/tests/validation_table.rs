@@ -6,12 +6,13 @@ mod common;
 
 use justitia_sim::validation::{builtin_table, Published, Status, Tag, Validation};
 
-/// The targets of `validation-targets.md`, and the applications of Justitia §2.2 and §6.2
-/// (A1: FaSST, A2: eRPC, each against the storage service).
-const TARGETS: [&str; 35] = [
+/// The targets of `validation-targets.md`, Justitia's incast (J9: §6.7, Fig. 25, which gives
+/// only a direction), and the applications of Justitia §2.2 and §6.2 (A1: FaSST, A2: eRPC,
+/// each against the storage service).
+const TARGETS: [&str; 36] = [
     "N1", "N2", "N3", "N4", "N5", "N6", "N7", "N8", "N9", "N10", "N11", "J1", "J2", "J3", "J4",
-    "J5", "J6", "J7", "J8", "P1", "P2", "P3", "P4", "P5", "P6", "R1", "R2", "R3", "R4", "R5", "R6",
-    "R7", "R8", "A1", "A2",
+    "J5", "J6", "J7", "J8", "J9", "P1", "P2", "P3", "P4", "P5", "P6", "R1", "R2", "R3", "R4", "R5",
+    "R6", "R7", "R8", "A1", "A2",
 ];
 
 /// Targets the simulator has no scenario for yet.

@@ -9,12 +9,22 @@
 //! - From the link: the READ units peers hold against this host go to the loop
 //!   ([`ControlLoop::set_remote_reads`](justitia_core::control_loop::ControlLoop::set_remote_reads));
 //!   a peer's guarantee goes to every READ flow of this host against that peer
-//!   ([`ControlLoop::read_guarantee_received`](justitia_core::control_loop::ControlLoop::read_guarantee_received)).
+//!   ([`ControlLoop::read_guarantee_received`](justitia_core::control_loop::ControlLoop::read_guarantee_received)),
+//!   and its incast share to the [`IncastLimits`](justitia_core::incast::IncastLimits): a bandwidth flow into that peer is
+//!   published to its shaper at the lower of its allotment and the share's cap
+//!   ([`justitia_core::incast::paced`]), until the share lapses (fail-open).
+//!
+//! The incast side (§6.7): every flow of this host into a peer (not a READ) is declared
+//! to it as an incast unit; the peer counts them by (host, tenant, class) and grants a
+//! share of its link per unit of weight, which the channel carries back.
 
 use std::time::Duration;
 
+use justitia_core::control_loop::Allotment;
 use justitia_core::flow::{FlowId, TenantId, Weight};
-use justitia_core::remote_read::ReadGuarantee;
+use justitia_core::incast::paced;
+use justitia_core::profile::RnicProfile;
+use justitia_core::remote_read::{ReadGuarantee, ReadGuaranteeSender};
 use justitia_peer::channel::ChannelEvent;
 use justitia_peer::wire::Role;
 use justitia_peer::NodeId;
@@ -48,6 +58,18 @@ pub(super) fn describe_remote(peer: NodeId, role: Role) -> String {
     }
 }
 
+/// Readies a new link: until the loop announces a READ guarantee, the grant this host gives
+/// incast senders carries its whole RNIC for READs (which constrains none), and its link
+/// is theirs to share.
+pub(super) fn open(link: &mut PeerLink, profile: &RnicProfile) {
+    let whole = ReadGuaranteeSender::new(0).announce(0, false, profile);
+    link.set_link(
+        Duration::from_nanos(now_ns()),
+        profile.max_rate_bytes_per_sec(),
+        &whole,
+    );
+}
+
 impl Daemon {
     /// Reads the peer socket within the pass's deadline and acts on what came.
     pub(super) fn serve_peer(&mut self) {
@@ -67,18 +89,31 @@ impl Daemon {
         let mut served_changed = false;
         let mut guarantees: Vec<(NodeId, ReadGuarantee)> = Vec::new();
         let mut lapsed: Vec<NodeId> = Vec::new();
+        let now = Duration::from_nanos(now_ns());
+        let mut incast_changed = false;
         while let Some(event) = link.poll_event() {
             match event {
                 ChannelEvent::ServedChanged => served_changed = true,
                 ChannelEvent::Guarantee {
-                    peer, guarantee, ..
-                } => guarantees.push((peer, guarantee)),
+                    peer,
+                    guarantee,
+                    incast_bytes_per_sec,
+                } => {
+                    // The wire admits only rates in range: never refused.
+                    incast_changed |= self
+                        .incast
+                        .grant_received(now, responder_key(peer), incast_bytes_per_sec)
+                        .unwrap_or(false);
+                    guarantees.push((peer, guarantee));
+                }
                 // The loop lets a guarantee not renewed lapse by itself.
-                ChannelEvent::GuaranteeLapsed { peer } => lapsed.push(peer),
+                ChannelEvent::GuaranteeLapsed { peer } => {
+                    incast_changed |= self.incast.lapsed(responder_key(peer));
+                    lapsed.push(peer);
+                }
             }
         }
         let units = served_changed.then(|| link.served_reads());
-        let now = Duration::from_nanos(now_ns());
         if let Some(units) = units {
             self.lp.set_remote_reads(now, &units);
         }
@@ -101,11 +136,53 @@ impl Daemon {
                 let _ = self.lp.read_guarantee_received(now, FlowId(id), guarantee);
             }
         }
+        if incast_changed {
+            self.publish_allotments();
+        }
+    }
+
+    /// A flow's allotment as its shaper is to pace it: the loop's, lowered for a bandwidth
+    /// flow into a peer to the cap that peer's incast share gives it.
+    pub(super) fn paced_allotment(&self, id: u64) -> Option<Allotment> {
+        let allotment = self.lp.allotment(FlowId(id))?;
+        Some(paced(allotment, self.incast_cap(id)))
+    }
+
+    /// The cap a peer's incast share puts on a bandwidth flow into it: its tenant's weight
+    /// times the share, divided among the tenant's active bandwidth flows into that peer.
+    fn incast_cap(&self, id: u64) -> Option<f64> {
+        let f = self.flows.get(&id)?;
+        let (peer, Role::Incast) = f.remote? else {
+            return None;
+        };
+        if f.class != FlowClass::Bandwidth {
+            return None;
+        }
+        let flows = self
+            .flows
+            .values()
+            .filter(|g| {
+                g.active && g.tenant == f.tenant && g.class == f.class && g.remote == f.remote
+            })
+            .count();
+        let weight = self
+            .config
+            .weights
+            .get(&f.uid)
+            .and_then(|&w| Weight::new(w).ok())
+            .unwrap_or(Weight::ONE);
+        self.incast.cap(
+            Duration::from_nanos(now_ns()),
+            responder_key(peer),
+            weight,
+            u32::try_from(flows).unwrap_or(u32::MAX),
+        )
     }
 
     /// A shaper told where a flow's QP goes. A READ requester's flow against a peer the
     /// channel can name leaves this host's L, B, T (its data leaves the peer's RNIC) and
-    /// is declared to the peer; a bandwidth flow into a peer is declared to it for incast.
+    /// is declared to the peer; any other flow into a peer is declared to it for incast
+    /// (the peer counts it; a bandwidth flow is paced to the peer's share).
     /// With the channel off, or a QP looped back to this host, nothing is known of the
     /// other end's RNIC: the flow counts here as any other.
     pub(super) fn remote_end(&mut self, now: Duration, r: RemoteEnd) {
@@ -118,14 +195,8 @@ impl Daemon {
         let Some(f) = self.flows.get_mut(&r.flow) else {
             return;
         };
-        let role = if r.reads {
-            Some(Role::Read)
-        } else if f.class == FlowClass::Bandwidth {
-            Some(Role::Incast)
-        } else {
-            None
-        };
-        f.remote = peer.zip(role);
+        let role = if r.reads { Role::Read } else { Role::Incast };
+        f.remote = peer.map(|p| (p, role));
         let reads_from = peer.filter(|_| r.reads).map(responder_key);
         let _ = self.lp.set_flow_reads_from(now, FlowId(r.flow), reads_from);
     }
@@ -161,6 +232,10 @@ impl Daemon {
         link.set_demands(now, demands(loading));
         link.flush(now);
         self.peer_events();
+        if self.incast.expire(now) {
+            // Not renewed within the silence: the channel lapses it at the same time.
+            self.publish_allotments();
+        }
     }
 
     /// The guarantee a flow of this host holds now, if it READs from a peer that gave one.

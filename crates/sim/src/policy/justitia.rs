@@ -31,6 +31,13 @@
 //!   and its peers stop counting it and being constrained by it after the channel's
 //!   silence (fail-open).
 //!
+//! - **Incast** (§6.7), through the same channel: every flow of this host into another
+//!   host that is not a READ is declared to that host (role `incast`); the receiver's
+//!   channel counts the units coming in and grants each unit of weight its share of the
+//!   receiver's MaxRate ([`justitia_core::incast`]), and this host paces each bandwidth flow
+//!   into it at the lower of its allotment and its tenant's part of that share
+//!   ([`IncastLimits`], [`paced`]) until the share lapses with the channel's silence.
+//!
 //! Not modelled: the flow-control messages of split SENDs (the peer is assumed to
 //! cooperate).
 
@@ -38,12 +45,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::control_loop::{
-    ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
+    Allotment, ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
 };
 use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
+use justitia_core::incast::{paced, IncastLimits};
 use justitia_core::profile::RnicProfile;
-use justitia_core::remote_read::RemoteReadUnit;
+use justitia_core::remote_read::{ReadGuarantee, ReadGuaranteeSender, RemoteReadUnit};
 use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent};
 use justitia_peer::wire::{ClusterKey, DemandEntry, Role};
 use justitia_peer::NodeId;
@@ -426,10 +434,17 @@ pub struct JustitiaPolicy {
     shaper: Option<PacedShaper>,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
-    /// This host's READ flows: each one's spec and the host it reads from.
-    reads: Vec<(FlowSpec, HostId)>,
+    /// This host's flows that load another host: READ flows (with the host they read from)
+    /// and flows into another host (incast: the receiver counts them, and paces the
+    /// bandwidth ones), each with its role.
+    loads: Vec<(FlowSpec, HostId, Role)>,
     /// Those of them that have work.
-    reading: BTreeMap<FlowId, (FlowSpec, HostId)>,
+    loading: BTreeMap<FlowId, (FlowSpec, HostId, Role)>,
+    /// The shares the receivers of this host's incast flows grant (§6.7).
+    incast: IncastLimits,
+    /// The READ part of this host's grant to incast senders before its loop announces a
+    /// READ guarantee: the whole RNIC (it counts no remote READ).
+    whole: ReadGuarantee,
     /// The peer channel (made at the start, when the host is known).
     peer: Option<Channel>,
     peer_delay: Picos,
@@ -441,6 +456,11 @@ pub struct JustitiaPolicy {
     peer_refused: u64,
     first_guarantee_ms: Option<f64>,
     lapsed_ms: Option<f64>,
+    /// When this host first took a receiver's incast share, and when one last lapsed (ms).
+    first_incast_ms: Option<f64>,
+    incast_lapsed_ms: Option<f64>,
+    /// When the channel was last driven.
+    peer_now: Duration,
 }
 
 /// The cluster key of the simulated hosts' daemons.
@@ -466,8 +486,10 @@ impl JustitiaPolicy {
             driver: LoopDriver::new(&profile.policy, params)?,
             shaper: None,
             hungry: Vec::new(),
-            reads: Vec::new(),
-            reading: BTreeMap::new(),
+            loads: Vec::new(),
+            loading: BTreeMap::new(),
+            incast: IncastLimits::new(ChannelConfig::default().silence),
+            whole: ReadGuaranteeSender::new(0).announce(0, false, &profile.policy),
             peer: None,
             peer_delay: (params.peer_delay_us * 1e6).round() as Picos,
             peer_silent_after: params
@@ -478,26 +500,31 @@ impl JustitiaPolicy {
             peer_refused: 0,
             first_guarantee_ms: None,
             lapsed_ms: None,
+            first_incast_ms: None,
+            incast_lapsed_ms: None,
+            peer_now: Duration::ZERO,
         })
     }
 
-    /// Declares this host's READ flows that started or stopped having work to the hosts
-    /// they read from.
-    fn tell_reads(&mut self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
+    /// Declares this host's loading flows (READs, bandwidth flows into another host) that
+    /// started or stopped having work to the hosts they load.
+    fn tell_loads(&mut self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
         let mut peers = Vec::new();
+        let mut incast_changed = false;
         for change in changes {
             let (id, active) = match *change {
                 Activity::HasWork(id) => (id, true),
                 Activity::Idle(id) => (id, false),
             };
-            if let Some(&(spec, peer)) = self.reads.iter().find(|r| r.0.id == id) {
+            if let Some(&(spec, peer, role)) = self.loads.iter().find(|l| l.0.id == id) {
                 let changed = if active {
-                    self.reading.insert(id, (spec, peer)).is_none()
+                    self.loading.insert(id, (spec, peer, role)).is_none()
                 } else {
-                    self.reading.remove(&id).is_some()
+                    self.loading.remove(&id).is_some()
                 };
                 if changed {
                     peers.push(peer);
+                    incast_changed |= role == Role::Incast;
                 }
             }
         }
@@ -508,14 +535,14 @@ impl JustitiaPolicy {
         peers.dedup();
         let now = core_time(ctx.now());
         for peer in peers {
-            let mut units: BTreeMap<(TenantId, FlowClass), DemandEntry> = BTreeMap::new();
-            for (spec, _) in self.reading.values().filter(|(_, p)| *p == peer) {
+            let mut units: BTreeMap<(TenantId, FlowClass, Role), DemandEntry> = BTreeMap::new();
+            for &(spec, _, role) in self.loading.values().filter(|l| l.1 == peer) {
                 let e = units
-                    .entry((spec.tenant, spec.class))
+                    .entry((spec.tenant, spec.class, role))
                     .or_insert(DemandEntry {
                         tenant: spec.tenant,
                         class: spec.class,
-                        role: Role::Read,
+                        role,
                         flows: 0,
                         weight: spec.weight.get(),
                     });
@@ -528,7 +555,64 @@ impl JustitiaPolicy {
                 let _ = channel.set_demand(now, node_of(peer), &entries);
             }
         }
+        if incast_changed {
+            // A tenant's share into a host is split among its active flows there.
+            self.pace_incast(ctx);
+        }
         self.flush_peer(ctx);
+    }
+
+    /// A flow's allotment as its shaper paces it: the loop's, lowered for a bandwidth flow
+    /// into another host to what that host's incast share gives it (§6.7).
+    fn paced_allotment(&self, now: Duration, id: FlowId) -> Option<Allotment> {
+        let allotment = self.driver.control.allotment(id)?;
+        let Some(&(spec, peer, Role::Incast)) = self.loads.iter().find(|l| l.0.id == id) else {
+            return Some(allotment);
+        };
+        if spec.class != FlowClass::Bandwidth {
+            // Its share keeps room in the receiver's link; only bandwidth flows fill it.
+            return Some(allotment);
+        }
+        let flows = self
+            .loading
+            .values()
+            .filter(|&&(s, p, r)| {
+                r == Role::Incast && p == peer && s.tenant == spec.tenant && s.class == spec.class
+            })
+            .count();
+        let cap = self.incast.cap(
+            now,
+            u64::from(peer.0),
+            spec.weight,
+            u32::try_from(flows).unwrap_or(u32::MAX),
+        );
+        Some(paced(allotment, cap))
+    }
+
+    /// The largest cap a receiver's share puts on one of this host's bandwidth flows now,
+    /// bytes/s; `None` when none is capped.
+    fn incast_cap(&self, now: Duration) -> Option<f64> {
+        self.loads
+            .iter()
+            .filter(|l| l.2 == Role::Incast && l.0.class == FlowClass::Bandwidth)
+            .filter_map(|&(spec, peer, _)| self.incast.cap(now, u64::from(peer.0), spec.weight, 1))
+            .reduce(f64::max)
+    }
+
+    /// Gives the shaper every incast flow's allotment again (a share or a count changed).
+    fn pace_incast(&mut self, ctx: &mut PolicyContext<'_>) {
+        let now = core_time(ctx.now());
+        let allotments: Vec<(FlowId, Allotment)> = self
+            .loads
+            .iter()
+            .filter(|l| l.2 == Role::Incast && l.0.class == FlowClass::Bandwidth)
+            .filter_map(|l| Some((l.0.id, self.paced_allotment(now, l.0.id)?)))
+            .collect();
+        if let Some(shaper) = &mut self.shaper {
+            for (id, allotment) in allotments {
+                shaper.set_allotment(ctx, id, Some(allotment));
+            }
+        }
     }
 
     /// Hands each guarantee of this host's loop to the channel, for every host whose READ
@@ -557,14 +641,21 @@ impl JustitiaPolicy {
             return;
         };
         channel.handle_timeout(now);
+        self.peer_now = now;
+        let expired = self.incast.expire(now);
         while let Some(t) = channel.poll_transmit(now) {
             if !silent {
                 self.peer_sent += 1;
                 ctx.send(host_of(t.to), PolicyMessage::Peer(t.bytes), self.peer_delay);
             }
         }
+        if expired {
+            self.incast_lapsed_ms = Some(now.as_secs_f64() * 1e3);
+            self.pace_incast(ctx);
+        }
         self.peer_events(ctx);
-        if let Some(due) = self.peer.as_ref().and_then(Channel::poll_timeout) {
+        let due = self.peer.as_ref().and_then(Channel::poll_timeout);
+        if let Some(due) = due.into_iter().chain(self.incast.poll_timeout()).min() {
             let at = picos(due).max(ctx.now());
             if self.peer_timer_at != Some(at) {
                 self.peer_timer_at = Some(at);
@@ -575,20 +666,31 @@ impl JustitiaPolicy {
 
     /// Acts on the channel's events: the READ units peers hold against this host go to the
     /// loop; a peer's guarantee to every READ flow of this host against it.
-    fn peer_events(&mut self, ctx: &PolicyContext<'_>) {
+    fn peer_events(&mut self, ctx: &mut PolicyContext<'_>) {
         let now = core_time(ctx.now());
         let Some(channel) = &mut self.peer else {
             return;
         };
         let mut served_changed = false;
+        let mut incast_changed = false;
         while let Some(event) = channel.poll_event() {
             match event {
                 ChannelEvent::ServedChanged => served_changed = true,
                 ChannelEvent::Guarantee {
-                    peer, guarantee, ..
+                    peer,
+                    guarantee,
+                    incast_bytes_per_sec,
                 } => {
                     let from = host_of(peer);
-                    for &(spec, p) in &self.reads {
+                    // The wire admits only rates in range: never refused.
+                    incast_changed |= self
+                        .incast
+                        .grant_received(now, u64::from(from.0), incast_bytes_per_sec)
+                        .unwrap_or(false);
+                    if incast_bytes_per_sec > 0.0 {
+                        self.first_incast_ms.get_or_insert(now.as_secs_f64() * 1e3);
+                    }
+                    for &(spec, p, _) in self.loads.iter().filter(|l| l.2 == Role::Read) {
                         if p == from {
                             // Refused only for a flow not registered now (stopped).
                             let _ = self
@@ -597,11 +699,20 @@ impl JustitiaPolicy {
                                 .read_guarantee_received(now, spec.id, guarantee);
                         }
                     }
-                    self.first_guarantee_ms
-                        .get_or_insert(now.as_secs_f64() * 1e3);
+                    // An incast receiver that counts no remote READ grants its whole
+                    // RNIC, which constrains nothing: the first guarantee is the first
+                    // below it.
+                    if guarantee.fraction < 1.0 {
+                        self.first_guarantee_ms
+                            .get_or_insert(now.as_secs_f64() * 1e3);
+                    }
                 }
-                ChannelEvent::GuaranteeLapsed { .. } => {
+                ChannelEvent::GuaranteeLapsed { peer } => {
                     self.lapsed_ms = Some(now.as_secs_f64() * 1e3);
+                    if self.incast.lapsed(u64::from(host_of(peer).0)) {
+                        self.incast_lapsed_ms = Some(now.as_secs_f64() * 1e3);
+                        incast_changed = true;
+                    }
                 }
             }
         }
@@ -616,6 +727,9 @@ impl JustitiaPolicy {
                 .collect();
             self.driver.control.set_remote_reads(now, &units);
         }
+        if incast_changed {
+            self.pace_incast(ctx);
+        }
     }
 
     /// Runs the loop and carries out its allotments.
@@ -629,16 +743,20 @@ impl JustitiaPolicy {
             .iter()
             .any(|e| matches!(e, Event::AllotmentsChanged { .. }))
         {
+            let now = core_time(ctx.now());
+            let allotments: Vec<(FlowId, Allotment)> = self
+                .hungry
+                .iter()
+                .filter_map(|&id| Some((id, self.paced_allotment(now, id)?)))
+                .collect();
             let Some(shaper) = &mut self.shaper else {
                 return;
             };
-            for &id in &self.hungry {
-                if let Some(allotment) = self.driver.control.allotment(id) {
-                    shaper.set_allotment(ctx, id, Some(allotment));
-                }
+            for (id, allotment) in allotments {
+                shaper.set_allotment(ctx, id, Some(allotment));
             }
             let changes = shaper.take_activity();
-            self.tell_reads(ctx, &changes);
+            self.tell_loads(ctx, &changes);
             self.driver.activity(ctx, changes);
         }
     }
@@ -650,7 +768,7 @@ impl JustitiaPolicy {
     fn forward_activity(&mut self, ctx: &mut PolicyContext<'_>) {
         if let Some(shaper) = self.shaper.as_mut().filter(|s| s.has_activity()) {
             let changes = shaper.take_activity();
-            self.tell_reads(ctx, &changes);
+            self.tell_loads(ctx, &changes);
             self.driver.activity(ctx, changes);
         }
     }
@@ -668,10 +786,18 @@ impl Policy for JustitiaPolicy {
             .filter(|f| f.spec.class.is_resource_hungry())
             .map(|f| f.spec.id)
             .collect();
-        self.reads = flows
+        let host = ctx.host;
+        self.loads = flows
             .iter()
-            .filter(|f| f.reads)
-            .map(|f| (f.spec, f.peer))
+            .filter_map(|f| {
+                if f.reads {
+                    Some((f.spec, f.peer, Role::Read))
+                } else if f.peer != host {
+                    Some((f.spec, f.peer, Role::Incast))
+                } else {
+                    None
+                }
+            })
             .collect();
         let key = ClusterKey::from_file_contents(&SIM_KEY);
         self.peer = key.ok().and_then(|key| {
@@ -684,6 +810,13 @@ impl Policy for JustitiaPolicy {
             )
             .ok()
         });
+        if let Some(channel) = &mut self.peer {
+            channel.set_link(
+                core_time(ctx.now()),
+                self.driver.control.max_rate(),
+                &self.whole,
+            );
+        }
         self.driver.connect(ctx, flows);
         self.drive(ctx);
     }
@@ -691,13 +824,19 @@ impl Policy for JustitiaPolicy {
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
         self.driver.flow_present(ctx, flow, active);
         let id = flow.spec.id;
-        if !active && flow.reads {
-            self.tell_reads(ctx, &[Activity::Idle(id)]);
+        if !active && self.loads.iter().any(|l| l.0.id == id) {
+            self.tell_loads(ctx, &[Activity::Idle(id)]);
         }
+        if active && flow.spec.class == FlowClass::Latency && !flow.reads {
+            // A latency flow has work while it runs (the shaper does not see it): the host
+            // it goes to counts it from its start.
+            self.tell_loads(ctx, &[Activity::HasWork(id)]);
+        }
+        let allotment = self.paced_allotment(core_time(ctx.now()), id);
         if let (true, Some(shaper)) = (active, &mut self.shaper) {
             // A registered flow is held to its allotment from the start: zero until the
             // loop's next update counts it.
-            if let Some(allotment) = self.driver.control.allotment(id) {
+            if let Some(allotment) = allotment {
                 shaper.set_allotment(ctx, id, Some(allotment));
             }
             if shaper.has_work(id) {
@@ -769,6 +908,20 @@ impl Policy for JustitiaPolicy {
         }
         if let Some(ms) = self.lapsed_ms {
             f.insert("peer_guarantee_lapsed_ms".into(), ms);
+        }
+        if let Some(ms) = self.first_incast_ms {
+            f.insert("peer_first_incast_share_ms".into(), ms);
+        }
+        if let Some(ms) = self.incast_lapsed_ms {
+            f.insert("peer_incast_share_lapsed_ms".into(), ms);
+        }
+        if let Some(cap) = self.incast_cap(self.peer_now) {
+            f.insert("incast_cap_gbps".into(), cap * 8.0 / 1e9);
+        }
+        if let Some(share) = self.peer.as_ref().map(Channel::incast_share) {
+            if share > 0.0 {
+                f.insert("peer_incast_share_gbps".into(), share * 8.0 / 1e9);
+            }
         }
         f
     }
