@@ -71,7 +71,11 @@
 //!    pairs on a 256-context RNIC, nearly every chunk waited for a context read (the link
 //!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21, and with an
 //!    open queue pair keeping its place while it waits for its application's next message
-//!    94.9% and x1.18).
+//!    94.9% and x1.18). A queue pair's turn is long enough that the context read opening
+//!    the next disturbs the latency flows at most [`TAIL_SHARE`] of the time, from what a
+//!    context read costs ([`AdaptiveConfig::qp_context_miss`],
+//!    [`AdaptiveLaw::context_turn_bytes`]): 28 MB on that RNIC, and the row at 96.4% and
+//!    x1.19.
 //!
 //! 8. Costs by resource ([`resources`]): a bandwidth flow's bytes are charged to the send
 //!    path they leave by, this host's for WRITEs and SENDs, the responder's for a READ
@@ -106,6 +110,10 @@ pub const RATE_DECREASE: f64 = 0.9;
 /// How far the last violating pacing fraction rises per update with the target met, so
 /// that the search probes above it again.
 pub const RATE_INCREASE: f64 = 0.05;
+/// The share of the latency flows' samples the goal's tail leaves out (p99: one in a
+/// hundred): the most of the time the context reads of the queue budget may disturb
+/// ([`AdaptiveLaw::context_turn_bytes`]).
+pub const TAIL_SHARE: f64 = 0.01;
 
 /// Settings of the law, from the RNIC profile.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -139,6 +147,11 @@ pub struct AdaptiveConfig {
     pub qp_ops_per_sec: f64,
     /// Queue-pair contexts the RNIC holds on chip (0: not bounded, or unknown).
     pub qp_cache_entries: u32,
+    /// How long a processing unit waits to read a queue-pair context the RNIC does not hold
+    /// (a DMA read of host memory) before it starts the queue pair's message; zero:
+    /// unknown, and a queue pair of the budget is served for one large chunk
+    /// ([`AdaptiveLaw::context_turn_bytes`]).
+    pub qp_context_miss: Duration,
 }
 
 /// Why a configuration was refused.
@@ -172,6 +185,7 @@ impl AdaptiveConfig {
             max_ops_per_sec: f64::INFINITY,
             qp_ops_per_sec: f64::INFINITY,
             qp_cache_entries: 0,
+            qp_context_miss: Duration::ZERO,
         }
     }
 
@@ -487,9 +501,38 @@ impl AdaptiveLaw {
         (c.qp_cache_entries > 0).then(|| {
             (
                 (c.qp_cache_entries / o.tenants.total().max(1)).max(1),
-                u64::from(c.max_chunk_bytes),
+                self.context_turn_bytes(),
             )
         })
+    }
+
+    /// The bytes a queue pair of the budget is served before the next takes its place: at
+    /// least one large chunk, and long enough that the context read opening the next one
+    /// disturbs at most [`TAIL_SHARE`] of the time. A context read stalls the processing
+    /// unit for `m` ([`AdaptiveConfig::qp_context_miss`]) while the pacer goes on releasing
+    /// chunks, so the stream leaves it up to `m` of its bytes behind; paced at `headroom`
+    /// of what the transmitter drains, it catches them up in `m x headroom / (1 -
+    /// headroom)`, and the latency flows wait behind more than their one chunk for about
+    /// `m / (1 - headroom)` in all (24 us for a 600 ns read at 0.975). One read per turn,
+    /// a turn of `t` bytes takes at least `t / MaxRate`, so `m / (1 - headroom) <=
+    /// TAIL_SHARE x t / MaxRate` gives `t >= m x MaxRate / (TAIL_SHARE x (1 - headroom))`,
+    /// rounded up to whole large chunks: 28 MB on RoCE-100-qp-cache (600 ns, 97 Gb/s),
+    /// where one large chunk (1 MB) per turn left the row of 4 against 512 queue pairs at
+    /// 94.9% of the link with the chunk shrunk by the stalls, and 28 MB at 96.4%.
+    /// What it costs: a tenant's other queue pairs wait while one is served its turn (its
+    /// backlogged messages are served one queue pair after another, not interleaved); the
+    /// tenant's bytes, and the others' shares, are unchanged.
+    pub fn context_turn_bytes(&self) -> u64 {
+        let c = &self.config;
+        let large = u64::from(c.max_chunk_bytes.max(1));
+        let disturbed = c.qp_context_miss.as_secs_f64() / (1.0 - c.headroom).max(f64::EPSILON);
+        let bytes = disturbed * c.max_rate_bytes_per_sec / TAIL_SHARE;
+        if !bytes.is_finite() || bytes <= large as f64 {
+            return large;
+        }
+        // Whole large chunks; beyond u64, as many as a u64 holds.
+        let chunks = (bytes / large as f64).ceil().min((u64::MAX / large) as f64) as u64;
+        chunks * large
     }
 
     /// The throughput tenants' share per unit of weight, 1/(L+B+T), while latency flows
@@ -695,6 +738,49 @@ mod tests {
         };
         assert_eq!(law.plan(&o).queue_budget, Some((85, 1 << 20)));
         assert_eq!(ib56().plan(&o).queue_budget, None);
+    }
+
+    /// The turn from the cost of a context read, by hand on RoCE-100-qp-cache: MaxRate 97
+    /// Gb/s (12.125e9 B/s), a 600 ns PCIe read, headroom 0.975. A read stalls the stream
+    /// by 600 ns, 7275 B at MaxRate; paced 2.5% under the drain rate the stream catches
+    /// that up in 600 ns x 0.975 / 0.025 = 23.4 us, so the latency flows are disturbed for
+    /// 24 us a read. At most 1% of the time (p99) is one read per 2.4 ms, 29.1e6 B at
+    /// MaxRate: 27.75 large chunks, rounded up to 28 (29360128 B). The bound is met: 24 us
+    /// over the 28-chunk turn's 2.42 ms at MaxRate is under 1%, and over 27 chunks' it is
+    /// not. A read twice as costly, twice the turn; none known, one large chunk.
+    #[test]
+    fn the_turn_keeps_context_reads_out_of_the_tail() {
+        let config = AdaptiveConfig {
+            qp_cache_entries: 256,
+            qp_context_miss: Duration::from_nanos(600),
+            ..AdaptiveConfig::for_rnic(97e9 / 8.0, 4096, 1 << 20)
+        };
+        let law = AdaptiveLaw::new(config).expect("valid");
+        let turn = law.context_turn_bytes();
+        assert_eq!(turn, 28 << 20);
+        let disturbed: f64 = 600e-9 / (1.0 - 0.975);
+        assert!((disturbed - 24e-6).abs() < 1e-12);
+        assert!(disturbed <= 0.01 * turn as f64 / 12.125e9);
+        assert!(disturbed > 0.01 * (27u64 << 20) as f64 / 12.125e9);
+        let o = Observation {
+            tenants: weights(1, 2, 0),
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        assert_eq!(law.plan(&o).queue_budget, Some((85, 28 << 20)));
+        let costlier = AdaptiveLaw::new(AdaptiveConfig {
+            qp_context_miss: Duration::from_nanos(1200),
+            ..config
+        })
+        .expect("valid");
+        // 58.2e6 B: 55.5 large chunks, 56.
+        assert_eq!(costlier.context_turn_bytes(), 56 << 20);
+        let unknown = AdaptiveLaw::new(AdaptiveConfig {
+            qp_context_miss: Duration::ZERO,
+            ..config
+        })
+        .expect("valid");
+        assert_eq!(unknown.context_turn_bytes(), 1 << 20);
     }
 
     /// Costs by resource: a latency tenant, a READ tenant reading from the latency flow's

@@ -133,6 +133,11 @@ fn the_goal_holds_on_these_workloads() {
         // Tenants that differ in applications and queue pairs.
         "1app-vs-16apps-roce100",
         "2qps-vs-64qps-roce100",
+        // 512 queue pairs against 256 cached contexts: each queue pair of the budget is
+        // served for a turn long enough that the context read opening the next disturbs
+        // the latency flow at most 1% of the time (28 MB, from the 600 ns read; with 1 MB
+        // turns x1.18 / 94.9%, a pinned miss).
+        "4qps-vs-512qps-roce100qpc",
     ] {
         let o = suite(name);
         if !o.meets_goal() {
@@ -607,50 +612,6 @@ fn every_tenant_keeps_most_of_its_fair_share_on_every_workload() {
         short.is_empty(),
         "tenants under 0.8 of fair:\n{}",
         short.join("\n")
-    );
-}
-
-/// Known misses among the tenant workloads, pinned within 3%: the measured bandwidth (of
-/// what the class reaches natively with both tenants) and latency multiple.
-///
-/// - `4qps-vs-512qps-roce100qpc`: tenant B has 512 queue pairs, twice the 256 contexts
-///   the RNIC holds. Dealt chunk by chunk round all of them, nearly every chunk waited for
-///   a context read (x1.40 / 66%); with the queue budget (85 queue pairs a tenant, each
-///   served for 1 MB before the next) x1.21 / 91%, and with an open queue pair keeping its
-///   place while it waits for its application's next message (B keeps 4 x 64 KB posted
-///   per queue pair) x1.18 / 94.9%, a tenth of a point under the goal. What is left is one
-///   context read per queue pair per turn, each a stall of the paced stream at a
-///   processing unit (B's 512 queue pairs cycle through a 256-context cache, so every turn
-///   starts cold): the law reads the stalls as the latency flow's tail and shrinks the
-///   chunk (2273 B against the 4001 B budget). No bound derived: the turn trades the
-///   stalls against how long a tenant's other queue pairs wait, and the core is not told
-///   what a context read costs.
-#[test]
-fn tenant_workloads_known_misses() {
-    let cases: [(&str, f64, f64, Option<f64>); 1] =
-        [("4qps-vs-512qps-roce100qpc", 0.949, 1.185, None)];
-    let mut moved = Vec::new();
-    for (name, bandwidth, latency_x, bound) in cases {
-        let o = suite(name);
-        assert!(!o.meets_goal(), "{name} now meets the goal: move it there");
-        if let Some(bound) = bound {
-            assert!(
-                o.bandwidth <= bound + 0.01,
-                "{name}: {:.3} beats the bound {bound}",
-                o.bandwidth
-            );
-        }
-        if (o.bandwidth - bandwidth).abs() > PIN
-            || o.latency_x
-                .is_some_and(|x| (x / latency_x - 1.0).abs() > PIN)
-        {
-            moved.push(format!("{name}: now {o:?}"));
-        }
-    }
-    assert!(
-        moved.is_empty(),
-        "pinned figures moved:\n{}",
-        moved.join("\n")
     );
 }
 

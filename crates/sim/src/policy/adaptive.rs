@@ -431,6 +431,10 @@ impl AdaptivePolicy {
             max_ops_per_sec: profile.policy.max_ops_per_sec(),
             qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
             qp_cache_entries: profile.rnic.qp_cache_entries,
+            // The model's context miss: the processing unit reads the context over PCIe,
+            // one DMA read round trip (`crate::rnic`, step 2).
+            qp_context_miss: Duration::try_from_secs_f64(profile.pcie.read_latency_ns * 1e-9)
+                .unwrap_or(Duration::ZERO),
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
