@@ -212,6 +212,45 @@ impl AdaptiveConfig {
         self.max_rate_bytes_per_sec.min(on_wire)
     }
 
+    /// What one message of `bytes` costs the RNIC, in bytes of MaxRate: the most of its
+    /// payload (the payload path MaxRate bounds), its wire bytes, headers included, scaled
+    /// from the wire's rate to MaxRate, and one operation at MaxTput (the processing units'
+    /// message rate), since a message takes whichever it uses most for that long. A 64 B
+    /// WRITE on RoCE-100 costs 162 wire bytes, 157 B of MaxRate, where its payload is 64;
+    /// a full chunk costs its payload.
+    pub fn message_cost(&self, bytes: u64) -> f64 {
+        let payload = bytes as f64;
+        let wire = if self.wire_bytes_per_sec.is_finite() {
+            let packets = bytes.div_ceil(u64::from(self.mtu.max(1))).max(1);
+            let wire = payload
+                + packets as f64 * f64::from(self.packet_overhead_bytes)
+                + f64::from(self.request_overhead_bytes);
+            wire * self.max_rate_bytes_per_sec / self.wire_bytes_per_sec
+        } else {
+            0.0
+        };
+        let operation = self.max_rate_bytes_per_sec / self.max_ops_per_sec;
+        payload.max(wire).max(operation)
+    }
+
+    /// The bytes a message of `bytes` is charged in a stream paced for chunks of `chunk`
+    /// (the tenants' turns and the pacer count these): its payload, or more when it costs
+    /// more per byte than a chunk does ([`AdaptiveConfig::message_cost`]), so that a tenant
+    /// of small messages is paced, and shares, by the wire or the message rate it uses. A
+    /// chunk is charged its own bytes: the plan's pace, in payload bytes/s of chunks, holds.
+    pub fn charged_bytes(&self, bytes: u64, chunk: u32) -> u64 {
+        let chunk = u64::from(chunk.max(1));
+        let per_chunk_byte = self.message_cost(chunk) / chunk as f64;
+        let charged = self.message_cost(bytes) / per_chunk_byte;
+        // Rounded: a piece of a message split into equal chunks costs what the chunk does
+        // per byte, within a fraction of a byte, and is charged its bytes.
+        if charged.is_finite() {
+            bytes.max(charged.round() as u64)
+        } else {
+            bytes
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), AdaptiveConfigError> {
         let invalid = |field, reason: String| Err(AdaptiveConfigError::Invalid { field, reason });
@@ -835,6 +874,44 @@ mod tests {
             assert!(pace >= law.floor_rate(&o));
             assert_eq!(plan.chunk_bytes, 512, "the smallest chunk, not half of it");
         }
+    }
+
+    /// The per-message charge by hand on RoCE-100 (MaxRate 97 Gb/s = 12.125e9 B/s, 100
+    /// Gb/s = 12.5e9 B/s of wire, 4 KB MTU, 82 B a packet and a 16 B RETH, MaxTput 105 M
+    /// messages/s): one operation is 12.125e9 / 105e6 = 115.5 B of MaxRate; a 64 B WRITE is
+    /// 162 wire bytes, 162 x 0.97 = 157.1 B of MaxRate, so it is charged 157 B, the wire
+    /// binding; a 4001 B chunk is 4099 wire bytes, 3976 B of MaxRate, under its payload, so
+    /// it is charged 4001 and the pace in chunk bytes stands. On IB-56's 6e9 B/s and 30 M
+    /// messages/s (no wire set) a 64 B WRITE is one operation, 200 B: the message rate
+    /// binds, and it is charged 200 B, a 4 KB chunk its 4096.
+    #[test]
+    fn small_messages_are_charged_what_they_use_of_the_rnic() {
+        let roce100 = AdaptiveConfig {
+            wire_bytes_per_sec: 12.5e9,
+            packet_overhead_bytes: 82,
+            request_overhead_bytes: 16,
+            max_ops_per_sec: 105e6,
+            ..AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20)
+        };
+        assert!((roce100.message_cost(64) - 162.0 * 0.97).abs() < 1e-6);
+        assert!((roce100.message_cost(4001) - 4001.0).abs() < 1e-6);
+        assert_eq!(roce100.charged_bytes(64, 4001), 157);
+        assert_eq!(roce100.charged_bytes(4001, 4001), 4001);
+        // A 3000 B piece: 3098 wire bytes, 3005.06 B of MaxRate, just above its payload;
+        // a 1998 B piece of a 1 MB message in 2001 B chunks, 2096 wire bytes, 2033.1 B,
+        // as a chunk costs per byte within a fraction of a byte.
+        assert_eq!(roce100.charged_bytes(3000, 4001), 3005);
+        assert_eq!(roce100.charged_bytes(1998, 2001), 1998);
+        let ib56 = AdaptiveConfig {
+            max_ops_per_sec: 30e6,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        assert!((ib56.message_cost(64) - 200.0).abs() < 1e-6);
+        assert_eq!(ib56.charged_bytes(64, 4096), 200);
+        assert_eq!(ib56.charged_bytes(4096, 4096), 4096);
+        // Nothing known beyond MaxRate: the payload.
+        let bare = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
+        assert_eq!(bare.charged_bytes(64, 4096), 64);
     }
 
     /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.
