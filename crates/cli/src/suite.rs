@@ -15,7 +15,10 @@
 //! - **tenants % of fair**: the lowest, over the run's tenants, of a tenant's rate over its
 //!   tenant-fair share (`justitia_sim::fairness`: its weighted equal split of its class's
 //!   capacity among the run's tenants, a tenant's flows of one class counted once, or its
-//!   alone figure when smaller); a tenant is a flow of its own unless the scenario says;
+//!   alone figure when smaller; a bandwidth tenant's rate is the Gb/s of MaxRate its use of
+//!   the RNIC amounts to, its goodput unless its messages' headers or message rate take
+//!   more, `justitia_sim::fairness::rnic_gbps`); a tenant is a flow of its own unless the
+//!   scenario says;
 //! - **extra WQEs per GB**: work requests the policy posts beyond the applications' own,
 //!   per GB of payload all flows moved (a sub-message, a chunk, a yield or a probe is a
 //!   WQE the host posts). Counted from the policy's own figures where it reports them
@@ -43,7 +46,7 @@ use clap::Args;
 use justitia_core::flow::FlowClass;
 use justitia_sim::fairness::{self, rate, TenantMap};
 use justitia_sim::series::RunSeries;
-use justitia_sim::{Experiment, RunReport, ScenarioReport};
+use justitia_sim::{Experiment, ModelProfile, RunReport, ScenarioReport};
 
 use crate::plot::{self, Figure, Panel};
 use crate::progress::ScenarioProgress;
@@ -144,7 +147,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             summarise(
                 &report,
                 &fairness::tenants(&experiment.scenario),
-                experiment.profile.host.post_ns,
+                &experiment.profile,
             )
             .with_context(|| format!("summarising {}", path.display()))?,
         );
@@ -172,9 +175,14 @@ fn workload_name(scenario: &str) -> String {
     }
 }
 
-/// The table row of one scenario's report; `tenants` maps its flows to their tenants,
-/// `post_ns` is the profile's CPU cost of one post.
-pub fn summarise(report: &ScenarioReport, tenants: &TenantMap, post_ns: f64) -> Result<Row> {
+/// The table row of one scenario's report on `profile`; `tenants` maps its flows to their
+/// tenants.
+pub fn summarise(
+    report: &ScenarioReport,
+    tenants: &TenantMap,
+    profile: &ModelProfile,
+) -> Result<Row> {
+    let post_ns = profile.host.post_ns;
     let (alone, runs): (Vec<&RunReport>, Vec<&RunReport>) = report
         .runs
         .iter()
@@ -219,7 +227,7 @@ pub fn summarise(report: &ScenarioReport, tenants: &TenantMap, post_ns: f64) -> 
             }
         }
         let share = |(now, then): (f64, f64)| (then > 0.0).then(|| now / then);
-        let tenant_fair = fairness::tenant_shares(report, run, tenants)
+        let tenant_fair = fairness::tenant_shares(report, run, tenants, profile)
             .iter()
             .map(|t| t.ratio())
             .fold(None, |low: Option<f64>, r| {
@@ -486,6 +494,13 @@ mod tests {
     use super::*;
     use justitia_sim::{FlowReport, LatencyReport};
 
+    /// RoCE-100 with this CPU cost of a post.
+    fn with_post_ns(post_ns: f64) -> ModelProfile {
+        let mut p = ModelProfile::builtin("RoCE-100").expect("built in");
+        p.host.post_ns = post_ns;
+        p
+    }
+
     fn flow(name: &str, class: FlowClass, gbps: f64, rate: f64, p99: Option<f64>) -> FlowReport {
         FlowReport {
             name: name.into(),
@@ -544,7 +559,7 @@ mod tests {
             run("slow", vec![lat(2.5), bw(39.0)]),
             run("starved", vec![lat(2.0), bw(37.0)]),
         ]);
-        let row = summarise(&r, &TenantMap::new(), 60.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), &with_post_ns(60.0)).expect("summary");
         assert_eq!(row.workload, "lat-vs-1bw");
         let cell = |name: &str| {
             row.cells
@@ -576,7 +591,7 @@ mod tests {
             run("fair", vec![tput(5.5e6), bw(39.0)]),
             run("unfair", vec![tput(4e6), bw(39.0)]),
         ]);
-        let row = summarise(&r, &TenantMap::new(), 60.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), &with_post_ns(60.0)).expect("summary");
         assert!(row.cells[0].floors_kept && row.cells[0].meets_goal());
         assert!(!row.cells[1].floors_kept && !row.cells[1].meets_goal());
         assert!((row.cells[1].throughput.unwrap_or(0.0) - 0.4).abs() < 1e-9);
@@ -596,7 +611,7 @@ mod tests {
         let mut bw_messages = bw;
         bw_messages.messages = 1000;
         let r = report(vec![run("alone b", vec![bw_messages]), split]);
-        let row = summarise(&r, &TenantMap::new(), 50.0).expect("summary");
+        let row = summarise(&r, &TenantMap::new(), &with_post_ns(50.0)).expect("summary");
         let cell = &row.cells[0];
         // 15000 posted - 1000 the application's = 14000 per 0.01 GB.
         assert!((cell.extra_wqes_per_gb - 1.4e6).abs() < 1.0, "{cell:?}");
@@ -606,7 +621,7 @@ mod tests {
     #[test]
     fn a_report_without_alone_runs_is_refused() {
         let r = report(vec![run("native", Vec::new())]);
-        assert!(summarise(&r, &TenantMap::new(), 1.0).is_err());
+        assert!(summarise(&r, &TenantMap::new(), &with_post_ns(1.0)).is_err());
     }
 
     #[test]

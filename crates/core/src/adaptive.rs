@@ -71,7 +71,11 @@
 //!    pairs on a 256-context RNIC, nearly every chunk waited for a context read (the link
 //!    66% used, the latency tenant at x1.40; with the budget 91% and x1.21, and with an
 //!    open queue pair keeping its place while it waits for its application's next message
-//!    94.9% and x1.18).
+//!    94.9% and x1.18). A queue pair's turn is long enough that the context read opening
+//!    the next disturbs the latency flows at most [`TAIL_SHARE`] of the time, from what a
+//!    context read costs ([`AdaptiveConfig::qp_context_miss`],
+//!    [`AdaptiveLaw::context_turn_bytes`]): 28 MB on that RNIC, and the row at 96.4% and
+//!    x1.19.
 //!
 //! 8. Costs by resource ([`resources`]): a bandwidth flow's bytes are charged to the send
 //!    path they leave by, this host's for WRITEs and SENDs, the responder's for a READ
@@ -107,6 +111,10 @@ pub const RATE_DECREASE: f64 = 0.9;
 /// How far the last violating pacing fraction rises per update with the target met, so
 /// that the search probes above it again.
 pub const RATE_INCREASE: f64 = 0.05;
+/// The share of the latency flows' samples the goal's tail leaves out (p99: one in a
+/// hundred): the most of the time the context reads of the queue budget may disturb
+/// ([`AdaptiveLaw::context_turn_bytes`]).
+pub const TAIL_SHARE: f64 = 0.01;
 
 /// Settings of the law, from the RNIC profile.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -140,6 +148,11 @@ pub struct AdaptiveConfig {
     pub qp_ops_per_sec: f64,
     /// Queue-pair contexts the RNIC holds on chip (0: not bounded, or unknown).
     pub qp_cache_entries: u32,
+    /// How long a processing unit waits to read a queue-pair context the RNIC does not hold
+    /// (a DMA read of host memory) before it starts the queue pair's message; zero:
+    /// unknown, and a queue pair of the budget is served for one large chunk
+    /// ([`AdaptiveLaw::context_turn_bytes`]).
+    pub qp_context_miss: Duration,
 }
 
 /// Why a configuration was refused.
@@ -173,6 +186,7 @@ impl AdaptiveConfig {
             max_ops_per_sec: f64::INFINITY,
             qp_ops_per_sec: f64::INFINITY,
             qp_cache_entries: 0,
+            qp_context_miss: Duration::ZERO,
         }
     }
 
@@ -197,6 +211,45 @@ impl AdaptiveConfig {
             + f64::from(self.request_overhead_bytes);
         let on_wire = (self.wire_bytes_per_sec - other).max(0.0) * f64::from(chunk) / wire;
         self.max_rate_bytes_per_sec.min(on_wire)
+    }
+
+    /// What one message of `bytes` costs the RNIC, in bytes of MaxRate: the most of its
+    /// payload (the payload path MaxRate bounds), its wire bytes, headers included, scaled
+    /// from the wire's rate to MaxRate, and one operation at MaxTput (the processing units'
+    /// message rate), since a message takes whichever it uses most for that long. A 64 B
+    /// WRITE on RoCE-100 costs 162 wire bytes, 157 B of MaxRate, where its payload is 64;
+    /// a full chunk costs its payload.
+    pub fn message_cost(&self, bytes: u64) -> f64 {
+        let payload = bytes as f64;
+        let wire = if self.wire_bytes_per_sec.is_finite() {
+            let packets = bytes.div_ceil(u64::from(self.mtu.max(1))).max(1);
+            let wire = payload
+                + packets as f64 * f64::from(self.packet_overhead_bytes)
+                + f64::from(self.request_overhead_bytes);
+            wire * self.max_rate_bytes_per_sec / self.wire_bytes_per_sec
+        } else {
+            0.0
+        };
+        let operation = self.max_rate_bytes_per_sec / self.max_ops_per_sec;
+        payload.max(wire).max(operation)
+    }
+
+    /// The bytes a message of `bytes` is charged in a stream paced for chunks of `chunk`
+    /// (the tenants' turns and the pacer count these): its payload, or more when it costs
+    /// more per byte than a chunk does ([`AdaptiveConfig::message_cost`]), so that a tenant
+    /// of small messages is paced, and shares, by the wire or the message rate it uses. A
+    /// chunk is charged its own bytes: the plan's pace, in payload bytes/s of chunks, holds.
+    pub fn charged_bytes(&self, bytes: u64, chunk: u32) -> u64 {
+        let chunk = u64::from(chunk.max(1));
+        let per_chunk_byte = self.message_cost(chunk) / chunk as f64;
+        let charged = self.message_cost(bytes) / per_chunk_byte;
+        // Rounded: a piece of a message split into equal chunks costs what the chunk does
+        // per byte, within a fraction of a byte, and is charged its bytes.
+        if charged.is_finite() {
+            bytes.max(charged.round() as u64)
+        } else {
+            bytes
+        }
     }
 
     /// Checks ranges.
@@ -488,9 +541,38 @@ impl AdaptiveLaw {
         (c.qp_cache_entries > 0).then(|| {
             (
                 (c.qp_cache_entries / o.tenants.total().max(1)).max(1),
-                u64::from(c.max_chunk_bytes),
+                self.context_turn_bytes(),
             )
         })
+    }
+
+    /// The bytes a queue pair of the budget is served before the next takes its place: at
+    /// least one large chunk, and long enough that the context read opening the next one
+    /// disturbs at most [`TAIL_SHARE`] of the time. A context read stalls the processing
+    /// unit for `m` ([`AdaptiveConfig::qp_context_miss`]) while the pacer goes on releasing
+    /// chunks, so the stream leaves it up to `m` of its bytes behind; paced at `headroom`
+    /// of what the transmitter drains, it catches them up in `m x headroom / (1 -
+    /// headroom)`, and the latency flows wait behind more than their one chunk for about
+    /// `m / (1 - headroom)` in all (24 us for a 600 ns read at 0.975). One read per turn,
+    /// a turn of `t` bytes takes at least `t / MaxRate`, so `m / (1 - headroom) <=
+    /// TAIL_SHARE x t / MaxRate` gives `t >= m x MaxRate / (TAIL_SHARE x (1 - headroom))`,
+    /// rounded up to whole large chunks: 28 MB on RoCE-100-qp-cache (600 ns, 97 Gb/s),
+    /// where one large chunk (1 MB) per turn left the row of 4 against 512 queue pairs at
+    /// 94.9% of the link with the chunk shrunk by the stalls, and 28 MB at 96.4%.
+    /// What it costs: a tenant's other queue pairs wait while one is served its turn (its
+    /// backlogged messages are served one queue pair after another, not interleaved); the
+    /// tenant's bytes, and the others' shares, are unchanged.
+    pub fn context_turn_bytes(&self) -> u64 {
+        let c = &self.config;
+        let large = u64::from(c.max_chunk_bytes.max(1));
+        let disturbed = c.qp_context_miss.as_secs_f64() / (1.0 - c.headroom).max(f64::EPSILON);
+        let bytes = disturbed * c.max_rate_bytes_per_sec / TAIL_SHARE;
+        if !bytes.is_finite() || bytes <= large as f64 {
+            return large;
+        }
+        // Whole large chunks; beyond u64, as many as a u64 holds.
+        let chunks = (bytes / large as f64).ceil().min((u64::MAX / large) as f64) as u64;
+        chunks * large
     }
 
     /// The throughput tenants' share per unit of weight, 1/(L+B+T), while latency flows
@@ -698,6 +780,49 @@ mod tests {
         assert_eq!(ib56().plan(&o).queue_budget, None);
     }
 
+    /// The turn from the cost of a context read, by hand on RoCE-100-qp-cache: MaxRate 97
+    /// Gb/s (12.125e9 B/s), a 600 ns PCIe read, headroom 0.975. A read stalls the stream
+    /// by 600 ns, 7275 B at MaxRate; paced 2.5% under the drain rate the stream catches
+    /// that up in 600 ns x 0.975 / 0.025 = 23.4 us, so the latency flows are disturbed for
+    /// 24 us a read. At most 1% of the time (p99) is one read per 2.4 ms, 29.1e6 B at
+    /// MaxRate: 27.75 large chunks, rounded up to 28 (29360128 B). The bound is met: 24 us
+    /// over the 28-chunk turn's 2.42 ms at MaxRate is under 1%, and over 27 chunks' it is
+    /// not. A read twice as costly, twice the turn; none known, one large chunk.
+    #[test]
+    fn the_turn_keeps_context_reads_out_of_the_tail() {
+        let config = AdaptiveConfig {
+            qp_cache_entries: 256,
+            qp_context_miss: Duration::from_nanos(600),
+            ..AdaptiveConfig::for_rnic(97e9 / 8.0, 4096, 1 << 20)
+        };
+        let law = AdaptiveLaw::new(config).expect("valid");
+        let turn = law.context_turn_bytes();
+        assert_eq!(turn, 28 << 20);
+        let disturbed: f64 = 600e-9 / (1.0 - 0.975);
+        assert!((disturbed - 24e-6).abs() < 1e-12);
+        assert!(disturbed <= 0.01 * turn as f64 / 12.125e9);
+        assert!(disturbed > 0.01 * (27u64 << 20) as f64 / 12.125e9);
+        let o = Observation {
+            tenants: weights(1, 2, 0),
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        assert_eq!(law.plan(&o).queue_budget, Some((85, 28 << 20)));
+        let costlier = AdaptiveLaw::new(AdaptiveConfig {
+            qp_context_miss: Duration::from_nanos(1200),
+            ..config
+        })
+        .expect("valid");
+        // 58.2e6 B: 55.5 large chunks, 56.
+        assert_eq!(costlier.context_turn_bytes(), 56 << 20);
+        let unknown = AdaptiveLaw::new(AdaptiveConfig {
+            qp_context_miss: Duration::ZERO,
+            ..config
+        })
+        .expect("valid");
+        assert_eq!(unknown.context_turn_bytes(), 1 << 20);
+    }
+
     /// Costs by resource: a latency tenant, a READ tenant reading from the latency flow's
     /// peer and a SEND tenant. Under persistent violations, one stream for both bandwidth
     /// tenants is paced at its floor, 2/3 of MaxRate, and the SEND tenant gets half of
@@ -750,6 +875,44 @@ mod tests {
             assert!(pace >= law.floor_rate(&o));
             assert_eq!(plan.chunk_bytes, 512, "the smallest chunk, not half of it");
         }
+    }
+
+    /// The per-message charge by hand on RoCE-100 (MaxRate 97 Gb/s = 12.125e9 B/s, 100
+    /// Gb/s = 12.5e9 B/s of wire, 4 KB MTU, 82 B a packet and a 16 B RETH, MaxTput 105 M
+    /// messages/s): one operation is 12.125e9 / 105e6 = 115.5 B of MaxRate; a 64 B WRITE is
+    /// 162 wire bytes, 162 x 0.97 = 157.1 B of MaxRate, so it is charged 157 B, the wire
+    /// binding; a 4001 B chunk is 4099 wire bytes, 3976 B of MaxRate, under its payload, so
+    /// it is charged 4001 and the pace in chunk bytes stands. On IB-56's 6e9 B/s and 30 M
+    /// messages/s (no wire set) a 64 B WRITE is one operation, 200 B: the message rate
+    /// binds, and it is charged 200 B, a 4 KB chunk its 4096.
+    #[test]
+    fn small_messages_are_charged_what_they_use_of_the_rnic() {
+        let roce100 = AdaptiveConfig {
+            wire_bytes_per_sec: 12.5e9,
+            packet_overhead_bytes: 82,
+            request_overhead_bytes: 16,
+            max_ops_per_sec: 105e6,
+            ..AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20)
+        };
+        assert!((roce100.message_cost(64) - 162.0 * 0.97).abs() < 1e-6);
+        assert!((roce100.message_cost(4001) - 4001.0).abs() < 1e-6);
+        assert_eq!(roce100.charged_bytes(64, 4001), 157);
+        assert_eq!(roce100.charged_bytes(4001, 4001), 4001);
+        // A 3000 B piece: 3098 wire bytes, 3005.06 B of MaxRate, just above its payload;
+        // a 1998 B piece of a 1 MB message in 2001 B chunks, 2096 wire bytes, 2033.1 B,
+        // as a chunk costs per byte within a fraction of a byte.
+        assert_eq!(roce100.charged_bytes(3000, 4001), 3005);
+        assert_eq!(roce100.charged_bytes(1998, 2001), 1998);
+        let ib56 = AdaptiveConfig {
+            max_ops_per_sec: 30e6,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        assert!((ib56.message_cost(64) - 200.0).abs() < 1e-6);
+        assert_eq!(ib56.charged_bytes(64, 4096), 200);
+        assert_eq!(ib56.charged_bytes(4096, 4096), 4096);
+        // Nothing known beyond MaxRate: the payload.
+        let bare = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
+        assert_eq!(bare.charged_bytes(64, 4096), 64);
     }
 
     /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.

@@ -4,7 +4,12 @@
 //! The unit is a tenant's flows of one class (counted once, as the policies count them),
 //! with the tenant's weight (the largest among those flows). A flow without a tenant in
 //! the scenario is a tenant of its own, and so is each of its copies. Rates are in the
-//! class's measure: Gb/s for bandwidth flows, messages per second otherwise.
+//! class's measure: messages per second for latency and throughput flows; for bandwidth
+//! flows the Gb/s of MaxRate their use of the RNIC amounts to ([`rnic_gbps`]): their
+//! goodput, or more where their messages' wire headers or their message rate take a larger
+//! part of the RNIC than their payload does, so that a tenant of small messages is fair at
+//! an equal part of what it uses (the wire, the processing units), not of bytes it cannot
+//! move. For messages of a few KB and more this is the goodput.
 //!
 //! For a unit `u` of weight `w_u` in a run whose units weigh `W` together:
 //!
@@ -20,7 +25,8 @@ use std::collections::BTreeMap;
 
 use justitia_core::flow::FlowClass;
 
-use crate::report::{RunReport, ScenarioReport};
+use crate::model_profile::ModelProfile;
+use crate::report::{FlowReport, RunReport, ScenarioReport};
 use crate::scenario::Scenario;
 
 /// Each flow's tenant (a label) and weight, by the flow's name in reports.
@@ -80,8 +86,44 @@ pub fn rate(class: FlowClass, gbps: f64, msgs_per_sec: f64) -> f64 {
     }
 }
 
+/// The Gb/s of MaxRate a bandwidth flow of `gbps` goodput in `msgs_per_sec` messages
+/// uses of the RNIC: the most of its goodput, its wire bit rate (payload, each packet's
+/// headers and each message's first-packet extra, at the messages' mean size) scaled from
+/// the link's rate to MaxRate, and its message rate scaled from MaxTput to MaxRate.
+pub fn rnic_gbps(profile: &ModelProfile, gbps: f64, msgs_per_sec: f64) -> f64 {
+    let max_rate = profile.policy.max_rate_gbps;
+    if msgs_per_sec <= 0.0 {
+        return gbps;
+    }
+    let mean_bytes = gbps * 1e9 / 8.0 / msgs_per_sec;
+    let packets = (mean_bytes / f64::from(profile.mtu())).ceil().max(1.0);
+    let header_bits = (packets * f64::from(profile.link.header_bytes)
+        + f64::from(profile.link.first_packet_extra_bytes))
+        * 8.0
+        * msgs_per_sec;
+    let wire = (gbps + header_bits / 1e9) * max_rate / profile.link.gbps;
+    let messages = msgs_per_sec / (profile.policy.max_tput_mops * 1e6) * max_rate;
+    gbps.max(wire).max(messages)
+}
+
+/// A flow's rate in its class's measure for the tenant-fair shares (see the module).
+fn use_of(profile: &ModelProfile, f: &FlowReport) -> f64 {
+    match f.class {
+        FlowClass::Bandwidth => rnic_gbps(profile, f.gbps, f.msgs_per_sec),
+        _ => f.msgs_per_sec,
+    }
+}
+
 /// The largest total rate each class reached in one reference run of the report.
 pub fn capacity(report: &ScenarioReport) -> BTreeMap<FlowClass, f64> {
+    capacity_in(report, |f| rate(f.class, f.gbps, f.msgs_per_sec))
+}
+
+/// The largest total each class reached in one reference run, flows measured by `measure`.
+fn capacity_in(
+    report: &ScenarioReport,
+    measure: impl Fn(&FlowReport) -> f64,
+) -> BTreeMap<FlowClass, f64> {
     let mut out = BTreeMap::new();
     for r in report
         .runs
@@ -90,7 +132,7 @@ pub fn capacity(report: &ScenarioReport) -> BTreeMap<FlowClass, f64> {
     {
         let mut totals: BTreeMap<FlowClass, f64> = BTreeMap::new();
         for f in &r.flows {
-            *totals.entry(f.class).or_insert(0.0) += rate(f.class, f.gbps, f.msgs_per_sec);
+            *totals.entry(f.class).or_insert(0.0) += measure(f);
         }
         for (class, total) in totals {
             let c = out.entry(class).or_insert(0.0_f64);
@@ -100,14 +142,16 @@ pub fn capacity(report: &ScenarioReport) -> BTreeMap<FlowClass, f64> {
     out
 }
 
-/// The tenants' shares in `run` of `report`; a flow not in `tenants` is a tenant of its
-/// own of weight 1, and one without a reference run is left out.
+/// The tenants' shares in `run` of `report` on `profile`, in each class's measure for
+/// the shares (see the module); a flow not in `tenants` is a tenant of its own of weight
+/// 1, and one without a reference run is left out.
 pub fn tenant_shares(
     report: &ScenarioReport,
     run: &RunReport,
     tenants: &TenantMap,
+    profile: &ModelProfile,
 ) -> Vec<TenantShare> {
-    let capacity = capacity(report);
+    let capacity = capacity_in(report, |f| use_of(profile, f));
     let reference = |name: &str| {
         report
             .runs
@@ -127,8 +171,8 @@ pub fn tenant_shares(
             .unwrap_or_else(|| (f.name.clone(), 1));
         let u = units.entry((tenant, f.class)).or_insert((0, 0.0, 0.0));
         u.0 = u.0.max(weight);
-        u.1 += rate(f.class, f.gbps, f.msgs_per_sec);
-        u.2 += rate(base.class, base.gbps, base.msgs_per_sec);
+        u.1 += use_of(profile, f);
+        u.2 += use_of(profile, base);
     }
     let all: u32 = units.values().map(|u| u.0).sum();
     units
@@ -214,12 +258,31 @@ mod tests {
                 ),
             ],
         };
-        let shares = tenant_shares(&report, &report.runs[3], &tenants);
+        let profile = ModelProfile::builtin("RoCE-100").expect("built in");
+        let shares = tenant_shares(&report, &report.runs[3], &tenants, &profile);
         assert_eq!(shares.len(), 3);
         let of = |t: &str| shares.iter().find(|s| s.tenant == t).expect("tenant");
         assert!((of("tenant 2").fair - 30.0).abs() < 1e-9);
         assert!((of("tenant 2").ratio() - 0.3).abs() < 1e-9);
         assert!((of("tenant 3").ratio() - 2.7).abs() < 1e-9);
         assert!((of("lat").fair - 1000.0 / 3.0).abs() < 1e-9);
+    }
+
+    /// A bandwidth flow's use of the RNIC on RoCE-100 (MaxRate 97 Gb/s, 100 Gb/s of wire,
+    /// 82 B a packet and a 16 B RETH, 105 M messages/s), by hand: 36.5 M 64 B WRITEs/s are
+    /// 18.69 Gb/s of goodput, 36.5e6 x 162 x 8 = 47.30 Gb/s of wire, 45.89 at MaxRate,
+    /// and 36.5 / 105 x 97 = 33.72 by message rate: the wire's 45.89. 1 MB messages at 90
+    /// Gb/s are their goodput.
+    #[test]
+    fn small_messages_count_by_what_they_use_of_the_rnic() {
+        let profile = ModelProfile::builtin("RoCE-100").expect("built in");
+        let gbps = 36.5e6 * 64.0 * 8.0 / 1e9;
+        let used = rnic_gbps(&profile, gbps, 36.5e6);
+        assert!(
+            (used - 36.5e6 * 162.0 * 8.0 / 1e9 * 0.97).abs() < 1e-6,
+            "{used}"
+        );
+        assert!((rnic_gbps(&profile, 90.0, 90e9 / 8.0 / 1048576.0) - 90.0).abs() < 1e-9);
+        assert!((rnic_gbps(&profile, 5.0, 0.0) - 5.0).abs() < 1e-12);
     }
 }

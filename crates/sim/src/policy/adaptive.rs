@@ -143,10 +143,16 @@ pub struct ChunkShaper {
     /// end: each costs that host's send path an acknowledgement (a WRITE or a SEND) or
     /// this host's a request packet (a READ).
     messages_to: BTreeMap<HostId, u64>,
+    /// The law's settings: what a chunk is charged ([`AdaptiveConfig::charged_bytes`]).
+    config: AdaptiveConfig,
 }
 
 impl ChunkShaper {
-    fn new<'a>(flows: impl IntoIterator<Item = &'a FlowInfo>, timer_tag: u64) -> Self {
+    fn new<'a>(
+        flows: impl IntoIterator<Item = &'a FlowInfo>,
+        timer_tag: u64,
+        config: AdaptiveConfig,
+    ) -> Self {
         let mut order = TenantRoundRobin::new();
         let mut qps = BTreeMap::new();
         for f in flows
@@ -185,6 +191,7 @@ impl ChunkShaper {
             chunks: 0,
             yields: 0,
             messages_to: BTreeMap::new(),
+            config,
         }
     }
 
@@ -273,14 +280,18 @@ impl ChunkShaper {
     }
 
     /// The queue pair whose chunk goes next: the one held for the pacer, else the round
-    /// robin's pick among those with a message waiting and room in their window.
+    /// robin's pick among those with a message waiting and room in their window, each
+    /// tenant charged what its chunk costs the RNIC.
     fn next_qp(&mut self, window: u32, chunk_bytes: u64) -> Option<QpId> {
         let qps = &self.qps;
+        let (config, plan_chunk) = (&self.config, self.plan.chunk_bytes);
         let ready = |qp: QpId| {
             qps.get(&qp)
                 .filter(|e| e.in_flight < window)
                 .and_then(|e| e.pending.front())
-                .map(|head| Self::piece(head.remaining, chunk_bytes))
+                .map(|head| {
+                    config.charged_bytes(Self::piece(head.remaining, chunk_bytes), plan_chunk)
+                })
         };
         if let Some(qp) = self.held.take().filter(|&qp| ready(qp).is_some()) {
             return Some(qp);
@@ -308,7 +319,10 @@ impl ChunkShaper {
             };
             let bytes = Self::piece(head.remaining, chunk_bytes);
             if let Some(pacer) = &mut self.pacer {
-                if let Err(wait) = pacer.try_release(core_time(ctx.now()), bytes, 1) {
+                // Paced by what the chunk costs: a 64 B message takes a whole message's
+                // wire headers, or processing slot, not 64 B of MaxRate.
+                let charged = self.config.charged_bytes(bytes, self.plan.chunk_bytes);
+                if let Err(wait) = pacer.try_release(core_time(ctx.now()), charged, 1) {
                     self.held = Some(qp);
                     let at = ctx.now() + time::from_ns(wait.as_nanos() as f64);
                     if self.timer_at.is_none_or(|t| t > at || t < ctx.now()) {
@@ -432,6 +446,10 @@ impl AdaptivePolicy {
             max_ops_per_sec: profile.policy.max_ops_per_sec(),
             qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
             qp_cache_entries: profile.rnic.qp_cache_entries,
+            // The model's context miss: the processing unit reads the context over PCIe,
+            // one DMA read round trip (`crate::rnic`, step 2).
+            qp_context_miss: Duration::try_from_secs_f64(profile.pcie.read_latency_ns * 1e-9)
+                .unwrap_or(Duration::ZERO),
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
@@ -663,7 +681,10 @@ impl Policy for AdaptivePolicy {
                 let flows = flows
                     .iter()
                     .filter(|f| self.charged.get(&f.spec.id.0) == Some(&resource));
-                (resource, ChunkShaper::new(flows, PACE_TIMER + i as u64))
+                (
+                    resource,
+                    ChunkShaper::new(flows, PACE_TIMER + i as u64, *self.law.config()),
+                )
             })
             .collect();
         let throughput: Vec<FlowInfo> = flows
