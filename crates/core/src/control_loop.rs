@@ -2864,6 +2864,69 @@ mod tests {
         assert!(value >= us(18) && value <= us(22), "{value:?}");
     }
 
+    /// An idle-multiple loop measuring its baseline from 10 probes, with a bandwidth flow
+    /// (id 2, registered idle) that loses its share the moment it reports no work (no
+    /// idle grace), so that a busy spell can begin and end between two probe events.
+    fn baseline_loop_with_a_bandwidth_flow() -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        lp.register_flow(Duration::ZERO, flow(2, FlowClass::Bandwidth))
+            .unwrap();
+        lp
+    }
+
+    /// Completes the baseline with 10 probes of 10 us sent and completed while no flow is
+    /// active, from `t`, and returns the idle p99 measured. Every uncontended probe took
+    /// 10 us, so a baseline of uncontended probes only has a p99 of exactly 10 us, and a
+    /// target of twice that.
+    fn measure_idle(lp: &mut ControlLoop, mut t: Duration) -> Duration {
+        for _ in 0..10 {
+            let id = lp.probe_sent(t);
+            t += us(10);
+            assert!(lp.probe_completed(t, id));
+        }
+        let report = lp.target();
+        assert_eq!(report.value, report.idle_p99.map(|p| p * 2));
+        report
+            .idle_p99
+            .expect("10 uncontended probes measure the idle p99")
+    }
+
+    /// A probe sent while the NIC is idle but outstanding across a busy spell (a bandwidth
+    /// flow starts and stops before it completes) saw contention: it is not an idle
+    /// sample, although no hungry flow is active at either end. The spell advances the
+    /// idle epoch the probe was sent in.
+    #[test]
+    fn a_probe_outstanding_across_a_busy_spell_is_not_an_idle_sample() {
+        let mut lp = baseline_loop_with_a_bandwidth_flow();
+        let straddling = lp.probe_sent(Duration::ZERO);
+        lp.set_flow_active(us(1), FlowId(2), true).unwrap();
+        lp.set_flow_active(us(2), FlowId(2), false).unwrap();
+        assert_eq!(lp.counts().bandwidth, 0, "the spell is over");
+        assert!(lp.probe_completed(us(1000), straddling));
+        assert_eq!(lp.target().idle_p99, None, "1 sample of 10 at most");
+        assert_eq!(measure_idle(&mut lp, us(1000)), us(10));
+    }
+
+    /// A probe sent while a hungry flow is active is contended even if the flow has
+    /// stopped by the time the probe completes.
+    #[test]
+    fn a_probe_sent_while_busy_is_not_an_idle_sample_though_it_completes_idle() {
+        let mut lp = baseline_loop_with_a_bandwidth_flow();
+        lp.set_flow_active(Duration::ZERO, FlowId(2), true).unwrap();
+        let contended = lp.probe_sent(us(1));
+        lp.set_flow_active(us(2), FlowId(2), false).unwrap();
+        assert_eq!(lp.counts().bandwidth, 0, "the flow has stopped");
+        assert!(lp.probe_completed(us(1000), contended));
+        assert_eq!(measure_idle(&mut lp, us(1000)), us(10));
+    }
+
     /// A xorshift64 generator: reproducible noise without a dependency.
     struct Noise(u64);
 
