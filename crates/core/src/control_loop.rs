@@ -2123,6 +2123,21 @@ mod tests {
             (fraction - 0.6).abs() < 1e-9,
             "SafeUtil {fraction} of MaxRate"
         );
+        // The loop's default law, the search: the first increase after the halving from
+        // MaxRate goes half-way back to it, to 3/4. The controller's own default, the
+        // fixed step of 1/1000, would reach 0.501.
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 3, us(100));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+        while lp.last_action() != Some(ControlAction::Increase) {
+            run_periods(&mut lp, &mut t, 1, us(10));
+            assert!(t < Duration::from_millis(100), "no increase");
+        }
+        assert_eq!(lp.safe_util() / lp.max_rate(), 0.75);
     }
 
     #[test]
@@ -2573,6 +2588,31 @@ mod tests {
             assert_eq!(got.chunk_bytes, g.chunk_bytes);
         }
         assert_eq!(a.counts.total(), 0, "READ requesters count at B, not here");
+    }
+
+    /// The responder's own tenants count at their weight too: a local bandwidth tenant of
+    /// weight 3 and a served READ tenant of weight 1 share its RNIC 3 to 1, so the READ
+    /// tenant's guarantee is 1/4.
+    #[test]
+    fn a_responders_own_tenant_counts_at_its_weight_in_the_guarantee() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut b = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let mut reg = flow(1, FlowClass::Bandwidth);
+        reg.spec.weight = Weight::new(3).unwrap();
+        b.register_flow(Duration::ZERO, reg).unwrap();
+        b.set_flow_active(Duration::ZERO, FlowId(1), true).unwrap();
+        let unit = RemoteReadUnit {
+            class: FlowClass::Bandwidth,
+            weight: Weight::ONE,
+        };
+        b.set_remote_reads(Duration::ZERO, &[unit]);
+        let mut t = Duration::ZERO;
+        let g = *announced(&mut b, &mut t, 2).last().unwrap();
+        assert_eq!(g.fraction, 0.25);
     }
 
     /// Fail-open: a READ requester's flow whose guarantee lapses is no longer constrained
