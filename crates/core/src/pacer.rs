@@ -1398,4 +1398,21 @@ mod tests {
             }
         }
     }
+
+    /// A rate's own operation burst, with the default window of 1 us: max(2, 1 us x rate)
+    /// operations, or none when operations are not paced.
+    #[test]
+    fn a_rates_operation_burst_is_two_or_a_microsecond_of_operations() {
+        let fast = PaceRate {
+            ops_per_sec: Some(50_000_000),
+            ..rate(1_000_000_000, 4096)
+        };
+        assert_eq!(fast.burst_ops(), Some(50), "1 us at 5 x 10^7 ops/s");
+        let slow = PaceRate {
+            ops_per_sec: Some(1_000),
+            ..fast
+        };
+        assert_eq!(slow.burst_ops(), Some(BURST_CHUNKS));
+        assert_eq!(rate(1_000_000_000, 4096).burst_ops(), None);
+    }
 }
