@@ -2926,7 +2926,8 @@ mod tests {
     /// 10 us, so a baseline of uncontended probes only has a p99 of exactly 10 us, and a
     /// target of twice that.
     fn measure_idle(lp: &mut ControlLoop, mut t: Duration) -> Duration {
-        for _ in 0..10 {
+        for i in 0..10 {
+            assert_eq!(lp.target().idle_p99, None, "{i} samples of 10");
             let id = lp.probe_sent(t);
             t += us(10);
             assert!(lp.probe_completed(t, id));
@@ -3235,5 +3236,97 @@ mod tests {
         }
         assert!(lost >= 3, "{lost} probes lost");
         assert!(lp.safe_util() < lp.max_rate(), "no decrease on lost probes");
+    }
+
+    /// The events waiting, in order.
+    fn events(lp: &mut ControlLoop) -> Vec<Event> {
+        std::iter::from_fn(|| lp.poll_event()).collect()
+    }
+
+    /// A probe is lost when its timeout has run out and not before: at `sent +
+    /// probe_timeout` exactly.
+    #[test]
+    fn a_probe_is_lost_exactly_when_its_timeout_runs_out() {
+        let mut lp = quiet_loop(1);
+        let timeout = lp.config().probe_timeout;
+        let id = lp.probe_sent(Duration::ZERO);
+        lp.handle_timeout(timeout - Duration::from_nanos(1));
+        assert!(!events(&mut lp).contains(&Event::ProbeLost(id)));
+        lp.handle_timeout(timeout);
+        assert!(events(&mut lp).contains(&Event::ProbeLost(id)));
+        assert!(!lp.probe_completed(timeout, id), "already counted");
+    }
+
+    /// "Later than `poll_timeout` by more than the probe timeout" is a stall: a call
+    /// exactly one probe timeout late expires the probe outstanding as lost, a nanosecond
+    /// later forgets it (no loss, and its completion is unknown).
+    #[test]
+    fn a_call_one_probe_timeout_late_expires_probes_and_a_later_one_forgets_them() {
+        for (late, lost) in [(Duration::ZERO, true), (Duration::from_nanos(1), false)] {
+            let mut lp = quiet_loop(1);
+            let id = lp.probe_sent(Duration::ZERO);
+            let due = lp.poll_timeout().unwrap();
+            let now = due + lp.config().probe_timeout + late;
+            lp.handle_timeout(now);
+            assert_eq!(
+                events(&mut lp).contains(&Event::ProbeLost(id)),
+                lost,
+                "{late:?} beyond"
+            );
+            assert!(!lp.probe_completed(now, id));
+        }
+    }
+
+    /// A probe that failed is counted lost once: the first report is taken, a second one
+    /// and a completion after it are not.
+    #[test]
+    fn a_failed_probe_is_counted_lost_once() {
+        let mut lp = quiet_loop(1);
+        let id = lp.probe_sent(Duration::ZERO);
+        assert!(lp.probe_lost(us(1), id));
+        assert_eq!(events(&mut lp), vec![Event::ProbeLost(id)]);
+        assert!(!lp.probe_lost(us(2), id));
+        assert!(!lp.probe_completed(us(3), id));
+        assert!(!lp.probe_lost(us(4), ProbeId(99)), "never sent");
+    }
+
+    /// A loop with no flow at all asks for nothing: it updates every quiet period.
+    #[test]
+    fn a_loop_without_flows_updates_every_quiet_period() {
+        let mut lp = quiet_loop(QUIET_PERIODS);
+        let trace = follow(&mut lp, &[], Duration::from_millis(100));
+        assert!(trace.probes.is_empty(), "{:?}", trace.probes);
+        assert!(
+            gaps(&trace.updates[1..])
+                .iter()
+                .all(|&g| g == Duration::from_millis(5)),
+            "{:?}",
+            trace.updates
+        );
+    }
+
+    /// An idle-multiple loop waiting for its baseline is not quiet: it asks for a probe at
+    /// every RefPeriod until its 10 idle samples are in, and is quiet from then on.
+    #[test]
+    fn a_loop_measuring_its_idle_baseline_is_quiet_only_once_it_has() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            quiet_periods: QUIET_PERIODS,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let trace = follow(&mut lp, &[], Duration::from_millis(100));
+        let every_ref_period: Vec<Duration> = (1..=10).map(|k| us(500 * k)).collect();
+        assert_eq!(trace.probes, every_ref_period);
+        assert_eq!(lp.target().idle_p99, Some(us(10)));
+        assert!(
+            gaps(&trace.updates[10..])
+                .iter()
+                .all(|&g| g == Duration::from_millis(5)),
+            "{:?}",
+            trace.updates
+        );
     }
 }
