@@ -3329,4 +3329,100 @@ mod tests {
             trace.updates
         );
     }
+
+    /// A change of mode is said once, when it happens: RefPeriod 10 ms, delta 50 ms, every
+    /// probe slow, and one `ModeChanged` (to unattainable) in 20 updates.
+    #[test]
+    fn a_change_of_mode_is_one_event() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ref_period: Duration::from_millis(10),
+            unattainable_after: Some(Duration::from_millis(50)),
+            ..LoopConfig::default()
+        });
+        let mut changes = Vec::new();
+        let mut t = Duration::ZERO;
+        for _ in 0..20 {
+            t += lp.config().ref_period;
+            lp.handle_timeout(t);
+            for event in events(&mut lp) {
+                match event {
+                    Event::ProbeDue => {
+                        let id = lp.probe_sent(t);
+                        assert!(lp.probe_completed(t + us(100), id));
+                    }
+                    Event::ModeChanged(mode) => changes.push(mode),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert!(matches!(changes[0], ControlMode::Unattainable { .. }));
+    }
+
+    /// The allotments follow SafeUtil at the update that changes it, with nothing else
+    /// changed: one bandwidth flow beside a latency flow is allotted the whole of SafeUtil,
+    /// MaxRate, then half of it after the halving.
+    #[test]
+    fn an_allotment_follows_safe_util_at_the_update_that_changes_it() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        let max = lp.max_rate();
+        assert_eq!(lp.allotment(FlowId(2)).unwrap().bytes_per_sec, max);
+        while lp.last_action() != Some(ControlAction::Decrease) {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            assert!(t < Duration::from_millis(100), "no decrease");
+        }
+        assert_eq!(lp.safe_util(), max / 2.0);
+        assert_eq!(lp.allotment(FlowId(2)).unwrap().bytes_per_sec, max / 2.0);
+    }
+
+    /// The probes that show a violation went at the rates of the latest updates, so a
+    /// decrease's ceiling is the lowest SafeUtil of the latest [`VIOLATION_RUN`] updates,
+    /// not the rate SafeUtil had climbed to when they showed it: after a halving, four
+    /// updates on fast probes (a hold, then the climb), then slow probes, the search aims
+    /// half-way to the lowest rate of the three updates before the second decrease.
+    #[test]
+    fn a_decrease_after_a_climb_aims_below_the_lowest_recent_rate() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let until = |lp: &mut ControlLoop, t: &mut Duration, action, latency| {
+            let mut rates = Vec::new();
+            while lp.last_action() != Some(action) {
+                run_periods(lp, t, 1, latency);
+                rates.push(lp.safe_util());
+                assert!(*t < Duration::from_millis(100), "no {action:?}");
+            }
+            rates
+        };
+        until(&mut lp, &mut t, ControlAction::Decrease, us(100));
+        let floor = lp.safe_util();
+        assert_eq!(floor, lp.max_rate() / 2.0);
+        let mut rates = vec![floor];
+        for _ in 0..4 {
+            run_periods(&mut lp, &mut t, 1, us(10));
+            rates.push(lp.safe_util());
+        }
+        rates.extend(until(&mut lp, &mut t, ControlAction::Decrease, us(100)));
+        // The decrease is the last entry; the three before it are the latest rates.
+        let before = &rates[rates.len() - 1 - VIOLATION_RUN..rates.len() - 1];
+        let ceiling = before.iter().copied().fold(f64::MAX, f64::min);
+        let climbed = before[VIOLATION_RUN - 1];
+        assert!(ceiling < climbed, "SafeUtil climbed: {before:?}");
+        assert_eq!(lp.safe_util(), floor);
+        until(&mut lp, &mut t, ControlAction::Increase, us(10));
+        let want = floor + (ceiling - floor) / 2.0;
+        assert!(
+            (lp.safe_util() - want).abs() <= 1e-9 * want,
+            "{} against {want} (half-way to {ceiling}, not to {climbed})",
+            lp.safe_util()
+        );
+    }
 }

@@ -1415,4 +1415,32 @@ mod tests {
         assert_eq!(slow.burst_ops(), Some(BURST_CHUNKS));
         assert_eq!(rate(1_000_000_000, 4096).burst_ops(), None);
     }
+
+    /// "A balance that reaches its cap with nobody late forgives what is owed": a lane
+    /// owing 8 units' time, 9 units of credit of 10, refilled by 3 units' time with nobody
+    /// late is full and owes nothing, so an overdraft of 2 units is repaid at the rate
+    /// alone (2 units' time), not at twice the rate.
+    #[test]
+    fn a_full_balance_with_nobody_late_forgives_what_is_owed() {
+        let mut lane = Lane::full(1_000_000, 10);
+        let unit = i128::from(lane.cost);
+        lane.balance = 9 * unit;
+        lane.owed = 8 * unit;
+        lane.refill(3 * unit, 0);
+        assert_eq!(lane.balance, lane.cap);
+        assert_eq!(lane.owed, 0);
+        lane.charge(12);
+        assert_eq!(lane.wait(), 2 * unit);
+    }
+
+    /// While something is owed a debt is repaid at twice the rate: 2 units' debt with 8
+    /// owed waits 1 unit's time.
+    #[test]
+    fn while_something_is_owed_a_debt_is_repaid_at_twice_the_rate() {
+        let mut lane = Lane::full(1_000_000, 10);
+        let unit = i128::from(lane.cost);
+        lane.balance = -2 * unit;
+        lane.owed = 8 * unit;
+        assert_eq!(lane.wait(), unit);
+    }
 }
