@@ -3425,4 +3425,157 @@ mod tests {
             lp.safe_util()
         );
     }
+
+    /// The division follows the tenants: two tenants of one bandwidth flow each get 1/2 of
+    /// SafeUtil; when a third tenant with two flows starts, each tenant gets 1/3, its two
+    /// flows 1/6 each (no share kept from the division before).
+    #[test]
+    fn a_tenant_that_starts_takes_its_share_from_the_others_split_over_its_flows() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for id in [1, 2] {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 1, us(10));
+        let max = lp.max_rate();
+        assert_eq!(lp.safe_util(), max);
+        let share = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().bytes_per_sec / max;
+        assert_eq!((share(&lp, 1), share(&lp, 2)), (0.5, 0.5));
+        for id in [3, 4] {
+            let mut reg = flow(id, FlowClass::Bandwidth);
+            reg.spec.tenant = TenantId(3);
+            lp.register_flow(t, reg).unwrap();
+            lp.set_flow_active(t, FlowId(id), true).unwrap();
+        }
+        drive(&mut lp, &mut t, 1, us(10));
+        for (id, want) in [
+            (1, 1.0 / 3.0),
+            (2, 1.0 / 3.0),
+            (3, 1.0 / 6.0),
+            (4, 1.0 / 6.0),
+        ] {
+            let got = share(&lp, id);
+            assert!((got - want).abs() < 1e-12, "flow {id}: {got}, not {want}");
+        }
+    }
+
+    /// Three slow probes in a row decide a violation whatever the window holds: after 100
+    /// fast probes (a window where the binomial rule needs 6 of about 100), probes of twice
+    /// the target from the update that sends the first of them halve SafeUtil at the
+    /// third update after it, the first to see three.
+    #[test]
+    fn three_slow_probes_in_a_row_decide_a_violation_in_a_long_window() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 100, us(10));
+        assert_eq!(lp.safe_util(), lp.max_rate());
+        let mut actions = Vec::new();
+        for _ in 0..4 {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            actions.push(lp.last_action());
+        }
+        assert_eq!(actions[3], Some(ControlAction::Decrease), "{actions:?}");
+        assert!(
+            !actions[..3].contains(&Some(ControlAction::Decrease)),
+            "{actions:?}"
+        );
+    }
+
+    /// The memo of shares is direct-mapped and checks its whole key: tenants of weight 1
+    /// and 17 with one flow each share a slot, as do tenants of weight 1 with 1 and 17
+    /// flows; each still gets its own share (1/18 and 17/18; 1/2 for the flow alone and
+    /// 1/34 for each of the 17).
+    #[test]
+    fn tenants_whose_memo_slots_collide_get_their_own_shares() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        for (weights, flows) in [([1, 17], [1, 1]), ([1, 1], [1, 17])] {
+            assert_eq!(
+                ShareMemo::slot(weights[0], flows[0]),
+                ShareMemo::slot(weights[1], flows[1])
+            );
+            let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+            let mut id = 0;
+            let mut first = Vec::new();
+            for tenant in 0..2 {
+                for _ in 0..flows[tenant] {
+                    id += 1;
+                    first.push(tenant == 0);
+                    let mut reg = flow(id, FlowClass::Bandwidth);
+                    reg.spec.tenant = TenantId(tenant as u64 + 100);
+                    reg.spec.weight = Weight::new(weights[tenant]).unwrap();
+                    lp.register_flow(Duration::ZERO, reg).unwrap();
+                    lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                        .unwrap();
+                }
+            }
+            let mut t = Duration::ZERO;
+            drive(&mut lp, &mut t, 1, us(10));
+            let total = f64::from(weights[0] + weights[1]);
+            for (k, &of_first) in first.iter().enumerate() {
+                let tenant = usize::from(!of_first);
+                let want = f64::from(weights[tenant]) / total / f64::from(flows[tenant]);
+                let got = lp.allotment(FlowId(k as u64 + 1)).unwrap().bytes_per_sec / lp.max_rate();
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "weights {weights:?}, flows {flows:?}: flow {}: {got}, not {want}",
+                    k + 1
+                );
+            }
+        }
+    }
+
+    /// A window too short for the binomial rule to decide on still increases once its
+    /// newest three samples all meet the target: at 10^-7 a window of 3 decides nothing
+    /// (three slow probes of three happen with probability 10^-6), so after a decrease
+    /// the first increase comes at the third update, the first with three fast samples.
+    #[test]
+    fn a_window_too_short_to_decide_increases_on_three_fast_samples() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            violation: ViolationRule::Confident(1e-7),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let mut since_decrease = None;
+        while t < Duration::from_millis(100) {
+            t += lp.config().ref_period;
+            lp.handle_timeout(t);
+            if lp.last_action() == Some(ControlAction::Decrease) && since_decrease.is_none() {
+                since_decrease = Some(0);
+            } else if let Some(n) = &mut since_decrease {
+                *n += 1;
+                if lp.last_action() == Some(ControlAction::Increase) {
+                    break;
+                }
+            }
+            let latency = if since_decrease.is_some() {
+                us(10)
+            } else {
+                us(100)
+            };
+            for event in events(&mut lp) {
+                if event == Event::ProbeDue {
+                    let id = lp.probe_sent(t);
+                    assert!(lp.probe_completed(t + latency, id));
+                }
+            }
+        }
+        assert_eq!(lp.last_action(), Some(ControlAction::Increase));
+        assert_eq!(since_decrease, Some(3));
+    }
 }
