@@ -3578,4 +3578,58 @@ mod tests {
         assert_eq!(lp.last_action(), Some(ControlAction::Increase));
         assert_eq!(since_decrease, Some(3));
     }
+
+    /// A tenant counts at the largest weight of its active flows: when its flow of weight
+    /// 3 stops, its flow of weight 1 is left and it weighs 1 again, beside another tenant
+    /// of weight 1 (3/4 then 1/2 of SafeUtil). Each allotment's operations are its bytes
+    /// at the profile's MaxTput / MaxRate, and each change of the allotments is the next
+    /// generation.
+    #[test]
+    fn a_tenant_weighs_its_largest_active_flow_and_allotments_carry_ops_and_generations() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for (id, tenant, weight) in [(1, 7, 3), (2, 7, 1), (3, 8, 1)] {
+            let mut reg = flow(id, FlowClass::Bandwidth);
+            reg.spec.tenant = TenantId(tenant);
+            reg.spec.weight = Weight::new(weight).unwrap();
+            lp.register_flow(Duration::ZERO, reg).unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        let mut generations = Vec::new();
+        let mut update = |lp: &mut ControlLoop, t: &mut Duration| {
+            *t += us(500);
+            lp.handle_timeout(*t);
+            for event in events(lp) {
+                if let Event::AllotmentsChanged { generation } = event {
+                    generations.push(generation);
+                }
+            }
+        };
+        update(&mut lp, &mut t);
+        let max = lp.max_rate();
+        let share = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().bytes_per_sec / max;
+        // Tenant 7 weighs 3 of 4, split over its two flows.
+        assert_eq!(
+            (share(&lp, 1), share(&lp, 2), share(&lp, 3)),
+            (0.375, 0.375, 0.25)
+        );
+        lp.set_flow_active(t, FlowId(1), false).unwrap();
+        update(&mut lp, &mut t);
+        assert_eq!(
+            (share(&lp, 1), share(&lp, 2), share(&lp, 3)),
+            (0.0, 0.5, 0.5)
+        );
+        for id in [2, 3] {
+            let a = lp.allotment(FlowId(id)).unwrap();
+            assert_eq!(a.ops_per_sec, a.bytes_per_sec * profile.ops_per_byte());
+        }
+        assert_eq!(generations, vec![1, 2]);
+    }
 }
