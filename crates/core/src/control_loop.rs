@@ -3632,4 +3632,36 @@ mod tests {
         }
         assert_eq!(generations, vec![1, 2]);
     }
+
+    /// A new assignment of release phases is a new epoch, and only that: the first
+    /// division is epoch 1; a halving of SafeUtil alone keeps it; a flow that starts to
+    /// share (a new division with new phases) makes epoch 2; a second latency flow (a new
+    /// division of the same sharing flows) keeps it.
+    #[test]
+    fn a_new_phase_epoch_comes_with_new_phases_and_not_with_safe_util_alone() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let epoch = |lp: &ControlLoop| lp.allotment(FlowId(2)).unwrap().phase.epoch;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(epoch(&lp), 1);
+        while lp.last_action() != Some(ControlAction::Decrease) {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            assert!(t < Duration::from_millis(100), "no decrease");
+        }
+        assert_eq!(epoch(&lp), 1, "SafeUtil alone");
+        lp.register_flow(t, flow(3, FlowClass::Bandwidth)).unwrap();
+        lp.set_flow_active(t, FlowId(3), true).unwrap();
+        run_periods(&mut lp, &mut t, 1, us(100));
+        assert_eq!(epoch(&lp), 2);
+        // A second latency flow: a new division, but the same flows share (and the chunk
+        // stays that of a host with latency flows), so every phase stays.
+        lp.register_flow(t, flow(4, FlowClass::Latency)).unwrap();
+        lp.set_flow_active(t, FlowId(4), true).unwrap();
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.counts().latency, 2);
+        assert_eq!(epoch(&lp), 2, "the same sharing flows");
+    }
 }
