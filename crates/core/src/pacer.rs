@@ -1443,4 +1443,32 @@ mod tests {
         lane.owed = 8 * unit;
         assert_eq!(lane.wait(), unit);
     }
+
+    /// Rephasing moves a debt later by less than a period onto its slot, and says whether
+    /// it moved: a debt of 30 ticks onto slot 50 of 100 becomes 50; one already at its slot
+    /// stays (false); a lane at rest waits its slot, at most one tick short of the period
+    /// even for a phase of 1.
+    #[test]
+    fn rephasing_moves_a_debt_onto_its_slot_within_a_period() {
+        let mut lane = Lane::full(1_000_000, 10);
+        lane.balance = -30;
+        assert!(lane.rephase(0.5, 100, false));
+        assert_eq!(lane.balance, -50);
+        assert!(!lane.rephase(0.5, 100, false), "already at its slot");
+        assert_eq!(lane.balance, -50);
+        let mut rest = Lane::full(1_000_000, 10);
+        assert!(rest.rephase(1.0, 100, true));
+        assert_eq!(rest.balance, -99);
+    }
+
+    /// A new rate keeps what is owed in units: 4 units' time owed at 1 M units/s is 4
+    /// units' time at 2 M units/s.
+    #[test]
+    fn a_new_rate_keeps_what_is_owed_in_units() {
+        let mut lane = Lane::full(1_000_000, 10);
+        lane.owed = 4 * i128::from(lane.cost);
+        let faster = lane.rerated(2_000_000, 10);
+        assert_eq!(faster.owed, 4 * i128::from(faster.cost));
+        assert_eq!(faster.cost * 2, lane.cost);
+    }
 }
