@@ -1471,4 +1471,19 @@ mod tests {
         assert_eq!(faster.owed, 4 * i128::from(faster.cost));
         assert_eq!(faster.cost * 2, lane.cost);
     }
+
+    /// Operations taken from an allowance are charged to the operations' balance: a full
+    /// pacer at 5 x 10^7 ops/s allows its burst of 50 operations; 3 charged leave 47.
+    #[test]
+    fn operations_charged_from_an_allowance_leave_the_rest_of_it() {
+        let rate = PaceRate {
+            ops_per_sec: Some(50_000_000),
+            ..rate(1_000_000_000, 4096)
+        };
+        let mut p = Pacer::new(rate, Duration::ZERO);
+        let (bytes, ops) = p.unclocked_allowance();
+        assert_eq!(ops, Some(50));
+        p.charge_unclocked(0, 3);
+        assert_eq!(p.unclocked_allowance(), (bytes, Some(47)));
+    }
 }
