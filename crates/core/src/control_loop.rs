@@ -3664,4 +3664,46 @@ mod tests {
         assert_eq!(lp.counts().latency, 2);
         assert_eq!(epoch(&lp), 2, "the same sharing flows");
     }
+
+    /// A READ tenant's share of a responder is split among its active flows of one class
+    /// reading from that responder, and only those: tenant 9's two bandwidth flows reading
+    /// from host 1 (weight 3, guarantee 1/4) get 3/8 of its MaxRate and MaxTput each, beside
+    /// another tenant's flow, tenant 9's flow reading from host 2 and its throughput flow
+    /// reading from host 1, none of which is a sibling.
+    #[test]
+    fn a_read_tenants_share_is_split_among_its_flows_of_one_class_and_responder_only() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut a = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let g = guarantee(1, 0, 0.25, &profile);
+        for (id, tenant, class, responder) in [
+            (1, 9, FlowClass::Bandwidth, 1),
+            (2, 9, FlowClass::Bandwidth, 1),
+            (3, 10, FlowClass::Bandwidth, 1),
+            (4, 9, FlowClass::Bandwidth, 2),
+            (5, 9, FlowClass::Throughput, 1),
+        ] {
+            let mut reg = flow(id, class);
+            reg.spec.tenant = TenantId(tenant);
+            reg.spec.weight = Weight::new(3).unwrap();
+            a.register_flow(Duration::ZERO, reg).unwrap();
+            a.set_flow_reads_from(Duration::ZERO, FlowId(id), Some(responder))
+                .unwrap();
+            a.set_flow_active(Duration::ZERO, FlowId(id), true).unwrap();
+            a.read_guarantee_received(Duration::ZERO, FlowId(id), g)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        for id in [1, 2] {
+            let got = a.allotment(FlowId(id)).unwrap();
+            let bytes = 0.375 * profile.max_rate_bytes_per_sec();
+            let ops = 0.375 * profile.max_ops_per_sec();
+            assert!((got.bytes_per_sec - bytes).abs() < 1.0, "{got:?}");
+            assert!((got.ops_per_sec - ops).abs() < 1e-3 * ops, "{got:?}");
+        }
+    }
 }
