@@ -3706,4 +3706,32 @@ mod tests {
             assert!((got.ops_per_sec - ops).abs() < 1e-3 * ops, "{got:?}");
         }
     }
+
+    /// The flows that share are spread over one release interval in id order, and a flow
+    /// that stops sharing leaves its offset: three flows at 0, 1/3 and 2/3; when the third
+    /// stops, the two left are at 0 and 1/2 and the third back at 0.
+    #[test]
+    fn a_flow_that_stops_sharing_gives_up_its_phase() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for id in [1, 2, 3] {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 1, us(10));
+        let offset = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().phase.offset;
+        let offsets = |lp: &ControlLoop| [1, 2, 3].map(|id| offset(lp, id));
+        assert_eq!(offsets(&lp), [0.0, 1.0 / 3.0, 2.0 / 3.0]);
+        lp.set_flow_active(t, FlowId(3), false).unwrap();
+        drive(&mut lp, &mut t, 1, us(10));
+        assert_eq!(offsets(&lp), [0.0, 0.5, 0.0]);
+    }
 }
