@@ -3734,4 +3734,39 @@ mod tests {
         drive(&mut lp, &mut t, 1, us(10));
         assert_eq!(offsets(&lp), [0.0, 0.5, 0.0]);
     }
+
+    /// A READ flow's allotment follows each figure of its guarantee on its own: a new
+    /// guarantee that changes only the bytes, only the operations or only the chunk
+    /// changes that figure of the allotment, as a new generation.
+    #[test]
+    fn a_read_flows_allotment_follows_each_figure_of_its_guarantee() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut a = reading_loop(Duration::ZERO);
+        a.set_flow_reads_from(Duration::ZERO, FlowId(1), Some(3))
+            .unwrap();
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        let mut g = guarantee(1, 0, 0.25, &profile);
+        let check = |a: &mut ControlLoop, t: &mut Duration, g: ReadGuarantee| {
+            let before = a.allotment(FlowId(1)).unwrap().generation;
+            a.read_guarantee_received(*t, FlowId(1), g).unwrap();
+            announced(a, t, 1);
+            let got = a.allotment(FlowId(1)).unwrap();
+            assert_eq!(
+                (got.bytes_per_sec, got.ops_per_sec, got.chunk_bytes),
+                (g.bytes_per_sec, g.ops_per_sec, g.chunk_bytes)
+            );
+            assert!(got.generation > before, "{got:?}");
+        };
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.bytes_per_sec /= 2.0;
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.ops_per_sec /= 2.0;
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.chunk_bytes = 4096;
+        check(&mut a, &mut t, g);
+    }
 }
