@@ -3769,4 +3769,15 @@ mod tests {
         g.chunk_bytes = 4096;
         check(&mut a, &mut t, g);
     }
+
+    /// A flow's queue pairs are those it registered with; an unknown flow has none.
+    #[test]
+    fn a_flow_reports_the_queue_pairs_it_registered_with() {
+        let mut lp = quiet_loop(1);
+        let mut reg = flow(1, FlowClass::Bandwidth);
+        reg.qps = 4;
+        lp.register_flow(Duration::ZERO, reg).unwrap();
+        assert_eq!(lp.flow_qps(FlowId(1)), Some(4));
+        assert_eq!(lp.flow_qps(FlowId(2)), None);
+    }
 }
