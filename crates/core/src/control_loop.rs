@@ -3780,4 +3780,17 @@ mod tests {
         assert_eq!(lp.flow_qps(FlowId(1)), Some(4));
         assert_eq!(lp.flow_qps(FlowId(2)), None);
     }
+
+    /// The sharing floor the loop reports is (B + T) / (L + B + T) x MaxRate of the flows
+    /// counted: one latency and one bandwidth flow, half of MaxRate.
+    #[test]
+    fn the_sharing_floor_is_the_hungry_flows_fraction_of_max_rate() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.sharing_floor(), lp.max_rate() / 2.0);
+    }
 }
