@@ -3631,6 +3631,7 @@ mod tests {
             assert_eq!(a.ops_per_sec, a.bytes_per_sec * profile.ops_per_byte());
         }
         assert_eq!(generations, vec![1, 2]);
+        assert_eq!(lp.generation(), 2);
     }
 
     /// A new assignment of release phases is a new epoch, and only that: the first
