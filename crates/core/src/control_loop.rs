@@ -3794,4 +3794,28 @@ mod tests {
         run_periods(&mut lp, &mut t, 1, us(10));
         assert_eq!(lp.sharing_floor(), lp.max_rate() / 2.0);
     }
+
+    /// "All of the newest three exceed the target" is strict: newest three samples whose
+    /// least equals the target leave the decision to the window's rank. With a target of
+    /// 49 984 ns (the estimator's value for 50 us), samples of 100, 50, 50 and 100 us: the
+    /// newest three are 50, 50 and 100 us, the least at the target, and the rank of a
+    /// window of four (the third of four: two samples above the target decide) is 100 us,
+    /// a violation.
+    #[test]
+    fn newest_samples_at_the_target_leave_the_decision_to_the_rank() {
+        let target = Duration::from_nanos(49_984);
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(target),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        for latency in [100, 50, 50, 100] {
+            run_periods(&mut lp, &mut t, 1, us(latency));
+            assert_ne!(lp.last_action(), Some(ControlAction::Decrease));
+        }
+        let least = lp.estimator.newest_range(3).map(|(least, _)| least);
+        assert_eq!(least, Some(target), "the least of the newest three");
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+    }
 }
