@@ -2123,6 +2123,21 @@ mod tests {
             (fraction - 0.6).abs() < 1e-9,
             "SafeUtil {fraction} of MaxRate"
         );
+        // The loop's default law, the search: the first increase after the halving from
+        // MaxRate goes half-way back to it, to 3/4. The controller's own default, the
+        // fixed step of 1/1000, would reach 0.501.
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 3, us(100));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+        while lp.last_action() != Some(ControlAction::Increase) {
+            run_periods(&mut lp, &mut t, 1, us(10));
+            assert!(t < Duration::from_millis(100), "no increase");
+        }
+        assert_eq!(lp.safe_util() / lp.max_rate(), 0.75);
     }
 
     #[test]
@@ -2575,6 +2590,31 @@ mod tests {
         assert_eq!(a.counts.total(), 0, "READ requesters count at B, not here");
     }
 
+    /// The responder's own tenants count at their weight too: a local bandwidth tenant of
+    /// weight 3 and a served READ tenant of weight 1 share its RNIC 3 to 1, so the READ
+    /// tenant's guarantee is 1/4.
+    #[test]
+    fn a_responders_own_tenant_counts_at_its_weight_in_the_guarantee() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut b = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let mut reg = flow(1, FlowClass::Bandwidth);
+        reg.spec.weight = Weight::new(3).unwrap();
+        b.register_flow(Duration::ZERO, reg).unwrap();
+        b.set_flow_active(Duration::ZERO, FlowId(1), true).unwrap();
+        let unit = RemoteReadUnit {
+            class: FlowClass::Bandwidth,
+            weight: Weight::ONE,
+        };
+        b.set_remote_reads(Duration::ZERO, &[unit]);
+        let mut t = Duration::ZERO;
+        let g = *announced(&mut b, &mut t, 2).last().unwrap();
+        assert_eq!(g.fraction, 0.25);
+    }
+
     /// Fail-open: a READ requester's flow whose guarantee lapses is no longer constrained
     /// (MaxRate), and one that goes idle gets nothing.
     #[test]
@@ -2864,6 +2904,70 @@ mod tests {
         assert!(value >= us(18) && value <= us(22), "{value:?}");
     }
 
+    /// An idle-multiple loop measuring its baseline from 10 probes, with a bandwidth flow
+    /// (id 2, registered idle) that loses its share the moment it reports no work (no
+    /// idle grace), so that a busy spell can begin and end between two probe events.
+    fn baseline_loop_with_a_bandwidth_flow() -> ControlLoop {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        lp.register_flow(Duration::ZERO, flow(2, FlowClass::Bandwidth))
+            .unwrap();
+        lp
+    }
+
+    /// Completes the baseline with 10 probes of 10 us sent and completed while no flow is
+    /// active, from `t`, and returns the idle p99 measured. Every uncontended probe took
+    /// 10 us, so a baseline of uncontended probes only has a p99 of exactly 10 us, and a
+    /// target of twice that.
+    fn measure_idle(lp: &mut ControlLoop, mut t: Duration) -> Duration {
+        for i in 0..10 {
+            assert_eq!(lp.target().idle_p99, None, "{i} samples of 10");
+            let id = lp.probe_sent(t);
+            t += us(10);
+            assert!(lp.probe_completed(t, id));
+        }
+        let report = lp.target();
+        assert_eq!(report.value, report.idle_p99.map(|p| p * 2));
+        report
+            .idle_p99
+            .expect("10 uncontended probes measure the idle p99")
+    }
+
+    /// A probe sent while the NIC is idle but outstanding across a busy spell (a bandwidth
+    /// flow starts and stops before it completes) saw contention: it is not an idle
+    /// sample, although no hungry flow is active at either end. The spell advances the
+    /// idle epoch the probe was sent in.
+    #[test]
+    fn a_probe_outstanding_across_a_busy_spell_is_not_an_idle_sample() {
+        let mut lp = baseline_loop_with_a_bandwidth_flow();
+        let straddling = lp.probe_sent(Duration::ZERO);
+        lp.set_flow_active(us(1), FlowId(2), true).unwrap();
+        lp.set_flow_active(us(2), FlowId(2), false).unwrap();
+        assert_eq!(lp.counts().bandwidth, 0, "the spell is over");
+        assert!(lp.probe_completed(us(1000), straddling));
+        assert_eq!(lp.target().idle_p99, None, "1 sample of 10 at most");
+        assert_eq!(measure_idle(&mut lp, us(1000)), us(10));
+    }
+
+    /// A probe sent while a hungry flow is active is contended even if the flow has
+    /// stopped by the time the probe completes.
+    #[test]
+    fn a_probe_sent_while_busy_is_not_an_idle_sample_though_it_completes_idle() {
+        let mut lp = baseline_loop_with_a_bandwidth_flow();
+        lp.set_flow_active(Duration::ZERO, FlowId(2), true).unwrap();
+        let contended = lp.probe_sent(us(1));
+        lp.set_flow_active(us(2), FlowId(2), false).unwrap();
+        assert_eq!(lp.counts().bandwidth, 0, "the flow has stopped");
+        assert!(lp.probe_completed(us(1000), contended));
+        assert_eq!(measure_idle(&mut lp, us(1000)), us(10));
+    }
+
     /// A xorshift64 generator: reproducible noise without a dependency.
     struct Noise(u64);
 
@@ -3132,5 +3236,586 @@ mod tests {
         }
         assert!(lost >= 3, "{lost} probes lost");
         assert!(lp.safe_util() < lp.max_rate(), "no decrease on lost probes");
+    }
+
+    /// The events waiting, in order.
+    fn events(lp: &mut ControlLoop) -> Vec<Event> {
+        std::iter::from_fn(|| lp.poll_event()).collect()
+    }
+
+    /// A probe is lost when its timeout has run out and not before: at `sent +
+    /// probe_timeout` exactly.
+    #[test]
+    fn a_probe_is_lost_exactly_when_its_timeout_runs_out() {
+        let mut lp = quiet_loop(1);
+        let timeout = lp.config().probe_timeout;
+        let id = lp.probe_sent(Duration::ZERO);
+        lp.handle_timeout(timeout - Duration::from_nanos(1));
+        assert!(!events(&mut lp).contains(&Event::ProbeLost(id)));
+        lp.handle_timeout(timeout);
+        assert!(events(&mut lp).contains(&Event::ProbeLost(id)));
+        assert!(!lp.probe_completed(timeout, id), "already counted");
+    }
+
+    /// "Later than `poll_timeout` by more than the probe timeout" is a stall: a call
+    /// exactly one probe timeout late expires the probe outstanding as lost, a nanosecond
+    /// later forgets it (no loss, and its completion is unknown).
+    #[test]
+    fn a_call_one_probe_timeout_late_expires_probes_and_a_later_one_forgets_them() {
+        for (late, lost) in [(Duration::ZERO, true), (Duration::from_nanos(1), false)] {
+            let mut lp = quiet_loop(1);
+            let id = lp.probe_sent(Duration::ZERO);
+            let due = lp.poll_timeout().unwrap();
+            let now = due + lp.config().probe_timeout + late;
+            lp.handle_timeout(now);
+            assert_eq!(
+                events(&mut lp).contains(&Event::ProbeLost(id)),
+                lost,
+                "{late:?} beyond"
+            );
+            assert!(!lp.probe_completed(now, id));
+        }
+    }
+
+    /// A probe that failed is counted lost once: the first report is taken, a second one
+    /// and a completion after it are not.
+    #[test]
+    fn a_failed_probe_is_counted_lost_once() {
+        let mut lp = quiet_loop(1);
+        let id = lp.probe_sent(Duration::ZERO);
+        assert!(lp.probe_lost(us(1), id));
+        assert_eq!(events(&mut lp), vec![Event::ProbeLost(id)]);
+        assert!(!lp.probe_lost(us(2), id));
+        assert!(!lp.probe_completed(us(3), id));
+        assert!(!lp.probe_lost(us(4), ProbeId(99)), "never sent");
+    }
+
+    /// A loop with no flow at all asks for nothing: it updates every quiet period.
+    #[test]
+    fn a_loop_without_flows_updates_every_quiet_period() {
+        let mut lp = quiet_loop(QUIET_PERIODS);
+        let trace = follow(&mut lp, &[], Duration::from_millis(100));
+        assert!(trace.probes.is_empty(), "{:?}", trace.probes);
+        assert!(
+            gaps(&trace.updates[1..])
+                .iter()
+                .all(|&g| g == Duration::from_millis(5)),
+            "{:?}",
+            trace.updates
+        );
+    }
+
+    /// An idle-multiple loop waiting for its baseline is not quiet: it asks for a probe at
+    /// every RefPeriod until its 10 idle samples are in, and is quiet from then on.
+    #[test]
+    fn a_loop_measuring_its_idle_baseline_is_quiet_only_once_it_has() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::IdleMultiple(2.0),
+            idle_samples: 10,
+            quiet_periods: QUIET_PERIODS,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let trace = follow(&mut lp, &[], Duration::from_millis(100));
+        let every_ref_period: Vec<Duration> = (1..=10).map(|k| us(500 * k)).collect();
+        assert_eq!(trace.probes, every_ref_period);
+        assert_eq!(lp.target().idle_p99, Some(us(10)));
+        assert!(
+            gaps(&trace.updates[10..])
+                .iter()
+                .all(|&g| g == Duration::from_millis(5)),
+            "{:?}",
+            trace.updates
+        );
+    }
+
+    /// A change of mode is said once, when it happens: RefPeriod 10 ms, delta 50 ms, every
+    /// probe slow, and one `ModeChanged` (to unattainable) in 20 updates.
+    #[test]
+    fn a_change_of_mode_is_one_event() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ref_period: Duration::from_millis(10),
+            unattainable_after: Some(Duration::from_millis(50)),
+            ..LoopConfig::default()
+        });
+        let mut changes = Vec::new();
+        let mut t = Duration::ZERO;
+        for _ in 0..20 {
+            t += lp.config().ref_period;
+            lp.handle_timeout(t);
+            for event in events(&mut lp) {
+                match event {
+                    Event::ProbeDue => {
+                        let id = lp.probe_sent(t);
+                        assert!(lp.probe_completed(t + us(100), id));
+                    }
+                    Event::ModeChanged(mode) => changes.push(mode),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert!(matches!(changes[0], ControlMode::Unattainable { .. }));
+    }
+
+    /// The allotments follow SafeUtil at the update that changes it, with nothing else
+    /// changed: one bandwidth flow beside a latency flow is allotted the whole of SafeUtil,
+    /// MaxRate, then half of it after the halving.
+    #[test]
+    fn an_allotment_follows_safe_util_at_the_update_that_changes_it() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        let max = lp.max_rate();
+        assert_eq!(lp.allotment(FlowId(2)).unwrap().bytes_per_sec, max);
+        while lp.last_action() != Some(ControlAction::Decrease) {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            assert!(t < Duration::from_millis(100), "no decrease");
+        }
+        assert_eq!(lp.safe_util(), max / 2.0);
+        assert_eq!(lp.allotment(FlowId(2)).unwrap().bytes_per_sec, max / 2.0);
+    }
+
+    /// The probes that show a violation went at the rates of the latest updates, so a
+    /// decrease's ceiling is the lowest SafeUtil of the latest [`VIOLATION_RUN`] updates,
+    /// not the rate SafeUtil had climbed to when they showed it: after a halving, four
+    /// updates on fast probes (a hold, then the climb), then slow probes, the search aims
+    /// half-way to the lowest rate of the three updates before the second decrease.
+    #[test]
+    fn a_decrease_after_a_climb_aims_below_the_lowest_recent_rate() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let until = |lp: &mut ControlLoop, t: &mut Duration, action, latency| {
+            let mut rates = Vec::new();
+            while lp.last_action() != Some(action) {
+                run_periods(lp, t, 1, latency);
+                rates.push(lp.safe_util());
+                assert!(*t < Duration::from_millis(100), "no {action:?}");
+            }
+            rates
+        };
+        until(&mut lp, &mut t, ControlAction::Decrease, us(100));
+        let floor = lp.safe_util();
+        assert_eq!(floor, lp.max_rate() / 2.0);
+        let mut rates = vec![floor];
+        for _ in 0..4 {
+            run_periods(&mut lp, &mut t, 1, us(10));
+            rates.push(lp.safe_util());
+        }
+        rates.extend(until(&mut lp, &mut t, ControlAction::Decrease, us(100)));
+        // The decrease is the last entry; the three before it are the latest rates.
+        let before = &rates[rates.len() - 1 - VIOLATION_RUN..rates.len() - 1];
+        let ceiling = before.iter().copied().fold(f64::MAX, f64::min);
+        let climbed = before[VIOLATION_RUN - 1];
+        assert!(ceiling < climbed, "SafeUtil climbed: {before:?}");
+        assert_eq!(lp.safe_util(), floor);
+        until(&mut lp, &mut t, ControlAction::Increase, us(10));
+        let want = floor + (ceiling - floor) / 2.0;
+        assert!(
+            (lp.safe_util() - want).abs() <= 1e-9 * want,
+            "{} against {want} (half-way to {ceiling}, not to {climbed})",
+            lp.safe_util()
+        );
+    }
+
+    /// The division follows the tenants: two tenants of one bandwidth flow each get 1/2 of
+    /// SafeUtil; when a third tenant with two flows starts, each tenant gets 1/3, its two
+    /// flows 1/6 each (no share kept from the division before).
+    #[test]
+    fn a_tenant_that_starts_takes_its_share_from_the_others_split_over_its_flows() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for id in [1, 2] {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 1, us(10));
+        let max = lp.max_rate();
+        assert_eq!(lp.safe_util(), max);
+        let share = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().bytes_per_sec / max;
+        assert_eq!((share(&lp, 1), share(&lp, 2)), (0.5, 0.5));
+        for id in [3, 4] {
+            let mut reg = flow(id, FlowClass::Bandwidth);
+            reg.spec.tenant = TenantId(3);
+            lp.register_flow(t, reg).unwrap();
+            lp.set_flow_active(t, FlowId(id), true).unwrap();
+        }
+        drive(&mut lp, &mut t, 1, us(10));
+        for (id, want) in [
+            (1, 1.0 / 3.0),
+            (2, 1.0 / 3.0),
+            (3, 1.0 / 6.0),
+            (4, 1.0 / 6.0),
+        ] {
+            let got = share(&lp, id);
+            assert!((got - want).abs() < 1e-12, "flow {id}: {got}, not {want}");
+        }
+    }
+
+    /// Three slow probes in a row decide a violation whatever the window holds: after 100
+    /// fast probes (a window where the binomial rule needs 6 of about 100), probes of twice
+    /// the target from the update that sends the first of them halve SafeUtil at the
+    /// third update after it, the first to see three.
+    #[test]
+    fn three_slow_probes_in_a_row_decide_a_violation_in_a_long_window() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 100, us(10));
+        assert_eq!(lp.safe_util(), lp.max_rate());
+        let mut actions = Vec::new();
+        for _ in 0..4 {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            actions.push(lp.last_action());
+        }
+        assert_eq!(actions[3], Some(ControlAction::Decrease), "{actions:?}");
+        assert!(
+            !actions[..3].contains(&Some(ControlAction::Decrease)),
+            "{actions:?}"
+        );
+    }
+
+    /// The memo of shares is direct-mapped and checks its whole key: tenants of weight 1
+    /// and 17 with one flow each share a slot, as do tenants of weight 1 with 1 and 17
+    /// flows; each still gets its own share (1/18 and 17/18; 1/2 for the flow alone and
+    /// 1/34 for each of the 17).
+    #[test]
+    fn tenants_whose_memo_slots_collide_get_their_own_shares() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        for (weights, flows) in [([1, 17], [1, 1]), ([1, 1], [1, 17])] {
+            assert_eq!(
+                ShareMemo::slot(weights[0], flows[0]),
+                ShareMemo::slot(weights[1], flows[1])
+            );
+            let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+            let mut id = 0;
+            let mut first = Vec::new();
+            for tenant in 0..2 {
+                for _ in 0..flows[tenant] {
+                    id += 1;
+                    first.push(tenant == 0);
+                    let mut reg = flow(id, FlowClass::Bandwidth);
+                    reg.spec.tenant = TenantId(tenant as u64 + 100);
+                    reg.spec.weight = Weight::new(weights[tenant]).unwrap();
+                    lp.register_flow(Duration::ZERO, reg).unwrap();
+                    lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                        .unwrap();
+                }
+            }
+            let mut t = Duration::ZERO;
+            drive(&mut lp, &mut t, 1, us(10));
+            let total = f64::from(weights[0] + weights[1]);
+            for (k, &of_first) in first.iter().enumerate() {
+                let tenant = usize::from(!of_first);
+                let want = f64::from(weights[tenant]) / total / f64::from(flows[tenant]);
+                let got = lp.allotment(FlowId(k as u64 + 1)).unwrap().bytes_per_sec / lp.max_rate();
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "weights {weights:?}, flows {flows:?}: flow {}: {got}, not {want}",
+                    k + 1
+                );
+            }
+        }
+    }
+
+    /// A window too short for the binomial rule to decide on still increases once its
+    /// newest three samples all meet the target: at 10^-7 a window of 3 decides nothing
+    /// (three slow probes of three happen with probability 10^-6), so after a decrease
+    /// the first increase comes at the third update, the first with three fast samples.
+    #[test]
+    fn a_window_too_short_to_decide_increases_on_three_fast_samples() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            violation: ViolationRule::Confident(1e-7),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let mut since_decrease = None;
+        while t < Duration::from_millis(100) {
+            t += lp.config().ref_period;
+            lp.handle_timeout(t);
+            if lp.last_action() == Some(ControlAction::Decrease) && since_decrease.is_none() {
+                since_decrease = Some(0);
+            } else if let Some(n) = &mut since_decrease {
+                *n += 1;
+                if lp.last_action() == Some(ControlAction::Increase) {
+                    break;
+                }
+            }
+            let latency = if since_decrease.is_some() {
+                us(10)
+            } else {
+                us(100)
+            };
+            for event in events(&mut lp) {
+                if event == Event::ProbeDue {
+                    let id = lp.probe_sent(t);
+                    assert!(lp.probe_completed(t + latency, id));
+                }
+            }
+        }
+        assert_eq!(lp.last_action(), Some(ControlAction::Increase));
+        assert_eq!(since_decrease, Some(3));
+    }
+
+    /// A tenant counts at the largest weight of its active flows: when its flow of weight
+    /// 3 stops, its flow of weight 1 is left and it weighs 1 again, beside another tenant
+    /// of weight 1 (3/4 then 1/2 of SafeUtil). Each allotment's operations are its bytes
+    /// at the profile's MaxTput / MaxRate, and each change of the allotments is the next
+    /// generation.
+    #[test]
+    fn a_tenant_weighs_its_largest_active_flow_and_allotments_carry_ops_and_generations() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for (id, tenant, weight) in [(1, 7, 3), (2, 7, 1), (3, 8, 1)] {
+            let mut reg = flow(id, FlowClass::Bandwidth);
+            reg.spec.tenant = TenantId(tenant);
+            reg.spec.weight = Weight::new(weight).unwrap();
+            lp.register_flow(Duration::ZERO, reg).unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        let mut generations = Vec::new();
+        let mut update = |lp: &mut ControlLoop, t: &mut Duration| {
+            *t += us(500);
+            lp.handle_timeout(*t);
+            for event in events(lp) {
+                if let Event::AllotmentsChanged { generation } = event {
+                    generations.push(generation);
+                }
+            }
+        };
+        update(&mut lp, &mut t);
+        let max = lp.max_rate();
+        let share = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().bytes_per_sec / max;
+        // Tenant 7 weighs 3 of 4, split over its two flows.
+        assert_eq!(
+            (share(&lp, 1), share(&lp, 2), share(&lp, 3)),
+            (0.375, 0.375, 0.25)
+        );
+        lp.set_flow_active(t, FlowId(1), false).unwrap();
+        update(&mut lp, &mut t);
+        assert_eq!(
+            (share(&lp, 1), share(&lp, 2), share(&lp, 3)),
+            (0.0, 0.5, 0.5)
+        );
+        for id in [2, 3] {
+            let a = lp.allotment(FlowId(id)).unwrap();
+            assert_eq!(a.ops_per_sec, a.bytes_per_sec * profile.ops_per_byte());
+        }
+        assert_eq!(generations, vec![1, 2]);
+        assert_eq!(lp.generation(), 2);
+    }
+
+    /// A new assignment of release phases is a new epoch, and only that: the first
+    /// division is epoch 1; a halving of SafeUtil alone keeps it; a flow that starts to
+    /// share (a new division with new phases) makes epoch 2; a second latency flow (a new
+    /// division of the same sharing flows) keeps it.
+    #[test]
+    fn a_new_phase_epoch_comes_with_new_phases_and_not_with_safe_util_alone() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        let epoch = |lp: &ControlLoop| lp.allotment(FlowId(2)).unwrap().phase.epoch;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(epoch(&lp), 1);
+        while lp.last_action() != Some(ControlAction::Decrease) {
+            run_periods(&mut lp, &mut t, 1, us(100));
+            assert!(t < Duration::from_millis(100), "no decrease");
+        }
+        assert_eq!(epoch(&lp), 1, "SafeUtil alone");
+        lp.register_flow(t, flow(3, FlowClass::Bandwidth)).unwrap();
+        lp.set_flow_active(t, FlowId(3), true).unwrap();
+        run_periods(&mut lp, &mut t, 1, us(100));
+        assert_eq!(epoch(&lp), 2);
+        // A second latency flow: a new division, but the same flows share (and the chunk
+        // stays that of a host with latency flows), so every phase stays.
+        lp.register_flow(t, flow(4, FlowClass::Latency)).unwrap();
+        lp.set_flow_active(t, FlowId(4), true).unwrap();
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.counts().latency, 2);
+        assert_eq!(epoch(&lp), 2, "the same sharing flows");
+    }
+
+    /// A READ tenant's share of a responder is split among its active flows of one class
+    /// reading from that responder, and only those: tenant 9's two bandwidth flows reading
+    /// from host 1 (weight 3, guarantee 1/4) get 3/8 of its MaxRate and MaxTput each, beside
+    /// another tenant's flow, tenant 9's flow reading from host 2 and its throughput flow
+    /// reading from host 1, none of which is a sibling.
+    #[test]
+    fn a_read_tenants_share_is_split_among_its_flows_of_one_class_and_responder_only() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        };
+        let mut a = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        let g = guarantee(1, 0, 0.25, &profile);
+        for (id, tenant, class, responder) in [
+            (1, 9, FlowClass::Bandwidth, 1),
+            (2, 9, FlowClass::Bandwidth, 1),
+            (3, 10, FlowClass::Bandwidth, 1),
+            (4, 9, FlowClass::Bandwidth, 2),
+            (5, 9, FlowClass::Throughput, 1),
+        ] {
+            let mut reg = flow(id, class);
+            reg.spec.tenant = TenantId(tenant);
+            reg.spec.weight = Weight::new(3).unwrap();
+            a.register_flow(Duration::ZERO, reg).unwrap();
+            a.set_flow_reads_from(Duration::ZERO, FlowId(id), Some(responder))
+                .unwrap();
+            a.set_flow_active(Duration::ZERO, FlowId(id), true).unwrap();
+            a.read_guarantee_received(Duration::ZERO, FlowId(id), g)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        for id in [1, 2] {
+            let got = a.allotment(FlowId(id)).unwrap();
+            let bytes = 0.375 * profile.max_rate_bytes_per_sec();
+            let ops = 0.375 * profile.max_ops_per_sec();
+            assert!((got.bytes_per_sec - bytes).abs() < 1.0, "{got:?}");
+            assert!((got.ops_per_sec - ops).abs() < 1e-3 * ops, "{got:?}");
+        }
+    }
+
+    /// The flows that share are spread over one release interval in id order, and a flow
+    /// that stops sharing leaves its offset: three flows at 0, 1/3 and 2/3; when the third
+    /// stops, the two left are at 0 and 1/2 and the third back at 0.
+    #[test]
+    fn a_flow_that_stops_sharing_gives_up_its_phase() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            idle_grace_periods: 0,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        for id in [1, 2, 3] {
+            lp.register_flow(Duration::ZERO, flow(id, FlowClass::Bandwidth))
+                .unwrap();
+            lp.set_flow_active(Duration::ZERO, FlowId(id), true)
+                .unwrap();
+        }
+        let mut t = Duration::ZERO;
+        drive(&mut lp, &mut t, 1, us(10));
+        let offset = |lp: &ControlLoop, id| lp.allotment(FlowId(id)).unwrap().phase.offset;
+        let offsets = |lp: &ControlLoop| [1, 2, 3].map(|id| offset(lp, id));
+        assert_eq!(offsets(&lp), [0.0, 1.0 / 3.0, 2.0 / 3.0]);
+        lp.set_flow_active(t, FlowId(3), false).unwrap();
+        drive(&mut lp, &mut t, 1, us(10));
+        assert_eq!(offsets(&lp), [0.0, 0.5, 0.0]);
+    }
+
+    /// A READ flow's allotment follows each figure of its guarantee on its own: a new
+    /// guarantee that changes only the bytes, only the operations or only the chunk
+    /// changes that figure of the allotment, as a new generation.
+    #[test]
+    fn a_read_flows_allotment_follows_each_figure_of_its_guarantee() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut a = reading_loop(Duration::ZERO);
+        a.set_flow_reads_from(Duration::ZERO, FlowId(1), Some(3))
+            .unwrap();
+        let mut t = Duration::ZERO;
+        announced(&mut a, &mut t, 1);
+        let mut g = guarantee(1, 0, 0.25, &profile);
+        let check = |a: &mut ControlLoop, t: &mut Duration, g: ReadGuarantee| {
+            let before = a.allotment(FlowId(1)).unwrap().generation;
+            a.read_guarantee_received(*t, FlowId(1), g).unwrap();
+            announced(a, t, 1);
+            let got = a.allotment(FlowId(1)).unwrap();
+            assert_eq!(
+                (got.bytes_per_sec, got.ops_per_sec, got.chunk_bytes),
+                (g.bytes_per_sec, g.ops_per_sec, g.chunk_bytes)
+            );
+            assert!(got.generation > before, "{got:?}");
+        };
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.bytes_per_sec /= 2.0;
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.ops_per_sec /= 2.0;
+        check(&mut a, &mut t, g);
+        g.sequence += 1;
+        g.chunk_bytes = 4096;
+        check(&mut a, &mut t, g);
+    }
+
+    /// A flow's queue pairs are those it registered with; an unknown flow has none.
+    #[test]
+    fn a_flow_reports_the_queue_pairs_it_registered_with() {
+        let mut lp = quiet_loop(1);
+        let mut reg = flow(1, FlowClass::Bandwidth);
+        reg.qps = 4;
+        lp.register_flow(Duration::ZERO, reg).unwrap();
+        assert_eq!(lp.flow_qps(FlowId(1)), Some(4));
+        assert_eq!(lp.flow_qps(FlowId(2)), None);
+    }
+
+    /// The sharing floor the loop reports is (B + T) / (L + B + T) x MaxRate of the flows
+    /// counted: one latency and one bandwidth flow, half of MaxRate.
+    #[test]
+    fn the_sharing_floor_is_the_hungry_flows_fraction_of_max_rate() {
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.sharing_floor(), lp.max_rate() / 2.0);
+    }
+
+    /// "All of the newest three exceed the target" is strict: newest three samples whose
+    /// least equals the target leave the decision to the window's rank. With a target of
+    /// 49 984 ns (the estimator's value for 50 us), samples of 100, 50, 50 and 100 us: the
+    /// newest three are 50, 50 and 100 us, the least at the target, and the rank of a
+    /// window of four (the third of four: two samples above the target decide) is 100 us,
+    /// a violation.
+    #[test]
+    fn newest_samples_at_the_target_leave_the_decision_to_the_rank() {
+        let target = Duration::from_nanos(49_984);
+        let mut lp = loop_of(LoopConfig {
+            target: Target99::Absolute(target),
+            ..LoopConfig::default()
+        });
+        let mut t = Duration::ZERO;
+        for latency in [100, 50, 50, 100] {
+            run_periods(&mut lp, &mut t, 1, us(latency));
+            assert_ne!(lp.last_action(), Some(ControlAction::Decrease));
+        }
+        let least = lp.estimator.newest_range(3).map(|(least, _)| least);
+        assert_eq!(least, Some(target), "the least of the newest three");
+        run_periods(&mut lp, &mut t, 1, us(10));
+        assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
     }
 }

@@ -859,14 +859,17 @@ mod tests {
         assert_eq!(c.mode(), ControlMode::Normal);
     }
 
+    /// Twice delta in violation, but no resource-hungry flow to give the RNIC to: no
+    /// update gives up on the target. (Checked at every update: one that entered the mode
+    /// at delta would leave it at the next, as the ratio test then finds no hungry flow.)
     #[test]
     fn no_unattainable_mode_without_resource_hungry_flows() {
         let mut c = controller(ControllerConfig::default());
-        assert_eq!(
-            run(&mut c, 0, 10_000, counts(2, 0, 0), HIGH),
-            ControlAction::Decrease
-        );
-        assert_eq!(c.mode(), ControlMode::Normal);
+        for t in 0..10_000 {
+            let action = c.update(ms(t), counts(2, 0, 0), HIGH);
+            assert_eq!(action, ControlAction::Decrease, "at {t} ms");
+            assert_eq!(c.mode(), ControlMode::Normal, "at {t} ms");
+        }
     }
 
     fn unattainable_with(entry: FlowCounts) -> SafeUtilController {
@@ -1150,5 +1153,147 @@ mod tests {
         assert!(latency_ratio_exceeds(counts(2, 1, 1), entry));
         assert!(latency_ratio_exceeds(counts(1, 0, 0), entry));
         assert!(!latency_ratio_exceeds(counts(0, 0, 0), entry));
+    }
+
+    /// A search law whose resolution, 1/64, is a power of two, as are the steps of the
+    /// binary search from the one-half floor: on IB-56 (MaxRate 6 x 10^9 bytes/s) every
+    /// rate of the search is exact, so the gap reaches the resolution exactly.
+    fn dyadic_search(ceiling_lifetime: Duration) -> SafeUtilController {
+        controller(ControllerConfig {
+            increase: IncreaseLaw::Search {
+                resolution: 1.0 / 64.0,
+                ceiling_lifetime,
+            },
+            ..Default::default()
+        })
+    }
+
+    /// "Once within `resolution` x MaxRate of it, holds": a gap to the ceiling equal to
+    /// the resolution is within it.
+    #[test]
+    fn the_search_holds_once_the_gap_to_the_ceiling_is_at_most_its_resolution() {
+        let mut c = dyadic_search(ms(1_000));
+        let n = counts(1, 1, 0);
+        assert_eq!(c.update(ms(0), n, HIGH), ControlAction::Decrease);
+        for (t, want) in [
+            (1, 0.75),
+            (2, 0.875),
+            (3, 0.9375),
+            (4, 0.96875),
+            (5, 0.984375),
+        ] {
+            assert_eq!(
+                c.update(ms(t), n, LOW),
+                ControlAction::Increase,
+                "at {t} ms"
+            );
+            assert_eq!(c.safe_util_fraction(), want, "at {t} ms");
+        }
+        // 1 - 0.984375 = 1/64: within the resolution.
+        assert_eq!(c.update(ms(6), n, LOW), ControlAction::Settle);
+        assert_eq!(c.safe_util_fraction(), 0.984375);
+    }
+
+    /// With no ceiling (a change in L forgot it), SafeUtil moves half-way to MaxRate every
+    /// update, and to MaxRate itself once within the resolution of it (a gap equal to the
+    /// resolution is within it).
+    #[test]
+    fn without_a_ceiling_the_search_climbs_half_way_to_max_rate_then_to_it() {
+        let mut c = dyadic_search(ms(1_000));
+        assert_eq!(
+            c.update(ms(0), counts(1, 1, 0), HIGH),
+            ControlAction::Decrease
+        );
+        assert_eq!(c.safe_util_fraction(), 0.5);
+        // A second latency flow: the ceiling (MaxRate) is forgotten.
+        let n = counts(2, 1, 0);
+        for (t, want) in [
+            (1, 0.75),
+            (2, 0.875),
+            (3, 0.9375),
+            (4, 0.96875),
+            (5, 0.984375),
+            (6, 1.0),
+            (7, 1.0),
+        ] {
+            assert_eq!(
+                c.update(ms(t), n, LOW),
+                ControlAction::Increase,
+                "at {t} ms"
+            );
+            assert_eq!(c.safe_util_fraction(), want, "at {t} ms");
+        }
+    }
+
+    /// Beyond an expired ceiling the additive step starts at the resolution and doubles
+    /// every update: from 0.609375 (settled below a ceiling of 0.625), + 1/64, 1/32, 1/16,
+    /// 1/8, then MaxRate caps it.
+    #[test]
+    fn beyond_an_expired_ceiling_the_step_doubles_every_update() {
+        let mut c = dyadic_search(ms(100));
+        let n = counts(1, 1, 0);
+        c.update(ms(0), n, HIGH);
+        c.lower_ceiling(ms(0), 0.625 * c.max_rate());
+        for t in 1..100 {
+            c.update(ms(t), n, LOW);
+        }
+        // 0.5 + 1/16 + 1/32 + 1/64: the next half-gap, 1/128, is within the resolution.
+        assert_eq!(c.safe_util_fraction(), 0.609375);
+        let mut rate = 0.609375;
+        for (t, step) in [
+            (100, 1.0 / 64.0),
+            (101, 1.0 / 32.0),
+            (102, 1.0 / 16.0),
+            (103, 0.125),
+        ] {
+            assert_eq!(
+                c.update(ms(t), n, LOW),
+                ControlAction::Increase,
+                "at {t} ms"
+            );
+            rate += step;
+            assert_eq!(c.safe_util_fraction(), rate, "at {t} ms");
+        }
+        assert_eq!(rate, 0.84375);
+        c.update(ms(104), n, LOW);
+        assert_eq!(
+            c.safe_util_fraction(),
+            1.0,
+            "0.84375 + 1/4 is beyond MaxRate"
+        );
+    }
+
+    /// The token follows the chunk size: a new token sets tau (TokenBytes / SafeUtil), and
+    /// a token of no bytes, which would make tau 0, is ignored.
+    #[test]
+    fn a_new_token_sets_tau_and_an_empty_one_is_ignored() {
+        let mut c = controller(ControllerConfig::default());
+        let token = Token {
+            bytes: 60_000,
+            ops: 300,
+        };
+        c.set_token(token);
+        assert_eq!(c.token(), token);
+        // 6 x 10^4 bytes at 6 x 10^9 bytes/s: 10 us.
+        assert!(c.tau().as_nanos().abs_diff(10_000) <= 1, "{:?}", c.tau());
+        c.set_token(Token { bytes: 0, ops: 1 });
+        assert_eq!(c.token(), token);
+        assert!(c.tau().as_nanos().abs_diff(10_000) <= 1, "{:?}", c.tau());
+    }
+
+    /// A Current99 equal to Target99 meets it: a new latency flow is admitted without a
+    /// warning; a nanosecond more is at risk.
+    #[test]
+    fn admission_at_exactly_the_target_is_not_at_risk() {
+        let c = controller(ControllerConfig::default());
+        assert_eq!(c.admit_latency_flow_at(Some(TARGET)), Admission::Admitted);
+        let above = TARGET + Duration::from_nanos(1);
+        assert_eq!(
+            c.admit_latency_flow_at(Some(above)),
+            Admission::TargetAtRisk {
+                current_p99: above,
+                target_p99: TARGET,
+            }
+        );
     }
 }

@@ -449,4 +449,30 @@ mod tests {
         }
         assert_eq!(usize::from(bucket_of(u64::MAX)), BUCKETS - 1);
     }
+
+    /// The error bound from first principles: from 512 ns on a bucket starting at `lo` is at
+    /// most `lo / 2^8` wide (8 sub-bucket bits), so its midpoint is at most `lo / 2^9` from any
+    /// value in it, and exactly that from `lo` itself: 512 ns (the first bucket 2 ns wide)
+    /// is estimated as 513 ns, 1/512 off.
+    #[test]
+    fn the_error_bound_is_half_a_bucket_and_is_reached_at_a_buckets_low_edge() {
+        assert_eq!(MAX_RELATIVE_ERROR, 1.0 / 512.0);
+        let mut estimator = TailEstimator::new(1, Quantile::P99).unwrap();
+        estimator.record(Duration::from_nanos(512));
+        assert_eq!(estimator.estimate(), Some(Duration::from_nanos(513)));
+        assert_eq!((513.0 - 512.0) / 512.0, MAX_RELATIVE_ERROR);
+    }
+
+    /// An estimator reports the quantile it was built with (not the default p99), and is
+    /// empty only until a sample arrives and again after `clear`.
+    #[test]
+    fn an_estimator_reports_its_own_quantile_and_whether_it_holds_samples() {
+        let mut estimator = TailEstimator::new(100, Quantile::P50).unwrap();
+        assert_eq!(estimator.quantile(), Quantile::P50);
+        estimator.record(us(3));
+        assert!(!estimator.is_empty());
+        assert_eq!(estimator.len(), 1);
+        estimator.clear();
+        assert!(estimator.is_empty());
+    }
 }

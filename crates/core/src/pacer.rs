@@ -1398,4 +1398,92 @@ mod tests {
             }
         }
     }
+
+    /// A rate's own operation burst, with the default window of 1 us: max(2, 1 us x rate)
+    /// operations, or none when operations are not paced.
+    #[test]
+    fn a_rates_operation_burst_is_two_or_a_microsecond_of_operations() {
+        let fast = PaceRate {
+            ops_per_sec: Some(50_000_000),
+            ..rate(1_000_000_000, 4096)
+        };
+        assert_eq!(fast.burst_ops(), Some(50), "1 us at 5 x 10^7 ops/s");
+        let slow = PaceRate {
+            ops_per_sec: Some(1_000),
+            ..fast
+        };
+        assert_eq!(slow.burst_ops(), Some(BURST_CHUNKS));
+        assert_eq!(rate(1_000_000_000, 4096).burst_ops(), None);
+    }
+
+    /// "A balance that reaches its cap with nobody late forgives what is owed": a lane
+    /// owing 8 units' time, 9 units of credit of 10, refilled by 3 units' time with nobody
+    /// late is full and owes nothing, so an overdraft of 2 units is repaid at the rate
+    /// alone (2 units' time), not at twice the rate.
+    #[test]
+    fn a_full_balance_with_nobody_late_forgives_what_is_owed() {
+        let mut lane = Lane::full(1_000_000, 10);
+        let unit = i128::from(lane.cost);
+        lane.balance = 9 * unit;
+        lane.owed = 8 * unit;
+        lane.refill(3 * unit, 0);
+        assert_eq!(lane.balance, lane.cap);
+        assert_eq!(lane.owed, 0);
+        lane.charge(12);
+        assert_eq!(lane.wait(), 2 * unit);
+    }
+
+    /// While something is owed a debt is repaid at twice the rate: 2 units' debt with 8
+    /// owed waits 1 unit's time.
+    #[test]
+    fn while_something_is_owed_a_debt_is_repaid_at_twice_the_rate() {
+        let mut lane = Lane::full(1_000_000, 10);
+        let unit = i128::from(lane.cost);
+        lane.balance = -2 * unit;
+        lane.owed = 8 * unit;
+        assert_eq!(lane.wait(), unit);
+    }
+
+    /// Rephasing moves a debt later by less than a period onto its slot, and says whether
+    /// it moved: a debt of 30 ticks onto slot 50 of 100 becomes 50; one already at its slot
+    /// stays (false); a lane at rest waits its slot, at most one tick short of the period
+    /// even for a phase of 1.
+    #[test]
+    fn rephasing_moves_a_debt_onto_its_slot_within_a_period() {
+        let mut lane = Lane::full(1_000_000, 10);
+        lane.balance = -30;
+        assert!(lane.rephase(0.5, 100, false));
+        assert_eq!(lane.balance, -50);
+        assert!(!lane.rephase(0.5, 100, false), "already at its slot");
+        assert_eq!(lane.balance, -50);
+        let mut rest = Lane::full(1_000_000, 10);
+        assert!(rest.rephase(1.0, 100, true));
+        assert_eq!(rest.balance, -99);
+    }
+
+    /// A new rate keeps what is owed in units: 4 units' time owed at 1 M units/s is 4
+    /// units' time at 2 M units/s.
+    #[test]
+    fn a_new_rate_keeps_what_is_owed_in_units() {
+        let mut lane = Lane::full(1_000_000, 10);
+        lane.owed = 4 * i128::from(lane.cost);
+        let faster = lane.rerated(2_000_000, 10);
+        assert_eq!(faster.owed, 4 * i128::from(faster.cost));
+        assert_eq!(faster.cost * 2, lane.cost);
+    }
+
+    /// Operations taken from an allowance are charged to the operations' balance: a full
+    /// pacer at 5 x 10^7 ops/s allows its burst of 50 operations; 3 charged leave 47.
+    #[test]
+    fn operations_charged_from_an_allowance_leave_the_rest_of_it() {
+        let rate = PaceRate {
+            ops_per_sec: Some(50_000_000),
+            ..rate(1_000_000_000, 4096)
+        };
+        let mut p = Pacer::new(rate, Duration::ZERO);
+        let (bytes, ops) = p.unclocked_allowance();
+        assert_eq!(ops, Some(50));
+        p.charge_unclocked(0, 3);
+        assert_eq!(p.unclocked_allowance(), (bytes, Some(47)));
+    }
 }

@@ -94,6 +94,11 @@ fn safe_util_settles_between_floor_and_max_rate_and_the_target_holds() {
     // The loop halves only when its window shows the p99 above the target beyond chance
     // (the default rule, 10^-3 per update), so it settles where the p99 is at the target,
     // not below it: within 1% (2.609 us against 2.601 us), where MaxRate gives 4.5 us.
+    // The 1% is the measured 0.3% with room, a regression bound, not one derived: what
+    // the rule bounds is how many of a window's probes exceed the target without a
+    // halving (at most 21 of 1000, 5 of 100), a quantile near the 98th; how far the p99
+    // then lies above the target is the plant's rise between those quantiles, and the
+    // report gives only p50, p99 and p99.9.
     let lat = latency(run(&r, "settle"), "lat");
     assert!(
         lat.p99_us <= target * 1.01,
