@@ -1486,4 +1486,50 @@ mod tests {
         p.charge_unclocked(0, 3);
         assert_eq!(p.unclocked_allowance(), (bytes, Some(47)));
     }
+
+    /// What a late return is owed is its lateness, not the credit that overflowed the cap:
+    /// with 28 ms owed (a first return 30 ms late, into a cap of 2 ms), a return 10 ms past a
+    /// wait of 0.5 ms refills 10.5 ms plus 10.5 ms repaid, 18 ms over the cap, of which 10
+    /// are owed (27.5 in all). A debt of 78 ms then waits 78 - 27.5 = 50.5 ms: twice the rate
+    /// while something is owed.
+    #[test]
+    fn a_late_return_is_owed_its_lateness_not_the_overflow() {
+        let ms = Duration::from_millis;
+        let mut p = waiting_one_ms();
+        let mut now = ms(31);
+        assert_eq!(drain(&mut p, now, 5_120), 3 * 5_120);
+        assert_eq!(
+            p.try_release(now, 5_120, 1),
+            Err(Duration::from_micros(500))
+        );
+        now += Duration::from_micros(500) + ms(10);
+        assert!(p.try_release(now, 80 * 5_120, 80).is_ok());
+        assert_eq!(
+            p.try_release(now, 5_120, 1),
+            Err(Duration::from_micros(50_500))
+        );
+    }
+
+    /// A new phase that moves only the bytes' debt still cancels the wait told before, when
+    /// operations are paced too: a pacer waiting 1 ms moved to the middle of its period (the
+    /// operations' lane, 1000 operations of credit, does not move) and back 30 ms later is
+    /// not late, so it owes nothing and the next debt of one chunk waits the whole 1 ms.
+    #[test]
+    fn a_phase_that_moves_only_the_bytes_cancels_the_wait_told() {
+        let r = PaceRate {
+            bytes_per_sec: 5_120_000,
+            ops_per_sec: Some(1_000_000_000),
+            chunk_bytes: 5 * KIB,
+        };
+        let mut p = Pacer::new(r, Duration::ZERO);
+        assert_eq!(drain(&mut p, Duration::ZERO, 5_120), 3 * 5_120);
+        assert_eq!(
+            p.try_release(Duration::ZERO, 5_120, 1),
+            Err(Duration::from_millis(1))
+        );
+        p.set_rate_in_phase(Duration::ZERO, r, phase(0.5, 1));
+        let now = Duration::from_millis(30);
+        assert_eq!(drain(&mut p, now, 5_120), 3 * 5_120);
+        assert_eq!(p.try_release(now, 5_120, 1), Err(Duration::from_millis(1)));
+    }
 }
