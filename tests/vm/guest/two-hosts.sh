@@ -523,10 +523,13 @@ else
       fi
     done
 
-    # kill -9 of B's daemon: A's flow is unconstrained again within the silence bound (plus
-    # the time one `justitia flows` takes here), then B's daemon restarted: believed at once.
-    # The lapse is timed by A's daemon's own log line against A's clock at the kill (which
-    # reaches B up to half a second later); a second beyond silence_ms is left for the
+    # kill -9 of B's daemon: A's flow is unconstrained again within the silence bound, then
+    # B's daemon restarted: believed at once. The lapse is timed by A's daemon's own log
+    # line against A's clock. The kill runs on B through remote.py, which under a loaded
+    # machine takes seconds to deliver it (6.3 s seen): the kill happened between the
+    # command's start and its return, so the lapse is timed from its return (never more
+    # than the true lapse, which is at most the lapse from its start; both are printed),
+    # and the line must come after its start. A second beyond silence_ms is left for the
     # daemon's loop under emulation. Polling `justitia flows` only confirms it.
     # Under emulation a stall of either loop now and then outlasts silence_ms and the
     # guarantee lapses and returns by itself: the kill waits until it is held.
@@ -534,16 +537,20 @@ else
     held=$(echo "$FLOW" | awk '{print $2}')
     kill_ns=$(date +%s%N)
     onb 10 "kill -KILL \$(cat $bpdir/pid)" > /dev/null
-    echo "$SECONDS kill of B's daemon at $kill_ns ns (A's clock), sent in $((($(date +%s%N) - kill_ns) / 1000000)) ms" >> "$L.peer.trace.log"
+    killed_ns=$(date +%s%N)
+    echo "$SECONDS kill of B's daemon sent at $kill_ns ns (A's clock), done in $(((killed_ns - kill_ns) / 1000000)) ms" >> "$L.peer.trace.log"
     bound=$((PEER_SILENCE_MS / 1000 + 10))
-    lapse_ms=""
+    lapse_ms="" lapse_from_start_ms=""
     if [ "$held" != None ] && [ "$held" != absent ] && wait_guarantee null "$bound"; then
-      # The daemon's log is written by a thread of its own, a moment later (seconds under
-      # emulation): its line is awaited up to 10 s.
-      for _ in $(seq 50); do
+      # The daemon's log is written by a thread of its own, a moment later (over 10 s
+      # under emulation, its loop taking the guest's one CPU): its line is awaited 30 s.
+      for _ in $(seq 150); do
         while read -r ts _; do
           t=$(date -d "$ts" +%s%N 2>/dev/null) || continue
-          [ "$t" -ge "$kill_ns" ] && { lapse_ms=$(((t - kill_ns) / 1000000)); break; }
+          if [ "$t" -ge "$kill_ns" ]; then
+            lapse_ms=$(((t - killed_ns) / 1000000)) lapse_from_start_ms=$(((t - kill_ns) / 1000000))
+            break
+          fi
         done < <(grep "peer silent" "$L.peer.justitiad.log")
         [ -n "$lapse_ms" ] && break
         sleep 0.2
@@ -552,9 +559,9 @@ else
     if [ "$held" = None ] || [ "$held" = absent ]; then
       result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's flow held no guarantee before the kill ($held)"
     elif [ -n "$lapse_ms" ] && [ "$lapse_ms" -le $((PEER_SILENCE_MS + 1000)) ]; then
-      result PASS "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's daemon let the guarantee lapse ${lapse_ms} ms after the kill (silence_ms $PEER_SILENCE_MS, bound $((PEER_SILENCE_MS + 1000)) ms); justitia flows showed it gone after ${WAITED} ms: $FLOW"
+      result PASS "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "A's daemon let the guarantee lapse ${lapse_ms} ms after the kill was done (${lapse_from_start_ms} ms after it was sent; silence_ms $PEER_SILENCE_MS, bound $((PEER_SILENCE_MS + 1000)) ms); justitia flows showed it gone after ${WAITED} ms: $FLOW"
     elif [ -n "$lapse_ms" ]; then
-      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "the guarantee lapsed ${lapse_ms} ms after the kill, beyond silence_ms $PEER_SILENCE_MS + 1000 ms"
+      result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "the guarantee lapsed ${lapse_ms} ms after the kill was done (${lapse_from_start_ms} ms after it was sent), beyond silence_ms $PEER_SILENCE_MS + 1000 ms"
     else
       result FAIL "peer: kill -9 of B's daemon, A's READs back to A's own allotment" "no lapse logged by A's daemon; its flow: $FLOW ${WAITED} ms after the kill (silence_ms $PEER_SILENCE_MS)"
     fi
