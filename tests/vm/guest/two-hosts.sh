@@ -311,8 +311,8 @@ fi # sections 2 to 5
 # PEER_SILENCE_MS (3000: under emulation a loop stalls for tens of milliseconds and now and
 # then for over a second, which the packaged 20 ms, and 1000 now and then, take for a
 # silent peer). A READs from B (ib_read_bw, bandwidth
-# class, under the shaper following A's daemon) while B WRITEs to A (ib_write_bw, bandwidth
-# class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
+# class, under the shaper following A's daemon) while B WRITEs to itself (ib_write_bw,
+# bandwidth class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
 # half its MaxRate (one unit of two, Justitia's remote READ rule); A's flow must hold that
 # guarantee, its allotment paced to it. Then kill -9 of B's daemon (A's guarantee gone
 # within the silence bound), its restart (the guarantee back), and a forged, a replayed
@@ -343,10 +343,8 @@ peer_table() { # NODE KEY_FILE
   printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\n' \
     "$1" "$2" "$1" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS"
 }
-# Not in the default run yet: under emulation these checks fail now and then (B's daemon
-# reclaims B's WRITE flow on a socket hang-up while its process runs, A's READ flow flaps
-# between active and idle, and A has refused B's grants as unsolicited), so each has passed
-# but not all together. JUSTITIA_VM_PEER=1 runs them.
+# Not in the default run yet: they have not passed together repeatedly under emulation
+# (see tests/vm/README.md). JUSTITIA_VM_PEER=1 runs them.
 if [ "${JUSTITIA_VM_PEER:-}" != 1 ]; then
   result SKIP "peer channel" "not run by default: flaky under emulation (see tests/vm/guest/two-hosts.sh, section 6); JUSTITIA_VM_PEER=1 runs it"
 elif ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
@@ -380,18 +378,21 @@ else
     result FAIL "peer: B's guarantee reaches A" "daemons with [peer] did not start: A: ${DAEMON_ERR:-ok}; B: ${b_err:-ok}"
   else
     wport=$((PORT++)) rport=$((PORT++))
-    # A's READ flow against B, and B's WRITE flow into A, both long; stopped at the end.
+    # A's READ flow against B, and B's own WRITE flow, both long; stopped at the end. B's
+    # WRITEs go to B itself (rxeb's loopback): for B's daemon a local bandwidth flow like
+    # any other. Across the cable a shaped ib_write_bw fails now and then with a remote
+    # invalid request (status 9, after some dozens to hundreds of completions; see
+    # section 5), which would end B's flow mid-check.
     onb 10 "nice -n 19 timeout $((STEP * 3)) ib_read_bw -d $B_DEV -x $GID -p $rport -s 65536 -n 1000000 > $BLOGS/peer.read.server.log 2>&1 &"
-    nice -n 19 timeout "$((STEP * 3))" ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -s 65536 -n 1000000 > "$L.peer.write.server.log" 2>&1 &
-    PIDS+=($!)
+    onb 10 "nice -n 19 timeout $((STEP * 3)) ib_write_bw -d $B_DEV -x $GID -p $wport -s 65536 -n 1000000 > $BLOGS/peer.write.server.log 2>&1 &"
     b_listen "$rport"
-    for _ in $(seq 100); do ss -Hltn "sport = :$wport" | grep -q . && break; sleep 0.1; done
+    b_listen "$wport"
     LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock JUSTITIA_LOG=info nice -n 19 timeout "$((STEP * 3))" \
       ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -s 65536 -n 1000000 "$B_ADDR" > "$L.peer.read.client.log" 2>&1 &
     PIDS+=($!)
     # Its exit status ends its log: it must be alive when the guarantee is checked.
     onb 10 "{ LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bpdir/justitiad.sock JUSTITIA_LOG=info nice -n 19 timeout $((STEP * 3)) \
-      ib_write_bw -d $B_DEV -x $GID -p $wport -s 65536 -n 1000000 $A_ADDR; echo \"exit status \$?\"; } > $BLOGS/peer.write.client.log 2>&1 &"
+      ib_write_bw -d $B_DEV -x $GID -p $wport -s 65536 -n 1000000 $B_ADDR; echo \"exit status \$?\"; } > $BLOGS/peer.write.client.log 2>&1 &"
     reader=""
     for _ in $(seq 100); do reader=$(pgrep -x ib_read_bw | head -n 1); [ -n "$reader" ] && break; sleep 0.1; done
     # wait_guarantee WANT SECONDS: until the reader's guarantee is present (WANT=set) or
@@ -542,9 +543,10 @@ else
     bound=$((PEER_SILENCE_MS / 1000 + 10))
     lapse_ms="" lapse_from_start_ms=""
     if [ "$held" != None ] && [ "$held" != absent ] && wait_guarantee null "$bound"; then
-      # The daemon's log is written by a thread of its own, a moment later (over 10 s
-      # under emulation, its loop taking the guest's one CPU): its line is awaited 30 s.
-      for _ in $(seq 150); do
+      # The daemon's log is written by a thread of its own, a moment later (over 30 s
+      # seen under emulation, its loop taking the guest's one CPU): its line, stamped when
+      # the lapse happened, is awaited up to 120 s.
+      for _ in $(seq 600); do
         while read -r ts _; do
           t=$(date -d "$ts" +%s%N 2>/dev/null) || continue
           if [ "$t" -ge "$kill_ns" ]; then
