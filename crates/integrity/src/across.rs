@@ -271,6 +271,7 @@ pub fn serve(listen: SocketAddr, options: &AcrossOptions) -> Result<ServerReport
 /// The client's end: the requester QP, its local regions and the server's regions.
 pub struct Client {
     verbs: Arc<Ibverbs>,
+    ctx: Context,
     conn: TcpStream,
     qp: QueuePair,
     cq: CompletionQueue,
@@ -282,7 +283,6 @@ pub struct Client {
     // Kept alive for the objects above.
     _pd: ProtectionDomain,
     _unused_cq: CompletionQueue,
-    _ctx: Context,
 }
 
 impl Client {
@@ -364,13 +364,13 @@ impl Client {
             timeout: options.timeout,
             _pd: pd,
             _unused_cq: unused_cq,
-            _ctx: ctx,
+            ctx,
         })
     }
 
     /// The device's name.
     pub fn device(&self) -> &str {
-        self._ctx.name()
+        self.ctx.name()
     }
 
     fn local_bytes(&self, at: &Placement) -> &[u8] {
