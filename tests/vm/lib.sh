@@ -186,7 +186,7 @@ vm_boot() {
     -accel tcg -smp "${VM_SMP:-2}" -m "${VM_MEM:-2048}" -nodefaults -nic none -display none -no-reboot \
     -serial "file:$out/console.log" -monitor none -pidfile "$out/qemu.pid" \
     -kernel "$kdir/vmlinuz" -initrd "$initrd" \
-    -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off justitia_out=$out justitia_timeout=$limit" \
+    -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off no_timer_check justitia_out=$out justitia_timeout=$limit" \
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$out,mount_tag=out,security_model=none" "$@" \
     </dev/null >"$out/qemu.log" 2>&1

@@ -11,7 +11,7 @@
 # (CI=true), where setup should have installed it, so it fails.
 #
 # Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 2400),
-# VM_PAIR_TIMEOUT (seconds for the two-host pair's run, default 600),
+# VM_PAIR_TIMEOUT (seconds for the two-host pair's run, default 1200),
 # INTEGRITY_TRANSFERS (per checker run, default 200), HANG_TIMEOUT, DESTROY_ITERATIONS,
 # CM_CONNECTIONS, CM_FD_SLACK, CM_RSS_SLACK_KB (the application tests, see the README),
 # CARGO_TARGET_DIR.
@@ -140,7 +140,7 @@ else
   pair=$out/two-hosts
   echo "vm: booting the two-host pair (logs in $pair)"
   start=$(date +%s)
-  tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-600}" --out "$pair" -- \
+  tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-1200}" --out "$pair" -- \
     env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" tests/vm/guest/two-hosts.sh "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
   rc=$?
   echo "vm: the two-host pair ran for $(($(date +%s) - start)) s"

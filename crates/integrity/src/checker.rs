@@ -134,7 +134,7 @@ impl Report {
         }
     }
 
-    fn problem(&mut self, text: String) {
+    pub(crate) fn problem(&mut self, text: String) {
         if self.problems.len() < Self::KEEP {
             self.problems.push(text);
         }
@@ -303,7 +303,7 @@ impl SharedSendCq {
 }
 
 /// Send and receive queue depth (and per-rig CQ depth) for batches of `plan`.
-fn queue_depth(plan: &PlanConfig) -> u32 {
+pub(crate) fn queue_depth(plan: &PlanConfig) -> u32 {
     4 * u32::try_from(plan.max_batch.max(1)).unwrap_or(u32::MAX / 8) + 16
 }
 
@@ -640,7 +640,7 @@ impl Rig {
 }
 
 /// What is wrong with one completion.
-enum Fault {
+pub(crate) enum Fault {
     /// The completion stream can no longer be trusted (wrong `wr_id`, order or status):
     /// the run stops.
     Fatal(String),
@@ -650,7 +650,7 @@ enum Fault {
 
 /// Polls with `poll` until one completion per entry of `expected` has arrived, in order,
 /// each accepted by `check`; wrong details are counted in `report`.
-fn wait_for(
+pub(crate) fn wait_for(
     mut poll: impl FnMut(&mut [ibv_wc]) -> Result<usize, VerbsError>,
     queue: &'static str,
     expected: &[&Transfer],
@@ -705,7 +705,7 @@ fn describe(t: &Transfer) -> String {
     )
 }
 
-fn check_send_completion(
+pub(crate) fn check_send_completion(
     verbs: &Ibverbs,
     wc: &ibv_wc,
     t: &Transfer,

@@ -30,7 +30,12 @@
 //!   `ibv_post_send`. Planning, verification and the report are the same for both, so one
 //!   seed gives the same transfers with either. If the device or libibverbs cannot create
 //!   such a QP, `wr` fails with an error saying so; it never falls back to `ibv_post_send`.
+//! - [`across`] runs the same plans across two hosts, two processes (`--serve` and
+//!   `--connect`): the server holds regions filled with a known pattern, the client READs
+//!   every transfer from them over the link and checks each byte against the pattern at
+//!   the remote offset, the QPs' details exchanged over TCP as perftest does.
 
+pub mod across;
 pub mod checker;
 pub mod ledger;
 pub mod pattern;

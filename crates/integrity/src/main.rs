@@ -9,6 +9,7 @@
 //! that every signaled request completes exactly once.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -17,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
+use justitia_integrity::across::{self, AcrossOptions};
 use justitia_integrity::checker::{CheckError, Report, Rig, RigOptions, SharedSendCq};
 use justitia_integrity::ledger::Ledger;
 use justitia_integrity::plan::{PlanConfig, Planner};
@@ -76,6 +78,16 @@ struct Args {
     /// printed seed plus the thread's index).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     threads: u8,
+    /// Across two hosts, this end: hold the remote regions for one client and serve its
+    /// READs, listening for its TCP connection on ADDR:PORT (the plan's settings come
+    /// from the client). Prints whether the regions were left intact.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = ["connect", "threads"])]
+    serve: Option<SocketAddr>,
+    /// Across two hosts, the other end: connect to a `--serve` process at ADDR:PORT and
+    /// post every transfer of the plan as an RDMA READ from its regions (`--post-api
+    /// post-send`), checking every byte against the pattern the server filled them with.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "threads")]
+    connect: Option<SocketAddr>,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -316,7 +328,88 @@ fn run_threads(args: &Args, seed: u64, plan: &PlanConfig, options: &RigOptions) 
     Ok(report.clean() && once)
 }
 
+fn across_options(options: &RigOptions) -> AcrossOptions {
+    AcrossOptions {
+        device: options.device.clone(),
+        port: options.port,
+        gid_index: options.gid_index,
+        timeout: options.completion_timeout,
+    }
+}
+
+/// `--serve`: one client's regions, until it is done.
+fn run_server(listen: SocketAddr, options: &AcrossOptions) -> Result<bool> {
+    let r = across::serve(listen, options).context("serving a client across hosts")?;
+    let intact = r.done && r.changed_regions == 0;
+    println!(
+        "justitia-integrity: {}: the client ran {} batches{}; {} of its regions changed",
+        if intact { "PASS" } else { "FAIL" },
+        r.batches,
+        if r.done {
+            " and said it was done"
+        } else {
+            " and went away midway"
+        },
+        r.changed_regions
+    );
+    Ok(intact)
+}
+
+/// `--connect`: every transfer of the plan as a READ across the link.
+fn run_client(
+    args: &Args,
+    server: SocketAddr,
+    seed: u64,
+    plan: PlanConfig,
+    options: &RigOptions,
+) -> Result<bool> {
+    if args.post_api != PostApi::PostSend {
+        bail!("--connect posts with ibv_post_send only (--post-api post-send)");
+    }
+    let mut client = across::Client::connect(server, &across_options(options), &plan, seed)
+        .with_context(|| format!("connecting to the checker serving at {server}"))?;
+    println!(
+        "justitia-integrity: device {}, READs from the regions of {server}, up to {} bytes per transfer",
+        client.device(),
+        args.max_size
+    );
+    let mut planner = Planner::new(seed, plan);
+    let mut report = Report::default();
+    while report.transfers < args.transfers {
+        if let Err(e) = client.run_batch(&planner.next_batch(), &mut report) {
+            return Err(anyhow::Error::new(e).context(format!(
+                "after {} good transfers (seed {seed}): {}",
+                report.transfers,
+                summary(&report)
+            )));
+        }
+    }
+    let intact = client
+        .finish()
+        .with_context(|| format!("after the last batch (seed {seed})"))?;
+    for p in &report.problems {
+        println!("justitia-integrity: PROBLEM {p}");
+    }
+    let clean = report.clean() && intact;
+    println!(
+        "justitia-integrity: {}: {}; the server's regions {}; seed {seed}",
+        if clean { "PASS" } else { "FAIL" },
+        summary(&report),
+        if intact { "intact" } else { "CHANGED" }
+    );
+    Ok(clean)
+}
+
 fn run(args: &Args) -> Result<bool> {
+    if let Some(listen) = args.serve {
+        let options = AcrossOptions {
+            device: args.device.clone(),
+            port: args.port,
+            gid_index: args.gid_index,
+            timeout: Duration::from_secs(args.timeout),
+        };
+        return run_server(listen, &options);
+    }
     if args.max_sges == 0 || args.max_batch == 0 {
         bail!("--max-sges and --max-batch must be at least 1");
     }
@@ -346,6 +439,9 @@ fn run(args: &Args) -> Result<bool> {
     };
     if args.threads > 1 {
         return run_threads(args, seed, &plan, &options);
+    }
+    if let Some(server) = args.connect {
+        return run_client(args, server, seed, plan, &options);
     }
     let mut rig = Rig::open(&options, &plan).map_err(setup_error)?;
     println!(

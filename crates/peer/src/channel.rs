@@ -485,7 +485,7 @@ impl Channel {
             }
             return Err(Refusal::Replayed);
         }
-        if matches!(body, Body::Grant(_)) && peer.demand.is_empty() {
+        if matches!(body, Body::Grant(_)) && !self.grant_expected(&peer, now) {
             return Err(Refusal::Unsolicited);
         }
         peer.newest = Some((header.epoch, header.sequence));
@@ -527,6 +527,19 @@ impl Channel {
             self.events.push(ChannelEvent::ServedChanged);
         }
         Ok(())
+    }
+
+    /// Whether a grant from `p` is one this host asked for: it holds flows against `p`, or
+    /// withdrew the last of them less than `silence` ago. The peer grants until the empty
+    /// demand reaches it, and refreshes its grant meanwhile: a flow that goes idle (or
+    /// ends) has those grants in flight, which are no one's forgery. The peer stops
+    /// within `silence` of the withdrawal whether or not the empty demand arrives (it
+    /// lets this host's demands lapse), so after that a grant is unsolicited again.
+    fn grant_expected(&self, p: &Peer, now: Duration) -> bool {
+        !p.demand.is_empty()
+            || p.demand_dirty
+            || p.demand_sent
+                .is_some_and(|t| t.saturating_add(self.config.silence) >= now)
     }
 
     fn take_token(&self, bucket: &mut Bucket, now: Duration) -> Result<(), Refusal> {
@@ -919,6 +932,40 @@ mod tests {
         );
         assert_eq!(fresh_a.grant_from(B), None);
         assert_eq!(a.receive(ms(2), &grant.bytes), Ok(()));
+    }
+
+    /// A flow that goes idle withdraws its demand; B's grants already on their way (and
+    /// B's refreshes until the empty demand reaches it) are expected, not refused: in a
+    /// run across two emulated hosts A refused 74 of B's grants as unsolicited while its
+    /// READ flow went idle and active again. Once `silence` has passed since the
+    /// withdrawal was sent, B has stopped whatever became of it: a grant then is refused.
+    #[test]
+    fn grants_in_flight_when_the_demand_is_withdrawn_are_taken_until_silence() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
+        deliver(&mut a, &mut b, ms(0));
+        b.set_grant(ms(1), &guarantee(0.5), 12.5e9);
+        let first = b.poll_transmit(ms(1)).unwrap();
+        a.receive(ms(1), &first.bytes).unwrap();
+        // A's flow goes idle: its empty demand leaves at 2 ms, and B's refresh crosses it.
+        a.set_demand(ms(2), B, &[]).unwrap();
+        let withdrawal = a.poll_transmit(ms(2)).unwrap();
+        let refresh = b.poll_transmit(ms(7)).unwrap();
+        assert_eq!(a.receive(ms(8), &refresh.bytes), Ok(()));
+        b.receive(ms(9), &withdrawal.bytes).unwrap();
+        // B no longer serves A and grants nothing more. A grant of B's (a newer
+        // incarnation's, so not a replay) arriving after A's window is refused.
+        assert!(b.poll_transmit(ms(20)).is_none());
+        let silence = ChannelConfig::default().silence;
+        let mut late_b = channel(B, 3);
+        let mut other_a = channel(A, 4);
+        other_a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
+        deliver(&mut other_a, &mut late_b, ms(0));
+        late_b.set_grant(ms(1), &guarantee(0.5), 12.5e9);
+        let late = late_b.poll_transmit(ms(1)).unwrap();
+        let past = ms(2) + silence + ms(1);
+        assert_eq!(a.receive(past, &late.bytes), Err(Refusal::Unsolicited));
     }
 
     #[test]

@@ -37,8 +37,8 @@ use crate::log::log;
 /// the controller's reaction time.
 pub const FOLLOW_PERIOD: Duration = Duration::from_millis(2);
 
-/// Ticks without a post, a chunk or a paced request waiting before the flow is reported
-/// idle (its share then goes to the others).
+/// Ticks without a post, a chunk, a paced request waiting or a request at the NIC before
+/// the flow is reported idle (its share then goes to the others).
 const IDLE_TICKS: u32 = 2;
 
 /// How often an active flow's usage is reported when its activity does not change.
@@ -78,6 +78,8 @@ pub struct Group {
     pub bytes: u64,
     /// Paced requests wait for tokens now.
     pub waiting: bool,
+    /// Requests posted and not yet completed on its queue pairs: work at the NIC.
+    pub in_flight: bool,
 }
 
 /// Where the follower stands, for logs and tests.
@@ -378,10 +380,15 @@ impl Follower {
         }
     }
 
-    /// Tells the daemon whether the flow has work (a post, a chunk or a waiting request in
-    /// the last [`IDLE_TICKS`] ticks) and what it posted, when that changes and every
-    /// [`REPORT_EVERY_NS`] while active.
-    fn report(&mut self, now_ns: u64, group: Group) {
+    /// Whether the flow has work at this tick: a post, a chunk, a waiting request or a
+    /// request at the NIC in the last [`IDLE_TICKS`] ticks. Counts what was posted since
+    /// the last report.
+    ///
+    /// Posts alone do not tell: an application with a full send queue posts only as
+    /// completions free it, so on a slow link (a 64 KiB READ takes 6.5 ms at the 10 MB/s
+    /// of an emulated cable) two ticks pass between posts while its queue is full, and a
+    /// flow busy all along was reported idle and active again every few milliseconds.
+    fn has_work(&mut self, group: Group) -> bool {
         let (requests, chunks, bytes) = (group.requests, group.chunks, group.bytes);
         let moved = requests != self.seen.0 || chunks != self.seen.1;
         self.unreported.0 = self
@@ -393,12 +400,18 @@ impl Follower {
             .1
             .saturating_add(requests.wrapping_sub(self.seen.0));
         self.seen = (requests, chunks, bytes);
-        self.quiet_ticks = if moved || group.waiting {
+        self.quiet_ticks = if moved || group.waiting || group.in_flight {
             0
         } else {
             self.quiet_ticks.saturating_add(1)
         };
-        let active = self.quiet_ticks < IDLE_TICKS;
+        self.quiet_ticks < IDLE_TICKS
+    }
+
+    /// Tells the daemon whether the flow has work ([`Self::has_work`]) and what it posted,
+    /// when that changes and every [`REPORT_EVERY_NS`] while active.
+    fn report(&mut self, now_ns: u64, group: Group) {
+        let active = self.has_work(group);
         let Some((h, _)) = self.flow else { return };
         if !matches!(self.client.state(h), FlowState::Registered { .. }) {
             self.reported_active = None;
@@ -457,7 +470,47 @@ mod tests {
             chunks: 0,
             bytes: 0,
             waiting: false,
+            in_flight: false,
         }
+    }
+
+    /// A flow whose send queue stays full posts only when a completion frees a slot; on a
+    /// slow link ticks pass between posts, yet the flow has work all along: it must stay
+    /// active while requests are at the NIC, and go idle two ticks after the last one
+    /// completes.
+    #[test]
+    fn a_flow_with_requests_at_the_nic_stays_active_between_posts() {
+        let config = Config {
+            socket: std::env::temp_dir().join("justitia-none.sock"),
+            ..Config::default()
+        };
+        let fallback = Settings {
+            rate: None,
+            chunk_bytes: 5120,
+            phase: None,
+        };
+        let mut f = Follower::new(&config, fallback).unwrap();
+        let mut g = Group {
+            requests: 128,
+            in_flight: true,
+            ..group(1)
+        };
+        assert!(f.has_work(g), "128 posts");
+        // 6.5 ms between completions (and so posts): three ticks of 2 ms without a post.
+        let mut seen = Vec::new();
+        for tick in 0..30 {
+            if tick % 3 == 2 {
+                g.requests += 1;
+            }
+            seen.push(f.has_work(g));
+        }
+        assert!(
+            seen.iter().all(|&a| a),
+            "reported idle between posts: {seen:?}"
+        );
+        g.in_flight = false;
+        assert!(f.has_work(g), "one tick after the last completion");
+        assert!(!f.has_work(g), "two ticks after: idle");
     }
 
     /// Without a daemon the follower's thread wakes at the client's connection attempts,

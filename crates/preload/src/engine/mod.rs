@@ -169,6 +169,9 @@ pub struct Engine {
     pacer: Pacer,
     /// RC QPs alive on an engine with a class set: the flow the daemon knows.
     members: AtomicU32,
+    /// The same QPs (weak: each leaves at its destroy), to see whether any has requests at
+    /// the NIC ([`Group::in_flight`]).
+    member_qps: Mutex<Vec<Weak<QpShared>>>,
     /// With `JUSTITIA_CLASS=auto`: 1 + the most resource-hungry class the classifier has
     /// given a QP (0: none yet).
     auto_class: AtomicU8,
@@ -207,6 +210,7 @@ impl Engine {
             chunk_bytes: AtomicU32::new(config.chunk_bytes),
             settings_epoch: AtomicU32::new(0),
             members: AtomicU32::new(0),
+            member_qps: Mutex::new(Vec::new()),
             auto_class: AtomicU8::new(0),
             follower: Follower::new(&config, fallback).map(Mutex::new),
             follow_thread: Mutex::new(None),
@@ -354,7 +358,17 @@ impl Engine {
             chunks: c.chunks.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
             waiting: self.pacer_has_waiting(),
+            in_flight: self.members_in_flight(),
         }
+    }
+
+    /// Whether a member QP has requests posted and not completed. A QP whose lock is held
+    /// now is being posted to or polled: busy as well, and not waited for.
+    fn members_in_flight(&self) -> bool {
+        let qps = self.member_qps.lock().unwrap_or_else(|e| e.into_inner());
+        qps.iter()
+            .filter_map(Weak::upgrade)
+            .any(|q| q.state.try_lock().is_none_or(|st| st.sq.outstanding() > 0))
     }
 
     /// One step of following the daemon at `now_ns` (`CLOCK_MONOTONIC`), and the settings
@@ -392,7 +406,14 @@ impl Engine {
 
     /// A QP joined or left the daemon's flow: the follower thread registers or unregisters
     /// it at once instead of at its next tick.
-    fn members_changed(self: &Arc<Self>, joined: bool) {
+    fn members_changed(self: &Arc<Self>, qp: &Weak<QpShared>, joined: bool) {
+        {
+            let mut qps = self.member_qps.lock().unwrap_or_else(|e| e.into_inner());
+            qps.retain(|q| !q.ptr_eq(qp) && q.strong_count() > 0);
+            if joined {
+                qps.push(qp.clone());
+            }
+        }
         if joined {
             self.members.fetch_add(1, Ordering::Relaxed);
         } else {

@@ -409,7 +409,7 @@ impl QpShared {
     fn detach(self: &Arc<Self>) -> Vec<Held> {
         self.lock().sq.set_destroyed(true);
         if self.counted.swap(false, Ordering::AcqRel) {
-            self.engine.members_changed(false);
+            self.engine.members_changed(&self.me, false);
         }
         if let (true, Some(cq)) = (
             self.recv_counted.swap(false, Ordering::AcqRel),
@@ -446,7 +446,7 @@ impl QpShared {
     /// Counts a registered member QP in the daemon's flow.
     fn count_member(&self) {
         if self.member && !self.counted.swap(true, Ordering::AcqRel) {
-            self.engine.members_changed(true);
+            self.engine.members_changed(&self.me, true);
         }
     }
 
