@@ -178,7 +178,7 @@ fn an_unknown_policy_stops_the_daemon_naming_the_key() {
 /// peer is not named), so the chunk is the target's whole 94 208 B and the pace the
 /// headroom of MaxRate, the WRITE flow's alone; on the responder's, L = 1, B = 1 (the READ
 /// tenant), the same plan, the READ flow's alone. Planned as one stream, the tenant's two
-/// bandwidth flows had half of one pace each.
+/// bandwidth flows had half of one pace each, and the chunk was never split.
 #[test]
 fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
     let keys = tempfile::tempdir().unwrap();
@@ -192,7 +192,7 @@ fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
     );
     let d = Daemon::start_with(&config, true);
     let mut c = AgentClient::connect(d.socket()).unwrap();
-    let _l = registered(&mut c, FlowClass::Latency, 1);
+    let l = registered(&mut c, FlowClass::Latency, 1);
     let write = registered(&mut c, FlowClass::Bandwidth, 1);
     let read = registered(&mut c, FlowClass::Bandwidth, 1);
     let responder = std::net::Ipv4Addr::new(127, 0, 0, 2)
@@ -211,6 +211,16 @@ fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
     for (h, what) in [(write, "the WRITE flow's"), (read, "the READ flow's")] {
         wait_for(&mut c, h, &format!("{what} own path's pace"), |a| {
             near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK
+        });
+    }
+    // The latency flow's queue pair goes to the responder too: its messages' round trip
+    // crosses both paced paths, their requests this host's and their acknowledgements the
+    // responder's, and waits behind a chunk on each, so each path's chunk is half the
+    // target's: 94 208 / 2 = 47 104 B. The paces are unchanged.
+    assert!(c.report_remote(l, responder, 0, 0x43, false));
+    for (h, what) in [(write, "the WRITE flow's"), (read, "the READ flow's")] {
+        wait_for(&mut c, h, &format!("{what} half chunk"), |a| {
+            near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK / 2
         });
     }
 }
