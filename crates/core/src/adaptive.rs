@@ -97,7 +97,7 @@ pub mod allotments;
 pub mod resources;
 pub mod tenants;
 
-pub use resources::{charged_to, Resource};
+pub use resources::{charged_to, latency_paths, Resource};
 pub use tenants::{TenantRoundRobin, TenantWeights};
 
 /// Goal band: a latency flow's p99 within this multiple of alone.

@@ -14,18 +14,25 @@
 //!   update, over the time since: the bandwidth flows are paced within what they leave.
 //! - **Plan.** After each loop update [`AdaptiveLaw::update`](justitia_core::adaptive::AdaptiveLaw::update)
 //!   takes the tenants' weighted counts of the active flows, the target, the tail and the
-//!   others' load; whenever the active flows change in between,
-//!   [`AdaptiveLaw::plan`](justitia_core::adaptive::AdaptiveLaw::plan) gives the plan for
-//!   the new counts at once. The plan becomes one allotment per flow with the core's
-//!   [`justitia_core::adaptive::allotments::allotments`] (by tenant and weight,
-//!   then among a tenant's own flows), which the server publishes in the tenants' pages as
-//!   it publishes Justitia's.
+//!   others' load; whenever the active flows (or their send paths) change in between,
+//!   the plan for the new counts is made at once.
+//! - **Send paths.** A flow its shaper reported as a READ requester of a peer the peer
+//!   channel names is charged to that responder's send path, every other flow to this
+//!   host's ([`Resource`]). Each path's bandwidth flows are planned as a stream of their
+//!   own, as the simulator's are, and each stream's plan becomes one allotment per flow
+//!   (by tenant and weight, then among a tenant's own flows), the latency and throughput
+//!   flows under this host's path's plan: one call, the core's
+//!   [`charged_allotments`]. The server publishes them in the tenants' pages as it
+//!   publishes Justitia's. The others' load is counted on this host's path only: what this
+//!   host's messages make a responder's path carry is not measured here.
 //!
-//! Cost: a plan allocates (the active flows' list, the tenants' counts, the allotments),
-//! where the loop's own update does not; it runs only on a wake-up that updated the loop or
-//! changed the flows, and with the update it costs about what the loop's update after a
-//! change of flows does (`loop_update` bench: `adaptive_update` plus `adaptive_allotments`,
-//! 0.4 us / 4.9 us / 0.49 ms for 1 / 100 / 10 000 flows).
+//! Cost: a plan allocates (the active flows' list, the tenants' counts, each send path's
+//! flows, the allotments), where the loop's own update does not; it runs only on a wake-up
+//! that updated the loop or changed the flows, in a few passes over the flows whatever the
+//! number of responders, and with the update it costs about what the loop's update after a
+//! change of flows does (`loop_update` bench, measured when one stream was planned:
+//! `adaptive_update` plus `adaptive_allotments`, 0.4 us / 4.9 us / 0.49 ms for 1 / 100 /
+//! 10 000 flows).
 //!
 //! Invariants: only active flows count and get an allotment (an idle flow's share goes to
 //! the others at the next plan); the allotments change only when a plan is made, and each
@@ -34,18 +41,20 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use justitia_core::adaptive::allotments::{allotments, FlowAllotment, HostFlow};
+use justitia_core::adaptive::allotments::{charged_allotments, ChargedFlow, FlowAllotment};
 use justitia_core::adaptive::{
-    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, TenantWeights,
+    AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource, TenantWeights,
 };
 use justitia_core::flow::{FlowClass, FlowId};
 use justitia_core::profile::RnicProfile;
+use justitia_peer::NodeId;
 
 /// A flow as the driver is told of it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DriverFlow {
-    /// The flow, with its queue pairs.
-    pub flow: HostFlow,
+    /// The flow, with its queue pairs; the send path its bytes leave by (a READ requester
+    /// of a peer the channel names: the peer's) and that peer.
+    pub flow: ChargedFlow<NodeId>,
     /// It reported work.
     pub active: bool,
     /// Bytes it reported sent so far (a running count).
@@ -75,7 +84,7 @@ pub struct AdaptiveDriver {
     law: AdaptiveLaw,
     plan: Plan,
     /// Active flows, as last told.
-    present: Vec<HostFlow>,
+    present: Vec<ChargedFlow<NodeId>>,
     /// Their allotments under the plan.
     allotted: BTreeMap<u64, Option<FlowAllotment>>,
     generation: u64,
@@ -115,7 +124,7 @@ impl AdaptiveDriver {
 
     fn observation(&self, target99: Option<Duration>, current99: Option<Duration>) -> Observation {
         Observation {
-            tenants: TenantWeights::of(self.present.iter().map(|f| &f.spec)),
+            tenants: TenantWeights::of(self.present.iter().map(|f| &f.flow.spec)),
             target99,
             current99,
             other_bytes_per_sec: self.other_rate,
@@ -127,7 +136,7 @@ impl AdaptiveDriver {
         let mut other = 0u64;
         let before = std::mem::take(&mut self.present);
         for f in flows {
-            if f.flow.spec.class != FlowClass::Bandwidth {
+            if f.flow.flow.spec.class != FlowClass::Bandwidth {
                 other = other.saturating_add(f.bytes);
             }
             if f.active {
@@ -156,8 +165,9 @@ impl AdaptiveDriver {
         }
         self.other_bytes = Some((other, now));
         let o = self.observation(target99, current99);
-        let plan = self.law.update(now, &o);
-        self.apply(plan)
+        // One feedback, on the host's observation; each send path's plan then follows.
+        let _ = self.law.update(now, &o);
+        self.apply(&o)
     }
 
     /// The flows changed between updates: the plan for the new counts with the law's
@@ -171,17 +181,23 @@ impl AdaptiveDriver {
         if !changed {
             return false;
         }
-        let plan = self.law.plan(&self.observation(target99, None));
-        self.apply(plan)
+        let o = self.observation(target99, None);
+        self.apply(&o)
     }
 
-    fn apply(&mut self, plan: Plan) -> bool {
+    /// Plans each send path's stream and splits it per flow. The other flows' load is
+    /// counted on this host's send path; a responder's is not measured here (zero).
+    fn apply(&mut self, host: &Observation) -> bool {
+        let other = |r: &Resource<NodeId>| match r {
+            Resource::SendPath => host.other_bytes_per_sec,
+            Resource::Responder(_) => 0.0,
+        };
+        let (plan, allotted) = charged_allotments(&self.law, host, &self.present, other);
         self.plan = plan;
-        let allotted: BTreeMap<u64, Option<FlowAllotment>> =
-            allotments(&self.law, &plan, &self.present)
-                .into_iter()
-                .map(|(FlowId(id), a)| (id, a))
-                .collect();
+        let allotted: BTreeMap<u64, Option<FlowAllotment>> = allotted
+            .into_iter()
+            .map(|(FlowId(id), a)| (id, a))
+            .collect();
         let changed = allotted != self.allotted;
         if changed {
             self.allotted = allotted;

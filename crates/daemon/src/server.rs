@@ -97,6 +97,8 @@ use crate::limits::{LogKind, LogLimiter, SlotCounts};
 use crate::metrics::{Label, Metrics, Tenant};
 use crate::peer::PeerLink;
 use crate::probe::Probe;
+use justitia_core::adaptive::allotments::{ChargedFlow, HostFlow};
+use justitia_core::adaptive::Resource;
 
 mod peering;
 
@@ -248,9 +250,12 @@ pub struct Daemon {
     /// With `policy = "adaptive"`: the adaptive law's driver, whose allotments are
     /// published instead of the loop's.
     adaptive: Option<AdaptiveDriver>,
-    /// The loop's updates and generation, the flows and the active flows the adaptive
-    /// driver last planned for.
-    adaptive_seen: (u64, u64, usize, usize),
+    /// The loop's updates and generation, the flows, the active flows and the remote ends
+    /// told the adaptive driver last planned for.
+    adaptive_seen: (u64, u64, usize, usize, u64),
+    /// Remote ends the shapers told so far: a READ requester's moves its bytes to its
+    /// responder's send path.
+    remote_ends: u64,
     /// The incast shares the peers this host's flows go into grant (§6.7).
     incast: justitia_core::incast::IncastLimits,
 }
@@ -545,7 +550,8 @@ impl Daemon {
             incast: justitia_core::incast::IncastLimits::new(incast_lapse),
             peer,
             adaptive,
-            adaptive_seen: (0, 0, 0, 0),
+            adaptive_seen: (0, 0, 0, 0, 0),
+            remote_ends: 0,
         })
     }
 
@@ -931,6 +937,7 @@ impl Daemon {
             self.lp.generation(),
             self.flows.len(),
             self.flows.values().filter(|f| f.active).count(),
+            self.remote_ends,
         );
         if seen == self.adaptive_seen {
             return;
@@ -939,17 +946,23 @@ impl Daemon {
         self.adaptive_seen = seen;
         let weights = &self.config.weights;
         let flows = self.flows.iter().map(|(&id, f)| DriverFlow {
-            flow: justitia_core::adaptive::allotments::HostFlow {
-                spec: FlowSpec {
-                    id: FlowId(id),
-                    tenant: TenantId(f.tenant),
-                    class: f.class,
-                    weight: weights
-                        .get(&f.uid)
-                        .and_then(|&w| Weight::new(w).ok())
-                        .unwrap_or(Weight::ONE),
+            flow: ChargedFlow {
+                flow: HostFlow {
+                    spec: FlowSpec {
+                        id: FlowId(id),
+                        tenant: TenantId(f.tenant),
+                        class: f.class,
+                        weight: weights
+                            .get(&f.uid)
+                            .and_then(|&w| Weight::new(w).ok())
+                            .unwrap_or(Weight::ONE),
+                    },
+                    qps: f.qps,
                 },
-                qps: f.qps,
+                charged: f.remote.map_or(Resource::SendPath, |(peer, role)| {
+                    Resource::of(role == justitia_peer::wire::Role::Read, peer)
+                }),
+                peer: f.remote.map(|(peer, _)| peer),
             },
             active: f.active,
             bytes: f.bytes,

@@ -169,3 +169,58 @@ fn an_unknown_policy_stops_the_daemon_naming_the_key() {
         "{err}"
     );
 }
+
+/// Costs by send path (the law's step 8): a WRITE flow's bytes leave by this host's RNIC,
+/// a READ requester's by its responder's, so each is planned in its own path's stream.
+/// With a latency flow on this host, a WRITE flow and a READ flow (one tenant, this uid)
+/// reading from a peer (127.0.0.2, named by the peer channel): on this host's send path
+/// L = 1, B = 1 (the WRITE tenant), T = 0, and the latency messages cross only it (their
+/// peer is not named), so the chunk is the target's whole 94 208 B and the pace the
+/// headroom of MaxRate, the WRITE flow's alone; on the responder's, L = 1, B = 1 (the READ
+/// tenant), the same plan, the READ flow's alone. Planned as one stream, the tenant's two
+/// bandwidth flows had half of one pace each, and the chunk was never split.
+#[test]
+fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = common::free_port();
+    // stale_after_ms before the table, so the harness adds nothing after it.
+    let config = format!(
+        "{CONFIG}stale_after_ms = 500\n[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\n",
+        key.display()
+    );
+    let d = Daemon::start_with(&config, true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let l = registered(&mut c, FlowClass::Latency, 1);
+    let write = registered(&mut c, FlowClass::Bandwidth, 1);
+    let read = registered(&mut c, FlowClass::Bandwidth, 1);
+    let responder = std::net::Ipv4Addr::new(127, 0, 0, 2)
+        .to_ipv6_mapped()
+        .octets();
+    assert!(c.report_remote(read, responder, 0, 0x42, true));
+    eventually(
+        "the READ flow's remote end known",
+        Duration::from_secs(5),
+        || {
+            d.flows()
+                .iter()
+                .any(|f| f.remote.as_deref() == Some("reads from 127.0.0.2"))
+        },
+    );
+    for (h, what) in [(write, "the WRITE flow's"), (read, "the READ flow's")] {
+        wait_for(&mut c, h, &format!("{what} own path's pace"), |a| {
+            near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK
+        });
+    }
+    // The latency flow's queue pair goes to the responder too: its messages' round trip
+    // crosses both paced paths, their requests this host's and their acknowledgements the
+    // responder's, and waits behind a chunk on each, so each path's chunk is half the
+    // target's: 94 208 / 2 = 47 104 B. The paces are unchanged.
+    assert!(c.report_remote(l, responder, 0, 0x43, false));
+    for (h, what) in [(write, "the WRITE flow's"), (read, "the READ flow's")] {
+        wait_for(&mut c, h, &format!("{what} half chunk"), |a| {
+            near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK / 2
+        });
+    }
+}

@@ -22,6 +22,11 @@
 //!   MaxRate and no operations bound.
 //! - **Latency flow**: no allotment; never shaped.
 //!
+//! Where the flows' bytes leave by different send paths ([`Resource`]: a READ requester's
+//! by its responder's), [`charged_allotments`] plans each path's bandwidth flows as a
+//! stream of their own and splits each stream's plan as above, so a WRITE flow is not cut
+//! for a READ flow whose data never crosses this host's transmitter.
+//!
 //! Invariants: the bandwidth flows' rates sum to the plan's pace (MaxRate when not
 //! paced), and a tenant's sum is `pace x w / B` whatever the number of its flows, so a tenant does not
 //! take another's bandwidth by opening more applications; every allotment is finite and
@@ -29,7 +34,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{AdaptiveLaw, Plan};
+use super::{charged_to, latency_paths, AdaptiveLaw, Observation, Plan, Resource};
 use crate::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 
 /// A flow present on the host, as the law's allotments need it.
@@ -135,6 +140,68 @@ pub fn allotments(
         .collect()
 }
 
+/// A present flow with the resource its bytes are charged to and the peer its queue pairs
+/// go to (`None`: not known).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChargedFlow<P> {
+    /// The flow, with its queue pairs.
+    pub flow: HostFlow,
+    /// The send path its bytes leave by.
+    pub charged: Resource<P>,
+    /// The host at the other end.
+    pub peer: Option<P>,
+}
+
+/// Every present flow's allotment when each send path's bandwidth flows are planned as a
+/// stream of their own, as the simulator's driver paces its streams, and this host's send
+/// path's plan. Each resource's plan is [`AdaptiveLaw::plan_charged`] from the host's
+/// observation and the one of its flows ([`charged_to`], with `other_bytes_per_sec` its
+/// load besides the stream), the chunk split among the [`latency_paths`]. A bandwidth flow
+/// splits its resource's plan with the other bandwidth flows charged to it (by tenant and
+/// weight, then among a tenant's flows, as [`allotments`]); the latency and throughput
+/// flows take this host's send path's plan, their small messages leaving from here.
+/// Grouped by resource, this host's send path first. With no READ requester present it is
+/// [`allotments`] of [`AdaptiveLaw::plan`] of `host` (with `host`'s load on this host's
+/// send path). One pass over the flows per step, whatever the number of responders.
+pub fn charged_allotments<P: Ord>(
+    law: &AdaptiveLaw,
+    host: &Observation,
+    flows: &[ChargedFlow<P>],
+    other_bytes_per_sec: impl Fn(&Resource<P>) -> f64,
+) -> (Plan, Vec<(FlowId, Option<FlowAllotment>)>) {
+    let paths = latency_paths(
+        flows
+            .iter()
+            .map(|f| (&f.flow.spec, &f.charged, f.peer.as_ref())),
+    );
+    // Each resource's flows: its bandwidth flows; on this host's send path the others too.
+    let mut send_path = Vec::new();
+    let mut responders: BTreeMap<&Resource<P>, Vec<HostFlow>> = BTreeMap::new();
+    for f in flows {
+        match &f.charged {
+            r @ Resource::Responder(_) if f.flow.spec.class == FlowClass::Bandwidth => {
+                responders.entry(r).or_default().push(f.flow)
+            }
+            _ => send_path.push(f.flow),
+        }
+    }
+    let plan_of = |resource: &Resource<P>, group: &[HostFlow]| {
+        let charged = charged_to(
+            resource,
+            host,
+            group.iter().map(|f| (&f.spec, resource)),
+            other_bytes_per_sec(resource),
+        );
+        law.plan_charged(host, &charged, paths)
+    };
+    let send_plan = plan_of(&Resource::SendPath, &send_path);
+    let mut allotted = allotments(law, &send_plan, &send_path);
+    for (resource, group) in &responders {
+        allotted.extend(allotments(law, &plan_of(resource, group), group));
+    }
+    (send_plan, allotted)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::expect_used)]
@@ -194,6 +261,52 @@ mod tests {
         assert_eq!(a.chunk_bytes, 1 << 20);
         let a = got[3].1.expect("allotted");
         assert!((a.bytes_per_sec - 4e9).abs() < 1.0, "{a:?}");
+    }
+
+    /// 6 GB/s MaxRate, a 2.4 us target (a 2400 B chunk budget): a latency flow to host 7,
+    /// a WRITE tenant, a READ tenant reading from host 7 and one from host 8, 1e9 B/s of
+    /// other load on this host's send path. Each send path has one bandwidth tenant (B =
+    /// 1 of L + B = 2, the floor 3e9 below every pace): this host's is paced at 0.975 x
+    /// (6e9 - 1e9) = 4.875e9, each responder's at 0.975 x 6e9 = 5.85e9, each flow's
+    /// alone, where one stream split 0.975 x 5e9 three ways. The latency round trip
+    /// crosses this host's path and host 7's, both carrying a stream, so the chunk is
+    /// 2400 / 2 = 1200 B; host 8's is not on it and it is a stream still (1200 B too: the
+    /// law's one chunk, split as every stream's).
+    #[test]
+    fn each_send_path_is_planned_for_its_own_flows() {
+        let law = AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)).expect("law");
+        let charged = |f: HostFlow, reads: bool, peer: u8| ChargedFlow {
+            flow: f,
+            charged: Resource::of(reads, peer),
+            peer: Some(peer),
+        };
+        let flows = [
+            charged(flow(1, 10, FlowClass::Latency, 1), false, 7),
+            charged(flow(2, 20, FlowClass::Bandwidth, 1), false, 7),
+            charged(flow(3, 30, FlowClass::Bandwidth, 1), true, 7),
+            charged(flow(4, 40, FlowClass::Bandwidth, 1), true, 8),
+        ];
+        let specs: Vec<FlowSpec> = flows.iter().map(|f| f.flow.spec).collect();
+        let host = Observation {
+            tenants: TenantWeights::of(&specs),
+            target99: Some(Duration::from_nanos(2400)),
+            current99: None,
+            other_bytes_per_sec: 1e9,
+        };
+        let (send_plan, got) = charged_allotments(&law, &host, &flows, |r| match r {
+            Resource::SendPath => 1e9,
+            Resource::Responder(_) => 0.0,
+        });
+        let got: BTreeMap<FlowId, Option<FlowAllotment>> = got.into_iter().collect();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[&FlowId(1)], None);
+        for (id, want) in [(2, 4.875e9), (3, 5.85e9), (4, 5.85e9)] {
+            let a = got[&FlowId(id)].expect("allotted");
+            assert!((a.bytes_per_sec - want).abs() < 1.0, "{id}: {a:?}");
+            assert_eq!(a.chunk_bytes, 1200, "{id}");
+        }
+        assert_eq!(send_plan.chunk_bytes, 1200);
+        assert!((send_plan.pace_bytes_per_sec.expect("paced") - 4.875e9).abs() < 1.0);
     }
 
     /// Throughput flows beside a latency and a bandwidth tenant, with MaxTput 30 Mops/s

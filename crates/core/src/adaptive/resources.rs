@@ -25,6 +25,8 @@
 //! a READ requester is charged to [`Resource::SendPath`]; with no READ requester present
 //! the send path's observation is the host's, so the plan is the one-stream plan.
 
+use std::collections::BTreeSet;
+
 use super::{Observation, TenantWeights};
 use crate::flow::{FlowClass, FlowSpec};
 
@@ -83,6 +85,33 @@ pub fn charged_to<'a, P: PartialEq + 'a>(
         other_bytes_per_sec,
         ..*host
     }
+}
+
+/// The send paths a latency message's round trip crosses that carry bandwidth flows, the
+/// `paths` [`AdaptiveLaw::plan_charged`](super::AdaptiveLaw::plan_charged) splits the
+/// chunk among: this host's, and the responder's of a peer a latency flow goes to, each
+/// when a bandwidth flow present is charged to it; at least one. `flows` are the present
+/// flows, each with what it is charged to and the peer its queue pairs go to (`None`:
+/// not known, so its round trip is counted on this host's send path only).
+pub fn latency_paths<'a, P: Ord + 'a>(
+    flows: impl IntoIterator<Item = (&'a FlowSpec, &'a Resource<P>, Option<&'a P>)> + Clone,
+) -> u32 {
+    let latency_peers: BTreeSet<&P> = flows
+        .clone()
+        .into_iter()
+        .filter(|(f, _, _)| f.class == FlowClass::Latency)
+        .filter_map(|(_, _, peer)| peer)
+        .collect();
+    let crossed: BTreeSet<&Resource<P>> = flows
+        .into_iter()
+        .filter(|(f, _, _)| f.class == FlowClass::Bandwidth)
+        .map(|(_, charged, _)| charged)
+        .filter(|charged| match charged {
+            Resource::SendPath => true,
+            Resource::Responder(peer) => latency_peers.contains(peer),
+        })
+        .collect();
+    u32::try_from(crossed.len()).unwrap_or(u32::MAX).max(1)
 }
 
 #[cfg(test)]
@@ -157,6 +186,52 @@ mod tests {
         // A responder nobody reads from has no bandwidth tenant.
         let none = charged_to(&Resource::Responder(8), &host, pairs(), 0.0);
         assert_eq!(none.tenants.bandwidth, 0);
+    }
+
+    /// A latency flow to host 7 beside a SEND tenant and READ tenants reading from hosts 7
+    /// and 8: its round trip crosses this host's send path and host 7's, both carrying
+    /// bandwidth flows (2); host 8's is not on it. Without the SEND tenant only host 7's
+    /// (1); without a latency flow's peer known, only this host's, which carries none
+    /// then: still 1, the least.
+    #[test]
+    fn the_latency_round_trip_crosses_this_hosts_path_and_its_peers() {
+        let flows = [
+            (
+                spec(1, 1, FlowClass::Latency),
+                Resource::of(false, 7),
+                Some(7),
+            ),
+            (
+                spec(2, 2, FlowClass::Bandwidth),
+                Resource::of(true, 7),
+                Some(7),
+            ),
+            (
+                spec(3, 2, FlowClass::Bandwidth),
+                Resource::of(true, 8),
+                Some(8),
+            ),
+            (
+                spec(4, 3, FlowClass::Bandwidth),
+                Resource::of(false, 7),
+                Some(7),
+            ),
+            (
+                spec(5, 4, FlowClass::Throughput),
+                Resource::of(false, 8),
+                Some(8),
+            ),
+        ];
+        let all = flows.iter().map(|(f, r, p)| (f, r, p.as_ref()));
+        assert_eq!(latency_paths(all.clone()), 2);
+        assert_eq!(
+            latency_paths(all.clone().filter(|(f, _, _)| f.id.0 != 4)),
+            1
+        );
+        let unknown = all
+            .filter(|(f, _, _)| f.id.0 != 4)
+            .map(|(f, r, p)| (f, r, p.filter(|_| f.class != FlowClass::Latency)));
+        assert_eq!(latency_paths(unknown), 1);
     }
 
     /// Without READ requesters the send path's observation is the host's.

@@ -197,6 +197,7 @@ impl Daemon {
         };
         let role = if r.reads { Role::Read } else { Role::Incast };
         f.remote = peer.map(|p| (p, role));
+        self.remote_ends += 1;
         let reads_from = peer.filter(|_| r.reads).map(responder_key);
         let _ = self.lp.set_flow_reads_from(now, FlowId(r.flow), reads_from);
     }

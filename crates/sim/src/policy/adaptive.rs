@@ -32,7 +32,7 @@
 //!   leave by (the core's [`Resource`]): this host's for WRITEs and SENDs, the responder's
 //!   for a READ requester. Each stream has its own round robin and pacer and follows the
 //!   plan of its resource's flows ([`AdaptiveLaw::plan_charged`], from the core's
-//!   [`charged_to`]), with the law's chunk split among the send paths a latency message's
+//!   [`charged_to`]; the send paths a latency message crosses from [`latency_paths`]), with the law's chunk split among the send paths a latency message's
 //!   round trip crosses. Each send path is charged the wire its stream does not carry but
 //!   this host's traffic makes it send: on this host's, the unshaped flows' messages and a
 //!   request packet per READ chunk; on a peer's, an acknowledgement per message sent to it.
@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use justitia_core::adaptive::allotments::{throughput_paces, HostFlow};
 use justitia_core::adaptive::{
-    charged_to, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource,
-    TenantRoundRobin, TenantWeights,
+    charged_to, latency_paths, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
+    Resource, TenantRoundRobin, TenantWeights,
 };
 use justitia_core::flow::{FlowClass, FlowSpec};
 use justitia_core::pacer::{PaceRate, Pacer};
@@ -538,52 +538,18 @@ impl AdaptivePolicy {
         self.apply(ctx, &self.observation(None));
     }
 
-    /// The flows present, each with what it is charged to.
-    fn charged_flows(&self) -> impl Iterator<Item = (&FlowSpec, &Resource<HostId>)> {
-        self.present
-            .iter()
-            .filter_map(|(id, spec)| Some((spec, self.charged.get(id)?)))
-    }
-
-    /// The send paths a latency message's round trip crosses that carry a stream with
-    /// bandwidth flows present: this host's, and the responder's of READs from a latency
-    /// flow's peer (at least one).
-    fn latency_paths(&self) -> u32 {
-        let latency_peers: Vec<HostId> = self
-            .present
-            .iter()
-            .filter(|(_, spec)| spec.class == FlowClass::Latency)
-            .filter_map(|(id, _)| self.peers.get(id).copied())
-            .collect();
-        let busy = |r: &Resource<HostId>| {
-            self.charged_flows()
-                .any(|(spec, charged)| spec.class == FlowClass::Bandwidth && charged == r)
-        };
-        let crossed = self
-            .streams
-            .iter()
-            .map(|(r, _)| r)
-            .filter(|r| match r {
-                Resource::SendPath => true,
-                Resource::Responder(peer) => latency_peers.contains(peer),
-            })
-            .filter(|r| busy(r))
-            .count();
-        u32::try_from(crossed).unwrap_or(u32::MAX).max(1)
-    }
-
     /// The plan for the flows charged to `resource`.
     fn plan_for(&self, resource: &Resource<HostId>, host: &Observation) -> Plan {
-        let flows = self.charged_flows();
         let other = match resource {
             Resource::SendPath => host.other_bytes_per_sec,
             Resource::Responder(_) => self.other_rate(resource),
         };
-        self.law.plan_charged(
-            host,
-            &charged_to(resource, host, flows, other),
-            self.latency_paths(),
-        )
+        let flows = self
+            .present
+            .iter()
+            .filter_map(|(id, spec)| Some((spec, self.charged.get(id)?, self.peers.get(id))));
+        let charged = charged_to(resource, host, flows.clone().map(|(f, r, _)| (f, r)), other);
+        self.law.plan_charged(host, &charged, latency_paths(flows))
     }
 
     /// Hands each stream its resource's plan, and the throughput flows' pacers the send
