@@ -41,6 +41,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use justitia_agent::admin::AdaptiveStatus;
 use justitia_core::adaptive::allotments::{charged_allotments, ChargedFlow, FlowAllotment};
 use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource, TenantWeights,
@@ -59,23 +60,6 @@ pub struct DriverFlow {
     pub active: bool,
     /// Bytes it reported sent so far (a running count).
     pub bytes: u64,
-}
-
-/// What the driver's state is, for metrics and `justitia status`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdaptiveState {
-    /// The rate the bandwidth flows are paced at together, bytes/s; `None`: not paced.
-    pub pace_bytes_per_sec: Option<f64>,
-    /// The chunk size, bytes.
-    pub chunk_bytes: u32,
-    /// The pacing fraction (1 until a violation at the smallest chunk).
-    pub fraction: f64,
-    /// The headroom below the drain rate.
-    pub headroom: f64,
-    /// Violations that shrank the chunk or the rate so far.
-    pub decreases: u64,
-    /// The latency and throughput flows' load, bytes/s, at the last update.
-    pub other_bytes_per_sec: f64,
 }
 
 /// The adaptive law on this host. See the module documentation.
@@ -216,9 +200,9 @@ impl AdaptiveDriver {
         self.generation
     }
 
-    /// The state for metrics and status.
-    pub fn state(&self) -> AdaptiveState {
-        AdaptiveState {
+    /// The state for metrics and `justitia status`.
+    pub fn state(&self) -> AdaptiveStatus {
+        AdaptiveStatus {
             pace_bytes_per_sec: self.plan.pace_bytes_per_sec,
             chunk_bytes: self.plan.chunk_bytes,
             fraction: self.law.fraction(),

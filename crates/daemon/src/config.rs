@@ -46,6 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use justitia_core::control_loop::Target99;
+use justitia_core::flow::Weight;
 
 /// The default configuration path.
 pub const DEFAULT_PATH: &str = "/etc/justitia/justitiad.toml";
@@ -219,6 +220,15 @@ pub fn parse_target(text: &str) -> Result<Target99, String> {
 }
 
 impl Config {
+    /// The weight of `uid`'s flows: its configured weight, or one. A weight the
+    /// configuration holds was checked at load, so one out of range cannot be found here.
+    pub fn weight_of(&self, uid: u32) -> Weight {
+        self.weights
+            .get(&uid)
+            .and_then(|&w| Weight::new(w).ok())
+            .unwrap_or(Weight::ONE)
+    }
+
     /// Reads `path`. `required` says whether an absent file is an error (a path given on
     /// the command line) or means the defaults (the default path).
     pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {

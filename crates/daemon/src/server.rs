@@ -69,7 +69,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use justitia_agent::admin::{
-    AdaptiveStatus, AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
+    AdminReply, AdminRequest, FlowReport, StatusReport, MAX_ADMIN_REQUEST,
 };
 use justitia_agent::block::{
     monotonic_ns, phase_to_fixed, random_boot_id, BlockStatus, BlockWriter, SlotAllotment,
@@ -82,7 +82,7 @@ use justitia_core::control_loop::{
     ControlLoop, Event, FlowRegistration, LoopConfig, ProbeId, Target99, QUIET_PERIODS,
 };
 use justitia_core::controller::{Admission, ControlMode};
-use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 use justitia_core::profile::RnicProfile;
 use prometheus_client::metrics::gauge::Gauge;
 use rustix::net::{
@@ -944,7 +944,7 @@ impl Daemon {
         }
         let updated = seen.0 != self.adaptive_seen.0;
         self.adaptive_seen = seen;
-        let weights = &self.config.weights;
+        let config = &self.config;
         let flows = self.flows.iter().map(|(&id, f)| DriverFlow {
             flow: ChargedFlow {
                 flow: HostFlow {
@@ -952,10 +952,7 @@ impl Daemon {
                         id: FlowId(id),
                         tenant: TenantId(f.tenant),
                         class: f.class,
-                        weight: weights
-                            .get(&f.uid)
-                            .and_then(|&w| Weight::new(w).ok())
-                            .unwrap_or(Weight::ONE),
+                        weight: config.weight_of(f.uid),
                     },
                     qps: f.qps,
                 },
@@ -994,21 +991,7 @@ impl Daemon {
                     phase_offset: 0,
                     phase_epoch: 0,
                 },
-                None => SlotAllotment {
-                    flow: id,
-                    state: if f.class.is_resource_hungry() {
-                        SlotState::Allotted
-                    } else {
-                        SlotState::Unshaped
-                    },
-                    bytes_per_sec: 0,
-                    ops_per_sec: 0,
-                    chunk_bytes: 0,
-                    token_bytes: 0,
-                    generation: driver.generation(),
-                    phase_offset: 0,
-                    phase_epoch: 0,
-                },
+                None => unpaced_slot(id, f, driver.generation()),
             };
         }
         match self.paced_allotment(id) {
@@ -1025,21 +1008,7 @@ impl Daemon {
                 phase_offset: phase_to_fixed(a.phase.offset),
                 phase_epoch: a.phase.epoch,
             },
-            None => SlotAllotment {
-                flow: id,
-                state: if f.class.is_resource_hungry() {
-                    SlotState::Allotted
-                } else {
-                    SlotState::Unshaped
-                },
-                bytes_per_sec: 0,
-                ops_per_sec: 0,
-                chunk_bytes: 0,
-                token_bytes: 0,
-                generation: 0,
-                phase_offset: 0,
-                phase_epoch: 0,
-            },
+            None => unpaced_slot(id, f, 0),
         }
     }
 
@@ -1478,12 +1447,7 @@ impl Daemon {
         };
         let id = self.next_flow;
         self.next_flow += 1;
-        let weight = self
-            .config
-            .weights
-            .get(&uid)
-            .and_then(|&w| Weight::new(w).ok())
-            .unwrap_or(Weight::ONE);
+        let weight = self.config.weight_of(uid);
         let spec = FlowSpec {
             id: FlowId(id),
             tenant: TenantId(tenant),
@@ -1662,12 +1626,7 @@ impl Daemon {
             if f.admission == AdmissionReply::NotAdmitted {
                 continue;
             }
-            let weight = self
-                .config
-                .weights
-                .get(&f.uid)
-                .and_then(|&w| Weight::new(w).ok())
-                .unwrap_or(Weight::ONE);
+            let weight = self.config.weight_of(f.uid);
             let spec = FlowSpec {
                 id: FlowId(id),
                 tenant: TenantId(f.tenant),
@@ -1993,18 +1952,29 @@ impl Daemon {
                 ControlMode::Normal => "normal".into(),
                 ControlMode::Unattainable { .. } => "unattainable".into(),
             },
-            adaptive: self.adaptive.as_ref().map(|d| {
-                let a = d.state();
-                Box::new(AdaptiveStatus {
-                    pace_bytes_per_sec: a.pace_bytes_per_sec,
-                    chunk_bytes: a.chunk_bytes,
-                    fraction: a.fraction,
-                    headroom: a.headroom,
-                    decreases: a.decreases,
-                    other_bytes_per_sec: a.other_bytes_per_sec,
-                })
-            }),
+            adaptive: self.adaptive.as_ref().map(|d| Box::new(d.state())),
         }
+    }
+}
+
+/// A flow's slot while the policy gives it no allotment: a resource-hungry flow's slot is
+/// marked for one with no rate yet (its shaper reads no allotment from it), any other
+/// flow's is unshaped.
+fn unpaced_slot(id: u64, f: &Flow, generation: u64) -> SlotAllotment {
+    SlotAllotment {
+        flow: id,
+        state: if f.class.is_resource_hungry() {
+            SlotState::Allotted
+        } else {
+            SlotState::Unshaped
+        },
+        bytes_per_sec: 0,
+        ops_per_sec: 0,
+        chunk_bytes: 0,
+        token_bytes: 0,
+        generation,
+        phase_offset: 0,
+        phase_epoch: 0,
     }
 }
 

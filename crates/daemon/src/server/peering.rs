@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use justitia_core::control_loop::Allotment;
-use justitia_core::flow::{FlowId, TenantId, Weight};
+use justitia_core::flow::{FlowId, TenantId};
 use justitia_core::incast::paced;
 use justitia_core::profile::RnicProfile;
 use justitia_core::remote_read::{ReadGuarantee, ReadGuaranteeSender};
@@ -165,12 +165,7 @@ impl Daemon {
                 g.active && g.tenant == f.tenant && g.class == f.class && g.remote == f.remote
             })
             .count();
-        let weight = self
-            .config
-            .weights
-            .get(&f.uid)
-            .and_then(|&w| Weight::new(w).ok())
-            .unwrap_or(Weight::ONE);
+        let weight = self.config.weight_of(f.uid);
         self.incast.cap(
             Duration::from_nanos(now_ns()),
             responder_key(peer),
@@ -215,7 +210,7 @@ impl Daemon {
         let Some(link) = self.peer.as_mut() else {
             return;
         };
-        let weights = &self.config.weights;
+        let config = &self.config;
         let loading = self.flows.values().filter(|f| f.active).filter_map(|f| {
             let (peer, role) = f.remote?;
             Some(LoadingFlow {
@@ -223,10 +218,7 @@ impl Daemon {
                 tenant: TenantId(f.tenant),
                 class: f.class,
                 role,
-                weight: weights
-                    .get(&f.uid)
-                    .and_then(|&w| Weight::new(w).ok())
-                    .unwrap_or(Weight::ONE),
+                weight: config.weight_of(f.uid),
             })
         });
         let now = Duration::from_nanos(now_ns());
