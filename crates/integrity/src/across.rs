@@ -27,7 +27,9 @@ use justitia_verbs::{
     SendRequest, VerbsError,
 };
 
-use crate::checker::{check_send_completion, queue_depth, wait_for, CheckError, Report};
+use crate::checker::{
+    check_send_completion, local_sges, queue_depth, wait_for, CheckError, Report,
+};
 use crate::pattern;
 use crate::plan::{Batch, Operation, Placement, PlanConfig, GUARD};
 
@@ -406,16 +408,7 @@ impl Client {
         let requests = transfers
             .iter()
             .map(|t| {
-                let sges = t
-                    .local
-                    .iter()
-                    .map(|p| {
-                        let len = u32::try_from(p.len).map_err(|_| {
-                            VerbsError::InvalidArgument(format!("an SGE of {} bytes", p.len))
-                        })?;
-                        self.local[p.region].sge(p.offset, len)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
+                let sges = local_sges(&self.local, t)?;
                 let (addr, rkey) = self.remote[t.remote.region];
                 let mut r = SendRequest::read(t.wr_id, sges, addr + t.remote.offset as u64, rkey);
                 r.signaled = t.signaled;

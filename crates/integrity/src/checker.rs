@@ -577,16 +577,7 @@ impl Rig {
     }
 
     fn request(&self, t: &Transfer) -> Result<SendRequest, VerbsError> {
-        let sges = t
-            .local
-            .iter()
-            .map(|p| {
-                let len = u32::try_from(p.len).map_err(|_| {
-                    VerbsError::InvalidArgument(format!("an SGE of {} bytes", p.len))
-                })?;
-                self.local[p.region].sge(p.offset, len)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sges = local_sges(&self.local, t)?;
         let region = &self.remote[t.remote.region];
         let addr = region.addr() + t.remote.offset as u64;
         let mut r = match t.op {
@@ -810,6 +801,18 @@ fn check_recv_completion(
         )));
     }
     Ok(())
+}
+
+/// The scatter/gather list of `t`'s local buffers, in message order, in `local`'s regions.
+pub(crate) fn local_sges(local: &[MemoryRegion], t: &Transfer) -> Result<Vec<ibv_sge>, VerbsError> {
+    t.local
+        .iter()
+        .map(|p| {
+            let len = u32::try_from(p.len)
+                .map_err(|_| VerbsError::InvalidArgument(format!("an SGE of {} bytes", p.len)))?;
+            local[p.region].sge(p.offset, len)
+        })
+        .collect()
 }
 
 #[cfg(test)]
