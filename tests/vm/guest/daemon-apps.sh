@@ -381,19 +381,29 @@ fi
 # flow, and in some runs it is lower while the flow runs (see the README). Current99 (the
 # p99 of the last 10000 probes) must differ across the flow's start and stop. SafeUtil must
 # follow what the loop measured: when a scrape showed Current99 above Target99 with a
-# latency flow counted, SafeUtil must have been cut below MaxRate in some scrape (or the
-# loop be in its unattainable-target mode, which restores MaxRate after 5 s of violation);
-# a run where the target was never seen violated is reported as such.
+# latency flow counted and the probes' p99 over the whole phase was surely above Target99
+# (the histogram's buckets double, so the p99 lies in (bound/2, bound]), SafeUtil must
+# have been cut below MaxRate in some scrape (or the loop be in its unattainable-target
+# mode, which restores MaxRate after 5 s of violation). A scrape alone is not a violation:
+# a young window's Current99 is its largest sample, and the loop's default rule decides on
+# how many samples lie above the target (docs/architecture.md, the control loop). A run
+# where the target was never seen violated, or only in scrapes, is reported as such.
+# Whether the probes' p99 over the bandwidth flow's phase was surely above Target99.
+phase_over=$(awk -v p="${p_during:-0}" -v t="$target_us" 'BEGIN { print (p * 1e6 / 2 >= t ? "yes" : "no") }')
 if [ "$cur_before" = nan ] || [ "$cur_during" = nan ] || [ "$cur_after" = nan ] \
   || [ "$cur_during" = "$cur_before" ] || [ "$cur_after" = "$cur_during" ]; then
   fail_one "Current99 did not move: $figures"
 elif
   figures="$figures; Target99 exceeded in $violations of ${#safe_series[@]} scrapes"
-  [ "$violations" -gt 0 ] && [ "$mode" != unattainable ] \
+  [ "$violations" -gt 0 ] && [ "$mode" != unattainable ] && [ "$phase_over" = yes ] \
   && ! awk -v m="$safe_min" -v x="$max_rate" 'BEGIN { exit !(m < x) }'; then
   fail_one "Target99 was exceeded but SafeUtil was never cut: $figures"
 else
-  [ "$violations" -gt 0 ] || figures="$figures (SafeUtil not exercised in this run)"
+  if [ "$violations" = 0 ]; then
+    figures="$figures (SafeUtil not exercised in this run)"
+  elif [ "$phase_over" != yes ]; then
+    figures="$figures (the phase's p99 not surely above Target99: SafeUtil not exercised in this run)"
+  fi
   pass "$figures"
 fi
 kill "$LAT_C" "$LAT_S" 2>/dev/null
