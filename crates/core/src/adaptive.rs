@@ -644,6 +644,144 @@ mod tests {
         }
     }
 
+    /// Every range `validate` checks, at its edge: an infinite or zero MaxRate, a zero
+    /// wire rate or chunk rate are refused; a smallest chunk equal to the largest is a
+    /// fixed chunk, and accepted.
+    #[test]
+    fn settings_out_of_range_are_refused_at_their_edges() {
+        let good = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
+        let refused = |c: AdaptiveConfig| match c.validate() {
+            Err(AdaptiveConfigError::Invalid { field, .. }) => field,
+            Ok(()) => "accepted",
+        };
+        let mut c = good;
+        c.max_rate_bytes_per_sec = f64::INFINITY;
+        assert_eq!(refused(c), "max_rate_bytes_per_sec");
+        c.max_rate_bytes_per_sec = 0.0;
+        assert_eq!(refused(c), "max_rate_bytes_per_sec");
+        let mut c = good;
+        c.wire_bytes_per_sec = 0.0;
+        assert_eq!(refused(c), "wire_bytes_per_sec");
+        let mut c = good;
+        c.max_chunks_per_sec = 0.0;
+        assert_eq!(refused(c), "max_chunks_per_sec");
+        let mut c = good;
+        c.min_chunk_bytes = c.max_chunk_bytes;
+        assert_eq!(refused(c), "accepted");
+        c.min_chunk_bytes += 1;
+        assert_eq!(refused(c), "min_chunk_bytes");
+    }
+
+    /// The others' wire bytes come off the wire's rate before the chunk's headers do: a
+    /// 7 GB/s wire with 1 GB/s taken leaves 6 GB/s, of which a 4096 B chunk in one packet
+    /// of 4096 + 58 + 16 wire bytes carries 6e9 x 4096 / 4170 = 5.8935e9 B/s of payload,
+    /// under the 6 GB/s MaxRate.
+    #[test]
+    fn others_on_the_wire_come_off_the_wires_rate() {
+        let mut c = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
+        c.wire_bytes_per_sec = 7e9;
+        c.packet_overhead_bytes = 58;
+        c.request_overhead_bytes = 16;
+        let drained = c.drain_rate_beside(4096, 1e9);
+        assert!((drained - 6e9 * 4096.0 / 4170.0).abs() < 1.0, "{drained}");
+        assert_eq!(c.drain_rate(4096), 6e9, "alone the chunk is MaxRate-bound");
+    }
+
+    /// The context turn by hand (RoCE-100 with a 600 ns context read): the stalls disturb
+    /// 600 ns / (1 - 0.975) = 24 us per turn, which is 1% of a turn of 24 us / 0.01 at
+    /// 12.125 GB/s = 29.1 MB, rounded up to 28 whole 1 MiB chunks.
+    #[test]
+    fn a_context_turn_is_whole_large_chunks_long_enough_for_the_tail() {
+        let mut c = AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20);
+        c.qp_context_miss = Duration::from_nanos(600);
+        let law = AdaptiveLaw::new(c).expect("valid");
+        assert_eq!(law.context_turn_bytes(), 28 << 20);
+    }
+
+    /// A p99 equal to the target meets it; each one above counts one decrease.
+    #[test]
+    fn a_tail_at_the_target_meets_it_and_each_violation_is_counted() {
+        let mut law = ib56();
+        let at = law.update(Duration::ZERO, &with_latency(2.4, Some(2.4)));
+        assert_eq!(at.chunk_bytes, 2400, "met: the chunk stays at the budget");
+        assert_eq!(law.decreases(), 0);
+        for i in 1..=3 {
+            law.update(us(500.0 * f64::from(i)), &with_latency(2.4, Some(2.5)));
+        }
+        assert_eq!(law.decreases(), 3);
+    }
+
+    /// At the smallest chunk a violation cuts the rate, not the chunk: with 512 B chunks
+    /// (a 1 us target leaves 1/6 us, 1000 B, halved to 512) the fraction goes 1 -> 0.9.
+    #[test]
+    fn at_the_smallest_chunk_a_violation_cuts_the_rate() {
+        let mut law = ib56();
+        let bad = with_latency(1.0, Some(2.0));
+        assert_eq!(law.update(Duration::ZERO, &bad).chunk_bytes, 512);
+        assert_eq!(law.fraction(), 1.0, "the chunk gave way first");
+        assert_eq!(law.update(us(500.0), &bad).chunk_bytes, 512);
+        assert!((law.fraction() - 0.9).abs() < 1e-12, "{}", law.fraction());
+    }
+
+    /// A quarter more of a chunk of whole packets that rounds back down to the same
+    /// packets grows by one packet: with a 17 us target (2.83 us of slack, 17 000 B, four
+    /// 4 KB packets) two violations take the chunk to 4096, and met targets grow it 4096
+    /// -> 8192 -> 12288 -> 16384, not stuck at one packet nor jumping to the budget.
+    #[test]
+    fn whole_packet_chunks_grow_a_packet_at_a_time() {
+        let mut law = ib56();
+        assert_eq!(law.chunk_budget(Some(us(17.0))), 16384);
+        let bad = with_latency(17.0, Some(30.0));
+        let good = with_latency(17.0, Some(10.0));
+        law.update(Duration::ZERO, &bad);
+        assert_eq!(law.update(us(500.0), &bad).chunk_bytes, 4096);
+        let grown: Vec<u32> = (2..6)
+            .map(|i| law.update(us(500.0 * f64::from(i)), &good).chunk_bytes)
+            .collect();
+        assert_eq!(grown, vec![8192, 12288, 16384, 16384]);
+    }
+
+    /// With the latency flows gone the law starts afresh: their return finds the budget's
+    /// chunk and the whole rate, not what the violations before left.
+    #[test]
+    fn latency_flows_leaving_reset_the_search() {
+        let mut law = ib56();
+        let bad = with_latency(1.0, Some(2.0));
+        for i in 0..3 {
+            law.update(us(500.0 * f64::from(i)), &bad);
+        }
+        assert!(law.fraction() < 1.0);
+        let gone = Observation {
+            tenants: weights(0, 1, 0),
+            target99: Some(us(1.0)),
+            current99: None,
+            other_bytes_per_sec: 0.0,
+        };
+        law.update(us(2000.0), &gone);
+        assert_eq!(law.fraction(), 1.0);
+        let back = law.update(us(2500.0), &with_latency(2.4, None));
+        assert_eq!(back.chunk_bytes, 2400);
+    }
+
+    /// Throughput flows without latency flows: the stream is paced for them, in one MTU
+    /// packet per chunk, whatever target a departed latency flow left.
+    #[test]
+    fn without_latency_flows_the_chunk_is_one_packet() {
+        let law = ib56();
+        let o = Observation {
+            tenants: weights(0, 1, 1),
+            target99: Some(us(2.4)),
+            current99: None,
+            other_bytes_per_sec: 0.0,
+        };
+        let plan = law.plan(&o);
+        assert_eq!(plan.chunk_bytes, 4096);
+        let pace = plan
+            .pace_bytes_per_sec
+            .expect("paced for the throughput flows");
+        assert!((pace - 0.975 * 6e9).abs() < 1.0, "{pace}");
+    }
+
     #[test]
     fn nothing_to_protect_means_no_pacing_and_large_chunks() {
         let mut law = ib56();
