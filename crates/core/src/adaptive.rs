@@ -782,6 +782,21 @@ mod tests {
         assert!((pace - 0.975 * 6e9).abs() < 1.0, "{pace}");
     }
 
+    /// Throughput tenants give way only to latency flows with bandwidth flows beside them
+    /// (the pacing that protects the latency flows is the bandwidth stream's): with no
+    /// bandwidth tenant they are not paced. The law records when it last took feedback.
+    #[test]
+    fn throughput_flows_are_paced_only_beside_bandwidth_flows() {
+        let mut law = ib56();
+        let mut o = with_latency(2.4, None);
+        o.tenants = weights(1, 0, 1);
+        assert_eq!(law.update(us(500.0), &o).throughput_share, None);
+        assert_eq!(law.last_update(), Some(us(500.0)));
+        o.tenants = weights(1, 1, 1);
+        assert_eq!(law.update(us(1000.0), &o).throughput_share, Some(1.0 / 3.0));
+        assert_eq!(law.last_update(), Some(us(1000.0)));
+    }
+
     #[test]
     fn nothing_to_protect_means_no_pacing_and_large_chunks() {
         let mut law = ib56();

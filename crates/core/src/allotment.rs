@@ -407,6 +407,41 @@ mod tests {
         assert_eq!(stream.next_token_due(us(20)), us(520));
     }
 
+    /// A caller one whole tau late has missed a tick: the stream takes a new phase from
+    /// that call rather than handing out the missed token at once.
+    #[test]
+    fn a_caller_a_whole_tau_late_takes_a_new_phase() {
+        let mut stream = TokenStream::new(Token { bytes: 10, ops: 1 }, us(0));
+        let active = [bw(1, 1)];
+        assert!(stream.issue(us(0), us(10), &active).is_some());
+        // Due at 10, called at 20: late by exactly tau.
+        assert!(stream.issue(us(20), us(10), &active).is_some());
+        assert_eq!(stream.next_token_due(us(10)), us(30));
+        assert_eq!(stream.issue(us(20), us(10), &active), None);
+    }
+
+    /// Claims are served in order of demand per unit of weight, not of demand times weight:
+    /// of 5, a claim of weight 4 wanting 2 (0.5 per unit) is served first and takes its 2,
+    /// and the claim of weight 1 wanting 3 takes the 3 left. Served the other way round, the
+    /// first would be cut to its part 1 and the second given 4, twice what it asked.
+    #[test]
+    fn water_fill_serves_the_least_demand_per_weight_first() {
+        let shares = water_fill(
+            5.0,
+            &[
+                Claim {
+                    weight: 1.0,
+                    demand: 3.0,
+                },
+                Claim {
+                    weight: 4.0,
+                    demand: 2.0,
+                },
+            ],
+        );
+        assert_eq!(shares, vec![3.0, 2.0]);
+    }
+
     #[test]
     fn tokens_due_with_no_hungry_flow_are_discarded() {
         let mut stream = TokenStream::new(Token { bytes: 10, ops: 1 }, us(0));
