@@ -634,6 +634,64 @@ mod tests {
         ChunkPlan::new(request, limits).unwrap().collect()
     }
 
+    /// The list refuses the SGE past the 32nd and says how many were offered; two lists
+    /// are equal only with the same SGEs; it prints as its SGEs.
+    #[test]
+    fn an_sge_list_holds_at_most_max_sges_and_compares_and_prints_its_items() {
+        let mut list = SgeList::new();
+        for i in 0..MAX_SGES {
+            list.push(sge(i as u64 * 64, 64)).unwrap();
+        }
+        assert_eq!(
+            list.push(sge(0, 1)),
+            Err(ChunkError::TooManySges {
+                count: MAX_SGES + 1
+            })
+        );
+        let one = SgeList::try_from(&[sge(0x1000, 8)][..]).unwrap();
+        let other = SgeList::try_from(&[sge(0x2000, 8)][..]).unwrap();
+        assert_ne!(one, other);
+        assert_eq!(one, SgeList::try_from(&[sge(0x1000, 8)][..]).unwrap());
+        assert_eq!(
+            format!("{one:?}"),
+            "[Sge { addr: 4096, length: 8, lkey: 9 }]"
+        );
+    }
+
+    /// Opcodes print as their verbs names, `IBV_WR_` left off.
+    #[test]
+    fn opcodes_print_their_verbs_names() {
+        let names: Vec<String> = [
+            Opcode::Write,
+            Opcode::WriteWithImm { imm: 1 },
+            Opcode::Read,
+            Opcode::Send,
+            Opcode::SendWithImm { imm: 1 },
+        ]
+        .iter()
+        .map(|o| o.to_string())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "RDMA_WRITE",
+                "RDMA_WRITE_WITH_IMM",
+                "RDMA_READ",
+                "SEND",
+                "SEND_WITH_IMM"
+            ]
+        );
+    }
+
+    /// A plan says whether it splits: 3000 B in 1000 B chunks does, 800 B does not.
+    #[test]
+    fn a_plan_says_whether_it_splits() {
+        let split = ChunkPlan::new(request(Opcode::Write, &[sge(0, 3000)]), limits(1000, 1));
+        assert!(split.unwrap().is_split());
+        let whole = ChunkPlan::new(request(Opcode::Write, &[sge(0, 800)]), limits(1000, 1));
+        assert!(!whole.unwrap().is_split());
+    }
+
     #[test]
     fn write_is_split_into_chunk_sized_pieces_with_remote_offsets() {
         let got = chunks(
