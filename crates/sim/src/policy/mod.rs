@@ -177,11 +177,6 @@ impl PolicyContext<'_> {
         self.queue
             .schedule(at, Event::PolicyMessage { host: to, slot });
     }
-
-    /// Requests posted on `qp` that have not completed.
-    pub fn outstanding(&self, qp: QpId) -> usize {
-        self.fabric.outstanding(qp)
-    }
 }
 
 /// A policy by name.
