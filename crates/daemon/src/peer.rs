@@ -121,16 +121,20 @@ pub struct IncastFlow {
 /// bandwidth flow into a peer that granted a share is capped at its tenant's weight times
 /// the share, divided among the tenant's active bandwidth flows into that peer.
 ///
-/// Cost: the clock is read once by the caller (`now`) and the flows are counted once, by
-/// (tenant, peer), when the caps are made; each flow's cap is then one look-up, so a
+/// Cost: the clock is read once by the caller (`now`) and the flows are counted once when
+/// the caps are made (their (tenant, peer) keys gathered and sorted: one allocation, none
+/// while no flow goes into a peer); each flow's cap is then a binary search, so a
 /// publication is O(n log n) in n flows where counting again for every flow was O(n²).
-/// Nothing is allocated while no flow goes into a peer.
+/// The `incast_publish` bench, one publication's caps and slot writes (medians, one run):
+/// 1000 flows 517 us counted per flow, 87 us counted once; 100 flows 6.6 and 6.0 us; 10
+/// flows 0.38 and 0.46 us, where the one allocation costs more than the scans it saves.
 #[derive(Debug)]
 pub struct IncastCaps<'a> {
     limits: &'a IncastLimits,
     now: Duration,
-    /// (tenant, peer) -> the tenant's active bandwidth flows into that peer.
-    flows: BTreeMap<(TenantId, NodeId), u32>,
+    /// The (tenant, peer) of every active bandwidth flow into a peer, sorted: a tenant's
+    /// flows into a peer are the run of its key.
+    flows: Vec<(TenantId, NodeId)>,
 }
 
 impl<'a> IncastCaps<'a> {
@@ -140,17 +144,16 @@ impl<'a> IncastCaps<'a> {
         now: Duration,
         flows: impl IntoIterator<Item = IncastFlow>,
     ) -> Self {
-        let mut counted: BTreeMap<(TenantId, NodeId), u32> = BTreeMap::new();
-        for f in flows.into_iter().filter(|f| f.active) {
-            if let Some(peer) = incast_peer(&f) {
-                let n = counted.entry((f.tenant, peer)).or_insert(0);
-                *n = n.saturating_add(1);
-            }
-        }
+        let mut keys: Vec<(TenantId, NodeId)> = flows
+            .into_iter()
+            .filter(|f| f.active)
+            .filter_map(|f| Some((f.tenant, incast_peer(&f)?)))
+            .collect();
+        keys.sort_unstable();
         IncastCaps {
             limits,
             now,
-            flows: counted,
+            flows: keys,
         }
     }
 
@@ -158,7 +161,10 @@ impl<'a> IncastCaps<'a> {
     /// that is not a bandwidth flow into a peer, or into one that grants no share now.
     pub fn cap(&self, f: &IncastFlow, weight: Weight) -> Option<f64> {
         let peer = incast_peer(f)?;
-        let flows = self.flows.get(&(f.tenant, peer)).copied().unwrap_or(0);
+        let key = (f.tenant, peer);
+        let first = self.flows.partition_point(|k| *k < key);
+        let past = self.flows.partition_point(|k| *k <= key);
+        let flows = u32::try_from(past - first).unwrap_or(u32::MAX);
         self.limits
             .cap(self.now, responder_key(peer), weight, flows)
     }
