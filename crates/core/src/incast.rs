@@ -32,13 +32,15 @@
 //!   each unit getting at least `wᵢ / Σ w` of it less a rounding (1/n when all weights
 //!   are 1);
 //! - a tenant's caps into one receiver sum to `w x share`, however many flows it has;
-//! - [`paced`] never raises a rate, and leaves an allotment with no cap as it is;
+//! - [`paced`] and [`paced_plan`] never raise a rate, and leave an allotment with no cap
+//!   as it is;
 //! - a share older than the lapse at `now` is never applied, and nothing here reads a
 //!   clock: `now` is handed in.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::adaptive::allotments::FlowAllotment;
 use crate::control_loop::Allotment;
 use crate::flow::{FlowClass, TenantId, Weight};
 
@@ -209,6 +211,23 @@ pub fn paced(allotment: Allotment, cap: Option<f64>) -> Allotment {
     }
 }
 
+/// An adaptive plan's allotment for a flow ([`FlowAllotment`]) paced as [`paced`] paces the
+/// loop's: lowered to `cap` bytes/s (its operations bound, if any, in proportion) when the
+/// cap is lower, its chunk kept; as it is without a cap.
+pub fn paced_plan(allotment: FlowAllotment, cap: Option<f64>) -> FlowAllotment {
+    match cap {
+        Some(cap) if cap < allotment.bytes_per_sec => {
+            let scale = cap.max(0.0) / allotment.bytes_per_sec;
+            FlowAllotment {
+                bytes_per_sec: cap.max(0.0),
+                ops_per_sec: allotment.ops_per_sec.map(|ops| ops * scale),
+                ..allotment
+            }
+        }
+        _ => allotment,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -309,6 +328,29 @@ mod tests {
         assert_eq!(paced(a, Some(9e9)), a, "a cap above the allotment");
         assert_eq!(paced(a, None), a);
         assert_eq!(paced(allotment(0.0), Some(1e9)), allotment(0.0), "idle");
+
+        // An adaptive plan's allotment the same way: 8e9 B/s and 4e6 ops/s capped at 2e9
+        // is a quarter of each; its chunk kept; a bound on bytes alone stays none.
+        let plan = FlowAllotment {
+            bytes_per_sec: 8e9,
+            ops_per_sec: Some(4e6),
+            chunk_bytes: 94_208,
+        };
+        let p = paced_plan(plan, Some(2e9));
+        assert_eq!((p.bytes_per_sec, p.ops_per_sec), (2e9, Some(1e6)));
+        assert_eq!(p.chunk_bytes, 94_208);
+        let bytes_only = FlowAllotment {
+            ops_per_sec: None,
+            ..plan
+        };
+        assert_eq!(paced_plan(bytes_only, Some(2e9)).ops_per_sec, None);
+        assert_eq!(
+            paced_plan(plan, Some(9e9)),
+            plan,
+            "a cap above the allotment"
+        );
+        assert_eq!(paced_plan(plan, Some(8e9)), plan, "a cap at the allotment");
+        assert_eq!(paced_plan(plan, None), plan);
     }
 
     /// Fail-open: a share not renewed holds until just before the lapse and not at it; a

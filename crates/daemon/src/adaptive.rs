@@ -23,7 +23,9 @@
 //!   (by tenant and weight, then among a tenant's own flows), the latency and throughput
 //!   flows under this host's path's plan: one call, the core's
 //!   [`charged_allotments`]. The server publishes them in the tenants' pages as it
-//!   publishes Justitia's. The others' load is counted on this host's path only: what this
+//!   publishes Justitia's, a bandwidth flow into a peer that granted an incast share
+//!   lowered to its cap there as under Justitia
+//!   ([`justitia_core::incast::paced_plan`]). The others' load is counted on this host's path only: what this
 //!   host's messages make a responder's path carry is not measured here.
 //!
 //! Cost: a plan allocates (the active flows' list, the tenants' counts, each send path's

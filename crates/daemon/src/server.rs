@@ -83,6 +83,7 @@ use justitia_core::control_loop::{
 };
 use justitia_core::controller::{Admission, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
+use justitia_core::incast::paced_plan;
 use justitia_core::profile::RnicProfile;
 use prometheus_client::metrics::gauge::Gauge;
 use rustix::net::{
@@ -976,9 +977,11 @@ impl Daemon {
         }
     }
 
-    fn slot_of(&self, id: u64, f: &Flow) -> SlotAllotment {
+    /// Flow `id`'s slot under the policy in effect, lowered to its incast `cap` (see
+    /// [`Self::incast_cap`]) under either policy.
+    fn slot_of(&self, id: u64, f: &Flow, cap: Option<f64>) -> SlotAllotment {
         if let Some(driver) = &self.adaptive {
-            return match driver.allotment(id) {
+            return match driver.allotment(id).map(|a| paced_plan(a, cap)) {
                 Some(a) => SlotAllotment {
                     flow: id,
                     state: SlotState::Allotted,
@@ -994,7 +997,7 @@ impl Daemon {
                 None => unpaced_slot(id, f, driver.generation()),
             };
         }
-        match self.paced_allotment(id) {
+        match self.paced_allotment(id, cap) {
             Some(a) => SlotAllotment {
                 flow: id,
                 state: SlotState::Allotted,
@@ -1014,8 +1017,9 @@ impl Daemon {
 
     fn publish_allotments(&mut self) {
         let mut per_uid: BTreeMap<u32, f64> = BTreeMap::new();
+        let caps = self.incast_caps();
         for (&id, f) in &self.flows {
-            let s = self.slot_of(id, f);
+            let s = self.slot_of(id, f, self.incast_cap(&caps, f));
             if let Some(p) = self.pages.get(&f.tenant) {
                 p.page.set_slot(f.slot, s);
             }
@@ -1523,7 +1527,8 @@ impl Daemon {
             remote: None,
         };
         if let Some(p) = self.pages.get(&tenant) {
-            p.page.set_slot(slot, self.slot_of(id, &flow));
+            // No remote end is known yet: no incast cap.
+            p.page.set_slot(slot, self.slot_of(id, &flow, None));
         }
         self.flows.insert(id, flow);
         *self.uid_flows.entry(uid).or_default() += 1;
@@ -1636,7 +1641,7 @@ impl Daemon {
             lp.register_flow(now, FlowRegistration { spec, qps: f.qps })
                 .map_err(|e| e.to_string())?;
             if let Some((peer, justitia_peer::wire::Role::Read)) = f.remote {
-                lp.set_flow_reads_from(now, FlowId(id), Some(peering::responder_key(peer)))
+                lp.set_flow_reads_from(now, FlowId(id), Some(crate::peer::responder_key(peer)))
                     .map_err(|e| e.to_string())?;
             }
             lp.set_flow_active(now, FlowId(id), f.active)
@@ -1879,29 +1884,32 @@ impl Daemon {
     fn admin_request(&mut self, req: AdminRequest) -> AdminReply {
         match req {
             AdminRequest::Status => AdminReply::Status(self.status()),
-            AdminRequest::Flows => AdminReply::Flows(
-                self.flows
-                    .iter()
-                    .map(|(&id, f)| FlowReport {
-                        flow: id,
-                        uid: f.uid,
-                        tenant: f.tenant_name.clone(),
-                        pid: f.pid,
-                        class: f.class.to_string(),
-                        qps: f.qps,
-                        active: f.active,
-                        admission: f.admission.as_str().into(),
-                        allot_bytes_per_sec: self.allotted_bytes(id),
-                        remote: f
-                            .remote
-                            .map(|(peer, role)| peering::describe_remote(peer, role)),
-                        read_guarantee_bytes_per_sec: self
-                            .flow_guarantee(id)
-                            .map(|g| g.bytes_per_sec),
-                        bytes: f.bytes,
-                    })
-                    .collect(),
-            ),
+            AdminRequest::Flows => {
+                let caps = self.incast_caps();
+                AdminReply::Flows(
+                    self.flows
+                        .iter()
+                        .map(|(&id, f)| FlowReport {
+                            flow: id,
+                            uid: f.uid,
+                            tenant: f.tenant_name.clone(),
+                            pid: f.pid,
+                            class: f.class.to_string(),
+                            qps: f.qps,
+                            active: f.active,
+                            admission: f.admission.as_str().into(),
+                            allot_bytes_per_sec: self.allotted_bytes(id, self.incast_cap(&caps, f)),
+                            remote: f
+                                .remote
+                                .map(|(peer, role)| peering::describe_remote(peer, role)),
+                            read_guarantee_bytes_per_sec: self
+                                .flow_guarantee(id)
+                                .map(|g| g.bytes_per_sec),
+                            bytes: f.bytes,
+                        })
+                        .collect(),
+                )
+            }
             AdminRequest::SetTarget { target } => match parse_target(&target) {
                 // The running loop keeps SafeUtil, the flows and the probe window: a
                 // new target must not throw away what the controller has learnt.
@@ -1918,11 +1926,14 @@ impl Daemon {
         }
     }
 
-    /// A flow's allotted bytes/s under the policy in effect.
-    fn allotted_bytes(&self, id: u64) -> Option<f64> {
+    /// A flow's allotted bytes/s under the policy in effect, lowered to its incast `cap`,
+    /// as its slot holds it.
+    fn allotted_bytes(&self, id: u64, cap: Option<f64>) -> Option<f64> {
         match &self.adaptive {
-            Some(driver) => driver.allotment(id).map(|a| a.bytes_per_sec),
-            None => self.paced_allotment(id).map(|a| a.bytes_per_sec),
+            Some(driver) => driver
+                .allotment(id)
+                .map(|a| paced_plan(a, cap).bytes_per_sec),
+            None => self.paced_allotment(id, cap).map(|a| a.bytes_per_sec),
         }
     }
 

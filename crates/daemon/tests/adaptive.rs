@@ -224,3 +224,80 @@ fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
         });
     }
 }
+
+/// Incast (§6.7) under `adaptive`: this host A (RoCE-100, `adaptive`) and a second sender
+/// C each send one bandwidth flow into a receiver B (RoCE-100). B counts two incast units
+/// of weight 1 from two hosts and grants each half its link: 12.125e9 / 2 = 6.0625e9 B/s.
+/// A's flow, alone on A, has the law's unpaced allotment, all of MaxRate in 1 MB chunks;
+/// it is published to its shaper, shown in `justitia flows` and counted in the tenant's
+/// metric at min(MaxRate, 6.0625e9) = 6.0625e9, its chunk kept. When B dies its share lapses
+/// (fail-open, the silence bound: 20 ms by default) and the flow is back at MaxRate.
+#[test]
+fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_under_adaptive() {
+    const SHARE: u64 = MAX_RATE / 2;
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = common::free_port();
+    // stale_after_ms before the table, so the harness adds nothing after it.
+    let peer = |node: &str| {
+        format!(
+            "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{}\"\nlisten = \"{node}:{port}\"\nport = {port}\n",
+            key.display()
+        )
+    };
+    // A's per-tenant series are served on a Unix endpoint only.
+    let sock = keys.path().join("a-metrics.sock");
+    let a = Daemon::start(&format!(
+        "metrics = \"unix:{}\"\n{CONFIG}{}",
+        sock.display(),
+        peer("127.0.0.1")
+    ));
+    let b = Daemon::start_with(
+        &format!("profile = \"roce-100\"\n{}", peer("127.0.0.2")),
+        true,
+    );
+    let c = Daemon::start_with(&peer("127.0.0.3"), true);
+    let receiver = std::net::Ipv4Addr::new(127, 0, 0, 2)
+        .to_ipv6_mapped()
+        .octets();
+    let mut on_a = AgentClient::connect(a.socket()).unwrap();
+    let mut on_c = AgentClient::connect(c.socket()).unwrap();
+    let flow = registered(&mut on_a, FlowClass::Bandwidth, 1);
+    wait_for(&mut on_a, flow, "the unpaced allotment", |x| {
+        near(x.bytes_per_sec, MAX_RATE) && x.chunk_bytes == 1 << 20
+    });
+    let other = registered(&mut on_c, FlowClass::Bandwidth, 1);
+    assert!(on_c.report_remote(other, receiver, 0, 0x42, false));
+    assert!(on_a.report_remote(flow, receiver, 0, 0x43, false));
+    wait_for(&mut on_a, flow, "B's share", |x| {
+        near(x.bytes_per_sec, SHARE) && x.chunk_bytes == 1 << 20
+    });
+    assert_eq!(on_a.allotment(flow).unwrap().ops_per_sec, 0, "bytes only");
+    let shown = a.flows().remove(0);
+    assert_eq!(shown.remote.as_deref(), Some("sends to 127.0.0.2"));
+    assert!(near_f(shown.allot_bytes_per_sec, SHARE), "{shown:?}");
+    let uid = rustix::process::getuid().as_raw().to_string();
+    // The metrics thread binds its endpoint on its own time: scraped once it listens.
+    eventually(
+        "the tenant's allotment metric",
+        Duration::from_secs(5),
+        || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+                && near_f(
+                    metric(
+                        &a.scrape_unix(&sock),
+                        "justitia_tenant_allotment_bytes_per_second",
+                        Some(("uid", &uid)),
+                    ),
+                    SHARE,
+                )
+        },
+    );
+
+    drop(b);
+    wait_for(&mut on_a, flow, "fail-open", |x| {
+        near(x.bytes_per_sec, MAX_RATE)
+    });
+    assert!(near_f(a.flows()[0].allot_bytes_per_sec, MAX_RATE));
+}

@@ -11,6 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use justitia_agent::client::{AgentClient, FlowHandle};
 use justitia_agent::proto::{Register, RemoteEnd, Reply, Request, Usage};
 use justitia_core::flow::{FlowClass, TenantId};
 use justitia_peer::channel::{Channel, ChannelConfig};
@@ -42,6 +43,11 @@ fn seqpacket(path: &Path) -> std::os::fd::OwnedFd {
 
 /// Registers an active bandwidth flow; returns the connection (which holds it) and its id.
 fn bandwidth_flow(path: &Path) -> (std::os::fd::OwnedFd, u64) {
+    bandwidth_flow_with(path, true)
+}
+
+/// Registers a bandwidth flow, active (with work) or idle.
+fn bandwidth_flow_with(path: &Path, active: bool) -> (std::os::fd::OwnedFd, u64) {
     let s = seqpacket(path);
     let msg = Request::Register(Register {
         client_ref: 1,
@@ -61,7 +67,7 @@ fn bandwidth_flow(path: &Path) -> (std::os::fd::OwnedFd, u64) {
         &s,
         Request::Usage(Usage {
             flow,
-            active: true,
+            active,
             bytes: 1 << 20,
             ops: 1,
         }),
@@ -252,4 +258,172 @@ fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_until_the_receiver_
         a.flows()[0].allot_bytes_per_sec == Some(max_rate)
     });
     eprintln!("fail-open after {:?}", killed.elapsed());
+}
+
+/// Which flows a receiver's share caps, and how its tenant's share is split: A holds two
+/// active bandwidth flows into B, an idle one into B and an active one that goes nowhere
+/// (a local peer); C one into B. B counts two units (A's tenant, C's tenant) from two hosts
+/// and grants each half its MaxRate. A's own loop divides A's MaxRate among its tenant's
+/// three active bandwidth flows, a third each; the two into B are capped at the tenant's
+/// half split between its two active flows there, a quarter of MaxRate each (below the
+/// third); the flow that goes nowhere keeps its third, and the idle one is not counted
+/// (counted, the two would get a sixth). When the second active flow into B goes idle, the
+/// first is alone there and capped at the half, above A's own split, now a half each for
+/// the two active flows: the half.
+#[test]
+fn a_tenants_share_is_split_among_its_active_bandwidth_flows_into_the_receiver_only() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = free_port();
+    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
+    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
+    let c = Daemon::start_with(&peer_config("127.0.0.3", port, &key), true);
+    let into_b = |conn: &std::os::fd::OwnedFd, flow: u64| {
+        send(
+            conn,
+            Request::Remote(RemoteEnd {
+                flow,
+                gid: gid([127, 0, 0, 2]),
+                lid: 0,
+                qpn: 0x42,
+                reads: false,
+            }),
+        )
+    };
+    let (c_conn, c_flow) = bandwidth_flow(&c.socket());
+    into_b(&c_conn, c_flow);
+    let (conn1, first) = bandwidth_flow(&a.socket());
+    let (conn2, second) = bandwidth_flow(&a.socket());
+    let (conn3, idle) = bandwidth_flow_with(&a.socket(), false);
+    let (_conn4, local) = bandwidth_flow(&a.socket());
+    for (conn, flow) in [(&conn1, first), (&conn2, second), (&conn3, idle)] {
+        into_b(conn, flow);
+    }
+    let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
+    assert_eq!(
+        metric(&a.scrape(), "justitia_max_rate_bytes_per_second", None),
+        Some(max_rate),
+        "one profile on every host"
+    );
+    let allotted = |id: u64| {
+        a.flows()
+            .into_iter()
+            .find(|f| f.flow == id)
+            .and_then(|f| f.allot_bytes_per_sec)
+    };
+    let near = |got: Option<f64>, want: f64| got.is_some_and(|g| (g / want - 1.0).abs() < 1e-9);
+    eventually(
+        "A's flows into B at a quarter",
+        Duration::from_secs(10),
+        || {
+            near(allotted(first), max_rate / 4.0)
+                && near(allotted(second), max_rate / 4.0)
+                && near(allotted(local), max_rate / 3.0)
+        },
+    );
+
+    send(
+        &conn2,
+        Request::Usage(Usage {
+            flow: second,
+            active: false,
+            bytes: 1 << 20,
+            ops: 1,
+        }),
+    );
+    eventually(
+        "A's flow alone into B at the half",
+        Duration::from_secs(10),
+        || near(allotted(first), max_rate / 2.0) && near(allotted(local), max_rate / 2.0),
+    );
+}
+
+/// A flow that turns toward a receiver whose share is already held splits its tenant's
+/// share there at once, in the slots its shapers read and in `justitia flows`, though
+/// neither the share (B counts A's tenant once, however many flows) nor A's own
+/// allotments change. A holds two active bandwidth flows (half of MaxRate each from its
+/// own loop); A's first, C's and D's flows go into B, which grants each of the three units
+/// a third of MaxRate, below the first flow's half. When A's second flow goes into B too,
+/// the tenant's third is split between them: a sixth each. Under either policy on A:
+/// `adaptive` with no latency flow splits A's MaxRate between its tenant's two flows as
+/// Justitia does.
+fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once(policy: &str) {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let port = free_port();
+    // A share that lapsed and came back would be published anew with the flows counted
+    // then: a silence bound no busy machine misses keeps B's share in force throughout.
+    let config = |node: &str| format!("{}silence_ms = 60000\n", peer_config(node, port, &key));
+    let a = Daemon::start_with(
+        &format!("policy = \"{policy}\"\n{}", config("127.0.0.1")),
+        true,
+    );
+    let b = Daemon::start_with(&config("127.0.0.2"), true);
+    let c = Daemon::start_with(&config("127.0.0.3"), true);
+    let d = Daemon::start_with(&config("127.0.0.4"), true);
+    let receiver = gid([127, 0, 0, 2]);
+    let mut clients = Vec::new();
+    for sender in [&c, &d] {
+        let mut client = AgentClient::connect(sender.socket()).unwrap();
+        let h = active_flow(&mut client);
+        assert!(client.report_remote(h, receiver, 0, 0x42, false));
+        clients.push(client);
+    }
+    let mut on_a = AgentClient::connect(a.socket()).unwrap();
+    let first = active_flow(&mut on_a);
+    let second = active_flow(&mut on_a);
+    assert!(on_a.report_remote(first, receiver, 0, 0x43, false));
+    let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
+    assert_eq!(
+        metric(&a.scrape(), "justitia_max_rate_bytes_per_second", None),
+        Some(max_rate),
+        "one profile on every host"
+    );
+    // Within one byte per second: the slot holds whole bytes.
+    let near = |got: u64, want: f64| (got as f64 - want).abs() <= 1.0;
+    let mut paced = |h: FlowHandle, want: f64| {
+        on_a.tick(justitia_agent::block::monotonic_ns());
+        on_a.allotment(h)
+            .is_some_and(|x| near(x.bytes_per_sec, want))
+    };
+    eventually("B's third held at A", Duration::from_secs(10), || {
+        paced(first, max_rate / 3.0) && paced(second, max_rate / 2.0)
+    });
+    assert!(on_a.report_remote(second, receiver, 0, 0x44, false));
+    let mut paced = |h: FlowHandle, want: f64| {
+        on_a.tick(justitia_agent::block::monotonic_ns());
+        on_a.allotment(h)
+            .is_some_and(|x| near(x.bytes_per_sec, want))
+    };
+    eventually(
+        "the tenant's third split at once",
+        Duration::from_secs(2),
+        || paced(first, max_rate / 6.0) && paced(second, max_rate / 6.0),
+    );
+    for f in a.flows() {
+        let shown = f.allot_bytes_per_sec.unwrap();
+        assert!((shown / (max_rate / 6.0) - 1.0).abs() < 1e-9, "{f:?}");
+    }
+}
+
+/// Registers an active bandwidth flow through the shaper's client.
+fn active_flow(c: &mut AgentClient) -> FlowHandle {
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    assert!(c.report_usage(h, true, 1 << 20, 1));
+    h
+}
+
+#[test]
+fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once_under_justitia() {
+    a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once("justitia");
+}
+
+/// The adaptive law plans again when a flow's peer changes, but its allotments stay as
+/// they were: only the count of flows into B changes the caps.
+#[test]
+fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once_under_adaptive() {
+    a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once("adaptive");
 }

@@ -11,8 +11,13 @@
 //!   a peer's guarantee goes to every READ flow of this host against that peer
 //!   ([`ControlLoop::read_guarantee_received`](justitia_core::control_loop::ControlLoop::read_guarantee_received)),
 //!   and its incast share to the [`IncastLimits`](justitia_core::incast::IncastLimits): a bandwidth flow into that peer is
-//!   published to its shaper at the lower of its allotment and the share's cap
-//!   ([`justitia_core::incast::paced`]), until the share lapses (fail-open).
+//!   published to its shaper at the lower of its allotment and the share's cap, under
+//!   either policy ([`justitia_core::incast::paced`] for Justitia's,
+//!   [`justitia_core::incast::paced_plan`] for `adaptive`'s), until the share lapses
+//!   (fail-open). The caps are made once per publication ([`IncastCaps`]: the clock read
+//!   once, the flows counted once), and `justitia flows` shows the allotment so capped.
+//!   A flow that starts or stops going into a peer changes its tenant's other flows' caps
+//!   there, so the allotments are published again then.
 //!
 //! The incast side (§6.7): every flow of this host into a peer (not a READ) is declared
 //! to it as an incast unit; the peer counts them by (host, tenant, class) and grants a
@@ -31,20 +36,10 @@ use justitia_peer::NodeId;
 use tracing::warn;
 
 use justitia_agent::proto::RemoteEnd;
-use justitia_core::flow::FlowClass;
 
-use super::{now_ns, Daemon};
+use super::{now_ns, Daemon, Flow};
 use crate::limits::LogKind;
-use crate::peer::{demands, LoadingFlow, PeerLink};
-
-/// The loop's key for the host a READ flow reads from: the flows of one tenant and class
-/// with one key share that host's guarantee. Folded from the GID; two GIDs that fold alike
-/// only make their flows share a guarantee they would each have had.
-pub(super) fn responder_key(peer: NodeId) -> u64 {
-    let (hi, lo) = peer.0.split_at(8);
-    let word = |b: &[u8]| b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x));
-    word(hi).rotate_left(32) ^ word(lo)
-}
+use crate::peer::{demands, responder_key, IncastCaps, IncastFlow, LoadingFlow, PeerLink};
 
 /// A flow's remote end as `justitia flows` shows it.
 pub(super) fn describe_remote(peer: NodeId, role: Role) -> String {
@@ -141,37 +136,27 @@ impl Daemon {
         }
     }
 
-    /// A flow's allotment as its shaper is to pace it: the loop's, lowered for a bandwidth
-    /// flow into a peer to the cap that peer's incast share gives it.
-    pub(super) fn paced_allotment(&self, id: u64) -> Option<Allotment> {
-        let allotment = self.lp.allotment(FlowId(id))?;
-        Some(paced(allotment, self.incast_cap(id)))
+    /// The incast caps for one publication of the allotments: the clock read once and the
+    /// flows counted once, so that each flow's cap is a look-up ([`IncastCaps`]).
+    pub(super) fn incast_caps(&self) -> IncastCaps<'_> {
+        IncastCaps::new(
+            &self.incast,
+            Duration::from_nanos(now_ns()),
+            self.flows.values().map(incast_flow),
+        )
     }
 
-    /// The cap a peer's incast share puts on a bandwidth flow into it: its tenant's weight
+    /// The cap a peer's incast share puts on flow `f` under `caps`: its tenant's weight
     /// times the share, divided among the tenant's active bandwidth flows into that peer.
-    fn incast_cap(&self, id: u64) -> Option<f64> {
-        let f = self.flows.get(&id)?;
-        let (peer, Role::Incast) = f.remote? else {
-            return None;
-        };
-        if f.class != FlowClass::Bandwidth {
-            return None;
-        }
-        let flows = self
-            .flows
-            .values()
-            .filter(|g| {
-                g.active && g.tenant == f.tenant && g.class == f.class && g.remote == f.remote
-            })
-            .count();
-        let weight = self.config.weight_of(f.uid);
-        self.incast.cap(
-            Duration::from_nanos(now_ns()),
-            responder_key(peer),
-            weight,
-            u32::try_from(flows).unwrap_or(u32::MAX),
-        )
+    pub(super) fn incast_cap(&self, caps: &IncastCaps<'_>, f: &Flow) -> Option<f64> {
+        caps.cap(&incast_flow(f), self.config.weight_of(f.uid))
+    }
+
+    /// A flow's allotment under `policy = "justitia"` as its shaper is to pace it: the
+    /// loop's, lowered to `cap` (see [`Self::incast_cap`]).
+    pub(super) fn paced_allotment(&self, id: u64, cap: Option<f64>) -> Option<Allotment> {
+        let allotment = self.lp.allotment(FlowId(id))?;
+        Some(paced(allotment, cap))
     }
 
     /// A shaper told where a flow's QP goes. A READ requester's flow against a peer the
@@ -191,10 +176,18 @@ impl Daemon {
             return;
         };
         let role = if r.reads { Role::Read } else { Role::Incast };
-        f.remote = peer.map(|p| (p, role));
+        let remote = peer.map(|p| (p, role));
+        let moved = f.remote != remote;
+        f.remote = remote;
         self.remote_ends += 1;
         let reads_from = peer.filter(|_| r.reads).map(responder_key);
         let _ = self.lp.set_flow_reads_from(now, FlowId(r.flow), reads_from);
+        if moved {
+            // The flows into a peer were counted for its incast cap: a flow that goes
+            // there now (or no longer does) changes its tenant's other flows' caps there
+            // even when no allotment of the policy changes.
+            self.publish_allotments();
+        }
     }
 
     /// The grant after an update of the loop.
@@ -239,5 +232,15 @@ impl Daemon {
     /// The link, if the channel is on.
     pub fn peer_link(&self) -> Option<&PeerLink> {
         self.peer.as_ref()
+    }
+}
+
+/// A flow as the incast caps count it.
+fn incast_flow(f: &Flow) -> IncastFlow {
+    IncastFlow {
+        tenant: TenantId(f.tenant),
+        class: f.class,
+        remote: f.remote,
+        active: f.active,
     }
 }
