@@ -291,3 +291,34 @@ pub trait Policy {
         PolicyFigures::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Each policy answers to the name scenarios give it: the spec's name, what serde reads
+    /// and what the built policy reports are one string.
+    #[test]
+    fn each_policy_is_named_as_scenarios_name_it() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let (justitia, preempt) = (
+            justitia::JustitiaParams::default(),
+            preempt::PreemptParams::default(),
+        );
+        for (spec, name) in [
+            (PolicySpec::Native, "native"),
+            (PolicySpec::Justitia, "justitia"),
+            (PolicySpec::Preempt, "preempt"),
+            (PolicySpec::Adaptive, "adaptive"),
+            (PolicySpec::Priority, "priority"),
+        ] {
+            assert_eq!(spec.as_str(), name);
+            let read: PolicySpec = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert_eq!(read, spec);
+            let built = spec.build(&profile, &justitia, &preempt).unwrap();
+            assert_eq!(built.name(), name);
+        }
+    }
+}
