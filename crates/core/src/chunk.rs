@@ -684,6 +684,23 @@ mod tests {
     }
 
     /// A plan says whether it splits: 3000 B in 1000 B chunks does, 800 B does not.
+    /// A split SEND's remote fields, if a caller left any, go through untouched: only a
+    /// one-sided request's remote address moves with each chunk's offset.
+    #[test]
+    fn a_split_sends_remote_fields_are_not_offset() {
+        let mut req = request(Opcode::Send, &[sge(0, 3000)]);
+        req.remote = Some(REMOTE);
+        let got = chunks(
+            req,
+            ChunkLimits {
+                split_two_sided: true,
+                ..limits(1000, 1)
+            },
+        );
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|c| c.request.remote == Some(REMOTE)));
+    }
+
     #[test]
     fn a_plan_says_whether_it_splits() {
         let split = ChunkPlan::new(request(Opcode::Write, &[sge(0, 3000)]), limits(1000, 1));

@@ -187,11 +187,6 @@ impl FlowClassifier {
         })
     }
 
-    /// The configuration in use.
-    pub fn config(&self) -> &ClassifierConfig {
-        &self.config
-    }
-
     /// Records one posted message of `bytes` bytes.
     pub fn on_post(&mut self, now: Duration, bytes: u32) {
         self.advance(now);
@@ -356,6 +351,38 @@ mod tests {
 
     fn classifier() -> FlowClassifier {
         FlowClassifier::new(ClassifierConfig::default()).unwrap()
+    }
+
+    /// Each sample period has its own slot: a deep period followed by a shallow one keeps
+    /// the deep peak in the window (periods 10 and 11 of 5 ms, in a window of 200).
+    #[test]
+    fn each_sample_period_keeps_its_own_peak() {
+        let mut c = classifier();
+        c.on_depth_sample(ms(50), 6);
+        c.on_depth_sample(ms(55), 1);
+        assert_eq!(c.peak_depth(ms(55)), 6);
+        // A window of exactly MAX_DEPTH_SLOTS periods is the largest accepted.
+        let most = ClassifierConfig {
+            depth_sample_period: Duration::from_micros(10),
+            depth_window: Duration::from_micros(10) * MAX_DEPTH_SLOTS as u32,
+            ..ClassifierConfig::default()
+        };
+        assert!(most.validate().is_ok());
+        let too_many = ClassifierConfig {
+            depth_window: most.depth_window + Duration::from_micros(10),
+            ..most
+        };
+        assert!(too_many.validate().is_err());
+    }
+
+    /// The explicit class is kept as set, and cleared with `None`.
+    #[test]
+    fn the_explicit_class_is_kept_until_cleared() {
+        let mut c = classifier();
+        c.set_explicit(Some(FlowClass::Throughput));
+        assert_eq!(c.explicit(), Some(FlowClass::Throughput));
+        c.set_explicit(None);
+        assert_eq!(c.explicit(), None);
     }
 
     #[test]
