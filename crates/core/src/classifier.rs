@@ -385,6 +385,20 @@ mod tests {
         assert_eq!(c.explicit(), None);
     }
 
+    /// Finished periods decay by the half-life, bytes and messages alike: four 1000 B
+    /// messages in the first 5 ms period and one of 100 B in the next average
+    /// (4000 w + 100) / (4 w + 1) with w = 2^(-5/250), 817.995 B; undecayed it would be 820.
+    #[test]
+    fn finished_periods_decay_by_the_half_life() {
+        let mut c = classifier();
+        for _ in 0..4 {
+            c.on_post(ms(0), 1000);
+        }
+        c.on_post(ms(5), 100);
+        let avg = c.average_message_bytes().unwrap();
+        assert!((avg - 817.9954).abs() < 1e-3, "{avg}");
+    }
+
     #[test]
     fn no_traffic_is_latency_and_undecided() {
         let mut c = classifier();

@@ -190,7 +190,33 @@ pub struct FlowSpec {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    /// Classes print as their names; a weight converts back to its value; counts add one
+    /// flow to its class only.
+    #[test]
+    fn classes_print_weights_convert_and_counts_add_by_class() {
+        assert_eq!(FlowClass::Bandwidth.to_string(), "bandwidth");
+        assert_eq!(FlowClass::Throughput.to_string(), "throughput");
+        assert_eq!(u32::from(Weight::new(7).unwrap()), 7);
+        let mut counts = FlowCounts::default();
+        counts.add(FlowClass::Latency);
+        counts.add(FlowClass::Bandwidth);
+        counts.add(FlowClass::Bandwidth);
+        counts.add(FlowClass::Throughput);
+        counts.add(FlowClass::Throughput);
+        counts.add(FlowClass::Throughput);
+        assert_eq!(
+            counts,
+            FlowCounts {
+                latency: 1,
+                bandwidth: 2,
+                throughput: 3
+            }
+        );
+    }
 
     #[test]
     fn class_names_round_trip() {
