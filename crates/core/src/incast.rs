@@ -130,11 +130,6 @@ impl IncastLimits {
         }
     }
 
-    /// How long a share holds without being renewed.
-    pub fn lapse(&self) -> Duration {
-        self.lapse
-    }
-
     /// Takes the share `receiver` granted per unit of weight at `now`; 0 means it grants
     /// none (it counts no incast flow, e.g. not yet this host's): nothing constrains.
     /// Returns whether the share in force changed.
