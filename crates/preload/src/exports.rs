@@ -193,7 +193,7 @@ pub unsafe fn on_open_device(ctx: *mut ibv_context) {
             engine::mark_soft_roce(ctx);
             log!(
                 Info,
-                "the device is Soft-RoCE (rxe): a paced RDMA WRITE goes one path MTU a work request"
+                "the device is Soft-RoCE (rxe): a bandwidth flow's RDMA WRITE goes one path MTU a work request"
             );
         }
     }

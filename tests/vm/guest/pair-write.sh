@@ -17,8 +17,9 @@
 # zero-length WRITE ONLY one PSN past its end. Every later packet is one PSN late, and the
 # responder, which had the next WRITE's first packets, gets one packet more than that
 # WRITE's RETH length and answers "invalid request" (packet captures of A's eth0 show that
-# sequence in every failure, unshaped ones included). The shaper now posts a paced WRITE
-# on rxe one path MTU a work request (crates/preload, QpState::chunk_bytes_for).
+# sequence in every failure, unshaped ones included). The shaper now posts a bandwidth
+# flow's WRITE on rxe one path MTU a work request, paced or not (a flow whose daemon is
+# slow falls back to unpaced) (crates/preload, QpState::chunk_bytes_for).
 #
 #   pair-write.sh RESULTS SHAPER_LIB BIN_DIR     # PAIR_WRITE_ROUNDS rounds a mode (6)
 #
@@ -119,7 +120,7 @@ for spec in "daemon-64K:JUSTITIA_SOCKET=$dir/justitiad.sock JUSTITIA_CHUNK=64K" 
   if [ -z "$failed" ]; then
     result PASS "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "every client exited with a figure, MB/s:$figures"
   else
-    result FAIL "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "${failed% ;}"
+    result FAIL "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "${failed%;}"
   fi
 done
 cleanup

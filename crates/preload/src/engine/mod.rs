@@ -485,7 +485,7 @@ impl Engine {
             FlowClass::Throughput => Treatment::Whole,
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia | Policy::Adaptive => Treatment::Split {
-                    chunk_bytes: state.chunk_bytes_for(self.chunk_bytes(), opcode, bytes, paced),
+                    chunk_bytes: state.chunk_bytes_for(self.chunk_bytes(), opcode, bytes),
                     paced,
                 },
                 Policy::Preempt => Treatment::Preempt(self.planner),
@@ -497,8 +497,8 @@ impl Engine {
     /// when that needs neither the clock nor the QP's history (a fixed class): requests up
     /// to the chunk (never below the MTU; a READ's may be larger still, which the general
     /// path then finds) or the sub-message are posted whole, paced as their class is. On a
-    /// Soft-RoCE QP (`soft_roce`) a paced bandwidth flow posts only single-packet requests
-    /// whole, as [`QpState::chunk_bytes_for`](qp::QpState::chunk_bytes_for) cuts its WRITEs.
+    /// Soft-RoCE QP (`soft_roce`) a bandwidth flow posts only single-packet requests whole,
+    /// as [`QpState::chunk_bytes_for`](qp::QpState::chunk_bytes_for) cuts its WRITEs.
     fn fast_lane(&self, path_mtu: u32, soft_roce: bool) -> Option<FastLane> {
         let Some(ClassSetting::Fixed(class)) = self.config.class else {
             return None;
@@ -513,7 +513,7 @@ impl Engine {
             FlowClass::Throughput => whole(paced),
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia | Policy::Adaptive => FastLane {
-                    whole_up_to: if soft_roce && paced {
+                    whole_up_to: if soft_roce {
                         u64::from(path_mtu)
                     } else {
                         u64::from(self.chunk_bytes().max(path_mtu))
@@ -578,7 +578,7 @@ pub struct CtxShared {
     pub(crate) req_notify_cq: Option<ReqNotifyFn>,
     pub(crate) create_qp_ex: Option<CreateQpExFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
-    /// The device is Soft-RoCE (rxe): its QPs post a paced RDMA WRITE one path MTU a WQE
+    /// The device is Soft-RoCE (rxe): its bandwidth flows post an RDMA WRITE one path MTU a WQE
     /// (see [`QpState::chunk_bytes_for`](qp::QpState::chunk_bytes_for)). Set by
     /// [`mark_soft_roce`] right after the context is attached, before it has QPs.
     pub(crate) soft_roce: AtomicBool,
@@ -636,7 +636,7 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
 }
 
 /// Notes that the attached `ctx` is a Soft-RoCE (rxe) device; its QPs created from now on
-/// post paced RDMA WRITEs one path MTU a WQE.
+/// post a bandwidth flow's RDMA WRITEs one path MTU a WQE.
 pub fn mark_soft_roce(ctx: *mut ibv_context) {
     if let Some(c) = context(ctx) {
         c.soft_roce.store(true, Ordering::Relaxed);

@@ -177,7 +177,7 @@ impl QpState {
     }
 
     /// The chunk size for a request with `opcode` of `bytes` on this QP, from the
-    /// configured `chunk`; `paced` when its chunks take tokens from the rate pacer.
+    /// configured `chunk`.
     ///
     /// A chunk is never smaller than the path MTU: smaller WQEs only add per-WQE cost (a
     /// 1-byte setting would turn 1 MiB into a million WQEs) and the wire carries an MTU per
@@ -185,10 +185,10 @@ impl QpState {
     /// `max_rd_atomic`: the NIC holds back READs beyond that many until one has returned,
     /// so each further piece costs a round trip without freeing the link any sooner.
     ///
-    /// On Soft-RoCE a paced RDMA WRITE goes one path MTU a WQE. rxe's retransmission of a
+    /// On Soft-RoCE an RDMA WRITE goes one path MTU a WQE. rxe's retransmission of a
     /// multi-packet WRITE can desynchronise the connection: when its retransmission timer
-    /// fires while a WRITE's acknowledgement is still on its way (paced WRITEs leave the
-    /// send queue idle between releases, and a busy responder answers late), the
+    /// fires while a WRITE's acknowledgement is still on its way (a busy responder answers
+    /// late, and paced WRITEs leave the send queue idle between releases), the
     /// acknowledgement of the WRITE's last packet may arrive while rxe is resending the
     /// WRITE; rxe then moves its acknowledged PSN past the WRITE without completing it,
     /// and its next retry replays the WRITE as a zero-length WRITE ONLY one PSN past the
@@ -196,17 +196,11 @@ impl QpState {
     /// next WRITE's first packets, gets one packet more than that WRITE's length and
     /// answers "invalid request": the application sees `IBV_WC_REM_INV_REQ_ERR`. Unshaped
     /// WRITEs meet it too, under load, but paced ones met it all the time (across two
-    /// hosts, in every round of two 2 MB/s paced `ib_write_bw` of 64 KiB). A single-packet
-    /// WRITE is never half resent, so rxe's acknowledged PSN never passes one it has not
-    /// completed. Pacing takes tokens WQE by WQE as for any chunk.
-    pub(super) fn chunk_bytes_for(
-        &self,
-        chunk: u32,
-        opcode: ibv_wr_opcode,
-        bytes: u64,
-        paced: bool,
-    ) -> u32 {
-        if self.soft_roce && paced && opcode == IBV_WR_RDMA_WRITE {
+    /// hosts, in every round of two 2 MB/s paced `ib_write_bw` of 64 KiB), and a flow
+    /// whose daemon is slow falls back to unpaced. A single-packet WRITE is never half
+    /// resent, so rxe's acknowledged PSN never passes one it has not completed.
+    pub(super) fn chunk_bytes_for(&self, chunk: u32, opcode: ibv_wr_opcode, bytes: u64) -> u32 {
+        if self.soft_roce && opcode == IBV_WR_RDMA_WRITE {
             return self.path_mtu;
         }
         let mut chunk = chunk.max(self.path_mtu);

@@ -299,11 +299,13 @@ fn write_on(len: usize, soft_roce: bool, paced: bool) -> Vec<u64> {
 /// packet's acknowledgement arrives while it is being resent leaves rxe's acknowledged PSN
 /// past a WRITE it has not completed, and its next retry replays that WRITE as a
 /// zero-length WRITE ONLY one PSN late, shifting the rest of the stream (see
-/// `QpState::chunk_bytes_for`). On rxe a paced WRITE now goes one path MTU a WQE, which rxe
-/// never half resends; the application still sees one completion of its 64 KiB.
+/// `QpState::chunk_bytes_for`). On rxe a bandwidth flow's WRITE now goes one path MTU a
+/// WQE, paced or not (a flow whose daemon is slow falls back to unpaced), which rxe never
+/// half resends; the application still sees one completion of its 64 KiB.
 #[test]
-fn a_paced_write_on_soft_roce_goes_one_path_mtu_a_wqe() {
+fn a_write_on_soft_roce_goes_one_path_mtu_a_wqe() {
     assert_eq!(write_on(65536, true, true), vec![1024; 64]);
+    assert_eq!(write_on(65536, true, false), vec![1024; 64]);
     // Below the chunk too: the fast lane posts only single-packet requests whole there.
     assert_eq!(
         write_on(5000, true, true),
@@ -311,12 +313,12 @@ fn a_paced_write_on_soft_roce_goes_one_path_mtu_a_wqe() {
     );
 }
 
-/// The single-packet WQEs are Soft-RoCE's, and a paced flow's, only: elsewhere, and
-/// unpaced, a 64 KiB WRITE with 64 KiB chunks is posted whole, as the application gave it.
+/// The single-packet WQEs are Soft-RoCE's only: elsewhere a 64 KiB WRITE with 64 KiB chunks
+/// is posted whole, as the application gave it.
 #[test]
-fn a_write_elsewhere_or_unpaced_keeps_its_chunk() {
+fn a_write_elsewhere_keeps_its_chunk() {
     assert_eq!(write_on(65536, false, true), vec![65536]);
-    assert_eq!(write_on(65536, true, false), vec![65536]);
+    assert_eq!(write_on(65536, false, false), vec![65536]);
 }
 
 /// Issue 10, item 10: a READ was cut into chunks regardless of `max_rd_atomic`; the NIC
