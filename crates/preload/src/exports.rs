@@ -184,11 +184,38 @@ pub unsafe fn on_open_device(ctx: *mut ibv_context) {
     }
     if let Some(engine) = global_engine() {
         // SAFETY: guaranteed by the caller.
-        guarded(
+        let attached = guarded(
             || unsafe { crate::install::attach_context(ctx, Arc::clone(engine)) },
             || false,
         );
+        // SAFETY: as above.
+        if attached && guarded(|| unsafe { is_soft_roce(ctx) }, || false) {
+            engine::mark_soft_roce(ctx);
+            log!(
+                Info,
+                "the device is Soft-RoCE (rxe): a bandwidth flow's RDMA WRITE goes one path MTU a work request"
+            );
+        }
     }
+}
+
+/// The vendor ID Soft-RoCE (rxe) reports (`RXE_VENDOR_ID`, Linux 5.9 and later).
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
+type QueryDevice = unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
+
+/// Whether the device of `ctx` is Soft-RoCE (rxe), by the vendor ID it reports.
+///
+/// # Safety
+/// `ctx` must be a live context.
+unsafe fn is_soft_roce(ctx: *mut ibv_context) -> bool {
+    let Some(query) = real!("ibv_query_device", "IBVERBS_1.1", QueryDevice) else {
+        return false;
+    };
+    // SAFETY: a plain C struct, all zeroes is a valid value.
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the real verb on a live context, with an attribute block it may fill.
+    unsafe { query(ctx, &mut attr) == 0 && attr.vendor_id == RXE_VENDOR_ID }
 }
 
 /// The shaper's part of `ibv_create_qp`: register the new QP.

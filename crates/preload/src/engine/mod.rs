@@ -496,8 +496,10 @@ impl Engine {
     /// What [`Self::treatment`] gives a small request on a QP with path MTU `path_mtu`,
     /// when that needs neither the clock nor the QP's history (a fixed class): requests up
     /// to the chunk (never below the MTU; a READ's may be larger still, which the general
-    /// path then finds) or the sub-message are posted whole, paced as their class is.
-    fn fast_lane(&self, path_mtu: u32) -> Option<FastLane> {
+    /// path then finds) or the sub-message are posted whole, paced as their class is. On a
+    /// Soft-RoCE QP (`soft_roce`) a bandwidth flow posts only single-packet requests whole,
+    /// as [`QpState::chunk_bytes_for`](qp::QpState::chunk_bytes_for) cuts its WRITEs.
+    fn fast_lane(&self, path_mtu: u32, soft_roce: bool) -> Option<FastLane> {
         let Some(ClassSetting::Fixed(class)) = self.config.class else {
             return None;
         };
@@ -511,7 +513,11 @@ impl Engine {
             FlowClass::Throughput => whole(paced),
             FlowClass::Bandwidth => match self.config.policy {
                 Policy::Justitia | Policy::Adaptive => FastLane {
-                    whole_up_to: u64::from(self.chunk_bytes().max(path_mtu)),
+                    whole_up_to: if soft_roce {
+                        u64::from(path_mtu)
+                    } else {
+                        u64::from(self.chunk_bytes().max(path_mtu))
+                    },
                     paced,
                 },
                 Policy::Preempt => FastLane {
@@ -572,6 +578,10 @@ pub struct CtxShared {
     pub(crate) req_notify_cq: Option<ReqNotifyFn>,
     pub(crate) create_qp_ex: Option<CreateQpExFn>,
     pub(crate) create_cq_ex: Option<CreateCqExFn>,
+    /// The device is Soft-RoCE (rxe): its bandwidth flows post an RDMA WRITE one path MTU a WQE
+    /// (see [`QpState::chunk_bytes_for`](qp::QpState::chunk_bytes_for)). Set by
+    /// [`mark_soft_roce`] right after the context is attached, before it has QPs.
+    pub(crate) soft_roce: AtomicBool,
 }
 
 // SAFETY: the function pointers are the provider's, callable from any thread.
@@ -612,6 +622,7 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
             req_notify_cq: ops.req_notify_cq,
             create_qp_ex,
             create_cq_ex,
+            soft_roce: AtomicBool::new(false),
         });
         if CONTEXTS.insert(ctx.cast(), shared).is_err() {
             log!(
@@ -622,6 +633,14 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
         }
     }
     true
+}
+
+/// Notes that the attached `ctx` is a Soft-RoCE (rxe) device; its QPs created from now on
+/// post a bandwidth flow's RDMA WRITEs one path MTU a WQE.
+pub fn mark_soft_roce(ctx: *mut ibv_context) {
+    if let Some(c) = context(ctx) {
+        c.soft_roce.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Forgets `ctx` (it is about to be closed).

@@ -140,6 +140,8 @@ pub struct QpState {
     /// none (the automatic class): one comparison says whether `fast` may be used.
     pub(super) fast_epoch: u64,
     pub(crate) batch: WrBatch,
+    /// Its device is Soft-RoCE (rxe); see [`Self::chunk_bytes_for`].
+    pub(super) soft_roce: bool,
 }
 
 /// [`QpState::fast_epoch`] of a QP without a fast lane (no settings epoch reaches it).
@@ -165,7 +167,7 @@ impl QpState {
     #[inline(never)]
     fn refresh_fast(&mut self, engine: &Engine) -> Option<FastLane> {
         let epoch = engine.settings_epoch.load(Ordering::Acquire);
-        let lane = engine.fast_lane(self.path_mtu);
+        let lane = engine.fast_lane(self.path_mtu, self.soft_roce);
         self.fast_epoch = lane.map_or(NO_LANE, |_| u64::from(epoch));
         self.fast = lane.unwrap_or(FastLane {
             whole_up_to: 0,
@@ -174,14 +176,33 @@ impl QpState {
         lane
     }
 
-    /// The chunk size for `wr` of `bytes` on this QP, from the configured `chunk`.
+    /// The chunk size for a request with `opcode` of `bytes` on this QP, from the
+    /// configured `chunk`.
     ///
     /// A chunk is never smaller than the path MTU: smaller WQEs only add per-WQE cost (a
     /// 1-byte setting would turn 1 MiB into a million WQEs) and the wire carries an MTU per
     /// packet anyway. An RDMA READ is never cut into more pieces than the QP's
     /// `max_rd_atomic`: the NIC holds back READs beyond that many until one has returned,
     /// so each further piece costs a round trip without freeing the link any sooner.
+    ///
+    /// On Soft-RoCE an RDMA WRITE goes one path MTU a WQE. rxe's retransmission of a
+    /// multi-packet WRITE can desynchronise the connection: when its retransmission timer
+    /// fires while a WRITE's acknowledgement is still on its way (a busy responder answers
+    /// late, and paced WRITEs leave the send queue idle between releases), the
+    /// acknowledgement of the WRITE's last packet may arrive while rxe is resending the
+    /// WRITE; rxe then moves its acknowledged PSN past the WRITE without completing it,
+    /// and its next retry replays the WRITE as a zero-length WRITE ONLY one PSN past the
+    /// WRITE's end. Every later packet is one PSN late, and the responder, which had the
+    /// next WRITE's first packets, gets one packet more than that WRITE's length and
+    /// answers "invalid request": the application sees `IBV_WC_REM_INV_REQ_ERR`. Unshaped
+    /// WRITEs meet it too, under load, but paced ones met it all the time (across two
+    /// hosts, in every round of two 2 MB/s paced `ib_write_bw` of 64 KiB), and a flow
+    /// whose daemon is slow falls back to unpaced. A single-packet WRITE is never half
+    /// resent, so rxe's acknowledged PSN never passes one it has not completed.
     pub(super) fn chunk_bytes_for(&self, chunk: u32, opcode: ibv_wr_opcode, bytes: u64) -> u32 {
+        if self.soft_roce && opcode == IBV_WR_RDMA_WRITE {
+            return self.path_mtu;
+        }
         let mut chunk = chunk.max(self.path_mtu);
         if opcode == IBV_WR_RDMA_READ && self.max_rd_atomic > 0 {
             let per_read = bytes.div_ceil(u64::from(self.max_rd_atomic));
@@ -295,6 +316,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
             },
             fast_epoch: NO_LANE,
             batch: WrBatch::default(),
+            soft_roce: ctx.soft_roce.load(Ordering::Relaxed),
         }),
         in_pacer: AtomicBool::new(false),
         ex,

@@ -51,12 +51,26 @@ fn rig_with(vars: &[(&str, &str)], depth: u32, sig_all: bool) -> Rig {
 
 /// A rig whose CQ is bound to `channel` (null: none).
 fn rig_on(vars: &[(&str, &str)], depth: u32, sig_all: bool, channel: *mut ibv_comp_channel) -> Rig {
+    rig_device(vars, depth, sig_all, channel, false)
+}
+
+/// A rig on a device taken for Soft-RoCE (rxe) when `soft_roce`.
+fn rig_device(
+    vars: &[(&str, &str)],
+    depth: u32,
+    sig_all: bool,
+    channel: *mut ibv_comp_channel,
+    soft_roce: bool,
+) -> Rig {
     let clock = Arc::new(VirtualClock::new());
     let engine = engine_from(lookup(vars), clock.clone(), PacerMode::Manual).unwrap();
     let dev = MockDevice::new();
     let ctx = dev.context();
     // SAFETY: a fresh mock context.
     assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    if soft_roce {
+        engine::mark_soft_roce(ctx);
+    }
     let cq = dev.create_cq_on(channel);
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use justitia_verbs::sys::*;
 
-use super::{create_qp, lookup, pattern, post_on, qp_attr, rdma, rig, rig_with, sge};
+use super::{create_qp, lookup, pattern, post_on, qp_attr, rdma, rig, rig_device, rig_with, sge};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::{self, PacerMode};
 use crate::exports::{engine_from, on_create_cq};
@@ -256,6 +256,69 @@ fn a_one_byte_chunk_setting_is_floored_at_the_path_mtu() {
     assert_eq!(lens, vec![1024; 16], "one MTU per chunk");
     assert_eq!(r.run().len(), 1);
     assert_eq!(src, dst);
+}
+
+/// Posts one RDMA WRITE of `len` bytes with `JUSTITIA_CHUNK=64K` on a QP with a 1 KiB path
+/// MTU, on a device taken for Soft-RoCE when `soft_roce`, paced at 10 MB/s when `paced`;
+/// drives the pacer until it completes. Returns the lengths of the WQEs the provider got.
+fn write_on(len: usize, soft_roce: bool, paced: bool) -> Vec<u64> {
+    let mut vars = vec![("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")];
+    if paced {
+        vars.push(("JUSTITIA_RATE", "10M"));
+    }
+    let r = rig_device(&vars, 128, false, std::ptr::null_mut(), soft_roce);
+    modify(
+        r.qp,
+        ibv_qp_attr {
+            path_mtu: IBV_MTU_1024,
+            ..Default::default()
+        },
+        IBV_QP_PATH_MTU,
+    );
+    let (src, dst) = r.post_write(len, 12, 5, true);
+    let mut wcs = Vec::new();
+    while wcs.is_empty() && r.clock.now() < Duration::from_secs(1) {
+        let next = r.engine.pacer_tick(r.clock.now());
+        wcs.extend(r.run());
+        r.clock
+            .set(next.unwrap_or(r.clock.now() + Duration::from_millis(1)));
+    }
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(5, IBV_WC_SUCCESS, len as u32)],
+        "one completion, the request's"
+    );
+    assert_eq!(src, dst);
+    r.log().iter().map(|w| w.len()).collect()
+}
+
+/// A paced 64 KiB WRITE on Soft-RoCE across two hosts failed with
+/// `IBV_WC_REM_INV_REQ_ERR`: rxe's retransmission of a multi-packet WRITE whose last
+/// packet's acknowledgement arrives while it is being resent leaves rxe's acknowledged PSN
+/// past a WRITE it has not completed, and its next retry replays that WRITE as a
+/// zero-length WRITE ONLY one PSN late, shifting the rest of the stream (see
+/// `QpState::chunk_bytes_for`). On rxe a bandwidth flow's WRITE now goes one path MTU a
+/// WQE, paced or not (a flow whose daemon is slow falls back to unpaced), which rxe never
+/// half resends; the application still sees one completion of its 64 KiB.
+#[test]
+fn a_write_on_soft_roce_goes_one_path_mtu_a_wqe() {
+    assert_eq!(write_on(65536, true, true), vec![1024; 64]);
+    assert_eq!(write_on(65536, true, false), vec![1024; 64]);
+    // Below the chunk too: the fast lane posts only single-packet requests whole there.
+    assert_eq!(
+        write_on(5000, true, true),
+        vec![1024, 1024, 1024, 1024, 904]
+    );
+}
+
+/// The single-packet WQEs are Soft-RoCE's only: elsewhere a 64 KiB WRITE with 64 KiB chunks
+/// is posted whole, as the application gave it.
+#[test]
+fn a_write_elsewhere_keeps_its_chunk() {
+    assert_eq!(write_on(65536, false, true), vec![65536]);
+    assert_eq!(write_on(65536, false, false), vec![65536]);
 }
 
 /// Issue 10, item 10: a READ was cut into chunks regardless of `max_rd_atomic`; the NIC
