@@ -140,8 +140,12 @@ else
   pair=$out/two-hosts
   echo "vm: booting the two-host pair (logs in $pair)"
   start=$(date +%s)
-  tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-1200}" --out "$pair" -- \
-    env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" tests/vm/guest/two-hosts.sh "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
+  # In the same boot, after the pair's checks: shaped WRITE streams across the cable
+  # (tests/vm/guest/pair-write.sh), four rounds a mode.
+  tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-1800}" --out "$pair" -- \
+    bash -c 'env STEP_TIMEOUT="$0" tests/vm/guest/two-hosts.sh "$@"; rc=$?
+      PAIR_WRITE_ROUNDS=4 tests/vm/guest/pair-write.sh "$@" || rc=1
+      exit $rc' "${STEP_TIMEOUT:-150}" "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
   rc=$?
   echo "vm: the two-host pair ran for $(($(date +%s) - start)) s"
   count_results "$pair/results.txt"
