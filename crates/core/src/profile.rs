@@ -250,6 +250,13 @@ impl RnicProfile {
 mod tests {
     use super::*;
 
+    /// The paper's chunk sizes (§5.1): 5 KB beside latency flows, 1 MB without.
+    #[test]
+    fn the_default_chunks_are_the_papers() {
+        assert_eq!(DEFAULT_CHUNK_WITH_LATENCY, 5120);
+        assert_eq!(DEFAULT_CHUNK_WITHOUT_LATENCY, 1_048_576);
+    }
+
     #[test]
     fn every_builtin_is_valid() {
         let all = RnicProfile::builtins();
