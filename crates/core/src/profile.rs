@@ -329,6 +329,7 @@ mod tests {
     fn bad_values_name_the_field() {
         let cases = [
             ("max_rate_gbps = -1", "max_rate_gbps"),
+            ("max_rate_gbps = 0", "max_rate_gbps"),
             ("max_tput_mops = 0", "max_tput_mops"),
             ("mtu = 1500", "mtu"),
             ("chunk_bytes_with_latency = 0", "chunk_bytes_with_latency"),
@@ -353,6 +354,15 @@ mod tests {
                 other => panic!("{line}: expected an error on {field}, got {other:?}"),
             }
         }
+    }
+
+    /// One chunk for both cases is a profile that never changes its chunk: accepted.
+    #[test]
+    fn equal_chunks_with_and_without_latency_flows_are_accepted() {
+        let text = "name = \"x\"\nmax_rate_gbps = 10\nmax_tput_mops = 10\nmtu = 1024\n\
+                    chunk_bytes_with_latency = 65536\nchunk_bytes_without_latency = 65536\n";
+        let p = RnicProfile::from_toml(text);
+        assert_eq!(p.map(|p| p.chunk_bytes(true)), Ok(65536));
     }
 
     #[test]

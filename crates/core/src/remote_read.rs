@@ -312,6 +312,13 @@ mod tests {
             ),
             (
                 ReadGuarantee {
+                    bytes_per_sec: 0.0,
+                    ..good
+                },
+                "bytes_per_sec",
+            ),
+            (
+                ReadGuarantee {
                     ops_per_sec: 0.0,
                     ..good
                 },
