@@ -352,11 +352,29 @@ mod tests {
         assert_eq!(YieldPlanner::default().steps(0).count(), 1);
     }
 
+    /// The densest plan allowed: 1024 yields a sub-message (1 MiB in 1 KiB units) is
+    /// accepted, one more refused.
+    #[test]
+    fn the_most_yields_a_sub_message_is_accepted() {
+        let most = YieldConfig {
+            sub_message_bytes: MAX_YIELDS_PER_SUB_MESSAGE * 1024,
+            yield_unit_bytes: 1024,
+        };
+        assert_eq!(most.yields_per_sub_message(), Ok(1024));
+        let more = YieldConfig {
+            sub_message_bytes: most.sub_message_bytes + 1,
+            ..most
+        };
+        assert!(more.yields_per_sub_message().is_err());
+    }
+
     #[test]
     fn density_change_applies_to_the_next_step_of_a_plan_in_progress() {
         let mut planner = YieldPlanner::default();
         let mut cursor = YieldCursor::new(4 * 16 * 1024);
+        assert!(!cursor.is_done());
         assert_eq!(planner.next_step(&mut cursor).unwrap().yields_after, 16);
+        assert!(!cursor.is_done(), "three sub-messages to go");
         planner.set_yields_per_sub_message(4);
         assert_eq!(planner.next_step(&mut cursor).unwrap().yields_after, 4);
         planner.set_yields_per_sub_message(0);

@@ -311,7 +311,9 @@ mod tests {
 
     /// Throughput flows beside a latency and a bandwidth tenant, with MaxTput 30 Mops/s
     /// and 5.5 Mops/s a queue pair: the share is 1/3; one tenant's two flows on one queue
-    /// pair each post at most 11 Mops/s together, so each is paced at 11/3/2.
+    /// pair each post at most 11 Mops/s together, so each is paced at 11/3/2. The bandwidth
+    /// flow's four queue pairs are not the throughput flows' (counted, they would make it
+    /// 27.5/3/2).
     #[test]
     fn throughput_flows_are_paced_by_operations_split_among_their_tenants_flows() {
         let config = AdaptiveConfig {
@@ -322,7 +324,10 @@ mod tests {
         let law = AdaptiveLaw::new(config).expect("law");
         let flows = [
             flow(1, 10, FlowClass::Latency, 1),
-            flow(2, 20, FlowClass::Bandwidth, 1),
+            HostFlow {
+                qps: 4,
+                ..flow(2, 20, FlowClass::Bandwidth, 1)
+            },
             flow(3, 30, FlowClass::Throughput, 1),
             flow(4, 30, FlowClass::Throughput, 1),
         ];
