@@ -309,6 +309,43 @@ mod tests {
         assert!((send_plan.pace_bytes_per_sec.expect("paced") - 4.875e9).abs() < 1.0);
     }
 
+    /// A throughput flow that READs from a peer is still paced with this host's send
+    /// path, where its small requests leave: beside a latency and a WRITE tenant (share
+    /// 1/3), on one queue pair of 5.5 Mops/s, at 5.5e6 / 3 operations/s. Planned with the
+    /// responder's stream, which has no throughput flows, it would not be paced at all.
+    #[test]
+    fn a_throughput_flow_reading_from_a_peer_is_paced_with_this_hosts_path() {
+        let config = AdaptiveConfig {
+            max_ops_per_sec: 30e6,
+            qp_ops_per_sec: 5.5e6,
+            ..AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)
+        };
+        let law = AdaptiveLaw::new(config).expect("law");
+        let charged = |f: HostFlow, reads: bool| ChargedFlow {
+            flow: f,
+            charged: Resource::of(reads, 7u8),
+            peer: Some(7u8),
+        };
+        let flows = [
+            charged(flow(1, 10, FlowClass::Latency, 1), false),
+            charged(flow(2, 20, FlowClass::Bandwidth, 1), false),
+            charged(flow(3, 30, FlowClass::Throughput, 1), true),
+        ];
+        let specs: Vec<FlowSpec> = flows.iter().map(|f| f.flow.spec).collect();
+        let host = Observation {
+            tenants: TenantWeights::of(&specs),
+            target99: Some(Duration::from_micros(2)),
+            ..Observation::default()
+        };
+        let (_, got) = charged_allotments(&law, &host, &flows, |_| 0.0);
+        let got: BTreeMap<FlowId, Option<FlowAllotment>> = got.into_iter().collect();
+        let ops = got[&FlowId(3)]
+            .expect("allotted")
+            .ops_per_sec
+            .expect("paced by operations");
+        assert!((ops - 5.5e6 / 3.0).abs() < 1e-3, "{ops}");
+    }
+
     /// Throughput flows beside a latency and a bandwidth tenant, with MaxTput 30 Mops/s
     /// and 5.5 Mops/s a queue pair: the share is 1/3; one tenant's two flows on one queue
     /// pair each post at most 11 Mops/s together, so each is paced at 11/3/2. The bandwidth
