@@ -220,7 +220,9 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
                         open: Vec::new(),
                     },
                 );
-                if at < self.turn {
+                // `turn` is the tenant served last: one joining at or before it moves it
+                // one on, or the last served would be served again with a fresh quantum.
+                if at <= self.turn {
                     self.turn += 1;
                 }
                 at
@@ -370,6 +372,46 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A flow's queues take turns, each once however often it is inserted; a queue not
+    /// ready is passed over for the flow's next one; tenants are counted once.
+    #[test]
+    fn a_flows_queues_take_turns_once_each() {
+        let mut rr = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        let flow = spec(1, 1, FlowClass::Bandwidth, 1);
+        rr.insert(&flow, 10u32);
+        rr.insert(&flow, 10);
+        rr.insert(&flow, 11);
+        assert_eq!(rr.tenants(), 1);
+        let order: Vec<Option<u32>> = (0..4).map(|_| rr.pick(|_| Some(4096))).collect();
+        assert_eq!(order, [Some(10), Some(11), Some(10), Some(11)]);
+        // Queue 10 not ready: 11 goes, whichever is next.
+        for _ in 0..2 {
+            assert_eq!(rr.pick(|q| (q == 11).then_some(4096)), Some(11));
+        }
+        rr.insert(&spec(2, 2, FlowClass::Bandwidth, 1), 20);
+        assert_eq!(rr.tenants(), 2);
+    }
+
+    /// A tenant that joins ahead of the one served last (in the tenants' order) leaves it
+    /// served last: tenants 5 and 7, 7 served first (5 has no credit yet); then tenant 1
+    /// joins ahead of both, or tenant 6 between them, and 7 is not served again before
+    /// the others: 1, 5, 7 and 5, 6, 7.
+    #[test]
+    fn a_tenant_joining_ahead_of_the_last_served_does_not_give_it_another_turn() {
+        for (joins, want) in [(1u32, [1, 5, 7]), (6, [5, 6, 7])] {
+            let mut rr = TenantRoundRobin::new();
+            rr.set_quantum(4096);
+            rr.insert(&spec(5, 5, FlowClass::Bandwidth, 1), 5u32);
+            rr.insert(&spec(7, 7, FlowClass::Bandwidth, 1), 7);
+            assert_eq!(rr.pick(|_| Some(4096)), Some(7));
+            let id = u64::from(joins);
+            rr.insert(&spec(id, id, FlowClass::Bandwidth, 1), joins);
+            let order: Vec<Option<u32>> = (0..3).map(|_| rr.pick(|_| Some(4096))).collect();
+            assert_eq!(order, want.map(Some), "tenant {joins} joins");
+        }
     }
 
     /// Tenant A with one queue, tenant B with sixteen flows: the stream goes half and half,
