@@ -236,6 +236,7 @@ vm_boot_pair() {
   # The boots need the kernel and the initramfs: made once, before any starts.
   kdir=$(vm_ensure_kernel) && vm_ensure_initramfs "$kdir" > /dev/null || return 125
   link=$(mktemp -d /tmp/justitia-link.XXXXXX)
+  # shellcheck disable=SC2054 # QEMU's options are comma-separated within one word
   if [ -n "$out_c" ]; then
     b_net=(-netdev hubport,id=nic,hubid=0
       -netdev "dgram,id=link,local.type=unix,local.path=$link/b,remote.type=unix,remote.path=$link/a"
