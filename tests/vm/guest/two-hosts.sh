@@ -288,12 +288,13 @@ fi
 # ---------------------------------------------------------------------------------------
 # 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 64 KiB each,
 # each to its own server there; the bandwidth each gets is printed, natively and under the
-# shaper (bandwidth class, following A's daemon). The pair has two hosts, so both senders
-# are processes on A: they share A's link as well as B's. (A shaped ib_write_bw following
-# justitiad across the cable fails now and then with a remote invalid request error,
-# status 9, after some dozens to hundreds of completions; seen with 64 KiB and default
-# chunks, timed (-D) and counted, never natively nor with 16 KiB chunks: not explained
-# yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
+# shaper (bandwidth class, following A's daemon). Both senders are processes on A: they
+# share A's link as well as B's (the incast of two sending hosts, A and C, each paced to
+# B's share, is in section 6, where the daemons have [peer]). (A shaped ib_write_bw
+# following justitiad across the cable fails now and then with a remote invalid request
+# error, status 9, after some dozens to hundreds of completions; seen with 64 KiB and
+# default chunks, timed (-D) and counted, and with host C booted natively too: not
+# explained yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
 INCAST_ITERS=150
 # incast MODE ENV: both senders at once; sets BW1, BW2, SENT (MB eth0 sent) and RCS.
 incast() {
