@@ -220,36 +220,63 @@ vm_write_job() {
   } > "$out/job.sh"
 }
 
-# vm_boot_pair OUT_A OUT_B TIMEOUT: boots two guests at once, host A running OUT_A/job.sh
-# and host B OUT_B/job.sh, one emulated CPU and 1 GiB each (the build machines have two
-# cores), joined by a virtual cable: each has a virtio-net card (eth0) on a QEMU datagram
-# netdev whose two ends are Unix sockets in a scratch directory, so every frame one sends
-# arrives at the other and nowhere else, and no TCP or UDP port of the machine is taken.
-# Returns A's status (as vm_boot does); B's is left in OUT_B/job.rc.
+# vm_boot_pair OUT_A OUT_B TIMEOUT [OUT_C]: boots two guests at once, host A running
+# OUT_A/job.sh and host B OUT_B/job.sh, one emulated CPU and 1 GiB each (the build
+# machines have two cores), joined by a virtual cable: each has a virtio-net card (eth0)
+# on a QEMU datagram netdev whose two ends are Unix sockets in a scratch directory, so
+# every frame one sends arrives at the other and nowhere else, and no TCP or UDP port of
+# the machine is taken. With OUT_C, a third guest, host C, runs OUT_C/job.sh beside them
+# (1 GiB too), on a second cable into B: B's emulator joins its card and the
+# two cables in a QEMU hub (a repeater: a frame from any of the three goes to the other
+# two), so the three hosts share one Ethernet segment and B keeps one card, one address
+# and one RDMA device for what A and C send it. Returns A's status (as vm_boot does); B's
+# is left in OUT_B/job.rc, C's in OUT_C/job.rc.
 vm_boot_pair() {
-  local out_a=$1 out_b=$2 limit=$3 link rc_a pid_b kdir
-  # Both boots need the kernel and the initramfs: made once, before either starts.
+  local out_a=$1 out_b=$2 limit=$3 out_c=${4:-} link rc_a pid_b pid_c="" kdir b_net
+  # The boots need the kernel and the initramfs: made once, before any starts.
   kdir=$(vm_ensure_kernel) && vm_ensure_initramfs "$kdir" > /dev/null || return 125
   link=$(mktemp -d /tmp/justitia-link.XXXXXX)
-  VM_SMP=1 VM_MEM=1024 vm_boot "$out_b" "$limit" \
-    -netdev "dgram,id=link,local.type=unix,local.path=$link/b,remote.type=unix,remote.path=$link/a" \
-    -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:02 &
+  # shellcheck disable=SC2054 # QEMU's options are comma-separated within one word
+  if [ -n "$out_c" ]; then
+    b_net=(-netdev hubport,id=nic,hubid=0
+      -netdev "dgram,id=link,local.type=unix,local.path=$link/b,remote.type=unix,remote.path=$link/a"
+      -netdev hubport,id=toa,hubid=0,netdev=link
+      -netdev "dgram,id=linkc,local.type=unix,local.path=$link/bc,remote.type=unix,remote.path=$link/c"
+      -netdev hubport,id=toc,hubid=0,netdev=linkc
+      -device virtio-net-pci,netdev=nic,mac=52:54:00:4a:00:02)
+    VM_SMP=1 VM_MEM=1024 vm_boot "$out_c" "$limit" \
+      -netdev "dgram,id=link,local.type=unix,local.path=$link/c,remote.type=unix,remote.path=$link/bc" \
+      -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:03 &
+    pid_c=$!
+  else
+    b_net=(-netdev "dgram,id=link,local.type=unix,local.path=$link/b,remote.type=unix,remote.path=$link/a"
+      -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:02)
+  fi
+  VM_SMP=1 VM_MEM=1024 vm_boot "$out_b" "$limit" "${b_net[@]}" &
   pid_b=$!
   VM_SMP=1 VM_MEM=1024 vm_boot "$out_a" "$limit" \
     -netdev "dgram,id=link,local.type=unix,local.path=$link/a,remote.type=unix,remote.path=$link/b" \
     -device virtio-net-pci,netdev=link,mac=52:54:00:4a:00:01
   rc_a=$?
-  # B powers off when A's checks tell it to; if A ended without doing so, B's emulator
-  # is stopped after a grace period rather than left to its own time limit.
-  for _ in $(seq 60); do
-    kill -0 "$pid_b" 2>/dev/null || break
-    sleep 1
-  done
-  if kill -0 "$pid_b" 2>/dev/null && [ -s "$out_b/qemu.pid" ]; then
-    vm_log "host B still running 60 s after host A stopped: stopping it"
-    kill "$(cat "$out_b/qemu.pid")" 2>/dev/null
-  fi
-  wait "$pid_b"
+  # B and C power off when A's checks tell them to; if A ended without doing so, their
+  # emulators are stopped after a grace period rather than left to their own time limit.
+  vm_stop_after_grace "$pid_b" "$out_b" B
+  [ -z "$pid_c" ] || vm_stop_after_grace "$pid_c" "$out_c" C
   rm -rf "$link"
   return "$rc_a"
+}
+
+# vm_stop_after_grace PID OUT NAME: waits up to 60 s for the vm_boot in the background
+# (PID) to end, then stops its emulator.
+vm_stop_after_grace() {
+  local pid=$1 out=$2 name=$3
+  for _ in $(seq 60); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  if kill -0 "$pid" 2>/dev/null && [ -s "$out/qemu.pid" ]; then
+    vm_log "host $name still running 60 s after host A stopped: stopping it"
+    kill "$(cat "$out/qemu.pid")" 2>/dev/null
+  fi
+  wait "$pid"
 }

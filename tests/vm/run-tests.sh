@@ -132,7 +132,8 @@ if [ "$rc" != 0 ]; then
 fi
 
 # Two RDMA hosts: a second boot, of two guests joined by a virtual cable, each with its own
-# Soft-RoCE device and justitiad (tests/vm/two-hosts.sh, tests/vm/guest/two-hosts.sh).
+# Soft-RoCE device and justitiad, and a third on a second cable into B for the incast
+# (tests/vm/two-hosts.sh, tests/vm/guest/two-hosts.sh).
 if [ "$lib" = - ] || [ "$daemon_bins" = - ]; then
   echo "SKIP two hosts: the shaper or justitiad is not built"
   skips=$((skips + 1))
@@ -150,7 +151,7 @@ else
   echo "vm: the two-host pair ran for $(($(date +%s) - start)) s"
   count_results "$pair/results.txt"
   if [ "$rc" != 0 ]; then
-    echo "FAIL vm two hosts: the pair's run ended with status $rc (see $out/two-hosts.log, $pair/console.log and $pair/b/console.log)"
+    echo "FAIL vm two hosts: the pair's run ended with status $rc (see $out/two-hosts.log, $pair/console.log, $pair/b/console.log and $pair/c/console.log)"
     fails=$((fails + 1))
     tail -n 20 "$out/two-hosts.log" | sed 's/^/  job: /'
   fi

@@ -4,13 +4,14 @@
 # it as this host's only RDMA device, then waits until its port is active and GID index 1
 # (the IPv4-mapped address, RoCE v2) is usable.
 #
-#   host-up.sh a|b        # host A: rxea on 10.77.0.1; host B: rxeb on 10.77.0.2
+#   host-up.sh a|b|c      # host A: rxea on 10.77.0.1; B: rxeb on 10.77.0.2; C: rxec on 10.77.0.3
 set -euo pipefail
 
 case ${1:-} in
   a) dev=rxea addr=10.77.0.1 ;;
   b) dev=rxeb addr=10.77.0.2 ;;
-  *) echo "usage: host-up.sh a|b" >&2; exit 2 ;;
+  c) dev=rxec addr=10.77.0.3 ;;
+  *) echo "usage: host-up.sh a|b|c" >&2; exit 2 ;;
 esac
 
 # perftest's and rping's connection data go over TCP on the cable; the daemon's metrics

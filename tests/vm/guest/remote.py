@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Runs shell commands on host B of the two-host pair for the checks that run on host A.
+"""Runs shell commands on host B (or C) of the two-host pair for the checks that run on A.
 
-    remote.py serve ADDR PORT          # on B: serve until told to stop
-    remote.py run ADDR PORT SECS CMD   # on A: run CMD (a bash command line) on B
+    remote.py serve ADDR PORT          # on B or C: serve until told to stop
+    remote.py run ADDR PORT SECS CMD   # on A: run CMD (a bash command line) there
 
-The two guests share nothing but their virtual cable, so host A's checks start B's
-servers, daemon and tools through this. Each request is one TCP connection: the command
+The guests share nothing but their virtual cables, so host A's checks start B's and C's
+servers, daemons and tools through this. Each request is one TCP connection: the command
 (a 4-byte big-endian length, then UTF-8), answered with the command's exit status (4
 bytes, signed) and its combined output. B runs it with bash from the repository root,
 stdin closed, at most SECS seconds (status 124 when it takes longer); a command that
 must outlive its request puts itself in the background with its output in a file. The
 command "exit" stops the server. It listens on the cable's private address only: the
-pair is a test rig, the two guests its only members.
+pair is a test rig, its guests its only members.
 """
 
 import socket

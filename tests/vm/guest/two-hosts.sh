@@ -1,9 +1,10 @@
 #!/bin/bash
 # On host A of the two-host pair (tests/vm/two-hosts.sh; rxea on 10.77.0.1, host B's rxeb
-# on 10.77.0.2, joined by a virtual cable): the checks that cross between two RDMA hosts.
-# Host B runs what A asks through tests/vm/guest/remote.py. One line per check goes to
-# RESULTS/results.txt, as in suite.sh; A's logs go to RESULTS/logs/two-hosts.*, B's to
-# RESULTS/b/logs/ (B's own output directory, which A sees).
+# on 10.77.0.2, joined by a virtual cable; host C's rxec on 10.77.0.3, on a second cable
+# into B, the third host of the incast check): the checks that cross between RDMA hosts.
+# Hosts B and C run what A asks through tests/vm/guest/remote.py. One line per check goes
+# to RESULTS/results.txt, as in suite.sh; A's logs go to RESULTS/logs/two-hosts.*, B's to
+# RESULTS/b/logs/ and C's to RESULTS/c/logs/ (their own output directories, which A sees).
 #
 #   two-hosts.sh RESULTS SHAPER_LIB BIN_DIR
 #
@@ -17,14 +18,15 @@ BIN=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
 LOGS=$RESULTS/logs
 BLOGS=$RESULTS/b/logs
+CLOGS=$RESULTS/c/logs
 L=$LOGS/two-hosts
-mkdir -p "$LOGS" "$BLOGS"
+mkdir -p "$LOGS" "$BLOGS" "$CLOGS"
 touch "$RESULTS/results.txt"
 # shellcheck source=tests/vm/guest/daemon-lib.sh
 source "$HERE/daemon-lib.sh"
 
-A_DEV=rxea B_DEV=rxeb
-A_ADDR=10.77.0.1 B_ADDR=10.77.0.2
+A_DEV=rxea B_DEV=rxeb C_DEV=rxec
+A_ADDR=10.77.0.1 B_ADDR=10.77.0.2 C_ADDR=10.77.0.3
 GID=1 # the IPv4-mapped GID, RoCE v2
 STEP=${STEP_TIMEOUT:-120}
 PORT=19500
@@ -40,12 +42,17 @@ result() { # STATUS NAME DETAIL
 onb() {
   python3 "$HERE/remote.py" run "$B_ADDR" 7770 "$1" "$2"
 }
+# onc SECONDS COMMAND: the same on host C.
+onc() {
+  python3 "$HERE/remote.py" run "$C_ADDR" 7770 "$1" "$2"
+}
 
 PIDS=()
 cleanup() {
   local p
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   onb 20 "pkill -KILL -x justitiad; pkill -KILL -f '^(timeout [0-9]+ )?(ib_|rping)'" > /dev/null 2>&1
+  onc 20 "pkill -KILL -x justitiad; pkill -KILL -f '^(timeout [0-9]+ )?(ib_|rping)'" > /dev/null 2>&1
   wait 2>/dev/null
 }
 trap 'cleanup; exit 124' TERM
@@ -78,6 +85,15 @@ if [ "$a_devs" = "$A_DEV" ] && [ "$b_devs" = "$B_DEV" ] && [ "${a_gid##*:}" = 00
   result PASS "each host sees only its own device" "A: $a_devs (GID $GID $a_gid), B: $b_devs (GID $GID $b_gid)"
 else
   result FAIL "each host sees only its own device" "A lists '$a_devs' (GID $a_gid), B lists '$b_devs' (GID $b_gid)"
+fi
+# Host C, the incast's second sender (section 6), the same way; A reaches it through B's
+# emulator (see tests/vm/lib.sh, vm_boot_pair).
+c_devs=$(onc 60 "ibv_devices | awk 'NR > 2 {print \$1}' | paste -sd ' '")
+c_gid=$(onc 20 "cat /sys/class/infiniband/$C_DEV/ports/1/gids/$GID")
+if [ "$c_devs" = "$C_DEV" ] && [ "${c_gid##*:}" = 0003 ]; then
+  result PASS "host C sees only its own device" "C: $c_devs (GID $GID $c_gid)"
+else
+  result FAIL "host C sees only its own device" "C lists '$c_devs' (GID $c_gid)"
 fi
 
 # TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those.
@@ -219,37 +235,50 @@ else
     fi
     # The perftest processes poll without pause and, niced, leave the one emulated CPU of
     # each host to the daemon and justitia; they run until the listing is done.
-    wport=$((PORT++)) rport=$((PORT++))
-    onb 10 "nice -n 19 timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $wport -n 1000000 > $BLOGS/flows.write.server.log 2>&1 &"
-    nice -n 19 timeout "$STEP" ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -n 1000000 > "$L.flows.read.server.log" 2>&1 &
-    PIDS+=($!)
-    b_listen "$wport"
-    for _ in $(seq 100); do ss -Hltn "sport = :$rport" | grep -q . && break; sleep 0.1; done
-    LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock nice -n 19 timeout "$STEP" \
-      ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -n 1000000 "$B_ADDR" > "$L.flows.write.client.log" 2>&1 &
-    PIDS+=($!)
-    onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=latency JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bdir/justitiad.sock nice -n 19 timeout $STEP \
-      ib_read_bw -d $B_DEV -x $GID -p $rport -n 1000000 $A_ADDR > $BLOGS/flows.read.client.log 2>&1 &"
-    # "pid:class" of every flow `justitia flows --json` lists (pid comes before class).
-    table='/"pid":/ {gsub(/[^0-9]/, "", $2); p = $2} /"class":/ {gsub(/[",]/, "", $2); printf "%s%s:%s", s, p, $2; s = " "}'
-    a_flows="" b_flows="" a_tool="" b_tool=""
-    for _ in $(seq 30); do
-      sleep 1
-      a_tool=$(pgrep -x ib_write_bw)
-      a_flows=$("$BIN/justitia" flows --socket "$dir/admin.sock" --json 2>> "$L.flows.err" | awk "$table")
-      b_flows=$(onb 20 "echo \$(pgrep -x ib_read_bw) \$($BIN/justitia flows --socket $bdir/admin.sock --json | awk '$table')")
-      b_tool=${b_flows%% *}
-      b_flows=${b_flows#"$b_tool"}
-      b_flows=${b_flows# }
-      echo "$SECONDS A: tool $a_tool flows '$a_flows'; B: tool $b_tool flows '$b_flows'" >> "$L.flows.trace.log"
+    # A shaped ib_write_bw across the cable now and then fails with status 9 (see section
+    # 5): when A's writer ended so before it was listed, one more attempt, said in the line.
+    note=""
+    for attempt in 1 2; do
+      wport=$((PORT++)) rport=$((PORT++))
+      onb 10 "nice -n 19 timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $wport -n 1000000 > $BLOGS/flows.write.server.log 2>&1 &"
+      nice -n 19 timeout "$STEP" ib_read_bw -d "$A_DEV" -x "$GID" -p "$rport" -n 1000000 > "$L.flows.read.server.log" 2>&1 &
+      PIDS+=($!)
+      b_listen "$wport"
+      for _ in $(seq 100); do ss -Hltn "sport = :$rport" | grep -q . && break; sleep 0.1; done
+      LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock nice -n 19 timeout "$STEP" \
+        ib_write_bw -d "$A_DEV" -x "$GID" -p "$wport" -n 1000000 "$B_ADDR" > "$L.flows.write.client.log" 2>&1 &
+      PIDS+=($!)
+      onb 10 "LD_PRELOAD=$LIB JUSTITIA_CLASS=latency JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$bdir/justitiad.sock nice -n 19 timeout $STEP \
+        ib_read_bw -d $B_DEV -x $GID -p $rport -n 1000000 $A_ADDR > $BLOGS/flows.read.client.log 2>&1 &"
+      # "pid:class" of every flow `justitia flows --json` lists (pid comes before class).
+      table='/"pid":/ {gsub(/[^0-9]/, "", $2); p = $2} /"class":/ {gsub(/[",]/, "", $2); printf "%s%s:%s", s, p, $2; s = " "}'
+      a_flows="" b_flows="" a_tool="" b_tool=""
+      for _ in $(seq 30); do
+        sleep 1
+        a_tool=$(pgrep -x ib_write_bw)
+        a_flows=$("$BIN/justitia" flows --socket "$dir/admin.sock" --json 2>> "$L.flows.err" | awk "$table")
+        b_flows=$(onb 20 "echo \$(pgrep -x ib_read_bw) \$($BIN/justitia flows --socket $bdir/admin.sock --json | awk '$table')")
+        b_tool=${b_flows%% *}
+        b_flows=${b_flows#"$b_tool"}
+        b_flows=${b_flows# }
+        echo "$SECONDS A: tool $a_tool flows '$a_flows'; B: tool $b_tool flows '$b_flows'" >> "$L.flows.trace.log"
+        [ -n "$a_flows" ] && [ -n "$b_flows" ] && break
+        # A's writer gone of status 9: no use asking on.
+        [ -z "$a_tool" ] && grep -q "Failed status 9" "$L.flows.write.client.log" && break
+      done
+      pkill -x ib_write_bw
+      pkill -x ib_read_bw
+      onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
       [ -n "$a_flows" ] && [ -n "$b_flows" ] && break
+      grep -q "Failed status 9" "$L.flows.write.client.log" || break
+      [ "$attempt" = 2 ] && break
+      note=" [passed on attempt 2; on attempt 1 A's ib_write_bw ended with status 9 before it was listed]"
+      for f in "$L.flows.write.client.log" "$L.flows.read.server.log" "$L.flows.trace.log"; do mv "$f" "${f%.log}.attempt1.log" 2> /dev/null; done
+      onb 20 "for f in $BLOGS/flows.write.server.log $BLOGS/flows.read.client.log; do mv \$f \${f%.log}.attempt1.log; done" > /dev/null 2>&1
     done
-    pkill -x ib_write_bw
-    pkill -x ib_read_bw
-    onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
     # Each host's only shaped process is its client (perftest's server runs unshaped).
     if [ "$a_flows" = "${a_tool:-?}:bandwidth" ] && [ "$b_flows" = "${b_tool:-?}:latency" ]; then
-      result PASS "justitia flows on each host lists only its own" "A: $a_flows (its ib_write_bw to B), B: $b_flows (its ib_read_bw from A)"
+      result PASS "justitia flows on each host lists only its own" "A: $a_flows (its ib_write_bw to B), B: $b_flows (its ib_read_bw from A)$note"
     else
       result FAIL "justitia flows on each host lists only its own" "A lists '$a_flows' (expected ${a_tool:-?}:bandwidth), B lists '$b_flows' (expected ${b_tool:-?}:latency) (logs: $L.flows.*, $BLOGS/flows.*)"
     fi
@@ -259,12 +288,13 @@ fi
 # ---------------------------------------------------------------------------------------
 # 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 64 KiB each,
 # each to its own server there; the bandwidth each gets is printed, natively and under the
-# shaper (bandwidth class, following A's daemon). The pair has two hosts, so both senders
-# are processes on A: they share A's link as well as B's. (A shaped ib_write_bw following
-# justitiad across the cable fails now and then with a remote invalid request error,
-# status 9, after some dozens to hundreds of completions; seen with 64 KiB and default
-# chunks, timed (-D) and counted, never natively nor with 16 KiB chunks: not explained
-# yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
+# shaper (bandwidth class, following A's daemon). Both senders are processes on A: they
+# share A's link as well as B's (the incast of two sending hosts, A and C, each paced to
+# B's share, is in section 6, where the daemons have [peer]). (A shaped ib_write_bw
+# following justitiad across the cable fails now and then with a remote invalid request
+# error, status 9, after some dozens to hundreds of completions; seen with 64 KiB and
+# default chunks, timed (-D) and counted, and with host C booted natively too: not
+# explained yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
 INCAST_ITERS=150
 # incast MODE ENV: both senders at once; sets BW1, BW2, SENT (MB eth0 sent) and RCS.
 incast() {
@@ -317,8 +347,13 @@ fi # sections 2 to 5
 # guarantee, its allotment paced to it. Then kill -9 of B's daemon (A's guarantee gone
 # within the silence bound), its restart (the guarantee back), and a forged, a replayed
 # and a malformed datagram to A's channel (each refused and counted; the guarantee
-# unchanged). PEER_OFF=guarantee runs A's daemon without its [peer] table, so no
-# guarantee is applied: the checks that need one must then fail.
+# unchanged). Last, the incast (§6.7): A and host C each WRITE into B in the bandwidth
+# class, following their own daemon (C's with a [peer] table too); B's daemon sees
+# bandwidth flows of two sending hosts and grants each its share of B's link, to which
+# both senders' allotments must be paced. PEER_OFF=guarantee runs A's daemon without its
+# [peer] table, so no guarantee is applied: the checks that need one must then fail.
+# PEER_OFF=incast runs C's daemon without its [peer] table: B then sees one sending host
+# and divides nothing, and the incast check must fail.
 PEER_SILENCE_MS=${PEER_SILENCE_MS:-3000}
 # A READ guarantee not renewed for 40 RefPeriods lapses in the control loop (20 ms at the
 # packaged 500 us), a bound a loop stalled under emulation misses all the time: the
@@ -587,6 +622,109 @@ $(onb 60 "python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT
     pkill -x ib_read_bw
     pkill -x ib_write_bw
     onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
+
+    # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB
+    # chunks: see section 5 for why), each following its own daemon; B's perftest servers
+    # run unshaped. Each sender's daemon declares its flow to B as an incast unit (host,
+    # tenant uid 0, bandwidth, weight 1, the packaged default); B, seeing units of two
+    # hosts of weight 1 each, grants each host MaxRate / (1 + 1) of its link, and a
+    # sender's one flow into B is paced at min(its local allotment, 1 x share / 1 flow).
+    # Both senders must show an allotment of half B's MaxRate (the same 0.49..0.51 band
+    # as the READ guarantee's), and C must have heard B. Under emulation the link moves
+    # about 10 MB/s, far below any share: what is checked is the allotment each daemon
+    # publishes to its shaper (what `justitia flows` reports), not a measured rate.
+    cpdir=/tmp/two-hosts-peer.c
+    c_peer=""
+    [ "${PEER_OFF:-}" = incast ] || c_peer="&& printf '%s' '$(peer_table "$C_ADDR" "$cpdir/cluster.key")' >> $cpdir/justitiad.toml"
+    c_err=$(onc 90 "mkdir -p $cpdir && echo $key64 | base64 -d > $cpdir/cluster.key && chmod 0400 $cpdir/cluster.key \
+      && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+      && daemon_config $cpdir/justitiad.toml $cpdir/justitiad.sock $cpdir/admin.sock 127.0.0.1:19467 'device=\"$C_DEV\"' ref_period_us=$PEER_REF_PERIOD_US probe_timeout_ms=50 \
+      $c_peer && cp $cpdir/justitiad.toml $CLOGS/peer.justitiad.toml \
+      && daemon_start $cpdir/justitiad.toml $CLOGS/peer.justitiad.log && daemon_wait $CLOGS/peer.justitiad.log $cpdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }")
+    c_rc=$?
+    label="peer: incast, A and C WRITE into B at once, each paced to B's share"
+    if [ "$c_rc" != 0 ]; then
+      result FAIL "$label" "C's daemon did not start: $c_err"
+    else
+      # A shaped ib_write_bw across the cable ends now and then with status 9, a remote
+      # invalid request (section 5): here, two writers into B at once ended so after 132
+      # to 173 posts of 64 KiB (16 KiB chunks, perftest's 128 deep send queue), and after
+      # 51 to 409 posts of 16 KiB (16 deep); one writer alone of 16 KiB ran out 35 s. The
+      # cause is not known; one way rxe's responder comes to that error is a multi-packet
+      # WRITE whose first packet it never saw, so the writers send 1 KiB messages, one
+      # packet each at the cable's 1024 B MTU, and a sender that still ends so before both
+      # are seen at the share gets another attempt (three in all), said in the line.
+      note=""
+      for attempt in 1 2 3; do
+        p1=$((PORT++)) p2=$((PORT++))
+        # What C's card has taken in so far, the cables' traffic between A and B included
+        # (B's hub repeats it to C; C's card should drop what is not addressed to it).
+        echo "$SECONDS before the incast: C's eth0 rx $(onc 20 "cat /sys/class/net/eth0/statistics/rx_bytes") bytes, A's eth0 tx $(cat /sys/class/net/eth0/statistics/tx_bytes) bytes" >> "$L.peer.incast.trace.log"
+        onb 10 "nice -n 19 timeout $((STEP * 2)) ib_write_bw -d $B_DEV -x $GID -p $p1 -s 1024 -t 16 -n 1000000 > $BLOGS/peer.incast.a.server.log 2>&1 &"
+        onb 10 "nice -n 19 timeout $((STEP * 2)) ib_write_bw -d $B_DEV -x $GID -p $p2 -s 1024 -t 16 -n 1000000 > $BLOGS/peer.incast.c.server.log 2>&1 &"
+        b_listen "$p1"
+        b_listen "$p2"
+        b_max=$(onb 20 "$BIN/justitia status --socket $bpdir/admin.sock --json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["max_rate"])' 2>/dev/null)
+        onb 20 "curl -s http://127.0.0.1:19467/metrics" > "$L.peer.incast.metrics.b.before.txt"
+        LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$pdir/justitiad.sock JUSTITIA_LOG=info nice -n 19 timeout "$((STEP * 2))" \
+          ib_write_bw -d "$A_DEV" -x "$GID" -p "$p1" -s 1024 -t 16 -n 1000000 "$B_ADDR" > "$L.peer.incast.client.log" 2>&1 &
+        PIDS+=($!)
+        onc 10 "{ LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$cpdir/justitiad.sock JUSTITIA_LOG=info nice -n 19 timeout $((STEP * 2)) \
+          ib_write_bw -d $C_DEV -x $GID -p $p2 -s 1024 -t 16 -n 1000000 $B_ADDR; echo \"exit status \$?\"; } > $CLOGS/peer.incast.client.log 2>&1 &"
+        # A's and C's flows, polled together (for 60 s at most: a poll takes seconds under
+        # a loaded machine) until both are paced to half of B's MaxRate; "A: remote allot
+        # active | C: pid remote allot active" each time.
+        a_writer="" a_flow="" c_flow="" seen_a="" seen_c=""
+        c_fields='import json, sys
+mine = [f for f in json.load(sys.stdin) if f.get("class") == "bandwidth"]
+print(" ".join(str(mine[0].get(k)).replace(" ", "_") for k in ("pid", "remote", "allot_bytes_per_sec", "active")) if mine else "absent")'
+        half() { awk -v g="$1" -v m="${b_max:-0}" 'BEGIN {exit !(m > 0 && g > 0.49 * m && g < 0.51 * m)}'; }
+        deadline=$((SECONDS + 60))
+        while [ "$SECONDS" -lt "$deadline" ]; do
+          [ -n "$a_writer" ] || a_writer=$(pgrep -x ib_write_bw | head -n 1)
+          a_flow=$(flow_fields "${a_writer:-0}" remote allot_bytes_per_sec active)
+          c_flow=$(onc 20 "$BIN/justitia flows --socket $cpdir/admin.sock --json | python3 -c '$c_fields'")
+          echo "$SECONDS A: $a_flow | C: $c_flow (B's MaxRate $b_max)" >> "$L.peer.incast.trace.log"
+          read -r a_remote a_allot _ <<< "$a_flow"
+          read -r c_pid c_remote c_allot _ <<< "$c_flow"
+          case " $seen_a " in *" $a_allot "*) ;; *) seen_a="$seen_a $a_allot" ;; esac
+          case " $seen_c " in *" $c_allot "*) ;; *) seen_c="$seen_c $c_allot" ;; esac
+          half "$a_allot" && half "$c_allot" && break
+          # A writer gone (status 9, see above): no use asking on.
+          if { [ -n "$a_writer" ] && ! kill -0 "$a_writer" 2> /dev/null; } \
+            || grep -q '^exit status' "$CLOGS/peer.incast.client.log" 2> /dev/null; then
+            break
+          fi
+          sleep 1
+        done
+        onb 20 "curl -s http://127.0.0.1:19467/metrics" > "$L.peer.incast.metrics.b.txt"
+        onc 20 "curl -s http://127.0.0.1:19467/metrics" > "$L.peer.incast.metrics.c.txt"
+        b_recv0=$(metric "$L.peer.incast.metrics.b.before.txt" justitia_peer_messages_received_total)
+        b_recv=$(metric "$L.peer.incast.metrics.b.txt" justitia_peer_messages_received_total)
+        b_sent=$(metric "$L.peer.incast.metrics.b.txt" justitia_peer_messages_sent_total)
+        c_recv=$(metric "$L.peer.incast.metrics.c.txt" justitia_peer_messages_received_total)
+        c_sent=$(metric "$L.peer.incast.metrics.c.txt" justitia_peer_messages_sent_total)
+        mbs() { awk -v r="$1" 'BEGIN {if (r + 0 > 0) printf "%.1f MB/s", r / 1e6; else printf "%s", r}'; }
+        figures="A's ib_write_bw (pid ${a_writer:-none}) ${a_remote:-?}: allotment $(mbs "$a_allot"); C's (pid ${c_pid:-none}) ${c_remote:-?}: allotment $(mbs "$c_allot"); expected B's MaxRate $(mbs "${b_max:-0}") / 2 = $(mbs "$(awk -v m="${b_max:-0}" 'BEGIN {print m / 2}')"); metrics: B received ${b_recv0:-?} -> ${b_recv:-?} peer messages and sent ${b_sent:-?}, C sent ${c_sent:-?} and received ${c_recv:-?}; allotments seen, A:$seen_a, C:$seen_c"
+        half "$a_allot" && half "$c_allot" && break
+        [ "$attempt" = 3 ] && break
+        grep -q "Failed status 9" "$L.peer.incast.client.log" "$CLOGS/peer.incast.client.log" 2> /dev/null || break
+        note="$note [attempt $attempt: a writer ended with status 9, allotments seen A:$seen_a, C:$seen_c]"
+        pkill -x ib_write_bw
+        onc 20 "pkill -x ib_write_bw; mv $CLOGS/peer.incast.client.log $CLOGS/peer.incast.client.attempt$attempt.log" > /dev/null 2>&1
+        onb 20 "pkill -x ib_write_bw" > /dev/null
+        mv "$L.peer.incast.client.log" "$L.peer.incast.client.attempt$attempt.log"
+      done
+      if [ "$a_remote" = "sends_to_$B_ADDR" ] && [ "$c_remote" = "sends_to_$B_ADDR" ] && half "$a_allot" && half "$c_allot" \
+        && awk -v r0="${b_recv0:-0}" -v r="${b_recv:-0}" -v c="${c_recv:-0}" 'BEGIN {exit !(r > r0 && c > 0)}'; then
+        result PASS "$label" "$figures$note"
+      else
+        result FAIL "$label" "$figures (logs: $L.peer.incast.*, $CLOGS/peer.*, $BLOGS/peer.incast.*)"
+      fi
+      pkill -x ib_write_bw
+      onc 20 "pkill -x ib_write_bw; cat $CLOGS/peer.incast.client.log | tail -n 3" > "$L.peer.incast.c.tail.log"
+      onb 20 "pkill -x ib_write_bw" > /dev/null
+    fi
   fi
   rm -rf "$pdir"
 fi
