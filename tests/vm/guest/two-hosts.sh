@@ -286,27 +286,28 @@ else
 fi
 
 # ---------------------------------------------------------------------------------------
-# 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 64 KiB each,
-# each to its own server there; the bandwidth each gets is printed, natively and under the
-# shaper (bandwidth class, following A's daemon). Both senders are processes on A: they
-# share A's link as well as B's (the incast of two sending hosts, A and C, each paced to
-# B's share, is in section 6, where the daemons have [peer]). (A shaped ib_write_bw
-# following justitiad across the cable fails now and then with a remote invalid request
-# error, status 9, after some dozens to hundreds of completions; seen with 64 KiB and
-# default chunks, timed (-D) and counted, and with host C booted natively too: not
-# explained yet. The incast runs with 16 KiB chunks and gets one more attempt on a failure.)
-INCAST_ITERS=150
+# 5. Incast: two senders WRITE into host B at once, INCAST_ITERS messages of 1 KiB each
+# (one packet at the cable's MTU, 16 in flight), each to its own server there; the
+# bandwidth each gets is printed, natively and under the shaper (bandwidth class,
+# following A's daemon). Both senders are processes on A: they share A's link as well as
+# B's (the incast of two sending hosts, A and C, each paced to B's share, is in section 6,
+# where the daemons have [peer]). Single-packet messages: a multi-packet WRITE meets the
+# rxe retransmission defect under load, natively too (status 9, remote invalid request;
+# the cause is in tests/vm/guest/pair-write.sh, which checks shaped 64 KiB WRITEs across
+# the cable, and crates/preload's QpState::chunk_bytes_for); with host C booted, two
+# native 64 KiB writers failed with it in two runs of three.
+INCAST_ITERS=3000
 # incast MODE ENV: both senders at once; sets BW1, BW2, SENT (MB eth0 sent) and RCS.
 incast() {
   local mode=$1 env_words=$2 p1=$((PORT++)) p2=$((PORT++)) p c before after cpids=()
   for p in $p1 $p2; do
-    onb 10 "timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $p -s 65536 -n $INCAST_ITERS > $BLOGS/incast.$mode.$p.server.log 2>&1 &"
+    onb 10 "timeout $STEP ib_write_bw -d $B_DEV -x $GID -p $p -s 1024 -t 16 -n $INCAST_ITERS > $BLOGS/incast.$mode.$p.server.log 2>&1 &"
   done
   b_listen "$p1" && b_listen "$p2"
   before=$(rx_tx)
   for p in $p1 $p2; do
     # shellcheck disable=SC2086 # NAME=value words without spaces
-    env $env_words timeout "$STEP" ib_write_bw -d "$A_DEV" -x "$GID" -p "$p" -s 65536 -n "$INCAST_ITERS" "$B_ADDR" > "$L.incast.$mode.$p.log" 2>&1 &
+    env $env_words timeout "$STEP" ib_write_bw -d "$A_DEV" -x "$GID" -p "$p" -s 1024 -t 16 -n "$INCAST_ITERS" "$B_ADDR" > "$L.incast.$mode.$p.log" 2>&1 &
     cpids+=($!)
   done
   RCS=""
@@ -319,7 +320,7 @@ incast() {
 }
 for mode in native shaped; do
   env_words=""
-  [ "$mode" = shaped ] && env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K JUSTITIA_SOCKET=$dir/justitiad.sock"
+  [ "$mode" = shaped ] && env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_SOCKET=$dir/justitiad.sock"
   # perftest under emulation now and then ends a timed run without its report (exit 1, no
   # message; suite.sh retries the same way): one more attempt, said in the line.
   note=""
@@ -328,9 +329,9 @@ for mode in native shaped; do
     incast "$mode" "$env_words" || note=""
   fi
   if [ "$RCS" = " 0 0" ] && [ -n "$BW1" ] && [ -n "$BW2" ]; then
-    result PASS "incast, two senders WRITE 150 x 64 KiB each into B at once ($mode)" "sender 1 $BW1, sender 2 $BW2; eth0 tx $SENT MB$note"
+    result PASS "incast, two senders WRITE $INCAST_ITERS x 1 KiB each into B at once ($mode)" "sender 1 $BW1, sender 2 $BW2; eth0 tx $SENT MB$note"
   else
-    result FAIL "incast, two senders WRITE 150 x 64 KiB each into B at once ($mode)" "exit statuses$RCS, figures '$BW1' '$BW2' (logs: $L.incast.$mode.*)"
+    result FAIL "incast, two senders WRITE $INCAST_ITERS x 1 KiB each into B at once ($mode)" "exit statuses$RCS, figures '$BW1' '$BW2' (logs: $L.incast.$mode.*)"
   fi
 done
 
