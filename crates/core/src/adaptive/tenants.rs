@@ -391,6 +391,11 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(rr.pick(|q| (q == 11).then_some(4096)), Some(11));
         }
+        // A second flow of the tenant: with the first's queues not ready, it goes.
+        rr.insert(&spec(3, 1, FlowClass::Bandwidth, 1), 30);
+        for _ in 0..2 {
+            assert_eq!(rr.pick(|q| (q == 30).then_some(4096)), Some(30));
+        }
         rr.insert(&spec(2, 2, FlowClass::Bandwidth, 1), 20);
         assert_eq!(rr.tenants(), 2);
     }
