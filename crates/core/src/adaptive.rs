@@ -696,6 +696,10 @@ mod tests {
         c.qp_context_miss = Duration::from_nanos(600);
         let law = AdaptiveLaw::new(c).expect("valid");
         assert_eq!(law.context_turn_bytes(), 28 << 20);
+        // A read of a whole second: 40 s disturbed a turn, 4.85e13 B, 46 253 205 chunks.
+        c.qp_context_miss = Duration::from_secs(1);
+        let law = AdaptiveLaw::new(c).expect("valid");
+        assert_eq!(law.context_turn_bytes(), 46_253_205 << 20);
     }
 
     /// A p99 equal to the target meets it; each one above counts one decrease.
@@ -795,6 +799,8 @@ mod tests {
         o.tenants = weights(1, 1, 1);
         assert_eq!(law.update(us(1000.0), &o).throughput_share, Some(1.0 / 3.0));
         assert_eq!(law.last_update(), Some(us(1000.0)));
+        o.tenants = weights(1, 1, 0);
+        assert_eq!(law.update(us(1500.0), &o).throughput_share, None);
     }
 
     #[test]

@@ -440,6 +440,23 @@ mod tests {
             ],
         );
         assert_eq!(shares, vec![3.0, 2.0]);
+        // Both sides of the comparison per unit of weight: of 4, a claim of weight 2 wanting
+        // 2 (1 per unit) is served before one of weight 1 wanting 3, and each gets 2; the
+        // other way round the first would get 8/3, more than it asked.
+        let shares = water_fill(
+            4.0,
+            &[
+                Claim {
+                    weight: 2.0,
+                    demand: 2.0,
+                },
+                Claim {
+                    weight: 1.0,
+                    demand: 3.0,
+                },
+            ],
+        );
+        assert_eq!(shares, vec![2.0, 2.0]);
     }
 
     #[test]
