@@ -926,3 +926,110 @@ impl Policy for JustitiaPolicy {
         f
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The field a refusal blames.
+    fn refused(params: JustitiaParams) -> String {
+        params.validate().unwrap_err().0
+    }
+
+    /// The defaults are the paper's (RefPeriod 500 us and 10 B reference messages,
+    /// §4.2.1; delta 5 s, §6.5.2) and the channel's 10 us datagram delay; they validate,
+    /// and the loop gets them with a target of twice the idle p99.
+    #[test]
+    fn defaults_are_the_papers() {
+        let params = JustitiaParams::default();
+        assert_eq!(params.ref_period_us, 500.0);
+        assert_eq!(params.ref_size, ByteSize(10));
+        assert_eq!(params.unattainable_after_ms, 5_000.0);
+        assert_eq!(params.peer_delay_us, 10.0);
+        assert_eq!(params.validate(), Ok(()));
+        let config = params.loop_config();
+        assert_eq!(config.ref_period, Duration::from_micros(500));
+        assert_eq!(config.unattainable_after, Some(Duration::from_secs(5)));
+        assert_eq!(config.target, Target99::IdleMultiple(2.0));
+        assert_eq!(params.probe_bytes(), 10);
+    }
+
+    /// Each range is checked at its edge, and the refusal names the field.
+    #[test]
+    fn each_range_is_checked_at_its_edge() {
+        let base = JustitiaParams::default;
+        let with = |f: &dyn Fn(&mut JustitiaParams)| {
+            let mut p = base();
+            f(&mut p);
+            p
+        };
+        let both = with(&|p| {
+            p.target99_us = Some(20.0);
+            p.target99_x_idle = Some(2.0);
+        });
+        assert_eq!(refused(both), "target99_x_idle");
+        for us in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(refused(with(&|p| p.target99_us = Some(us))), "target99_us");
+        }
+        assert_eq!(with(&|p| p.target99_us = Some(0.5)).validate(), Ok(()));
+        for x in [0.99, f64::NAN, f64::INFINITY] {
+            let p = with(&|p| p.target99_x_idle = Some(x));
+            assert_eq!(refused(p), "target99_x_idle");
+        }
+        assert_eq!(with(&|p| p.target99_x_idle = Some(1.0)).validate(), Ok(()));
+        assert_eq!(refused(with(&|p| p.ref_period_us = 0.0)), "ref_period_us");
+        assert_eq!(refused(with(&|p| p.ref_window = Some(0))), "ref_window");
+        assert_eq!(with(&|p| p.ref_window = Some(1)).validate(), Ok(()));
+        let huge = ByteSize(u64::from(u32::MAX) + 1);
+        assert_eq!(refused(with(&|p| p.ref_size = huge)), "ref_size");
+        let largest = with(&|p| p.ref_size = ByteSize(u64::from(u32::MAX)));
+        assert_eq!(largest.validate(), Ok(()));
+        for us in [-0.001, f64::NAN] {
+            assert_eq!(refused(with(&|p| p.peer_delay_us = us)), "peer_delay_us");
+        }
+        assert_eq!(with(&|p| p.peer_delay_us = 0.0).validate(), Ok(()));
+        let silent = with(&|p| p.peer_silent_after_ms = Some(0.0));
+        assert_eq!(refused(silent), "peer_silent_after_ms");
+        for ms in [-1.0, f64::NAN] {
+            let p = with(&|p| p.unattainable_after_ms = ms);
+            assert_eq!(refused(p), "unattainable_after_ms");
+        }
+        assert_eq!(with(&|p| p.unattainable_after_ms = 0.0).validate(), Ok(()));
+    }
+
+    /// What the loop is given: an absolute target as given, delta 0 as the option off,
+    /// and the fixed law with the paper's 10 000-sample window (RefCount, §4.2.1) unless
+    /// a window is given.
+    #[test]
+    fn the_loop_gets_what_was_asked() {
+        let params = JustitiaParams {
+            target99_us: Some(25.0),
+            unattainable_after_ms: 0.0,
+            increase: Increase::Fixed,
+            ..JustitiaParams::default()
+        };
+        let config = params.loop_config();
+        assert_eq!(config.target, Target99::Absolute(Duration::from_micros(25)));
+        assert_eq!(config.unattainable_after, None);
+        assert_eq!(config.increase, IncreaseLaw::Fixed);
+        assert_eq!(config.window, 10_000);
+        let windowed = JustitiaParams {
+            ref_window: Some(300),
+            ref_period_us: 250.0,
+            ..params
+        };
+        assert_eq!(windowed.loop_config().window, 300);
+        assert_eq!(
+            windowed.loop_config().ref_period,
+            Duration::from_micros(250)
+        );
+        let x = JustitiaParams {
+            target99_x_idle: Some(3.0),
+            ..JustitiaParams::default()
+        };
+        assert_eq!(x.loop_config().target, Target99::IdleMultiple(3.0));
+        assert_eq!(x.loop_config().increase, IncreaseLaw::SEARCH);
+    }
+}

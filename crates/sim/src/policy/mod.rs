@@ -27,6 +27,8 @@ pub mod paced;
 pub mod preempt;
 pub mod priority;
 pub mod reference;
+#[cfg(test)]
+mod test_host;
 pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -230,10 +230,8 @@ impl PacedShaper {
                     bytes: rest,
                     ..head.message
                 };
-                if rest > 0 {
-                    if let Ok(plan) = left.plan(chunk_bytes) {
-                        head.plan = plan;
-                    }
+                if let Ok(plan) = left.plan(chunk_bytes) {
+                    head.plan = plan;
                 }
             }
         }
@@ -358,9 +356,10 @@ impl PacedShaper {
             };
             if let Some(pacer) = &mut f.pacer {
                 if let Err(wait) = pacer.try_release(duration(now), u64::from(next), 1) {
+                    // The pacer never asks for more than its MAX_WAIT (a minute).
                     let at = now.saturating_add(
                         u64::try_from(wait.as_nanos())
-                            .unwrap_or(u64::MAX / 1_000)
+                            .unwrap_or(u64::MAX)
                             .saturating_mul(1_000),
                     );
                     if f.wake_at != Some(at) {
@@ -474,5 +473,171 @@ fn core_request(wr: &WorkRequest) -> chunk::WorkRequest {
             inline: wr.inline,
             ..SendFlags::default()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::policy::test_host::TestHost;
+
+    const KIB: u32 = 1024;
+
+    fn write(tag: u64, bytes: u32) -> WorkRequest {
+        WorkRequest {
+            tag,
+            opcode: Opcode::Write,
+            bytes,
+            inline: false,
+        }
+    }
+
+    fn rate(bytes_per_sec: u64, chunk_bytes: u32) -> Option<PaceRate> {
+        Some(PaceRate {
+            bytes_per_sec,
+            ops_per_sec: None,
+            chunk_bytes,
+        })
+    }
+
+    /// Runs the shaper's pacing timers until none is left; the time of the last.
+    fn drain_timers(host: &mut TestHost, shaper: &mut PacedShaper) -> Picos {
+        let mut last = host.now();
+        while let Some((at, tag)) = host.next_timer() {
+            assert!(tag >= PACE_TIMER, "only the shaper sets timers here");
+            shaper.on_timer(&mut host.ctx(), tag);
+            last = at;
+        }
+        last
+    }
+
+    /// A paced bandwidth flow's message goes as chunks of the pace's size, a burst of at
+    /// most two chunks (the pacer's BURST_CHUNKS) plus the one that overdraws it at once,
+    /// the rest at the rate; the application hears once, when the last chunk completes.
+    #[test]
+    fn a_paced_message_goes_in_chunks_at_the_rate() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info));
+        shaper.set_pace(&mut host.ctx(), info.spec.id, rate(1_000_000_000, 16 * KIB));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 256 * KIB));
+        let at_once = host.posted(qp).len();
+        assert!((1..=3).contains(&at_once), "{at_once} chunks at once");
+        assert!(shaper.has_work(info.spec.id));
+        let start = host.now();
+        let end = drain_timers(&mut host, &mut shaper);
+        let posted = host.posted(qp);
+        assert_eq!(posted.len(), 16);
+        assert!(posted.iter().all(|w| w.bytes == 16 * KIB));
+        assert!(!shaper.has_work(info.spec.id));
+        // 256 KiB less the burst at 1 GB/s: 13 to 15 chunks of 16.384 us.
+        let spent_us = (end - start) as f64 / 1e6;
+        assert!(
+            (13.0 * 16.384 - 0.01..=15.0 * 16.384 + 0.01).contains(&spent_us),
+            "{spent_us} us"
+        );
+        for (i, w) in posted.iter().enumerate() {
+            shaper.on_completion(&mut host.ctx(), qp, w.tag);
+            let told = host.completed();
+            assert_eq!(told, if i == 15 { vec![7] } else { vec![] });
+        }
+    }
+
+    /// The flow tells its caller when it starts having work and when it has nothing left
+    /// waiting or on the RNIC; nothing is reported twice.
+    #[test]
+    fn activity_runs_from_the_first_post_to_the_last_completion() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Throughput);
+        let qp = info.qps[0];
+        let id = info.spec.id;
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info));
+        assert!(!shaper.has_activity());
+        shaper.on_post(&mut host.ctx(), qp, write(1, 64));
+        shaper.on_post(&mut host.ctx(), qp, write(2, 64));
+        assert!(shaper.has_activity());
+        assert_eq!(shaper.take_activity(), vec![Activity::HasWork(id)]);
+        assert!(!shaper.has_activity());
+        // Not paced: both went as posted, so nothing waits, but the flow is busy.
+        assert!(!shaper.has_work(id));
+        let posted = host.posted(qp);
+        assert_eq!(posted.iter().map(|w| w.bytes).collect::<Vec<_>>(), [64, 64]);
+        shaper.on_completion(&mut host.ctx(), qp, posted[0].tag);
+        assert!(!shaper.has_activity());
+        shaper.on_completion(&mut host.ctx(), qp, posted[1].tag);
+        assert_eq!(shaper.take_activity(), vec![Activity::Idle(id)]);
+        assert_eq!(host.completed(), vec![1, 2]);
+    }
+
+    /// A change of chunk size mid-message re-cuts only what is left: every byte of the
+    /// message is sent once.
+    #[test]
+    fn a_new_chunk_size_recuts_only_the_rest() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info));
+        shaper.set_pace(&mut host.ctx(), info.spec.id, rate(1_000_000, 16 * KIB));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 64 * KIB));
+        let first = host.posted(qp).len();
+        assert!(first < 4, "{first} of 4 chunks before the change");
+        shaper.set_pace(&mut host.ctx(), info.spec.id, rate(1_000_000_000, 4 * KIB));
+        drain_timers(&mut host, &mut shaper);
+        let posted = host.posted(qp);
+        let total: u32 = posted.iter().map(|w| w.bytes).sum();
+        assert_eq!(total, 64 * KIB);
+        assert!(posted[first..].iter().all(|w| w.bytes == 4 * KIB));
+    }
+
+    /// Latency flows, queue pairs of no flow of the shaper and inline requests pass as
+    /// posted (an inline request is never cut), each under a tag of the shaper's whose
+    /// completion reaches the application under its own tag.
+    #[test]
+    fn what_is_not_shaped_passes_whole_under_the_shapers_tag() {
+        let mut host = TestHost::new();
+        let latency = host.flow(1, FlowClass::Latency);
+        let bandwidth = host.flow(2, FlowClass::Bandwidth);
+        let stranger = host.flow(3, FlowClass::Bandwidth);
+        let mut shaper = PacedShaper::new(&[latency.clone(), bandwidth.clone()]);
+        assert!(shaper.shapes(latency.qps[0]) && shaper.shapes(bandwidth.qps[0]));
+        assert!(!shaper.shapes(stranger.qps[0]));
+        shaper.set_pace(&mut host.ctx(), bandwidth.spec.id, rate(1_000_000_000, 64));
+        let inline = WorkRequest {
+            inline: true,
+            ..write(1000, 200)
+        };
+        shaper.on_post(&mut host.ctx(), bandwidth.qps[0], inline);
+        shaper.on_post(&mut host.ctx(), latency.qps[0], write(1001, 64 * KIB));
+        shaper.on_post(&mut host.ctx(), stranger.qps[0], write(1002, 64 * KIB));
+        for (qp, tag, bytes) in [
+            (bandwidth.qps[0], 1000, 200),
+            (latency.qps[0], 1001, 64 * KIB),
+            (stranger.qps[0], 1002, 64 * KIB),
+        ] {
+            let posted = host.posted(qp);
+            assert_eq!(posted.len(), 1);
+            assert_eq!(posted[0].bytes, bytes);
+            assert!(posted[0].tag < 1000, "the shaper's own tag");
+            shaper.on_completion(&mut host.ctx(), qp, posted[0].tag);
+            assert_eq!(host.completed(), vec![tag]);
+        }
+    }
+
+    /// A zero-length request of a paced flow goes as one zero-length request.
+    #[test]
+    fn an_empty_request_goes_as_one() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info));
+        shaper.set_pace(&mut host.ctx(), info.spec.id, rate(1_000_000_000, 4 * KIB));
+        shaper.on_post(&mut host.ctx(), qp, write(9, 0));
+        let posted = host.posted(qp);
+        assert_eq!(posted.iter().map(|w| w.bytes).collect::<Vec<_>>(), [0]);
+        shaper.on_completion(&mut host.ctx(), qp, posted[0].tag);
+        assert_eq!(host.completed(), vec![9]);
     }
 }

@@ -16,7 +16,7 @@
 use justitia_core::yield_plan::{YieldConfig, YieldConfigError, YieldPlanner};
 use serde::{Deserialize, Serialize};
 
-use super::yielding::{YieldShaper, PACING_TIMER};
+use super::yielding::YieldShaper;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
 use crate::rnic::{QpId, WorkRequest};
 use crate::units::ByteSize;
@@ -128,14 +128,6 @@ impl Policy for PreemptPolicy {
         }
     }
 
-    fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
-        if let Some(shaper) = &mut self.shaper {
-            if tag >= PACING_TIMER {
-                shaper.on_pacing_timer(ctx, (tag - PACING_TIMER) as usize);
-            }
-        }
-    }
-
     fn figures(&self) -> PolicyFigures {
         let mut f = PolicyFigures::new();
         f.insert(
@@ -148,5 +140,65 @@ impl Policy for PreemptPolicy {
             f.insert("yields".into(), c.yields as f64);
         }
         f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use justitia_core::flow::FlowClass;
+
+    use super::*;
+    use crate::policy::test_host::TestHost;
+    use crate::rnic::Opcode;
+
+    fn params(sub_message: u64, yield_unit: u64, window: u32) -> PreemptParams {
+        PreemptParams {
+            sub_message: ByteSize(sub_message),
+            yield_unit: ByteSize(yield_unit),
+            window,
+        }
+    }
+
+    /// The parameters reach the core as given, and what the core or the window refuses is
+    /// refused with the field to blame.
+    #[test]
+    fn parameters_are_checked_and_passed_on() {
+        let config = PreemptParams::default().yield_config().unwrap();
+        assert_eq!(
+            (config.sub_message_bytes, config.yield_unit_bytes),
+            (16 * 1024, 1024)
+        );
+        let config = params(4096, 900, 1).yield_config().unwrap();
+        assert_eq!(
+            (config.sub_message_bytes, config.yield_unit_bytes),
+            (4096, 900)
+        );
+        assert_eq!(params(4096, 900, 1).validate(), Ok(()));
+        assert_eq!(params(4096, 900, 0).validate().unwrap_err().0, "window");
+        assert_eq!(params(4096, 0, 1).validate().unwrap_err().0, "yield_unit");
+        assert!(PreemptPolicy::new(&params(4096, 0, 1)).is_err());
+    }
+
+    /// The policy reports PeRF's density (16 KB / 1 KB = 16 yields per sub-message) and
+    /// what it handed the RNIC: a 64 KB message is four sub-messages and 3 x 16 yields.
+    #[test]
+    fn figures_count_what_was_handed() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let mut policy = PreemptPolicy::new(&PreemptParams::default()).unwrap();
+        policy.on_start(&mut host.ctx(), std::slice::from_ref(&info));
+        let wr = WorkRequest {
+            tag: 7,
+            opcode: Opcode::Write,
+            bytes: 64 * 1024,
+            inline: false,
+        };
+        policy.on_post(&mut host.ctx(), info.qps[0], wr);
+        let figures = policy.figures();
+        assert_eq!(figures["yields_per_sub_message"], 16.0);
+        assert_eq!(figures["sub_messages"], 4.0);
+        assert_eq!(figures["yields"], 48.0);
     }
 }

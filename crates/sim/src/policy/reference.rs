@@ -56,3 +56,38 @@ impl ReferenceProbe {
         Some(qp) == self.qp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::ids::HostId;
+    use crate::policy::test_host::TestHost;
+
+    /// The probe goes towards the first latency flow's peer, else the first flow's; a host
+    /// without flows sends none.
+    #[test]
+    fn the_probe_follows_the_latency_flow() {
+        let mut host = TestHost::new();
+        let bandwidth = host.flow_to(1, FlowClass::Bandwidth, HostId(1));
+        let latency = host.flow_to(2, FlowClass::Latency, HostId(2));
+        for (flows, peer) in [
+            (vec![bandwidth.clone(), latency], HostId(2)),
+            (vec![bandwidth], HostId(1)),
+        ] {
+            let mut probe = ReferenceProbe::new(10);
+            probe.connect(&mut host.ctx(), &flows);
+            assert!(probe.send(&mut host.ctx()));
+            let qp = (0..64).map(QpId).find(|&qp| probe.owns(qp)).unwrap();
+            assert_eq!(host.peer_of(qp), peer);
+            let posted = host.posted(qp);
+            assert_eq!(posted.len(), 1);
+            assert_eq!((posted[0].opcode, posted[0].bytes), (Opcode::Write, 10));
+            assert!(!probe.owns(flows[0].qps[0]));
+        }
+        let mut alone = ReferenceProbe::new(10);
+        alone.connect(&mut host.ctx(), &[]);
+        assert!(!alone.send(&mut host.ctx()));
+    }
+}

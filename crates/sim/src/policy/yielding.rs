@@ -1,5 +1,5 @@
-//! The machinery shared by `preempt` and `adaptive`: bandwidth flows' messages cut into
-//! sub-messages with zero-length yield writes between them, optionally paced.
+//! `preempt`'s machinery: bandwidth flows' messages cut into sub-messages with zero-length
+//! yield writes between them.
 //!
 //! A [`YieldShaper`] keeps, per queue pair of a bandwidth flow, the messages the
 //! application posted and a [`YieldCursor`] into the head one. It hands the RNIC at most
@@ -11,9 +11,8 @@
 //! queue pairs turns in the round-robin arbiter. The model signals every request, so yields
 //! complete too; the shaper drops those completions, as a shaper that posts them unsignaled
 //! never sees them. The application hears of a message when its last sub-message completes.
+//! Nothing is paced.
 //!
-//! With a pacing rate set, sub-messages of each flow leave no faster than its share of
-//! that rate (the rate split evenly over the bandwidth flows that have messages waiting).
 //! Latency and throughput flows, and requests on queue pairs the shaper does not know,
 //! pass through untouched.
 
@@ -24,7 +23,6 @@ use justitia_core::yield_plan::{YieldCursor, YieldPlanner};
 
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
-use crate::time::{self, Picos};
 
 /// A message of a bandwidth flow not yet fully handed to the RNIC.
 struct Message {
@@ -36,19 +34,9 @@ struct Message {
 
 /// A bandwidth flow's queue pair.
 struct YieldQp {
-    flow: usize,
     pending: VecDeque<Message>,
     /// Sub-messages handed to the RNIC and not completed.
     in_flight: u32,
-}
-
-/// Pacing state of a bandwidth flow.
-struct PacedFlow {
-    qps: Vec<QpId>,
-    /// Earliest time the flow's next sub-message may leave while pacing.
-    next_at: Picos,
-    /// A pacing timer is set for `next_at`.
-    timer_set: bool,
 }
 
 /// What a request the shaper handed to the RNIC stands for.
@@ -71,14 +59,11 @@ pub struct YieldCounters {
     pub yields: u64,
 }
 
-/// Sub-message splitting with yields, and optional pacing, for one host's bandwidth flows.
+/// Sub-message splitting with yields for one host's bandwidth flows.
 pub struct YieldShaper {
     planner: YieldPlanner,
     window: u32,
     qps: BTreeMap<QpId, YieldQp>,
-    flows: Vec<PacedFlow>,
-    /// Total rate of the bandwidth flows in bytes/s while pacing.
-    pacing: Option<f64>,
     handed: BTreeMap<u64, Handed>,
     next_tag: u64,
     counters: YieldCounters,
@@ -88,63 +73,25 @@ impl YieldShaper {
     /// A shaper for `flows` (those not of class bandwidth are passed through), planning with
     /// `planner` and keeping at most `window` sub-messages in flight per queue pair.
     pub fn new(planner: YieldPlanner, window: u32, flows: &[FlowInfo]) -> Self {
-        let mut qps = BTreeMap::new();
-        let mut paced = Vec::new();
-        for info in flows
+        let qps = flows
             .iter()
             .filter(|f| f.spec.class == FlowClass::Bandwidth)
-        {
-            let flow = paced.len();
-            for &qp in &info.qps {
-                qps.insert(
-                    qp,
-                    YieldQp {
-                        flow,
-                        pending: VecDeque::new(),
-                        in_flight: 0,
-                    },
-                );
-            }
-            paced.push(PacedFlow {
-                qps: info.qps.clone(),
-                next_at: 0,
-                timer_set: false,
-            });
-        }
+            .flat_map(|f| f.qps.iter())
+            .map(|&qp| {
+                let entry = YieldQp {
+                    pending: VecDeque::new(),
+                    in_flight: 0,
+                };
+                (qp, entry)
+            })
+            .collect();
         YieldShaper {
             planner,
             window: window.max(1),
             qps,
-            flows: paced,
-            pacing: None,
             handed: BTreeMap::new(),
             next_tag: 1,
             counters: YieldCounters::default(),
-        }
-    }
-
-    /// The planner, whose yield density the `adaptive` policy steers.
-    pub fn planner_mut(&mut self) -> &mut YieldPlanner {
-        &mut self.planner
-    }
-
-    /// Yields after each sub-message now.
-    pub fn yields_per_sub_message(&self) -> u32 {
-        self.planner.yields_per_sub_message()
-    }
-
-    /// The total pacing rate in bytes/s, `None` when not pacing.
-    pub fn pacing(&self) -> Option<f64> {
-        self.pacing
-    }
-
-    /// Sets (or, with `None`, lifts) the total pacing rate of the bandwidth flows, bytes/s.
-    pub fn set_pacing(&mut self, ctx: &mut PolicyContext<'_>, rate: Option<f64>) {
-        self.pacing = rate.filter(|r| r.is_finite() && *r > 0.0);
-        if self.pacing.is_none() {
-            for flow in 0..self.flows.len() {
-                self.pump_flow(ctx, flow);
-            }
         }
     }
 
@@ -156,7 +103,11 @@ impl YieldShaper {
     /// An application posted `wr` on `qp`.
     pub fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
         let Some(entry) = self.qps.get_mut(&qp) else {
-            let tag = self.hand(Handed::Whole { app_tag: wr.tag });
+            let tag = hand(
+                &mut self.handed,
+                &mut self.next_tag,
+                Handed::Whole { app_tag: wr.tag },
+            );
             ctx.post(qp, WorkRequest { tag, ..wr });
             return;
         };
@@ -187,59 +138,12 @@ impl YieldShaper {
         }
     }
 
-    /// A pacing timer of flow `flow` fired.
-    pub fn on_pacing_timer(&mut self, ctx: &mut PolicyContext<'_>, flow: usize) {
-        if let Some(f) = self.flows.get_mut(flow) {
-            f.timer_set = false;
-        }
-        self.pump_flow(ctx, flow);
-    }
-
-    fn pump_flow(&mut self, ctx: &mut PolicyContext<'_>, flow: usize) {
-        let qps = self
-            .flows
-            .get(flow)
-            .map(|f| f.qps.clone())
-            .unwrap_or_default();
-        for qp in qps {
-            self.pump(ctx, qp);
-        }
-    }
-
-    /// Bandwidth flows with messages waiting, among which the pacing rate is split.
-    fn waiting_flows(&self) -> usize {
-        let mut waiting = vec![false; self.flows.len()];
-        for entry in self.qps.values() {
-            if !entry.pending.is_empty() {
-                waiting[entry.flow] = true;
-            }
-        }
-        waiting.iter().filter(|&&w| w).count().max(1)
-    }
-
-    /// Hands the RNIC what the window and the pacing allow on `qp`.
+    /// Hands the RNIC what the window allows on `qp`.
     fn pump(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId) {
-        loop {
-            let Some(entry) = self.qps.get(&qp) else {
-                return;
-            };
-            if entry.in_flight >= self.window || entry.pending.is_empty() {
-                return;
-            }
-            let flow = entry.flow;
-            let now = ctx.now();
-            if self.pacing.is_some() && self.flows[flow].next_at > now {
-                let f = &mut self.flows[flow];
-                if !f.timer_set {
-                    f.timer_set = true;
-                    ctx.set_timer(f.next_at, PACING_TIMER | flow as u64);
-                }
-                return;
-            }
-            let share = self.pacing.map(|rate| rate / self.waiting_flows() as f64);
-            let Some(entry) = self.qps.get_mut(&qp) else {
-                return;
-            };
+        let Some(entry) = self.qps.get_mut(&qp) else {
+            return;
+        };
+        while entry.in_flight < self.window {
             let Some(head) = entry.pending.front_mut() else {
                 return;
             };
@@ -253,12 +157,11 @@ impl YieldShaper {
                 entry.pending.pop_front();
             }
             entry.in_flight += 1;
-            if let Some(share) = share {
-                let f = &mut self.flows[flow];
-                let spacing = time::from_ns(f64::from(step.bytes) / share * 1e9);
-                f.next_at = f.next_at.max(now).saturating_add(spacing);
-            }
-            let tag = self.hand(Handed::SubMessage { app_tag, last });
+            let tag = hand(
+                &mut self.handed,
+                &mut self.next_tag,
+                Handed::SubMessage { app_tag, last },
+            );
             self.counters.sub_messages += 1;
             ctx.post(
                 qp,
@@ -270,23 +173,21 @@ impl YieldShaper {
                 },
             );
             for _ in 0..step.yields_after {
-                let tag = self.hand(Handed::Yield);
+                let tag = hand(&mut self.handed, &mut self.next_tag, Handed::Yield);
                 self.counters.yields += 1;
                 ctx.post(qp, yield_request(tag));
             }
         }
     }
-
-    fn hand(&mut self, what: Handed) -> u64 {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        self.handed.insert(tag, what);
-        tag
-    }
 }
 
-/// Timer tags at or above this are pacing timers; the low bits name the flow.
-pub const PACING_TIMER: u64 = 1 << 62;
+/// Files `what` under the next tag, which it returns.
+fn hand(handed: &mut BTreeMap<u64, Handed>, next_tag: &mut u64, what: Handed) -> u64 {
+    let tag = *next_tag;
+    *next_tag += 1;
+    handed.insert(tag, what);
+    tag
+}
 
 /// The standard-verbs yield: a zero-length RDMA WRITE (a header-only packet).
 fn yield_request(tag: u64) -> WorkRequest {
@@ -295,5 +196,112 @@ fn yield_request(tag: u64) -> WorkRequest {
         opcode: Opcode::Write,
         bytes: 0,
         inline: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use justitia_core::yield_plan::YieldConfig;
+
+    use super::*;
+    use crate::policy::test_host::TestHost;
+
+    fn write(tag: u64, bytes: u32) -> WorkRequest {
+        WorkRequest {
+            tag,
+            opcode: Opcode::Write,
+            bytes,
+            inline: false,
+        }
+    }
+
+    /// PeRF's defaults: 16 KB sub-messages, a yield per 1 KB of them.
+    fn planner() -> YieldPlanner {
+        let config = YieldConfig {
+            sub_message_bytes: 16 * 1024,
+            yield_unit_bytes: 1024,
+        };
+        YieldPlanner::new(config).unwrap()
+    }
+
+    /// A 64 KB message goes as four 16 KB sub-messages, each but the last followed by 16
+    /// zero-length inline WRITEs; the application hears once, when the last sub-message
+    /// completes, and never of the yields.
+    #[test]
+    fn a_message_goes_as_sub_messages_with_yields_between() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = YieldShaper::new(planner(), 8, std::slice::from_ref(&info));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 64 * 1024));
+        let posted = host.posted(qp);
+        let shape: Vec<u32> = posted.iter().map(|w| w.bytes).collect();
+        let mut expected = Vec::new();
+        for i in 0..4 {
+            expected.push(16 * 1024);
+            if i < 3 {
+                expected.extend([0; 16]);
+            }
+        }
+        assert_eq!(shape, expected);
+        assert!(posted.iter().all(|w| w.opcode == Opcode::Write));
+        assert!(posted.iter().filter(|w| w.bytes == 0).all(|w| w.inline));
+        assert_eq!(
+            shaper.counters(),
+            YieldCounters {
+                sub_messages: 4,
+                yields: 48
+            }
+        );
+        let last = posted.len() - 1;
+        for (i, w) in posted.iter().enumerate() {
+            shaper.on_completion(&mut host.ctx(), qp, w.tag);
+            let told = host.completed();
+            assert_eq!(told, if i == last { vec![7] } else { vec![] }, "{i}");
+        }
+    }
+
+    /// At most `window` sub-messages are on the RNIC per queue pair; each completion lets
+    /// the next one go.
+    #[test]
+    fn the_window_bounds_sub_messages_in_flight() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = YieldShaper::new(planner(), 2, std::slice::from_ref(&info));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 64 * 1024));
+        let subs = |host: &TestHost| host.posted(qp).iter().filter(|w| w.bytes > 0).count();
+        assert_eq!(subs(&host), 2);
+        let first = host.posted(qp)[0].tag;
+        // A yield's completion frees nothing.
+        let a_yield = host.posted(qp)[1].tag;
+        shaper.on_completion(&mut host.ctx(), qp, a_yield);
+        assert_eq!(subs(&host), 2);
+        shaper.on_completion(&mut host.ctx(), qp, first);
+        assert_eq!(subs(&host), 3);
+    }
+
+    /// Latency and throughput flows' requests, and those on queue pairs the shaper does
+    /// not know, pass whole under a tag of the shaper's.
+    #[test]
+    fn other_flows_pass_whole() {
+        let mut host = TestHost::new();
+        let latency = host.flow(1, FlowClass::Latency);
+        let throughput = host.flow(2, FlowClass::Throughput);
+        let stranger = host.flow(3, FlowClass::Bandwidth);
+        let mut shaper = YieldShaper::new(planner(), 8, &[latency.clone(), throughput.clone()]);
+        for (i, info) in [latency, throughput, stranger].iter().enumerate() {
+            let qp = info.qps[0];
+            let tag = 1000 + i as u64;
+            shaper.on_post(&mut host.ctx(), qp, write(tag, 64 * 1024));
+            let posted = host.posted(qp);
+            assert_eq!(posted.iter().map(|w| w.bytes).collect::<Vec<_>>(), [65536]);
+            assert!(posted[0].tag < 1000);
+            shaper.on_completion(&mut host.ctx(), qp, posted[0].tag);
+            assert_eq!(host.completed(), vec![tag]);
+        }
+        assert_eq!(shaper.counters(), YieldCounters::default());
     }
 }

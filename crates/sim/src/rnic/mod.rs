@@ -591,6 +591,24 @@ impl Fabric {
         self.refresh(qp, q);
     }
 
+    /// The requests waiting in `qp`'s send queue, oldest first (`inline` there: the RNIC
+    /// fetches no payload, as for an inline, empty or READ request): for the policy
+    /// drivers' unit tests, which never run the event queue, so that every request a
+    /// driver posts stays there.
+    #[cfg(test)]
+    pub(crate) fn send_queue(&self, qp: QpId) -> Vec<WorkRequest> {
+        self.qps[qp.index()]
+            .sq
+            .iter()
+            .map(|w| WorkRequest {
+                tag: w.tag,
+                opcode: w.opcode,
+                bytes: w.bytes,
+                inline: !w.dma,
+            })
+            .collect()
+    }
+
     /// When the queue pair can next hand the arbiter a packet (`Picos::MAX`: nothing to
     /// send). Once its head message is ready for processing (not before: the unit works in
     /// time order), the message books its slot at the processing unit: units serve the
