@@ -481,18 +481,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::policy::test_host::TestHost;
+    use crate::policy::test_host::{write, TestHost};
 
     const KIB: u32 = 1024;
-
-    fn write(tag: u64, bytes: u32) -> WorkRequest {
-        WorkRequest {
-            tag,
-            opcode: Opcode::Write,
-            bytes,
-            inline: false,
-        }
-    }
 
     fn rate(bytes_per_sec: u64, chunk_bytes: u32) -> Option<PaceRate> {
         Some(PaceRate {

@@ -150,8 +150,7 @@ mod tests {
     use justitia_core::flow::FlowClass;
 
     use super::*;
-    use crate::policy::test_host::TestHost;
-    use crate::rnic::Opcode;
+    use crate::policy::test_host::{write, TestHost};
 
     fn params(sub_message: u64, yield_unit: u64, window: u32) -> PreemptParams {
         PreemptParams {
@@ -189,13 +188,7 @@ mod tests {
         let info = host.flow(1, FlowClass::Bandwidth);
         let mut policy = PreemptPolicy::new(&PreemptParams::default()).unwrap();
         policy.on_start(&mut host.ctx(), std::slice::from_ref(&info));
-        let wr = WorkRequest {
-            tag: 7,
-            opcode: Opcode::Write,
-            bytes: 64 * 1024,
-            inline: false,
-        };
-        policy.on_post(&mut host.ctx(), info.qps[0], wr);
+        policy.on_post(&mut host.ctx(), info.qps[0], write(7, 64 * 1024));
         let figures = policy.figures();
         assert_eq!(figures["yields_per_sub_message"], 16.0);
         assert_eq!(figures["sub_messages"], 4.0);

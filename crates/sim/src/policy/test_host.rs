@@ -13,7 +13,7 @@ use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::ids::HostId;
 use crate::model_profile::ModelProfile;
-use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
+use crate::rnic::{Endpoint, Fabric, Opcode, QpId, QpOwner, WorkRequest};
 use crate::time::Picos;
 use crate::topology::Topology;
 
@@ -111,5 +111,15 @@ impl TestHost {
     /// Now.
     pub(crate) fn now(&self) -> Picos {
         self.queue.now()
+    }
+}
+
+/// An application's RDMA WRITE of `bytes`, not inline.
+pub(crate) fn write(tag: u64, bytes: u32) -> WorkRequest {
+    WorkRequest {
+        tag,
+        opcode: Opcode::Write,
+        bytes,
+        inline: false,
     }
 }

@@ -206,16 +206,7 @@ mod tests {
     use justitia_core::yield_plan::YieldConfig;
 
     use super::*;
-    use crate::policy::test_host::TestHost;
-
-    fn write(tag: u64, bytes: u32) -> WorkRequest {
-        WorkRequest {
-            tag,
-            opcode: Opcode::Write,
-            bytes,
-            inline: false,
-        }
-    }
+    use crate::policy::test_host::{write, TestHost};
 
     /// PeRF's defaults: 16 KB sub-messages, a yield per 1 KB of them.
     fn planner() -> YieldPlanner {
