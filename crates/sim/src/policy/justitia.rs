@@ -932,6 +932,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::policy::test_host::TestHost;
 
     /// The field a refusal blames.
     fn refused(params: JustitiaParams) -> String {
@@ -1031,5 +1032,71 @@ mod tests {
         };
         assert_eq!(x.loop_config().target, Target99::IdleMultiple(3.0));
         assert_eq!(x.loop_config().increase, IncreaseLaw::SEARCH);
+    }
+
+    /// Feeds `driver` `probes` reference probes that each take `rtt_us`, running its timers
+    /// between them.
+    fn probe(host: &mut TestHost, driver: &mut LoopDriver, qp: QpId, probes: usize, rtt_us: u64) {
+        for _ in 0..probes {
+            loop {
+                let sent = host.posted(qp).len();
+                driver.drive(&mut host.ctx());
+                if host.posted(qp).len() > sent {
+                    break;
+                }
+                let (_, tag) = host.next_timer().unwrap();
+                assert_eq!(tag, LOOP_TIMER);
+                assert!(driver.timer_is_current(&host.ctx()));
+            }
+            host.advance_to(host.now() + rtt_us * 1_000_000);
+            assert!(driver.on_completion(&host.ctx(), qp));
+        }
+    }
+
+    /// The driver sends the probe the loop asks for, times it from post to completion and
+    /// reports in Gb/s and us: every probe taking 10 us against a 25 us target leaves
+    /// SafeUtil at MaxRate with no decrease; every probe then taking 50 us cuts it, and the
+    /// mean over the run lies between the two.
+    #[test]
+    fn the_driver_times_probes_and_reports_them() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let max_gbps = profile.policy.max_rate_gbps;
+        let params = JustitiaParams {
+            target99_us: Some(25.0),
+            ref_window: Some(100),
+            ..JustitiaParams::default()
+        };
+        let mut host = TestHost::new();
+        let latency = host.flow(1, FlowClass::Latency);
+        let mut driver = LoopDriver::new(&profile.policy, &params).unwrap();
+        driver.connect(&mut host.ctx(), std::slice::from_ref(&latency));
+        driver.flow_present(&host.ctx(), &latency, true);
+        let qp = (0..64).map(QpId).find(|&qp| driver.probe.owns(qp)).unwrap();
+        assert!(!driver.on_completion(&host.ctx(), latency.qps[0]));
+
+        probe(&mut host, &mut driver, qp, 150, 10);
+        let f = driver.figures();
+        assert_eq!(f["current99_us"], 10.0);
+        assert_eq!(f["target99_us"], 25.0);
+        assert_eq!(f["safe_util_gbps"], max_gbps);
+        assert!((f["mean_safe_util_gbps"] - max_gbps).abs() < 1e-9 * max_gbps);
+        assert_eq!(f["decreases"], 0.0);
+        assert_eq!(f.get("idle_p99_us"), None);
+        let chunk = profile.policy.chunk_bytes_with_latency;
+        assert_eq!(f["chunk_bytes"], f64::from(chunk));
+        let state = driver.control_state();
+        assert_eq!(state.safe_util_gbps, max_gbps);
+        assert_eq!(state.current99_us, Some(10.0));
+        assert_eq!(state.target99_us, Some(25.0));
+        assert_eq!(state.mode, Mode::Normal);
+
+        probe(&mut host, &mut driver, qp, 150, 50);
+        let f = driver.figures();
+        // The estimator's histogram keeps three significant digits.
+        assert!((f["current99_us"] - 50.0).abs() <= 0.05, "{f:?}");
+        assert!(f["decreases"] >= 1.0, "{f:?}");
+        let (now, mean) = (f["safe_util_gbps"], f["mean_safe_util_gbps"]);
+        assert!(now < mean && mean < max_gbps, "{f:?}");
+        assert_eq!(driver.control_state().safe_util_gbps, now);
     }
 }

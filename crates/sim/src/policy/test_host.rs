@@ -108,6 +108,18 @@ impl TestHost {
         self.fabric.host_of(QpId(qp.0 + 1))
     }
 
+    /// Runs the clock to `at`, dropping the RNIC's events due before it; no timer of the
+    /// driver may fall due on the way.
+    pub(crate) fn advance_to(&mut self, at: Picos) {
+        while let Some((_, event)) = self.queue.pop_until(at) {
+            assert!(
+                !matches!(event, Event::PolicyTimer { .. }),
+                "a timer fell due before {at} ps"
+            );
+        }
+        self.queue.advance_to(at);
+    }
+
     /// Now.
     pub(crate) fn now(&self) -> Picos {
         self.queue.now()
