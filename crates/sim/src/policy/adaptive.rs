@@ -808,3 +808,162 @@ impl Policy for AdaptivePolicy {
         f
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::policy::test_host::{write, TestHost};
+
+    const KIB: u32 = 1024;
+
+    /// The law's settings with a wire that costs nothing beyond MaxRate: a chunk is
+    /// charged its payload.
+    fn config() -> AdaptiveConfig {
+        AdaptiveConfig::for_rnic(12.5e9, 4096, 64 * KIB)
+    }
+
+    fn plan(pace_bytes_per_sec: Option<f64>, chunk_bytes: u32, yields_per_chunk: u32) -> Plan {
+        Plan {
+            pace_bytes_per_sec,
+            chunk_bytes,
+            yields_per_chunk,
+            throughput_share: None,
+            queue_budget: None,
+        }
+    }
+
+    /// A message is cut into equal pieces of at most a chunk; one no larger goes whole.
+    #[test]
+    fn a_message_is_cut_into_equal_pieces() {
+        assert_eq!(ChunkShaper::piece(4096, 4000), 2048);
+        assert_eq!(ChunkShaper::piece(10_000, 4096), 3334);
+        assert_eq!(ChunkShaper::piece(4096, 4096), 4096);
+        assert_eq!(ChunkShaper::piece(100, 4096), 100);
+        assert_eq!(ChunkShaper::piece(0, 4096), 0);
+    }
+
+    /// Unpaced, two chunks of the plan's size are on the RNIC at a time, each followed by
+    /// the plan's yields; a chunk's completion lets the next go, a yield's does not; the
+    /// application hears once, at the last chunk.
+    #[test]
+    fn unpaced_two_chunks_are_on_the_rnic() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = ChunkShaper::new([&info], PACE_TIMER, config());
+        assert!(shaper.shapes(qp));
+        shaper.apply(&mut host.ctx(), plan(None, 16 * KIB, 2));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 64 * KIB));
+        let sizes = |host: &TestHost| host.posted(qp).iter().map(|w| w.bytes).collect::<Vec<_>>();
+        assert_eq!(sizes(&host), [16384, 0, 0, 16384, 0, 0]);
+        let posted = host.posted(qp);
+        assert!(shaper.on_completion(&mut host.ctx(), qp, posted[1].tag));
+        assert_eq!(host.posted(qp).len(), 6);
+        assert!(!shaper.on_completion(&mut host.ctx(), qp, 1 << 40));
+        let mut done = 0;
+        while done < host.posted(qp).len() {
+            let w = host.posted(qp)[done];
+            done += 1;
+            if w.bytes == 0 {
+                continue;
+            }
+            assert!(shaper.on_completion(&mut host.ctx(), qp, w.tag));
+            let last = done == host.posted(qp).len() - 2;
+            assert_eq!(host.completed(), if last { vec![7] } else { vec![] });
+        }
+        assert_eq!(sizes(&host).iter().filter(|&&b| b == 16384).count(), 4);
+        assert_eq!((shaper.chunks, shaper.yields), (4, 8));
+        assert_eq!(shaper.messages_to.get(&HostId(1)), Some(&4));
+        assert_eq!(shaper.in_flight_bytes, 0);
+    }
+
+    /// Paced, chunks leave at the plan's rate with no burst: the first at once, each next
+    /// one chunk's time at the rate (16 KB at 1 GB/s: 16.384 us) later.
+    #[test]
+    fn paced_chunks_leave_at_the_rate() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = ChunkShaper::new([&info], PACE_TIMER + 3, config());
+        shaper.apply(&mut host.ctx(), plan(Some(1e9), 16 * KIB, 0));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 256 * KIB));
+        assert_eq!(host.posted(qp).len(), 1);
+        let start = host.now();
+        while let Some((_, tag)) = host.next_timer() {
+            assert_eq!(tag, PACE_TIMER + 3);
+            shaper.on_timer(&mut host.ctx());
+        }
+        let posted = host.posted(qp);
+        assert_eq!(posted.len(), 16);
+        assert!(posted.iter().all(|w| w.bytes == 16 * KIB));
+        let spent_us = (host.now() - start) as f64 / 1e6;
+        assert!((spent_us - 15.0 * 16.384).abs() < 0.01, "{spent_us} us");
+        // Unpaced, what is on the RNIC holds chunks back: 16 of them, where two may be.
+        shaper.apply(&mut host.ctx(), plan(None, 16 * KIB, 0));
+        shaper.on_post(&mut host.ctx(), qp, write(8, 256 * KIB));
+        assert_eq!(host.posted(qp).len(), 16);
+        for w in &posted {
+            shaper.on_completion(&mut host.ctx(), qp, w.tag);
+        }
+        assert_eq!(host.posted(qp).len(), 18);
+        assert_eq!(host.completed(), vec![7]);
+    }
+
+    /// Two tenants' queue pairs take turns once both have work: with chunks completing in
+    /// the order they were posted, the first tenant's eight chunks do not all go before
+    /// the second's.
+    #[test]
+    fn tenants_take_turns() {
+        let mut host = TestHost::new();
+        let a = host.flow(1, FlowClass::Bandwidth);
+        let b = host.flow(2, FlowClass::Bandwidth);
+        let (qa, qb) = (a.qps[0], b.qps[0]);
+        let mut shaper = ChunkShaper::new([&a, &b], PACE_TIMER, config());
+        shaper.apply(&mut host.ctx(), plan(None, 16 * KIB, 0));
+        shaper.on_post(&mut host.ctx(), qa, write(1, 128 * KIB));
+        shaper.on_post(&mut host.ctx(), qb, write(2, 128 * KIB));
+        // A went alone while B had nothing: two chunks, the window.
+        let counts = |host: &TestHost| (host.posted(qa).len(), host.posted(qb).len());
+        assert_eq!(counts(&host), (2, 0));
+        let mut outstanding: VecDeque<(QpId, u64)> =
+            host.posted(qa).iter().map(|w| (qa, w.tag)).collect();
+        let mut b_when_a_done = None;
+        while let Some((qp, tag)) = outstanding.pop_front() {
+            let before = counts(&host);
+            shaper.on_completion(&mut host.ctx(), qp, tag);
+            let after = counts(&host);
+            for (q, (was, is)) in [(qa, (before.0, after.0)), (qb, (before.1, after.1))] {
+                outstanding.extend(host.posted(q)[was..is].iter().map(|w| (q, w.tag)));
+            }
+            if after.0 == 8 && b_when_a_done.is_none() {
+                b_when_a_done = Some(after.1);
+            }
+        }
+        assert_eq!(counts(&host), (8, 8));
+        // Turns in alternation from (2, 0) on: A's eighth chunk goes after B's fifth.
+        assert!(b_when_a_done >= Some(5), "{b_when_a_done:?}");
+        assert_eq!(host.completed().len(), 2);
+    }
+
+    /// The latency flows' p99 is the nearest-rank p99 of at least MIN_SAMPLES samples,
+    /// which it uses up; fewer keep gathering.
+    #[test]
+    fn the_tail_is_a_nearest_rank_p99_of_enough_samples() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let justitia = JustitiaParams::default();
+        let mut policy =
+            AdaptivePolicy::new(&profile, &justitia, &PreemptParams::default()).unwrap();
+        policy.samples = (1..MIN_SAMPLES).map(|us| us as f64).collect();
+        assert_eq!(policy.take_p99(), None);
+        assert_eq!(policy.samples.len(), MIN_SAMPLES - 1);
+        // 100 samples of 1 to 100 us, shuffled: the 99th smallest is 99 us.
+        policy.samples = (1..=100).map(|us| f64::from((us * 37) % 100 + 1)).collect();
+        assert_eq!(policy.take_p99(), Some(Duration::from_micros(99)));
+        assert!(policy.samples.is_empty());
+        // 20 samples: rank ceil(19.8) = 20, the largest.
+        policy.samples = (1..=20).map(f64::from).collect();
+        assert_eq!(policy.take_p99(), Some(Duration::from_micros(20)));
+    }
+}
