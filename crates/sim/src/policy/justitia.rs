@@ -47,7 +47,7 @@ use std::time::Duration;
 use justitia_core::control_loop::{
     Allotment, ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
 };
-use justitia_core::controller::{ControlAction, ControlMode, IncreaseLaw};
+use justitia_core::controller::{ControlAction, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::incast::{paced, IncastLimits};
 use justitia_core::profile::RnicProfile;
@@ -216,7 +216,8 @@ impl JustitiaParams {
         }
     }
 
-    /// The core loop's settings.
+    /// The core loop's settings: the law's own (its increase law and window) with the
+    /// parameters given.
     pub fn loop_config(&self) -> LoopConfig {
         let base = match self.increase {
             Increase::Search => LoopConfig::default(),
@@ -226,10 +227,6 @@ impl JustitiaParams {
             target: self.target(),
             ref_period: Duration::from_nanos(time::from_us(self.ref_period_us) / 1_000),
             window: self.ref_window.map_or(base.window, |w| w as usize),
-            increase: match self.increase {
-                Increase::Search => IncreaseLaw::SEARCH,
-                Increase::Fixed => IncreaseLaw::Fixed,
-            },
             unattainable_after: (self.unattainable_after_ms > 0.0)
                 .then(|| Duration::from_nanos(time::from_ms(self.unattainable_after_ms) / 1_000)),
             ..base
@@ -260,7 +257,7 @@ pub(crate) fn core_time(t: Picos) -> Duration {
 
 fn picos(d: Duration) -> Picos {
     u64::try_from(d.as_nanos())
-        .unwrap_or(u64::MAX / 1_000)
+        .unwrap_or(u64::MAX)
         .saturating_mul(1_000)
 }
 
@@ -930,6 +927,8 @@ impl Policy for JustitiaPolicy {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use justitia_core::controller::IncreaseLaw;
 
     use super::*;
     use crate::policy::test_host::TestHost;
