@@ -966,4 +966,75 @@ mod tests {
         policy.samples = (1..=20).map(f64::from).collect();
         assert_eq!(policy.take_p99(), Some(Duration::from_micros(20)));
     }
+
+    /// On a host with a latency, a bandwidth and a throughput flow: the latency flow's
+    /// requests pass as posted and are timed from post to completion, their wire (payload
+    /// and headers) is counted against the send path, and after the next RefPeriod the
+    /// state shows their p99; the bandwidth flow's message goes in chunks of the plan's
+    /// size, counted in the figures.
+    #[test]
+    fn the_policy_times_latency_requests_and_chunks_bandwidth() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let justitia = JustitiaParams {
+            target99_us: Some(20.0),
+            ..JustitiaParams::default()
+        };
+        let mut policy =
+            AdaptivePolicy::new(&profile, &justitia, &PreemptParams::default()).unwrap();
+        let mut host = TestHost::new();
+        let flows = [
+            host.flow(1, FlowClass::Latency),
+            host.flow(2, FlowClass::Bandwidth),
+            host.flow(3, FlowClass::Throughput),
+        ];
+        policy.on_start(&mut host.ctx(), &flows);
+        for f in &flows {
+            policy.on_flow_active(&mut host.ctx(), f, true);
+        }
+        let (latency, bandwidth, throughput) = (flows[0].qps[0], flows[1].qps[0], flows[2].qps[0]);
+        let state = policy.control_state().unwrap();
+        assert_eq!(state.current99_us, None);
+        assert_eq!(state.target99_us, Some(20.0));
+
+        let start = host.now();
+        for i in 0..30 {
+            policy.on_post(&mut host.ctx(), latency, write(100 + i, 64));
+            let posted = host.posted(latency);
+            let w = posted[posted.len() - 1];
+            assert_eq!((w.tag, w.bytes), (100 + i, 64));
+            host.advance_to(host.now() + 7_000_000);
+            policy.on_completion(&mut host.ctx(), latency, w.tag);
+            assert_eq!(host.completed(), vec![100 + i]);
+        }
+        policy.on_post(&mut host.ctx(), throughput, write(7, 64));
+        assert_eq!(host.posted(throughput).len(), 1);
+        policy.on_post(&mut host.ctx(), bandwidth, write(9, 1 << 20));
+        let chunk = policy.streams[0].1.plan.chunk_bytes;
+        assert!(chunk < 1 << 20);
+        assert!(host.posted(bandwidth).iter().all(|w| w.bytes <= chunk));
+
+        // The next update takes the period's samples.
+        loop {
+            let (_, tag) = host.next_timer().unwrap();
+            let before = policy.updates;
+            policy.on_timer(&mut host.ctx(), tag);
+            if policy.updates > before {
+                break;
+            }
+        }
+        assert_eq!(policy.control_state().unwrap().current99_us, Some(7.0));
+        // 31 messages of 64 B with their headers over the time since the start.
+        let seconds = (host.now() - start) as f64 / time::SECOND as f64;
+        let wire = 31.0 * (64.0 + f64::from(profile.link.header_bytes));
+        let other = policy.other_rate(&Resource::SendPath);
+        assert!((other - wire / seconds).abs() < 1e-6 * other, "{other}");
+        let figures = policy.figures();
+        let chunks = host
+            .posted(bandwidth)
+            .iter()
+            .filter(|w| w.bytes > 0)
+            .count();
+        assert_eq!(figures["sub_messages"], chunks as f64);
+        assert_eq!(figures["target99_us"], 20.0);
+    }
 }
