@@ -931,7 +931,7 @@ mod tests {
     use justitia_core::controller::IncreaseLaw;
 
     use super::*;
-    use crate::policy::test_host::TestHost;
+    use crate::policy::test_host::{write, TestHost};
 
     /// The field a refusal blames.
     fn refused(params: JustitiaParams) -> String {
@@ -1097,5 +1097,59 @@ mod tests {
         let (now, mean) = (f["safe_util_gbps"], f["mean_safe_util_gbps"]);
         assert!(now < mean && mean < max_gbps, "{f:?}");
         assert_eq!(driver.control_state().safe_util_gbps, now);
+    }
+
+    /// A bandwidth flow beside a latency flow is held at zero until the loop's first update
+    /// counts it, then cut to the profile's chunk for latency flows being present and paced;
+    /// the application hears once, when its last chunk completes.
+    #[test]
+    fn a_bandwidth_flow_waits_for_its_allotment_then_goes_in_chunks() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let params = JustitiaParams {
+            target99_us: Some(50.0),
+            ..JustitiaParams::default()
+        };
+        let mut policy = JustitiaPolicy::new(&profile, &params).unwrap();
+        let mut host = TestHost::new();
+        let flows = [
+            host.flow(1, FlowClass::Latency),
+            host.flow(2, FlowClass::Bandwidth),
+        ];
+        policy.on_start(&mut host.ctx(), &flows);
+        for f in &flows {
+            policy.on_flow_active(&mut host.ctx(), f, true);
+        }
+        assert!(policy.control_state().is_some());
+        let qp = flows[1].qps[0];
+        policy.on_post(&mut host.ctx(), qp, write(9, 1 << 20));
+        assert!(
+            host.posted(qp).is_empty(),
+            "no allotment before the first update"
+        );
+        while host.posted(qp).is_empty() {
+            let (at, tag) = host.next_timer().unwrap();
+            assert!(at < 2 * 500_000_000, "an update within two RefPeriods");
+            policy.on_timer(&mut host.ctx(), tag);
+        }
+        let chunk = profile.policy.chunk_bytes_with_latency;
+        let posted = host.posted(qp);
+        assert!(posted.iter().all(|w| w.bytes == chunk), "{chunk}");
+        assert_eq!(policy.figures()["chunk_bytes"], f64::from(chunk));
+        let chunks = (1u32 << 20).div_ceil(chunk) as usize;
+        assert!(posted.len() < chunks, "paced: not all at once");
+        let mut done = 0;
+        while done < chunks {
+            while done < host.posted(qp).len() {
+                let tag = host.posted(qp)[done].tag;
+                policy.on_completion(&mut host.ctx(), qp, tag);
+                done += 1;
+                let last = done == chunks;
+                assert_eq!(host.completed(), if last { vec![9] } else { vec![] });
+            }
+            if done < chunks {
+                let (_, tag) = host.next_timer().unwrap();
+                policy.on_timer(&mut host.ctx(), tag);
+            }
+        }
     }
 }
