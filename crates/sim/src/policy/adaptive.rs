@@ -1037,4 +1037,48 @@ mod tests {
         assert_eq!(figures["sub_messages"], chunks as f64);
         assert_eq!(figures["target99_us"], 20.0);
     }
+
+    /// Paced, a queue pair has at most WINDOW_CHUNKS chunks on the RNIC however fast the
+    /// pace lets them go.
+    #[test]
+    fn paced_a_queue_pair_keeps_its_window() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = ChunkShaper::new([&info], PACE_TIMER, config());
+        shaper.apply(&mut host.ctx(), plan(Some(1e12), 4 * KIB, 0));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 128 * 4 * KIB));
+        while let Some((_, tag)) = host.next_timer() {
+            assert_eq!(tag, PACE_TIMER);
+            shaper.on_timer(&mut host.ctx());
+        }
+        assert_eq!(host.posted(qp).len(), WINDOW_CHUNKS as usize);
+        let first = host.posted(qp)[0].tag;
+        shaper.on_completion(&mut host.ctx(), qp, first);
+        while let Some((_, tag)) = host.next_timer() {
+            assert_eq!(tag, PACE_TIMER);
+            shaper.on_timer(&mut host.ctx());
+        }
+        assert_eq!(host.posted(qp).len(), WINDOW_CHUNKS as usize + 1);
+    }
+
+    /// A faster plan while a chunk waits brings its timer forward: at 1 MB/s the next
+    /// 16 KiB chunk is 16 ms away; at 1 GB/s it is 16.384 us away and goes then.
+    #[test]
+    fn a_faster_pace_brings_the_timer_forward() {
+        let mut host = TestHost::new();
+        let info = host.flow(1, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = ChunkShaper::new([&info], PACE_TIMER, config());
+        shaper.apply(&mut host.ctx(), plan(Some(1e6), 16 * KIB, 0));
+        shaper.on_post(&mut host.ctx(), qp, write(7, 64 * KIB));
+        assert_eq!(host.posted(qp).len(), 1);
+        let start = host.now();
+        shaper.apply(&mut host.ctx(), plan(Some(1e9), 16 * KIB, 0));
+        let (at, tag) = host.next_timer().unwrap();
+        assert_eq!(tag, PACE_TIMER);
+        assert!(at - start <= 16_384_000 + 1_000, "{} ps", at - start);
+        shaper.on_timer(&mut host.ctx());
+        assert_eq!(host.posted(qp).len(), 2);
+    }
 }
