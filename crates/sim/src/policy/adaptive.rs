@@ -982,16 +982,26 @@ mod tests {
         let mut policy =
             AdaptivePolicy::new(&profile, &justitia, &PreemptParams::default()).unwrap();
         let mut host = TestHost::new();
+        let mut reader = host.flow_to(4, FlowClass::Bandwidth, HostId(2));
+        reader.reads = true;
         let flows = [
             host.flow(1, FlowClass::Latency),
             host.flow(2, FlowClass::Bandwidth),
             host.flow(3, FlowClass::Throughput),
+            reader,
         ];
         policy.on_start(&mut host.ctx(), &flows);
         for f in &flows {
             policy.on_flow_active(&mut host.ctx(), f, true);
         }
         let (latency, bandwidth, throughput) = (flows[0].qps[0], flows[1].qps[0], flows[2].qps[0]);
+        let read = flows[3].qps[0];
+        // A stream for this host's send path and one for host 2's, which the READ uses.
+        let resources: Vec<_> = policy.streams.iter().map(|(r, _)| *r).collect();
+        assert_eq!(
+            resources,
+            [Resource::SendPath, Resource::Responder(HostId(2))]
+        );
         let state = policy.control_state().unwrap();
         assert_eq!(state.current99_us, None);
         assert_eq!(state.target99_us, Some(20.0));
@@ -1012,30 +1022,65 @@ mod tests {
         let chunk = policy.streams[0].1.plan.chunk_bytes;
         assert!(chunk < 1 << 20);
         assert!(host.posted(bandwidth).iter().all(|w| w.bytes <= chunk));
+        let read_request = WorkRequest {
+            opcode: Opcode::Read,
+            ..write(10, 1 << 20)
+        };
+        policy.on_post(&mut host.ctx(), read, read_request);
+        let read_chunk = policy.streams[1].1.plan.chunk_bytes;
+        assert!(read_chunk < 1 << 20);
+        assert!(host.posted(read).iter().all(|w| w.bytes <= read_chunk));
 
-        // The next update takes the period's samples.
-        loop {
+        // The next update takes the period's samples, and the chunks posted until then.
+        let (written, reads) = loop {
             let (_, tag) = host.next_timer().unwrap();
             let before = policy.updates;
+            let chunks = |qp| host.posted(qp).iter().filter(|w| w.bytes > 0).count();
+            let sent = (chunks(bandwidth), chunks(read));
             policy.on_timer(&mut host.ctx(), tag);
             if policy.updates > before {
-                break;
+                break sent;
             }
-        }
+        };
         assert_eq!(policy.control_state().unwrap().current99_us, Some(7.0));
-        // 31 messages of 64 B with their headers over the time since the start.
+        // This host's send path carried 31 messages of 64 B with their headers and a
+        // request packet per READ chunk; host 1's an acknowledgement per message this host
+        // sent it, the 31 and the WRITE chunks; all over the time since the start.
         let seconds = (host.now() - start) as f64 / time::SECOND as f64;
-        let wire = 31.0 * (64.0 + f64::from(profile.link.header_bytes));
-        let other = policy.other_rate(&Resource::SendPath);
-        assert!((other - wire / seconds).abs() < 1e-6 * other, "{other}");
+        let link = &profile.link;
+        let request = f64::from(link.header_bytes + link.first_packet_extra_bytes);
+        let sent = 31.0 * (64.0 + f64::from(link.header_bytes)) + reads as f64 * request;
+        let acks = (31 + written) as f64 * f64::from(link.ack_bytes);
+        for (resource, wire) in [
+            (Resource::SendPath, sent),
+            (Resource::Responder(HostId(1)), acks),
+        ] {
+            let other = policy.other_rate(&resource);
+            let expected = wire / seconds;
+            assert!(
+                (other - expected).abs() < 1e-9 * expected,
+                "{resource:?}: {other} vs {expected}"
+            );
+        }
+        let state = policy.control_state().unwrap();
+        let max_gbps = profile.policy.max_rate_gbps;
+        match policy.streams[0].1.plan.pace_bytes_per_sec {
+            Some(rate) => assert_eq!(state.safe_util_gbps, rate * 8.0 / 1e9),
+            None => assert!((state.safe_util_gbps - max_gbps).abs() < 1e-9 * max_gbps),
+        }
         let figures = policy.figures();
         let chunks = host
             .posted(bandwidth)
             .iter()
             .filter(|w| w.bytes > 0)
             .count();
-        assert_eq!(figures["sub_messages"], chunks as f64);
+        let read_chunks = host.posted(read).iter().filter(|w| w.bytes > 0).count();
+        assert_eq!(figures["sub_messages"], (chunks + read_chunks) as f64);
         assert_eq!(figures["target99_us"], 20.0);
+        let paced = policy.streams[0].1.plan.pace_bytes_per_sec.is_some();
+        assert_eq!(figures.contains_key("pace_gbps"), paced);
+        // The update just made paced the stream or did not.
+        assert_eq!(figures["paced_fraction"] > 0.0, paced, "{figures:?}");
     }
 
     /// Paced, a queue pair has at most WINDOW_CHUNKS chunks on the RNIC however fast the
