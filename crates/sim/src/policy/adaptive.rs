@@ -325,7 +325,9 @@ impl ChunkShaper {
                 if let Err(wait) = pacer.try_release(core_time(ctx.now()), charged, 1) {
                     self.held = Some(qp);
                     let at = ctx.now() + time::from_ns(wait.as_nanos() as f64);
-                    if self.timer_at.is_none_or(|t| t > at || t < ctx.now()) {
+                    // A timer already due no later serves; one is never left in the
+                    // past, as `on_timer` forgets it when it fires.
+                    if self.timer_at.is_none_or(|t| t > at) {
                         self.timer_at = Some(at);
                         ctx.set_timer(at, self.timer_tag);
                     }

@@ -932,6 +932,7 @@ mod tests {
 
     use super::*;
     use crate::policy::test_host::{write, TestHost};
+    use crate::rnic::Opcode;
 
     /// The field a refusal blames.
     fn refused(params: JustitiaParams) -> String {
@@ -1068,6 +1069,8 @@ mod tests {
         let mut host = TestHost::new();
         let latency = host.flow(1, FlowClass::Latency);
         let mut driver = LoopDriver::new(&profile.policy, &params).unwrap();
+        // No update yet: no mean to report.
+        assert_eq!(driver.figures().get("mean_safe_util_gbps"), None);
         driver.connect(&mut host.ctx(), std::slice::from_ref(&latency));
         driver.flow_present(&host.ctx(), &latency, true);
         let qp = (0..64).map(QpId).find(|&qp| driver.probe.owns(qp)).unwrap();
@@ -1151,5 +1154,86 @@ mod tests {
                 policy.on_timer(&mut host.ctx(), tag);
             }
         }
+    }
+
+    /// A receiver's incast share per unit of weight caps each of this host's bandwidth
+    /// flows into it at its tenant's share divided among the tenant's bandwidth flows into
+    /// that receiver; flows into another host, throughput flows and READs are not capped,
+    /// and when one of two flows leaves the other's cap doubles at once.
+    #[test]
+    fn an_incast_share_is_split_among_a_tenants_bandwidth_flows_into_the_receiver() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let mut policy = JustitiaPolicy::new(&profile, &JustitiaParams::default()).unwrap();
+        let mut host = TestHost::new();
+        let to_one = |host: &mut TestHost, id, class| host.flow_to(id, class, HostId(1));
+        let a = to_one(&mut host, 1, FlowClass::Bandwidth);
+        let mut b = to_one(&mut host, 2, FlowClass::Bandwidth);
+        let c = to_one(&mut host, 3, FlowClass::Bandwidth);
+        let mut d = host.flow_to(4, FlowClass::Bandwidth, HostId(2));
+        let mut e = to_one(&mut host, 5, FlowClass::Throughput);
+        let mut f = to_one(&mut host, 6, FlowClass::Bandwidth);
+        f.reads = true;
+        // Tenant 1 owns all but c.
+        for flow in [&mut b, &mut d, &mut e, &mut f] {
+            flow.spec.tenant = TenantId(1);
+        }
+        let flows = [a, b, c, d, e, f];
+        policy.on_start(&mut host.ctx(), &flows);
+        for flow in &flows {
+            policy.on_flow_active(&mut host.ctx(), flow, true);
+            let wr = WorkRequest {
+                opcode: if flow.reads {
+                    Opcode::Read
+                } else {
+                    Opcode::Write
+                },
+                ..write(flow.spec.id.0, 1 << 30)
+            };
+            policy.on_post(&mut host.ctx(), flow.qps[0], wr);
+        }
+        let share = 1e9;
+        let now = core_time(host.now());
+        assert_eq!(policy.incast.grant_received(now, 1, share), Ok(true));
+        // Run to the loop's first allotments.
+        while policy
+            .driver
+            .control
+            .allotment(flows[0].spec.id)
+            .is_none_or(|a| a.bytes_per_sec == 0.0)
+        {
+            let (_, tag) = host.next_timer().unwrap();
+            policy.on_timer(&mut host.ctx(), tag);
+        }
+        let pace = |policy: &JustitiaPolicy, flow: &FlowInfo| {
+            let shaper = policy.shaper.as_ref().unwrap();
+            shaper.pace_of(flow.spec.id).unwrap().bytes_per_sec as f64
+        };
+        let allotted = |policy: &JustitiaPolicy, flow: &FlowInfo| {
+            policy
+                .driver
+                .control
+                .allotment(flow.spec.id)
+                .unwrap()
+                .bytes_per_sec
+        };
+        for flow in &flows {
+            assert!(allotted(&policy, flow) > share, "the caps bind: {flow:?}");
+        }
+        assert_eq!(pace(&policy, &flows[0]), share / 2.0);
+        assert_eq!(pace(&policy, &flows[1]), share / 2.0);
+        assert_eq!(pace(&policy, &flows[2]), share);
+        for uncapped in &flows[3..5] {
+            assert_eq!(pace(&policy, uncapped), allotted(&policy, uncapped).trunc());
+        }
+        let now = core_time(host.now());
+        assert_eq!(
+            policy
+                .paced_allotment(now, flows[5].spec.id)
+                .unwrap()
+                .bytes_per_sec,
+            allotted(&policy, &flows[5])
+        );
+        policy.on_flow_active(&mut host.ctx(), &flows[1], false);
+        assert_eq!(pace(&policy, &flows[0]), share);
     }
 }

@@ -198,6 +198,13 @@ impl PacedShaper {
         self.set_rate(ctx, flow, rate.map(|r| (r, None)));
     }
 
+    /// The rate `flow` is paced at, `None` while it is released as posted.
+    #[cfg(test)]
+    pub(crate) fn pace_of(&self, flow: FlowId) -> Option<PaceRate> {
+        let &index = self.by_id.get(&flow)?;
+        self.flows[index].pacer.as_ref().map(Pacer::rate)
+    }
+
     /// Whether `qp` belongs to one of the shaper's flows.
     pub fn shapes(&self, qp: QpId) -> bool {
         self.flow_of(qp).is_some()
