@@ -586,12 +586,19 @@ impl JustitiaPolicy {
         Some(paced(allotment, cap))
     }
 
-    /// The largest cap a receiver's share puts on one of this host's bandwidth flows now,
-    /// bytes/s; `None` when none is capped.
-    fn incast_cap(&self, now: Duration) -> Option<f64> {
+    /// This host's flows a receiver's incast share caps: bandwidth flows into another
+    /// host (a throughput flow's share keeps room in the receiver's link; only bandwidth
+    /// flows fill it).
+    fn capped_incast(&self) -> impl Iterator<Item = &(FlowSpec, HostId, Role)> {
         self.loads
             .iter()
             .filter(|l| l.2 == Role::Incast && l.0.class == FlowClass::Bandwidth)
+    }
+
+    /// The largest cap a receiver's share puts on one of this host's bandwidth flows now,
+    /// bytes/s; `None` when none is capped.
+    fn incast_cap(&self, now: Duration) -> Option<f64> {
+        self.capped_incast()
             .filter_map(|&(spec, peer, _)| self.incast.cap(now, u64::from(peer.0), spec.weight, 1))
             .reduce(f64::max)
     }
@@ -600,9 +607,7 @@ impl JustitiaPolicy {
     fn pace_incast(&mut self, ctx: &mut PolicyContext<'_>) {
         let now = core_time(ctx.now());
         let allotments: Vec<(FlowId, Allotment)> = self
-            .loads
-            .iter()
-            .filter(|l| l.2 == Role::Incast && l.0.class == FlowClass::Bandwidth)
+            .capped_incast()
             .filter_map(|l| Some((l.0.id, self.paced_allotment(now, l.0.id)?)))
             .collect();
         if let Some(shaper) = &mut self.shaper {
@@ -1173,10 +1178,11 @@ mod tests {
         let mut e = to_one(&mut host, 5, FlowClass::Throughput);
         let mut f = to_one(&mut host, 6, FlowClass::Bandwidth);
         f.reads = true;
-        // Tenant 1 owns all but c.
-        for flow in [&mut b, &mut d, &mut e, &mut f] {
+        // Tenant 1 owns all but c and e; e's tenant weighs 3.
+        for flow in [&mut b, &mut d, &mut f] {
             flow.spec.tenant = TenantId(1);
         }
+        e.spec.weight = Weight::new(3).unwrap();
         let flows = [a, b, c, d, e, f];
         policy.on_start(&mut host.ctx(), &flows);
         for flow in &flows {
@@ -1191,7 +1197,7 @@ mod tests {
             };
             policy.on_post(&mut host.ctx(), flow.qps[0], wr);
         }
-        let share = 1e9;
+        let share = 2e8;
         let now = core_time(host.now());
         assert_eq!(policy.incast.grant_received(now, 1, share), Ok(true));
         // Run to the loop's first allotments.
@@ -1233,6 +1239,8 @@ mod tests {
                 .bytes_per_sec,
             allotted(&policy, &flows[5])
         );
+        // The largest cap on one bandwidth flow: weight 1 times the share.
+        assert_eq!(policy.figures()["incast_cap_gbps"], share * 8.0 / 1e9);
         policy.on_flow_active(&mut host.ctx(), &flows[1], false);
         assert_eq!(pace(&policy, &flows[0]), share);
     }
