@@ -1128,4 +1128,25 @@ mod tests {
         shaper.on_timer(&mut host.ctx());
         assert_eq!(host.posted(qp).len(), 2);
     }
+
+    /// The figures give each stream's pace in Gb/s, the send path's as `pace_gbps` and a
+    /// responder's under its host; before any update there is no paced fraction to give.
+    #[test]
+    fn figures_give_each_streams_pace_in_gbps() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let justitia = JustitiaParams::default();
+        let mut policy =
+            AdaptivePolicy::new(&profile, &justitia, &PreemptParams::default()).unwrap();
+        assert!(!policy.figures().contains_key("paced_fraction"));
+        let mut host = TestHost::new();
+        let mut reader = host.flow_to(1, FlowClass::Bandwidth, HostId(2));
+        reader.reads = true;
+        let flows = [host.flow(2, FlowClass::Bandwidth), reader];
+        policy.on_start(&mut host.ctx(), &flows);
+        policy.streams[0].1.plan.pace_bytes_per_sec = Some(1.25e9);
+        policy.streams[1].1.plan.pace_bytes_per_sec = Some(2.5e8);
+        let figures = policy.figures();
+        assert_eq!(figures["pace_gbps"], 10.0);
+        assert_eq!(figures["read_pace_gbps.2"], 2.0);
+    }
 }
