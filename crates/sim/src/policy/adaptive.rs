@@ -1130,7 +1130,8 @@ mod tests {
     }
 
     /// The figures give each stream's pace in Gb/s, the send path's as `pace_gbps` and a
-    /// responder's under its host; before any update there is no paced fraction to give.
+    /// responder's under its host, and the share of updates that paced; before any update
+    /// there is no such share to give.
     #[test]
     fn figures_give_each_streams_pace_in_gbps() {
         let profile = ModelProfile::builtin("RoCE-100").unwrap();
@@ -1145,8 +1146,10 @@ mod tests {
         policy.on_start(&mut host.ctx(), &flows);
         policy.streams[0].1.plan.pace_bytes_per_sec = Some(1.25e9);
         policy.streams[1].1.plan.pace_bytes_per_sec = Some(2.5e8);
+        (policy.updates, policy.paced_updates) = (4, 1);
         let figures = policy.figures();
         assert_eq!(figures["pace_gbps"], 10.0);
         assert_eq!(figures["read_pace_gbps.2"], 2.0);
+        assert_eq!(figures["paced_fraction"], 0.25);
     }
 }

@@ -1244,4 +1244,30 @@ mod tests {
         policy.on_flow_active(&mut host.ctx(), &flows[1], false);
         assert_eq!(pace(&policy, &flows[0]), share);
     }
+
+    /// A latency flow into another host is declared to it from its start (the shaper never
+    /// sees its work); a bandwidth flow only once it has work, a latency READ as its READs
+    /// are, and a flow that stops is withdrawn.
+    #[test]
+    fn a_latency_flow_is_declared_to_its_receiver_from_its_start() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let mut policy = JustitiaPolicy::new(&profile, &JustitiaParams::default()).unwrap();
+        let mut host = TestHost::new();
+        let latency = host.flow(1, FlowClass::Latency);
+        let bandwidth = host.flow(2, FlowClass::Bandwidth);
+        let mut read = host.flow(3, FlowClass::Latency);
+        read.reads = true;
+        let flows = [latency, bandwidth, read];
+        policy.on_start(&mut host.ctx(), &flows);
+        for flow in &flows {
+            policy.on_flow_active(&mut host.ctx(), flow, true);
+        }
+        let loading =
+            |policy: &JustitiaPolicy| policy.loading.keys().map(|id| id.0).collect::<Vec<_>>();
+        assert_eq!(loading(&policy), [1]);
+        policy.on_post(&mut host.ctx(), flows[1].qps[0], write(7, 4096));
+        assert_eq!(loading(&policy), [1, 2]);
+        policy.on_flow_active(&mut host.ctx(), &flows[0], false);
+        assert_eq!(loading(&policy), [2]);
+    }
 }
