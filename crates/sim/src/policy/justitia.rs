@@ -1247,7 +1247,7 @@ mod tests {
 
     /// A latency flow into another host is declared to it from its start (the shaper never
     /// sees its work); a bandwidth flow only once it has work, a latency READ as its READs
-    /// are, and a flow that stops is withdrawn.
+    /// are, and a flow that stops is withdrawn. A datagram the channel refuses is counted.
     #[test]
     fn a_latency_flow_is_declared_to_its_receiver_from_its_start() {
         let profile = ModelProfile::builtin("RoCE-100").unwrap();
@@ -1269,5 +1269,14 @@ mod tests {
         assert_eq!(loading(&policy), [1, 2]);
         policy.on_flow_active(&mut host.ctx(), &flows[0], false);
         assert_eq!(loading(&policy), [2]);
+        // A datagram the channel cannot take is refused and counted, once each.
+        for refused in 1..=2 {
+            let junk = PolicyMessage::Peer(vec![0; 10]);
+            policy.on_message(&mut host.ctx(), HostId(1), junk);
+            assert_eq!(
+                policy.figures()["peer_datagrams_refused"],
+                f64::from(refused)
+            );
+        }
     }
 }
