@@ -110,6 +110,10 @@ fn a_delayed_grant_takes_effect_a_round_trip_after_the_start() {
             first <= 2.0 * 0.010 + 0.001,
             "{s}: first share at {first} ms"
         );
+        // The receiver serves no READ: its guarantee is the whole RNIC, which is no
+        // guarantee to report.
+        let guarantee = figure(prompt, &format!("{s}.peer_first_guarantee_ms"));
+        assert_eq!(guarantee, None, "{s}");
     }
 }
 

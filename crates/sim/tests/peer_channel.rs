@@ -45,6 +45,8 @@ fn the_requester_takes_the_responders_guarantee_over_the_channel() {
         None,
         "a never went silent"
     );
+    // b only reads from a: a's grants carry no incast share for it.
+    assert_eq!(figure(j, "b.peer_first_incast_share_ms"), None);
 }
 
 /// With 2 ms each way the first guarantee reaches b no earlier than a round trip (4 ms:
