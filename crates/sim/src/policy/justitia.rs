@@ -1279,4 +1279,26 @@ mod tests {
             );
         }
     }
+
+    /// A host that has sent no datagram and refused none reports no channel figures, and
+    /// no incast share it grants none; one refused datagram is reported with none sent.
+    #[test]
+    fn a_quiet_channel_reports_nothing() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let mut policy = JustitiaPolicy::new(&profile, &JustitiaParams::default()).unwrap();
+        let mut host = TestHost::new();
+        policy.on_start(&mut host.ctx(), &[]);
+        let channel_figures = |policy: &JustitiaPolicy| {
+            let figures = policy.figures();
+            let keys = figures.keys().filter(|k| k.starts_with("peer_"));
+            keys.cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(channel_figures(&policy), Vec::<String>::new());
+        policy.on_message(&mut host.ctx(), HostId(1), PolicyMessage::Peer(vec![0; 10]));
+        assert_eq!(
+            channel_figures(&policy),
+            ["peer_datagrams_refused", "peer_datagrams_sent"]
+        );
+        assert_eq!(policy.figures()["peer_datagrams_sent"], 0.0);
+    }
 }
