@@ -1269,6 +1269,13 @@ mod tests {
         assert_eq!(loading(&policy), [1, 2]);
         policy.on_flow_active(&mut host.ctx(), &flows[0], false);
         assert_eq!(loading(&policy), [2]);
+        // A host's only declared flow is withdrawn too when it stops.
+        let mut alone = JustitiaPolicy::new(&profile, &JustitiaParams::default()).unwrap();
+        alone.on_start(&mut host.ctx(), &flows[..1]);
+        alone.on_flow_active(&mut host.ctx(), &flows[0], true);
+        assert_eq!(loading(&alone), [1]);
+        alone.on_flow_active(&mut host.ctx(), &flows[0], false);
+        assert_eq!(loading(&alone), Vec::<u64>::new());
         // A datagram the channel cannot take is refused and counted, once each.
         for refused in 1..=2 {
             let junk = PolicyMessage::Peer(vec![0; 10]);
