@@ -1308,4 +1308,29 @@ mod tests {
         );
         assert_eq!(policy.figures()["peer_datagrams_sent"], 0.0);
     }
+
+    /// A peer timer due at the instant the loop's timer is due flushes the channel, and
+    /// leaves the loop's timer to its own event.
+    #[test]
+    fn a_peer_timer_beside_the_loop_timer_flushes_the_channel() {
+        let profile = ModelProfile::builtin("RoCE-100").unwrap();
+        let mut policy = JustitiaPolicy::new(&profile, &JustitiaParams::default()).unwrap();
+        let mut host = TestHost::new();
+        let flows = [host.flow(1, FlowClass::Bandwidth)];
+        policy.on_start(&mut host.ctx(), &flows);
+        policy.on_flow_active(&mut host.ctx(), &flows[0], true);
+        let due = policy.driver.timer_at.unwrap();
+        while let Some((_, tag)) = host.next_timer_before(due) {
+            policy.on_timer(&mut host.ctx(), tag);
+        }
+        assert_eq!(policy.driver.timer_at, Some(due));
+        policy.peer_timer_at = Some(due);
+        policy.on_timer(&mut host.ctx(), PEER_TIMER);
+        assert_ne!(policy.peer_timer_at, Some(due), "the channel was flushed");
+        assert_eq!(
+            policy.driver.timer_at,
+            Some(due),
+            "the loop's timer is still to come"
+        );
+    }
 }

@@ -108,6 +108,19 @@ impl TestHost {
         self.fabric.host_of(QpId(qp.0 + 1))
     }
 
+    /// The next timer the driver set that is due before `at`, dropping the RNIC's events
+    /// on the way; `None` once the next is due at `at` or later, the clock then at `at`
+    /// with what is due then still queued.
+    pub(crate) fn next_timer_before(&mut self, at: Picos) -> Option<(Picos, u64)> {
+        while let Some((when, event)) = self.queue.pop_until(at.saturating_sub(1)) {
+            if let Event::PolicyTimer { tag, .. } = event {
+                return Some((when, tag));
+            }
+        }
+        self.queue.advance_to(at);
+        None
+    }
+
     /// Runs the clock to `at`, dropping the RNIC's events due before it; no timer of the
     /// driver may fall due on the way.
     pub(crate) fn advance_to(&mut self, at: Picos) {
