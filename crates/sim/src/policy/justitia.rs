@@ -563,13 +563,9 @@ impl JustitiaPolicy {
     /// into another host to what that host's incast share gives it (§6.7).
     fn paced_allotment(&self, now: Duration, id: FlowId) -> Option<Allotment> {
         let allotment = self.driver.control.allotment(id)?;
-        let Some(&(spec, peer, Role::Incast)) = self.loads.iter().find(|l| l.0.id == id) else {
+        let Some(&(spec, peer, _)) = self.capped_incast().find(|l| l.0.id == id) else {
             return Some(allotment);
         };
-        if spec.class != FlowClass::Bandwidth {
-            // Its share keeps room in the receiver's link; only bandwidth flows fill it.
-            return Some(allotment);
-        }
         let flows = self
             .loading
             .values()
