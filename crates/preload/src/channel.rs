@@ -20,6 +20,10 @@
 //! A channel's state, with its eventfd, is freed when its last registered CQ is destroyed
 //! and no thread waits on it.
 //!
+//! A signal interrupts the wait as it interrupts the native one (see
+//! `resumes_after_signal`): `-1` with `errno` `EINTR` after a handler without
+//! `SA_RESTART`.
+//!
 //! Limit: an application that waits on the channel's file descriptor with its own `poll`
 //! or `epoll` sees synthesized completions at its next poll of the CQ, not as an event.
 
@@ -95,10 +99,19 @@ pub unsafe fn get_cq_event(
         // destructor.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
         if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+            if resumes_after_signal() {
                 continue;
             }
-            break;
+            // SAFETY: the reference taken above; the wait is over. errno is set last, as
+            // the native verb leaves it.
+            unsafe {
+                drop(Arc::from_raw(held));
+                *libc::__errno_location() = libc::EINTR;
+            }
+            return -1;
         }
         if fds[1].revents != 0 {
             state.clear_wake();
@@ -118,6 +131,49 @@ pub unsafe fn get_cq_event(
         }
     }
     rc
+}
+
+/// Whether a wait that a signal handler interrupted goes on, as the native verb's does.
+///
+/// libibverbs' `ibv_get_cq_event` blocks in `read` on the channel, which the kernel resumes
+/// after a handler installed with `SA_RESTART` and fails with `EINTR` after one without
+/// (qperf ends its tests with a `SIGALRM` handler without it). The shaper waits in `poll`,
+/// which fails with `EINTR` after any handler, and cannot tell which signal ran. It resumes
+/// when every signal that can interrupt this thread's wait has `SA_RESTART` or no handler;
+/// when any has a handler without it, it returns `EINTR`, as the native verb does for that
+/// signal. Signals this thread blocks cannot interrupt it; faults (`SIGSEGV`, `SIGBUS`,
+/// `SIGFPE`, `SIGILL`, `SIGTRAP`, `SIGSYS`) are raised by the faulting instruction's thread,
+/// never a thread waiting in `poll`, so their handlers (crash reporters, runtimes) are not
+/// counted.
+fn resumes_after_signal() -> bool {
+    const FAULTS: [c_int; 6] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGILL,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ];
+    // SAFETY: an all-zero sigset_t is a valid (empty) set to be filled in.
+    let mut blocked: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: reads the calling thread's mask into a local.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut blocked) };
+    (1..=libc::SIGRTMAX())
+        .filter(|sig| !FAULTS.contains(sig))
+        // SAFETY: a membership test on the set read above.
+        .filter(|&sig| unsafe { libc::sigismember(&blocked, sig) } != 1)
+        .all(|sig| {
+            // SAFETY: an all-zero sigaction is a valid place for the query's answer.
+            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: queries the disposition only (no new action); a signal the C library
+            // reserves answers with an error and is skipped.
+            if unsafe { libc::sigaction(sig, std::ptr::null(), &mut action) } != 0 {
+                return true;
+            }
+            let handled =
+                action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN;
+            !handled || action.sa_flags & libc::SA_RESTART != 0
+        })
 }
 
 /// The shaper's `ibv_ack_cq_events`: acknowledges the shaper's own events of `cq` first

@@ -653,3 +653,83 @@ fn completions_in_the_cq_never_outnumber_the_send_queue() {
     assert_eq!(seen, 2);
     assert_eq!(src, dst);
 }
+
+/// The interruption tests take turns: the disposition of their signal is process-wide.
+static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+extern "C" fn on_test_signal(_: c_int) {}
+
+/// A thread blocked in the shaper's `ibv_get_cq_event` on a registered channel, sent
+/// `SIGRTMIN + 2` (handled with `sa_flags`) every 20 ms for `signals` rounds or until the
+/// wait returns. Returns what the wait returned (rc, errno) if it returned, and in any case
+/// lets a kernel event end the wait before returning.
+fn interrupt_a_waiting_thread(sa_flags: c_int, signals: u32) -> Option<(c_int, c_int)> {
+    let _turn = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ch = FakeChannel::new();
+    let r = rig_on(&[("JUSTITIA_CLASS", "bandwidth")], 16, false, ch.ptr());
+    let sig = libc::SIGRTMIN() + 2;
+    // SAFETY: installs a handler that does nothing for a signal only this test sends, and
+    // puts the old disposition back below.
+    let old = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_test_signal as extern "C" fn(c_int) as usize;
+        action.sa_flags = sa_flags;
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(sig, &action, &mut old), 0);
+        old
+    };
+    let channel_addr = ch.ptr() as usize;
+    let (thread_tx, thread_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: the calling thread's own id.
+        thread_tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a registered channel that outlives the thread (joined below).
+        let rc = unsafe {
+            channel::get_cq_event(
+                channel_addr as *mut ibv_comp_channel,
+                &mut cq,
+                &mut ctx,
+                kernel_get_cq_event,
+            )
+        };
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        done_tx.send((rc, errno)).unwrap();
+    });
+    let thread = thread_rx.recv().unwrap();
+    let mut returned = None;
+    for _ in 0..signals {
+        // SAFETY: the waiter is alive until it sends on `done_tx`, and is joined below.
+        unsafe { libc::pthread_kill(thread, sig) };
+        if let Ok(got) = done_rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            returned = Some(got);
+            break;
+        }
+    }
+    if returned.is_none() {
+        ch.kernel_event(r.cq);
+    }
+    waiter.join().unwrap();
+    // SAFETY: the disposition saved above.
+    unsafe { libc::sigaction(sig, &old, std::ptr::null_mut()) };
+    returned
+}
+
+/// qperf ends each test with a `SIGALRM` handler installed without `SA_RESTART`: the native
+/// `ibv_get_cq_event` then fails with `EINTR`, and so must the shaper's.
+#[test]
+fn a_signal_handler_without_sa_restart_interrupts_the_wait_with_eintr() {
+    assert_eq!(
+        interrupt_a_waiting_thread(0, 100),
+        Some((-1, libc::EINTR)),
+        "the wait must end with -1 and EINTR within 2 s of signals"
+    );
+}
+
+/// After a handler installed with `SA_RESTART` the native wait goes on, and so does the
+/// shaper's: five signals, and the wait is still there for the kernel's event.
+#[test]
+fn a_signal_handler_with_sa_restart_leaves_the_wait_waiting() {
+    assert_eq!(interrupt_a_waiting_thread(libc::SA_RESTART, 5), None);
+}
