@@ -11,7 +11,7 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
-  iproute2 valgrind python3-prometheus-client
+  iproute2 valgrind python3-prometheus-client musl-tools python3-venv
   systemd util-linux python3
 )
 
@@ -43,6 +43,20 @@ if [ "${#missing[@]}" -gt 0 ]; then
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
+fi
+
+# The portable builds of the shaper (scripts/build-shaper.sh): cargo-zigbuild and zig from
+# PyPI in a virtual environment of their own, and Rust's musl target. Pinned: a newer zig
+# can change the glibc stubs the builds link against.
+tools=${JUSTITIA_TOOLS:-$HOME/.cache/justitia/tools}
+if [ ! -x "$tools/bin/cargo-zigbuild" ] || ! "$tools/bin/python" -m ziglang version >/dev/null 2>&1; then
+  log "installing cargo-zigbuild and zig into $tools"
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check cargo-zigbuild==0.24.1 ziglang==0.15.2
+fi
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+  log "adding Rust's x86_64-unknown-linux-musl target"
+  rustup target add x86_64-unknown-linux-musl
 fi
 
 # Go, for deploy/validate (its go.mod's version: Debian's golang-go is too old for the

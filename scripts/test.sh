@@ -14,6 +14,9 @@ echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== the shaper as it ships: glibc 2.17 and musl builds, audited and loaded into a musl program"
+scripts/build-shaper.sh
+cargo test -p justitia-preload --locked --test portable -- --include-ignored
 echo "== peer channel: 30 s of structure-aware fuzzing of the message parser and channel"
 # Mutated, partly re-signed messages (the HMAC tag would stop blind inputs); see the test.
 JUSTITIA_FUZZ_SECS=30 cargo test -p justitia-peer --locked --test fuzz -- --ignored --nocapture

@@ -55,11 +55,13 @@ if ! cargo build --release "${locked[@]}" -q -p justitia-integrity; then
 fi
 lib=-
 if [ -f crates/preload/Cargo.toml ]; then
-  echo "vm: building the shaper, justitia-preload (release)"
-  if cargo build --release "${locked[@]}" -q -p justitia-preload && [ -f "$target/release/libjustitia.so" ]; then
-    lib=$target/release/libjustitia.so
+  # The build that ships (glibc 2.17 baseline, zig's linker), so that every run under the
+  # shaper below is a run of what operators inject.
+  echo "vm: building the shaper as it ships (scripts/build-shaper.sh)"
+  if scripts/build-shaper.sh > "$target/build-shaper.log" 2>&1 && [ -f "$target/shaper/glibc/libjustitia.so" ]; then
+    lib=$target/shaper/glibc/libjustitia.so
   else
-    echo "FAIL build justitia-preload (no $target/release/libjustitia.so)"
+    echo "FAIL build the shaper: $(tail -n 3 "$target/build-shaper.log" | tr '\n' ' ')"
     fails=$((fails + 1))
   fi
 else

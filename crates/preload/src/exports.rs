@@ -118,6 +118,7 @@ extern "C" fn write_stats_at_exit() {
 /// once per process on stderr).
 fn find_real(name: &CStr, version: &CStr) -> *mut c_void {
     // glibc's answers, not the shaper's own entries (see `crate::dl`).
+    #[cfg(target_env = "gnu")]
     let _real = crate::ffi::ResolvingReal::hold();
     // SAFETY: the address is only transmuted by `real!` to the verb's C signature.
     match unsafe { real_symbol(name, Some(version)) } {

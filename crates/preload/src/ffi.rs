@@ -131,15 +131,18 @@ fn say_panic() {
     }
 }
 
+#[cfg(target_env = "gnu")]
 thread_local! {
     static RESOLVING_REAL: Cell<bool> = const { Cell::new(false) };
 }
 
 /// While held, the shaper is looking up the real verbs on this thread: its own `dlsym` and
 /// `dlvsym` (see [`crate::dl`]) give glibc's answers unchanged, else the shaper's entry
-/// would be taken for its own real verb.
+/// would be taken for its own real verb. glibc only: the musl build interposes neither.
+#[cfg(target_env = "gnu")]
 pub(crate) struct ResolvingReal(bool);
 
+#[cfg(target_env = "gnu")]
 impl ResolvingReal {
     /// Marks this thread as looking up real verbs until dropped.
     pub(crate) fn hold() -> Self {
@@ -147,6 +150,7 @@ impl ResolvingReal {
     }
 }
 
+#[cfg(target_env = "gnu")]
 impl Drop for ResolvingReal {
     fn drop(&mut self) {
         RESOLVING_REAL.set(self.0);
@@ -154,6 +158,7 @@ impl Drop for ResolvingReal {
 }
 
 /// Whether this thread holds a [`ResolvingReal`].
+#[cfg(target_env = "gnu")]
 pub(crate) fn resolving_real() -> bool {
     RESOLVING_REAL.get()
 }

@@ -13,7 +13,9 @@ pub mod clock;
 pub mod config;
 #[cfg(not(loom))]
 pub mod cq_ex;
-#[cfg(not(loom))]
+/// Not in the musl build: musl programs find verbs through handles unshaped (see the
+/// module's documentation).
+#[cfg(all(not(loom), target_env = "gnu"))]
 pub mod dl;
 #[cfg(not(loom))]
 pub mod engine;

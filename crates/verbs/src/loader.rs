@@ -37,6 +37,32 @@ fn dlerror_text() -> String {
     }
 }
 
+/// `dlvsym` when a version is given, else `dlsym`.
+///
+/// # Safety
+/// `handle` is `RTLD_NEXT`, `RTLD_DEFAULT` or a live handle from `dlopen`.
+#[cfg(target_env = "gnu")]
+unsafe fn lookup(handle: *mut c_void, name: &CStr, version: Option<&CStr>) -> *mut c_void {
+    // SAFETY: as the caller promises, with NUL-terminated strings.
+    unsafe {
+        match version {
+            Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()),
+            None => libc::dlsym(handle, name.as_ptr()),
+        }
+    }
+}
+
+/// `dlsym`: musl's dynamic linker has no `dlvsym`, and binds every program to each name's
+/// default version, so the default is the version a musl program's verbs are.
+///
+/// # Safety
+/// As the glibc variant.
+#[cfg(not(target_env = "gnu"))]
+unsafe fn lookup(handle: *mut c_void, name: &CStr, _version: Option<&CStr>) -> *mut c_void {
+    // SAFETY: as the caller promises, with a NUL-terminated name.
+    unsafe { libc::dlsym(handle, name.as_ptr()) }
+}
+
 /// The address of `name` in the objects after the calling object in the symbol search order
 /// (`RTLD_NEXT`), at symbol version `version` when given (`dlvsym`), else at its default
 /// version. `None` when no later object defines it.
@@ -46,12 +72,7 @@ fn dlerror_text() -> String {
 /// of `name` (at that version) has.
 pub unsafe fn next_symbol(name: &CStr, version: Option<&CStr>) -> Option<*mut c_void> {
     // SAFETY: both calls take NUL-terminated names and only look symbols up.
-    let addr = unsafe {
-        match version {
-            Some(v) => libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), v.as_ptr()),
-            None => libc::dlsym(libc::RTLD_NEXT, name.as_ptr()),
-        }
-    };
+    let addr = unsafe { lookup(libc::RTLD_NEXT, name, version) };
     (!addr.is_null()).then_some(addr)
 }
 
@@ -73,12 +94,7 @@ pub unsafe fn loaded_symbol(
         return None;
     }
     // SAFETY: the handle is live; the lookups take NUL-terminated names.
-    let addr = unsafe {
-        match version {
-            Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()),
-            None => libc::dlsym(handle, name.as_ptr()),
-        }
-    };
+    let addr = unsafe { lookup(handle, name, version) };
     // SAFETY: drops the reference RTLD_NOLOAD took; the object stays loaded by its owner.
     unsafe { libc::dlclose(handle) };
     (!addr.is_null()).then_some(addr)
