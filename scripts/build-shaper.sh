@@ -23,17 +23,15 @@ fi
 export PATH="$tools/bin:$PATH"
 target=${CARGO_TARGET_DIR:-target}
 out=${1:-$target/shaper}
-locked=()
-[ "${CI:-}" = true ] && locked=(--locked)
 # A target directory of its own: zig as the linker changes every crate's build.
 portable=$target/portable
 
 # glibc: the oldest baseline still in the field (CentOS 7, RHEL 7), as manylinux2014.
-cargo zigbuild --quiet --release "${locked[@]}" -p justitia-preload --lib \
+cargo zigbuild --quiet --release --locked -p justitia-preload --lib \
   --target x86_64-unknown-linux-gnu.2.17 --target-dir "$portable"
 # musl: a shared library needs the dynamic C library (musl links statically by default).
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C target-feature=-crt-static" \
-  cargo zigbuild --quiet --release "${locked[@]}" -p justitia-preload --lib \
+  cargo zigbuild --quiet --release --locked -p justitia-preload --lib \
   --target x86_64-unknown-linux-musl --target-dir "$portable"
 
 install -D -m 0755 "$portable/x86_64-unknown-linux-gnu/release/libjustitia.so" "$out/glibc/libjustitia.so"

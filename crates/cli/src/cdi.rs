@@ -10,19 +10,35 @@
 //!
 //! | device | edits |
 //! | --- | --- |
-//! | `<name>` | its `uverbsN` node; `libjustitia.so` bound read-only; `LD_PRELOAD`; the registration socket's directory (and `JUSTITIA_SOCKET` when the socket is not at the shaper's default path); `JUSTITIA_CLASS` = the default class |
-//! | `<name>-<class>` | the same with `JUSTITIA_CLASS=<class>`, for each of `latency`, `throughput`, `bandwidth`, `auto` |
+//! | `<name>` | its `uverbsN` node; the shaper's glibc and musl builds bound read-only under `/opt/justitia`; the preload list bound at `/etc/ld.so.preload`; the registration socket's directory (and `JUSTITIA_SOCKET` when the socket is not at the shaper's default path); `JUSTITIA_DEFAULT_CLASS` = the default class |
+//! | `<name>-<class>` | the same with `JUSTITIA_DEFAULT_CLASS=<class>`, for each of `latency`, `throughput`, `bandwidth`, `auto` |
 //! | `<name>-unshaped` | its `uverbsN` node only (the opt-out) |
 //!
 //! The spec-wide edits carry `/dev/infiniband/rdma_cm` when the host has it (sysfs
 //! `class/misc/rdma_cm`, present once `rdma_ucm` is loaded); runtimes apply them with any
 //! device of the spec.
 //!
+//! How the shaper gets into the container's processes: glibc's dynamic linker loads every
+//! object `/etc/ld.so.preload` lists into every dynamically linked program, besides those
+//! of `LD_PRELOAD`, so the spec binds a one-line list naming the glibc build
+//! ([`CONTAINER_LIBRARY`], built for glibc 2.17 and later) there and sets no `LD_PRELOAD`.
 //! A CDI `env` entry replaces a variable of the same name that the container sets itself
 //! (the CDI library's OCI editor replaces by name, and runtimes apply CDI edits after the
-//! container's own environment). So the class a container gets is chosen by the device
-//! name it asks for; the unsuffixed name gives the default. Device nodes carry only their
-//! path: runtimes read the type and numbers from the host's node when they inject it.
+//! container's own environment): an injected `LD_PRELOAD` would drop the image's own
+//! (jemalloc, tcmalloc, profilers), and an injected `JUSTITIA_CLASS` the pod's. So the
+//! image's `LD_PRELOAD` is kept (its objects come first in the search order, the shaper
+//! after them), and the class the device name chooses is a default,
+//! `JUSTITIA_DEFAULT_CLASS`, which the container's own `JUSTITIA_CLASS` overrides.
+//!
+//! musl's dynamic linker reads no preload list: a musl image runs unshaped unless it adds
+//! the musl build, bound at [`CONTAINER_MUSL_LIBRARY`], to its own `LD_PRELOAD`; justitiad
+//! lists its QPs as unshaped. Static programs load no shared object and are not shaped
+//! either. The list also overrides an image's own `/etc/ld.so.preload`, which images do
+//! not normally have. A set-user-ID program loads the shaper from the list too, and the
+//! shaper then passes everything through without reading its variables.
+//!
+//! Device nodes carry only their path: runtimes read the type and numbers from the host's
+//! node when they inject it.
 //!
 //! Invariants: every device name is a valid CDI device name and appears once; `all` lists
 //! every device node of the per-device entries, in the same order; the spec is written
@@ -39,9 +55,15 @@ use serde::Serialize;
 
 /// The CDI specification version the spec declares by default: the current one.
 pub const CURRENT_CDI_VERSION: &str = "1.1.0";
-/// Where `libjustitia.so` is bound inside the container.
+/// Where the glibc build of `libjustitia.so` is bound inside the container: the one path
+/// the preload list names (`packaging/ld.so.preload` holds exactly this line).
 pub const CONTAINER_LIBRARY: &str = "/opt/justitia/libjustitia.so";
-/// Where the DaemonSet copies `libjustitia.so` on the host.
+/// Where the musl build of `libjustitia.so` is bound inside the container.
+pub const CONTAINER_MUSL_LIBRARY: &str = "/opt/justitia/musl/libjustitia.so";
+/// The preload list glibc's dynamic linker reads in the container.
+pub const CONTAINER_PRELOAD_LIST: &str = "/etc/ld.so.preload";
+/// Where the DaemonSet copies the glibc build of `libjustitia.so` on the host; the musl
+/// build and the preload list are beside it (`musl/libjustitia.so`, `ld.so.preload`).
 pub const DEFAULT_HOST_LIBRARY: &str = "/var/lib/justitia/libjustitia.so";
 /// justitiad's registration socket, as `packaging/justitiad.toml` has it.
 pub const DEFAULT_SOCKET: &str = "/run/justitia/justitiad.sock";
@@ -55,7 +77,8 @@ const MAX_DEVICES: usize = 256;
 /// Suffix of the opt-out devices: their device nodes only, no shaper.
 const UNSHAPED: &str = "unshaped";
 
-/// The class the shaper gives a container's flow (`JUSTITIA_CLASS`).
+/// The class the shaper gives a container's flow unless the container sets its own
+/// (`JUSTITIA_DEFAULT_CLASS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Class {
     /// Left untouched; probes the NIC's latency.
@@ -100,14 +123,24 @@ pub struct CdiArgs {
     /// The spec's kind (vendor/class): devices are asked for as KIND=NAME.
     #[arg(long, default_value = "justitia.io/rdma")]
     pub kind: String,
-    /// Where libjustitia.so is on the host (bound read-only into the container).
+    /// Where the glibc build of libjustitia.so is on the host (bound read-only into the
+    /// container).
     #[arg(long, default_value = DEFAULT_HOST_LIBRARY)]
     pub library: PathBuf,
+    /// Where the musl build of libjustitia.so is on the host [default: musl/libjustitia.so
+    /// beside --library].
+    #[arg(long)]
+    pub musl_library: Option<PathBuf>,
+    /// Where the preload list (one line: /opt/justitia/libjustitia.so, as
+    /// packaging/ld.so.preload) is on the host, bound at /etc/ld.so.preload in the
+    /// container [default: ld.so.preload beside --library].
+    #[arg(long)]
+    pub preload_list: Option<PathBuf>,
     /// justitiad's registration socket on the host; its directory is bound at the same
     /// path in the container.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// JUSTITIA_CLASS of the devices without a class suffix.
+    /// JUSTITIA_DEFAULT_CLASS of the devices without a class suffix.
     #[arg(long, value_enum, default_value = "auto")]
     pub class: Class,
     /// The cdiVersion the spec declares (an older one for older runtimes, e.g. 0.6.0).
@@ -190,6 +223,23 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
     check_kind(&args.kind)?;
     check_version(&args.cdi_version)?;
     let library = absolute("--library", &args.library)?;
+    let beside_library = |name: &str| args.library.parent().map(|d| d.join(name));
+    let musl_library = absolute(
+        "--musl-library",
+        &args
+            .musl_library
+            .clone()
+            .or_else(|| beside_library("musl/libjustitia.so"))
+            .context("--library names no file")?,
+    )?;
+    let preload_list = absolute(
+        "--preload-list",
+        &args
+            .preload_list
+            .clone()
+            .or_else(|| beside_library("ld.so.preload"))
+            .context("--library names no file")?,
+    )?;
     let socket = absolute("--socket", &args.socket)?;
     let socket_dir = args
         .socket
@@ -214,6 +264,8 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
     let rdma_cm = args.sysfs.join("class/misc/rdma_cm").exists();
     let shaper = Shaper {
         library,
+        musl_library,
+        preload_list,
         socket,
         socket_dir,
         class: args.class,
@@ -227,6 +279,8 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
 /// What every shaped device adds to its device nodes.
 struct Shaper {
     library: String,
+    musl_library: String,
+    preload_list: String,
     socket: String,
     socket_dir: String,
     /// The class of the devices without a class suffix.
@@ -235,10 +289,7 @@ struct Shaper {
 
 impl Shaper {
     fn edits(&self, nodes: &[DeviceNode], class: Class) -> ContainerEdits {
-        let mut env = vec![
-            format!("LD_PRELOAD={CONTAINER_LIBRARY}"),
-            format!("JUSTITIA_CLASS={}", class.name()),
-        ];
+        let mut env = vec![format!("JUSTITIA_DEFAULT_CLASS={}", class.name())];
         // The shaper looks for the daemon at the default path unless told otherwise.
         if self.socket != DEFAULT_SOCKET {
             env.push(format!("JUSTITIA_SOCKET={}", self.socket));
@@ -251,6 +302,16 @@ impl Shaper {
                     host_path: self.library.clone(),
                     container_path: CONTAINER_LIBRARY.into(),
                     options: vec!["ro", "nosuid", "nodev", "bind"],
+                },
+                Mount {
+                    host_path: self.musl_library.clone(),
+                    container_path: CONTAINER_MUSL_LIBRARY.into(),
+                    options: vec!["ro", "nosuid", "nodev", "bind"],
+                },
+                Mount {
+                    host_path: self.preload_list.clone(),
+                    container_path: CONTAINER_PRELOAD_LIST.into(),
+                    options: vec!["ro", "nosuid", "nodev", "noexec", "bind"],
                 },
                 // Read-only is enough: connecting to a Unix socket needs write permission
                 // on the socket, which a read-only mount does not take away.
@@ -512,6 +573,8 @@ mod tests {
             devices: Vec::new(),
             kind: "justitia.io/rdma".into(),
             library: DEFAULT_HOST_LIBRARY.into(),
+            musl_library: None,
+            preload_list: None,
             socket: DEFAULT_SOCKET.into(),
             class: Class::Auto,
             cdi_version: CURRENT_CDI_VERSION.into(),
@@ -581,24 +644,37 @@ mod tests {
             "/dev/infiniband/rdma_cm"
         );
         let rxe = &device(&s, "rxe0")["containerEdits"];
+        // No LD_PRELOAD and no JUSTITIA_CLASS: those the container's own stay.
+        assert_eq!(strings(&rxe["env"]), ["JUSTITIA_DEFAULT_CLASS=auto"]);
+        let mounts = rxe["mounts"].as_array().unwrap();
+        let pairs: Vec<(&str, &str)> = mounts
+            .iter()
+            .map(|m| {
+                assert!(strings(&m["options"]).contains(&"ro"), "{m}");
+                (
+                    m["hostPath"].as_str().unwrap(),
+                    m["containerPath"].as_str().unwrap(),
+                )
+            })
+            .collect();
         assert_eq!(
-            strings(&rxe["env"]),
+            pairs,
             [
-                "LD_PRELOAD=/opt/justitia/libjustitia.so",
-                "JUSTITIA_CLASS=auto"
+                (
+                    "/var/lib/justitia/libjustitia.so",
+                    "/opt/justitia/libjustitia.so"
+                ),
+                (
+                    "/var/lib/justitia/musl/libjustitia.so",
+                    "/opt/justitia/musl/libjustitia.so"
+                ),
+                ("/var/lib/justitia/ld.so.preload", "/etc/ld.so.preload"),
+                ("/run/justitia", "/run/justitia"),
             ]
         );
-        let mounts = rxe["mounts"].as_array().unwrap();
-        assert_eq!(mounts.len(), 2);
-        assert_eq!(mounts[0]["hostPath"], "/var/lib/justitia/libjustitia.so");
-        assert_eq!(mounts[0]["containerPath"], "/opt/justitia/libjustitia.so");
-        assert!(strings(&mounts[0]["options"]).contains(&"ro"));
-        assert_eq!(mounts[1]["hostPath"], "/run/justitia");
-        assert_eq!(mounts[1]["containerPath"], "/run/justitia");
-        assert!(strings(&mounts[1]["options"]).contains(&"ro"));
         assert_eq!(
-            strings(&device(&s, "all-latency")["containerEdits"]["env"])[1],
-            "JUSTITIA_CLASS=latency"
+            strings(&device(&s, "all-latency")["containerEdits"]["env"]),
+            ["JUSTITIA_DEFAULT_CLASS=latency"]
         );
     }
 
@@ -629,14 +705,32 @@ mod tests {
         assert_eq!(
             strings(&edits["env"]),
             [
-                "LD_PRELOAD=/opt/justitia/libjustitia.so",
-                "JUSTITIA_CLASS=bandwidth",
+                "JUSTITIA_DEFAULT_CLASS=bandwidth",
                 "JUSTITIA_SOCKET=/var/run/jd/reg.sock"
             ]
         );
         assert_eq!(edits["mounts"][0]["hostPath"], "/opt/lib/libjustitia.so");
-        assert_eq!(edits["mounts"][1]["hostPath"], "/var/run/jd");
-        assert_eq!(edits["mounts"][1]["containerPath"], "/var/run/jd");
+        assert_eq!(
+            edits["mounts"][1]["hostPath"],
+            "/opt/lib/musl/libjustitia.so"
+        );
+        assert_eq!(edits["mounts"][2]["hostPath"], "/opt/lib/ld.so.preload");
+        assert_eq!(edits["mounts"][3]["hostPath"], "/var/run/jd");
+        assert_eq!(edits["mounts"][3]["containerPath"], "/var/run/jd");
+        a.musl_library = Some("/srv/musl.so".into());
+        a.preload_list = Some("/srv/preload".into());
+        let s = spec(&a);
+        let edits = &device(&s, "rxe0")["containerEdits"];
+        assert_eq!(edits["mounts"][1]["hostPath"], "/srv/musl.so");
+        assert_eq!(edits["mounts"][2]["hostPath"], "/srv/preload");
+    }
+
+    /// The list the DaemonSet installs names the path the spec binds the glibc build at,
+    /// and nothing else: glibc would try to load every word of it into every process.
+    #[test]
+    fn the_packaged_preload_list_names_the_bound_library() {
+        let list = include_str!("../../../packaging/ld.so.preload");
+        assert_eq!(list, format!("{CONTAINER_LIBRARY}\n"));
     }
 
     #[test]
@@ -684,6 +778,16 @@ mod tests {
         assert!(e.contains("--cdi-version 1.1"), "{e}");
         let e = err(&|a| a.library = "libjustitia.so".into());
         assert!(e.contains("--library") && e.contains("absolute"), "{e}");
+        let e = err(&|a| a.musl_library = Some("musl.so".into()));
+        assert!(
+            e.contains("--musl-library") && e.contains("absolute"),
+            "{e}"
+        );
+        let e = err(&|a| a.preload_list = Some("ld.so.preload".into()));
+        assert!(
+            e.contains("--preload-list") && e.contains("absolute"),
+            "{e}"
+        );
         let e = err(&|a| a.socket = "/justitiad.sock".into());
         assert!(e.contains("--socket"), "{e}");
         // A device whose name is another's variant would make a name appear twice.

@@ -2,7 +2,8 @@
 //!
 //! | variable | values | default |
 //! | --- | --- | --- |
-//! | `JUSTITIA_CLASS` | `latency`, `throughput`, `bandwidth`, `auto` | unset: observe and count only |
+//! | `JUSTITIA_CLASS` | `latency`, `throughput`, `bandwidth`, `auto` | `JUSTITIA_DEFAULT_CLASS` |
+//! | `JUSTITIA_DEFAULT_CLASS` | the same; the class when `JUSTITIA_CLASS` is unset (what a deployment injects, so that the application's own setting wins) | unset: observe and count only |
 //! | `JUSTITIA_POLICY` | `justitia` (split and pace), `preempt` (split, yield, no pacing) | `justitia` |
 //! | `JUSTITIA_CHUNK` | bytes, binary suffixes `K`, `M` (`64K`) | the core profile's 5 KiB |
 //! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`); at least `1K:1` | unset: unpaced |
@@ -156,7 +157,8 @@ impl Config {
                 .map_err(|()| error(var, &v, "expected off, warn, info or debug"))?;
         }
         config.stats_path = get("JUSTITIA_STATS").map(|(_, v)| PathBuf::from(v));
-        if let Some((var, v)) = get("JUSTITIA_CLASS") {
+        // The application's own class first; the deployment's default only without one.
+        if let Some((var, v)) = get("JUSTITIA_CLASS").or_else(|| get("JUSTITIA_DEFAULT_CLASS")) {
             config.class = Some(match v.to_ascii_lowercase().as_str() {
                 "auto" => ClassSetting::Auto,
                 other => ClassSetting::Fixed(other.parse().map_err(|_| {
@@ -361,6 +363,37 @@ mod tests {
         assert_eq!(c.yields.sub_message_bytes, 16 * 1024);
         assert_eq!(c.yields.yield_unit_bytes, 1024);
         assert_eq!(c.log, LogLevel::Warn);
+    }
+
+    #[test]
+    fn the_applications_class_wins_over_the_injected_default() {
+        let class = |vars: &[(&str, &str)]| parse(vars).map(|c| c.class);
+        let bandwidth = Some(ClassSetting::Fixed(FlowClass::Bandwidth));
+        let latency = Some(ClassSetting::Fixed(FlowClass::Latency));
+        assert_eq!(
+            class(&[("JUSTITIA_DEFAULT_CLASS", "bandwidth")]),
+            Ok(bandwidth)
+        );
+        assert_eq!(
+            class(&[
+                ("JUSTITIA_DEFAULT_CLASS", "bandwidth"),
+                ("JUSTITIA_CLASS", "latency")
+            ]),
+            Ok(latency)
+        );
+        // Set but empty is unset, as for every variable.
+        assert_eq!(
+            class(&[
+                ("JUSTITIA_DEFAULT_CLASS", "bandwidth"),
+                ("JUSTITIA_CLASS", "")
+            ]),
+            Ok(bandwidth)
+        );
+        // A bad default is named as such: the deployment's mistake, not the application's.
+        assert_eq!(
+            class(&[("JUSTITIA_DEFAULT_CLASS", "elephant")]).map_err(|e| e.var),
+            Err("JUSTITIA_DEFAULT_CLASS")
+        );
     }
 
     #[test]

@@ -39,10 +39,25 @@ use crate::log::{self, log, LogLevel};
 static ENGINE: OnceLock<Option<Arc<Engine>>> = OnceLock::new();
 
 /// The process's engine, made from the environment on first use; `None` when a setting
-/// was invalid (the shaper is then off and everything passes through).
+/// was invalid, or in a program running with privileges its user lacks (the shaper is then
+/// off and everything passes through).
+///
+/// A deployment preloads the shaper through `/etc/ld.so.preload`, which the dynamic linker
+/// honours for set-user-ID programs too (unlike `LD_PRELOAD`); their environment is the
+/// invoking user's, so a `JUSTITIA_STATS` path there would have a privileged process write
+/// where the user chooses. In secure-execution mode (`AT_SECURE`, as glibc's
+/// `secure_getenv` decides) the shaper reads none of its variables and shapes nothing.
 pub fn global_engine() -> Option<&'static Arc<Engine>> {
     ENGINE
         .get_or_init(|| {
+            // SAFETY: getauxval reads the process's auxiliary vector.
+            if unsafe { libc::getauxval(libc::AT_SECURE) } != 0 {
+                log!(
+                    Info,
+                    "a set-user-ID or privileged program: the shaper passes everything through"
+                );
+                return None;
+            }
             crate::ffi::watch_forks();
             let engine = engine_from(
                 |name| std::env::var(name).ok(),

@@ -2,7 +2,7 @@
 # Builds the guest's test applications with the host's C compiler against the installed
 # libibverbs and librdmacm headers: tests/vm/apps/build.sh OUTDIR. dlopen_app and
 # nccl_style_app are not linked with libibverbs (they load it with dlopen); the others
-# link it as applications do.
+# link it as applications do; mpi_check is built with mpicc when it is installed.
 # Warnings are errors: these programs are small and must stay clean.
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
@@ -16,3 +16,12 @@ flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
 "$cc" "${flags[@]}" -pthread -o "$out/destroy_held" "$src/destroy_held.c" -libverbs
 "$cc" "${flags[@]}" -o "$out/cm_churn" "$src/cm_churn.c" -lrdmacm -libverbs
 "$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libping_plugin.so" "$src/ping_plugin.c" -libverbs
+"$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libopen_counter.so" "$src/open_counter.c" -ldl
+# The container checks' probe (tests/vm/guest/cdi.sh), for a glibc image and a musl one.
+"$cc" "${flags[@]}" -pthread -o "$out/libc_probe" "$src/../../../crates/preload/tests/apps/libc_probe.c" -ldl
+musl-gcc "${flags[@]}" -pthread -o "$out/libc_probe.musl" "$src/../../../crates/preload/tests/apps/libc_probe.c"
+# The MPI check (tests/vm/guest/real-apps.sh runs it under Open MPI over UCX), when an MPI
+# compiler wrapper is installed (Debian's libopenmpi-dev).
+if command -v mpicc > /dev/null; then
+  mpicc "${flags[@]}" -o "$out/mpi_check" "$src/mpi_check.c"
+fi

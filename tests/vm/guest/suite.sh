@@ -629,10 +629,10 @@ else
   fi
   # The CDI spec of `justitia cdi` applied as a container runtime would (CDI_VALIDATOR:
   # deploy/validate's program, from run-tests.sh).
-  if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ]; then
-    result SKIP "cdi" "needs the shaper and deploy/validate"
+  if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ] || [ "$APPS" = - ]; then
+    result SKIP "cdi" "needs the shaper, deploy/validate and the test applications"
   else
-    timeout 240 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR"
+    timeout 300 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS"
     if [ "$?" = 124 ]; then
       result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 300 s"
     fi
