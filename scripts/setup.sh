@@ -6,13 +6,17 @@ set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
 
 # Debian packages: the verbs stack and perftest (used inside the QEMU guest through a
-# read-only share of this file system), QEMU itself, valgrind for instruction counts, and
-# python3-prometheus-client, the parser the guest's daemon tests read the metrics with.
+# read-only share of this file system), QEMU itself, valgrind for instruction counts,
+# python3-prometheus-client, the parser the guest's daemon tests read the metrics with,
+# musl-tools (a musl program for the musl build's checks), podman with runc (the container
+# runtime of the guest's CDI checks; runc named, as podman would otherwise take crun).
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
   iproute2 valgrind python3-prometheus-client musl-tools python3-venv
+  podman runc
   systemd util-linux python3
+  qperf ucx-utils libfabric-bin openmpi-bin libopenmpi-dev
 )
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -28,7 +28,7 @@ VM_PREREQS=(
   qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip depmod:kmod modprobe:kmod
   ibv_devinfo:ibverbs-utils ibv_rc_pingpong:ibverbs-utils rping:rdmacm-utils
   ib_write_bw:perftest rdma:iproute2 ip:iproute2 timeout:coreutils
-  cc:gcc valgrind:valgrind python3:python3
+  cc:gcc valgrind:valgrind python3:python3 musl-gcc:musl-tools podman:podman runc:runc
 )
 
 vm_log() { printf 'vm: %s\n' "$*" >&2; }

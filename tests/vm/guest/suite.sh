@@ -632,9 +632,9 @@ else
   if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ] || [ "$APPS" = - ]; then
     result SKIP "cdi" "needs the shaper, deploy/validate and the test applications"
   else
-    timeout 300 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS"
+    timeout 480 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS"
     if [ "$?" = 124 ]; then
-      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 300 s"
+      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 480 s"
     fi
   fi
 fi
