@@ -1,7 +1,10 @@
 //! The admin socket's requests and answers: one JSON object per line each way.
 //!
 //! Shared by `justitiad` and `justitia status | flows | set target`, so both sides agree on
-//! the fields by construction.
+//! the fields by construction. A field added to an answer carries `#[serde(default)]`, and
+//! a new request is a new command, so that either side may be the older one: an older
+//! daemon refuses a command it does not know (`bad request`), which the CLI says and
+//! carries on.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +19,9 @@ pub enum AdminRequest {
     Status,
     /// Every registered flow.
     Flows,
+    /// The processes holding RDMA queue pairs with no shaper registered, as the daemon's
+    /// last scan found them.
+    Unshaped,
     /// Change Target99.
     SetTarget {
         /// `150us`, `2ms`, `800ns` (absolute) or `2.5x` (a multiple of the idle p99).
@@ -123,6 +129,87 @@ pub struct FlowReport {
     pub read_guarantee_bytes_per_sec: Option<f64>,
 }
 
+/// Where the daemon's scan for unshaped processes stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScanState {
+    /// No scan has completed yet.
+    Starting,
+    /// The last scan completed.
+    Scanning,
+    /// The last scan failed (see [`UnshapedReport::error`]); the table is the last
+    /// completed scan's, if any.
+    Unavailable,
+    /// Not looked for (`unshaped_scan_ms = 0`).
+    Off,
+    /// A state this side does not know (from a newer daemon).
+    #[serde(other)]
+    Unknown,
+}
+
+/// The unshaped processes: those holding RDMA queue pairs (RC, UC, UD) on the daemon's
+/// devices whose process has no shaper connected to the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnshapedReport {
+    /// Where the scan stands.
+    pub scan: ScanState,
+    /// Why the last scan failed, while it does.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The time between scans, ms (0: off).
+    pub interval_ms: u64,
+    /// When the last completed scan ended, ms since the Unix epoch.
+    #[serde(default)]
+    pub scanned_unix_ms: Option<u64>,
+    /// The devices the last completed scan read.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// The unshaped processes by pid, at most the daemon's cap of them.
+    #[serde(default)]
+    pub processes: Vec<UnshapedProcess>,
+    /// Unshaped processes beyond those listed.
+    #[serde(default)]
+    pub unlisted_processes: u64,
+    /// The queue pairs of every unshaped process, listed or not.
+    #[serde(default)]
+    pub qps: u64,
+    /// The last scan stopped at its cap of queue pairs: there may be more.
+    #[serde(default)]
+    pub capped: bool,
+}
+
+/// A process holding RDMA queue pairs with no shaper registered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnshapedProcess {
+    /// Its pid (the thread group's).
+    pub pid: i32,
+    /// Its effective uid, when it could be read.
+    pub uid: Option<u32>,
+    /// Its command (`/proc/<pid>/comm`; empty when it could not be read), control
+    /// characters replaced.
+    pub comm: String,
+    /// The tenant it would count under: its uid, or its cgroup with `tenant = "cgroup"`;
+    /// `None` when it could not be read.
+    pub tenant: Option<String>,
+    /// Its queue pairs counted (all of them).
+    pub qps: u64,
+    /// The first of them, at most the daemon's cap per process.
+    pub listed: Vec<UnshapedQp>,
+}
+
+/// One queue pair of an unshaped process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnshapedQp {
+    /// The device.
+    pub device: String,
+    /// Its QP number.
+    pub qpn: u32,
+    /// Its transport (`RC`, `UC`, `UD`).
+    pub qp_type: String,
+    /// Its state (`RTS`, ...), when the kernel gave it.
+    pub state: Option<String>,
+}
+
 /// An answer on the admin socket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,8 +218,39 @@ pub enum AdminReply {
     Status(StatusReport),
     /// For [`AdminRequest::Flows`].
     Flows(Vec<FlowReport>),
+    /// For [`AdminRequest::Unshaped`].
+    Unshaped(UnshapedReport),
     /// The request was carried out.
     Done(String),
     /// The request was refused.
     Error(String),
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unshaped_request_and_answer_read_across_versions() {
+        assert_eq!(
+            serde_json::to_string(&AdminRequest::Unshaped).unwrap(),
+            r#"{"cmd":"unshaped"}"#
+        );
+        // From a newer daemon: a state and a field this side does not know.
+        let newer = r#"{"unshaped":{"scan":"paused","interval_ms":1000,"qps":2,"later":1,
+            "processes":[{"pid":7,"uid":0,"comm":"ib_write_bw","tenant":"0","qps":2,
+            "listed":[{"device":"rxe0","qpn":17,"qp_type":"RC","state":"RTS"}]}]}}"#;
+        let AdminReply::Unshaped(r) = serde_json::from_str(newer).unwrap() else {
+            panic!("not an unshaped answer")
+        };
+        assert_eq!(
+            (r.scan, r.qps, r.error, r.capped),
+            (ScanState::Unknown, 2, None, false)
+        );
+        assert_eq!(r.processes[0].listed[0].qpn, 17);
+        let off: AdminReply =
+            serde_json::from_str(r#"{"unshaped":{"scan":"off","interval_ms":0}}"#).unwrap();
+        assert!(matches!(off, AdminReply::Unshaped(r) if r.scan == ScanState::Off));
+    }
 }

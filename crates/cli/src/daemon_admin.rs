@@ -1,5 +1,11 @@
 //! `justitia status`, `justitia flows`, `justitia set target`: clients of justitiad's admin
 //! socket (root, or the daemon's admin group).
+//!
+//! `justitia flows` prints the registered flows, then the unshaped processes (RDMA queue
+//! pairs and no shaper registered) from a second request, which a daemon older than this
+//! command does not know: it then says so under the flows. `--json` prints the flows alone,
+//! as it always has; `--unshaped` the unshaped processes alone (with `--json`, the
+//! daemon's report).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -8,7 +14,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use justitia_agent::admin::{AdminReply, AdminRequest, FlowReport, StatusReport};
+use justitia_agent::admin::{
+    AdminReply, AdminRequest, FlowReport, ScanState, StatusReport, UnshapedReport,
+};
 
 /// The admin socket's default path.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/justitia/justitiad-admin.sock";
@@ -22,6 +30,17 @@ pub struct AdminArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Options of `justitia flows`.
+#[derive(Args, Debug, Clone)]
+pub struct FlowsArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Only the unshaped processes: those holding RDMA queue pairs with no shaper
+    /// registered, as the daemon's last scan found them (with --json, its report).
+    #[arg(long)]
+    pub unshaped: bool,
 }
 
 fn ask(socket: &Path, req: &AdminRequest) -> Result<AdminReply> {
@@ -111,16 +130,126 @@ fn status_table(s: &StatusReport) -> String {
 }
 
 /// `justitia flows`.
-pub fn flows(args: &AdminArgs) -> Result<()> {
-    let AdminReply::Flows(f) = ask(&args.socket, &AdminRequest::Flows)? else {
+pub fn flows(args: &FlowsArgs) -> Result<()> {
+    let socket = &args.admin.socket;
+    if args.unshaped {
+        let AdminReply::Unshaped(r) = ask(socket, &AdminRequest::Unshaped)? else {
+            bail!("unexpected reply")
+        };
+        if args.admin.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            print!("{}", unshaped_table(&r, now_unix_ms()));
+        }
+        return Ok(());
+    }
+    let AdminReply::Flows(f) = ask(socket, &AdminRequest::Flows)? else {
         bail!("unexpected reply")
     };
-    if args.json {
+    if args.admin.json {
         println!("{}", serde_json::to_string_pretty(&f)?);
-    } else {
-        print!("{}", flows_table(&f));
+        return Ok(());
+    }
+    print!("{}", flows_table(&f));
+    // The flows are printed whatever this answer is.
+    match ask(socket, &AdminRequest::Unshaped) {
+        Ok(AdminReply::Unshaped(r)) => print!("\n{}", unshaped_table(&r, now_unix_ms())),
+        Ok(_) => println!("\nunshaped processes: not reported (an unexpected reply)"),
+        Err(e) => println!("\nunshaped processes: not reported by this daemon ({e})"),
     }
     Ok(())
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Queue pairs shown per process in the table (`--json` has all the daemon lists).
+const QPS_SHOWN: usize = 4;
+
+/// The unshaped processes as `justitia flows` prints them, each row marked `unshaped`,
+/// the scan's age taken at `now_unix_ms`.
+fn unshaped_table(r: &UnshapedReport, now_unix_ms: u64) -> String {
+    use std::fmt::Write as _;
+    let error = r.error.as_deref().unwrap_or("no reason given");
+    let age = r
+        .scanned_unix_ms
+        .map(|t| format!("{:.1} s ago", now_unix_ms.saturating_sub(t) as f64 / 1e3));
+    let devices = if r.devices.is_empty() {
+        "no device".to_string()
+    } else {
+        r.devices.join(", ")
+    };
+    let mut out = match (r.scan, age) {
+        (ScanState::Off, _) => {
+            return "unshaped processes: not looked for (unshaped_scan_ms = 0)\n".into()
+        }
+        (ScanState::Starting, _) => {
+            return "unshaped processes: the first scan has not completed yet\n".into()
+        }
+        (_, None) => return format!("unshaped processes: unknown, no scan has completed: {error}\n"),
+        (ScanState::Unavailable, Some(age)) => format!(
+            "unshaped processes: the last scan failed ({error}); as of the last one, of {devices} {age}:\n"
+        ),
+        (_, Some(age)) => format!(
+            "unshaped processes (RDMA queue pairs, no shaper registered): {devices} scanned {age}, every {} ms\n",
+            r.interval_ms
+        ),
+    };
+    if r.processes.is_empty() && r.unlisted_processes == 0 {
+        out.push_str("none\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<8} {:>8} {:>6} {:<16} {:>5}  {:<40}  tenant",
+            "", "pid", "uid", "comm", "qps", "queue pairs"
+        );
+    }
+    for p in &r.processes {
+        let mut qps: Vec<String> = p
+            .listed
+            .iter()
+            .take(QPS_SHOWN)
+            .map(|q| {
+                format!(
+                    "{}/{} {} {}",
+                    q.device,
+                    q.qpn,
+                    q.qp_type,
+                    q.state.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        let shown = qps.len() as u64;
+        if p.qps > shown {
+            qps.push(format!("+{}", p.qps - shown));
+        }
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "{:<8} {:>8} {:>6} {:<16} {:>5}  {:<40}  {}",
+            "unshaped",
+            p.pid,
+            p.uid.map_or("-".into(), |u| u.to_string()),
+            if p.comm.is_empty() { "-" } else { &p.comm },
+            p.qps,
+            qps.join(", "),
+            p.tenant.as_deref().unwrap_or("-")
+        );
+    }
+    if r.unlisted_processes > 0 {
+        let _ = writeln!(
+            out,
+            "and {} more processes, not listed; {} queue pairs in all",
+            r.unlisted_processes, r.qps
+        );
+    }
+    if r.capped {
+        out.push_str("the scan stopped at its cap of queue pairs: there may be more\n");
+    }
+    out
 }
 
 /// The flows as `justitia flows` prints them; the admission verdict as the daemon spells
@@ -286,6 +415,86 @@ mod tests {
                 "1000"
             ]
         );
+    }
+
+    fn unshaped_report(scan: ScanState) -> UnshapedReport {
+        UnshapedReport {
+            scan,
+            error: None,
+            interval_ms: 1000,
+            scanned_unix_ms: Some(10_000),
+            devices: vec!["rxe0".into()],
+            processes: Vec::new(),
+            unlisted_processes: 0,
+            qps: 0,
+            capped: false,
+        }
+    }
+
+    #[test]
+    fn the_unshaped_table_marks_each_process_and_says_how_old_it_is() {
+        let qp = |qpn: u32| justitia_agent::admin::UnshapedQp {
+            device: "rxe0".into(),
+            qpn,
+            qp_type: "RC".into(),
+            state: Some("RTS".into()),
+        };
+        let r = UnshapedReport {
+            processes: vec![justitia_agent::admin::UnshapedProcess {
+                pid: 4242,
+                uid: Some(0),
+                comm: "ib_write_bw".into(),
+                tenant: Some("0".into()),
+                qps: 7,
+                listed: (17..23).map(qp).collect(),
+            }],
+            unlisted_processes: 2,
+            qps: 9,
+            ..unshaped_report(ScanState::Scanning)
+        };
+        let table = unshaped_table(&r, 12_500);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "unshaped processes (RDMA queue pairs, no shaper registered): rxe0 scanned 2.5 s ago, every 1000 ms"
+        );
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(&cells[..5], ["unshaped", "4242", "0", "ib_write_bw", "7"]);
+        // Four of the seven shown, the rest counted; the tenant last.
+        assert!(
+            lines[2].contains("rxe0/17 RC RTS, rxe0/18 RC RTS, rxe0/19 RC RTS, rxe0/20 RC RTS, +3"),
+            "{table}"
+        );
+        assert_eq!(cells.last(), Some(&"0"));
+        assert_eq!(
+            lines[3],
+            "and 2 more processes, not listed; 9 queue pairs in all"
+        );
+        let none = unshaped_table(&unshaped_report(ScanState::Scanning), 10_000);
+        assert!(none.ends_with("0.0 s ago, every 1000 ms\nnone\n"), "{none}");
+    }
+
+    #[test]
+    fn the_unshaped_table_says_why_there_is_none() {
+        assert!(unshaped_table(&unshaped_report(ScanState::Off), 0).contains("not looked for"));
+        assert!(unshaped_table(&unshaped_report(ScanState::Starting), 0).contains("not completed"));
+        let never = UnshapedReport {
+            error: Some("no NETLINK_RDMA socket: Protocol not supported (os error 93)".into()),
+            scanned_unix_ms: None,
+            ..unshaped_report(ScanState::Unavailable)
+        };
+        assert_eq!(
+            unshaped_table(&never, 0),
+            "unshaped processes: unknown, no scan has completed: no NETLINK_RDMA socket: Protocol not supported (os error 93)\n"
+        );
+        let failed = UnshapedReport {
+            error: Some("RDMA_NLDEV_CMD_GET: no complete answer within 5s".into()),
+            capped: true,
+            ..unshaped_report(ScanState::Unavailable)
+        };
+        let table = unshaped_table(&failed, 11_000);
+        assert!(table.starts_with("unshaped processes: the last scan failed (RDMA_NLDEV_CMD_GET: no complete answer within 5s); as of the last one, of rxe0 1.0 s ago:\nnone\n"), "{table}");
+        assert!(table.ends_with("there may be more\n"), "{table}");
     }
 
     #[test]

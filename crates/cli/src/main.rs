@@ -50,8 +50,9 @@ enum Command {
     },
     /// justitiad's status: SafeUtil, Current99, Target99, flow counts.
     Status(daemon_admin::AdminArgs),
-    /// The flows registered with justitiad.
-    Flows(daemon_admin::AdminArgs),
+    /// The flows registered with justitiad, then the processes holding RDMA queue pairs
+    /// with no shaper registered (unshaped).
+    Flows(daemon_admin::FlowsArgs),
     /// Write a CDI spec that hands containers the host's RDMA devices with the shaper.
     Cdi(cdi::CdiArgs),
     /// Change a setting of the running justitiad.

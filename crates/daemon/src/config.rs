@@ -26,6 +26,7 @@
 //! | `max_flows_per_uid` | 256 | flows one uid may register (a quarter of `slots` is kept for tenants with few flows, see `limits`) |
 //! | `max_connections_per_uid` | 64 | connections one uid may hold on the registration socket |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
+//! | `unshaped_scan_ms` | 1000 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 100..=60000; 0 turns it off (see [`crate::unshaped`]) |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
 //! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
 //! | `[peer]` | off | the peer channel to other hosts' daemons (remote READs, incast); on when the table is present |
@@ -138,6 +139,8 @@ pub struct Config {
     pub admission: AdmissionPolicy,
     /// What a tenant is.
     pub tenant: TenantBy,
+    /// The time between scans for unshaped processes; `None`: no scan.
+    pub unshaped_scan: Option<Duration>,
     /// Weights by uid.
     pub weights: BTreeMap<u32, u32>,
     /// The peer channel, when on.
@@ -166,6 +169,7 @@ impl Default for Config {
             max_connections_per_uid: 64,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
+            unshaped_scan: Some(Duration::from_millis(1000)),
             weights: BTreeMap::new(),
             peer: None,
         }
@@ -417,6 +421,20 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = take("unshaped_scan_ms") {
+            // A scan costs the kernel a query of every queue pair (a firmware command
+            // each on some RNICs): not more often than ten times a second.
+            c.unshaped_scan = match int("unshaped_scan_ms", v, 0, 60_000)? {
+                0 => None,
+                ms @ 100.. => Some(Duration::from_millis(ms as u64)),
+                ms => {
+                    return Err(err(
+                        "unshaped_scan_ms",
+                        format!("{ms} is out of range: 0 (off) or 100..=60000"),
+                    ))
+                }
+            };
+        }
         if let Some(v) = take("weights") {
             let toml::Value::Table(t) = v else {
                 return Err(err(
@@ -641,7 +659,7 @@ mod tests {
     #[test]
     fn keys_are_read() {
         let c = parse(
-            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\npolicy = \"adaptive\"\nmetrics = \"\"\ntenant = \"cgroup\"\n[weights]\n\"1000\" = 3\n",
+            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\npolicy = \"adaptive\"\nmetrics = \"\"\ntenant = \"cgroup\"\nunshaped_scan_ms = 250\n[weights]\n\"1000\" = 3\n",
         )
         .unwrap();
         assert_eq!(c.device.as_deref(), Some("rxe0"));
@@ -653,6 +671,12 @@ mod tests {
         assert_eq!(c.weights.get(&1000), Some(&3));
         assert_eq!(c.tenant, TenantBy::Cgroup);
         assert_eq!(c.policy, PolicyKind::Adaptive);
+        assert_eq!(c.unshaped_scan, Some(Duration::from_millis(250)));
+        assert_eq!(parse("unshaped_scan_ms = 0").unwrap().unshaped_scan, None);
+        assert_eq!(
+            parse("").unwrap().unshaped_scan,
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]
@@ -668,6 +692,17 @@ mod tests {
             ("admission = \"maybe\"", "admission", "neither"),
             ("probe = \"magic\"", "probe", "neither"),
             ("tenant = \"user\"", "tenant", "neither"),
+            (
+                "unshaped_scan_ms = 50",
+                "unshaped_scan_ms",
+                "0 (off) or 100..=60000",
+            ),
+            (
+                "unshaped_scan_ms = 60001",
+                "unshaped_scan_ms",
+                "out of range",
+            ),
+            ("unshaped_scan_ms = -1", "unshaped_scan_ms", "out of range"),
             (
                 "policy = \"perf\"",
                 "policy",

@@ -15,6 +15,8 @@
 //! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
 //! | [`peer`] | the peer channel's socket, discovery and metrics (`justitia-peer` on UDP) |
 //! | [`tenant`] | peer identity (pidfd, pid 0) and tenants by cgroup |
+//! | [`rdma_netlink`] | the RDMA queue pairs the kernel tracks, read over `NETLINK_RDMA` |
+//! | [`unshaped`] | processes holding queue pairs with no shaper registered: the scan, its table and metrics |
 
 pub mod adaptive;
 pub mod config;
@@ -22,5 +24,7 @@ pub mod limits;
 pub mod metrics;
 pub mod peer;
 pub mod probe;
+pub mod rdma_netlink;
 pub mod server;
 pub mod tenant;
+pub mod unshaped;

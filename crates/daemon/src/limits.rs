@@ -96,9 +96,12 @@ pub enum LogKind {
     Accept,
     /// An admin request refused or cut off.
     Admin,
+    /// A process found holding RDMA queue pairs with no shaper registered (any local user
+    /// can start as many as the kernel lets it).
+    Unshaped,
 }
 
-const KINDS: usize = 4;
+const KINDS: usize = 5;
 
 /// A per-kind budget of [`LOG_BURST`] lines per second. See the module documentation.
 #[derive(Debug, Default)]

@@ -23,6 +23,13 @@ pub struct Tenant {
     pub uid: String,
 }
 
+/// A tenant's label by its key: the uid, or the cgroup with `tenant = "cgroup"`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantKey {
+    /// The tenant's key (see [`crate::unshaped::tenant_series`] for the summed ones).
+    pub tenant: String,
+}
+
 /// The policy's label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabel {
@@ -93,6 +100,17 @@ pub struct Metrics {
     pub peer_received: Counter,
     /// Peer datagrams refused, by reason.
     pub peer_refused: Family<Label, Counter>,
+    /// Processes holding RDMA queue pairs with no shaper registered, as of the last
+    /// completed scan (see [`crate::unshaped`]).
+    pub unshaped_processes: Gauge,
+    /// Their queue pairs.
+    pub unshaped_qps: Gauge,
+    /// Unshaped processes per tenant.
+    pub tenant_unshaped_processes: Family<TenantKey, Gauge>,
+    /// Their queue pairs per tenant.
+    pub tenant_unshaped_qps: Family<TenantKey, Gauge>,
+    /// Scans for unshaped processes, by result (`completed`, `failed`).
+    pub unshaped_scans: Family<Label, Counter>,
 }
 
 impl Default for Metrics {
@@ -133,6 +151,11 @@ impl Metrics {
             peer_send_failed: Counter::default(),
             peer_received: Counter::default(),
             peer_refused: Family::default(),
+            unshaped_processes: Gauge::default(),
+            unshaped_qps: Gauge::default(),
+            tenant_unshaped_processes: Family::default(),
+            tenant_unshaped_qps: Family::default(),
+            unshaped_scans: Family::default(),
         }
     }
 
@@ -151,8 +174,8 @@ impl Metrics {
         self.registry_with(true)
     }
 
-    /// A registry holding them, the per-tenant series (labelled by uid) only if
-    /// `per_tenant`.
+    /// A registry holding them, the per-tenant series (labelled by uid, or by tenant for
+    /// the unshaped processes) only if `per_tenant`.
     pub fn registry_with(&self, per_tenant: bool) -> Registry {
         let mut r = Registry::with_prefix("justitia");
         r.register(
@@ -226,7 +249,32 @@ impl Metrics {
                 "Bytes a tenant's shapers reported posting",
                 self.tenant_usage.clone(),
             );
+            r.register(
+                "tenant_unshaped_processes",
+                "A tenant's processes holding RDMA queue pairs with no shaper registered",
+                self.tenant_unshaped_processes.clone(),
+            );
+            r.register(
+                "tenant_unshaped_qps",
+                "The queue pairs of a tenant's unshaped processes",
+                self.tenant_unshaped_qps.clone(),
+            );
         }
+        r.register(
+            "unshaped_processes",
+            "Processes holding RDMA queue pairs (RC, UC, UD) on the daemon's devices with no shaper registered, as of the last completed scan",
+            self.unshaped_processes.clone(),
+        );
+        r.register(
+            "unshaped_qps",
+            "The queue pairs of the unshaped processes",
+            self.unshaped_qps.clone(),
+        );
+        r.register(
+            "unshaped_scans",
+            "Scans for unshaped processes, by result (completed, failed)",
+            self.unshaped_scans.clone(),
+        );
         r.register(
             "probe_latency_seconds",
             "Reference flow post-to-completion time",
@@ -444,9 +492,10 @@ fn answer(head: &[u8], metrics: &Metrics, registry: &Registry) -> Vec<u8> {
 /// fails (the port taken) is a warning, retried with backoff from [`BIND_RETRY_MIN`] to
 /// [`BIND_RETRY_MAX`]: the daemon serves shapers meanwhile.
 ///
-/// The per-tenant series (allotment and usage labelled by uid) are served only on a Unix
-/// socket, mode 0660 and group `group` (the admin group): on TCP anyone on the host could
-/// read every tenant's usage.
+/// The per-tenant series (allotment and usage labelled by uid, unshaped processes by
+/// tenant) are served only on a Unix socket, mode 0660 and group `group` (the admin
+/// group): on TCP anyone on the host could read every tenant's usage, and a cgroup path
+/// names a container.
 pub fn serve(
     endpoint: Endpoint,
     metrics: Metrics,

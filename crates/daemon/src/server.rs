@@ -55,6 +55,11 @@
 //!   deadline, and written without blocking (`server/peering.rs`: the loop's remote-READ inputs
 //!   and outputs carried to and from [`PeerLink`]).
 //!
+//! Unshaped processes (holding RDMA queue pairs with no shaper connected) are looked for by a
+//! thread of their own ([`crate::unshaped`]): the loop only hands it the pids of its
+//! connections when they change, and copies a reference to its last answer when `justitia
+//! flows` asks, each through a lock it never waits for.
+//!
 //! `READY=1` goes to systemd once the sockets are bound, and when the unit sets
 //! `WatchdogSec=` the loop sends `WATCHDOG=1` at half that interval: a loop that stops
 //! turning is restarted.
@@ -66,6 +71,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use justitia_agent::admin::{
@@ -93,11 +99,15 @@ use rustix::net::{
 use tracing::{debug, error, info, warn};
 
 use crate::adaptive::{AdaptiveDriver, DriverFlow};
-use crate::config::{group_id, parse_target, AdmissionPolicy, Config, PolicyKind, TenantBy};
+use crate::config::{
+    group_id, parse_target, AdmissionPolicy, Config, PolicyKind, ProbeKind, TenantBy,
+};
 use crate::limits::{LogKind, LogLimiter, SlotCounts};
 use crate::metrics::{Label, Metrics, Tenant};
 use crate::peer::PeerLink;
 use crate::probe::Probe;
+use crate::rdma_netlink::DeviceFilter;
+use crate::unshaped::{ScanSettings, Scanner};
 use justitia_core::adaptive::allotments::{ChargedFlow, HostFlow};
 use justitia_core::adaptive::Resource;
 
@@ -166,7 +176,9 @@ struct AdminConn {
     /// Refused by identity: the answer is the refusal, no request is read.
     allowed: bool,
     input: Vec<u8>,
-    output: Vec<u8>,
+    /// The answer, once made (shared with the scanning thread for `unshaped`, whose answer
+    /// can be megabytes: never copied).
+    output: Arc<[u8]>,
     sent: usize,
     deadline: u64,
 }
@@ -259,6 +271,10 @@ pub struct Daemon {
     remote_ends: u64,
     /// The incast shares the peers this host's flows go into grant (§6.7).
     incast: justitia_core::incast::IncastLimits,
+    /// The scan for unshaped processes, unless `unshaped_scan_ms = 0`.
+    unshaped: Option<Scanner>,
+    /// The connections changed since their pids were last handed to the scan.
+    known_changed: bool,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -497,6 +513,26 @@ impl Daemon {
                 })
                 .clone()
         });
+        let unshaped = match config.unshaped_scan {
+            None => None,
+            Some(interval) => {
+                // The device the daemon shares: the probe's; with the synthetic probe the
+                // one named, or every device.
+                let devices = match (config.probe, &config.device) {
+                    (ProbeKind::Verbs, _) => DeviceFilter::Named(vec![info.device.clone()]),
+                    (ProbeKind::Synthetic(_), Some(d)) => DeviceFilter::Named(vec![d.clone()]),
+                    (ProbeKind::Synthetic(_), None) => DeviceFilter::All,
+                };
+                let settings = ScanSettings {
+                    interval,
+                    devices,
+                    tenant: config.tenant,
+                };
+                Some(Scanner::start(settings, metrics.clone()).map_err(|e| {
+                    StartError::Other(format!("starting the scan for unshaped processes: {e}"))
+                })?)
+            }
+        };
         info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
               boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
         Ok(Daemon {
@@ -553,6 +589,8 @@ impl Daemon {
             adaptive,
             adaptive_seen: (0, 0, 0, 0, 0),
             remote_ends: 0,
+            unshaped,
+            known_changed: false,
         })
     }
 
@@ -591,6 +629,7 @@ impl Daemon {
         }
         self.serve_ready(now);
         self.expire(now_ns());
+        self.hand_known_pids();
         let now_d = Duration::from_nanos(now_ns());
         if self.lp.poll_timeout().is_some_and(|t| t <= now_d) {
             self.lp.handle_timeout(now_d);
@@ -608,6 +647,27 @@ impl Daemon {
             }
         }
         self.publish_status();
+    }
+
+    /// Hands the pids of the connections to the scan for unshaped processes when they
+    /// changed (allocating then only); tried again on the next pass if the scan held them.
+    fn hand_known_pids(&mut self) {
+        if !self.known_changed {
+            return;
+        }
+        let Some(scanner) = &self.unshaped else {
+            self.known_changed = false;
+            return;
+        };
+        let pids: Arc<[i32]> = self
+            .clients
+            .values()
+            .map(|c| c.pid)
+            .filter(|&p| p > 0)
+            .collect();
+        if scanner.set_known(pids) {
+            self.known_changed = false;
+        }
     }
 
     /// Resumes a paused listener when its pause is over, and closes admin connections
@@ -1215,6 +1275,7 @@ impl Daemon {
             p.clients += 1;
         }
         *self.uid_clients.entry(uid).or_default() += 1;
+        self.known_changed = true;
         self.clients.insert(
             id,
             Client {
@@ -1597,6 +1658,7 @@ impl Daemon {
         let Some(c) = self.clients.remove(&client) else {
             return;
         };
+        self.known_changed = true;
         let n = c.flows.len();
         for id in c.flows {
             self.drop_flow(Duration::from_nanos(now), id);
@@ -1680,6 +1742,7 @@ impl Daemon {
             ("tenant", new.tenant != old.tenant),
             ("policy", new.policy != old.policy),
             ("peer", new.peer != old.peer),
+            ("unshaped_scan_ms", new.unshaped_scan != old.unshaped_scan),
         ];
         for (key, changed) in restart_only {
             if changed {
@@ -1706,6 +1769,7 @@ impl Daemon {
             tenant: old.tenant,
             policy: old.policy,
             peer: old.peer,
+            unshaped_scan: old.unshaped_scan,
             ..new
         };
         if relooped {
@@ -1791,7 +1855,7 @@ impl Daemon {
                 sock,
                 allowed,
                 input: Vec::new(),
-                output: Vec::new(),
+                output: Arc::from(Vec::new()),
                 sent: 0,
                 deadline: now.saturating_add(ADMIN_DEADLINE.as_nanos() as u64),
             };
@@ -1804,7 +1868,8 @@ impl Daemon {
                 }
                 conn.output = Self::encode_admin(&AdminReply::Error(
                     "permission denied: root or the admin group only".into(),
-                ));
+                ))
+                .into();
             }
             self.admins.insert(id, conn);
             // The refusal is written at once; a request is read when it arrives.
@@ -1848,15 +1913,19 @@ impl Daemon {
                 return;
             }
             let line = conn.input.split(|&b| b == b'\n').next().unwrap_or_default();
-            let reply = if conn.input.len() > MAX_ADMIN_REQUEST && !conn.input.contains(&b'\n') {
-                AdminReply::Error(format!("request longer than {MAX_ADMIN_REQUEST} bytes"))
+            conn.output = if conn.input.len() > MAX_ADMIN_REQUEST && !conn.input.contains(&b'\n') {
+                Self::encode_admin(&AdminReply::Error(format!(
+                    "request longer than {MAX_ADMIN_REQUEST} bytes"
+                )))
+                .into()
             } else {
                 match serde_json::from_slice::<AdminRequest>(line) {
                     Ok(req) => self.admin_request(req),
-                    Err(e) => AdminReply::Error(format!("bad request: {e}")),
+                    Err(e) => {
+                        Self::encode_admin(&AdminReply::Error(format!("bad request: {e}"))).into()
+                    }
                 }
             };
-            conn.output = Self::encode_admin(&reply);
         }
         while conn.sent < conn.output.len() {
             match rustix::net::send(
@@ -1881,8 +1950,21 @@ impl Daemon {
         }
     }
 
-    fn admin_request(&mut self, req: AdminRequest) -> AdminReply {
-        match req {
+    /// The encoded answer to `req`.
+    fn admin_request(&mut self, req: AdminRequest) -> Arc<[u8]> {
+        let reply = match req {
+            // Encoded by the scanning thread: the loop only takes a reference.
+            AdminRequest::Unshaped => {
+                return match &self.unshaped {
+                    None => crate::unshaped::off_answer(),
+                    Some(scanner) => scanner.answer().unwrap_or_else(|| {
+                        Self::encode_admin(&AdminReply::Error(
+                            "the table of unshaped processes was being replaced: ask again".into(),
+                        ))
+                        .into()
+                    }),
+                }
+            }
             AdminRequest::Status => AdminReply::Status(self.status()),
             AdminRequest::Flows => {
                 let caps = self.incast_caps();
@@ -1923,7 +2005,8 @@ impl Daemon {
                 },
                 Err(e) => AdminReply::Error(e),
             },
-        }
+        };
+        Self::encode_admin(&reply).into()
     }
 
     /// A flow's allotted bytes/s under the policy in effect, lowered to its incast `cap`,

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::admin::{AdminReply, AdminRequest, ScanState, UnshapedReport};
 use justitia_agent::block::monotonic_ns;
 use justitia_agent::client::{AgentClient, FlowState};
 use justitia_agent::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, MAX_MESSAGE};
@@ -688,6 +688,73 @@ fn per_tenant_series_are_served_on_the_unix_endpoint_only() {
                     == Some(4096.0)
         },
     );
+}
+
+fn unshaped(d: &Daemon) -> UnshapedReport {
+    match d.admin(&AdminRequest::Unshaped) {
+        AdminReply::Unshaped(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The synthetic probe's daemon reads every RDMA device: on a host without RDMA netlink
+/// the scan is unavailable (said once, tried again at a growing interval), on one with it
+/// the scan runs; the daemon answers and serves either way.
+#[test]
+fn the_unshaped_table_is_answered_with_or_without_rdma_netlink() {
+    let d = Daemon::start_with("unshaped_scan_ms = 100", true);
+    eventually("a first scan", Duration::from_secs(5), || {
+        unshaped(&d).scan != ScanState::Starting
+    });
+    let r = unshaped(&d);
+    assert_eq!(r.interval_ms, 100);
+    match r.scan {
+        ScanState::Scanning => {
+            assert_eq!(r.error, None);
+            assert!(r.scanned_unix_ms.is_some());
+        }
+        ScanState::Unavailable => {
+            assert!(r.error.as_deref().is_some_and(|e| !e.is_empty()), "{r:?}");
+            eventually("a second failed scan", Duration::from_secs(5), || {
+                metric(
+                    &d.scrape(),
+                    "justitia_unshaped_scans_total",
+                    Some(("value", "failed")),
+                ) >= Some(2.0)
+            });
+            let said = d
+                .log()
+                .matches("unshaped processes cannot be listed")
+                .count();
+            assert_eq!(said, 1, "{}", d.log());
+        }
+        other => panic!("{other:?}: {r:?}"),
+    }
+    let s = d.scrape();
+    assert_eq!(metric(&s, "justitia_unshaped_processes", None), Some(0.0));
+    assert_eq!(metric(&s, "justitia_unshaped_qps", None), Some(0.0));
+    // The daemon serves all the while.
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    assert!(matches!(
+        c.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered { .. }
+    ));
+    assert!(matches!(
+        d.admin(&AdminRequest::Status),
+        AdminReply::Status(_)
+    ));
+}
+
+#[test]
+fn with_unshaped_scan_ms_0_no_scan_runs() {
+    let d = Daemon::start("unshaped_scan_ms = 0");
+    let r = unshaped(&d);
+    assert_eq!(
+        (r.scan, r.interval_ms, r.processes.len()),
+        (ScanState::Off, 0, 0)
+    );
+    assert!(!d.log().contains("unshaped"), "{}", d.log());
 }
 
 #[test]

@@ -20,6 +20,13 @@ flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
 # The container checks' probe (tests/vm/guest/cdi.sh), for a glibc image and a musl one.
 "$cc" "${flags[@]}" -pthread -o "$out/libc_probe" "$src/../../../crates/preload/tests/apps/libc_probe.c" -ldl
 musl-gcc "${flags[@]}" -pthread -o "$out/libc_probe.musl" "$src/../../../crates/preload/tests/apps/libc_probe.c"
+# Statically linked with rdma-core and the rxe provider (libibverbs-dev's static archives):
+# the escapee no preload reaches. The linker's warnings about getaddrinfo in static programs
+# (from libnl) are about name lookups the program never makes.
+"$cc" "${flags[@]}" -static -o "$out/static_qp" "$src/static_qp.c" \
+  -Wl,--whole-archive -lrxe-rdmav34 -Wl,--no-whole-archive -libverbs -lnl-route-3 -lnl-3 -lpthread
+# The same program linked as usual, which the shaper does reach.
+"$cc" "${flags[@]}" -o "$out/qp_holder" "$src/static_qp.c" -libverbs
 # The MPI check (tests/vm/guest/real-apps.sh runs it under Open MPI over UCX), when an MPI
 # compiler wrapper is installed (Debian's libopenmpi-dev).
 if command -v mpicc > /dev/null; then

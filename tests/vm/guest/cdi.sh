@@ -33,8 +33,15 @@
 #    (musl's dynamic linker reads no /etc/ld.so.preload) runs its program to exit 0 with the
 #    shaper not mapped, and with the musl build added to its own LD_PRELOAD the shaper is
 #    mapped and the program still exits 0; a glibc program that opens no device has the
-#    shaper mapped from the list and exits 0.
-# 5. justitia.io/rdma=rxe0-unshaped, the opt-out, carries the device nodes and nothing else.
+#    shaper mapped from the list beside the image's interposer and exits 0, where an
+#    injection through LD_PRELOAD (what an env edit would do) loses the interposer; a
+#    set-user-ID program run by another user reads no JUSTITIA_* variable (no statistics
+#    file where it asked for one, which the same program without the bit writes).
+# 5. What escapes is seen: with every container's RC queue pair held for 30 s, justitiad
+#    lists a static program (rdma-core linked in) in a shaped container and a program
+#    given rxe0-unshaped as unshaped (`justitia flows --unshaped`), with their containers'
+#    cgroups as tenants, and not the same program given rxe0-bandwidth.
+# 6. justitia.io/rdma=rxe0-unshaped, the opt-out, carries the device nodes and nothing else.
 #
 # One line per check goes to RESULTS/results.txt as in suite.sh; logs to RESULTS/logs/cdi.*.
 set -uo pipefail
@@ -64,7 +71,8 @@ result() { # STATUS NAME DETAIL
 CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and injects through /etc/ld.so.preload"
   "cdi: podman: a glibc image's ib_write_bw is shaped and registered as its container's tenant, and the image's LD_PRELOAD interposer still interposes"
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
-  "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list"
+  "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
+  "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only")
 done_checks=0
 pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
@@ -95,7 +103,7 @@ cleanup() {
 trap 'cleanup; exit 124' TERM
 
 for f in "$BIN/justitiad" "$BIN/justitia" "$LIB" "$MUSL_LIB" "$VALIDATOR" "$APPS/libopen_counter.so" \
-  "$APPS/libc_probe" "$APPS/libc_probe.musl"; do
+  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/static_qp" "$APPS/qp_holder"; do
   [ -e "$f" ] || fail_rest "$f is not built"
 done
 command -v podman > /dev/null && command -v runc > /dev/null \
@@ -140,11 +148,17 @@ daemon_wait "$L.justitiad.log" "$run/registration/justitiad.sock" 20 || fail_res
 # and the image's own interposer, which its config preloads; a musl image with the musl
 # probe. Both are imported into podman's storage.
 image=$run/image
-{ image_add "$image" /usr/bin/ib_write_bw "$APPS/libc_probe" && image_glibc "$image" \
+{ image_add "$image" /usr/bin/ib_write_bw /usr/bin/ibv_devinfo "$APPS/libc_probe" && image_glibc "$image" \
   && image_verbs "$image"; } || fail_rest "cannot assemble the glibc image"
+# A set-user-ID copy of a program that opens the device, beside the plain one.
+cp "$image/usr/bin/ibv_devinfo" "$image/usr/bin/ibv_devinfo.setuid"
+chmod 4755 "$image/usr/bin/ibv_devinfo.setuid"
 mkdir -p "$image/usr/lib/interposer" "$image/results"
 cp "$APPS/libopen_counter.so" "$image/usr/lib/interposer/"
 cp "$APPS/libc_probe" "$image/usr/bin/libc_probe"
+cp "$APPS/static_qp" "$image/usr/bin/static_qp"
+image_add "$image" "$APPS/qp_holder" && cp "$APPS/qp_holder" "$image/usr/bin/qp_holder" \
+  || fail_rest "cannot add qp_holder to the glibc image"
 musl_image=$run/musl-image
 mkdir -p "$musl_image/usr/bin" "$musl_image/lib" "$musl_image/results"
 cp /lib/ld-musl-x86_64.so.1 "$musl_image/lib/"
@@ -277,12 +291,66 @@ probe musl localhost/justitia-test-musl
 probe musl-preload localhost/justitia-test-musl -e LD_PRELOAD=/opt/justitia/musl/libjustitia.so
 [ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper mapped" ]] \
   || fail_rest "musl image with the musl build in LD_PRELOAD: exit $PROBE_RC: $(head -c 300 "$L.musl-preload.log")"
+rm -f "$out/open_counter.txt"
 probe glibc localhost/justitia-test-glibc
-[ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper mapped" ]] \
-  || fail_rest "glibc image: exit $PROBE_RC: $(head -c 300 "$L.glibc.log")"
-pass "musl: exit 0, not mapped; musl with LD_PRELOAD: exit 0, mapped; glibc: exit 0, mapped from the list"
+[ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper mapped" ]] && [ -f "$out/open_counter.txt" ] \
+  || fail_rest "glibc image: exit $PROBE_RC, interposer's file $(ls "$out/open_counter.txt" 2>&1): $(head -c 300 "$L.glibc.log")"
+# What an injection through LD_PRELOAD (an env edit, as runtimes apply CDI's) would do: the
+# image's interposer is gone, and this check sees it.
+rm -f "$out/open_counter.txt"
+probe glibc-env-injection localhost/justitia-test-glibc -e LD_PRELOAD=/opt/justitia/libjustitia.so
+[ "$PROBE_RC" = 0 ] && [ ! -f "$out/open_counter.txt" ] \
+  || fail_rest "an LD_PRELOAD injection should have dropped the image's interposer: exit $PROBE_RC, $(cat "$out/open_counter.txt" 2>&1)"
+# A set-user-ID program run by another user (AT_SECURE) reads none of the shaper's
+# variables: no statistics file where the user asked for one; the same program without the
+# bit writes it.
+chmod 0777 "$out"
+for variant in ibv_devinfo ibv_devinfo.setuid; do
+  container "$variant" 60 localhost/justitia-test-glibc rxe0 --user 65534 \
+    -e "JUSTITIA_STATS=/results/$variant.%p.json" -- "/usr/bin/$variant" -d "$DEV" \
+    || fail_rest "$variant as uid 65534: exit $?: $(head -c 300 "$L.$variant.log")"
+done
+ls "$out"/ibv_devinfo.[0-9]*.json > /dev/null 2>&1 \
+  || fail_rest "the plain ibv_devinfo wrote no statistics: the set-user-ID check would prove nothing"
+! ls "$out"/ibv_devinfo.setuid.*.json > /dev/null 2>&1 \
+  || fail_rest "the set-user-ID ibv_devinfo wrote statistics where its user's environment asked"
+pass "musl: exit 0, not mapped; musl with LD_PRELOAD: exit 0, mapped; glibc: exit 0, mapped from the list beside the image's interposer, which an LD_PRELOAD injection would have dropped; set-user-ID: exit 0, no variable read"
 
-# 3. The opt-out.
+# 5. What escapes, seen by the daemon: a static program in a shaped container, and a
+# program given the unshaped device, each holding an RC queue pair, are listed unshaped
+# (justitia flows --unshaped) under their containers' cgroups; the same program given a
+# shaped device is not. The host's pid namespace, so that each says the pid the daemon
+# lists.
+holders=()
+for run_as in "static rxe0-bandwidth static_qp" "unshaped-device rxe0-unshaped qp_holder" \
+  "shaped-device rxe0-bandwidth qp_holder"; do
+  read -r name device program <<< "$run_as"
+  container "$name" 90 localhost/justitia-test-glibc "$device" --pid host -- "/usr/bin/$program" "$DEV" 30 &
+  holders+=($!)
+done
+pid_of() { grep -m1 -o 'pid [0-9]*' "$L.$1.log" 2> /dev/null | grep -o '[0-9]*'; }
+listed() { grep -q "\"pid\": *$1," "$L.unshaped.json"; }
+deadline=$((SECONDS + 60))
+while :; do
+  "$BIN/justitia" flows --unshaped --json --socket "$run/admin/admin.sock" > "$L.unshaped.json" 2>&1
+  static_pid=$(pid_of static) unshaped_pid=$(pid_of unshaped-device) shaped_pid=$(pid_of shaped-device)
+  if [ -n "$static_pid" ] && [ -n "$unshaped_pid" ] && [ -n "$shaped_pid" ] \
+    && listed "$static_pid" && listed "$unshaped_pid"; then
+    break
+  fi
+  [ "$SECONDS" -lt "$deadline" ] || break
+  sleep 1
+done
+for p in "${holders[@]}"; do wait "$p"; done
+[ -n "$static_pid" ] && [ -n "$unshaped_pid" ] && [ -n "$shaped_pid" ] \
+  || fail_rest "the queue pair holders did not all start: $(cat "$L.static.log" "$L.unshaped-device.log" "$L.shaped-device.log" | head -c 400)"
+listed "$static_pid" && listed "$unshaped_pid" \
+  || fail_rest "not listed within 60 s (static pid $static_pid, unshaped-device pid $unshaped_pid): $(head -c 600 "$L.unshaped.json")"
+! listed "$shaped_pid" || fail_rest "the shaped qp_holder (pid $shaped_pid) was listed as unshaped: $(head -c 600 "$L.unshaped.json")"
+grep -q libpod "$L.unshaped.json" || fail_rest "no container cgroup as tenant: $(head -c 600 "$L.unshaped.json")"
+pass "static_qp (pid $static_pid, shaped device) and qp_holder (pid $unshaped_pid, unshaped device) listed unshaped; qp_holder on a shaped device (pid $shaped_pid) not"
+
+# 6. The opt-out.
 if ! "$VALIDATOR" inject "$spec" justitia.io/rdma=rxe0-unshaped "PATH=/usr/bin" > "$L.unshaped.txt" 2>&1; then
   fail_rest "$(tr '\n' ' ' < "$L.unshaped.txt")"
 fi

@@ -596,6 +596,18 @@ fi
 # justitiad on rxe0 (crates/daemon, crates/agent): its own script, which writes its own
 # result lines. DAEMON_BIN_DIR holds justitiad, justitia and the register and scrape
 # examples, as run-tests.sh builds them.
+# Field applications (qperf, ucx_perftest, fi_pingpong, Open MPI over UCX), plain and under
+# the shaper (tests/vm/guest/real-apps.sh; 2.5 to 3.5 minutes).
+echo "== field applications"
+if ! have_shaper; then
+  result SKIP "real apps" "$NO_SHAPER"
+else
+  timeout 360 tests/vm/guest/real-apps.sh "$RESULTS" "$LIB" "$APPS"
+  if [ "$?" = 124 ]; then
+    result FAIL "real apps" "tests/vm/guest/real-apps.sh did not finish within 360 s"
+  fi
+fi
+
 echo "== daemon"
 DAEMON_BIN_DIR=${5:--}
 if [ "$DAEMON_BIN_DIR" = - ]; then
@@ -635,6 +647,16 @@ else
     timeout 480 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS"
     if [ "$?" = 124 ]; then
       result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 480 s"
+    fi
+  fi
+  # Applications that escape the shaper: a plain ib_write_bw is listed unshaped by the
+  # daemon's scan, a shaped one is not (about a minute under emulation).
+  if ! have_shaper; then
+    result SKIP "escapees" "$NO_SHAPER"
+  else
+    timeout 180 tests/vm/guest/escapees.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB"
+    if [ "$?" = 124 ]; then
+      result FAIL "escapees" "tests/vm/guest/escapees.sh did not finish within 180 s"
     fi
   fi
 fi
