@@ -153,7 +153,7 @@ if [ "$have_shaper" = 1 ] && [ -x "$RUN_BIN/justitia" ] && [ -x "$RUN_BIN/justit
   "$RUN_BIN/justitiad" --config "$dir/justitiad.toml" > "$LOGS/justitiad.log" 2>&1 &
   dpid=$!
   sleep 3
-  JUSTITIA_SOCKET=$dir/justitiad.sock timeout 600 "$RUN_BIN/justitia" run scenarios/lat-vs-1mb-bw-ib56.toml \
+  JUSTITIA_SOCKET=$dir/justitiad.sock timeout 600 "$RUN_BIN/justitia" run scenarios/lat-vs-1mb-bw-ib56.toml --shaper "$LIB" \
     -d "$DEV" --duration-ms $((BW_SECONDS * 1000)) --warmup-ms 1000 --compare \
     --max-p99-ratio 1.2 --min-rate-ratio 0.8 --plot "$RESULTS" --out "$RESULTS" \
     > "$RESULTS/justitia-run.txt" 2> "$LOGS/justitia-run.err"

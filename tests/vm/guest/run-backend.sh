@@ -62,7 +62,7 @@ run_scenario() {
   local name=$1 file=$2 log
   shift 2
   log=$OUT/$name.log
-  timeout 300 "$BIN/justitia" run "$file" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" \
+  timeout 300 "$BIN/justitia" run "$file" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" \
     --out "$OUT" --plot "$OUT" "$@" > "$log" 2> "$OUT/$name.err"
   local rc=$? scen runs svg zero
   scen=$(basename "$file" .toml)
@@ -98,8 +98,8 @@ run_scenario "lat vs 1 MB bw spread over 4 QPs" scenarios/lat-vs-1mb-bw-4qps-ib5
 
 # RPerf against plain post-to-completion, 16 B SENDs.
 lat=tests/vm/scenarios/send-lat-16b-softroce.toml
-timeout 120 "$BIN/justitia" run "$lat" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method rperf > "$OUT/rperf.log" 2>&1
-timeout 120 "$BIN/justitia" run "$lat" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method post-poll > "$OUT/post-poll.log" 2>&1
+timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method rperf > "$OUT/rperf.log" 2>&1
+timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method post-poll > "$OUT/post-poll.log" 2>&1
 rperf=$(grep '^rperf lat' "$OUT/rperf.log")
 rtt=$(echo "$rperf" | sed -n 's/.*T_W - T_L median \([0-9.]*\) us.*/\1/p')
 tl=$(echo "$rperf" | sed -n 's/.*loopback T_L median \([0-9.]*\) us.*/\1/p')
@@ -126,7 +126,7 @@ fi
 ours=""
 theirs=""
 for port in 19900 19901 19902; do
-  timeout 120 "$BIN/justitia" run "$lat" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method ping-pong > "$OUT/ping-pong.$port.log" 2>&1
+  timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method ping-pong > "$OUT/ping-pong.$port.log" 2>&1
   ours="$ours $(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/ping-pong.$port.log")"
   timeout 120 ib_send_lat -d "$DEV" -x 0 -s 16 -n 1000 -p $port > "$OUT/ib_send_lat.$port.server.log" 2>&1 &
   spid=$!
@@ -150,7 +150,7 @@ fi
 
 # Ctrl-C in the middle of a run: no load generator and no queue pair of one is left.
 qps_before=$(rdma resource show qp 2>/dev/null | grep -c 'comm justitia-lo')
-"$BIN/justitia" run scenarios/lat-vs-1mb-bw-ib56.toml -d "$DEV" --duration-ms 30000 > "$OUT/interrupted.log" 2>&1 &
+"$BIN/justitia" run scenarios/lat-vs-1mb-bw-ib56.toml --shaper "$LIB" -d "$DEV" --duration-ms 30000 > "$OUT/interrupted.log" 2>&1 &
 rpid=$!
 for _ in $(seq 100); do grep -q "flows running" "$OUT/interrupted.log" && break; sleep 0.1; done
 sleep 1
