@@ -98,26 +98,6 @@ shaped() { # CLASS
   echo "LD_PRELOAD=$LIB JUSTITIA_CLASS=$1 JUSTITIA_POLICY=adaptive JUSTITIA_SOCKET=$run/justitiad.sock"
 }
 
-# The pid of the program a `timeout` (PID) runs: the one the daemon sees register.
-child_of() { # PID
-  local _ c
-  for _ in $(seq 100); do
-    c=$(pgrep -P "$1" | head -n 1)
-    [ -n "$c" ] && { echo "$c"; return; }
-    sleep 0.05
-  done
-  echo "$1"
-}
-
-wait_tcp_listen() { # PORT
-  local _
-  for _ in $(seq 300); do
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
 # --- 1. the allotments follow the law -------------------------------------------------------
 # start_pair NAME ENV CLASS TOOL ARGS...: a perftest server and its client under the
 # shaper, in the background, each under timeout; sets CPID (the client's timeout) and CAPP

@@ -136,26 +136,6 @@ niced() { # CLASS
   echo "$(shaped "$1") nice -n 19"
 }
 
-wait_tcp_listen() { # PORT
-  local _
-  for _ in $(seq 300); do
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-# The pid of the program a `timeout` (PID) runs: the one the daemon sees register.
-child_of() { # PID
-  local _ c
-  for _ in $(seq 100); do
-    c=$(pgrep -P "$1" | head -n 1)
-    [ -n "$c" ] && { echo "$c"; return; }
-    sleep 0.05
-  done
-  echo "$1"
-}
-
 # start_pair NAME ENV_FN CLASS TOOL ARGS...: a perftest server and its client under the
 # shaper (ENV_FN: shaped or niced), in the background, each under timeout; sets SPID and
 # CPID (the timeouts, to wait for) and CAPP (the client itself), or ERR and returns 1.

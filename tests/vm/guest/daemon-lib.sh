@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Inside the guest: starting a scratch justitiad, shared by the daemon checks (daemon.sh,
-# daemon-apps.sh, cdi.sh, two-hosts.sh). Sourced; BIN must name the directory holding
-# justitiad.
+# daemon-apps.sh, daemon-adaptive.sh, cdi.sh, escapees.sh, two-hosts.sh), and waiting for
+# the programs they start (real-apps.sh too). Sourced; BIN must name the directory
+# holding justitiad.
 
 # daemon_config CONFIG SOCKET ADMIN_SOCKET METRICS [KEY=VALUE...]: packaging/justitiad.toml
 # with its registration socket, admin socket and metrics address moved (to a scratch
@@ -64,4 +65,27 @@ daemon_wait() {
     fi
     sleep 0.1
   done
+}
+
+# wait_tcp_listen PORT: until something listens on TCP PORT (a perftest or qperf server),
+# 30 s at most; returns 1 when nothing did.
+wait_tcp_listen() { # PORT
+  local _
+  for _ in $(seq 300); do
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# child_of PID: the pid of the program a `timeout` (PID) runs, the one that holds the queue
+# pairs and registers with the daemon (PID itself when it has no child within 5 s).
+child_of() { # PID
+  local _ c
+  for _ in $(seq 100); do
+    c=$(pgrep -P "$1" | head -n 1)
+    [ -n "$c" ] && { echo "$c"; return; }
+    sleep 0.05
+  done
+  echo "$1"
 }

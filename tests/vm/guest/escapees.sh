@@ -90,26 +90,6 @@ daemon_start "$config" "$L.justitiad.log"
 dpid=$DAEMON_PID
 daemon_wait "$L.justitiad.log" "$run/admin.sock" 30 || fail_rest "$DAEMON_ERR"
 
-wait_tcp_listen() { # PORT
-  local _
-  for _ in $(seq 300); do
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-# The pid of the program a `timeout` (PID) runs: the one holding the queue pairs.
-child_of() { # PID
-  local _ c
-  for _ in $(seq 100); do
-    c=$(pgrep -P "$1" | head -n 1)
-    [ -n "$c" ] && { echo "$c"; return; }
-    sleep 0.05
-  done
-  echo "$1"
-}
-
 # start_pair NAME [ENV...]: an ib_write_bw server and client on rxe0 under `env ENV...`,
 # timed (-D) so that they hold their queue pairs for the whole check, niced (their figures
 # are not checked, and busy-polling perftest otherwise slows the daemon and justitia on the

@@ -80,6 +80,8 @@
 # has each run's phases, timed. About 2.5 to 3 minutes under emulation.
 # shellcheck disable=SC2317 # the run and output functions are called through check_app
 set -uo pipefail
+# shellcheck source=tests/vm/guest/daemon-lib.sh
+source "$(dirname "$0")/daemon-lib.sh"
 
 RESULTS=$1
 LIB=${2:--}
@@ -140,15 +142,6 @@ cleanup() {
 }
 # Stopped by the suite's timeout: take every program down too.
 trap 'cleanup; exit 124' TERM INT
-
-wait_tcp_listen() { # PORT
-  local _
-  for _ in $(seq 300); do
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 # The environment of a mode, as NAME=value words: nothing plain; shaped, the shaper with its
 # statistics in DIR.
