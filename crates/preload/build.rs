@@ -10,7 +10,13 @@ fn main() {
     let map = if glibc {
         format!("{dir}/exports.map")
     } else {
-        let text = std::fs::read_to_string(format!("{dir}/exports.map")).unwrap_or_default();
+        let text = match std::fs::read_to_string(format!("{dir}/exports.map")) {
+            Ok(text) => text,
+            Err(e) => {
+                println!("cargo::error=cannot read {dir}/exports.map: {e}");
+                return;
+            }
+        };
         let out = std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into());
         let path = format!("{out}/exports-musl.map");
         if std::fs::write(&path, without_glibc_nodes(&text)).is_err() {
