@@ -406,6 +406,23 @@ fn synthesized_completions_raise_a_completion_channel_event() {
     assert_eq!(KERNEL_ACKS.with(Cell::get), 1);
 }
 
+/// The shaper's `ibv_get_cq_event` on the fake channel at `channel_addr` (registered, and
+/// alive until the caller's thread is joined): its return value and the CQ of the event.
+/// `errno` is as the call left it.
+fn wait_for_event(channel_addr: usize) -> (c_int, usize) {
+    let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: as the caller promises, with writable out-pointers.
+    let rc = unsafe {
+        channel::get_cq_event(
+            channel_addr as *mut ibv_comp_channel,
+            &mut cq,
+            &mut ctx,
+            kernel_get_cq_event,
+        )
+    };
+    (rc, cq as usize)
+}
+
 /// A thread already blocked in `ibv_get_cq_event` wakes for a synthesized completion.
 #[test]
 fn a_thread_waiting_for_an_event_wakes_for_a_synthesized_completion() {
@@ -434,19 +451,7 @@ fn a_thread_waiting_for_an_event_wakes_for_a_synthesized_completion() {
     assert_eq!(unsafe { ops::req_notify_cq(r.cq, 0) }, 0);
     let channel_addr = ch.ptr() as usize;
     let got = std::thread::scope(|scope| {
-        let waiter = scope.spawn(move || {
-            let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
-            // SAFETY: a registered channel that outlives the scope.
-            let rc = unsafe {
-                channel::get_cq_event(
-                    channel_addr as *mut ibv_comp_channel,
-                    &mut cq,
-                    &mut ctx,
-                    kernel_get_cq_event,
-                )
-            };
-            (rc, cq as usize)
-        });
+        let waiter = scope.spawn(move || wait_for_event(channel_addr));
         std::thread::sleep(std::time::Duration::from_millis(50));
         super::to_error(r.qp);
         waiter.join().unwrap()
@@ -684,16 +689,7 @@ fn interrupt_a_waiting_thread(sa_flags: c_int, signals: u32) -> Option<(c_int, c
     let waiter = std::thread::spawn(move || {
         // SAFETY: the calling thread's own id.
         thread_tx.send(unsafe { libc::pthread_self() }).unwrap();
-        let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: a registered channel that outlives the thread (joined below).
-        let rc = unsafe {
-            channel::get_cq_event(
-                channel_addr as *mut ibv_comp_channel,
-                &mut cq,
-                &mut ctx,
-                kernel_get_cq_event,
-            )
-        };
+        let (rc, _) = wait_for_event(channel_addr);
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         done_tx.send((rc, errno)).unwrap();
     });
