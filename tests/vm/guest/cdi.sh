@@ -212,10 +212,8 @@ write_pair_once() {
   shift
   timeout 160 ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" > "$L.$name.server.log" 2>&1 &
   spid=$!
-  for _ in $(seq 100); do
-    ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . && break
-    sleep 0.1
-  done
+  # A server that never listens shows in the client's error below.
+  wait_tcp_listen "$PORT" || true
   container "$name" 150 localhost/justitia-test-glibc rxe0-bandwidth "$@" -e "JUSTITIA_STATS=/results/stats.%p.json" -- \
     ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" 127.0.0.1 &
   cpid=$!
