@@ -6,6 +6,10 @@
 # and accepted by justitiad --check) and deploy/Dockerfile (BuildKit's parser: no container
 # builder is assumed), and a spec from `justitia cdi` for a fake rxe0 through the CDI
 # project's validation, then the same spec with a misspelt field, which must be refused.
+# The spec is also read with each CDI library release the field's runtimes vendor
+# (deploy/validate/cdi-readers: podman 4.3.1, containerd 1.7, 2.0, 2.1/2.2, CRI-O 1.34),
+# which must resolve its devices; a spec declaring 1.1.0, the version `justitia cdi` once
+# wrote whatever its content, must be refused by every one of them.
 #
 # Needs Go (go.mod's version or newer; /usr/local/go/bin is looked in) and the Go module
 # proxy for the first build. CARGO_TARGET_DIR is honoured; the validator is built there.
@@ -40,3 +44,19 @@ if out=$("$validator" cdi "$scratch/broken.json" 2>&1); then
   exit 1
 fi
 echo "deploy check: the misspelt spec is refused: $(echo "$out" | tr '\n' ' ' | head -c 300)"
+
+# Every runtime's CDI library reads the spec and resolves its devices; each refuses a spec
+# declaring a version it does not know (what `justitia cdi` wrote before it declared the
+# oldest version its content needs).
+"$target/debug/justitia" cdi --sysfs "$scratch/sys" --cdi-version 1.1.0 --output "$scratch/v110.json"
+for reader in deploy/validate/cdi-readers/v*/; do
+  release=$(basename "$reader")
+  (cd "$reader" && GOFLAGS=-mod=readonly go build -o "$target/cdi-read-$release" .)
+  "$target/cdi-read-$release" "$scratch/justitia.json" \
+    justitia.io/rdma=rxe0 justitia.io/rdma=rxe0-bandwidth justitia.io/rdma=rxe0-unshaped
+  if out=$("$target/cdi-read-$release" "$scratch/v110.json" 2>&1); then
+    echo "deploy check: CDI $release read a spec declaring 1.1.0, which it cannot know: $out" >&2
+    exit 1
+  fi
+  echo "deploy check: CDI $release refuses the 1.1.0 spec: ${out##*: }"
+done

@@ -53,8 +53,11 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-/// The CDI specification version the spec declares by default: the current one.
-pub const CURRENT_CDI_VERSION: &str = "1.1.0";
+/// The CDI specification versions a spec may declare, oldest first: the releases the
+/// CDI project's readers know (0.1.0 and 0.2.0 predate what they still accept).
+pub const CDI_VERSIONS: [&str; 8] = [
+    "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
+];
 /// Where the glibc build of `libjustitia.so` is bound inside the container: the one path
 /// the preload list names (`packaging/ld.so.preload` holds exactly this line).
 pub const CONTAINER_LIBRARY: &str = "/opt/justitia/libjustitia.so";
@@ -143,9 +146,11 @@ pub struct CdiArgs {
     /// JUSTITIA_DEFAULT_CLASS of the devices without a class suffix.
     #[arg(long, value_enum, default_value = "auto")]
     pub class: Class,
-    /// The cdiVersion the spec declares (an older one for older runtimes, e.g. 0.6.0).
-    #[arg(long, default_value = CURRENT_CDI_VERSION)]
-    pub cdi_version: String,
+    /// The cdiVersion the spec declares [default: the oldest its content allows, so that
+    /// every runtime reads it]. A runtime refuses a spec whose version is newer than its
+    /// CDI library knows (podman 4.3.1 knows up to 0.5.0, containerd 1.7 up to 0.8.0).
+    #[arg(long)]
+    pub cdi_version: Option<String>,
     /// Write the spec to this file (replaced whole) instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -221,7 +226,9 @@ pub fn run(args: &CdiArgs) -> Result<()> {
 /// The spec `args` ask for, as JSON text ending in a newline.
 pub fn generate(args: &CdiArgs) -> Result<String> {
     check_kind(&args.kind)?;
-    check_version(&args.cdi_version)?;
+    if let Some(v) = &args.cdi_version {
+        check_version(v)?;
+    }
     let library = absolute("--library", &args.library)?;
     let beside_library = |name: &str| args.library.parent().map(|d| d.join(name));
     let musl_library = absolute(
@@ -270,7 +277,18 @@ pub fn generate(args: &CdiArgs) -> Result<String> {
         socket_dir,
         class: args.class,
     };
-    let spec = build(&args.kind, &args.cdi_version, &devices, rdma_cm, &shaper)?;
+    let mut spec = build(&args.kind, &devices, rdma_cm, &shaper)?;
+    let needed = minimum_version(&spec);
+    if let Some(asked) = &args.cdi_version {
+        ensure!(
+            version_index(asked) >= version_index(needed),
+            "--cdi-version {asked}: the spec needs {needed} or newer ({})",
+            why_version(&spec)
+        );
+        spec.cdi_version.clone_from(asked);
+    } else {
+        spec.cdi_version = needed.into();
+    }
     let mut text = serde_json::to_string_pretty(&spec)?;
     text.push('\n');
     Ok(text)
@@ -325,13 +343,7 @@ impl Shaper {
     }
 }
 
-fn build(
-    kind: &str,
-    version: &str,
-    devices: &[RdmaDevice],
-    rdma_cm: bool,
-    shaper: &Shaper,
-) -> Result<Spec> {
+fn build(kind: &str, devices: &[RdmaDevice], rdma_cm: bool, shaper: &Shaper) -> Result<Spec> {
     let node = |d: &RdmaDevice| DeviceNode {
         path: format!("{DEV_DIR}/{}", d.uverbs),
     };
@@ -378,7 +390,8 @@ fn build(
         ..ContainerEdits::default()
     };
     Ok(Spec {
-        cdi_version: version.into(),
+        // Set by the caller from what the content needs.
+        cdi_version: String::new(),
         kind: kind.into(),
         devices: out,
         container_edits,
@@ -497,17 +510,47 @@ fn check_kind(kind: &str) -> Result<()> {
     Ok(())
 }
 
-/// A version `MAJOR.MINOR.PATCH`.
+/// A version the CDI specification released.
 fn check_version(version: &str) -> Result<()> {
-    let parts: Vec<&str> = version.split('.').collect();
     ensure!(
-        parts.len() == 3
-            && parts
-                .iter()
-                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
-        "--cdi-version {version}: expected MAJOR.MINOR.PATCH, e.g. {CURRENT_CDI_VERSION}"
+        CDI_VERSIONS.contains(&version),
+        "--cdi-version {version}: not a CDI specification version (one of {})",
+        CDI_VERSIONS.join(", ")
     );
     Ok(())
+}
+
+/// The position of a known version in [`CDI_VERSIONS`] (0 for anything else, which
+/// [`check_version`] has refused before).
+fn version_index(version: &str) -> usize {
+    CDI_VERSIONS.iter().position(|v| *v == version).unwrap_or(0)
+}
+
+/// The oldest CDI version whose readers accept the spec's content, by the rules of the
+/// specification's changelog for what this generator can write: a device name starting
+/// with a digit needs 0.5.0 (older readers want a letter first). The generator writes
+/// none of the later features (mount types 0.4.0, host paths of device nodes 0.5.0,
+/// annotations and dotted classes 0.6.0, additional GIDs and Intel RDT 0.7.0, network
+/// devices 1.1.0; [`check_kind`] refuses a dotted class), so anything else reads as 0.3.0.
+fn minimum_version(spec: &Spec) -> &'static str {
+    if spec.devices.iter().any(|d| starts_with_digit(&d.name)) {
+        "0.5.0"
+    } else {
+        "0.3.0"
+    }
+}
+
+/// Which content raised [`minimum_version`] above 0.3.0, for an error message.
+fn why_version(spec: &Spec) -> String {
+    match spec.devices.iter().find(|d| starts_with_digit(&d.name)) {
+        Some(d) => format!("device name `{}` starts with a digit", d.name),
+        None => "its content".into(),
+    }
+}
+
+/// A name whose first character is a digit (allowed by CDI 0.5.0 and later only).
+fn starts_with_digit(name: &str) -> bool {
+    name.bytes().next().is_some_and(|b| b.is_ascii_digit())
 }
 
 /// `path` as text, which must be absolute (the runtime resolves it on the host).
@@ -577,7 +620,7 @@ mod tests {
             preload_list: None,
             socket: DEFAULT_SOCKET.into(),
             class: Class::Auto,
-            cdi_version: CURRENT_CDI_VERSION.into(),
+            cdi_version: None,
             output: None,
         }
     }
@@ -613,7 +656,8 @@ mod tests {
         // uverbs10 sorts after uverbs2 by number, not by text.
         let sys = fake_sysfs(&[("uverbs10", "rxe0"), ("uverbs2", "mlx5_0")], true);
         let s = spec(&args(sys.path()));
-        assert_eq!(s["cdiVersion"], "1.1.0");
+        // Nothing in this content needs more than the oldest version runtimes read.
+        assert_eq!(s["cdiVersion"], "0.3.0");
         assert_eq!(s["kind"], "justitia.io/rdma");
         let names: Vec<&str> = s["devices"]
             .as_array()
@@ -692,13 +736,32 @@ mod tests {
     }
 
     #[test]
+    fn the_version_is_the_oldest_the_content_allows_and_an_older_one_is_refused() {
+        // A device whose name starts with a digit needs CDI 0.5.0: readers before it want
+        // a letter first.
+        let sys = fake_sysfs(&[("uverbs0", "0rxe")], false);
+        let s = spec(&args(sys.path()));
+        assert_eq!(s["cdiVersion"], "0.5.0");
+        let mut a = args(sys.path());
+        a.cdi_version = Some("0.4.0".into());
+        let e = format!("{:#}", generate(&a).unwrap_err());
+        assert!(
+            e.contains("--cdi-version 0.4.0") && e.contains("needs 0.5.0") && e.contains("`0rxe`"),
+            "{e}"
+        );
+        // Asking for a newer version than needed is the operator's choice.
+        a.cdi_version = Some("1.1.0".into());
+        assert_eq!(spec(&a)["cdiVersion"], "1.1.0");
+    }
+
+    #[test]
     fn the_default_class_and_paths_follow_the_options() {
         let sys = fake_sysfs(&[("uverbs0", "rxe0")], false);
         let mut a = args(sys.path());
         a.class = Class::Bandwidth;
         a.library = "/opt/lib/libjustitia.so".into();
         a.socket = "/var/run/jd/reg.sock".into();
-        a.cdi_version = "0.6.0".into();
+        a.cdi_version = Some("0.6.0".into());
         let s = spec(&a);
         assert_eq!(s["cdiVersion"], "0.6.0");
         let edits = &device(&s, "rxe0")["containerEdits"];
@@ -774,8 +837,13 @@ mod tests {
         assert!(e.contains("--kind rdma"), "{e}");
         let e = err(&|a| a.kind = "justitia.io/rd.ma".into());
         assert!(e.contains("--kind"), "{e}");
-        let e = err(&|a| a.cdi_version = "1.1".into());
-        assert!(e.contains("--cdi-version 1.1"), "{e}");
+        let e = err(&|a| a.cdi_version = Some("1.1".into()));
+        assert!(
+            e.contains("--cdi-version 1.1") && e.contains("0.3.0, 0.4.0"),
+            "{e}"
+        );
+        let e = err(&|a| a.cdi_version = Some("1.2.0".into()));
+        assert!(e.contains("not a CDI specification version"), "{e}");
         let e = err(&|a| a.library = "libjustitia.so".into());
         assert!(e.contains("--library") && e.contains("absolute"), "{e}");
         let e = err(&|a| a.musl_library = Some("musl.so".into()));
