@@ -23,13 +23,15 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 target=${CARGO_TARGET_DIR:-$PWD/target}
 validator=$target/deploy-validate
+# The validator runs the install step with justitia and has justitiad check the
+# ConfigMap's configuration.
+cargo build -q --locked -p justitia-cli --bin justitia -p justitia-daemon --bin justitiad
+export JUSTITIA_BIN_DIR=$target/debug
 start=$SECONDS
 (cd deploy/validate && GOFLAGS=-mod=readonly go build -o "$validator" . && GOFLAGS=-mod=readonly go test -count=1 ./...)
 echo "deploy check: validator built and its tests passed in $((SECONDS - start)) s"
 
-"$validator" repo .
-
-cargo build -q --locked -p justitia-cli --bin justitia -p justitia-daemon --bin justitiad
+"$validator" repo . "$JUSTITIA_BIN_DIR"
 "$target/debug/justitiad" --config deploy/kubernetes/justitiad.toml --check
 
 scratch=$(mktemp -d)

@@ -5,7 +5,8 @@
 // and CDI specs (the CDI project's strict parser and validation). It also applies a CDI
 // device's edits to a container as a runtime would, for the guest test.
 //
-//	validate repo ROOT                    the manifests, the configuration copy and the Dockerfile
+//	validate repo ROOT BIN_DIR            the manifests, the configuration copy and the Dockerfile,
+//	                                      with justitia and justitiad from BIN_DIR
 //	validate cdi SPEC...                  CDI spec files
 //	validate inject SPEC DEVICE [K=V...]  a container with environment K=V... given DEVICE:
 //	                                      prints its "env K=V", "mount SRC DST OPTS" and
@@ -26,14 +27,14 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: validate repo ROOT | cdi SPEC... | inject SPEC DEVICE [K=V...]")
+		return fmt.Errorf("usage: validate repo ROOT BIN_DIR | cdi SPEC... | inject SPEC DEVICE [K=V...]")
 	}
 	switch args[0] {
 	case "repo":
-		if len(args) != 2 {
-			return fmt.Errorf("usage: validate repo ROOT")
+		if len(args) != 3 {
+			return fmt.Errorf("usage: validate repo ROOT BIN_DIR")
 		}
-		report, err := checkRepo(args[1])
+		report, err := checkRepo(args[1], args[2])
 		if err != nil {
 			return err
 		}

@@ -17,18 +17,26 @@ import (
 )
 
 // checkRepo checks deploy/kubernetes, its configuration copy and deploy/Dockerfile under
-// root, and returns one line per check.
-func checkRepo(root string) (string, error) {
+// root, running the install step and justitiad's own configuration check with the
+// binaries in binDir (justitia, justitiad), and returns one line per check.
+func checkRepo(root, binDir string) (string, error) {
 	var report strings.Builder
 	objects, err := buildKustomization(filepath.Join(root, "deploy", "kubernetes"))
 	if err != nil {
 		return "", err
 	}
 	fmt.Fprintf(&report, "kustomize build deploy/kubernetes: %d objects, each decoded strictly\n", len(objects.daemonSets)+len(objects.configMaps))
-	if err := checkDeployment(objects); err != nil {
+	scratch, err := os.MkdirTemp("", "deploy-validate")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(scratch)
+	specPath, err := checkDeployment(objects, binDir, scratch)
+	if err != nil {
 		return "", fmt.Errorf("deploy/kubernetes: %w", err)
 	}
-	fmt.Fprintf(&report, "deploy/kubernetes: the DaemonSet's mounts, probes, ports and capabilities agree with its configuration\n")
+	fmt.Fprintf(&report, "deploy/kubernetes: the DaemonSet's mounts, probes, ports, security settings and RDMA resource agree with its configuration; justitiad --check accepts the ConfigMap\n")
+	fmt.Fprintf(&report, "deploy/kubernetes: the install step runs, writes %s, and every file the spec binds is on the host\n", specPath)
 	packaged, err := os.ReadFile(filepath.Join(root, "packaging", "justitiad.toml"))
 	if err != nil {
 		return "", err
@@ -104,18 +112,21 @@ func strictDecode(data []byte, into any, apiVersion, want string) error {
 }
 
 // checkDeployment checks what the API types cannot: that the DaemonSet's parts agree with
-// each other and with the configuration it mounts.
-func checkDeployment(o *builtObjects) error {
+// each other and with the configuration it mounts, that its security settings are those
+// the README promises, and, by running them in scratch, that its install step writes a
+// spec runtimes read whose files are on the host and that justitiad accepts its
+// configuration. It returns where the spec lands on the host.
+func checkDeployment(o *builtObjects, binDir, scratch string) (string, error) {
 	if len(o.daemonSets) != 1 {
-		return fmt.Errorf("%d DaemonSets, expected 1", len(o.daemonSets))
+		return "", fmt.Errorf("%d DaemonSets, expected 1", len(o.daemonSets))
 	}
 	ds := o.daemonSets[0]
 	pod := ds.Spec.Template.Spec
 	if !pod.HostNetwork || !pod.HostPID {
-		return fmt.Errorf("hostNetwork and hostPID must be true (the probe uses the node's port; shapers' pids are the host's)")
+		return "", fmt.Errorf("hostNetwork and hostPID must be true (the probe uses the node's port; shapers' pids are the host's)")
 	}
 	if pod.PriorityClassName == "" {
-		return fmt.Errorf("no priorityClassName: the daemon could be evicted before the pods it protects")
+		return "", fmt.Errorf("no priorityClassName: the daemon could be evicted before the pods it protects")
 	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pod.Volumes {
@@ -129,102 +140,128 @@ func checkDeployment(o *builtObjects) error {
 	for _, c := range all {
 		for _, m := range c.VolumeMounts {
 			if _, ok := volumes[m.Name]; !ok {
-				return fmt.Errorf("container %s mounts volume %q, which the pod does not have", c.Name, m.Name)
+				return "", fmt.Errorf("container %s mounts volume %q, which the pod does not have", c.Name, m.Name)
 			}
 		}
 		for _, e := range c.Env {
 			if ref := e.ValueFrom; ref != nil && ref.ConfigMapKeyRef != nil {
 				cm, ok := configMaps[ref.ConfigMapKeyRef.Name]
 				if !ok {
-					return fmt.Errorf("container %s: env %s names ConfigMap %q, which the build does not make", c.Name, e.Name, ref.ConfigMapKeyRef.Name)
+					return "", fmt.Errorf("container %s: env %s names ConfigMap %q, which the build does not make", c.Name, e.Name, ref.ConfigMapKeyRef.Name)
 				}
 				if _, ok := cm.Data[ref.ConfigMapKeyRef.Key]; !ok {
-					return fmt.Errorf("container %s: env %s names key %q, which ConfigMap %s lacks", c.Name, e.Name, ref.ConfigMapKeyRef.Key, cm.Name)
+					return "", fmt.Errorf("container %s: env %s names key %q, which ConfigMap %s lacks", c.Name, e.Name, ref.ConfigMapKeyRef.Key, cm.Name)
 				}
 			}
 		}
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-			return fmt.Errorf("container %s: CPU and memory requests and a memory limit are required", c.Name)
+			return "", fmt.Errorf("container %s: CPU and memory requests and a memory limit are required", c.Name)
 		}
 		sc := c.SecurityContext
 		if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
-			return fmt.Errorf("container %s: capabilities must drop ALL", c.Name)
+			return "", fmt.Errorf("container %s: capabilities must drop ALL", c.Name)
 		}
 		if sc.Privileged != nil && *sc.Privileged {
-			return fmt.Errorf("container %s: privileged", c.Name)
+			return "", fmt.Errorf("container %s: privileged", c.Name)
 		}
 		for _, add := range sc.Capabilities.Add {
 			if add != "IPC_LOCK" || c.Name != "justitiad" {
-				return fmt.Errorf("container %s adds capability %s: only justitiad adds one, IPC_LOCK", c.Name, add)
+				return "", fmt.Errorf("container %s adds capability %s: only justitiad adds one, IPC_LOCK", c.Name, add)
 			}
 		}
 	}
 	daemon := findContainer(pod.Containers, "justitiad")
 	if daemon == nil {
-		return fmt.Errorf("no container named justitiad")
+		return "", fmt.Errorf("no container named justitiad")
 	}
 	// The configuration: a ConfigMap volume mounted as a directory (a subPath mount would
 	// never see an update), at the directory of --config.
 	configPath := argAfter(daemon.Command, "--config")
 	if configPath == "" {
-		return fmt.Errorf("justitiad has no --config argument")
+		return "", fmt.Errorf("justitiad has no --config argument")
 	}
 	var config map[string]string
+	var configText string
 	for _, m := range daemon.VolumeMounts {
 		v := volumes[m.Name]
 		if v.ConfigMap == nil {
 			continue
 		}
 		if m.SubPath != "" || m.SubPathExpr != "" {
-			return fmt.Errorf("the configuration is mounted with subPath: the daemon would never see it change")
+			return "", fmt.Errorf("the configuration is mounted with subPath: the daemon would never see it change")
 		}
 		if m.MountPath != path.Dir(configPath) {
-			return fmt.Errorf("the configuration is mounted at %s, but --config is %s", m.MountPath, configPath)
+			return "", fmt.Errorf("the configuration is mounted at %s, but --config is %s", m.MountPath, configPath)
 		}
 		cm, ok := configMaps[v.ConfigMap.Name]
 		if !ok {
-			return fmt.Errorf("volume %s names ConfigMap %q, which the build does not make", v.Name, v.ConfigMap.Name)
+			return "", fmt.Errorf("volume %s names ConfigMap %q, which the build does not make", v.Name, v.ConfigMap.Name)
 		}
 		text, ok := cm.Data[path.Base(configPath)]
 		if !ok {
-			return fmt.Errorf("ConfigMap %s has no key %s", cm.Name, path.Base(configPath))
+			return "", fmt.Errorf("ConfigMap %s has no key %s", cm.Name, path.Base(configPath))
 		}
 		config = topLevelKeys(text)
+		configText = text
 	}
 	if config == nil {
-		return fmt.Errorf("justitiad mounts no ConfigMap")
+		return "", fmt.Errorf("justitiad mounts no ConfigMap")
 	}
 	socket, admin, metrics := config["socket"], config["admin_socket"], config["metrics"]
 	if socket == "" || admin == "" || metrics == "" {
-		return fmt.Errorf("the configuration must set socket, admin_socket and metrics")
+		return "", fmt.Errorf("the configuration must set socket, admin_socket and metrics")
 	}
 	if path.Dir(socket) == path.Dir(admin) {
-		return fmt.Errorf("admin_socket %s is in the registration socket's directory, which the CDI spec binds into containers", admin)
+		return "", fmt.Errorf("admin_socket %s is in the registration socket's directory, which the CDI spec binds into containers", admin)
 	}
 	for _, dir := range []string{path.Dir(socket), path.Dir(admin)} {
 		if !hostPathMountedAt(*daemon, volumes, dir) {
-			return fmt.Errorf("justitiad does not mount a host directory at %s, where its configuration puts a socket", dir)
+			return "", fmt.Errorf("justitiad does not mount a host directory at %s, where its configuration puts a socket", dir)
 		}
 	}
 	for _, probe := range []*corev1.Probe{daemon.LivenessProbe, daemon.StartupProbe} {
 		if probe == nil || probe.Exec == nil {
-			return fmt.Errorf("justitiad needs a startup and a liveness probe, each asking the daemon (exec)")
+			return "", fmt.Errorf("justitiad needs a startup and a liveness probe, each asking the daemon (exec)")
 		}
 		if got := argAfter(probe.Exec.Command, "--socket"); got != admin {
-			return fmt.Errorf("a probe asks %q, but admin_socket is %s", got, admin)
+			return "", fmt.Errorf("a probe asks %q, but admin_socket is %s", got, admin)
 		}
 	}
 	_, port, ok := strings.Cut(metrics, ":")
 	if !ok {
-		return fmt.Errorf("metrics %q has no port", metrics)
+		return "", fmt.Errorf("metrics %q has no port", metrics)
 	}
 	if ds.Spec.Template.Annotations["prometheus.io/port"] != port {
-		return fmt.Errorf("prometheus.io/port is %q, the metrics port %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
+		return "", fmt.Errorf("prometheus.io/port is %q, the metrics port %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
 	}
 	if !slices.ContainsFunc(daemon.Ports, func(p corev1.ContainerPort) bool { return strconv.Itoa(int(p.ContainerPort)) == port }) {
-		return fmt.Errorf("justitiad declares no containerPort %s (metrics)", port)
+		return "", fmt.Errorf("justitiad declares no containerPort %s (metrics)", port)
 	}
-	return nil
+	if err := checkSecurity(pod); err != nil {
+		return "", err
+	}
+	if err := checkRDMAResource(*daemon); err != nil {
+		return "", err
+	}
+	if err := checkDaemonConfig(configText, binDir, scratch); err != nil {
+		return "", err
+	}
+	install := findContainer(pod.InitContainers, "install")
+	if install == nil {
+		return "", fmt.Errorf("no init container named install (it puts the shaper and the CDI spec on the host)")
+	}
+	hostRoot, err := runInstall(*install, volumes, configMaps, binDir, scratch)
+	if err != nil {
+		return "", err
+	}
+	specPath, spec, err := cdiSpecOnHost(hostRoot)
+	if err != nil {
+		return "", err
+	}
+	if err := checkSpecAgainstHost(spec, hostRoot, socket); err != nil {
+		return "", fmt.Errorf("%s: %w", specPath, err)
+	}
+	return specPath, nil
 }
 
 func findContainer(cs []corev1.Container, name string) *corev1.Container {

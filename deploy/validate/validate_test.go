@@ -7,9 +7,24 @@ import (
 	"testing"
 )
 
+// binDir is where justitia and justitiad are: check.sh builds them and sets
+// JUSTITIA_BIN_DIR.
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("JUSTITIA_BIN_DIR")
+	if dir == "" {
+		t.Fatal("JUSTITIA_BIN_DIR is not set: run deploy/validate/check.sh, which builds justitia and justitiad and sets it")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
 // The repository's own files pass.
 func TestTheRepositoryPasses(t *testing.T) {
-	report, err := checkRepo("../..")
+	report, err := checkRepo("../..", binDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,9 +55,10 @@ func copyRepo(t *testing.T) string {
 	return root
 }
 
-// Each broken input, made by one replacement in one file, is refused with an error that
-// names what is wrong.
+// Each broken input, made by one replacement in one file (most of them one line that
+// breaks or weakens a real deployment), is refused with an error that names what is wrong.
 func TestBrokenInputsAreRefused(t *testing.T) {
+	bins := binDir(t)
 	cases := []struct {
 		name, file, old, new, want string
 	}{
@@ -66,6 +82,29 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 		{"Dockerfile copies from no stage", "deploy/Dockerfile", "COPY --from=build", "COPY --from=builder", "builder"},
 		{"Dockerfile runs as root", "deploy/Dockerfile", "USER 65532:65532", "USER root", "root"},
 		{"Dockerfile leaves the shaper out", "deploy/Dockerfile", "/out/usr/lib/justitia/libjustitia.so", "/out/usr/lib/libjustitia.so", "/usr/lib/justitia/libjustitia.so"},
+		// Cross-references, found by running the install step and justitiad --check.
+		{"spec written where no runtime reads", "deploy/kubernetes/daemonset.yaml", "path: /var/run/cdi\n", "path: /var/lib/cdi\n", "no runtime reads specs"},
+		{"library installed away from --library", "deploy/kubernetes/daemonset.yaml", "--library /var/lib/justitia/libjustitia.so", "--library /var/lib/justitia/lib/libjustitia.so", "puts no file there"},
+		{"musl build not installed", "deploy/kubernetes/daemonset.yaml", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so.1", "musl/libjustitia.so"},
+		{"preload list installed under another name", "deploy/kubernetes/daemonset.yaml", "/host/var/lib/justitia/ld.so.preload\n", "/host/var/lib/justitia/ld.preload\n", "ld.so.preload"},
+		{"--socket in another directory than the daemon's", "deploy/kubernetes/daemonset.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia-admin/justitiad.sock", "justitiad's socket"},
+		{"--socket another file than the daemon's", "deploy/kubernetes/daemonset.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia/shaper.sock", "/run/justitia/shaper.sock"},
+		{"typo in the install script", "deploy/kubernetes/daemonset.yaml", "mkdir -p /host", "mkdri -p /host", "script fails"},
+		{"misspelt justitia cdi flag", "deploy/kubernetes/daemonset.yaml", "--class \"$JUSTITIA_DEFAULT_CLASS\"", "--clas \"$JUSTITIA_DEFAULT_CLASS\"", "--clas"},
+		{"class value justitia cdi refuses", "deploy/kubernetes/kustomization.yaml", "class=auto", "class=fast", "fast"},
+		{"install writes outside its volumes", "deploy/kubernetes/daemonset.yaml", "mountPath: /host/var/lib/justitia\n", "mountPath: /host/var/lib/justitia-lib\n", "in no volume"},
+		{"spec volume not mounted by the install step", "deploy/kubernetes/daemonset.yaml", "              mountPath: /host/var/run/cdi\n", "              mountPath: /host/run/cdi\n", "in no volume"},
+		{"RDMA resource removed", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"1\"\n", "              memory: 128Mi\n", "rdma/"},
+		{"two RDMA devices asked for", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"1\"\n", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"2\"\n", "expected 1"},
+		{"seccomp unconfined", "deploy/kubernetes/daemonset.yaml", "type: RuntimeDefault\n", "type: Unconfined\n", "seccompProfile"},
+		{"privilege escalation allowed", "deploy/kubernetes/daemonset.yaml", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "allowPrivilegeEscalation"},
+		{"writable root file system", "deploy/kubernetes/daemonset.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "readOnlyRootFilesystem"},
+		{"IPC_LOCK removed", "deploy/kubernetes/daemonset.yaml", `add: ["IPC_LOCK"]`, `add: []`, "IPC_LOCK"},
+		{"1 MiB memory limit", "deploy/kubernetes/daemonset.yaml", "memory: 128Mi", "memory: 1Mi", "below its request"},
+		{"memory request below the floor", "deploy/kubernetes/daemonset.yaml", "memory: 32Mi", "memory: 1Mi", "floor"},
+		{"configuration value justitiad refuses", "deploy/kubernetes/justitiad.toml", "ref_period_us = 500", "ref_period_us = 0", "justitiad --check"},
+		{"configuration key justitiad does not know", "deploy/kubernetes/justitiad.toml", `target = "2x"`, `target = "2x"
+targte = "3x"`, "targte"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -81,7 +120,7 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 			if err := os.WriteFile(path, []byte(strings.Replace(string(data), c.old, c.new, 1)), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err = checkRepo(root)
+			_, err = checkRepo(root, bins)
 			if err == nil {
 				t.Fatalf("accepted")
 			}
