@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The deployment files' check, a step of scripts/test.sh: deploy/validate's own tests
+# The deployment files' check, a step of scripts/test.sh: the device plugin's tests
+# (deploy/device-plugin, against a fake kubelet), deploy/validate's own tests
 # (broken manifests, configuration, Dockerfile and CDI specs that must be refused), then
 # the repository's deploy/kubernetes (a kustomize build, every object decoded strictly into
 # the k8s.io/api types), deploy/kubernetes/justitiad.toml (against packaging/justitiad.toml,
@@ -27,6 +28,11 @@ validator=$target/deploy-validate
 # ConfigMap's configuration.
 cargo build -q --locked -p justitia-cli --bin justitia -p justitia-daemon --bin justitiad
 export JUSTITIA_BIN_DIR=$target/debug
+start=$SECONDS
+# The device plugin (its tests run it against a fake kubelet), built beside them.
+(cd deploy/device-plugin && GOFLAGS=-mod=readonly go vet . && GOFLAGS=-mod=readonly go test -count=1 -race . \
+  && GOFLAGS=-mod=readonly go build -o "$JUSTITIA_BIN_DIR/justitia-device-plugin" .)
+echo "deploy check: device plugin built and its tests passed in $((SECONDS - start)) s"
 start=$SECONDS
 (cd deploy/validate && GOFLAGS=-mod=readonly go build -o "$validator" . && GOFLAGS=-mod=readonly go test -count=1 ./...)
 echo "deploy check: validator built and its tests passed in $((SECONDS - start)) s"

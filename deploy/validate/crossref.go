@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -20,12 +21,12 @@ var cdiSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
 // The smallest memory each container is given. justitiad holds its control blocks (one
 // page per slot, 1024 slots: 4 MiB), the probe's buffers and its binary; the install step
 // runs cp and `justitia cdi`.
-var memoryFloor = map[string]string{"justitiad": "32Mi", "install": "16Mi"}
+var memoryFloor = map[string]string{"justitiad": "32Mi", "install": "16Mi", "device-plugin": "16Mi"}
 
 // checkSecurity checks the settings deploy/kubernetes/README.md promises for every
 // container: no privilege escalation, a read-only root file system, the runtime's seccomp
-// profile, capabilities dropped (justitiad keeps IPC_LOCK, which it needs), and memory
-// requests and limits that the API server accepts and the process can run in.
+// profile, and memory requests and limits that the API server accepts and the process can
+// run in.
 func checkSecurity(pod corev1.PodSpec) error {
 	podSeccomp := pod.SecurityContext != nil && pod.SecurityContext.SeccompProfile != nil &&
 		pod.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
@@ -60,34 +61,34 @@ func checkSecurity(pod corev1.PodSpec) error {
 			return fmt.Errorf("container %s: memory limit %s is below its request %s (the API server refuses it)", c.Name, limit, request)
 		}
 	}
-	daemon := findContainer(pod.Containers, "justitiad")
-	if daemon == nil {
-		return fmt.Errorf("no container named justitiad")
-	}
-	if daemon.SecurityContext.Capabilities == nil || !slices.Contains(daemon.SecurityContext.Capabilities.Add, "IPC_LOCK") {
-		return fmt.Errorf("justitiad must add capability IPC_LOCK: it pins the reference flow's memory whatever the node's memlock limit")
-	}
 	return nil
 }
 
-// checkRDMAResource checks that justitiad asks for the node's RDMA devices: one unit of an
-// `rdma/` extended resource, in requests and limits alike (the API server wants them equal).
-func checkRDMAResource(daemon corev1.Container) error {
-	var names []string
-	for name, q := range daemon.Resources.Limits {
-		if !strings.HasPrefix(string(name), "rdma/") {
-			continue
-		}
-		names = append(names, string(name))
-		if q.Value() != 1 {
-			return fmt.Errorf("justitiad asks for %s %s of %s, expected 1", q.String(), "units", name)
-		}
-		if r, ok := daemon.Resources.Requests[name]; ok && !r.Equal(q) {
-			return fmt.Errorf("justitiad requests %s of %s but limits %s (extended resources must be equal)", r.String(), name, q.String())
+// checkDaemonResource checks that justitiad asks for the node's RDMA devices from the
+// device plugin's unshaped pool (its own queue pairs must not go through the shaper): one
+// unit, in limits and, if there, requests alike (the API server wants them equal), and no
+// other RDMA resource.
+func checkDaemonResource(ds *appsv1.DaemonSet, plugin *pluginSettings) error {
+	daemon := findContainer(ds.Spec.Template.Spec.Containers, "justitiad")
+	q, ok := daemon.Resources.Limits[corev1.ResourceName(plugin.unshapedResource)]
+	if !ok {
+		return fmt.Errorf("justitiad does not limit %s, the device plugin's unshaped pool: without it the node's RDMA device nodes are not in its container", plugin.unshapedResource)
+	}
+	if q.Value() != 1 {
+		return fmt.Errorf("justitiad asks for %s units of %s, expected 1", q.String(), plugin.unshapedResource)
+	}
+	if r, ok := daemon.Resources.Requests[corev1.ResourceName(plugin.unshapedResource)]; ok && !r.Equal(q) {
+		return fmt.Errorf("justitiad requests %s of %s but limits %s (extended resources must be equal)", r.String(), plugin.unshapedResource, q.String())
+	}
+	for _, list := range []corev1.ResourceList{daemon.Resources.Limits, daemon.Resources.Requests} {
+		for name := range list {
+			if string(name) == plugin.resource || (strings.HasPrefix(string(name), "rdma/") && string(name) != plugin.unshapedResource) {
+				return fmt.Errorf("justitiad asks for %s: its own queue pairs would go through the shaper, or come from another plugin", name)
+			}
 		}
 	}
-	if len(names) != 1 {
-		return fmt.Errorf("justitiad limits %d rdma/ resources (%v), expected 1: without one the node's RDMA device nodes are not in its container", len(names), names)
+	if plugin.unshapedSlots < 1 {
+		return fmt.Errorf("the device plugin serves no unshaped pool (--unshaped-slots 0), which justitiad asks for")
 	}
 	return nil
 }

@@ -74,7 +74,7 @@ func checkDockerfile(data []byte, o *builtObjects) (string, error) {
 	var wanted []string
 	for _, word := range daemonSetWords(o) {
 		switch {
-		case word == "justitiad" || word == "justitia":
+		case word == "justitiad" || word == "justitia" || word == "justitia-device-plugin":
 			wanted = append(wanted, "/usr/bin/"+word)
 		case strings.HasPrefix(word, "/usr/lib/justitia/"):
 			wanted = append(wanted, word)

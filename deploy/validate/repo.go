@@ -5,10 +5,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -25,7 +27,7 @@ func checkRepo(root, binDir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	fmt.Fprintf(&report, "kustomize build deploy/kubernetes: %d objects, each decoded strictly\n", len(objects.daemonSets)+len(objects.configMaps))
+	fmt.Fprintf(&report, "kustomize build deploy/kubernetes: %d objects, each decoded strictly\n", len(objects.daemonSets)+len(objects.configMaps)+len(objects.serviceAccounts)+len(objects.policies)+len(objects.bindings))
 	scratch, err := os.MkdirTemp("", "deploy-validate")
 	if err != nil {
 		return "", err
@@ -63,8 +65,11 @@ func checkRepo(root, binDir string) (string, error) {
 
 // The objects a kustomize build gave, by kind.
 type builtObjects struct {
-	daemonSets []appsv1.DaemonSet
-	configMaps []corev1.ConfigMap
+	daemonSets      []appsv1.DaemonSet
+	configMaps      []corev1.ConfigMap
+	serviceAccounts []corev1.ServiceAccount
+	policies        []admissionv1.ValidatingAdmissionPolicy
+	bindings        []admissionv1.ValidatingAdmissionPolicyBinding
 }
 
 // buildKustomization runs kustomize (the library kubectl apply -k uses) on dir and decodes
@@ -96,6 +101,24 @@ func buildKustomization(dir string) (*builtObjects, error) {
 				return nil, fmt.Errorf("%s: %w", id, err)
 			}
 			out.configMaps = append(out.configMaps, cm)
+		case "ServiceAccount":
+			var sa corev1.ServiceAccount
+			if err := strictDecode(data, &sa, r.GetApiVersion(), "v1"); err != nil {
+				return nil, fmt.Errorf("%s: %w", id, err)
+			}
+			out.serviceAccounts = append(out.serviceAccounts, sa)
+		case "ValidatingAdmissionPolicy":
+			var p admissionv1.ValidatingAdmissionPolicy
+			if err := strictDecode(data, &p, r.GetApiVersion(), "admissionregistration.k8s.io/v1"); err != nil {
+				return nil, fmt.Errorf("%s: %w", id, err)
+			}
+			out.policies = append(out.policies, p)
+		case "ValidatingAdmissionPolicyBinding":
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			if err := strictDecode(data, &b, r.GetApiVersion(), "admissionregistration.k8s.io/v1"); err != nil {
+				return nil, fmt.Errorf("%s: %w", id, err)
+			}
+			out.bindings = append(out.bindings, b)
 		default:
 			return nil, fmt.Errorf("%s: a kind this check does not know (add its API type here)", id)
 		}
@@ -111,74 +134,138 @@ func strictDecode(data []byte, into any, apiVersion, want string) error {
 	return yaml.UnmarshalStrict(data, into)
 }
 
-// checkDeployment checks what the API types cannot: that the DaemonSet's parts agree with
-// each other and with the configuration it mounts, that its security settings are those
-// the README promises, and, by running them in scratch, that its install step writes a
-// spec runtimes read whose files are on the host and that justitiad accepts its
-// configuration. It returns where the spec lands on the host.
+// checkDeployment checks what the API types cannot: that the DaemonSets' parts agree with
+// each other and with the configuration they mount, that their security settings are
+// those the README promises, and, by running them in scratch, that the install step
+// writes a spec runtimes read and the files the device plugin hands out, that the plugin
+// and justitiad accept their settings, and that the admission policy admits justitiad and
+// refuses what it must. It returns where the spec lands on the host.
 func checkDeployment(o *builtObjects, binDir, scratch string) (string, error) {
-	if len(o.daemonSets) != 1 {
-		return "", fmt.Errorf("%d DaemonSets, expected 1", len(o.daemonSets))
+	if len(o.daemonSets) != 2 {
+		return "", fmt.Errorf("%d DaemonSets, expected 2 (justitiad, justitia-device-plugin)", len(o.daemonSets))
 	}
-	ds := o.daemonSets[0]
-	pod := ds.Spec.Template.Spec
-	if !pod.HostNetwork || !pod.HostPID {
-		return "", fmt.Errorf("hostNetwork and hostPID must be true (the probe uses the node's port; shapers' pids are the host's)")
-	}
-	if pod.PriorityClassName == "" {
-		return "", fmt.Errorf("no priorityClassName: the daemon could be evicted before the pods it protects")
-	}
-	volumes := map[string]corev1.Volume{}
-	for _, v := range pod.Volumes {
-		volumes[v.Name] = v
+	daemonDS, pluginDS := findDaemonSet(o, "justitiad"), findDaemonSet(o, "justitia-device-plugin")
+	if daemonDS == nil || pluginDS == nil {
+		return "", fmt.Errorf("expected the DaemonSets justitiad and justitia-device-plugin")
 	}
 	configMaps := map[string]corev1.ConfigMap{}
 	for _, cm := range o.configMaps {
 		configMaps[cm.Name] = cm
 	}
-	all := append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...)
-	for _, c := range all {
+	for _, ds := range []*appsv1.DaemonSet{daemonDS, pluginDS} {
+		if err := checkPodBasics(ds, configMaps); err != nil {
+			return "", fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
+		}
+	}
+	if !reflect.DeepEqual(daemonDS.Spec.Template.Spec.NodeSelector, pluginDS.Spec.Template.Spec.NodeSelector) {
+		return "", fmt.Errorf("the DaemonSets select different nodes (%v, %v): a node would hand out the shaper without a daemon, or the reverse",
+			daemonDS.Spec.Template.Spec.NodeSelector, pluginDS.Spec.Template.Spec.NodeSelector)
+	}
+	daemon, err := checkDaemon(daemonDS, configMaps, binDir, scratch)
+	if err != nil {
+		return "", fmt.Errorf("DaemonSet justitiad: %w", err)
+	}
+	plugin, specPath, err := checkPlugin(pluginDS, configMaps, daemon, binDir, scratch)
+	if err != nil {
+		return "", fmt.Errorf("DaemonSet justitia-device-plugin: %w", err)
+	}
+	if err := checkDaemonResource(daemonDS, plugin); err != nil {
+		return "", fmt.Errorf("DaemonSet justitiad: %w", err)
+	}
+	if err := checkAdmission(o, daemonDS, plugin); err != nil {
+		return "", err
+	}
+	return specPath, nil
+}
+
+func findDaemonSet(o *builtObjects, name string) *appsv1.DaemonSet {
+	for i := range o.daemonSets {
+		if o.daemonSets[i].Name == name {
+			return &o.daemonSets[i]
+		}
+	}
+	return nil
+}
+
+// podVolumes indexes a pod's volumes by name.
+func podVolumes(pod corev1.PodSpec) map[string]corev1.Volume {
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	return volumes
+}
+
+// checkPodBasics checks what every pod of the deployment needs: a priority class, volumes
+// and ConfigMap keys that exist, resources, capabilities dropped, not privileged, and the
+// security settings of checkSecurity.
+func checkPodBasics(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap) error {
+	pod := ds.Spec.Template.Spec
+	if pod.PriorityClassName == "" {
+		return fmt.Errorf("no priorityClassName: it could be evicted before the pods it serves")
+	}
+	volumes := podVolumes(pod)
+	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {
 		for _, m := range c.VolumeMounts {
 			if _, ok := volumes[m.Name]; !ok {
-				return "", fmt.Errorf("container %s mounts volume %q, which the pod does not have", c.Name, m.Name)
+				return fmt.Errorf("container %s mounts volume %q, which the pod does not have", c.Name, m.Name)
 			}
 		}
 		for _, e := range c.Env {
 			if ref := e.ValueFrom; ref != nil && ref.ConfigMapKeyRef != nil {
 				cm, ok := configMaps[ref.ConfigMapKeyRef.Name]
 				if !ok {
-					return "", fmt.Errorf("container %s: env %s names ConfigMap %q, which the build does not make", c.Name, e.Name, ref.ConfigMapKeyRef.Name)
+					return fmt.Errorf("container %s: env %s names ConfigMap %q, which the build does not make", c.Name, e.Name, ref.ConfigMapKeyRef.Name)
 				}
 				if _, ok := cm.Data[ref.ConfigMapKeyRef.Key]; !ok {
-					return "", fmt.Errorf("container %s: env %s names key %q, which ConfigMap %s lacks", c.Name, e.Name, ref.ConfigMapKeyRef.Key, cm.Name)
+					return fmt.Errorf("container %s: env %s names key %q, which ConfigMap %s lacks", c.Name, e.Name, ref.ConfigMapKeyRef.Key, cm.Name)
 				}
 			}
 		}
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-			return "", fmt.Errorf("container %s: CPU and memory requests and a memory limit are required", c.Name)
+			return fmt.Errorf("container %s: CPU and memory requests and a memory limit are required", c.Name)
 		}
 		sc := c.SecurityContext
 		if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
-			return "", fmt.Errorf("container %s: capabilities must drop ALL", c.Name)
+			return fmt.Errorf("container %s: capabilities must drop ALL", c.Name)
 		}
 		if sc.Privileged != nil && *sc.Privileged {
-			return "", fmt.Errorf("container %s: privileged", c.Name)
+			return fmt.Errorf("container %s: privileged", c.Name)
 		}
 		for _, add := range sc.Capabilities.Add {
 			if add != "IPC_LOCK" || c.Name != "justitiad" {
-				return "", fmt.Errorf("container %s adds capability %s: only justitiad adds one, IPC_LOCK", c.Name, add)
+				return fmt.Errorf("container %s adds capability %s: only justitiad adds one, IPC_LOCK", c.Name, add)
 			}
 		}
 	}
+	return checkSecurity(pod)
+}
+
+// daemonSettings is what the rest of the deployment must agree with in justitiad's.
+type daemonSettings struct {
+	socket string // the registration socket
+}
+
+// checkDaemon checks justitiad's pod against its configuration, and has justitiad check
+// that configuration.
+func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, binDir, scratch string) (*daemonSettings, error) {
+	pod := ds.Spec.Template.Spec
+	if !pod.HostNetwork || !pod.HostPID {
+		return nil, fmt.Errorf("hostNetwork and hostPID must be true (the probe uses the node's port; shapers' pids are the host's)")
+	}
+	volumes := podVolumes(pod)
 	daemon := findContainer(pod.Containers, "justitiad")
 	if daemon == nil {
-		return "", fmt.Errorf("no container named justitiad")
+		return nil, fmt.Errorf("no container named justitiad")
+	}
+	if daemon.SecurityContext.Capabilities == nil || !slices.Contains(daemon.SecurityContext.Capabilities.Add, "IPC_LOCK") {
+		return nil, fmt.Errorf("justitiad must add capability IPC_LOCK: it pins the reference flow's memory whatever the node's memlock limit")
 	}
 	// The configuration: a ConfigMap volume mounted as a directory (a subPath mount would
 	// never see an update), at the directory of --config.
 	configPath := argAfter(daemon.Command, "--config")
 	if configPath == "" {
-		return "", fmt.Errorf("justitiad has no --config argument")
+		return nil, fmt.Errorf("justitiad has no --config argument")
 	}
 	var config map[string]string
 	var configText string
@@ -188,80 +275,59 @@ func checkDeployment(o *builtObjects, binDir, scratch string) (string, error) {
 			continue
 		}
 		if m.SubPath != "" || m.SubPathExpr != "" {
-			return "", fmt.Errorf("the configuration is mounted with subPath: the daemon would never see it change")
+			return nil, fmt.Errorf("the configuration is mounted with subPath: the daemon would never see it change")
 		}
 		if m.MountPath != path.Dir(configPath) {
-			return "", fmt.Errorf("the configuration is mounted at %s, but --config is %s", m.MountPath, configPath)
+			return nil, fmt.Errorf("the configuration is mounted at %s, but --config is %s", m.MountPath, configPath)
 		}
 		cm, ok := configMaps[v.ConfigMap.Name]
 		if !ok {
-			return "", fmt.Errorf("volume %s names ConfigMap %q, which the build does not make", v.Name, v.ConfigMap.Name)
+			return nil, fmt.Errorf("volume %s names ConfigMap %q, which the build does not make", v.Name, v.ConfigMap.Name)
 		}
 		text, ok := cm.Data[path.Base(configPath)]
 		if !ok {
-			return "", fmt.Errorf("ConfigMap %s has no key %s", cm.Name, path.Base(configPath))
+			return nil, fmt.Errorf("ConfigMap %s has no key %s", cm.Name, path.Base(configPath))
 		}
 		config = topLevelKeys(text)
 		configText = text
 	}
 	if config == nil {
-		return "", fmt.Errorf("justitiad mounts no ConfigMap")
+		return nil, fmt.Errorf("justitiad mounts no ConfigMap")
 	}
 	socket, admin, metrics := config["socket"], config["admin_socket"], config["metrics"]
 	if socket == "" || admin == "" || metrics == "" {
-		return "", fmt.Errorf("the configuration must set socket, admin_socket and metrics")
+		return nil, fmt.Errorf("the configuration must set socket, admin_socket and metrics")
 	}
 	if path.Dir(socket) == path.Dir(admin) {
-		return "", fmt.Errorf("admin_socket %s is in the registration socket's directory, which the CDI spec binds into containers", admin)
+		return nil, fmt.Errorf("admin_socket %s is in the registration socket's directory, which the CDI spec binds into containers", admin)
 	}
 	for _, dir := range []string{path.Dir(socket), path.Dir(admin)} {
 		if !hostPathMountedAt(*daemon, volumes, dir) {
-			return "", fmt.Errorf("justitiad does not mount a host directory at %s, where its configuration puts a socket", dir)
+			return nil, fmt.Errorf("justitiad does not mount a host directory at %s, where its configuration puts a socket", dir)
 		}
 	}
 	for _, probe := range []*corev1.Probe{daemon.LivenessProbe, daemon.StartupProbe} {
 		if probe == nil || probe.Exec == nil {
-			return "", fmt.Errorf("justitiad needs a startup and a liveness probe, each asking the daemon (exec)")
+			return nil, fmt.Errorf("justitiad needs a startup and a liveness probe, each asking the daemon (exec)")
 		}
 		if got := argAfter(probe.Exec.Command, "--socket"); got != admin {
-			return "", fmt.Errorf("a probe asks %q, but admin_socket is %s", got, admin)
+			return nil, fmt.Errorf("a probe asks %q, but admin_socket is %s", got, admin)
 		}
 	}
 	_, port, ok := strings.Cut(metrics, ":")
 	if !ok {
-		return "", fmt.Errorf("metrics %q has no port", metrics)
+		return nil, fmt.Errorf("metrics %q has no port", metrics)
 	}
 	if ds.Spec.Template.Annotations["prometheus.io/port"] != port {
-		return "", fmt.Errorf("prometheus.io/port is %q, the metrics port %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
+		return nil, fmt.Errorf("prometheus.io/port is %q, the metrics port %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
 	}
 	if !slices.ContainsFunc(daemon.Ports, func(p corev1.ContainerPort) bool { return strconv.Itoa(int(p.ContainerPort)) == port }) {
-		return "", fmt.Errorf("justitiad declares no containerPort %s (metrics)", port)
-	}
-	if err := checkSecurity(pod); err != nil {
-		return "", err
-	}
-	if err := checkRDMAResource(*daemon); err != nil {
-		return "", err
+		return nil, fmt.Errorf("justitiad declares no containerPort %s (metrics)", port)
 	}
 	if err := checkDaemonConfig(configText, binDir, scratch); err != nil {
-		return "", err
+		return nil, err
 	}
-	install := findContainer(pod.InitContainers, "install")
-	if install == nil {
-		return "", fmt.Errorf("no init container named install (it puts the shaper and the CDI spec on the host)")
-	}
-	hostRoot, err := runInstall(*install, volumes, configMaps, binDir, scratch)
-	if err != nil {
-		return "", err
-	}
-	specPath, spec, err := cdiSpecOnHost(hostRoot)
-	if err != nil {
-		return "", err
-	}
-	if err := checkSpecAgainstHost(spec, hostRoot, socket); err != nil {
-		return "", fmt.Errorf("%s: %w", specPath, err)
-	}
-	return specPath, nil
+	return &daemonSettings{socket: socket}, nil
 }
 
 func findContainer(cs []corev1.Container, name string) *corev1.Container {

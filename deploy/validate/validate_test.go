@@ -28,7 +28,7 @@ func TestTheRepositoryPasses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(report, "3 objects") {
+	if !strings.Contains(report, "7 objects") {
 		t.Fatalf("unexpected report:\n%s", report)
 	}
 }
@@ -39,6 +39,7 @@ func copyRepo(t *testing.T) string {
 	root := t.TempDir()
 	for _, f := range []string{
 		"deploy/kubernetes/kustomization.yaml", "deploy/kubernetes/daemonset.yaml",
+		"deploy/kubernetes/device-plugin.yaml", "deploy/kubernetes/admission-policy.yaml",
 		"deploy/kubernetes/justitiad.toml", "deploy/Dockerfile", "packaging/justitiad.toml",
 	} {
 		data, err := os.ReadFile(filepath.Join("../..", f))
@@ -83,20 +84,37 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 		{"Dockerfile runs as root", "deploy/Dockerfile", "USER 65532:65532", "USER root", "root"},
 		{"Dockerfile leaves the shaper out", "deploy/Dockerfile", "/out/usr/lib/justitia/libjustitia.so", "/out/usr/lib/libjustitia.so", "/usr/lib/justitia/libjustitia.so"},
 		// Cross-references, found by running the install step and justitiad --check.
-		{"spec written where no runtime reads", "deploy/kubernetes/daemonset.yaml", "path: /var/run/cdi\n", "path: /var/lib/cdi\n", "no runtime reads specs"},
-		{"library installed away from --library", "deploy/kubernetes/daemonset.yaml", "--library /var/lib/justitia/libjustitia.so", "--library /var/lib/justitia/lib/libjustitia.so", "puts no file there"},
-		{"musl build not installed", "deploy/kubernetes/daemonset.yaml", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so.1", "musl/libjustitia.so"},
-		{"preload list installed under another name", "deploy/kubernetes/daemonset.yaml", "/host/var/lib/justitia/ld.so.preload\n", "/host/var/lib/justitia/ld.preload\n", "ld.so.preload"},
-		{"--socket in another directory than the daemon's", "deploy/kubernetes/daemonset.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia-admin/justitiad.sock", "justitiad's socket"},
-		{"--socket another file than the daemon's", "deploy/kubernetes/daemonset.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia/shaper.sock", "/run/justitia/shaper.sock"},
-		{"typo in the install script", "deploy/kubernetes/daemonset.yaml", "mkdir -p /host", "mkdri -p /host", "script fails"},
-		{"misspelt justitia cdi flag", "deploy/kubernetes/daemonset.yaml", "--class \"$JUSTITIA_DEFAULT_CLASS\"", "--clas \"$JUSTITIA_DEFAULT_CLASS\"", "--clas"},
+		{"spec written where no runtime reads", "deploy/kubernetes/device-plugin.yaml", "path: /var/run/cdi\n", "path: /var/lib/cdi\n", "no runtime reads specs"},
+		{"library installed away from --library", "deploy/kubernetes/device-plugin.yaml", "--library /var/lib/justitia/libjustitia.so", "--library /var/lib/justitia/lib/libjustitia.so", "puts no file there"},
+		{"musl build not installed", "deploy/kubernetes/device-plugin.yaml", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so", "mv /host/var/lib/justitia/musl/.libjustitia.so.new /host/var/lib/justitia/musl/libjustitia.so.1", "musl/libjustitia.so"},
+		{"preload list installed under another name", "deploy/kubernetes/device-plugin.yaml", "/host/var/lib/justitia/ld.so.preload\n", "/host/var/lib/justitia/ld.preload\n", "ld.so.preload"},
+		{"--socket in another directory than the daemon's", "deploy/kubernetes/device-plugin.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia-admin/justitiad.sock", "justitiad's socket"},
+		{"--socket another file than the daemon's", "deploy/kubernetes/device-plugin.yaml", "--socket /run/justitia/justitiad.sock", "--socket /run/justitia/shaper.sock", "/run/justitia/shaper.sock"},
+		{"typo in the install script", "deploy/kubernetes/device-plugin.yaml", "mkdir -p /host", "mkdri -p /host", "script fails"},
+		{"misspelt justitia cdi flag", "deploy/kubernetes/device-plugin.yaml", "--class \"$JUSTITIA_DEFAULT_CLASS\"", "--clas \"$JUSTITIA_DEFAULT_CLASS\"", "--clas"},
 		{"class value justitia cdi refuses", "deploy/kubernetes/kustomization.yaml", "class=auto", "class=fast", "fast"},
-		{"install writes outside its volumes", "deploy/kubernetes/daemonset.yaml", "mountPath: /host/var/lib/justitia\n", "mountPath: /host/var/lib/justitia-lib\n", "in no volume"},
-		{"spec volume not mounted by the install step", "deploy/kubernetes/daemonset.yaml", "              mountPath: /host/var/run/cdi\n", "              mountPath: /host/run/cdi\n", "in no volume"},
-		{"RDMA resource removed", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"1\"\n", "              memory: 128Mi\n", "rdma/"},
-		{"two RDMA devices asked for", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"1\"\n", "              memory: 128Mi\n              rdma/hca_shared_devices_a: \"2\"\n", "expected 1"},
-		{"seccomp unconfined", "deploy/kubernetes/daemonset.yaml", "type: RuntimeDefault\n", "type: Unconfined\n", "seccompProfile"},
+		{"install writes outside its volumes", "deploy/kubernetes/device-plugin.yaml", "mountPath: /host/var/lib/justitia\n", "mountPath: /host/var/lib/justitia-lib\n", "in no volume"},
+		{"spec volume not mounted by the install step", "deploy/kubernetes/device-plugin.yaml", "              mountPath: /host/var/run/cdi\n", "              mountPath: /host/run/cdi\n", "in no volume"},
+		{"RDMA resource removed", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              justitia.io/rdma-unshaped: \"1\"\n", "              memory: 128Mi\n", "unshaped pool"},
+		{"two RDMA devices asked for", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              justitia.io/rdma-unshaped: \"1\"\n", "              memory: 128Mi\n              justitia.io/rdma-unshaped: \"2\"\n", "expected 1"},
+		{"justitiad asks for the shaped pool", "deploy/kubernetes/daemonset.yaml", "              memory: 128Mi\n              justitia.io/rdma-unshaped: \"1\"\n", "              memory: 128Mi\n              justitia.io/rdma-unshaped: \"1\"\n              rdma/rdma_shared_device_a: \"1\"\n", "through the shaper"},
+		// The device plugin against the daemon and the install step.
+		{"plugin points shapers at another socket", "deploy/kubernetes/device-plugin.yaml", "            - /run/justitia/justitiad.sock\n", "            - /run/justitia/other.sock\n", "justitiad's socket is"},
+		{"plugin hands out a library not installed", "deploy/kubernetes/device-plugin.yaml", "            - /var/lib/justitia/libjustitia.so\n", "            - /var/lib/justitia/lib.so\n", "puts no file there"},
+		{"plugin flag misspelt", "deploy/kubernetes/device-plugin.yaml", "            - --resource\n", "            - --resorce\n", "refuses its command line"},
+		{"plugin class value refused", "deploy/kubernetes/device-plugin.yaml", "            - $(JUSTITIA_DEFAULT_CLASS)\n", "            - $(JUSTITIA_CLASS)\n", "refuses its command line"},
+		{"kubelet's directory not mounted where the plugin serves", "deploy/kubernetes/device-plugin.yaml", "              mountPath: /var/lib/kubelet/device-plugins\n", "              mountPath: /var/lib/kubelet/plugins\n", "--kubelet-dir"},
+		{"plugin and daemon on different nodes", "deploy/kubernetes/device-plugin.yaml", "        justitia.io/rdma: \"true\"", "        justitia.io/rdma: \"yes\"", "different nodes"},
+		// The admission policy, evaluated on pods.
+		{"policy exempts another account", "deploy/kubernetes/admission-policy.yaml", "object.spec.serviceAccountName == 'justitiad'", "object.spec.serviceAccountName == 'justitia'", "refuses justitiad's pod"},
+		{"daemon under another account", "deploy/kubernetes/daemonset.yaml", "serviceAccountName: justitiad", "serviceAccountName: default", "refuses justitiad's pod"},
+		{"policy guards another resource name", "deploy/kubernetes/admission-policy.yaml", "c.resources.limits.exists(r, r == 'justitia.io/rdma-unshaped')", "c.resources.limits.exists(r, r == 'justitia.io/rdma_unshaped')", "admits a pod asking for justitia.io/rdma-unshaped"},
+		{"policy forgets init containers", "deploy/kubernetes/admission-policy.yaml", "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])", "object.spec.containers", "admits an init container"},
+		{"policy lets CDI annotations through", "deploy/kubernetes/admission-policy.yaml", "k.startsWith('cdi.k8s.io/') &&", "k.startsWith('cdi.k8s.io/x') &&", "cdi.k8s.io annotation"},
+		{"policy fails open", "deploy/kubernetes/admission-policy.yaml", "failurePolicy: Fail", "failurePolicy: Ignore", "failurePolicy"},
+		{"binding only warns", "deploy/kubernetes/admission-policy.yaml", `validationActions: ["Deny"]`, `validationActions: ["Warn"]`, "do not deny"},
+		{"policy expression does not compile", "deploy/kubernetes/admission-policy.yaml", "variables.allowed || !has", "variables.allowed || !hass", "does not compile"},
+		{"seccomp unconfined", "deploy/kubernetes/device-plugin.yaml", "type: RuntimeDefault\n", "type: Unconfined\n", "seccompProfile"},
 		{"privilege escalation allowed", "deploy/kubernetes/daemonset.yaml", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "allowPrivilegeEscalation"},
 		{"writable root file system", "deploy/kubernetes/daemonset.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "readOnlyRootFilesystem"},
 		{"IPC_LOCK removed", "deploy/kubernetes/daemonset.yaml", `add: ["IPC_LOCK"]`, `add: []`, "IPC_LOCK"},
