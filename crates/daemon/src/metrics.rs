@@ -23,6 +23,15 @@ pub struct Tenant {
     pub uid: String,
 }
 
+/// A tenant's label and a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantReason {
+    /// The tenant's uid.
+    pub uid: String,
+    /// Why.
+    pub reason: String,
+}
+
 /// A tenant's label by its key: the uid, or the cgroup with `tenant = "cgroup"`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantKey {
@@ -79,6 +88,9 @@ pub struct Metrics {
     pub reclaims: Counter,
     /// Messages refused, by reason.
     pub refused: Family<Label, Counter>,
+    /// Remote ends shapers reported that were refused (not a member of the peer channel,
+    /// or past the tenant's cap), by the flow's uid and the reason.
+    pub tenant_remote_ends_refused: Family<TenantReason, Counter>,
     /// Times the daemon could not keep the reference flow running.
     pub fail_open: Counter,
     /// The daemon's CPU time.
@@ -142,6 +154,7 @@ impl Metrics {
             registrations: Family::default(),
             reclaims: Counter::default(),
             refused: Family::default(),
+            tenant_remote_ends_refused: Family::default(),
             fail_open: Counter::default(),
             cpu_seconds: Gauge::default(),
             log_lines_dropped: Counter::default(),
@@ -248,6 +261,11 @@ impl Metrics {
                 "tenant_usage_bytes",
                 "Bytes a tenant's shapers reported posting",
                 self.tenant_usage.clone(),
+            );
+            r.register(
+                "tenant_remote_ends_refused",
+                "Remote ends a tenant's shapers reported that were refused (remote_not_a_member, too_many_remote_ends): its flows count as local flows",
+                self.tenant_remote_ends_refused.clone(),
             );
             r.register(
                 "tenant_unshaped_processes",

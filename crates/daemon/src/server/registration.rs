@@ -21,6 +21,11 @@
 //!   past the pass's deadline;
 //! - flows are capped per uid, per tenant and in all; a message about a flow is taken only
 //!   from the connection that registered it;
+//! - a flow's reported remote end counts only when it names a member of the peer channel
+//!   ([`PeerLink::is_member`](crate::peer::PeerLink::is_member)), and a tenant's flows name
+//!   at most `max_remote_ends_per_tenant` distinct peers: so a local tenant neither fills
+//!   the channel's table of peers nor aims its datagrams, and a refused flow stays paced
+//!   here as a local flow;
 //! - a claimed uid must be the kernel's; every refusal is counted under its reason, and
 //!   every log line a peer can cause is rate-limited;
 //! - a connection that hangs up, or whose process exits, has its flows reclaimed on that
@@ -34,22 +39,29 @@ use std::time::Duration;
 
 use justitia_agent::block::BlockWriter;
 use justitia_agent::proto::{
-    AdmissionReply, ParseError, RefuseReason, Register, Reply, Request, MAX_MESSAGE, NO_UID,
+    AdmissionReply, ParseError, RefuseReason, Register, RemoteEnd, Reply, Request, MAX_MESSAGE,
+    NO_UID,
 };
 use justitia_core::control_loop::FlowRegistration;
 use justitia_core::controller::Admission;
 use justitia_core::flow::{FlowId, FlowSpec, TenantId};
+use justitia_peer::NodeId;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags};
 use tracing::{debug, error, info, warn};
 
 use crate::config::{AdmissionPolicy, TenantBy};
 use crate::limits::{LogKind, SlotCounts};
-use crate::metrics::{Label, Tenant};
+use crate::metrics::{Label, Tenant, TenantReason};
 
 use super::{
     now_ns, Client, Daemon, Flow, TenantPage, CGROUP_TENANT_BASE, EVENTS, LISTEN_PAUSE,
     MESSAGES_PER_TURN, TAG_LISTEN,
 };
+
+/// A remote end refused: it names no member of the peer channel.
+const REMOTE_NOT_A_MEMBER: &str = "remote_not_a_member";
+/// A remote end refused: its tenant names `max_remote_ends_per_tenant` peers already.
+const TOO_MANY_REMOTE_ENDS: &str = "too_many_remote_ends";
 
 impl Daemon {
     pub(super) fn listen_interest(&self, flags: rustix::event::epoll::EventFlags) {
@@ -397,7 +409,7 @@ impl Daemon {
                     .get(&client)
                     .is_some_and(|c| c.flows.contains(&r.flow));
                 if owned {
-                    self.remote_end(now_d, r);
+                    self.remote_reported(now_d, client, r);
                 } else {
                     self.refuse_message(
                         client,
@@ -582,6 +594,91 @@ impl Daemon {
                 admission,
             },
         );
+    }
+
+    /// A shaper told where a flow's QP goes. The remote end counts (`peering.rs`: the
+    /// flow declared to that peer, a READ requester's flow paced at its guarantee) only
+    /// when it names a member of the peer channel and the flow's tenant names fewer than
+    /// `max_remote_ends_per_tenant` other peers; otherwise the report's remote part is
+    /// refused, counted (by reason, and by uid on the per-tenant endpoint), logged within
+    /// the rate limit, and the flow counts as a local flow: registered, and paced by this
+    /// host's loop, never left unpaced waiting for a guarantee no member will send.
+    fn remote_reported(&mut self, now: Duration, client: u64, r: RemoteEnd) {
+        let Err((reason, node)) = self.remote_verdict(&r) else {
+            return self.remote_end(now, r);
+        };
+        let Some(f) = self.flows.get_mut(&r.flow) else {
+            return;
+        };
+        let uid = f.uid;
+        if f.remote.take().is_some() {
+            self.remote_ends += 1;
+            // Refused only for a flow the loop does not hold (not admitted): nothing to undo.
+            let _ = self.lp.set_flow_reads_from(now, FlowId(r.flow), None);
+            self.publish_allotments();
+        }
+        self.metrics
+            .tenant_remote_ends_refused
+            .get_or_create(&TenantReason {
+                uid: uid.to_string(),
+                reason: reason.into(),
+            })
+            .inc();
+        let detail = match reason {
+            REMOTE_NOT_A_MEMBER => format!(
+                "flow {} names {node}, not a member of the peer channel: counted as local",
+                r.flow
+            ),
+            _ => format!(
+                "flow {} names {node}: its tenant names {} peers already: counted as local",
+                r.flow, self.config.max_remote_ends_per_tenant
+            ),
+        };
+        self.refuse_message(client, reason, &detail);
+    }
+
+    /// Whether flow `r.flow`'s remote end may count; the refusal's reason and the node
+    /// named if not. With the channel off, or an end on this host or at an unknown LID,
+    /// it may: [`Daemon::remote_end`] then counts the flow as local by itself.
+    fn remote_verdict(&self, r: &RemoteEnd) -> Result<(), (&'static str, NodeId)> {
+        let Some(link) = &self.peer else {
+            return Ok(());
+        };
+        let end = if r.gid == [0; 16] {
+            crate::peer::RemoteEnd::Lid(r.lid)
+        } else {
+            crate::peer::RemoteEnd::Gid(NodeId(r.gid))
+        };
+        let Some(node) = link.peer_of(end) else {
+            return Ok(());
+        };
+        if !link.is_member(node) {
+            return Err((REMOTE_NOT_A_MEMBER, node));
+        }
+        let Some(tenant) = self.flows.get(&r.flow).map(|f| f.tenant) else {
+            return Ok(());
+        };
+        // The distinct peers the tenant's other flows name (at most the cap of them: the
+        // flows' remote ends passed this check).
+        let cap = self.config.max_remote_ends_per_tenant;
+        let mut named: Vec<NodeId> = Vec::new();
+        let others = self
+            .flows
+            .iter()
+            .filter(|&(&id, f)| id != r.flow && f.tenant == tenant);
+        for (_, f) in others {
+            let Some((peer, _)) = f.remote else { continue };
+            if peer == node {
+                return Ok(());
+            }
+            if !named.contains(&peer) {
+                named.push(peer);
+            }
+        }
+        if named.len() >= cap {
+            return Err((TOO_MANY_REMOTE_ENDS, node));
+        }
+        Ok(())
     }
 
     fn drop_flow(&mut self, now: Duration, id: u64) {
