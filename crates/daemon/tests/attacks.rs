@@ -1194,3 +1194,81 @@ fn a_tenant_naming_64_addresses_reaches_at_most_16_and_root_still_reaches_its_me
     );
     d.shaper_served(FlowClass::Bandwidth);
 }
+
+/// Issue 36, squatting the metrics endpoint: threads of an unprivileged user connecting to
+/// it and closing as fast as they can, and one holding 64 connections that send nothing
+/// (replacing each as it is closed), while a scraper makes 30 scrapes, each given
+/// [`SCRAPE_WITHIN`]. Before: 30 of 30 denied (the idle connections held every place, the
+/// rest queued behind the churn). Now all 30 are answered.
+#[test]
+fn scrapes_are_answered_while_a_user_churns_and_idles_metrics_connections() {
+    const SCRAPE_WITHIN: Duration = Duration::from_secs(2);
+    let d = Hostile::start(&[], free_port());
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", d.port).parse().unwrap();
+    eventually("the metrics endpoint", Duration::from_secs(5), || {
+        d.scrape().is_some()
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let churners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut made = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if std::net::TcpStream::connect(addr).is_ok() {
+                        made += 1;
+                    }
+                }
+                made
+            })
+        })
+        .collect();
+    let idler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            let mut made = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(s) =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                {
+                    made += 1;
+                    held.push_back(s);
+                    if held.len() > 64 {
+                        held.pop_front();
+                    }
+                }
+            }
+            made
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut answered = 0;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..30 {
+        let start = Instant::now();
+        let ok = (|| {
+            let mut s = std::net::TcpStream::connect_timeout(&addr, SCRAPE_WITHIN).ok()?;
+            s.set_read_timeout(Some(SCRAPE_WITHIN)).ok()?;
+            write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut s, &mut text).ok()?;
+            (text.starts_with("HTTP/1.1 200") && start.elapsed() <= SCRAPE_WITHIN)
+                .then(|| parse_scrape(&text))
+        })();
+        slowest = slowest.max(start.elapsed());
+        answered +=
+            usize::from(ok.is_some_and(|s| {
+                metric(&s, "justitia_safe_util_bytes_per_second", None).is_some()
+            }));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let churned: u64 = churners.into_iter().map(|t| t.join().unwrap()).sum();
+    let idled = idler.join().unwrap();
+    let figures = format!(
+        "{answered} of 30 scrapes answered within {SCRAPE_WITHIN:?} (slowest {slowest:?}) against {churned} connect-and-close and {idled} idle connections"
+    );
+    println!("{figures}");
+    assert_eq!(answered, 30, "{figures}");
+    d.shaper_served(FlowClass::Bandwidth);
+}
