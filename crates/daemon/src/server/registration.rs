@@ -659,9 +659,9 @@ impl Daemon {
             return Ok(());
         };
         // The distinct peers the tenant's other flows name (at most the cap of them: the
-        // flows' remote ends passed this check).
+        // flows' remote ends passed this check): O(n log cap) in the n flows held.
         let cap = self.config.max_remote_ends_per_tenant;
-        let mut named: Vec<NodeId> = Vec::new();
+        let mut named: BTreeSet<NodeId> = BTreeSet::new();
         let others = self
             .flows
             .iter()
@@ -671,9 +671,7 @@ impl Daemon {
             if peer == node {
                 return Ok(());
             }
-            if !named.contains(&peer) {
-                named.push(peer);
-            }
+            named.insert(peer);
         }
         if named.len() >= cap {
             return Err((TOO_MANY_REMOTE_ENDS, node));
