@@ -25,6 +25,7 @@
 //! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
 //! | `max_flows_per_uid` | 256 | flows one uid may register (a quarter of `slots` is kept for tenants with few flows, see `limits`) |
 //! | `max_connections_per_uid` | 64 | connections one uid may hold on the registration socket |
+//! | `max_remote_ends_per_tenant` | 16 | distinct peer hosts one tenant's flows may name as their remote ends (1..=1024); a flow naming one more is refused for its remote part and counted as a local flow |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `unshaped_scan_ms` | 1000 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 100..=60000; 0 turns it off (see [`crate::unshaped`]) |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
@@ -135,6 +136,8 @@ pub struct Config {
     pub max_flows_per_uid: usize,
     /// Connections per uid.
     pub max_connections_per_uid: usize,
+    /// Distinct peer hosts one tenant's flows may name as their remote ends.
+    pub max_remote_ends_per_tenant: usize,
     /// Soft admission policy.
     pub admission: AdmissionPolicy,
     /// What a tenant is.
@@ -167,6 +170,7 @@ impl Default for Config {
             slots: justitia_agent::block::DEFAULT_SLOTS,
             max_flows_per_uid: 256,
             max_connections_per_uid: 64,
+            max_remote_ends_per_tenant: 16,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             unshaped_scan: Some(Duration::from_millis(1000)),
@@ -396,6 +400,9 @@ impl Config {
         }
         if let Some(v) = take("max_connections_per_uid") {
             c.max_connections_per_uid = int("max_connections_per_uid", v, 1, 65_536)? as usize;
+        }
+        if let Some(v) = take("max_remote_ends_per_tenant") {
+            c.max_remote_ends_per_tenant = int("max_remote_ends_per_tenant", v, 1, 1024)? as usize;
         }
         if let Some(v) = take("admission") {
             c.admission = match string("admission", v)?.as_str() {
@@ -654,12 +661,13 @@ mod tests {
         assert_eq!(c.metrics.as_deref(), Some("127.0.0.1:9464"));
         assert_eq!(c.socket, PathBuf::from("/run/justitia/justitiad.sock"));
         assert_eq!(c.policy, PolicyKind::Justitia);
+        assert_eq!(c.max_remote_ends_per_tenant, 16);
     }
 
     #[test]
     fn keys_are_read() {
         let c = parse(
-            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\npolicy = \"adaptive\"\nmetrics = \"\"\ntenant = \"cgroup\"\nunshaped_scan_ms = 250\n[weights]\n\"1000\" = 3\n",
+            "device = \"rxe0\"\nport = 1\nprofile = \"roce-40\"\ntarget = \"150us\"\nprobe = \"synthetic\"\nsynthetic_latency_us = 30\nadmission = \"refuse\"\npolicy = \"adaptive\"\nmetrics = \"\"\ntenant = \"cgroup\"\nunshaped_scan_ms = 250\nmax_remote_ends_per_tenant = 3\n[weights]\n\"1000\" = 3\n",
         )
         .unwrap();
         assert_eq!(c.device.as_deref(), Some("rxe0"));
@@ -672,6 +680,7 @@ mod tests {
         assert_eq!(c.tenant, TenantBy::Cgroup);
         assert_eq!(c.policy, PolicyKind::Adaptive);
         assert_eq!(c.unshaped_scan, Some(Duration::from_millis(250)));
+        assert_eq!(c.max_remote_ends_per_tenant, 3);
         assert_eq!(parse("unshaped_scan_ms = 0").unwrap().unshaped_scan, None);
         assert_eq!(
             parse("").unwrap().unshaped_scan,
@@ -683,6 +692,16 @@ mod tests {
     fn bad_values_name_file_key_and_reason() {
         for (text, key, needle) in [
             ("port = 0", "port", "out of range"),
+            (
+                "max_remote_ends_per_tenant = 0",
+                "max_remote_ends_per_tenant",
+                "out of range",
+            ),
+            (
+                "max_remote_ends_per_tenant = 1025",
+                "max_remote_ends_per_tenant",
+                "out of range",
+            ),
             ("port = \"1\"", "port", "expected an integer"),
             ("target = \"150\"", "target", "no unit"),
             ("target = \"0.5x\"", "target", "at least 1"),

@@ -23,6 +23,15 @@ pub struct Tenant {
     pub uid: String,
 }
 
+/// A tenant's label and a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantReason {
+    /// The tenant's uid.
+    pub uid: String,
+    /// Why.
+    pub reason: String,
+}
+
 /// A tenant's label by its key: the uid, or the cgroup with `tenant = "cgroup"`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantKey {
@@ -79,6 +88,9 @@ pub struct Metrics {
     pub reclaims: Counter,
     /// Messages refused, by reason.
     pub refused: Family<Label, Counter>,
+    /// Remote ends shapers reported that were refused (not a member of the peer channel,
+    /// or past the tenant's cap), by the flow's uid and the reason.
+    pub tenant_remote_ends_refused: Family<TenantReason, Counter>,
     /// Times the daemon could not keep the reference flow running.
     pub fail_open: Counter,
     /// The daemon's CPU time.
@@ -142,6 +154,7 @@ impl Metrics {
             registrations: Family::default(),
             reclaims: Counter::default(),
             refused: Family::default(),
+            tenant_remote_ends_refused: Family::default(),
             fail_open: Counter::default(),
             cpu_seconds: Gauge::default(),
             log_lines_dropped: Counter::default(),
@@ -248,6 +261,11 @@ impl Metrics {
                 "tenant_usage_bytes",
                 "Bytes a tenant's shapers reported posting",
                 self.tenant_usage.clone(),
+            );
+            r.register(
+                "tenant_remote_ends_refused",
+                "Remote ends a tenant's shapers reported that were refused (remote_not_a_member, too_many_remote_ends): its flows count as local flows",
+                self.tenant_remote_ends_refused.clone(),
             );
             r.register(
                 "tenant_unshaped_processes",
@@ -369,8 +387,13 @@ pub fn cpu_seconds() -> f64 {
 
 /// The request head read at most; a longer one is answered 431 and closed.
 pub const MAX_HEAD: usize = 8192;
-/// Scrape connections served at once; more are closed at accept.
+/// Scrape connections held at once (see [`serve`] for which one a new one displaces).
 pub const MAX_CONNECTIONS: usize = 16;
+/// Connections one source (a TCP peer's address, a Unix peer's uid) holds at once; a newer
+/// one from it displaces its oldest still waiting for its request.
+pub const MAX_PER_SOURCE: usize = 4;
+/// Connections accepted per wake-up of the endpoint's thread at most.
+pub const ACCEPTS_PER_TURN: usize = 256;
 /// A scrape connection's whole life: request head read and answer written.
 pub const CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 /// The first retry of a failed bind; retries double to [`BIND_RETRY_MAX`].
@@ -415,6 +438,7 @@ fn bind(endpoint: &Endpoint, group: Option<u32>) -> std::io::Result<Listener> {
         Endpoint::Tcp(addr) => {
             let l = std::net::TcpListener::bind(addr)?;
             l.set_nonblocking(true)?;
+            defer_accept(&l)?;
             Ok(Listener::Tcp(l))
         }
         Endpoint::Unix(path) => {
@@ -432,8 +456,36 @@ fn bind(endpoint: &Endpoint, group: Option<u32>) -> std::io::Result<Listener> {
     }
 }
 
+/// How long the kernel holds a TCP connection that has sent nothing before handing it to
+/// `accept` (`TCP_DEFER_ACCEPT`): a scraper's connection comes with its request, so it is
+/// accepted and answered at once, while connections that send nothing wait in the kernel
+/// meanwhile instead of in the endpoint's places.
+pub const DEFER_ACCEPT_SECS: i32 = 1;
+
+/// Sets [`DEFER_ACCEPT_SECS`] on a listening TCP socket.
+fn defer_accept(l: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let secs: libc::c_int = DEFER_ACCEPT_SECS;
+    // SAFETY: an int option of its size on a live socket descriptor.
+    let rc = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 struct Scrape {
     sock: std::os::fd::OwnedFd,
+    source: Source,
     head: Vec<u8>,
     out: Vec<u8>,
     sent: usize,
@@ -486,9 +538,16 @@ fn answer(head: &[u8], metrics: &Metrics, registry: &Registry) -> Vec<u8> {
 }
 
 /// Serves `GET /metrics` at `endpoint` from a thread of its own, bounded so that no
-/// local user can knock it over: at most [`MAX_CONNECTIONS`] at once (more are closed at
-/// accept), a request head of at most [`MAX_HEAD`] bytes (a body is never read), each
-/// connection done within [`CONNECTION_DEADLINE`], all without blocking. A bind that
+/// local user can knock it over or crowd scrapes out: a connection is read as soon as it
+/// is accepted and, its request there (as a scraper's is by then), answered at once
+/// without taking a place; one that cannot be finished then is held, at most
+/// [`MAX_CONNECTIONS`] in all and [`MAX_PER_SOURCE`] per source, a newer one displacing
+/// the oldest of its source (or, all places taken, of the source holding most) still
+/// waiting for its request, never one being answered. A request head is read to at most
+/// [`MAX_HEAD`] bytes (a body is never read), each connection is done within
+/// [`CONNECTION_DEADLINE`], at most [`ACCEPTS_PER_TURN`] are accepted per wake-up, all
+/// without blocking; out of descriptors, the listener rests 100 ms while the connections
+/// held are served. A bind that
 /// fails (the port taken) is a warning, retried with backoff from [`BIND_RETRY_MIN`] to
 /// [`BIND_RETRY_MAX`]: the daemon serves shapers meanwhile.
 ///
@@ -524,13 +583,79 @@ pub fn serve(
         .map_err(|e| format!("starting the metrics thread: {e}"))
 }
 
-fn accept(listener: &Listener) -> std::io::Result<std::os::fd::OwnedFd> {
-    let fd: std::os::fd::OwnedFd = match listener {
-        Listener::Tcp(l) => l.accept()?.0.into(),
-        Listener::Unix(l) => l.accept()?.0.into(),
+/// Where a connection came from, for [`MAX_PER_SOURCE`]: a TCP peer's address, a Unix
+/// peer's uid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Ip(std::net::IpAddr),
+    Uid(u32),
+    /// A Unix peer whose credentials could not be read: all such count as one source.
+    Unknown,
+}
+
+fn accept(listener: &Listener) -> std::io::Result<(std::os::fd::OwnedFd, Source)> {
+    use std::os::fd::AsFd;
+    let (fd, source): (std::os::fd::OwnedFd, Source) = match listener {
+        Listener::Tcp(l) => {
+            let (s, from) = l.accept()?;
+            (s.into(), Source::Ip(from.ip()))
+        }
+        Listener::Unix(l) => {
+            let fd: std::os::fd::OwnedFd = l.accept()?.0.into();
+            let source = crate::tenant::peer_cred(fd.as_fd())
+                .map_or(Source::Unknown, |c| Source::Uid(c.uid));
+            (fd, source)
+        }
     };
     rustix::io::ioctl_fionbio(&fd, true)?;
-    Ok(fd)
+    Ok((fd, source))
+}
+
+/// What becomes of a new connection that could not be answered at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// Kept beside the others.
+    Add,
+    /// Kept in the place of the connection at this index, which is closed.
+    Replace(usize),
+    /// Closed: every place holds a connection being answered.
+    Refuse,
+}
+
+/// Where a new connection from `source` goes, given the connections held (their source,
+/// their deadline, and whether they still wait for their request). A source holding
+/// [`MAX_PER_SOURCE`] connections has its oldest waiting one replaced; with every place
+/// taken, the oldest waiting connection of the source holding the most is. So a user
+/// opening connections as fast as it can only ever displaces its own (or, when it holds
+/// no more than others, the oldest idle one), and a connection being answered is never
+/// displaced.
+fn place(held: &[(Source, std::time::Instant, bool)], source: Source) -> Placement {
+    let oldest_waiting = |from: Source| {
+        held.iter()
+            .enumerate()
+            .filter(|(_, &(s, _, waiting))| s == from && waiting)
+            .min_by_key(|(_, &(_, deadline, _))| deadline)
+            .map(|(i, _)| i)
+    };
+    let of = |from: Source| held.iter().filter(|&&(s, _, _)| s == from).count();
+    if of(source) >= MAX_PER_SOURCE {
+        // Its places may all be answering: then it waits its turn like any other.
+        if let Some(i) = oldest_waiting(source) {
+            return Placement::Replace(i);
+        }
+    }
+    if held.len() < MAX_CONNECTIONS {
+        return Placement::Add;
+    }
+    let busiest = held
+        .iter()
+        .filter(|&&(_, _, waiting)| waiting)
+        .map(|&(s, _, _)| s)
+        .max_by_key(|&s| of(s));
+    match busiest.and_then(oldest_waiting) {
+        Some(i) => Placement::Replace(i),
+        None => Placement::Refuse,
+    }
 }
 
 fn run(listener: &Listener, metrics: &Metrics, registry: &Registry) {
@@ -541,16 +666,29 @@ fn run(listener: &Listener, metrics: &Metrics, registry: &Registry) {
         Listener::Unix(l) => l.as_fd(),
     };
     let mut conns: Vec<Scrape> = Vec::new();
+    // Out of descriptors: the listener is not watched until then (it stays readable).
+    let mut paused_until: Option<std::time::Instant> = None;
     loop {
         let now = std::time::Instant::now();
         conns.retain(|c| c.deadline > now);
+        if paused_until.is_some_and(|t| t <= now) {
+            paused_until = None;
+        }
         let wait = conns
             .iter()
-            .map(|c| c.deadline.saturating_duration_since(now))
+            .map(|c| c.deadline)
+            .chain(paused_until)
             .min()
-            .unwrap_or(std::time::Duration::from_secs(60));
+            .map_or(std::time::Duration::from_secs(60), |t| {
+                t.saturating_duration_since(now)
+            });
         let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(conns.len() + 1);
-        fds.push(PollFd::new(&lfd, PollFlags::IN));
+        let listen = if paused_until.is_some() {
+            PollFlags::empty()
+        } else {
+            PollFlags::IN
+        };
+        fds.push(PollFd::new(&lfd, listen));
         for c in &conns {
             let want = if c.out.is_empty() {
                 PollFlags::IN
@@ -580,30 +718,71 @@ fn run(listener: &Listener, metrics: &Metrics, registry: &Registry) {
             i += 1;
             !done[i - 1]
         });
-        if ready[0] {
-            for _ in 0..MAX_CONNECTIONS {
-                match accept(listener) {
-                    Ok(sock) if conns.len() < MAX_CONNECTIONS => conns.push(Scrape {
-                        sock,
-                        head: Vec::new(),
-                        out: Vec::new(),
-                        sent: 0,
-                        deadline: std::time::Instant::now() + CONNECTION_DEADLINE,
-                    }),
-                    // Over the cap: closed at once.
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        // Out of descriptors: the listener stays readable; wait a little
-                        // rather than spin, and keep serving.
-                        tracing::warn!(error = %e, "metrics accept failed");
-                        std::thread::sleep(std::time::Duration::from_millis(100));
-                        break;
-                    }
-                }
-            }
+        if ready[0] && paused_until.is_none() {
+            paused_until = accept_all(listener, &mut conns, metrics, registry);
         }
     }
+}
+
+/// Accepts what the listener holds, at most [`ACCEPTS_PER_TURN`]: each connection is
+/// served at once (a scraper's request is there by the time its connection is accepted,
+/// so it is answered without taking a place), and one that cannot be finished now is
+/// placed by [`place`]. Returns until when the listener is to rest, out of descriptors.
+fn accept_all(
+    listener: &Listener,
+    conns: &mut Vec<Scrape>,
+    metrics: &Metrics,
+    registry: &Registry,
+) -> Option<std::time::Instant> {
+    for _ in 0..ACCEPTS_PER_TURN {
+        let (sock, source) = match accept(listener) {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The peer left before it was accepted, or its credentials could not be set.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
+            Err(e) => {
+                // Out of descriptors: the listener stays readable; rest it rather than
+                // spin, and keep serving the connections held.
+                tracing::warn!(error = %e, "metrics accept failed; the endpoint rests 100 ms");
+                return Some(std::time::Instant::now() + std::time::Duration::from_millis(100));
+            }
+        };
+        let mut c = Scrape {
+            sock,
+            source,
+            head: Vec::new(),
+            out: Vec::new(),
+            sent: 0,
+            deadline: std::time::Instant::now() + CONNECTION_DEADLINE,
+        };
+        if step(&mut c, metrics, registry) {
+            continue;
+        }
+        // At most every connection held is looked at once before one is displaced.
+        for _ in 0..=MAX_CONNECTIONS {
+            let held: Vec<(Source, std::time::Instant, bool)> = conns
+                .iter()
+                .map(|c| (c.source, c.deadline, c.out.is_empty()))
+                .collect();
+            match place(&held, source) {
+                Placement::Add => conns.push(c),
+                // Its request may have come since it was last read: served now, it is not
+                // displaced (and its place may be free).
+                Placement::Replace(i) => match step(&mut conns[i], metrics, registry) {
+                    true => {
+                        conns.swap_remove(i);
+                        continue;
+                    }
+                    false if !conns[i].out.is_empty() => continue,
+                    false => conns[i] = c,
+                },
+                Placement::Refuse => {}
+            }
+            break;
+        }
+    }
+    None
 }
 
 /// Reads or writes what a connection allows now; true when it is finished.
@@ -650,4 +829,42 @@ fn step(c: &mut Scrape, metrics: &Metrics, registry: &Registry) -> bool {
     // Whatever the peer sent after the head (a body) is left unread.
     let _ = rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Write);
     true
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A source at its cap displaces its own oldest waiting connection, never another's
+    /// nor one being answered; with every place taken, the source holding most gives up
+    /// its oldest waiting one; with every place being answered, the new one is closed.
+    #[test]
+    fn a_new_connection_displaces_the_oldest_waiting_one_of_its_own_or_the_busiest_source() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let a = Source::Ip("127.0.0.1".parse().unwrap());
+        let b = Source::Ip("10.0.0.9".parse().unwrap());
+        let c = Source::Uid(1000);
+        // b's oldest (index 0) is being answered: its oldest waiting one is index 2.
+        let mut held = vec![(b, at(1), false), (a, at(2), true), (b, at(3), true)];
+        held.extend([(b, at(4), true), (b, at(5), true)]);
+        assert_eq!(place(&held, b), Placement::Replace(2));
+        assert_eq!(place(&held, a), Placement::Add);
+        // Every place taken: c (holding none) displaces the oldest waiting one of b.
+        let mut full = held.clone();
+        while full.len() < MAX_CONNECTIONS {
+            full.push((
+                Source::Uid(full.len() as u32),
+                at(10 + full.len() as u64),
+                true,
+            ));
+        }
+        assert_eq!(place(&full, c), Placement::Replace(2));
+        // Every place being answered: nothing is displaced.
+        let answering: Vec<_> = full.iter().map(|&(s, d, _)| (s, d, false)).collect();
+        assert_eq!(place(&answering, c), Placement::Refuse);
+        assert_eq!(place(&answering, b), Placement::Refuse);
+    }
 }

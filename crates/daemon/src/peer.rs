@@ -336,6 +336,14 @@ impl PeerLink {
         (node != self.settings.node).then_some(node)
     }
 
+    /// Whether `node` is a member of the peer channel: a host other than this one that the
+    /// channel can address. A shaper's remote end counts only when it names a member (see
+    /// `server/registration.rs`), so a local tenant cannot make this daemon hold state
+    /// for, or send datagrams to, a node of its choosing.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        node != self.settings.node && discover(&self.settings, node).is_some()
+    }
+
     /// Reads datagrams until none is left, [`DATAGRAMS_PER_PASS`] were read, or `deadline`
     /// (ns on the loop's clock, checked against `clock`) has passed. Returns how many.
     pub fn receive(&mut self, now: Duration, deadline: u64, clock: impl Fn() -> u64) -> usize {

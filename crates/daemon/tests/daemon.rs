@@ -690,6 +690,51 @@ fn per_tenant_series_are_served_on_the_unix_endpoint_only() {
     );
 }
 
+/// A shaper's remote end naming no member of the peer channel (an unmapped link-local
+/// GID) is refused for its remote part: counted once under the flow's uid on the
+/// per-tenant endpoint, and the flow stays a local flow holding all of SafeUtil.
+#[test]
+fn a_remote_end_naming_no_member_is_counted_by_uid_and_the_flow_stays_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("m.sock");
+    let key = dir.path().join("cluster.key");
+    std::fs::write(&key, [3u8; 32]).unwrap();
+    let port = common::free_port();
+    let d = Daemon::start(&format!(
+        "metrics = \"unix:{}\"\nstale_after_ms = 500\n[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\n",
+        sock.display(),
+        key.display()
+    ));
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let h = c.register(FlowClass::Bandwidth, 1, 0);
+    c.wait_registered(h, Duration::from_secs(2));
+    assert!(c.report_usage(h, true, 4096, 1));
+    let link_local = std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 1, 9).octets();
+    assert!(c.report_remote(h, link_local, 0, 1, true));
+    let uid = rustix::process::getuid().as_raw().to_string();
+    eventually("the socket", Duration::from_secs(5), || sock.exists());
+    eventually(
+        "one refusal under the uid, the flow local at SafeUtil",
+        Duration::from_secs(2),
+        || {
+            let s = d.scrape_unix(&sock);
+            let refused = metric(
+                &s,
+                "justitia_tenant_remote_ends_refused_total",
+                Some(("uid", &uid)),
+            );
+            let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
+            let flows = d.flows();
+            refused == Some(1.0)
+                && flows.len() == 1
+                && flows[0].remote.is_none()
+                && flows[0]
+                    .allot_bytes_per_sec
+                    .is_some_and(|a| (a / safe - 1.0).abs() < 1e-6)
+        },
+    );
+}
+
 fn unshaped(d: &Daemon) -> UnshapedReport {
     match d.admin(&AdminRequest::Unshaped) {
         AdminReply::Unshaped(r) => r,

@@ -11,6 +11,8 @@ one line saying what it achieved, and keeps its connections until stdin closes.
   tcp-header ADDR MIB       one request head line of MIB MiB
   squat ADDR                bind and listen on ADDR first
   shaper SOCK HEX           register one flow (HEX), report it active
+  remotes SOCK HEX GID...   one connection, one flow (HEX) per GID (32 hex digits), each
+                            reported active and as READing from its GID
   handoff SOCK              connect, hand the connection to a child that keeps it, print
                             this process's pid and exit (the child stays till stdin closes)
   admin SOCK                ask the admin socket for the status
@@ -140,6 +142,25 @@ def main():
         s.send(usage)
         held.append(s)
         print("registered")
+    elif mode == "remotes":
+        s = seq(args[0])
+        s.settimeout(5)
+        hello = s.recv(256)
+        registered = refused = 0
+        for gid in args[2:]:
+            s.send(bytes.fromhex(args[1]))
+            reply = s.recv(256)
+            if reply[3] != 0x82:
+                refused += 1
+                continue
+            registered += 1
+            flow = reply[12:20]
+            head = b"JA" + bytes([hello[2]])
+            s.send(head + b"\x02" + flow + b"\x01" + struct.pack("<QQ", 1, 1))
+            # Remote end: flow, GID, LID 0, remote QP number 1, READs.
+            s.send(head + b"\x04" + flow + bytes.fromhex(gid) + struct.pack("<HI", 0, 1) + b"\x01")
+        held.append(s)
+        print(f"registered {registered} refused {refused}")
     elif mode == "handoff":
         s = seq(args[0])
         if os.fork() == 0:
