@@ -9,12 +9,13 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # read-only share of this file system), QEMU itself, valgrind for instruction counts,
 # python3-prometheus-client, the parser the guest's daemon tests read the metrics with,
 # musl-tools (a musl program for the musl build's checks), podman with runc (the container
-# runtime of the guest's CDI checks; runc named, as podman would otherwise take crun).
+# runtime of the guest's CDI checks; runc named, as podman would otherwise take crun),
+# containerd (Debian's 1.6, the CRI runtime the device plugin's check drives).
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
   iproute2 valgrind python3-prometheus-client musl-tools python3-venv
-  podman runc
+  podman runc containerd
   systemd util-linux python3
   qperf ucx-utils libfabric-bin openmpi-bin libopenmpi-dev
 )

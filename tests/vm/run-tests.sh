@@ -90,14 +90,18 @@ else
   fails=$((fails + 1))
 fi
 
-# deploy/validate applies the CDI spec's edits in the guest (tests/vm/guest/cdi.sh).
-cdi_validator=-
-echo "vm: building deploy/validate (Go)"
+# The Go programs of tests/vm/guest/cdi.sh: deploy/validate applies the CDI spec's edits,
+# justitia-device-plugin answers Allocate, and podrun plays kubelet in front of containerd.
+cdi_validator=- device_plugin=- podrun=-
+echo "vm: building deploy/validate, deploy/device-plugin and tests/vm/podrun (Go)"
 if (command -v go > /dev/null || export PATH="$PATH:/usr/local/go/bin"
-  cd deploy/validate && GOFLAGS=-mod=readonly go build -o "$target/deploy-validate" .); then
-  cdi_validator=$target/deploy-validate
+  export GOFLAGS=-mod=readonly
+  (cd deploy/validate && go build -o "$target/deploy-validate" .) \
+    && (cd deploy/device-plugin && go build -o "$target/justitia-device-plugin" .) \
+    && (cd tests/vm/podrun && go build -o "$target/podrun" .)); then
+  cdi_validator=$target/deploy-validate device_plugin=$target/justitia-device-plugin podrun=$target/podrun
 else
-  echo "FAIL build deploy/validate (Go)"
+  echo "FAIL build the Go programs of the CDI and containerd checks"
   fails=$((fails + 1))
 fi
 
@@ -106,7 +110,7 @@ out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
-  CDI_VALIDATOR="$cdi_validator" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
+  CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
   tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
 vm_boot "$out" "${VM_SUITE_TIMEOUT:-2400}"

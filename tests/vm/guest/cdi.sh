@@ -3,7 +3,7 @@
 # host, used as a container runtime would use it, on images assembled here from the guest's
 # packages. Run from suite.sh's daemon section, or alone:
 #
-#   tests/vm/guest.sh --timeout 400 -- tests/vm/guest/cdi.sh RESULTS BIN_DIR SHAPER_LIB VALIDATOR APPS
+#   tests/vm/guest.sh --timeout 480 -- tests/vm/guest/cdi.sh RESULTS BIN_DIR SHAPER_LIB VALIDATOR APPS PLUGIN PODRUN
 #
 # BIN_DIR holds justitiad and justitia (cargo build --release), SHAPER_LIB the glibc build of
 # libjustitia.so as scripts/build-shaper.sh writes it (the musl build beside it, in
@@ -43,6 +43,12 @@
 #    given rxe0-unshaped as unshaped (`justitia flows --unshaped`), with their containers'
 #    cgroups as tenants, and not the same program given rxe0-bandwidth.
 # 6. justitia.io/rdma=rxe0-unshaped, the opt-out, carries the device nodes and nothing else.
+# 7. Kubernetes' path, with containerd (Debian's 1.6.20, its CRI plugin, runc) as the
+#    runtime: justitia-device-plugin (PLUGIN) registers with podrun (PODRUN), which plays
+#    kubelet: it has the plugin Allocate a unit of rdma/rdma_shared_device_a and starts a
+#    pod through CRI with what the plugin answered (device nodes, mounts, environment; no
+#    CDI). Its ib_write_bw is shaped (the pod sets JUSTITIA_CLASS=bandwidth), and justitiad
+#    lists its flow under the pod's cgroup (kubepods/besteffort/pod<UID>).
 #
 # One line per check goes to RESULTS/results.txt as in suite.sh; logs to RESULTS/logs/cdi.*.
 set -uo pipefail
@@ -52,6 +58,8 @@ BIN=$2
 LIB=$3
 VALIDATOR=$4
 APPS=$5
+PLUGIN=$6
+PODRUN=$7
 MUSL_LIB=$(dirname "$(dirname "$LIB")")/musl/libjustitia.so
 # shellcheck source=tests/vm/guest/daemon-lib.sh
 source "$(dirname "$0")/daemon-lib.sh"
@@ -74,7 +82,8 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
   "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
-  "cdi: the opt-out device carries device nodes only")
+  "cdi: the opt-out device carries device nodes only"
+  "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, under its pod's cgroup")
 done_checks=0
 pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
 fail_rest() { # WHY: this check fails, the later ones are reported as not run
@@ -88,27 +97,31 @@ fail_rest() { # WHY: this check fails, the later ones are reported as not run
 }
 
 run=$(mktemp -d /tmp/justitia-cdi.XXXXXX)
-dpid="" spid=""
+dpid="" spid="" ctrd_pid="" plugin_pid=""
+ctrd=/run/justitia-containerd.$$
 # The spec where podman looks for specs generated at run time (the guest's /run is tmpfs).
 cdi_dir=/var/run/cdi
 podman=(podman --root "$run/podman/storage" --runroot "/run/justitia-podman.$$" --storage-driver vfs
   --cgroup-manager cgroupfs --events-backend file)
 cleanup() {
+  [ -n "$plugin_pid" ] && kill -KILL "$plugin_pid" 2>/dev/null
+  [ -n "$ctrd_pid" ] && kill -TERM "$ctrd_pid" 2>/dev/null
   [ -n "$spid" ] && kill -KILL "$spid" 2>/dev/null
   [ -n "$dpid" ] && kill -KILL "$dpid" 2>/dev/null
   wait 2>/dev/null
   timeout 30 "${podman[@]}" rm --all --force > /dev/null 2>&1
   rm -f "$cdi_dir/justitia-test.json"
-  rm -rf "$run" "/run/justitia-podman.$$"
+  pkill -KILL -f "containerd-shim-runc-v2 -namespace k8s.io" 2>/dev/null
+  rm -rf "$run" "/run/justitia-podman.$$" "$ctrd"
 }
 trap 'cleanup; exit 124' TERM
 
 for f in "$BIN/justitiad" "$BIN/justitia" "$LIB" "$MUSL_LIB" "$VALIDATOR" "$APPS/libopen_counter.so" \
-  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/static_qp" "$APPS/qp_holder"; do
+  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/static_qp" "$APPS/qp_holder" "$PLUGIN" "$PODRUN"; do
   [ -e "$f" ] || fail_rest "$f is not built"
 done
-command -v podman > /dev/null && command -v runc > /dev/null \
-  || fail_rest "podman and runc are not installed (scripts/setup.sh installs them)"
+command -v podman > /dev/null && command -v runc > /dev/null && command -v containerd > /dev/null \
+  && [ -x /bin/busybox ] || fail_rest "podman, runc, containerd or busybox-static is not installed (scripts/setup.sh installs them)"
 
 # 1. What the DaemonSet's init container does, with host paths in the scratch directory.
 mkdir -p "$run/lib/musl" "$run/registration" "$run/admin" "$run/cdi"
@@ -358,7 +371,79 @@ if grep -q -E '^mount |LD_PRELOAD|JUSTITIA_' "$L.unshaped.txt" || ! grep -qx "de
 fi
 pass "$(grep -c '^device ' "$L.unshaped.txt") device nodes ($(grep '^device ' "$L.unshaped.txt" | cut -d' ' -f2 | paste -sd ' ')), no mounts, environment as the container set it"
 
+# 7. containerd, driven by the device plugin's Allocate through podrun (kubelet's part).
+kdir=$run/device-plugins
+mkdir -p "$ctrd" "$kdir" "$run/containerd/root" "$run/containerd/opt" "$run/cni/bin" "$run/cni/conf" "$run/pause/bin"
+cat > "$run/containerd.toml" << EOF
+version = 2
+root = "$run/containerd/root"
+state = "$ctrd/state"
+[grpc]
+  address = "$ctrd/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$run/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/justitia-test-pause:latest"
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$run/cni/bin"
+    conf_dir = "$run/cni/conf"
+EOF
+# ib_write_bw registers its buffers: the pod inherits containerd's memlock limit.
+(ulimit -l unlimited && exec containerd --config "$run/containerd.toml") > "$L.containerd.log" 2>&1 &
+ctrd_pid=$!
+for _ in $(seq 1 100); do [ -S "$ctrd/containerd.sock" ] && break; sleep 0.2; done
+[ -S "$ctrd/containerd.sock" ] || fail_rest "containerd did not start: $(grep -m2 -E 'level=(error|fatal)|ulimit' "$L.containerd.log" | tr '\n' ' ')"
+# The pod's sandbox image (a static busybox that sleeps) and the glibc image, from podman's
+# storage as OCI archives into containerd's k8s.io namespace, which its CRI plugin uses.
+cp /bin/busybox "$run/pause/bin/busybox"
+tar -C "$run/pause" -cf "$run/pause.tar" . \
+  && timeout 120 "${podman[@]}" import --change 'CMD ["/bin/busybox", "sleep", "2147483647"]' "$run/pause.tar" \
+    localhost/justitia-test-pause:latest >> "$L.import.log" 2>&1 \
+  && timeout 120 "${podman[@]}" save --format oci-archive -o "$run/pause-oci.tar" localhost/justitia-test-pause:latest >> "$L.import.log" 2>&1 \
+  && timeout 120 "${podman[@]}" save --format oci-archive -o "$run/glibc-oci.tar" localhost/justitia-test-glibc:latest >> "$L.import.log" 2>&1 \
+  && timeout 120 ctr -a "$ctrd/containerd.sock" -n k8s.io images import "$run/pause-oci.tar" >> "$L.import.log" 2>&1 \
+  && timeout 120 ctr -a "$ctrd/containerd.sock" -n k8s.io images import "$run/glibc-oci.tar" >> "$L.import.log" 2>&1 \
+  || fail_rest "images into containerd: $(tail -n 3 "$L.import.log" | tr '\n' ' ')"
+"$PLUGIN" --kubelet-dir "$kdir" --library "$run/lib/libjustitia.so" --socket "$run/registration/justitiad.sock" \
+  --rescan 1s > "$L.plugin.log" 2>&1 &
+plugin_pid=$!
+uid=5f0c6a2e-7d1b-4c39-9e0a-3b2d1c4e5f60
+timeout 160 ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" > "$L.pod.server.log" 2>&1 &
+spid=$!
+wait_tcp_listen "$PORT" || true
+"$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --image localhost/justitia-test-glibc:latest \
+  --namespace team-a --pod writer --uid "$uid" --env JUSTITIA_CLASS=bandwidth \
+  --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" --timeout 150s \
+  -- ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" 127.0.0.1 > "$L.pod.log" 2>&1 &
+podrun_pid=$!
+: > "$L.pod.flows"
+while kill -0 "$podrun_pid" 2> /dev/null; do
+  "$BIN/justitia" flows --socket "$run/admin/admin.sock" >> "$L.pod.flows" 2>&1
+  sleep 0.5
+done
+wait "$podrun_pid"
+prc=$?
+[ "$prc" = 0 ] || kill "$spid" 2>/dev/null
+wait "$spid"
+src=$?
+spid=""
+[ "$prc" = 0 ] && [ "$src" = 0 ] \
+  || fail_rest "podrun exit $prc, server exit $src: $(grep -h -m2 -i -E 'podrun|error|fail|cannot' "$L.pod.log" "$L.pod.server.log" | tr '\n' ' ')"
+stats_of pod || fail_rest "the shaper wrote no statistics in the pod ($(head -n 3 "$L.pod.log" | tr '\n' ' '))"
+split=$(stat_field "$STATS" split_requests)
+[ "${split:-0}" -gt 0 ] || fail_rest "no request was split in the pod: $(tr -d '\n ' < "$STATS")"
+flow=$(grep -m1 -E " bandwidth .*kubepods/besteffort/pod$uid" "$L.pod.flows")
+[ -n "$flow" ] || fail_rest "justitiad listed no bandwidth flow under the pod's cgroup: $(grep -v '^ *flow' "$L.pod.flows" | sort -u | head -n 3 | tr '\n' ' ')"
+pass "$(grep -m1 'allocated' "$L.pod.log" | sed 's/^podrun: //'); split_requests=$split; justitia flows: $(echo "$flow" | awk '{print "pid", $3, "class", $4, "tenant", $NF}')"
+
 kill -TERM "$dpid" 2>/dev/null
 wait "$dpid" 2>/dev/null
 dpid=""
 cleanup
+

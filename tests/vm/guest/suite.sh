@@ -639,14 +639,16 @@ else
       result FAIL "daemon adaptive" "tests/vm/guest/daemon-adaptive.sh did not finish within 300 s"
     fi
   fi
-  # The CDI spec of `justitia cdi` applied as a container runtime would (CDI_VALIDATOR:
-  # deploy/validate's program, from run-tests.sh).
-  if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ] || [ "$APPS" = - ]; then
-    result SKIP "cdi" "needs the shaper, deploy/validate and the test applications"
+  # The CDI spec of `justitia cdi` applied as a container runtime would, and the device
+  # plugin's Allocate in front of containerd (CDI_VALIDATOR, DEVICE_PLUGIN, PODRUN: the Go
+  # programs run-tests.sh builds).
+  if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ] || [ "${DEVICE_PLUGIN:--}" = - ] || [ "$APPS" = - ]; then
+    result SKIP "cdi" "needs the shaper, the Go programs and the test applications"
   else
-    timeout 480 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS"
+    timeout 600 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS" \
+      "$DEVICE_PLUGIN" "$PODRUN"
     if [ "$?" = 124 ]; then
-      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 480 s"
+      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 600 s"
     fi
   fi
   # Applications that escape the shaper: a plain ib_write_bw is listed unshaped by the
