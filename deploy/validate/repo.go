@@ -306,6 +306,15 @@ func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, b
 			return nil, fmt.Errorf("justitiad does not mount a host directory at %s, where its configuration puts a socket", dir)
 		}
 	}
+	// Pods are named (tenants and weights by namespace and pod) from kubelet's log
+	// directories, which the daemon must see at the configured path.
+	podLogs := config["pod_logs_dir"]
+	if podLogs == "" {
+		podLogs = "/var/log/pods"
+	}
+	if !hostPathMountedAt(*daemon, volumes, podLogs) {
+		return nil, fmt.Errorf("justitiad does not mount the host's %s, where kubelet names the pods (pod_logs_dir)", podLogs)
+	}
 	for _, probe := range []*corev1.Probe{daemon.LivenessProbe, daemon.StartupProbe} {
 		if probe == nil || probe.Exec == nil {
 			return nil, fmt.Errorf("justitiad needs a startup and a liveness probe, each asking the daemon (exec)")
@@ -423,8 +432,8 @@ func checkConfigCopy(packaged, copied string) error {
 		}
 	}
 	keys := topLevelKeys(body)
-	if keys["tenant"] != "cgroup" {
-		return fmt.Errorf("tenant = %q: in a cluster most containers run as uid 0, so tenants must be cgroups", keys["tenant"])
+	if keys["tenant"] != "pod" && keys["tenant"] != "namespace" {
+		return fmt.Errorf("tenant = %q: in a cluster most containers run as uid 0, so tenants must be pods or namespaces", keys["tenant"])
 	}
 	return nil
 }

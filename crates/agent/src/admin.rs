@@ -101,10 +101,15 @@ pub struct FlowReport {
     pub flow: u64,
     /// The owner's uid.
     pub uid: u32,
-    /// The tenant it counts under: the uid, or the cgroup path with `tenant = "cgroup"`
-    /// (empty from a daemon that does not report it).
+    /// The tenant it counts under: the uid, the cgroup path with `tenant = "cgroup"`,
+    /// `pod/<namespace>/<pod>` (or `pod/<UID>`) with `"pod"`, `namespace/<namespace>` with
+    /// `"namespace"` (empty from a daemon that does not report it).
     #[serde(default)]
     pub tenant: String,
+    /// Its share weight (its pod's, namespace's or uid's; 0 from a daemon that does not
+    /// report it).
+    #[serde(default)]
+    pub weight: u32,
     /// The owner's pid.
     pub pid: i32,
     /// The flow's class.

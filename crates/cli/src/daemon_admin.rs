@@ -254,11 +254,11 @@ fn unshaped_table(r: &UnshapedReport, now_unix_ms: u64) -> String {
 
 /// The flows as `justitia flows` prints them; the admission verdict as the daemon spells
 /// it (the `justitia_registrations_total` metric's label); `guar Gb/s` the guarantee a
-/// READ flow holds from the host it reads from.
+/// READ flow holds from the host it reads from; `weight` its tenant's share weight.
 fn flows_table(f: &[FlowReport]) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
-        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  tenant\n",
+        "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14} {:>6}  tenant\n",
         "flow",
         "uid",
         "pid",
@@ -268,13 +268,14 @@ fn flows_table(f: &[FlowReport]) -> String {
         "admission",
         "allot Gb/s",
         "guar Gb/s",
-        "bytes"
+        "bytes",
+        "weight"
     );
     for r in f {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14}  {}",
+            "{:>6} {:>6} {:>8} {:<10} {:>4} {:>6} {:<21} {:>12} {:>10} {:>14} {:>6}  {}",
             r.flow,
             r.uid,
             r.pid,
@@ -287,6 +288,11 @@ fn flows_table(f: &[FlowReport]) -> String {
             r.read_guarantee_bytes_per_sec
                 .map_or("-".into(), |g| format!("{:.3}", g * 8e-9)),
             r.bytes,
+            if r.weight == 0 {
+                "-".to_string()
+            } else {
+                r.weight.to_string()
+            },
             r.tenant
         );
     }
@@ -386,6 +392,7 @@ mod tests {
             flow: 3,
             uid: 1000,
             tenant: "1000".into(),
+            weight: 2,
             pid: 42,
             class: "latency".into(),
             qps: 1,
@@ -412,6 +419,7 @@ mod tests {
                 "-",
                 "-",
                 "16",
+                "2",
                 "1000"
             ]
         );
@@ -503,6 +511,7 @@ mod tests {
             flow: 4,
             uid: 1000,
             tenant: "1000".into(),
+            weight: 2,
             pid: 42,
             class: "bandwidth".into(),
             qps: 1,

@@ -67,8 +67,8 @@ fn row(connections: usize) {
         socket: dir.path().join("j.sock"),
         admin_socket: dir.path().join("a.sock"),
         metrics: None,
-        max_flows_per_uid: FLOWS,
-        max_connections_per_uid: 4096,
+        max_flows_per_tenant: FLOWS,
+        max_connections_per_tenant: 4096,
         // One tenant holds all the flows: they must fit the open part of the table.
         slots: 2 * FLOWS as u32,
         ..Config::default()

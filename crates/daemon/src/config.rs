@@ -23,13 +23,14 @@
 //! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint: `address:port`, or `unix:/path` (mode 0660, group `admin_group`), which alone carries the per-tenant series labelled by uid; `""` turns it off. A failed bind is retried, never fatal |
 //! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
 //! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
-//! | `max_flows_per_uid` | 256 | flows one uid may register (a quarter of `slots` is kept for tenants with few flows, see `limits`) |
-//! | `max_connections_per_uid` | 64 | connections one uid may hold on the registration socket |
+//! | `max_flows_per_tenant` | 256 | flows one tenant may register (a quarter of `slots` is kept for tenants with few flows, see `limits`); with `tenant = "uid"` or `"cgroup"` the cap is per uid, since a user with a delegated cgroup subtree could otherwise make tenants at will, and so is it for processes in no pod with `"pod"` and `"namespace"` |
+//! | `max_connections_per_tenant` | 64 | connections one tenant (as for `max_flows_per_tenant`) may hold on the registration socket |
 //! | `max_remote_ends_per_tenant` | 16 | distinct peer hosts one tenant's flows may name as their remote ends (1..=1024); a flow naming one more is refused for its remote part and counted as a local flow |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `unshaped_scan_ms` | 1000 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 100..=60000; 0 turns it off (see [`crate::unshaped`]) |
-//! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`, or `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects |
-//! | `[weights]` | all 1 | `"<uid>" = weight` (1..=1000): a tenant's share weight |
+//! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`; `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects; `"pod"`, the Kubernetes pod that cgroup belongs to (see [`crate::kubepods`]); `"namespace"`, that pod's namespace (from `pod_logs_dir`; the pod while its namespace is not found there). A process in no pod is its cgroup's tenant with `"pod"` and `"namespace"` |
+//! | `pod_logs_dir` | `/var/log/pods` | kubelet's pod log directory, whose entries `<namespace>_<pod>_<UID>` name the pods (`tenant = "namespace"`, and weights by namespace or pod) |
+//! | `[weights]` | all 1 | a tenant's share weight (1..=1000): `"<uid>" = w`, `"namespace/<namespace>" = w`, `"pod/<namespace>/<pod>" = w`; a flow takes its pod's weight, else its namespace's, else its uid's, else 1 |
 //! | `[peer]` | off | the peer channel to other hosts' daemons (remote READs, incast); on when the table is present |
 //! | `peer.node` | required | this host's RDMA port GID (IPv6 form), or on RoCE v2 its IPv4 address |
 //! | `peer.key_file` | required | the cluster key, at least 32 bytes, the same on every host |
@@ -97,6 +98,21 @@ pub enum TenantBy {
     Uid,
     /// The registering process's cgroup, read from `/proc/<pid>/cgroup` when it connects.
     Cgroup,
+    /// The Kubernetes pod of that cgroup; a process in no pod is its cgroup's tenant.
+    Pod,
+    /// The namespace of that pod; the pod while its namespace is unknown.
+    Namespace,
+}
+
+/// Share weights by uid, namespace and pod (`[weights]`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Weights {
+    /// `"<uid>" = w`.
+    pub uids: BTreeMap<u32, u32>,
+    /// `"namespace/<namespace>" = w`.
+    pub namespaces: BTreeMap<String, u32>,
+    /// `"pod/<namespace>/<pod>" = w`.
+    pub pods: BTreeMap<(String, String), u32>,
 }
 
 /// The daemon's settings. See the module documentation for each key.
@@ -132,10 +148,10 @@ pub struct Config {
     pub stale_after: Duration,
     /// Flows registered at most, and the slots of each tenant page.
     pub slots: u32,
-    /// Flows per uid.
-    pub max_flows_per_uid: usize,
-    /// Connections per uid.
-    pub max_connections_per_uid: usize,
+    /// Flows per tenant (per uid outside pods, see the key's documentation).
+    pub max_flows_per_tenant: usize,
+    /// Connections per tenant (as `max_flows_per_tenant`).
+    pub max_connections_per_tenant: usize,
     /// Distinct peer hosts one tenant's flows may name as their remote ends.
     pub max_remote_ends_per_tenant: usize,
     /// Soft admission policy.
@@ -144,8 +160,10 @@ pub struct Config {
     pub tenant: TenantBy,
     /// The time between scans for unshaped processes; `None`: no scan.
     pub unshaped_scan: Option<Duration>,
-    /// Weights by uid.
-    pub weights: BTreeMap<u32, u32>,
+    /// kubelet's pod log directory.
+    pub pod_logs_dir: PathBuf,
+    /// Share weights.
+    pub weights: Weights,
     /// The peer channel, when on.
     pub peer: Option<crate::peer::PeerSettings>,
 }
@@ -168,13 +186,14 @@ impl Default for Config {
             metrics: Some("127.0.0.1:9464".into()),
             stale_after: Duration::from_millis(5),
             slots: justitia_agent::block::DEFAULT_SLOTS,
-            max_flows_per_uid: 256,
-            max_connections_per_uid: 64,
+            max_flows_per_tenant: 256,
+            max_connections_per_tenant: 64,
             max_remote_ends_per_tenant: 16,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             unshaped_scan: Some(Duration::from_millis(1000)),
-            weights: BTreeMap::new(),
+            pod_logs_dir: PathBuf::from("/var/log/pods"),
+            weights: Weights::default(),
             peer: None,
         }
     }
@@ -228,13 +247,19 @@ pub fn parse_target(text: &str) -> Result<Target99, String> {
 }
 
 impl Config {
-    /// The weight of `uid`'s flows: its configured weight, or one. A weight the
-    /// configuration holds was checked at load, so one out of range cannot be found here.
-    pub fn weight_of(&self, uid: u32) -> Weight {
-        self.weights
-            .get(&uid)
-            .and_then(|&w| Weight::new(w).ok())
-            .unwrap_or(Weight::ONE)
+    /// The weight of the flows of `uid` in `pod` (if in one): the pod's configured weight,
+    /// else its namespace's, else the uid's, else one. A weight the configuration holds was
+    /// checked at load, so one out of range cannot be found here.
+    pub fn weight_of(&self, uid: u32, pod: Option<&crate::kubepods::PodName>) -> Weight {
+        let w = &self.weights;
+        pod.and_then(|p| {
+            w.pods
+                .get(&(p.namespace.clone(), p.name.clone()))
+                .or_else(|| w.namespaces.get(&p.namespace))
+        })
+        .or_else(|| w.uids.get(&uid))
+        .and_then(|&w| Weight::new(w).ok())
+        .unwrap_or(Weight::ONE)
     }
 
     /// Reads `path`. `required` says whether an absent file is an error (a path given on
@@ -395,11 +420,21 @@ impl Config {
         if let Some(v) = take("slots") {
             c.slots = int("slots", v, 1, i64::from(justitia_agent::block::MAX_SLOTS))? as u32;
         }
-        if let Some(v) = take("max_flows_per_uid") {
-            c.max_flows_per_uid = int("max_flows_per_uid", v, 1, 65_536)? as usize;
+        for old in ["max_flows_per_uid", "max_connections_per_uid"] {
+            if take(old).is_some() {
+                let new = old.replace("_uid", "_tenant");
+                return Err(err(
+                    old,
+                    format!("renamed `{new}`: the caps are per tenant (per uid outside pods)"),
+                ));
+            }
         }
-        if let Some(v) = take("max_connections_per_uid") {
-            c.max_connections_per_uid = int("max_connections_per_uid", v, 1, 65_536)? as usize;
+        if let Some(v) = take("max_flows_per_tenant") {
+            c.max_flows_per_tenant = int("max_flows_per_tenant", v, 1, 65_536)? as usize;
+        }
+        if let Some(v) = take("max_connections_per_tenant") {
+            c.max_connections_per_tenant =
+                int("max_connections_per_tenant", v, 1, 65_536)? as usize;
         }
         if let Some(v) = take("max_remote_ends_per_tenant") {
             c.max_remote_ends_per_tenant = int("max_remote_ends_per_tenant", v, 1, 1024)? as usize;
@@ -420,13 +455,21 @@ impl Config {
             c.tenant = match string("tenant", v)?.as_str() {
                 "uid" => TenantBy::Uid,
                 "cgroup" => TenantBy::Cgroup,
+                "pod" => TenantBy::Pod,
+                "namespace" => TenantBy::Namespace,
                 other => {
                     return Err(err(
                         "tenant",
-                        format!("`{other}` is neither `uid` nor `cgroup`"),
+                        format!("`{other}` is neither `uid`, `cgroup`, `pod` nor `namespace`"),
                     ))
                 }
             };
+        }
+        if let Some(v) = take("pod_logs_dir") {
+            c.pod_logs_dir = PathBuf::from(string("pod_logs_dir", v)?);
+            if !c.pod_logs_dir.is_absolute() {
+                return Err(err("pod_logs_dir", "must be an absolute path".into()));
+            }
         }
         if let Some(v) = take("unshaped_scan_ms") {
             // A scan costs the kernel a query of every queue pair (a firmware command
@@ -449,12 +492,31 @@ impl Config {
                     "expected a table of \"uid\" = weight".into(),
                 ));
             };
-            for (uid, w) in t {
-                let key = format!("weights.{uid}");
-                let id: u32 = uid
-                    .parse()
-                    .map_err(|_| err(&key, format!("`{uid}` is not a numeric uid")))?;
-                c.weights.insert(id, int(&key, w, 1, 1000)? as u32);
+            for (name, w) in t {
+                let key = format!("weights.{name}");
+                let weight = int(&key, w, 1, 1000)? as u32;
+                let parts: Vec<&str> = name.split('/').collect();
+                use crate::kubepods::{valid_namespace, valid_pod_name};
+                match parts.as_slice() {
+                    ["namespace", ns] if valid_namespace(ns) => {
+                        c.weights.namespaces.insert(ns.to_string(), weight);
+                    }
+                    ["pod", ns, pod] if valid_namespace(ns) && valid_pod_name(pod) => {
+                        c.weights.pods.insert((ns.to_string(), pod.to_string()), weight);
+                    }
+                    [uid] => {
+                        let id: u32 = uid.parse().map_err(|_| {
+                            err(&key, format!("`{uid}` is not a numeric uid (or namespace/<namespace>, pod/<namespace>/<pod>)"))
+                        })?;
+                        c.weights.uids.insert(id, weight);
+                    }
+                    _ => {
+                        return Err(err(
+                            &key,
+                            "expected \"<uid>\", \"namespace/<namespace>\" or \"pod/<namespace>/<pod>\", with DNS names".into(),
+                        ))
+                    }
+                }
             }
         }
         if let Some(v) = take("peer") {
@@ -676,7 +738,7 @@ mod tests {
         assert_eq!(c.probe, ProbeKind::Synthetic(Duration::from_micros(30)));
         assert_eq!(c.admission, AdmissionPolicy::Refuse);
         assert_eq!(c.metrics, None);
-        assert_eq!(c.weights.get(&1000), Some(&3));
+        assert_eq!(c.weights.uids.get(&1000), Some(&3));
         assert_eq!(c.tenant, TenantBy::Cgroup);
         assert_eq!(c.policy, PolicyKind::Adaptive);
         assert_eq!(c.unshaped_scan, Some(Duration::from_millis(250)));
@@ -710,7 +772,11 @@ mod tests {
             ("socket = \"relative.sock\"", "socket", "absolute"),
             ("admission = \"maybe\"", "admission", "neither"),
             ("probe = \"magic\"", "probe", "neither"),
-            ("tenant = \"user\"", "tenant", "neither"),
+            (
+                "tenant = \"user\"",
+                "tenant",
+                "neither `uid`, `cgroup`, `pod` nor `namespace`",
+            ),
             (
                 "unshaped_scan_ms = 50",
                 "unshaped_scan_ms",
@@ -729,6 +795,27 @@ mod tests {
             ),
             ("policy = 1", "policy", "expected a string"),
             ("[weights]\nalice = 2", "weights.alice", "numeric uid"),
+            (
+                "[weights]\n\"namespace/Team_A\" = 2",
+                "weights.namespace/Team_A",
+                "DNS names",
+            ),
+            (
+                "[weights]\n\"pod/team-a\" = 2",
+                "weights.pod/team-a",
+                "DNS names",
+            ),
+            (
+                "max_flows_per_uid = 3",
+                "max_flows_per_uid",
+                "renamed `max_flows_per_tenant`",
+            ),
+            (
+                "max_connections_per_uid = 3",
+                "max_connections_per_uid",
+                "renamed `max_connections_per_tenant`",
+            ),
+            ("pod_logs_dir = \"pods\"", "pod_logs_dir", "absolute"),
             ("[weights]\n\"5\" = 0", "weights.5", "out of range"),
             ("tagret = \"2x\"", "tagret", "unknown key"),
             ("ref_period_us = 5000", "probe_timeout_ms", "must exceed"),

@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | [`adaptive`] | `policy = "adaptive"`: the core's adaptive law driven on the host |
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
+//! | [`kubepods`] | pods as tenants: a process's pod from its cgroup, the pod's namespace from kubelet's log directories |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
@@ -20,6 +21,7 @@
 
 pub mod adaptive;
 pub mod config;
+pub mod kubepods;
 pub mod limits;
 pub mod metrics;
 pub mod peer;

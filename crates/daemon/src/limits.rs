@@ -6,7 +6,7 @@
 //! Invariants:
 //! - **No set of tenants locks out another.** The slot table (`slots` flows) has an open
 //!   part and a reserve of a quarter of it ([`reserve`]). Any flow may take an open slot
-//!   while its uid is under `max_flows_per_uid`. A slot of the reserve goes only to a
+//!   while its cap owner ([`CapOwner`]) is under `max_flows_per_tenant`. A slot of the reserve goes only to a
 //!   tenant holding fewer than [`RESERVED_PER_TENANT`] flows: a latency flow may take any
 //!   slot of the reserve, a resource-hungry flow only its first half. So however many
 //!   flows the other tenants hold, a tenant with few flows finds room for its latency
@@ -14,13 +14,25 @@
 //!   with 1024 slots), and for its first hungry flows while fewer than half as many do.
 //! - **A connection costs at most two descriptors** (its socket and its process's
 //!   pidfd); the daemon holds at most [`max_clients`] of them, leaving room for the
-//!   admin socket, the metrics thread, the probe and the tenant pages, and one uid at
-//!   most `max_connections_per_uid`.
+//!   admin socket, the metrics thread, the probe and the tenant pages, and one cap owner
+//!   at most `max_connections_per_tenant`.
 //! - **A log line a peer can cause is rate-limited** ([`LogLimiter`]): a burst of at most
 //!   [`LOG_BURST`] lines per kind per second, then one line saying how many were dropped.
 
 use justitia_agent::proto::RefuseReason;
 use justitia_core::flow::FlowClass;
+
+/// Whose caps a connection and its flows count against: a pod's or a namespace's tenant
+/// (with `tenant = "pod"` or `"namespace"`, for processes in a pod), else the uid. A
+/// cgroup tenant's caps are its uid's: a user with a delegated cgroup subtree could
+/// otherwise make tenants, and caps, at will, where a pod is made by kubelet only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CapOwner {
+    /// A uid.
+    Uid(u32),
+    /// A pod's or a namespace's tenant id.
+    Tenant(u64),
+}
 
 /// Flows a tenant may always hold in the reserve of the slot table.
 pub const RESERVED_PER_TENANT: usize = 8;
@@ -39,8 +51,8 @@ pub fn reserve(slots: usize) -> usize {
 pub struct SlotCounts {
     /// Flows registered in all.
     pub total: usize,
-    /// Flows of the registering uid.
-    pub of_uid: usize,
+    /// Flows of the registering flow's cap owner.
+    pub of_owner: usize,
     /// Flows of the registering tenant (the uid, or its cgroup).
     pub of_tenant: usize,
 }
@@ -50,9 +62,9 @@ pub fn slot_verdict(
     c: SlotCounts,
     class: FlowClass,
     slots: usize,
-    max_flows_per_uid: usize,
+    max_flows_per_tenant: usize,
 ) -> Result<(), RefuseReason> {
-    if c.of_uid >= max_flows_per_uid {
+    if c.of_owner >= max_flows_per_tenant {
         return Err(RefuseReason::TooManyFlows);
     }
     if c.total >= slots {
@@ -137,10 +149,10 @@ impl LogLimiter {
 mod tests {
     use super::*;
 
-    fn counts(total: usize, of_uid: usize, of_tenant: usize) -> SlotCounts {
+    fn counts(total: usize, of_owner: usize, of_tenant: usize) -> SlotCounts {
         SlotCounts {
             total,
-            of_uid,
+            of_owner,
             of_tenant,
         }
     }

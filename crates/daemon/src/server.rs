@@ -54,7 +54,8 @@ use tracing::{info, warn};
 
 use crate::adaptive::AdaptiveDriver;
 use crate::config::{group_id, Config, PolicyKind, ProbeKind};
-use crate::limits::{LogKind, LogLimiter};
+use crate::kubepods::{PodDirectory, PodName};
+use crate::limits::{CapOwner, LogKind, LogLimiter};
 use crate::metrics::{Label, Metrics};
 use crate::peer::PeerLink;
 use crate::probe::Probe;
@@ -94,6 +95,10 @@ struct Client {
     /// The tenant its flows belong to, and its name in reports.
     tenant: u64,
     tenant_name: String,
+    /// Whose caps it counts against.
+    owner: CapOwner,
+    /// The Kubernetes pod it runs in, when known by name (for weights).
+    pod: Option<PodName>,
     /// Held open while the client is: epoll watches it for the process's exit.
     _pidfd: Option<OwnedFd>,
     flows: BTreeSet<u64>,
@@ -104,6 +109,8 @@ struct Flow {
     pid: i32,
     tenant: u64,
     tenant_name: String,
+    owner: CapOwner,
+    pod: Option<PodName>,
     class: FlowClass,
     qps: u32,
     slot: u32,
@@ -168,9 +175,12 @@ pub struct Daemon {
     next_client: u64,
     flows: BTreeMap<u64, Flow>,
     next_flow: u64,
-    /// Tenant ids of the cgroups seen (with `tenant = "cgroup"`), in order of first
-    /// connection: ids are exact, never hashes that could collide.
-    cgroups: HashMap<String, u64>,
+    /// Tenant ids of the cgroups (by path), pods (`pod:<UID>`) and namespaces
+    /// (`namespace:<name>`) seen, in order of first connection: ids are exact, never
+    /// hashes that could collide.
+    named_tenants: HashMap<String, u64>,
+    /// kubelet's pod log directory, which names pods by UID.
+    pods: PodDirectory,
     /// Each tenant's private page, by tenant id.
     pages: HashMap<u64, TenantPage>,
     metrics: Metrics,
@@ -192,16 +202,16 @@ pub struct Daemon {
     published: Option<(u64, usize, u64)>,
     /// The reference flow's first completion was logged.
     probe_running: bool,
-    /// Flows by uid, for the per-uid cap.
-    uid_flows: HashMap<u32, usize>,
-    /// Connections by uid, for the per-uid cap.
-    uid_clients: HashMap<u32, usize>,
+    /// Flows by cap owner, for `max_flows_per_tenant`.
+    owner_flows: HashMap<CapOwner, usize>,
+    /// Connections by cap owner, for `max_connections_per_tenant`.
+    owner_clients: HashMap<CapOwner, usize>,
     /// Connections served at most (from the descriptor limit).
     max_clients: usize,
     /// The listener is paused (EMFILE or the connection cap) until then (ns; 0: not).
     listen_paused_until: u64,
-    /// The next tenant id of a cgroup.
-    next_cgroup: u64,
+    /// The next tenant id of a cgroup, pod or namespace.
+    next_named_tenant: u64,
     admins: BTreeMap<u64, AdminConn>,
     next_admin: u64,
     logs: LogLimiter,
@@ -253,9 +263,9 @@ pub const LISTEN_PAUSE: Duration = Duration::from_millis(100);
 pub const ADMIN_DEADLINE: Duration = Duration::from_secs(1);
 /// Admin connections served at once; more are closed at accept.
 pub const MAX_ADMIN_CONNECTIONS: usize = 8;
-/// Tenant ids of cgroups start here, above every uid (a peer of unseen pid is its uid's
-/// tenant even with `tenant = "cgroup"`).
-const CGROUP_TENANT_BASE: u64 = 1 << 40;
+// Tenant ids of cgroups, pods and namespaces start here, above every uid (a peer of unseen
+// pid is its uid's tenant whatever `tenant` says).
+const NAMED_TENANT_BASE: u64 = 1 << 40;
 
 fn now_ns() -> u64 {
     monotonic_ns()
@@ -490,6 +500,7 @@ impl Daemon {
         };
         info!(device = %info.device, port = info.port, line_rate_gbps = info.line_rate_bps / 1e9, profile = %profile.name,
               boot_id = format_args!("{boot_id:#x}"), socket = %config.socket.display(), "justitiad started");
+        let pods = PodDirectory::new(config.pod_logs_dir.clone());
         Ok(Daemon {
             pages: HashMap::new(),
             config,
@@ -509,7 +520,8 @@ impl Daemon {
             next_client: 1,
             flows: BTreeMap::new(),
             next_flow: 1,
-            cgroups: HashMap::new(),
+            named_tenants: HashMap::new(),
+            pods,
             metrics,
             class_gauges,
             epoll,
@@ -527,11 +539,11 @@ impl Daemon {
             last_beat: now_ns(),
             published: None,
             probe_running: false,
-            uid_flows: HashMap::new(),
-            uid_clients: HashMap::new(),
+            owner_flows: HashMap::new(),
+            owner_clients: HashMap::new(),
             max_clients: crate::limits::max_clients(crate::limits::nofile_limit()),
             listen_paused_until: 0,
-            next_cgroup: CGROUP_TENANT_BASE,
+            next_named_tenant: NAMED_TENANT_BASE,
             admins: BTreeMap::new(),
             next_admin: 1,
             logs: LogLimiter::default(),

@@ -315,12 +315,14 @@ pub fn look_up(pid: i32, tenant: TenantBy) -> Lookup {
         .unwrap_or_default();
     let tenant = match tenant {
         TenantBy::Uid => uid.map(|u| u.to_string()),
-        TenantBy::Cgroup => read_bounded(&format!("/proc/{tgid}/cgroup"), CGROUP_BYTES)
-            .ok()
-            .and_then(|b| {
-                crate::tenant::cgroup_of(&String::from_utf8_lossy(&b))
-                    .map(|p| printable(p.as_bytes(), 4096))
-            }),
+        TenantBy::Cgroup | TenantBy::Pod | TenantBy::Namespace => {
+            read_bounded(&format!("/proc/{tgid}/cgroup"), CGROUP_BYTES)
+                .ok()
+                .and_then(|b| {
+                    crate::tenant::cgroup_of(&String::from_utf8_lossy(&b))
+                        .map(|p| printable(p.as_bytes(), 4096))
+                })
+        }
     };
     Lookup::Found(ProcessFacts {
         tgid,

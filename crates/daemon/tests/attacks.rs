@@ -1272,3 +1272,141 @@ fn scrapes_are_answered_while_a_user_churns_and_idles_metrics_connections() {
     assert_eq!(answered, 30, "{figures}");
     d.shaper_served(FlowClass::Bandwidth);
 }
+
+/// Pods as tenants, their caps their own. Most pods run as uid 0: with `tenant = "pod"`
+/// two pods whose processes run as one uid each register up to `max_flows_per_tenant`
+/// (256) flows, and each pod is one tenant, `pod/<UID>`. With the caps per uid (as
+/// `tenant = "cgroup"` keeps them, a cgroup being something a user may make), the first
+/// pod's 256 flows leave the second none: the mechanism removed, the lock-out seen.
+#[test]
+#[ignore = "needs root: creates cgroups and acts as uid 65534"]
+fn two_pods_of_one_uid_each_register_up_to_their_own_cap() {
+    const POD_A: &str = "5f0c6a2e-7d1b-4c39-9e0a-3b2d1c4e5f60";
+    const POD_B: &str = "6e1d7b3f-8e2c-4d4a-8f1b-4c3e2d5f6a71";
+    let wire = register_hex(65534, FlowClass::Bandwidth);
+    for (mode, b_gets) in [("pod", 256), ("cgroup", 0)] {
+        let d = Hostile::start(
+            &[("tenant = \"uid\"", &format!("tenant = \"{mode}\""))],
+            free_port(),
+        );
+        let sock = d.socket();
+        let sock = sock.to_str().unwrap();
+        let cgroups = Cgroups::new(&format!("pods-{mode}"));
+        // kubelet's cgroupfs names: a pod<UID> directory holds the pod's containers.
+        let a = Tenant::run_in(
+            &cgroups.procs(&format!("pod{POD_A}")),
+            65534,
+            &["register", sock, "300", &wire],
+        );
+        assert_eq!(
+            (a.count("registered"), a.count("refused")),
+            (256, 44),
+            "{mode}: pod A, 300 registrations against a cap of 256: {}",
+            a.said
+        );
+        let b = Tenant::run_in(
+            &cgroups.procs(&format!("pod{POD_B}")),
+            65534,
+            &["register", sock, "256", &wire],
+        );
+        assert_eq!(
+            b.count("registered"),
+            b_gets,
+            "{mode}: pod B, same uid, 256 registrations: {}",
+            b.said
+        );
+        let AdminReply::Flows(flows) = d.admin(&AdminRequest::Flows) else {
+            panic!("no flow list");
+        };
+        if mode == "pod" {
+            let of = |pod: &str| {
+                flows
+                    .iter()
+                    .filter(|f| f.tenant == format!("pod/{pod}"))
+                    .count()
+            };
+            assert_eq!(
+                (of(POD_A), of(POD_B)),
+                (256, 256),
+                "flows by tenant name `pod/<UID>` (no log directory names them)"
+            );
+        }
+        drop((a, b));
+    }
+}
+
+/// Namespaces as tenants, and weights by namespace and pod: with `tenant = "namespace"`
+/// two pods of team-a (named in kubelet's log directory, `pod_logs_dir`) are one tenant,
+/// `namespace/team-a`, whose flows take its weight (4) and share its cap (256 flows
+/// between them); a pod of team-b is another, its flows at its own pod's weight (3).
+#[test]
+#[ignore = "needs root: creates cgroups and acts as uid 65534"]
+fn pods_of_one_namespace_are_one_tenant_at_its_weight() {
+    const POD_A: &str = "5f0c6a2e-7d1b-4c39-9e0a-3b2d1c4e5f60";
+    const POD_B: &str = "6e1d7b3f-8e2c-4d4a-8f1b-4c3e2d5f6a71";
+    const POD_C: &str = "7f2e8c40-9f3d-4e5b-9a2c-5d4f3e6a7b82";
+    let logs = tempfile::tempdir().unwrap();
+    for dir in [
+        format!("team-a_writer-0_{POD_A}"),
+        format!("team-b_reader_{POD_B}"),
+        format!("team-a_writer-1_{POD_C}"),
+    ] {
+        std::fs::create_dir(logs.path().join(dir)).unwrap();
+    }
+    let tenant = format!(
+        "tenant = \"namespace\"\npod_logs_dir = \"{}\"",
+        logs.path().display()
+    );
+    let d = Hostile::start(
+        &[
+            ("tenant = \"uid\"", tenant.as_str()),
+            (
+                "[weights]\n",
+                "[weights]\n\"namespace/team-a\" = 4\n\"pod/team-b/reader\" = 3\n",
+            ),
+        ],
+        free_port(),
+    );
+    let sock = d.socket();
+    let sock = sock.to_str().unwrap();
+    let wire = register_hex(65534, FlowClass::Bandwidth);
+    let cgroups = Cgroups::new("namespaces");
+    let run = |pod: &str, n: &str| {
+        Tenant::run_in(
+            &cgroups.procs(&format!("pod{pod}")),
+            65534,
+            &["register", sock, n, &wire],
+        )
+    };
+    let a = run(POD_A, "200");
+    let c = run(POD_C, "100");
+    let b = run(POD_B, "10");
+    assert_eq!(
+        (
+            a.count("registered"),
+            c.count("registered"),
+            b.count("registered")
+        ),
+        (200, 56, 10),
+        "team-a's two pods share its cap of 256 flows; team-b's pod has its own: {} / {} / {}",
+        a.said,
+        c.said,
+        b.said
+    );
+    let AdminReply::Flows(flows) = d.admin(&AdminRequest::Flows) else {
+        panic!("no flow list");
+    };
+    let by = |tenant: &str| {
+        let of: Vec<_> = flows.iter().filter(|f| f.tenant == tenant).collect();
+        let weights: std::collections::BTreeSet<u32> = of.iter().map(|f| f.weight).collect();
+        (of.len(), weights.into_iter().collect::<Vec<_>>())
+    };
+    assert_eq!(by("namespace/team-a"), (256, vec![4]), "team-a's flows");
+    assert_eq!(
+        by("namespace/team-b"),
+        (10, vec![3]),
+        "team-b's flows, at its pod's weight"
+    );
+    assert_eq!(status(&d).tenants, 2, "two tenants");
+    drop((a, b, c));
+}

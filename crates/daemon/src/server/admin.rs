@@ -216,6 +216,7 @@ impl Daemon {
                             flow: id,
                             uid: f.uid,
                             tenant: f.tenant_name.clone(),
+                            weight: self.config.weight_of(f.uid, f.pod.as_ref()).get(),
                             pid: f.pid,
                             class: f.class.to_string(),
                             qps: f.qps,
@@ -271,7 +272,7 @@ impl Daemon {
             throughput: c.throughput,
             flows: self.flows.len(),
             tenants: self.pages.len(),
-            cgroups: self.cgroups.len(),
+            cgroups: self.named_tenants.len(),
             mode: match self.lp.mode() {
                 ControlMode::Normal => "normal".into(),
                 ControlMode::Unattainable { .. } => "unattainable".into(),

@@ -390,7 +390,7 @@ impl Daemon {
                         id: FlowId(id),
                         tenant: TenantId(f.tenant),
                         class: f.class,
-                        weight: config.weight_of(f.uid),
+                        weight: config.weight_of(f.uid, f.pod.as_ref()),
                     },
                     qps: f.qps,
                 },

@@ -149,7 +149,10 @@ impl Daemon {
     /// The cap a peer's incast share puts on flow `f` under `caps`: its tenant's weight
     /// times the share, divided among the tenant's active bandwidth flows into that peer.
     pub(super) fn incast_cap(&self, caps: &IncastCaps<'_>, f: &Flow) -> Option<f64> {
-        caps.cap(&incast_flow(f), self.config.weight_of(f.uid))
+        caps.cap(
+            &incast_flow(f),
+            self.config.weight_of(f.uid, f.pod.as_ref()),
+        )
     }
 
     /// A flow's allotment under `policy = "justitia"` as its shaper is to pace it: the
@@ -211,7 +214,7 @@ impl Daemon {
                 tenant: TenantId(f.tenant),
                 class: f.class,
                 role,
-                weight: config.weight_of(f.uid),
+                weight: config.weight_of(f.uid, f.pod.as_ref()),
             })
         });
         let now = Duration::from_nanos(now_ns());

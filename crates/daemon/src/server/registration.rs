@@ -50,12 +50,14 @@ use rustix::net::{RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlag
 use tracing::{debug, error, info, warn};
 
 use crate::config::{AdmissionPolicy, TenantBy};
+use crate::kubepods::PodName;
+use crate::limits::CapOwner;
 use crate::limits::{LogKind, SlotCounts};
 use crate::metrics::{Label, Tenant, TenantReason};
 
 use super::{
-    now_ns, Client, Daemon, Flow, TenantPage, CGROUP_TENANT_BASE, EVENTS, LISTEN_PAUSE,
-    MESSAGES_PER_TURN, TAG_LISTEN,
+    now_ns, Client, Daemon, Flow, TenantPage, EVENTS, LISTEN_PAUSE, MESSAGES_PER_TURN,
+    NAMED_TENANT_BASE, TAG_LISTEN,
 };
 
 /// A remote end refused: it names no member of the peer channel.
@@ -141,6 +143,76 @@ impl Daemon {
         }
     }
 
+    /// The tenant of a connecting process, by `tenant`: its uid; its cgroup; the pod that
+    /// cgroup is of (named `pod/<namespace>/<pod>`, or `pod/<UID>` until kubelet's log
+    /// directory names it); that pod's namespace (`namespace/<namespace>`; the pod while
+    /// the namespace is not found), the names the weights take. A peer whose pid the daemon cannot see (another pid
+    /// namespace) has no cgroup to read: it is its uid's tenant. The pod's name, when
+    /// found, is kept for its weight whatever `tenant` says.
+    fn identify(
+        &mut self,
+        now: u64,
+        uid: u32,
+        pid: i32,
+        pidfd: Option<&OwnedFd>,
+    ) -> Result<Identity, String> {
+        if self.config.tenant == TenantBy::Uid || pid == 0 {
+            return Ok(Identity {
+                tenant: u64::from(uid),
+                name: uid.to_string(),
+                owner: CapOwner::Uid(uid),
+                pod: None,
+            });
+        }
+        let path = crate::tenant::peer_cgroup(pid, pidfd)?;
+        let pod_uid = crate::kubepods::pod_of_cgroup(&path);
+        let pod = pod_uid
+            .as_deref()
+            .and_then(|u| self.pods.lookup(Duration::from_nanos(now), u).cloned());
+        let by_pod = matches!(self.config.tenant, TenantBy::Pod | TenantBy::Namespace);
+        let (key, name) = match (&pod_uid, &pod) {
+            (Some(_), Some(p)) if self.config.tenant == TenantBy::Namespace => (
+                format!("namespace:{}", p.namespace),
+                format!("namespace/{}", p.namespace),
+            ),
+            (Some(u), _) if by_pod => {
+                if self.config.tenant == TenantBy::Namespace && self.log_ok(LogKind::Flows, now) {
+                    warn!(
+                        pod = %u,
+                        dir = %self.config.pod_logs_dir.display(),
+                        "the pod's namespace is not in kubelet's log directory: its tenant is the pod"
+                    );
+                }
+                let name = pod.as_ref().map_or_else(
+                    || format!("pod/{u}"),
+                    |p| format!("pod/{}/{}", p.namespace, p.name),
+                );
+                (format!("pod:{u}"), name)
+            }
+            _ => (path.clone(), path),
+        };
+        let id = match self.named_tenants.get(&key) {
+            Some(&id) => id,
+            None => {
+                let id = self.next_named_tenant;
+                self.next_named_tenant += 1;
+                self.named_tenants.insert(key, id);
+                id
+            }
+        };
+        let owner = if by_pod && pod_uid.is_some() {
+            CapOwner::Tenant(id)
+        } else {
+            CapOwner::Uid(uid)
+        };
+        Ok(Identity {
+            tenant: id,
+            name,
+            owner,
+            pod,
+        })
+    }
+
     fn admit(&mut self, now: u64, sock: OwnedFd) {
         let cred = match crate::tenant::peer_cred(sock.as_fd()) {
             Ok(c) => c,
@@ -153,42 +225,34 @@ impl Daemon {
             }
         };
         let (uid, pid) = (cred.uid, cred.pid);
-        let held = self.uid_clients.get(&uid).copied().unwrap_or(0);
-        if held >= self.config.max_connections_per_uid {
+        let (pidfd, _kernel) = crate::tenant::peer_pidfd(sock.as_fd(), pid);
+        let who = match self.identify(now, uid, pid, pidfd.as_ref()) {
+            Ok(who) => who,
+            Err(e) => {
+                return self.refuse_connection(
+                    now,
+                    "no_cgroup",
+                    format_args!("uid {uid} pid {pid}: {e}"),
+                )
+            }
+        };
+        let held = self.owner_clients.get(&who.owner).copied().unwrap_or(0);
+        if held >= self.config.max_connections_per_tenant {
             return self.refuse_connection(
                 now,
                 "too_many_connections",
-                format_args!("uid {uid} holds {held} connections"),
+                format_args!(
+                    "{} holds {held} connections",
+                    owner_text(who.owner, uid, &who.name)
+                ),
             );
         }
-        let (pidfd, _kernel) = crate::tenant::peer_pidfd(sock.as_fd(), pid);
-        let (tenant, tenant_name) = match self.config.tenant {
-            // A peer whose pid the daemon cannot see (another pid namespace) has no cgroup
-            // to read: it is its uid's tenant.
-            TenantBy::Uid => (u64::from(uid), uid.to_string()),
-            TenantBy::Cgroup if pid == 0 => (u64::from(uid), uid.to_string()),
-            TenantBy::Cgroup => match crate::tenant::peer_cgroup(pid, pidfd.as_ref()) {
-                Ok(path) => {
-                    let id = match self.cgroups.get(&path) {
-                        Some(&id) => id,
-                        None => {
-                            let id = self.next_cgroup;
-                            self.next_cgroup += 1;
-                            self.cgroups.insert(path.clone(), id);
-                            id
-                        }
-                    };
-                    (id, path)
-                }
-                Err(e) => {
-                    return self.refuse_connection(
-                        now,
-                        "no_cgroup",
-                        format_args!("uid {uid} pid {pid}: {e}"),
-                    )
-                }
-            },
-        };
+        let Identity {
+            tenant,
+            name: tenant_name,
+            owner,
+            pod,
+        } = who;
         let hello = Reply::Hello {
             boot_id: self.boot_id,
         }
@@ -260,7 +324,7 @@ impl Daemon {
         if let Some(p) = self.pages.get_mut(&tenant) {
             p.clients += 1;
         }
-        *self.uid_clients.entry(uid).or_default() += 1;
+        *self.owner_clients.entry(owner).or_default() += 1;
         self.known_changed = true;
         self.clients.insert(
             id,
@@ -270,6 +334,8 @@ impl Daemon {
                 pid,
                 tenant,
                 tenant_name,
+                owner,
+                pod,
                 _pidfd: pidfd,
                 flows: BTreeSet::new(),
             },
@@ -422,16 +488,23 @@ impl Daemon {
     }
 
     fn register(&mut self, now: Duration, client: u64, r: Register) {
-        let Some((uid, pid, tenant, tenant_name)) = self
-            .clients
-            .get(&client)
-            .map(|c| (c.uid, c.pid, c.tenant, c.tenant_name.clone()))
+        let Some((uid, pid, tenant, tenant_name, owner, pod)) =
+            self.clients.get(&client).map(|c| {
+                (
+                    c.uid,
+                    c.pid,
+                    c.tenant,
+                    c.tenant_name.clone(),
+                    c.owner,
+                    c.pod.clone(),
+                )
+            })
         else {
             return;
         };
         let counts = SlotCounts {
             total: self.flows.len(),
-            of_uid: self.uid_flows.get(&uid).copied().unwrap_or(0),
+            of_owner: self.owner_flows.get(&owner).copied().unwrap_or(0),
             of_tenant: self
                 .pages
                 .get(&tenant)
@@ -465,7 +538,7 @@ impl Daemon {
             counts,
             r.class,
             self.config.slots as usize,
-            self.config.max_flows_per_uid,
+            self.config.max_flows_per_tenant,
         ) {
             Ok(()) => {}
             Err(RefuseReason::TooManyFlows) => {
@@ -473,7 +546,11 @@ impl Daemon {
                     self,
                     RefuseReason::TooManyFlows,
                     "too_many_flows",
-                    format!("uid {uid} holds {} flows already", counts.of_uid),
+                    format!(
+                        "{} holds {} flows already",
+                        owner_text(owner, uid, &tenant_name),
+                        counts.of_owner
+                    ),
                 )
             }
             Err(reason) => {
@@ -498,7 +575,7 @@ impl Daemon {
         };
         let id = self.next_flow;
         self.next_flow += 1;
-        let weight = self.config.weight_of(uid);
+        let weight = self.config.weight_of(uid, pod.as_ref());
         let spec = FlowSpec {
             id: FlowId(id),
             tenant: TenantId(tenant),
@@ -565,6 +642,8 @@ impl Daemon {
             pid,
             tenant,
             tenant_name,
+            owner,
+            pod,
             class: r.class,
             qps: r.qps,
             slot,
@@ -578,7 +657,7 @@ impl Daemon {
             p.page.set_slot(slot, self.slot_of(id, &flow, None));
         }
         self.flows.insert(id, flow);
-        *self.uid_flows.entry(uid).or_default() += 1;
+        *self.owner_flows.entry(owner).or_default() += 1;
         if let Some(c) = self.clients.get_mut(&client) {
             c.flows.insert(id);
         }
@@ -681,7 +760,8 @@ impl Daemon {
 
     fn drop_flow(&mut self, now: Duration, id: u64) {
         if let Some(f) = self.flows.remove(&id) {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_flows.entry(f.uid)
+            if let std::collections::hash_map::Entry::Occupied(mut e) =
+                self.owner_flows.entry(f.owner)
             {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
@@ -703,8 +783,8 @@ impl Daemon {
     }
 
     /// Drops a tenant's page once it has no connection and no flow left: its next
-    /// connection gets a new one. A cgroup's tenant id goes with it, so the map of
-    /// cgroups holds only tenants that are connected.
+    /// connection gets a new one. A cgroup's, pod's or namespace's tenant id goes with
+    /// it, so the map of named tenants holds only tenants that are connected.
     fn release_page(&mut self, tenant: u64) {
         let slots = self.config.slots as usize;
         let unused = self
@@ -713,8 +793,8 @@ impl Daemon {
             .is_none_or(|p| p.clients == 0 && p.free.len() == slots);
         if unused {
             self.pages.remove(&tenant);
-            if tenant >= CGROUP_TENANT_BASE {
-                self.cgroups.retain(|_, &mut id| id != tenant);
+            if tenant >= NAMED_TENANT_BASE {
+                self.named_tenants.retain(|_, &mut id| id != tenant);
             }
         }
     }
@@ -732,7 +812,9 @@ impl Daemon {
             p.clients = p.clients.saturating_sub(1);
         }
         self.release_page(c.tenant);
-        if let std::collections::hash_map::Entry::Occupied(mut e) = self.uid_clients.entry(c.uid) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) =
+            self.owner_clients.entry(c.owner)
+        {
             *e.get_mut() -= 1;
             if *e.get() == 0 {
                 e.remove();
@@ -746,5 +828,21 @@ impl Daemon {
                 debug!(uid = c.uid, pid = c.pid, why, "shaper disconnected");
             }
         }
+    }
+}
+
+/// Who a connecting process is, for tenancy and caps.
+struct Identity {
+    tenant: u64,
+    name: String,
+    owner: CapOwner,
+    pod: Option<PodName>,
+}
+
+/// A cap owner as a log line names it.
+fn owner_text(owner: CapOwner, uid: u32, tenant_name: &str) -> String {
+    match owner {
+        CapOwner::Uid(_) => format!("uid {uid}"),
+        CapOwner::Tenant(_) => format!("tenant {tenant_name}"),
     }
 }

@@ -30,7 +30,7 @@ impl Daemon {
             if f.admission == AdmissionReply::NotAdmitted {
                 continue;
             }
-            let weight = self.config.weight_of(f.uid);
+            let weight = self.config.weight_of(f.uid, f.pod.as_ref());
             let spec = FlowSpec {
                 id: FlowId(id),
                 tenant: TenantId(f.tenant),
