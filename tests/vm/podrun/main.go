@@ -9,11 +9,11 @@
 //
 //	podrun --kubelet-dir DIR --runtime SOCKET --resource NAME --image REF
 //	       --namespace NS --pod NAME --uid UID [--env K=V]... [--mount HOST:CONTAINER]...
-//	       [--timeout D] -- CMD ARGS...
+//	       [--pod-logs-dir DIR] [--timeout D] -- CMD ARGS...
 //
 // The pod runs in the node's network namespace (no CNI) under the cgroupfs parent
 // /kubepods/besteffort/pod<UID>, kubelet's path for a best-effort pod with the cgroupfs
-// driver.
+// driver, its logs in DIR/<NS>_<NAME>_<UID> as kubelet keeps them (default /var/log/pods).
 package main
 
 import (
@@ -57,9 +57,9 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("podrun: ")
 	var (
-		kubeletDir, runtime, resource, image, ns, pod, uid string
-		env, mounts                                        envList
-		timeout                                            time.Duration
+		kubeletDir, runtime, resource, image, ns, pod, uid, podLogs string
+		env, mounts                                                 envList
+		timeout                                                     time.Duration
 	)
 	flag.StringVar(&kubeletDir, "kubelet-dir", "", "the device-plugin directory to serve registration in")
 	flag.StringVar(&runtime, "runtime", "/run/containerd/containerd.sock", "the CRI runtime's socket")
@@ -70,6 +70,7 @@ func main() {
 	flag.StringVar(&uid, "uid", "", "the pod's UID")
 	flag.Var(&env, "env", "K=V set in the container (repeatable), as the pod spec's env")
 	flag.Var(&mounts, "mount", "HOST:CONTAINER bound read-write into the container (repeatable), as a hostPath volume")
+	flag.StringVar(&podLogs, "pod-logs-dir", "/var/log/pods", "kubelet's pod log directory")
 	flag.DurationVar(&timeout, "timeout", 120*time.Second, "the whole run's deadline")
 	flag.Parse()
 	if kubeletDir == "" || image == "" || uid == "" || flag.NArg() == 0 {
@@ -77,14 +78,14 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	code, err := run(ctx, kubeletDir, runtime, resource, image, ns, pod, uid, env, mounts, flag.Args())
+	code, err := run(ctx, kubeletDir, runtime, resource, image, ns, pod, uid, podLogs, env, mounts, flag.Args())
 	if err != nil {
 		log.Fatal(err)
 	}
 	os.Exit(code)
 }
 
-func run(ctx context.Context, kubeletDir, runtime, resource, image, ns, pod, uid string, env, mounts, command []string) (int, error) {
+func run(ctx context.Context, kubeletDir, runtime, resource, image, ns, pod, uid, podLogs string, env, mounts, command []string) (int, error) {
 	alloc, err := allocate(ctx, kubeletDir, resource)
 	if err != nil {
 		return 0, err
@@ -96,8 +97,9 @@ func run(ctx context.Context, kubeletDir, runtime, resource, image, ns, pod, uid
 	}
 	defer conn.Close()
 	rt := cri.NewRuntimeServiceClient(conn)
-	logDir, err := os.MkdirTemp("", "podrun-logs")
-	if err != nil {
+	// kubelet's BuildPodLogsDirectory: <namespace>_<name>_<uid>.
+	logDir := filepath.Join(podLogs, ns+"_"+pod+"_"+uid)
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(logDir)
