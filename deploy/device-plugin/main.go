@@ -42,6 +42,7 @@ type options struct {
 	library, muslLibrary       string
 	preloadList, socket, class string
 	kubeletDir, sysfs          string
+	cdiSpec, justitia          string
 	rescan, timeout            time.Duration
 	checkOnly                  bool
 }
@@ -63,6 +64,8 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.class, "class", "auto", "JUSTITIA_DEFAULT_CLASS of shaped containers: latency, throughput, bandwidth or auto")
 	fs.StringVar(&o.kubeletDir, "kubelet-dir", path.Dir(pluginapi.KubeletSocket), "kubelet's device-plugin directory")
 	fs.StringVar(&o.sysfs, "sysfs", "/sys", "root of the sysfs tree the devices are read from")
+	fs.StringVar(&o.cdiSpec, "cdi-spec", "", "keep a CDI spec of the selected devices here, rewritten with `justitia cdi` when they change (empty: none)")
+	fs.StringVar(&o.justitia, "justitia", "justitia", "the justitia command that writes the CDI spec")
 	fs.DurationVar(&o.rescan, "rescan", 5*time.Second, "how often sysfs and the plugin's sockets are looked at")
 	fs.DurationVar(&o.timeout, "register-timeout", 10*time.Second, "deadline of a registration with kubelet")
 	fs.BoolVar(&o.checkOnly, "check", false, "check the settings, print them one per line (name=value) and exit")
@@ -112,6 +115,9 @@ func (o *options) check() error {
 			return fmt.Errorf("%s %q: must be an absolute path", p.flag, p.value)
 		}
 	}
+	if o.cdiSpec != "" && !path.IsAbs(o.cdiSpec) {
+		return fmt.Errorf("--cdi-spec %q: must be an absolute path", o.cdiSpec)
+	}
 	if path.Dir(o.socket) == "/" {
 		return fmt.Errorf("--socket %s: the socket must be in a directory other than /, which is bound into containers", o.socket)
 	}
@@ -132,6 +138,12 @@ func (o *options) print(w io.Writer) {
 		o.resource, o.slots, o.unshapedResource, o.unshapedSlots, o.inject, o.cdiKind)
 	fmt.Fprintf(w, "library=%s\nmusl-library=%s\npreload-list=%s\nsocket=%s\nclass=%s\nkubelet-dir=%s\nsysfs=%s\ndevices=%s\n",
 		o.library, o.muslLibrary, o.preloadList, o.socket, o.class, o.kubeletDir, o.sysfs, o.devices.String())
+	fmt.Fprintf(w, "cdi-spec=%s\njustitia=%s\n", o.cdiSpec, o.justitia)
+}
+
+// runConfig is what run needs of the options.
+func (o *options) runConfig() runConfig {
+	return runConfig{kubeletDir: o.kubeletDir, sysfs: o.sysfs, devices: o.devices, rescan: o.rescan, timeout: o.timeout, spec: newSpecWriter(o)}
 }
 
 // pools are the resources the options ask for.
@@ -166,7 +178,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	state := newNodeState()
-	err = run(ctx, runConfig{kubeletDir: o.kubeletDir, sysfs: o.sysfs, devices: o.devices, rescan: o.rescan, timeout: o.timeout}, state, o.pools(state))
+	err = run(ctx, o.runConfig(), state, o.pools(state))
 	if err != nil {
 		log.Print(err)
 		os.Exit(1)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -112,7 +113,7 @@ func startPlugin(t *testing.T, k *fakeKubelet, sysfs string, args ...string) {
 	state := newNodeState()
 	go func() {
 		defer close(done)
-		_ = run(ctx, runConfig{kubeletDir: o.kubeletDir, sysfs: o.sysfs, devices: o.devices, rescan: o.rescan, timeout: o.timeout}, state, o.pools(state))
+		_ = run(ctx, o.runConfig(), state, o.pools(state))
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 }
@@ -326,4 +327,52 @@ func TestBadOptionsAreRefused(t *testing.T) {
 			t.Errorf("%s: %v, expected an error naming %q", c.args, err, c.want)
 		}
 	}
+}
+
+// With --cdi-spec, the plugin has `justitia cdi` (the real one, from JUSTITIA_BIN_DIR,
+// which deploy/validate/check.sh builds) write the spec of the selected devices at start,
+// and again when one goes.
+func TestTheCDISpecFollowsTheDevices(t *testing.T) {
+	bin := os.Getenv("JUSTITIA_BIN_DIR")
+	if bin == "" {
+		t.Fatal("JUSTITIA_BIN_DIR is not set: run deploy/validate/check.sh, which builds justitia and sets it")
+	}
+	k := startKubelet(t)
+	sysfs := fakeSysfs(t, map[string]string{"uverbs0": "rxe0", "uverbs1": "rxe1"}, false)
+	spec := filepath.Join(t.TempDir(), "justitia.json")
+	startPlugin(t, k, sysfs, "--cdi-spec", spec, "--justitia", filepath.Join(bin, "justitia"))
+	names := func() string {
+		data, err := os.ReadFile(spec)
+		if err != nil {
+			return ""
+		}
+		var s struct {
+			Devices []struct{ Name string } `json:"devices"`
+		}
+		if err := json.Unmarshal(data, &s); err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		var out []string
+		for _, d := range s.Devices {
+			if !strings.Contains(d.Name, "-") {
+				out = append(out, d.Name)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for names() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("spec devices %q, expected %q", names(), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFor("rxe0 rxe1 all")
+	if err := os.RemoveAll(filepath.Join(sysfs, "class/infiniband_verbs/uverbs1")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("rxe0 all")
 }

@@ -197,10 +197,12 @@ type runConfig struct {
 	devices    []string      // selected device names; empty: all
 	rescan     time.Duration // how often sysfs and the sockets are looked at
 	timeout    time.Duration // registration's deadline
+	spec       *specWriter   // the CDI spec kept up to date, if any
 }
 
 // run scans sysfs, serves and registers every pool, and keeps them so until ctx ends: at
-// every rescan it reads the node's devices again (a change reaches ListAndWatch streams)
+// every rescan it reads the node's devices again (a change reaches ListAndWatch streams,
+// and the CDI spec, if one is kept, is written again)
 // and serves and registers again any pool whose socket is gone, which is what kubelet does
 // to every plugin's socket when it restarts. A registration that fails is retried at the
 // next rescan; the other pools go on.
@@ -223,6 +225,11 @@ func run(ctx context.Context, cfg runConfig, state *nodeState, pools []*pool) er
 		} else if state.set(selectDevices(all, cfg.devices), hasRdmaCM(cfg.sysfs)) {
 			devices, _, _ := state.get()
 			log.Printf("RDMA devices: %v", names(devices))
+			if cfg.spec != nil {
+				if err := cfg.spec.write(devices); err != nil {
+					logOnce(&lastErr, err.Error())
+				}
+			}
 		}
 		for i, p := range pools {
 			if running[i] != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,6 +85,19 @@ func checkPlugin(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, d
 	}
 	if !mounted {
 		return nil, "", fmt.Errorf("the plugin serves in --kubelet-dir %s, where no writable mount of the host's %s is", kubeletDir, kubeletPluginDir)
+	}
+	// The spec the plugin keeps must be the one the install step wrote (one spec of the
+	// kind, not two that runtimes would both read), in a directory mounted from the host.
+	if keep := settings["cdi-spec"]; keep != "" {
+		onHost := ""
+		for _, m := range c.VolumeMounts {
+			if v := volumes[m.Name]; v.HostPath != nil && m.MountPath == path.Dir(keep) && !m.ReadOnly {
+				onHost = path.Join(v.HostPath.Path, path.Base(keep))
+			}
+		}
+		if onHost != specPath {
+			return nil, "", fmt.Errorf("the plugin keeps its CDI spec at --cdi-spec %s (%q on the host), but the install step writes %s", keep, onHost, specPath)
+		}
 	}
 	slots, err := strconv.Atoi(settings["unshaped-slots"])
 	if err != nil {

@@ -106,6 +106,8 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 		{"plugin flag misspelt", "deploy/kubernetes/device-plugin.yaml", "            - --resource\n", "            - --resorce\n", "refuses its command line"},
 		{"plugin class value refused", "deploy/kubernetes/device-plugin.yaml", "            - $(JUSTITIA_DEFAULT_CLASS)\n", "            - $(JUSTITIA_CLASS)\n", "refuses its command line"},
 		{"kubelet's directory not mounted where the plugin serves", "deploy/kubernetes/device-plugin.yaml", "              mountPath: /var/lib/kubelet/device-plugins\n", "              mountPath: /var/lib/kubelet/plugins\n", "--kubelet-dir"},
+		{"plugin keeps a second CDI spec", "deploy/kubernetes/device-plugin.yaml", "            - /var/run/cdi/justitia.json\n", "            - /var/run/cdi/justitia-plugin.json\n", "--cdi-spec"},
+		{"plugin's spec directory not mounted", "deploy/kubernetes/device-plugin.yaml", "            - name: cdi\n              mountPath: /var/run/cdi\n", "", "--cdi-spec"},
 		{"plugin and daemon on different nodes", "deploy/kubernetes/device-plugin.yaml", "        justitia.io/rdma: \"true\"", "        justitia.io/rdma: \"yes\"", "different nodes"},
 		// The admission policy, evaluated on pods.
 		{"policy exempts another account", "deploy/kubernetes/admission-policy.yaml", "object.spec.serviceAccountName == 'justitiad'", "object.spec.serviceAccountName == 'justitia'", "refuses justitiad's pod"},
