@@ -28,6 +28,10 @@ var memoryFloor = map[string]string{"justitiad": "32Mi", "install": "16Mi", "dev
 // profile, and memory requests and limits that the API server accepts and the process can
 // run in.
 func checkSecurity(pod corev1.PodSpec) error {
+	// Writing host paths on an SELinux-enforcing node needs spc_t (README, untested).
+	if pod.SecurityContext == nil || pod.SecurityContext.SELinuxOptions == nil || pod.SecurityContext.SELinuxOptions.Type != "spc_t" {
+		return fmt.Errorf("the pod's seLinuxOptions must be type spc_t: container_t may not write the host paths it keeps on an enforcing node")
+	}
 	podSeccomp := pod.SecurityContext != nil && pod.SecurityContext.SeccompProfile != nil &&
 		pod.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
 	for _, c := range append(append([]corev1.Container(nil), pod.InitContainers...), pod.Containers...) {

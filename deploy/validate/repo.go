@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,17 @@ func checkRepo(root, binDir string) (string, error) {
 	}
 	fmt.Fprintf(&report, "deploy/kubernetes: the DaemonSet's mounts, probes, ports, security settings and RDMA resource agree with its configuration; justitiad --check accepts the ConfigMap\n")
 	fmt.Fprintf(&report, "deploy/kubernetes: the install step runs, writes %s, and every file the spec binds is on the host\n", specPath)
+	if len(objects.podMonitors) != 0 {
+		return "", fmt.Errorf("deploy/kubernetes: a PodMonitor in the base, which clusters without the Prometheus operator refuse")
+	}
+	monitored, err := buildKustomization(filepath.Join(root, "deploy", "with-monitoring"))
+	if err != nil {
+		return "", err
+	}
+	if err := checkPodMonitor(monitored); err != nil {
+		return "", fmt.Errorf("deploy/with-monitoring: %w", err)
+	}
+	fmt.Fprintf(&report, "deploy/with-monitoring: the base and a PodMonitor selecting justitiad's pods and scraping its metrics port\n")
 	packaged, err := os.ReadFile(filepath.Join(root, "packaging", "justitiad.toml"))
 	if err != nil {
 		return "", err
@@ -70,6 +82,7 @@ type builtObjects struct {
 	serviceAccounts []corev1.ServiceAccount
 	policies        []admissionv1.ValidatingAdmissionPolicy
 	bindings        []admissionv1.ValidatingAdmissionPolicyBinding
+	podMonitors     []monitoringv1.PodMonitor
 }
 
 // buildKustomization runs kustomize (the library kubectl apply -k uses) on dir and decodes
@@ -119,6 +132,12 @@ func buildKustomization(dir string) (*builtObjects, error) {
 				return nil, fmt.Errorf("%s: %w", id, err)
 			}
 			out.bindings = append(out.bindings, b)
+		case "PodMonitor":
+			var pm monitoringv1.PodMonitor
+			if err := strictDecode(data, &pm, r.GetApiVersion(), "monitoring.coreos.com/v1"); err != nil {
+				return nil, fmt.Errorf("%s: %w", id, err)
+			}
+			out.podMonitors = append(out.podMonitors, pm)
 		default:
 			return nil, fmt.Errorf("%s: a kind this check does not know (add its API type here)", id)
 		}
@@ -434,6 +453,45 @@ func checkConfigCopy(packaged, copied string) error {
 	keys := topLevelKeys(body)
 	if keys["tenant"] != "pod" && keys["tenant"] != "namespace" {
 		return fmt.Errorf("tenant = %q: in a cluster most containers run as uid 0, so tenants must be pods or namespaces", keys["tenant"])
+	}
+	return nil
+}
+
+// checkPodMonitor checks the monitoring overlay: the base's objects and one PodMonitor,
+// in the base's namespace, whose selector matches justitiad's pods and whose endpoints
+// name a port justitiad declares.
+func checkPodMonitor(o *builtObjects) error {
+	if len(o.podMonitors) != 1 {
+		return fmt.Errorf("%d PodMonitors, expected 1", len(o.podMonitors))
+	}
+	pm := o.podMonitors[0]
+	ds := findDaemonSet(o, "justitiad")
+	if ds == nil {
+		return fmt.Errorf("no DaemonSet justitiad beside the PodMonitor")
+	}
+	if pm.Namespace != ds.Namespace {
+		return fmt.Errorf("the PodMonitor is in namespace %q, justitiad in %q (a PodMonitor selects pods of its own namespace unless told otherwise)", pm.Namespace, ds.Namespace)
+	}
+	labels := ds.Spec.Template.Labels
+	for k, v := range pm.Spec.Selector.MatchLabels {
+		if labels[k] != v {
+			return fmt.Errorf("the PodMonitor selects %s=%s, which justitiad's pods do not carry", k, v)
+		}
+	}
+	if len(pm.Spec.Selector.MatchLabels) == 0 && len(pm.Spec.Selector.MatchExpressions) == 0 {
+		return fmt.Errorf("the PodMonitor selects every pod of the namespace")
+	}
+	daemon := findContainer(ds.Spec.Template.Spec.Containers, "justitiad")
+	if len(pm.Spec.PodMetricsEndpoints) == 0 {
+		return fmt.Errorf("the PodMonitor has no endpoint")
+	}
+	for _, e := range pm.Spec.PodMetricsEndpoints {
+		if e.Port == nil || !slices.ContainsFunc(daemon.Ports, func(p corev1.ContainerPort) bool { return p.Name == *e.Port }) {
+			return fmt.Errorf("a PodMonitor endpoint scrapes port %v, which justitiad does not name", e.Port)
+		}
+		if e.Path != "" && e.Path != "/metrics" {
+			return fmt.Errorf("a PodMonitor endpoint scrapes %s; justitiad serves /metrics", e.Path)
+		}
 	}
 	return nil
 }

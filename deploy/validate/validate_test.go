@@ -40,6 +40,8 @@ func copyRepo(t *testing.T) string {
 	for _, f := range []string{
 		"deploy/kubernetes/kustomization.yaml", "deploy/kubernetes/daemonset.yaml",
 		"deploy/kubernetes/device-plugin.yaml", "deploy/kubernetes/admission-policy.yaml",
+		"deploy/kubernetes/monitoring/kustomization.yaml", "deploy/kubernetes/monitoring/podmonitor.yaml",
+		"deploy/with-monitoring/kustomization.yaml",
 		"deploy/kubernetes/justitiad.toml", "deploy/Dockerfile", "packaging/justitiad.toml",
 	} {
 		data, err := os.ReadFile(filepath.Join("../..", f))
@@ -108,6 +110,11 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 		{"kubelet's directory not mounted where the plugin serves", "deploy/kubernetes/device-plugin.yaml", "              mountPath: /var/lib/kubelet/device-plugins\n", "              mountPath: /var/lib/kubelet/plugins\n", "--kubelet-dir"},
 		{"plugin keeps a second CDI spec", "deploy/kubernetes/device-plugin.yaml", "            - /var/run/cdi/justitia.json\n", "            - /var/run/cdi/justitia-plugin.json\n", "--cdi-spec"},
 		{"plugin's spec directory not mounted", "deploy/kubernetes/device-plugin.yaml", "            - name: cdi\n              mountPath: /var/run/cdi\n", "", "--cdi-spec"},
+		{"SELinux type dropped", "deploy/kubernetes/daemonset.yaml", "          type: spc_t\n", "          type: container_t\n", "spc_t"},
+		{"PodMonitor selects other pods", "deploy/kubernetes/monitoring/podmonitor.yaml", "app.kubernetes.io/name: justitiad", "app.kubernetes.io/name: justitia", "do not carry"},
+		{"PodMonitor scrapes an unnamed port", "deploy/kubernetes/monitoring/podmonitor.yaml", "- port: metrics", "- port: http-metrics", "does not name"},
+		{"PodMonitor in another namespace", "deploy/with-monitoring/kustomization.yaml", "namespace: kube-system\n", "", "namespace"},
+		{"PodMonitor in the base", "deploy/kubernetes/kustomization.yaml", "  - admission-policy.yaml\n", "  - admission-policy.yaml\n  - monitoring/podmonitor.yaml\n", "PodMonitor in the base"},
 		{"plugin and daemon on different nodes", "deploy/kubernetes/device-plugin.yaml", "        justitia.io/rdma: \"true\"", "        justitia.io/rdma: \"yes\"", "different nodes"},
 		// The admission policy, evaluated on pods.
 		{"policy exempts another account", "deploy/kubernetes/admission-policy.yaml", "object.spec.serviceAccountName == 'justitiad'", "object.spec.serviceAccountName == 'justitia'", "refuses justitiad's pod"},
