@@ -365,8 +365,23 @@ impl AgentClient {
             }
             Ok(block)
         };
-        let block = map(fds.next(), "control block", KIND_SHARED)?;
-        let page = map(fds.next(), "tenant page", KIND_TENANT)?;
+        // A block of a layout this shaper cannot read (an upgrade on one side) is said to
+        // the daemon, which tells its operator; the shaper runs on its static settings.
+        let say_layout = |e: &ClientError| {
+            if let ClientError::Block {
+                source: BlockError::Version { found, known },
+                ..
+            } = e
+            {
+                let msg = Request::UnknownLayout {
+                    found: *found,
+                    known: *known,
+                };
+                let _ = rustix::net::send(&sock, &msg.encode(), SendFlags::DONTWAIT);
+            }
+        };
+        let block = map(fds.next(), "control block", KIND_SHARED).inspect_err(say_layout)?;
+        let page = map(fds.next(), "tenant page", KIND_TENANT).inspect_err(say_layout)?;
         let offset_ns = AtomicI64::new(monotonic_ns() as i64 - block.heartbeat_ns() as i64);
         Ok((
             Connection {
@@ -886,7 +901,8 @@ mod tests {
 
     /// A shaper of layout 2 meeting a daemon of layout 1 (64-byte slots without a phase):
     /// the greeting's block is refused by its version, the client stays disconnected with
-    /// no allotment (static settings), and the reason is kept for the shaper to say.
+    /// no allotment (static settings), the reason is kept for the shaper to say, and the
+    /// daemon is told the two layouts.
     #[test]
     fn a_daemon_of_another_layout_is_refused_and_the_reason_kept() {
         use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage};
@@ -930,6 +946,16 @@ mod tests {
             other => panic!("expected a layout refusal, got {other:?}"),
         }
         assert_eq!(c.stats().connections, 0);
+        // The daemon was told, so that it can say which tenants it does not serve.
+        let mut buf = [0u8; MAX_MESSAGE];
+        let (n, _) = rustix::net::recv(&_sock, &mut buf, RecvFlags::DONTWAIT).unwrap();
+        assert_eq!(
+            Request::parse(&buf[..n]),
+            Ok(Request::UnknownLayout {
+                found: 1,
+                known: crate::block::LAYOUT_VERSION
+            })
+        );
         let _ = std::fs::remove_file(&path);
     }
 

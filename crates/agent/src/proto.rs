@@ -7,9 +7,10 @@
 //! exact length of its kind and checks every field's range, so no input makes it panic or
 //! allocate beyond the message.
 //!
-//! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4), added
-//! later within the version: a daemon that does not know kind 4 refuses that message alone
-//! (the flow stays registered and shaped), so a newer shaper works with an older daemon.
+//! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4) and
+//! unknown layout (5), added later within the version: a daemon that does not know kind 4
+//! or 5 refuses that message alone (the flow stays registered and shaped), so a newer
+//! shaper works with an older daemon.
 //!
 //! No message carries an identity the daemon trusts: the tenant is the peer's uid from
 //! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
@@ -30,6 +31,7 @@ const KIND_REGISTER: u8 = 1;
 const KIND_USAGE: u8 = 2;
 const KIND_UNREGISTER: u8 = 3;
 const KIND_REMOTE: u8 = 4;
+const KIND_UNKNOWN_LAYOUT: u8 = 5;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
@@ -95,6 +97,16 @@ pub enum Request {
     },
     /// Where the flow's QP goes (sent once it is known, and again if it READs).
     Remote(RemoteEnd),
+    /// The shaper cannot read the control block the daemon sent (another layout version,
+    /// after an upgrade of one side): it runs on its static settings, and says so once per
+    /// connection attempt so that the daemon can tell its operator which tenants it does
+    /// not serve.
+    UnknownLayout {
+        /// The layout version the daemon's block has.
+        found: u64,
+        /// The layout version the shaper reads.
+        known: u64,
+    },
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -321,6 +333,12 @@ impl Request {
                 v.push(u8::from(r.reads));
                 v
             }
+            Request::UnknownLayout { found, known } => {
+                let mut v = header(KIND_UNKNOWN_LAYOUT);
+                v.extend_from_slice(&found.to_le_bytes());
+                v.extend_from_slice(&known.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -331,6 +349,7 @@ impl Request {
             KIND_USAGE => Some(("usage", 25)),
             KIND_UNREGISTER => Some(("unregister", 8)),
             KIND_REMOTE => Some(("remote", 31)),
+            KIND_UNKNOWN_LAYOUT => Some(("unknown layout", 16)),
             _ => None,
         })?;
         Ok(match kind {
@@ -401,6 +420,10 @@ impl Request {
                     reads,
                 })
             }
+            KIND_UNKNOWN_LAYOUT => Request::UnknownLayout {
+                found: c.u64(),
+                known: c.u64(),
+            },
             _ => Request::Unregister { flow: c.u64() },
         })
     }
@@ -531,6 +554,19 @@ mod tests {
         let g = Request::Unregister { flow: 9 };
         assert_eq!(g.encode().len(), 12);
         assert_eq!(Request::parse(&g.encode()), Ok(g));
+        let l = Request::UnknownLayout { found: 4, known: 3 };
+        let wire = l.encode();
+        assert_eq!(wire.len(), 20);
+        assert_eq!(&wire[..4], b"JA\x01\x05");
+        assert_eq!(Request::parse(&wire), Ok(l));
+        assert!(matches!(
+            Request::parse(&wire[..19]),
+            Err(ParseError::BadLength {
+                kind: "unknown layout",
+                got: 19,
+                want: 20
+            })
+        ));
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct Metrics {
     pub reclaims: Counter,
     /// Messages refused, by reason.
     pub refused: Family<Label, Counter>,
+    /// Shapers the daemon cannot serve, by reason (`layout`: they cannot read its control
+    /// block, after an upgrade of one side), each connection attempt once.
+    pub shapers_unserved: Family<Label, Counter>,
     /// Remote ends shapers reported that were refused (not a member of the peer channel,
     /// or past the tenant's cap), by the flow's uid and the reason.
     pub tenant_remote_ends_refused: Family<TenantReason, Counter>,
@@ -154,6 +157,7 @@ impl Metrics {
             registrations: Family::default(),
             reclaims: Counter::default(),
             refused: Family::default(),
+            shapers_unserved: Family::default(),
             tenant_remote_ends_refused: Family::default(),
             fail_open: Counter::default(),
             cpu_seconds: Gauge::default(),
@@ -317,6 +321,11 @@ impl Metrics {
             "messages_refused",
             "Registration-socket messages refused, by reason",
             self.refused.clone(),
+        );
+        r.register(
+            "shapers_unserved",
+            "Shaper connection attempts the daemon cannot serve, by reason (layout: the shaper cannot read its control block, after an upgrade of one side; its flows run on static settings)",
+            self.shapers_unserved.clone(),
         );
         r.register("fail_open_events", "Times the reference flow could not be run (shapers keep their last allotment until the heartbeat goes stale)", self.fail_open.clone());
         r.register(

@@ -1183,3 +1183,43 @@ fn another_tenants_page_is_out_of_reach() {
     assert_eq!(field("opened"), "0", "{line}");
     assert_eq!(field("spoof"), "refused", "{line}");
 }
+
+/// A shaper that cannot read the daemon's control block (another layout, after an upgrade
+/// of one side) says so as it gives up the connection: the daemon counts it
+/// (`justitia_shapers_unserved_total{value="layout"}`) and logs the tenant, which names
+/// the pod, with both layouts.
+#[test]
+fn a_shaper_of_another_layout_is_counted_and_logged_with_its_tenant() {
+    let d = Daemon::start_with("", true);
+    let s = raw_socket(&d.socket());
+    let behind = Request::UnknownLayout {
+        found: justitia_agent::block::LAYOUT_VERSION,
+        known: justitia_agent::block::LAYOUT_VERSION - 1,
+    };
+    rustix::net::send(&s, &behind.encode(), rustix::net::SendFlags::empty()).unwrap();
+    drop(s);
+    let want = format!(
+        "layout {}, it reads {}",
+        justitia_agent::block::LAYOUT_VERSION,
+        justitia_agent::block::LAYOUT_VERSION - 1
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let counted = metric(
+            &d.scrape(),
+            "justitia_shapers_unserved_total",
+            Some(("value", "layout")),
+        );
+        let log = d.log();
+        if counted == Some(1.0) && log.contains(&want) {
+            let me = rustix::process::getuid().as_raw().to_string();
+            assert!(log.contains(&format!("tenant={me}")), "{log}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counted {counted:?}, log without `{want}`: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

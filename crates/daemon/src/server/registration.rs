@@ -484,6 +484,33 @@ impl Daemon {
                     );
                 }
             }
+            Request::UnknownLayout { found, known } => {
+                // Said once per connection attempt of a shaper older or newer than this
+                // daemon (its backoff reaches 1 s): counted, and logged within the limit
+                // with the tenant, which names the pod.
+                self.metrics
+                    .shapers_unserved
+                    .get_or_create(&Label {
+                        value: "layout".into(),
+                    })
+                    .inc();
+                let who = self
+                    .clients
+                    .get(&client)
+                    .map(|c| (c.uid, c.pid, c.tenant_name.clone()));
+                if let Some((uid, pid, tenant)) = who {
+                    if self.log_ok(LogKind::Refused, now_ns()) {
+                        warn!(
+                            uid,
+                            pid,
+                            tenant = %tenant,
+                            found,
+                            known,
+                            "a shaper cannot read this daemon's control block (layout {found}, it reads {known}): its flows run on static settings until one side is upgraded"
+                        );
+                    }
+                }
+            }
         }
     }
 
