@@ -190,9 +190,13 @@
 //! (capacity may stay idle, as in the paper); with no guarantee (none heard yet, or
 //! lapsed) it is MaxRate: nothing here constrains it (fail-open). A flow not so marked
 //! that receives a guarantee is capped at it within its local share. A guarantee not renewed for
-//! [`READ_GUARANTEE_PERIODS`] RefPeriods lapses: a responder that went away stops capping,
+//! [`LoopConfig::read_guarantee_lifetime`] lapses: a responder that went away stops capping,
 //! and one that restarted is believed as soon as its old guarantee has lapsed, whatever
-//! its new epoch. The guarantee does not change the responder's own division: its flows
+//! its new epoch. The lifetime is a duration, not a count of RefPeriods, because what
+//! renews a guarantee is the peer channel's resend of an unchanged grant, on the channel's
+//! own clock: it must outlast that refresh times the losses in a row tolerated, plus one
+//! ([`read_guarantee_lifetime`], checked by [`LoopConfig::check_grant_refresh`]), whatever
+//! the RefPeriod. The guarantee does not change the responder's own division: its flows
 //! share SafeUtil as before, and its controller sees the READ responses' effect on its
 //! probe like any other load.
 //!
@@ -304,6 +308,11 @@ pub struct LoopConfig {
     /// [`ControlLoop::poll_timeout`] again after every input. See the module
     /// documentation's "Quiet cadence".
     pub quiet_periods: u32,
+    /// How long a remote-READ guarantee holds without a newer one (default
+    /// [`DEFAULT_READ_GUARANTEE_LIFETIME`]). It must outlast the refreshes of the channel
+    /// that carries guarantees: see [`read_guarantee_lifetime`] and
+    /// [`LoopConfig::check_grant_refresh`].
+    pub read_guarantee_lifetime: Duration,
 }
 
 /// How the window's samples decide a violation. See the module documentation's "Target99
@@ -345,6 +354,46 @@ pub const MIN_P99_SAMPLES: usize = 100;
 /// share away within 1.5 ms at the paper's RefPeriod.
 pub const IDLE_GRACE_PERIODS: u32 = 2;
 
+/// How often the peer channel resends an unchanged grant by default (`justitia-peer`'s
+/// `DEFAULT_REFRESH`, 5 ms): what renews a READ guarantee while nothing changes.
+pub const DEFAULT_GRANT_REFRESH: Duration = Duration::from_millis(5);
+
+/// Refreshes in a row that may be lost without a READ guarantee lapsing, by default: three
+/// (a loss of 1 % of datagrams loses three in a row once in 10^6 refreshes, 1.4 hours at
+/// 5 ms).
+pub const DEFAULT_REFRESH_LOSSES: u32 = 3;
+
+/// A READ guarantee's lifetime by default: [`read_guarantee_lifetime`] of
+/// [`DEFAULT_GRANT_REFRESH`] and [`DEFAULT_REFRESH_LOSSES`], 20 ms (the channel's default
+/// silence, after which it drops a peer's grant itself).
+pub const DEFAULT_READ_GUARANTEE_LIFETIME: Duration = Duration::from_millis(20);
+
+/// The shortest lifetime of a READ guarantee renewed every `refresh` that survives
+/// `losses_tolerated` lost renewals in a row: `refresh x (losses_tolerated + 1)`
+/// (saturating). A lifetime below it lets a live responder's guarantee lapse, and the READ
+/// flow run uncapped, between two refreshes.
+pub fn read_guarantee_lifetime(refresh: Duration, losses_tolerated: u32) -> Duration {
+    refresh.saturating_mul(losses_tolerated.saturating_add(1))
+}
+
+/// A READ guarantee's lifetime too short for the refresh of the channel that renews it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "control loop setting `read_guarantee_lifetime` ({lifetime:?}) is shorter than the peer \
+     channel's `refresh` ({refresh:?}) x ({losses_tolerated} losses tolerated + 1) = \
+     {needed:?}: a READ guarantee would lapse between refreshes and its flow run uncapped"
+)]
+pub struct GrantRefreshError {
+    /// The loop's `read_guarantee_lifetime`.
+    pub lifetime: Duration,
+    /// The channel's refresh of an unchanged grant.
+    pub refresh: Duration,
+    /// Renewals in a row that may be lost.
+    pub losses_tolerated: u32,
+    /// The shortest lifetime that holds: [`read_guarantee_lifetime`] of the two.
+    pub needed: Duration,
+}
+
 /// The quiet cadence for drivers that read [`ControlLoop::poll_timeout`] after every input,
 /// in RefPeriods: 5 ms at the paper's RefPeriod, a tenth of the wake-ups of an update every
 /// RefPeriod. A quiet update changes nothing (see the module documentation's "Quiet
@@ -367,6 +416,7 @@ impl Default for LoopConfig {
             idle_samples: 100,
             idle_grace_periods: IDLE_GRACE_PERIODS,
             quiet_periods: 1,
+            read_guarantee_lifetime: DEFAULT_READ_GUARANTEE_LIFETIME,
         }
     }
 }
@@ -442,6 +492,12 @@ impl LoopConfig {
                 "must be at least 1".into(),
             ));
         }
+        if self.read_guarantee_lifetime.is_zero() {
+            return Err(LoopError::Setting(
+                "read_guarantee_lifetime",
+                "must be positive".into(),
+            ));
+        }
         if self.quiet_periods == 0 {
             return Err(LoopError::Setting(
                 "quiet_periods",
@@ -449,6 +505,27 @@ impl LoopConfig {
             ));
         }
         self.controller_config().validate()?;
+        Ok(())
+    }
+
+    /// Checks the READ guarantee's lifetime against the peer channel that renews
+    /// guarantees: it resends an unchanged grant every `refresh`, and up to
+    /// `losses_tolerated` of those in a row may be lost. A driver calls it when it loads its
+    /// settings, with its channel's refresh and [`DEFAULT_REFRESH_LOSSES`] (or its own).
+    pub fn check_grant_refresh(
+        &self,
+        refresh: Duration,
+        losses_tolerated: u32,
+    ) -> Result<(), GrantRefreshError> {
+        let needed = read_guarantee_lifetime(refresh, losses_tolerated);
+        if self.read_guarantee_lifetime < needed {
+            return Err(GrantRefreshError {
+                lifetime: self.read_guarantee_lifetime,
+                refresh,
+                losses_tolerated,
+                needed,
+            });
+        }
         Ok(())
     }
 
@@ -825,11 +902,6 @@ pub struct ControlLoop {
     caps_changed: bool,
 }
 
-/// RefPeriods a remote-READ guarantee holds without a newer one: 20 ms at the paper's
-/// RefPeriod, two quiet periods and more for the messages' way. A guarantee that lapses
-/// (its sender gone, or restarted in an epoch the receiver cannot order) stops capping.
-pub const READ_GUARANTEE_PERIODS: u32 = 40;
-
 impl ControlLoop {
     /// A loop for an RNIC, starting at `now` with no flows; the first update is due one
     /// RefPeriod later.
@@ -1085,12 +1157,11 @@ impl ControlLoop {
             .and_then(|(r, _)| r.current().copied())
     }
 
-    /// Drops the guarantees not renewed for [`READ_GUARANTEE_PERIODS`] RefPeriods.
+    /// Drops the guarantees not renewed for [`LoopConfig::read_guarantee_lifetime`]: a
+    /// guarantee that lapses (its sender gone, or restarted in an epoch the receiver cannot
+    /// order) stops capping.
     fn lapse_read_caps(&mut self, now: Duration) {
-        let hold = self
-            .config
-            .ref_period
-            .saturating_mul(READ_GUARANTEE_PERIODS);
+        let hold = self.config.read_guarantee_lifetime;
         for flow in &mut self.flows {
             if let Some((_, heard_at)) = flow.read_cap {
                 if heard_at.saturating_add(hold) <= now {
@@ -2445,6 +2516,9 @@ mod tests {
         out
     }
 
+    /// The default lifetime of a READ guarantee, 20 ms, in the tests' RefPeriods of 500 us.
+    const LIFETIME_PERIODS: u32 = 40;
+
     fn guarantee(epoch: u64, sequence: u64, fraction: f64, profile: &RnicProfile) -> ReadGuarantee {
         ReadGuarantee {
             epoch,
@@ -2631,7 +2705,7 @@ mod tests {
             .unwrap();
         announced(&mut a, &mut t, 1);
         assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, 0.25 * max);
-        announced(&mut a, &mut t, READ_GUARANTEE_PERIODS);
+        announced(&mut a, &mut t, LIFETIME_PERIODS);
         assert_eq!(a.read_cap(FlowId(1)), None);
         assert_eq!(a.allotment(FlowId(1)).unwrap().bytes_per_sec, max);
         a.set_flow_active(t, FlowId(1), false).unwrap();
@@ -2723,7 +2797,7 @@ mod tests {
         announced(&mut lp, &mut t, 1);
         assert!(lp.allotment(FlowId(1)).unwrap().bytes_per_sec < share);
         // Still held one RefPeriod before it lapses, gone at the first update after.
-        let hold = us(500) * READ_GUARANTEE_PERIODS;
+        let hold = DEFAULT_READ_GUARANTEE_LIFETIME;
         while t + us(500) < heard + hold {
             announced(&mut lp, &mut t, 1);
         }
@@ -2758,7 +2832,7 @@ mod tests {
         assert_eq!(lp.capped, 0);
         lp.read_guarantee_received(t, FlowId(1), guarantee(1, 0, 0.25, &profile))
             .unwrap();
-        announced(&mut lp, &mut t, READ_GUARANTEE_PERIODS + 2);
+        announced(&mut lp, &mut t, LIFETIME_PERIODS + 2);
         assert_eq!((lp.read_cap(FlowId(1)), lp.capped), (None, 0), "lapsed");
         lp.read_guarantee_received(t, FlowId(1), guarantee(2, 0, 0.25, &profile))
             .unwrap();
@@ -3817,5 +3891,128 @@ mod tests {
         assert_eq!(least, Some(target), "the least of the newest three");
         run_periods(&mut lp, &mut t, 1, us(10));
         assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
+    }
+
+    /// The peer channel resends an unchanged grant every 5 ms (`justitia-peer`'s default
+    /// refresh), each time under a new sequence number. At a RefPeriod of 100 us a
+    /// guarantee so renewed must cap the READ flow at every update for 100 ms: it must
+    /// never lapse between two refreshes (40 RefPeriods are 4 ms, shorter than one), and a
+    /// renewal must restart its lifetime (the first one heard does not set it for good).
+    #[test]
+    fn a_guarantee_renewed_every_5_ms_caps_a_read_flow_at_every_update_at_a_100_us_ref_period() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let period = us(100);
+        let config = LoopConfig {
+            target: Target99::Absolute(us(50)),
+            ref_period: period,
+            ..LoopConfig::default()
+        };
+        let mut lp = ControlLoop::new(config, &profile, Duration::ZERO).unwrap();
+        lp.register_flow(Duration::ZERO, flow(1, FlowClass::Bandwidth))
+            .unwrap();
+        lp.set_flow_reads_from(Duration::ZERO, FlowId(1), Some(3))
+            .unwrap();
+        lp.set_flow_active(Duration::ZERO, FlowId(1), true).unwrap();
+        let quarter = 0.25 * profile.max_rate_bytes_per_sec();
+        let refresh = Duration::from_millis(5);
+        let mut t = Duration::ZERO;
+        let mut sequence = 0;
+        let mut next_refresh = Duration::ZERO;
+        while t < Duration::from_millis(100) {
+            if t >= next_refresh {
+                lp.read_guarantee_received(t, FlowId(1), guarantee(1, sequence, 0.25, &profile))
+                    .unwrap();
+                sequence += 1;
+                next_refresh += refresh;
+            }
+            t += period;
+            lp.handle_timeout(t);
+            while lp.poll_event().is_some() {}
+            let got = lp.allotment(FlowId(1)).unwrap().bytes_per_sec;
+            assert_eq!(
+                got, quarter,
+                "at {t:?}: READ flow allotted {got} B/s, its guarantee 0.25 x MaxRate = \
+                 {quarter} B/s renewed every 5 ms (RefPeriod 100 us)"
+            );
+        }
+    }
+
+    /// The responder's whole RNIC is the most a READ flow can get from it, whatever its
+    /// tenant's weight: a weight-3 flow guaranteed 0.5 of the responder per unit of weight
+    /// gets min(3 x 0.5, 1) of the responder's MaxRate, not 1.5 times it.
+    #[test]
+    fn a_weight_3_read_flow_gets_at_most_the_responders_whole_rnic() {
+        let profile = RnicProfile::builtin("roce-100").unwrap();
+        let mut lp = reading_loop(Duration::ZERO);
+        lp.remove_flow(Duration::ZERO, FlowId(1)).unwrap();
+        let mut heavy = flow(1, FlowClass::Bandwidth);
+        heavy.spec.weight = Weight::new(3).unwrap();
+        lp.register_flow(Duration::ZERO, heavy).unwrap();
+        lp.set_flow_reads_from(Duration::ZERO, FlowId(1), Some(3))
+            .unwrap();
+        lp.set_flow_active(Duration::ZERO, FlowId(1), true).unwrap();
+        let mut t = Duration::ZERO;
+        announced(&mut lp, &mut t, 1);
+        for (sequence, fraction) in [(0, 0.5), (1, 1.0)] {
+            lp.read_guarantee_received(t, FlowId(1), guarantee(1, sequence, fraction, &profile))
+                .unwrap();
+            announced(&mut lp, &mut t, 1);
+            let got = lp.allotment(FlowId(1)).unwrap();
+            assert_eq!(
+                (got.bytes_per_sec, got.ops_per_sec),
+                (profile.max_rate_bytes_per_sec(), profile.max_ops_per_sec()),
+                "weight 3 x fraction {fraction}: at most the responder's whole RNIC, {} B/s",
+                profile.max_rate_bytes_per_sec()
+            );
+        }
+    }
+
+    /// The default lifetime is the default refresh (5 ms) times three losses plus one, 20
+    /// ms; a lifetime shorter than refresh x (losses + 1) is refused naming both settings,
+    /// one equal to it is accepted, and a lifetime of zero is refused by `validate`.
+    #[test]
+    fn a_guarantee_lifetime_shorter_than_the_refresh_times_losses_plus_one_is_refused() {
+        let config = LoopConfig::default();
+        assert_eq!(config.read_guarantee_lifetime, Duration::from_millis(20));
+        assert_eq!(
+            read_guarantee_lifetime(DEFAULT_GRANT_REFRESH, DEFAULT_REFRESH_LOSSES),
+            DEFAULT_READ_GUARANTEE_LIFETIME
+        );
+        assert_eq!(
+            config.check_grant_refresh(Duration::from_millis(5), 3),
+            Ok(())
+        );
+        let err = config
+            .check_grant_refresh(Duration::from_millis(6), 3)
+            .unwrap_err();
+        assert_eq!(err.needed, Duration::from_millis(24));
+        let text = err.to_string();
+        for named in ["read_guarantee_lifetime", "refresh", "20ms", "6ms", "24ms"] {
+            assert!(text.contains(named), "{named} not in: {text}");
+        }
+        assert_eq!(
+            config.check_grant_refresh(Duration::from_millis(20), 0),
+            Ok(()),
+            "no loss tolerated: one refresh"
+        );
+        assert!(config
+            .check_grant_refresh(Duration::from_millis(10), 1)
+            .is_ok());
+        assert!(config
+            .check_grant_refresh(Duration::from_millis(10), 2)
+            .is_err());
+        assert_eq!(
+            read_guarantee_lifetime(Duration::MAX, u32::MAX),
+            Duration::MAX,
+            "saturates"
+        );
+        let zero = LoopConfig {
+            read_guarantee_lifetime: Duration::ZERO,
+            ..LoopConfig::default()
+        };
+        assert!(matches!(
+            zero.validate(),
+            Err(LoopError::Setting("read_guarantee_lifetime", _))
+        ));
     }
 }

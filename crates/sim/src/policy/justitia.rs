@@ -45,7 +45,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::control_loop::{
-    Allotment, ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
+    read_guarantee_lifetime, Allotment, ControlLoop, Event, FlowRegistration, LoopConfig,
+    LoopError, ProbeId, Target99, DEFAULT_REFRESH_LOSSES,
 };
 use justitia_core::controller::{ControlAction, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
@@ -217,7 +218,9 @@ impl JustitiaParams {
     }
 
     /// The core loop's settings: the law's own (its increase law and window) with the
-    /// parameters given.
+    /// parameters given, and a READ guarantee that outlives the channel's refresh (the
+    /// default channel's, [`DEFAULT_REFRESH_LOSSES`] of them lost in a row), whatever the
+    /// RefPeriod.
     pub fn loop_config(&self) -> LoopConfig {
         let base = match self.increase {
             Increase::Search => LoopConfig::default(),
@@ -229,6 +232,10 @@ impl JustitiaParams {
             window: self.ref_window.map_or(base.window, |w| w as usize),
             unattainable_after: (self.unattainable_after_ms > 0.0)
                 .then(|| Duration::from_nanos(time::from_ms(self.unattainable_after_ms) / 1_000)),
+            read_guarantee_lifetime: read_guarantee_lifetime(
+                ChannelConfig::default().refresh,
+                DEFAULT_REFRESH_LOSSES,
+            ),
             ..base
         }
     }
@@ -1033,6 +1040,18 @@ mod tests {
         };
         assert_eq!(x.loop_config().target, Target99::IdleMultiple(3.0));
         assert_eq!(x.loop_config().increase, IncreaseLaw::SEARCH);
+        // The channel resends an unchanged grant every 5 ms: a guarantee holds four of them
+        // (three lost in a row), 20 ms, at a RefPeriod of 100 us as at 500 us.
+        let fast = JustitiaParams {
+            ref_period_us: 100.0,
+            ..JustitiaParams::default()
+        };
+        let config = fast.loop_config();
+        assert_eq!(config.read_guarantee_lifetime, Duration::from_millis(20));
+        assert_eq!(
+            config.check_grant_refresh(ChannelConfig::default().refresh, DEFAULT_REFRESH_LOSSES),
+            Ok(())
+        );
     }
 
     /// Feeds `driver` `probes` reference probes that each take `rtt_us`, running its timers
