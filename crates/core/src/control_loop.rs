@@ -225,7 +225,11 @@
 //! no particular order, found through a hash map; a removed flow's place is taken by the
 //! last one. While some flow is within its idle grace, an update also passes over the
 //! flows to find those whose grace ran out (and stops once none is left in it), and while
-//! some READ flow holds a guarantee, one to lapse those not renewed. Release
+//! some READ flow holds a guarantee, one to lapse those not renewed. While some flow is
+//! marked as a READ requester's, a pass that rewrites the allotments sorts the marked
+//! flows' (responder, tenant, class) keys to count each one's siblings: O(m log m) in the
+//! m marked flows, and a buffer of m keys (a READ flow's allotment depends on its
+//! siblings, not on this host's division). Release
 //! phases go in id order, which the vector does not keep: when the set of sharing flows
 //! may have changed, a division gathers the sharing flows with their places into a buffer
 //! kept from one division to the next (grown as flows register, so it never grows in an
@@ -1723,6 +1727,9 @@ impl ControlLoop {
         let safe_util = self.controller.safe_util();
         let ops_per_byte = self.profile.ops_per_byte();
         let read_allotments = self.read_allotments();
+        // In the order of places, as the pass below goes: each flow's entry, if it has one,
+        // is the next.
+        let mut read_allotments = read_allotments.iter().peekable();
         let mut changed = false;
         let tenants = &self.tenants;
         for (index, flow) in self.flows.iter_mut().enumerate() {
@@ -1739,7 +1746,7 @@ impl ControlLoop {
             let mut bytes_per_sec = flow.share * safe_util;
             let mut ops_per_sec = bytes_per_sec * ops_per_byte;
             let mut chunk_cap = u32::MAX;
-            if let Some(&(_, allotted)) = read_allotments.iter().find(|(i, _)| *i == index) {
+            if let Some(&(_, allotted)) = read_allotments.next_if(|(i, _)| *i == index) {
                 (bytes_per_sec, ops_per_sec, chunk_cap) = allotted;
             } else if let Some(cap) = flow.read_cap.as_ref().and_then(|(r, _)| r.current()) {
                 // A READ flow gets no more than the host it reads from guarantees it
@@ -1767,16 +1774,26 @@ impl ControlLoop {
         }
     }
 
-    /// The allotments of the READ requesters' flows (see "Remote READs"), by place: the
-    /// guarantee times the tenant's weight, divided among the tenant's active READ flows
-    /// of the class against the same host; MaxRate without a guarantee. Allocates only
-    /// while some flow is so marked; a pass over the marked flows for each marked flow.
+    /// The allotments of the READ requesters' flows (see "Remote READs"), in increasing
+    /// order of place: the guarantee times the tenant's weight, divided among the tenant's
+    /// active READ flows of the class against the same host; MaxRate without a guarantee.
+    /// Allocates only while some flow is so marked. O(m log m) in the m marked flows: their
+    /// (responder, tenant, class) keys are sorted once, and each flow's siblings are the
+    /// run of its key, found by two binary searches.
     fn read_allotments(&self) -> Vec<(usize, (f64, f64, u32))> {
         let max = (
             self.profile.max_rate_bytes_per_sec(),
             self.profile.max_ops_per_sec(),
         );
         let marked = |f: &FlowState| f.reads_from.is_some() && f.spec.class.is_resource_hungry();
+        let key = |f: &FlowState| (f.reads_from, f.spec.tenant, class_index(f.spec.class));
+        let mut active: Vec<_> = self
+            .flows
+            .iter()
+            .filter(|f| marked(f) && f.active)
+            .map(key)
+            .collect();
+        active.sort_unstable();
         let mut out = Vec::new();
         for (index, flow) in self.flows.iter().enumerate().filter(|(_, f)| marked(f)) {
             if !flow.active {
@@ -1787,18 +1804,10 @@ impl ControlLoop {
                 out.push((index, (max.0, max.1, u32::MAX)));
                 continue;
             };
-            let siblings = self
-                .flows
-                .iter()
-                .filter(|f| {
-                    marked(f)
-                        && f.active
-                        && f.reads_from == flow.reads_from
-                        && f.spec.tenant == flow.spec.tenant
-                        && f.spec.class == flow.spec.class
-                })
-                .count()
-                .max(1) as f64;
+            let own = key(flow);
+            let siblings = (active.partition_point(|k| *k <= own)
+                - active.partition_point(|k| *k < own))
+            .max(1) as f64;
             // The responder's whole RNIC at most: its figures are its fraction of its
             // MaxRate and MaxTput.
             let scale = (cap.fraction * f64::from(flow.spec.weight.get())).min(1.0)
