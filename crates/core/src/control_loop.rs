@@ -249,7 +249,7 @@ use crate::controller::{
 use crate::estimator::{EstimatorError, Quantile, TailEstimator};
 use crate::flow::{FlowClass, FlowCounts, FlowId, FlowSpec, TenantId};
 use crate::pacer::{PaceRate, ReleasePhase};
-use crate::profile::RnicProfile;
+use crate::profile::{ProfileError, RnicProfile};
 use crate::remote_read::{
     InvalidReadGuarantee, ReadGuarantee, ReadGuaranteeReceiver, ReadGuaranteeSender, Receipt,
     RemoteReadUnit,
@@ -567,6 +567,9 @@ pub enum LoopError {
     /// No flow of that id is registered.
     #[error("flow {0:?} is not registered")]
     UnknownFlow(FlowId),
+    /// The RNIC profile is unusable (a figure out of range).
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     /// A remote-READ guarantee from the network had figures out of range.
     #[error(transparent)]
     ReadGuarantee(#[from] InvalidReadGuarantee),
@@ -915,6 +918,7 @@ impl ControlLoop {
         now: Duration,
     ) -> Result<Self, LoopError> {
         config.validate()?;
+        profile.validate()?;
         let mut controller = SafeUtilController::new(config.controller_config(), profile)?;
         let chunk_bytes = profile.chunk_bytes(false);
         controller.set_token(Token::for_profile(u64::from(chunk_bytes), profile));
@@ -4023,5 +4027,25 @@ mod tests {
             zero.validate(),
             Err(LoopError::Setting("read_guarantee_lifetime", _))
         ));
+    }
+
+    /// A profile is checked whole by the loop, not only its MaxRate: MaxTput 0 (every
+    /// allotment's operations 0, a pause) is refused naming the field, as are MaxRate 0,
+    /// NaN and infinity.
+    #[test]
+    fn a_profile_with_max_tput_0_or_an_unusable_max_rate_is_refused_by_the_loop() {
+        let mut profile = RnicProfile::builtin("roce-100").unwrap();
+        profile.max_tput_mops = 0.0;
+        let err = ControlLoop::new(LoopConfig::default(), &profile, Duration::ZERO).err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("max_tput_mops"), "MaxTput 0: `{text}`");
+        for bad in [0.0, f64::NAN, f64::INFINITY, -1.0] {
+            let mut profile = RnicProfile::builtin("roce-100").unwrap();
+            profile.max_rate_gbps = bad;
+            assert!(
+                ControlLoop::new(LoopConfig::default(), &profile, Duration::ZERO).is_err(),
+                "MaxRate {bad} accepted"
+            );
+        }
     }
 }
