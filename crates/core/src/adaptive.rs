@@ -98,7 +98,7 @@ pub mod resources;
 pub mod tenants;
 
 pub use resources::{charged_to, latency_paths, Resource};
-pub use tenants::{TenantRoundRobin, TenantWeights};
+pub use tenants::{QueueBudget, TenantRoundRobin, TenantWeights};
 
 /// Goal band: a latency flow's p99 within this multiple of alone.
 pub const DEFAULT_BAND: f64 = 1.2;
@@ -336,7 +336,7 @@ pub struct Plan {
     /// bandwidth tenant is served from at a time per unit of its weight, and the bytes
     /// each is served before the next takes its place (see
     /// [`TenantRoundRobin::set_queue_budget`]); `None`: no bound.
-    pub queue_budget: Option<(u32, u64)>,
+    pub queue_budget: Option<QueueBudget>,
 }
 
 /// The law's state on one host.
@@ -532,17 +532,19 @@ impl AdaptiveLaw {
     }
 
     /// The active-queue-pair budget: with C contexts cached on chip, C/(L+B+T) queue pairs
-    /// per unit of a tenant's weight (at least one), each served for one large chunk before
+    /// per unit of a tenant's weight (at least one), and never more than C for one tenant
+    /// whatever its weight, each served for one large chunk before
     /// the next: an equal split of the cache among the tenants, as PeRF bounds each
     /// application's queue pairs (QNum_allow), so that one tenant's hundreds of queue pairs
     /// do not evict the others' contexts. `None` without a bounded cache.
-    pub fn queue_budget(&self, o: &Observation) -> Option<(u32, u64)> {
+    pub fn queue_budget(&self, o: &Observation) -> Option<QueueBudget> {
         let c = &self.config;
-        (c.qp_cache_entries > 0).then(|| {
-            (
-                (c.qp_cache_entries / o.tenants.total().max(1)).max(1),
-                self.context_turn_bytes(),
-            )
+        (c.qp_cache_entries > 0).then(|| QueueBudget {
+            per_weight: u32::try_from(u64::from(c.qp_cache_entries) / o.tenants.total().max(1))
+                .unwrap_or(u32::MAX)
+                .max(1),
+            most: c.qp_cache_entries,
+            turn_bytes: self.context_turn_bytes(),
         })
     }
 
@@ -579,7 +581,7 @@ impl AdaptiveLaw {
     /// are present and bandwidth flows are there to give way to; `None` otherwise.
     fn throughput_share(o: &Observation) -> Option<f64> {
         let w = &o.tenants;
-        (w.latency > 0 && w.bandwidth > 0 && w.throughput > 0).then(|| 1.0 / f64::from(w.total()))
+        (w.latency > 0 && w.bandwidth > 0 && w.throughput > 0).then(|| 1.0 / w.total() as f64)
     }
 
     /// The operations/s a throughput flow is paced at under a plan's `share`: its tenant,
@@ -623,7 +625,16 @@ mod tests {
         AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)).expect("valid")
     }
 
-    fn weights(latency: u32, bandwidth: u32, throughput: u32) -> TenantWeights {
+    /// The budget of a 256-context cache.
+    fn budget(per_weight: u32, turn_bytes: u64) -> QueueBudget {
+        QueueBudget {
+            per_weight,
+            most: 256,
+            turn_bytes,
+        }
+    }
+
+    fn weights(latency: u64, bandwidth: u64, throughput: u64) -> TenantWeights {
         TenantWeights {
             latency,
             bandwidth,
@@ -935,7 +946,7 @@ mod tests {
             target99: Some(us(2.0)),
             ..Observation::default()
         };
-        assert_eq!(law.plan(&o).queue_budget, Some((85, 1 << 20)));
+        assert_eq!(law.plan(&o).queue_budget, Some(budget(85, 1 << 20)));
         assert_eq!(ib56().plan(&o).queue_budget, None);
     }
 
@@ -966,7 +977,7 @@ mod tests {
             target99: Some(us(2.0)),
             ..Observation::default()
         };
-        assert_eq!(law.plan(&o).queue_budget, Some((85, 28 << 20)));
+        assert_eq!(law.plan(&o).queue_budget, Some(budget(85, 28 << 20)));
         let costlier = AdaptiveLaw::new(AdaptiveConfig {
             qp_context_miss: Duration::from_nanos(1200),
             ..config
@@ -1021,7 +1032,7 @@ mod tests {
         let fresh = law.plan_charged(&host, &send, 2);
         assert_eq!(fresh.chunk_bytes, 2000);
         assert_eq!(law.plan_charged(&host, &send, 1).chunk_bytes, 4000);
-        assert_eq!(fresh.queue_budget, Some((85, 1 << 20)));
+        assert_eq!(fresh.queue_budget, Some(budget(85, 1 << 20)));
         for i in 0..100 {
             law.update(Duration::from_millis(i), &host);
         }
@@ -1225,7 +1236,7 @@ mod tests {
         /// the chunk within its bounds; the budget's one-chunk wait fits the target's slack.
         #[test]
         fn plans_stay_within_their_bounds(
-            steps in proptest::collection::vec((0u32..4, 0u32..8, 0u32..4, 0.5f64..20.0, proptest::option::of(0.5f64..40.0), 0.0f64..7e9), 1..60),
+            steps in proptest::collection::vec((0u64..4, 0u64..8, 0u64..4, 0.5f64..20.0, proptest::option::of(0.5f64..40.0), 0.0f64..7e9), 1..60),
         ) {
             let mut law = ib56();
             for (i, (l, b, t, target, current, other)) in steps.into_iter().enumerate() {
@@ -1240,8 +1251,8 @@ mod tests {
                 if let Some(pace) = plan.pace_bytes_per_sec {
                     // The final rate against the floor B/(L+B+T) x MaxRate, and never above
                     // the headroom of what the others leave unless the floor needs it.
-                    let all = f64::from(l + b + t);
-                    let floor = if all > 0.0 { f64::from(b) / all } else { 1.0 } * 6e9;
+                    let all = (l + b + t) as f64;
+                    let floor = if all > 0.0 { b as f64 / all } else { 1.0 } * 6e9;
                     prop_assert!(pace >= floor - 1e-3, "pace {} under the floor {}", pace, floor);
                     prop_assert!(pace <= (0.975 * (6e9 - other).max(0.0)).max(floor) + 1e-3);
                 }

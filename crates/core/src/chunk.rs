@@ -1011,4 +1011,22 @@ mod tests {
         assert_eq!(std::mem::size_of::<Sge>(), 16);
         assert_eq!(std::mem::align_of::<Sge>(), 8);
     }
+
+    /// A WRITE of u32::MAX bytes (4 GiB less one) cut at 1 MiB is 4095 whole chunks and a
+    /// last one of 1 MiB less one byte: the bytes left, `len - offset`, never overflow
+    /// (their sum with the offset does, past 2 GiB).
+    #[test]
+    fn a_request_of_4_gib_less_one_is_4095_whole_1_mib_chunks_and_one_short() {
+        let write = request(Opcode::Write, &[sge(0x1000, u32::MAX)]);
+        let lens: Vec<u32> = chunks(write, limits(1 << 20, 1))
+            .iter()
+            .map(|c| c.request.sges.total_bytes() as u32)
+            .collect();
+        assert_eq!(lens.len(), 4096);
+        assert!(
+            lens[..4095].iter().all(|&l| l == 1 << 20),
+            "whole 1 MiB chunks"
+        );
+        assert_eq!(lens[4095], (1 << 20) - 1);
+    }
 }

@@ -184,21 +184,31 @@ impl IncastLimits {
     /// The most a flow into `receiver` may send, bytes/s: its tenant's weight times the
     /// receiver's share, divided among the tenant's `flows` active incast flows into that
     /// receiver (at least one: the flow itself). `None` when no share holds: unconstrained.
+    /// A share held is positive, and so is the cap: a tiny (subnormal) share divided
+    /// among flows would round to 0 B/s, which a pacer takes for a 60 s pause; it is the
+    /// smallest normal rate instead, which paces slowly.
     pub fn cap(&self, now: Duration, receiver: u64, weight: Weight, flows: u32) -> Option<f64> {
         let share = self.share(now, receiver)?;
-        Some(share * f64::from(weight.get()) / f64::from(flows.max(1)))
+        Some((share * f64::from(weight.get()) / f64::from(flows.max(1))).max(f64::MIN_POSITIVE))
     }
 }
 
 /// The allotment a flow is paced at: its local `allotment`, lowered to `cap` bytes/s (its
-/// operations in proportion) when the cap is lower; as it is without a cap.
+/// operations in proportion) when the cap is lower; as it is without a cap. A positive
+/// cap keeps positive operations positive (scaled down, they could underflow to 0, a
+/// pause).
 pub fn paced(allotment: Allotment, cap: Option<f64>) -> Allotment {
     match cap {
         Some(cap) if cap < allotment.bytes_per_sec => {
             let scale = cap.max(0.0) / allotment.bytes_per_sec;
+            let ops_per_sec = allotment.ops_per_sec * scale;
             Allotment {
                 bytes_per_sec: cap.max(0.0),
-                ops_per_sec: allotment.ops_per_sec * scale,
+                ops_per_sec: if cap > 0.0 && allotment.ops_per_sec > 0.0 {
+                    ops_per_sec.max(f64::MIN_POSITIVE)
+                } else {
+                    ops_per_sec
+                },
                 ..allotment
             }
         }
@@ -452,5 +462,54 @@ mod tests {
             prop_assert!(p.ops_per_sec <= allotment(local).ops_per_sec);
             prop_assert_eq!(limits.cap(ms(20), 1, w, flows), None);
         }
+    }
+
+    /// A receiver's share that changes is reported as a change (the driver paces the
+    /// flows again only then): 2e9, then 1e9 when a third sender halves it, then 1e9 again
+    /// (no change), then 0 (none: unconstrained, a change).
+    #[test]
+    fn a_changed_share_is_reported_and_an_unchanged_one_is_not() {
+        let mut limits = IncastLimits::new(Duration::from_millis(20));
+        let ms = Duration::from_millis;
+        assert_eq!(
+            limits.grant_received(ms(0), 3, 2e9),
+            Ok(true),
+            "first share"
+        );
+        assert_eq!(
+            limits.grant_received(ms(1), 3, 1e9),
+            Ok(true),
+            "halved: 2e9 -> 1e9"
+        );
+        assert_eq!(limits.grant_received(ms(2), 3, 1e9), Ok(false), "1e9 again");
+        assert_eq!(limits.grant_received(ms(3), 3, 0.0), Ok(true), "withdrawn");
+        assert_eq!(
+            limits.grant_received(ms(4), 3, 0.0),
+            Ok(false),
+            "still none"
+        );
+    }
+
+    /// The smallest positive share the wire admits (5e-324 B/s, subnormal), split between
+    /// two flows, underflows to 0 B/s: a cap of 0 would pause the flow for the pacer's
+    /// MAX_WAIT (60 s) at a time. A positive share caps at a positive rate, and the flow
+    /// is paced slowly: its first chunk goes at once.
+    #[test]
+    fn a_subnormal_share_caps_at_a_positive_rate_and_never_pauses_for_60_s() {
+        let mut limits = IncastLimits::new(Duration::from_millis(20));
+        let now = Duration::ZERO;
+        assert_eq!(limits.grant_received(now, 3, 5e-324), Ok(true));
+        let cap = limits.cap(now, 3, Weight::ONE, 2).unwrap();
+        assert!(
+            cap > 0.0,
+            "a share of 5e-324 B/s over two flows capped at {cap} B/s"
+        );
+        let capped = paced(allotment(1e9), Some(cap));
+        assert!(
+            capped.bytes_per_sec > 0.0 && capped.ops_per_sec > 0.0,
+            "{capped:?}"
+        );
+        let mut pacer = crate::pacer::Pacer::new(capped.pace_rate(), now);
+        assert_eq!(pacer.try_release(now, 5120, 1), Ok(()), "paused for 60 s");
     }
 }

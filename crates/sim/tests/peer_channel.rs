@@ -80,3 +80,70 @@ fn guarantees_that_stop_lapse_within_the_silence_bound() {
         "lapsed at {lapsed} ms, expected {low} to {high}"
     );
 }
+
+/// b READs 1 MB messages from a while a's latency flow runs: a counts its latency flow and
+/// b's READ unit, so it guarantees b half of IB-56's 48 Gb/s, 24.00 Gb/s, and the channel
+/// renews that grant every 5 ms. At a RefPeriod of 100 us the guarantee must hold between
+/// two refreshes as it does at 500 us: the READ flow stays within 1 % of 24.00 Gb/s (what
+/// its pacer lets through; uncapped, it takes the link's 48).
+#[test]
+fn a_read_flow_stays_at_its_24_gbps_guarantee_at_a_100_us_ref_period() {
+    let scenario = r#"
+description = "remote READ capped over the peer channel at RefPeriods of 500 and 100 us"
+profile = "IB-56"
+duration_ms = 60
+warmup_ms = 3
+seed = 1
+
+[topology]
+hosts = ["a", "b"]
+
+[[flows]]
+name = "lat"
+from = "a"
+to = "b"
+[flows.latency]
+size = 16
+mode = "ping-pong"
+
+[[flows]]
+name = "remote read"
+from = "b"
+to = "a"
+[flows.bandwidth]
+size = "1MB"
+depth = 8
+opcode = "read"
+
+[[variants]]
+name = "500 us"
+policy = "justitia"
+[variants.justitia]
+target99_us = 2.0
+ref_period_us = 500.0
+
+[[variants]]
+name = "100 us"
+policy = "justitia"
+[variants.justitia]
+target99_us = 2.0
+ref_period_us = 100.0
+"#;
+    let report = justitia_sim::Experiment::from_toml(
+        "read-guarantee-ref-period",
+        scenario,
+        Some(&common::scenarios_dir()),
+    )
+    .expect("scenario")
+    .run()
+    .expect("run");
+    let profile = justitia_core::profile::RnicProfile::builtin("IB-56").expect("IB-56");
+    let guarantee = profile.max_rate_gbps / 2.0;
+    for variant in ["500 us", "100 us"] {
+        let gbps = common::flow(run(&report, variant), "remote read").gbps;
+        assert!(
+            (gbps - guarantee).abs() <= 0.01 * guarantee,
+            "RefPeriod {variant}: the READ flow at {gbps:.2} Gb/s, its guarantee {guarantee:.2} Gb/s"
+        );
+    }
+}

@@ -109,7 +109,8 @@ pub fn allotments(
     let config = law.config();
     let max_rate = config.max_rate_bytes_per_sec;
     let bandwidth = tenants_of(flows, FlowClass::Bandwidth);
-    let total_weight: u32 = bandwidth.values().map(|&(w, _)| w).sum();
+    // Summed in u64: two tenants of weight 2^31 overflow a u32.
+    let total_weight: u64 = bandwidth.values().map(|&(w, _)| u64::from(w)).sum();
     let throughput: BTreeMap<FlowId, Option<f64>> =
         throughput_paces(law, plan, flows).into_iter().collect();
     flows
@@ -121,7 +122,7 @@ pub fn allotments(
                     let pace = plan.pace_bytes_per_sec.unwrap_or(max_rate);
                     let (weight, count) = bandwidth.get(&f.spec.tenant).copied().unwrap_or((1, 1));
                     let bytes_per_sec = pace * f64::from(weight)
-                        / f64::from(total_weight.max(1))
+                        / total_weight.max(1) as f64
                         / f64::from(count.max(1));
                     Some(FlowAllotment {
                         bytes_per_sec,
@@ -380,6 +381,25 @@ mod tests {
             let ops = a.ops_per_sec.expect("paced by operations");
             assert!((ops - 11e6 / 6.0).abs() < 1e-3, "{ops}");
             assert_eq!((a.bytes_per_sec, a.chunk_bytes), (6e9, 4096));
+        }
+    }
+
+    /// Two bandwidth tenants of weight 2^31: their weights sum past u32::MAX, and each
+    /// gets half of the pace (3e9 of 6e9 B/s), not a panic or a wrapped sum.
+    #[test]
+    fn two_tenants_of_weight_2_pow_31_each_get_half_the_pace() {
+        let law = AdaptiveLaw::new(AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20)).expect("valid");
+        let flows = [
+            flow(1, 1, FlowClass::Bandwidth, 1 << 31),
+            flow(2, 2, FlowClass::Bandwidth, 1 << 31),
+        ];
+        let plan = Plan {
+            pace_bytes_per_sec: Some(6e9),
+            ..law.plan(&Observation::default())
+        };
+        for (id, a) in allotments(&law, &plan, &flows) {
+            let bytes = a.expect("a bandwidth flow").bytes_per_sec;
+            assert_eq!(bytes, 3e9, "flow {id:?}: {bytes} B/s, half of 6e9");
         }
     }
 }

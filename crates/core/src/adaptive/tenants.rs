@@ -24,15 +24,16 @@ use std::collections::BTreeMap;
 use crate::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 
 /// Per class, the summed weights of the tenants with flows of that class present (a tenant
-/// counts once per class, with the largest weight among those flows).
+/// counts once per class, with the largest weight among those flows). Sums of u32 weights
+/// in u64, so that large weights keep their ratios (two of 3e9 saturated a u32 sum).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TenantWeights {
     /// L: the latency tenants' weights.
-    pub latency: u32,
+    pub latency: u64,
     /// B: the bandwidth tenants' weights.
-    pub bandwidth: u32,
+    pub bandwidth: u64,
     /// T: the throughput tenants' weights.
-    pub throughput: u32,
+    pub throughput: u64,
 }
 
 impl TenantWeights {
@@ -50,13 +51,13 @@ impl TenantWeights {
                 FlowClass::Bandwidth => &mut out.bandwidth,
                 FlowClass::Throughput => &mut out.throughput,
             };
-            *slot = slot.saturating_add(w);
+            *slot = slot.saturating_add(u64::from(w));
         }
         out
     }
 
     /// L + B + T.
-    pub fn total(&self) -> u32 {
+    pub fn total(&self) -> u64 {
         self.latency
             .saturating_add(self.bandwidth)
             .saturating_add(self.throughput)
@@ -69,7 +70,7 @@ impl TenantWeights {
         if all == 0 {
             1.0
         } else {
-            f64::from(self.bandwidth) / f64::from(all)
+            self.bandwidth as f64 / all as f64
         }
     }
 
@@ -79,8 +80,32 @@ impl TenantWeights {
         if all == 0 {
             1.0
         } else {
-            f64::from(self.bandwidth.saturating_add(self.throughput)) / f64::from(all)
+            self.bandwidth.saturating_add(self.throughput) as f64 / all as f64
         }
+    }
+}
+
+/// How many queues each tenant is served from at a time, and for how long each
+/// ([`TenantRoundRobin::set_queue_budget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueBudget {
+    /// Open queues per unit of a tenant's weight (at least one).
+    pub per_weight: u32,
+    /// The most open queues any one tenant may hold, whatever its weight: the contexts the
+    /// RNIC caches (at least one).
+    pub most: u32,
+    /// The bytes a queue is served while open before the next takes its place.
+    pub turn_bytes: u64,
+}
+
+impl QueueBudget {
+    /// The open queues a tenant of `weight` may hold: `per_weight x weight`, at most
+    /// `most` (a tenant of weight 1000 on a 256-context RNIC holds 256, not 1000), at least
+    /// one.
+    pub fn for_weight(&self, weight: u32) -> usize {
+        let open = (u64::from(self.per_weight.max(1)) * u64::from(weight.max(1)))
+            .min(u64::from(self.most.max(1)));
+        usize::try_from(open).unwrap_or(usize::MAX)
     }
 }
 
@@ -177,9 +202,8 @@ pub struct TenantRoundRobin<Q> {
     turn: usize,
     /// Bytes per unit of weight per turn.
     quantum: u64,
-    /// Open queues a tenant may have per unit of its weight, and the bytes a queue is
-    /// served while open; `None`: every queue is served in turn.
-    queue_budget: Option<(u32, u64)>,
+    /// The queues a tenant is served from at a time; `None`: every queue in turn.
+    queue_budget: Option<QueueBudget>,
 }
 
 impl<Q: Copy + PartialEq> Default for TenantRoundRobin<Q> {
@@ -247,14 +271,14 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
         self.quantum = bytes.max(1);
     }
 
-    /// Bounds the queues each tenant is served from at a time to `per_weight` times its
-    /// weight, each served for at most `turn` bytes before the next of the tenant's ready
-    /// queues takes its place (`None`: no bound). Where the RNIC caches a bounded number of
+    /// Bounds the queues each tenant is served from at a time to
+    /// [`QueueBudget::for_weight`] of its weight, each served for at most `turn_bytes`
+    /// before the next of the tenant's ready queues takes its place (`None`: no bound). Where the RNIC caches a bounded number of
     /// queue-pair contexts, dealing chunks round a tenant's hundreds of queue pairs would
     /// evict every context, the other tenants' too; with a budget a tenant's contexts
     /// change once per turn, not once per chunk.
-    pub fn set_queue_budget(&mut self, budget: Option<(u32, u64)>) {
-        self.queue_budget = budget.map(|(per_weight, turn)| (per_weight.max(1), turn.max(1)));
+    pub fn set_queue_budget(&mut self, budget: Option<QueueBudget>) {
+        self.queue_budget = budget;
         if budget.is_none() {
             for t in &mut self.tenants {
                 t.open.clear();
@@ -281,10 +305,11 @@ impl<Q: Copy + PartialEq> TenantRoundRobin<Q> {
         loop {
             let t = &mut self.tenants[self.turn];
             let found = match self.queue_budget {
-                Some((per_weight, turn)) => {
-                    let budget = per_weight.saturating_mul(t.weight.max(1)) as usize;
-                    t.ready_within(&mut ready, budget, turn)
-                }
+                Some(budget) => t.ready_within(
+                    &mut ready,
+                    budget.for_weight(t.weight),
+                    budget.turn_bytes.max(1),
+                ),
                 None => t.ready(&mut ready, &[]),
             };
             match found {
@@ -322,6 +347,15 @@ mod tests {
     use super::*;
     use crate::flow::Weight;
     use proptest::prelude::*;
+
+    /// A budget of `per_weight` queues per unit of weight, no cache to bound it.
+    fn budget(per_weight: u32, turn_bytes: u64) -> QueueBudget {
+        QueueBudget {
+            per_weight,
+            most: u32::MAX,
+            turn_bytes,
+        }
+    }
 
     fn spec(id: u64, tenant: u64, class: FlowClass, weight: u32) -> FlowSpec {
         FlowSpec {
@@ -486,7 +520,7 @@ mod tests {
     fn a_queue_budget_bounds_the_queues_in_use() {
         let mut rr = TenantRoundRobin::new();
         rr.set_quantum(4096);
-        rr.set_queue_budget(Some((4, 8192)));
+        rr.set_queue_budget(Some(budget(4, 8192)));
         rr.insert(&spec(0, 1, FlowClass::Bandwidth, 1), 1000u32);
         for i in 0..64 {
             rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), i);
@@ -503,7 +537,7 @@ mod tests {
         // once: no other queue waits for it.
         let mut only = TenantRoundRobin::new();
         only.set_quantum(4096);
-        only.set_queue_budget(Some((1, 8192)));
+        only.set_queue_budget(Some(budget(1, 8192)));
         only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 0u32);
         only.insert(&spec(1, 2, FlowClass::Bandwidth, 1), 1u32);
         let served: Vec<u32> = (0..6)
@@ -521,7 +555,7 @@ mod tests {
     fn a_queue_waiting_for_its_next_message_keeps_its_place() {
         let mut rr = TenantRoundRobin::new();
         rr.set_quantum(4096);
-        rr.set_queue_budget(Some((2, 1 << 20)));
+        rr.set_queue_budget(Some(budget(2, 1 << 20)));
         for q in 0..3u32 {
             rr.insert(&spec(1, 2, FlowClass::Bandwidth, 1), q);
         }
@@ -566,5 +600,84 @@ mod tests {
                 prop_assert!((got - fair).abs() <= 2.0 * chunk as f64 * f64::from(w), "tenant {} got {} of fair {}", t, got, fair);
             }
         }
+    }
+
+    /// Weights of 3e9 for a latency and a bandwidth tenant: B/(L+B+T) is 1/2 and so is
+    /// (B+T)/(L+B+T); the sums do not saturate at u32::MAX (which gave 0.698).
+    #[test]
+    fn weights_of_3e9_and_3e9_keep_their_ratio_of_one_half() {
+        let flows = [
+            spec(1, 1, FlowClass::Latency, 3_000_000_000),
+            spec(2, 2, FlowClass::Bandwidth, 3_000_000_000),
+        ];
+        let w = TenantWeights::of(flows.iter());
+        assert_eq!(w.bandwidth_share(), 0.5, "bandwidth share");
+        assert_eq!(w.hungry_share(), 0.5, "resource-hungry share");
+    }
+
+    /// Queue 12 added to a flow after queue 10 was picked: the next pick is queue 11, the
+    /// one after 10, not 10 again (the flow's next queue is kept within its queues, so
+    /// a longer list does not move it).
+    #[test]
+    fn a_queue_added_after_a_pick_leaves_the_next_queue_where_it_was() {
+        let s = spec(1, 1, FlowClass::Bandwidth, 1);
+        let mut rr: TenantRoundRobin<u32> = TenantRoundRobin::new();
+        rr.set_quantum(1 << 20);
+        rr.insert(&s, 10);
+        rr.insert(&s, 11);
+        assert_eq!(rr.pick(|_| Some(4096)), Some(10));
+        rr.insert(&s, 12);
+        let next: Vec<u32> = (0..4).filter_map(|_| rr.pick(|_| Some(4096))).collect();
+        assert_eq!(
+            next,
+            vec![11, 12, 10, 11],
+            "10 served twice, 11 passed over"
+        );
+    }
+
+    /// Flow 3 added to a tenant after flow 1 was picked: flow 2 is next, not flow 1
+    /// again.
+    #[test]
+    fn a_flow_added_after_a_pick_leaves_the_next_flow_where_it_was() {
+        let mut rr: TenantRoundRobin<u32> = TenantRoundRobin::new();
+        rr.set_quantum(1 << 20);
+        rr.insert(&spec(1, 1, FlowClass::Bandwidth, 1), 10);
+        rr.insert(&spec(2, 1, FlowClass::Bandwidth, 1), 20);
+        assert_eq!(rr.pick(|_| Some(4096)), Some(10));
+        rr.insert(&spec(3, 1, FlowClass::Bandwidth, 1), 30);
+        let next: Vec<u32> = (0..4).filter_map(|_| rr.pick(|_| Some(4096))).collect();
+        assert_eq!(
+            next,
+            vec![20, 30, 10, 20],
+            "flow 1 served twice, flow 2 passed over"
+        );
+    }
+
+    /// A tenant of weight 1000 on a 256-context RNIC, one queue pair per unit of weight:
+    /// it may hold 256 queues open, not 1000. Queues 0 to 299 opened one at a time (each
+    /// served one chunk of a 1 MB turn, so each stays open); then with queues 0 and 299
+    /// ready, queue 0 was closed to make room (the 256 open are 44 to 299), so 299 is
+    /// served; with 1000 open, queue 0 would be.
+    #[test]
+    fn a_weight_1000_tenant_holds_at_most_256_queues_open_on_a_256_context_rnic() {
+        let mut rr: TenantRoundRobin<u32> = TenantRoundRobin::new();
+        rr.set_quantum(4096);
+        rr.set_queue_budget(Some(QueueBudget {
+            per_weight: 1,
+            most: 256,
+            turn_bytes: 1 << 20,
+        }));
+        let heavy = spec(1, 1, FlowClass::Bandwidth, 1000);
+        for q in 0..300u32 {
+            rr.insert(&heavy, q);
+        }
+        for q in 0..300u32 {
+            assert_eq!(rr.pick(|r| (r == q).then_some(4096)), Some(q));
+        }
+        assert_eq!(
+            rr.pick(|r| (r == 0 || r == 299).then_some(4096)),
+            Some(299),
+            "queue 0 still open: more than 256 queues held open"
+        );
     }
 }

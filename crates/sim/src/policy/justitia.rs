@@ -41,11 +41,12 @@
 //! Not modelled: the flow-control messages of split SENDs (the peer is assumed to
 //! cooperate).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::control_loop::{
-    Allotment, ControlLoop, Event, FlowRegistration, LoopConfig, LoopError, ProbeId, Target99,
+    read_guarantee_lifetime, Allotment, ControlLoop, Event, FlowRegistration, LoopConfig,
+    LoopError, ProbeId, Target99, DEFAULT_REFRESH_LOSSES,
 };
 use justitia_core::controller::{ControlAction, ControlMode};
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
@@ -217,7 +218,9 @@ impl JustitiaParams {
     }
 
     /// The core loop's settings: the law's own (its increase law and window) with the
-    /// parameters given.
+    /// parameters given, and a READ guarantee that outlives the channel's refresh (the
+    /// default channel's, [`DEFAULT_REFRESH_LOSSES`] of them lost in a row), whatever the
+    /// RefPeriod.
     pub fn loop_config(&self) -> LoopConfig {
         let base = match self.increase {
             Increase::Search => LoopConfig::default(),
@@ -229,6 +232,10 @@ impl JustitiaParams {
             window: self.ref_window.map_or(base.window, |w| w as usize),
             unattainable_after: (self.unattainable_after_ms > 0.0)
                 .then(|| Duration::from_nanos(time::from_ms(self.unattainable_after_ms) / 1_000)),
+            read_guarantee_lifetime: read_guarantee_lifetime(
+                ChannelConfig::default().refresh,
+                DEFAULT_REFRESH_LOSSES,
+            ),
             ..base
         }
     }
@@ -433,10 +440,19 @@ pub struct JustitiaPolicy {
     hungry: Vec<FlowId>,
     /// This host's flows that load another host: READ flows (with the host they read from)
     /// and flows into another host (incast: the receiver counts them, and paces the
-    /// bandwidth ones), each with its role.
+    /// bandwidth ones), each with its role; and where each is in that list.
     loads: Vec<(FlowSpec, HostId, Role)>,
+    load_index: HashMap<FlowId, usize>,
     /// Those of them that have work.
     loading: BTreeMap<FlowId, (FlowSpec, HostId, Role)>,
+    /// Of those, the incast flows, counted per receiver, tenant and class: a tenant's
+    /// share into a receiver is split among them. Kept with `loading`, so that pacing a
+    /// flow costs a look-up, not a pass over the flows (which made an update and every
+    /// change of activity quadratic in the flows).
+    incast_loading: HashMap<(HostId, TenantId, FlowClass), u32>,
+    /// The places in `loads` of the incast flows a share caps, by receiver, tenant and
+    /// class, in order.
+    incast_flows: HashMap<(HostId, TenantId, FlowClass), Vec<usize>>,
     /// The shares the receivers of this host's incast flows grant (§6.7).
     incast: IncastLimits,
     /// The READ part of this host's grant to incast senders before its loop announces a
@@ -458,6 +474,13 @@ pub struct JustitiaPolicy {
     incast_lapsed_ms: Option<f64>,
     /// When the channel was last driven.
     peer_now: Duration,
+}
+
+/// Whether a load is one a receiver's incast share caps: a bandwidth flow into another
+/// host (a throughput flow's share keeps room in the receiver's link; only bandwidth flows
+/// fill it).
+fn is_capped_incast(load: &(FlowSpec, HostId, Role)) -> bool {
+    load.2 == Role::Incast && load.0.class == FlowClass::Bandwidth
 }
 
 /// The cluster key of the simulated hosts' daemons.
@@ -484,7 +507,10 @@ impl JustitiaPolicy {
             shaper: None,
             hungry: Vec::new(),
             loads: Vec::new(),
+            load_index: HashMap::new(),
             loading: BTreeMap::new(),
+            incast_loading: HashMap::new(),
+            incast_flows: HashMap::new(),
             incast: IncastLimits::new(ChannelConfig::default().silence),
             whole: ReadGuaranteeSender::new(0).announce(0, false, &profile.policy),
             peer: None,
@@ -507,21 +533,35 @@ impl JustitiaPolicy {
     /// started or stopped having work to the hosts they load.
     fn tell_loads(&mut self, ctx: &mut PolicyContext<'_>, changes: &[Activity]) {
         let mut peers = Vec::new();
-        let mut incast_changed = false;
+        // The (receiver, tenant, class) whose count of incast flows changed: only their
+        // flows' caps move.
+        let mut recount = Vec::new();
         for change in changes {
             let (id, active) = match *change {
                 Activity::HasWork(id) => (id, true),
                 Activity::Idle(id) => (id, false),
             };
-            if let Some(&(spec, peer, role)) = self.loads.iter().find(|l| l.0.id == id) {
+            if let Some(&(spec, peer, role)) = self.load(id) {
                 let changed = if active {
                     self.loading.insert(id, (spec, peer, role)).is_none()
                 } else {
                     self.loading.remove(&id).is_some()
                 };
+                if changed && role == Role::Incast {
+                    let key = (peer, spec.tenant, spec.class);
+                    recount.push(key);
+                    let count = self.incast_loading.entry(key).or_insert(0);
+                    if active {
+                        *count += 1;
+                    } else {
+                        *count -= 1;
+                        if *count == 0 {
+                            self.incast_loading.remove(&key);
+                        }
+                    }
+                }
                 if changed {
                     peers.push(peer);
-                    incast_changed |= role == Role::Incast;
                 }
             }
         }
@@ -552,9 +592,11 @@ impl JustitiaPolicy {
                 let _ = channel.set_demand(now, node_of(peer), &entries);
             }
         }
-        if incast_changed {
+        if !recount.is_empty() {
             // A tenant's share into a host is split among its active flows there.
-            self.pace_incast(ctx);
+            recount.sort_unstable();
+            recount.dedup();
+            self.pace_incast_of(ctx, &recount);
         }
         self.flush_peer(ctx);
     }
@@ -563,32 +605,28 @@ impl JustitiaPolicy {
     /// into another host to what that host's incast share gives it (§6.7).
     fn paced_allotment(&self, now: Duration, id: FlowId) -> Option<Allotment> {
         let allotment = self.driver.control.allotment(id)?;
-        let Some(&(spec, peer, _)) = self.capped_incast().find(|l| l.0.id == id) else {
+        let Some(&(spec, peer, _)) = self.load(id).filter(|l| is_capped_incast(l)) else {
             return Some(allotment);
         };
         let flows = self
-            .loading
-            .values()
-            .filter(|&&(s, p, r)| {
-                r == Role::Incast && p == peer && s.tenant == spec.tenant && s.class == spec.class
-            })
-            .count();
-        let cap = self.incast.cap(
-            now,
-            u64::from(peer.0),
-            spec.weight,
-            u32::try_from(flows).unwrap_or(u32::MAX),
-        );
+            .incast_loading
+            .get(&(peer, spec.tenant, spec.class))
+            .copied()
+            .unwrap_or(0);
+        let cap = self.incast.cap(now, u64::from(peer.0), spec.weight, flows);
         Some(paced(allotment, cap))
+    }
+
+    /// A flow of this host that loads another host, if it is one.
+    fn load(&self, id: FlowId) -> Option<&(FlowSpec, HostId, Role)> {
+        self.load_index.get(&id).map(|&i| &self.loads[i])
     }
 
     /// This host's flows a receiver's incast share caps: bandwidth flows into another
     /// host (a throughput flow's share keeps room in the receiver's link; only bandwidth
     /// flows fill it).
     fn capped_incast(&self) -> impl Iterator<Item = &(FlowSpec, HostId, Role)> {
-        self.loads
-            .iter()
-            .filter(|l| l.2 == Role::Incast && l.0.class == FlowClass::Bandwidth)
+        self.loads.iter().filter(|l| is_capped_incast(l))
     }
 
     /// The largest cap a receiver's share puts on one of this host's bandwidth flows now,
@@ -599,7 +637,37 @@ impl JustitiaPolicy {
             .reduce(f64::max)
     }
 
-    /// Gives the shaper every incast flow's allotment again (a share or a count changed).
+    /// Gives the shaper the allotments of the incast flows of these (receiver, tenant,
+    /// class) again (their count changed), in the order of `loads` as
+    /// [`pace_incast`](Self::pace_incast) does.
+    fn pace_incast_of(
+        &mut self,
+        ctx: &mut PolicyContext<'_>,
+        keys: &[(HostId, TenantId, FlowClass)],
+    ) {
+        let now = core_time(ctx.now());
+        let mut ids: Vec<usize> = keys
+            .iter()
+            .filter_map(|k| self.incast_flows.get(k))
+            .flatten()
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        let allotments: Vec<(FlowId, Allotment)> = ids
+            .into_iter()
+            .filter_map(|i| {
+                let id = self.loads[i].0.id;
+                Some((id, self.paced_allotment(now, id)?))
+            })
+            .collect();
+        if let Some(shaper) = &mut self.shaper {
+            for (id, allotment) in allotments {
+                shaper.set_allotment(ctx, id, Some(allotment));
+            }
+        }
+    }
+
+    /// Gives the shaper every incast flow's allotment again (a share changed).
     fn pace_incast(&mut self, ctx: &mut PolicyContext<'_>) {
         let now = core_time(ctx.now());
         let allotments: Vec<(FlowId, Allotment)> = self
@@ -797,6 +865,24 @@ impl Policy for JustitiaPolicy {
                 }
             })
             .collect();
+        self.load_index = self
+            .loads
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.0.id, i))
+            .collect();
+        self.incast_flows.clear();
+        for (i, l) in self
+            .loads
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| is_capped_incast(l))
+        {
+            self.incast_flows
+                .entry((l.1, l.0.tenant, l.0.class))
+                .or_default()
+                .push(i);
+        }
         let key = ClusterKey::from_file_contents(&SIM_KEY);
         self.peer = key.ok().and_then(|key| {
             Channel::new(
@@ -822,7 +908,7 @@ impl Policy for JustitiaPolicy {
     fn on_flow_active(&mut self, ctx: &mut PolicyContext<'_>, flow: &FlowInfo, active: bool) {
         self.driver.flow_present(ctx, flow, active);
         let id = flow.spec.id;
-        if !active && self.loads.iter().any(|l| l.0.id == id) {
+        if !active && self.load(id).is_some() {
             self.tell_loads(ctx, &[Activity::Idle(id)]);
         }
         if active && flow.spec.class == FlowClass::Latency && !flow.reads {
@@ -1033,6 +1119,18 @@ mod tests {
         };
         assert_eq!(x.loop_config().target, Target99::IdleMultiple(3.0));
         assert_eq!(x.loop_config().increase, IncreaseLaw::SEARCH);
+        // The channel resends an unchanged grant every 5 ms: a guarantee holds four of them
+        // (three lost in a row), 20 ms, at a RefPeriod of 100 us as at 500 us.
+        let fast = JustitiaParams {
+            ref_period_us: 100.0,
+            ..JustitiaParams::default()
+        };
+        let config = fast.loop_config();
+        assert_eq!(config.read_guarantee_lifetime, Duration::from_millis(20));
+        assert_eq!(
+            config.check_grant_refresh(ChannelConfig::default().refresh, DEFAULT_REFRESH_LOSSES),
+            Ok(())
+        );
     }
 
     /// Feeds `driver` `probes` reference probes that each take `rtt_us`, running its timers
