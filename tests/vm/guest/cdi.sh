@@ -205,17 +205,17 @@ container() {
     -v "$out:/results" "${opts[@]}" "$image" "$@" > "$L.$name.log" 2>&1
 }
 
-# write_pair NAME [podman run options...]: ib_write_bw's server on the guest, its client in
-# the glibc image with the bandwidth device (100 WRITEs of 1 MiB); while it runs, the
-# daemon's flows are sampled into $L.NAME.flows. Sets PAIR_ERR (empty when both exit 0).
-# perftest calibrates its cycle counter for its report, which under emulation on a loaded
-# host fails now and then without the shaper too ("Correlation coefficient r^2 < 0.9", then
-# "Can't produce a report"): such a run is tried again, up to three times in all.
-write_pair() {
+# pair NAME CLIENT...: ib_write_bw's server on the guest and CLIENT, a command that runs
+# its client (100 WRITEs of 1 MiB) and writes its output to $L.NAME.log; while it runs,
+# the daemon's flows are sampled into $L.NAME.flows. Sets PAIR_ERR (empty when both exit
+# 0). perftest calibrates its cycle counter for its report, which under emulation on a
+# loaded host fails now and then without the shaper too ("Correlation coefficient r^2 <
+# 0.9", then "Can't produce a report"): such a run is tried again, up to three times in all.
+pair() {
   local name=$1 attempt
   shift
   for attempt in 1 2 3; do
-    write_pair_once "$name" "$@"
+    pair_once "$name" "$@"
     [ -n "$PAIR_ERR" ] || return 0
     grep -q "Can't produce a report" "$L.$name.log" "$L.$name.server.log" \
       && grep -q "Correlation coefficient" "$L.$name.log" "$L.$name.server.log" || return 0
@@ -224,15 +224,14 @@ write_pair() {
   done
 }
 
-write_pair_once() {
+pair_once() {
   local name=$1 crc src cpid
   shift
   timeout 160 ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" > "$L.$name.server.log" 2>&1 &
   spid=$!
   # A server that never listens shows in the client's error below.
   wait_tcp_listen "$PORT" || true
-  container "$name" 150 localhost/justitia-test-glibc rxe0-bandwidth "$@" -e "JUSTITIA_STATS=/results/stats.%p.json" -- \
-    ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" 127.0.0.1 &
+  "$@" &
   cpid=$!
   : > "$L.$name.flows"
   while kill -0 "$cpid" 2> /dev/null; do
@@ -248,8 +247,18 @@ write_pair_once() {
   spid=""
   PAIR_ERR=""
   if [ "$crc" != 0 ] || [ "$src" != 0 ]; then
-    PAIR_ERR="client exit $crc, server exit $src: $(grep -h -m1 -i -E 'error|fail|cannot|ld.so|not found' "$L.$name.log" "$L.$name.server.log")"
+    PAIR_ERR="client exit $crc, server exit $src: $(grep -h -m2 -i -E 'podrun|error|fail|cannot|ld.so|not found' "$L.$name.log" "$L.$name.server.log" | tr '\n' ' ')"
   fi
+}
+WRITE_CLIENT=(ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" 127.0.0.1)
+
+# write_pair NAME [podman run options...]: pair, the client in the glibc image with the
+# bandwidth device.
+write_pair() {
+  local name=$1
+  shift
+  pair "$name" container "$name" 150 localhost/justitia-test-glibc rxe0-bandwidth "$@" \
+    -e "JUSTITIA_STATS=/results/stats.%p.json" -- "${WRITE_CLIENT[@]}"
 }
 
 # stats_of NAME: the one statistics file the run NAME left in the results directory, moved
@@ -417,44 +426,14 @@ tar -C "$run/pause" -cf "$run/pause.tar" . \
   --rescan 1s > "$L.plugin.log" 2>&1 &
 plugin_pid=$!
 uid=5f0c6a2e-7d1b-4c39-9e0a-3b2d1c4e5f60
-# pod_pair_once: ib_write_bw's server on the guest, its client in the pod; the daemon's
-# flows sampled into $L.pod.flows while it runs. Sets PAIR_ERR (empty when both exit 0).
-pod_pair_once() {
-  local prc src podrun_pid
-  timeout 160 ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" > "$L.pod.server.log" 2>&1 &
-  spid=$!
-  wait_tcp_listen "$PORT" || true
+# pod_client: the client in the pod, podrun in kubelet's place.
+pod_client() {
   "$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --image localhost/justitia-test-glibc:latest \
     --namespace team-a --pod writer --uid "$uid" --env JUSTITIA_CLASS=bandwidth \
-    --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" --pod-logs-dir "$run/pod-logs" --timeout 150s \
-    -- ib_write_bw -d "$DEV" -x 0 -s 1048576 -n 100 -p "$PORT" 127.0.0.1 > "$L.pod.log" 2>&1 &
-  podrun_pid=$!
-  : > "$L.pod.flows"
-  while kill -0 "$podrun_pid" 2> /dev/null; do
-    "$BIN/justitia" flows --socket "$run/admin/admin.sock" >> "$L.pod.flows" 2>&1
-    sleep 0.5
-  done
-  wait "$podrun_pid"
-  prc=$?
-  [ "$prc" = 0 ] || kill "$spid" 2>/dev/null
-  wait "$spid"
-  src=$?
-  spid=""
-  PAIR_ERR=""
-  if [ "$prc" != 0 ] || [ "$src" != 0 ]; then
-    PAIR_ERR="podrun exit $prc, server exit $src: $(grep -h -m2 -i -E 'podrun|error|fail|cannot' "$L.pod.log" "$L.pod.server.log" | tr '\n' ' ')"
-  fi
+    --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" --pod-logs-dir "$run/pod-logs" \
+    --timeout 150s -- "${WRITE_CLIENT[@]}" > "$L.pod.log" 2>&1
 }
-# As write_pair: a run whose perftest could not calibrate its clock is tried again, up to
-# three times in all.
-for attempt in 1 2 3; do
-  pod_pair_once
-  [ -n "$PAIR_ERR" ] || break
-  grep -q "Can't produce a report" "$L.pod.log" "$L.pod.server.log" \
-    && grep -q "Correlation coefficient" "$L.pod.log" "$L.pod.server.log" || break
-  PAIR_ERR="$PAIR_ERR (perftest's calibration failed $attempt times)"
-  rm -f "$out"/stats.*.json
-done
+pair pod pod_client
 [ -z "$PAIR_ERR" ] || fail_rest "$PAIR_ERR"
 stats_of pod || fail_rest "the shaper wrote no statistics in the pod ($(head -n 3 "$L.pod.log" | tr '\n' ' '))"
 split=$(stat_field "$STATS" split_requests)
