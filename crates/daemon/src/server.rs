@@ -486,19 +486,16 @@ impl Daemon {
             });
         let peer = match &config.peer {
             Some(settings) => {
-                // The channel's epoch: the wall clock at start, which grows from one
-                // incarnation to the next (peers believe a larger epoch at once).
-                let epoch = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 let mut link = PeerLink::bind(
                     settings.clone(),
-                    epoch,
                     Duration::from_nanos(now_ns()),
                     metrics.clone(),
                 )
                 .map_err(|e| StartError::Other(e.to_string()))?;
-                watch(link.socket(), TAG_PEER).map_err(sys("watching the peer socket"))?;
+                // Not bound (the port taken): bound and watched later (`peering.rs`).
+                if let Some(fd) = link.socket() {
+                    watch(fd, TAG_PEER).map_err(sys("watching the peer socket"))?;
+                }
                 peering::open(&mut link, &profile);
                 info!(node = %settings.node, listen = %settings.listen, "peer channel open");
                 Some(link)
@@ -1728,6 +1725,8 @@ impl Daemon {
             }
         };
         let old = self.config.clone();
+        let peer_taken = self.reload_peer(new.peer.as_ref());
+        let new_peer = new.peer.clone();
         let restart_only = [
             ("device", new.device != old.device),
             ("port", new.port != old.port),
@@ -1741,7 +1740,7 @@ impl Daemon {
             ("stale_after_ms", new.stale_after != old.stale_after),
             ("tenant", new.tenant != old.tenant),
             ("policy", new.policy != old.policy),
-            ("peer", new.peer != old.peer),
+            ("peer", !peer_taken),
             ("unshaped_scan_ms", new.unshaped_scan != old.unshaped_scan),
         ];
         for (key, changed) in restart_only {
@@ -1768,7 +1767,7 @@ impl Daemon {
             stale_after: old.stale_after,
             tenant: old.tenant,
             policy: old.policy,
-            peer: old.peer,
+            peer: if peer_taken { new_peer } else { old.peer },
             unshaped_scan: old.unshaped_scan,
             ..new
         };

@@ -194,3 +194,61 @@ pub fn tenant_script() -> PathBuf {
     });
     dir.path().join("tenant.py")
 }
+
+/// Key files (mode 0600) and the `[peer]` table of daemons on 127.0.0.1 to 127.0.0.n
+/// joined by the peer channel on one UDP port: every host a member with its own key.
+pub struct PeerCluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    hosts: u8,
+}
+
+impl PeerCluster {
+    pub fn new(hosts: u8) -> PeerCluster {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = PeerCluster {
+            dir,
+            port: free_port(),
+            hosts,
+        };
+        for host in 1..=hosts {
+            let path = cluster.key_file(host);
+            std::fs::write(&path, format!("{}\n", Self::key(host).to_base64())).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        cluster
+    }
+
+    /// Host `host`'s private key: fixed bytes, so that runs repeat.
+    pub fn key(host: u8) -> justitia_peer::keys::PrivateKey {
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = host.wrapping_mul(41).wrapping_add(i as u8);
+        }
+        justitia_peer::keys::PrivateKey::from_bytes(bytes).unwrap()
+    }
+
+    pub fn node(host: u8) -> String {
+        format!("127.0.0.{host}")
+    }
+
+    pub fn key_file(&self, host: u8) -> PathBuf {
+        self.dir.path().join(format!("peer{host}.key"))
+    }
+
+    /// The `[peer]` table (last in the file, `stale_after_ms = 500` before it, so that the
+    /// harness adds nothing after it; more `[peer]` keys may follow).
+    pub fn config(&self, host: u8) -> String {
+        let members: Vec<String> = (1..=self.hosts)
+            .map(|h| format!("\"{}\" = \"{}\"", Self::node(h), Self::key(h).public()))
+            .collect();
+        format!(
+            "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{key}\"\nlisten = \"{node}:{port}\"\nport = {port}\nmembers = {{ {members} }}\n",
+            node = Self::node(host),
+            key = self.key_file(host).display(),
+            port = self.port,
+            members = members.join(", "),
+        )
+    }
+}
