@@ -334,11 +334,12 @@ pub fn read_key_file(path: &Path) -> Result<PrivateKey, PeerError> {
         path: path.to_path_buf(),
         source,
     };
-    // O_NOFOLLOW: the file itself, not what a link points to; O_NONBLOCK: a FIFO planted
-    // there does not hold the daemon.
+    // A link is followed (Kubernetes mounts a Secret's files as links), and the mode
+    // checked is the file's itself (fstat of what was opened). O_NONBLOCK: a FIFO there
+    // does not hold the daemon.
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(io)?;
     let meta = file.metadata().map_err(io)?;

@@ -480,3 +480,42 @@ fn a_remote_end_naming_a_non_member_steers_no_datagram() {
         a.flows()
     );
 }
+
+/// `justitiad genkey` writes a new key (base64, one line), different each time;
+/// `justitiad pubkey` prints its public key, and refuses what is not a key, naming stdin.
+#[test]
+fn genkey_and_pubkey_make_and_show_a_key_pair() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bin = env!("CARGO_BIN_EXE_justitiad");
+    let genkey = || {
+        let out = Command::new(bin).arg("genkey").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (k1, k2) = (genkey(), genkey());
+    assert_ne!(k1, k2);
+    let private = justitia_peer::keys::PrivateKey::parse(&k1).unwrap();
+    let pubkey = |input: &[u8]| {
+        let mut child = Command::new(bin)
+            .arg("pubkey")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("RUST_BACKTRACE", "0")
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = pubkey(k1.as_bytes());
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        private.public().to_string()
+    );
+    let out = pubkey(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("stdin") && err.contains("degenerate"), "{err}");
+}

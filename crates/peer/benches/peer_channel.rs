@@ -14,8 +14,8 @@
 //!
 //! Before (version 1: HMAC-SHA256 with one cluster key, the sender a header field; the same
 //! machine, `cargo bench -p justitia-peer` on the parent commit, medians):
-//! per datagram, a 10-entry demand encoded and signed BEFORE_ENCODE, verified and decoded
-//! BEFORE_DECODE, a grant signed and verified BEFORE_GRANT; one virtual second of the
+//! per datagram, a 10-entry demand encoded and signed 0.78 us, verified and decoded
+//! 0.91 us, a grant signed and verified 1.61 us (both ends); one virtual second of the
 //! channel, 1 peer x 100 flows 4.89 ms, 10 peers x 100 flows 54.1 ms (5.4% of a core).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
