@@ -36,7 +36,7 @@
 //! | `[peer.members]` | required | `"<GID or IPv4>" = "<public key>"` or `{ key = "<public key>", address = "address:port" }`: the hosts this one talks to (`justitiad pubkey` prints a host's key) |
 //! | `peer.listen` | `"0.0.0.0:7471"` | the UDP address the channel binds |
 //! | `peer.port` | 7471 | the port peers' daemons listen on (RoCE discovery from the GID) |
-//! | `peer.max_peers` | 64 | peers held at once |
+//! | `peer.max_peers` | 64 | members at most (this host aside) |
 //! | `peer.max_flows_per_peer` | 1024 | flows one peer may declare against this host |
 //! | `peer.max_messages_per_sec` | 2000 | datagrams one peer may send per second |
 //! | `peer.silence_ms` | 20 | a peer silent this long stops counting and constraining (fail-open) |

@@ -480,6 +480,8 @@ impl PeerLink {
             Ok(socket) => {
                 self.socket = Some(socket);
                 self.metrics.peer_socket_up.set(1);
+                // The greeting at start went nowhere if the port was taken then.
+                self.channel.greet(now);
                 true
             }
             Err(e) => {

@@ -40,16 +40,20 @@
 //! A datagram's framing is checked ([`crate::wire::parse`]). An initiation must name a
 //! member ([`Refusal::NotMember`] otherwise, before any computation), must not repeat an
 //! ephemeral key recently authenticated from that member ([`Refusal::Replayed`], before
-//! any DH or bucket), and must complete the handshake's DH with that member's static key
-//! ([`Refusal::Authentication`]); only then is the member's handshake bucket
-//! ([`HANDSHAKES_PER_SEC`]) charged. A response must match an initiation in flight. A
+//! any DH or bucket), must find a token in that member's handshake bucket
+//! ([`HANDSHAKES_PER_SEC`]: the DH is the work to bound, so it is charged first; a flood
+//! naming one member spends that member's budget alone and leaves its sessions live), and
+//! must complete the handshake's DH with that member's static key
+//! ([`Refusal::Authentication`]). A response must match an initiation in flight. A
 //! transport message must name a live session ([`Refusal::UnknownSession`]), carry a
 //! counter the session's replay window ([`crate::replay`]) has not seen, and decrypt. Only
 //! then is the member's message bucket (a token bucket of
 //! [`ChannelConfig::max_messages_per_sec`], a tenth of a second deep) charged, and a
 //! demand must hold at most [`ChannelConfig::max_flows_per_peer`] flows. So nothing a host
-//! without a member's key sends touches a bucket, a table or a log, and a member's flood
-//! costs only its own budget.
+//! without a member's key sends touches a table, a message bucket or a log, and a member's flood
+//! costs only its own budget. (WireGuard's cookies, which keep a flood without the key
+//! from spending a member's handshake budget, are not built: a member whose budget a
+//! flood spends keeps its live sessions and handshakes again once the flood stops.)
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -89,10 +93,12 @@ pub const UNANSWERED: Duration = Duration::from_secs(1);
 pub const HANDSHAKE_RETRY: Duration = Duration::from_millis(100);
 /// A replaced session, and a replaced private key, still serve messages in flight this long.
 pub const OVERLAP: Duration = Duration::from_secs(10);
-/// Handshakes a member may make with this host per second (after they authenticate).
-pub const HANDSHAKES_PER_SEC: f64 = 20.0;
-/// Handshakes a member may make back to back.
-pub const HANDSHAKE_BURST: f64 = 10.0;
+/// Initiations naming a member this host computes per second (a member retries at most
+/// every [`HANDSHAKE_RETRY`], so 10 a second): the CPU a flood naming one member takes is
+/// bounded by it, whoever sends the flood.
+pub const HANDSHAKES_PER_SEC: f64 = 10.0;
+/// Initiations naming a member computed back to back.
+pub const HANDSHAKE_BURST: f64 = 5.0;
 /// Authenticated initiator ephemeral keys remembered per member, to drop exact replays
 /// before any DH.
 pub const SEEN_EPHEMERALS: usize = 64;
@@ -940,6 +946,13 @@ impl Channel {
         if self.peers[i].seen.contains(&ephemeral) {
             return Err(Refusal::Replayed);
         }
+        // Charged before the DH, which is the work to bound (two X25519 operations, a
+        // few hundred microseconds): a flood of initiations naming this member, with or
+        // without its key, spends this member's handshake budget and no other's, and
+        // leaves its live sessions alone.
+        self.peers[i]
+            .handshakes
+            .take(now, HANDSHAKES_PER_SEC, HANDSHAKE_BURST)?;
         let key = self.key.clone();
         let mut state = self.respond(i, &key, noise);
         if state.is_none() {
@@ -953,8 +966,6 @@ impl Channel {
             p.seen.pop_front();
         }
         p.seen.push_back(ephemeral);
-        p.handshakes
-            .take(now, HANDSHAKES_PER_SEC, HANDSHAKE_BURST)?;
         p.last_heard = Some(now);
         if p.initiating
             .as_ref()

@@ -383,3 +383,44 @@ fn a_rotated_key_takes_over_through_a_new_handshake() {
     assert_eq!(served, vec![4]);
     assert!(matches!(b.poll_event(), Some(ChannelEvent::ServedChanged)));
 }
+
+/// A flood of initiations naming A, without A's key (fresh ephemeral keys, so no replay),
+/// spends A's handshake budget (10 a second, 5 back to back: the DH it bounds is computed
+/// for those only) and nothing else: A's live session carries its demands throughout, and
+/// C's handshake, made during the flood, goes through.
+#[test]
+fn a_handshake_flood_naming_a_costs_only_as_budget() {
+    let mut a = channel(A, 1);
+    let mut b = channel(B, 2);
+    a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
+    assert_eq!(pump(&mut a, &mut b, ms(0)), vec![]);
+    let mut refusals = std::collections::BTreeMap::new();
+    for i in 0..1000u64 {
+        // Seeds other than A's own: each forger's ephemeral key is its own.
+        let mut forger = channel_with(A, key_of(C, (i % 200) as u8 + 1), 100 + (i % 100) as u8);
+        forger.set_demand(ms(1), B, &[read(9, 1)]).unwrap();
+        let init = forger.poll_transmit(ms(1)).unwrap();
+        let r = b.receive(ms(1), &init.bytes).err().map(|r| r.label());
+        *refusals.entry(r).or_insert(0) += 1;
+    }
+    // A's real handshake took one token of the burst of 5: 4 computed and refused, 996
+    // refused before any DH.
+    assert_eq!(
+        refusals.get(&Some("rate_limited")),
+        Some(&996),
+        "{refusals:?}"
+    );
+    assert_eq!(
+        refusals.get(&Some("authentication")),
+        Some(&4),
+        "{refusals:?}"
+    );
+    a.set_demand(ms(2), B, &[read(1, 5)]).unwrap();
+    assert_eq!(pump(&mut a, &mut b, ms(2)), vec![]);
+    let served: Vec<_> = b.served().map(|(n, e)| (n, e.flows)).collect();
+    assert_eq!(served, vec![(A, 5)]);
+    let mut c = channel(C, 3);
+    c.set_demand(ms(3), B, &[read(2, 1)]).unwrap();
+    assert_eq!(pump(&mut c, &mut b, ms(3)), vec![]);
+    assert_eq!(b.served().count(), 2);
+}
