@@ -15,7 +15,9 @@
 //! rebuilt whenever what they declare changes. No peer is sent more than
 //! `max_messages_per_sec / 2` messages a second, in bursts of at most [`SEND_BURST`] (a
 //! demand and a grant due together both go at once), so a sender stays at half its peer's
-//! cap; changes in between coalesce.
+//! cap; changes in between coalesce. A peer whose flows this host counts but that it
+//! grants nothing (one host's incast) gets a keepalive every half [`UNANSWERED`], so that
+//! it never takes its session for lost.
 //!
 //! # Sessions
 //! Every pair of members talks over a Noise session (`Noise_KK_25519_ChaChaPoly_BLAKE2s`
@@ -1226,7 +1228,24 @@ impl Channel {
             _ => None,
         };
         let confirm = p.confirm_due.then_some(Duration::ZERO);
-        let due = demand.into_iter().chain(grant).chain(confirm).min()?;
+        // A peer whose flows this host counts hears from it at least every half
+        // UNANSWERED, even when there is no grant to give (one sending host's incast),
+        // so that it never takes the session for lost and handshakes again.
+        let keepalive = p
+            .current
+            .as_ref()
+            .filter(|_| !p.served.is_empty())
+            .map(|s| {
+                s.last_sent
+                    .unwrap_or(s.created)
+                    .saturating_add(UNANSWERED / 2)
+            });
+        let due = demand
+            .into_iter()
+            .chain(grant)
+            .chain(confirm)
+            .chain(keepalive)
+            .min()?;
         let allowed = if p.send_tokens >= 1.0 {
             Duration::ZERO
         } else {

@@ -424,3 +424,38 @@ fn a_handshake_flood_naming_a_costs_only_as_budget() {
     assert_eq!(pump(&mut c, &mut b, ms(3)), vec![]);
     assert_eq!(b.served().count(), 2);
 }
+
+/// A receiver that counts a sender's flows but grants it nothing (one sending host's
+/// incast: no share to give) still answers with a keepalive every half second, so the
+/// sender never takes its session for lost: one handshake in 10 s, not one a second.
+#[test]
+fn a_receiver_that_grants_nothing_keeps_the_session_alive() {
+    let mut a = channel(A, 1);
+    let mut b = channel(B, 2);
+    let incast = DemandEntry {
+        role: Role::Incast,
+        ..read(1, 1)
+    };
+    a.set_demand(ms(0), B, &[incast]).unwrap();
+    let mut initiations = 0;
+    let mut keepalives = 0;
+    for step in 0..2000u64 {
+        let t = ms(step * 5);
+        a.handle_timeout(t);
+        b.handle_timeout(t);
+        while let Some(m) = a.poll_transmit(t) {
+            initiations += usize::from(m.bytes[5] == 1);
+            b.receive(t, &m.bytes).unwrap();
+        }
+        while let Some(m) = b.poll_transmit(t) {
+            keepalives += usize::from(m.bytes[5] == 3);
+            a.receive(t, &m.bytes).unwrap();
+        }
+    }
+    assert_eq!(initiations, 1, "handshakes in 10 s");
+    assert!(
+        (19..=22).contains(&keepalives),
+        "{keepalives} keepalives in 10 s"
+    );
+    assert_eq!(b.served().count(), 1);
+}
