@@ -21,7 +21,7 @@ struct Args {
     /// Configuration file (default /etc/justitia/justitiad.toml, optional at that path).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Check the configuration and exit.
+    /// Check the configuration (and the peer channel's key file, if one is set) and exit.
     #[arg(long)]
     check: bool,
     /// A key tool instead of the daemon.
@@ -128,6 +128,13 @@ fn main() -> anyhow::Result<()> {
     };
     let config = Config::load(&path, required)?;
     if args.check {
+        // A key file is read as the daemon will read it (its mode, size and contents); a
+        // systemd credential exists only inside the service, so it is not.
+        if let Some(justitia_daemon::peer::KeySource::File(key)) =
+            config.peer.as_ref().map(|p| &p.key)
+        {
+            justitia_daemon::peer::read_key_file(key)?;
+        }
         println!("{}: ok", path.display());
         return Ok(());
     }
