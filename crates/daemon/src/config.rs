@@ -33,13 +33,15 @@
 //! | `[weights]` | all 1 | a tenant's share weight (1..=1000): `"<uid>" = w`, `"namespace/<namespace>" = w`, `"pod/<namespace>/<pod>" = w`; a flow takes its pod's weight, else its namespace's, else its uid's, else 1 |
 //! | `[peer]` | off | the peer channel to other hosts' daemons (remote READs, incast); on when the table is present |
 //! | `peer.node` | required | this host's RDMA port GID (IPv6 form), or on RoCE v2 its IPv4 address |
-//! | `peer.key_file` | required | the cluster key, at least 32 bytes, the same on every host |
+//! | `peer.key_file` | none | this host's private key (`justitiad genkey`), mode 0600 or stricter |
+//! | `peer.key_credential` | `"peer.key"` | without `key_file`: the systemd credential holding the key (`$CREDENTIALS_DIRECTORY/<name>`, from `LoadCredential=`) |
+//! | `[peer.members]` | required | `"<GID or IPv4>" = "<public key>"` or `{ key = "<public key>", address = "address:port" }`: the hosts this one talks to (`justitiad pubkey` prints a host's key) |
 //! | `peer.listen` | `"0.0.0.0:7471"` | the UDP address the channel binds |
 //! | `peer.port` | 7471 | the port peers' daemons listen on (RoCE discovery from the GID) |
-//! | `peer.max_peers` | 64 | peers held at once |
+//! | `peer.max_peers` | 64 | members at most (this host aside) |
 //! | `peer.max_flows_per_peer` | 1024 | flows one peer may declare against this host |
 //! | `peer.max_messages_per_sec` | 2000 | datagrams one peer may send per second |
-//! | `peer.silence_ms` | 20 | a peer silent this long stops counting and constraining (fail-open) |
+//! | `peer.silence_ms` | 20 | a peer silent this long stops counting and constraining (fail-open); also the lifetime of a READ guarantee it gave, so at least `refresh_ms` x 4 (three lost refreshes in a row survived) |
 //! | `peer.refresh_ms` | 5 | how often an unchanged demand or grant is sent again |
 //! | `[peer.hosts]` | none | `"<GID>" = "address:port"`: peers whose GID holds no routable address (InfiniBand, link-local) |
 //! | `[peer.lids]` | none | `"<LID>" = "<GID>"`: InfiniBand peers reached by LID alone |
@@ -523,7 +525,26 @@ impl Config {
             let toml::Value::Table(t) = v else {
                 return Err(err("peer", "expected a table".into()));
             };
-            c.peer = Some(parse_peer(t).map_err(|(key, reason)| err(&key, reason))?);
+            let peer = parse_peer(t).map_err(|(key, reason)| err(&key, reason))?;
+            // A READ guarantee lasts as long as its responder may be silent (silence_ms);
+            // renewed every refresh_ms, it must outlive DEFAULT_REFRESH_LOSSES lost
+            // renewals in a row, or it lapses between two and the READ flow runs uncapped.
+            let needed = justitia_core::control_loop::read_guarantee_lifetime(
+                peer.channel.refresh,
+                justitia_core::control_loop::DEFAULT_REFRESH_LOSSES,
+            );
+            if peer.channel.silence < needed {
+                return Err(err(
+                    "peer.silence_ms",
+                    format!(
+                        "{:?} is the READ guarantee's lifetime and must be at least refresh_ms {:?} x ({} lost refreshes + 1) = {needed:?}",
+                        peer.channel.silence,
+                        peer.channel.refresh,
+                        justitia_core::control_loop::DEFAULT_REFRESH_LOSSES
+                    ),
+                ));
+            }
+            c.peer = Some(peer);
         }
         if c.probe_timeout <= c.ref_period {
             return Err(err(
@@ -543,8 +564,9 @@ impl Config {
 
 /// The `[peer]` table; an error names its key (`peer.<key>`) and the reason.
 fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, String)> {
-    use crate::peer::{parse_gid, PeerSettings, DEFAULT_PORT};
+    use crate::peer::{parse_gid, KeySource, PeerSettings, DEFAULT_CREDENTIAL, DEFAULT_PORT};
     use justitia_peer::channel::ChannelConfig;
+    use justitia_peer::keys::PublicKey;
     let name = |key: &str| format!("peer.{key}");
     let string = |key: &str, v: toml::Value| match v {
         toml::Value::String(s) => Ok(s),
@@ -572,16 +594,35 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
         )
     })?;
     let node = parse_gid(&string("node", node)?).map_err(|r| (name("node"), r))?;
-    let key_file = t.remove("key_file").ok_or_else(|| {
-        (
-            name("key_file"),
-            "required: the cluster key's path".to_string(),
-        )
-    })?;
-    let key_file = PathBuf::from(string("key_file", key_file)?);
-    if !key_file.is_absolute() {
-        return Err((name("key_file"), "must be an absolute path".into()));
-    }
+    let credential = t
+        .remove("key_credential")
+        .map(|v| string("key_credential", v))
+        .transpose()?;
+    let key = match (t.remove("key_file"), credential) {
+        (Some(_), Some(_)) => {
+            return Err((
+                name("key_credential"),
+                "set key_file or key_credential, not both".into(),
+            ))
+        }
+        (Some(v), None) => {
+            let path = PathBuf::from(string("key_file", v)?);
+            if !path.is_absolute() {
+                return Err((name("key_file"), "must be an absolute path".into()));
+            }
+            KeySource::File(path)
+        }
+        (None, Some(c)) => {
+            if c.is_empty() || c.contains('/') || c == "." || c == ".." {
+                return Err((
+                    name("key_credential"),
+                    format!("`{c}` is not a credential name"),
+                ));
+            }
+            KeySource::Credential(c)
+        }
+        (None, None) => KeySource::Credential(DEFAULT_CREDENTIAL.into()),
+    };
     let listen = match t.remove("listen") {
         Some(v) => addr(&name("listen"), &string("listen", v)?)?,
         None => std::net::SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
@@ -626,6 +667,64 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
             hosts.insert(node, addr(&key, &a)?);
         }
     }
+    let mut members = BTreeMap::new();
+    let Some(toml::Value::Table(map)) = t.remove("members") else {
+        return Err((
+            name("members"),
+            "required: a table of \"GID or IPv4\" = \"public key\" (one per host this one talks to)".into(),
+        ));
+    };
+    for (gid, v) in map {
+        let key = format!("peer.members.{gid}");
+        let member = parse_gid(&gid).map_err(|r| (key.clone(), r))?;
+        let (public, address) = match v {
+            toml::Value::String(k) => (k, None),
+            toml::Value::Table(mut m) => {
+                let k = match m.remove("key") {
+                    Some(toml::Value::String(k)) => k,
+                    _ => return Err((format!("{key}.key"), "required: the public key".into())),
+                };
+                let a = match m.remove("address") {
+                    None => None,
+                    Some(toml::Value::String(a)) => Some(addr(&format!("{key}.address"), &a)?),
+                    Some(_) => {
+                        return Err((format!("{key}.address"), "expected \"address:port\"".into()))
+                    }
+                };
+                if let Some((k, _)) = m.into_iter().next() {
+                    return Err((format!("{key}.{k}"), "unknown key".into()));
+                }
+                (k, a)
+            }
+            _ => {
+                return Err((
+                    key,
+                    "expected \"public key\" or { key = ..., address = ... }".into(),
+                ))
+            }
+        };
+        let public = PublicKey::parse(&public).map_err(|e| (key.clone(), e.to_string()))?;
+        if let Some(other) = members.iter().find(|(_, &p)| p == public).map(|(n, _)| *n) {
+            return Err((
+                key,
+                format!("the same public key as {other}: one host could speak for the other"),
+            ));
+        }
+        if let Some(a) = address.filter(|_| member != node) {
+            hosts.insert(member, a);
+        }
+        members.insert(member, public);
+    }
+    if members.len() > channel.max_peers + 1 {
+        return Err((
+            name("members"),
+            format!(
+                "{} members; max_peers is {}",
+                members.len(),
+                channel.max_peers
+            ),
+        ));
+    }
     let mut lids = BTreeMap::new();
     if let Some(v) = t.remove("lids") {
         let toml::Value::Table(map) = v else {
@@ -651,7 +750,8 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
         node,
         listen,
         port,
-        key_file,
+        key,
+        members,
         hosts,
         lids,
         channel,
@@ -679,32 +779,81 @@ mod tests {
 
     #[test]
     fn the_peer_table_turns_the_channel_on_and_names_a_bad_key() {
-        let c = parse(
-            "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/etc/justitia/cluster.key\"\nsilence_ms = 40\n\
-             [peer.hosts]\n\"fe80::2\" = \"192.168.0.2:7000\"\n[peer.lids]\n\"12\" = \"fe80::2\"\n",
-        )
+        // Two public keys (any 32 bytes not all alike are a key's text).
+        let k1 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+        let k2 = "IB8eHRwbGhkYFxYVFBMSERAPDg0MCwoJCAcGBQQDAgE=";
+        let c = parse(&format!(
+            "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/etc/justitia/peer.key\"\nsilence_ms = 40\n\
+             [peer.members]\n\"10.0.0.1\" = \"{k1}\"\n\"fe80::2\" = {{ key = \"{k2}\", address = \"192.168.0.2:7000\" }}\n\
+             [peer.lids]\n\"12\" = \"fe80::2\"\n",
+        ))
         .unwrap();
         let p = c.peer.unwrap();
         assert_eq!(p.node, crate::peer::parse_gid("::ffff:10.0.0.1").unwrap());
         assert_eq!(p.listen, "0.0.0.0:7471".parse().unwrap());
         assert_eq!(p.channel.silence, Duration::from_millis(40));
-        assert_eq!(p.lids[&12], crate::peer::parse_gid("fe80::2").unwrap());
-        assert_eq!(p.hosts.len(), 1);
+        let ib = crate::peer::parse_gid("fe80::2").unwrap();
+        assert_eq!(p.lids[&12], ib);
+        assert_eq!(p.hosts[&ib], "192.168.0.2:7000".parse().unwrap());
+        assert_eq!(p.members.len(), 2);
+        assert_eq!(
+            p.key,
+            crate::peer::KeySource::File("/etc/justitia/peer.key".into())
+        );
         let key = |text: &str| parse(text).err().map(|e| e.key);
-        assert_eq!(key("[peer]\nkey_file = \"/k\"\n"), Some("peer.node".into()));
+        let members = format!("[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n");
+        assert_eq!(
+            key(&format!("[peer]\nkey_file = \"/k\"\n{members}")),
+            Some("peer.node".into())
+        );
         assert_eq!(
             key("[peer]\nnode = \"10.0.0.1\"\n"),
-            Some("peer.key_file".into())
+            Some("peer.members".into())
         );
+        // Without key_file: the systemd credential peer.key.
+        let p = parse(&format!("[peer]\nnode = \"10.0.0.1\"\n{members}"))
+            .unwrap()
+            .peer
+            .unwrap();
+        assert_eq!(p.key, crate::peer::KeySource::Credential("peer.key".into()));
         let base = "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/k\"\n";
         assert_eq!(
-            key(&format!("{base}colour = 1\n")),
+            key(&format!("{base}colour = 1\n{members}")),
             Some("peer.colour".into())
         );
-        assert_eq!(key(&format!("{base}silence_ms = 6\n")), Some("peer".into()));
         assert_eq!(
-            key(&format!("{base}[peer.hosts]\n\"fe80::2\" = \"nowhere\"\n")),
+            key(&format!("{base}silence_ms = 6\n{members}")),
+            Some("peer".into())
+        );
+        // The READ guarantee's lifetime (silence_ms) must outlive three lost refreshes.
+        let e = parse(&format!("{base}silence_ms = 15\n{members}")).unwrap_err();
+        assert_eq!(e.key, "peer.silence_ms", "{e}");
+        assert!(
+            e.reason
+                .contains("at least refresh_ms 5ms x (3 lost refreshes + 1) = 20ms"),
+            "{e}"
+        );
+        assert!(parse(&format!("{base}silence_ms = 20\n{members}")).is_ok());
+        assert_eq!(
+            key(&format!("{base}key_credential = \"../x\"\n{members}")),
+            Some("peer.key_credential".into())
+        );
+        assert_eq!(
+            key(&format!(
+                "{base}[peer.hosts]\n\"fe80::2\" = \"nowhere\"\n{members}"
+            )),
             Some("peer.hosts.fe80::2".into())
+        );
+        assert_eq!(
+            key(&format!("{base}[peer.members]\n\"10.0.0.2\" = \"AAAA\"\n")),
+            Some("peer.members.10.0.0.2".into())
+        );
+        assert_eq!(
+            key(&format!(
+                "{base}[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n\"10.0.0.3\" = \"{k1}\"\n"
+            )),
+            Some("peer.members.10.0.0.3".into()),
+            "two members with one key"
         );
         assert_eq!(parse("").unwrap().peer, None, "off by default");
     }

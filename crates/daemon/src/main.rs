@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
-use clap::Parser;
+use std::io::{Read, Write};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
 use justitia_daemon::config::{Config, ProbeKind, DEFAULT_PATH};
 use justitia_daemon::metrics::{self, Metrics};
 use justitia_daemon::probe::{Probe, SyntheticProbe, VerbsProbe};
@@ -18,9 +21,51 @@ struct Args {
     /// Configuration file (default /etc/justitia/justitiad.toml, optional at that path).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Check the configuration and exit.
+    /// Check the configuration (and the peer channel's key file, if one is set) and exit.
     #[arg(long)]
     check: bool,
+    /// A key tool instead of the daemon.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// The peer channel's key tools (as `wg genkey` and `wg pubkey`).
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a new private key for this host's peer channel to stdout (base64); keep it
+    /// mode 0600: `(umask 077; justitiad genkey > /etc/justitia/peer.key)`.
+    Genkey,
+    /// Read a private key on stdin and write its public key to stdout, for the other
+    /// hosts' `[peer.members]`.
+    Pubkey,
+}
+
+/// The most `justitiad pubkey` reads: a key file's bound.
+const STDIN_LIMIT: u64 = justitia_daemon::peer::MAX_KEY_FILE;
+
+fn key_tool(command: Command) -> anyhow::Result<()> {
+    let line = match command {
+        Command::Genkey => justitia_daemon::peer::generate_key()?.to_base64(),
+        Command::Pubkey => {
+            let mut text = String::new();
+            std::io::stdin()
+                .take(STDIN_LIMIT + 1)
+                .read_to_string(&mut text)
+                .context("reading the private key on stdin")?;
+            anyhow::ensure!(
+                text.len() as u64 <= STDIN_LIMIT,
+                "stdin: larger than {STDIN_LIMIT} bytes: not a key"
+            );
+            justitia_peer::keys::PrivateKey::parse(&text)
+                .context("stdin")?
+                .public()
+                .to_string()
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
 }
 
 static SIGNALS: OnceLock<Signals> = OnceLock::new();
@@ -54,6 +99,10 @@ fn install_handlers() {
 const LOG_LINES_BUFFERED: usize = 4096;
 
 fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(command) = args.command {
+        return key_tool(command);
+    }
     // The loop runs at real-time priority and must never wait on its log: stderr is the
     // journal's stream (a pipe that fills when journald is slow) or a file (whose writes
     // wait under the kernel's dirty-page throttling on a busy disk). Lines go to a writer
@@ -73,13 +122,19 @@ fn main() -> anyhow::Result<()> {
         // Colour codes only on a terminal: the journal and log files get plain text.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let args = Args::parse();
     let (path, required) = match args.config {
         Some(p) => (p, true),
         None => (PathBuf::from(DEFAULT_PATH), false),
     };
     let config = Config::load(&path, required)?;
     if args.check {
+        // A key file is read as the daemon will read it (its mode, size and contents); a
+        // systemd credential exists only inside the service, so it is not.
+        if let Some(justitia_daemon::peer::KeySource::File(key)) =
+            config.peer.as_ref().map(|p| &p.key)
+        {
+            justitia_daemon::peer::read_key_file(key)?;
+        }
         println!("{}: ok", path.display());
         return Ok(());
     }

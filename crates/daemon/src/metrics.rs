@@ -115,6 +115,9 @@ pub struct Metrics {
     pub peer_received: Counter,
     /// Peer datagrams refused, by reason.
     pub peer_refused: Family<Label, Counter>,
+    /// 1 while the peer channel's socket is bound; 0 while its port cannot be (taken), and
+    /// the daemon tries again.
+    pub peer_socket_up: Gauge,
     /// Processes holding RDMA queue pairs with no shaper registered, as of the last
     /// completed scan (see [`crate::unshaped`]).
     pub unshaped_processes: Gauge,
@@ -168,6 +171,7 @@ impl Metrics {
             peer_send_failed: Counter::default(),
             peer_received: Counter::default(),
             peer_refused: Family::default(),
+            peer_socket_up: Gauge::default(),
             unshaped_processes: Gauge::default(),
             unshaped_qps: Gauge::default(),
             tenant_unshaped_processes: Family::default(),
@@ -362,6 +366,11 @@ impl Metrics {
             "peer_messages_refused",
             "Peer-channel datagrams refused, by reason",
             self.peer_refused.clone(),
+        );
+        r.register(
+            "peer_socket_up",
+            "1 while the peer channel's UDP socket is bound; 0 while its port is taken (retried every second)",
+            self.peer_socket_up.clone(),
         );
         r
     }

@@ -19,23 +19,42 @@
 //! address discovery gives for its (authenticated) sender, never at the address it came
 //! from, so a forged source cannot turn the daemon into a reflector.
 //!
+//! Membership: only the hosts of `[peer.members]` (node id and public key) are peers. A
+//! flow's remote end that names no member counts as a local flow: no demand is made for
+//! it and no datagram goes to an address a local tenant chose ([`PeerLink::is_member`]).
+//!
+//! Keys: the host's private key is read from `key_file`, or else from the systemd
+//! credential `key_credential` (`$CREDENTIALS_DIRECTORY/peer.key` by default, which
+//! `LoadCredential=` provides to a `DynamicUser=` service). The read is bounded
+//! ([`MAX_KEY_FILE`]), and a file group or others may read or write is refused, as ssh
+//! refuses such a private key. SIGHUP reads the key and the member list again
+//! ([`PeerLink::reload`]): the channel handshakes anew and keeps the old sessions and key
+//! for its overlap.
+//!
+//! The socket: if the port is taken (by anyone, for instance a local user who bound it
+//! first) the daemon runs on without the channel, says so (rate-limited) and in the
+//! `peer_socket_up` gauge, and tries again every [`BIND_RETRY`]: local shapers are served
+//! throughout.
+//!
 //! Invariants: the socket never blocks (it is opened non-blocking); a pass reads at most
 //! [`DATAGRAMS_PER_PASS`] datagrams; every refusal is counted under its reason and logged
 //! at most [`crate::limits::LOG_BURST`] times a second; a refused datagram changes no
 //! state (the channel's guarantee).
 
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use justitia_core::flow::{FlowClass, TenantId, Weight};
 use justitia_core::incast::IncastLimits;
 use justitia_core::remote_read::{ReadGuarantee, RemoteReadUnit};
-use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent};
-use justitia_peer::wire::{ClusterKey, DemandEntry, Role, MAX_DATAGRAM};
+use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
+use justitia_peer::keys::{KeyError, PrivateKey, PublicKey};
+use justitia_peer::wire::{DemandEntry, Role, MAX_DATAGRAM};
 use justitia_peer::{NodeId, Refusal};
 use tracing::warn;
 
@@ -48,6 +67,25 @@ pub const DATAGRAMS_PER_PASS: usize = 64;
 /// The port a peer daemon listens on by default.
 pub const DEFAULT_PORT: u16 = 7471;
 
+/// The largest key file read: a key is 44 characters of base64; anything much larger is
+/// not one.
+pub const MAX_KEY_FILE: u64 = 4096;
+
+/// The systemd credential the key is read from when `key_file` is not set.
+pub const DEFAULT_CREDENTIAL: &str = "peer.key";
+
+/// How often a socket that could not be bound is tried again.
+pub const BIND_RETRY: Duration = Duration::from_secs(1);
+
+/// Where the host's private key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A file (`peer.key_file`).
+    File(PathBuf),
+    /// A systemd credential of this name, in `$CREDENTIALS_DIRECTORY` (`LoadCredential=`).
+    Credential(String),
+}
+
 /// The `[peer]` settings (see `packaging/justitiad.toml`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PeerSettings {
@@ -57,8 +95,10 @@ pub struct PeerSettings {
     pub listen: SocketAddr,
     /// The port peer daemons listen on (RoCE discovery).
     pub port: u16,
-    /// The cluster key file.
-    pub key_file: PathBuf,
+    /// Where this host's private key comes from.
+    pub key: KeySource,
+    /// The cluster's members: node id to static public key.
+    pub members: BTreeMap<NodeId, PublicKey>,
     /// InfiniBand (or link-local) peers: GID to address.
     pub hosts: BTreeMap<NodeId, SocketAddr>,
     /// InfiniBand peers addressed by LID alone: LID to GID.
@@ -228,42 +268,161 @@ pub fn demands(flows: impl IntoIterator<Item = LoadingFlow>) -> BTreeMap<NodeId,
         .collect()
 }
 
-/// A peer link that could not be set up.
+/// A peer link that could not be set up, or a key that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
     /// The key file could not be read.
-    #[error("peer key_file {path}: {source}")]
+    #[error("peer key {path}: {source}")]
     KeyFile {
         /// The file.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
     },
-    /// The key is too short.
-    #[error("peer key_file {path}: {source}")]
+    /// Group or others may read or write the key file.
+    #[error("peer key {path}: mode {mode:04o} lets group or others read or write it; `chmod 600` it (or give it to systemd's LoadCredential=)")]
+    KeyMode {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The key file is not a regular file, or larger than a key.
+    #[error("peer key {path}: {why}")]
+    KeyShape {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The key is malformed or degenerate.
+    #[error("peer key {path}: {source}")]
     Key {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: justitia_peer::wire::ShortKey,
+        source: KeyError,
     },
-    /// The socket could not be bound.
-    #[error("peer socket {addr}: {source}")]
-    Socket {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The channel's settings contradict each other.
+    /// No `key_file`, and no credentials directory to find the credential in.
+    #[error("peer key: key_file is not set and $CREDENTIALS_DIRECTORY is not (the unit's LoadCredential={0}:/etc/justitia/peer.key provides it)")]
+    NoCredentials(String),
+    /// The kernel gave no randomness.
+    #[error("peer channel: no randomness from the kernel: {0}")]
+    Entropy(std::io::Error),
+    /// The channel could not start (settings, members).
     #[error("peer settings: {0}")]
-    Config(#[from] justitia_peer::channel::ConfigError),
+    Start(#[from] justitia_peer::channel::StartError),
+    /// The member list contradicts the settings.
+    #[error("peer members: {0}")]
+    Members(#[from] justitia_peer::channel::ConfigError),
+}
+
+/// The path a key source names (a credential's in `$CREDENTIALS_DIRECTORY`).
+pub fn key_path(source: &KeySource) -> Result<PathBuf, PeerError> {
+    match source {
+        KeySource::File(path) => Ok(path.clone()),
+        KeySource::Credential(name) => std::env::var_os("CREDENTIALS_DIRECTORY")
+            .map(|dir| Path::new(&dir).join(name))
+            .ok_or_else(|| PeerError::NoCredentials(name.clone())),
+    }
+}
+
+/// Reads a private key file: a regular file, mode 0600 or stricter (as ssh insists), at
+/// most [`MAX_KEY_FILE`] bytes, holding one base64 key that is not degenerate.
+pub fn read_key_file(path: &Path) -> Result<PrivateKey, PeerError> {
+    let io = |source| PeerError::KeyFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A link is followed (Kubernetes mounts a Secret's files as links), and the mode
+    // checked is the file's itself (fstat of what was opened). O_NONBLOCK: a FIFO there
+    // does not hold the daemon.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    let shape = |why: String| PeerError::KeyShape {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !meta.is_file() {
+        return Err(shape("not a regular file".into()));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(PeerError::KeyMode {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    let mut text = String::new();
+    let read = file
+        .take(MAX_KEY_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if read as u64 > MAX_KEY_FILE {
+        return Err(shape(format!(
+            "larger than {MAX_KEY_FILE} bytes: not a key (`justitiad genkey` writes one)"
+        )));
+    }
+    PrivateKey::parse(&text).map_err(|source| PeerError::Key {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads the private key from its source.
+pub fn load_key(source: &KeySource) -> Result<PrivateKey, PeerError> {
+    read_key_file(&key_path(source)?)
+}
+
+/// 32 bytes from the kernel's random source.
+pub fn random_bytes() -> Result<[u8; 32], PeerError> {
+    let mut out = [0u8; 32];
+    let mut filled = 0;
+    while filled < out.len() {
+        match rustix::rand::getrandom(&mut out[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(PeerError::Entropy(e.into())),
+        }
+    }
+    Ok(out)
+}
+
+/// A new private key (`justitiad genkey`).
+pub fn generate_key() -> Result<PrivateKey, PeerError> {
+    loop {
+        // A degenerate draw (2^-248 or so) is drawn again.
+        if let Ok(key) = PrivateKey::from_bytes(random_bytes()?) {
+            return Ok(key);
+        }
+    }
+}
+
+fn member_list(settings: &PeerSettings) -> Vec<Member> {
+    settings
+        .members
+        .iter()
+        .map(|(&node, &public)| Member { node, public })
+        .collect()
+}
+
+/// Binds the channel's socket, non-blocking.
+fn open_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(addr)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 /// The daemon's end of the peer channel (see the module documentation).
 pub struct PeerLink {
     settings: PeerSettings,
-    socket: UdpSocket,
+    /// `None` while the port cannot be bound (tried again at `next_bind`).
+    socket: Option<UdpSocket>,
+    next_bind: Duration,
     channel: Channel,
     metrics: Metrics,
     logs: LogLimiter,
@@ -273,53 +432,112 @@ pub struct PeerLink {
 }
 
 impl PeerLink {
-    /// Reads the key, binds the socket (non-blocking) and starts the channel in
-    /// incarnation `epoch` (the daemon's wall-clock start in nanoseconds).
+    /// Reads the key, starts the channel (seeded from the kernel's randomness), binds the
+    /// socket (non-blocking; if the port is taken, the link runs without it and tries
+    /// again every [`BIND_RETRY`]) and greets every member.
     pub fn bind(
         settings: PeerSettings,
-        epoch: u64,
         now: Duration,
         metrics: Metrics,
     ) -> Result<Self, PeerError> {
-        let bytes = std::fs::read(&settings.key_file).map_err(|source| PeerError::KeyFile {
-            path: settings.key_file.clone(),
-            source,
-        })?;
-        let key = ClusterKey::from_file_contents(&bytes).map_err(|source| PeerError::Key {
-            path: settings.key_file.clone(),
-            source,
-        })?;
-        let socket_err = |source| PeerError::Socket {
-            addr: settings.listen,
-            source,
-        };
-        let socket = UdpSocket::bind(settings.listen).map_err(socket_err)?;
-        socket.set_nonblocking(true).map_err(socket_err)?;
-        let channel = Channel::new(settings.channel, key, settings.node, epoch, now)?;
+        let key = load_key(&settings.key)?;
+        let mut channel = Channel::new(
+            settings.channel,
+            settings.node,
+            key,
+            &member_list(&settings),
+            random_bytes()?,
+            now,
+        )?;
         for reason in Refusal::LABELS {
             let _ = metrics.peer_refused.get_or_create(&Label {
                 value: reason.into(),
             });
         }
-        Ok(PeerLink {
+        channel.greet(now);
+        let mut link = PeerLink {
             settings,
-            socket,
+            socket: None,
+            next_bind: now,
             channel,
             metrics,
             logs: LogLimiter::default(),
             buf: vec![0; MAX_DATAGRAM + 1],
             demanded: BTreeMap::new(),
-        })
+        };
+        link.retry_bind(now);
+        Ok(link)
     }
 
-    /// The socket, for the loop's epoll.
-    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.socket.as_fd()
+    /// Tries to bind the socket if it is not bound and the retry is due; returns whether it
+    /// was bound now (the caller then watches [`socket`](Self::socket)).
+    pub fn retry_bind(&mut self, now: Duration) -> bool {
+        if self.socket.is_some() || now < self.next_bind {
+            return false;
+        }
+        self.next_bind = now.saturating_add(BIND_RETRY);
+        match open_socket(self.settings.listen) {
+            Ok(socket) => {
+                self.socket = Some(socket);
+                self.metrics.peer_socket_up.set(1);
+                // The greeting at start went nowhere if the port was taken then.
+                self.channel.greet(now);
+                true
+            }
+            Err(e) => {
+                self.metrics.peer_socket_up.set(0);
+                if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
+                    warn!(
+                        listen = %self.settings.listen,
+                        error = %e,
+                        retry_ms = BIND_RETRY.as_millis() as u64,
+                        "peer socket not bound (the port is taken?): the channel is down, local shapers are served; trying again"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    /// The socket, for the loop's epoll, once bound.
+    pub fn socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.socket.as_ref().map(|s| s.as_fd())
     }
 
     /// The address the socket is bound to.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.socket.local_addr()
+        match &self.socket {
+            Some(s) => s.local_addr(),
+            None => Err(std::io::Error::new(
+                ErrorKind::NotConnected,
+                "the peer socket is not bound",
+            )),
+        }
+    }
+
+    /// Whether `node` is a member of the cluster (listed in `[peer.members]`, not this
+    /// host): only a member's flows are declared to it, and a shaper's remote end counts
+    /// only when it names a member (see `server/registration.rs`), so a local tenant
+    /// cannot make this daemon hold state for, or send datagrams to, a node of its choosing.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.channel.is_member(node)
+    }
+
+    /// SIGHUP: reads the private key again and takes the new member list and addresses.
+    /// A new key starts new handshakes (the old sessions and key serve for the channel's
+    /// overlap); members gone are dropped, new ones greeted. On an error nothing changes.
+    pub fn reload(&mut self, now: Duration, new: &PeerSettings) -> Result<(), PeerError> {
+        let key = load_key(&new.key)?;
+        self.channel.set_members(now, &member_list(new))?;
+        self.channel.set_key(now, key);
+        self.channel.greet(now);
+        self.settings.key = new.key.clone();
+        self.settings.members = new.members.clone();
+        self.settings.hosts = new.hosts.clone();
+        self.settings.lids = new.lids.clone();
+        self.demanded
+            .retain(|node, _| new.members.contains_key(node));
+        Ok(())
     }
 
     /// The settings.
@@ -327,29 +545,24 @@ impl PeerLink {
         &self.settings
     }
 
-    /// The peer a flow's remote end names, if it names one this host can reach.
+    /// The peer a flow's remote end names, if it names a member.
     pub fn peer_of(&self, end: RemoteEnd) -> Option<NodeId> {
         let node = match end {
             RemoteEnd::Gid(gid) => gid,
             RemoteEnd::Lid(lid) => *self.settings.lids.get(&lid)?,
         };
-        (node != self.settings.node).then_some(node)
-    }
-
-    /// Whether `node` is a member of the peer channel: a host other than this one that the
-    /// channel can address. A shaper's remote end counts only when it names a member (see
-    /// `server/registration.rs`), so a local tenant cannot make this daemon hold state
-    /// for, or send datagrams to, a node of its choosing.
-    pub fn is_member(&self, node: NodeId) -> bool {
-        node != self.settings.node && discover(&self.settings, node).is_some()
+        self.is_member(node).then_some(node)
     }
 
     /// Reads datagrams until none is left, [`DATAGRAMS_PER_PASS`] were read, or `deadline`
     /// (ns on the loop's clock, checked against `clock`) has passed. Returns how many.
     pub fn receive(&mut self, now: Duration, deadline: u64, clock: impl Fn() -> u64) -> usize {
         let mut read = 0;
+        let Some(socket) = &self.socket else {
+            return 0;
+        };
         while read < DATAGRAMS_PER_PASS && clock() <= deadline {
-            let n = match self.socket.recv_from(&mut self.buf) {
+            let n = match socket.recv_from(&mut self.buf) {
                 Ok((n, _from)) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -359,6 +572,7 @@ impl PeerLink {
                     if self.logs.allow(LogKind::Refused, clock()).0 {
                         warn!(error = %e, "peer socket");
                     }
+                    self.metrics.peer_send_failed.inc();
                     read += 1;
                     continue;
                 }
@@ -369,7 +583,21 @@ impl PeerLink {
                 Ok(()) => {
                     self.metrics.peer_received.inc();
                 }
-                Err(reason) => self.refused(reason, clock()),
+                Err(reason) => {
+                    self.metrics
+                        .peer_refused
+                        .get_or_create(&Label {
+                            value: reason.label().into(),
+                        })
+                        .inc();
+                    let (ok, dropped) = self.logs.allow(LogKind::Refused, clock());
+                    if dropped > 0 {
+                        warn!(dropped, "peer refusals not logged in the last second");
+                    }
+                    if ok {
+                        warn!(%reason, "peer datagram refused");
+                    }
+                }
             }
         }
         read
@@ -400,7 +628,12 @@ impl PeerLink {
                 self.refused_send(t.to, "no address (map its GID in [peer.hosts])");
                 continue;
             };
-            match self.socket.send_to(&t.bytes, addr) {
+            let Some(socket) = &self.socket else {
+                // The channel is down until the port binds: the refresh makes this good.
+                self.metrics.peer_send_failed.inc();
+                continue;
+            };
+            match socket.send_to(&t.bytes, addr) {
                 Ok(_) => {
                     self.metrics.peer_sent.inc();
                     self.metrics.peer_sent_bytes.inc_by(t.bytes.len() as u64);
@@ -495,22 +728,50 @@ impl PeerLink {
 mod tests {
     use super::*;
 
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Host `n`'s key: fixed bytes.
+    fn key(n: u8) -> PrivateKey {
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = n.wrapping_mul(13).wrapping_add(i as u8);
+        }
+        PrivateKey::from_bytes(bytes).unwrap()
+    }
+
+    /// Hosts 10.0.0.1 and 10.0.0.2 (keys 1 and 2) are the members.
     fn settings(node: &str, key_file: PathBuf) -> PeerSettings {
         PeerSettings {
             node: parse_gid(node).unwrap(),
             listen: "127.0.0.1:0".parse().unwrap(),
             port: DEFAULT_PORT,
-            key_file,
+            key: KeySource::File(key_file),
+            members: [
+                (parse_gid("10.0.0.1").unwrap(), key(1).public()),
+                (parse_gid("10.0.0.2").unwrap(), key(2).public()),
+            ]
+            .into_iter()
+            .collect(),
             hosts: BTreeMap::new(),
             lids: BTreeMap::new(),
             channel: ChannelConfig::default(),
         }
     }
 
-    fn key_file(dir: &tempfile::TempDir, byte: u8) -> PathBuf {
-        let path = dir.path().join(format!("key{byte}"));
-        std::fs::write(&path, [byte; 32]).unwrap();
+    fn write_key(dir: &tempfile::TempDir, name: &str, text: &[u8], mode: u32) -> PathBuf {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
         path
+    }
+
+    fn key_file(dir: &tempfile::TempDir, n: u8) -> PathBuf {
+        write_key(
+            dir,
+            &format!("key{n}"),
+            key(n).to_base64().as_bytes(),
+            0o600,
+        )
     }
 
     fn ns() -> u64 {
@@ -621,22 +882,31 @@ mod tests {
     #[test]
     fn two_links_exchange_a_demand_and_a_grant_and_refuse_a_forgery() {
         let dir = tempfile::tempdir().unwrap();
-        let key = key_file(&dir, 1);
         let (ma, mb) = (Metrics::new(), Metrics::new());
         let mut b = PeerLink::bind(
-            settings("10.0.0.2", key.clone()),
-            2,
+            settings("10.0.0.2", key_file(&dir, 2)),
             Duration::ZERO,
             mb.clone(),
         )
         .unwrap();
         let b_addr = b.local_addr().unwrap();
         let b_node = parse_gid("10.0.0.2").unwrap();
-        let mut sa = settings("10.0.0.1", key.clone());
+        let mut sa = settings("10.0.0.1", key_file(&dir, 1));
         sa.hosts.insert(b_node, b_addr);
-        let mut a = PeerLink::bind(sa, 1, Duration::ZERO, ma.clone()).unwrap();
+        let mut a = PeerLink::bind(sa, Duration::ZERO, ma.clone()).unwrap();
         let a_node = parse_gid("10.0.0.1").unwrap();
         b.settings.hosts.insert(a_node, a.local_addr().unwrap());
+        // B's greeting went nowhere (A's address was not known yet): A's own makes the
+        // session.
+        let exchange = |a: &mut PeerLink, b: &mut PeerLink, t: Duration| {
+            for _ in 0..4 {
+                a.flush(t);
+                b.flush(t);
+                std::thread::sleep(Duration::from_millis(2));
+                a.receive(t, u64::MAX, ns);
+                b.receive(t, u64::MAX, ns);
+            }
+        };
 
         let t = Duration::from_millis(1);
         a.set_demands(
@@ -649,18 +919,9 @@ mod tests {
                 weight: Weight::ONE,
             }]),
         );
-        a.flush(t);
-        assert_eq!(ma.peer_sent.get(), 1);
-        // Loopback delivers at once, but give the kernel a moment.
-        let mut got = 0;
-        for _ in 0..100 {
-            got += b.receive(t, u64::MAX, ns);
-            if got > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(mb.peer_received.get(), 1);
+        exchange(&mut a, &mut b, t);
+        assert!(ma.peer_sent.get() >= 2, "A's initiation and its demand");
+        assert!(mb.peer_received.get() >= 2, "A's initiation and its demand");
         assert_eq!(b.poll_event(), Some(ChannelEvent::ServedChanged));
         assert_eq!(
             b.served_reads(),
@@ -678,13 +939,7 @@ mod tests {
             chunk_bytes: 5120,
         };
         b.set_grant(t, &g, 12.5e9);
-        b.flush(t);
-        for _ in 0..100 {
-            if a.receive(t, u64::MAX, ns) > 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        exchange(&mut a, &mut b, t);
         match a.poll_event() {
             Some(ChannelEvent::Guarantee {
                 peer, guarantee, ..
@@ -695,12 +950,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
 
-        // A forger without the key: refused as unauthenticated, counted, nothing changes.
-        let other_key = key_file(&dir, 2);
-        let mut forger_settings = settings("10.0.0.1", other_key);
+        // A forger claiming A's node without A's key: refused as unauthenticated, counted,
+        // nothing changes.
+        let mut forger_settings = settings("10.0.0.1", key_file(&dir, 3));
         forger_settings.hosts.insert(b_node, b_addr);
-        let mut forger =
-            PeerLink::bind(forger_settings, 9, Duration::ZERO, Metrics::new()).unwrap();
+        let mut forger = PeerLink::bind(forger_settings, Duration::ZERO, Metrics::new()).unwrap();
         forger.set_demands(
             t,
             demands([LoadingFlow {
@@ -730,31 +984,90 @@ mod tests {
         assert_eq!(b.served_reads().len(), 1, "still A's one unit");
     }
 
+    /// Issue 36: keys at 0644 and 0666, an all-zero key and a key of newlines were
+    /// accepted without a word, and the key was read with no size bound.
     #[test]
-    fn a_short_or_missing_key_file_is_an_error_naming_it() {
+    fn bad_key_files_are_refused_naming_the_file_and_the_fault() {
         let dir = tempfile::tempdir().unwrap();
-        let short = dir.path().join("short");
-        std::fs::write(&short, b"secret\n").unwrap();
-        let e = PeerLink::bind(
-            settings("10.0.0.1", short),
-            1,
-            Duration::ZERO,
-            Metrics::new(),
+        let good = key(1).to_base64();
+        let fault = |path: PathBuf| read_key_file(&path).err().unwrap().to_string();
+        for mode in [0o644, 0o666, 0o640, 0o602] {
+            let path = write_key(&dir, &format!("m{mode:o}"), good.as_bytes(), mode);
+            let e = fault(path);
+            assert!(
+                e.contains(&format!("m{mode:o}")) && e.contains(&format!("mode 0{mode:o}")),
+                "{e}"
+            );
+        }
+        let zero = STANDARD_ZERO.to_string();
+        let e = fault(write_key(&dir, "zero", zero.as_bytes(), 0o600));
+        assert!(e.contains("zero") && e.contains("degenerate"), "{e}");
+        let e = fault(write_key(&dir, "newlines", b"\n\n\n\n", 0o600));
+        assert!(e.contains("newlines") && e.contains("not a key"), "{e}");
+        let big = vec![b'A'; 5000];
+        let e = fault(write_key(&dir, "big", &big, 0o600));
+        assert!(e.contains("big") && e.contains("larger than 4096"), "{e}");
+        let e = fault(dir.path().join("absent"));
+        assert!(e.contains("absent"), "{e}");
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
         )
-        .err()
         .unwrap();
+        let e = fault(fifo);
+        assert!(e.contains("not a regular file"), "{e}");
+        // 0600 and 0400 are taken, with the newline `genkey` writes.
+        for mode in [0o600, 0o400] {
+            let path = write_key(
+                &dir,
+                &format!("ok{mode:o}"),
+                format!("{good}\n").as_bytes(),
+                mode,
+            );
+            assert_eq!(read_key_file(&path).unwrap(), key(1));
+        }
+    }
+
+    /// The base64 of 32 zero bytes.
+    const STANDARD_ZERO: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
+    #[test]
+    fn a_credential_is_read_from_the_credentials_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = KeySource::Credential("peer.key".into());
+        // The variable is the process's; this is the only test that reads it.
+        std::env::remove_var("CREDENTIALS_DIRECTORY");
+        let e = load_key(&source).err().unwrap().to_string();
         assert!(
-            e.to_string().contains("short") && e.to_string().contains("32"),
+            e.contains("CREDENTIALS_DIRECTORY") && e.contains("LoadCredential"),
             "{e}"
         );
-        let e = PeerLink::bind(
-            settings("10.0.0.1", dir.path().join("absent")),
-            1,
+        write_key(&dir, "peer.key", key(2).to_base64().as_bytes(), 0o400);
+        std::env::set_var("CREDENTIALS_DIRECTORY", dir.path());
+        assert_eq!(load_key(&source).unwrap(), key(2));
+        std::env::remove_var("CREDENTIALS_DIRECTORY");
+    }
+
+    #[test]
+    fn only_members_are_peers() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = PeerLink::bind(
+            settings("10.0.0.1", key_file(&dir, 1)),
             Duration::ZERO,
             Metrics::new(),
         )
-        .err()
         .unwrap();
-        assert!(e.to_string().contains("absent"), "{e}");
+        let b = parse_gid("10.0.0.2").unwrap();
+        let stranger = parse_gid("127.1.0.5").unwrap();
+        assert!(link.is_member(b));
+        assert!(!link.is_member(stranger));
+        assert!(
+            !link.is_member(parse_gid("10.0.0.1").unwrap()),
+            "not itself"
+        );
+        assert_eq!(link.peer_of(RemoteEnd::Gid(b)), Some(b));
+        assert_eq!(link.peer_of(RemoteEnd::Gid(stranger)), None);
     }
 }

@@ -45,7 +45,9 @@ use std::time::Duration;
 
 use justitia_agent::block::{monotonic_ns, random_boot_id, BlockWriter};
 use justitia_agent::proto::AdmissionReply;
-use justitia_core::control_loop::{ControlLoop, LoopConfig, QUIET_PERIODS};
+use justitia_core::control_loop::{
+    ControlLoop, LoopConfig, DEFAULT_READ_GUARANTEE_LIFETIME, QUIET_PERIODS,
+};
 use justitia_core::flow::FlowClass;
 use justitia_core::profile::RnicProfile;
 use prometheus_client::metrics::gauge::Gauge;
@@ -350,6 +352,12 @@ fn loop_config(c: &Config) -> LoopConfig {
         // The event loop reads the loop's deadline again after every input, which the
         // quiet cadence needs.
         quiet_periods: QUIET_PERIODS,
+        // A READ guarantee lasts as long as its responder may be silent (checked at load
+        // against the channel's refresh).
+        read_guarantee_lifetime: c
+            .peer
+            .as_ref()
+            .map_or(DEFAULT_READ_GUARANTEE_LIFETIME, |p| p.channel.silence),
         ..LoopConfig::default()
     }
 }
@@ -451,19 +459,16 @@ impl Daemon {
             });
         let peer = match &config.peer {
             Some(settings) => {
-                // The channel's epoch: the wall clock at start, which grows from one
-                // incarnation to the next (peers believe a larger epoch at once).
-                let epoch = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 let mut link = PeerLink::bind(
                     settings.clone(),
-                    epoch,
                     Duration::from_nanos(now_ns()),
                     metrics.clone(),
                 )
                 .map_err(|e| StartError::Other(e.to_string()))?;
-                watch(link.socket(), TAG_PEER).map_err(sys("watching the peer socket"))?;
+                // Not bound (the port taken): bound and watched later (`peering.rs`).
+                if let Some(fd) = link.socket() {
+                    watch(fd, TAG_PEER).map_err(sys("watching the peer socket"))?;
+                }
                 peering::open(&mut link, &profile);
                 info!(node = %settings.node, listen = %settings.listen, "peer channel open");
                 Some(link)

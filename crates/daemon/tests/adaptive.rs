@@ -181,15 +181,8 @@ fn an_unknown_policy_stops_the_daemon_naming_the_key() {
 /// bandwidth flows had half of one pace each, and the chunk was never split.
 #[test]
 fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = common::free_port();
-    // stale_after_ms before the table, so the harness adds nothing after it.
-    let config = format!(
-        "{CONFIG}stale_after_ms = 500\n[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\n",
-        key.display()
-    );
+    let cluster = common::PeerCluster::new(2);
+    let config = format!("{CONFIG}{}", cluster.config(1));
     let d = Daemon::start_with(&config, true);
     let mut c = AgentClient::connect(d.socket()).unwrap();
     let l = registered(&mut c, FlowClass::Latency, 1);
@@ -235,29 +228,19 @@ fn a_write_and_a_read_flow_are_each_planned_on_their_own_send_path() {
 #[test]
 fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_under_adaptive() {
     const SHARE: u64 = MAX_RATE / 2;
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = common::free_port();
-    // stale_after_ms before the table, so the harness adds nothing after it.
-    let peer = |node: &str| {
-        format!(
-            "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{}\"\nlisten = \"{node}:{port}\"\nport = {port}\n",
-            key.display()
-        )
-    };
+    let cluster = common::PeerCluster::new(3);
     // A's per-tenant series are served on a Unix endpoint only.
-    let sock = keys.path().join("a-metrics.sock");
+    let sock = cluster.dir.path().join("a-metrics.sock");
     let a = Daemon::start(&format!(
         "metrics = \"unix:{}\"\n{CONFIG}{}",
         sock.display(),
-        peer("127.0.0.1")
+        cluster.config(1)
     ));
     let b = Daemon::start_with(
-        &format!("profile = \"roce-100\"\n{}", peer("127.0.0.2")),
+        &format!("profile = \"roce-100\"\n{}", cluster.config(2)),
         true,
     );
-    let c = Daemon::start_with(&peer("127.0.0.3"), true);
+    let c = Daemon::start_with(&cluster.config(3), true);
     let receiver = std::net::Ipv4Addr::new(127, 0, 0, 2)
         .to_ipv6_mapped()
         .octets();

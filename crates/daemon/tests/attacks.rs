@@ -991,14 +991,19 @@ fn a_flow_refused_full_registers_once_room_frees() {
     println!("registered {:?} after room freed", freed.elapsed());
 }
 
-/// The packaged `[peer]` table switched on by an edit: this host is 127.0.0.1, peers'
-/// daemons listen on `port`, the cluster key is written into `key_dir`.
+/// The packaged `[peer]` table switched on by an edit: this host is 127.0.0.1 with its
+/// private key written into `key_dir` (mode 0600), 127.0.0.2 its one member, peers'
+/// daemons listening on `port`.
 fn peer_on(key_dir: &tempfile::TempDir, port: u16) -> String {
-    let key = key_dir.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let key = key_dir.path().join("peer.key");
+    let own = common::PeerCluster::key(1);
+    std::fs::write(&key, format!("{}\n", own.to_base64())).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     format!(
-        "[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\n# node",
-        key.display()
+        "[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\nmembers = {{ \"127.0.0.2\" = \"{}\" }}\n# node",
+        key.display(),
+        common::PeerCluster::key(2).public()
     )
 }
 

@@ -695,15 +695,12 @@ fn per_tenant_series_are_served_on_the_unix_endpoint_only() {
 /// per-tenant endpoint, and the flow stays a local flow holding all of SafeUtil.
 #[test]
 fn a_remote_end_naming_no_member_is_counted_by_uid_and_the_flow_stays_local() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("m.sock");
-    let key = dir.path().join("cluster.key");
-    std::fs::write(&key, [3u8; 32]).unwrap();
-    let port = common::free_port();
+    let cluster = common::PeerCluster::new(2);
+    let sock = cluster.dir.path().join("m.sock");
     let d = Daemon::start(&format!(
-        "metrics = \"unix:{}\"\nstale_after_ms = 500\n[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\n",
+        "metrics = \"unix:{}\"\n{}",
         sock.display(),
-        key.display()
+        cluster.config(1)
     ));
     let mut c = AgentClient::connect(d.socket()).unwrap();
     let h = c.register(FlowClass::Bandwidth, 1, 0);

@@ -1,8 +1,9 @@
 //! Two `justitiad` processes joined by the peer channel on loopback (127.0.0.1 and
 //! 127.0.0.2, each its own node), driven through the registration socket as shapers do:
 //! a READ flow on A against B is paced at B's guarantee, shown in `justitia flows` and
-//! the metrics; datagrams without the key are refused and counted; when B dies, A's flow
-//! is unconstrained again within the silence bound.
+//! the metrics; datagrams without the sender's key are refused and counted; when B dies,
+//! A's flow is unconstrained again within the silence bound. Each host has its own key
+//! and lists the others' public keys (`common::PeerCluster`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,11 +15,11 @@ use std::time::{Duration, Instant};
 use justitia_agent::client::{AgentClient, FlowHandle};
 use justitia_agent::proto::{Register, RemoteEnd, Reply, Request, Usage};
 use justitia_core::flow::{FlowClass, TenantId};
-use justitia_peer::channel::{Channel, ChannelConfig};
-use justitia_peer::wire::{ClusterKey, DemandEntry, Role};
+use justitia_peer::channel::{Channel, ChannelConfig, Member};
+use justitia_peer::wire::{DemandEntry, Role};
 use justitia_peer::NodeId;
 
-use common::{eventually, free_port, metric, Daemon};
+use common::{eventually, metric, Daemon, PeerCluster};
 
 fn seqpacket(path: &Path) -> std::os::fd::OwnedFd {
     use rustix::net::*;
@@ -83,22 +84,12 @@ fn gid(v4: [u8; 4]) -> [u8; 16] {
     std::net::Ipv4Addr::from(v4).to_ipv6_mapped().octets()
 }
 
-fn peer_config(node: &str, port: u16, key: &Path) -> String {
-    // stale_after_ms before the table, so the harness adds nothing after it.
-    format!(
-        "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{}\"\nlisten = \"{node}:{port}\"\nport = {port}\n",
-        key.display()
-    )
-}
-
 #[test]
 fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = free_port();
-    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
-    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
+    let cluster = PeerCluster::new(2);
+    let port = cluster.port;
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let b = Daemon::start_with(&cluster.config(2), true);
 
     // B has a bandwidth flow of its own; A READs from B.
     let (_b_conn, _) = bandwidth_flow(&b.socket());
@@ -117,9 +108,11 @@ fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
     let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
     let half = Some(max_rate / 2.0);
     let deadline = Instant::now() + Duration::from_secs(10);
+    // The guarantee is shown as soon as it arrives; the allotment paced to it at the
+    // loop's next publication (a moment later on a busy machine): both are awaited.
     let shown = loop {
         let f = a.flows().remove(0);
-        if f.read_guarantee_bytes_per_sec == half {
+        if f.read_guarantee_bytes_per_sec == half && f.allot_bytes_per_sec == half {
             break f;
         }
         assert!(
@@ -143,13 +136,20 @@ fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
         );
     }
 
-    // Without the key: a datagram of another key, and one that is no message at all.
-    let forger_key = ClusterKey::from_file_contents(&[8u8; 32]).unwrap();
+    // A member with the wrong key (a host claiming to be A, with a key of its own), and a
+    // datagram that is no message at all.
+    let members: Vec<Member> = (1..=2)
+        .map(|h| Member {
+            node: NodeId(gid([127, 0, 0, h])),
+            public: PeerCluster::key(h).public(),
+        })
+        .collect();
     let mut forger = Channel::new(
         ChannelConfig::default(),
-        forger_key,
         NodeId(gid([127, 0, 0, 1])),
-        u64::MAX,
+        PeerCluster::key(9),
+        &members,
+        [3; 32],
         Duration::ZERO,
     )
     .unwrap();
@@ -209,13 +209,10 @@ fn a_read_flow_is_paced_at_its_responders_guarantee_until_the_responder_dies() {
 /// silence bound (20 ms by default; a busy test machine gets a second).
 #[test]
 fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_until_the_receiver_dies() {
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = free_port();
-    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
-    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
-    let c = Daemon::start_with(&peer_config("127.0.0.3", port, &key), true);
+    let cluster = PeerCluster::new(3);
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let b = Daemon::start_with(&cluster.config(2), true);
+    let c = Daemon::start_with(&cluster.config(3), true);
     let mut conns = Vec::new();
     for sender in [&a, &c] {
         let (conn, flow) = bandwidth_flow(&sender.socket());
@@ -272,13 +269,10 @@ fn a_bandwidth_flow_into_a_peer_is_paced_at_its_incast_share_until_the_receiver_
 /// the two active flows: the half.
 #[test]
 fn a_tenants_share_is_split_among_its_active_bandwidth_flows_into_the_receiver_only() {
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = free_port();
-    let a = Daemon::start_with(&peer_config("127.0.0.1", port, &key), true);
-    let b = Daemon::start_with(&peer_config("127.0.0.2", port, &key), true);
-    let c = Daemon::start_with(&peer_config("127.0.0.3", port, &key), true);
+    let cluster = PeerCluster::new(3);
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let b = Daemon::start_with(&cluster.config(2), true);
+    let c = Daemon::start_with(&cluster.config(3), true);
     let into_b = |conn: &std::os::fd::OwnedFd, flow: u64| {
         send(
             conn,
@@ -349,20 +343,14 @@ fn a_tenants_share_is_split_among_its_active_bandwidth_flows_into_the_receiver_o
 /// `adaptive` with no latency flow splits A's MaxRate between its tenant's two flows as
 /// Justitia does.
 fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once(policy: &str) {
-    let keys = tempfile::tempdir().unwrap();
-    let key = keys.path().join("cluster.key");
-    std::fs::write(&key, [7u8; 32]).unwrap();
-    let port = free_port();
+    let cluster = PeerCluster::new(4);
     // A share that lapsed and came back would be published anew with the flows counted
     // then: a silence bound no busy machine misses keeps B's share in force throughout.
-    let config = |node: &str| format!("{}silence_ms = 60000\n", peer_config(node, port, &key));
-    let a = Daemon::start_with(
-        &format!("policy = \"{policy}\"\n{}", config("127.0.0.1")),
-        true,
-    );
-    let b = Daemon::start_with(&config("127.0.0.2"), true);
-    let c = Daemon::start_with(&config("127.0.0.3"), true);
-    let d = Daemon::start_with(&config("127.0.0.4"), true);
+    let config = |host: u8| format!("{}silence_ms = 60000\n", cluster.config(host));
+    let a = Daemon::start_with(&format!("policy = \"{policy}\"\n{}", config(1)), true);
+    let b = Daemon::start_with(&config(2), true);
+    let c = Daemon::start_with(&config(3), true);
+    let d = Daemon::start_with(&config(4), true);
     let receiver = gid([127, 0, 0, 2]);
     let mut clients = Vec::new();
     for sender in [&c, &d] {
@@ -426,4 +414,207 @@ fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once_under_justi
 #[test]
 fn a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once_under_adaptive() {
     a_flow_turning_toward_a_receiver_splits_its_tenants_share_at_once("adaptive");
+}
+
+/// Issue 36: an unprivileged user who bound the peer port first stopped justitiad from
+/// starting. Now the daemon serves a local shaper with the port taken, reports the channel
+/// down, and binds the port once it is free.
+#[test]
+fn a_taken_peer_port_does_not_stop_the_daemon_and_the_bind_is_retried() {
+    let cluster = PeerCluster::new(2);
+    let squatter = std::net::UdpSocket::bind(("127.0.0.1", cluster.port)).unwrap();
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let (_conn, flow) = bandwidth_flow(&a.socket());
+    eventually("the local flow served", Duration::from_secs(5), || {
+        a.flows()
+            .iter()
+            .any(|f| f.flow == flow && f.allot_bytes_per_sec.is_some())
+    });
+    assert_eq!(
+        metric(&a.scrape(), "justitia_peer_socket_up", None),
+        Some(0.0),
+        "the channel down while the port is taken"
+    );
+    drop(squatter);
+    eventually("the port bound on a retry", Duration::from_secs(5), || {
+        metric(&a.scrape(), "justitia_peer_socket_up", None) == Some(1.0)
+    });
+}
+
+/// Issue 36: a local tenant's 64 flows declared as reading from 127.1.0.k made its daemon
+/// send 12,749 datagrams/s to addresses the tenant chose. A remote end that names no member
+/// counts as a local flow: nothing is sent there.
+#[test]
+fn a_remote_end_naming_a_non_member_steers_no_datagram() {
+    let cluster = PeerCluster::new(2);
+    let target = std::net::UdpSocket::bind(("127.1.0.9", cluster.port)).unwrap();
+    target
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let (conn, flow) = bandwidth_flow(&a.socket());
+        send(
+            &conn,
+            Request::Remote(RemoteEnd {
+                flow,
+                gid: gid([127, 1, 0, 9]),
+                lid: 0,
+                qpn: 0x42,
+                reads: true,
+            }),
+        );
+        conns.push(conn);
+    }
+    eventually("the flows counted", Duration::from_secs(5), || {
+        a.flows().len() == 4
+    });
+    let mut buf = [0u8; 2048];
+    let got = target.recv_from(&mut buf);
+    assert!(
+        got.is_err(),
+        "a datagram reached the address a tenant named: {got:?}"
+    );
+    assert!(
+        a.flows().iter().all(|f| f.remote.is_none()),
+        "{:?}",
+        a.flows()
+    );
+}
+
+/// `justitiad genkey` writes a new key (base64, one line), different each time;
+/// `justitiad pubkey` prints its public key, and refuses what is not a key, naming stdin.
+#[test]
+fn genkey_and_pubkey_make_and_show_a_key_pair() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let bin = env!("CARGO_BIN_EXE_justitiad");
+    let genkey = || {
+        let out = Command::new(bin).arg("genkey").output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (k1, k2) = (genkey(), genkey());
+    assert_ne!(k1, k2);
+    let private = justitia_peer::keys::PrivateKey::parse(&k1).unwrap();
+    let pubkey = |input: &[u8]| {
+        let mut child = Command::new(bin)
+            .arg("pubkey")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("RUST_BACKTRACE", "0")
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = pubkey(k1.as_bytes());
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        private.public().to_string()
+    );
+    let out = pubkey(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("stdin") && err.contains("degenerate"), "{err}");
+}
+
+/// Key rotation on SIGHUP: B gets a new key pair; A is told B's new public key and reloads,
+/// then B reads its new key and reloads. The guarantee comes back over a session made with
+/// the new key, and B's old key no longer speaks for B at A.
+#[test]
+fn a_key_rotated_on_sighup_takes_over_and_the_old_key_is_refused() {
+    let mut cluster = PeerCluster::new(2);
+    let port = cluster.port;
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let b = Daemon::start_with(&cluster.config(2), true);
+    let (_b_conn, _) = bandwidth_flow(&b.socket());
+    let (a_conn, read) = bandwidth_flow(&a.socket());
+    send(
+        &a_conn,
+        Request::Remote(RemoteEnd {
+            flow: read,
+            gid: gid([127, 0, 0, 2]),
+            lid: 0,
+            qpn: 0x42,
+            reads: true,
+        }),
+    );
+    let max_rate = metric(&b.scrape(), "justitia_max_rate_bytes_per_second", None).unwrap();
+    let half = Some(max_rate / 2.0);
+    eventually("B's guarantee at A", Duration::from_secs(10), || {
+        a.flows()[0].read_guarantee_bytes_per_sec == half
+    });
+    let (old_a, old_b) = (cluster.config(1), cluster.config(2));
+    cluster.rotate(2, 1);
+    a.reload(&old_a, &cluster.config(1));
+    b.reload(&old_b, &cluster.config(2));
+    eventually("B reloaded its key", Duration::from_secs(5), || {
+        b.log().contains("peer key and members reloaded")
+    });
+    eventually(
+        "B's guarantee at A under the new key",
+        Duration::from_secs(10),
+        || a.flows()[0].read_guarantee_bytes_per_sec == half,
+    );
+    // B's old key, claiming B: refused by A, which knows only the new one.
+    let refused = || {
+        metric(
+            &a.scrape(),
+            "justitia_peer_messages_refused_total",
+            Some(("value", "authentication")),
+        )
+        .unwrap_or(0.0)
+    };
+    let before = refused();
+    let members: Vec<Member> = [(1, PeerCluster::key(1)), (2, PeerCluster::key(2))]
+        .into_iter()
+        .map(|(h, k)| Member {
+            node: NodeId(gid([127, 0, 0, h])),
+            public: k.public(),
+        })
+        .collect();
+    let mut old_b_channel = Channel::new(
+        ChannelConfig::default(),
+        NodeId(gid([127, 0, 0, 2])),
+        PeerCluster::key(2),
+        &members,
+        [4; 32],
+        Duration::ZERO,
+    )
+    .unwrap();
+    old_b_channel.greet(Duration::ZERO);
+    let greeting = old_b_channel.poll_transmit(Duration::ZERO).unwrap().bytes;
+    let udp = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+    udp.send_to(&greeting, format!("127.0.0.1:{port}")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while refused() < before + 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the old key not refused at A ({before} before): {:?}\nA: {}\nB: {}",
+            [
+                "authentication",
+                "rate_limited",
+                "replayed",
+                "not_member",
+                "length",
+                "truncated"
+            ]
+            .map(|r| (
+                r,
+                metric(
+                    &a.scrape(),
+                    "justitia_peer_messages_refused_total",
+                    Some(("value", r))
+                )
+            )),
+            a.log(),
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.flows()[0].read_guarantee_bytes_per_sec, half);
 }

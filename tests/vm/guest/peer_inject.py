@@ -1,21 +1,21 @@
 #!/usr/bin/env python3
-"""Hostile datagrams for a justitiad peer channel (crates/peer/src/wire.rs, version 1).
+"""Hostile datagrams for a justitiad peer channel (crates/peer/src/wire.rs, version 2).
 
     peer_inject.py malformed DEST_IP PORT
-    peer_inject.py forged DEST_IP PORT SENDER_IPV4 RECEIVER_IPV4
     peer_inject.py replayed IFACE DEST_IP PORT SECONDS
 
-malformed: the magic and version of a peer message, then a body length that does not
-match the datagram (the daemon must refuse it as "length"). forged: a well-formed grant
-from SENDER to RECEIVER (nodes as IPv4-mapped GIDs), epoch and sequence far ahead, tagged
-with a key that is not the cluster's ("authentication"). replayed: waits up to SECONDS for
-a datagram this host sends to DEST_IP:PORT on IFACE (an authentic one, from this host's
-justitiad), then sends the same bytes again ("replayed": its sequence is not newer than
-the one already accepted). Prints what it sent; exits 1 when it had nothing to send.
+malformed: the preamble of a transport message (magic, version 2, type 3) and a header,
+then fewer bytes than the smallest ciphertext (a kind byte and a 16-byte tag): the daemon
+must refuse it as "length". replayed: waits up to SECONDS for a datagram this host sends
+to DEST_IP:PORT on IFACE (an authentic one, from this host's justitiad), then sends the
+same bytes again ("replayed": its session has taken that counter already). Prints what it
+sent; exits 1 when it had nothing to send.
+
+Datagrams of another key cannot be made here (that needs the Noise handshake):
+tests/vm/guest/two-hosts.sh runs a second justitiad claiming another host's node with a
+key of its own for that check.
 """
 
-import hashlib
-import hmac
 import os
 import socket
 import struct
@@ -23,12 +23,8 @@ import sys
 import time
 
 MAGIC = b"JSPC"
-VERSION = 1
-KIND_GRANT = 2
-
-
-def node(ipv4):
-    return b"\0" * 10 + b"\xff\xff" + socket.inet_aton(ipv4)
+VERSION = 2
+TYPE_TRANSPORT = 3
 
 
 def send(dest, port, data):
@@ -37,21 +33,11 @@ def send(dest, port, data):
 
 
 def malformed(dest, port):
-    # Header says a 40-byte body; the datagram carries 8 bytes after the header and no tag.
-    data = MAGIC + bytes([VERSION, KIND_GRANT]) + struct.pack(">H", 40) + b"\0" * 48 + b"\x01" * 40
-    data = data[: 56 + 8] + os.urandom(32)
+    # Preamble, a receiver index and a counter, then 5 bytes where at least 17 must follow.
+    data = MAGIC + bytes([VERSION, TYPE_TRANSPORT, 0, 0]) + os.urandom(4) + struct.pack(">Q", 1)
+    data += os.urandom(5)
     send(dest, port, data)
-    print("malformed: %d bytes, body length 40 declared" % len(data))
-
-
-def forged(dest, port, sender, receiver):
-    # A plausible grant: half of a 10 Gb/s port, 64 KiB chunks.
-    body = struct.pack(">dddII d", 0.5, 625e6, 1e6, 65536, 0, 0.0)
-    header = MAGIC + bytes([VERSION, KIND_GRANT]) + struct.pack(">H", len(body))
-    header += node(sender) + node(receiver) + struct.pack(">QQ", 1 << 40, 1)
-    tag = hmac.new(os.urandom(32), header + body, hashlib.sha256).digest()
-    send(dest, port, header + body + tag)
-    print("forged: %d bytes, a grant %s -> %s tagged with another key" % (len(header + body + tag), sender, receiver))
+    print("malformed: %d bytes, a transport message too short for its tag" % len(data))
 
 
 def replayed(iface, dest, port, seconds):
@@ -75,12 +61,14 @@ def replayed(iface, dest, port, seconds):
             continue
         (dport,) = struct.unpack(">H", packet[ihl + 2 : ihl + 4])
         payload = packet[ihl + 8 :]
-        if dport != port or not payload.startswith(MAGIC):
+        # A transport message: a replayed handshake message would be refused under
+        # another reason.
+        if dport != port or not payload.startswith(MAGIC) or len(payload) < 6 or payload[5] != TYPE_TRANSPORT:
             continue
         # Let a newer datagram of the same sender be accepted first.
         time.sleep(0.2)
         send(dest, port, payload)
-        print("replayed: %d bytes, kind %d, sequence %d" % (len(payload), payload[5], struct.unpack(">Q", payload[48:56])[0]))
+        print("replayed: %d bytes, a transport message, counter %d" % (len(payload), struct.unpack(">Q", payload[12:20])[0]))
         return 0
     print("replayed: no datagram to %s:%d seen on %s in %d s" % (dest, port, iface, seconds))
     return 1
@@ -89,9 +77,6 @@ def replayed(iface, dest, port, seconds):
 def main(argv):
     if len(argv) == 4 and argv[1] == "malformed":
         malformed(argv[2], int(argv[3]))
-        return 0
-    if len(argv) == 6 and argv[1] == "forged":
-        forged(argv[2], int(argv[3]), argv[4], argv[5])
         return 0
     if len(argv) == 6 and argv[1] == "replayed":
         return replayed(argv[2], argv[3], int(argv[4]), int(argv[5]))

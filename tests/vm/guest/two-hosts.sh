@@ -338,7 +338,9 @@ done
 fi # sections 2 to 5
 # ---------------------------------------------------------------------------------------
 # 6. The peer channel (crates/peer, crates/daemon/src/peer.rs): each daemon with a [peer]
-# table (its node, a cluster key both hold, UDP port 7471 on the cable) and silence_ms
+# table (its node, its own private key made on its host by `justitiad genkey` at mode
+# 0600, the members A, B and C with the public keys `justitiad pubkey` printed on each
+# host, UDP port 7471 on the cable) and silence_ms
 # PEER_SILENCE_MS (3000: under emulation a loop stalls for tens of milliseconds and now and
 # then for over a second, which the packaged 20 ms, and 1000 now and then, take for a
 # silent peer). A READs from B (ib_read_bw, bandwidth
@@ -346,9 +348,10 @@ fi # sections 2 to 5
 # bandwidth class, following B's daemon): B counts A's READ flow with its own WRITE flow and grants A
 # half its MaxRate (one unit of two, Justitia's remote READ rule); A's flow must hold that
 # guarantee, its allotment paced to it. Then kill -9 of B's daemon (A's guarantee gone
-# within the silence bound), its restart (the guarantee back), and a forged, a replayed
-# and a malformed datagram to A's channel (each refused and counted; the guarantee
-# unchanged). Last, the incast (§6.7): A and host C each WRITE into B in the bandwidth
+# within the silence bound), its restart (the guarantee back), and hostile datagrams to
+# A's channel, each refused and counted with the guarantee unchanged: a malformed one, a
+# replay of one of B's, and a member with the wrong key (a second justitiad on host C
+# claiming B's node with a fresh key of its own, whose handshake A refuses). Last, the incast (§6.7): A and host C each WRITE into B in the bandwidth
 # class, following their own daemon (C's with a [peer] table too); B's daemon sees
 # bandwidth flows of two sending hosts and grants each its share of B's link, to which
 # both senders' allotments must be paced. PEER_OFF=guarantee runs A's daemon without its
@@ -375,9 +378,15 @@ pid = int(sys.argv[1]); fields = sys.argv[2:]
 mine = [f for f in json.load(sys.stdin) if f.get("pid") == pid]
 print(" ".join(str(mine[0].get(k)).replace(" ", "_") for k in fields) if mine else "absent")' "$@"
 }
-peer_table() { # NODE KEY_FILE
-  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\n' \
-    "$1" "$2" "$1" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS"
+peer_table() { # NODE KEY_FILE [LISTEN_ADDRESS]: the members are A, B and C (A_PUB etc.)
+  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\nmembers = { "%s" = "%s", "%s" = "%s", "%s" = "%s" }\n' \
+    "$1" "$2" "${3:-$1}" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS" \
+    "$A_ADDR" "$A_PUB" "$B_ADDR" "$B_PUB" "$C_ADDR" "$C_PUB"
+}
+# new_key DIR: a new private key in DIR/peer.key (mode 0600, as `justitiad genkey` under
+# umask 077 writes it) on this host; prints its public key.
+new_key() {
+  mkdir -p "$1" && (umask 077 && "$BIN/justitiad" genkey > "$1/peer.key") && "$BIN/justitiad" pubkey < "$1/peer.key"
 }
 if ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
   result SKIP "peer channel" "packaging/justitiad.toml has no [peer] table (the peer channel is not built)"
@@ -387,26 +396,31 @@ else
   onb 20 "pkill -KILL -x justitiad" > /dev/null
   pdir=$(mktemp -d /tmp/two-hosts-peer.XXXXXX)
   bpdir=/tmp/two-hosts-peer.b
-  # 32 random bytes as 64 hex digits: no byte of it is whitespace a reader might trim.
-  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$pdir/cluster.key"
-  chmod 0400 "$pdir/cluster.key"
-  key64=$(base64 -w0 "$pdir/cluster.key")
+  cpdir=/tmp/two-hosts-peer.c
+  # Each host's key pair, made on the host that keeps the private key; only the public
+  # keys travel (in the members tables).
+  key_lib="BIN=$BIN && $(declare -f new_key)"
+  A_PUB=$(new_key "$pdir")
+  B_PUB=$(onb 30 "$key_lib && new_key $bpdir")
+  C_PUB=$(onc 30 "$key_lib && new_key $cpdir")
+  echo "members: A $A_PUB, B $B_PUB, C $C_PUB" >> "$L.peer.trace.log"
   daemon_config "$pdir/justitiad.toml" "$pdir/justitiad.sock" "$pdir/admin.sock" "$a_metrics" "device=\"$A_DEV\"" "ref_period_us=$PEER_REF_PERIOD_US" "probe_timeout_ms=50" \
     || result FAIL "peer channel" "$DAEMON_ERR"
-  [ "${PEER_OFF:-}" = guarantee ] || peer_table "$A_ADDR" "$pdir/cluster.key" >> "$pdir/justitiad.toml"
+  [ "${PEER_OFF:-}" = guarantee ] || peer_table "$A_ADDR" "$pdir/peer.key" >> "$pdir/justitiad.toml"
   cp "$pdir/justitiad.toml" "$L.peer.justitiad.toml"
   # B's daemon, started (and restarted) by one command on B.
   start_b="cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && daemon_start $bpdir/justitiad.toml \$1 \
     && echo \$DAEMON_PID > $bpdir/pid && daemon_wait \$1 $bpdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }"
-  b_err=$(onb 60 "mkdir -p $bpdir && echo $key64 | base64 -d > $bpdir/cluster.key && chmod 0400 $bpdir/cluster.key \
-    && printf '%s\n' '$start_b' > $bpdir/start.sh && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+  b_err=$(onb 60 "printf '%s\n' '$start_b' > $bpdir/start.sh && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
     && daemon_config $bpdir/justitiad.toml $bpdir/justitiad.sock $bpdir/admin.sock 127.0.0.1:19467 'device=\"$B_DEV\"' ref_period_us=$PEER_REF_PERIOD_US probe_timeout_ms=50 \
-    && printf '%s' '$(peer_table "$B_ADDR" "$bpdir/cluster.key")' >> $bpdir/justitiad.toml \
+    && printf '%s' '$(peer_table "$B_ADDR" "$bpdir/peer.key")' >> $bpdir/justitiad.toml \
     && cp $bpdir/justitiad.toml $BLOGS/peer.justitiad.toml && bash $bpdir/start.sh $BLOGS/peer.justitiad.1.log")
   b_rc=$?
   daemon_start "$pdir/justitiad.toml" "$L.peer.justitiad.log"
   PIDS+=("$DAEMON_PID")
-  if ! daemon_wait "$L.peer.justitiad.log" "$pdir/admin.sock" 60 || [ "$b_rc" != 0 ]; then
+  if [ -z "$A_PUB" ] || [ -z "$B_PUB" ] || [ -z "$C_PUB" ]; then
+    result FAIL "peer: B's guarantee reaches A" "a key pair was not made (justitiad genkey/pubkey): A '$A_PUB', B '$B_PUB', C '$C_PUB'"
+  elif ! daemon_wait "$L.peer.justitiad.log" "$pdir/admin.sock" 60 || [ "$b_rc" != 0 ]; then
     result FAIL "peer: B's guarantee reaches A" "daemons with [peer] did not start: A: ${DAEMON_ERR:-ok}; B: ${b_err:-ok}"
   else
     wport=$((PORT++)) rport=$((PORT++))
@@ -530,34 +544,50 @@ else
       result FAIL "peer: justitia-integrity READs from B under B's guarantee, byte by byte" "exit $INTEG_RC: $INTEG; its flow seen as (remote/guarantee):$INTEG_GUAR (logs: $L.peer.integrity.1.log, $BLOGS/peer.integrity.server.1.log)"
     fi
 
-    # Hostile datagrams to A's channel, from B: each refused and counted. B's own grants go
-    # on meanwhile (and may change with B's flows), so what is checked of A's guarantee is
-    # that it is never the forged grant's 625 MB/s; that a refused datagram changes no
-    # state is the channel's own invariant, tested in crates/peer.
+    # Hostile datagrams to A's channel: each refused and counted. B's own grants go on
+    # meanwhile (and may change with B's flows), so what is checked of A's guarantee is
+    # that A still holds one; that a refused datagram changes no state is the channel's
+    # own invariant, tested in crates/peer. The member with the wrong key: a second
+    # justitiad on C (its own sockets, no shaper) whose [peer] table claims B's node with
+    # a fresh key of its own; at start it greets every member, and A, which knows B's
+    # public key, refuses its handshake ("authentication").
     before=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
     curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.before.txt"
+    ipdir=/tmp/two-hosts-peer.impostor
     # One request each, each with its own limit: on a loaded machine the three in one
     # request of 30 s timed out before the replay was sent.
     inject="$(onb 60 "python3 tests/vm/guest/peer_inject.py malformed $A_ADDR $PEER_PORT")
-$(onb 60 "python3 tests/vm/guest/peer_inject.py forged $A_ADDR $PEER_PORT $B_ADDR $A_ADDR")
-$(onb 60 "python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT 10")"
+$(onb 60 "python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT 10")
+$(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon-lib.sh \
+  && daemon_config $ipdir/justitiad.toml $ipdir/justitiad.sock $ipdir/admin.sock 127.0.0.1:19468 'device=\"$C_DEV\"' ref_period_us=$PEER_REF_PERIOD_US probe_timeout_ms=50 \
+  && printf '%s' '$(peer_table "$B_ADDR" "$ipdir/peer.key" "$C_ADDR")' >> $ipdir/justitiad.toml \
+  && cp $ipdir/justitiad.toml $CLOGS/peer.impostor.justitiad.toml \
+  && daemon_start $ipdir/justitiad.toml $CLOGS/peer.impostor.justitiad.log \
+  && daemon_wait $CLOGS/peer.impostor.justitiad.log $ipdir/admin.sock 60 \
+  && sleep 2 && kill \$DAEMON_PID && echo 'impostor: a justitiad on C claiming B with a fresh key, started and stopped' \
+  || echo \"impostor: not started: \$DAEMON_ERR\"")"
     echo "$inject" > "$L.peer.inject.log"
     sleep 1
     curl -s "http://$a_metrics/metrics" > "$L.peer.metrics.after.txt"
     after=$(flow_fields "$reader" read_guarantee_bytes_per_sec)
-    for reason in length authentication replayed; do
+    for check in "length malformed" "replayed replayed" "authentication impostor"; do
+      reason=${check% *} mode=${check#* }
       k="justitia_peer_messages_refused_total{value=\"$reason\"}"
       n0=$(metric "$L.peer.metrics.before.txt" "$k")
       n1=$(metric "$L.peer.metrics.after.txt" "$k")
-      what=$(echo "$inject" | grep -m1 "^$( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; })")
-      label="peer: a $( [ "$reason" = length ] && echo malformed || { [ "$reason" = authentication ] && echo forged || echo replayed; }) datagram to A is refused and counted"
-      # The datagram must have been sent (a replay needs one of B's own to copy).
-      if echo "$what" | grep -qE '^[a-z]+: [0-9]+ bytes' && [ -n "$n0" ] && [ -n "$n1" ] \
-        && awk -v a="$n0" -v b="$n1" 'BEGIN {exit !(b >= a + 1)}' \
-        && [ "$after" != absent ] && [ "$after" != 625000000.0 ]; then
-        result PASS "$label" "$what; refused{$reason} $n0 -> $n1; A's guarantee $before -> $after B/s (B's own grants go on; never the forged 625 MB/s)"
+      what=$(echo "$inject" | grep -m1 "^$mode")
+      if [ "$mode" = impostor ]; then
+        label="peer: a member with the wrong key (a second justitiad claiming B) is refused and counted by A"
       else
-        result FAIL "$label" "$what; refused{$reason} '$n0' -> '$n1'; A's guarantee $before -> $after (logs: $L.peer.*)"
+        label="peer: a $mode datagram to A is refused and counted"
+      fi
+      # The datagram must have been sent (a replay needs one of B's own to copy).
+      if echo "$what" | grep -qE '^[a-z]+: ([0-9]+ bytes|a justitiad)' && [ -n "$n0" ] && [ -n "$n1" ] \
+        && awk -v a="$n0" -v b="$n1" 'BEGIN {exit !(b >= a + 1)}' \
+        && [ "$after" != absent ]; then
+        result PASS "$label" "$what; refused{$reason} $n0 -> $n1; A's guarantee $before -> $after B/s (B's own grants go on)"
+      else
+        result FAIL "$label" "$what; refused{$reason} '$n0' -> '$n1'; A's guarantee $before -> $after (logs: $L.peer.*, $CLOGS/peer.impostor.*)"
       fi
     done
 
@@ -634,11 +664,9 @@ $(onb 60 "python3 tests/vm/guest/peer_inject.py replayed eth0 $A_ADDR $PEER_PORT
     # as the READ guarantee's), and C must have heard B. Under emulation the link moves
     # about 10 MB/s, far below any share: what is checked is the allotment each daemon
     # publishes to its shaper (what `justitia flows` reports), not a measured rate.
-    cpdir=/tmp/two-hosts-peer.c
     c_peer=""
-    [ "${PEER_OFF:-}" = incast ] || c_peer="&& printf '%s' '$(peer_table "$C_ADDR" "$cpdir/cluster.key")' >> $cpdir/justitiad.toml"
-    c_err=$(onc 90 "mkdir -p $cpdir && echo $key64 | base64 -d > $cpdir/cluster.key && chmod 0400 $cpdir/cluster.key \
-      && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+    [ "${PEER_OFF:-}" = incast ] || c_peer="&& printf '%s' '$(peer_table "$C_ADDR" "$cpdir/peer.key")' >> $cpdir/justitiad.toml"
+    c_err=$(onc 90 "BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
       && daemon_config $cpdir/justitiad.toml $cpdir/justitiad.sock $cpdir/admin.sock 127.0.0.1:19467 'device=\"$C_DEV\"' ref_period_us=$PEER_REF_PERIOD_US probe_timeout_ms=50 \
       $c_peer && cp $cpdir/justitiad.toml $CLOGS/peer.justitiad.toml \
       && daemon_start $cpdir/justitiad.toml $CLOGS/peer.justitiad.log && daemon_wait $CLOGS/peer.justitiad.log $cpdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }")

@@ -22,6 +22,11 @@
 //! The incast side (§6.7): every flow of this host into a peer (not a READ) is declared
 //! to it as an incast unit; the peer counts them by (host, tenant, class) and grants a
 //! share of its link per unit of weight, which the channel carries back.
+//!
+//! A flow's remote end counts only when it names a member ([`PeerLink::peer_of`]): a
+//! local tenant cannot make this daemon send to an address it chose. The socket, if its
+//! port was taken at start, is bound (and watched) when a later flush finds it free; on
+//! SIGHUP the key and member list are read again ([`Daemon::reload_peer`]).
 
 use std::time::Duration;
 
@@ -37,9 +42,12 @@ use tracing::warn;
 
 use justitia_agent::proto::RemoteEnd;
 
-use super::{now_ns, Daemon, Flow};
+use super::{now_ns, Daemon, Flow, TAG_PEER};
 use crate::limits::LogKind;
-use crate::peer::{demands, responder_key, IncastCaps, IncastFlow, LoadingFlow, PeerLink};
+use crate::peer::{
+    demands, responder_key, IncastCaps, IncastFlow, LoadingFlow, PeerLink, PeerSettings,
+};
+use tracing::{error, info};
 
 /// A flow's remote end as `justitia flows` shows it.
 pub(super) fn describe_remote(peer: NodeId, role: Role) -> String {
@@ -218,6 +226,23 @@ impl Daemon {
             })
         });
         let now = Duration::from_nanos(now_ns());
+        if link.retry_bind(now) {
+            let watched = link.socket().map(|fd| {
+                rustix::event::epoll::add(
+                    &self.epoll,
+                    fd,
+                    rustix::event::epoll::EventData::new_u64(TAG_PEER),
+                    rustix::event::epoll::EventFlags::IN,
+                )
+            });
+            match watched {
+                Some(Ok(())) => {
+                    info!(listen = %link.settings().listen, "peer socket bound: the channel is up")
+                }
+                Some(Err(e)) => error!(error = %e, "peer socket bound but not watched"),
+                None => {}
+            }
+        }
         link.set_demands(now, demands(loading));
         link.flush(now);
         self.peer_events();
@@ -235,6 +260,37 @@ impl Daemon {
     /// The link, if the channel is on.
     pub fn peer_link(&self) -> Option<&PeerLink> {
         self.peer.as_ref()
+    }
+
+    /// SIGHUP: takes `new` `[peer]` settings if the running link can (the key, the member
+    /// list, addresses: re-read and applied, new handshakes started); returns false when
+    /// a setting that needs a restart changed (the channel on or off, the node, the
+    /// socket, the caps and timers). A key or member list that cannot be read leaves the
+    /// running ones, with an error logged.
+    pub(super) fn reload_peer(&mut self, new: Option<&PeerSettings>) -> bool {
+        let (link, new) = match (self.peer.as_mut(), new) {
+            (None, None) => return true,
+            (Some(link), Some(new)) => (link, new),
+            _ => return false,
+        };
+        let old = link.settings();
+        if old.node != new.node
+            || old.listen != new.listen
+            || old.port != new.port
+            || old.channel != new.channel
+        {
+            return false;
+        }
+        match link.reload(Duration::from_nanos(now_ns()), new) {
+            Ok(()) => {
+                info!(members = new.members.len(), "peer key and members reloaded");
+                true
+            }
+            Err(e) => {
+                error!(error = %e, "SIGHUP: peer key or members refused, keeping the running ones");
+                true
+            }
+        }
     }
 }
 

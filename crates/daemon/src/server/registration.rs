@@ -750,14 +750,18 @@ impl Daemon {
         let Some(link) = &self.peer else {
             return Ok(());
         };
-        let end = if r.gid == [0; 16] {
-            crate::peer::RemoteEnd::Lid(r.lid)
+        // The node the end names: its GID, or the GID configured for its LID.
+        let node = if r.gid == [0; 16] {
+            match link.settings().lids.get(&r.lid) {
+                Some(&node) => node,
+                None => return Ok(()),
+            }
         } else {
-            crate::peer::RemoteEnd::Gid(NodeId(r.gid))
+            NodeId(r.gid)
         };
-        let Some(node) = link.peer_of(end) else {
+        if node == link.settings().node {
             return Ok(());
-        };
+        }
         if !link.is_member(node) {
             return Err((REMOTE_NOT_A_MEMBER, node));
         }

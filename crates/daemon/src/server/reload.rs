@@ -65,6 +65,8 @@ impl Daemon {
             }
         };
         let old = self.config.clone();
+        let peer_taken = self.reload_peer(new.peer.as_ref());
+        let new_peer = new.peer.clone();
         let restart_only = [
             ("device", new.device != old.device),
             ("port", new.port != old.port),
@@ -78,7 +80,7 @@ impl Daemon {
             ("stale_after_ms", new.stale_after != old.stale_after),
             ("tenant", new.tenant != old.tenant),
             ("policy", new.policy != old.policy),
-            ("peer", new.peer != old.peer),
+            ("peer", !peer_taken),
             ("unshaped_scan_ms", new.unshaped_scan != old.unshaped_scan),
         ];
         for (key, changed) in restart_only {
@@ -105,7 +107,7 @@ impl Daemon {
             stale_after: old.stale_after,
             tenant: old.tenant,
             policy: old.policy,
-            peer: old.peer,
+            peer: if peer_taken { new_peer } else { old.peer },
             unshaped_scan: old.unshaped_scan,
             ..new
         };

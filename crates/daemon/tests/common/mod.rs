@@ -92,6 +92,17 @@ impl Daemon {
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("j.sock")
     }
+    /// Replaces `from` by `to` in the daemon's configuration file and sends it SIGHUP.
+    pub fn reload(&self, from: &str, to: &str) {
+        let path = self.dir.path().join("justitiad.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{text}");
+        std::fs::write(&path, text.replace(from, to)).unwrap();
+        // SAFETY: kill(2) on the daemon this harness started.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP) };
+        assert_eq!(rc, 0);
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
     }
@@ -193,4 +204,83 @@ pub fn tenant_script() -> PathBuf {
         d
     });
     dir.path().join("tenant.py")
+}
+
+/// Key files (mode 0600) and the `[peer]` table of daemons on 127.0.0.1 to 127.0.0.n
+/// joined by the peer channel on one UDP port: every host a member with its own key.
+pub struct PeerCluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    hosts: u8,
+    /// Hosts whose key was rotated, and how often.
+    generations: std::collections::BTreeMap<u8, u8>,
+}
+
+impl PeerCluster {
+    pub fn new(hosts: u8) -> PeerCluster {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = PeerCluster {
+            dir,
+            port: free_port(),
+            hosts,
+            generations: Default::default(),
+        };
+        for host in 1..=hosts {
+            let path = cluster.key_file(host);
+            std::fs::write(&path, format!("{}\n", Self::key(host).to_base64())).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        cluster
+    }
+
+    /// Host `host`'s private key: fixed bytes, so that runs repeat.
+    pub fn key(host: u8) -> justitia_peer::keys::PrivateKey {
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = host.wrapping_mul(41).wrapping_add(i as u8);
+        }
+        justitia_peer::keys::PrivateKey::from_bytes(bytes).unwrap()
+    }
+
+    pub fn node(host: u8) -> String {
+        format!("127.0.0.{host}")
+    }
+
+    pub fn key_file(&self, host: u8) -> PathBuf {
+        self.dir.path().join(format!("peer{host}.key"))
+    }
+
+    /// Gives host `host` a new key pair (generation `generation` of its key), written to its
+    /// key file; `config` then lists the new public key.
+    pub fn rotate(&mut self, host: u8, generation: u8) {
+        use std::os::unix::fs::PermissionsExt;
+        self.generations.insert(host, generation);
+        let path = self.key_file(host);
+        std::fs::write(&path, format!("{}\n", self.key_now(host).to_base64())).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn key_now(&self, host: u8) -> justitia_peer::keys::PrivateKey {
+        let generation = self.generations.get(&host).copied().unwrap_or(0);
+        let mut bytes = Self::key(host).bytes().to_owned();
+        // Not byte 0 whose low bits X25519 clears: another key, not the same one clamped.
+        bytes[1] ^= generation;
+        justitia_peer::keys::PrivateKey::from_bytes(bytes).unwrap()
+    }
+
+    /// The `[peer]` table (last in the file, `stale_after_ms = 500` before it, so that the
+    /// harness adds nothing after it; more `[peer]` keys may follow).
+    pub fn config(&self, host: u8) -> String {
+        let members: Vec<String> = (1..=self.hosts)
+            .map(|h| format!("\"{}\" = \"{}\"", Self::node(h), self.key_now(h).public()))
+            .collect();
+        format!(
+            "stale_after_ms = 500\n[peer]\nnode = \"{node}\"\nkey_file = \"{key}\"\nlisten = \"{node}:{port}\"\nport = {port}\nmembers = {{ {members} }}\n",
+            node = Self::node(host),
+            key = self.key_file(host).display(),
+            port = self.port,
+            members = members.join(", "),
+        )
+    }
 }

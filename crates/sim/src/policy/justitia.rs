@@ -53,8 +53,9 @@ use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::incast::{paced, IncastLimits};
 use justitia_core::profile::RnicProfile;
 use justitia_core::remote_read::{ReadGuarantee, ReadGuaranteeSender, RemoteReadUnit};
-use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent};
-use justitia_peer::wire::{ClusterKey, DemandEntry, Role};
+use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
+use justitia_peer::keys::PrivateKey;
+use justitia_peer::wire::{DemandEntry, Role};
 use justitia_peer::NodeId;
 use serde::{Deserialize, Serialize};
 
@@ -483,8 +484,28 @@ fn is_capped_incast(load: &(FlowSpec, HostId, Role)) -> bool {
     load.2 == Role::Incast && load.0.class == FlowClass::Bandwidth
 }
 
-/// The cluster key of the simulated hosts' daemons.
-const SIM_KEY: [u8; 32] = *b"justitia simulated cluster key!!";
+/// The simulated cluster's members: hosts 0 to 63 (the channel's default `max_peers`
+/// less this host), each with a fixed key so that runs repeat. A host outside it is no
+/// member: its datagrams are refused and counted.
+const SIM_MEMBERS: u16 = 64;
+
+/// Host `host`'s daemon's private key: fixed bytes made from its id.
+fn sim_key(host: u16) -> Option<PrivateKey> {
+    let mut bytes = *b"justitia simulated host key ....";
+    bytes[28..30].copy_from_slice(&host.to_be_bytes());
+    PrivateKey::from_bytes(bytes).ok()
+}
+
+fn sim_members() -> Vec<Member> {
+    (0..SIM_MEMBERS)
+        .filter_map(|h| {
+            Some(Member {
+                node: node_of(HostId(h)),
+                public: sim_key(h)?.public(),
+            })
+        })
+        .collect()
+}
 /// The timer tag of the peer channel's [`Channel::poll_timeout`].
 const PEER_TIMER: u64 = 1;
 
@@ -883,13 +904,16 @@ impl Policy for JustitiaPolicy {
                 .or_default()
                 .push(i);
         }
-        let key = ClusterKey::from_file_contents(&SIM_KEY);
-        self.peer = key.ok().and_then(|key| {
+        self.peer = sim_key(ctx.host.0).and_then(|key| {
+            // The seed is the host's id: the handshakes repeat from run to run.
+            let mut seed = [0u8; 32];
+            seed[..2].copy_from_slice(&ctx.host.0.to_be_bytes());
             Channel::new(
                 ChannelConfig::default(),
-                key,
                 node_of(ctx.host),
-                1,
+                key,
+                &sim_members(),
+                seed,
                 core_time(ctx.now()),
             )
             .ok()
