@@ -18,45 +18,9 @@ use std::time::Instant;
 
 use justitia_sim::Experiment;
 
-/// Queue pairs of each bandwidth flow.
-const QPS_PER_FLOW: u32 = 8;
-
-/// The scenario with `flows` bandwidth flows over `simulated_ms`, written as a scenario
-/// file would be.
-fn scenario(flows: u32, simulated_ms: f64) -> String {
-    format!(
-        r#"
-description = "one latency flow beside {flows} bandwidth flows of {QPS_PER_FLOW} QPs"
-profile = "RoCE-100"
-duration_ms = {simulated_ms}
-warmup_ms = 2
-seed = 1
-
-[justitia]
-target99_us = 2.0
-
-[[flows]]
-name = "lat"
-[flows.latency]
-size = 16
-
-[[flows]]
-name = "bw"
-copies = {flows}
-[flows.bandwidth]
-size = "1MB"
-depth = 8
-qps = {QPS_PER_FLOW}
-
-[[variants]]
-name = "native"
-
-[[variants]]
-name = "justitia"
-policy = "justitia"
-"#
-    )
-}
+#[path = "../tests/support/scale.rs"]
+mod scale;
+use scale::{scenario, QPS_PER_FLOW};
 
 fn main() -> Result<(), Box<dyn Error>> {
     // Cargo passes `--bench`; numbers choose flow counts, words choose runs.
@@ -89,7 +53,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         if !wanted_flows.is_empty() && !wanted_flows.contains(&flows) {
             continue;
         }
-        let base = Experiment::from_toml("scale", &scenario(flows, simulated_ms), None)?;
+        let base = Experiment::from_toml(
+            "scale",
+            &scenario(flows, simulated_ms, &["native", "justitia"]),
+            None,
+        )?;
         for variant in ["native", "justitia"] {
             if !wanted_runs.is_empty() && !wanted_runs.contains(&variant) {
                 continue;

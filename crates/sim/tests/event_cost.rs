@@ -19,54 +19,19 @@
 
 use justitia_sim::Experiment;
 
-/// Queue pairs of each bandwidth flow, as `benches/scale.rs`.
-const QPS_PER_FLOW: u32 = 8;
-
-/// One latency flow beside `flows` bandwidth flows of 8 queue pairs, for `simulated_ms`,
-/// under `variant` (`native` or `justitia`): `benches/scale.rs`'s scenario.
-fn scenario(flows: u32, simulated_ms: f64, variant: &str) -> String {
-    let policy = if variant == "native" {
-        String::new()
-    } else {
-        format!("policy = \"{variant}\"")
-    };
-    format!(
-        r#"
-description = "one latency flow beside {flows} bandwidth flows of {QPS_PER_FLOW} QPs"
-profile = "RoCE-100"
-duration_ms = {simulated_ms}
-warmup_ms = 2
-seed = 1
-
-[justitia]
-target99_us = 2.0
-
-[[flows]]
-name = "lat"
-[flows.latency]
-size = 16
-
-[[flows]]
-name = "bw"
-copies = {flows}
-[flows.bandwidth]
-size = "1MB"
-depth = 8
-qps = {QPS_PER_FLOW}
-
-[[variants]]
-name = "{variant}"
-{policy}
-"#
-    )
-}
+#[path = "support/scale.rs"]
+mod scale;
+use scale::scenario;
 
 /// Wall-clock seconds per event of the run's event loop, the least of three runs (the
 /// others are the machine's noise, not the simulator's cost).
 fn cost_per_event(flows: u32, simulated_ms: f64, variant: &str) -> f64 {
-    let experiment =
-        Experiment::from_toml("event-cost", &scenario(flows, simulated_ms, variant), None)
-            .expect("scenario");
+    let experiment = Experiment::from_toml(
+        "event-cost",
+        &scenario(flows, simulated_ms, &[variant]),
+        None,
+    )
+    .expect("scenario");
     (0..3)
         .map(|_| {
             let report = experiment.run().expect("run");
