@@ -232,12 +232,39 @@ fn bench(c: &mut Criterion) {
         t10.grants
     );
     let members = members(1);
-    let mut g = c.benchmark_group("per datagram, Noise KK sessions (version 2)");
+    let mut g = c.benchmark_group("per datagram, Noise KK sessions (version 3)");
     g.bench_function(
         "handshake: initiation, response, confirmation (both ends)",
         |bench| bench.iter(|| handshake(&members)),
     );
     let (mut a, mut b) = handshake(&members);
+    // An initiation that names the requester, made with another key: B refuses it by its
+    // MAC, before any DH or bucket, every time (it never authenticates, so it is never
+    // remembered as a replay).
+    let forged = {
+        let mut forger = Channel::new(
+            ChannelConfig::default(),
+            requester(0),
+            key_of(NodeId([0xee; 16])),
+            &members,
+            [9; 32],
+            Duration::ZERO,
+        )
+        .unwrap();
+        forger.greet(Duration::ZERO);
+        forger.poll_transmit(Duration::ZERO).unwrap().bytes
+    };
+    g.bench_function(
+        "an initiation without the member's key, refused by its MAC",
+        |bench| {
+            bench.iter(|| {
+                assert_eq!(
+                    b.receive(Duration::from_millis(1), &forged),
+                    Err(justitia_peer::Refusal::Authentication)
+                )
+            })
+        },
+    );
     let entries: Vec<DemandEntry> = (0..10)
         .map(|t| DemandEntry {
             tenant: TenantId(t),

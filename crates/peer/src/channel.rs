@@ -41,21 +41,24 @@
 //! # Receiving
 //! A datagram's framing is checked ([`crate::wire::parse`]). An initiation must name a
 //! member ([`Refusal::NotMember`] otherwise, before any computation), must not repeat an
-//! ephemeral key recently authenticated from that member ([`Refusal::Replayed`], before
-//! any DH or bucket), must find a token in that member's handshake bucket
-//! ([`HANDSHAKES_PER_SEC`]: the DH is the work to bound, so it is charged first; a flood
-//! naming one member spends that member's budget alone and leaves its sessions live), and
-//! must complete the handshake's DH with that member's static key
-//! ([`Refusal::Authentication`]). A response must match an initiation in flight. A
-//! transport message must name a live session ([`Refusal::UnknownSession`]), carry a
-//! counter the session's replay window ([`crate::replay`]) has not seen, and decrypt. Only
-//! then is the member's message bucket (a token bucket of
-//! [`ChannelConfig::max_messages_per_sec`], a tenth of a second deep) charged, and a
-//! demand must hold at most [`ChannelConfig::max_flows_per_peer`] flows. So nothing a host
-//! without a member's key sends touches a table, a message bucket or a log, and a member's flood
-//! costs only its own budget. (WireGuard's cookies, which keep a flood without the key
-//! from spending a member's handshake budget, are not built: a member whose budget a
-//! flood spends keeps its live sessions and handshakes again once the flood stops.)
+//! ephemeral key recently authenticated from that member ([`Refusal::Replayed`]), and must
+//! carry the MAC of the pair key this host shares with that member
+//! ([`crate::keys::PairKey`], computed once per member and key; [`Refusal::Authentication`]
+//! otherwise): all before any DH or bucket, at the cost of one keyed hash. Only then does
+//! it take a token of that member's handshake bucket ([`HANDSHAKES_PER_SEC`]: the DH is the
+//! work to bound) and must complete the handshake's DH with that member's static key. A
+//! flood without one of the pair's keys never reaches the bucket, so the member it names
+//! handshakes as if there were none; the member's own flood, or the replay of more of its
+//! past initiations than [`SEEN_EPHEMERALS`] holds, spends that member's budget alone and
+//! leaves its live sessions alone. A response must match an initiation in flight and carry
+//! the pair key's MAC (a forged one leaves the initiation in flight). A transport message
+//! must name a live session ([`Refusal::UnknownSession`]), carry a counter the session's
+//! replay window ([`crate::replay`]) has not seen, and decrypt. Only then is the member's
+//! message bucket (a token bucket of [`ChannelConfig::max_messages_per_sec`], a tenth of a
+//! second deep) charged, and a demand must hold at most
+//! [`ChannelConfig::max_flows_per_peer`] flows. So nothing a host without a member's key
+//! sends touches a table, a bucket or a log, and a member's flood costs only its own
+//! budget.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -68,7 +71,7 @@ use rand_core::{RngCore, SeedableRng};
 use snow::params::NoiseParams;
 use snow::{HandshakeState, StatelessTransportState};
 
-use crate::keys::{PrivateKey, PublicKey, KEY_LEN};
+use crate::keys::{PairKey, PrivateKey, PublicKey, KEY_LEN};
 use crate::replay::ReplayWindow;
 use crate::wire::{self, Body, DemandEntry, Grant, Message, Role, MAX_DEMAND_ENTRIES};
 use crate::{NodeId, Refusal};
@@ -76,7 +79,7 @@ use crate::{NodeId, Refusal};
 /// The Noise protocol every session runs.
 pub const NOISE_PATTERN: &str = "Noise_KK_25519_ChaChaPoly_BLAKE2s";
 /// Bound into every handshake: a peer of another protocol version cannot complete one.
-const PROLOGUE: &[u8] = b"justitia-peer v2";
+const PROLOGUE: &[u8] = b"justitia-peer v3";
 /// A session's initiator starts a new handshake after this long (WireGuard's figure).
 pub const REKEY_AFTER: Duration = Duration::from_secs(120);
 /// Its responder does, if the initiator has not, this much later: so both rarely start one.
@@ -177,6 +180,9 @@ pub enum ConfigError {
     /// A member listed twice.
     #[error("member {0} is listed twice")]
     Duplicate(NodeId),
+    /// A member's public key of small order: anyone could compute its pair key.
+    #[error("member {0}'s public key is of small order (not one `justitiad pubkey` writes)")]
+    SmallOrderKey(NodeId),
 }
 
 impl ChannelConfig {
@@ -365,6 +371,10 @@ enum Slot {
 struct Peer {
     node: NodeId,
     public: PublicKey,
+    /// The key its handshake messages are MACed with, under this host's current key.
+    pair: PairKey,
+    /// The same under this host's previous key, while that key still answers.
+    pair_previous: Option<PairKey>,
     /// Initiator ephemeral keys that authenticated lately, oldest first.
     seen: VecDeque<[u8; KEY_LEN]>,
     handshakes: Bucket,
@@ -399,10 +409,12 @@ struct Peer {
 }
 
 impl Peer {
-    fn new(member: Member, now: Duration, burst: f64) -> Self {
+    fn new(member: Member, pair: PairKey, now: Duration, burst: f64) -> Self {
         Peer {
             node: member.node,
             public: member.public,
+            pair,
+            pair_previous: None,
             seen: VecDeque::new(),
             handshakes: Bucket::full(HANDSHAKE_BURST, now),
             initiating: None,
@@ -649,6 +661,7 @@ impl Channel {
                 max: self.config.max_peers,
             });
         }
+        let mut pairs = Vec::with_capacity(listed.len());
         for (i, m) in listed.iter().enumerate() {
             if let Some(other) = listed[..i].iter().find(|o| o.node == m.node) {
                 return Err(ConfigError::Duplicate(other.node));
@@ -656,6 +669,20 @@ impl Channel {
             if let Some(other) = listed[..i].iter().find(|o| o.public == m.public) {
                 return Err(ConfigError::SharedKey(other.node, m.node));
             }
+            // One X25519 per member at a reload: never per datagram.
+            let kept = self
+                .peers
+                .iter()
+                .find(|p| p.node == m.node && p.public == m.public)
+                .map(|p| p.pair.clone());
+            let pair = match kept {
+                Some(pair) => pair,
+                None => self
+                    .key
+                    .pair_key(&m.public)
+                    .ok_or(ConfigError::SmallOrderKey(m.node))?,
+            };
+            pairs.push(pair);
         }
         let burst = self.burst();
         let mut old = std::mem::take(&mut self.peers);
@@ -669,17 +696,19 @@ impl Channel {
                 }
             }
         }
-        for m in listed {
+        for (m, pair) in listed.into_iter().zip(pairs) {
             let peer = match old.iter().position(|p| p.node == m.node) {
                 Some(i) => {
                     let mut p = old.swap_remove(i);
                     if p.public != m.public {
                         p.public = m.public;
+                        p.pair = pair;
+                        p.pair_previous = None;
                         p.forget_sessions();
                     }
                     p
                 }
-                None => Peer::new(m, now, burst),
+                None => Peer::new(m, pair, now, burst),
             };
             self.peers.push(peer);
         }
@@ -703,6 +732,11 @@ impl Channel {
         self.public = self.key.public();
         self.previous_key = Some((old, until));
         for p in &mut self.peers {
+            // Small order was refused when the member was listed, whatever this host's key:
+            // the new pair key exists. Were it missing, the old one would only fail to verify.
+            if let Some(pair) = self.key.pair_key(&p.public) {
+                p.pair_previous = Some(std::mem::replace(&mut p.pair, pair));
+            }
             p.initiating = None;
             for s in [&mut p.current, &mut p.pending].into_iter().flatten() {
                 s.rekey = true;
@@ -773,7 +807,9 @@ impl Channel {
         }
         let own = self.own;
         let p = &mut self.peers[i];
-        p.out = Some(wire::initiation(own, index, &noise));
+        let mut datagram = wire::initiation(own, index, &noise);
+        datagram.extend_from_slice(&p.pair.mac(&datagram));
+        p.out = Some(datagram);
         p.initiating = Some(Initiating {
             state,
             index,
@@ -901,12 +937,16 @@ impl Channel {
                 from,
                 sender_index,
                 noise,
-            } => self.initiation(now, from, sender_index, noise),
+                covered,
+                mac,
+            } => self.initiation(now, from, sender_index, noise, (covered, mac)),
             Message::Response {
                 sender_index,
                 receiver_index,
                 noise,
-            } => self.response(now, sender_index, receiver_index, noise),
+                covered,
+                mac,
+            } => self.response(now, sender_index, receiver_index, noise, (covered, mac)),
             Message::Transport {
                 receiver_index,
                 counter,
@@ -938,6 +978,7 @@ impl Channel {
         from: NodeId,
         sender_index: u32,
         noise: &[u8],
+        (covered, mac): (&[u8], &[u8]),
     ) -> Result<(), Refusal> {
         if from == self.own {
             return Err(Refusal::FromSelf);
@@ -945,24 +986,32 @@ impl Channel {
         let i = self.find(from).ok_or(Refusal::NotMember)?;
         let mut ephemeral = [0; KEY_LEN];
         ephemeral.copy_from_slice(&noise[..KEY_LEN]);
-        if self.peers[i].seen.contains(&ephemeral) {
+        let p = &self.peers[i];
+        if p.seen.contains(&ephemeral) {
             return Err(Refusal::Replayed);
         }
+        // The MAC first (one keyed hash): whoever holds neither key of the pair stops
+        // here, before the bucket, so a flood naming this member without its key leaves
+        // its handshakes to it. The MAC says which of this host's keys the initiator used.
+        let (key, pair) = if p.pair.verify(covered, mac) {
+            (self.key.clone(), p.pair.clone())
+        } else {
+            match (&self.previous_key, &p.pair_previous) {
+                (Some((old, until)), Some(pair)) if *until > now && pair.verify(covered, mac) => {
+                    (old.clone(), pair.clone())
+                }
+                _ => return Err(Refusal::Authentication),
+            }
+        };
         // Charged before the DH, which is the work to bound (two X25519 operations, a
-        // few hundred microseconds): a flood of initiations naming this member, with or
-        // without its key, spends this member's handshake budget and no other's, and
-        // leaves its live sessions alone.
+        // few hundred microseconds): initiations that carry the pair's MAC (the member's
+        // own, or its past ones replayed) spend this member's budget and no other's.
         self.peers[i]
             .handshakes
             .take(now, HANDSHAKES_PER_SEC, HANDSHAKE_BURST)?;
-        let key = self.key.clone();
-        let mut state = self.respond(i, &key, noise);
-        if state.is_none() {
-            if let Some((old, _)) = self.previous_key.clone().filter(|(_, t)| *t > now) {
-                state = self.respond(i, &old, noise);
-            }
-        }
-        let mut state = state.ok_or(Refusal::Authentication)?;
+        let mut state = self
+            .respond(i, &key, noise)
+            .ok_or(Refusal::Authentication)?;
         let p = &mut self.peers[i];
         if p.seen.len() >= SEEN_EPHEMERALS {
             p.seen.pop_front();
@@ -990,6 +1039,8 @@ impl Channel {
         self.next_generation += 1;
         let p = &mut self.peers[i];
         p.initiating = None;
+        let mut datagram = wire::response(index, sender_index, &noise_out);
+        datagram.extend_from_slice(&pair.mac(&datagram));
         p.pending = Some(Session {
             local: index,
             remote: sender_index,
@@ -1003,7 +1054,7 @@ impl Channel {
             rekey: false,
             last_sent: None,
         });
-        p.out = Some(wire::response(index, sender_index, &noise_out));
+        p.out = Some(datagram);
         Ok(())
     }
 
@@ -1013,6 +1064,7 @@ impl Channel {
         sender_index: u32,
         receiver_index: u32,
         noise: &[u8],
+        (covered, mac): (&[u8], &[u8]),
     ) -> Result<(), Refusal> {
         let i = self
             .peers
@@ -1026,6 +1078,13 @@ impl Channel {
         let mut payload = [0; wire::NOISE_HANDSHAKE_LEN];
         let generation = self.next_generation;
         let p = &mut self.peers[i];
+        // Checked before the Noise read, whose failure would spend the initiation: a
+        // forged response (its index seen on the path) leaves the handshake in flight.
+        // A rotation of this host's key drops initiations in flight, so the current pair
+        // key is the one the initiation was made under.
+        if !p.pair.verify(covered, mac) {
+            return Err(Refusal::Authentication);
+        }
         let Some(mut h) = p.initiating.take() else {
             return Err(Refusal::UnknownSession);
         };
@@ -1746,6 +1805,54 @@ mod tests {
         b.receive(ms(9), &withdrawal.bytes).unwrap();
         // B no longer serves A and grants nothing more.
         assert!(b.poll_transmit(ms(20)).is_none());
+    }
+
+    /// A member list is refused whole, naming the member: one listed twice, two sharing a
+    /// key (one could speak for the other), a public key of small order (a point of order
+    /// 8: its pair key is the same for every private key, so anyone could MAC as it).
+    #[test]
+    fn member_lists_that_would_let_one_host_speak_for_another_are_refused() {
+        let start = |members: &[Member]| {
+            Channel::new(
+                ChannelConfig::default(),
+                B,
+                key_of(B),
+                members,
+                [2; 32],
+                Duration::ZERO,
+            )
+            .err()
+        };
+        let mut twice = members();
+        twice.push(twice[0]);
+        assert_eq!(
+            start(&twice),
+            Some(StartError::Config(ConfigError::Duplicate(A)))
+        );
+        let mut shared = members();
+        shared[2].public = shared[0].public;
+        assert!(matches!(
+            start(&shared),
+            Some(StartError::Config(ConfigError::SharedKey(..)))
+        ));
+        let mut small = members();
+        let order_8: Vec<u8> = (0..32)
+            .map(|i| {
+                u8::from_str_radix(
+                    &"e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"
+                        [2 * i..2 * i + 2],
+                    16,
+                )
+                .unwrap()
+            })
+            .collect();
+        small[0].public = PublicKey(order_8.try_into().unwrap());
+        let refused = start(&small);
+        assert_eq!(
+            refused,
+            Some(StartError::Config(ConfigError::SmallOrderKey(A)))
+        );
+        assert!(refused.unwrap().to_string().contains("small order"));
     }
 
     #[test]

@@ -1,21 +1,27 @@
-//! The peer channel's wire format, version 2: three message types, each behind an 8-byte
-//! preamble (magic "JSPC", version 2, type, two zero bytes). Integers are big-endian.
+//! The peer channel's wire format, version 3: three message types, each behind an 8-byte
+//! preamble (magic "JSPC", version 3, type, two zero bytes). Integers are big-endian.
 //!
 //! ```text
-//! type 1, handshake initiation (Noise KK message 1: e, es, ss), 76 bytes
+//! type 1, handshake initiation (Noise KK message 1: e, es, ss), 92 bytes
 //!      8    16  the initiator's node id (which member's static key to expect; only a hint:
-//!               a false one fails the handshake's DH)
+//!               a false one fails the MAC and the handshake's DH)
 //!     24     4  the initiator's session index
 //!     28    48  Noise message: ephemeral key (32), AEAD tag of the empty payload (16)
-//! type 2, handshake response (Noise KK message 2: e, ee, se), 64 bytes
+//!     76    16  MAC of bytes 0..76 under the pair's static key
+//! type 2, handshake response (Noise KK message 2: e, ee, se), 80 bytes
 //!      8     4  the responder's session index
 //!     12     4  the initiator's session index (the one it chose)
 //!     16    48  Noise message: ephemeral key (32), AEAD tag of the empty payload (16)
+//!     64    16  MAC of bytes 0..64 under the pair's static key
 //! type 3, transport, 20 + n + 16 bytes
 //!      8     4  the receiver's session index
 //!     12     8  counter (the ChaCha20-Poly1305 nonce)
 //!     20  n+16  AEAD of the plaintext: kind (0 keepalive, 1 demand, 2 grant), then the body
 //! ```
+//!
+//! The handshake MAC ([`crate::keys::PairKey`]) is keyed by the two members' static keys
+//! alone, so a receiver checks it with one keyed hash before it computes any DH or spends
+//! any budget: a datagram from a host without either key is refused at that cost.
 //!
 //! A demand's body is a count (u16), two zero bytes, then `count` entries of 16 bytes:
 //! tenant (u64), class (u8: 0 latency, 1 throughput, 2 bandwidth), role (u8: 1 READ,
@@ -23,9 +29,9 @@
 //! ops/s (f64 each), chunk bytes (u32), four zero bytes, incast bytes/s per unit of weight
 //! (f64, 0 when the receiver gives no incast share). A keepalive has no body.
 //!
-//! This module frames and parses; the cryptography is the channel's (through snow). No
-//! field of a message names its sender for trust: the session a transport message
-//! decrypts under does.
+//! This module frames and parses; the cryptography is the channel's (through snow) and
+//! the keys module's. No field of a message names its sender for trust: the pair key
+//! its MAC verifies under and the session a transport message decrypts under do.
 //!
 //! Invariants: [`parse`] checks the length, the magic, version and type and every fixed
 //! size before anything is looked up or computed; [`parse_body`] (run only on
@@ -39,15 +45,17 @@ use crate::{NodeId, Refusal};
 /// The first bytes of every message.
 pub const MAGIC: [u8; 4] = *b"JSPC";
 /// The version this code speaks; a datagram of another is refused.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes of the preamble every message starts with.
 pub const PREAMBLE_LEN: usize = 8;
 /// Bytes of a Noise KK handshake message with an empty payload: an ephemeral key and a tag.
 pub const NOISE_HANDSHAKE_LEN: usize = 48;
+/// Bytes of a handshake message's MAC.
+pub const MAC_LEN: usize = crate::keys::MAC_LEN;
 /// Bytes of a handshake initiation.
-pub const INITIATION_LEN: usize = PREAMBLE_LEN + 16 + 4 + NOISE_HANDSHAKE_LEN;
+pub const INITIATION_LEN: usize = PREAMBLE_LEN + 16 + 4 + NOISE_HANDSHAKE_LEN + MAC_LEN;
 /// Bytes of a handshake response.
-pub const RESPONSE_LEN: usize = PREAMBLE_LEN + 4 + 4 + NOISE_HANDSHAKE_LEN;
+pub const RESPONSE_LEN: usize = PREAMBLE_LEN + 4 + 4 + NOISE_HANDSHAKE_LEN + MAC_LEN;
 /// Bytes of a transport message before its ciphertext.
 pub const TRANSPORT_HEADER_LEN: usize = PREAMBLE_LEN + 4 + 8;
 /// Bytes of the AEAD tag.
@@ -91,6 +99,10 @@ pub enum Message<'a> {
         sender_index: u32,
         /// The Noise message.
         noise: &'a [u8],
+        /// The bytes the MAC covers (all before it).
+        covered: &'a [u8],
+        /// The MAC.
+        mac: &'a [u8],
     },
     /// A handshake response.
     Response {
@@ -100,6 +112,10 @@ pub enum Message<'a> {
         receiver_index: u32,
         /// The Noise message.
         noise: &'a [u8],
+        /// The bytes the MAC covers (all before it).
+        covered: &'a [u8],
+        /// The MAC.
+        mac: &'a [u8],
     },
     /// A transport message.
     Transport {
@@ -141,12 +157,16 @@ pub fn parse(datagram: &[u8]) -> Result<Message<'_>, Refusal> {
         TYPE_INITIATION if datagram.len() == INITIATION_LEN => Ok(Message::Initiation {
             from: NodeId(take16(&datagram[8..24])),
             sender_index: u32_at(24),
-            noise: &datagram[28..],
+            noise: &datagram[28..INITIATION_LEN - MAC_LEN],
+            covered: &datagram[..INITIATION_LEN - MAC_LEN],
+            mac: &datagram[INITIATION_LEN - MAC_LEN..],
         }),
         TYPE_RESPONSE if datagram.len() == RESPONSE_LEN => Ok(Message::Response {
             sender_index: u32_at(8),
             receiver_index: u32_at(12),
-            noise: &datagram[16..],
+            noise: &datagram[16..RESPONSE_LEN - MAC_LEN],
+            covered: &datagram[..RESPONSE_LEN - MAC_LEN],
+            mac: &datagram[RESPONSE_LEN - MAC_LEN..],
         }),
         TYPE_TRANSPORT if datagram.len() >= TRANSPORT_HEADER_LEN + 1 + TAG_LEN => {
             Ok(Message::Transport {
@@ -167,7 +187,8 @@ fn preamble(out: &mut Vec<u8>, kind: u8) {
     out.extend_from_slice(&[0, 0]);
 }
 
-/// Frames a handshake initiation around its Noise message.
+/// Frames a handshake initiation around its Noise message, up to its MAC: the sender
+/// appends [`MAC_LEN`] bytes, the MAC of what precedes under the pair key.
 pub fn initiation(from: NodeId, sender_index: u32, noise: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(INITIATION_LEN);
     preamble(&mut out, TYPE_INITIATION);
@@ -177,7 +198,8 @@ pub fn initiation(from: NodeId, sender_index: u32, noise: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Frames a handshake response around its Noise message.
+/// Frames a handshake response around its Noise message, up to its MAC (as
+/// [`initiation`]).
 pub fn response(sender_index: u32, receiver_index: u32, noise: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(RESPONSE_LEN);
     preamble(&mut out, TYPE_RESPONSE);
@@ -451,16 +473,16 @@ mod tests {
     #[test]
     fn the_layout_is_the_documented_one() {
         let init = initiation(NodeId([1; 16]), 0x0102_0304, &[9; NOISE_HANDSHAKE_LEN]);
-        assert_eq!(init.len(), 76);
-        assert_eq!(&init[..8], b"JSPC\x02\x01\x00\x00");
+        assert_eq!(init.len() + MAC_LEN, 92);
+        assert_eq!(&init[..8], b"JSPC\x03\x01\x00\x00");
         assert_eq!(&init[24..28], &[1, 2, 3, 4]);
         let resp = response(5, 6, &[9; NOISE_HANDSHAKE_LEN]);
-        assert_eq!(resp.len(), 64);
+        assert_eq!(resp.len() + MAC_LEN, 80);
         assert_eq!(&resp[5..16], &[2, 0, 0, 0, 0, 0, 5, 0, 0, 0, 6]);
         let t = transport_header(7, 8);
         assert_eq!(
             &t[..],
-            b"JSPC\x02\x03\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x08"
+            b"JSPC\x03\x03\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x08"
         );
         let g = encode_body(&Body::Grant(grant()));
         assert_eq!(g.len(), 1 + 40);
@@ -476,16 +498,29 @@ mod tests {
 
     #[test]
     fn framing_errors_are_refused_before_anything_else() {
-        let init = initiation(NodeId([1; 16]), 1, &[9; NOISE_HANDSHAKE_LEN]);
+        let mut init = initiation(NodeId([1; 16]), 1, &[9; NOISE_HANDSHAKE_LEN]);
+        init.extend_from_slice(&[7; MAC_LEN]);
         assert!(matches!(
             parse(&init),
             Ok(Message::Initiation {
                 sender_index: 1,
+                noise,
+                covered,
+                mac,
                 ..
-            })
+            }) if noise == [9; NOISE_HANDSHAKE_LEN] && covered.len() == 76 && mac == [7; MAC_LEN]
         ));
         assert_eq!(parse(&init[..7]).err(), Some(Refusal::Truncated));
-        assert_eq!(parse(&init[..75]).err(), Some(Refusal::Length));
+        assert_eq!(
+            parse(&init[..91]).err(),
+            Some(Refusal::Length),
+            "no whole MAC"
+        );
+        assert_eq!(
+            parse(&init[..76]).err(),
+            Some(Refusal::Length),
+            "version 2's length"
+        );
         assert_eq!(
             parse(&vec![0; MAX_DATAGRAM + 1]).err(),
             Some(Refusal::Oversized)
@@ -493,13 +528,11 @@ mod tests {
         let mut bad = init.clone();
         bad[0] = b'X';
         assert_eq!(parse(&bad).err(), Some(Refusal::BadMagic));
-        let mut bad = init.clone();
-        bad[4] = 1;
-        assert_eq!(
-            parse(&bad).err(),
-            Some(Refusal::Version),
-            "version 1 (HMAC)"
-        );
+        for old in [1, 2] {
+            let mut bad = init.clone();
+            bad[4] = old;
+            assert_eq!(parse(&bad).err(), Some(Refusal::Version), "version {old}");
+        }
         let mut bad = init.clone();
         bad[5] = 9;
         assert_eq!(parse(&bad).err(), Some(Refusal::Kind));

@@ -384,45 +384,123 @@ fn a_rotated_key_takes_over_through_a_new_handshake() {
     assert!(matches!(b.poll_event(), Some(ChannelEvent::ServedChanged)));
 }
 
-/// A flood of initiations naming A, without A's key (fresh ephemeral keys, so no replay),
-/// spends A's handshake budget (10 a second, 5 back to back: the DH it bounds is computed
-/// for those only) and nothing else: A's live session carries its demands throughout, and
-/// C's handshake, made during the flood, goes through.
+/// A flood of initiations naming A, without A's key (fresh ephemeral keys, so no replay):
+/// every one is refused by its MAC before any DH or bucket, so A's handshake budget stays
+/// whole. With version 2 (the budget charged before the DH) the flood spent it: 996 of
+/// 1000 refused as rate-limited, and A, restarted during the flood, could not make a new
+/// session until the bucket refilled. Here A restarts at the flood's end and is served in
+/// the same millisecond; C's handshake goes through too.
 #[test]
-fn a_handshake_flood_naming_a_costs_only_as_budget() {
+fn a_keyless_flood_of_1000_initiations_naming_a_spends_none_of_as_handshakes() {
     let mut a = channel(A, 1);
     let mut b = channel(B, 2);
     a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
     assert_eq!(pump(&mut a, &mut b, ms(0)), vec![]);
     let mut refusals = std::collections::BTreeMap::new();
     for i in 0..1000u64 {
-        // Seeds other than A's own: each forger's ephemeral key is its own.
-        let mut forger = channel_with(A, key_of(C, (i % 200) as u8 + 1), 100 + (i % 100) as u8);
+        // Seeds other than A's own: each forger's ephemeral key is its own. Its static key
+        // is none of A's (generation 198 of this family would be A's own).
+        let mut forger = channel_with(A, key_of(C, (i % 150) as u8 + 1), 100 + (i % 100) as u8);
         forger.set_demand(ms(1), B, &[read(9, 1)]).unwrap();
         let init = forger.poll_transmit(ms(1)).unwrap();
         let r = b.receive(ms(1), &init.bytes).err().map(|r| r.label());
         *refusals.entry(r).or_insert(0) += 1;
     }
-    // A's real handshake took one token of the burst of 5: 4 computed and refused, 996
-    // refused before any DH.
-    assert_eq!(
-        refusals.get(&Some("rate_limited")),
-        Some(&996),
-        "{refusals:?}"
-    );
     assert_eq!(
         refusals.get(&Some("authentication")),
-        Some(&4),
-        "{refusals:?}"
+        Some(&1000),
+        "version 2: 996 rate_limited, 4 authentication: {refusals:?}"
     );
-    a.set_demand(ms(2), B, &[read(1, 5)]).unwrap();
-    assert_eq!(pump(&mut a, &mut b, ms(2)), vec![]);
+    // A restarts (its sessions lost) at the same moment, four times: the four tokens its
+    // live handshake left of the burst of five are all there. A fifth restart in the same
+    // millisecond finds the bucket empty: the budget is A's, spent by A alone.
+    for restart in 0..5u8 {
+        let mut a = channel(A, 10 + restart);
+        a.greet(ms(1));
+        a.set_demand(ms(1), B, &[read(1, 5 + u16::from(restart))])
+            .unwrap();
+        let refused = pump(&mut a, &mut b, ms(1));
+        let expected = if restart < 4 {
+            vec![]
+        } else {
+            vec![Refusal::RateLimited]
+        };
+        assert_eq!(refused, expected, "A's handshake {restart} after the flood");
+    }
     let served: Vec<_> = b.served().map(|(n, e)| (n, e.flows)).collect();
-    assert_eq!(served, vec![(A, 5)]);
+    assert_eq!(served, vec![(A, 8)]);
     let mut c = channel(C, 3);
     c.set_demand(ms(3), B, &[read(2, 1)]).unwrap();
     assert_eq!(pump(&mut c, &mut b, ms(3)), vec![]);
     assert_eq!(b.served().count(), 2);
+}
+
+/// A's own initiations replayed from a capture longer than B remembers (its last 64
+/// ephemeral keys) carry A's MAC: they spend A's handshake budget (5 back to back, then
+/// 10 a second) and no other member's, and A's live session carries its demands
+/// throughout.
+#[test]
+fn as_captured_initiations_replayed_spend_only_as_handshake_budget() {
+    let mut b = channel(B, 2);
+    let mut captured = Vec::new();
+    for i in 0..100u8 {
+        let mut a = channel(A, 20 + i);
+        a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
+        captured.push(a.poll_transmit(ms(0)).unwrap().bytes);
+    }
+    let mut a = channel(A, 1);
+    a.set_demand(ms(0), B, &[read(1, 1)]).unwrap();
+    assert_eq!(pump(&mut a, &mut b, ms(0)), vec![]);
+    let mut refusals = std::collections::BTreeMap::new();
+    for init in &captured {
+        let r = b.receive(ms(1), init).err().map(|r| r.label());
+        *refusals.entry(r).or_insert(0) += 1;
+    }
+    // The live handshake took one token of five: four replays computed (each a pending
+    // session A never confirms), 96 refused before the DH.
+    assert_eq!(refusals.get(&None), Some(&4), "{refusals:?}");
+    assert_eq!(
+        refusals.get(&Some("rate_limited")),
+        Some(&96),
+        "{refusals:?}"
+    );
+    a.set_demand(ms(2), B, &[read(1, 5)]).unwrap();
+    // B answers the last replay it computed; A, which sent no such initiation, refuses
+    // the answer.
+    let refused = pump(&mut a, &mut b, ms(2));
+    assert_eq!(refused, vec![Refusal::UnknownSession]);
+    let served: Vec<_> = b.served().map(|(n, e)| (n, e.flows)).collect();
+    assert_eq!(served, vec![(A, 5)]);
+    let mut c = channel(C, 3);
+    c.set_demand(ms(2), B, &[read(2, 1)]).unwrap();
+    assert_eq!(pump(&mut c, &mut b, ms(2)), vec![], "C's budget is its own");
+}
+
+/// A response forged by one who saw the initiation's index (without B's key) is refused by
+/// its MAC and leaves the initiation in flight: B's real response completes it. With
+/// version 2 the forged response's failed Noise read spent the handshake, and B's real
+/// response was refused as unknown_session.
+#[test]
+fn a_forged_response_leaves_the_handshake_in_flight() {
+    let mut a = channel(A, 1);
+    let mut b = channel(B, 2);
+    a.set_demand(ms(0), B, &[read(1, 2)]).unwrap();
+    let init = a.poll_transmit(ms(0)).unwrap().bytes;
+    b.receive(ms(0), &init).unwrap();
+    let real = b.poll_transmit(ms(0)).unwrap().bytes;
+    // The forger answers A's index with its own ephemeral key and a guessed MAC.
+    let mut forged = real.clone();
+    forged[16..48].fill(0x5a);
+    forged[wire::RESPONSE_LEN - wire::MAC_LEN..].fill(0x77);
+    assert_eq!(a.receive(ms(0), &forged), Err(Refusal::Authentication));
+    assert_eq!(
+        a.receive(ms(0), &real),
+        Ok(()),
+        "version 2: unknown_session"
+    );
+    assert_eq!(pump(&mut a, &mut b, ms(0)), vec![]);
+    let served: Vec<_> = b.served().map(|(_, e)| e.flows).collect();
+    assert_eq!(served, vec![2]);
 }
 
 /// A receiver that counts a sender's flows but grants it nothing (one sending host's

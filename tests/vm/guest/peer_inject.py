@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Hostile datagrams for a justitiad peer channel (crates/peer/src/wire.rs, version 2).
+"""Hostile datagrams for a justitiad peer channel (crates/peer/src/wire.rs, version 3).
 
     peer_inject.py malformed DEST_IP PORT
     peer_inject.py replayed IFACE DEST_IP PORT SECONDS
 
-malformed: the preamble of a transport message (magic, version 2, type 3) and a header,
+malformed: the preamble of a transport message (magic, version 3, type 3) and a header,
 then fewer bytes than the smallest ciphertext (a kind byte and a 16-byte tag): the daemon
 must refuse it as "length". replayed: waits up to SECONDS for a datagram this host sends
 to DEST_IP:PORT on IFACE (an authentic one, from this host's justitiad), then sends the
@@ -23,7 +23,7 @@ import sys
 import time
 
 MAGIC = b"JSPC"
-VERSION = 2
+VERSION = 3
 TYPE_TRANSPORT = 3
 
 
