@@ -20,12 +20,21 @@
 //! only); one virtual second of the channel, 1 peer x 100 flows 4.89 ms, 10 peers x 100
 //! flows 54.1 ms (5.4% of a core). No handshake existed.
 //!
-//! After (this version, the same machine, one run): a handshake, both ends and two fresh
-//! channels, 1.12 ms; a refresh (demand and grant, each through the whole channel) 11.0
-//! us; one virtual second, 1 peer 5.50 ms, 10 peers 64.0 ms (6.4% of a core). The
-//! datagrams are smaller: 213 demands/s in 42,688 B/s (was 212 in 53,424), 201 grants/s
-//! in 15,464 B/s (was 200 in 25,600). The machine is shared: figures move by 10% or so
-//! from run to run.
+//! Version 2 (Noise KK sessions, the same machine, one run): a handshake, both ends and two
+//! fresh channels, 1.12 ms; a refresh (demand and grant, each through the whole channel)
+//! 11.0 us; one virtual second, 1 peer 5.50 ms, 10 peers 64.0 ms (6.4% of a core). The
+//! datagrams are smaller than version 1's: 213 demands/s in 42,688 B/s (was 212 in
+//! 53,424), 201 grants/s in 15,464 B/s (was 200 in 25,600).
+//!
+//! Version 3 (handshake messages MACed under the pair key; one run while the machine ran a
+//! guest suite beside it, so every figure is inflated alike): a handshake 2.27 ms (each
+//! fresh channel now also derives its pair keys, one X25519 per member); an initiation
+//! without the member's key, refused by its MAC before any DH or bucket, 1.59 us, about
+//! 1/1400 of the handshake (version 2 charged the member's bucket for it and, while the
+//! bucket had tokens, computed the DH); a refresh 16.5 us; one virtual second, 1 peer
+//! 8.71 ms, 10 peers 103 ms. Datagrams: 213 demands/s in 42,704 B/s, 201 grants/s in
+//! 15,480 B/s (the 16-byte MAC is on handshake messages only). The machine is shared:
+//! figures move by 10% or so from run to run on a quiet one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
