@@ -19,7 +19,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use justitia_verbs::sys::*;
 use justitia_verbs::{
@@ -188,12 +188,46 @@ pub struct ServerReport {
     pub done: bool,
 }
 
-/// Serves one client on `listen`: answers its hello, holds the regions while it READs,
+/// Accepts one connection on `listener`, waiting at most `timeout`: a client that never
+/// comes ends the server with an error, as one that says nothing does.
+fn accept_within(
+    listener: &TcpListener,
+    timeout: Duration,
+) -> Result<(TcpStream, SocketAddr), AcrossError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(io("making the checker's TCP port non-blocking"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok(accepted) => return Ok(accepted),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(io("accepting the client")(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no client within {timeout:?}"),
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("accepting the client")(e)),
+        }
+    }
+}
+
+/// Serves one client on `listen` (port 0: a free port, printed): answers its hello, holds the regions while it READs,
 /// and checks them when it is done.
 pub fn serve(listen: SocketAddr, options: &AcrossOptions) -> Result<ServerReport, AcrossError> {
     let listener = TcpListener::bind(listen).map_err(io("binding the checker's TCP port"))?;
-    println!("justitia-integrity: serving on {listen}, waiting for one client");
-    let (mut conn, from) = listener.accept().map_err(io("accepting the client"))?;
+    // The bound address: port 0 asks the kernel for a free one, which the caller reads here.
+    let bound = listener
+        .local_addr()
+        .map_err(io("reading the checker's TCP port"))?;
+    println!("justitia-integrity: serving on {bound}, waiting for one client");
+    let (mut conn, from) = accept_within(&listener, options.timeout)?;
+    conn.set_nonblocking(false)
+        .map_err(io("making the client's connection blocking"))?;
     conn.set_read_timeout(Some(options.timeout))
         .map_err(io("setting the read deadline"))?;
     conn.set_write_timeout(Some(options.timeout))

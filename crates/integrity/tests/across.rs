@@ -1,48 +1,62 @@
 //! The two-host server (`--serve`) against clients it must not trust: it reads the hello
 //! before it opens the device, so these run on a machine without one. A stranger's bytes
 //! and a hello asking for more than the caps end the server with an error naming what was
-//! wrong, never a panic and never an allocation of what was asked.
+//! wrong, never a panic and never an allocation of what was asked; a client that never
+//! comes ends it at its deadline.
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on the loopback address.
-fn free_addr() -> SocketAddr {
-    let Ok(l) = TcpListener::bind("127.0.0.1:0") else {
-        panic!("no loopback port");
-    };
-    let Ok(addr) = l.local_addr() else {
-        panic!("no local address");
-    };
-    addr
-}
-
-/// Starts `--serve` on a free port, sends it `bytes` and returns its status and stderr.
-fn serve_and_send(bytes: &[u8]) -> (Option<i32>, String) {
-    let addr = free_addr();
-    let Ok(child) = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
-        .args(["--serve", &addr.to_string(), "--timeout", "5"])
+/// Starts `--serve` on a port the kernel picks (no other test can take it between a probe
+/// and the server's bind), sends it `bytes` (`None`: never connects) and returns its status
+/// and stderr. The server
+/// is killed if it has not ended within 60 s, so a server that waits for ever fails the
+/// test rather than hanging it.
+fn serve_and_send(bytes: Option<&[u8]>) -> (Option<i32>, String) {
+    let Ok(mut child) = Command::new(env!("CARGO_BIN_EXE_justitia-integrity"))
+        .args(["--serve", "127.0.0.1:0", "--timeout", "5"])
         .env_remove("LD_PRELOAD")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
     else {
         panic!("cannot run the checker binary");
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut conn = loop {
-        match TcpStream::connect(addr) {
-            Ok(c) => break c,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("the server never listened on {addr}: {e}"),
-        }
+    let Some(stdout) = child.stdout.take() else {
+        panic!("no stdout pipe");
     };
-    let _ = conn.write_all(bytes);
+    // Kept open until the server ends: its later lines must not meet a closed pipe.
+    let mut stdout = BufReader::new(stdout);
+    let mut first = String::new();
+    let _ = stdout.read_line(&mut first);
+    let Some(addr) = first
+        .split_whitespace()
+        .find_map(|w| w.trim_end_matches(',').parse::<SocketAddr>().ok())
+    else {
+        let _ = child.kill();
+        panic!("the server said no address: {first:?}");
+    };
+    if let Some(bytes) = bytes {
+        let Ok(mut conn) = TcpStream::connect(addr) else {
+            let _ = child.kill();
+            panic!("cannot connect to the server at {addr}");
+        };
+        let _ = conn.write_all(bytes);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let Ok(out) = child.wait_with_output() else {
         panic!("the server could not be waited for");
     };
+    drop(stdout);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -65,7 +79,7 @@ fn hello(region_len: u64, regions: u32) -> Vec<u8> {
 
 #[test]
 fn a_stranger_is_refused_naming_what_it_sent() {
-    let (code, stderr) = serve_and_send(&[b'G'; 50]);
+    let (code, stderr) = serve_and_send(Some(&[b'G'; 50]));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("no checker greeting"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -73,11 +87,11 @@ fn a_stranger_is_refused_naming_what_it_sent() {
 
 #[test]
 fn a_hello_beyond_the_caps_is_refused_before_anything_is_allocated() {
-    let (code, stderr) = serve_and_send(&hello(1 << 20, 1000));
+    let (code, stderr) = serve_and_send(Some(&hello(1 << 20, 1000)));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("regions 1000"), "{stderr}");
     // 16 TiB per region: refused by its field, not attempted.
-    let (code, stderr) = serve_and_send(&hello(1 << 44, 2));
+    let (code, stderr) = serve_and_send(Some(&hello(1 << 44, 2)));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("region_len"), "{stderr}");
 }
@@ -85,9 +99,25 @@ fn a_hello_beyond_the_caps_is_refused_before_anything_is_allocated() {
 #[test]
 fn a_client_that_says_nothing_ends_the_server_at_its_deadline() {
     let start = Instant::now();
-    let (code, stderr) = serve_and_send(&[]);
+    let (code, stderr) = serve_and_send(Some(&[]));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("reading the client's hello"), "{stderr}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// No client at all: the server ends at its deadline (5 s) naming the wait, where it used
+/// to wait in accept(2) for ever.
+#[test]
+fn a_client_that_never_comes_ends_the_server_at_its_deadline() {
+    let start = Instant::now();
+    let (code, stderr) = serve_and_send(None);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("accepting the client"), "{stderr}");
+    assert!(stderr.contains("no client within 5s"), "{stderr}");
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "{:?}",
