@@ -9,7 +9,7 @@
 //! | --- | --- | --- |
 //! | `device` | first device with an active port | RDMA device the reference flow runs on |
 //! | `port` | first active port of `device` | its port |
-//! | `gid_index` | 0 | GID index of the loopback connection (RoCE) |
+//! | `gid_index` | `"auto"` | GID index of the loopback connection: `"auto"`, the first GID of the port whose address is configured on its network device and out of duplicate address detection (RoCE v2 before v1, IPv4 before IPv6), or an index, refused at start when its GID is no such address (see [`crate::gid`]) |
 //! | `policy` | `"justitia"` | the policy bandwidth and throughput flows are shaped by: `"justitia"` (the control loop's SafeUtil split among the flows), or `"adaptive"` (the adaptive law: bandwidth flows paced together just below what the transmitter drains, in chunks sized from Current99; see [`crate::adaptive`]) |
 //! | `profile` | looked up from the port's link layer and speed x width | RNIC profile name (`roce-100`, `ib-56`, ...) |
 //! | `target` | `"2x"` | Target99: `"150us"`, `"2ms"`, `"800ns"` absolute, or `"2.5x"` the probe's idle p99 |
@@ -124,8 +124,8 @@ pub struct Config {
     pub device: Option<String>,
     /// Port number.
     pub port: Option<u8>,
-    /// GID index.
-    pub gid_index: u8,
+    /// GID index, or automatic.
+    pub gid_index: crate::gid::GidChoice,
     /// Profile name.
     pub profile: Option<String>,
     /// The shaping policy.
@@ -175,7 +175,7 @@ impl Default for Config {
         Config {
             device: None,
             port: None,
-            gid_index: 0,
+            gid_index: crate::gid::GidChoice::Auto,
             profile: None,
             policy: PolicyKind::Justitia,
             target: Target99::IdleMultiple(2.0),
@@ -327,7 +327,16 @@ impl Config {
             c.port = Some(int("port", v, 1, 255)? as u8);
         }
         if let Some(v) = take("gid_index") {
-            c.gid_index = int("gid_index", v, 0, 255)? as u8;
+            c.gid_index = match v {
+                toml::Value::String(s) if s == "auto" => crate::gid::GidChoice::Auto,
+                toml::Value::String(s) => {
+                    return Err(err(
+                        "gid_index",
+                        format!("`{s}` is neither \"auto\" nor an index 0..=255"),
+                    ))
+                }
+                v => crate::gid::GidChoice::Index(int("gid_index", v, 0, 255)? as u8),
+            };
         }
         if let Some(v) = take("profile") {
             let s = string("profile", v)?;
@@ -873,6 +882,25 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/run/justitia/justitiad.sock"));
         assert_eq!(c.policy, PolicyKind::Justitia);
         assert_eq!(c.max_remote_ends_per_tenant, 16);
+        assert_eq!(c.gid_index, crate::gid::GidChoice::Auto);
+    }
+
+    #[test]
+    fn gid_index_is_auto_or_an_index() {
+        use crate::gid::GidChoice;
+        assert_eq!(parse("").unwrap().gid_index, GidChoice::Auto);
+        assert_eq!(
+            parse("gid_index = \"auto\"").unwrap().gid_index,
+            GidChoice::Auto
+        );
+        assert_eq!(
+            parse("gid_index = 3").unwrap().gid_index,
+            GidChoice::Index(3)
+        );
+        for bad in ["gid_index = \"first\"", "gid_index = 256", "gid_index = -1"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("gid_index"), "{bad}: {e}");
+        }
     }
 
     #[test]

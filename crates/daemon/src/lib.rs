@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | [`adaptive`] | `policy = "adaptive"`: the core's adaptive law driven on the host |
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
+//! | [`gid`] | the reference flow's GID: chosen, or the given one checked, against the port's table and its device's addresses |
 //! | [`kubepods`] | pods as tenants: a process's pod from its cgroup, the pod's namespace from kubelet's log directories |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
@@ -21,6 +22,7 @@
 
 pub mod adaptive;
 pub mod config;
+pub mod gid;
 pub mod kubepods;
 pub mod limits;
 pub mod metrics;

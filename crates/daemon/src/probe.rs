@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ use justitia_verbs::{
     CompletionChannel, CompletionQueue, Context, Ibverbs, MemoryRegion, ProtectionDomain, QpCaps,
     QueuePair, SendRequest,
 };
+use tracing::{info, warn};
+
+use crate::gid::{self, GidChoice};
 
 /// What the probe runs on.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,8 +199,9 @@ pub struct VerbsProbe {
 
 impl VerbsProbe {
     /// Opens `device` (or the first with an active port) on `port` (or its first active
-    /// port) and connects the loopback pair.
-    pub fn open(device: Option<&str>, port: Option<u8>, gid_index: u8) -> Result<Self, String> {
+    /// port) and connects the loopback pair through the GID `gid` selects
+    /// ([`select_gid`]).
+    pub fn open(device: Option<&str>, port: Option<u8>, gid: GidChoice) -> Result<Self, String> {
         let verbs = Arc::new(Ibverbs::load().map_err(|e| format!("loading libibverbs: {e}"))?);
         let names: Vec<String> = match device {
             Some(d) => vec![d.to_string()],
@@ -250,6 +255,7 @@ impl VerbsProbe {
             line_rate_bps: rate,
             profile_hint: (rate > 0.0).then(|| profile_for(ib, rate)),
         };
+        let gid_index = select_gid(ctx.name(), port, gid, ib)?;
         let e = |what: &'static str| {
             move |err: justitia_verbs::VerbsError| format!("{what} on {}: {err}", info_name(port))
         };
@@ -335,6 +341,54 @@ impl VerbsProbe {
 
 fn now_ns() -> u64 {
     justitia_agent::block::monotonic_ns()
+}
+
+/// How long the daemon waits at start for a GID's address to leave duplicate address
+/// detection (one to two seconds after the link comes up with the kernel's defaults);
+/// well within the unit's TimeoutStartSec.
+pub const GID_TENTATIVE_WAIT: Duration = Duration::from_secs(10);
+
+/// The GID index the probe connects through on `device` port `port`: [`crate::gid::resolve`]
+/// over the port's GID table in `/sys` and the host's addresses, waiting up to
+/// [`GID_TENTATIVE_WAIT`] while its address is tentative. On InfiniBand, and where sysfs
+/// has no table for the port, the index is taken as given (0 for automatic), with a
+/// warning in the second case.
+pub fn select_gid(device: &str, port: u8, choice: GidChoice, ib: bool) -> Result<u8, String> {
+    let given = match choice {
+        GidChoice::Auto => 0,
+        GidChoice::Index(i) => i,
+    };
+    if ib {
+        return Ok(given);
+    }
+    let deadline = std::time::Instant::now() + GID_TENTATIVE_WAIT;
+    let mut waited = false;
+    loop {
+        let table = match gid::read_table(Path::new("/sys"), device, port) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, gid_index = given, "GID not checked: using gid_index {given}");
+                return Ok(given);
+            }
+        };
+        let addrs = gid::read_addresses(Path::new("/proc/net/if_inet6"));
+        match gid::resolve(choice, device, port, &table, &addrs) {
+            Ok(entry) => {
+                info!(device, port, gid_index = entry.index, gid = %entry.ip(), gid_type = %entry.kind,
+                    netdev = entry.ndev.as_deref().unwrap_or("-"), setting = %choice,
+                    "reference flow GID");
+                return Ok(entry.index);
+            }
+            Err(e) if e.is_tentative() && std::time::Instant::now() < deadline => {
+                if !waited {
+                    info!(error = %e, "waiting for duplicate address detection");
+                    waited = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("choosing the reference flow's GID: {e}")),
+        }
+    }
 }
 
 fn info_name(port: u8) -> String {

@@ -618,6 +618,12 @@ else
   if [ "$rc" = 124 ]; then
     result FAIL "daemon" "tests/vm/guest/daemon.sh did not finish within 120 s"
   fi
+  # The reference flow's GID on rxe1, whose interface's link-local address is not made
+  # from its MAC (tests/vm/guest/gid-index.sh; about 30 s).
+  timeout 120 tests/vm/guest/gid-index.sh "$RESULTS" "$DAEMON_BIN_DIR"
+  if [ "$?" = 124 ]; then
+    result FAIL "gid" "tests/vm/guest/gid-index.sh did not finish within 120 s"
+  fi
   # The daemon steering applications under the shaper, and its faults (2 to 5 minutes; the
   # limit leaves room for a loaded host).
   if ! have_shaper; then
