@@ -10,6 +10,7 @@
 //! | [`adaptive`] | `policy = "adaptive"`: the core's adaptive law driven on the host |
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
 //! | [`kubepods`] | pods as tenants: a process's pod from its cgroup, the pod's namespace from kubelet's log directories |
+//! | [`members_file`] | `[peer] members_file`: the peer channel's members from a file of their own, re-read when it changes |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
@@ -23,6 +24,7 @@ pub mod adaptive;
 pub mod config;
 pub mod kubepods;
 pub mod limits;
+pub mod members_file;
 pub mod metrics;
 pub mod peer;
 pub mod probe;
