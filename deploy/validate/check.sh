@@ -38,7 +38,8 @@ start=$SECONDS
 echo "deploy check: validator built and its tests passed in $((SECONDS - start)) s"
 
 "$validator" repo . "$JUSTITIA_BIN_DIR"
-"$target/debug/justitiad" --config deploy/kubernetes/justitiad.toml --check
+# (justitiad --check on the ConfigMap runs inside the validator, with the pod's own command
+# line and the peer channel's key and member list made as the pod and peer-members.sh make them.)
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

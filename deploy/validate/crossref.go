@@ -21,7 +21,7 @@ var cdiSpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
 // The smallest memory each container is given. justitiad holds its control blocks (one
 // page per slot, 1024 slots: 4 MiB), the probe's buffers and its binary; the install step
 // runs cp and `justitia cdi`.
-var memoryFloor = map[string]string{"justitiad": "32Mi", "install": "16Mi", "device-plugin": "16Mi"}
+var memoryFloor = map[string]string{"justitiad": "32Mi", "install": "16Mi", "device-plugin": "16Mi", "peer-key": "16Mi"}
 
 // checkSecurity checks the settings deploy/kubernetes/README.md promises for every
 // container: no privilege escalation, a read-only root file system, the runtime's seccomp
@@ -249,14 +249,25 @@ type cdiSpecEdits struct {
 }
 
 // writtenPaths lists the paths a shell script's file commands write (every operand of
-// mkdir, cp, mv, install, ln and touch, sources included, and the --output of justitia),
-// with continuation lines joined.
+// mkdir, cp, mv, install, ln and touch, sources included, the --output of justitia, and
+// the target of every > or >> redirection), with continuation lines joined.
 func writtenPaths(script string) []string {
 	var out []string
 	for _, line := range strings.Split(strings.ReplaceAll(script, "\\\n", " "), "\n") {
 		words := strings.Fields(line)
 		if len(words) == 0 {
 			continue
+		}
+		for i, w := range words {
+			target := ""
+			if (w == ">" || w == ">>") && i+1 < len(words) {
+				target = words[i+1]
+			} else if strings.HasPrefix(w, ">") {
+				target = strings.TrimLeft(w, ">")
+			}
+			if target != "" && !strings.HasPrefix(target, "&") {
+				out = append(out, target)
+			}
 		}
 		switch words[0] {
 		case "mkdir", "cp", "mv", "install", "ln", "touch":
@@ -316,16 +327,3 @@ func checkSpecAgainstHost(spec *cdiSpecEdits, hostRoot, socket string) error {
 
 // Where the shaper looks for justitiad's socket when JUSTITIA_SOCKET is not set.
 const defaultSocket = "/run/justitia/justitiad.sock"
-
-// checkDaemonConfig has justitiad itself check the configuration the ConfigMap holds.
-func checkDaemonConfig(text, binDir, scratch string) error {
-	p := filepath.Join(scratch, "justitiad.toml")
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		return err
-	}
-	out, err := exec.Command(filepath.Join(binDir, "justitiad"), "--config", p, "--check").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("justitiad --check refuses the ConfigMap's configuration: %s", strings.TrimSpace(string(out)))
-	}
-	return nil
-}

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -34,12 +33,13 @@ func checkRepo(root, binDir string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(scratch)
-	specPath, err := checkDeployment(objects, binDir, scratch)
+	specPath, err := checkDeployment(objects, root, binDir, scratch)
 	if err != nil {
 		return "", fmt.Errorf("deploy/kubernetes: %w", err)
 	}
 	fmt.Fprintf(&report, "deploy/kubernetes: the DaemonSet's mounts, probes, ports, security settings and RDMA resource agree with its configuration; justitiad --check accepts the ConfigMap\n")
 	fmt.Fprintf(&report, "deploy/kubernetes: the install step runs, writes %s, and every file the spec binds is on the host\n", specPath)
+	fmt.Fprintf(&report, "deploy/kubernetes: justitiad runs its pod's command line: metrics on the node's address alone; the peer channel's key made on the node (mode 0600, a host path), the list %s renders read from members_file and naming the node (--peer-node $(HOST_IP)) with its key, its UDP port declared\n", membersScript)
 	if len(objects.podMonitors) != 0 {
 		return "", fmt.Errorf("deploy/kubernetes: a PodMonitor in the base, which clusters without the Prometheus operator refuse")
 	}
@@ -159,7 +159,7 @@ func strictDecode(data []byte, into any, apiVersion, want string) error {
 // writes a spec runtimes read and the files the device plugin hands out, that the plugin
 // and justitiad accept their settings, and that the admission policy admits justitiad and
 // refuses what it must. It returns where the spec lands on the host.
-func checkDeployment(o *builtObjects, binDir, scratch string) (string, error) {
+func checkDeployment(o *builtObjects, root, binDir, scratch string) (string, error) {
 	if len(o.daemonSets) != 2 {
 		return "", fmt.Errorf("%d DaemonSets, expected 2 (justitiad, justitia-device-plugin)", len(o.daemonSets))
 	}
@@ -180,7 +180,7 @@ func checkDeployment(o *builtObjects, binDir, scratch string) (string, error) {
 		return "", fmt.Errorf("the DaemonSets select different nodes (%v, %v): a node would hand out the shaper without a daemon, or the reverse",
 			daemonDS.Spec.Template.Spec.NodeSelector, pluginDS.Spec.Template.Spec.NodeSelector)
 	}
-	daemon, err := checkDaemon(daemonDS, configMaps, binDir, scratch)
+	daemon, err := checkDaemon(daemonDS, configMaps, root, binDir, scratch)
 	if err != nil {
 		return "", fmt.Errorf("DaemonSet justitiad: %w", err)
 	}
@@ -266,8 +266,9 @@ type daemonSettings struct {
 }
 
 // checkDaemon checks justitiad's pod against its configuration, and has justitiad check
-// that configuration.
-func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, binDir, scratch string) (*daemonSettings, error) {
+// that configuration with the pod's command line (runDaemonCheck), the peer channel's key
+// and member list made as the pod and peer-members.sh make them.
+func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, root, binDir, scratch string) (*daemonSettings, error) {
 	pod := ds.Spec.Template.Spec
 	if !pod.HostNetwork || !pod.HostPID {
 		return nil, fmt.Errorf("hostNetwork and hostPID must be true (the probe uses the node's port; shapers' pids are the host's)")
@@ -282,12 +283,11 @@ func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, b
 	}
 	// The configuration: a ConfigMap volume mounted as a directory (a subPath mount would
 	// never see an update), at the directory of --config.
-	configPath := argAfter(daemon.Command, "--config")
+	configPath := argAfter(append(append([]string(nil), daemon.Command...), daemon.Args...), "--config")
 	if configPath == "" {
 		return nil, fmt.Errorf("justitiad has no --config argument")
 	}
 	var config map[string]string
-	var configText string
 	for _, m := range daemon.VolumeMounts {
 		v := volumes[m.Name]
 		if v.ConfigMap == nil {
@@ -297,7 +297,7 @@ func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, b
 			return nil, fmt.Errorf("the configuration is mounted with subPath: the daemon would never see it change")
 		}
 		if m.MountPath != path.Dir(configPath) {
-			return nil, fmt.Errorf("the configuration is mounted at %s, but --config is %s", m.MountPath, configPath)
+			continue
 		}
 		cm, ok := configMaps[v.ConfigMap.Name]
 		if !ok {
@@ -308,10 +308,9 @@ func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, b
 			return nil, fmt.Errorf("ConfigMap %s has no key %s", cm.Name, path.Base(configPath))
 		}
 		config = topLevelKeys(text)
-		configText = text
 	}
 	if config == nil {
-		return nil, fmt.Errorf("justitiad mounts no ConfigMap")
+		return nil, fmt.Errorf("justitiad mounts no ConfigMap at %s, the directory of --config %s", path.Dir(configPath), configPath)
 	}
 	socket, admin, metrics := config["socket"], config["admin_socket"], config["metrics"]
 	if socket == "" || admin == "" || metrics == "" {
@@ -342,17 +341,14 @@ func checkDaemon(ds *appsv1.DaemonSet, configMaps map[string]corev1.ConfigMap, b
 			return nil, fmt.Errorf("a probe asks %q, but admin_socket is %s", got, admin)
 		}
 	}
-	_, port, ok := strings.Cut(metrics, ":")
-	if !ok {
-		return nil, fmt.Errorf("metrics %q has no port", metrics)
+	check, err := runDaemonCheck(root, pod, *daemon, configMaps, binDir, scratch)
+	if err != nil {
+		return nil, err
 	}
-	if ds.Spec.Template.Annotations["prometheus.io/port"] != port {
-		return nil, fmt.Errorf("prometheus.io/port is %q, the metrics port %s", ds.Spec.Template.Annotations["prometheus.io/port"], port)
+	if err := checkMetricsAddress(ds, *daemon, metrics, check); err != nil {
+		return nil, err
 	}
-	if !slices.ContainsFunc(daemon.Ports, func(p corev1.ContainerPort) bool { return strconv.Itoa(int(p.ContainerPort)) == port }) {
-		return nil, fmt.Errorf("justitiad declares no containerPort %s (metrics)", port)
-	}
-	if err := checkDaemonConfig(configText, binDir, scratch); err != nil {
+	if err := checkPeer(pod, *daemon, check); err != nil {
 		return nil, err
 	}
 	return &daemonSettings{socket: socket}, nil

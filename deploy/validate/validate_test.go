@@ -42,7 +42,7 @@ func copyRepo(t *testing.T) string {
 		"deploy/kubernetes/device-plugin.yaml", "deploy/kubernetes/admission-policy.yaml",
 		"deploy/kubernetes/monitoring/kustomization.yaml", "deploy/kubernetes/monitoring/podmonitor.yaml",
 		"deploy/with-monitoring/kustomization.yaml",
-		"deploy/kubernetes/justitiad.toml", "deploy/Dockerfile", "packaging/justitiad.toml",
+		"deploy/kubernetes/justitiad.toml", "deploy/kubernetes/peer-members.sh", "deploy/Dockerfile", "packaging/justitiad.toml",
 	} {
 		data, err := os.ReadFile(filepath.Join("../..", f))
 		if err != nil {
@@ -131,6 +131,27 @@ func TestBrokenInputsAreRefused(t *testing.T) {
 		{"IPC_LOCK removed", "deploy/kubernetes/daemonset.yaml", `add: ["IPC_LOCK"]`, `add: []`, "IPC_LOCK"},
 		{"1 MiB memory limit", "deploy/kubernetes/daemonset.yaml", "memory: 128Mi", "memory: 1Mi", "below its request"},
 		{"memory request below the floor", "deploy/kubernetes/daemonset.yaml", "memory: 32Mi", "memory: 1Mi", "floor"},
+		// The metrics endpoint: the node's own address, not every one.
+		{"metrics on every address in the ConfigMap", "deploy/kubernetes/justitiad.toml", `metrics = "127.0.0.1:9464"`, `metrics = "0.0.0.0:9464"`, "every address"},
+		{"metrics flag on every address", "deploy/kubernetes/daemonset.yaml", `"--metrics", "$(HOST_IP):9464"`, `"--metrics", "[::]:9464"`, "every address"},
+		{"metrics flag dropped (loopback only)", "deploy/kubernetes/daemonset.yaml", `args: ["--metrics", "$(HOST_IP):9464", `, `args: [`, "loopback"},
+		// The peer channel: identity, key, members, port.
+		{"misspelt justitiad flag", "deploy/kubernetes/daemonset.yaml", `"--peer-node", "$(HOST_IP)"`, `"--peer-nod", "$(HOST_IP)"`, "--peer-nod"},
+		{"node id from the node name", "deploy/kubernetes/daemonset.yaml", "fieldPath: status.hostIP", "fieldPath: spec.nodeName", "node-a"},
+		{"node id not the node's address", "deploy/kubernetes/daemonset.yaml", `"--peer-node", "$(HOST_IP)"`, `"--peer-node", "10.0.0.1"`, "--peer-node must be $(HOST_IP)"},
+		{"peer port declared as TCP", "deploy/kubernetes/daemonset.yaml", "              containerPort: 7471\n              protocol: UDP\n", "              containerPort: 7471\n              protocol: TCP\n", "no UDP containerPort 7471"},
+		{"peer port declared apart from peer.port", "deploy/kubernetes/daemonset.yaml", "containerPort: 7471", "containerPort: 7472", "peer.port"},
+		{"peer channel listening on another port", "deploy/kubernetes/justitiad.toml", "[peer]\nkey_file", "[peer]\nlisten = \"0.0.0.0:7472\"\nkey_file", "peer.port 7471"},
+		{"key written with the default umask", "deploy/kubernetes/daemonset.yaml", "              umask 077\n", "", "mode 0644"},
+		{"key in an emptyDir", "deploy/kubernetes/daemonset.yaml", "        - name: peer-key\n          hostPath:\n            path: /var/lib/justitia-peer\n            type: DirectoryOrCreate\n", "        - name: peer-key\n          emptyDir: {}\n", "not a host path"},
+		{"daemon's key mount writable", "deploy/kubernetes/daemonset.yaml", "              mountPath: /var/lib/justitia-peer\n              readOnly: true\n", "              mountPath: /var/lib/justitia-peer\n", "readOnly"},
+		{"key step keeps the key elsewhere", "deploy/kubernetes/daemonset.yaml", "mv /var/lib/justitia-peer/.peer.key.new /var/lib/justitia-peer/peer.key", "mv /var/lib/justitia-peer/.peer.key.new /var/lib/justitia-peer/node.key", "no such file"},
+		{"public key not published", "deploy/kubernetes/daemonset.yaml", " > /dev/termination-log", "", "termination message"},
+		{"member list mounted away from members_file", "deploy/kubernetes/daemonset.yaml", "              mountPath: /etc/justitia-peer\n", "              mountPath: /etc/justitia-members\n", "not where its ConfigMap is mounted"},
+		{"member list required before the pod starts", "deploy/kubernetes/daemonset.yaml", "            optional: true\n", "            optional: false\n", "not optional"},
+		{"members listed by hand", "deploy/kubernetes/justitiad.toml", `members_file = "/etc/justitia-peer/members.toml"`, "[peer.members]", "set members_file"},
+		{"render script reads another step's message", "deploy/kubernetes/peer-members.sh", `@.name=="peer-key"`, `@.name=="key"`, "no justitiad pod has published a key"},
+		{"render script applies another ConfigMap", "deploy/kubernetes/peer-members.sh", "create configmap justitia-peer-members", "create configmap justitia-members", "does not mount"},
 		{"configuration value justitiad refuses", "deploy/kubernetes/justitiad.toml", "ref_period_us = 500", "ref_period_us = 0", "justitiad --check"},
 		{"configuration key justitiad does not know", "deploy/kubernetes/justitiad.toml", `target = "2x"`, `target = "2x"
 targte = "3x"`, "targte"},

@@ -20,7 +20,7 @@
 //! | `socket` | `/run/justitia/justitiad.sock` | registration socket (mode 0666: any local process may register, as itself) |
 //! | `admin_socket` | `/run/justitia/justitiad-admin.sock` | admin socket |
 //! | `admin_group` | none | a group whose members may use the admin socket besides root |
-//! | `metrics` | `127.0.0.1:9464` | Prometheus endpoint: `address:port`, or `unix:/path` (mode 0660, group `admin_group`), which alone carries the per-tenant series labelled by uid; `""` turns it off. A failed bind is retried, never fatal |
+//! | `metrics` | `127.0.0.1:9464` | (`--metrics` on the command line replaces it) Prometheus endpoint: `address:port`, or `unix:/path` (mode 0660, group `admin_group`), which alone carries the per-tenant series labelled by uid; `""` turns it off. A failed bind is retried, never fatal |
 //! | `stale_after_ms` | 5 | a heartbeat older than this makes shapers fall back |
 //! | `slots` | 1024 | flows the daemon registers at most (and slots of each tenant page) |
 //! | `max_flows_per_tenant` | 256 | flows one tenant may register (a quarter of `slots` is kept for tenants with few flows, see `limits`); with `tenant = "uid"` or `"cgroup"` the cap is per uid, since a user with a delegated cgroup subtree could otherwise make tenants at will, and so is it for processes in no pod with `"pod"` and `"namespace"` |
@@ -32,10 +32,11 @@
 //! | `pod_logs_dir` | `/var/log/pods` | kubelet's pod log directory, whose entries `<namespace>_<pod>_<UID>` name the pods (`tenant = "namespace"`, and weights by namespace or pod) |
 //! | `[weights]` | all 1 | a tenant's share weight (1..=1000): `"<uid>" = w`, `"namespace/<namespace>" = w`, `"pod/<namespace>/<pod>" = w`; a flow takes its pod's weight, else its namespace's, else its uid's, else 1 |
 //! | `[peer]` | off | the peer channel to other hosts' daemons (remote READs, incast); on when the table is present |
-//! | `peer.node` | required | this host's RDMA port GID (IPv6 form), or on RoCE v2 its IPv4 address |
+//! | `peer.node` | required | (`--peer-node` on the command line replaces it) this host's RDMA port GID (IPv6 form), or on RoCE v2 its IPv4 address |
 //! | `peer.key_file` | none | this host's private key (`justitiad genkey`), mode 0600 or stricter |
 //! | `peer.key_credential` | `"peer.key"` | without `key_file`: the systemd credential holding the key (`$CREDENTIALS_DIRECTORY/<name>`, from `LoadCredential=`) |
-//! | `[peer.members]` | required | `"<GID or IPv4>" = "<public key>"` or `{ key = "<public key>", address = "address:port" }`: the hosts this one talks to (`justitiad pubkey` prints a host's key) |
+//! | `peer.members_file` | none | instead of `[peer.members]`: a file holding its entries alone, read again within a second of a change and on SIGHUP (see [`crate::members_file`]); absent, it lists no member yet |
+//! | `[peer.members]` | required (or `members_file`) | `"<GID or IPv4>" = "<public key>"` or `{ key = "<public key>", address = "address:port" }`: the hosts this one talks to (`justitiad pubkey` prints a host's key) |
 //! | `peer.listen` | `"0.0.0.0:7471"` | the UDP address the channel binds |
 //! | `peer.port` | 7471 | the port peers' daemons listen on (RoCE discovery from the GID) |
 //! | `peer.max_peers` | 64 | members at most (this host aside) |
@@ -203,14 +204,47 @@ impl Default for Config {
 
 /// A refused configuration.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{file}: key `{key}`: {reason}")]
+#[error("{}", self.describe())]
 pub struct ConfigError {
     /// The file.
     pub file: PathBuf,
-    /// The key (or `(file)` / `(syntax)`).
+    /// The key (or `(file)` / `(syntax)`), or the command-line flag (`--metrics`,
+    /// `--peer-node`) whose value was refused.
     pub key: String,
     /// Why.
     pub reason: String,
+}
+
+impl ConfigError {
+    fn describe(&self) -> String {
+        if self.key.starts_with("--") {
+            format!(
+                "command line: flag `{}` (over {}): {}",
+                self.key,
+                self.file.display(),
+                self.reason
+            )
+        } else {
+            format!(
+                "{}: key `{}`: {}",
+                self.file.display(),
+                self.key,
+                self.reason
+            )
+        }
+    }
+}
+
+/// Values given on `justitiad`'s command line that replace the file's: a DaemonSet fills
+/// them per node from the downward API (`--peer-node $(HOST_IP)`), so that one
+/// configuration serves every node. Each is checked exactly as the key it replaces, and a
+/// refusal names the flag.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--metrics`: replaces `metrics`.
+    pub metrics: Option<String>,
+    /// `--peer-node`: replaces `[peer] node`; refused when the file has no `[peer]` table.
+    pub peer_node: Option<String>,
 }
 
 /// Parses a Target99 as written in the file or on the admin socket.
@@ -267,21 +301,50 @@ impl Config {
     /// Reads `path`. `required` says whether an absent file is an error (a path given on
     /// the command line) or means the defaults (the default path).
     pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(path, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
-                Ok(Config::default())
+        Config::load_with(path, required, &Overrides::default())
+    }
+
+    /// [`Config::load`] with the command line's `overrides` applied; with
+    /// `[peer] members_file`, the members are read from that file (absent: none yet).
+    pub fn load_with(
+        path: &Path,
+        required: bool,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => String::new(),
+            Err(e) => {
+                return Err(ConfigError {
+                    file: path.to_path_buf(),
+                    key: "(file)".into(),
+                    reason: e.to_string(),
+                })
             }
-            Err(e) => Err(ConfigError {
-                file: path.to_path_buf(),
-                key: "(file)".into(),
-                reason: e.to_string(),
-            }),
+        };
+        let mut c = Config::parse_with(path, &text, overrides)?;
+        if let Some(peer) = c.peer.as_mut() {
+            if let Some(file) = peer.members_file.clone() {
+                let listed = crate::members_file::read(&file, peer.node, peer.channel.max_peers)
+                    .map_err(|e| e.into_config_error())?;
+                peer.apply_members(listed);
+            }
         }
+        Ok(c)
     }
 
     /// Parses the text of `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        Config::parse_with(file, text, &Overrides::default())
+    }
+
+    /// Parses the text of `file` with the command line's `overrides` in place of the keys
+    /// they replace. A `members_file` is not read here (see [`Config::load_with`]).
+    pub fn parse_with(
+        file: &Path,
+        text: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
         let err = |key: &str, reason: String| ConfigError {
             file: file.to_path_buf(),
             key: key.to_string(),
@@ -290,6 +353,38 @@ impl Config {
         let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| err("(syntax)", e.message().to_string()))?;
+        if let Some(m) = &overrides.metrics {
+            table.insert("metrics".into(), toml::Value::String(m.clone()));
+        }
+        if let Some(node) = &overrides.peer_node {
+            match table.get_mut("peer") {
+                Some(toml::Value::Table(t)) => {
+                    t.insert("node".into(), toml::Value::String(node.clone()));
+                }
+                _ => {
+                    return Err(err(
+                        "--peer-node",
+                        "the configuration has no [peer] table: the peer channel is off".into(),
+                    ))
+                }
+            }
+        }
+        Config::from_table(file, table).map_err(|mut e| {
+            if e.key == "metrics" && overrides.metrics.is_some() {
+                e.key = "--metrics".into();
+            } else if e.key == "peer.node" && overrides.peer_node.is_some() {
+                e.key = "--peer-node".into();
+            }
+            e
+        })
+    }
+
+    fn from_table(file: &Path, mut table: toml::Table) -> Result<Config, ConfigError> {
+        let err = |key: &str, reason: String| ConfigError {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        };
         let mut c = Config::default();
         let mut take = |key: &str| table.remove(key);
         let string = |key: &str, v: toml::Value| -> Result<String, ConfigError> {
@@ -575,7 +670,6 @@ impl Config {
 fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, String)> {
     use crate::peer::{parse_gid, KeySource, PeerSettings, DEFAULT_CREDENTIAL, DEFAULT_PORT};
     use justitia_peer::channel::ChannelConfig;
-    use justitia_peer::keys::PublicKey;
     let name = |key: &str| format!("peer.{key}");
     let string = |key: &str, v: toml::Value| match v {
         toml::Value::String(s) => Ok(s),
@@ -676,15 +770,99 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
             hosts.insert(node, addr(&key, &a)?);
         }
     }
-    let mut members = BTreeMap::new();
-    let Some(toml::Value::Table(map)) = t.remove("members") else {
-        return Err((
-            name("members"),
-            "required: a table of \"GID or IPv4\" = \"public key\" (one per host this one talks to)".into(),
-        ));
+    let members_file = match t.remove("members_file") {
+        None => None,
+        Some(v) => {
+            let path = PathBuf::from(string("members_file", v)?);
+            if !path.is_absolute() {
+                return Err((name("members_file"), "must be an absolute path".into()));
+            }
+            Some(path)
+        }
     };
+    let table_hosts = hosts.clone();
+    let members = match (t.remove("members"), &members_file) {
+        (Some(_), Some(_)) => {
+            return Err((
+                name("members_file"),
+                "set [peer.members] or members_file, not both".into(),
+            ))
+        }
+        (None, Some(_)) => BTreeMap::new(),
+        (Some(toml::Value::Table(map)), None) => {
+            let (members, addresses) =
+                parse_members(map, "peer.members.", node, channel.max_peers)?;
+            hosts.extend(addresses);
+            members
+        }
+        _ => {
+            return Err((
+                name("members"),
+                "required: a table of \"GID or IPv4\" = \"public key\" (one per host this one talks to), or members_file".into(),
+            ))
+        }
+    };
+    let mut lids = BTreeMap::new();
+    if let Some(v) = t.remove("lids") {
+        let toml::Value::Table(map) = v else {
+            return Err((name("lids"), "expected a table of \"LID\" = \"GID\"".into()));
+        };
+        for (lid, g) in map {
+            let key = format!("peer.lids.{lid}");
+            let l: u16 = lid
+                .parse()
+                .ok()
+                .filter(|&l| l > 0)
+                .ok_or_else(|| (key.clone(), format!("`{lid}` is not a LID (1..=65535)")))?;
+            let toml::Value::String(g) = g else {
+                return Err((key, "expected a GID".into()));
+            };
+            lids.insert(l, parse_gid(&g).map_err(|r| (key, r))?);
+        }
+    }
+    if let Some((key, _)) = t.into_iter().next() {
+        return Err((name(&key), "unknown key".into()));
+    }
+    Ok(PeerSettings {
+        node,
+        listen,
+        port,
+        key,
+        members,
+        hosts,
+        lids,
+        channel,
+        members_file,
+        table_hosts,
+    })
+}
+
+/// The members and their addresses (`address` given) from a table of member entries
+/// (`[peer.members]`, or a members file), each error naming `prefix` and the entry; this
+/// host's own address (`node`) is not taken. At most `max_peers` others.
+#[allow(clippy::type_complexity)]
+pub(crate) fn parse_members(
+    map: toml::Table,
+    prefix: &str,
+    node: justitia_peer::NodeId,
+    max_peers: usize,
+) -> Result<
+    (
+        BTreeMap<justitia_peer::NodeId, justitia_peer::keys::PublicKey>,
+        BTreeMap<justitia_peer::NodeId, std::net::SocketAddr>,
+    ),
+    (String, String),
+> {
+    use crate::peer::parse_gid;
+    use justitia_peer::keys::PublicKey;
+    let addr = |key: &str, s: &str| {
+        s.parse::<std::net::SocketAddr>()
+            .map_err(|_| (key.to_string(), format!("`{s}` is not an address:port")))
+    };
+    let mut hosts = BTreeMap::new();
+    let mut members = BTreeMap::new();
     for (gid, v) in map {
-        let key = format!("peer.members.{gid}");
+        let key = format!("{prefix}{gid}");
         let member = parse_gid(&gid).map_err(|r| (key.clone(), r))?;
         let (public, address) = match v {
             toml::Value::String(k) => (k, None),
@@ -724,47 +902,19 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
         }
         members.insert(member, public);
     }
-    if members.len() > channel.max_peers + 1 {
+    let others = members.keys().filter(|&&m| m != node).count();
+    if others > max_peers {
+        let table = prefix.trim_end_matches('.');
         return Err((
-            name("members"),
-            format!(
-                "{} members; max_peers is {}",
-                members.len(),
-                channel.max_peers
-            ),
+            if table.is_empty() {
+                "(members)".into()
+            } else {
+                table.to_string()
+            },
+            format!("{others} members besides this host; max_peers is {max_peers}"),
         ));
     }
-    let mut lids = BTreeMap::new();
-    if let Some(v) = t.remove("lids") {
-        let toml::Value::Table(map) = v else {
-            return Err((name("lids"), "expected a table of \"LID\" = \"GID\"".into()));
-        };
-        for (lid, g) in map {
-            let key = format!("peer.lids.{lid}");
-            let l: u16 = lid
-                .parse()
-                .ok()
-                .filter(|&l| l > 0)
-                .ok_or_else(|| (key.clone(), format!("`{lid}` is not a LID (1..=65535)")))?;
-            let toml::Value::String(g) = g else {
-                return Err((key, "expected a GID".into()));
-            };
-            lids.insert(l, parse_gid(&g).map_err(|r| (key, r))?);
-        }
-    }
-    if let Some((key, _)) = t.into_iter().next() {
-        return Err((name(&key), "unknown key".into()));
-    }
-    Ok(PeerSettings {
-        node,
-        listen,
-        port,
-        key,
-        members,
-        hosts,
-        lids,
-        channel,
-    })
+    Ok((members, hosts))
 }
 
 /// A group's id from `/etc/group`.
@@ -865,6 +1015,117 @@ mod tests {
             "two members with one key"
         );
         assert_eq!(parse("").unwrap().peer, None, "off by default");
+    }
+
+    #[test]
+    fn command_line_values_replace_the_files_and_are_checked_as_its_keys() {
+        let k1 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+        let file = Path::new("/etc/justitia/justitiad.toml");
+        let with = |text: &str, metrics: Option<&str>, node: Option<&str>| {
+            Config::parse_with(
+                file,
+                text,
+                &Overrides {
+                    metrics: metrics.map(str::to_string),
+                    peer_node: node.map(str::to_string),
+                },
+            )
+        };
+        let peer = format!(
+            "metrics = \"0.0.0.0:9464\"\n[peer]\nnode = \"10.0.0.9\"\nkey_file = \"/k\"\n[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n"
+        );
+        let c = with(&peer, Some("192.0.2.10:9464"), Some("192.0.2.10")).unwrap();
+        assert_eq!(c.metrics.as_deref(), Some("192.0.2.10:9464"));
+        assert_eq!(
+            c.peer.unwrap().node,
+            crate::peer::parse_gid("192.0.2.10").unwrap()
+        );
+        // A node id the file does not give, from the command line alone.
+        let no_node =
+            format!("[peer]\nkey_file = \"/k\"\n[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n");
+        assert!(with(&no_node, None, Some("192.0.2.10")).is_ok());
+        assert_eq!(with(&no_node, None, None).unwrap_err().key, "peer.node");
+        // Refusals name the flag, with the key's own reason.
+        for (metrics, node, flag, needle) in [
+            (Some("node-a:9464"), None, "--metrics", "address:port"),
+            (Some("192.0.2.10"), None, "--metrics", "address:port"),
+            (None, Some("node-a"), "--peer-node", "neither a GID"),
+            (None, Some("$(HOST_IP)"), "--peer-node", "neither a GID"),
+        ] {
+            let e = with(&peer, metrics, node).unwrap_err();
+            assert_eq!(e.key, flag, "{e}");
+            assert!(e.reason.contains(needle), "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("command line: flag `{flag}`")),
+                "{e}"
+            );
+        }
+        // The file's own bad value still names the file's key.
+        let e = with("metrics = \"x\"", None, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/etc/justitia/justitiad.toml: key `metrics`"),
+            "{e}"
+        );
+        // --peer-node without a [peer] table: the channel is off, and the flag is refused.
+        let e = with("", None, Some("192.0.2.10")).unwrap_err();
+        assert_eq!(e.key, "--peer-node");
+        assert!(e.reason.contains("no [peer] table"), "{e}");
+        // An absent default file takes the flags over the defaults.
+        let p = Path::new("/nonexistent/justitiad.toml");
+        let o = Overrides {
+            metrics: Some("192.0.2.10:9464".into()),
+            peer_node: None,
+        };
+        assert_eq!(
+            Config::load_with(p, false, &o).unwrap().metrics.as_deref(),
+            Some("192.0.2.10:9464")
+        );
+    }
+
+    #[test]
+    fn members_come_from_members_file_when_set() {
+        let k1 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+        let k2 = "IB8eHRwbGhkYFxYVFBMSERAPDg0MCwoJCAcGBQQDAgE=";
+        let dir = tempfile::tempdir().unwrap();
+        let members = dir.path().join("members.toml");
+        let config = dir.path().join("justitiad.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/k\"\nmembers_file = \"{}\"\n[peer.hosts]\n\"fe80::9\" = \"192.168.0.9:7471\"\n",
+                members.display()
+            ),
+        )
+        .unwrap();
+        // Not there yet (the list not rendered): no member, and the channel on.
+        let p = Config::load(&config, true).unwrap().peer.unwrap();
+        assert!(p.members.is_empty());
+        assert_eq!(p.members_file.as_deref(), Some(members.as_path()));
+        std::fs::write(
+            &members,
+            format!("\"10.0.0.1\" = \"{k1}\"\n\"fe80::2\" = {{ key = \"{k2}\", address = \"192.168.0.2:7471\" }}\n"),
+        )
+        .unwrap();
+        let p = Config::load(&config, true).unwrap().peer.unwrap();
+        assert_eq!(p.members.len(), 2);
+        assert_eq!(p.hosts.len(), 2, "[peer.hosts] and the file's address");
+        // A bad file: the error names the members file and the entry.
+        std::fs::write(&members, "\"10.0.0.2\" = \"AAAA\"\n").unwrap();
+        let e = Config::load(&config, true).unwrap_err();
+        assert_eq!(e.file, members);
+        assert_eq!(e.key, "10.0.0.2");
+        // Not both, and an absolute path.
+        let key = |text: &str| parse(text).err().map(|e| e.key);
+        assert_eq!(
+            key(&format!("[peer]\nnode = \"10.0.0.1\"\nmembers_file = \"/m\"\n[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n")),
+            Some("peer.members_file".into())
+        );
+        assert_eq!(
+            key("[peer]\nnode = \"10.0.0.1\"\nmembers_file = \"m.toml\"\n"),
+            Some("peer.members_file".into())
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | [`config`] | `justitiad.toml`: keys, defaults, checks |
 //! | [`gid`] | the reference flow's GID: chosen, or the given one checked, against the port's table and its device's addresses |
 //! | [`kubepods`] | pods as tenants: a process's pod from its cgroup, the pod's namespace from kubelet's log directories |
+//! | [`members_file`] | `[peer] members_file`: the peer channel's members from a file of their own, re-read when it changes |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
@@ -25,6 +26,7 @@ pub mod config;
 pub mod gid;
 pub mod kubepods;
 pub mod limits;
+pub mod members_file;
 pub mod metrics;
 pub mod peer;
 pub mod probe;

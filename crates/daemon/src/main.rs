@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use justitia_daemon::config::{Config, ProbeKind, DEFAULT_PATH};
+use justitia_daemon::config::{Config, Overrides, ProbeKind, DEFAULT_PATH};
 use justitia_daemon::metrics::{self, Metrics};
 use justitia_daemon::probe::{Probe, SyntheticProbe, VerbsProbe};
 use justitia_daemon::server::{Daemon, Signals};
@@ -21,9 +21,19 @@ struct Args {
     /// Configuration file (default /etc/justitia/justitiad.toml, optional at that path).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Check the configuration (and the peer channel's key file, if one is set) and exit.
+    /// Check the configuration (and the peer channel's key file and members file, if
+    /// set), print the settings a deployment must agree with (`key=value` lines), and exit.
     #[arg(long)]
     check: bool,
+    /// The metrics endpoint, over the file's `metrics` and checked as it is: a DaemonSet
+    /// gives `--metrics $(HOST_IP):9464`, the node's own address alone.
+    #[arg(long, value_name = "ADDRESS:PORT")]
+    metrics: Option<String>,
+    /// This host's node id, over the file's `[peer] node` and checked as it is (a GID, or
+    /// on RoCE v2 an IPv4 address): a DaemonSet gives `--peer-node $(HOST_IP)`. Refused
+    /// when the file has no `[peer]` table.
+    #[arg(long, value_name = "GID_OR_IPV4")]
+    peer_node: Option<String>,
     /// A key tool instead of the daemon.
     #[command(subcommand)]
     command: Option<Command>,
@@ -65,6 +75,49 @@ fn key_tool(command: Command) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")?;
     out.flush()?;
+    Ok(())
+}
+
+/// `--check`: reads the key file as the daemon will (its mode, size and contents; a
+/// systemd credential exists only inside the service, so it is not), and prints the
+/// settings in effect that a deployment must agree with, one `key=value` a line.
+fn check(path: &std::path::Path, config: &Config) -> anyhow::Result<()> {
+    let mut out = vec![format!("{}: ok", path.display())];
+    out.push(format!(
+        "metrics={}",
+        config.metrics.as_deref().unwrap_or("")
+    ));
+    if let Some(peer) = &config.peer {
+        let own = match &peer.key {
+            justitia_daemon::peer::KeySource::File(key) => {
+                out.push(format!("peer.key_file={}", key.display()));
+                Some(justitia_daemon::peer::read_key_file(key)?.public())
+            }
+            justitia_daemon::peer::KeySource::Credential(name) => {
+                out.push(format!("peer.key_credential={name}"));
+                None
+            }
+        };
+        out.push(format!("peer.node={}", peer.node));
+        out.push(format!("peer.listen={}", peer.listen));
+        out.push(format!("peer.port={}", peer.port));
+        if let Some(file) = &peer.members_file {
+            out.push(format!("peer.members_file={}", file.display()));
+        }
+        out.push(format!("peer.members={}", peer.members.len()));
+        // Whether the list names this host with its own key: the other hosts reach it
+        // under this node id and check it by that key.
+        let listed = match (peer.members.get(&peer.node), own) {
+            (None, _) => "no",
+            (Some(p), Some(own)) if *p != own => "with another key than key_file's",
+            (Some(_), _) => "yes",
+        };
+        out.push(format!("peer.self_listed={listed}"));
+    }
+    let mut stdout = std::io::stdout().lock();
+    for line in out {
+        writeln!(stdout, "{line}")?;
+    }
     Ok(())
 }
 
@@ -126,17 +179,13 @@ fn main() -> anyhow::Result<()> {
         Some(p) => (p, true),
         None => (PathBuf::from(DEFAULT_PATH), false),
     };
-    let config = Config::load(&path, required)?;
+    let overrides = Overrides {
+        metrics: args.metrics,
+        peer_node: args.peer_node,
+    };
+    let config = Config::load_with(&path, required, &overrides)?;
     if args.check {
-        // A key file is read as the daemon will read it (its mode, size and contents); a
-        // systemd credential exists only inside the service, so it is not.
-        if let Some(justitia_daemon::peer::KeySource::File(key)) =
-            config.peer.as_ref().map(|p| &p.key)
-        {
-            justitia_daemon::peer::read_key_file(key)?;
-        }
-        println!("{}: ok", path.display());
-        return Ok(());
+        return check(&path, &config);
     }
     let probe: Box<dyn Probe> = match config.probe {
         ProbeKind::Synthetic(latency) => Box::new(SyntheticProbe::new(latency)),
@@ -158,7 +207,7 @@ fn main() -> anyhow::Result<()> {
     let signals = SIGNALS.get_or_init(Signals::default);
     install_handlers();
     let config_path = (required || path.exists()).then_some(path);
-    let mut daemon = Daemon::new(config, config_path, probe, metrics)?;
+    let mut daemon = Daemon::new(config, config_path, probe, metrics)?.with_overrides(overrides);
     daemon.run(signals);
     Ok(())
 }

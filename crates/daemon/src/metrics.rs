@@ -118,6 +118,11 @@ pub struct Metrics {
     /// 1 while the peer channel's socket is bound; 0 while its port cannot be (taken), and
     /// the daemon tries again.
     pub peer_socket_up: Gauge,
+    /// Hosts the peer channel lists (this one included, if listed), as in effect.
+    pub peer_members: Gauge,
+    /// Member lists refused (a `members_file` that did not read or parse): the running
+    /// members were kept.
+    pub peer_member_lists_refused: Counter,
     /// Processes holding RDMA queue pairs with no shaper registered, as of the last
     /// completed scan (see [`crate::unshaped`]).
     pub unshaped_processes: Gauge,
@@ -172,6 +177,8 @@ impl Metrics {
             peer_received: Counter::default(),
             peer_refused: Family::default(),
             peer_socket_up: Gauge::default(),
+            peer_members: Gauge::default(),
+            peer_member_lists_refused: Counter::default(),
             unshaped_processes: Gauge::default(),
             unshaped_qps: Gauge::default(),
             tenant_unshaped_processes: Family::default(),
@@ -371,6 +378,16 @@ impl Metrics {
             "peer_socket_up",
             "1 while the peer channel's UDP socket is bound; 0 while its port is taken (retried every second)",
             self.peer_socket_up.clone(),
+        );
+        r.register(
+            "peer_members",
+            "Hosts the peer channel's member list in effect names (this one too, if listed)",
+            self.peer_members.clone(),
+        );
+        r.register(
+            "peer_member_lists_refused",
+            "Peer member lists refused (a members_file that did not read or parse); the running members are kept",
+            self.peer_member_lists_refused.clone(),
         );
         r
     }

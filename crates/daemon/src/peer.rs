@@ -56,7 +56,7 @@ use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
 use justitia_peer::keys::{KeyError, PrivateKey, PublicKey};
 use justitia_peer::wire::{DemandEntry, Role, MAX_DATAGRAM};
 use justitia_peer::{NodeId, Refusal};
-use tracing::warn;
+use tracing::{error, info, warn};
 
 use crate::limits::{LogKind, LogLimiter};
 use crate::metrics::{Label, Metrics};
@@ -105,6 +105,20 @@ pub struct PeerSettings {
     pub lids: BTreeMap<u16, NodeId>,
     /// The channel's caps and timers.
     pub channel: ChannelConfig,
+    /// Where the members are read from instead of `[peer.members]` (re-read when it
+    /// changes, see [`crate::members_file`]).
+    pub members_file: Option<PathBuf>,
+    /// `[peer.hosts]` alone: `hosts` is these and the members' own `address`es.
+    pub table_hosts: BTreeMap<NodeId, SocketAddr>,
+}
+
+impl PeerSettings {
+    /// Takes `listed` as the members, and their addresses beside `[peer.hosts]`.
+    pub fn apply_members(&mut self, listed: crate::members_file::Members) {
+        self.members = listed.members;
+        self.hosts = self.table_hosts.clone();
+        self.hosts.extend(listed.hosts);
+    }
 }
 
 /// Parses a GID as written in the configuration: eight groups of four hex digits
@@ -429,6 +443,8 @@ pub struct PeerLink {
     buf: Vec<u8>,
     /// The demands last handed to the channel, by peer, so that only changes go to it.
     demanded: BTreeMap<NodeId, Vec<DemandEntry>>,
+    /// `members_file`, watched for changes.
+    members_watch: Option<crate::members_file::MembersWatch>,
 }
 
 impl PeerLink {
@@ -455,6 +471,10 @@ impl PeerLink {
             });
         }
         channel.greet(now);
+        metrics.peer_members.set(settings.members.len() as i64);
+        let members_watch = settings.members_file.clone().map(|path| {
+            crate::members_file::MembersWatch::new(path, settings.node, settings.channel.max_peers)
+        });
         let mut link = PeerLink {
             settings,
             socket: None,
@@ -464,6 +484,7 @@ impl PeerLink {
             logs: LogLimiter::default(),
             buf: vec![0; MAX_DATAGRAM + 1],
             demanded: BTreeMap::new(),
+            members_watch,
         };
         link.retry_bind(now);
         Ok(link)
@@ -534,10 +555,55 @@ impl PeerLink {
         self.settings.key = new.key.clone();
         self.settings.members = new.members.clone();
         self.settings.hosts = new.hosts.clone();
+        self.settings.table_hosts = new.table_hosts.clone();
         self.settings.lids = new.lids.clone();
         self.demanded
             .retain(|node, _| new.members.contains_key(node));
+        self.metrics.peer_members.set(new.members.len() as i64);
         Ok(())
+    }
+
+    /// Reads `members_file` again if it changed (looked at once a second at most, see
+    /// [`crate::members_file`]) and takes its list; a file refused is logged and counted,
+    /// and the running members kept. Returns whether the members changed.
+    pub fn poll_members_file(&mut self, now: Duration) -> bool {
+        let Some(result) = self.members_watch.as_mut().and_then(|w| w.poll(now)) else {
+            return false;
+        };
+        let listed = match result {
+            Ok(listed) => listed,
+            Err(e) => {
+                self.metrics.peer_member_lists_refused.inc();
+                error!(error = %e, "peer members file refused, keeping the running members");
+                return false;
+            }
+        };
+        let mut new = self.settings.clone();
+        new.apply_members(listed);
+        if new.members == self.settings.members && new.hosts == self.settings.hosts {
+            return false;
+        }
+        if let Err(e) = self.channel.set_members(now, &member_list(&new)) {
+            self.metrics.peer_member_lists_refused.inc();
+            error!(error = %e, "peer members file refused, keeping the running members");
+            return false;
+        }
+        self.channel.greet(now);
+        self.demanded
+            .retain(|node, _| new.members.contains_key(node));
+        self.metrics.peer_members.set(new.members.len() as i64);
+        info!(
+            members = new.members.len(),
+            file = %self.members_watch.as_ref().map_or(Path::new(""), |w| w.path()).display(),
+            "peer members file read: members changed"
+        );
+        self.settings = new;
+        true
+    }
+
+    /// This host's public key (what the other hosts list for it).
+    pub fn public_key(&self) -> PublicKey {
+        self.channel.public_key()
     }
 
     /// The settings.
@@ -755,6 +821,8 @@ mod tests {
             hosts: BTreeMap::new(),
             lids: BTreeMap::new(),
             channel: ChannelConfig::default(),
+            members_file: None,
+            table_hosts: BTreeMap::new(),
         }
     }
 
@@ -1069,5 +1137,54 @@ mod tests {
         );
         assert_eq!(link.peer_of(RemoteEnd::Gid(b)), Some(b));
         assert_eq!(link.peer_of(RemoteEnd::Gid(stranger)), None);
+    }
+
+    #[test]
+    fn a_changed_members_file_is_taken_and_a_bad_one_refused_with_the_members_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("members.toml");
+        // As kubelet updates a ConfigMap volume: a new file renamed over the old.
+        let publish = |text: String| {
+            let tmp = dir.path().join(".members.new");
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::rename(&tmp, &file).unwrap();
+        };
+        let line = |ip: &str, n: u8| format!("\"{ip}\" = \"{}\"\n", key(n).public());
+        publish(line("10.0.0.1", 1) + &line("10.0.0.2", 2));
+        let mut s = settings("10.0.0.1", key_file(&dir, 1));
+        s.members_file = Some(file.clone());
+        let metrics = Metrics::new();
+        let mut link = PeerLink::bind(s, Duration::ZERO, metrics.clone()).unwrap();
+        let (b, c) = (
+            parse_gid("10.0.0.2").unwrap(),
+            parse_gid("10.0.0.3").unwrap(),
+        );
+        let secs = Duration::from_secs;
+        assert!(
+            !link.poll_members_file(secs(0)),
+            "the same list as at start"
+        );
+        assert!(link.is_member(b) && !link.is_member(c));
+        // A node added: taken at the next look (at most a second later).
+        publish(line("10.0.0.1", 1) + &line("10.0.0.2", 2) + &line("10.0.0.3", 3));
+        assert!(!link.poll_members_file(secs(0) + Duration::from_millis(300)));
+        assert!(link.poll_members_file(secs(1)));
+        assert!(link.is_member(b) && link.is_member(c));
+        assert_eq!(metrics.peer_members.get(), 3);
+        // A bad list (two hosts with one key): refused, counted, the members kept.
+        publish(line("10.0.0.1", 1) + &line("10.0.0.2", 2) + &line("10.0.0.3", 2));
+        assert!(!link.poll_members_file(secs(2)));
+        assert!(link.is_member(b) && link.is_member(c));
+        assert_eq!(metrics.peer_member_lists_refused.get(), 1);
+        // Unparsable: the same.
+        publish("\"10.0.0.2\" = ".into());
+        assert!(!link.poll_members_file(secs(3)));
+        assert!(link.is_member(c));
+        assert_eq!(metrics.peer_member_lists_refused.get(), 2);
+        // A node removed.
+        publish(line("10.0.0.1", 1) + &line("10.0.0.3", 3));
+        assert!(link.poll_members_file(secs(4)));
+        assert!(!link.is_member(b) && link.is_member(c));
+        assert_eq!(metrics.peer_members.get(), 2);
     }
 }

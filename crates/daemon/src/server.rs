@@ -160,6 +160,8 @@ pub struct Signals {
 pub struct Daemon {
     config: Config,
     config_path: Option<PathBuf>,
+    /// The command line's values over the file's, applied again on SIGHUP.
+    overrides: crate::config::Overrides,
     profile: RnicProfile,
     lp: ControlLoop,
     probe: Box<dyn Probe>,
@@ -368,6 +370,13 @@ fn secs(d: Option<Duration>) -> f64 {
 }
 
 impl Daemon {
+    /// The command line's values over the file's (`--metrics`, `--peer-node`), which
+    /// SIGHUP applies again to the file it reads.
+    pub fn with_overrides(mut self, overrides: crate::config::Overrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+
     /// Sets the daemon up: profile, control loop, control block, sockets.
     pub fn new(
         config: Config,
@@ -470,7 +479,8 @@ impl Daemon {
                     watch(fd, TAG_PEER).map_err(sys("watching the peer socket"))?;
                 }
                 peering::open(&mut link, &profile);
-                info!(node = %settings.node, listen = %settings.listen, "peer channel open");
+                info!(node = %settings.node, listen = %settings.listen, public_key = %link.public_key(),
+                      members = settings.members.len(), "peer channel open");
                 Some(link)
             }
             None => None,
@@ -510,6 +520,7 @@ impl Daemon {
             pages: HashMap::new(),
             config,
             config_path,
+            overrides: crate::config::Overrides::default(),
             profile,
             lp,
             probe,

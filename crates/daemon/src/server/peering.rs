@@ -243,6 +243,8 @@ impl Daemon {
                 None => {}
             }
         }
+        // `members_file`: read again when it changed (once a second at most).
+        link.poll_members_file(now);
         link.set_demands(now, demands(loading));
         link.flush(now);
         self.peer_events();

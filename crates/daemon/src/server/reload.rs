@@ -57,7 +57,7 @@ impl Daemon {
             warn!("SIGHUP: no configuration file to reload");
             return;
         };
-        let new = match Config::load(&path, true) {
+        let new = match Config::load_with(&path, true, &self.overrides) {
             Ok(c) => c,
             Err(e) => {
                 error!(error = %e, "SIGHUP: configuration refused, keeping the running one");
