@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -52,6 +55,18 @@ func (w *specWriter) write(devices []rdmaDevice) error {
 	out, err := exec.CommandContext(ctx, w.justitia, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("writing the CDI spec %s: %s %s: %v: %s", w.output, w.justitia, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// remove deletes the spec when the plugin ends (SIGTERM: the DaemonSet deleted, or a pod
+// replaced in a rolling update, whose install step writes the spec again before the new
+// plugin starts), so that an uninstalled node keeps no spec naming files of a shaper that
+// is gone. A container created while no plugin runs would have failed Allocate anyway;
+// one allocated just before waits for the new spec (kubelet retries its creation).
+func (w *specWriter) remove() error {
+	if err := os.Remove(w.output); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the CDI spec %s: %v", w.output, err)
 	}
 	return nil
 }

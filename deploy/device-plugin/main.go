@@ -64,7 +64,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.class, "class", "auto", "JUSTITIA_DEFAULT_CLASS of shaped containers: latency, throughput, bandwidth or auto")
 	fs.StringVar(&o.kubeletDir, "kubelet-dir", path.Dir(pluginapi.KubeletSocket), "kubelet's device-plugin directory")
 	fs.StringVar(&o.sysfs, "sysfs", "/sys", "root of the sysfs tree the devices are read from")
-	fs.StringVar(&o.cdiSpec, "cdi-spec", "", "keep a CDI spec of the selected devices here, rewritten with `justitia cdi` when they change (empty: none)")
+	fs.StringVar(&o.cdiSpec, "cdi-spec", "", "keep a CDI spec of the selected devices here, rewritten with `justitia cdi` when they change and removed when the plugin ends (empty: none)")
 	fs.StringVar(&o.justitia, "justitia", "justitia", "the justitia command that writes the CDI spec")
 	fs.DurationVar(&o.rescan, "rescan", 5*time.Second, "how often sysfs and the plugin's sockets are looked at")
 	fs.DurationVar(&o.timeout, "register-timeout", 10*time.Second, "deadline of a registration with kubelet")

@@ -102,7 +102,9 @@ func fakeSysfs(t *testing.T, devices map[string]string, rdmaCM bool) string {
 
 // startPlugin runs the plugin with args (plus the fake kubelet and sysfs) until the test
 // ends.
-func startPlugin(t *testing.T, k *fakeKubelet, sysfs string, args ...string) {
+// startPlugin runs the plugin until the test ends, or until the function it returns is
+// called (which waits for the plugin to end).
+func startPlugin(t *testing.T, k *fakeKubelet, sysfs string, args ...string) func() {
 	t.Helper()
 	o, err := parse(append([]string{"--kubelet-dir", k.dir, "--sysfs", sysfs, "--rescan", "100ms"}, args...))
 	if err != nil {
@@ -115,7 +117,9 @@ func startPlugin(t *testing.T, k *fakeKubelet, sysfs string, args ...string) {
 		defer close(done)
 		_ = run(ctx, o.runConfig(), state, o.pools(state))
 	}()
-	t.Cleanup(func() { cancel(); <-done })
+	stop := func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 func dial(t *testing.T, k *fakeKubelet, endpoint string) pluginapi.DevicePluginClient {
@@ -331,7 +335,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 
 // With --cdi-spec, the plugin has `justitia cdi` (the real one, from JUSTITIA_BIN_DIR,
 // which deploy/validate/check.sh builds) write the spec of the selected devices at start,
-// and again when one goes.
+// and again when one goes, and removes it when it ends.
 func TestTheCDISpecFollowsTheDevices(t *testing.T) {
 	bin := os.Getenv("JUSTITIA_BIN_DIR")
 	if bin == "" {
@@ -340,7 +344,7 @@ func TestTheCDISpecFollowsTheDevices(t *testing.T) {
 	k := startKubelet(t)
 	sysfs := fakeSysfs(t, map[string]string{"uverbs0": "rxe0", "uverbs1": "rxe1"}, false)
 	spec := filepath.Join(t.TempDir(), "justitia.json")
-	startPlugin(t, k, sysfs, "--cdi-spec", spec, "--justitia", filepath.Join(bin, "justitia"))
+	stop := startPlugin(t, k, sysfs, "--cdi-spec", spec, "--justitia", filepath.Join(bin, "justitia"))
 	names := func() string {
 		data, err := os.ReadFile(spec)
 		if err != nil {
@@ -375,4 +379,9 @@ func TestTheCDISpecFollowsTheDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("rxe0 all")
+	// The plugin ends (SIGTERM, as when the DaemonSet is deleted): the spec goes with it.
+	stop()
+	if _, err := os.Stat(spec); !os.IsNotExist(err) {
+		t.Fatalf("%s after the plugin ended: %v, expected it removed", spec, err)
+	}
 }

@@ -205,7 +205,7 @@ type runConfig struct {
 // and the CDI spec, if one is kept, is written again)
 // and serves and registers again any pool whose socket is gone, which is what kubelet does
 // to every plugin's socket when it restarts. A registration that fails is retried at the
-// next rescan; the other pools go on.
+// next rescan; the other pools go on. When ctx ends, the CDI spec it keeps is removed.
 func run(ctx context.Context, cfg runConfig, state *nodeState, pools []*pool) error {
 	running := make([]*served, len(pools))
 	defer func() {
@@ -250,6 +250,12 @@ func run(ctx context.Context, cfg runConfig, state *nodeState, pools []*pool) er
 		}
 		select {
 		case <-ctx.Done():
+			if cfg.spec != nil {
+				if err := cfg.spec.remove(); err != nil {
+					return err
+				}
+				log.Printf("removed the CDI spec %s", cfg.spec.output)
+			}
 			return nil
 		case <-tick.C:
 		}
