@@ -27,7 +27,7 @@
 //! | `max_connections_per_tenant` | 64 | connections one tenant (as for `max_flows_per_tenant`) may hold on the registration socket |
 //! | `max_remote_ends_per_tenant` | 16 | distinct peer hosts one tenant's flows may name as their remote ends (1..=1024); a flow naming one more is refused for its remote part and counted as a local flow |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
-//! | `unshaped_scan_ms` | 1000 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 100..=60000; 0 turns it off (see [`crate::unshaped`]) |
+//! | `unshaped_scan_ms` | 100 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 10..=60000; 0 turns it off. A process is listed within about this interval and 100 ms of its first queue pair; a scan waits at least 50 times its own duration before the next (see [`crate::unshaped`]) |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`; `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects; `"pod"`, the Kubernetes pod that cgroup belongs to (see [`crate::kubepods`]); `"namespace"`, that pod's namespace (from `pod_logs_dir`; the pod while its namespace is not found there). A process in no pod is its cgroup's tenant with `"pod"` and `"namespace"` |
 //! | `pod_logs_dir` | `/var/log/pods` | kubelet's pod log directory, whose entries `<namespace>_<pod>_<UID>` name the pods (`tenant = "namespace"`, and weights by namespace or pod) |
 //! | `[weights]` | all 1 | a tenant's share weight (1..=1000): `"<uid>" = w`, `"namespace/<namespace>" = w`, `"pod/<namespace>/<pod>" = w`; a flow takes its pod's weight, else its namespace's, else its uid's, else 1 |
@@ -194,7 +194,7 @@ impl Default for Config {
             max_remote_ends_per_tenant: 16,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
-            unshaped_scan: Some(Duration::from_millis(1000)),
+            unshaped_scan: Some(Duration::from_millis(100)),
             pod_logs_dir: PathBuf::from("/var/log/pods"),
             weights: Weights::default(),
             peer: None,
@@ -578,15 +578,17 @@ impl Config {
             }
         }
         if let Some(v) = take("unshaped_scan_ms") {
-            // A scan costs the kernel a query of every queue pair (a firmware command
-            // each on some RNICs): not more often than ten times a second.
+            // A scan costs the daemon tens of microseconds with a few hundred queue pairs
+            // (benches/unshaped_scan.rs) and the kernel a query of each (a firmware
+            // command each on some RNICs); the scanning thread bounds its own share
+            // whatever the interval (crate::unshaped::next_wait).
             c.unshaped_scan = match int("unshaped_scan_ms", v, 0, 60_000)? {
                 0 => None,
-                ms @ 100.. => Some(Duration::from_millis(ms as u64)),
+                ms @ 10.. => Some(Duration::from_millis(ms as u64)),
                 ms => {
                     return Err(err(
                         "unshaped_scan_ms",
-                        format!("{ms} is out of range: 0 (off) or 100..=60000"),
+                        format!("{ms} is out of range: 0 (off) or 10..=60000"),
                     ))
                 }
             };
@@ -1184,7 +1186,11 @@ mod tests {
         assert_eq!(parse("unshaped_scan_ms = 0").unwrap().unshaped_scan, None);
         assert_eq!(
             parse("").unwrap().unshaped_scan,
-            Some(Duration::from_secs(1))
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            parse("unshaped_scan_ms = 10").unwrap().unshaped_scan,
+            Some(Duration::from_millis(10))
         );
     }
 
@@ -1216,9 +1222,9 @@ mod tests {
                 "neither `uid`, `cgroup`, `pod` nor `namespace`",
             ),
             (
-                "unshaped_scan_ms = 50",
+                "unshaped_scan_ms = 9",
                 "unshaped_scan_ms",
-                "0 (off) or 100..=60000",
+                "0 (off) or 10..=60000",
             ),
             (
                 "unshaped_scan_ms = 60001",

@@ -134,6 +134,9 @@ pub struct Metrics {
     pub tenant_unshaped_qps: Family<TenantKey, Gauge>,
     /// Scans for unshaped processes, by result (`completed`, `failed`).
     pub unshaped_scans: Family<Label, Counter>,
+    /// The last completed scan's duration (the kernel's dump, the `/proc` reads and the
+    /// decision), in seconds: the next waits at least 50 times as long.
+    pub unshaped_scan_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -184,6 +187,7 @@ impl Metrics {
             tenant_unshaped_processes: Family::default(),
             tenant_unshaped_qps: Family::default(),
             unshaped_scans: Family::default(),
+            unshaped_scan_seconds: Gauge::default(),
         }
     }
 
@@ -307,6 +311,11 @@ impl Metrics {
             "unshaped_scans",
             "Scans for unshaped processes, by result (completed, failed)",
             self.unshaped_scans.clone(),
+        );
+        r.register(
+            "unshaped_scan_seconds",
+            "The last completed scan for unshaped processes: its duration (the next waits at least 50 times as long)",
+            self.unshaped_scan_seconds.clone(),
         );
         r.register(
             "probe_latency_seconds",

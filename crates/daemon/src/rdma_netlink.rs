@@ -690,6 +690,61 @@ impl NldevSocket {
     }
 }
 
+/// The command name of a QP dump, in errors.
+const RES_QP_GET: &str = "RDMA_NLDEV_CMD_RES_QP_GET";
+
+/// One device's QP dump, gathered message by message: what [`dump_queue_pairs`] does
+/// with each datagram of the kernel's answer, apart from the socket (so that it can be
+/// timed on synthetic datagrams).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpGather {
+    device_index: u32,
+    room: usize,
+    /// The queue pairs read so far.
+    pub qps: Vec<QpEntry>,
+    /// The cap was reached: the dump stopped with queue pairs left unread.
+    pub capped: bool,
+}
+
+impl QpGather {
+    /// A gathering of the QP dump of device `device_index`, of at most `room` queue
+    /// pairs.
+    pub fn new(device_index: u32, room: usize) -> QpGather {
+        QpGather {
+            device_index,
+            room,
+            qps: Vec::new(),
+            capped: false,
+        }
+    }
+
+    fn take(&mut self, m: NldevMessage) -> Next {
+        let NldevMessage::QueuePairs(part) = m else {
+            return Next::More;
+        };
+        // A message about another device (never sent in answer to this request) is not
+        // this device's.
+        if part.device.index != self.device_index {
+            return Next::More;
+        }
+        let room = self.room.saturating_sub(self.qps.len());
+        self.capped = part.qps.len() > room;
+        self.qps.extend(part.qps.into_iter().take(room));
+        if self.capped {
+            Next::Stop
+        } else {
+            Next::More
+        }
+    }
+
+    /// Takes one datagram of the answer to the request of sequence number `seq`;
+    /// whether the dump is over (the kernel's `NLMSG_DONE`, or the cap).
+    pub fn take_datagram(&mut self, datagram: &[u8], seq: u32) -> Result<bool, DumpError> {
+        let progress = take_datagram(datagram, seq, RES_QP_GET, &mut |m| self.take(m))?;
+        Ok(progress == Progress::Finished)
+    }
+}
+
 /// The queue pairs of the devices `filter` names, at most `max_qps` of them, read within
 /// `timeout`: see the module documentation.
 pub fn dump_queue_pairs(
@@ -717,36 +772,21 @@ pub fn dump_queue_pairs(
     let mut dump = QpDump::default();
     let mut read = 0usize;
     for device in devices {
-        let mut qps = Vec::new();
-        let mut capped = false;
+        let mut gather = QpGather::new(device.index, max_qps.saturating_sub(read));
         sock.dump(
             NldevRequest {
                 op: RDMA_NLDEV_CMD_RES_QP_GET,
                 device_index: Some(device.index),
             },
-            "RDMA_NLDEV_CMD_RES_QP_GET",
-            &mut |m| {
-                let NldevMessage::QueuePairs(part) = m else {
-                    return Next::More;
-                };
-                // A message about another device (never sent in answer to this request)
-                // is not this device's.
-                if part.device.index != device.index {
-                    return Next::More;
-                }
-                let room = max_qps.saturating_sub(read);
-                capped = part.qps.len() > room;
-                let taken = part.qps.len().min(room);
-                read += taken;
-                qps.extend(part.qps.into_iter().take(taken));
-                if capped {
-                    Next::Stop
-                } else {
-                    Next::More
-                }
-            },
+            RES_QP_GET,
+            &mut |m| gather.take(m),
         )?;
-        dump.devices.push(DeviceQps { device, qps });
+        read += gather.qps.len();
+        let capped = gather.capped;
+        dump.devices.push(DeviceQps {
+            device,
+            qps: gather.qps,
+        });
         if capped {
             dump.capped = true;
             break;

@@ -13,8 +13,14 @@
 //!   carries traffic (RC, UC, UD), and its process is neither the daemon nor one with a
 //!   shaper connected. The kernel names the thread that created a queue pair; its process
 //!   is that thread's thread group (`Tgid:` of `/proc/<pid>/status`).
-//! - A process is unshaped once two scans in a row find it so: a shaper connects within
-//!   milliseconds of its process's first queue pair, and a scan may fall in between.
+//! - A process is unshaped once scans have found it so for [`REGISTRATION_GRACE`]: a
+//!   shaper connects within milliseconds of its process's first queue pair, and a scan
+//!   may fall in between. A scan that finds a process for the first time looks again after
+//!   that grace rather than after the interval, so a process is listed within about one
+//!   interval and the grace of its first queue pair. After the daemon starts, none is
+//!   listed before [`RECONNECT_GRACE`], the time its shapers take to reconnect.
+//! - A scan's share of the thread's time is bounded: the wait after a scan is at least
+//!   [`IDLE_PER_SCAN`] times the scan's duration ([`next_wait`]).
 //! - Its command (`/proc/<pid>/comm`), effective uid and tenant (its uid, or with
 //!   `tenant = "cgroup"` its cgroup, as for a registering process) are read at each scan,
 //!   each file read bounded; a process gone meanwhile is left out.
@@ -66,6 +72,23 @@ pub const UNKNOWN_TENANT: &str = "(unknown)";
 pub const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest wait between scans while they fail.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How long a process must have held its queue pairs with no shaper connected before it
+/// is listed. A shaper connects from a thread it starts when its process creates its
+/// first shaped queue pair (milliseconds on a host); the daemon greets it as it accepts
+/// it and hands the new pid to the scan on the same pass of its loop. A scan that finds a
+/// process for the first time looks again this long after its dump (sooner than the
+/// interval would), and lists it then if it still has no shaper.
+pub const REGISTRATION_GRACE: Duration = Duration::from_millis(100);
+/// How long after the scan starts (with the daemon) a process may be listed at the
+/// earliest: the shapers of a daemon that restarted reconnect at their next attempt,
+/// which their backoff puts at most 1 s after the last one failed.
+pub const RECONNECT_GRACE: Duration = Duration::from_millis(1500);
+/// What bounds the scan's share of its thread's time: after a scan that took `t`, the
+/// next starts no sooner than `t × IDLE_PER_SCAN` later (a minute at most), whatever the
+/// interval. The daemon's own work is about 0.2 ms per scan with 1,000 queue pairs
+/// (`benches/unshaped_scan.rs`), but a table of tens of thousands, or an RNIC that the
+/// kernel queries queue pair by queue pair, takes far longer.
+pub const IDLE_PER_SCAN: u32 = 50;
 /// Bytes read of `/proc/<pid>/status` (its `Tgid:` and `Uid:` lines come early).
 const STATUS_BYTES: u64 = 4096;
 /// Bytes read of `/proc/<pid>/comm` (`TASK_COMM_LEN` is 16).
@@ -134,10 +157,25 @@ pub struct UnshapedTable {
 /// What [`classify`] decides.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Classified {
-    /// The table: processes found unshaped by this scan and the one before.
+    /// The table: the processes found unshaped by this scan and by one that read its
+    /// dump at least [`REGISTRATION_GRACE`] before this scan took the shapers' pids.
     pub table: UnshapedTable,
-    /// The thread groups this scan found unshaped: the next scan's `before`.
-    pub found: BTreeSet<i32>,
+    /// The thread groups this scan found unshaped, each with the time of the first dump
+    /// of an unbroken run of scans that found it: the next scan's `seen`.
+    pub found: BTreeMap<i32, Duration>,
+    /// The earliest time at which a process found but not listed yet will have been
+    /// unshaped for [`REGISTRATION_GRACE`]: when a scan should look again.
+    pub recheck_at: Option<Duration>,
+}
+
+/// The times of a scan, since the scanning thread started (the daemon's start, when
+/// shapers connected to a daemon before it reconnect): [`classify`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanTimes {
+    /// When the scan took the pids of the connected shapers (before its dump).
+    pub known_at: Duration,
+    /// When its dump was complete: the queue pairs it read all existed by then.
+    pub dumped_at: Duration,
 }
 
 #[derive(Default)]
@@ -150,13 +188,20 @@ struct Group<'a> {
 /// The unshaped processes of `dump`: see the module documentation. `known` holds the
 /// pids of the connected shapers, `own` the daemon's, `facts` what `/proc` said of each
 /// candidate ([`unshaped_candidates`]; a candidate without an entry was not looked up,
-/// and is counted but not listed), `before` what the previous scan found.
+/// and is counted but not listed), `seen` what the previous scan found (its
+/// [`Classified::found`]), `at` this scan's times.
+///
+/// A process is listed when it was found unshaped by every scan since one whose dump
+/// was complete at least [`REGISTRATION_GRACE`] before this scan took `known`: its queue
+/// pairs existed then, so a shaper of its own would have connected by now. None is
+/// listed before [`RECONNECT_GRACE`].
 pub fn classify(
     dump: &QpDump,
     known: &BTreeSet<i32>,
     own: i32,
     facts: &BTreeMap<i32, Lookup>,
-    before: &BTreeSet<i32>,
+    seen: &BTreeMap<i32, Duration>,
+    at: ScanTimes,
 ) -> Classified {
     let mut groups: BTreeMap<i32, Group<'_>> = BTreeMap::new();
     for d in &dump.devices {
@@ -192,12 +237,15 @@ pub fn classify(
             }
         }
     }
-    let mut out = Classified {
-        found: groups.keys().copied().collect(),
-        ..Classified::default()
-    };
+    let mut out = Classified::default();
     for (tgid, g) in groups {
-        if !before.contains(&tgid) {
+        let first = seen.get(&tgid).copied().unwrap_or(at.dumped_at);
+        out.found.insert(tgid, first);
+        let due = first
+            .saturating_add(REGISTRATION_GRACE)
+            .max(RECONNECT_GRACE);
+        if at.known_at < due {
+            out.recheck_at = Some(out.recheck_at.map_or(due, |r| r.min(due)));
             continue;
         }
         out.table.qps += g.qps;
@@ -451,8 +499,13 @@ struct ScanThread {
     settings: ScanSettings,
     metrics: Metrics,
     own: i32,
-    /// The thread groups the previous scan found unshaped.
-    before: BTreeSet<i32>,
+    /// The origin of the scan's times ([`ScanTimes`]).
+    epoch: Instant,
+    /// The thread groups the previous scan found unshaped, with when they were first
+    /// found.
+    seen: BTreeMap<i32, Duration>,
+    /// When a process found but not listed yet is due for another look.
+    recheck_at: Option<Duration>,
     last: Option<LastScan>,
     /// The last scan's error, while scans fail.
     failing: Option<String>,
@@ -465,7 +518,9 @@ impl ScanThread {
             settings,
             metrics,
             own: i32::try_from(std::process::id()).unwrap_or(0),
-            before: BTreeSet::new(),
+            epoch: Instant::now(),
+            seen: BTreeMap::new(),
+            recheck_at: None,
             last: None,
             failing: None,
             logs: LogLimiter::default(),
@@ -492,12 +547,19 @@ impl ScanThread {
         leave_real_time();
         let mut wait = self.settings.interval;
         while !shared.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
             let known: BTreeSet<i32> = match shared.known.lock() {
                 Ok(k) => k.iter().copied().collect(),
                 Err(poisoned) => poisoned.into_inner().iter().copied().collect(),
             };
-            let state = if self.scan(&known) {
-                wait = self.settings.interval;
+            let state = if self.scan(&known, started) {
+                let now = Instant::now();
+                let took = now.saturating_duration_since(started);
+                self.metrics.unshaped_scan_seconds.set(took.as_secs_f64());
+                let recheck_in = self
+                    .recheck_at
+                    .map(|at| at.saturating_sub(now.saturating_duration_since(self.epoch)));
+                wait = next_wait(self.settings.interval, recheck_in, took);
                 ScanState::Scanning
             } else {
                 wait = (wait * 2).min(MAX_BACKOFF.max(self.settings.interval));
@@ -522,7 +584,7 @@ impl ScanThread {
     /// One scan: the dump, the lookups, the decision, then the log lines, the metrics
     /// and the table kept for the answer; whether it completed. A failure is said when
     /// scans start failing.
-    fn scan(&mut self, known: &BTreeSet<i32>) -> bool {
+    fn scan(&mut self, known: &BTreeSet<i32>, known_at: Instant) -> bool {
         let scans = |result: &str| {
             self.metrics
                 .unshaped_scans
@@ -544,6 +606,7 @@ impl ScanThread {
                 return false;
             }
         };
+        let dumped_at = Instant::now();
         scans("completed");
         if self.failing.take().is_some() {
             info!("unshaped processes are listed again (RDMA netlink answers)");
@@ -553,10 +616,15 @@ impl ScanThread {
             .take(MAX_PROCESSES)
             .map(|pid| (pid, look_up(pid, self.settings.tenant)))
             .collect();
-        let decided = classify(&dump, known, self.own, &facts, &self.before);
-        self.before = decided.found;
+        let at = ScanTimes {
+            known_at: known_at.saturating_duration_since(self.epoch),
+            dumped_at: dumped_at.saturating_duration_since(self.epoch),
+        };
+        let decided = classify(&dump, known, self.own, &facts, &self.seen, at);
+        self.seen = decided.found;
+        self.recheck_at = decided.recheck_at;
         let table = decided.table;
-        self.log_new(&table, dump.capped);
+        self.log_new(&table, dump.capped, at.dumped_at);
         self.publish_metrics(&table);
         self.last = Some(LastScan {
             devices: dump.devices.iter().map(|d| d.device.name.clone()).collect(),
@@ -569,9 +637,10 @@ impl ScanThread {
         true
     }
 
-    /// One line per process when it is first listed, rate-limited; one when the scan
-    /// first reaches its cap.
-    fn log_new(&mut self, table: &UnshapedTable, capped: bool) {
+    /// One line per process when it is first listed, rate-limited, with how long after
+    /// the first dump that found it (`dumped_at` is this scan's); one when the scan first
+    /// reaches its cap.
+    fn log_new(&mut self, table: &UnshapedTable, capped: bool, dumped_at: Duration) {
         let listed_before: BTreeSet<i32> = self
             .last
             .as_ref()
@@ -595,8 +664,11 @@ impl ScanThread {
                     .listed
                     .first()
                     .map_or_else(String::new, |q| format!("{}/{}", q.device, q.qpn));
+                let found_ms = self.seen.get(&p.pid).map_or(0, |&f| {
+                    u64::try_from(dumped_at.saturating_sub(f).as_millis()).unwrap_or(u64::MAX)
+                });
                 warn!(pid = p.pid, comm = %p.comm, uid = %uid, tenant = p.tenant.as_deref().unwrap_or(UNKNOWN_TENANT),
-                      qps = p.qps, first_qp = %first,
+                      qps = p.qps, first_qp = %first, found_ms,
                       "unshaped process: RDMA queue pairs with no shaper registered");
             }
         }
@@ -628,6 +700,19 @@ impl ScanThread {
                 .set(gauge(qps));
         }
     }
+}
+
+/// The wait after a scan that took `took`: the interval, or less when a process found
+/// unshaped is due for another look in `recheck_in`, but never less than
+/// [`IDLE_PER_SCAN`] times the scan (its share of the thread's time stays below
+/// 1/[`IDLE_PER_SCAN`]) unless that is longer than [`MAX_BACKOFF`] and the interval: a
+/// scan runs at least that often.
+pub fn next_wait(interval: Duration, recheck_in: Option<Duration>, took: Duration) -> Duration {
+    let wanted = recheck_in.map_or(interval, |r| r.min(interval));
+    let floor = took
+        .saturating_mul(IDLE_PER_SCAN)
+        .min(MAX_BACKOFF.max(interval));
+    wanted.max(floor)
 }
 
 /// Puts the calling thread under the normal scheduling policy: a daemon started at a
@@ -692,6 +777,26 @@ mod tests {
         pids.iter().copied().collect()
     }
 
+    /// Found at `at` ms since the scan started.
+    fn seen(pids: &[i32], at: u64) -> BTreeMap<i32, Duration> {
+        pids.iter().map(|&p| (p, ms(at))).collect()
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A scan that took the pids at `known_at` ms and read its dump 5 ms later.
+    fn at(known_at: u64) -> ScanTimes {
+        ScanTimes {
+            known_at: ms(known_at),
+            dumped_at: ms(known_at + 5),
+        }
+    }
+
+    /// Well after the daemon's start.
+    const T: u64 = 10_000;
+
     const OWN: i32 = 10;
     use QpOwner::{Kernel, Process, Unnamed};
 
@@ -729,7 +834,7 @@ mod tests {
     }
 
     #[test]
-    fn a_process_is_listed_from_its_second_scan_on() {
+    fn a_process_is_listed_once_found_for_the_registration_grace() {
         let known = set(&[20, 21]);
         let f: BTreeMap<i32, Lookup> = [
             facts(30, 30, 0, "ib_write_bw"),
@@ -737,10 +842,21 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let first = classify(&host(), &known, OWN, &f, &set(&[]));
-        assert_eq!(first.found, set(&[30, 31]));
+        let first = classify(&host(), &known, OWN, &f, &BTreeMap::new(), at(T));
+        assert_eq!(first.found, seen(&[30, 31], T + 5));
         assert_eq!(first.table, UnshapedTable::default());
-        let second = classify(&host(), &known, OWN, &f, &first.found);
+        // Looked at again once the grace after the first dump is over, not at the interval.
+        let due = ms(T + 5) + REGISTRATION_GRACE;
+        assert_eq!(first.recheck_at, Some(due));
+        // A scan before then (a shorter interval) still waits.
+        let early = classify(&host(), &known, OWN, &f, &first.found, at(T + 50));
+        assert_eq!(early.table, UnshapedTable::default());
+        assert_eq!(
+            (early.found.clone(), early.recheck_at),
+            (first.found.clone(), Some(due))
+        );
+        let second = classify(&host(), &known, OWN, &f, &early.found, at(T + 105));
+        assert_eq!(second.recheck_at, None);
         let t = &second.table;
         assert_eq!((t.qps, t.unlisted), (2, 0));
         assert_eq!(
@@ -761,9 +877,76 @@ mod tests {
         );
         assert_eq!(t.processes[1].pid, 31);
         // Registered between the scans: gone from the table at once.
-        let third = classify(&host(), &set(&[20, 21, 31]), OWN, &f, &second.found);
+        let third = classify(
+            &host(),
+            &set(&[20, 21, 31]),
+            OWN,
+            &f,
+            &second.found,
+            at(T + 205),
+        );
         assert_eq!(third.table.processes.len(), 1);
-        assert_eq!(third.found, set(&[30]));
+        assert_eq!(third.found, seen(&[30], T + 5));
+    }
+
+    #[test]
+    fn a_shaper_that_connects_within_the_grace_is_never_listed() {
+        // Process 40 creates its queue pair just before a scan's dump and connects 60 ms
+        // later, after the scan took the pids: the re-check finds it registered.
+        let d = dump(&[("rxe0", vec![qp(30, QpType::RC, Process(40))])]);
+        let f: BTreeMap<i32, Lookup> = [facts(40, 40, 1000, "trainer")].into_iter().collect();
+        let first = classify(&d, &set(&[]), OWN, &f, &BTreeMap::new(), at(T));
+        assert!(first.table.processes.is_empty());
+        let recheck = first.recheck_at.unwrap();
+        let again = classify(
+            &d,
+            &set(&[40]),
+            OWN,
+            &f,
+            &first.found,
+            at(recheck.as_millis() as u64),
+        );
+        assert_eq!(again.table, UnshapedTable::default());
+        assert!(again.found.is_empty() && again.recheck_at.is_none());
+        // Gone for one scan (its shaper connected, then left): found anew, a new grace.
+        let back = classify(&d, &set(&[]), OWN, &f, &again.found, at(T + 300));
+        assert!(back.table.processes.is_empty());
+        assert_eq!(back.recheck_at, Some(ms(T + 305) + REGISTRATION_GRACE));
+    }
+
+    #[test]
+    fn after_the_start_shapers_have_time_to_reconnect() {
+        let f: BTreeMap<i32, Lookup> = [
+            facts(30, 30, 0, "ib_write_bw"),
+            facts(31, 31, 0, "ib_write_bw"),
+        ]
+        .into_iter()
+        .collect();
+        let known = set(&[20, 21]);
+        let first = classify(&host(), &known, OWN, &f, &BTreeMap::new(), at(0));
+        assert_eq!(first.recheck_at, Some(RECONNECT_GRACE));
+        let soon = classify(&host(), &known, OWN, &f, &first.found, at(200));
+        assert!(soon.table.processes.is_empty());
+        let ready = RECONNECT_GRACE.as_millis() as u64;
+        let later = classify(&host(), &known, OWN, &f, &soon.found, at(ready));
+        assert_eq!(later.table.processes.len(), 2);
+    }
+
+    #[test]
+    fn the_wait_is_the_interval_or_a_recheck_and_bounds_the_scans_share() {
+        let second = Duration::from_secs(1);
+        assert_eq!(next_wait(second, None, ms(1)), second);
+        assert_eq!(next_wait(second, Some(ms(80)), ms(1)), ms(80));
+        assert_eq!(next_wait(ms(50), Some(ms(80)), ms(1)), ms(50));
+        // A recheck due already, and a scan of 10 ms: at least 50 times that.
+        assert_eq!(next_wait(ms(50), Some(ms(0)), Duration::ZERO), ms(0));
+        assert_eq!(next_wait(ms(100), Some(ms(20)), ms(10)), ms(500));
+        // A scan of 5 s (its time limit): the next one a minute later, not 250 s.
+        assert_eq!(next_wait(second, None, Duration::from_secs(5)), MAX_BACKOFF);
+        assert_eq!(
+            next_wait(Duration::from_secs(600), None, Duration::from_secs(5)),
+            Duration::from_secs(600)
+        );
     }
 
     #[test]
@@ -795,8 +978,8 @@ mod tests {
         .into_iter()
         .collect();
         let known = set(&[50]);
-        let c = classify(&d, &known, OWN, &f, &set(&[60]));
-        assert_eq!(c.found, set(&[60]));
+        let c = classify(&d, &known, OWN, &f, &seen(&[60], T - 200), at(T));
+        assert_eq!(c.found, seen(&[60], T - 200));
         let p = &c.table.processes[..];
         assert_eq!(p.len(), 1);
         assert_eq!((p[0].pid, p[0].comm.as_str(), p[0].qps), (60, "trainer", 2));
@@ -810,9 +993,11 @@ mod tests {
         let own_thread: BTreeMap<i32, Lookup> =
             [facts(11, OWN, 0, "justitiad")].into_iter().collect();
         let d = dump(&[("rxe0", vec![qp(9, QpType::RC, Process(11))])]);
-        assert!(classify(&d, &set(&[]), OWN, &own_thread, &set(&[OWN, 11]))
-            .found
-            .is_empty());
+        assert!(
+            classify(&d, &set(&[]), OWN, &own_thread, &seen(&[OWN, 11], 0), at(T))
+                .found
+                .is_empty()
+        );
     }
 
     #[test]
@@ -834,7 +1019,8 @@ mod tests {
             .take(MAX_PROCESSES)
             .map(|&p| facts(p, p, 1000, "x"))
             .collect();
-        let c = classify(&d, &set(&[]), OWN, &f, &candidates);
+        let before: BTreeMap<i32, Duration> = candidates.iter().map(|&p| (p, ms(0))).collect();
+        let c = classify(&d, &set(&[]), OWN, &f, &before, at(T));
         assert_eq!(c.table.processes.len(), MAX_PROCESSES);
         assert_eq!(c.table.unlisted, 3);
         assert_eq!(c.table.qps, (n + MAX_QPS_LISTED + 5) as u64);

@@ -10,13 +10,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use justitia_daemon::config::TenantBy;
 use justitia_daemon::gid::GidChoice;
 use justitia_daemon::probe::{Probe, VerbsProbe};
 use justitia_daemon::rdma_netlink::{dump_queue_pairs, DeviceFilter, QpOwner, QpType};
 use justitia_daemon::unshaped::{
-    classify, look_up, unshaped_candidates, MAX_QPS_PER_SCAN, SCAN_TIMEOUT,
+    classify, look_up, unshaped_candidates, ScanTimes, MAX_QPS_PER_SCAN, RECONNECT_GRACE,
+    REGISTRATION_GRACE, SCAN_TIMEOUT,
 };
 
 #[test]
@@ -52,18 +54,26 @@ fn a_reference_flows_queue_pairs_are_this_processs_and_unshaped_without_a_shaper
     assert!(mine.iter().all(|q| q.qp_type == QpType::RC), "{mine:?}");
 
     // Seen as the daemon would see this process were it not the daemon: a candidate by
-    // its thread, unshaped as its process from the second scan on, with its command.
+    // its thread, unshaped as its process once found for the registration grace, with
+    // its command.
     let none = BTreeSet::new();
+    let at = |known_at: Duration| ScanTimes {
+        known_at,
+        dumped_at: known_at + Duration::from_millis(1),
+    };
+    let start = RECONNECT_GRACE;
     let candidates = unshaped_candidates(&dump, &none, 0);
     assert!(candidates.contains(&tid), "{candidates:?}");
     let facts: BTreeMap<_, _> = candidates
         .iter()
         .map(|&pid| (pid, look_up(pid, TenantBy::Uid)))
         .collect();
-    let first = classify(&dump, &none, 0, &facts, &none);
+    let first = classify(&dump, &none, 0, &facts, &BTreeMap::new(), at(start));
     assert!(first.table.processes.is_empty());
-    assert!(first.found.contains(&me), "{:?}", first.found);
-    let second = classify(&dump, &none, 0, &facts, &first.found);
+    assert!(first.found.contains_key(&me), "{:?}", first.found);
+    let recheck = start + Duration::from_millis(1) + REGISTRATION_GRACE;
+    assert_eq!(first.recheck_at, Some(recheck));
+    let second = classify(&dump, &none, 0, &facts, &first.found, at(recheck));
     let listed = second
         .table
         .processes
@@ -77,7 +87,7 @@ fn a_reference_flows_queue_pairs_are_this_processs_and_unshaped_without_a_shaper
     assert_eq!(listed.tenant.as_deref(), Some(euid.to_string().as_str()));
     // With a shaper connected under this pid it is not.
     let known: BTreeSet<i32> = [me].into();
-    let registered = classify(&dump, &known, 0, &facts, &first.found);
-    assert!(!registered.found.contains(&me));
+    let registered = classify(&dump, &known, 0, &facts, &first.found, at(recheck));
+    assert!(!registered.found.contains_key(&me));
     drop(probe);
 }
