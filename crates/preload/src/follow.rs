@@ -76,6 +76,8 @@ pub struct Group {
     pub chunks: u64,
     /// Payload bytes posted so far (a running count).
     pub bytes: u64,
+    /// Requests split into chunks so far (a running count).
+    pub split_requests: u64,
     /// Paced requests wait for tokens now.
     pub waiting: bool,
     /// Requests posted and not yet completed on its queue pairs: work at the NIC.
@@ -100,6 +102,10 @@ pub struct FollowStatus {
     pub stale_periods: u64,
     /// Connections made to a daemon.
     pub connections: u64,
+    /// Requests split while a daemon this process had followed was gone: from the tick
+    /// that found it gone to the tick that connected again (counted at ticks, so to
+    /// within one tick). The shaper's own static settings did that splitting.
+    pub split_while_gone: u64,
 }
 
 /// The shaper's side of `justitiad`. See the module documentation.
@@ -122,6 +128,10 @@ pub struct Follower {
     said_missing: bool,
     fallbacks: u64,
     stale_periods: u64,
+    /// [`Group::split_requests`] at the previous tick.
+    seen_split: u64,
+    /// See [`FollowStatus::split_while_gone`].
+    split_while_gone: u64,
     /// Counts at the previous tick, and what has not been reported yet.
     seen: (u64, u64, u64),
     unreported: (u64, u64),
@@ -162,6 +172,8 @@ impl Follower {
             said_missing: false,
             fallbacks: 0,
             stale_periods: 0,
+            seen_split: 0,
+            split_while_gone: 0,
             seen: (0, 0, 0),
             unreported: (0, 0),
             quiet_ticks: IDLE_TICKS,
@@ -181,6 +193,7 @@ impl Follower {
             fallbacks: self.fallbacks,
             stale_periods: self.stale_periods,
             connections: self.client.stats().connections,
+            split_while_gone: self.split_while_gone,
         }
     }
 
@@ -219,6 +232,7 @@ impl Follower {
     /// `group` needs, talks to the daemon, reports activity, and returns the settings to
     /// enforce now. Waits only while connecting (at most the greeting timeout).
     pub fn tick(&mut self, now_ns: u64, group: Group) -> Settings {
+        self.count_splits_while_gone(group);
         self.track_registration(group);
         if self.flow.is_some() || self.client.socket().is_some() {
             self.client.tick(now_ns);
@@ -255,6 +269,17 @@ impl Follower {
             rate: Some(rate),
             chunk_bytes,
             phase,
+        }
+    }
+
+    /// Counts the requests split since the previous tick as split while the daemon was gone
+    /// when, at the end of that tick, a daemon this process had followed was found gone and
+    /// none was connected yet.
+    fn count_splits_while_gone(&mut self, group: Group) {
+        let since = group.split_requests.wrapping_sub(self.seen_split);
+        self.seen_split = group.split_requests;
+        if self.fallbacks > 0 && !self.open {
+            self.split_while_gone = self.split_while_gone.saturating_add(since);
         }
     }
 
@@ -469,6 +494,7 @@ mod tests {
             requests: 0,
             chunks: 0,
             bytes: 0,
+            split_requests: 0,
             waiting: false,
             in_flight: false,
         }

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::follow::FollowStatus;
+
 /// The live counters. Every field only grows (`queued_max` is a running maximum).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -26,6 +28,18 @@ pub struct Counters {
     pub qps: AtomicU64,
     /// Error completions reported to the application, and posts the shaper had to fail.
     pub errors: AtomicU64,
+    /// Connections made to `justitiad` ([`FollowStatus::connections`]): 1 for a process
+    /// that followed one daemon throughout, one more for each time a daemon answered again
+    /// after a loss. Published by the follower thread after each of its ticks.
+    pub daemon_connections: AtomicU64,
+    /// Times the followed daemon was found gone ([`FollowStatus::fallbacks`]: its
+    /// connection closed, as when it exits, is killed or is replaced), after each of which
+    /// the shaper enforced its static settings until a daemon answered. Published as
+    /// `daemon_connections` is.
+    pub daemon_fallbacks: AtomicU64,
+    /// Of `split_requests`, those split while a daemon the process had followed was gone
+    /// ([`FollowStatus::split_while_gone`]). Published as `daemon_connections` is.
+    pub split_while_daemon_gone: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -49,6 +63,12 @@ pub struct StatsSnapshot {
     pub qps: u64,
     /// See [`Counters::errors`].
     pub errors: u64,
+    /// See [`Counters::daemon_connections`].
+    pub daemon_connections: u64,
+    /// See [`Counters::daemon_fallbacks`].
+    pub daemon_fallbacks: u64,
+    /// See [`Counters::split_while_daemon_gone`].
+    pub split_while_daemon_gone: u64,
 }
 
 impl Counters {
@@ -60,6 +80,16 @@ impl Counters {
     /// Raises the running maximum of queued requests to `queued`.
     pub fn note_queued(&self, queued: u64) {
         self.queued_max.fetch_max(queued, Ordering::Relaxed);
+    }
+
+    /// Publishes the follower's counts (running counts: each only grows).
+    pub fn note_follow(&self, status: &FollowStatus) {
+        self.daemon_connections
+            .fetch_max(status.connections, Ordering::Relaxed);
+        self.daemon_fallbacks
+            .fetch_max(status.fallbacks, Ordering::Relaxed);
+        self.split_while_daemon_gone
+            .fetch_max(status.split_while_gone, Ordering::Relaxed);
     }
 
     /// The counters now.
@@ -75,6 +105,9 @@ impl Counters {
             queued_max: get(&self.queued_max),
             qps: get(&self.qps),
             errors: get(&self.errors),
+            daemon_connections: get(&self.daemon_connections),
+            daemon_fallbacks: get(&self.daemon_fallbacks),
+            split_while_daemon_gone: get(&self.split_while_daemon_gone),
         }
     }
 }
@@ -107,9 +140,41 @@ mod tests {
         assert_eq!(
             json,
             "{\"requests\":3,\"split_requests\":0,\"chunks\":16,\"bytes\":0,\"yields\":0,\
-             \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0}"
+             \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0,\
+             \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());
+    }
+
+    /// The follower's counts as its ticks publish them: running counts, so a status read
+    /// late (an older one) never takes them back.
+    #[test]
+    fn the_followers_counts_are_published_and_only_grow() {
+        let c = Counters::default();
+        let status = |connections, fallbacks, split_while_gone| FollowStatus {
+            connected: true,
+            flow: None,
+            allotment: None,
+            active: false,
+            fallbacks,
+            stale_periods: 0,
+            connections,
+            split_while_gone,
+        };
+        c.note_follow(&status(2, 1, 40));
+        c.note_follow(&status(1, 0, 7));
+        let s = c.snapshot();
+        assert_eq!(
+            (
+                s.daemon_connections,
+                s.daemon_fallbacks,
+                s.split_while_daemon_gone
+            ),
+            (2, 1, 40)
+        );
+        assert!(s.to_json().ends_with(
+            "\"daemon_connections\":2,\"daemon_fallbacks\":1,\"split_while_daemon_gone\":40}"
+        ));
     }
 }

@@ -51,6 +51,17 @@
 #    (tenant = "namespace") lists its flow as its namespace's, team-a, named from the pod's
 #    log directory (podrun keeps it as kubelet does), at the namespace's weight, 3.
 #    Processes in no pod (the podman containers above) are their cgroups' tenants.
+# 8. A rolling update of justitiad under a running pod, as a DaemonSet's (maxUnavailable
+#    1) does it, with the test in kubelet's place (no kubelet, no DaemonSet controller):
+#    while a second pod's ib_write_bw runs (-D CDI_ROLL_SECONDS, 20 s by default), the
+#    daemon that lists its flow gets SIGTERM (SIGKILL after the DaemonSet's 15 s grace
+#    period) and must stop cleanly, and a new one starts from a copy of the binary at
+#    another path (the new image's) with the same configuration and sockets. The new
+#    daemon must list the same pid, still running, as a bandwidth flow of
+#    namespace/team-a at weight 3; the shaper's statistics must count one loss and two
+#    connections (daemon_fallbacks=1, daemon_connections=2) and requests split while no
+#    daemon answered (split_while_daemon_gone > 0), its stderr say it fell back and
+#    registered again, and ib_write_bw exit 0 with its report. About 40 s.
 #
 # One line per check goes to RESULTS/results.txt as in suite.sh; logs to RESULTS/logs/cdi.*.
 set -uo pipefail
@@ -85,7 +96,8 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
-  "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight")
+  "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
+  "cdi: containerd: justitiad replaced as a rolling update does under the pod's running ib_write_bw: its shaper registers again with the new daemon and kept splitting between them")
 done_checks=0
 pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
 fail_rest() { # WHY: this check fails, the later ones are reported as not run
@@ -442,8 +454,144 @@ flow=$(grep -m1 -E " bandwidth .* 3  namespace/team-a$" "$L.pod.flows")
 [ -n "$flow" ] || fail_rest "justitiad listed no bandwidth flow of tenant namespace/team-a at weight 3: $(grep -v '^ *flow' "$L.pod.flows" | sort -u | head -n 3 | tr '\n' ' ')"
 pass "$(grep -m1 'allocated' "$L.pod.log" | sed 's/^podrun: //'); split_requests=$split; justitia flows: $(echo "$flow" | awk '{print "pid", $3, "class", $4, "weight", $(NF-1), "tenant", $NF}')"
 
+# 8. A rolling update of justitiad under a running pod. A DaemonSet's rolling update
+# (maxUnavailable 1, as deploy/kubernetes/daemonset.yaml has it) stops the old pod (SIGTERM,
+# SIGKILL after its grace period) before the new one starts from the new image, on the same
+# host paths: here the running daemon gets SIGTERM, and a new one starts from a copy of the
+# binary at another path (standing for the new image's) with the same configuration and
+# sockets. The pod's ib_write_bw runs for ROLL_SECONDS (-D), from before the replacement to
+# after it. No kubelet or DaemonSet controller runs: the test does their part.
+ROLL_SECONDS=${CDI_ROLL_SECONDS:-20}
+ROLL_PORT=$((PORT + 1))
+# The DaemonSet's terminationGracePeriodSeconds.
+GRACE=15
+next_bin=$run/justitiad-next
+mkdir -p "$next_bin"
+cp "$BIN/justitiad" "$next_bin/justitiad" || fail_rest "cannot copy justitiad to $next_bin"
+roll_uid=0b7e3f1a-52c4-4d8e-a6f9-7c1d2e3b4a50
+# team_a_flow OUT: justitia flows into OUT; prints the first bandwidth flow of tenant
+# namespace/team-a at weight 3 as "PID CLASS WEIGHT TENANT".
+team_a_flow() {
+  "$BIN/justitia" flows --socket "$run/admin/admin.sock" > "$1" 2>&1
+  grep -m1 -E " bandwidth .* 3  namespace/team-a$" "$1" | awk '{print $3, $4, $(NF-1), $NF}'
+}
+# roll_once: a server on the guest and the pod's client; once the old daemon lists the
+# client's flow, the daemon is replaced and the new one must list the same process while
+# it still runs. Sets ROLL_ERR (empty when every step held), ROLL_CALIBRATION (perftest's
+# calibration failed: the attempt proves nothing), BEFORE and AFTER (the flow as each
+# daemon listed it), APP_PID, GAP (seconds from the old daemon's exit to the new one
+# listing the flow), KILLED_OLD, and STATS (the shaper's statistics, moved to
+# R.stats.json; empty when it wrote none).
+roll_err() { ROLL_ERR="${ROLL_ERR:+$ROLL_ERR; }$1"; }
+roll_once() { # ATTEMPT: logs in $L.roll.ATTEMPT.* (R), the old daemon's in R.justitiad-old.log
+  local crc src deadline stopped_at term_rc
+  R=$L.roll.$1
+  ROLL_ERR="" ROLL_CALIBRATION="" BEFORE="" AFTER="" APP_PID="" GAP="" KILLED_OLD=""
+  rm -f "$out"/stats.*.json
+  timeout $((ROLL_SECONDS + 100)) ib_write_bw -d "$DEV" -x 0 -s 1048576 -D "$ROLL_SECONDS" -p "$ROLL_PORT" \
+    > "$R.server.log" 2>&1 &
+  spid=$!
+  # A server that never listens shows in the client's error below.
+  wait_tcp_listen "$ROLL_PORT" || true
+  "$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --image localhost/justitia-test-glibc:latest \
+    --namespace team-a --pod roller --uid "$roll_uid" --env JUSTITIA_CLASS=bandwidth \
+    --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" --pod-logs-dir "$run/pod-logs" \
+    --timeout $((ROLL_SECONDS + 90))s -- ib_write_bw -d "$DEV" -x 0 -s 1048576 -D "$ROLL_SECONDS" -p "$ROLL_PORT" \
+    127.0.0.1 > "$R.log" 2>&1 &
+  cpid=$!
+  # The old daemon lists the pod's flow (the pod takes seconds to start under emulation).
+  deadline=$((SECONDS + 60))
+  while kill -0 "$cpid" 2> /dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+    BEFORE=$(team_a_flow "$R.before.flows")
+    [ -n "$BEFORE" ] && break
+    sleep 0.5
+  done
+  if [ -z "$BEFORE" ]; then
+    roll_err "the old justitiad listed no bandwidth flow of namespace/team-a at weight 3: $(grep -v '^ *flow' "$R.before.flows" | head -n 3 | tr '\n' ' ')"
+  else
+    APP_PID=${BEFORE%% *}
+    # SIGTERM; SIGKILL if the grace period passes, as kubelet does.
+    kill -TERM "$dpid"
+    deadline=$((SECONDS + GRACE))
+    while kill -0 "$dpid" 2> /dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    if kill -0 "$dpid" 2> /dev/null; then
+      kill -KILL "$dpid"
+      KILLED_OLD=" (SIGKILL after the $GRACE s grace period)"
+    fi
+    wait "$dpid"
+    term_rc=$?
+    stopped_at=$SECONDS
+    dpid=""
+    mv "$L.justitiad.log" "$R.justitiad-old.log"
+    if [ "$term_rc" != 0 ] || ! grep -q "justitiad stopped" "$R.justitiad-old.log"; then
+      roll_err "the old justitiad did not stop cleanly on SIGTERM$KILLED_OLD: exit $term_rc ($R.justitiad-old.log)"
+    fi
+    BIN=$next_bin daemon_start "$config" "$L.justitiad.log"
+    dpid=$DAEMON_PID
+    if ! daemon_wait "$L.justitiad.log" "$run/registration/justitiad.sock" 20; then
+      roll_err "the new justitiad did not start: $DAEMON_ERR"
+    else
+      # The new daemon lists the same process, as the same tenant at the same weight.
+      deadline=$((SECONDS + 30))
+      while [ "$SECONDS" -lt "$deadline" ] && kill -0 "$APP_PID" 2> /dev/null; do
+        AFTER=$(team_a_flow "$R.after.flows")
+        [ "${AFTER%% *}" = "$APP_PID" ] && break
+        AFTER=""
+        sleep 0.5
+      done
+      GAP=$((SECONDS - stopped_at))
+      if [ -z "$AFTER" ]; then
+        roll_err "the new justitiad did not list pid $APP_PID (bandwidth, weight 3, namespace/team-a) in $GAP s: $(grep -v '^ *flow' "$R.after.flows" | head -n 3 | tr '\n' ' ')"
+      elif ! kill -0 "$APP_PID" 2> /dev/null; then
+        roll_err "pid $APP_PID had ended when the new justitiad listed it: not shown for a running application (raise CDI_ROLL_SECONDS)"
+      fi
+    fi
+  fi
+  wait "$cpid"
+  crc=$?
+  # A client that failed leaves the server waiting for it.
+  [ "$crc" = 0 ] || kill "$spid" 2>/dev/null
+  wait "$spid"
+  src=$?
+  spid=""
+  if [ "$crc" != 0 ] || [ "$src" != 0 ]; then
+    roll_err "client exit $crc, server exit $src: $(grep -h -m2 -i -E 'podrun|error|fail|cannot|ld.so|not found' "$R.log" "$R.server.log" | tr '\n' ' ')"
+    grep -q "Can't produce a report" "$R.log" "$R.server.log" \
+      && grep -q "Correlation coefficient" "$R.log" "$R.server.log" && ROLL_CALIBRATION=yes
+  fi
+  stats_of "roll.$1"
+}
+roll_started=$SECONDS
+for attempt in 1 2; do
+  roll_once "$attempt"
+  [ -n "$ROLL_CALIBRATION" ] || break
+  ROLL_ERR="$ROLL_ERR (perftest's calibration failed $attempt times)"
+done
+[ -z "$ROLL_ERR" ] || fail_rest "$ROLL_ERR"
+# The application's own report: 1 MiB messages, and the iterations of its -D run.
+counts=$(awk '/#bytes/ && /#iterations/ {h = 1; next} h && $1 ~ /^[0-9]+$/ {print $1 "x" $2; exit}' "$R.log")
+case $counts in
+  1048576x[1-9]*) ;;
+  *) fail_rest "ib_write_bw in the pod exited 0 without its report (counts '${counts:-none}', $R.log)" ;;
+esac
+[ -n "$STATS" ] || fail_rest "the shaper wrote no statistics in the pod ($(head -n 3 "$R.log" | tr '\n' ' '))"
+split=$(stat_field "$STATS" split_requests)
+gone_split=$(stat_field "$STATS" split_while_daemon_gone)
+fallbacks=$(stat_field "$STATS" daemon_fallbacks)
+connections=$(stat_field "$STATS" daemon_connections)
+# One loss and one reconnection, the replacement's: no other break in between.
+[ "${fallbacks:-x}" = 1 ] && [ "${connections:-x}" = 2 ] \
+  || fail_rest "expected daemon_fallbacks=1 and daemon_connections=2 ($STATS): $(tr -d '\n ' < "$STATS")"
+[ "${gone_split:-0}" -gt 0 ] && [ "${split:-0}" -ge "$gone_split" ] \
+  || fail_rest "no request split while no daemon answered ($STATS): $(tr -d '\n ' < "$STATS")"
+grep -q "is gone; static settings" "$R.log" && grep -q "is back; the flow registers again" "$R.log" \
+  || fail_rest "the shaper did not say that it fell back and registered again ($R.log)"
+read -r _ class weight tenant <<< "$AFTER"
+retried=""
+[ "$attempt" = 1 ] || retried=" (a second attempt: perftest's calibration failed in the first, $L.roll.1.log)"
+pass "pid $APP_PID listed by the old justitiad, and by the new one (a copy at $next_bin) $GAP s after the old one stopped on SIGTERM$KILLED_OLD, still running: class $class, weight $weight, tenant $tenant; stats: split_requests=$split, split_while_daemon_gone=$gone_split, daemon_fallbacks=$fallbacks, daemon_connections=$connections; ib_write_bw -D $ROLL_SECONDS: exit 0, $counts; $((SECONDS - roll_started)) s for the check$retried"
+
 kill -TERM "$dpid" 2>/dev/null
 wait "$dpid" 2>/dev/null
 dpid=""
 cleanup
-

@@ -651,10 +651,10 @@ else
   if ! have_shaper || [ "${CDI_VALIDATOR:--}" = - ] || [ "${DEVICE_PLUGIN:--}" = - ] || [ "$APPS" = - ]; then
     result SKIP "cdi" "needs the shaper, the Go programs and the test applications"
   else
-    timeout 600 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS" \
+    timeout 720 tests/vm/guest/cdi.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$CDI_VALIDATOR" "$APPS" \
       "$DEVICE_PLUGIN" "$PODRUN"
     if [ "$?" = 124 ]; then
-      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 600 s"
+      result FAIL "cdi" "tests/vm/guest/cdi.sh did not finish within 720 s"
     fi
   fi
   # Applications that escape the shaper: a plain ib_write_bw is listed unshaped by the

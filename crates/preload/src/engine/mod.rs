@@ -357,6 +357,7 @@ impl Engine {
             requests: c.requests.load(Ordering::Relaxed),
             chunks: c.chunks.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
+            split_requests: c.split_requests.load(Ordering::Relaxed),
             waiting: self.pacer_has_waiting(),
             in_flight: self.members_in_flight(),
         }
@@ -381,10 +382,14 @@ impl Engine {
             return;
         };
         let group = self.group();
-        let settings = follower
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .tick(now_ns, group);
+        let (settings, status) = {
+            let mut f = follower.lock().unwrap_or_else(|e| e.into_inner());
+            let settings = f.tick(now_ns, group);
+            (settings, f.status())
+        };
+        // Published where the statistics read them without the follower's lock, which the
+        // exit handler that writes them must never wait for.
+        self.counters.note_follow(&status);
         self.apply(settings, self.clock.now());
     }
 

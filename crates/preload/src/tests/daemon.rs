@@ -110,6 +110,9 @@ impl Drop for Daemon {
     }
 }
 
+/// The size of [`App::post_large`]'s WRITE, and of the application's buffers.
+const LARGE: usize = 64 * 1024;
+
 /// An engine with the real clock and the pacer and follower threads, and a mock RC QP.
 struct App {
     dev: MockDevice,
@@ -155,8 +158,8 @@ impl App {
             engine,
             cq,
             qp,
-            src: pattern(16, 3),
-            dst: vec![0u8; 16],
+            src: pattern(LARGE, 3),
+            dst: vec![0u8; LARGE],
             posted: 0,
         }
     }
@@ -184,6 +187,40 @@ impl App {
         // SAFETY: a live CQ with room for 4.
         while unsafe { ops::poll_cq(self.cq, 4, wc.as_mut_ptr()) } > 0 {}
         took
+    }
+
+    /// Posts one signaled WRITE of [`LARGE`] bytes and runs the mock until its completion
+    /// is polled (the chunks of a split request are posted as earlier ones complete, and a
+    /// paced one by the pacer's thread), for at most 5 s.
+    fn post_large(&mut self) {
+        let wr_id = self.posted;
+        let mut s = [sge(&self.src, 0, LARGE)];
+        let mut w = rdma(
+            IBV_WR_RDMA_WRITE,
+            wr_id,
+            &mut s,
+            self.dst.as_mut_ptr() as u64,
+            true,
+        );
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP; the request and its SGE live for the call.
+        assert_eq!(unsafe { ops::post_send(self.qp, &mut w, &mut bad) }, 0);
+        self.posted += 1;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut wc = [ibv_wc::default(); 4];
+        loop {
+            self.dev.execute_all(self.qp);
+            // SAFETY: a live CQ with room for 4.
+            let n = unsafe { ops::poll_cq(self.cq, 4, wc.as_mut_ptr()) };
+            if wc[..usize::try_from(n).unwrap_or(0)]
+                .iter()
+                .any(|c| c.wr_id == wr_id)
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "WRITE {wr_id} never completed");
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     /// Keeps the flow busy (a post every 200 us) until `done`, for at most `timeout`.
@@ -420,6 +457,77 @@ fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when
     app.drive_until("the new allotment", Duration::from_secs(5), |a| {
         a.paced_at() == d2.allotment_of(second)
     });
+}
+
+/// A daemon replaced as a rolling update replaces it (SIGTERM, then a new one on the same
+/// socket): the statistics count the two connections, the one loss, and the requests the
+/// shaper split on its static settings in between, not those split under either daemon.
+#[test]
+fn a_replaced_daemon_shows_in_the_statistics_with_the_requests_split_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let socket = d.socket();
+    // A chunk of its own, kept under a daemon too: every 64 KiB WRITE is split.
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_CHUNK", "16K"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    app.drive_until("the daemon's allotment", Duration::from_secs(5), |a| {
+        a.paced_at().is_some()
+    });
+    for _ in 0..3 {
+        app.post_large();
+    }
+    let s = app.engine.stats();
+    assert_eq!(
+        (s.split_requests, s.daemon_connections, s.daemon_fallbacks),
+        (3, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.split_while_daemon_gone, 0, "{s:?}");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    d.child.wait().unwrap();
+    app.drive_until("the loss seen", Duration::from_secs(5), |a| {
+        a.engine.follow_status().unwrap().fallbacks == 1 && a.paced_at().is_none()
+    });
+    for _ in 0..5 {
+        app.post_large();
+    }
+    let d2 = Daemon::start(dir.path());
+    app.drive_until(
+        "registration with the new daemon",
+        Duration::from_secs(10),
+        |a| {
+            a.engine
+                .follow_status()
+                .is_some_and(|s| s.connected && s.connections == 2)
+                && a.paced_at().is_some()
+        },
+    );
+    for _ in 0..2 {
+        app.post_large();
+    }
+    let s = app.engine.stats();
+    assert_eq!(
+        (
+            s.split_requests,
+            s.split_while_daemon_gone,
+            s.daemon_connections,
+            s.daemon_fallbacks
+        ),
+        (10, 5, 2, 1),
+        "{s:?}"
+    );
+    let json = s.to_json();
+    assert!(
+        json.contains(
+            "\"daemon_connections\":2,\"daemon_fallbacks\":1,\"split_while_daemon_gone\":5"
+        ),
+        "{json}"
+    );
+    drop(d2);
 }
 
 /// A daemon that is slow (stopped for longer than its 500 ms stale limit, three times) is
