@@ -436,6 +436,22 @@ fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when
     );
     // The daemon back on the same socket: the flow registers again and follows it.
     let d2 = Daemon::start(dir.path());
+    registered_with_the_second_daemon(&mut app);
+    let second = app.flow_id().unwrap();
+    let flows = d2.flows();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    assert_eq!(
+        (flows[0].flow, flows[0].pid as u32),
+        (second, std::process::id())
+    );
+    app.drive_until("the new allotment", Duration::from_secs(5), |a| {
+        a.paced_at() == d2.allotment_of(second)
+    });
+}
+
+/// Drives `app` until its flow is registered with, and paced by, the second daemon it
+/// connected to.
+fn registered_with_the_second_daemon(app: &mut App) {
     app.drive_until(
         "registration with the new daemon",
         Duration::from_secs(10),
@@ -447,16 +463,6 @@ fn the_daemon_killed_the_shaper_falls_back_within_10_ms_and_registers_again_when
                 && a.paced_at().is_some()
         },
     );
-    let second = app.flow_id().unwrap();
-    let flows = d2.flows();
-    assert_eq!(flows.len(), 1, "{flows:?}");
-    assert_eq!(
-        (flows[0].flow, flows[0].pid as u32),
-        (second, std::process::id())
-    );
-    app.drive_until("the new allotment", Duration::from_secs(5), |a| {
-        a.paced_at() == d2.allotment_of(second)
-    });
 }
 
 /// A daemon replaced as a rolling update replaces it (SIGTERM, then a new one on the same
@@ -496,16 +502,7 @@ fn a_replaced_daemon_shows_in_the_statistics_with_the_requests_split_meanwhile()
         app.post_large();
     }
     let d2 = Daemon::start(dir.path());
-    app.drive_until(
-        "registration with the new daemon",
-        Duration::from_secs(10),
-        |a| {
-            a.engine
-                .follow_status()
-                .is_some_and(|s| s.connected && s.connections == 2)
-                && a.paced_at().is_some()
-        },
-    );
+    registered_with_the_second_daemon(&mut app);
     for _ in 0..2 {
         app.post_large();
     }
