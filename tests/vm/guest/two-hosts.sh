@@ -226,8 +226,9 @@ else
   elif [ "$b_rc" != 0 ]; then
     result FAIL "a justitiad on each host" "B: $b_err"
   else
-    a_start=$(grep -m1 -o 'device=[^ ]* port=[^ ]*' "$L.justitiad.log")
-    b_start=$(grep -m1 -o 'device=[^ ]* port=[^ ]*' "$BLOGS/justitiad.log")
+    # The start line (the probe's GID line before it names the device in quotes).
+    a_start=$(grep -m1 'justitiad started' "$L.justitiad.log" | grep -o 'device=[^ ]* port=[^ ]*')
+    b_start=$(grep -m1 'justitiad started' "$BLOGS/justitiad.log" | grep -o 'device=[^ ]* port=[^ ]*')
     if [ "$a_start" = "device=$A_DEV port=1" ] && [ "$b_start" = "device=$B_DEV port=1" ]; then
       result PASS "a justitiad on each host" "A: $a_start, B: $b_start"
     else
