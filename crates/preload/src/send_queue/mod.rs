@@ -1737,8 +1737,8 @@ mod tests {
     /// and moving its tail, so that the test hits that window often). No clock: the
     /// poller stops when the poster is done and the wire is empty, or when the two are
     /// stuck (the wire empty, everything on it settled, and two of the poster's attempts
-    /// begun since then refused for want of a slot: completions were lost), however slowly
-    /// a loaded host runs them.
+    /// since then refused for want of a slot with the wire still empty: completions were
+    /// lost), however slowly a loaded host runs them.
     #[test]
     fn polls_without_the_lock_race_posts_that_close_the_ring() {
         const REQUESTS: u64 = 20_000;
@@ -1850,9 +1850,18 @@ mod tests {
                     }
                     let now_refused = refused.load(Ordering::SeqCst);
                     match empty_since {
-                        // Two attempts begun after everything on the wire was settled,
-                        // both refused: no slot will ever come back.
-                        Some(since) if now_refused >= since + 2 => break,
+                        // Two attempts ended since the wire was found empty with everything
+                        // on it settled, so one began after that, and both were refused;
+                        // and the wire is still empty, so neither they nor any attempt
+                        // between put a WQE on it (only this thread takes from it): no
+                        // slot will ever come back. Without that second look, a poller
+                        // descheduled between finding the wire empty and reading the
+                        // refusals would count ones that followed fresh posts.
+                        Some(since)
+                            if now_refused >= since + 2 && wire.lock().unwrap().is_empty() =>
+                        {
+                            break
+                        }
                         Some(_) => {}
                         None => empty_since = Some(now_refused),
                     }
