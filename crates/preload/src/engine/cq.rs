@@ -273,7 +273,7 @@ impl CqShared {
     /// now post are added to `touched`.
     pub(crate) fn take_held(
         &self,
-        qps: &[Arc<QpShared>],
+        qps: &CqQps,
         room: usize,
         touched: &mut Vec<Arc<QpShared>>,
         mut out: impl FnMut(ibv_wc),
@@ -386,13 +386,25 @@ impl CqShared {
         self.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
     }
 
-    /// Removes a QP added with [`Self::add_qp`].
+    /// Removes a QP added with [`Self::add_qp`], which is being destroyed: its tags stay
+    /// known as departed until [`Self::forget_departed`].
     pub(super) fn remove_qp(&self, qp: &Arc<QpShared>) {
         let mut qps = self.qps.lock();
         let before = qps.list.len();
         qps.list.retain(|q| !Arc::ptr_eq(q, qp));
-        qps.find_sole();
         if qps.list.len() < before {
+            qps.departed.push((qp.qp_num, Arc::clone(&qp.ring)));
+        }
+        qps.find_sole();
+    }
+
+    /// Forgets a departed QP (see [`CqQps::departed`]) once the provider's CQ has been
+    /// polled clean of its completions, or when the provider refused its destroy.
+    pub(crate) fn forget_departed(&self, ring: &Arc<QuickRing>) {
+        let mut qps = self.qps.lock();
+        let before = qps.departed.len();
+        qps.departed.retain(|(_, r)| !Arc::ptr_eq(r, ring));
+        if qps.departed.len() < before {
             self.shaped.fetch_sub(1, Ordering::AcqRel);
             self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
         }
@@ -431,7 +443,7 @@ impl CqShared {
     #[inline(always)]
     pub(crate) fn translate(
         &self,
-        qps: &[Arc<QpShared>],
+        qps: &CqQps,
         wc: &mut ibv_wc,
         qp_num_known: bool,
         synthesized: &mut Vec<ibv_wc>,
@@ -445,17 +457,17 @@ impl CqShared {
         } else {
             qps.iter().find(|q| q.ring.contains(wc.wr_id))
         };
-        let Some(q) = owner else {
-            return Some((true, None));
+        let Some(q) = owner.filter(|q| q.ring.contains(wc.wr_id)) else {
+            // Not a live QP's tag: one of a departed QP's is dropped, anything else (a
+            // receive's, a QP's the shaper does not shape) delivered untouched.
+            return Some((!qps.departed_tag(wc, qp_num_known), None));
         };
         if !qp_num_known {
             wc.qp_num = q.qp_num;
         }
-        // A completion without one of the QP's tags, or a receive's, is never its send
-        // queue's: delivered untouched, whatever is held.
-        if !q.ring.contains(wc.wr_id)
-            || (wc.status == IBV_WC_SUCCESS && wc.opcode & IBV_WC_RECV != 0)
-        {
+        // A receive's completion is never the send queue's: delivered untouched, whatever
+        // is held.
+        if wc.status == IBV_WC_SUCCESS && wc.opcode & IBV_WC_RECV != 0 {
             return Some((true, None));
         }
         if held_back.contains(&q.qp_num) {
@@ -606,8 +618,10 @@ impl CqShared {
     pub(crate) unsafe fn poll_shaped(&self, n: c_int, wc: *mut ibv_wc) -> c_int {
         let qps = self.qps.lock();
         // Checked under the lock the pacer's own polls hold while they queue what they
-        // took: with nothing queued, the provider's next completions are the oldest.
-        if self.may_hold() {
+        // took: with nothing queued, the provider's next completions are the oldest. While
+        // a QP is departing, its completions may still come, and only the general path
+        // knows them.
+        if self.may_hold() || !qps.departed.is_empty() {
             // SAFETY: guaranteed by the caller.
             return unsafe { self.poll_general(qps, n, wc, Resume::default()) };
         }
@@ -856,12 +870,27 @@ pub(crate) fn note_touched(touched: &mut Vec<Arc<QpShared>>, q: Arc<QpShared>) {
 #[derive(Default)]
 pub struct CqQps {
     list: Vec<Arc<QpShared>>,
+    /// The QP numbers and rings of QPs taken out of `list` for their destroy, kept until
+    /// the provider's CQ has been polled clean of their completions
+    /// ([`CqShared::forget_departed`]): a poll in between (the application's, on another
+    /// thread) may find one of theirs, which carries a tag that must never reach the
+    /// application, or a QP created since may have taken the QP number. Counted in the
+    /// CQ's `shaped` and `work` until forgotten, so that such a poll translates.
+    departed: Vec<(u32, Arc<QuickRing>)>,
     /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
     /// reaches it with one load and no search.
     sole: Option<Arc<QuickRing>>,
 }
 
 impl CqQps {
+    /// Whether `wc` carries a tag of a departed QP's send queue (its QP number unknown
+    /// when not `qp_num_known`): the shaper's own, dropped as a purging provider would.
+    fn departed_tag(&self, wc: &ibv_wc, qp_num_known: bool) -> bool {
+        self.departed
+            .iter()
+            .any(|(n, r)| (!qp_num_known || wc.qp_num == *n) && r.contains(wc.wr_id))
+    }
+
     /// Sets [`Self::sole`] after a change of the list.
     fn find_sole(&mut self) {
         self.sole = match self.list.as_slice() {

@@ -252,7 +252,9 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     // A QP destroyed behind the shaper's back, whose address was reused: its state leaves
     // its CQ before that CQ's QP list is locked below (taking it out locks the list).
     if let Some(stale) = qps.get(qp.cast()) {
-        drop(unregister_qp_in(qps, qp, stale));
+        if let Some((gone, _)) = unregister_qp_in(qps, qp, stale) {
+            gone.forget_departed();
+        }
     }
     let send_cq = CQS.get_arc(init.send_cq.cast());
     let recv_cq = CQS.get_arc(init.recv_cq.cast());
@@ -396,8 +398,11 @@ pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
     let rc = real();
     if rc != 0 {
         shared.reinstate(&QPS, purged);
-    } else if let (true, Some(cq)) = (shared.shaped, &shared.send_cq) {
-        cq.drop_stale(shared.qp_num, &shared.ring, shared.engine.clock.now());
+    } else {
+        if let (true, Some(cq)) = (shared.shaped, &shared.send_cq) {
+            cq.drop_stale(shared.qp_num, &shared.ring, shared.engine.clock.now());
+        }
+        shared.forget_departed();
     }
     rc
 }
@@ -405,7 +410,9 @@ pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
 /// Forgets a destroyed QP, if its registration is still `token` (taken before the destroy
 /// call, so that a new QP at the same address is not forgotten instead).
 pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>) {
-    drop(unregister_qp_in(&QPS, qp, token));
+    if let Some((gone, _)) = unregister_qp_in(&QPS, qp, token) {
+        gone.forget_departed();
+    }
 }
 
 /// [`unregister_qp`] from `qps`; returns the state, detached, and the completions the
@@ -454,6 +461,14 @@ impl QpShared {
         purged
     }
 
+    /// Forgets this QP's tags in its send CQ (see `CqQps::departed`): its completions have
+    /// been polled out of the provider's CQ, or nothing will look for them.
+    fn forget_departed(&self) {
+        if let Some(cq) = &self.send_cq {
+            cq.forget_departed(&self.ring);
+        }
+    }
+
     /// Counts a registered QP's receive queue in its receive CQ's entries.
     fn count_receives(&self) {
         if let (Some(cq), false) = (
@@ -483,6 +498,7 @@ impl QpShared {
         self.count_receives();
         if let Some(cq) = &self.send_cq {
             if self.shaped {
+                self.forget_departed();
                 cq.add_qp(self);
             }
             cq.push_held(purged);

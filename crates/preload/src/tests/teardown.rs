@@ -95,6 +95,43 @@ fn a_destroyed_qps_completions_left_in_the_cq_never_show_a_tag() {
     assert!(got.iter().any(|w| w.wr_id == 9), "the receive is delivered");
 }
 
+/// The application polls the CQ on another thread while it destroys the CQ's only shaped
+/// QP, after the shaper has taken the QP out of the CQ's list and before the provider has
+/// destroyed it: the QP's completion waiting there carries the shaper's tag, which must not
+/// reach the application (the CQ, with no shaped QP left, would otherwise pass its polls
+/// straight through).
+#[test]
+fn a_poll_during_a_destroy_never_shows_the_departing_qps_tag() {
+    let r = rig_with(BW, 8, false);
+    r.dev.keep_stale_completions();
+    let src = pattern(100, 3);
+    let mut dst = vec![0u8; 100];
+    let mut s = [sge(&src, 0, 100)];
+    let w = rdma(IBV_WR_RDMA_WRITE, 5, &mut s, dst.as_mut_ptr() as u64, true);
+    assert_eq!(r.post(&mut [w]).0, 0);
+    r.dev.execute_all(r.qp);
+    let mut during = Vec::new();
+    let rc = engine::destroy_qp(r.qp, || {
+        during = r.poll();
+        r.dev.destroy_qp(r.qp);
+        0
+    });
+    assert_eq!(rc, 0);
+    assert_eq!(
+        tags_among(&during, &[5]),
+        Vec::<u64>::new(),
+        "during the destroy"
+    );
+    let after = r.poll();
+    assert_eq!(tags_among(&after, &[5]), Vec::<u64>::new(), "after it");
+    let cq = engine::cq(r.cq).unwrap();
+    assert_eq!(
+        cq.shaped.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the departed QP forgotten once its CQ was polled clean"
+    );
+}
+
 /// A QP created after another was destroyed with a completion left in the shared CQ (its
 /// ring may be allocated where the old one was): the old completion never settles a
 /// request of the new QP that has not run.
