@@ -276,11 +276,35 @@ impl CqShared {
         qps: &CqQps,
         room: usize,
         touched: &mut Vec<Arc<QpShared>>,
-        mut out: impl FnMut(ibv_wc),
+        out: impl FnMut(ibv_wc),
     ) -> usize {
         if room == 0 || !self.may_hold() {
             return 0;
         }
+        self.work_through_held(qps, Some(room), touched, out)
+    }
+
+    /// Settles the completions held as the provider gave them whose QPs' locks are free,
+    /// in order, delivering none: internal ones are dropped, the application's stay held,
+    /// settled, where they were. For the shaper's own polls ([`Self::poll_for_pacer`]): a
+    /// completion it held because its QP's lock was busy (a poster's, across the
+    /// provider's post) holds every later one of that QP behind it, and an application
+    /// that does not poll this CQ would never settle them, so the QP would never get its
+    /// slots back. Called with the poll lock held (`qps`).
+    fn settle_held(&self, qps: &CqQps, touched: &mut Vec<Arc<QpShared>>) {
+        if self.may_hold() {
+            self.work_through_held(qps, None, touched, |_| {});
+        }
+    }
+
+    /// [`Self::take_held`] (`room`: `Some`) or [`Self::settle_held`] (`None`).
+    fn work_through_held(
+        &self,
+        qps: &CqQps,
+        room: Option<usize>,
+        touched: &mut Vec<Arc<QpShared>>,
+        mut out: impl FnMut(ibv_wc),
+    ) -> usize {
         // Taken out whole, so that no QP lock is tried under the queue's lock (a leaf);
         // completions queued meanwhile (a poster's, outside the poll lock) go behind what
         // is put back.
@@ -291,7 +315,13 @@ impl CqShared {
         let mut added = 0u64;
         let mut removed = 0u64;
         while let Some(h) = pending.pop_front() {
-            if given == room || held_back.contains(&h.wc.qp_num) {
+            // Kept: behind one of its QP's that stays, past the room, or (settling only)
+            // settled already.
+            let keep = match room {
+                Some(room) => given == room,
+                None => h.settled,
+            };
+            if keep || held_back.contains(&h.wc.qp_num) {
                 kept.push_back(h);
                 continue;
             }
@@ -322,9 +352,17 @@ impl CqShared {
                     for s in synthesized.into_iter().rev() {
                         pending.push_front(Held::settled(s));
                     }
-                    if deliver {
-                        out(wc);
-                        given += 1;
+                    match (deliver, room) {
+                        (false, _) => {}
+                        (true, Some(_)) => {
+                            out(wc);
+                            given += 1;
+                        }
+                        // Settled, still the application's to take, in its place.
+                        (true, None) => {
+                            kept.push_back(Held::settled(wc));
+                            removed -= 1;
+                        }
                     }
                 }
             }
@@ -509,7 +547,17 @@ impl CqShared {
     /// from `ibv_start_poll` to `ibv_end_poll`, across calls the shaper cannot join, so a
     /// QP on one still depends on its application polling.
     pub(crate) fn poll_for_pacer(&self, qp: &QpShared, now: Duration) {
+        let mut touched = Vec::new();
+        {
+            let qps = self.qps.lock();
+            if qps.iter().any(|q| std::ptr::eq(&**q, qp)) {
+                self.settle_held(&qps, &mut touched);
+            }
+        }
         for q in self.poll_aside(Some(qp), None) {
+            note_touched(&mut touched, q);
+        }
+        for q in touched {
             q.drain(now);
         }
     }
