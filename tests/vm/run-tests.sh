@@ -10,9 +10,9 @@
 # failure. When a prerequisite is missing it says which and skips (exit 0), except in CI
 # (CI=true), where setup should have installed it, so it fails.
 #
-# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 2400),
-# VM_PAIR_TIMEOUT (seconds for the two-host pair's run, default 1200),
-# INTEGRITY_TRANSFERS (per checker run, default 200), HANG_TIMEOUT, DESTROY_ITERATIONS,
+# Environment: VM_SUITE_TIMEOUT (seconds for the whole guest run, default 3000),
+# VM_PAIR_TIMEOUT (seconds for the two-host pair's run, default 1800),
+# INTEGRITY_TRANSFERS (per checker run, default 100), HANG_TIMEOUT, DESTROY_ITERATIONS,
 # CM_CONNECTIONS, CM_FD_SLACK, CM_RSS_SLACK_KB (the application tests, see the README),
 # CARGO_TARGET_DIR.
 set -uo pipefail
@@ -109,11 +109,11 @@ mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out)"
 start=$(date +%s)
-vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-200}" \
-  CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-200}" \
+vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-100}" \
+  CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-100}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
   tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
-vm_boot "$out" "${VM_SUITE_TIMEOUT:-2400}"
+vm_boot "$out" "${VM_SUITE_TIMEOUT:-3000}"
 rc=$?
 echo "vm: guest ran for $(($(date +%s) - start)) s"
 
@@ -148,10 +148,10 @@ else
   echo "vm: booting the two-host pair (logs in $pair)"
   start=$(date +%s)
   # In the same boot, after the pair's checks: shaped WRITE streams across the cable
-  # (tests/vm/guest/pair-write.sh), four rounds a mode.
+  # (tests/vm/guest/pair-write.sh), three rounds a mode.
   tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-1800}" --out "$pair" -- \
     bash -c 'env STEP_TIMEOUT="$0" tests/vm/guest/two-hosts.sh "$@"; rc=$?
-      PAIR_WRITE_ROUNDS=4 tests/vm/guest/pair-write.sh "$@" || rc=1
+      PAIR_WRITE_ROUNDS=3 tests/vm/guest/pair-write.sh "$@" || rc=1
       exit $rc' "${STEP_TIMEOUT:-150}" "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
   rc=$?
   echo "vm: the two-host pair ran for $(($(date +%s) - start)) s"

@@ -125,7 +125,7 @@ start_pair bw "" bandwidth ib_write_bw -s 1048576 -D 100
 BW=$CPID BW_APP=$CAPP
 # The checker beside them (a second bandwidth flow of the same tenant, niced: between
 # transfers it compares buffers and posts nothing, so its flow comes and goes).
-TRANSFERS=${DAEMON_ADAPTIVE_TRANSFERS:-150}
+TRANSFERS=${DAEMON_ADAPTIVE_TRANSFERS:-60}
 # shellcheck disable=SC2046
 env JUSTITIA_LOG=info JUSTITIA_STATS="$L.integrity.stats.json" $(shaped bandwidth) nice -n 19 timeout 200 "$INTEGRITY" \
   -d "$DEV" -x "$GID" -n "$TRANSFERS" > "$L.integrity.log" 2>&1 &

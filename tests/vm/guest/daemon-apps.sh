@@ -530,7 +530,9 @@ wait "$W"; w_rc=$?
 scrape warn1 || fail_rest "scraping after the latency flow failed: $ANSWER"
 warned1=$(value warn1 'justitia_registrations_total{value="admitted_with_warning"}')
 log_lines=$(grep -c "latency flow registered while Current99 exceeds Target99" "$L.justitiad.2.log")
-w_summary=$(grep -E '^justitia-integrity: (PASS|FAIL):' "$L.warned.log" | tail -n 1 | sed 's/^justitia-integrity: //')
+# Its verdict, or the error it stopped on (exit 2: a batch's completions not in time, a
+# verbs call refused).
+w_summary=$(grep -E '^justitia-integrity: (PASS|FAIL|error):' "$L.warned.log" | tail -n 1 | sed 's/^justitia-integrity: //')
 detail="Current99 $current us > Target99 $target us; registrations{admitted_with_warning} $warned0 -> $warned1; pid $W_APP in justitia flows: ${w_state:-not seen}; $log_lines warning line(s) in the daemon's log; the application: exit $w_rc, ${w_summary%%;*}"
 if [ "$w_rc" != 0 ] || [ "$warned1" != "$((warned0 + 1))" ] || [ "$log_lines" -lt 1 ] \
   || ! echo "$w_state" | grep -qE "^latency [a-z]+ admitted_with_warning "; then

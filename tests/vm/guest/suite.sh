@@ -284,7 +284,7 @@ for tool in ib_write_bw ib_read_bw; do
 done
 
 echo "== data integrity (test 4)"
-INTEGRITY_TRANSFERS=${INTEGRITY_TRANSFERS:-200}
+INTEGRITY_TRANSFERS=${INTEGRITY_TRANSFERS:-100}
 shaped_transfers=0
 integrity_ok=1
 # integrity NAME CHECK [--OPTION=VALUE...] ENV...: one run of the checker; CHECK names the
@@ -504,7 +504,7 @@ fi
 # code, libibverbs and the provider are all checked (ASan would see only the C program's
 # own code). Zero errors and a clean exit are required; the plain run is the baseline that
 # shows the program and rdma-core are clean alone.
-DESTROY_ITERATIONS=${DESTROY_ITERATIONS:-200}
+DESTROY_ITERATIONS=${DESTROY_ITERATIONS:-100}
 destroy_case() { # LABEL ITERATIONS ENV...
   local label=$1 iterations=$2 log vlog rc errors
   shift 2
