@@ -4,7 +4,8 @@
 //! that it follows `justitiad` when one runs), connected over TCP on loopback. Runs go
 //! one after another as in the simulator (with `--repeat N`, the whole scenario N times
 //! over, each figure the median of the N); the report is the simulator's, its heading
-//! naming the device.
+//! naming the device. Before any process starts, a run is refused if it needs more
+//! processes than `--max-processes` or the host has no RDMA device.
 
 mod compare;
 mod plan;
@@ -36,6 +37,15 @@ const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// What the requester's plan may take beyond the run's duration (draining, reporting).
 const FINISH_SLACK: Duration = Duration::from_secs(30);
+
+/// Where the kernel lists the host's RDMA devices.
+const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
+
+/// The default of `--max-processes`: room for 32 flows in one run. The scenarios in
+/// `scenarios/` that real verbs can run need at most 16 processes in a run, apart from
+/// perf-p5-1000-bapps-roce100 (2002); that one, like a slip such as `copies = 300` (602
+/// processes, each polling a queue pair), is refused instead of swamping the host.
+const DEFAULT_MAX_PROCESSES: u32 = 64;
 
 /// Arguments of `justitia run`.
 #[derive(Args, Debug)]
@@ -105,6 +115,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
+    /// The most processes one run may start (two per flow); a scenario needing more is
+    /// refused before anything starts.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES,
+          value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    max_processes: u32,
     /// Write `<scenario>.json`, `.csv`, `-series.csv` and `-outcomes.json` into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -169,6 +184,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     for flow in runs.iter().flat_map(|r| &r.flows) {
         flow.plan.validate()?;
     }
+    plan::check_processes(&runs, args.max_processes as usize)?;
+    plan::check_device(Path::new(SYSFS_INFINIBAND), args.device.as_deref())?;
     // The requesters choose their clock on this host; whether the TSC qualifies is said
     // here, once, before anything starts.
     let has_latency = runs
