@@ -1,10 +1,13 @@
 //! `--compare`: the model's and the device's figures of the same scenario side by side,
-//! each with measured / model.
+//! each with measured / model, and beside each measured percentile the samples it came
+//! from.
 
 use std::fmt::Write as _;
 
 use comfy_table::{CellAlignment, Table};
 use justitia_sim::{FlowReport, ScenarioReport};
+
+use super::samples::Percentile;
 
 /// One figure of one flow in one run, from both backends.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +22,8 @@ pub struct Row {
     pub model: f64,
     /// The device's value.
     pub measured: f64,
+    /// For a percentile, the latency samples the device's value came from.
+    pub samples: Option<u64>,
 }
 
 impl Row {
@@ -26,9 +31,20 @@ impl Row {
     pub fn ratio(&self) -> Option<f64> {
         (self.model != 0.0).then(|| self.measured / self.model)
     }
+
+    /// Whether the measured figure is a percentile of too few samples to be other than the
+    /// largest sample.
+    pub fn is_largest_sample(&self) -> bool {
+        match (Percentile::of_figure(self.figure), self.samples) {
+            (Some(p), Some(n)) => !p.distinct_from_max(n),
+            _ => false,
+        }
+    }
 }
 
-fn flow_figures(f: &FlowReport) -> Vec<(&'static str, Option<f64>)> {
+/// Every figure of a flow, with its label: the percentiles (when it took latency samples),
+/// its rate and its goodput.
+pub fn flow_figures(f: &FlowReport) -> Vec<(&'static str, Option<f64>)> {
     let l = f.latency.as_ref();
     vec![
         ("p50 (us)", l.map(|l| l.p50_us)),
@@ -53,12 +69,16 @@ pub fn rows(model: &ScenarioReport, measured: &ScenarioReport) -> Vec<Row> {
             for ((figure, m), (_, r)) in flow_figures(flow).into_iter().zip(flow_figures(real_flow))
             {
                 if let (Some(model), Some(measured)) = (m, r) {
+                    let samples = Percentile::of_figure(figure)
+                        .and(real_flow.latency.as_ref())
+                        .map(|l| l.samples);
                     out.push(Row {
                         run: run.variant.clone(),
                         flow: flow.name.clone(),
                         figure,
                         model,
                         measured,
+                        samples,
                     });
                 }
             }
@@ -69,6 +89,7 @@ pub fn rows(model: &ScenarioReport, measured: &ScenarioReport) -> Vec<Row> {
             figure: "utilisation (%)",
             model: run.utilisation * 100.0,
             measured: real.utilisation * 100.0,
+            samples: None,
         });
     }
     out
@@ -90,8 +111,18 @@ pub fn render(rows: &[Row], scenario: &str, model_profile: &str, device: &str) -
         "model",
         "measured",
         "measured/model",
+        "samples",
     ]);
+    let mut marked = false;
     for r in rows {
+        let samples = match r.samples {
+            Some(n) if r.is_largest_sample() => {
+                marked = true;
+                format!("{n} *")
+            }
+            Some(n) => n.to_string(),
+            None => String::new(),
+        };
         table.add_row(vec![
             r.run.clone(),
             r.flow.clone(),
@@ -100,15 +131,22 @@ pub fn render(rows: &[Row], scenario: &str, model_profile: &str, device: &str) -
             format!("{:.2}", r.measured),
             r.ratio()
                 .map_or_else(|| "-".to_string(), |x| format!("x{x:.3}")),
+            samples,
         ]);
     }
-    for i in 3..6 {
+    for i in 3..7 {
         if let Some(c) = table.column_mut(i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
     for line in table.lines() {
         let _ = writeln!(out, "  {}", line.trim_end());
+    }
+    if marked {
+        let _ = writeln!(
+            out,
+            "  * fewer samples than the percentile needs (p99 100, p99.9 1000): it is the largest sample"
+        );
     }
     out
 }
@@ -119,7 +157,7 @@ mod tests {
     use justitia_core::flow::FlowClass;
     use justitia_sim::{LatencyReport, RunReport};
 
-    fn report(p99: f64, rate: f64) -> ScenarioReport {
+    fn report(p99: f64, rate: f64, samples: u64) -> ScenarioReport {
         ScenarioReport {
             scenario: "s".into(),
             description: "d".into(),
@@ -138,7 +176,7 @@ mod tests {
                     msgs_per_sec: rate,
                     gbps: 0.0,
                     latency: Some(LatencyReport {
-                        samples: 10,
+                        samples,
                         p50_us: 1.0,
                         p99_us: p99,
                         p999_us: p99,
@@ -159,7 +197,11 @@ mod tests {
 
     #[test]
     fn every_figure_of_both_sides_with_its_ratio() {
-        let rows = rows(&report(2.0, 500_000.0), &report(40.0, 25_000.0));
+        // 500 samples measured: p99 is the 495th of 500, p99.9 the 500th, the largest.
+        let rows = rows(
+            &report(2.0, 500_000.0, 100_000),
+            &report(40.0, 25_000.0, 500),
+        );
         let figures: Vec<&str> = rows.iter().map(|r| r.figure).collect();
         assert_eq!(
             figures,
@@ -179,5 +221,18 @@ mod tests {
         let text = render(&rows, "s", "IB-56", "rxe0");
         assert!(text.contains("x20.000"), "{text}");
         assert!(text.contains("real verbs on rxe0"), "{text}");
+        let samples: Vec<Option<u64>> = rows.iter().map(|r| r.samples).collect();
+        assert_eq!(samples, [Some(500), Some(500), Some(500), None, None, None]);
+        let marked: Vec<bool> = rows.iter().map(Row::is_largest_sample).collect();
+        assert_eq!(marked, [false, false, true, false, false, false]);
+        let p999 = text
+            .lines()
+            .find(|l| l.contains("p99.9 (us)"))
+            .unwrap_or_default();
+        assert!(p999.trim_end().ends_with("500 *"), "{text}");
+        assert!(
+            text.contains("* fewer samples than the percentile needs"),
+            "{text}"
+        );
     }
 }

@@ -2,12 +2,16 @@
 //! processes of `justitia-loadgen` on the local device (a responder, and a requester that
 //! runs under the shaper when the run has a policy, with its class in `JUSTITIA_CLASS`, so
 //! that it follows `justitiad` when one runs), connected over TCP on loopback. Runs go
-//! one after another as in the simulator; the report is the simulator's, its heading
-//! naming the device.
+//! one after another as in the simulator (with `--repeat N`, the whole scenario N times
+//! over, each figure the median of the N); the report is the simulator's, its heading
+//! naming the device. Before any process starts, a run is refused if it needs more
+//! processes than `--max-processes` or the host has no RDMA device.
 
 mod compare;
 mod plan;
 mod procs;
+mod samples;
+mod spread;
 mod verdict;
 
 use std::fs;
@@ -34,6 +38,15 @@ const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 /// What the requester's plan may take beyond the run's duration (draining, reporting).
 const FINISH_SLACK: Duration = Duration::from_secs(30);
 
+/// Where the kernel lists the host's RDMA devices.
+const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
+
+/// The default of `--max-processes`: room for 32 flows in one run. The scenarios in
+/// `scenarios/` that real verbs can run need at most 16 processes in a run, apart from
+/// perf-p5-1000-bapps-roce100 (2002); that one, like a slip such as `copies = 300` (602
+/// processes, each polling a queue pair), is refused instead of swamping the host.
+const DEFAULT_MAX_PROCESSES: u32 = 64;
+
 /// Arguments of `justitia run`.
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -46,7 +59,8 @@ refused by name before anything starts.
 
 Examples:
   justitia run lat-vs-1mb-bw-ib56 -d rxe0 --duration-ms 2000 --warmup-ms 200
-  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --compare --max-p99-ratio 1.2 --min-rate-ratio 0.8")]
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --compare --max-p99-ratio 1.2 --min-rate-ratio 0.8
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --repeat 5 --max-p99-ratio 1.2 --min-rate-ratio 0.8")]
 pub struct RunArgs {
     /// The scenario file; a bare name stands for `scenarios/<name>.toml`.
     #[arg(value_name = "FILE")]
@@ -84,17 +98,28 @@ pub struct RunArgs {
     /// Also simulate the scenario and print model vs measured for every figure.
     #[arg(long)]
     compare: bool,
-    /// Verdict: fail a victim whose p99 under competition exceeds this multiple of its p99
-    /// alone.
+    /// Verdict: fail a victim with latency samples whose p99 under competition exceeds this
+    /// multiple of its p99 alone (a p99 of fewer than 100 samples is not judged).
     #[arg(long)]
     max_p99_ratio: Option<f64>,
     /// Verdict: fail a victim whose rate under competition is below this fraction of its
-    /// rate alone.
+    /// rate alone (goodput for bandwidth flows, messages/s for the others).
     #[arg(long)]
     min_rate_ratio: Option<f64>,
-    /// The victims of the verdict (default: latency and throughput flows with an alone run).
+    /// The victims of the verdict (default: every flow with an alone run).
     #[arg(long)]
     victim: Vec<String>,
+    /// Measure every run of the scenario N times (the whole scenario over, N rounds); each
+    /// figure is the median of the N, shown with its smallest and largest, and the verdict
+    /// is taken on the medians.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    repeat: u32,
+    /// The most processes one run may start (two per flow); a scenario needing more is
+    /// refused before anything starts.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES,
+          value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    max_processes: u32,
     /// Write `<scenario>.json`, `.csv`, `-series.csv` and `-outcomes.json` into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -159,6 +184,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     for flow in runs.iter().flat_map(|r| &r.flows) {
         flow.plan.validate()?;
     }
+    plan::check_processes(&runs, args.max_processes as usize)?;
+    plan::check_device(Path::new(SYSFS_INFINIBAND), args.device.as_deref())?;
     // The requesters choose their clock on this host; whether the TSC qualifies is said
     // here, once, before anything starts.
     let has_latency = runs
@@ -204,37 +231,78 @@ pub fn run(args: &RunArgs) -> Result<()> {
         loadgen,
         shaper,
     };
-    let mut reports = Vec::new();
+    let rounds = args.repeat as usize;
+    let mut repeats: Vec<ScenarioReport> = Vec::with_capacity(rounds);
     let mut outcomes = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
-        let started = Instant::now();
-        let got = runner
-            .run_one(run, i, runs.len(), timing)
-            .with_context(|| format!("run `{}`", run.variant.name))?;
-        reports.push(run_report(
-            run,
-            &got,
-            started.elapsed().as_secs_f64(),
-            link_gbps(args),
-        ));
-        outcomes.push((run.variant.name.clone(), got));
+    // Whole rounds rather than each run N times in a row: whatever drifts on the host
+    // over the minutes of a measurement then falls on every run alike.
+    for round in 0..rounds {
+        let mut reports = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            let label = if rounds > 1 {
+                format!(
+                    "[repeat {}/{rounds}, run {}/{}] `{}`",
+                    round + 1,
+                    i + 1,
+                    runs.len(),
+                    run.variant.name
+                )
+            } else {
+                format!("[{}/{}] `{}`", i + 1, runs.len(), run.variant.name)
+            };
+            let started = Instant::now();
+            let got = runner.run_one(run, &label, timing).with_context(|| {
+                if rounds > 1 {
+                    format!("run `{}` (repeat {}/{rounds})", run.variant.name, round + 1)
+                } else {
+                    format!("run `{}`", run.variant.name)
+                }
+            })?;
+            reports.push(run_report(
+                run,
+                &got,
+                started.elapsed().as_secs_f64(),
+                link_gbps(args),
+            ));
+            outcomes.push(Measured {
+                repeat: round + 1,
+                run: run.variant.name.clone(),
+                flows: got,
+            });
+        }
+        repeats.push(ScenarioReport {
+            scenario: experiment.name.clone(),
+            description: s.description.clone(),
+            profile: experiment.profile.name().to_string(),
+            seed: s.seed,
+            duration_ms,
+            warmup_ms,
+            runs: reports,
+        });
     }
-    let report = ScenarioReport {
-        scenario: experiment.name.clone(),
-        description: s.description.clone(),
-        profile: experiment.profile.name().to_string(),
-        seed: s.seed,
-        duration_ms,
-        warmup_ms,
-        runs: reports,
-    };
+    let report = spread::median_report(&repeats).context("no run was measured")?;
     let backend = Backend::Verbs {
         device: device.clone(),
     };
+    if rounds > 1 {
+        println!("every figure below is the median of {rounds} repeats of each run");
+    }
     print!("{}", table::render_on(&report, &backend));
+    if rounds > 1 {
+        println!();
+        print!("{}", spread::render(&repeats));
+    }
+    let notes = samples::notes(&report);
+    if !notes.is_empty() {
+        println!();
+        println!("too few latency samples for a tail:");
+        for note in notes {
+            println!("  {note}");
+        }
+    }
     let clocks: std::collections::BTreeSet<&str> = outcomes
         .iter()
-        .flat_map(|(_, flows)| flows)
+        .flat_map(|m| &m.flows)
         .filter(|f| f.latency.is_some())
         .map(|f| f.clock.as_str())
         .collect();
@@ -244,7 +312,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             clocks.into_iter().collect::<Vec<_>>().join(", ")
         );
     }
-    for line in rperf_lines(&outcomes) {
+    for line in rperf_lines(&outcomes, rounds) {
         println!("{line}");
     }
     let mut written = Vec::new();
@@ -256,6 +324,12 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let text = serde_json::to_string_pretty(&outcomes_json(&outcomes))?;
         fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
+        if rounds > 1 {
+            let path = dir.join(format!("{}-repeats.json", report.scenario));
+            let text = serde_json::to_string_pretty(&repeats)?;
+            fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+        }
     }
     if let Some(dir) = &args.plot {
         written.extend(plot::write_figures_on(&report, dir, &backend)?);
@@ -272,41 +346,57 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     if limits.max_p99_ratio.is_some() || limits.min_rate_ratio.is_some() {
-        let judged = verdict::judge(&report, limits, &args.victim).map_err(anyhow::Error::msg)?;
+        let verdict = verdict::judge(&repeats, limits, &args.victim)?;
         println!();
-        println!("isolation verdict:");
-        for j in &judged {
-            println!("  {}", j.line());
+        if rounds > 1 {
+            println!("isolation verdict, on the medians of {rounds} repeats:");
+        } else {
+            println!("isolation verdict:");
         }
-        let failed = judged.iter().filter(|j| !j.passed).count();
-        if failed > 0 {
-            bail!(
-                "isolation verdict: {failed} of {} victim judgements failed",
-                judged.len()
-            );
+        for line in verdict.lines() {
+            println!("  {line}");
         }
-        println!("  every victim passed");
+        if let Some(why) = verdict.failure() {
+            bail!("isolation verdict: {why}");
+        }
+        println!("  {}", verdict.summary());
     }
     Ok(())
 }
 
-fn outcomes_json(outcomes: &[(String, Vec<FlowOutcome>)]) -> serde_json::Value {
+/// The outcomes of one run of one repeat, as the load generators said them.
+struct Measured {
+    /// The repeat, from 1.
+    repeat: usize,
+    /// The run's name.
+    run: String,
+    /// Its flows' outcomes.
+    flows: Vec<FlowOutcome>,
+}
+
+fn outcomes_json(outcomes: &[Measured]) -> serde_json::Value {
     serde_json::Value::Array(
         outcomes
             .iter()
-            .map(|(run, flows)| serde_json::json!({ "run": run, "flows": flows }))
+            .map(|m| serde_json::json!({ "repeat": m.repeat, "run": m.run, "flows": m.flows }))
             .collect(),
     )
 }
 
-/// RPerf's parts for each flow timed by it: T_W - T_L beside T_W and the loopback's own T_L.
-fn rperf_lines(outcomes: &[(String, Vec<FlowOutcome>)]) -> Vec<String> {
+/// RPerf's parts for each flow timed by it: T_W - T_L beside T_W and the loopback's own T_L;
+/// each repeat its own line when there are `rounds` > 1.
+fn rperf_lines(outcomes: &[Measured], rounds: usize) -> Vec<String> {
     let mut out = Vec::new();
-    for (run, flows) in outcomes {
-        for f in flows {
+    for m in outcomes {
+        let at = if rounds > 1 {
+            format!("`{}` (repeat {}/{rounds})", m.run, m.repeat)
+        } else {
+            format!("`{}`", m.run)
+        };
+        for f in &m.flows {
             if let (Some(rtt), Some(w), Some(l)) = (&f.latency, &f.wire, &f.loopback) {
                 out.push(format!(
-                    "rperf {} in `{run}`: T_W - T_L median {:.2} us (p99 {:.2}); T_W median {:.2} us; loopback T_L median {:.2} us; {} of {} pairs had T_L > T_W; clock {}",
+                    "rperf {} in {at}: T_W - T_L median {:.2} us (p99 {:.2}); T_W median {:.2} us; loopback T_L median {:.2} us; {} of {} pairs had T_L > T_W; clock {}",
                     f.name, rtt.p50_us, rtt.p99_us, w.p50_us, l.p50_us, f.negative_samples, rtt.samples, f.clock
                 ));
             }
@@ -414,13 +504,7 @@ impl Runner<'_> {
 
     /// Runs one variant: starts every flow's responder, then its requester, waits for all
     /// to be connected, starts them together, shows progress, collects their outcomes.
-    fn run_one(
-        &self,
-        run: &RealRun,
-        index: usize,
-        runs: usize,
-        timing: Timing,
-    ) -> Result<Vec<FlowOutcome>> {
+    fn run_one(&self, run: &RealRun, label: &str, timing: Timing) -> Result<Vec<FlowOutcome>> {
         let mut group = Group::new();
         let policy = plan::shaper_policy(run.variant.policy).flatten();
         let n = run.flows.len();
@@ -504,7 +588,6 @@ impl Runner<'_> {
         let begun = Instant::now();
         let total = Duration::from_secs_f64(timing.duration_ms / 1e3);
         let mut shown = Instant::now();
-        let label = format!("[{}/{runs}] `{}`", index + 1, run.variant.name);
         eprintln!(
             "{label}: {n} flows running for {:.1} s",
             total.as_secs_f64()

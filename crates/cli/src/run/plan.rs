@@ -3,7 +3,14 @@
 //!
 //! Everything refused is refused by name before any process starts: a policy only the
 //! simulator has, a modelled switch or virtual lanes, more than two hosts, an application
-//! model without a real counterpart, pauses.
+//! model without a real counterpart, pauses; a run that would start more processes than
+//! allowed; a host without the RDMA device asked for.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
 
 use justitia_core::flow::FlowClass;
 use justitia_loadgen::plan::{FlowPlan, LatencyMethod, Op, Polling, Workload};
@@ -104,6 +111,67 @@ pub fn refusals(experiment: &Experiment) -> Vec<String> {
     out
 }
 
+/// Processes a run starts: a responder and a requester for each flow.
+pub fn processes(run: &RealRun) -> usize {
+    2 * run.flows.len()
+}
+
+/// Refuses, naming the run and its flows, any run that would start more than
+/// `max_processes` processes.
+pub fn check_processes(runs: &[RealRun], max_processes: usize) -> Result<()> {
+    for run in runs {
+        let n = processes(run);
+        if n > max_processes {
+            bail!(
+                "run `{}` would start {n} processes (a responder and a requester for each of its {} flows), more than --max-processes {max_processes}; raise it if this host can take them",
+                run.variant.name,
+                run.flows.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The RDMA devices the kernel lists in `sysfs_dir` (`/sys/class/infiniband`), sorted;
+/// empty when the folder is missing.
+pub fn rdma_devices(sysfs_dir: &Path) -> Result<Vec<String>> {
+    let entries = match fs::read_dir(sysfs_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", sysfs_dir.display())),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", sysfs_dir.display()))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Refuses a host with no RDMA device in `sysfs_dir`, or without the device `wanted`,
+/// before any load generator starts: each would fail on its own, with the verbs library's
+/// less telling error.
+pub fn check_device(sysfs_dir: &Path, wanted: Option<&str>) -> Result<()> {
+    let devices = rdma_devices(sysfs_dir)?;
+    if devices.is_empty() {
+        bail!(
+            "no RDMA device ({} is empty or missing): load the driver, or add a Soft-RoCE device with `rdma link add rxe0 type rxe netdev <interface>`",
+            sysfs_dir.display()
+        );
+    }
+    if let Some(name) = wanted {
+        if !devices.iter().any(|d| d == name) {
+            bail!(
+                "RDMA device {name} not found in {} (devices here: {})",
+                sysfs_dir.display(),
+                devices.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 fn op(opcode: Opcode) -> Op {
     match opcode {
         Opcode::Write => Op::Write,
@@ -192,8 +260,53 @@ pub fn runs(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use justitia_sim::Scenario;
+
+    #[test]
+    fn a_run_over_the_process_cap_is_refused_by_name() {
+        // 300 copies of one bandwidth flow beside a latency flow: 301 flows, 602 processes.
+        let e = experiment(&format!(
+            "{HEAD}[[flows]]\nname = \"lat\"\n[flows.latency]\nsize = 16\n\
+             [[flows]]\nname = \"bw\"\ncopies = 300\n[flows.bandwidth]\nsize = \"1MB\"\n"
+        ));
+        let timing = Timing {
+            duration_ms: 1000.0,
+            warmup_ms: 100.0,
+        };
+        let runs = runs(&e, timing, None);
+        assert_eq!(processes(&runs[0]), 602);
+        let err = check_processes(&runs, 64).unwrap_err().to_string();
+        assert!(
+            err.contains("would start 602 processes (a responder and a requester for each of its 301 flows), more than --max-processes 64"),
+            "{err}"
+        );
+        assert!(check_processes(&runs, 602).is_ok());
+    }
+
+    #[test]
+    fn a_host_without_the_device_is_refused_once_by_name() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let sysfs = dir.path().join("infiniband");
+        let missing = check_device(&sysfs, None).unwrap_err().to_string();
+        let expected = format!("no RDMA device ({} is empty or missing)", sysfs.display());
+        assert!(missing.starts_with(&expected), "{missing}");
+        assert_eq!(missing.matches("no RDMA device").count(), 1);
+        fs::create_dir(&sysfs).unwrap_or_else(|e| panic!("{e}"));
+        let empty = check_device(&sysfs, Some("rxe0")).unwrap_err().to_string();
+        assert!(empty.starts_with(&expected), "{empty}");
+        for name in ["rxe0", "mlx5_0"] {
+            fs::create_dir(sysfs.join(name)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert!(check_device(&sysfs, None).is_ok());
+        assert!(check_device(&sysfs, Some("rxe0")).is_ok());
+        let other = check_device(&sysfs, Some("mlx4_0"))
+            .unwrap_err()
+            .to_string();
+        assert!(other.ends_with("(devices here: mlx5_0, rxe0)"), "{other}");
+    }
 
     fn experiment(text: &str) -> Experiment {
         let scenario = Scenario::from_toml(text, "test").unwrap_or_else(|e| panic!("{e}"));
