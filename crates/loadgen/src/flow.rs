@@ -601,7 +601,7 @@ impl Loopback {
     fn open(rig: &Rig, options: &DeviceOptions) -> Result<Loopback> {
         let caps = QpCaps {
             max_send_wr: 4,
-            max_recv_wr: 1 + RECV_SLACK,
+            max_recv_wr: LOOPBACK_RECEIVES,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: rig.qps[0].caps().max_inline_data,
@@ -618,7 +618,7 @@ impl Loopback {
             .endpoint(options.port, options.gid_index, p_back)
             .context("querying the loopback's endpoint")?;
         let sge = rig.area(2)?;
-        let recvs: Vec<RecvRequest> = (0..=RECV_SLACK)
+        let recvs: Vec<RecvRequest> = (0..LOOPBACK_RECEIVES)
             .map(|_| RecvRequest {
                 wr_id: LOOPBACK_RECV,
                 sges: vec![sge],
@@ -631,6 +631,145 @@ impl Loopback {
         back.post_recv(&recvs)
             .context("posting the loopback's receives")?;
         Ok(Loopback { out, back })
+    }
+}
+
+/// Receives kept posted on the loopback's far queue pair: one per sample in flight, and
+/// the slack a responder keeps.
+const LOOPBACK_RECEIVES: u32 = 1 + RECV_SLACK;
+
+/// The loopback's receive completions (on the requester's receive CQ, where only they
+/// land during RPerf) and its far queue pair's receives.
+struct LoopbackPort<'a> {
+    rig: &'a Rig,
+    back: &'a QueuePair,
+    wcs: [ibv_wc; RECV_BATCH],
+    /// Built once: reposting takes a prefix.
+    recvs: Vec<RecvRequest>,
+}
+
+impl<'a> LoopbackPort<'a> {
+    fn new(rig: &'a Rig, back: &'a QueuePair) -> Result<Self> {
+        let sge = rig.area(2)?;
+        Ok(LoopbackPort {
+            rig,
+            back,
+            wcs: [ibv_wc::default(); RECV_BATCH],
+            recvs: (0..RECV_BATCH)
+                .map(|_| RecvRequest {
+                    wr_id: LOOPBACK_RECV,
+                    sges: vec![sge],
+                })
+                .collect(),
+        })
+    }
+}
+
+impl ReceivePort for LoopbackPort<'_> {
+    fn poll(&mut self, max: usize) -> Result<usize> {
+        let max = max.min(RECV_BATCH);
+        let n = self
+            .rig
+            .recv_cq
+            .poll(&mut self.wcs[..max])
+            .context("ibv_poll_cq (loopback receives)")?;
+        for wc in &self.wcs[..n] {
+            check_status(&self.rig.verbs, wc, "a loopback receive")?;
+            if wc.wr_id != LOOPBACK_RECV {
+                bail!(
+                    "an unexpected receive completion (work request {})",
+                    wc.wr_id
+                );
+            }
+        }
+        Ok(n)
+    }
+
+    fn repost(&mut self, n: u32) -> Result<()> {
+        let mut left = usize::try_from(n).context("receives to repost")?;
+        while left > 0 {
+            let k = left.min(self.recvs.len());
+            self.back
+                .post_recv(&self.recvs[..k])
+                .with_context(|| format!("reposting {k} loopback receives"))?;
+            left -= k;
+        }
+        Ok(())
+    }
+}
+
+/// The loopback's receive side as RPerf's loop drives it: a trait so that the accounting
+/// in [`ReceiveLedger`] is tested without an RNIC.
+trait ReceivePort {
+    /// Takes up to `max` receive completions (their status checked); how many.
+    fn poll(&mut self, max: usize) -> Result<usize>;
+    /// Posts `n` receives again.
+    fn repost(&mut self, n: u32) -> Result<()>;
+}
+
+/// Receives posted on the loopback's far queue pair that no loopback SEND has been posted
+/// against yet.
+///
+/// Invariant: a loopback SEND is posted only against a free receive, so the receives
+/// outstanding are never fewer than the SENDs the near queue pair may have in flight, and
+/// no SEND waits on RNR retries. The count goes down when a SEND is posted, not when its
+/// receive completion is polled, and up only when a completion is polled and its receive
+/// posted again; every completion polled is given back, whenever it is polled. (Taking at
+/// most one completion, in one poll after each pair, never caught up: one SEND lands per
+/// sample, so a completion not yet there at its poll stayed behind for good, one receive
+/// fewer, and a stretch of 17 such left the loopback waiting on RNR until the sample's
+/// 10 s deadline.)
+struct ReceiveLedger {
+    free: u32,
+}
+
+/// Receive completions taken per poll of the loopback's receive queue.
+const RECV_BATCH: usize = 16;
+
+impl ReceiveLedger {
+    fn new(posted: u32) -> Self {
+        ReceiveLedger { free: posted }
+    }
+
+    /// Before a loopback SEND is posted: gives back what has completed, and while no
+    /// receive is free, waits for one to complete (until `deadline`) rather than let the
+    /// SEND wait on RNR.
+    fn make_room(&mut self, port: &mut impl ReceivePort, deadline: Instant) -> Result<()> {
+        self.settle(port)?;
+        while self.free == 0 {
+            if Instant::now() > deadline {
+                bail!(
+                    "no loopback receive completed before the sample's deadline: all \
+                     {} are consumed and none has been given back",
+                    LOOPBACK_RECEIVES
+                );
+            }
+            std::hint::spin_loop();
+            self.settle(port)?;
+        }
+        Ok(())
+    }
+
+    /// A loopback SEND is about to be posted: it will consume a free receive.
+    fn claim(&mut self) -> Result<()> {
+        if self.free == 0 {
+            bail!("no loopback receive left: the loopback SEND would wait on RNR");
+        }
+        self.free -= 1;
+        Ok(())
+    }
+
+    /// Takes every receive completion the port has now and posts as many receives again.
+    fn settle(&mut self, port: &mut impl ReceivePort) -> Result<()> {
+        loop {
+            let n = port.poll(RECV_BATCH)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let n = u32::try_from(n).context("receive completions polled")?;
+            port.repost(n)?;
+            self.free += n;
+        }
     }
 }
 
@@ -837,6 +976,15 @@ impl LatencyRun<'_> {
         })
     }
 
+    /// RPerf: the wire SEND posted first and the loopback SEND second, each timed from its
+    /// own post to its own completion (so T_W holds the wire SEND's post, not the
+    /// loopback's too), both completions polled by this one pinned thread.
+    ///
+    /// Time stamps are the host's: a read of the timer when the poll returns the
+    /// completion, so each includes up to one empty poll. The verbs crate has the NIC's
+    /// completion time stamps only as raw FFI (`sys::ibv_cq_ex::read_completion_ts`, the
+    /// device's `hca_core_clock` for their rate, the unsafe `ops::create_cq_ex`), without
+    /// a safe wrapper; loadgen does not use them.
     fn rperf(
         &mut self,
         rig: &Rig,
@@ -856,25 +1004,29 @@ impl LatencyRun<'_> {
             negative: 0,
         };
         let mut wcs = [ibv_wc::default(); 1];
+        let mut ledger = ReceiveLedger::new(LOOPBACK_RECEIVES);
+        let mut port = LoopbackPort::new(rig, &lb.back)?;
         // RPerf pins its measuring thread (the other methods leave placement to the
         // scheduler, as perftest does).
         pin_to_current_cpu();
         self.each(&mut samples, || {
-            // Both posted at the same instant, as far as one thread can: back to back,
-            // the loopback first, so that it never waits behind the wire SEND in a
-            // software RNIC that handles requests in posting order. Completions are
-            // polled one at a time, so each gets its own time stamp.
-            let t0 = timer.now();
-            lb.out
-                .post_send(std::slice::from_ref(&looped))
-                .context("posting the loopback SEND")?;
+            // Receive bookkeeping stays outside the timed span: before the posts and after
+            // both completions.
+            ledger.make_room(&mut port, Instant::now() + SAMPLE_DEADLINE)?;
+            ledger.claim()?;
+            let wire_posted = timer.now();
             rig.qps[0]
                 .post_send(std::slice::from_ref(&wire))
                 .context("posting the wire SEND")?;
+            let loop_posted = timer.now();
+            lb.out
+                .post_send(std::slice::from_ref(&looped))
+                .context("posting the loopback SEND")?;
+            // Completions are polled one at a time, so each gets its own time stamp.
             let (mut t_wire, mut t_loop) = (None, None);
             let started = Instant::now();
             let mut spin = Spin::default();
-            while t_wire.is_none() || t_loop.is_none() {
+            loop {
                 let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
                 let now = timer.now();
                 if n == 0 {
@@ -888,6 +1040,10 @@ impl LatencyRun<'_> {
                         other => bail!("an unexpected completion (work request {other})"),
                     }
                 }
+                if let (Some(w), Some(l)) = (t_wire, t_loop) {
+                    ledger.settle(&mut port)?;
+                    return Ok(Sample::rperf(timer, (wire_posted, w), (loop_posted, l)));
+                }
                 if started.elapsed() > SAMPLE_DEADLINE {
                     bail!(
                         "no completion of the RPerf SEND pair within {} s",
@@ -895,33 +1051,12 @@ impl LatencyRun<'_> {
                     );
                 }
             }
-            // The loopback's receive is consumed; give it back.
-            let n = rig
-                .recv_cq
-                .poll(&mut wcs[..1])
-                .context("ibv_poll_cq (loopback receive)")?;
-            if n == 1 {
-                check_status(&rig.verbs, &wcs[0], "the loopback's receive")?;
-                lb.back
-                    .post_recv(&[RecvRequest {
-                        wr_id: LOOPBACK_RECV,
-                        sges: vec![rig.area(2)?],
-                    }])
-                    .context("reposting the loopback's receive")?;
-            }
-            let w = timer.ns(t_wire.unwrap_or(t0).wrapping_sub(t0));
-            let l = timer.ns(t_loop.unwrap_or(t0).wrapping_sub(t0));
-            Ok(Sample {
-                latency_ns: (w - l).max(0.0),
-                loopback_ns: Some(l),
-                wire_ns: Some(w),
-                negative: w < l,
-            })
         })
     }
 }
 
 /// One latency sample: what the flow reports, and RPerf's parts.
+#[derive(Debug, PartialEq)]
 struct Sample {
     latency_ns: f64,
     loopback_ns: Option<f64>,
@@ -936,6 +1071,20 @@ impl Sample {
             loopback_ns: None,
             wire_ns: None,
             negative: false,
+        }
+    }
+
+    /// RPerf's sample from the two SENDs' (post, completion) times in `timer`'s ticks,
+    /// each SEND timed from its own post: T_W and T_L, and T_W - T_L (counted as negative,
+    /// and reported as 0, when the loopback took longer).
+    fn rperf(timer: &Timer, wire: (u64, u64), looped: (u64, u64)) -> Sample {
+        let w = timer.ns(wire.1.wrapping_sub(wire.0));
+        let l = timer.ns(looped.1.wrapping_sub(looped.0));
+        Sample {
+            latency_ns: (w - l).max(0.0),
+            loopback_ns: Some(l),
+            wire_ns: Some(w),
+            negative: w < l,
         }
     }
 }
@@ -1074,6 +1223,111 @@ fn wait_event(rig: &Rig, channel: &CompletionChannel) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopback whose receive completions show up at the poll after their SEND lands,
+    /// or, while held, not before the poll `held_until`.
+    #[derive(Default)]
+    struct LateReceives {
+        /// The poll from which each landed receive's completion is visible, in order.
+        visible_from: std::collections::VecDeque<u64>,
+        polls: u64,
+        held_until: u64,
+        reposted: u32,
+    }
+
+    impl LateReceives {
+        /// A loopback SEND lands on a receive.
+        fn land(&mut self) {
+            let at = (self.polls + 1).max(self.held_until);
+            self.visible_from.push_back(at);
+        }
+    }
+
+    impl ReceivePort for LateReceives {
+        fn poll(&mut self, max: usize) -> Result<usize> {
+            self.polls += 1;
+            let mut n = 0;
+            while n < max && self.visible_from.front().is_some_and(|&v| v <= self.polls) {
+                self.visible_from.pop_front();
+                n += 1;
+            }
+            Ok(n)
+        }
+
+        fn repost(&mut self, n: u32) -> Result<()> {
+            self.reposted += n;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn loopback_receives_outlast_held_back_completions() {
+        // 17 receives, one loopback SEND per sample. At sample 100 the RNIC holds its
+        // receive completions back for 40 polls. Posting without looking and taking at
+        // most one completion per sample, the 17 are gone at sample 117 (100 + 17), and
+        // the SEND would wait on RNR until the sample's 10 s deadline.
+        let mut ledger = ReceiveLedger::new(17);
+        let mut port = LateReceives::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for sample in 0..1000u32 {
+            if sample == 100 {
+                port.held_until = port.polls + 40;
+            }
+            let step = ledger
+                .make_room(&mut port, deadline)
+                .and_then(|()| ledger.claim());
+            step.unwrap_or_else(|e| panic!("sample {sample}: {e}"));
+            port.land();
+            ledger
+                .settle(&mut port)
+                .unwrap_or_else(|e| panic!("sample {sample}: {e}"));
+        }
+        // Every receive consumed was given back, and all 17 are free again.
+        assert_eq!(port.reposted, 1000);
+        assert_eq!(ledger.free, 17);
+    }
+
+    #[test]
+    fn a_loopback_whose_receives_never_complete_fails_instead_of_posting() {
+        // All 17 receives consumed and no completion ever comes: with the deadline passed,
+        // the SEND is not posted and the sample fails, naming the receives.
+        let mut ledger = ReceiveLedger::new(17);
+        let mut port = LateReceives::default();
+        for _ in 0..17 {
+            ledger.claim().unwrap_or_else(|e| panic!("{e}"));
+        }
+        port.held_until = u64::MAX;
+        port.land();
+        let got = ledger.make_room(&mut port, Instant::now() - Duration::from_millis(1));
+        assert!(
+            got.as_ref()
+                .is_err_and(|e| e.to_string().contains("no loopback receive completed")),
+            "{got:?}"
+        );
+        assert_eq!(port.reposted, 0);
+    }
+
+    #[test]
+    fn rperf_times_each_send_from_its_own_post() {
+        // Monotonic ticks are ns. The wire SEND posted at 1 000 and completed at 9 000; the
+        // loopback posted at 1 300 (after the wire SEND's post) and completed at 4 300:
+        // T_W = 8 000, T_L = 3 000, T_W - T_L = 5 000 (timed from one stamp before both
+        // posts, T_L would have been 3 300 and the difference 4 700).
+        let timer = Timer::Monotonic(Instant::now());
+        let s = Sample::rperf(&timer, (1_000, 9_000), (1_300, 4_300));
+        assert_eq!(
+            s,
+            Sample {
+                latency_ns: 5_000.0,
+                loopback_ns: Some(3_000.0),
+                wire_ns: Some(8_000.0),
+                negative: false,
+            }
+        );
+        // A loopback slower than the wire: counted, and reported as 0.
+        let s = Sample::rperf(&timer, (1_000, 3_000), (1_300, 4_300));
+        assert_eq!((s.latency_ns, s.negative), (0.0, true));
+    }
 
     #[test]
     fn marks_skip_zero() {

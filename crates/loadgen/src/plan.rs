@@ -53,8 +53,9 @@ pub enum LatencyMethod {
     /// perftest's `*_lat`: the requester sends, the responder answers as soon as it sees the
     /// message; sample = half the round trip.
     PingPong,
-    /// RPerf: an over-the-wire SEND and a loopback SEND posted back to back, both polled by
-    /// one pinned thread; sample = T_W - T_L, the network's round trip without the local
+    /// RPerf: an over-the-wire SEND and a loopback SEND posted back to back, the wire one
+    /// first, each timed from its own post to its own completion, both polled by one
+    /// pinned thread; sample = T_W - T_L, the network's round trip without the local
     /// end's posting and completion costs (the remote RNIC acknowledges on receipt, so no
     /// remote software time is in T_W).
     Rperf,
