@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use justitia_loadgen::clock::{calibrate_tsc, ClockChoice, Timer, TscHz, CALIBRATION_WINDOW_NS};
-use justitia_loadgen::flow::{self, DeviceOptions, LineSignal};
+use justitia_loadgen::flow::{self, DeviceOptions, Idle, LineSignal};
 use justitia_loadgen::plan::FlowPlan;
 
 /// One end of one flow of a scenario, on real verbs.
@@ -29,6 +29,12 @@ struct Args {
     /// The flow's plan, as JSON.
     #[arg(long, global = true)]
     plan: Option<String>,
+    /// What a wait for a timed sample's completion does when a poll finds nothing: `spin`
+    /// polls again at once (for RNICs); `yield` gives up the CPU after 256 empty polls,
+    /// for software RNICs (Soft-RoCE, siw) whose work needs the CPUs the pollers spin on,
+    /// and the requester counts the samples that yielded (`yielded_samples`).
+    #[arg(long, value_enum, default_value_t = Idle::Spin, global = true)]
+    idle: Idle,
     #[command(subcommand)]
     role: Role,
 }
@@ -142,7 +148,7 @@ fn run(args: Args) -> Result<()> {
                 .port();
             say(&format!("listening {port}"))?;
             let stream = accept(&listener)?;
-            flow::respond(&options, &plan, stream, &INTERRUPTED)
+            flow::respond(&options, &plan, stream, args.idle, &INTERRUPTED)
         }
         Role::Request {
             connect,
@@ -163,6 +169,7 @@ fn run(args: Args) -> Result<()> {
                 &plan,
                 stream,
                 &timer,
+                args.idle,
                 &mut ready,
                 &mut start,
                 &INTERRUPTED,
