@@ -52,7 +52,7 @@ const RECV_SLACK: u32 = 16;
 /// spin on (Soft-RoCE's tasks run in softirq context, or in ksoftirqd when it falls
 /// behind), and a poller that never yields holds it off until the next scheduler tick:
 /// ping-pongs took 10 to 50 ms instead of 15 us under emulation.
-const SPINS_BEFORE_YIELD: u32 = 256;
+pub const SPINS_BEFORE_YIELD: u32 = 256;
 
 /// What a loop waiting for a timed sample's completion does when a poll finds nothing.
 ///
