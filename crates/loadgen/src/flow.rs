@@ -46,25 +46,55 @@ const SAMPLE_DEADLINE: Duration = Duration::from_secs(10);
 /// Receive buffers a responder keeps posted per queue pair beyond the plan's depth.
 const RECV_SLACK: u32 = 16;
 
-/// Empty polls in a row after which a busy-polling loop yields the CPU at every further
-/// empty poll. On an RNIC a completion comes within a few microseconds, well inside this
-/// many polls, so nothing yields; on a software RNIC the "NIC" is kernel work that needs
-/// the very CPUs the pollers spin on (Soft-RoCE's tasks run in softirq context, or in
-/// ksoftirqd when it falls behind), and a poller that never yields holds it off until the
-/// next scheduler tick: ping-pongs took 10 to 50 ms instead of 15 us under emulation.
-const SPINS_BEFORE_YIELD: u32 = 256;
+/// Empty polls in a row after which a loop that may yield does, at every further empty
+/// poll. On an RNIC a completion comes within a few microseconds, mostly inside this many
+/// polls; on a software RNIC the "NIC" is kernel work that needs the very CPUs the pollers
+/// spin on (Soft-RoCE's tasks run in softirq context, or in ksoftirqd when it falls
+/// behind), and a poller that never yields holds it off until the next scheduler tick:
+/// ping-pongs took 10 to 50 ms instead of 15 us under emulation.
+pub const SPINS_BEFORE_YIELD: u32 = 256;
 
-/// The patience of one busy-polling loop (see [`SPINS_BEFORE_YIELD`]).
-#[derive(Default)]
-struct Spin {
-    empty: u32,
+/// What a loop waiting for a timed sample's completion does when a poll finds nothing.
+///
+/// A yield inside a timed sample puts the scheduler in the sample: with another runnable
+/// task on the core (another flow's process, in a run of many) the poller gets the CPU
+/// back a time slice later, milliseconds into a microseconds sample. So timed waits spin
+/// unless told otherwise, and a yield taken while a sample is timed is counted in the
+/// outcome (`yielded_samples`). Loops where nothing is timed (a stream's completions, a
+/// stream responder's receives, collecting ping acknowledgements between samples) yield
+/// after [`SPINS_BEFORE_YIELD`] empty polls whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Idle {
+    /// Poll again at once: only the poll itself lies between a completion and its time
+    /// stamp. For RNICs.
+    #[default]
+    Spin,
+    /// After [`SPINS_BEFORE_YIELD`] empty polls, yield the CPU at each further one: for
+    /// software RNICs (Soft-RoCE, siw), whose work needs the CPUs the pollers spin on.
+    Yield,
 }
 
-impl Spin {
+/// The patience of one busy-polling loop (see [`Idle`]).
+struct Patience {
+    idle: Idle,
+    empty: u32,
+    yields: u64,
+}
+
+impl Patience {
+    fn new(idle: Idle) -> Self {
+        Patience {
+            idle,
+            empty: 0,
+            yields: 0,
+        }
+    }
+
     /// A poll found nothing.
     fn idle(&mut self) {
         self.empty = self.empty.saturating_add(1);
-        if self.empty > SPINS_BEFORE_YIELD {
+        if self.idle == Idle::Yield && self.empty > SPINS_BEFORE_YIELD {
+            self.yields += 1;
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -74,6 +104,11 @@ impl Spin {
     /// A poll found something.
     fn busy(&mut self) {
         self.empty = 0;
+    }
+
+    /// Whether the loop has yielded the CPU.
+    fn yielded(&self) -> bool {
+        self.yields > 0
     }
 }
 
@@ -248,17 +283,22 @@ impl Rig {
             .with_context(|| format!("posting {count} receives on queue pair {qp}"))
     }
 
-    /// Polls `cq` until it yields one completion or `deadline` passes.
-    fn poll_one(&self, cq: &CompletionQueue, what: &str) -> Result<ibv_wc> {
+    /// Polls `cq` until it yields one completion or [`SAMPLE_DEADLINE`] passes, idling as
+    /// `patience` says.
+    fn poll_one(
+        &self,
+        cq: &CompletionQueue,
+        what: &str,
+        patience: &mut Patience,
+    ) -> Result<ibv_wc> {
         let mut wc = [ibv_wc::default()];
         let started = Instant::now();
-        let mut spin = Spin::default();
         loop {
             if cq.poll(&mut wc).context("ibv_poll_cq")? == 1 {
                 check_status(&self.verbs, &wc[0], what)?;
                 return Ok(wc[0]);
             }
-            spin.idle();
+            patience.idle();
             if started.elapsed() > SAMPLE_DEADLINE {
                 bail!(
                     "no completion for {what} within {} s",
@@ -311,11 +351,13 @@ fn responder_receives(plan: &FlowPlan) -> bool {
 }
 
 /// Runs the responder of `plan` on `stream` (already accepted) until the requester hangs
-/// up or `interrupted` is set.
+/// up or `interrupted` is set. `idle` is for its waits that lie inside the requester's
+/// samples: a ping-pong's wait for the ping, and a latency flow's receive reposting.
 pub fn respond(
     options: &DeviceOptions,
     plan: &FlowPlan,
     mut stream: TcpStream,
+    idle: Idle,
     interrupted: &AtomicBool,
 ) -> Result<()> {
     let mut rig = Rig::open(options, plan, false)?;
@@ -350,8 +392,20 @@ pub fn respond(
             op,
             inline,
             ..
-        } => answer_pings(&mut rig, &peer, *op, *inline, &stop),
-        _ if receives => keep_receiving(&rig, &stop),
+        } => answer_pings(&mut rig, &peer, *op, *inline, idle, &stop).map(|yielded| {
+            if yielded > 0 {
+                eprintln!(
+                    "justitia-loadgen: flow {} (responder): {yielded} answers waited through a \
+                     yield of the CPU (--idle yield)",
+                    plan.name
+                );
+            }
+        }),
+        // A latency flow's SENDs wait on RNR if the receives run out, so its responder
+        // polls as the timed loops do; a stream's only slows down, as any application's
+        // with a slow receiver would.
+        Workload::Latency { .. } if receives => keep_receiving(&rig, Patience::new(idle), &stop),
+        _ if receives => keep_receiving(&rig, Patience::new(Idle::Yield), &stop),
         _ => {
             while !stop() {
                 std::thread::sleep(Duration::from_millis(20));
@@ -365,7 +419,7 @@ pub fn respond(
 }
 
 /// Reposts a receive for every one consumed, until `stop`.
-fn keep_receiving(rig: &Rig, stop: &dyn Fn() -> bool) -> Result<()> {
+fn keep_receiving(rig: &Rig, mut patience: Patience, stop: &dyn Fn() -> bool) -> Result<()> {
     let mut wcs = vec![ibv_wc::default(); 64];
     while !stop() {
         let n = rig
@@ -373,7 +427,9 @@ fn keep_receiving(rig: &Rig, stop: &dyn Fn() -> bool) -> Result<()> {
             .poll(&mut wcs)
             .context("ibv_poll_cq (receives)")?;
         if n == 0 {
-            std::thread::yield_now();
+            patience.idle();
+        } else {
+            patience.busy();
         }
         for wc in &wcs[..n] {
             check_status(&rig.verbs, wc, "a receive")?;
@@ -403,14 +459,17 @@ fn set_send_mark(rig: &mut Rig, mark: u8) {
     unsafe { std::ptr::write_volatile(area.as_mut_ptr().add(at), mark) };
 }
 
-/// perftest's latency responder: answers each ping as soon as it lands.
+/// perftest's latency responder: answers each ping as soon as it lands. Its wait is inside
+/// the requester's round trip, so it idles as `idle` says; returns how many answers
+/// followed a wait that yielded the CPU.
 fn answer_pings(
     rig: &mut Rig,
     peer: &Side,
     op: Op,
     inline: bool,
+    idle: Idle,
     stop: &dyn Fn() -> bool,
-) -> Result<()> {
+) -> Result<u64> {
     let inline = inline && rig.qps[0].caps().max_inline_data as usize >= rig.size;
     let mut expected: u8 = 1;
     let mut wcs = [ibv_wc::default(); 4];
@@ -418,7 +477,8 @@ fn answer_pings(
     // Answers are signaled so that the send queue never fills; their completions are
     // polled while waiting for the next ping.
     let mut unacknowledged = 0u32;
-    let mut spin = Spin::default();
+    let mut patience = Patience::new(idle);
+    let mut yielded = 0u64;
     while !stop() {
         let landed = match op {
             Op::Send => {
@@ -445,10 +505,13 @@ fn answer_pings(
             unacknowledged -= n as u32;
         }
         if !landed {
-            spin.idle();
+            patience.idle();
             continue;
         }
-        spin.busy();
+        if patience.yielded() {
+            yielded += 1;
+        }
+        patience = Patience::new(idle);
         // The answer carries the same mark back (the source area's last byte).
         set_send_mark(rig, expected);
         expected = next_mark(expected);
@@ -472,7 +535,7 @@ fn answer_pings(
         rig.qps[0].post_send(&[r]).context("posting an answer")?;
         unacknowledged += 1;
     }
-    Ok(())
+    Ok(yielded)
 }
 
 fn sends_per_qp_latency() -> u32 {
@@ -512,12 +575,15 @@ impl<R: BufRead> StartSignal for LineSignal<R> {
 }
 
 /// Runs the requester of `plan` against the responder at the other end of `stream`:
-/// connects, says `ready` through `ready`, waits for `start`, runs and measures.
+/// connects, says `ready` through `ready`, waits for `start`, runs and measures, timing
+/// latency samples with `timer` and waiting for their completions as `idle` says.
+#[allow(clippy::too_many_arguments)]
 pub fn request_flow(
     options: &DeviceOptions,
     plan: &FlowPlan,
     mut stream: TcpStream,
     timer: &Timer,
+    idle: Idle,
     ready: &mut dyn FnMut() -> Result<()>,
     start: &mut dyn StartSignal,
     interrupted: &AtomicBool,
@@ -572,6 +638,7 @@ pub fn request_flow(
             let mut run = LatencyRun {
                 plan,
                 timer,
+                idle,
                 interval: Duration::from_secs_f64(interval_us / 1e6),
                 interrupted,
             };
@@ -601,7 +668,7 @@ impl Loopback {
     fn open(rig: &Rig, options: &DeviceOptions) -> Result<Loopback> {
         let caps = QpCaps {
             max_send_wr: 4,
-            max_recv_wr: 1 + RECV_SLACK,
+            max_recv_wr: LOOPBACK_RECEIVES,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: rig.qps[0].caps().max_inline_data,
@@ -618,7 +685,7 @@ impl Loopback {
             .endpoint(options.port, options.gid_index, p_back)
             .context("querying the loopback's endpoint")?;
         let sge = rig.area(2)?;
-        let recvs: Vec<RecvRequest> = (0..=RECV_SLACK)
+        let recvs: Vec<RecvRequest> = (0..LOOPBACK_RECEIVES)
             .map(|_| RecvRequest {
                 wr_id: LOOPBACK_RECV,
                 sges: vec![sge],
@@ -634,6 +701,145 @@ impl Loopback {
     }
 }
 
+/// Receives kept posted on the loopback's far queue pair: one per sample in flight, and
+/// the slack a responder keeps.
+const LOOPBACK_RECEIVES: u32 = 1 + RECV_SLACK;
+
+/// The loopback's receive completions (on the requester's receive CQ, where only they
+/// land during RPerf) and its far queue pair's receives.
+struct LoopbackPort<'a> {
+    rig: &'a Rig,
+    back: &'a QueuePair,
+    wcs: [ibv_wc; RECV_BATCH],
+    /// Built once: reposting takes a prefix.
+    recvs: Vec<RecvRequest>,
+}
+
+impl<'a> LoopbackPort<'a> {
+    fn new(rig: &'a Rig, back: &'a QueuePair) -> Result<Self> {
+        let sge = rig.area(2)?;
+        Ok(LoopbackPort {
+            rig,
+            back,
+            wcs: [ibv_wc::default(); RECV_BATCH],
+            recvs: (0..RECV_BATCH)
+                .map(|_| RecvRequest {
+                    wr_id: LOOPBACK_RECV,
+                    sges: vec![sge],
+                })
+                .collect(),
+        })
+    }
+}
+
+impl ReceivePort for LoopbackPort<'_> {
+    fn poll(&mut self, max: usize) -> Result<usize> {
+        let max = max.min(RECV_BATCH);
+        let n = self
+            .rig
+            .recv_cq
+            .poll(&mut self.wcs[..max])
+            .context("ibv_poll_cq (loopback receives)")?;
+        for wc in &self.wcs[..n] {
+            check_status(&self.rig.verbs, wc, "a loopback receive")?;
+            if wc.wr_id != LOOPBACK_RECV {
+                bail!(
+                    "an unexpected receive completion (work request {})",
+                    wc.wr_id
+                );
+            }
+        }
+        Ok(n)
+    }
+
+    fn repost(&mut self, n: u32) -> Result<()> {
+        let mut left = usize::try_from(n).context("receives to repost")?;
+        while left > 0 {
+            let k = left.min(self.recvs.len());
+            self.back
+                .post_recv(&self.recvs[..k])
+                .with_context(|| format!("reposting {k} loopback receives"))?;
+            left -= k;
+        }
+        Ok(())
+    }
+}
+
+/// The loopback's receive side as RPerf's loop drives it: a trait so that the accounting
+/// in [`ReceiveLedger`] is tested without an RNIC.
+trait ReceivePort {
+    /// Takes up to `max` receive completions (their status checked); how many.
+    fn poll(&mut self, max: usize) -> Result<usize>;
+    /// Posts `n` receives again.
+    fn repost(&mut self, n: u32) -> Result<()>;
+}
+
+/// Receives posted on the loopback's far queue pair that no loopback SEND has been posted
+/// against yet.
+///
+/// Invariant: a loopback SEND is posted only against a free receive, so the receives
+/// outstanding are never fewer than the SENDs the near queue pair may have in flight, and
+/// no SEND waits on RNR retries. The count goes down when a SEND is posted, not when its
+/// receive completion is polled, and up only when a completion is polled and its receive
+/// posted again; every completion polled is given back, whenever it is polled. (Taking at
+/// most one completion, in one poll after each pair, never caught up: one SEND lands per
+/// sample, so a completion not yet there at its poll stayed behind for good, one receive
+/// fewer, and a stretch of 17 such left the loopback waiting on RNR until the sample's
+/// 10 s deadline.)
+struct ReceiveLedger {
+    free: u32,
+}
+
+/// Receive completions taken per poll of the loopback's receive queue.
+const RECV_BATCH: usize = 16;
+
+impl ReceiveLedger {
+    fn new(posted: u32) -> Self {
+        ReceiveLedger { free: posted }
+    }
+
+    /// Before a loopback SEND is posted: gives back what has completed, and while no
+    /// receive is free, waits for one to complete (until `deadline`) rather than let the
+    /// SEND wait on RNR.
+    fn make_room(&mut self, port: &mut impl ReceivePort, deadline: Instant) -> Result<()> {
+        self.settle(port)?;
+        while self.free == 0 {
+            if Instant::now() > deadline {
+                bail!(
+                    "no loopback receive completed before the sample's deadline: all \
+                     {} are consumed and none has been given back",
+                    LOOPBACK_RECEIVES
+                );
+            }
+            std::hint::spin_loop();
+            self.settle(port)?;
+        }
+        Ok(())
+    }
+
+    /// A loopback SEND is about to be posted: it will consume a free receive.
+    fn claim(&mut self) -> Result<()> {
+        if self.free == 0 {
+            bail!("no loopback receive left: the loopback SEND would wait on RNR");
+        }
+        self.free -= 1;
+        Ok(())
+    }
+
+    /// Takes every receive completion the port has now and posts as many receives again.
+    fn settle(&mut self, port: &mut impl ReceivePort) -> Result<()> {
+        loop {
+            let n = port.poll(RECV_BATCH)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let n = u32::try_from(n).context("receive completions polled")?;
+            port.repost(n)?;
+            self.free += n;
+        }
+    }
+}
+
 const WIRE: u64 = 1;
 const LOOP: u64 = 2;
 const LOOPBACK_RECV: u64 = u64::MAX;
@@ -644,6 +850,8 @@ struct Samples {
     loopback: Option<Histogram<u64>>,
     wire: Option<Histogram<u64>>,
     negative: u64,
+    /// Samples whose wait yielded the CPU.
+    yielded: u64,
 }
 
 fn histogram() -> Result<Histogram<u64>> {
@@ -679,6 +887,7 @@ fn percentiles(h: &Histogram<u64>) -> Option<Percentiles> {
 struct LatencyRun<'a> {
     plan: &'a FlowPlan,
     timer: &'a Timer,
+    idle: Idle,
     interval: Duration,
     interrupted: &'a AtomicBool,
 }
@@ -724,6 +933,9 @@ impl LatencyRun<'_> {
                 if s.negative {
                     samples.negative += 1;
                 }
+                if s.yielded {
+                    samples.yielded += 1;
+                }
             }
         }
         let size = message_size(self.plan);
@@ -737,6 +949,7 @@ impl LatencyRun<'_> {
             wire: samples.wire.as_ref().and_then(percentiles),
             negative_samples: samples.negative,
             clock: self.timer.describe(),
+            yielded_samples: samples.yielded,
         })
     }
 
@@ -745,21 +958,27 @@ impl LatencyRun<'_> {
         let sge = rig.area(1)?;
         let r = request(op, WIRE, sge, peer, inline);
         let timer = self.timer;
+        let idle = self.idle;
         let what = format!("a {} request", op.as_str().to_uppercase());
         let mut samples = Samples {
             latency: histogram()?,
             loopback: None,
             wire: None,
             negative: 0,
+            yielded: 0,
         };
         self.each(&mut samples, || {
+            let mut patience = Patience::new(idle);
             let t0 = timer.now();
             rig.qps[0]
                 .post_send(std::slice::from_ref(&r))
                 .with_context(|| format!("posting {what}"))?;
-            rig.poll_one(&rig.send_cq, &what)?;
+            rig.poll_one(&rig.send_cq, &what, &mut patience)?;
             let t1 = timer.now();
-            Ok(Sample::plain(timer.ns(t1.wrapping_sub(t0))))
+            Ok(Sample::plain(
+                timer.ns(t1.wrapping_sub(t0)),
+                patience.yielded(),
+            ))
         })
     }
 
@@ -774,6 +993,7 @@ impl LatencyRun<'_> {
         let op = if op == Op::Send { Op::Send } else { Op::Write };
         let sge = rig.area(1)?;
         let timer = self.timer;
+        let idle = self.idle;
         let mut mark: u8 = 1;
         let mut unacknowledged = 0u32;
         let mut samples = Samples {
@@ -781,6 +1001,7 @@ impl LatencyRun<'_> {
             loopback: None,
             wire: None,
             negative: 0,
+            yielded: 0,
         };
         let mut wcs = [ibv_wc::default(); 2];
         self.each(&mut samples, || {
@@ -789,7 +1010,7 @@ impl LatencyRun<'_> {
             let t0 = timer.now();
             rig.qps[0].post_send(&[r]).context("posting a ping")?;
             let started = Instant::now();
-            let mut spin = Spin::default();
+            let mut patience = Patience::new(idle);
             // The answer: a receive completion (SEND) or the mark in area 0 (WRITE).
             loop {
                 let answered = match op {
@@ -808,7 +1029,7 @@ impl LatencyRun<'_> {
                 if answered {
                     break;
                 }
-                spin.idle();
+                patience.idle();
                 if started.elapsed() > SAMPLE_DEADLINE {
                     bail!(
                         "no answer to ping {mark} within {} s",
@@ -826,17 +1047,30 @@ impl LatencyRun<'_> {
             }
             unacknowledged -= n as u32;
             if unacknowledged >= sends_per_qp_latency() {
-                rig.poll_one(&rig.send_cq, "a ping")?;
+                // Between samples: nothing is timed, so this wait may yield.
+                rig.poll_one(&rig.send_cq, "a ping", &mut Patience::new(Idle::Yield))?;
                 unacknowledged -= 1;
             }
             if op == Op::Send {
                 rig.post_receives(0, 1, 0)?;
             }
             mark = next_mark(mark);
-            Ok(Sample::plain(timer.ns(t1.wrapping_sub(t0)) / 2.0))
+            Ok(Sample::plain(
+                timer.ns(t1.wrapping_sub(t0)) / 2.0,
+                patience.yielded(),
+            ))
         })
     }
 
+    /// RPerf: the wire SEND posted first and the loopback SEND second, each timed from its
+    /// own post to its own completion (so T_W holds the wire SEND's post, not the
+    /// loopback's too), both completions polled by this one pinned thread.
+    ///
+    /// Time stamps are the host's: a read of the timer when the poll returns the
+    /// completion, so each includes up to one empty poll. The verbs crate has the NIC's
+    /// completion time stamps only as raw FFI (`sys::ibv_cq_ex::read_completion_ts`, the
+    /// device's `hca_core_clock` for their rate, the unsafe `ops::create_cq_ex`), without
+    /// a safe wrapper; loadgen does not use them.
     fn rperf(
         &mut self,
         rig: &Rig,
@@ -849,36 +1083,42 @@ impl LatencyRun<'_> {
         let wire = request(Op::Send, WIRE, sge, peer, inline);
         let looped = request(Op::Send, LOOP, sge, peer, inline);
         let timer = self.timer;
+        let idle = self.idle;
         let mut samples = Samples {
             latency: histogram()?,
             loopback: Some(histogram()?),
             wire: Some(histogram()?),
             negative: 0,
+            yielded: 0,
         };
         let mut wcs = [ibv_wc::default(); 1];
+        let mut ledger = ReceiveLedger::new(LOOPBACK_RECEIVES);
+        let mut port = LoopbackPort::new(rig, &lb.back)?;
         // RPerf pins its measuring thread (the other methods leave placement to the
         // scheduler, as perftest does).
         pin_to_current_cpu();
         self.each(&mut samples, || {
-            // Both posted at the same instant, as far as one thread can: back to back,
-            // the loopback first, so that it never waits behind the wire SEND in a
-            // software RNIC that handles requests in posting order. Completions are
-            // polled one at a time, so each gets its own time stamp.
-            let t0 = timer.now();
-            lb.out
-                .post_send(std::slice::from_ref(&looped))
-                .context("posting the loopback SEND")?;
+            // Receive bookkeeping stays outside the timed span: before the posts and after
+            // both completions.
+            ledger.make_room(&mut port, Instant::now() + SAMPLE_DEADLINE)?;
+            ledger.claim()?;
+            let wire_posted = timer.now();
             rig.qps[0]
                 .post_send(std::slice::from_ref(&wire))
                 .context("posting the wire SEND")?;
+            let loop_posted = timer.now();
+            lb.out
+                .post_send(std::slice::from_ref(&looped))
+                .context("posting the loopback SEND")?;
+            // Completions are polled one at a time, so each gets its own time stamp.
             let (mut t_wire, mut t_loop) = (None, None);
             let started = Instant::now();
-            let mut spin = Spin::default();
-            while t_wire.is_none() || t_loop.is_none() {
+            let mut patience = Patience::new(idle);
+            loop {
                 let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
                 let now = timer.now();
                 if n == 0 {
-                    spin.idle();
+                    patience.idle();
                 }
                 for wc in &wcs[..n] {
                     check_status(&rig.verbs, wc, "an RPerf SEND")?;
@@ -888,6 +1128,15 @@ impl LatencyRun<'_> {
                         other => bail!("an unexpected completion (work request {other})"),
                     }
                 }
+                if let (Some(w), Some(l)) = (t_wire, t_loop) {
+                    ledger.settle(&mut port)?;
+                    return Ok(Sample::rperf(
+                        timer,
+                        (wire_posted, w),
+                        (loop_posted, l),
+                        patience.yielded(),
+                    ));
+                }
                 if started.elapsed() > SAMPLE_DEADLINE {
                     bail!(
                         "no completion of the RPerf SEND pair within {} s",
@@ -895,47 +1144,44 @@ impl LatencyRun<'_> {
                     );
                 }
             }
-            // The loopback's receive is consumed; give it back.
-            let n = rig
-                .recv_cq
-                .poll(&mut wcs[..1])
-                .context("ibv_poll_cq (loopback receive)")?;
-            if n == 1 {
-                check_status(&rig.verbs, &wcs[0], "the loopback's receive")?;
-                lb.back
-                    .post_recv(&[RecvRequest {
-                        wr_id: LOOPBACK_RECV,
-                        sges: vec![rig.area(2)?],
-                    }])
-                    .context("reposting the loopback's receive")?;
-            }
-            let w = timer.ns(t_wire.unwrap_or(t0).wrapping_sub(t0));
-            let l = timer.ns(t_loop.unwrap_or(t0).wrapping_sub(t0));
-            Ok(Sample {
-                latency_ns: (w - l).max(0.0),
-                loopback_ns: Some(l),
-                wire_ns: Some(w),
-                negative: w < l,
-            })
         })
     }
 }
 
 /// One latency sample: what the flow reports, and RPerf's parts.
+#[derive(Debug, PartialEq)]
 struct Sample {
     latency_ns: f64,
     loopback_ns: Option<f64>,
     wire_ns: Option<f64>,
     negative: bool,
+    /// Its wait yielded the CPU.
+    yielded: bool,
 }
 
 impl Sample {
-    fn plain(ns: f64) -> Sample {
+    fn plain(ns: f64, yielded: bool) -> Sample {
         Sample {
             latency_ns: ns,
             loopback_ns: None,
             wire_ns: None,
             negative: false,
+            yielded,
+        }
+    }
+
+    /// RPerf's sample from the two SENDs' (post, completion) times in `timer`'s ticks,
+    /// each SEND timed from its own post: T_W and T_L, and T_W - T_L (counted as negative,
+    /// and reported as 0, when the loopback took longer).
+    fn rperf(timer: &Timer, wire: (u64, u64), looped: (u64, u64), yielded: bool) -> Sample {
+        let w = timer.ns(wire.1.wrapping_sub(wire.0));
+        let l = timer.ns(looped.1.wrapping_sub(looped.0));
+        Sample {
+            latency_ns: (w - l).max(0.0),
+            loopback_ns: Some(l),
+            wire_ns: Some(w),
+            negative: w < l,
+            yielded,
         }
     }
 }
@@ -991,7 +1237,8 @@ fn run_stream(
     let begun = Instant::now();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut stopped_at = None;
-    let mut spin = Spin::default();
+    // Nothing is timed here (the window counts completions), so the loop may yield.
+    let mut patience = Patience::new(Idle::Yield);
     loop {
         let now = ms(begun.elapsed());
         if interrupted.load(Ordering::Relaxed) {
@@ -1037,8 +1284,8 @@ fn run_stream(
         }
         match (n, polling, &rig.channel) {
             (0, Polling::Event, Some(channel)) => wait_event(rig, channel)?,
-            (0, _, _) => spin.idle(),
-            _ => spin.busy(),
+            (0, _, _) => patience.idle(),
+            _ => patience.busy(),
         }
     }
     Ok(FlowOutcome {
@@ -1051,6 +1298,7 @@ fn run_stream(
         wire: None,
         negative_samples: 0,
         clock: "monotonic".into(),
+        yielded_samples: 0,
     })
 }
 
@@ -1074,6 +1322,138 @@ fn wait_event(rig: &Rig, channel: &CompletionChannel) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loopback whose receive completions show up at the poll after their SEND lands,
+    /// or, while held, not before the poll `held_until`.
+    #[derive(Default)]
+    struct LateReceives {
+        /// The poll from which each landed receive's completion is visible, in order.
+        visible_from: std::collections::VecDeque<u64>,
+        polls: u64,
+        held_until: u64,
+        reposted: u32,
+    }
+
+    impl LateReceives {
+        /// A loopback SEND lands on a receive.
+        fn land(&mut self) {
+            let at = (self.polls + 1).max(self.held_until);
+            self.visible_from.push_back(at);
+        }
+    }
+
+    impl ReceivePort for LateReceives {
+        fn poll(&mut self, max: usize) -> Result<usize> {
+            self.polls += 1;
+            let mut n = 0;
+            while n < max && self.visible_from.front().is_some_and(|&v| v <= self.polls) {
+                self.visible_from.pop_front();
+                n += 1;
+            }
+            Ok(n)
+        }
+
+        fn repost(&mut self, n: u32) -> Result<()> {
+            self.reposted += n;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn loopback_receives_outlast_held_back_completions() {
+        // 17 receives, one loopback SEND per sample. At sample 100 the RNIC holds its
+        // receive completions back for 40 polls. Posting without looking and taking at
+        // most one completion per sample, the 17 are gone at sample 117 (100 + 17), and
+        // the SEND would wait on RNR until the sample's 10 s deadline.
+        let mut ledger = ReceiveLedger::new(17);
+        let mut port = LateReceives::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for sample in 0..1000u32 {
+            if sample == 100 {
+                port.held_until = port.polls + 40;
+            }
+            let step = ledger
+                .make_room(&mut port, deadline)
+                .and_then(|()| ledger.claim());
+            step.unwrap_or_else(|e| panic!("sample {sample}: {e}"));
+            port.land();
+            ledger
+                .settle(&mut port)
+                .unwrap_or_else(|e| panic!("sample {sample}: {e}"));
+        }
+        // Every receive consumed was given back, and all 17 are free again.
+        assert_eq!(port.reposted, 1000);
+        assert_eq!(ledger.free, 17);
+    }
+
+    #[test]
+    fn a_loopback_whose_receives_never_complete_fails_instead_of_posting() {
+        // All 17 receives consumed and no completion ever comes: with the deadline passed,
+        // the SEND is not posted and the sample fails, naming the receives.
+        let mut ledger = ReceiveLedger::new(17);
+        let mut port = LateReceives::default();
+        for _ in 0..17 {
+            ledger.claim().unwrap_or_else(|e| panic!("{e}"));
+        }
+        port.held_until = u64::MAX;
+        port.land();
+        let got = ledger.make_room(&mut port, Instant::now() - Duration::from_millis(1));
+        assert!(
+            got.as_ref()
+                .is_err_and(|e| e.to_string().contains("no loopback receive completed")),
+            "{got:?}"
+        );
+        assert_eq!(port.reposted, 0);
+    }
+
+    #[test]
+    fn rperf_times_each_send_from_its_own_post() {
+        // Monotonic ticks are ns. The wire SEND posted at 1 000 and completed at 9 000; the
+        // loopback posted at 1 300 (after the wire SEND's post) and completed at 4 300:
+        // T_W = 8 000, T_L = 3 000, T_W - T_L = 5 000 (timed from one stamp before both
+        // posts, T_L would have been 3 300 and the difference 4 700).
+        let timer = Timer::Monotonic(Instant::now());
+        let s = Sample::rperf(&timer, (1_000, 9_000), (1_300, 4_300), false);
+        assert_eq!(
+            s,
+            Sample {
+                latency_ns: 5_000.0,
+                loopback_ns: Some(3_000.0),
+                wire_ns: Some(8_000.0),
+                negative: false,
+                yielded: false,
+            }
+        );
+        // A loopback slower than the wire: counted, and reported as 0.
+        let s = Sample::rperf(&timer, (1_000, 3_000), (1_300, 4_300), true);
+        assert_eq!((s.latency_ns, s.negative, s.yielded), (0.0, true, true));
+    }
+
+    #[test]
+    fn timed_waits_spin_unless_told_to_yield() {
+        let mut spin = Patience::new(Idle::Spin);
+        for _ in 0..10_000 {
+            spin.idle();
+        }
+        assert!(!spin.yielded());
+        assert_eq!(spin.yields, 0);
+        // Yielding starts at the 257th empty poll in a row: 300 give 44 yields.
+        let mut wait = Patience::new(Idle::Yield);
+        for _ in 0..300 {
+            wait.idle();
+        }
+        assert_eq!(wait.yields, 44);
+        // A poll that finds something starts the count again: 256 more are free, the
+        // 257th yields.
+        wait.busy();
+        for _ in 0..256 {
+            wait.idle();
+        }
+        assert_eq!(wait.yields, 44);
+        wait.idle();
+        assert_eq!(wait.yields, 45);
+        assert!(wait.yielded());
+    }
 
     #[test]
     fn marks_skip_zero() {

@@ -7,7 +7,7 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`plan`] | what a flow does (latency or perftest-style stream) and what it measured |
-//! | [`clock`] | the TSC calibrated against `CLOCK_MONOTONIC`, or the monotonic clock |
+//! | [`clock`] | the TSC's rate fitted against `CLOCK_MONOTONIC` (or handed in), or the monotonic clock |
 //! | [`oob`] | the out-of-band TCP exchange of queue-pair endpoints, and its hang-up |
 //! | [`flow`] | the requester and the responder of a flow |
 //!
@@ -15,6 +15,11 @@
 //! the responder says `listening PORT` once bound; the requester says `ready` once its
 //! queue pairs are connected, waits for a line on stdin, runs, and says
 //! `outcome {JSON}` with a [`plan::FlowOutcome`]. Errors go to stderr, naming the flow.
+//!
+//! A runner that starts many requesters fits the TSC's rate once, with
+//! [`clock::calibrate_tsc`] or `justitia-loadgen calibrate` (which prints `tsc-hz HZ`), and
+//! hands it to each as `request --tsc-hz HZ`, so that no requester calibrates for itself
+//! (see [`clock`]).
 
 pub mod clock;
 pub mod flow;

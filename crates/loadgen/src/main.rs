@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
-use justitia_loadgen::clock::{ClockChoice, Timer};
-use justitia_loadgen::flow::{self, DeviceOptions, LineSignal};
+use justitia_loadgen::clock::{calibrate_tsc, ClockChoice, Timer, TscHz, CALIBRATION_WINDOW_NS};
+use justitia_loadgen::flow::{self, DeviceOptions, Idle, LineSignal};
 use justitia_loadgen::plan::FlowPlan;
 
 /// One end of one flow of a scenario, on real verbs.
@@ -29,6 +29,12 @@ struct Args {
     /// The flow's plan, as JSON.
     #[arg(long, global = true)]
     plan: Option<String>,
+    /// What a wait for a timed sample's completion does when a poll finds nothing: `spin`
+    /// polls again at once (for RNICs); `yield` gives up the CPU after 256 empty polls,
+    /// for software RNICs (Soft-RoCE, siw) whose work needs the CPUs the pollers spin on,
+    /// and the requester counts the samples that yielded (`yielded_samples`).
+    #[arg(long, value_enum, default_value_t = Idle::Spin, global = true)]
+    idle: Idle,
     #[command(subcommand)]
     role: Role,
 }
@@ -50,7 +56,16 @@ enum Role {
         /// The clock of latency samples.
         #[arg(long, value_enum, default_value_t = ClockChoice::Auto)]
         clock: ClockChoice,
+        /// The TSC's rate in Hz, fitted once for the whole run (`justitia-loadgen
+        /// calibrate` prints it): used instead of calibrating here when the TSC times the
+        /// samples; the TSC's invariance and the kernel's clocksource are still checked.
+        #[arg(long, value_name = "HZ")]
+        tsc_hz: Option<TscHz>,
     },
+    /// Fit the TSC's rate against CLOCK_MONOTONIC and print `tsc-hz HZ` on stdout (the
+    /// fit's figures on stderr), for `request --tsc-hz`; fails where the TSC is unusable
+    /// or no fit is good enough.
+    Calibrate,
 }
 
 /// How long a responder waits for its requester to connect.
@@ -84,6 +99,7 @@ fn main() -> ExitCode {
     let role = match args.role {
         Role::Respond { .. } => "responder",
         Role::Request { .. } => "requester",
+        Role::Calibrate => "calibration",
     };
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -99,16 +115,31 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
-    let text = args.plan.context("--plan is required")?;
-    let plan: FlowPlan = serde_json::from_str(&text).context("reading --plan")?;
-    plan.validate()?;
+    let plan = || -> Result<FlowPlan> {
+        let text = args.plan.as_deref().context("--plan is required")?;
+        let plan: FlowPlan = serde_json::from_str(text).context("reading --plan")?;
+        plan.validate()?;
+        Ok(plan)
+    };
     let options = DeviceOptions {
-        device: args.device,
+        device: args.device.clone(),
         port: args.port,
         gid_index: args.gid_index,
     };
     match args.role {
+        Role::Calibrate => {
+            let c = calibrate_tsc().map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "justitia-loadgen: {} readings over {} ms, r^2 {:.12}, relative error at most {:.1e}",
+                c.pairs,
+                CALIBRATION_WINDOW_NS / 1_000_000,
+                c.r_squared,
+                c.relative_error
+            );
+            say(&format!("tsc-hz {:.0}", c.hz()))
+        }
         Role::Respond { listen } => {
+            let plan = plan()?;
             let listener =
                 TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
             let port = listener
@@ -117,10 +148,15 @@ fn run(args: Args) -> Result<()> {
                 .port();
             say(&format!("listening {port}"))?;
             let stream = accept(&listener)?;
-            flow::respond(&options, &plan, stream, &INTERRUPTED)
+            flow::respond(&options, &plan, stream, args.idle, &INTERRUPTED)
         }
-        Role::Request { connect, clock } => {
-            let (timer, note) = Timer::choose(clock).map_err(anyhow::Error::msg)?;
+        Role::Request {
+            connect,
+            clock,
+            tsc_hz,
+        } => {
+            let plan = plan()?;
+            let (timer, note) = Timer::choose(clock, tsc_hz).map_err(anyhow::Error::msg)?;
             if let Some(note) = note {
                 eprintln!("justitia-loadgen: {note}");
             }
@@ -133,6 +169,7 @@ fn run(args: Args) -> Result<()> {
                 &plan,
                 stream,
                 &timer,
+                args.idle,
                 &mut ready,
                 &mut start,
                 &INTERRUPTED,

@@ -53,8 +53,9 @@ pub enum LatencyMethod {
     /// perftest's `*_lat`: the requester sends, the responder answers as soon as it sees the
     /// message; sample = half the round trip.
     PingPong,
-    /// RPerf: an over-the-wire SEND and a loopback SEND posted back to back, both polled by
-    /// one pinned thread; sample = T_W - T_L, the network's round trip without the local
+    /// RPerf: an over-the-wire SEND and a loopback SEND posted back to back, the wire one
+    /// first, each timed from its own post to its own completion, both polled by one
+    /// pinned thread; sample = T_W - T_L, the network's round trip without the local
     /// end's posting and completion costs (the remote RNIC acknowledges on receipt, so no
     /// remote software time is in T_W).
     Rperf,
@@ -272,8 +273,13 @@ pub struct FlowOutcome {
     /// RPerf: pairs whose loopback completed after the wire one (T_W - T_L < 0, counted
     /// as 0).
     pub negative_samples: u64,
-    /// The clock that timed the samples (`tsc` at its calibrated rate, or `monotonic`).
+    /// The clock that timed the samples (`tsc` at its fitted or given rate, or
+    /// `monotonic`).
     pub clock: String,
+    /// Samples in the window whose wait for a completion yielded the CPU (only with
+    /// `--idle yield`): each may hold a scheduler's delay. Absent from older outcomes.
+    #[serde(default)]
+    pub yielded_samples: u64,
 }
 
 impl FlowOutcome {
@@ -350,8 +356,17 @@ mod tests {
             wire: None,
             negative_samples: 0,
             clock: "monotonic".into(),
+            yielded_samples: 0,
         };
         assert_eq!(o.msgs_per_sec(), 2000.0);
         assert!((o.gbps() - 16.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_outcome_without_yield_counts_reads_as_none_yielded() {
+        let line = r#"{"name":"lat","messages":3,"bytes":48,"window_s":1.0,"latency":null,
+            "loopback":null,"wire":null,"negative_samples":0,"clock":"monotonic"}"#;
+        let o: FlowOutcome = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((o.messages, o.yielded_samples), (3, 0));
     }
 }
