@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_core::flow::FlowClass;
-use justitia_loadgen::clock::{invariant_tsc, ClockChoice};
+use justitia_loadgen::clock::{calibrate_tsc, ClockChoice};
+use justitia_loadgen::flow::Idle;
 use justitia_loadgen::plan::{FlowOutcome, LatencyMethod, Percentiles, Workload};
 use justitia_sim::report::jain_index;
 use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
@@ -89,6 +90,12 @@ pub struct RunArgs {
     /// invariant (`auto` falls back to the monotonic clock where it is not, saying so).
     #[arg(long, value_enum, default_value_t = ClockChoice::Auto)]
     clock: ClockChoice,
+    /// What a load generator waiting for a timed sample does when a poll finds nothing:
+    /// `spin` polls again at once; `yield` gives up the CPU after 256 empty polls and
+    /// counts the samples that yielded; `auto` yields on a software RNIC (Soft-RoCE, siw),
+    /// whose work runs on the CPUs the pollers would spin on, and spins on any other.
+    #[arg(long, value_enum, default_value_t = IdleArg::Auto)]
+    idle: IdleArg,
     /// The shaper (default: libjustitia.so beside this program).
     #[arg(long)]
     shaper: Option<PathBuf>,
@@ -192,16 +199,41 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .iter()
         .flat_map(|r| &r.flows)
         .any(|f| matches!(f.plan.workload, Workload::Latency { .. }));
-    if has_latency && args.clock != ClockChoice::Monotonic {
-        let invariant = fs::read_to_string("/proc/cpuinfo")
-            .map_err(|e| format!("reading /proc/cpuinfo: {e}"))
-            .and_then(|text| invariant_tsc(&text));
-        match (invariant, args.clock) {
+    // The requesters' clock, decided here once, before anything starts: the TSC, if it is
+    // invariant, the clocksource vouches for it and it fits, calibrated once for the whole
+    // run and handed to every requester (processes calibrating at once disturb each
+    // other's fits: 43% off with three on a 2-core VM); else CLOCK_MONOTONIC, said once.
+    let clock = if has_latency && args.clock != ClockChoice::Monotonic {
+        match (calibrate_tsc(), args.clock) {
+            (Ok(c), _) => {
+                eprintln!(
+                    "TSC calibrated once for the run: {:.0} Hz (bound {:.1e}, r^2 {:.6})",
+                    c.hz(),
+                    c.relative_error,
+                    c.r_squared
+                );
+                RequesterClock::Tsc(c.hz())
+            }
             (Err(why), ClockChoice::Tsc) => bail!("--clock tsc: {why}"),
-            (Err(why), _) => eprintln!("{why}: latency samples are timed with CLOCK_MONOTONIC"),
-            (Ok(()), _) => {}
+            (Err(why), _) => {
+                eprintln!("{why}: latency samples are timed with CLOCK_MONOTONIC");
+                RequesterClock::Monotonic
+            }
         }
-    }
+    } else {
+        RequesterClock::Monotonic
+    };
+    let idle = match args.idle {
+        IdleArg::Spin => Idle::Spin,
+        IdleArg::Yield => Idle::Yield,
+        IdleArg::Auto
+            if plan::software_rnic(Path::new(SYSFS_INFINIBAND), args.device.as_deref())? =>
+        {
+            eprintln!("a software RNIC: the load generators yield after 256 empty polls (--idle spin to spin)");
+            Idle::Yield
+        }
+        IdleArg::Auto => Idle::Spin,
+    };
     let loadgen = beside_me(args.loadgen.as_deref(), "justitia-loadgen")?;
     let needs_shaper = runs
         .iter()
@@ -230,6 +262,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args,
         loadgen,
         shaper,
+        clock,
+        idle,
     };
     let rounds = args.repeat as usize;
     let mut repeats: Vec<ScenarioReport> = Vec::with_capacity(rounds);
@@ -488,6 +522,19 @@ struct Runner<'a> {
     args: &'a RunArgs,
     loadgen: PathBuf,
     shaper: Option<PathBuf>,
+    /// How every requester times its samples.
+    clock: RequesterClock,
+    /// What every load generator's timed waits do on an empty poll.
+    idle: Idle,
+}
+
+/// The clock every requester of a run times its samples with, decided once for the run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RequesterClock {
+    /// The TSC at the rate calibrated once for the run, in Hz.
+    Tsc(f64),
+    /// `CLOCK_MONOTONIC`.
+    Monotonic,
 }
 
 impl Runner<'_> {
@@ -497,6 +544,7 @@ impl Runner<'_> {
             c.args(["--device", d]);
         }
         c.args(["--port", &self.args.port.to_string()]);
+        c.args(["--idle", idle_name(self.idle)]);
         c.args(["--gid-index", &self.args.gid_index.to_string()]);
         c.args(["--plan", plan_json]);
         c
@@ -554,7 +602,14 @@ impl Runner<'_> {
                 "--connect",
                 &format!("127.0.0.1:{}", port.unwrap_or(0)),
             ]);
-            c.args(["--clock", clock_name(self.args.clock)]);
+            match self.clock {
+                RequesterClock::Tsc(hz) => {
+                    c.args(["--clock", "tsc", "--tsc-hz", &format!("{hz:.0}")]);
+                }
+                RequesterClock::Monotonic => {
+                    c.args(["--clock", "monotonic"]);
+                }
+            }
             if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
                 c.env("LD_PRELOAD", lib)
                     .env("JUSTITIA_CLASS", class_name(f.class))
@@ -641,11 +696,21 @@ impl Runner<'_> {
     }
 }
 
-fn clock_name(c: ClockChoice) -> &'static str {
-    match c {
-        ClockChoice::Auto => "auto",
-        ClockChoice::Tsc => "tsc",
-        ClockChoice::Monotonic => "monotonic",
+/// `--idle`: the load generators' own choice, or `auto`, made here from the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum IdleArg {
+    /// Yield on a software RNIC, spin on any other.
+    Auto,
+    /// Always poll again at once.
+    Spin,
+    /// Always yield after 256 empty polls.
+    Yield,
+}
+
+fn idle_name(i: Idle) -> &'static str {
+    match i {
+        Idle::Spin => "spin",
+        Idle::Yield => "yield",
     }
 }
 

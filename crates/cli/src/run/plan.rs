@@ -149,6 +149,23 @@ pub fn rdma_devices(sysfs_dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Whether the device the load generators open (`wanted`, else every device listed, as a
+/// load generator without `--device` may open any) is a software RNIC: Soft-RoCE or siw,
+/// which the kernel runs on the host's CPUs. Known by the `parent` attribute both give
+/// their device (the network interface they run over), or by their drivers' default names.
+pub fn software_rnic(sysfs_dir: &Path, wanted: Option<&str>) -> Result<bool> {
+    let devices = match wanted {
+        Some(name) => vec![name.to_string()],
+        None => rdma_devices(sysfs_dir)?,
+    };
+    Ok(!devices.is_empty()
+        && devices.iter().all(|d| {
+            d.starts_with("rxe")
+                || d.starts_with("siw")
+                || sysfs_dir.join(d).join("parent").exists()
+        }))
+}
+
 /// Refuses a host with no RDMA device in `sysfs_dir`, or without the device `wanted`,
 /// before any load generator starts: each would fail on its own, with the verbs library's
 /// less telling error.
@@ -306,6 +323,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(other.ends_with("(devices here: mlx5_0, rxe0)"), "{other}");
+    }
+
+    /// Soft-RoCE and siw are known by name or by the `parent` attribute they give their
+    /// device; a hardware RNIC has neither, and a host of both kinds spins unless the
+    /// device named is a software one.
+    #[test]
+    fn a_software_rnic_is_known_by_its_parent_or_its_drivers_name() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let sysfs = dir.path().join("infiniband");
+        assert!(!software_rnic(&sysfs, None).unwrap(), "no device at all");
+        for name in ["mlx5_0", "rxe0", "roce_a"] {
+            fs::create_dir_all(sysfs.join(name)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        fs::write(sysfs.join("roce_a").join("parent"), "eth1\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(software_rnic(&sysfs, Some("rxe0")).unwrap());
+        assert!(
+            software_rnic(&sysfs, Some("roce_a")).unwrap(),
+            "a renamed rxe device"
+        );
+        assert!(!software_rnic(&sysfs, Some("mlx5_0")).unwrap());
+        assert!(
+            !software_rnic(&sysfs, None).unwrap(),
+            "any device may be opened"
+        );
+        fs::remove_dir(sysfs.join("mlx5_0")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            software_rnic(&sysfs, None).unwrap(),
+            "only software ones left"
+        );
     }
 
     fn experiment(text: &str) -> Experiment {
