@@ -112,8 +112,8 @@ pp=$(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/post-poll.log")
 # SEND (a sum instead of a difference, or a unit slip, breaks that). On Soft-RoCE with
 # both ends on one device the "wire" is the same software path as the loopback, so
 # T_W - T_L is near 0: the local end is all there is. (T_W is not compared with the plain
-# method's figure: the wire SEND is posted behind the loopback one, which a software RNIC
-# serves first, so T_W holds both.)
+# method's figure: the loopback SEND posted right behind the wire one competes with it for
+# the kernel threads that are a software RNIC.)
 if [ -n "$rtt" ] && [ -n "$pp" ] && [ -n "$tw" ] && [ -n "$tl" ] \
   && awk -v r="$rtt" -v p="$pp" -v w="$tw" -v l="$tl" 'BEGIN {exit !(p > 0 && w > 0 && l > 0 && r <= w && r <= p)}'; then
   result PASS "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L median $rtt us, post-to-completion median $pp us, loopback T_L median $tl us, T_W median $tw us"

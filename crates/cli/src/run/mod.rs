@@ -192,6 +192,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         flow.plan.validate()?;
     }
     plan::check_processes(&runs, args.max_processes as usize)?;
+    plan::check_rperf_verdict(&runs, args.max_p99_ratio)?;
     plan::check_device(Path::new(SYSFS_INFINIBAND), args.device.as_deref())?;
     // The requesters choose their clock on this host; whether the TSC qualifies is said
     // here, once, before anything starts.

@@ -149,6 +149,49 @@ pub fn rdma_devices(sysfs_dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Refuses a p99 verdict (`max_p99_ratio` given) on a latency flow timed by RPerf's method:
+/// both ends of every flow run on one device here, so the "wire" SEND is itself a loopback
+/// inside the NIC and T_W - T_L subtracts the very queueing in the shared NIC that the
+/// verdict is about (the model shows it: RPerf's p99 is the same alone, beside a bandwidth
+/// flow and under Justitia, where ping-pong's grows and shrinks). RPerf figures are still
+/// measured and shown; only the judgement is refused.
+pub fn check_rperf_verdict(runs: &[RealRun], max_p99_ratio: Option<f64>) -> Result<()> {
+    if max_p99_ratio.is_none() {
+        return Ok(());
+    }
+    let rperf: Vec<&str> = runs
+        .iter()
+        .flat_map(|r| &r.flows)
+        .filter(|f| {
+            matches!(
+                f.plan.workload,
+                Workload::Latency {
+                    method: LatencyMethod::Rperf,
+                    ..
+                }
+            )
+        })
+        .map(|f| f.plan.name.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if let Some(first) = rperf.first() {
+        bail!(
+            "--max-p99-ratio on RPerf figures taken on one device: flow {first}{} is timed by \
+             RPerf (T_W - T_L), whose wire SEND here is a loopback inside the same NIC, so the \
+             difference cancels the NIC queueing a verdict judges; time it with \
+             --latency-method ping-pong or post-poll for a verdict, or drop --max-p99-ratio \
+             to see the RPerf figures",
+            if rperf.len() > 1 {
+                format!(" (and {} more)", rperf.len() - 1)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
 /// Whether the device the load generators open (`wanted`, else every device listed, as a
 /// load generator without `--device` may open any) is a software RNIC: Soft-RoCE or siw,
 /// which the kernel runs on the host's CPUs. Known by the `parent` attribute both give
@@ -323,6 +366,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(other.ends_with("(devices here: mlx5_0, rxe0)"), "{other}");
+    }
+
+    /// A p99 verdict on RPerf figures from one device is refused before anything starts,
+    /// naming the flow; RPerf without a p99 limit, and ping-pong with one, are not.
+    #[test]
+    fn a_p99_verdict_on_rperf_figures_from_one_device_is_refused() {
+        let e = experiment(&format!(
+            "{HEAD}[[flows]]\nname = \"lat\"\n[flows.latency]\nsize = 16\n\
+             [[flows]]\nname = \"bw\"\n[flows.bandwidth]\nsize = \"1MB\"\n"
+        ));
+        let timing = Timing {
+            duration_ms: 1000.0,
+            warmup_ms: 100.0,
+        };
+        let rperf = runs(&e, timing, Some(LatencyMethod::Rperf));
+        let err = check_rperf_verdict(&rperf, Some(1.2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "--max-p99-ratio on RPerf figures taken on one device: flow lat is timed by RPerf"
+            ),
+            "{err}"
+        );
+        assert!(check_rperf_verdict(&rperf, None).is_ok());
+        let ping_pong = runs(&e, timing, Some(LatencyMethod::PingPong));
+        assert!(check_rperf_verdict(&ping_pong, Some(1.2)).is_ok());
     }
 
     /// Soft-RoCE and siw are known by name or by the `parent` attribute they give their
