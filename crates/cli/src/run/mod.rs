@@ -24,7 +24,7 @@ use clap::Args;
 use justitia_core::flow::FlowClass;
 use justitia_loadgen::clock::{calibrate_tsc, ClockChoice};
 use justitia_loadgen::flow::Idle;
-use justitia_loadgen::plan::{FlowOutcome, LatencyMethod, Percentiles, Workload};
+use justitia_loadgen::plan::{FlowOutcome, FlowPlan, LatencyMethod, Percentiles, Workload};
 use justitia_sim::report::jain_index;
 use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
@@ -302,6 +302,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             outcomes.push(Measured {
                 repeat: round + 1,
                 run: run.variant.name.clone(),
+                plans: run.flows.iter().map(|f| f.plan.clone()).collect(),
                 flows: got,
             });
         }
@@ -356,7 +357,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         written.push(export::write_csv(&report, dir)?);
         written.push(export::write_series_csv(&report, dir)?);
         let path = dir.join(format!("{}-outcomes.json", report.scenario));
-        let text = serde_json::to_string_pretty(&outcomes_json(&outcomes))?;
+        let text = serde_json::to_string_pretty(&outcomes_json(&outcomes, &device, clock, idle))?;
         fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
         if rounds > 1 {
@@ -405,15 +406,39 @@ struct Measured {
     repeat: usize,
     /// The run's name.
     run: String,
+    /// What each flow's load generator was told to do (method, operation, size, depth).
+    plans: Vec<FlowPlan>,
     /// Its flows' outcomes.
     flows: Vec<FlowOutcome>,
 }
 
-fn outcomes_json(outcomes: &[Measured]) -> serde_json::Value {
+/// `-outcomes.json`: every run of every repeat as measured, with what a reader needs to
+/// redo it (perftest prints the same in its header): the device, the requesters' clock
+/// and its rate, the idle mode of timed waits, and each flow's plan.
+fn outcomes_json(
+    outcomes: &[Measured],
+    device: &str,
+    clock: RequesterClock,
+    idle: Idle,
+) -> serde_json::Value {
+    let clock = match clock {
+        RequesterClock::Tsc(hz) => serde_json::json!({ "kind": "tsc", "hz": hz }),
+        RequesterClock::Monotonic => serde_json::json!({ "kind": "monotonic" }),
+    };
     serde_json::Value::Array(
         outcomes
             .iter()
-            .map(|m| serde_json::json!({ "repeat": m.repeat, "run": m.run, "flows": m.flows }))
+            .map(|m| {
+                serde_json::json!({
+                    "repeat": m.repeat,
+                    "run": m.run,
+                    "device": device,
+                    "clock": clock,
+                    "idle": idle_name(idle),
+                    "plans": m.plans,
+                    "flows": m.flows,
+                })
+            })
             .collect(),
     )
 }
@@ -720,5 +745,51 @@ fn class_name(c: FlowClass) -> &'static str {
         FlowClass::Latency => "latency",
         FlowClass::Throughput => "throughput",
         FlowClass::Bandwidth => "bandwidth",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Each run of `-outcomes.json` says how it was measured: the device, the requesters'
+    /// clock with the rate handed to them, the idle mode, and each flow's plan beside its
+    /// outcome.
+    #[test]
+    fn outcomes_say_the_device_clock_idle_mode_and_plans() {
+        let plan = FlowPlan {
+            name: "lat".to_string(),
+            workload: Workload::Latency {
+                size: 16,
+                op: justitia_loadgen::plan::Op::Send,
+                method: LatencyMethod::Rperf,
+                inline: true,
+                interval_us: 0.0,
+            },
+            start_ms: 0.0,
+            stop_ms: 1000.0,
+            window_from_ms: 100.0,
+            window_to_ms: 1000.0,
+        };
+        let measured = Measured {
+            repeat: 2,
+            run: "alone".to_string(),
+            plans: vec![plan],
+            flows: Vec::new(),
+        };
+        let json = outcomes_json(&[measured], "rxe0", RequesterClock::Tsc(2.1e9), Idle::Yield);
+        let run = &json[0];
+        assert_eq!(run["repeat"], 2);
+        assert_eq!(run["device"], "rxe0");
+        assert_eq!(run["clock"]["kind"], "tsc");
+        assert_eq!(run["clock"]["hz"], 2.1e9);
+        assert_eq!(run["idle"], "yield");
+        assert_eq!(run["plans"][0]["name"], "lat");
+        assert_eq!(run["plans"][0]["workload"]["latency"]["method"], "rperf");
+        assert_eq!(run["plans"][0]["workload"]["latency"]["size"], 16);
+        let monotonic = outcomes_json(&[], "rxe0", RequesterClock::Monotonic, Idle::Spin);
+        assert_eq!(monotonic, serde_json::json!([]));
     }
 }
