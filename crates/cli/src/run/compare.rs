@@ -4,10 +4,10 @@
 
 use std::fmt::Write as _;
 
-use comfy_table::{CellAlignment, Table};
+use comfy_table::Table;
 use justitia_sim::{FlowReport, ScenarioReport};
 
-use super::samples::Percentile;
+use super::samples::{write_figure_table, Percentile};
 
 /// One figure of one flow in one run, from both backends.
 #[derive(Clone, Debug, PartialEq)]
@@ -134,65 +134,34 @@ pub fn render(rows: &[Row], scenario: &str, model_profile: &str, device: &str) -
             samples,
         ]);
     }
-    for i in 3..7 {
-        if let Some(c) = table.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    for line in table.lines() {
-        let _ = writeln!(out, "  {}", line.trim_end());
-    }
-    if marked {
-        let _ = writeln!(
-            out,
-            "  * fewer samples than the percentile needs (p99 100, p99.9 1000): it is the largest sample"
-        );
-    }
+    write_figure_table(&mut out, &mut table, marked);
     out
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{flow, run, scenario};
     use super::*;
     use justitia_core::flow::FlowClass;
     use justitia_sim::{LatencyReport, RunReport};
 
     fn report(p99: f64, rate: f64, samples: u64) -> ScenarioReport {
-        ScenarioReport {
-            scenario: "s".into(),
-            description: "d".into(),
-            profile: "p".into(),
-            seed: 1,
-            duration_ms: 1.0,
-            warmup_ms: 0.0,
-            runs: vec![RunReport {
-                variant: "alone".into(),
-                policy: "native".into(),
-                flows: vec![FlowReport {
-                    name: "lat".into(),
-                    class: FlowClass::Latency,
-                    app: "latency".into(),
-                    messages: 10,
-                    msgs_per_sec: rate,
-                    gbps: 0.0,
-                    latency: Some(LatencyReport {
-                        samples,
-                        p50_us: 1.0,
-                        p99_us: p99,
-                        p999_us: p99,
-                        mean_us: 1.0,
-                        max_us: p99,
-                    }),
-                }],
-                utilisation: 0.5,
-                jain_bandwidth: None,
-                policy_figures: Default::default(),
-                fabric_figures: Default::default(),
-                events: 0,
-                series: Default::default(),
-                wall_seconds: 0.0,
-            }],
-        }
+        let lat = FlowReport {
+            messages: 10,
+            latency: Some(LatencyReport {
+                samples,
+                p50_us: 1.0,
+                p99_us: p99,
+                p999_us: p99,
+                mean_us: 1.0,
+                max_us: p99,
+            }),
+            ..flow("lat", FlowClass::Latency, None, rate)
+        };
+        scenario(vec![RunReport {
+            utilisation: 0.5,
+            ..run("alone", "native", vec![lat])
+        }])
     }
 
     #[test]

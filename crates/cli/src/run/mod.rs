@@ -8,6 +8,8 @@
 //! processes than `--max-processes` or the host has no RDMA device.
 
 mod compare;
+#[cfg(test)]
+mod fixtures;
 mod plan;
 mod procs;
 mod samples;

@@ -1,6 +1,9 @@
 //! How many latency samples a percentile needs before it says more than the largest
-//! sample, and the notes that say so under a report.
+//! sample, the notes that say so under a report, and the footnote of the figure tables.
 
+use std::fmt::Write as _;
+
+use comfy_table::{CellAlignment, Table};
 use justitia_sim::ScenarioReport;
 
 /// A percentile of a flow's latency samples, as the load generator reports it.
@@ -54,6 +57,26 @@ impl Percentile {
     }
 }
 
+/// Writes a table of figures (its columns 3 to 6 numbers, right-aligned) indented under
+/// a heading already in `out`, and, when a percentile in it was `marked` with `*`, the
+/// footnote that says why.
+pub fn write_figure_table(out: &mut String, table: &mut Table, marked: bool) {
+    for i in 3..7 {
+        if let Some(c) = table.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    for line in table.lines() {
+        let _ = writeln!(out, "  {}", line.trim_end());
+    }
+    if marked {
+        let _ = writeln!(
+            out,
+            "  * fewer samples than the percentile needs (p99 100, p99.9 1000): it is the largest sample"
+        );
+    }
+}
+
 /// One note for every flow of every run whose p99 or p99.9 is only its largest sample,
 /// naming the flow, the run, the samples and what the percentile needs.
 pub fn notes(report: &ScenarioReport) -> Vec<String> {
@@ -98,9 +121,10 @@ pub fn notes(report: &ScenarioReport) -> Vec<String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use super::super::fixtures::{run, scenario};
     use super::*;
     use justitia_core::flow::FlowClass;
-    use justitia_sim::{FlowReport, LatencyReport, RunReport};
+    use justitia_sim::{FlowReport, LatencyReport};
 
     #[test]
     fn a_percentile_needs_one_over_one_minus_q_samples() {
@@ -151,26 +175,7 @@ mod tests {
                 }),
             })
             .collect();
-        ScenarioReport {
-            scenario: "s".into(),
-            description: "d".into(),
-            profile: "p".into(),
-            seed: 1,
-            duration_ms: 1.0,
-            warmup_ms: 0.0,
-            runs: vec![RunReport {
-                variant: "alone".into(),
-                policy: "native".into(),
-                flows,
-                utilisation: 0.0,
-                jain_bandwidth: None,
-                policy_figures: Default::default(),
-                fabric_figures: Default::default(),
-                events: 0,
-                series: Default::default(),
-                wall_seconds: 0.0,
-            }],
-        }
+        scenario(vec![run("alone", "native", flows)])
     }
 
     #[test]

@@ -4,11 +4,11 @@
 
 use std::fmt::Write as _;
 
-use comfy_table::{CellAlignment, Table};
+use comfy_table::Table;
 use justitia_sim::{FlowReport, LatencyReport, ScenarioReport};
 
 use super::compare::flow_figures;
-use super::samples::Percentile;
+use super::samples::{write_figure_table, Percentile};
 
 /// One figure over the repeats of a run: its median and its range.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -175,20 +175,7 @@ pub fn render(repeats: &[ScenarioReport]) -> String {
             }
         }
     }
-    for i in 3..7 {
-        if let Some(c) = table.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    for line in table.lines() {
-        let _ = writeln!(out, "  {}", line.trim_end());
-    }
-    if marked {
-        let _ = writeln!(
-            out,
-            "  * fewer samples than the percentile needs (p99 100, p99.9 1000): it is the largest sample"
-        );
-    }
+    write_figure_table(&mut out, &mut table, marked);
     out
 }
 
@@ -196,6 +183,7 @@ pub fn render(repeats: &[ScenarioReport]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use super::super::fixtures::{flow, run, scenario};
     use super::*;
     use justitia_core::flow::FlowClass;
     use justitia_sim::RunReport;
@@ -235,52 +223,29 @@ mod tests {
     }
 
     fn repeat(rate: f64, gbps: f64, p99: f64, samples: u64) -> ScenarioReport {
-        ScenarioReport {
-            scenario: "s".into(),
-            description: "d".into(),
-            profile: "p".into(),
-            seed: 1,
-            duration_ms: 1.0,
-            warmup_ms: 0.0,
-            runs: vec![RunReport {
-                variant: "with bw".into(),
-                policy: "native".into(),
-                flows: vec![
-                    FlowReport {
-                        name: "lat".into(),
-                        class: FlowClass::Latency,
-                        app: "latency".into(),
-                        messages: samples,
-                        msgs_per_sec: rate,
-                        gbps: 0.0,
-                        latency: Some(LatencyReport {
-                            samples,
-                            p50_us: p99 / 2.0,
-                            p99_us: p99,
-                            p999_us: p99 * 2.0,
-                            mean_us: p99 / 2.0,
-                            max_us: p99 * 3.0,
-                        }),
-                    },
-                    FlowReport {
-                        name: "bw".into(),
-                        class: FlowClass::Bandwidth,
-                        app: "bandwidth".into(),
-                        messages: 10,
-                        msgs_per_sec: rate,
-                        gbps,
-                        latency: None,
-                    },
-                ],
-                utilisation: gbps / 100.0,
-                jain_bandwidth: Some(1.0),
-                policy_figures: Default::default(),
-                fabric_figures: Default::default(),
-                events: 0,
-                series: Default::default(),
-                wall_seconds: 2.0,
-            }],
-        }
+        let lat = FlowReport {
+            messages: samples,
+            latency: Some(LatencyReport {
+                samples,
+                p50_us: p99 / 2.0,
+                p99_us: p99,
+                p999_us: p99 * 2.0,
+                mean_us: p99 / 2.0,
+                max_us: p99 * 3.0,
+            }),
+            ..flow("lat", FlowClass::Latency, None, rate)
+        };
+        let bw = FlowReport {
+            messages: 10,
+            gbps,
+            ..flow("bw", FlowClass::Bandwidth, None, rate)
+        };
+        scenario(vec![RunReport {
+            utilisation: gbps / 100.0,
+            jain_bandwidth: Some(1.0),
+            wall_seconds: 2.0,
+            ..run("with bw", "native", vec![lat, bw])
+        }])
     }
 
     #[test]

@@ -422,48 +422,9 @@ pub fn judge(repeats: &[ScenarioReport], limits: Limits, victims: &[String]) -> 
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use super::super::fixtures::{flow, run, scenario};
     use super::*;
     use justitia_core::flow::FlowClass;
-    use justitia_sim::{LatencyReport, RunReport};
-
-    fn flow(name: &str, class: FlowClass, p99: Option<f64>, rate: f64) -> FlowReport {
-        FlowReport {
-            name: name.into(),
-            class,
-            app: match class {
-                FlowClass::Latency => "latency",
-                FlowClass::Throughput => "throughput",
-                FlowClass::Bandwidth => "bandwidth",
-            }
-            .into(),
-            messages: 1,
-            msgs_per_sec: rate,
-            gbps: 0.0,
-            latency: p99.map(|p99_us| LatencyReport {
-                samples: 1000,
-                p50_us: p99_us / 2.0,
-                p99_us,
-                p999_us: p99_us,
-                mean_us: p99_us / 2.0,
-                max_us: p99_us,
-            }),
-        }
-    }
-
-    fn run(variant: &str, policy: &str, flows: Vec<FlowReport>) -> RunReport {
-        RunReport {
-            variant: variant.into(),
-            policy: policy.into(),
-            flows,
-            utilisation: 0.0,
-            jain_bandwidth: None,
-            policy_figures: Default::default(),
-            fabric_figures: Default::default(),
-            events: 0,
-            series: Default::default(),
-            wall_seconds: 0.0,
-        }
-    }
 
     /// A latency flow (p99 10 us alone, 50 natively beside the bandwidth flow, 11 under
     /// Justitia; 1000 msgs/s throughout) and a bandwidth flow (100 msgs/s alone, 50 under
@@ -474,20 +435,12 @@ mod tests {
             gbps: rate / 10.0,
             ..flow("bw", FlowClass::Bandwidth, None, rate)
         };
-        ScenarioReport {
-            scenario: "s".into(),
-            description: "d".into(),
-            profile: "p".into(),
-            seed: 1,
-            duration_ms: 1.0,
-            warmup_ms: 0.0,
-            runs: vec![
-                run("alone", "native", vec![lat(10.0)]),
-                run("bw alone", "native", vec![bw(100.0)]),
-                run("with bw", "native", vec![lat(50.0), bw(100.0)]),
-                run("with bw + justitia", "justitia", vec![lat(11.0), bw(50.0)]),
-            ],
-        }
+        scenario(vec![
+            run("alone", "native", vec![lat(10.0)]),
+            run("bw alone", "native", vec![bw(100.0)]),
+            run("with bw", "native", vec![lat(50.0), bw(100.0)]),
+            run("with bw + justitia", "justitia", vec![lat(11.0), bw(50.0)]),
+        ])
     }
 
     fn both(p99: f64, rate: f64) -> Limits {
