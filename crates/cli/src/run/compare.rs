@@ -83,12 +83,17 @@ pub fn rows(model: &ScenarioReport, measured: &ScenarioReport) -> Vec<Row> {
                 }
             }
         }
+        // The run's whole payload, a figure both backends define alike. Not utilisation:
+        // the model's is the busiest host's payload over the profile's MaxRate, the
+        // device's the payload over the port's link rate (0 when sysfs has none), so the
+        // two compared showed "100.11 vs 0.00" for one run.
+        let payload = |flows: &[FlowReport]| flows.iter().map(|f| f.gbps).sum::<f64>();
         out.push(Row {
             run: run.variant.clone(),
             flow: "(run)".into(),
-            figure: "utilisation (%)",
-            model: run.utilisation * 100.0,
-            measured: real.utilisation * 100.0,
+            figure: "payload (Gb/s)",
+            model: payload(&run.flows),
+            measured: payload(&real.flows),
             samples: None,
         });
     }
@@ -140,6 +145,8 @@ pub fn render(rows: &[Row], scenario: &str, model_profile: &str, device: &str) -
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::super::fixtures::{flow, run, scenario};
     use super::*;
     use justitia_core::flow::FlowClass;
@@ -164,6 +171,32 @@ mod tests {
         }])
     }
 
+    /// The run's row compares the payload both backends measure alike, whatever their
+    /// utilisations say (the model's over MaxRate, the device's over a link rate sysfs may
+    /// not give: 0 here).
+    #[test]
+    fn the_run_row_compares_payload_not_utilisation() {
+        let bw = |gbps: f64| FlowReport {
+            gbps,
+            ..flow("bw", FlowClass::Bandwidth, None, 1000.0)
+        };
+        let model = scenario(vec![RunReport {
+            utilisation: 1.0011,
+            ..run("with bw", "native", vec![bw(54.5)])
+        }]);
+        let measured = scenario(vec![RunReport {
+            utilisation: 0.0,
+            ..run("with bw", "native", vec![bw(40.0)])
+        }]);
+        let rows = rows(&model, &measured);
+        let run_row = rows.iter().find(|r| r.flow == "(run)").unwrap();
+        assert_eq!(
+            (run_row.figure, run_row.model, run_row.measured),
+            ("payload (Gb/s)", 54.5, 40.0)
+        );
+        assert!(rows.iter().all(|r| r.figure != "utilisation (%)"));
+    }
+
     #[test]
     fn every_figure_of_both_sides_with_its_ratio() {
         // 500 samples measured: p99 is the 495th of 500, p99.9 the 500th, the largest.
@@ -180,7 +213,7 @@ mod tests {
                 "p99.9 (us)",
                 "rate (msgs/s)",
                 "goodput (Gb/s)",
-                "utilisation (%)"
+                "payload (Gb/s)"
             ]
         );
         assert_eq!(rows[1].ratio(), Some(20.0));
