@@ -107,15 +107,15 @@ rtt=$(echo "$rperf" | sed -n 's/.*T_W - T_L median \([0-9.]*\) us.*/\1/p')
 tl=$(echo "$rperf" | sed -n 's/.*loopback T_L median \([0-9.]*\) us.*/\1/p')
 tw=$(echo "$rperf" | sed -n 's/.*; T_W median \([0-9.]*\) us.*/\1/p')
 pp=$(awk '$1 == "lat" && $2 == "latency" {print $3; exit}' "$OUT/post-poll.log")
-# RPerf takes the local end's costs out of a post-to-completion time, so its T_W - T_L
-# is at most both T_W and the plain method's post-to-completion time of the same 16 B
-# SEND (a sum instead of a difference, or a unit slip, breaks that). On Soft-RoCE with
-# both ends on one device the "wire" is the same software path as the loopback, so
-# T_W - T_L is near 0: the local end is all there is. (T_W is not compared with the plain
-# method's figure: the loopback SEND posted right behind the wire one competes with it for
-# the kernel threads that are a software RNIC.)
+# RPerf takes the local end's costs out of a post-to-completion time: T_W - T_L is at most
+# T_W (a sum instead of a difference breaks that). The plain method's post-to-completion
+# time comes from another run on the same software RNIC, whose medians move by tens of
+# per cent between runs (T_W - T_L against it: x0.59 and x1.19 in two suite runs): it
+# bounds T_W - T_L within a factor of 4, which a unit slip (x1000) breaks and that noise
+# does not. On Soft-RoCE with both ends on one device the "wire" is the same software path
+# as the loopback, so T_W - T_L says nothing of a network (a verdict on it is refused).
 if [ -n "$rtt" ] && [ -n "$pp" ] && [ -n "$tw" ] && [ -n "$tl" ] \
-  && awk -v r="$rtt" -v p="$pp" -v w="$tw" -v l="$tl" 'BEGIN {exit !(p > 0 && w > 0 && l > 0 && r <= w && r <= p)}'; then
+  && awk -v r="$rtt" -v p="$pp" -v w="$tw" -v l="$tl" 'BEGIN {exit !(p > 0 && w > 0 && l > 0 && r <= w && r <= 4 * p)}'; then
   result PASS "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L median $rtt us, post-to-completion median $pp us, loopback T_L median $tl us, T_W median $tw us"
 else
   result FAIL "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L '$rtt', post-poll '$pp', T_L '$tl' ($(tail -n 1 "$OUT/rperf.log"))"
