@@ -30,6 +30,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve `justitia run` clients from another host: start the ends of their flows that
+    /// the scenario places on this host, on this host's device (one client at a time).
+    RunServer(run::server::RunServerArgs),
     /// Run simulated experiments (scenario files) and report, export and plot the results.
     Sim(simulate::SimArgs),
     /// Run a scenario file on real verbs (each flow its own processes, under the shaper in
@@ -103,6 +106,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sim(args) => simulate::run(&args)?,
         Command::Run(args) => run::run(&args)?,
+        Command::RunServer(args) => run::server::run(&args)?,
         Command::Validate(args) => validate::run(&args)?,
         Command::Suite(args) => suite::run(&args)?,
         Command::Profiles => {

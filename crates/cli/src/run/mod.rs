@@ -10,15 +10,22 @@
 mod compare;
 #[cfg(test)]
 mod fixtures;
+mod hosts;
 mod plan;
 mod procs;
+mod remote;
 mod samples;
+pub mod server;
 mod spread;
 mod verdict;
+mod wire;
 
+use std::collections::BTreeMap;
 use std::fs;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -32,8 +39,11 @@ use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
 use crate::backend::Backend;
 use crate::{export, plot, simulate, table};
-use plan::{RealRun, Timing};
+use hosts::Place;
+use plan::{RealFlow, RealRun, Timing};
 use procs::{Group, Said};
+use remote::Link;
+use wire::{ClockWish, IdleWish, Role, ServerClock, ToServer};
 
 /// How long a flow's processes may take to connect before the run gives up.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
@@ -44,11 +54,11 @@ const FINISH_SLACK: Duration = Duration::from_secs(30);
 /// Where the kernel lists the host's RDMA devices.
 const SYSFS_INFINIBAND: &str = "/sys/class/infiniband";
 
-/// The default of `--max-processes`: room for 32 flows in one run. The scenarios in
+/// The default of `--max-processes` (and of run-server's): room for 32 flows in one run. The scenarios in
 /// `scenarios/` that real verbs can run need at most 16 processes in a run, apart from
 /// perf-p5-1000-bapps-roce100 (2002); that one, like a slip such as `copies = 300` (602
 /// processes, each polling a queue pair), is refused instead of swamping the host.
-const DEFAULT_MAX_PROCESSES: u32 = 64;
+pub(crate) const DEFAULT_MAX_PROCESSES: u32 = 64;
 
 /// Arguments of `justitia run`.
 #[derive(Args, Debug)]
@@ -60,10 +70,18 @@ Connection set-up is over TCP on loopback. Scenarios with a modelled switch, ser
 levels, more than two hosts, rpc or storage flows, pauses or a simulator-only policy are
 refused by name before anything starts.
 
+Across two hosts: start `justitia run-server` on the other host and map the scenario's
+host name to it with --host (or a --hosts file: `[hosts]` then b = \"10.77.0.2:7771\").
+Each flow's requester runs on its `from` host and its responder on its `to` host; hosts
+not mapped run here, and a flow whose two ends land on one device runs there as without
+--host. The run-server uses its own device, load generator, shaper, clock and idle mode.
+
 Examples:
   justitia run lat-vs-1mb-bw-ib56 -d rxe0 --duration-ms 2000 --warmup-ms 200
   justitia run lat-vs-1mb-bw-ib56 -d rxe0 --compare --max-p99-ratio 1.2 --min-rate-ratio 0.8
-  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --repeat 5 --max-p99-ratio 1.2 --min-rate-ratio 0.8")]
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --repeat 5 --max-p99-ratio 1.2 --min-rate-ratio 0.8
+  justitia run-server --listen 10.77.0.2:7771 -d rxe0            (on host B)
+  justitia run lat-vs-1mb-bw-ib56 -d rxe0 --host b=10.77.0.2:7771 (on host A)")]
 pub struct RunArgs {
     /// The scenario file; a bare name stands for `scenarios/<name>.toml`.
     #[arg(value_name = "FILE")]
@@ -135,6 +153,17 @@ pub struct RunArgs {
     /// Write the SVG figures into DIR.
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
+    /// Run the flow ends that the scenario places on host NAME on the `justitia
+    /// run-server` at ADDR:PORT (repeatable); hosts not named run here.
+    #[arg(long = "host", value_name = "NAME=ADDR:PORT")]
+    host: Vec<String>,
+    /// A TOML file of host mappings (`[hosts]` then `b = "10.77.0.2:7771"`); --host wins
+    /// over it for the same name.
+    #[arg(long, value_name = "FILE")]
+    hosts: Option<PathBuf>,
+    /// Where the kernel lists RDMA devices (for hosts and tests that mount it elsewhere).
+    #[arg(long, value_name = "DIR", default_value = SYSFS_INFINIBAND, hide = true)]
+    sysfs_infiniband: PathBuf,
 }
 
 /// `--latency-method`'s values.
@@ -194,14 +223,36 @@ pub fn run(args: &RunArgs) -> Result<()> {
         flow.plan.validate()?;
     }
     plan::check_processes(&runs, args.max_processes as usize)?;
-    plan::check_rperf_verdict(&runs, args.max_p99_ratio)?;
-    plan::check_device(Path::new(SYSFS_INFINIBAND), args.device.as_deref())?;
-    // The requesters choose their clock on this host; whether the TSC qualifies is said
-    // here, once, before anything starts.
-    let has_latency = runs
-        .iter()
-        .flat_map(|r| &r.flows)
-        .any(|f| matches!(f.plan.workload, Workload::Latency { .. }));
+    let map = hosts::host_map(&args.host, args.hosts.as_deref(), &s.topology.hosts)?;
+    let (places, servers) = hosts::places(&s.topology.hosts, &map);
+    let place_of = |host: &str| places.get(host).copied().unwrap_or(Place::Here);
+    let one_device = |f: &RealFlow| place_of(&f.from) == place_of(&f.to);
+    plan::check_rperf_verdict(&runs, args.max_p99_ratio, &one_device)?;
+    if !map.is_empty() {
+        let mut said = std::collections::BTreeSet::new();
+        for f in runs.iter().flat_map(|r| &r.flows) {
+            if f.from != f.to && one_device(f) && said.insert((&f.from, &f.to)) {
+                eprintln!(
+                    "hosts {} and {} both run {}: the flows between them have both ends on one device, as without --host",
+                    f.from,
+                    f.to,
+                    match place_of(&f.from) {
+                        Place::Here => "here".to_string(),
+                        Place::Server(n) => format!("on the run-server at {}", servers[n].0),
+                    }
+                );
+            }
+        }
+    }
+    let flows = || runs.iter().flat_map(|r| &r.flows);
+    let is_latency = |f: &RealFlow| matches!(f.plan.workload, Workload::Latency { .. });
+    let here = flows().any(|f| place_of(&f.from) == Place::Here || place_of(&f.to) == Place::Here);
+    if here {
+        plan::check_device(&args.sysfs_infiniband, args.device.as_deref())?;
+    }
+    // The requesters here choose their clock on this host; whether the TSC qualifies is
+    // said here, once, before anything starts (a run-server decides for its own host).
+    let has_latency = flows().any(|f| place_of(&f.from) == Place::Here && is_latency(f));
     // The requesters' clock, decided here once, before anything starts: the TSC, if it is
     // invariant, the clocksource vouches for it and it fits, calibrated once for the whole
     // run and handed to every requester (processes calibrating at once disturb each
@@ -230,22 +281,36 @@ pub fn run(args: &RunArgs) -> Result<()> {
         IdleArg::Spin => Idle::Spin,
         IdleArg::Yield => Idle::Yield,
         IdleArg::Auto
-            if plan::software_rnic(Path::new(SYSFS_INFINIBAND), args.device.as_deref())? =>
+            if here && plan::software_rnic(&args.sysfs_infiniband, args.device.as_deref())? =>
         {
             eprintln!("a software RNIC: the load generators yield after 256 empty polls (--idle spin to spin)");
             Idle::Yield
         }
         IdleArg::Auto => Idle::Spin,
     };
-    let loadgen = beside_me(args.loadgen.as_deref(), "justitia-loadgen")?;
-    let needs_shaper = runs
-        .iter()
-        .any(|r| plan::shaper_policy(r.variant.policy) != Some(None));
-    let shaper = if needs_shaper {
+    let loadgen = if here {
+        beside_me(args.loadgen.as_deref(), "justitia-loadgen")?
+    } else {
+        PathBuf::new()
+    };
+    // Whether a requester placed by `place` runs under the shaper in some run.
+    let shaped_at = |place: Place| {
+        runs.iter().any(|r| {
+            plan::shaper_policy(r.variant.policy) != Some(None)
+                && r.flows.iter().any(|f| place_of(&f.from) == place)
+        })
+    };
+    let shaper = if shaped_at(Place::Here) {
         Some(beside_me(args.shaper.as_deref(), "libjustitia.so")?)
     } else {
         None
     };
+    let links = connect(args, &servers, &|n| {
+        (
+            flows().any(|f| place_of(&f.from) == Place::Server(n) && is_latency(f)),
+            shaped_at(Place::Server(n)),
+        )
+    })?;
     for dir in [&args.out, &args.plot].into_iter().flatten() {
         fs::create_dir_all(dir)
             .with_context(|| format!("creating output folder {}", dir.display()))?;
@@ -267,6 +332,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         shaper,
         clock,
         idle,
+        places: places.clone(),
+        links,
     };
     let rounds = args.repeat as usize;
     let mut repeats: Vec<ScenarioReport> = Vec::with_capacity(rounds);
@@ -305,6 +372,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 repeat: round + 1,
                 run: run.variant.name.clone(),
                 plans: run.flows.iter().map(|f| f.plan.clone()).collect(),
+                ends: run.flows.iter().map(|f| runner.ends(f)).collect(),
                 flows: got,
             });
         }
@@ -353,13 +421,33 @@ pub fn run(args: &RunArgs) -> Result<()> {
     for line in rperf_lines(&outcomes, rounds) {
         println!("{line}");
     }
+    if !runner.links.is_empty() {
+        println!("where each flow's ends ran:");
+        let mut said = std::collections::BTreeSet::new();
+        for f in runs.iter().flat_map(|r| &r.flows) {
+            if said.insert(&f.plan.name) {
+                println!(
+                    "  {}: requester on {}, responder on {}",
+                    f.plan.name,
+                    runner.shown_at(&f.from),
+                    runner.shown_at(&f.to)
+                );
+            }
+        }
+    }
     let mut written = Vec::new();
     if let Some(dir) = &args.out {
         written.push(export::write_json(&report, dir)?);
         written.push(export::write_csv(&report, dir)?);
         written.push(export::write_series_csv(&report, dir)?);
         let path = dir.join(format!("{}-outcomes.json", report.scenario));
-        let text = serde_json::to_string_pretty(&outcomes_json(&outcomes, &device, clock, idle))?;
+        let text = serde_json::to_string_pretty(&outcomes_json(
+            &outcomes,
+            &device,
+            clock,
+            idle,
+            &runner.servers_json(),
+        ))?;
         fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
         if rounds > 1 {
@@ -410,18 +498,22 @@ struct Measured {
     run: String,
     /// What each flow's load generator was told to do (method, operation, size, depth).
     plans: Vec<FlowPlan>,
+    /// Where each flow's ends ran.
+    ends: Vec<serde_json::Value>,
     /// Its flows' outcomes.
     flows: Vec<FlowOutcome>,
 }
 
 /// `-outcomes.json`: every run of every repeat as measured, with what a reader needs to
 /// redo it (perftest prints the same in its header): the device, the requesters' clock
-/// and its rate, the idle mode of timed waits, and each flow's plan.
+/// and its rate, the idle mode of timed waits (each of these for this host, and in
+/// `servers` for each run-server's), each flow's plan and where its two ends ran.
 fn outcomes_json(
     outcomes: &[Measured],
     device: &str,
     clock: RequesterClock,
     idle: Idle,
+    servers: &serde_json::Value,
 ) -> serde_json::Value {
     let clock = match clock {
         RequesterClock::Tsc(hz) => serde_json::json!({ "kind": "tsc", "hz": hz }),
@@ -438,6 +530,8 @@ fn outcomes_json(
                     "clock": clock,
                     "idle": idle_name(idle),
                     "plans": m.plans,
+                    "ends": m.ends,
+                    "servers": servers,
                     "flows": m.flows,
                 })
             })
@@ -468,7 +562,7 @@ fn rperf_lines(outcomes: &[Measured], rounds: usize) -> Vec<String> {
 }
 
 /// `explicit`, or `name` in the folder of the running program.
-fn beside_me(explicit: Option<&Path>, name: &str) -> Result<PathBuf> {
+pub(crate) fn beside_me(explicit: Option<&Path>, name: &str) -> Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
@@ -546,14 +640,68 @@ fn run_report(run: &RealRun, outcomes: &[FlowOutcome], wall: f64, link: Option<f
     }
 }
 
+/// Connects to every run-server in `servers` (address and the scenario hosts it serves),
+/// before anything starts: `needs(n)` says whether server `n` has requesters that time
+/// latency and whether it has shaped ones. A server unreachable, refusing, or without a
+/// shaper it needs stops the command here.
+fn connect(
+    args: &RunArgs,
+    servers: &[(SocketAddr, Vec<String>)],
+    needs: &dyn Fn(usize) -> (bool, bool),
+) -> Result<Vec<Arc<Link>>> {
+    let mut links = Vec::with_capacity(servers.len());
+    for (n, (addr, names)) in servers.iter().enumerate() {
+        let (latency, shaped) = needs(n);
+        let hello = ToServer::Hello {
+            version: wire::VERSION,
+            latency,
+            clock: match args.clock {
+                ClockChoice::Auto => ClockWish::Auto,
+                ClockChoice::Tsc => ClockWish::Tsc,
+                ClockChoice::Monotonic => ClockWish::Monotonic,
+            },
+            idle: match args.idle {
+                IdleArg::Auto => IdleWish::Auto,
+                IdleArg::Spin => IdleWish::Spin,
+                IdleArg::Yield => IdleWish::Yield,
+            },
+        };
+        let link = Link::connect(&names.join(", "), *addr, &hello)?;
+        let w = link.welcome();
+        if shaped && !w.shaper {
+            bail!(
+                "run-server for host {} at {addr} has no shaper, and runs with a policy place requesters there (start it with --shaper)",
+                names.join(", ")
+            );
+        }
+        eprintln!(
+            "host {}: run-server {addr}, device {}, clock {}, idle {}",
+            names.join(", "),
+            w.device.as_deref().unwrap_or("(first device)"),
+            match w.clock {
+                ServerClock::Tsc { hz } => format!("tsc at {hz:.0} Hz"),
+                ServerClock::Monotonic {} => "monotonic".to_string(),
+            },
+            w.idle
+        );
+        links.push(link);
+    }
+    Ok(links)
+}
+
 struct Runner<'a> {
     args: &'a RunArgs,
+    /// The load generator here (unused when nothing runs here).
     loadgen: PathBuf,
     shaper: Option<PathBuf>,
-    /// How every requester times its samples.
+    /// How every requester here times its samples.
     clock: RequesterClock,
-    /// What every load generator's timed waits do on an empty poll.
+    /// What every load generator's timed waits here do on an empty poll.
     idle: Idle,
+    /// Where each scenario host's processes run.
+    places: BTreeMap<String, Place>,
+    /// The run-servers, by [`Place::Server`]'s index.
+    links: Vec<Arc<Link>>,
 }
 
 /// The clock every requester of a run times its samples with, decided once for the run.
@@ -565,7 +713,73 @@ enum RequesterClock {
     Monotonic,
 }
 
+/// The unspecified address of `ip`'s family: where a responder listens for a requester on
+/// another host that reaches it at `ip`.
+fn any_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
 impl Runner<'_> {
+    fn place(&self, host: &str) -> Place {
+        self.places.get(host).copied().unwrap_or(Place::Here)
+    }
+
+    /// `a (here)` or `b (run-server 10.77.0.2:7771)`.
+    fn shown_at(&self, host: &str) -> String {
+        match self.place(host) {
+            Place::Here => format!("{host} (here)"),
+            Place::Server(n) => format!("{host} (run-server {})", self.links[n].addr()),
+        }
+    }
+
+    /// Where flow `f`'s two ends run, for `-outcomes.json`.
+    fn ends(&self, f: &RealFlow) -> serde_json::Value {
+        let end = |host: &str| match self.place(host) {
+            Place::Here => serde_json::json!({ "host": host, "on": "here" }),
+            Place::Server(n) => serde_json::json!({
+                "host": host,
+                "on": self.links[n].addr().to_string(),
+            }),
+        };
+        serde_json::json!({
+            "flow": f.plan.name,
+            "requester": end(&f.from),
+            "responder": end(&f.to),
+        })
+    }
+
+    /// Each run-server's address, hosts, device, requesters' clock and idle mode.
+    fn servers_json(&self) -> serde_json::Value {
+        let servers = self
+            .links
+            .iter()
+            .enumerate()
+            .map(|(n, link)| {
+                let w = link.welcome();
+                let hosts: Vec<&String> = self
+                    .places
+                    .iter()
+                    .filter(|(_, p)| **p == Place::Server(n))
+                    .map(|(h, _)| h)
+                    .collect();
+                serde_json::json!({
+                    "address": link.addr().to_string(),
+                    "hosts": hosts,
+                    "device": w.device.as_deref().unwrap_or("(first device)"),
+                    "clock": match w.clock {
+                        ServerClock::Tsc { hz } => serde_json::json!({ "kind": "tsc", "hz": hz }),
+                        ServerClock::Monotonic {} => serde_json::json!({ "kind": "monotonic" }),
+                    },
+                    "idle": w.idle,
+                })
+            })
+            .collect();
+        serde_json::Value::Array(servers)
+    }
+
     fn base_command(&self, plan_json: &str) -> Command {
         let mut c = Command::new(&self.loadgen);
         if let Some(d) = &self.args.device {
@@ -578,18 +792,108 @@ impl Runner<'_> {
         c
     }
 
+    /// Starts flow `f`'s responder where its `to` host runs, listening on `listen`.
+    fn spawn_responder(&self, group: &mut Group, f: &RealFlow, listen: SocketAddr) -> Result<usize> {
+        match self.place(&f.to) {
+            Place::Here => {
+                let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
+                c.args(["respond", "--listen", &listen.to_string()]);
+                group.spawn(format!("flow {} (responder)", f.plan.name), c)
+            }
+            Place::Server(n) => group.spawn_remote(
+                format!("flow {} (responder on {})", f.plan.name, f.to),
+                &self.links[n],
+                wire::Spawn {
+                    id: 0,
+                    role: Role::Respond,
+                    plan: f.plan.clone(),
+                    listen: Some(listen),
+                    connect: None,
+                    env: BTreeMap::new(),
+                },
+            ),
+        }
+    }
+
+    /// Starts flow `f`'s requester where its `from` host runs, connecting to `connect`,
+    /// under the shaper with `policy` when one is given.
+    fn spawn_requester(
+        &self,
+        group: &mut Group,
+        f: &RealFlow,
+        connect: SocketAddr,
+        policy: Option<&str>,
+    ) -> Result<usize> {
+        match self.place(&f.from) {
+            Place::Here => {
+                let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
+                c.args(["request", "--connect", &connect.to_string()]);
+                match self.clock {
+                    RequesterClock::Tsc(hz) => {
+                        c.args(["--clock", "tsc", "--tsc-hz", &format!("{hz:.0}")]);
+                    }
+                    RequesterClock::Monotonic => {
+                        c.args(["--clock", "monotonic"]);
+                    }
+                }
+                if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
+                    c.env("LD_PRELOAD", lib)
+                        .env("JUSTITIA_CLASS", class_name(f.class))
+                        .env("JUSTITIA_POLICY", policy);
+                }
+                group.spawn(format!("flow {} (requester)", f.plan.name), c)
+            }
+            Place::Server(n) => {
+                let mut env = BTreeMap::new();
+                if let Some(policy) = policy {
+                    env.insert("JUSTITIA_CLASS".to_string(), class_name(f.class).to_string());
+                    env.insert("JUSTITIA_POLICY".to_string(), policy.to_string());
+                }
+                group.spawn_remote(
+                    format!("flow {} (requester on {})", f.plan.name, f.from),
+                    &self.links[n],
+                    wire::Spawn {
+                        id: 0,
+                        role: Role::Request,
+                        plan: f.plan.clone(),
+                        listen: None,
+                        connect: Some(connect),
+                        env,
+                    },
+                )
+            }
+        }
+    }
+
+    /// Where flow `f`'s responder listens, and the address its requester connects to
+    /// once the responder says `port`: loopback when both ends share a host, else any
+    /// address there and the responder's host as the requester's host reaches it.
+    fn addresses(&self, f: &RealFlow) -> (SocketAddr, impl Fn(u16) -> SocketAddr) {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let (from, to) = (self.place(&f.from), self.place(&f.to));
+        let reach = match (from, to) {
+            _ if from == to => loopback,
+            (_, Place::Server(n)) => self.links[n].addr().ip(),
+            (Place::Server(n), Place::Here) => self.links[n].local_ip(),
+            (Place::Here, Place::Here) => loopback,
+        };
+        let listen = if from == to { loopback } else { any_of(reach) };
+        (SocketAddr::new(listen, 0), move |port| {
+            SocketAddr::new(reach, port)
+        })
+    }
+
     /// Runs one variant: starts every flow's responder, then its requester, waits for all
     /// to be connected, starts them together, shows progress, collects their outcomes.
+    /// Each end runs on its scenario host, here or on its run-server, alike.
     fn run_one(&self, run: &RealRun, label: &str, timing: Timing) -> Result<Vec<FlowOutcome>> {
         let mut group = Group::new();
         let policy = plan::shaper_policy(run.variant.policy).flatten();
         let n = run.flows.len();
         let mut responders = Vec::with_capacity(n);
         for f in &run.flows {
-            let json = serde_json::to_string(&f.plan)?;
-            let mut c = self.base_command(&json);
-            c.args(["respond", "--listen", "127.0.0.1:0"]);
-            responders.push(group.spawn(format!("flow {} (responder)", f.plan.name), c)?);
+            let (listen, _) = self.addresses(f);
+            responders.push(self.spawn_responder(&mut group, f, listen)?);
         }
         // Each responder says its port.
         let mut ports = vec![None; n];
@@ -623,27 +927,9 @@ impl Runner<'_> {
         }
         let mut requesters = Vec::with_capacity(n);
         for (f, port) in run.flows.iter().zip(&ports) {
-            let json = serde_json::to_string(&f.plan)?;
-            let mut c = self.base_command(&json);
-            c.args([
-                "request",
-                "--connect",
-                &format!("127.0.0.1:{}", port.unwrap_or(0)),
-            ]);
-            match self.clock {
-                RequesterClock::Tsc(hz) => {
-                    c.args(["--clock", "tsc", "--tsc-hz", &format!("{hz:.0}")]);
-                }
-                RequesterClock::Monotonic => {
-                    c.args(["--clock", "monotonic"]);
-                }
-            }
-            if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
-                c.env("LD_PRELOAD", lib)
-                    .env("JUSTITIA_CLASS", class_name(f.class))
-                    .env("JUSTITIA_POLICY", policy);
-            }
-            requesters.push(group.spawn(format!("flow {} (requester)", f.plan.name), c)?);
+            let (_, reach) = self.addresses(f);
+            let connect = reach(port.unwrap_or(0));
+            requesters.push(self.spawn_requester(&mut group, f, connect, policy)?);
         }
         let mut ready = vec![false; n];
         let mut outcomes: Vec<Option<FlowOutcome>> = vec![None; n];
@@ -779,9 +1065,16 @@ mod tests {
             repeat: 2,
             run: "alone".to_string(),
             plans: vec![plan],
+            ends: vec![serde_json::json!({ "flow": "lat" })],
             flows: Vec::new(),
         };
-        let json = outcomes_json(&[measured], "rxe0", RequesterClock::Tsc(2.1e9), Idle::Yield);
+        let json = outcomes_json(
+            &[measured],
+            "rxe0",
+            RequesterClock::Tsc(2.1e9),
+            Idle::Yield,
+            &serde_json::json!([]),
+        );
         let run = &json[0];
         assert_eq!(run["repeat"], 2);
         assert_eq!(run["device"], "rxe0");
@@ -791,7 +1084,13 @@ mod tests {
         assert_eq!(run["plans"][0]["name"], "lat");
         assert_eq!(run["plans"][0]["workload"]["latency"]["method"], "rperf");
         assert_eq!(run["plans"][0]["workload"]["latency"]["size"], 16);
-        let monotonic = outcomes_json(&[], "rxe0", RequesterClock::Monotonic, Idle::Spin);
+        let monotonic = outcomes_json(
+            &[],
+            "rxe0",
+            RequesterClock::Monotonic,
+            Idle::Spin,
+            &serde_json::json!([]),
+        );
         assert_eq!(monotonic, serde_json::json!([]));
     }
 }

@@ -30,6 +30,10 @@ pub struct RealFlow {
     pub class: FlowClass,
     /// The application model's name in reports.
     pub app: &'static str,
+    /// The scenario host its requester runs on (`from`).
+    pub from: String,
+    /// The scenario host its responder runs on (`to`).
+    pub to: String,
 }
 
 /// One run (variant) of a scenario on real verbs.
@@ -74,7 +78,7 @@ pub fn refusals(experiment: &Experiment) -> Vec<String> {
     }
     if s.topology.hosts.len() > 2 {
         out.push(format!(
-            "topology.hosts: {} hosts; the real backend runs the two ends of each flow on one local device (several hosts are not supported yet)",
+            "topology.hosts: {} hosts; the real backend runs a flow's two ends on one device or on two hosts (more than two hosts are not supported yet)",
             s.topology.hosts.len()
         ));
     }
@@ -149,13 +153,18 @@ pub fn rdma_devices(sysfs_dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Refuses a p99 verdict (`max_p99_ratio` given) on a latency flow timed by RPerf's method:
-/// both ends of every flow run on one device here, so the "wire" SEND is itself a loopback
-/// inside the NIC and T_W - T_L subtracts the very queueing in the shared NIC that the
-/// verdict is about (the model shows it: RPerf's p99 is the same alone, beside a bandwidth
-/// flow and under Justitia, where ping-pong's grows and shrinks). RPerf figures are still
-/// measured and shown; only the judgement is refused.
-pub fn check_rperf_verdict(runs: &[RealRun], max_p99_ratio: Option<f64>) -> Result<()> {
+/// Refuses a p99 verdict (`max_p99_ratio` given) on a latency flow timed by RPerf's method
+/// whose two ends run on one device (`one_device` says which do): the "wire" SEND is then
+/// itself a loopback inside the NIC and T_W - T_L subtracts the very queueing in the shared
+/// NIC that the verdict is about (the model shows it: RPerf's p99 is the same alone,
+/// beside a bandwidth flow and under Justitia, where ping-pong's grows and shrinks). With
+/// the ends on two hosts the wire SEND crosses the wire, as RPerf means it to. RPerf
+/// figures are still measured and shown; only the judgement is refused.
+pub fn check_rperf_verdict(
+    runs: &[RealRun],
+    max_p99_ratio: Option<f64>,
+    one_device: &dyn Fn(&RealFlow) -> bool,
+) -> Result<()> {
     if max_p99_ratio.is_none() {
         return Ok(());
     }
@@ -163,7 +172,8 @@ pub fn check_rperf_verdict(runs: &[RealRun], max_p99_ratio: Option<f64>) -> Resu
         .iter()
         .flat_map(|r| &r.flows)
         .filter(|f| {
-            matches!(
+            one_device(f)
+                && matches!(
                 f.plan.workload,
                 Workload::Latency {
                     method: LatencyMethod::Rperf,
@@ -266,6 +276,7 @@ pub fn runs(
                 .filter_map(|r| {
                     let spec = &s.flows[r.spec];
                     let app = spec.app()?;
+                    let (from, to) = s.endpoints(spec);
                     let workload = match app {
                         AppSpec::Latency(p) => Workload::Latency {
                             size: p.size.bytes(),
@@ -310,6 +321,8 @@ pub fn runs(
                         },
                         class: spec.class(),
                         app: app.kind(),
+                        from,
+                        to,
                     })
                 })
                 .collect();
@@ -381,7 +394,7 @@ mod tests {
             warmup_ms: 100.0,
         };
         let rperf = runs(&e, timing, Some(LatencyMethod::Rperf));
-        let err = check_rperf_verdict(&rperf, Some(1.2))
+        let err = check_rperf_verdict(&rperf, Some(1.2), &|_| true)
             .unwrap_err()
             .to_string();
         assert!(
@@ -390,9 +403,12 @@ mod tests {
             ),
             "{err}"
         );
-        assert!(check_rperf_verdict(&rperf, None).is_ok());
+        assert!(check_rperf_verdict(&rperf, None, &|_| true).is_ok());
         let ping_pong = runs(&e, timing, Some(LatencyMethod::PingPong));
-        assert!(check_rperf_verdict(&ping_pong, Some(1.2)).is_ok());
+        assert!(check_rperf_verdict(&ping_pong, Some(1.2), &|_| true).is_ok());
+        // With the flow's ends on two hosts the wire SEND crosses a wire: judged.
+        assert!(check_rperf_verdict(&rperf, Some(1.2), &|f| f.from == f.to).is_ok());
+        assert_eq!((rperf[0].flows[0].from.as_str(), rperf[0].flows[0].to.as_str()), ("a", "b"));
     }
 
     /// Soft-RoCE and siw are known by name or by the `parent` attribute they give their

@@ -5,6 +5,11 @@
 //!
 //! Each child's stdout lines arrive on one channel, tagged with the child's index; its
 //! stderr is kept, the last [`STDERR_LINES`] lines, for the error that names the flow.
+//!
+//! A child may also run on another host, started there by `justitia run-server` over a
+//! [`Link`]: its lines arrive on the same channel (the link's reader routes them), and the
+//! same calls tell it, wait for it and end it, so that the runner has one code path
+//! whichever host each end of a flow runs on.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -17,6 +22,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use super::remote::Link;
+use super::wire::{self, Exit};
 
 /// Lines of a child's stderr kept for its error message.
 pub const STDERR_LINES: usize = 12;
@@ -56,10 +64,24 @@ pub enum Said {
     Closed,
 }
 
-/// One child: what it is, its stdin, its kept stderr.
+/// One child: what it is, and where it runs.
 pub struct Kid {
-    /// `flow NAME (requester)` or `flow NAME (responder)`: every error about it starts so.
+    /// `flow NAME (requester)` or `flow NAME (responder on b)`: every error about it
+    /// starts so.
     pub label: String,
+    how: How,
+}
+
+/// Where a child runs.
+enum How {
+    /// Here: the process, its stdin, its kept stderr.
+    Local(Local),
+    /// On a run-server's host, known there by `id`.
+    Remote { link: Arc<Link>, id: u64 },
+}
+
+/// A child on this host.
+struct Local {
     child: Child,
     stdin: Option<ChildStdin>,
     stderr: Arc<Mutex<VecDeque<String>>>,
@@ -69,6 +91,8 @@ pub struct Kid {
 /// The children of one run, in one process group.
 pub struct Group {
     pgid: Option<i32>,
+    /// [`Group::end_all`] ran: every child is gone.
+    ended: bool,
     kids: Vec<Kid>,
     said_tx: Sender<(usize, Said)>,
     said_rx: Receiver<(usize, Said)>,
@@ -80,6 +104,7 @@ impl Group {
         let (said_tx, said_rx) = mpsc::channel();
         Group {
             pgid: None,
+            ended: false,
             kids: Vec::new(),
             said_tx,
             said_rx,
@@ -88,6 +113,9 @@ impl Group {
 
     /// Starts `command` in the group; returns its index.
     pub fn spawn(&mut self, label: String, mut command: Command) -> Result<usize> {
+        if self.ended {
+            bail!("{label}: the group has ended");
+        }
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -132,12 +160,67 @@ impl Group {
         let stdin = child.stdin.take();
         self.kids.push(Kid {
             label,
-            child,
-            stdin,
-            stderr,
-            readers,
+            how: How::Local(Local {
+                child,
+                stdin,
+                stderr,
+                readers,
+            }),
         });
         Ok(index)
+    }
+
+    /// Starts `spawn` (its id set here) on `link`'s host; returns its index. Its lines
+    /// arrive through [`Group::next`] like a local child's.
+    pub fn spawn_remote(
+        &mut self,
+        label: String,
+        link: &Arc<Link>,
+        mut spawn: wire::Spawn,
+    ) -> Result<usize> {
+        if self.ended {
+            bail!("{label}: the group has ended");
+        }
+        let index = self.kids.len();
+        spawn.id = link.next_id();
+        let id = spawn.id;
+        link.spawn(index, self.said_tx.clone(), spawn)
+            .with_context(|| format!("{label}: starting it on {}", link.name()))?;
+        self.kids.push(Kid {
+            label,
+            how: How::Remote {
+                link: Arc::clone(link),
+                id,
+            },
+        });
+        Ok(index)
+    }
+
+    /// How the local child at `index` exited, if it has (without waiting); `None` for a
+    /// child still running or on another host.
+    pub fn exit(&mut self, index: usize) -> Option<Exit> {
+        let How::Local(local) = &mut self.kids[index].how else {
+            return None;
+        };
+        let status = match local.child.try_wait() {
+            Ok(Some(status)) => status,
+            Ok(None) => return None,
+            Err(e) => {
+                return Some(Exit {
+                    ok: false,
+                    status: format!("cannot be waited for: {e}"),
+                    stderr: Vec::new(),
+                })
+            }
+        };
+        // Give the stderr reader a moment to take the last lines.
+        std::thread::sleep(Duration::from_millis(50));
+        let kept = local.stderr.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(Exit {
+            ok: status.success(),
+            status: format!("exited with {status}"),
+            stderr: kept.iter().cloned().collect(),
+        })
     }
 
     /// The child at `index`.
@@ -161,34 +244,49 @@ impl Group {
     pub fn tell(&mut self, index: usize, line: &str) -> Result<()> {
         let kid = &mut self.kids[index];
         let label = kid.label.clone();
-        let stdin = kid
-            .stdin
-            .as_mut()
-            .with_context(|| format!("{label}: no stdin"))?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .with_context(|| format!("{label}: writing to its stdin"))
+        match &mut kid.how {
+            How::Local(local) => {
+                let stdin = local
+                    .stdin
+                    .as_mut()
+                    .with_context(|| format!("{label}: no stdin"))?;
+                writeln!(stdin, "{line}")
+                    .and_then(|()| stdin.flush())
+                    .with_context(|| format!("{label}: writing to its stdin"))
+            }
+            How::Remote { link, id } => link
+                .tell(*id, line)
+                .with_context(|| format!("{label}: writing to its stdin")),
+        }
     }
 
     /// Why the child at `index` failed: its exit status (waited for up to `wait`) and the
     /// last lines of its stderr.
     pub fn failure(&mut self, index: usize, wait: Duration) -> String {
         let kid = &mut self.kids[index];
-        let started = Instant::now();
-        let status = loop {
-            match kid.child.try_wait() {
-                Ok(Some(status)) => break format!("exited with {status}"),
-                Ok(None) if started.elapsed() < wait => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) => break "still running".to_string(),
-                Err(e) => break format!("cannot be waited for: {e}"),
+        let (status, tail) = match &mut kid.how {
+            How::Local(local) => {
+                let started = Instant::now();
+                let status = loop {
+                    match local.child.try_wait() {
+                        Ok(Some(status)) => break format!("exited with {status}"),
+                        Ok(None) if started.elapsed() < wait => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
+                        Ok(None) => break "still running".to_string(),
+                        Err(e) => break format!("cannot be waited for: {e}"),
+                    }
+                };
+                // Give the stderr reader a moment to take the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                let kept = local.stderr.lock().unwrap_or_else(PoisonError::into_inner);
+                (status, kept.iter().cloned().collect::<Vec<_>>())
             }
+            How::Remote { link, id } => match link.exit(*id, wait) {
+                Some(exit) => (exit.status, exit.stderr),
+                None => ("still running".to_string(), Vec::new()),
+            },
         };
-        // Give the stderr reader a moment to take the last lines.
-        std::thread::sleep(Duration::from_millis(50));
-        let kept = kid.stderr.lock().unwrap_or_else(PoisonError::into_inner);
-        let tail: Vec<&str> = kept.iter().map(String::as_str).collect();
         if tail.is_empty() {
             format!("{} {status}", kid.label)
         } else {
@@ -199,9 +297,13 @@ impl Group {
     /// Whether the child at `index` exited successfully, waiting up to `wait` for it;
     /// `false` if it failed or still runs.
     pub fn exited_ok(&mut self, index: usize, wait: Duration) -> bool {
+        let local = match &mut self.kids[index].how {
+            How::Local(local) => local,
+            How::Remote { link, id } => return link.exit(*id, wait).is_some_and(|e| e.ok),
+        };
         let started = Instant::now();
         loop {
-            match self.kids[index].child.try_wait() {
+            match local.child.try_wait() {
                 Ok(Some(status)) => return status.success(),
                 Ok(None) if started.elapsed() < wait => {
                     std::thread::sleep(Duration::from_millis(20))
@@ -218,15 +320,26 @@ impl Group {
         let mut failed = Vec::new();
         let mut pending: Vec<usize> = (0..self.kids.len()).collect();
         while !pending.is_empty() && started.elapsed() < timeout && !interrupted() {
-            pending.retain(|&i| match self.kids[i].child.try_wait() {
-                Ok(Some(status)) => {
-                    if !status.success() {
-                        failed.push(i);
+            pending.retain(|&i| match &mut self.kids[i].how {
+                How::Local(local) => match local.child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            failed.push(i);
+                        }
+                        false
                     }
-                    false
-                }
-                Ok(None) => true,
-                Err(_) => false,
+                    Ok(None) => true,
+                    Err(_) => false,
+                },
+                How::Remote { link, id } => match link.exit(*id, Duration::ZERO) {
+                    Some(exit) => {
+                        if !exit.ok {
+                            failed.push(i);
+                        }
+                        false
+                    }
+                    None => true,
+                },
             });
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -246,8 +359,35 @@ impl Group {
     }
 
     /// SIGTERM to the group, SIGKILL after [`TERM_GRACE`] to whoever is left, and every
-    /// child reaped.
-    fn end_all(&mut self) {
+    /// child reaped; every run-server used is told to do the same with its children, and
+    /// waited for. The group takes no more children after it.
+    pub fn end_all(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let mut links: Vec<(Arc<Link>, Vec<u64>)> = Vec::new();
+        for kid in &self.kids {
+            if let How::Remote { link, id } = &kid.how {
+                match links.iter_mut().find(|(l, _)| Arc::ptr_eq(l, link)) {
+                    Some((_, ids)) => ids.push(*id),
+                    None => links.push((Arc::clone(link), vec![*id])),
+                }
+            }
+        }
+        // The remote hosts end their children while this one ends its own.
+        let waits: Vec<JoinHandle<()>> = links
+            .into_iter()
+            .map(|(link, ids)| {
+                std::thread::spawn(move || link.end(&ids, TERM_GRACE + Duration::from_secs(2)))
+            })
+            .collect();
+        self.end_local();
+        for wait in waits {
+            let _ = wait.join();
+        }
+    }
+
+    fn end_local(&mut self) {
         let Some(pgid) = self.pgid.take() else {
             return;
         };
@@ -255,16 +395,19 @@ impl Group {
         unsafe { libc::kill(-pgid, libc::SIGTERM) };
         let started = Instant::now();
         for kid in &mut self.kids {
-            kid.stdin = None;
+            let How::Local(local) = &mut kid.how else {
+                continue;
+            };
+            local.stdin = None;
             loop {
-                match kid.child.try_wait() {
+                match local.child.try_wait() {
                     Ok(Some(_)) | Err(_) => break,
                     Ok(None) if started.elapsed() < TERM_GRACE => {
                         std::thread::sleep(Duration::from_millis(20))
                     }
                     Ok(None) => {
-                        let _ = kid.child.kill();
-                        let _ = kid.child.wait();
+                        let _ = local.child.kill();
+                        let _ = local.child.wait();
                         break;
                     }
                 }
@@ -274,8 +417,10 @@ impl Group {
         // SAFETY: as above; ESRCH when the group is empty is fine.
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
         for kid in &mut self.kids {
-            for reader in kid.readers.drain(..) {
-                let _ = reader.join();
+            if let How::Local(local) = &mut kid.how {
+                for reader in local.readers.drain(..) {
+                    let _ = reader.join();
+                }
             }
         }
     }
