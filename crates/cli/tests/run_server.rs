@@ -76,7 +76,11 @@ impl Setup {
     fn new() -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("fake-loadgen");
-        std::fs::write(&fake, FAKE.replace("DIR", &dir.path().display().to_string())).unwrap();
+        std::fs::write(
+            &fake,
+            FAKE.replace("DIR", &dir.path().display().to_string()),
+        )
+        .unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(dir.path().join("two-hosts.toml"), SCENARIO).unwrap();
         // Each side's sysfs lists its device, as /sys/class/infiniband would.
@@ -124,7 +128,14 @@ impl Setup {
         let mut c = Command::new(env!("CARGO_BIN_EXE_justitia"));
         c.arg("run")
             .arg(self.path("two-hosts.toml"))
-            .args(["-d", "dev-a", "--clock", "monotonic", "--duration-ms", "300"])
+            .args([
+                "-d",
+                "dev-a",
+                "--clock",
+                "monotonic",
+                "--duration-ms",
+                "300",
+            ])
             .args(["--host", &format!("b={addr}")])
             .arg("--loadgen")
             .arg(self.path("fake-loadgen"))
@@ -295,7 +306,8 @@ fn exchange(addr: &str, lines: &[&[u8]]) -> String {
     answer
 }
 
-const HELLO: &[u8] = b"{\"hello\":{\"version\":1,\"latency\":false,\"clock\":\"monotonic\",\"idle\":\"spin\"}}\n";
+const HELLO: &[u8] =
+    b"{\"hello\":{\"version\":1,\"latency\":false,\"clock\":\"monotonic\",\"idle\":\"spin\"}}\n";
 
 #[test]
 fn the_server_answers_bad_input_with_an_error_and_hangs_up_and_takes_one_client_at_a_time() {
@@ -317,7 +329,10 @@ fn the_server_answers_bad_input_with_an_error_and_hangs_up_and_takes_one_client_
         "{{\"spawn\":{{\"id\":1,\"role\":\"request\",\"plan\":{plan},\"connect\":\"127.0.0.1:9\",\"env\":{{\"LD_PRELOAD\":\"/tmp/x.so\"}}}}}}\n"
     );
     let answer = exchange(&addr, &[HELLO, env.as_bytes()]);
-    assert!(answer.contains("variable LD_PRELOAD is not allowed"), "{answer}");
+    assert!(
+        answer.contains("variable LD_PRELOAD is not allowed"),
+        "{answer}"
+    );
     // A second client while one is served is refused in one line.
     let mut first = TcpStream::connect(&addr).unwrap();
     first.write_all(HELLO).unwrap();
@@ -335,4 +350,28 @@ fn the_server_answers_bad_input_with_an_error_and_hangs_up_and_takes_one_client_
     drop(first);
     // The server lived through all of it.
     assert!(server.0.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn unknown_hosts_and_unreachable_servers_are_refused_before_anything_starts() {
+    let setup = Setup::new();
+    let unknown = setup
+        .client("127.0.0.1:1", &["--host", "c=127.0.0.1:2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(!unknown.status.success());
+    assert!(
+        err.contains("--host c=127.0.0.1:2: the scenario has no host `c` (its hosts: a, b)"),
+        "{err}"
+    );
+    // Nothing listens on port 1.
+    let unreachable = setup.client("127.0.0.1:1", &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(!unreachable.status.success());
+    assert!(
+        err.contains("run-server for host b at 127.0.0.1:1: connecting"),
+        "{err}"
+    );
+    assert!(setup.log().is_empty(), "{:?}", setup.log());
 }

@@ -32,11 +32,15 @@ fn resolve(text: &str, what: &str) -> Result<SocketAddr> {
 
 /// The mappings of `--hosts FILE` and then `--host NAME=ADDR:PORT` (which win over the
 /// file's for the same name), each name checked against the scenario's `hosts`.
-pub fn host_map(flags: &[String], file: Option<&Path>, scenario_hosts: &[String]) -> Result<HostMap> {
+pub fn host_map(
+    flags: &[String],
+    file: Option<&Path>,
+    scenario_hosts: &[String],
+) -> Result<HostMap> {
     let mut given: Vec<(String, String, String)> = Vec::new();
     if let Some(path) = file {
-        let text =
-            fs::read_to_string(path).with_context(|| format!("reading --hosts {}", path.display()))?;
+        let text = fs::read_to_string(path)
+            .with_context(|| format!("reading --hosts {}", path.display()))?;
         let parsed: HostsFile =
             toml::from_str(&text).with_context(|| format!("reading --hosts {}", path.display()))?;
         for (name, addr) in parsed.hosts {
@@ -54,7 +58,11 @@ pub fn host_map(flags: &[String], file: Option<&Path>, scenario_hosts: &[String]
         }
         seen.push(name);
         given.retain(|(n, _, _)| n != name);
-        given.push((name.to_string(), addr.trim().to_string(), format!("--host {flag}")));
+        given.push((
+            name.to_string(),
+            addr.trim().to_string(),
+            format!("--host {flag}"),
+        ));
     }
     let mut map = HostMap::new();
     for (name, addr, what) in given {
@@ -70,6 +78,9 @@ pub fn host_map(flags: &[String], file: Option<&Path>, scenario_hosts: &[String]
     Ok(map)
 }
 
+/// The run-servers: each one's address and the scenario hosts it serves.
+pub type Servers = Vec<(SocketAddr, Vec<String>)>;
+
 /// Where a scenario host's processes run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
@@ -81,11 +92,8 @@ pub enum Place {
 
 /// Each scenario host's place, and the run-servers' addresses with the hosts each serves
 /// (two hosts mapped to one address share one server, and so one device).
-pub fn places(
-    scenario_hosts: &[String],
-    map: &HostMap,
-) -> (BTreeMap<String, Place>, Vec<(SocketAddr, Vec<String>)>) {
-    let mut servers: Vec<(SocketAddr, Vec<String>)> = Vec::new();
+pub fn places(scenario_hosts: &[String], map: &HostMap) -> (BTreeMap<String, Place>, Servers) {
+    let mut servers: Servers = Vec::new();
     let mut out = BTreeMap::new();
     for host in scenario_hosts {
         let place = match map.get(host) {
@@ -127,7 +135,9 @@ mod tests {
             err,
             "--host c=127.0.0.1:7771: the scenario has no host `c` (its hosts: a, b)"
         );
-        let err = host_map(&["b".into()], None, &hosts()).unwrap_err().to_string();
+        let err = host_map(&["b".into()], None, &hosts())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("expected NAME=ADDR:PORT"), "{err}");
         let err = host_map(&["b=nowhere".into()], None, &hosts())
             .unwrap_err()
@@ -138,12 +148,18 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("hosts.toml");
-        fs::write(&file, "[hosts]\nb = \"127.0.0.1:7771\"\na = \"127.0.0.1:7772\"\n").unwrap();
+        fs::write(
+            &file,
+            "[hosts]\nb = \"127.0.0.1:7771\"\na = \"127.0.0.1:7772\"\n",
+        )
+        .unwrap();
         let map = host_map(&["a=127.0.0.1:9".into()], Some(&file), &hosts()).unwrap();
         assert_eq!(map["a"].1.port(), 9, "the flag wins over the file");
         assert_eq!(map["b"].1.port(), 7771);
         fs::write(&file, "[hosts]\nz = \"127.0.0.1:1\"\n").unwrap();
-        let err = host_map(&[], Some(&file), &hosts()).unwrap_err().to_string();
+        let err = host_map(&[], Some(&file), &hosts())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no host `z`"), "{err}");
         fs::write(&file, "[servers]\nb = \"127.0.0.1:1\"\n").unwrap();
         assert!(host_map(&[], Some(&file), &hosts()).is_err());

@@ -793,7 +793,12 @@ impl Runner<'_> {
     }
 
     /// Starts flow `f`'s responder where its `to` host runs, listening on `listen`.
-    fn spawn_responder(&self, group: &mut Group, f: &RealFlow, listen: SocketAddr) -> Result<usize> {
+    fn spawn_responder(
+        &self,
+        group: &mut Group,
+        f: &RealFlow,
+        listen: SocketAddr,
+    ) -> Result<usize> {
         match self.place(&f.to) {
             Place::Here => {
                 let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
@@ -846,7 +851,10 @@ impl Runner<'_> {
             Place::Server(n) => {
                 let mut env = BTreeMap::new();
                 if let Some(policy) = policy {
-                    env.insert("JUSTITIA_CLASS".to_string(), class_name(f.class).to_string());
+                    env.insert(
+                        "JUSTITIA_CLASS".to_string(),
+                        class_name(f.class).to_string(),
+                    );
                     env.insert("JUSTITIA_POLICY".to_string(), policy.to_string());
                 }
                 group.spawn_remote(

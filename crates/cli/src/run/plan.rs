@@ -174,12 +174,12 @@ pub fn check_rperf_verdict(
         .filter(|f| {
             one_device(f)
                 && matches!(
-                f.plan.workload,
-                Workload::Latency {
-                    method: LatencyMethod::Rperf,
-                    ..
-                }
-            )
+                    f.plan.workload,
+                    Workload::Latency {
+                        method: LatencyMethod::Rperf,
+                        ..
+                    }
+                )
         })
         .map(|f| f.plan.name.as_str())
         .collect::<std::collections::BTreeSet<_>>()
@@ -408,7 +408,13 @@ mod tests {
         assert!(check_rperf_verdict(&ping_pong, Some(1.2), &|_| true).is_ok());
         // With the flow's ends on two hosts the wire SEND crosses a wire: judged.
         assert!(check_rperf_verdict(&rperf, Some(1.2), &|f| f.from == f.to).is_ok());
-        assert_eq!((rperf[0].flows[0].from.as_str(), rperf[0].flows[0].to.as_str()), ("a", "b"));
+        assert_eq!(
+            (
+                rperf[0].flows[0].from.as_str(),
+                rperf[0].flows[0].to.as_str()
+            ),
+            ("a", "b")
+        );
     }
 
     /// Soft-RoCE and siw are known by name or by the `parent` attribute they give their

@@ -135,7 +135,9 @@ pub fn run(args: &RunServerArgs) -> Result<()> {
             drop(current);
             refuse(
                 stream,
-                &format!("run-server busy: serving the justitia run at {client}; one client at a time"),
+                &format!(
+                    "run-server busy: serving the justitia run at {client}; one client at a time"
+                ),
             );
             eprintln!("justitia run-server: refused {peer}: busy with {client}");
             continue;
@@ -173,10 +175,7 @@ type FromClient = std::result::Result<ToServer, String>;
 
 /// Reads the client's lines into a channel until it hangs up, falls silent or breaks the
 /// protocol; the last thing sent is then the reason.
-fn read_client(
-    mut reader: BufReader<TcpStream>,
-    stop: Arc<AtomicBool>,
-) -> Receiver<FromClient> {
+fn read_client(mut reader: BufReader<TcpStream>, stop: Arc<AtomicBool>) -> Receiver<FromClient> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || loop {
         let line = match wire::read_line(&mut reader, Instant::now() + wire::SILENCE, &|| {
@@ -232,9 +231,7 @@ fn welcome(config: &Config, hello: &ToServer) -> Result<(ServerClock, &'static s
     let idle = match idle {
         IdleWish::Spin => "spin",
         IdleWish::Yield => "yield",
-        IdleWish::Auto if plan::software_rnic(&config.sysfs, config.device.as_deref())? => {
-            "yield"
-        }
+        IdleWish::Auto if plan::software_rnic(&config.sysfs, config.device.as_deref())? => "yield",
         IdleWish::Auto => "spin",
     };
     Ok((clock, idle))

@@ -157,7 +157,10 @@ impl Spawn {
                 || value.len() > 32
                 || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
             {
-                bail!("spawn {}: {key} must be a short word, got {value:?}", self.id);
+                bail!(
+                    "spawn {}: {key} must be a short word, got {value:?}",
+                    self.id
+                );
             }
         }
         Ok(())
@@ -341,7 +344,9 @@ mod tests {
     const PLAN: &str = r#"{"name":"lat","workload":{"latency":{"size":16,"op":"send","method":"ping-pong","inline":true,"interval_us":0.0}},"start_ms":0.0,"stop_ms":100.0,"window_from_ms":10.0,"window_to_ms":100.0}"#;
 
     fn spawn(extra: &str) -> String {
-        format!(r#"{{"spawn":{{"id":1,"role":"request","plan":{PLAN},"connect":"10.0.0.2:4000"{extra}}}}}"#)
+        format!(
+            r#"{{"spawn":{{"id":1,"role":"request","plan":{PLAN},"connect":"10.0.0.2:4000"{extra}}}}}"#
+        )
     }
 
     #[test]
@@ -370,7 +375,9 @@ mod tests {
         assert!(args.contains("unknown field `args`"), "{args}");
         let preload = err(&spawn(r#","env":{"LD_PRELOAD":"/tmp/evil.so"}"#));
         assert!(
-            preload.contains("variable LD_PRELOAD is not allowed (only JUSTITIA_CLASS, JUSTITIA_POLICY)"),
+            preload.contains(
+                "variable LD_PRELOAD is not allowed (only JUSTITIA_CLASS, JUSTITIA_POLICY)"
+            ),
             "{preload}"
         );
         let value = err(&spawn(r#","env":{"JUSTITIA_CLASS":"a b;rm"}"#));
@@ -392,7 +399,10 @@ mod tests {
         ));
         let text = b"{\"ping\":{}}\nrest";
         let mut reader = BufReader::new(&text[..]);
-        assert_eq!(read_line(&mut reader, far, &|| false).unwrap(), "{\"ping\":{}}");
+        assert_eq!(
+            read_line(&mut reader, far, &|| false).unwrap(),
+            "{\"ping\":{}}"
+        );
         assert!(matches!(
             read_line(&mut reader, far, &|| false),
             Err(ReadError::Io(_))
