@@ -6,6 +6,11 @@
 //! over, each figure the median of the N); the report is the simulator's, its heading
 //! naming the device. Before any process starts, a run is refused if it needs more
 //! processes than `--max-processes` or the host has no RDMA device.
+//!
+//! With `--host NAME=ADDR:PORT`, the ends of flows that a two-host scenario places on
+//! host NAME (requesters on their `from` host, responders on their `to` host) run on the
+//! `justitia run-server` at ADDR:PORT instead ([`server`], over the protocol of `wire`),
+//! and the responder listens where the requester's host can reach it.
 
 mod compare;
 #[cfg(test)]
