@@ -16,6 +16,8 @@
 //! [`DRAIN_DEADLINE`]); a completion with an error status ends the flow with an error that
 //! names the flow, the operation and the status.
 
+/// The ACK timeouts a queue pair may be given (the verbs crate's).
+pub use justitia_verbs::{DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
 use std::io::BufRead;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,6 +123,9 @@ pub struct DeviceOptions {
     pub port: u8,
     /// The GID index (0 is the link-local GID on Soft-RoCE).
     pub gid_index: u8,
+    /// The queue pairs' local ACK timeout (4.096 us x 2^n): above the longest time a
+    /// request may wait in the path's queues, or the sender resends what was never lost.
+    pub ack_timeout: u8,
 }
 
 /// The verbs objects of one end.
@@ -257,8 +262,14 @@ impl Rig {
     fn connect(&self, options: &DeviceOptions, peer: &Side) -> Result<()> {
         for (i, ((qp, &psn), remote)) in self.qps.iter().zip(&self.psns).zip(&peer.qps).enumerate()
         {
-            qp.connect(options.port, options.gid_index, psn, remote)
-                .with_context(|| format!("connecting queue pair {i}"))?;
+            qp.connect_with_ack_timeout(
+                options.port,
+                options.gid_index,
+                psn,
+                remote,
+                options.ack_timeout,
+            )
+            .with_context(|| format!("connecting queue pair {i}"))?;
         }
         Ok(())
     }
@@ -691,10 +702,22 @@ impl Loopback {
                 sges: vec![sge],
             })
             .collect();
-        out.connect(options.port, options.gid_index, p_out, &e_back)
-            .context("connecting the loopback queue pair")?;
-        back.connect(options.port, options.gid_index, p_back, &e_out)
-            .context("connecting the loopback's far queue pair")?;
+        out.connect_with_ack_timeout(
+            options.port,
+            options.gid_index,
+            p_out,
+            &e_back,
+            options.ack_timeout,
+        )
+        .context("connecting the loopback queue pair")?;
+        back.connect_with_ack_timeout(
+            options.port,
+            options.gid_index,
+            p_back,
+            &e_out,
+            options.ack_timeout,
+        )
+        .context("connecting the loopback's far queue pair")?;
         back.post_recv(&recvs)
             .context("posting the loopback's receives")?;
         Ok(Loopback { out, back })

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use justitia_loadgen::clock::{calibrate_tsc, ClockChoice, Timer, TscHz, CALIBRATION_WINDOW_NS};
-use justitia_loadgen::flow::{self, DeviceOptions, Idle, LineSignal};
+use justitia_loadgen::flow::{
+    self, DeviceOptions, Idle, LineSignal, DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT,
+};
 use justitia_loadgen::plan::FlowPlan;
 
 /// One end of one flow of a scenario, on real verbs.
@@ -26,6 +28,11 @@ struct Args {
     /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
     #[arg(long, short = 'x', default_value_t = 0, global = true)]
     gid_index: u8,
+    /// The queue pairs' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's);
+    /// raise it where a path's queue holds a request longer (a rate-limited wire).
+    #[arg(long, default_value_t = DEFAULT_ACK_TIMEOUT, global = true,
+          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
+    ack_timeout: u8,
     /// The flow's plan, as JSON.
     #[arg(long, global = true)]
     plan: Option<String>,
@@ -125,6 +132,7 @@ fn run(args: Args) -> Result<()> {
         device: args.device.clone(),
         port: args.port,
         gid_index: args.gid_index,
+        ack_timeout: args.ack_timeout,
     };
     match args.role {
         Role::Calibrate => {

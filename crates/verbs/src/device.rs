@@ -17,6 +17,13 @@ use crate::loader::Ibverbs;
 use crate::ops;
 use crate::sys::*;
 
+/// The local ACK timeout [`QueuePair::connect`] sets: 14, 4.096 us x 2^14 = 67 ms, as
+/// perftest's tools set it.
+pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
+
+/// The largest ACK timeout: the attribute is five bits (31: 4.096 us x 2^31, 2.4 hours).
+pub const MAX_ACK_TIMEOUT: u8 = 31;
+
 /// A device as `ibv_get_device_list` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -739,7 +746,8 @@ impl QueuePair {
 
     /// Moves the QP through INIT, RTR and RTS to talk to `remote`, using `port`, the local
     /// GID at `gid_index`, first PSN `local_psn`, and the port's active MTU. Remote WRITE,
-    /// READ and atomics are allowed on this QP.
+    /// READ and atomics are allowed on this QP. The local ACK timeout is
+    /// [`DEFAULT_ACK_TIMEOUT`].
     pub fn connect(
         &self,
         port: u8,
@@ -747,6 +755,26 @@ impl QueuePair {
         local_psn: u32,
         remote: &Endpoint,
     ) -> Result<(), VerbsError> {
+        self.connect_with_ack_timeout(port, gid_index, local_psn, remote, DEFAULT_ACK_TIMEOUT)
+    }
+
+    /// [`QueuePair::connect`] with the local ACK timeout `ack_timeout` (the RTS attribute
+    /// `timeout`: 4.096 us x 2^`ack_timeout` before a request unacknowledged is sent again;
+    /// 0 waits forever). A path whose queue holds a request longer than that makes the
+    /// sender retransmit what was never lost.
+    pub fn connect_with_ack_timeout(
+        &self,
+        port: u8,
+        gid_index: u8,
+        local_psn: u32,
+        remote: &Endpoint,
+        ack_timeout: u8,
+    ) -> Result<(), VerbsError> {
+        if ack_timeout > MAX_ACK_TIMEOUT {
+            return Err(VerbsError::InvalidArgument(format!(
+                "ACK timeout {ack_timeout} is above {MAX_ACK_TIMEOUT} (a 5-bit field)"
+            )));
+        }
         let verbs = &self.inner.pd.ctx.verbs;
         let ctx = Context {
             inner: Arc::clone(&self.inner.pd.ctx),
@@ -806,7 +834,7 @@ impl QueuePair {
         let mut attr = ibv_qp_attr {
             qp_state: IBV_QPS_RTS,
             sq_psn: local_psn & 0xff_ffff,
-            timeout: 14,
+            timeout: ack_timeout,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 16,

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_loadgen::clock::calibrate_tsc;
+use justitia_loadgen::flow::{DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
 
 use super::procs::{self, Group, Said};
 use super::wire::{
@@ -64,6 +65,12 @@ pub struct RunServerArgs {
     /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
     #[arg(long, short = 'x', default_value_t = 0)]
     gid_index: u8,
+    /// The load generators' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's):
+    /// above the longest a request waits in the path's queues (a rate-limited wire's), or
+    /// the sender resends what was never lost.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ACK_TIMEOUT,
+          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
+    ack_timeout: u8,
     /// The shaper (default: libjustitia.so beside this program, if there is one).
     #[arg(long)]
     shaper: Option<PathBuf>,
@@ -84,6 +91,7 @@ struct Config {
     device: Option<String>,
     port: u8,
     gid_index: u8,
+    ack_timeout: u8,
     loadgen: PathBuf,
     shaper: Option<PathBuf>,
     max_processes: usize,
@@ -101,6 +109,7 @@ pub fn run(args: &RunServerArgs) -> Result<()> {
         device: args.device.clone(),
         port: args.port,
         gid_index: args.gid_index,
+        ack_timeout: args.ack_timeout,
         loadgen,
         shaper,
         max_processes: args.max_processes as usize,
@@ -456,6 +465,7 @@ impl Session<'_> {
         c.args(["--port", &config.port.to_string()]);
         c.args(["--idle", self.idle]);
         c.args(["--gid-index", &config.gid_index.to_string()]);
+        c.args(["--ack-timeout", &config.ack_timeout.to_string()]);
         c.args(["--plan", &serde_json::to_string(&spawn.plan)?]);
         match (spawn.role, spawn.listen, spawn.connect) {
             (Role::Respond, Some(listen), _) => {
