@@ -41,6 +41,16 @@ pub const FOLLOW_PERIOD: Duration = Duration::from_millis(2);
 /// the flow is reported idle (its share then goes to the others).
 const IDLE_TICKS: u32 = 2;
 
+/// The same for a latency flow: 200 ms. A latency flow posts one message per round trip
+/// and has nothing at the NIC while it waits for the answer or thinks, so on a slow path
+/// (a round trip of milliseconds: an RPC client's think time, an emulated wire) it is
+/// quiet for more than two ticks between messages. Reported idle there, it loses its
+/// protection just before its next message: the daemon counts no latency flow, stops the
+/// reference flow and lets the bandwidth flows' chunks grow to the size without latency
+/// flows, and each such chunk is a burst the next message waits behind. Idle latency flows
+/// cost the others nothing but a smaller chunk, so the long linger is cheap.
+const LATENCY_IDLE_TICKS: u32 = 100;
+
 /// How often an active flow's usage is reported when its activity does not change.
 const REPORT_EVERY_NS: u64 = 10_000_000;
 
@@ -430,7 +440,12 @@ impl Follower {
         } else {
             self.quiet_ticks.saturating_add(1)
         };
-        self.quiet_ticks < IDLE_TICKS
+        let idle_after = if group.class == Some(FlowClass::Latency) {
+            LATENCY_IDLE_TICKS
+        } else {
+            IDLE_TICKS
+        };
+        self.quiet_ticks < idle_after
     }
 
     /// Tells the daemon whether the flow has work ([`Self::has_work`]) and what it posted,
@@ -537,6 +552,51 @@ mod tests {
         g.in_flight = false;
         assert!(f.has_work(g), "one tick after the last completion");
         assert!(!f.has_work(g), "two ticks after: idle");
+    }
+
+    /// A latency flow that pings every 20 ms (a round trip on a slow path) has nothing at
+    /// the NIC for 9 ticks of 10 between its messages: it stays active throughout, and goes
+    /// idle 100 ticks (200 ms) after its last message, where a bandwidth flow goes idle
+    /// after two.
+    #[test]
+    fn a_latency_flow_stays_active_between_sparse_messages() {
+        let config = Config {
+            socket: std::env::temp_dir().join("justitia-none.sock"),
+            ..Config::default()
+        };
+        let fallback = Settings {
+            rate: None,
+            chunk_bytes: 5120,
+            phase: None,
+        };
+        let mut f = Follower::new(&config, fallback).unwrap();
+        let mut g = Group {
+            class: Some(FlowClass::Latency),
+            requests: 1,
+            ..group(1)
+        };
+        let mut seen = Vec::new();
+        for tick in 0..100 {
+            if tick % 10 == 0 {
+                g.requests += 1;
+            }
+            seen.push(f.has_work(g));
+        }
+        assert!(
+            seen.iter().all(|&a| a),
+            "reported idle between messages: {seen:?}"
+        );
+        // The last message at tick 90: quiet for 99 more ticks is still active.
+        for _ in 0..90 {
+            assert!(f.has_work(g));
+        }
+        assert!(!f.has_work(g), "idle 100 ticks after its last message");
+        let mut bw = Follower::new(&config, fallback).unwrap();
+        let mut b = group(1);
+        b.requests = 1;
+        assert!(bw.has_work(b));
+        assert!(bw.has_work(b), "one quiet tick");
+        assert!(!bw.has_work(b), "a bandwidth flow is idle after two");
     }
 
     /// Without a daemon the follower's thread wakes at the client's connection attempts,
