@@ -827,6 +827,8 @@ pub struct ControlLoop {
     quiet: bool,
     stirred_at: Option<Duration>,
     last_action: Option<ControlAction>,
+    /// Updates whose action was [`ControlAction::Decrease`].
+    decreases: u64,
     generation: u64,
     /// The number of the latest assignment of release phases (counted on its own: an
     /// assignment at an update that changed no allotment must still be a new epoch).
@@ -904,6 +906,7 @@ impl ControlLoop {
             quiet: false,
             stirred_at: None,
             last_action: None,
+            decreases: 0,
             generation: 0,
             phase_epoch: 0,
             sharing_changed: false,
@@ -1286,6 +1289,9 @@ impl ControlLoop {
             .and_then(|target| self.decision_p99(target));
         let action = self.controller.update(now, self.counts, p99);
         self.last_action = Some(action);
+        if action == ControlAction::Decrease {
+            self.decreases += 1;
+        }
         if action == ControlAction::Decrease && self.config.violation != ViolationRule::Current99 {
             // The probes that showed the violation went at the rates of the latest updates:
             // the search's ceiling is the lowest of them, not the rate SafeUtil had climbed
@@ -1425,6 +1431,12 @@ impl ControlLoop {
     /// How many updates have run.
     pub fn updates(&self) -> u64 {
         self.updates
+    }
+
+    /// How many updates cut SafeUtil ([`ControlAction::Decrease`]): the loop seen
+    /// regulating, as a count a report can divide by its duration.
+    pub fn decreases(&self) -> u64 {
+        self.decreases
     }
 
     /// The settings the loop runs with.

@@ -51,6 +51,8 @@ pub struct PolicyLabel {
 pub struct Metrics {
     /// SafeUtil, bytes/s.
     pub safe_util: Gauge<f64, AtomicU64>,
+    /// The loop's updates that cut SafeUtil (the justitia policy's decreases).
+    pub safe_util_decreases: Counter,
     /// MaxRate, bytes/s.
     pub max_rate: Gauge<f64, AtomicU64>,
     /// Current99, seconds; NaN while there is no estimate (see [`Metrics::registry`]).
@@ -150,6 +152,7 @@ impl Metrics {
     pub fn new() -> Self {
         Metrics {
             safe_util: Gauge::default(),
+            safe_util_decreases: Counter::default(),
             max_rate: Gauge::default(),
             current_p99: Gauge::default(),
             target_p99: Gauge::default(),
@@ -214,6 +217,11 @@ impl Metrics {
             "safe_util_bytes_per_second",
             "SafeUtil",
             self.safe_util.clone(),
+        );
+        r.register(
+            "safe_util_decreases",
+            "the control loop's updates that cut SafeUtil",
+            self.safe_util_decreases.clone(),
         );
         r.register(
             "max_rate_bytes_per_second",

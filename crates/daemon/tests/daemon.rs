@@ -562,6 +562,15 @@ fn a_latency_flow_arriving_while_the_target_is_violated_is_admitted_with_a_warni
     // `justitia flows` spells the verdict as the metric labels it.
     let verdicts: Vec<String> = d.flows().into_iter().map(|f| f.admission).collect();
     assert_eq!(verdicts, ["admitted", "admitted_with_warning"]);
+    // The violated target cuts SafeUtil at every update, and the metrics count the cuts.
+    eventually("SafeUtil cut, and counted", Duration::from_secs(5), || {
+        c.report_usage(first, true, 16, 1);
+        let s = d.scrape();
+        let max = metric(&s, "justitia_max_rate_bytes_per_second", None).unwrap_or(0.0);
+        let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap_or(max);
+        metric(&s, "justitia_safe_util_decreases_total", None).is_some_and(|n| n >= 2.0)
+            && safe < max
+    });
 }
 
 #[test]
@@ -616,6 +625,11 @@ fn metrics_are_valid_prometheus_text() {
     );
     let safe = metric(&s, "justitia_safe_util_bytes_per_second", None).unwrap();
     assert!(safe > 0.0);
+    // 20 us probes against a target of 100 us: never a cut.
+    assert_eq!(
+        metric(&s, "justitia_safe_util_decreases_total", None),
+        Some(0.0)
+    );
     // Per-uid figures are not served on the TCP port, which anyone on the host can read.
     assert!(
         !s.samples

@@ -2083,3 +2083,36 @@ fn a_profile_with_max_tput_0_or_an_unusable_max_rate_is_refused_by_the_loop() {
         );
     }
 }
+
+/// The loop counts the updates that cut SafeUtil: stepped one RefPeriod at a time through
+/// violations and then calm, the count rises exactly at the updates whose action was a
+/// decrease, and not at an increase or a hold.
+#[test]
+fn the_loop_counts_its_decreases() {
+    let mut lp = loop_of(LoopConfig {
+        target: Target99::Absolute(us(50)),
+        increase: IncreaseLaw::Fixed,
+        increase_step: 0.1,
+        ..LoopConfig::default()
+    });
+    let mut t = Duration::ZERO;
+    let (mut seen_updates, mut counted, mut increases) = (0, 0, 0);
+    for period in 0..3000 {
+        // Twenty periods of slow probes, then fast ones, until the slow are under 1% of
+        // the window and its p99 is fast again.
+        let latency = if period < 20 { us(100) } else { us(10) };
+        run_periods(&mut lp, &mut t, 1, latency);
+        if lp.updates() != seen_updates {
+            assert_eq!(lp.updates(), seen_updates + 1, "one update a period");
+            seen_updates = lp.updates();
+            match lp.last_action() {
+                Some(ControlAction::Decrease) => counted += 1,
+                Some(ControlAction::Increase) => increases += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(lp.decreases(), counted, "after period {period}");
+    }
+    assert!(counted >= 1, "the slow probes cut SafeUtil");
+    assert!(increases >= 1, "the fast probes raised it again");
+}

@@ -43,6 +43,10 @@ impl Daemon {
             generation: self.lp.generation(),
         });
         self.metrics.safe_util.set(self.lp.safe_util());
+        let counted = self.metrics.safe_util_decreases.get();
+        self.metrics
+            .safe_util_decreases
+            .inc_by(self.lp.decreases().saturating_sub(counted));
         self.metrics.current_p99.set(secs(cur));
         self.metrics.target_p99.set(secs(t.value));
         let c = self.lp.counts();

@@ -48,7 +48,7 @@ use justitia_core::control_loop::{
     read_guarantee_lifetime, Allotment, ControlLoop, Event, FlowRegistration, LoopConfig,
     LoopError, ProbeId, Target99, DEFAULT_REFRESH_LOSSES,
 };
-use justitia_core::controller::{ControlAction, ControlMode};
+use justitia_core::controller::ControlMode;
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
 use justitia_core::incast::{paced, IncastLimits};
 use justitia_core::profile::RnicProfile;
@@ -279,7 +279,6 @@ pub(crate) struct LoopDriver {
     timer_at: Option<Picos>,
     safe_util_sum: f64,
     updates_seen: u64,
-    decreases: u64,
 }
 
 impl LoopDriver {
@@ -291,7 +290,6 @@ impl LoopDriver {
             timer_at: None,
             safe_util_sum: 0.0,
             updates_seen: 0,
-            decreases: 0,
         })
     }
 
@@ -370,9 +368,6 @@ impl LoopDriver {
         if updates != self.updates_seen {
             self.updates_seen = updates;
             self.safe_util_sum += self.control.safe_util();
-            if self.control.last_action() == Some(ControlAction::Decrease) {
-                self.decreases += 1;
-            }
         }
         if let Some(due) = self.control.poll_timeout() {
             let at = picos(due).max(ctx.now());
@@ -427,7 +422,7 @@ impl LoopDriver {
         if let Some(idle) = target.idle_p99 {
             f.insert("idle_p99_us".into(), us(idle));
         }
-        f.insert("decreases".into(), self.decreases as f64);
+        f.insert("decreases".into(), self.control.decreases() as f64);
         f.insert("chunk_bytes".into(), f64::from(self.control.chunk_bytes()));
         f
     }
