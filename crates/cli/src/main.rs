@@ -113,11 +113,21 @@ fn run(cli: Cli) -> Result<()> {
             let profiles = RnicProfile::builtins();
             let width = profiles.iter().map(|p| p.name.len()).max().unwrap_or(0);
             for p in profiles {
+                // At least three significant figures, so that a testbed's wire of
+                // megabits shows as more than zero.
+                let figure = |v: f64| {
+                    let decimals = if v > 0.0 {
+                        (2 - v.log10().floor() as i32).clamp(1, 9) as usize
+                    } else {
+                        1
+                    };
+                    format!("{v:.decimals$}")
+                };
                 println!(
-                    "{:<width$}  {:>6.1} Gb/s {:>6.1} Mops/s  mtu {:>4}  chunk {} B / {} B",
+                    "{:<width$}  {:>7} Gb/s {:>7} Mops/s  mtu {:>4}  chunk {} B / {} B",
                     p.name,
-                    p.max_rate_gbps,
-                    p.max_tput_mops,
+                    figure(p.max_rate_gbps),
+                    figure(p.max_tput_mops),
                     p.mtu,
                     p.chunk_bytes_with_latency,
                     p.chunk_bytes_without_latency

@@ -88,7 +88,7 @@ pub enum ProfileError {
 /// [`RnicProfile::BUILTIN_NAMES`]. A file's `[policy]` table is the policy's view of the RNIC
 /// ([`RnicProfile`]); its other tables model the hardware for the simulator. Compiling the
 /// files in keeps one source for both and lets every tool work from any directory.
-pub const BUILTIN_PROFILE_FILES: [(&str, &str); 7] = [
+pub const BUILTIN_PROFILE_FILES: [(&str, &str); 8] = [
     ("IB-56", include_str!("../../../profiles/ib-56.toml")),
     ("RoCE-40", include_str!("../../../profiles/roce-40.toml")),
     ("RoCE-10", include_str!("../../../profiles/roce-10.toml")),
@@ -101,6 +101,10 @@ pub const BUILTIN_PROFILE_FILES: [(&str, &str); 7] = [
     (
         "RoCE-100-switch",
         include_str!("../../../profiles/roce-100-switch.toml"),
+    ),
+    (
+        "SoftRoCE-wire",
+        include_str!("../../../profiles/softroce-wire.toml"),
     ),
 ];
 
@@ -122,7 +126,7 @@ pub fn builtin_profile_text(name: &str) -> Option<(&'static str, &'static str)> 
 impl RnicProfile {
     /// Names of the built-in profiles: the hardware of `validation-targets.md`, in its order,
     /// RPerf's switched testbed, and the RoCE-100 hosts on a switch with PFC.
-    pub const BUILTIN_NAMES: [&'static str; 7] = [
+    pub const BUILTIN_NAMES: [&'static str; 8] = [
         "IB-56",
         "RoCE-40",
         "RoCE-10",
@@ -130,6 +134,7 @@ impl RnicProfile {
         "RoCE-100",
         "IB-56-switch",
         "RoCE-100-switch",
+        "SoftRoCE-wire",
     ];
 
     /// A built-in profile by name (case-insensitive; `RoCE-10-DCQCN` is `RoCE-10`): the

@@ -262,7 +262,7 @@ pub enum ModelProfileError {
 
 impl ModelProfile {
     /// Names of the built-in model profiles (the files in `profiles/`).
-    pub const BUILTIN_NAMES: [&'static str; 7] = RnicProfile::BUILTIN_NAMES;
+    pub const BUILTIN_NAMES: [&'static str; 8] = RnicProfile::BUILTIN_NAMES;
 
     /// A built-in profile by name, case-insensitive (`ib-56`, `RoCE-100`, ...).
     pub fn builtin(name: &str) -> Result<Self, ModelProfileError> {
