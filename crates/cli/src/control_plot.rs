@@ -1,5 +1,6 @@
 //! The control figure, `<scenario>-control.svg`: how Justitia's loop steered each run that
-//! has one. Per run, two panels over simulated time: above, SafeUtil and every bandwidth
+//! has one, in the simulator or, on real verbs, as justitiad's metrics said it while the
+//! run went (`justitia run --daemon-metrics`). Per run, two panels over time: above, SafeUtil and every bandwidth
 //! and throughput flow's goodput (Gb/s); below, Current99 and Target99 (us, the reference
 //! probe's post-to-completion p99). Every host that runs a loop adds its lines (most runs
 //! have one: the host the flows post from). Spans in unattainable-target mode are shaded in both.
@@ -18,6 +19,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::backend::Backend;
 use crate::plot::{house_mesh, wrap, y_max, Area, Header, Swatch, FONT, SMALL_SIZE, TEXT_SIZE};
 
 /// Most points drawn per line.
@@ -44,8 +46,12 @@ const LATENCY: RGBColor = RGBColor(204, 121, 167);
 const UNATTAINABLE: RGBColor = RGBColor(228, 228, 228);
 
 /// Writes `<dir>/<scenario>-control.svg` if some run of the report has a control loop.
-pub fn write_control_figure(report: &ScenarioReport, dir: &Path) -> Result<Option<PathBuf>> {
-    let Some(svg) = render_control_svg(report)? else {
+pub fn write_control_figure(
+    report: &ScenarioReport,
+    dir: &Path,
+    backend: &Backend,
+) -> Result<Option<PathBuf>> {
+    let Some(svg) = render_control_svg(report, backend)? else {
         return Ok(None);
     };
     let path = dir.join(format!("{}-control.svg", report.scenario));
@@ -171,7 +177,7 @@ fn run_lines(series: &RunSeries, flows: &[String]) -> RunLines {
 }
 
 /// Draws the control figure; `None` when no run has a control loop.
-pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
+pub fn render_control_svg(report: &ScenarioReport, backend: &Backend) -> Result<Option<String>> {
     let runs = controlled(report);
     if runs.is_empty() {
         return Ok(None);
@@ -205,10 +211,20 @@ pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
     }
 
     let interval = runs.first().map_or(0.0, |r| r.series.interval_ms);
-    let subtitle = format!(
-        "simulated: RNIC profile {}, {} ms per run, seed {}; sampled every {} ms; latency is the reference probe's post-to-completion p99",
-        report.profile, report.duration_ms, report.seed, interval
-    );
+    let subtitle = match backend {
+        Backend::Simulator => format!(
+            "simulated: RNIC profile {}, {} ms per run, seed {}; sampled every {} ms; latency is the reference probe's post-to-completion p99",
+            report.profile, report.duration_ms, report.seed, interval
+        ),
+        Backend::Verbs { device } => format!(
+            "real verbs on {device}: justitiad's metrics read every {interval} ms while each run went ({} ms; with --repeat, its last repeat); latency is the daemon's reference probe's post-to-completion p99",
+            report.duration_ms
+        ),
+    };
+    let time_axis = match backend {
+        Backend::Simulator => "simulated time (ms)",
+        Backend::Verbs { .. } => "time (ms)",
+    };
     let header = Header::new(
         WIDTH_PX,
         &format!("{}: control loop", report.description),
@@ -237,7 +253,7 @@ pub fn render_control_svg(report: &ScenarioReport) -> Result<Option<String>> {
             ))?;
             let lines = run_lines(&run.series, &flows);
             draw_rates(&rate_area, report.duration_ms, &lines)?;
-            draw_latency(&latency_area, report.duration_ms, &lines)?;
+            draw_latency(&latency_area, report.duration_ms, &lines, time_axis)?;
         }
         root.present()?;
     }
@@ -306,7 +322,12 @@ fn draw_rates(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()>
     Ok(())
 }
 
-fn draw_latency(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<()> {
+fn draw_latency(
+    area: &Area<'_>,
+    duration_ms: f64,
+    lines: &RunLines,
+    time_axis: &str,
+) -> Result<()> {
     let y_max = y_max(
         lines
             .controls
@@ -324,7 +345,7 @@ fn draw_latency(area: &Area<'_>, duration_ms: f64, lines: &RunLines) -> Result<(
         .build_cartesian_2d(0.0..duration_ms, 0.0..y_max)?;
     shade(&mut chart, &lines.unattainable, y_max)?;
     house_mesh(&mut chart.configure_mesh())
-        .x_desc("simulated time (ms)")
+        .x_desc(time_axis)
         .y_desc("p99 (µs)")
         .draw()?;
     for control in &lines.controls {
@@ -439,7 +460,9 @@ mod tests {
     #[test]
     fn no_control_loop_no_figure() {
         let r = report(vec![run("native", 20, vec![])]);
-        assert!(render_control_svg(&r).unwrap().is_none());
+        assert!(render_control_svg(&r, &Backend::Simulator)
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -448,7 +471,9 @@ mod tests {
             run("native", 20, vec![]),
             run("justitia", 20, vec![3, 4, 9]),
         ]);
-        let svg = render_control_svg(&r).unwrap().unwrap();
+        let svg = render_control_svg(&r, &Backend::Simulator)
+            .unwrap()
+            .unwrap();
         let texts = crate::plot::tests::texts(&svg);
         for text in [
             "a test: control loop",

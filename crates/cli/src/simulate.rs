@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_sim::{list_scenarios, Experiment, ScenarioReport};
 
+use crate::backend::Backend;
 use crate::progress::ScenarioProgress;
 use crate::{control_plot, export, plot, table};
 
@@ -97,7 +98,11 @@ pub fn run(args: &SimArgs) -> Result<()> {
         }
         if let Some(dir) = &args.plot {
             written.extend(plot::write_figures(&report, dir)?);
-            written.extend(control_plot::write_control_figure(&report, dir)?);
+            written.extend(control_plot::write_control_figure(
+                &report,
+                dir,
+                &Backend::Simulator,
+            )?);
         }
         for file in written {
             eprintln!("wrote {}", file.display());

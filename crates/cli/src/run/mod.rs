@@ -13,6 +13,7 @@
 //! and the responder listens where the requester's host can reach it.
 
 mod compare;
+mod daemon_loop;
 #[cfg(test)]
 mod fixtures;
 mod hosts;
@@ -37,13 +38,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_core::flow::FlowClass;
 use justitia_loadgen::clock::{calibrate_tsc, ClockChoice};
-use justitia_loadgen::flow::Idle;
+use justitia_loadgen::flow::{Idle, DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
 use justitia_loadgen::plan::{FlowOutcome, FlowPlan, LatencyMethod, Percentiles, Workload};
 use justitia_sim::report::jain_index;
 use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
 use crate::backend::Backend;
-use crate::{export, plot, simulate, table};
+use crate::{control_plot, export, plot, simulate, table};
 use hosts::Place;
 use plan::{RealFlow, RealRun, Timing};
 use procs::{Group, Said};
@@ -100,6 +101,12 @@ pub struct RunArgs {
     /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
     #[arg(long, short = 'x', default_value_t = 0)]
     gid_index: u8,
+    /// The load generators' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's):
+    /// above the longest a request waits in the path's queues (a rate-limited wire's), or
+    /// the sender resends what was never lost.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ACK_TIMEOUT,
+          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
+    ack_timeout: u8,
     /// Each run's duration on the device, ms (default: the scenario's); flows' start and
     /// stop times scale with it.
     #[arg(long)]
@@ -141,6 +148,17 @@ pub struct RunArgs {
     /// The victims of the verdict (default: every flow with an alone run).
     #[arg(long)]
     victim: Vec<String>,
+    /// justitiad's metrics endpoint on this host (`metrics` in its configuration): read
+    /// every 100 ms while a run with a policy measures, so that the report says how often
+    /// the loop cut SafeUtil, `--out` keeps SafeUtil, Current99 and Target99 over time in
+    /// each run's series and `--plot` draws them (`<scenario>-control.svg`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    daemon_metrics: Option<SocketAddr>,
+    /// Run only these of the scenario's runs (its variants, by name; repeat the flag or
+    /// separate names with commas), in the scenario's order: a scenario's native and
+    /// policy runs measured, and judged, apart.
+    #[arg(long, value_name = "RUN", value_delimiter = ',')]
+    only: Vec<String>,
     /// Measure every run of the scenario N times (the whole scenario over, N rounds); each
     /// figure is the median of the N, shown with its smallest and largest, and the verdict
     /// is taken on the medians.
@@ -219,11 +237,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
         duration_ms,
         warmup_ms,
     };
-    let runs = plan::runs(
-        &experiment,
-        timing,
-        args.latency_method.map(MethodArg::method),
-    );
+    let runs = plan::only(
+        plan::runs(
+            &experiment,
+            timing,
+            args.latency_method.map(MethodArg::method),
+        ),
+        &args.only,
+    )?;
     for flow in runs.iter().flat_map(|r| &r.flows) {
         flow.plan.validate()?;
     }
@@ -345,6 +366,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut outcomes = Vec::new();
     // Whole rounds rather than each run N times in a row: whatever drifts on the host
     // over the minutes of a measurement then falls on every run alike.
+    let mut loop_lines = Vec::new();
     for round in 0..rounds {
         let mut reports = Vec::new();
         for (i, run) in runs.iter().enumerate() {
@@ -360,19 +382,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 format!("[{}/{}] `{}`", i + 1, runs.len(), run.variant.name)
             };
             let started = Instant::now();
-            let got = runner.run_one(run, &label, timing).with_context(|| {
+            let (got, readings) = runner.run_one(run, &label, timing).with_context(|| {
                 if rounds > 1 {
                     format!("run `{}` (repeat {}/{rounds})", run.variant.name, round + 1)
                 } else {
                     format!("run `{}`", run.variant.name)
                 }
             })?;
-            reports.push(run_report(
-                run,
-                &got,
-                started.elapsed().as_secs_f64(),
-                link_gbps(args),
-            ));
+            let mut report =
+                run_report(run, &got, started.elapsed().as_secs_f64(), link_gbps(args));
+            if let Some(readings) = readings {
+                loop_lines.push(loop_line(&readings, &run.variant.name, round, rounds));
+                report.series = daemon_loop::series(&readings.readings, "this host");
+            }
+            reports.push(report);
             outcomes.push(Measured {
                 repeat: round + 1,
                 run: run.variant.name.clone(),
@@ -391,7 +414,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             runs: reports,
         });
     }
-    let report = spread::median_report(&repeats).context("no run was measured")?;
+    let mut report = spread::median_report(&repeats).context("no run was measured")?;
+    // Medians have no time series: each run's is its last repeat's.
+    if let Some(last) = repeats.last() {
+        for (run, measured) in report.runs.iter_mut().zip(&last.runs) {
+            run.series = measured.series.clone();
+        }
+    }
     let backend = Backend::Verbs {
         device: device.clone(),
     };
@@ -424,6 +453,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         );
     }
     for line in rperf_lines(&outcomes, rounds) {
+        println!("{line}");
+    }
+    for line in &loop_lines {
         println!("{line}");
     }
     if !runner.links.is_empty() {
@@ -464,6 +496,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     if let Some(dir) = &args.plot {
         written.extend(plot::write_figures_on(&report, dir, &backend)?);
+        written.extend(control_plot::write_control_figure(&report, dir, &backend)?);
     }
     for file in written {
         eprintln!("wrote {}", file.display());
@@ -564,6 +597,40 @@ fn rperf_lines(outcomes: &[Measured], rounds: usize) -> Vec<String> {
         }
     }
     out
+}
+
+/// What the daemon's loop did during one run: its decreases per second, SafeUtil's range,
+/// Current99's largest and Target99.
+fn loop_line(recorded: &daemon_loop::Recorded, run: &str, round: usize, rounds: usize) -> String {
+    let at = if rounds > 1 {
+        format!("`{run}` (repeat {}/{rounds})", round + 1)
+    } else {
+        format!("`{run}`")
+    };
+    let (readings, missed) = (&recorded.readings, recorded.failed);
+    let Some((cuts, seconds)) = daemon_loop::decreases(readings) else {
+        return format!(
+            "justitiad's loop in {at}: no reading of its metrics ({missed} reads failed)"
+        );
+    };
+    let safe = readings
+        .iter()
+        .map(|r| r.safe_util_bytes_per_sec * 8.0 / 1e9);
+    let (low, high) = safe.fold((f64::INFINITY, 0.0f64), |(l, h), v| (l.min(v), h.max(v)));
+    let current = readings
+        .iter()
+        .filter_map(|r| r.current99_s)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    let target = readings.iter().rev().find_map(|r| r.target99_s);
+    let us = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{:.0} us", s * 1e6));
+    format!(
+        "justitiad's loop in {at}: {cuts:.0} decreases in {seconds:.1} s ({:.1}/s), SafeUtil {low:.4}..{high:.4} Gb/s, Current99 up to {}, Target99 {} ({} readings{})",
+        if seconds > 0.0 { cuts / seconds } else { 0.0 },
+        us(current),
+        us(target),
+        readings.len(),
+        if missed > 0 { format!(", {missed} failed") } else { String::new() }
+    )
 }
 
 /// `explicit`, or `name` in the folder of the running program.
@@ -793,6 +860,7 @@ impl Runner<'_> {
         c.args(["--port", &self.args.port.to_string()]);
         c.args(["--idle", idle_name(self.idle)]);
         c.args(["--gid-index", &self.args.gid_index.to_string()]);
+        c.args(["--ack-timeout", &self.args.ack_timeout.to_string()]);
         c.args(["--plan", plan_json]);
         c
     }
@@ -899,7 +967,14 @@ impl Runner<'_> {
     /// Runs one variant: starts every flow's responder, then its requester, waits for all
     /// to be connected, starts them together, shows progress, collects their outcomes.
     /// Each end runs on its scenario host, here or on its run-server, alike.
-    fn run_one(&self, run: &RealRun, label: &str, timing: Timing) -> Result<Vec<FlowOutcome>> {
+    /// The outcomes, and with `--daemon-metrics` in a run with a policy what the daemon's
+    /// endpoint said while the flows ran (and how many reads found nothing).
+    fn run_one(
+        &self,
+        run: &RealRun,
+        label: &str,
+        timing: Timing,
+    ) -> Result<(Vec<FlowOutcome>, Option<daemon_loop::Recorded>)> {
         let mut group = Group::new();
         let policy = plan::shaper_policy(run.variant.policy).flatten();
         let n = run.flows.len();
@@ -967,6 +1042,10 @@ impl Runner<'_> {
         for &kid in &requesters {
             group.tell(kid, "go")?;
         }
+        let recorder = match (self.args.daemon_metrics, policy) {
+            (Some(addr), Some(_)) => Some(daemon_loop::Recorder::start(addr)),
+            _ => None,
+        };
         let begun = Instant::now();
         let total = Duration::from_secs_f64(timing.duration_ms / 1e3);
         let mut shown = Instant::now();
@@ -1015,11 +1094,12 @@ impl Runner<'_> {
                 _ => {}
             }
         }
+        let readings = recorder.map(daemon_loop::Recorder::finish);
         let failed = group.finish(Duration::from_secs(15));
         if !failed.is_empty() {
             bail!("{}", failed.join("; "));
         }
-        Ok(outcomes.into_iter().flatten().collect())
+        Ok((outcomes.into_iter().flatten().collect(), readings))
     }
 }
 

@@ -55,13 +55,17 @@ pub struct Timing {
     pub warmup_ms: f64,
 }
 
-/// The policies a real run can apply, through the shaper's `JUSTITIA_POLICY`.
+/// The policies a real run can apply, through the shaper's `JUSTITIA_POLICY`. Under
+/// `adaptive` the shaper paces at the allotments of a justitiad whose own policy is
+/// `adaptive` (without one, as under `justitia`): the run names the shaper's side, the
+/// host's daemon the law.
 pub fn shaper_policy(policy: PolicySpec) -> Option<Option<&'static str>> {
     match policy {
         PolicySpec::Native => Some(None),
         PolicySpec::Justitia => Some(Some("justitia")),
         PolicySpec::Preempt => Some(Some("preempt")),
-        PolicySpec::Adaptive | PolicySpec::Priority => None,
+        PolicySpec::Adaptive => Some(Some("adaptive")),
+        PolicySpec::Priority => None,
     }
 }
 
@@ -106,13 +110,32 @@ pub fn refusals(experiment: &Experiment) -> Vec<String> {
     for v in s.variants() {
         if shaper_policy(v.policy).is_none() {
             out.push(format!(
-                "run `{}`: policy {} is simulator-only (the shaper applies justitia and preempt)",
+                "run `{}`: policy {} is simulator-only (the shaper applies justitia, adaptive and preempt)",
                 v.name,
                 v.policy.as_str()
             ));
         }
     }
     out
+}
+
+/// The runs named in `only` (all of them when it is empty), in the scenario's order; a
+/// name that is no run of the scenario is refused, naming those it has.
+pub fn only(runs: Vec<RealRun>, only: &[String]) -> Result<Vec<RealRun>> {
+    if only.is_empty() {
+        return Ok(runs);
+    }
+    let names: Vec<&str> = runs.iter().map(|r| r.variant.name.as_str()).collect();
+    if let Some(unknown) = only.iter().find(|n| !names.contains(&n.trim())) {
+        bail!(
+            "--only {unknown:?}: the scenario has no run of that name (its runs: {})",
+            names.join(", ")
+        );
+    }
+    Ok(runs
+        .into_iter()
+        .filter(|r| only.iter().any(|n| n.trim() == r.variant.name))
+        .collect())
 }
 
 /// Processes a run starts: a responder and a requester for each flow.
@@ -457,6 +480,36 @@ mod tests {
 
     const HEAD: &str =
         "description = \"d\"\nprofile = \"IB-56\"\nduration_ms = 10\nwarmup_ms = 1\n";
+
+    #[test]
+    fn only_keeps_the_named_runs_in_order_and_refuses_an_unknown_name() {
+        let e = experiment(&format!(
+            "{HEAD}[[flows]]\nname = \"lat\"\n[flows.latency]\nsize = 16\n\
+             [[flows]]\nname = \"bw\"\n[flows.bandwidth]\nsize = \"1MB\"\n\
+             [[variants]]\nname = \"alone\"\nflows = [\"lat\"]\n\
+             [[variants]]\nname = \"with bw\"\n"
+        ));
+        let timing = Timing {
+            duration_ms: 1000.0,
+            warmup_ms: 100.0,
+        };
+        let all = || runs(&e, timing, None);
+        let names = |rs: &[RealRun]| {
+            rs.iter()
+                .map(|r| r.variant.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&only(all(), &[]).unwrap()), names(&all()));
+        let picked = only(all(), &["with bw".to_string(), " alone".to_string()]).unwrap();
+        assert_eq!(names(&picked), vec!["alone", "with bw"]);
+        let err = only(all(), &["native".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"native\"") && err.contains("alone, with bw"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn simulator_only_features_are_refused_by_name() {
