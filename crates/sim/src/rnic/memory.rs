@@ -8,7 +8,10 @@
 //! rounded up to whole pages and `n` the steps that fit in the region after `offset`
 //! (at least 1): a flow whose regions are larger than its messages spreads its accesses
 //! over every page of them, one after another, and a step of whole pages keeps every
-//! message's misalignment that of `offset`. A queue pair without a layout of its own has
+//! message's misalignment that of `offset`. The queue pairs of a flow take turns in one
+//! walk (the `j`-th of `q` places messages `j`, `j + q`, `j + 2q`, ...), so that they
+//! spread over the regions together rather than touch the same pages in step. A queue
+//! pair without a layout of its own has
 //! one region of its own holding one message at offset 0 (perftest's buffer).
 //!
 //! Invariants: `mrs` is at least 1, `page_bytes` a power of two, and the regions
@@ -27,8 +30,10 @@ pub(crate) struct MemoryLayout {
     pub(crate) page_bytes: u64,
     /// Where the first message starts in its region, in bytes.
     pub(crate) offset: u64,
-    /// Messages placed so far.
+    /// The walk's index of its next message.
     next: u64,
+    /// How far its walk moves per message: the flow's queue pairs.
+    stride: u64,
 }
 
 /// Where one message lies.
@@ -57,13 +62,24 @@ impl MemoryLayout {
             page_bytes: page_bytes.max(1),
             offset,
             next: 0,
+            stride: 1,
+        }
+    }
+
+    /// The same layout for the `j`-th of `q` queue pairs sharing it: its messages are
+    /// `j`, `j + q`, ... of the flow's walk.
+    pub(crate) fn turn(self, j: u64, q: u64) -> Self {
+        MemoryLayout {
+            next: j,
+            stride: q.max(1),
+            ..self
         }
     }
 
     /// Places the next message of `bytes`.
     pub(crate) fn place(&mut self, bytes: u32) -> Placement {
         let k = self.next;
-        self.next += 1;
+        self.next += self.stride;
         let mrs = u64::from(self.mrs);
         let step = u64::from(bytes).div_ceil(self.page_bytes).max(1) * self.page_bytes;
         let n = (self.mr_bytes.saturating_sub(self.offset) / step).max(1);
@@ -111,6 +127,18 @@ mod tests {
                 (6, 100)
             ]
         );
+    }
+
+    /// The second of two queue pairs of that layout takes the walk's odd messages: region
+    /// 6, 6, 6 at 100, 4196, 8292.
+    #[test]
+    fn queue_pairs_of_a_flow_take_turns_in_one_walk() {
+        let mut m = MemoryLayout::new(5, 2, 16_384, 4096, 100).turn(1, 2);
+        let placed: Vec<(u32, u64)> = (0..3)
+            .map(|_| m.place(1000))
+            .map(|p| (p.mr, p.at))
+            .collect();
+        assert_eq!(placed, [(6, 100), (6, 4196), (6, 8292)]);
     }
 
     /// The default: one region as large as a message, every message at 0.

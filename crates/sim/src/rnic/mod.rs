@@ -582,9 +582,9 @@ impl Fabric {
     ) {
         let first = self.regions;
         self.regions += mrs.max(1);
-        for qp in qps {
-            self.qps[qp.index()].memory =
-                MemoryLayout::new(first, mrs, mr_bytes, page_bytes, offset);
+        let layout = MemoryLayout::new(first, mrs, mr_bytes, page_bytes, offset);
+        for (j, qp) in qps.iter().enumerate() {
+            self.qps[qp.index()].memory = layout.turn(j as u64, qps.len() as u64);
         }
     }
 
