@@ -75,6 +75,11 @@
 //! 6. **Completion.** An ACK (or the last READ response) makes the requester write a CQE
 //!    (`pcie.write_latency_ns`), after which the owner of the queue pair is told.
 //!
+//! Husky's hidden resources, each off by default (docs/simulator.md has the table): MPT
+//! and MTT caches looked up at step 2 beside the context (`translation`, `memory`), a
+//! doorbell engine at step 1 (`doorbell`), PCIe read TLPs in step 4's drain, RNR NAKs at
+//! step 5 (`rnr`), and the control path of control verbs (`control`).
+//!
 //! Each stage has a file of its own: `arbiter` (steps 2 and 3's choice of a queue pair,
 //! and the messages' packetisation), `qp_cache` (step 2's contexts), `tx_fifo` (step 4
 //! and the uplink), `receive` and `rx_stage` (step 5) and `completion` (step 6); this
