@@ -55,6 +55,11 @@ use crate::progress::ScenarioProgress;
 pub const LATENCY_BAND: f64 = 1.2;
 /// The goal's bandwidth floor: the bandwidth flows together keep this fraction of alone.
 pub const BANDWIDTH_FLOOR: f64 = 0.95;
+/// Husky's rule (NSDI'23): a victim passes when it keeps this fraction of what it is due.
+pub const VICTIM_SHARE: f64 = 0.8;
+/// Flows whose name starts with this attack the others; every other flow of a workload
+/// with an attacker is a victim, reported on its own in the victims' table.
+pub const ATTACKER_PREFIX: &str = "attacker";
 /// Slack on the sharing-incentive floor: a flow within 2% of it counts as keeping it
 /// (a run's rates are measured over a finite window).
 const FLOOR_SLACK: f64 = 0.98;
@@ -94,6 +99,27 @@ pub struct Cell {
     pub cpu_ms_per_gb: f64,
     /// Every tenant at or above its tenant-fair share (within [`FLOOR_SLACK`]).
     pub floors_kept: bool,
+    /// In a workload with an attacker, each victim's shares, in the run's flow order.
+    pub victims: Vec<VictimShare>,
+}
+
+/// What one victim kept in a run with an attacker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VictimShare {
+    /// The victim flow.
+    pub flow: String,
+    /// Its tenant's rate over its tenant-fair share (its tenant's flows of its class).
+    pub of_fair: f64,
+    /// Its rate over its alone rate, in its class's measure (messages per second, or Gb/s
+    /// for a bandwidth flow).
+    pub of_alone: f64,
+}
+
+impl VictimShare {
+    /// Whether it keeps [`VICTIM_SHARE`] of its tenant-fair share.
+    pub fn passes(&self) -> bool {
+        self.of_fair >= VICTIM_SHARE
+    }
 }
 
 impl Cell {
@@ -227,7 +253,34 @@ pub fn summarise(
             }
         }
         let share = |(now, then): (f64, f64)| (then > 0.0).then(|| now / then);
-        let tenant_fair = fairness::tenant_shares(report, run, tenants, profile)
+        let shares = fairness::tenant_shares(report, run, tenants, profile);
+        let attacked = run
+            .flows
+            .iter()
+            .any(|f| f.name.starts_with(ATTACKER_PREFIX));
+        let victims = run
+            .flows
+            .iter()
+            .filter(|f| attacked && !f.name.starts_with(ATTACKER_PREFIX))
+            .filter_map(|f| {
+                let base = reference(&f.name)?;
+                let tenant = tenants.get(&f.name).map_or(f.name.as_str(), |t| &t.0);
+                let unit = shares
+                    .iter()
+                    .find(|t| t.tenant == tenant && t.class == f.class)?;
+                let alone = rate(f.class, base.gbps, base.msgs_per_sec);
+                Some(VictimShare {
+                    flow: f.name.clone(),
+                    of_fair: unit.ratio(),
+                    of_alone: if alone > 0.0 {
+                        rate(f.class, f.gbps, f.msgs_per_sec) / alone
+                    } else {
+                        f64::INFINITY
+                    },
+                })
+            })
+            .collect();
+        let tenant_fair = shares
             .iter()
             .map(|t| t.ratio())
             .fold(None, |low: Option<f64>, r| {
@@ -249,6 +302,7 @@ pub fn summarise(
             extra_wqes_per_gb: per_gb,
             cpu_ms_per_gb: per_gb * post_ns / 1e6,
             floors_kept: tenant_fair.is_none_or(|t| t >= FLOOR_SLACK),
+            victims,
         });
     }
     Ok(Row {
@@ -381,7 +435,58 @@ pub fn render(name: &str, rows: &[Row]) -> String {
             cells.join(" | ")
         );
     }
+    render_victims(&mut out, rows, &columns);
     out
+}
+
+/// The victims' table, for workloads with an attacker: one row per victim, one column per
+/// policy, each cell its share of its tenant-fair share / of its alone figure, and `pass`
+/// when the first is at least [`VICTIM_SHARE`] (Husky's rule).
+fn render_victims(out: &mut String, rows: &[Row], columns: &[&str]) {
+    let attacked: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.cells.iter().any(|c| !c.victims.is_empty()))
+        .collect();
+    if attacked.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "victims: each cell is the victim's share of its tenant-fair share / of its alone figure; `pass`: {:.0}% of tenant-fair or more (Husky's rule)",
+        100.0 * VICTIM_SHARE
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| workload | victim | {} |", columns.join(" | "));
+    let _ = writeln!(out, "| --- | --- |{}", " --- |".repeat(columns.len()));
+    for row in attacked {
+        let mut names: Vec<&str> = Vec::new();
+        for v in row.cells.iter().flat_map(|c| &c.victims) {
+            if !names.contains(&v.flow.as_str()) {
+                names.push(&v.flow);
+            }
+        }
+        for name in names {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|&c| {
+                    row.cells
+                        .iter()
+                        .find(|cell| cell.policy == c)
+                        .and_then(|cell| cell.victims.iter().find(|v| v.flow == name))
+                        .map_or("".into(), |v| {
+                            format!(
+                                "{} / {}{}",
+                                percent(Some(v.of_fair)),
+                                percent(Some(v.of_alone)),
+                                if v.passes() { " pass" } else { "" }
+                            )
+                        })
+                })
+                .collect();
+            let _ = writeln!(out, "| {} | {name} | {} |", row.workload, cells.join(" | "));
+        }
+    }
 }
 
 /// A workload's code in the figure, where bar groups are narrow: `L1`, `L4` (a latency
@@ -618,6 +723,37 @@ mod tests {
         assert!((cell.cpu_ms_per_gb - 70.0).abs() < 1e-6, "{cell:?}");
     }
 
+    /// Two victims and an attacker, each a tenant of its own, in one class (throughput):
+    /// alone the victims make 6 and 2 M msgs/s together, the attacker 12 alone, so the
+    /// class's capacity is 12 and each of the three tenants is due min(alone, 12 / 3):
+    /// 4 for `v1` (alone 6), 2 for `v2` (alone 2). Beside the attacker `v1` makes 3.6
+    /// (90% of 4, 60% of 6: passes) and `v2` 1.5 (75% of 2: fails).
+    #[test]
+    fn victims_are_measured_against_their_tenant_fair_share_and_alone() {
+        let tput = |name: &str, rate| flow(name, FlowClass::Throughput, 0.0, rate, None);
+        let r = report(vec![
+            run("alone victims", vec![tput("v1", 6e6), tput("v2", 2e6)]),
+            run("alone attacker", vec![tput("attacker", 12e6)]),
+            run(
+                "native",
+                vec![tput("v1", 3.6e6), tput("v2", 1.5e6), tput("attacker", 6e6)],
+            ),
+        ]);
+        let row = summarise(&r, &TenantMap::new(), &with_post_ns(1.0)).expect("summary");
+        let v = &row.cells[0].victims;
+        assert_eq!(v.len(), 2, "the attacker is no victim");
+        assert_eq!(v[0].flow, "v1");
+        assert!((v[0].of_fair - 0.9).abs() < 1e-9 && (v[0].of_alone - 0.6).abs() < 1e-9);
+        assert!(v[0].passes());
+        assert!((v[1].of_fair - 0.75).abs() < 1e-9 && !v[1].passes());
+        let table = render("s", &[row]);
+        assert!(
+            table.contains("| lat-vs-1bw | v1 | 90% / 60% pass |")
+                && table.contains("| lat-vs-1bw | v2 | 75% / 75% |"),
+            "{table}"
+        );
+    }
+
     #[test]
     fn a_report_without_alone_runs_is_refused() {
         let r = report(vec![run("native", Vec::new())]);
@@ -635,6 +771,7 @@ mod tests {
             extra_wqes_per_gb: 0.0,
             cpu_ms_per_gb: 0.0,
             floors_kept: true,
+            victims: Vec::new(),
         };
         let rows = vec![Row {
             workload: "w".into(),

@@ -35,6 +35,9 @@ pub enum PacketKind {
     ReadResponse,
     /// An acknowledgement of all messages up to `msn`.
     Ack,
+    /// A receiver-not-ready NAK: the SEND `msn` found no receive posted, and is to be sent
+    /// again after the RNR timer.
+    RnrNak,
 }
 
 /// One packet on the wire. Small and `Copy`: packets live inside events.

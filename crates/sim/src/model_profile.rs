@@ -155,6 +155,17 @@ pub struct PcieParams {
     /// needs `rnic.rx_buffer_bytes`, the buffer that fills while writes lag arrivals.
     #[serde(default)]
     pub write_gbps: f64,
+    /// Largest payload of one PCIe transaction (TLP), in bytes: a payload read is split
+    /// at every multiple of it in host memory, so one that does not start on such a
+    /// boundary needs one TLP more. Modelled only with `read_tlp_ns`; 0 (the default): not
+    /// modelled.
+    #[serde(default)]
+    pub max_payload_bytes: u32,
+    /// Time the RNIC's PCIe read path spends per read TLP, in ns, on top of the payload's
+    /// bytes at `read_gbps`: the request and completion headers and the read-request
+    /// limit. 0 (the default): TLPs cost nothing of their own.
+    #[serde(default)]
+    pub read_tlp_ns: f64,
 }
 
 /// Parameters of the RNIC.
@@ -197,6 +208,44 @@ pub struct RnicParams {
     /// the moment it arrives. Needed when `pcie.write_gbps` or `rnic.rx_mops` is set.
     #[serde(default)]
     pub rx_buffer_bytes: u32,
+    /// Memory-protection (MPT) entries the RNIC holds on chip, one per memory region, the
+    /// least recently used evicted first. 0 (the default): every entry on chip.
+    #[serde(default)]
+    pub mpt_cache_entries: u32,
+    /// Memory-translation (MTT) entries the RNIC holds on chip, one per registered page,
+    /// the least recently used evicted first. 0 (the default): every entry on chip.
+    #[serde(default)]
+    pub mtt_cache_entries: u32,
+    /// Time a processing unit waits for each MPT or MTT entry it does not hold, in ns
+    /// (read from host memory one after another). Needed when either cache is bounded.
+    #[serde(default)]
+    pub translation_miss_ns: f64,
+    /// Time the RNIC's doorbell engine spends on one doorbell, in ns; WQEs posted to a
+    /// queue pair together (a post list) share one. 0 (the default), with `wqe_fetch_ns`
+    /// 0: no engine is modelled.
+    #[serde(default)]
+    pub doorbell_process_ns: f64,
+    /// Time the doorbell engine spends fetching one WQE that is not inline, in ns.
+    #[serde(default)]
+    pub wqe_fetch_ns: f64,
+    /// Time the receive stage spends on a SEND that finds no receive posted (an RNR NAK),
+    /// in ns, on top of the packet: every packet behind it waits. Needs a receive stage
+    /// (`rx_buffer_bytes`). 0 (the default): the NAK costs the stage nothing.
+    #[serde(default)]
+    pub rnr_nak_ns: f64,
+    /// How long a requester waits after an RNR NAK before it sends the message again
+    /// (the responder's `min_rnr_timer`), in us. Needed by flows whose responder posts no
+    /// receives.
+    #[serde(default)]
+    pub rnr_timer_us: f64,
+    /// Time the RNIC's control path takes to register a memory region, in us (firmware
+    /// commands run one at a time).
+    #[serde(default)]
+    pub reg_mr_us: f64,
+    /// Time the RNIC's control path takes to create a queue pair (and bring it to RTS),
+    /// in us.
+    #[serde(default)]
+    pub create_qp_us: f64,
 }
 
 /// Parameters of the host CPU.
@@ -357,6 +406,43 @@ impl ModelProfile {
                 ),
             ));
         }
+        non_negative("pcie.read_tlp_ns", self.pcie.read_tlp_ns)?;
+        if self.pcie.read_tlp_ns > 0.0 {
+            let mps = self.pcie.max_payload_bytes;
+            if !(mps.is_power_of_two() && self.mtu().is_multiple_of(mps)) {
+                return Err(invalid(
+                    "pcie.max_payload_bytes",
+                    format!(
+                        "must be a power of two dividing the MTU ({}) when pcie.read_tlp_ns \
+                         is set, got {mps}",
+                        self.mtu()
+                    ),
+                ));
+            }
+        }
+        non_negative("rnic.translation_miss_ns", self.rnic.translation_miss_ns)?;
+        if (self.rnic.mpt_cache_entries > 0 || self.rnic.mtt_cache_entries > 0)
+            && self.rnic.translation_miss_ns <= 0.0
+        {
+            return Err(invalid(
+                "rnic.translation_miss_ns",
+                "must be positive when rnic.mpt_cache_entries or rnic.mtt_cache_entries \
+                 bounds a translation cache: a miss costs it"
+                    .into(),
+            ));
+        }
+        non_negative("rnic.doorbell_process_ns", self.rnic.doorbell_process_ns)?;
+        non_negative("rnic.wqe_fetch_ns", self.rnic.wqe_fetch_ns)?;
+        non_negative("rnic.rnr_nak_ns", self.rnic.rnr_nak_ns)?;
+        non_negative("rnic.rnr_timer_us", self.rnic.rnr_timer_us)?;
+        if self.rnic.rnr_nak_ns > 0.0 && self.rnic.rx_buffer_bytes == 0 {
+            return Err(invalid(
+                "rnic.rnr_nak_ns",
+                "needs a receive stage (rnic.rx_buffer_bytes): an RNR NAK occupies it".into(),
+            ));
+        }
+        non_negative("rnic.reg_mr_us", self.rnic.reg_mr_us)?;
+        non_negative("rnic.create_qp_us", self.rnic.create_qp_us)?;
         if self.rnic.processing_units == 0 {
             return Err(invalid(
                 "rnic.processing_units",

@@ -43,6 +43,7 @@ use justitia_core::flow::{FlowClass, Weight};
 use serde::{Deserialize, Serialize};
 
 use crate::app::bandwidth::{BandwidthApp, BandwidthParams};
+use crate::app::control::{ControlApp, ControlParams};
 use crate::app::latency::{LatencyApp, LatencyMode, LatencyParams};
 use crate::app::rpc::{RpcApp, RpcParams};
 use crate::app::storage::{StorageApp, StorageParams};
@@ -54,7 +55,7 @@ use crate::model_profile::{
 use crate::policy::justitia::JustitiaParams;
 use crate::policy::preempt::PreemptParams;
 use crate::policy::PolicySpec;
-use crate::rnic::Opcode;
+use crate::rnic::{ControlVerb, Opcode, DEFAULT_PAGE_BYTES};
 use crate::units::ByteSize;
 
 /// A scenario file's contents.
@@ -284,7 +285,51 @@ pub struct FlowSpec {
     /// A storage service.
     #[serde(default)]
     pub storage: Option<StorageParams>,
+    /// A control-verb storm.
+    #[serde(default)]
+    pub control: Option<ControlParams>,
+    /// The memory its requests read their payload from; by default one region per queue
+    /// pair, as large as a message.
+    #[serde(default)]
+    pub memory: Option<MemorySpec>,
+    /// Whether the responder posts receives; `false` (SEND flows only): it posts none, so
+    /// every SEND meets an RNR NAK and is sent again after the RNR timer, for ever.
+    #[serde(default = "yes")]
+    pub post_receives: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// The memory regions a flow's requests read their payload from (see
+/// `rnic::memory`): message `k` of a queue pair uses region `k mod mrs`, walking through
+/// it a message (in whole pages) at a time from `offset`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// Regions the flow registers (shared by its queue pairs).
+    #[serde(default = "one")]
+    pub mrs: u32,
+    /// Each region's size; by default one message.
+    #[serde(default)]
+    pub mr_size: Option<ByteSize>,
+    /// The registration's page size (4 KB; 2 MB for huge pages).
+    #[serde(default = "base_page")]
+    pub page: ByteSize,
+    /// Where the first message starts in its region: not a multiple of the PCIe max
+    /// payload size, every payload read needs one TLP more.
+    #[serde(default)]
+    pub offset: ByteSize,
+}
+
+fn base_page() -> ByteSize {
+    ByteSize(DEFAULT_PAGE_BYTES)
+}
+
+/// The most memory regions one flow may register: a typo such as `mrs = 1e9` is refused
+/// rather than run (ConnectX RNICs support some millions).
+pub const MAX_MRS_PER_FLOW: u32 = 1 << 20;
 
 /// The application model of a flow, borrowed from its spec.
 #[derive(Clone, Copy, Debug)]
@@ -299,6 +344,8 @@ pub enum AppSpec<'a> {
     Rpc(&'a RpcParams),
     /// See [`crate::app::storage`].
     Storage(&'a StorageParams),
+    /// See [`crate::app::control`].
+    Control(&'a ControlParams),
 }
 
 impl AppSpec<'_> {
@@ -310,6 +357,7 @@ impl AppSpec<'_> {
             AppSpec::Bandwidth(_) => "bandwidth",
             AppSpec::Rpc(_) => "rpc",
             AppSpec::Storage(_) => "storage",
+            AppSpec::Control(_) => "control",
         }
     }
 
@@ -317,7 +365,7 @@ impl AppSpec<'_> {
     pub fn default_class(&self) -> FlowClass {
         match self {
             AppSpec::Latency(_) => FlowClass::Latency,
-            AppSpec::Throughput(_) | AppSpec::Rpc(_) => FlowClass::Throughput,
+            AppSpec::Throughput(_) | AppSpec::Rpc(_) | AppSpec::Control(_) => FlowClass::Throughput,
             AppSpec::Bandwidth(_) | AppSpec::Storage(_) => FlowClass::Bandwidth,
         }
     }
@@ -330,6 +378,7 @@ impl AppSpec<'_> {
             AppSpec::Bandwidth(p) => p.qps,
             AppSpec::Rpc(p) => p.threads,
             AppSpec::Storage(p) => p.backends,
+            AppSpec::Control(_) => 0,
         }
     }
 
@@ -362,6 +411,7 @@ impl AppSpec<'_> {
             AppSpec::Bandwidth(p) => Box::new(BandwidthApp::new(p, conns)),
             AppSpec::Rpc(p) => Box::new(RpcApp::new(p, conns)),
             AppSpec::Storage(p) => Box::new(StorageApp::new(p, conns)),
+            AppSpec::Control(p) => Box::new(ControlApp::new(p)),
         }
     }
 }
@@ -375,6 +425,7 @@ impl FlowSpec {
             self.bandwidth.as_ref().map(AppSpec::Bandwidth),
             self.rpc.as_ref().map(AppSpec::Rpc),
             self.storage.as_ref().map(AppSpec::Storage),
+            self.control.as_ref().map(AppSpec::Control),
         ]
         .into_iter()
         .flatten();
@@ -715,13 +766,39 @@ impl Scenario {
             let Some(app) = flow.app() else {
                 return Err(invalid(
                     at("application"),
-                    "give exactly one of the tables latency, throughput, bandwidth, rpc, storage"
+                    "give exactly one of the tables latency, throughput, bandwidth, rpc, storage, \
+                     control"
                         .into(),
                 ));
             };
             validate_app(&app).map_err(|(field, reason)| {
                 invalid(at(&format!("{}.{field}", app.kind())), reason)
             })?;
+            if let Some(m) = &flow.memory {
+                if app.connections() == 0 {
+                    return Err(invalid(
+                        at("memory"),
+                        "a control-verb storm reads no memory".into(),
+                    ));
+                }
+                validate_memory(m)
+                    .map_err(|(field, reason)| invalid(at(&format!("memory.{field}")), reason))?;
+            }
+            if !flow.post_receives {
+                let sends = match app {
+                    AppSpec::Throughput(p) => p.opcode == Opcode::Send,
+                    AppSpec::Bandwidth(p) => p.opcode == Opcode::Send,
+                    _ => false,
+                };
+                if !sends {
+                    return Err(invalid(
+                        at("post_receives"),
+                        "can be false only for a throughput or bandwidth flow with \
+                         opcode = \"send\": only a SEND needs a receive"
+                            .into(),
+                    ));
+                }
+            }
         }
         let mut variant_names = BTreeSet::new();
         for (i, v) in self.variants.iter().enumerate() {
@@ -785,6 +862,47 @@ fn count_within(field: &'static str, v: u32, max: u32) -> Result<(), (String, St
     }
 }
 
+fn validate_memory(m: &MemorySpec) -> Result<(), (String, String)> {
+    if !(1..=MAX_MRS_PER_FLOW).contains(&m.mrs) {
+        return Err((
+            "mrs".into(),
+            format!("must be between 1 and {MAX_MRS_PER_FLOW}, got {}", m.mrs),
+        ));
+    }
+    let page = m.page.bytes();
+    if !(page.is_power_of_two() && page >= DEFAULT_PAGE_BYTES) {
+        return Err((
+            "page".into(),
+            format!("must be a power of two of at least 4 KB, got {}", m.page),
+        ));
+    }
+    if let Some(size) = m.mr_size {
+        // Pages of a region are numbered in 32 bits in the RNIC's translation cache.
+        if size.bytes() == 0 || size.bytes() / page >= 1 << 32 {
+            return Err((
+                "mr_size".into(),
+                format!("must be positive and under 2^32 pages, got {size}"),
+            ));
+        }
+        if m.offset.bytes() >= size.bytes() {
+            return Err((
+                "offset".into(),
+                format!(
+                    "must be inside the region (mr_size {size}), got {}",
+                    m.offset
+                ),
+            ));
+        }
+    }
+    if m.offset.bytes() > u64::from(u32::MAX) {
+        return Err((
+            "offset".into(),
+            format!("must be under 4 GB, got {}", m.offset),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
     match app {
         AppSpec::Latency(p) => {
@@ -842,6 +960,18 @@ fn validate_app(app: &AppSpec<'_>) -> Result<(), (String, String)> {
             }
             count_within("backends", p.backends, MAX_QPS_PER_FLOW)?;
             count_within("depth", p.depth, MAX_QUEUE_DEPTH)?;
+        }
+        AppSpec::Control(p) => {
+            if !(p.interval_us.is_finite() && p.interval_us >= 0.0) {
+                return Err(("interval_us".into(), "must be zero or positive".into()));
+            }
+            let pages = p.mr_size.bytes().div_ceil(DEFAULT_PAGE_BYTES);
+            if pages == 0 || pages > u64::from(u32::MAX) {
+                return Err((
+                    "mr_size".into(),
+                    format!("must be positive and under 2^32 pages, got {}", p.mr_size),
+                ));
+            }
         }
     }
     Ok(())
@@ -901,6 +1031,13 @@ impl Experiment {
                     cause,
                 })?;
         }
+        check_against_profile(&scenario, &profile).map_err(|(field, reason)| {
+            ScenarioError::Invalid {
+                origin: name.to_string(),
+                field,
+                reason,
+            }
+        })?;
         Ok(Experiment {
             name: name.to_string(),
             scenario,
@@ -913,6 +1050,44 @@ impl Experiment {
         self.profile = profile;
         self
     }
+}
+
+/// What a scenario's flows need of its profile: an RNR timer for SENDs without receives
+/// (else they would be sent again at once, for ever, at no cost), and a time for each
+/// control verb a storm issues (a storm of verbs taking no time would never let time
+/// pass).
+fn check_against_profile(
+    scenario: &Scenario,
+    profile: &ModelProfile,
+) -> Result<(), (String, String)> {
+    for (i, flow) in scenario.flows.iter().enumerate() {
+        let at = |field: &str| format!("flows[{i}] ({}): {field}", flow.name);
+        if !flow.post_receives && profile.rnic.rnr_timer_us <= 0.0 {
+            return Err((
+                at("post_receives"),
+                format!(
+                    "needs a profile with rnic.rnr_timer_us set; {} has none",
+                    profile.name()
+                ),
+            ));
+        }
+        if let Some(c) = &flow.control {
+            let (needed, us) = match c.verb {
+                ControlVerb::RegMr => ("rnic.reg_mr_us", profile.rnic.reg_mr_us),
+                ControlVerb::CreateQp => ("rnic.create_qp_us", profile.rnic.create_qp_us),
+            };
+            if us <= 0.0 {
+                return Err((
+                    at("control.verb"),
+                    format!(
+                        "needs a profile with {needed} set; {} has none",
+                        profile.name()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn resolve_profile(spec: &str, dir: Option<&Path>) -> Result<ModelProfile, ModelProfileError> {

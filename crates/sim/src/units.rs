@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// A number of bytes, written in a scenario either as an integer (`16`) or as a string with
 /// a binary unit (`"4KB"`, `"1 MB"`, `"1GiB"`; K, M and G are powers of 1024, as in the
 /// RDMA tools: perftest's 1 MB message is 1048576 bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(pub u64);
 
 impl ByteSize {

@@ -19,7 +19,7 @@ use crate::metrics::{ChangedFlows, FlowMetrics};
 use crate::policy::PolicyBuildError;
 use crate::policy::{FlowInfo, Mailbox, Policy, PolicyContext};
 use crate::report::{jain_index, FlowReport, RunReport};
-use crate::rnic::{Completion, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
+use crate::rnic::{Completion, ControlVerb, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
 use crate::scenario::{Experiment, ResolvedVariant, TopologyKind};
 use crate::series::{self, ControlSeries, FlowSeries, RunSeries};
 use crate::time::{self, Picos};
@@ -31,6 +31,8 @@ struct FlowRuntime {
     app_kind: &'static str,
     /// (host, what that host's policy is told) for every host on which the flow posts.
     infos: Vec<(HostId, FlowInfo)>,
+    /// The host its application runs on (where its control verbs go).
+    host: HostId,
 }
 
 pub(crate) struct World {
@@ -41,6 +43,7 @@ pub(crate) struct World {
     policies: Vec<Box<dyn Policy>>,
     flows: Vec<FlowRuntime>,
     posts: Vec<(QpId, WorkRequest)>,
+    controls: Vec<(u32, ControlVerb, u32)>,
     notices: VecDeque<Notice>,
     mailbox: Mailbox,
     completions: Vec<Completion>,
@@ -145,6 +148,21 @@ impl World {
                     Connection { client, server }
                 })
                 .collect();
+            let clients: Vec<QpId> = conns.iter().map(|c| c.client).collect();
+            if let Some(m) = &spec.memory {
+                fabric.set_memory(
+                    &clients,
+                    m.mrs,
+                    m.mr_size.map_or(0, |s| s.bytes()),
+                    m.page.bytes(),
+                    m.offset.bytes(),
+                );
+            }
+            if !spec.post_receives {
+                for c in &conns {
+                    fabric.post_no_receives(c.server);
+                }
+            }
             let app = app_spec.build(conns.clone());
             apps.push(app);
             metrics.push(FlowMetrics::new(window));
@@ -165,6 +183,10 @@ impl World {
                     reads: app_spec.reads(),
                 },
             )];
+            if conns.is_empty() {
+                // A control-verb storm posts no work requests: no policy is told of it.
+                infos.clear();
+            }
             if server_posts {
                 infos.push((
                     b,
@@ -182,6 +204,7 @@ impl World {
                 class: spec.class(),
                 app_kind: app_spec.kind(),
                 infos,
+                host: a,
             });
             queue.schedule(time::from_ms(spec.start_ms), Event::FlowStart(app_index));
             if let Some(stop) = spec.stop_ms {
@@ -232,6 +255,7 @@ impl World {
             policies,
             flows,
             posts: Vec::new(),
+            controls: Vec::new(),
             notices: VecDeque::new(),
             mailbox: Mailbox::default(),
             completions: Vec::new(),
@@ -377,6 +401,7 @@ impl World {
             app,
             queue: &mut self.queue,
             posts: &mut self.posts,
+            controls: &mut self.controls,
             metrics: &mut self.metrics[i],
             poll: self.poll,
             wakeup: self.wakeup,
@@ -417,6 +442,10 @@ impl World {
                         let (model, mut io) = self.app_io(app);
                         model.on_delivery(&mut io, qp, bytes);
                     }
+                }
+                Some(Upcall::ControlDone { app, issued }) => {
+                    let (model, mut io) = self.app_io(app);
+                    model.on_control_done(&mut io, issued);
                 }
             },
             Event::Switch(event) => self.fabric.handle_switch(event, &mut self.queue),
@@ -463,7 +492,7 @@ impl World {
     /// leave nothing to do for, stays out of line.
     #[inline]
     fn drain(&mut self) {
-        if !self.posts.is_empty() || !self.notices.is_empty() {
+        if !self.posts.is_empty() || !self.notices.is_empty() || !self.controls.is_empty() {
             self.pass_calls();
         }
     }
@@ -478,6 +507,14 @@ impl World {
                     let host = self.fabric.host_of(qp);
                     let (policy, mut ctx) = self.policy_ctx(host);
                     policy.on_post(&mut ctx, qp, wr);
+                }
+                continue;
+            }
+            if !self.controls.is_empty() {
+                // Control verbs go to the RNIC directly: no policy sees them.
+                for (app, verb, pages) in std::mem::take(&mut self.controls) {
+                    let host = self.flows[app as usize].host;
+                    self.fabric.control(host, app, verb, pages, &mut self.queue);
                 }
                 continue;
             }

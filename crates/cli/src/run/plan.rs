@@ -95,7 +95,16 @@ pub fn refusals(experiment: &Experiment) -> Vec<String> {
             Some(AppSpec::Storage(_)) => out.push(format!(
                 "{at}: a storage service is a simulator-only application model"
             )),
+            Some(AppSpec::Control(_)) => out.push(format!(
+                "{at}: a control-verb storm is a simulator-only application model"
+            )),
             _ => {}
+        }
+        if flow.memory.is_some() {
+            out.push(format!("{at}: memory is simulator-only"));
+        }
+        if !flow.post_receives {
+            out.push(format!("{at}: post_receives = false is simulator-only"));
         }
         if flow.sl != 0 {
             out.push(format!(
@@ -330,7 +339,7 @@ pub fn runs(
                             inline: p.inline,
                             polling: polling(p.polling),
                         },
-                        AppSpec::Rpc(_) | AppSpec::Storage(_) => return None,
+                        AppSpec::Rpc(_) | AppSpec::Storage(_) | AppSpec::Control(_) => return None,
                     };
                     Some(RealFlow {
                         plan: FlowPlan {

@@ -7,6 +7,7 @@
 //! | bandwidth flow (message size, depth, busy or event-driven polling) | [`bandwidth`] | perftest `*_bw`; KBNets study; PeRF B_App |
 //! | RPC service (batched small requests and responses) | [`rpc`] | FaSST, eRPC (Justitia §2.2) |
 //! | storage service (objects moved as 1 MB splits) | [`storage`] | the blob store of Justitia §2.2.1 |
+//! | control-verb storm (reg_mr or create_qp, back to back or at an interval) | [`control`] | Husky §4 |
 //!
 //! An application owns queue pairs on both ends of its connection(s). It posts work
 //! requests (through the host's policy, which may shape them), learns of completions of its
@@ -15,6 +16,7 @@
 //! when it sleeps until a completion event.
 
 pub mod bandwidth;
+pub mod control;
 mod lanes;
 pub mod latency;
 pub mod rpc;
@@ -28,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::EventQueue;
 use crate::event::Event;
 use crate::metrics::FlowMetrics;
-use crate::rnic::{QpId, WorkRequest};
+use crate::rnic::{ControlVerb, QpId, WorkRequest};
 use crate::time::Picos;
 
 /// How an application learns of completions.
@@ -99,6 +101,8 @@ pub(crate) struct AppIo<'a> {
     pub(crate) app: u32,
     pub(crate) queue: &'a mut EventQueue<Event>,
     pub(crate) posts: &'a mut Vec<(QpId, WorkRequest)>,
+    /// Control verbs issued: (application, verb, pages of the region it registers).
+    pub(crate) controls: &'a mut Vec<(u32, ControlVerb, u32)>,
     pub(crate) metrics: &'a mut FlowMetrics,
     pub(crate) poll: Picos,
     pub(crate) wakeup: Picos,
@@ -117,6 +121,12 @@ impl AppIo<'_> {
     /// Posts a work request (it goes through the host's policy).
     pub(crate) fn post(&mut self, qp: QpId, wr: WorkRequest) {
         self.posts.push((qp, wr));
+    }
+
+    /// Issues a control verb on the application's host (`pages`: of the region it
+    /// registers); [`AppModel::on_control_done`] is called when it completes.
+    pub(crate) fn control(&mut self, verb: ControlVerb, pages: u32) {
+        self.controls.push((self.app, verb, pages));
     }
 
     /// Calls [`AppModel::on_timer`] with `tag` at `at`.
@@ -158,6 +168,9 @@ pub(crate) trait AppModel {
     fn on_completion(&mut self, io: &mut AppIo<'_>, qp: QpId, tag: u64);
     /// A message arrived on this application's side `qp` of a connection and is in memory.
     fn on_delivery(&mut self, io: &mut AppIo<'_>, qp: QpId, bytes: u32);
+    /// A control verb this application issued at `issued` completed. Only control-verb
+    /// storms issue any, so the others keep this default.
+    fn on_control_done(&mut self, _io: &mut AppIo<'_>, _issued: Picos) {}
 }
 
 /// Queue pairs of one connection of an application: the requester's and the responder's.

@@ -341,7 +341,8 @@ impl Fabric {
         if last && m.streaming {
             self.rnics[h].fifo.streaming -= 1;
         }
-        let service = c.wire.of(u64::from(wire)).max(self.dma_time(dma));
+        let pcie = self.dma_time(dma) + self.tlp_time(dma, m.misalign);
+        let service = c.wire.of(u64::from(wire)).max(pcie);
         let done = self.rnics[h].fifo.admit(now, wire, service);
         if last && m.kind != PacketKind::ReadResponse {
             if let Some(u) = self.qps[qp.index()]
@@ -368,6 +369,7 @@ impl Fabric {
                 dma: true,
                 request_bytes: 0,
                 streaming: false,
+                misalign: 0,
             }
         } else if let Some(w) = entry.sq.pop_front() {
             let msn = entry.next_msn;
@@ -376,6 +378,8 @@ impl Fabric {
                 msn,
                 tag: w.tag,
                 sent_at: Picos::MAX,
+                bytes: w.bytes,
+                dma: w.dma,
             });
             let read = w.opcode == Opcode::Read;
             TxMessage {
@@ -390,6 +394,10 @@ impl Fabric {
                 dma: w.dma,
                 request_bytes: if read { w.bytes } else { 0 },
                 streaming: false,
+                misalign: match self.costs.max_payload {
+                    0 => 0,
+                    mps => (w.placement.at % u64::from(mps)) as u32,
+                },
             }
         } else {
             return;

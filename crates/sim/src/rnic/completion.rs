@@ -44,6 +44,8 @@ mod tests {
                 msn,
                 tag,
                 sent_at: 0,
+                bytes: 0,
+                dma: false,
             });
         }
         let mut out = Vec::new();

@@ -75,6 +75,11 @@
 //! 6. **Completion.** An ACK (or the last READ response) makes the requester write a CQE
 //!    (`pcie.write_latency_ns`), after which the owner of the queue pair is told.
 //!
+//! Husky's hidden resources, each off by default (docs/simulator.md has the table): MPT
+//! and MTT caches looked up at step 2 beside the context (`translation`, `memory`), a
+//! doorbell engine at step 1 (`doorbell`), PCIe read TLPs in step 4's drain, RNR NAKs at
+//! step 5 (`rnr`), and the control path of control verbs (`control`).
+//!
 //! Each stage has a file of its own: `arbiter` (steps 2 and 3's choice of a queue pair,
 //! and the messages' packetisation), `qp_cache` (step 2's contexts), `tx_fifo` (step 4
 //! and the uplink), `receive` and `rx_stage` (step 5) and `completion` (step 6); this
@@ -89,10 +94,15 @@
 
 mod arbiter;
 mod completion;
+pub mod control;
+mod doorbell;
+mod memory;
 mod qp_cache;
 mod ready_bits;
 mod receive;
+mod rnr;
 mod rx_stage;
+mod translation;
 mod tx_fifo;
 
 use std::collections::VecDeque;
@@ -112,8 +122,13 @@ use crate::topology::{HostId, LinkId, NodeKind, Topology};
 
 use arbiter::ReadySet;
 pub(crate) use completion::Completion;
+use control::ControlPath;
+pub use control::ControlVerb;
+use doorbell::DoorbellEngine;
+pub(crate) use memory::MemoryLayout;
 use qp_cache::QpCache;
 use rx_stage::RxStage;
+use translation::Translation;
 use tx_fifo::TxFifo;
 
 /// What happens at the RNICs.
@@ -149,6 +164,19 @@ pub(crate) enum RnicEvent {
         /// Its payload bytes.
         bytes: u32,
     },
+    /// A control verb an application issued completes on its host's control path.
+    ControlDone {
+        /// The host.
+        host: HostId,
+        /// The application.
+        app: u32,
+        /// The verb.
+        verb: ControlVerb,
+        /// For a region registered: its pages.
+        pages: u32,
+        /// When it was issued.
+        issued: Picos,
+    },
 }
 
 /// What the fabric hands up to the hosts' software after an event.
@@ -168,7 +196,18 @@ pub(crate) enum Upcall {
         /// Its payload bytes.
         bytes: u32,
     },
+    /// A control verb application `app` issued at `issued` completed.
+    ControlDone {
+        /// The application.
+        app: u32,
+        /// When it was issued.
+        issued: Picos,
+    },
 }
+
+/// The page size of a queue pair's memory when its flow does not say (4 KB, the host's
+/// base page).
+pub(crate) const DEFAULT_PAGE_BYTES: u64 = 4096;
 
 /// The fabric's events: what an event queue must hold to run RNICs and switches (the
 /// run's own event type, or a test's).
@@ -229,6 +268,8 @@ struct Wqe {
     bytes: u32,
     dma: bool,
     visible_at: Picos,
+    /// Where its payload lies (see `memory`).
+    placement: memory::Placement,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -241,6 +282,8 @@ struct TxMessage {
     request_bytes: u32,
     /// Counted in its RNIC's [`TxFifo::streaming`] until its last packet is admitted.
     streaming: bool,
+    /// Its payload's offset from the last PCIe max-payload boundary before it.
+    misalign: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -256,6 +299,10 @@ struct Unacked {
     tag: u64,
     /// When the last bit of the request left the RNIC (`Picos::MAX` until then).
     sent_at: Picos,
+    /// Its payload bytes, and whether the RNIC reads them from host memory: what a SEND
+    /// sent again after an RNR NAK needs.
+    bytes: u32,
+    dma: bool,
 }
 
 struct Qp {
@@ -282,6 +329,12 @@ struct Qp {
     lane: u8,
     /// The latest request's network round trip as RPerf measures it.
     last_wire_rtt: Option<Picos>,
+    /// Where its messages lie in registered memory.
+    memory: MemoryLayout,
+    /// When its owner last posted (WQEs posted at one instant are one post list).
+    last_post: Picos,
+    /// Whether its owner posts receives; a SEND into one that does not meets an RNR NAK.
+    receives: bool,
 }
 
 struct Rnic {
@@ -302,6 +355,12 @@ struct Rnic {
     pu_free: Vec<Picos>,
     /// The queue-pair contexts on chip (`rnic.qp_cache_entries`; 0: all of them).
     contexts: QpCache,
+    /// The MPT and MTT entries on chip (`rnic.mpt_cache_entries`, `rnic.mtt_cache_entries`).
+    translation: Translation,
+    /// The doorbell engine (`rnic.doorbell_process_ns`, `rnic.wqe_fetch_ns`).
+    doorbells: DoorbellEngine,
+    /// The control path (`rnic.reg_mr_us`, `rnic.create_qp_us`).
+    control: ControlPath,
     /// Queue pairs connected on this host so far: the next one's index among them picks
     /// its processing unit (a count kept, so that connecting stays constant-time).
     qps_on_host: u32,
@@ -331,6 +390,13 @@ struct Costs {
     pu_interval: Picos,
     decision_interval: Picos,
     max_inline: u32,
+    /// PCIe max payload size (a TLP's payload), and the read path's time per TLP (0: TLPs
+    /// not modelled).
+    max_payload: u32,
+    read_tlp: Picos,
+    /// The receive stage's time per RNR NAK, and the requester's wait before it retries.
+    rnr_nak: Picos,
+    rnr_timer: Picos,
 }
 
 /// All RNICs and queue pairs of a run, and the links and switches between them.
@@ -347,6 +413,8 @@ pub(crate) struct Fabric {
     /// The flows whose `flow_bytes_total` grew since the time series last looked.
     flows_changed: ChangedFlows,
     switches: Switches,
+    /// Memory regions registered so far (numbers every region of the run apart).
+    regions: u32,
 }
 
 impl Fabric {
@@ -376,6 +444,10 @@ impl Fabric {
             pu_interval: time::interval_of_mops(profile.rnic.qp_mops),
             decision_interval: time::interval_of_mops(profile.rnic.nic_mops),
             max_inline: profile.rnic.max_inline_bytes,
+            max_payload: profile.pcie.max_payload_bytes,
+            read_tlp: time::from_ns(profile.pcie.read_tlp_ns),
+            rnr_nak: time::from_ns(profile.rnic.rnr_nak_ns),
+            rnr_timer: time::from_ns(profile.rnic.rnr_timer_us * 1e3),
         };
         let rnics = (0..topology.host_count())
             .map(|h| Rnic {
@@ -392,6 +464,19 @@ impl Fabric {
                 }),
                 pu_free: vec![0; profile.rnic.processing_units as usize],
                 contexts: QpCache::new(profile.rnic.qp_cache_entries),
+                translation: Translation::new(
+                    profile.rnic.mpt_cache_entries,
+                    profile.rnic.mtt_cache_entries,
+                    time::from_ns(profile.rnic.translation_miss_ns),
+                ),
+                doorbells: DoorbellEngine::new(
+                    time::from_ns(profile.rnic.doorbell_process_ns),
+                    time::from_ns(profile.rnic.wqe_fetch_ns),
+                ),
+                control: ControlPath::new(
+                    time::from_ns(profile.rnic.reg_mr_us * 1e3),
+                    time::from_ns(profile.rnic.create_qp_us * 1e3),
+                ),
                 qps_on_host: 0,
                 next_decision: 0,
                 arbiter_gen: 0,
@@ -411,6 +496,7 @@ impl Fabric {
             flow_bytes_total: Vec::new(),
             flows_changed: ChangedFlows::default(),
             switches,
+            regions: 0,
         }
     }
 
@@ -449,7 +535,11 @@ impl Fabric {
                 ready_event_at: Picos::MAX,
                 lane: 0,
                 last_wire_rtt: None,
+                memory: MemoryLayout::new(self.regions, 1, 0, DEFAULT_PAGE_BYTES, 0),
+                last_post: Picos::MAX,
+                receives: true,
             });
+            self.regions += 1;
         }
         if let Some(f) = flow {
             let needed = f as usize + 1;
@@ -480,6 +570,68 @@ impl Fabric {
                 (false, true) => nic.raised_qps += 1,
                 (true, false) => nic.raised_qps -= 1,
                 _ => {}
+            }
+        }
+    }
+
+    /// The client queue pairs `qps` of one flow use `mrs` memory regions of their own, of
+    /// `mr_bytes` each (0: as large as a message), registered with pages of `page_bytes`,
+    /// their first message at `offset` (see `memory`).
+    pub(crate) fn set_memory(
+        &mut self,
+        qps: &[QpId],
+        mrs: u32,
+        mr_bytes: u64,
+        page_bytes: u64,
+        offset: u64,
+    ) {
+        let first = self.regions;
+        self.regions += mrs.max(1);
+        let layout = MemoryLayout::new(first, mrs, mr_bytes, page_bytes, offset);
+        for (j, qp) in qps.iter().enumerate() {
+            self.qps[qp.index()].memory = layout.turn(j as u64, qps.len() as u64);
+        }
+    }
+
+    /// Application `app` on `host` issues a control verb now (`pages`: of the region it
+    /// registers): it runs on the host's control path, one verb at a time.
+    pub(crate) fn control<E: FabricEvents>(
+        &mut self,
+        host: HostId,
+        app: u32,
+        verb: ControlVerb,
+        pages: u32,
+        q: &mut EventQueue<E>,
+    ) {
+        let now = q.now();
+        let done = self.rnics[usize::from(host.0)].control.take(now, verb);
+        q.schedule(
+            done,
+            RnicEvent::ControlDone {
+                host,
+                app,
+                verb,
+                pages,
+                issued: now,
+            },
+        );
+    }
+
+    /// A control verb completed on `host`: what it created takes its entries in the
+    /// RNIC's caches, evicting the least recently used (a region is numbered apart from
+    /// every other, a queue pair counted among the host's, and neither is used again).
+    fn control_done(&mut self, host: HostId, verb: ControlVerb, pages: u32) {
+        let nic = &mut self.rnics[usize::from(host.0)];
+        match verb {
+            ControlVerb::RegMr => {
+                let mr = self.regions;
+                self.regions += 1;
+                nic.translation.look_up(mr, 0, u64::from(pages));
+            }
+            ControlVerb::CreateQp => {
+                let index = nic.qps_on_host;
+                nic.qps_on_host += 1;
+                nic.contexts.touch(index);
             }
         }
     }
@@ -554,6 +706,18 @@ impl Fabric {
         time::from_ns(-self.costs.jitter_mean_ns * (1.0 - u).ln())
     }
 
+    /// The PCIe read path's time for the TLPs of `bytes` of payload that start `misalign`
+    /// bytes past a max-payload boundary: one TLP per boundary-to-boundary piece, so a
+    /// misaligned payload needs one more than an aligned one of the same size (0 when TLPs
+    /// are not modelled).
+    fn tlp_time(&self, bytes: u32, misalign: u32) -> Picos {
+        let c = &self.costs;
+        if c.read_tlp == 0 || bytes == 0 {
+            return 0;
+        }
+        u64::from((misalign + bytes).div_ceil(c.max_payload)) * c.read_tlp
+    }
+
     /// Time to read `bytes` of payload over PCIe, with its jitter.
     fn dma_time(&mut self, bytes: u32) -> Picos {
         let base = self.costs.dma.of(u64::from(bytes));
@@ -580,13 +744,20 @@ impl Fabric {
         let entry = &mut self.qps[qp.index()];
         let cpu_done = entry.cpu_free.max(now) + c.post;
         entry.cpu_free = cpu_done;
+        // The later WQEs of a post list ring no doorbell of their own.
+        let rings = entry.last_post != now;
+        entry.last_post = now;
+        let placement = entry.memory.place(wr.bytes);
         let fetch = if inline { 0 } else { c.dma_read };
-        entry.sq.push_back(Wqe {
+        let engine = &mut self.rnics[usize::from(entry.host.0)].doorbells;
+        let taken = engine.take(cpu_done + c.doorbell + jitter, rings, !inline);
+        self.qps[qp.index()].sq.push_back(Wqe {
             tag: wr.tag,
             opcode: wr.opcode,
             bytes: wr.bytes,
             dma: !inline && wr.bytes > 0 && wr.opcode != Opcode::Read,
-            visible_at: cpu_done + c.doorbell + jitter + fetch,
+            visible_at: taken + fetch,
+            placement,
         });
         self.refresh(qp, q);
     }
@@ -623,10 +794,15 @@ impl Fabric {
         if let Some(start) = q.pu_booking {
             return start;
         }
+        // The payload a send reads from host memory, to be translated.
+        let mut reads = None;
         let head_ready = if let Some(job) = q.responses.front() {
             job.ready_at
         } else if let Some(w) = q.sq.front() {
             let payload_read = if w.dma { self.costs.dma_read } else { 0 };
+            if w.dma {
+                reads = Some((w.placement, w.bytes));
+            }
             w.visible_at + self.costs.wqe_process + payload_read
         } else {
             return Picos::MAX;
@@ -635,13 +811,19 @@ impl Fabric {
             return head_ready;
         }
         let (host, pu, on_host) = (usize::from(q.host.0), q.pu, q.on_host);
+        let layout = q.memory;
         let nic = &mut self.rnics[host];
         // A context not on chip is read over PCIe first, the unit busy meanwhile.
-        let fetch = if nic.contexts.touch(on_host) {
+        let mut fetch = if nic.contexts.touch(on_host) {
             self.costs.dma_read
         } else {
             0
         };
+        // So are the MPT and MTT entries of the payload's memory that it does not hold.
+        if let Some((placement, bytes)) = reads.filter(|_| nic.translation.modelled()) {
+            let (first, pages) = layout.pages(placement.at, bytes);
+            fetch += nic.translation.look_up(placement.mr, first, pages);
+        }
         let unit = &mut nic.pu_free[pu];
         let start = now.max(*unit) + fetch;
         *unit = start + self.costs.pu_interval;
@@ -702,12 +884,16 @@ impl Fabric {
             }
             NodeKind::Host(host) => host,
         };
+        let rnr = self.costs.rnr_nak > 0 && self.meets_rnr(&packet);
         if let Some(rx) = &mut self.rnics[usize::from(host.0)].rx {
             // The receive stage takes packets in the order they arrive, which is the order
             // they are put on this, the host's one link in; what it has not finished waits
             // in the receive buffer, whose credits come back to the link's sender one cable
             // delay after the stage is through.
-            let through = rx.take(link.arrival(head_leaves), arrival, packet.payload);
+            let mut through = rx.take(link.arrival(head_leaves), arrival, packet.payload);
+            if rnr {
+                through = rx.hold(self.costs.rnr_nak);
+            }
             q.schedule(
                 through + link.propagation(),
                 SwitchEvent::CreditReturn {
@@ -754,6 +940,16 @@ impl Fabric {
             RnicEvent::PacketArrive { link, packet } => self.on_packet_arrive(link, packet, q),
             RnicEvent::CqeVisible { qp, upto } => return Some(Upcall::Completions { qp, upto }),
             RnicEvent::Deliver { qp, bytes } => return Some(Upcall::Deliver { qp, bytes }),
+            RnicEvent::ControlDone {
+                host,
+                app,
+                verb,
+                pages,
+                issued,
+            } => {
+                self.control_done(host, verb, pages);
+                return Some(Upcall::ControlDone { app, issued });
+            }
         }
         None
     }
@@ -856,5 +1052,31 @@ pub(crate) mod testing {
         let q = &f.qps[qp.index()];
         let current = q.current.map_or(0, |m| u64::from(m.remaining));
         current + q.sq.iter().map(|w| u64::from(w.bytes)).sum::<u64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{quiet_profile, two_hosts};
+    use crate::time;
+
+    /// A max payload of 256 B and 10 ns a TLP: 64 B at offset 0 is one TLP (10 ns), at
+    /// 224 it crosses a boundary at 256 (224 + 64 = 288 > 256): two, 20 ns; a 4096-byte
+    /// packet aligned is 16 TLPs (160 ns), 100 bytes past a boundary
+    /// ceil((100 + 4096) / 256) = 17 (170 ns); no payload, nothing.
+    #[test]
+    fn a_misaligned_payload_needs_one_tlp_more() {
+        let mut profile = quiet_profile();
+        profile.pcie.max_payload_bytes = 256;
+        profile.pcie.read_tlp_ns = 10.0;
+        let f = two_hosts(&profile);
+        let ns = time::from_ns;
+        assert_eq!(f.tlp_time(64, 0), ns(10.0));
+        assert_eq!(f.tlp_time(64, 224), ns(20.0));
+        assert_eq!(f.tlp_time(4096, 0), ns(160.0));
+        assert_eq!(f.tlp_time(4096, 100), ns(170.0));
+        assert_eq!(f.tlp_time(0, 100), 0);
+        let off = two_hosts(&quiet_profile());
+        assert_eq!(off.tlp_time(4096, 100), 0, "not modelled by default");
     }
 }

@@ -1,7 +1,7 @@
 //! The receive side (step 5): payload counted, messages delivered, acknowledgements sent,
 //! READ requests turned into response jobs.
 
-use super::{Fabric, FabricEvents, PacketKind, ResponseJob, RnicEvent};
+use super::{Fabric, FabricEvents, PacketKind, QpId, ResponseJob, RnicEvent};
 use crate::engine::EventQueue;
 use crate::link::Packet;
 use crate::time::Picos;
@@ -16,6 +16,10 @@ impl Fabric {
         }
         let entry = &mut self.qps[packet.qp.index()];
         if packet.kind == PacketKind::Data {
+            if !entry.receives {
+                // Dropped: no receive to take it (`rnr`).
+                return;
+            }
             entry.rx_message_bytes += packet.payload;
         }
         if let Some(f) = entry.flow {
@@ -53,34 +57,18 @@ impl Fabric {
                     return;
                 }
                 let entry = &mut self.qps[qp.index()];
+                if !entry.receives {
+                    self.acknowledge(qp, packet.msn, PacketKind::RnrNak, q);
+                    return;
+                }
                 let bytes = std::mem::take(&mut entry.rx_message_bytes);
-                let (host, peer, deliver, lane) =
-                    (entry.host, entry.peer, entry.wants_delivery, entry.lane);
-                if deliver {
+                if entry.wants_delivery {
                     q.schedule(
                         now + c.rx_process + c.dma_write,
                         RnicEvent::Deliver { qp, bytes },
                     );
                 }
-                let ack = Packet {
-                    kind: PacketKind::Ack,
-                    last: true,
-                    dst: self.qps[peer.index()].host,
-                    qp: peer,
-                    msn: packet.msn,
-                    payload: 0,
-                    wire: c.ack_wire,
-                    request_bytes: 0,
-                    lane,
-                };
-                let service = c.wire.of(u64::from(c.ack_wire));
-                let h = usize::from(host.0);
-                let done = self.rnics[h]
-                    .fifo
-                    .admit(now + c.rx_process, c.ack_wire, service);
-                let uplink = self.rnics[h].uplink;
-                self.switches.spend(uplink, ack.lane, c.ack_wire);
-                self.transmit(host, ack, done, q);
+                self.acknowledge(qp, packet.msn, PacketKind::Ack, q);
             }
             PacketKind::ReadRequest => {
                 let entry = &mut self.qps[qp.index()];
@@ -117,7 +105,41 @@ impl Fabric {
                     },
                 );
             }
+            PacketKind::RnrNak => self.on_rnr_nak(qp, packet.msn, q),
         }
+    }
+
+    /// Answers the message `msn` that arrived on `qp` with an ACK or an RNR NAK (`kind`),
+    /// after the receive processing; it joins the receiver's transmit FIFO.
+    fn acknowledge<E: FabricEvents>(
+        &mut self,
+        qp: QpId,
+        msn: u32,
+        kind: PacketKind,
+        q: &mut EventQueue<E>,
+    ) {
+        let c = self.costs;
+        let entry = &self.qps[qp.index()];
+        let (host, peer, lane) = (entry.host, entry.peer, entry.lane);
+        let ack = Packet {
+            kind,
+            last: true,
+            dst: self.qps[peer.index()].host,
+            qp: peer,
+            msn,
+            payload: 0,
+            wire: c.ack_wire,
+            request_bytes: 0,
+            lane,
+        };
+        let service = c.wire.of(u64::from(c.ack_wire));
+        let h = usize::from(host.0);
+        let done = self.rnics[h]
+            .fifo
+            .admit(q.now() + c.rx_process, c.ack_wire, service);
+        let uplink = self.rnics[h].uplink;
+        self.switches.spend(uplink, ack.lane, c.ack_wire);
+        self.transmit(host, ack, done, q);
     }
 }
 
@@ -125,7 +147,7 @@ impl Fabric {
 mod tests {
     use super::*;
     use crate::rnic::testing::{end, quiet_profile, two_hosts, TestEvent};
-    use crate::rnic::{QpId, Upcall};
+    use crate::rnic::Upcall;
     use crate::topology::HostId;
 
     #[test]

@@ -59,6 +59,13 @@ impl RxStage {
         done
     }
 
+    /// After the packet just taken, the stage spends `extra` more before the next one
+    /// (an RNR NAK's handling): returns when it is through.
+    pub(super) fn hold(&mut self, extra: Picos) -> Picos {
+        self.free += extra;
+        self.free
+    }
+
     /// The longest any packet waited in the receive buffer beyond its arrival.
     pub(super) fn peak_wait(&self) -> Picos {
         self.peak_wait
