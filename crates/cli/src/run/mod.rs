@@ -421,8 +421,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
             run.series = measured.series.clone();
         }
     }
+    // The heading names every host's device: this one's, and each run-server's.
+    let mut devices = vec![device.clone()];
+    devices.extend(runner.links.iter().map(|l| {
+        format!(
+            "{} at {}",
+            l.welcome().device.as_deref().unwrap_or("(first device)"),
+            l.addr()
+        )
+    }));
     let backend = Backend::Verbs {
-        device: device.clone(),
+        device: devices.join(" and "),
     };
     if rounds > 1 {
         println!("every figure below is the median of {rounds} repeats of each run");
