@@ -515,12 +515,8 @@ mod tests {
         }
     }
 
-    /// A flow whose send queue stays full posts only when a completion frees a slot; on a
-    /// slow link ticks pass between posts, yet the flow has work all along: it must stay
-    /// active while requests are at the NIC, and go idle two ticks after the last one
-    /// completes.
-    #[test]
-    fn a_flow_with_requests_at_the_nic_stays_active_between_posts() {
+    /// A follower whose daemon socket does not exist, on the static settings.
+    fn follower_without_daemon() -> Follower {
         let config = Config {
             socket: std::env::temp_dir().join("justitia-none.sock"),
             ..Config::default()
@@ -530,7 +526,16 @@ mod tests {
             chunk_bytes: 5120,
             phase: None,
         };
-        let mut f = Follower::new(&config, fallback).unwrap();
+        Follower::new(&config, fallback).unwrap()
+    }
+
+    /// A flow whose send queue stays full posts only when a completion frees a slot; on a
+    /// slow link ticks pass between posts, yet the flow has work all along: it must stay
+    /// active while requests are at the NIC, and go idle two ticks after the last one
+    /// completes.
+    #[test]
+    fn a_flow_with_requests_at_the_nic_stays_active_between_posts() {
+        let mut f = follower_without_daemon();
         let mut g = Group {
             requests: 128,
             in_flight: true,
@@ -560,16 +565,7 @@ mod tests {
     /// after two.
     #[test]
     fn a_latency_flow_stays_active_between_sparse_messages() {
-        let config = Config {
-            socket: std::env::temp_dir().join("justitia-none.sock"),
-            ..Config::default()
-        };
-        let fallback = Settings {
-            rate: None,
-            chunk_bytes: 5120,
-            phase: None,
-        };
-        let mut f = Follower::new(&config, fallback).unwrap();
+        let mut f = follower_without_daemon();
         let mut g = Group {
             class: Some(FlowClass::Latency),
             requests: 1,
@@ -591,7 +587,7 @@ mod tests {
             assert!(f.has_work(g));
         }
         assert!(!f.has_work(g), "idle 100 ticks after its last message");
-        let mut bw = Follower::new(&config, fallback).unwrap();
+        let mut bw = follower_without_daemon();
         let mut b = group(1);
         b.requests = 1;
         assert!(bw.has_work(b));

@@ -92,21 +92,9 @@ pub struct RunArgs {
     /// The scenario file; a bare name stands for `scenarios/<name>.toml`.
     #[arg(value_name = "FILE")]
     file: PathBuf,
-    /// RDMA device (default: the first one).
-    #[arg(long, short = 'd')]
-    device: Option<String>,
-    /// Port number.
-    #[arg(long, default_value_t = 1)]
-    port: u8,
-    /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
-    #[arg(long, short = 'x', default_value_t = 0)]
-    gid_index: u8,
-    /// The load generators' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's):
-    /// above the longest a request waits in the path's queues (a rate-limited wire's), or
-    /// the sender resends what was never lost.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_ACK_TIMEOUT,
-          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
-    ack_timeout: u8,
+    /// This host's device, port, GID index and ACK timeout.
+    #[command(flatten)]
+    on: DeviceArgs,
     /// Each run's duration on the device, ms (default: the scenario's); flows' start and
     /// stop times scale with it.
     #[arg(long)]
@@ -187,6 +175,39 @@ pub struct RunArgs {
     /// Where the kernel lists RDMA devices (for hosts and tests that mount it elsewhere).
     #[arg(long, value_name = "DIR", default_value = SYSFS_INFINIBAND, hide = true)]
     sysfs_infiniband: PathBuf,
+}
+
+/// A host's device options, which every load generator started there is given:
+/// `justitia run`'s for this host, `justitia run-server`'s for its own.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// RDMA device (default: the first one).
+    #[arg(long, short = 'd')]
+    pub device: Option<String>,
+    /// Port number.
+    #[arg(long, default_value_t = 1)]
+    pub port: u8,
+    /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
+    #[arg(long, short = 'x', default_value_t = 0)]
+    pub gid_index: u8,
+    /// The load generators' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's):
+    /// above the longest a request waits in the path's queues (a rate-limited wire's), or
+    /// the sender resends what was never lost.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ACK_TIMEOUT,
+          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
+    pub ack_timeout: u8,
+}
+
+impl DeviceArgs {
+    /// Adds them to a load generator's command line.
+    pub fn add_to(&self, c: &mut Command) {
+        if let Some(d) = &self.device {
+            c.args(["--device", d]);
+        }
+        c.args(["--port", &self.port.to_string()]);
+        c.args(["--gid-index", &self.gid_index.to_string()]);
+        c.args(["--ack-timeout", &self.ack_timeout.to_string()]);
+    }
 }
 
 /// `--latency-method`'s values.
@@ -274,7 +295,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let is_latency = |f: &RealFlow| matches!(f.plan.workload, Workload::Latency { .. });
     let here = flows().any(|f| place_of(&f.from) == Place::Here || place_of(&f.to) == Place::Here);
     if here {
-        plan::check_device(&args.sysfs_infiniband, args.device.as_deref())?;
+        plan::check_device(&args.sysfs_infiniband, args.on.device.as_deref())?;
     }
     // The requesters here choose their clock on this host; whether the TSC qualifies is
     // said here, once, before anything starts (a run-server decides for its own host).
@@ -307,7 +328,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         IdleArg::Spin => Idle::Spin,
         IdleArg::Yield => Idle::Yield,
         IdleArg::Auto
-            if here && plan::software_rnic(&args.sysfs_infiniband, args.device.as_deref())? =>
+            if here && plan::software_rnic(&args.sysfs_infiniband, args.on.device.as_deref())? =>
         {
             eprintln!("a software RNIC: the load generators yield after 256 empty polls (--idle spin to spin)");
             Idle::Yield
@@ -348,6 +369,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None
     };
     let device = args
+        .on
         .device
         .clone()
         .unwrap_or_else(|| "(first device)".to_string());
@@ -662,10 +684,10 @@ pub(crate) fn beside_me(explicit: Option<&Path>, name: &str) -> Result<PathBuf> 
 
 /// The device port's rate from sysfs (`40 Gb/sec (4X QDR)`), for the utilisation figure.
 fn link_gbps(args: &RunArgs) -> Option<f64> {
-    let device = args.device.as_deref()?;
+    let device = args.on.device.as_deref()?;
     let text = fs::read_to_string(format!(
         "/sys/class/infiniband/{device}/ports/{}/rate",
-        args.port
+        args.on.port
     ))
     .ok()?;
     text.split_whitespace()
@@ -863,13 +885,8 @@ impl Runner<'_> {
 
     fn base_command(&self, plan_json: &str) -> Command {
         let mut c = Command::new(&self.loadgen);
-        if let Some(d) = &self.args.device {
-            c.args(["--device", d]);
-        }
-        c.args(["--port", &self.args.port.to_string()]);
+        self.args.on.add_to(&mut c);
         c.args(["--idle", idle_name(self.idle)]);
-        c.args(["--gid-index", &self.args.gid_index.to_string()]);
-        c.args(["--ack-timeout", &self.args.ack_timeout.to_string()]);
         c.args(["--plan", plan_json]);
         c
     }

@@ -22,13 +22,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_loadgen::clock::calibrate_tsc;
-use justitia_loadgen::flow::{DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
 
 use super::procs::{self, Group, Said};
 use super::wire::{
     self, ClockWish, Exit, IdleWish, ReadError, Role, ServerClock, ToClient, ToServer,
 };
-use super::{beside_me, plan, DEFAULT_MAX_PROCESSES, SYSFS_INFINIBAND};
+use super::{beside_me, plan, DeviceArgs, DEFAULT_MAX_PROCESSES, SYSFS_INFINIBAND};
 
 /// How long a new connection has to say hello.
 const HELLO_DEADLINE: Duration = Duration::from_secs(10);
@@ -56,21 +55,10 @@ pub struct RunServerArgs {
     /// Where to listen for `justitia run` (port 0: any; the address is printed).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: SocketAddr,
-    /// RDMA device (default: the first one).
-    #[arg(long, short = 'd')]
-    device: Option<String>,
-    /// Port number.
-    #[arg(long, default_value_t = 1)]
-    port: u8,
-    /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
-    #[arg(long, short = 'x', default_value_t = 0)]
-    gid_index: u8,
-    /// The load generators' local ACK timeout, n in 4.096 us x 2^n (14: 67 ms, perftest's):
-    /// above the longest a request waits in the path's queues (a rate-limited wire's), or
-    /// the sender resends what was never lost.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_ACK_TIMEOUT,
-          value_parser = clap::value_parser!(u8).range(1..=MAX_ACK_TIMEOUT as i64))]
-    ack_timeout: u8,
+    /// This host's device, port, GID index and ACK timeout, for every load generator it
+    /// starts.
+    #[command(flatten)]
+    on: DeviceArgs,
     /// The shaper (default: libjustitia.so beside this program, if there is one).
     #[arg(long)]
     shaper: Option<PathBuf>,
@@ -88,10 +76,7 @@ pub struct RunServerArgs {
 
 /// What every connection needs of the server's configuration.
 struct Config {
-    device: Option<String>,
-    port: u8,
-    gid_index: u8,
-    ack_timeout: u8,
+    on: DeviceArgs,
     loadgen: PathBuf,
     shaper: Option<PathBuf>,
     max_processes: usize,
@@ -106,10 +91,7 @@ pub fn run(args: &RunServerArgs) -> Result<()> {
         None => beside_me(None, "libjustitia.so").ok(),
     };
     let config = Arc::new(Config {
-        device: args.device.clone(),
-        port: args.port,
-        gid_index: args.gid_index,
-        ack_timeout: args.ack_timeout,
+        on: args.on.clone(),
         loadgen,
         shaper,
         max_processes: args.max_processes as usize,
@@ -226,7 +208,7 @@ fn welcome(config: &Config, hello: &ToServer) -> Result<(ServerClock, &'static s
             wire::VERSION
         );
     }
-    plan::check_device(&config.sysfs, config.device.as_deref())?;
+    plan::check_device(&config.sysfs, config.on.device.as_deref())?;
     // Calibrated once per client, as `justitia run` does once for its own host.
     let clock = if *latency && *clock != ClockWish::Monotonic {
         match (calibrate_tsc(), clock) {
@@ -240,7 +222,9 @@ fn welcome(config: &Config, hello: &ToServer) -> Result<(ServerClock, &'static s
     let idle = match idle {
         IdleWish::Spin => "spin",
         IdleWish::Yield => "yield",
-        IdleWish::Auto if plan::software_rnic(&config.sysfs, config.device.as_deref())? => "yield",
+        IdleWish::Auto if plan::software_rnic(&config.sysfs, config.on.device.as_deref())? => {
+            "yield"
+        }
         IdleWish::Auto => "spin",
     };
     Ok((clock, idle))
@@ -279,7 +263,7 @@ fn serve(stream: TcpStream, config: &Config) -> Result<()> {
     wire::send(
         &mut out,
         &ToClient::Welcome {
-            device: config.device.clone(),
+            device: config.on.device.clone(),
             clock,
             idle: idle.to_string(),
             shaper: config.shaper.is_some(),
@@ -459,13 +443,8 @@ impl Session<'_> {
     fn command(&self, spawn: &wire::Spawn) -> Result<Command> {
         let config = self.config;
         let mut c = Command::new(&config.loadgen);
-        if let Some(d) = &config.device {
-            c.args(["--device", d]);
-        }
-        c.args(["--port", &config.port.to_string()]);
+        config.on.add_to(&mut c);
         c.args(["--idle", self.idle]);
-        c.args(["--gid-index", &config.gid_index.to_string()]);
-        c.args(["--ack-timeout", &config.ack_timeout.to_string()]);
         c.args(["--plan", &serde_json::to_string(&spawn.plan)?]);
         match (spawn.role, spawn.listen, spawn.connect) {
             (Role::Respond, Some(listen), _) => {
