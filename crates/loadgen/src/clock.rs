@@ -36,8 +36,12 @@
 use std::str::FromStr;
 use std::time::Instant;
 
-/// Which clock to time samples with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Which clock to time samples with (`--clock`; also what `justitia run` asks of a
+/// run-server for its host, in the same words).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub enum ClockChoice {
     /// The TSC where it is invariant, else the monotonic clock (said once on stderr).
     Auto,

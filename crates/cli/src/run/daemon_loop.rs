@@ -20,11 +20,11 @@ use justitia_sim::series::{ControlSeries, ControlState, Mode, RunSeries};
 /// How often the endpoint is read.
 pub const EVERY: Duration = Duration::from_millis(100);
 
-/// How long one read may take, connection included.
+/// How long one read may take, connection and the whole response included.
 const DEADLINE: Duration = Duration::from_secs(1);
 
 /// The most of a response read: the daemon's exposition is tens of KB.
-const MAX_RESPONSE: u64 = 4 << 20;
+const MAX_RESPONSE: usize = 4 << 20;
 
 /// What one read found.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,19 +87,36 @@ impl Recorder {
     }
 }
 
-/// One GET of `/metrics`: the body, or `None` when the endpoint does not answer 200 in
-/// time.
+/// One GET of `/metrics`: the body, or `None` when the endpoint does not answer 200
+/// within [`DEADLINE`], connection and the whole response included (an endpoint that
+/// trickles its answer byte by byte holds the recorder no longer than one that is silent).
 fn scrape(addr: SocketAddr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, DEADLINE).ok()?;
-    s.set_read_timeout(Some(DEADLINE)).ok()?;
-    s.set_write_timeout(Some(DEADLINE)).ok()?;
+    let deadline = Instant::now() + DEADLINE;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    let mut s = TcpStream::connect_timeout(&addr, left()?).ok()?;
+    s.set_write_timeout(Some(left()?)).ok()?;
     write!(
         s,
         "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
-    let mut text = String::new();
-    s.take(MAX_RESPONSE).read_to_string(&mut text).ok()?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        s.set_read_timeout(Some(left()?)).ok()?;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if raw.len() + n <= MAX_RESPONSE => raw.extend_from_slice(&buf[..n]),
+            Ok(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let text = String::from_utf8(raw).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.")
         .then(|| head.split_whitespace().nth(1) == Some("200"))
@@ -207,17 +224,57 @@ mod tests {
         assert_eq!(decreases(&[]), None);
     }
 
-    /// A daemon that answers nothing in time, or not 200, leaves no reading.
-    #[test]
-    fn an_endpoint_that_does_not_answer_200_gives_nothing() {
+    /// A server that answers `reply` to the first request on a loopback port.
+    fn answering(reply: &'static [u8]) -> (SocketAddr, std::thread::JoinHandle<()>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (mut c, _) = listener.accept().unwrap();
             let mut buf = [0u8; 512];
             let _ = c.read(&mut buf);
-            c.write_all(b"HTTP/1.0 404 Not Found\r\n\r\njustitia_safe_util_bytes_per_second 1\n")
-                .unwrap();
+            c.write_all(reply).unwrap();
+        });
+        (addr, server)
+    }
+
+    #[test]
+    fn an_endpoint_that_answers_200_gives_its_body() {
+        let (addr, server) =
+            answering(b"HTTP/1.1 200 OK\r\n\r\njustitia_safe_util_bytes_per_second 1\n");
+        assert_eq!(
+            scrape(addr).as_deref(),
+            Some("justitia_safe_util_bytes_per_second 1\n")
+        );
+        server.join().unwrap();
+    }
+
+    /// A daemon that answers nothing in time, or not 200, leaves no reading.
+    #[test]
+    fn an_endpoint_that_does_not_answer_200_gives_nothing() {
+        let (addr, server) =
+            answering(b"HTTP/1.0 404 Not Found\r\n\r\njustitia_safe_util_bytes_per_second 1\n");
+        assert_eq!(scrape(addr), None);
+        server.join().unwrap();
+    }
+
+    /// A well-formed answer that arrives slower than the deadline, each byte well within
+    /// it, is given up: the deadline is the whole read's, not each socket read's.
+    #[test]
+    fn an_endpoint_that_trickles_its_answer_gives_nothing() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 512];
+            let _ = c.read(&mut buf);
+            let answer = b"HTTP/1.0 200 OK\r\n\r\njustitia_safe_util_bytes_per_second 1\n";
+            // 62 bytes 40 ms apart: 2.5 s in all, past the 1 s deadline.
+            for byte in answer {
+                if c.write_all(&[*byte]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(40));
+            }
         });
         assert_eq!(scrape(addr), None);
         server.join().unwrap();

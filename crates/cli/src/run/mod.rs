@@ -16,6 +16,7 @@ mod compare;
 mod daemon_loop;
 #[cfg(test)]
 mod fixtures;
+mod host_timing;
 mod hosts;
 mod plan;
 mod procs;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_core::flow::FlowClass;
-use justitia_loadgen::clock::{calibrate_tsc, ClockChoice};
+use justitia_loadgen::clock::ClockChoice;
 use justitia_loadgen::flow::{Idle, DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
 use justitia_loadgen::plan::{FlowOutcome, FlowPlan, LatencyMethod, Percentiles, Workload};
 use justitia_sim::report::jain_index;
@@ -45,11 +46,12 @@ use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
 use crate::backend::Backend;
 use crate::{control_plot, export, plot, simulate, table};
+use host_timing::{idle_name, IdleChoice, RequesterClock};
 use hosts::Place;
 use plan::{RealFlow, RealRun, Timing};
 use procs::{Group, Said};
 use remote::Link;
-use wire::{ClockWish, IdleWish, Role, ServerClock, ToServer};
+use wire::{Role, ToServer};
 
 /// How long a flow's processes may take to connect before the run gives up.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
@@ -114,8 +116,8 @@ pub struct RunArgs {
     /// `spin` polls again at once; `yield` gives up the CPU after 256 empty polls and
     /// counts the samples that yielded; `auto` yields on a software RNIC (Soft-RoCE, siw),
     /// whose work runs on the CPUs the pollers would spin on, and spins on any other.
-    #[arg(long, value_enum, default_value_t = IdleArg::Auto)]
-    idle: IdleArg,
+    #[arg(long, value_enum, default_value_t = IdleChoice::Auto)]
+    idle: IdleChoice,
     /// The shaper (default: libjustitia.so beside this program).
     #[arg(long)]
     shaper: Option<PathBuf>,
@@ -297,43 +299,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if here {
         plan::check_device(&args.sysfs_infiniband, args.on.device.as_deref())?;
     }
-    // The requesters here choose their clock on this host; whether the TSC qualifies is
-    // said here, once, before anything starts (a run-server decides for its own host).
+    // This host's requesters' clock and idle mode, decided here once, before anything
+    // starts (a run-server decides its own host's by the same rules).
     let has_latency = flows().any(|f| place_of(&f.from) == Place::Here && is_latency(f));
-    // The requesters' clock, decided here once, before anything starts: the TSC, if it is
-    // invariant, the clocksource vouches for it and it fits, calibrated once for the whole
-    // run and handed to every requester (processes calibrating at once disturb each
-    // other's fits: 43% off with three on a 2-core VM); else CLOCK_MONOTONIC, said once.
-    let clock = if has_latency && args.clock != ClockChoice::Monotonic {
-        match (calibrate_tsc(), args.clock) {
-            (Ok(c), _) => {
-                eprintln!(
-                    "TSC calibrated once for the run: {:.0} Hz (bound {:.1e}, r^2 {:.6})",
-                    c.hz(),
-                    c.relative_error,
-                    c.r_squared
-                );
-                RequesterClock::Tsc(c.hz())
-            }
-            (Err(why), ClockChoice::Tsc) => bail!("--clock tsc: {why}"),
-            (Err(why), _) => {
-                eprintln!("{why}: latency samples are timed with CLOCK_MONOTONIC");
-                RequesterClock::Monotonic
-            }
-        }
+    let clock = RequesterClock::decide(has_latency, args.clock)?;
+    let idle = if here {
+        args.idle
+            .decide(&args.sysfs_infiniband, args.on.device.as_deref())?
     } else {
-        RequesterClock::Monotonic
-    };
-    let idle = match args.idle {
-        IdleArg::Spin => Idle::Spin,
-        IdleArg::Yield => Idle::Yield,
-        IdleArg::Auto
-            if here && plan::software_rnic(&args.sysfs_infiniband, args.on.device.as_deref())? =>
-        {
-            eprintln!("a software RNIC: the load generators yield after 256 empty polls (--idle spin to spin)");
-            Idle::Yield
-        }
-        IdleArg::Auto => Idle::Spin,
+        Idle::Spin
     };
     let loadgen = if here {
         beside_me(args.loadgen.as_deref(), "justitia-loadgen")?
@@ -584,10 +558,7 @@ fn outcomes_json(
     idle: Idle,
     servers: &serde_json::Value,
 ) -> serde_json::Value {
-    let clock = match clock {
-        RequesterClock::Tsc(hz) => serde_json::json!({ "kind": "tsc", "hz": hz }),
-        RequesterClock::Monotonic => serde_json::json!({ "kind": "monotonic" }),
-    };
+    let clock = clock.to_json();
     serde_json::Value::Array(
         outcomes
             .iter()
@@ -758,16 +729,8 @@ fn connect(
         let hello = ToServer::Hello {
             version: wire::VERSION,
             latency,
-            clock: match args.clock {
-                ClockChoice::Auto => ClockWish::Auto,
-                ClockChoice::Tsc => ClockWish::Tsc,
-                ClockChoice::Monotonic => ClockWish::Monotonic,
-            },
-            idle: match args.idle {
-                IdleArg::Auto => IdleWish::Auto,
-                IdleArg::Spin => IdleWish::Spin,
-                IdleArg::Yield => IdleWish::Yield,
-            },
+            clock: args.clock,
+            idle: args.idle,
         };
         let link = Link::connect(&names.join(", "), *addr, &hello)?;
         let w = link.welcome();
@@ -781,10 +744,7 @@ fn connect(
             "host {}: run-server {addr}, device {}, clock {}, idle {}",
             names.join(", "),
             w.device.as_deref().unwrap_or("(first device)"),
-            match w.clock {
-                ServerClock::Tsc { hz } => format!("tsc at {hz:.0} Hz"),
-                ServerClock::Monotonic {} => "monotonic".to_string(),
-            },
+            w.clock,
             w.idle
         );
         links.push(link);
@@ -805,15 +765,6 @@ struct Runner<'a> {
     places: BTreeMap<String, Place>,
     /// The run-servers, by [`Place::Server`]'s index.
     links: Vec<Arc<Link>>,
-}
-
-/// The clock every requester of a run times its samples with, decided once for the run.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum RequesterClock {
-    /// The TSC at the rate calibrated once for the run, in Hz.
-    Tsc(f64),
-    /// `CLOCK_MONOTONIC`.
-    Monotonic,
 }
 
 /// The unspecified address of `ip`'s family: where a responder listens for a requester on
@@ -872,10 +823,7 @@ impl Runner<'_> {
                     "address": link.addr().to_string(),
                     "hosts": hosts,
                     "device": w.device.as_deref().unwrap_or("(first device)"),
-                    "clock": match w.clock {
-                        ServerClock::Tsc { hz } => serde_json::json!({ "kind": "tsc", "hz": hz }),
-                        ServerClock::Monotonic {} => serde_json::json!({ "kind": "monotonic" }),
-                    },
+                    "clock": w.clock.to_json(),
                     "idle": w.idle,
                 })
             })
@@ -932,14 +880,7 @@ impl Runner<'_> {
             Place::Here => {
                 let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
                 c.args(["request", "--connect", &connect.to_string()]);
-                match self.clock {
-                    RequesterClock::Tsc(hz) => {
-                        c.args(["--clock", "tsc", "--tsc-hz", &format!("{hz:.0}")]);
-                    }
-                    RequesterClock::Monotonic => {
-                        c.args(["--clock", "monotonic"]);
-                    }
-                }
+                self.clock.add_to(&mut c);
                 if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
                     c.env("LD_PRELOAD", lib)
                         .env("JUSTITIA_CLASS", class_name(f.class))
@@ -1129,24 +1070,6 @@ impl Runner<'_> {
     }
 }
 
-/// `--idle`: the load generators' own choice, or `auto`, made here from the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum IdleArg {
-    /// Yield on a software RNIC, spin on any other.
-    Auto,
-    /// Always poll again at once.
-    Spin,
-    /// Always yield after 256 empty polls.
-    Yield,
-}
-
-fn idle_name(i: Idle) -> &'static str {
-    match i {
-        Idle::Spin => "spin",
-        Idle::Yield => "yield",
-    }
-}
-
 fn class_name(c: FlowClass) -> &'static str {
     match c {
         FlowClass::Latency => "latency",
@@ -1190,7 +1113,7 @@ mod tests {
         let json = outcomes_json(
             &[measured],
             "rxe0",
-            RequesterClock::Tsc(2.1e9),
+            RequesterClock::Tsc { hz: 2.1e9 },
             Idle::Yield,
             &serde_json::json!([]),
         );
@@ -1206,7 +1129,7 @@ mod tests {
         let monotonic = outcomes_json(
             &[],
             "rxe0",
-            RequesterClock::Monotonic,
+            RequesterClock::Monotonic {},
             Idle::Spin,
             &serde_json::json!([]),
         );

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::host_timing::RequesterClock;
 use super::procs::Said;
-use super::wire::{self, Exit, ReadError, ServerClock, ToClient, ToServer};
+use super::wire::{self, Exit, ReadError, ToClient, ToServer};
 
 /// How long connecting to a run-server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,7 +38,7 @@ pub struct Welcome {
     /// Its device (`None`: the first one).
     pub device: Option<String>,
     /// Its requesters' clock.
-    pub clock: ServerClock,
+    pub clock: RequesterClock,
     /// Its idle mode.
     pub idle: String,
     /// Whether it can run requesters under the shaper.

@@ -21,12 +21,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use justitia_loadgen::clock::calibrate_tsc;
+use justitia_loadgen::flow::Idle;
 
+use super::host_timing::{idle_name, RequesterClock};
 use super::procs::{self, Group, Said};
-use super::wire::{
-    self, ClockWish, Exit, IdleWish, ReadError, Role, ServerClock, ToClient, ToServer,
-};
+use super::wire::{self, Exit, ReadError, Role, ToClient, ToServer};
 use super::{beside_me, plan, DeviceArgs, DEFAULT_MAX_PROCESSES, SYSFS_INFINIBAND};
 
 /// How long a new connection has to say hello.
@@ -191,8 +190,9 @@ fn read_client(mut reader: BufReader<TcpStream>, stop: Arc<AtomicBool>) -> Recei
     rx
 }
 
-/// The server's decisions for one client, from its hello.
-fn welcome(config: &Config, hello: &ToServer) -> Result<(ServerClock, &'static str)> {
+/// The server's decisions for one client, from its hello: its requesters' clock and its
+/// load generators' idle mode, by the rules `justitia run` decides its own host's with.
+fn welcome(config: &Config, hello: &ToServer) -> Result<(RequesterClock, Idle)> {
     let ToServer::Hello {
         version,
         latency,
@@ -209,24 +209,8 @@ fn welcome(config: &Config, hello: &ToServer) -> Result<(ServerClock, &'static s
         );
     }
     plan::check_device(&config.sysfs, config.on.device.as_deref())?;
-    // Calibrated once per client, as `justitia run` does once for its own host.
-    let clock = if *latency && *clock != ClockWish::Monotonic {
-        match (calibrate_tsc(), clock) {
-            (Ok(c), _) => ServerClock::Tsc { hz: c.hz() },
-            (Err(why), ClockWish::Tsc) => bail!("--clock tsc: {why}"),
-            (Err(_), _) => ServerClock::Monotonic {},
-        }
-    } else {
-        ServerClock::Monotonic {}
-    };
-    let idle = match idle {
-        IdleWish::Spin => "spin",
-        IdleWish::Yield => "yield",
-        IdleWish::Auto if plan::software_rnic(&config.sysfs, config.on.device.as_deref())? => {
-            "yield"
-        }
-        IdleWish::Auto => "spin",
-    };
+    let clock = RequesterClock::decide(*latency, *clock)?;
+    let idle = idle.decide(&config.sysfs, config.on.device.as_deref())?;
     Ok((clock, idle))
 }
 
@@ -265,7 +249,7 @@ fn serve(stream: TcpStream, config: &Config) -> Result<()> {
         &ToClient::Welcome {
             device: config.on.device.clone(),
             clock,
-            idle: idle.to_string(),
+            idle: idle_name(idle).to_string(),
             shaper: config.shaper.is_some(),
         },
     )?;
@@ -295,8 +279,8 @@ fn serve(stream: TcpStream, config: &Config) -> Result<()> {
 /// One client's connection after the welcome.
 struct Session<'a> {
     config: &'a Config,
-    clock: ServerClock,
-    idle: &'static str,
+    clock: RequesterClock,
+    idle: Idle,
     /// The kids of the client's current run.
     group: Group,
     /// Each group index's kid.
@@ -444,7 +428,7 @@ impl Session<'_> {
         let config = self.config;
         let mut c = Command::new(&config.loadgen);
         config.on.add_to(&mut c);
-        c.args(["--idle", self.idle]);
+        c.args(["--idle", idle_name(self.idle)]);
         c.args(["--plan", &serde_json::to_string(&spawn.plan)?]);
         match (spawn.role, spawn.listen, spawn.connect) {
             (Role::Respond, Some(listen), _) => {
@@ -452,14 +436,7 @@ impl Session<'_> {
             }
             (Role::Request, _, Some(connect)) => {
                 c.args(["request", "--connect", &connect.to_string()]);
-                match self.clock {
-                    ServerClock::Tsc { hz } => {
-                        c.args(["--clock", "tsc", "--tsc-hz", &format!("{hz:.0}")]);
-                    }
-                    ServerClock::Monotonic {} => {
-                        c.args(["--clock", "monotonic"]);
-                    }
-                }
+                self.clock.add_to(&mut c);
             }
             _ => bail!("bad request: spawn {} without its address", spawn.id),
         }

@@ -21,8 +21,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use justitia_loadgen::clock::ClockChoice;
 use justitia_loadgen::plan::FlowPlan;
 use serde::{Deserialize, Serialize};
+
+use super::host_timing::{IdleChoice, RequesterClock};
 
 /// The protocol's version, in `hello`: a server refuses any other.
 pub const VERSION: u32 = 1;
@@ -44,30 +47,6 @@ pub const READ_TICK: Duration = Duration::from_millis(200);
 /// The only variables a client may set in a kid's environment, and only in a requester
 /// that runs under the shaper: the class and policy the shaper applies.
 pub const ALLOWED_ENV: [&str; 2] = ["JUSTITIA_CLASS", "JUSTITIA_POLICY"];
-
-/// The client's choice of the requesters' clock, as `justitia run --clock` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClockWish {
-    /// The TSC where it qualifies, else `CLOCK_MONOTONIC`.
-    Auto,
-    /// The TSC, or refuse.
-    Tsc,
-    /// `CLOCK_MONOTONIC`.
-    Monotonic,
-}
-
-/// The client's choice of idle mode, as `justitia run --idle` says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum IdleWish {
-    /// The server decides from its own device (yield on a software RNIC).
-    Auto,
-    /// Always spin.
-    Spin,
-    /// Always yield.
-    Yield,
-}
 
 /// Which end of a flow a kid is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,9 +70,9 @@ pub enum ToServer {
         /// calibrates its TSC only then).
         latency: bool,
         /// The requesters' clock.
-        clock: ClockWish,
+        clock: ClockChoice,
         /// The load generators' idle mode.
-        idle: IdleWish,
+        idle: IdleChoice,
     },
     /// Start one end of a flow.
     Spawn(Spawn),
@@ -167,19 +146,6 @@ impl Spawn {
     }
 }
 
-/// The server's clock decision for its requesters.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub enum ServerClock {
-    /// The TSC at this rate, calibrated once for the connection.
-    Tsc {
-        /// Hz.
-        hz: f64,
-    },
-    /// `CLOCK_MONOTONIC`.
-    Monotonic {},
-}
-
 /// How a kid ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -201,7 +167,7 @@ pub enum ToClient {
         /// The device its load generators open (`None`: the first one).
         device: Option<String>,
         /// Its requesters' clock.
-        clock: ServerClock,
+        clock: RequesterClock,
         /// Its load generators' idle mode, `spin` or `yield`.
         idle: String,
         /// Whether it has a shaper to run shaped requesters under.

@@ -196,6 +196,17 @@ fn loop_of(config: LoopConfig) -> ControlLoop {
     lp
 }
 
+/// [`loop_of`] with Target99 50 us and the fixed increase law stepping a tenth of MaxRate,
+/// so that one calm update after a halving shows as a distinct SafeUtil.
+fn fixed_step_loop() -> ControlLoop {
+    loop_of(LoopConfig {
+        target: Target99::Absolute(us(50)),
+        increase: IncreaseLaw::Fixed,
+        increase_step: 0.1,
+        ..LoopConfig::default()
+    })
+}
+
 #[test]
 fn the_controller_runs_on_the_loops_ref_period_delta_step_and_law() {
     // RefPeriod 10 ms, delta 50 ms, every probe slow: the second sample (update 3, at
@@ -225,12 +236,7 @@ fn the_controller_runs_on_the_loops_ref_period_delta_step_and_law() {
     // The fixed law with a step of a tenth of MaxRate: from the floor (one halving,
     // 1/2), the first increase reaches 6/10 of MaxRate. The default step (1/1000) or the
     // search law would not.
-    let mut lp = loop_of(LoopConfig {
-        target: Target99::Absolute(us(50)),
-        increase: IncreaseLaw::Fixed,
-        increase_step: 0.1,
-        ..LoopConfig::default()
-    });
+    let mut lp = fixed_step_loop();
     let mut t = Duration::ZERO;
     run_periods(&mut lp, &mut t, 3, us(100));
     assert_eq!(lp.last_action(), Some(ControlAction::Decrease));
@@ -2089,12 +2095,7 @@ fn a_profile_with_max_tput_0_or_an_unusable_max_rate_is_refused_by_the_loop() {
 /// decrease, and not at an increase or a hold.
 #[test]
 fn the_loop_counts_its_decreases() {
-    let mut lp = loop_of(LoopConfig {
-        target: Target99::Absolute(us(50)),
-        increase: IncreaseLaw::Fixed,
-        increase_step: 0.1,
-        ..LoopConfig::default()
-    });
+    let mut lp = fixed_step_loop();
     let mut t = Duration::ZERO;
     let (mut seen_updates, mut counted, mut increases) = (0, 0, 0);
     for period in 0..3000 {
