@@ -131,7 +131,7 @@ pub struct DeviceOptions {
 /// The verbs objects of one end.
 struct Rig {
     verbs: Arc<Ibverbs>,
-    _ctx: Context,
+    ctx: Context,
     pd: ProtectionDomain,
     mr: MemoryRegion,
     send_cq: CompletionQueue,
@@ -225,7 +225,7 @@ impl Rig {
         };
         let mut rig = Rig {
             verbs: Arc::clone(ctx.verbs()),
-            _ctx: ctx,
+            ctx,
             pd,
             mr,
             send_cq,
@@ -665,7 +665,11 @@ pub fn request_flow(
     };
     // Hanging up tells the responder to finish.
     drop(stream);
-    Ok(outcome)
+    Ok(FlowOutcome {
+        path_mtu: rig.ctx.active_mtu_bytes(options.port).ok(),
+        nic_clock_khz: rig.ctx.completion_clock_khz(),
+        ..outcome
+    })
 }
 
 /// RPerf's loopback: a second queue pair of the requester connected to a third one of its
@@ -907,6 +911,14 @@ fn percentiles(h: &Histogram<u64>) -> Option<Percentiles> {
     })
 }
 
+/// `h` as [`FlowOutcome::latency_histogram`] gives it: `[ns, count]` for each bucket that
+/// holds samples, named by the largest value the bucket holds.
+fn histogram_export(h: &Histogram<u64>) -> Vec<[u64; 2]> {
+    h.iter_recorded()
+        .map(|v| [v.value_iterated_to(), v.count_at_value()])
+        .collect()
+}
+
 struct LatencyRun<'a> {
     plan: &'a FlowPlan,
     timer: &'a Timer,
@@ -973,6 +985,9 @@ impl LatencyRun<'_> {
             negative_samples: samples.negative,
             clock: self.timer.describe(),
             yielded_samples: samples.yielded,
+            latency_histogram: histogram_export(&samples.latency),
+            path_mtu: None,
+            nic_clock_khz: None,
         })
     }
 
@@ -1322,6 +1337,9 @@ fn run_stream(
         negative_samples: 0,
         clock: "monotonic".into(),
         yielded_samples: 0,
+        latency_histogram: Vec::new(),
+        path_mtu: None,
+        nic_clock_khz: None,
     })
 }
 
@@ -1494,5 +1512,27 @@ mod tests {
         assert_eq!(p.samples, 1000);
         assert!((p.p50_us - 500.0).abs() < 0.5, "{p:?}");
         assert!((p.p99_us - 990.0).abs() < 1.0, "{p:?}");
+    }
+
+    /// The export holds every sample once, in its bucket, buckets in increasing order and
+    /// each named within the histogram's 3 significant figures of what was recorded.
+    #[test]
+    fn the_histogram_export_holds_every_sample_in_its_bucket() {
+        let mut h = histogram().unwrap_or_else(|e| panic!("{e}"));
+        for ns in [1000.0, 1000.0, 1000.0, 5000.0, 2_000_000.0] {
+            record(&mut h, ns);
+        }
+        let export = histogram_export(&h);
+        let counts: Vec<u64> = export.iter().map(|b| b[1]).collect();
+        assert_eq!(counts, [3, 1, 1], "{export:?}");
+        assert_eq!(export[0][0], 1000);
+        for (bucket, recorded) in export.iter().zip([1000.0, 5000.0, 2_000_000.0]) {
+            let value = bucket[0] as f64;
+            assert!(
+                value >= recorded && value <= recorded * 1.001,
+                "{value} for {recorded}"
+            );
+        }
+        assert!(histogram_export(&histogram().unwrap_or_else(|e| panic!("{e}"))).is_empty());
     }
 }

@@ -280,6 +280,21 @@ pub struct FlowOutcome {
     /// `--idle yield`): each may hold a scheduler's delay. Absent from older outcomes.
     #[serde(default)]
     pub yielded_samples: u64,
+    /// The latency samples as a histogram, ns: `[value, count]` for every bucket that holds
+    /// samples, in increasing order, each bucket named by the largest value it holds
+    /// (HdrHistogram, 3 significant figures). Empty for flows without latency samples, and
+    /// in older outcomes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_histogram: Vec<[u64; 2]>,
+    /// The path MTU the flow's queue pairs were connected with, bytes (`None`: not known,
+    /// or an older outcome).
+    #[serde(default)]
+    pub path_mtu: Option<u32>,
+    /// The device's clock for NIC completion time stamps, kHz, when it offers them;
+    /// `None` when it offers none (Soft-RoCE) or cannot say. Samples are the host's time
+    /// stamps (`clock`) either way: the NIC's are not read.
+    #[serde(default)]
+    pub nic_clock_khz: Option<u64>,
 }
 
 impl FlowOutcome {
@@ -357,6 +372,9 @@ mod tests {
             negative_samples: 0,
             clock: "monotonic".into(),
             yielded_samples: 0,
+            latency_histogram: Vec::new(),
+            path_mtu: Some(1024),
+            nic_clock_khz: None,
         };
         assert_eq!(o.msgs_per_sec(), 2000.0);
         assert!((o.gbps() - 16.0).abs() < 1e-12);
@@ -368,5 +386,7 @@ mod tests {
             "loopback":null,"wire":null,"negative_samples":0,"clock":"monotonic"}"#;
         let o: FlowOutcome = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((o.messages, o.yielded_samples), (3, 0));
+        assert!(o.latency_histogram.is_empty());
+        assert_eq!((o.path_mtu, o.nic_clock_khz), (None, None));
     }
 }

@@ -264,6 +264,18 @@ impl Context {
         check(rc, "ibv_query_device").map(|()| attr)
     }
 
+    /// The device's clock for completion time stamps, kHz (`hca_core_clock`), when it
+    /// offers them (`completion_timestamp_mask` non-zero); `None` when it offers none, or
+    /// has no extended query to say.
+    pub fn completion_clock_khz(&self) -> Option<u64> {
+        // SAFETY: every field of the attribute block is plain data; zero is a valid value.
+        let mut attr: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: live context, writable attribute block of the size passed.
+        let rc = unsafe { ops::query_device_ex(self.as_ptr(), &mut attr) };
+        (rc == 0 && attr.completion_timestamp_mask != 0 && attr.hca_core_clock != 0)
+            .then_some(attr.hca_core_clock)
+    }
+
     /// `ibv_query_port`.
     pub fn query_port(&self, port: u8) -> Result<ibv_port_attr, VerbsError> {
         let mut attr = ibv_port_attr::default();
@@ -277,6 +289,15 @@ impl Context {
             )
         };
         check(rc, &format!("ibv_query_port(port {port})")).map(|()| attr)
+    }
+
+    /// The port's active MTU in bytes: the path MTU [`QueuePair::connect`] gives the
+    /// queue pairs it connects on that port.
+    pub fn active_mtu_bytes(&self, port: u8) -> Result<u32, VerbsError> {
+        let mtu = self.query_port(port)?.active_mtu;
+        mtu_bytes(mtu).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("port {port} reports MTU code {mtu}"))
+        })
     }
 
     /// `ibv_query_gid`: the GID at `index` of `port`.
@@ -935,5 +956,27 @@ impl QueuePair {
         // SAFETY: live QP; the list and its SGEs live until the call returns.
         let rc = unsafe { ops::post_recv(self.as_ptr(), base, &mut bad) };
         check(rc, &format!("ibv_post_recv({} requests)", requests.len()))
+    }
+}
+
+/// An `ibv_mtu` code in bytes (`IBV_MTU_256` is 256, each code after it doubles); `None`
+/// for a code verbs does not define.
+pub fn mtu_bytes(mtu: ibv_mtu) -> Option<u32> {
+    (IBV_MTU_256..=IBV_MTU_4096)
+        .contains(&mtu)
+        .then(|| 256 << (mtu - IBV_MTU_256))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_codes_are_bytes() {
+        assert_eq!(mtu_bytes(IBV_MTU_256), Some(256));
+        assert_eq!(mtu_bytes(IBV_MTU_1024), Some(1024));
+        assert_eq!(mtu_bytes(IBV_MTU_4096), Some(4096));
+        assert_eq!(mtu_bytes(0), None);
+        assert_eq!(mtu_bytes(IBV_MTU_4096 + 1), None);
     }
 }

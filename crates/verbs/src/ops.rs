@@ -178,6 +178,26 @@ pub unsafe fn create_cq_ex(
     }
 }
 
+/// `ibv_query_device_ex` through the extended context, with an empty input and the whole
+/// `attr` as this crate's headers lay it out (a provider fills what it knows of it).
+/// `EOPNOTSUPP` when the provider has no extended query.
+///
+/// # Safety
+/// `ctx` must be a live context.
+pub unsafe fn query_device_ex(ctx: *mut ibv_context, attr: &mut ibv_device_attr_ex) -> c_int {
+    let input = ibv_query_device_ex_input { comp_mask: 0 };
+    // SAFETY: guaranteed by the caller; input and attr are valid for the call.
+    unsafe {
+        let vctx = verbs_get_ctx(ctx);
+        if !vctx.is_null() && verbs_ctx_has(vctx, offset_of!(verbs_context, query_device_ex)) {
+            if let Some(f) = (*vctx).query_device_ex {
+                return f(ctx, &input, attr, std::mem::size_of::<ibv_device_attr_ex>());
+            }
+        }
+        NO_OP
+    }
+}
+
 /// Sets the calling thread's `errno`.
 pub fn set_errno(value: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot.

@@ -100,7 +100,7 @@ run_scenario "lat vs 1 MB bw spread over 4 QPs" scenarios/lat-vs-1mb-bw-4qps-ib5
 
 # RPerf against plain post-to-completion, 16 B SENDs.
 lat=tests/vm/scenarios/send-lat-16b-softroce.toml
-timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method rperf > "$OUT/rperf.log" 2>&1
+timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method rperf --out "$OUT" > "$OUT/rperf.log" 2>&1
 timeout 120 "$BIN/justitia" run "$lat" --shaper "$LIB" -d "$DEV" --duration-ms "$RUN_MS" --warmup-ms "$WARM_MS" --latency-method post-poll > "$OUT/post-poll.log" 2>&1
 rperf=$(grep '^rperf lat' "$OUT/rperf.log")
 rtt=$(echo "$rperf" | sed -n 's/.*T_W - T_L median \([0-9.]*\) us.*/\1/p')
@@ -119,6 +119,25 @@ if [ -n "$rtt" ] && [ -n "$pp" ] && [ -n "$tw" ] && [ -n "$tl" ] \
   result PASS "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L median $rtt us, post-to-completion median $pp us, loopback T_L median $tl us, T_W median $tw us"
 else
   result FAIL "run backend: RPerf vs post-poll, 16 B SEND" "T_W - T_L '$rtt', post-poll '$pp', T_L '$tl' ($(tail -n 1 "$OUT/rperf.log"))"
+fi
+
+# What the report says of how it measured, against rdma-core's own tool: the path MTU is
+# the port's active MTU as ibv_devinfo gives it, and the NIC's completion time stamps are
+# said to be offered exactly when ibv_devinfo -v gives the device's core clock (rxe has
+# none: "core clock not supported").
+mtu=$(ibv_devinfo -d "$DEV" | awk '$1 == "active_mtu:" {print $2; exit}')
+ibv_devinfo -v -d "$DEV" > "$OUT/devinfo-v.txt" 2>&1
+khz=$(awk '$1 == "hca_core_clock:" {print $2; exit}' "$OUT/devinfo-v.txt")
+grep -q "core clock not supported" "$OUT/devinfo-v.txt" && khz=""
+said_mtu=$(sed -n 's/^path MTU: \([0-9]*\) B$/\1/p' "$OUT/rperf.log")
+said_nic=$(sed -n 's/^NIC completion time stamps: \(.*\); every sample is the host.s$/\1/p' "$OUT/rperf.log")
+if [ -z "$khz" ]; then want_nic="none offered by the device"; else want_nic="offered at ${khz%kHZ} kHz, not read"; fi
+if [ -n "$mtu" ] && [ "$said_mtu" = "$mtu" ] && [ "$said_nic" = "$want_nic" ] \
+  && grep -q '"path_mtu": *'"$mtu" "$OUT"/send-lat-16b-softroce-outcomes.json 2> /dev/null \
+  && grep -q '"latency_histogram"' "$OUT"/send-lat-16b-softroce-outcomes.json; then
+  result PASS "run backend: the report's MTU and NIC time stamps match ibv_devinfo" "path MTU $said_mtu B (ibv_devinfo: $mtu); NIC completion time stamps: $said_nic (ibv_devinfo -v core clock: ${khz:-none}); outcomes carry path_mtu and latency_histogram"
+else
+  result FAIL "run backend: the report's MTU and NIC time stamps match ibv_devinfo" "said MTU '$said_mtu' vs ibv_devinfo '$mtu'; said NIC '$said_nic' vs '$want_nic'; outcomes: $(ls "$OUT"/*outcomes.json 2> /dev/null | head -3 | tr '\n' ' ')"
 fi
 
 # The same 16 B SEND latency by justitia run (ping-pong, half round trip) and ib_send_lat,

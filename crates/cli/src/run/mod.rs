@@ -445,17 +445,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             println!("  {note}");
         }
     }
-    let clocks: std::collections::BTreeSet<&str> = outcomes
-        .iter()
-        .flat_map(|m| &m.flows)
-        .filter(|f| f.latency.is_some())
-        .map(|f| f.clock.as_str())
-        .collect();
-    if !clocks.is_empty() {
-        println!(
-            "latency samples timed by: {}",
-            clocks.into_iter().collect::<Vec<_>>().join(", ")
-        );
+    for line in timing_lines(&outcomes) {
+        println!("{line}");
     }
     for line in rperf_lines(&outcomes, rounds) {
         println!("{line}");
@@ -577,6 +568,39 @@ fn outcomes_json(
             })
             .collect(),
     )
+}
+
+/// How the flows were measured, as perftest's header says it: the clocks that timed the
+/// latency samples, whether the devices offer NIC completion time stamps (they are not
+/// read: every sample is the host's), and the path MTUs the queue pairs were connected
+/// with. Each line lists the distinct values over every host's flows.
+fn timing_lines(outcomes: &[Measured]) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let flows = || outcomes.iter().flat_map(|m| &m.flows);
+    let timed = || flows().filter(|f| f.latency.is_some());
+    let mut out = Vec::new();
+    let clocks: BTreeSet<&str> = timed().map(|f| f.clock.as_str()).collect();
+    if !clocks.is_empty() {
+        let clocks: Vec<&str> = clocks.into_iter().collect();
+        out.push(format!("latency samples timed by: {}", clocks.join(", ")));
+        let nic: BTreeSet<String> = timed()
+            .map(|f| match f.nic_clock_khz {
+                Some(khz) => format!("offered at {khz} kHz, not read"),
+                None => "none offered by the device".to_string(),
+            })
+            .collect();
+        let nic: Vec<String> = nic.into_iter().collect();
+        out.push(format!(
+            "NIC completion time stamps: {}; every sample is the host's",
+            nic.join(", ")
+        ));
+    }
+    let mtus: BTreeSet<u32> = flows().filter_map(|f| f.path_mtu).collect();
+    if !mtus.is_empty() {
+        let mtus: Vec<String> = mtus.iter().map(|m| format!("{m} B")).collect();
+        out.push(format!("path MTU: {}", mtus.join(", ")));
+    }
+    out
 }
 
 /// RPerf's parts for each flow timed by it: T_W - T_L beside T_W and the loopback's own T_L;
@@ -1087,6 +1111,86 @@ mod tests {
     /// Each run of `-outcomes.json` says how it was measured: the device, the requesters'
     /// clock with the rate handed to them, the idle mode, and each flow's plan beside its
     /// outcome.
+    /// An outcome of flow `name`, with latency samples when `timed`.
+    fn outcome(name: &str, timed: bool, mtu: Option<u32>, nic_khz: Option<u64>) -> FlowOutcome {
+        FlowOutcome {
+            name: name.into(),
+            messages: 10,
+            bytes: 160,
+            window_s: 1.0,
+            latency: timed.then_some(Percentiles {
+                samples: 10,
+                p50_us: 5.0,
+                p99_us: 9.0,
+                p999_us: 9.0,
+                mean_us: 5.0,
+                max_us: 9.0,
+            }),
+            loopback: None,
+            wire: None,
+            negative_samples: 0,
+            clock: if timed {
+                "tsc at 2100000000 Hz"
+            } else {
+                "monotonic"
+            }
+            .into(),
+            yielded_samples: 0,
+            latency_histogram: if timed {
+                vec![[5000, 9], [9000, 1]]
+            } else {
+                Vec::new()
+            },
+            path_mtu: mtu,
+            nic_clock_khz: nic_khz,
+        }
+    }
+
+    /// The report says what timed the samples, that the NIC's time stamps were not read
+    /// (whether or not a device offers them), and the path MTUs; the outcomes file keeps
+    /// each flow's MTU and histogram.
+    #[test]
+    fn the_report_says_the_clock_nic_time_stamps_and_mtu() {
+        let measured = |flows| Measured {
+            repeat: 1,
+            run: "with bw".to_string(),
+            plans: Vec::new(),
+            ends: Vec::new(),
+            flows,
+        };
+        let on_rxe = [measured(vec![
+            outcome("lat", true, Some(1024), None),
+            outcome("bw", false, Some(4096), None),
+        ])];
+        assert_eq!(
+            timing_lines(&on_rxe),
+            [
+                "latency samples timed by: tsc at 2100000000 Hz",
+                "NIC completion time stamps: none offered by the device; every sample is the host's",
+                "path MTU: 1024 B, 4096 B",
+            ]
+        );
+        let offered = [measured(vec![outcome("lat", true, None, Some(1_000_000))])];
+        assert_eq!(
+            timing_lines(&offered)[1],
+            "NIC completion time stamps: offered at 1000000 kHz, not read; every sample is the host's"
+        );
+        assert!(timing_lines(&[measured(vec![outcome("bw", false, None, None)])]).is_empty());
+        let json = outcomes_json(
+            &on_rxe,
+            "rxe0",
+            RequesterClock::Monotonic {},
+            Idle::Spin,
+            &serde_json::json!([]),
+        );
+        assert_eq!(json[0]["flows"][0]["path_mtu"], 1024);
+        assert_eq!(
+            json[0]["flows"][0]["latency_histogram"],
+            serde_json::json!([[5000, 9], [9000, 1]])
+        );
+        assert!(json[0]["flows"][1].get("latency_histogram").is_none());
+    }
+
     #[test]
     fn outcomes_say_the_device_clock_idle_mode_and_plans() {
         let plan = FlowPlan {
