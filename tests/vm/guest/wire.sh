@@ -9,13 +9,17 @@
 # (5) times under the daemon:
 #
 #   native     the latency flow alone, then beside the stream, no shaper, WIRE_NATIVE_REPEAT
-#              (3) times: the strict verdict must FAIL on the p99 (the latency flow waits
-#              behind the stream's packets at the bucket);
+#              (3) times: the strict verdict must FAIL, the p99 judged (the latency flow
+#              waits behind the stream's packets at the bucket);
 #   justitia   alone, the stream alone, both together under A's justitiad (policy
 #              justitia, profile SoftRoCE-wire, whose MaxRate is the wire's payload rate,
 #              Target99 1.5 x the probe's idle p99): the strict verdict must PASS;
 #   adaptive   the same under A's justitiad with policy adaptive, WIRE_ADAPTIVE_REPEAT (3)
-#              times: reported, not judged.
+#              times: reported, not judged;
+#   tput       a throughput victim (batches of 64 16 B WRITEs) alone, the stream alone,
+#              both natively and under justitiad's justitia policy, WIRE_TPUT_REPEAT (3)
+#              times (tests/vm/scenarios/wire-tput-vs-bw-softroce.toml): each one's rate
+#              beside the other as a ratio to its rate alone, reported.
 #
 # The strict verdict, on the medians of the repeats: the latency flow's p99 beside the
 # stream at most WIRE_MAX_P99_RATIO (5) times its p99 alone, and every flow's rate at
@@ -54,6 +58,7 @@ RATE=${WIRE_RATE:-8mbit}
 REPEAT=${WIRE_REPEAT:-5}
 ADAPTIVE_REPEAT=${WIRE_ADAPTIVE_REPEAT:-3}
 NATIVE_REPEAT=${WIRE_NATIVE_REPEAT:-3}
+TPUT_REPEAT=${WIRE_TPUT_REPEAT:-3}
 DURATION_MS=${WIRE_DURATION_MS:-4000}
 NATIVE_DURATION_MS=${WIRE_NATIVE_DURATION_MS:-12000}
 WARMUP_MS=${WIRE_WARMUP_MS:-500}
@@ -63,6 +68,7 @@ ACK_TIMEOUT=18
 SERVER_PORT=7771
 SCENARIO=tests/vm/scenarios/wire-lat-vs-bw-softroce.toml
 ADAPTIVE_SCENARIO=tests/vm/scenarios/wire-lat-vs-bw-adaptive-softroce.toml
+TPUT_SCENARIO=tests/vm/scenarios/wire-tput-vs-bw-softroce.toml
 
 LAST_RESULT=$SECONDS
 result() { # STATUS NAME DETAIL
@@ -88,14 +94,34 @@ verdict_of() { # LOG
   sed -n '/^isolation verdict/,$p' "$1" | head -n 12 | tr -s ' ' | paste -sd ';' | cut -c1-900
 }
 
-# justitia run with the wire's settings; its output in LOG, its status returned.
+# justitia run with the wire's settings and the strict verdict; its output in LOG, its
+# status returned.
 wire_run() { # LOG SCENARIO ONLY DURATION_MS REPEATS [OPTION...]
-  local log=$1 scenario=$2 only=$3 duration=$4 repeats=$5
+  local log=$1 scenario=$2 only=$3 duration=$4 repeats=$5 verdict
   shift 5
+  # NO_P99 set: a scenario without latency flows, judged on rates only.
+  verdict=(--min-rate-ratio "$MIN_RATE")
+  [ -n "${NO_P99:-}" ] || verdict+=(--max-p99-ratio "$MAX_P99")
   timeout 1500 "$BIN/justitia" run "$scenario" -d "$A_DEV" -x "$GID" --ack-timeout "$ACK_TIMEOUT" \
     --host "b=$B_ADDR:$SERVER_PORT" --shaper "$LIB" --only "$only" \
     --duration-ms "$duration" --warmup-ms "$WARMUP_MS" --repeat "$repeats" --compare \
-    --max-p99-ratio "$MAX_P99" --min-rate-ratio "$MIN_RATE" --out "$log.out" "$@" > "$log" 2>&1
+    "${verdict[@]}" --out "$log.out" "$@" > "$log" 2>&1
+}
+
+# The medians of the throughput victim's runs, from the spread table: its rate and the
+# stream's beside it natively and under the daemon, each as a ratio to its rate alone.
+tput_summary() { # LOG
+  awk '$NF ~ /^[0-9.]+$/ && /rate \(msgs\/s\)/ {
+      key = $0; sub(/ +(tput|bw) +rate.*/, "", key); gsub(/^ +/, "", key)
+      flow = ($0 ~ / tput +rate/) ? "tput" : "bw"
+      for (i = 1; i <= NF; i++) if ($i == "(msgs/s)") { m[key "/" flow] = $(i + 1); break }
+    }
+    END {
+      a = m["alone/tput"]; b = m["bw alone/bw"]
+      if (a > 0 && b > 0)
+        printf "throughput flow %.0f msgs/s alone, %.0f beside the stream natively (x%.2f), %.0f under justitiad (x%.2f); the stream x%.2f natively, x%.2f under justitiad", a, m["with bw/tput"], m["with bw/tput"] / a, m["with bw + justitia/tput"], m["with bw + justitia/tput"] / a, m["with bw/bw"] / b, m["with bw + justitia/bw"] / b
+      else printf "no spread table"
+    }' "$1"
 }
 
 # The loop over a policy run's repeats, from justitia run's "justitiad's loop in" lines:
@@ -128,54 +154,67 @@ onb 20 "(setsid $BIN/justitia run-server --listen $B_ADDR:$SERVER_PORT -d $B_DEV
 NAME="the strict verdict fails natively (16 B ping-pong beside 64 KiB WRITEs on the $RATE wire, medians of $NATIVE_REPEAT)"
 wire_run "$L.native.log" "$SCENARIO" "alone,with bw" "$NATIVE_DURATION_MS" "$NATIVE_REPEAT"
 rc=$?
-if [ "$rc" != 0 ] && grep -q "^isolation verdict" "$L.native.log" && grep -q "FAIL lat .*p99" "$L.native.log"; then
+# The verdict must fail, with the latency flow's p99 judged (100 samples or more): the
+# p99 ratio was x10.2 to x12 on quiet hosts and x5.6 on one loaded by other builds, whose
+# CPU load lifted the p99 alone; the rate fails by a factor of ten either way.
+if [ "$rc" != 0 ] && grep -q "^isolation verdict" "$L.native.log" && grep -qE "^ *FAIL " "$L.native.log" \
+  && grep -qE "^ *(PASS|FAIL) lat .*p99" "$L.native.log"; then
   result PASS "$NAME" "$(verdict_of "$L.native.log")"
 else
-  result FAIL "$NAME" "exit $rc (the p99 must be judged and fail): $(verdict_of "$L.native.log") $(tail -n 3 "$L.native.log" | tr '\n' ' ')"
+  result FAIL "$NAME" "exit $rc (the p99 must be judged and the verdict fail): $(verdict_of "$L.native.log") $(tail -n 3 "$L.native.log" | tr '\n' ' ')"
 fi
 
 # --- under justitiad: justitia must pass, adaptive is reported ------------------------
-under_daemon() { # POLICY SCENARIO ONLY STRICT(yes|no) REPEATS
-  local policy=$1 scenario=$2 only=$3 strict=$4 repeats=$5 dir=/tmp/wire-daemon.$1 metrics=127.0.0.1:19470 rc loop name
+# TAG names the logs (RESULTS/logs/wire.TAG.*); WHAT, when given, starts the result's name.
+under_daemon() { # TAG POLICY SCENARIO ONLY STRICT(yes|no) REPEATS [WHAT]
+  local tag=$1 policy=$2 scenario=$3 only=$4 strict=$5 repeats=$6 what=${7:-}
+  local dir=/tmp/wire-daemon.$1 metrics=127.0.0.1:19470 rc loop name
   if [ "$strict" = yes ]; then
     name="the strict verdict passes under justitiad ($policy, medians of $repeats)"
   else
     name="under justitiad ($policy, medians of $repeats), reported"
   fi
+  [ -n "$what" ] && name="$what, $name"
   mkdir -p "$dir"
   if ! daemon_config "$dir/justitiad.toml" "$dir/justitiad.sock" "$dir/admin.sock" "$metrics" \
     "device=\"$A_DEV\"" 'profile="softroce-wire"' 'target="1.5x"' "policy=\"$policy\""; then
     result FAIL "$name" "$DAEMON_ERR"
     return
   fi
-  cp "$dir/justitiad.toml" "$L.$policy.justitiad.toml"
-  daemon_start "$dir/justitiad.toml" "$L.$policy.justitiad.log"
+  cp "$dir/justitiad.toml" "$L.$tag.justitiad.toml"
+  daemon_start "$dir/justitiad.toml" "$L.$tag.justitiad.log"
   PIDS+=("$DAEMON_PID")
-  if ! daemon_wait "$L.$policy.justitiad.log" "$dir/admin.sock" 60; then
+  if ! daemon_wait "$L.$tag.justitiad.log" "$dir/admin.sock" 60; then
     result FAIL "$name" "$DAEMON_ERR"
     return
   fi
-  JUSTITIA_SOCKET=$dir/justitiad.sock wire_run "$L.$policy.log" "$scenario" "$only" "$DURATION_MS" "$repeats" \
-    --daemon-metrics "$metrics" --plot "$L.$policy.plot"
+  JUSTITIA_SOCKET=$dir/justitiad.sock wire_run "$L.$tag.log" "$scenario" "$only" "$DURATION_MS" "$repeats" \
+    --daemon-metrics "$metrics" --plot "$L.$tag.plot"
   rc=$?
-  "$BIN/justitia" status --socket "$dir/admin.sock" > "$L.$policy.status" 2>&1
+  "$BIN/justitia" status --socket "$dir/admin.sock" > "$L.$tag.status" 2>&1
   kill -TERM "$DAEMON_PID" 2> /dev/null
   wait "$DAEMON_PID" 2> /dev/null
-  loop=$(loop_of "$L.$policy.log")
+  loop=$(loop_of "$L.$tag.log")
   if [ "$strict" = no ]; then
-    if grep -q "^isolation verdict" "$L.$policy.log"; then
-      result PASS "$name" "exit $rc: $(verdict_of "$L.$policy.log"); $loop"
+    if grep -q "^isolation verdict" "$L.$tag.log"; then
+      result PASS "$name" "exit $rc: ${NO_P99:+$(tput_summary "$L.$tag.log"); }$(verdict_of "$L.$tag.log"); $loop"
     else
-      result FAIL "$name" "exit $rc, no verdict: $(tail -n 3 "$L.$policy.log" | tr '\n' ' ')"
+      result FAIL "$name" "exit $rc, no verdict: $(tail -n 3 "$L.$tag.log" | tr '\n' ' ')"
     fi
-  elif [ "$rc" = 0 ] && grep -q "^isolation verdict" "$L.$policy.log" && grep -q "PASS lat .*p99" "$L.$policy.log"; then
-    result PASS "$name" "$(verdict_of "$L.$policy.log"); $loop"
+  elif [ "$rc" = 0 ] && grep -q "^isolation verdict" "$L.$tag.log" && grep -q "PASS lat .*p99" "$L.$tag.log"; then
+    result PASS "$name" "$(verdict_of "$L.$tag.log"); $loop"
   else
-    result FAIL "$name" "exit $rc: $(verdict_of "$L.$policy.log") $(tail -n 3 "$L.$policy.log" | tr '\n' ' '); $loop"
+    result FAIL "$name" "exit $rc: $(verdict_of "$L.$tag.log") $(tail -n 3 "$L.$tag.log" | tr '\n' ' '); $loop"
   fi
 }
-under_daemon justitia "$SCENARIO" "alone,bw alone,with bw + justitia" yes "$REPEAT"
-under_daemon adaptive "$ADAPTIVE_SCENARIO" "alone,bw alone,with bw + adaptive" no "$ADAPTIVE_REPEAT"
+under_daemon justitia justitia "$SCENARIO" "alone,bw alone,with bw + justitia" yes "$REPEAT"
+under_daemon adaptive adaptive "$ADAPTIVE_SCENARIO" "alone,bw alone,with bw + adaptive" no "$ADAPTIVE_REPEAT"
+
+# --- a throughput victim: reported -----------------------------------------------------
+# Batches of 64 16 B WRITEs beside the same stream, every run of the scenario (native ones
+# too: they do not follow the daemon) in one invocation under justitiad's justitia policy.
+NO_P99=1 under_daemon tput justitia "$TPUT_SCENARIO" "alone,bw alone,with bw,with bw + justitia" no "$TPUT_REPEAT" \
+  "a throughput victim (16 B WRITEs in batches of 64)"
 tc -s qdisc show dev eth0 > "$L.tc.stats" 2>&1
 cleanup
 exit 0
