@@ -1,8 +1,8 @@
 # shellcheck shell=bash
-# Inside the guest: starting a scratch justitiad, shared by the daemon checks (daemon.sh,
-# daemon-apps.sh, daemon-adaptive.sh, cdi.sh, escapees.sh, two-hosts.sh), and waiting for
-# the programs they start (real-apps.sh too). Sourced; BIN must name the directory
-# holding justitiad.
+# Inside the guest: starting a scratch justitiad, with its peer-channel key and table,
+# shared by the daemon checks (daemon.sh, daemon-apps.sh, daemon-adaptive.sh, cdi.sh,
+# escapees.sh, two-hosts.sh, wire.sh), and waiting for the programs they start
+# (real-apps.sh too). Sourced; BIN must name the directory holding justitiad.
 
 # daemon_config CONFIG SOCKET ADMIN_SOCKET METRICS [KEY=VALUE...]: packaging/justitiad.toml
 # with its registration socket, admin socket and metrics address moved (to a scratch
@@ -88,4 +88,17 @@ child_of() { # PID
     sleep 0.05
   done
   echo "$1"
+}
+
+# new_key DIR: a new private key in DIR/peer.key (mode 0600, as `justitiad genkey` under
+# umask 077 writes it) on this host; prints its public key.
+new_key() {
+  mkdir -p "$1" && (umask 077 && "$BIN/justitiad" genkey > "$1/peer.key") && "$BIN/justitiad" pubkey < "$1/peer.key"
+}
+
+# peer_config NODE KEY_FILE LISTEN_ADDRESS PORT SILENCE_MS MEMBERS: a [peer] table for a
+# daemon's configuration; MEMBERS is the inline table's content ("ADDR" = "PUBLIC_KEY", ...).
+peer_config() {
+  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\nmembers = { %s }\n' \
+    "$1" "$2" "$3" "$4" "$4" "$5" "$6"
 }

@@ -380,14 +380,8 @@ mine = [f for f in json.load(sys.stdin) if f.get("pid") == pid]
 print(" ".join(str(mine[0].get(k)).replace(" ", "_") for k in fields) if mine else "absent")' "$@"
 }
 peer_table() { # NODE KEY_FILE [LISTEN_ADDRESS]: the members are A, B and C (A_PUB etc.)
-  printf '\n[peer]\nnode = "%s"\nkey_file = "%s"\nlisten = "%s:%s"\nport = %s\nsilence_ms = %s\nmembers = { "%s" = "%s", "%s" = "%s", "%s" = "%s" }\n' \
-    "$1" "$2" "${3:-$1}" "$PEER_PORT" "$PEER_PORT" "$PEER_SILENCE_MS" \
-    "$A_ADDR" "$A_PUB" "$B_ADDR" "$B_PUB" "$C_ADDR" "$C_PUB"
-}
-# new_key DIR: a new private key in DIR/peer.key (mode 0600, as `justitiad genkey` under
-# umask 077 writes it) on this host; prints its public key.
-new_key() {
-  mkdir -p "$1" && (umask 077 && "$BIN/justitiad" genkey > "$1/peer.key") && "$BIN/justitiad" pubkey < "$1/peer.key"
+  peer_config "$1" "$2" "${3:-$1}" "$PEER_PORT" "$PEER_SILENCE_MS" \
+    "\"$A_ADDR\" = \"$A_PUB\", \"$B_ADDR\" = \"$B_PUB\", \"$C_ADDR\" = \"$C_PUB\""
 }
 if ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
   result SKIP "peer channel" "packaging/justitiad.toml has no [peer] table (the peer channel is not built)"
