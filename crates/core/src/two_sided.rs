@@ -544,10 +544,11 @@ impl SendSide {
             Posting::Whole => (1, true),
             Posting::Split { posted } => (message.announce.chunks(), posted <= receives),
         };
-        // A split credit never shrinks, and never follows a whole one: either is a peer
+        // A credit repeated (the side channel repeats what was not answered) is harmless;
+        // a split credit that shrinks, or a change between whole and split, is a peer
         // that is confused or hostile, refused rather than obeyed.
         let consistent = match (message.posting, posting) {
-            (None, _) => true,
+            (None, _) | (Some(Posting::Whole), Posting::Whole) => true,
             (Some(Posting::Split { posted: old }), Posting::Split { posted }) => posted >= old,
             _ => false,
         };
@@ -640,11 +641,19 @@ impl SendSide {
     /// The queue pair is destroyed or reset: every message not completed, in order, as a
     /// flushed completion (verbs flushes every outstanding request, signaled or not).
     pub fn teardown(&mut self) -> Vec<AppCompletion> {
+        self.abandon(WC_WR_FLUSH_ERR)
+    }
+
+    /// The peer stopped answering (its credits have not come for longer than the queue
+    /// pair's own transport timeout, which the caller measures): every message not
+    /// completed fails with `status`, in order, as the NIC would fail requests to a dead
+    /// peer (`IBV_WC_RETRY_EXC_ERR`, 12), so the application never hangs on a credit.
+    pub fn abandon(&mut self, status: u32) -> Vec<AppCompletion> {
         self.outgoing
             .drain(..)
             .map(|m| AppCompletion {
                 wr_id: m.request.wr_id,
-                status: WC_WR_FLUSH_ERR,
+                status,
                 byte_len: 0,
                 imm: None,
                 signaled: true,
@@ -885,6 +894,11 @@ impl RecvSide {
             },
             signaled: true,
         })
+    }
+
+    /// Messages whose receives are posted and not all completed.
+    pub fn landing(&self) -> usize {
+        self.landing.len()
     }
 
     /// Application receives held, not yet paired with a message.

@@ -360,6 +360,18 @@ fn a_failed_chunk_completes_the_request_and_teardown_leaves_nothing() {
     );
     assert_eq!(tx.outstanding(), 0);
 
+    // A peer that stops crediting: the waiting requests fail, none hangs.
+    let b = tx.post(request(3, Opcode::Send, &src, 0), 1000).unwrap();
+    assert_eq!(tx.next_chunk(), None, "no credit for {b:?}");
+    let failed = tx.abandon(12);
+    assert_eq!(
+        failed
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        [(3, 12)]
+    );
+
     let mut rx = RecvSide::new(0, 4);
     rx.post_recv(
         7,
@@ -399,6 +411,7 @@ fn hostile_credits_and_announcements_are_refused() {
     let a = tx.post(request(1, Opcode::Send, &src, 0), 1000).unwrap();
     assert!(tx.on_credit(0, Posting::Split { posted: 4 }).is_err());
     assert!(tx.on_credit(9, Posting::Split { posted: 1 }).is_err());
+    tx.on_credit(0, Posting::Split { posted: 2 }).unwrap();
     tx.on_credit(0, Posting::Split { posted: 2 }).unwrap();
     assert!(tx.on_credit(0, Posting::Split { posted: 1 }).is_err());
     assert!(tx.on_credit(0, Posting::Whole).is_err());
