@@ -710,6 +710,56 @@ mod tests {
         }
     }
 
+    /// A bandwidth flow's SEND goes whole without the split protocol, as the shipped shaper
+    /// sends it. With it, the SEND is announced (one side-channel message of 27 B and the
+    /// headers), no chunk goes before the receiver's credit, only as many as it credits go,
+    /// and the application hears once, when the last chunk completes.
+    #[test]
+    fn a_send_is_split_only_against_the_receivers_credit() {
+        let mut host = TestHost::new();
+        let send = |tag, bytes| WorkRequest {
+            tag,
+            opcode: Opcode::Send,
+            bytes,
+            inline: false,
+        };
+        let fast = rate(1_000_000_000_000, 16 * KIB);
+        let plain = host.flow(1, FlowClass::Bandwidth);
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&plain));
+        shaper.set_pace(&mut host.ctx(), plain.spec.id, fast);
+        shaper.on_post(&mut host.ctx(), plain.qps[0], send(5, 64 * KIB));
+        let whole: Vec<u32> = host.posted(plain.qps[0]).iter().map(|w| w.bytes).collect();
+        assert_eq!(whole, [64 * KIB]);
+
+        let info = host.flow(2, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info)).with_split_sends();
+        let mut side = SideChannel::new(82);
+        shaper.set_pace(&mut host.ctx(), info.spec.id, fast);
+        shaper.on_post(&mut host.ctx(), qp, send(7, 64 * KIB));
+        shaper.flush_side(&mut host.ctx(), &mut side);
+        assert!(host.posted(qp).is_empty(), "nothing before the credit");
+        let mut figures = super::super::PolicyFigures::new();
+        side.figures(&mut figures);
+        assert_eq!(figures["side_announces"], 1.0);
+        assert_eq!(figures["side_wire_bytes"], 27.0 + 82.0);
+        shaper.on_credit(&mut host.ctx(), qp, 0, Posting::Split { posted: 2 });
+        drain_timers(&mut host, &mut shaper);
+        assert_eq!(host.posted(qp).len(), 2, "only what is credited");
+        shaper.on_credit(&mut host.ctx(), qp, 0, Posting::Split { posted: 4 });
+        drain_timers(&mut host, &mut shaper);
+        let posted = host.posted(qp);
+        assert!(posted
+            .iter()
+            .all(|w| w.bytes == 16 * KIB && w.opcode == Opcode::Send));
+        assert_eq!(posted.len(), 4);
+        for (i, w) in posted.iter().enumerate() {
+            shaper.on_completion(&mut host.ctx(), qp, w.tag);
+            assert_eq!(host.completed(), if i == 3 { vec![7] } else { vec![] });
+        }
+        assert!(!shaper.has_work(info.spec.id));
+    }
+
     /// A zero-length request of a paced flow goes as one zero-length request.
     #[test]
     fn an_empty_request_goes_as_one() {
