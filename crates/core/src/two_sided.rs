@@ -12,10 +12,13 @@
 //! credit, so splitting never causes an RNR. The design and its reasons are in
 //! `docs/architecture.md` ("Splitting two-sided requests").
 //!
-//! This module is the protocol's state, pure: no I/O, no clock. [`SendSide`] is the sending
-//! shaper's half for one queue pair, [`RecvSide`] the receiving shaper's, and
-//! [`SideMessage`] the side channel's wire format ([`SideMessage::encode`],
-//! [`SideMessage::decode`], which never panics on hostile bytes).
+//! This module is the protocol's state, pure: no I/O, no clock. [`SenderAgreement`] and
+//! [`ReceiverAgreement`] decide from which message a queue pair's requests are announced
+//! (the receiver's offer, the sender's accept; before it, and for ever with a peer that
+//! never offers, everything goes whole); [`SendSide`] is then the sending shaper's half for
+//! the queue pair, [`RecvSide`] the receiving shaper's, and [`SideMessage`] the side
+//! channel's wire format ([`SideMessage::encode`], [`SideMessage::decode`], which never
+//! panics on hostile bytes).
 //!
 //! Invariants:
 //! - a message's chunks are the byte ranges `[i * chunk, min((i + 1) * chunk, len))` of
@@ -413,6 +416,98 @@ pub fn slice_sges(sges: &[Sge], offset: u64, len: u64, max_sge: usize) -> Option
         skip = 0;
     }
     (want == 0).then_some(out)
+}
+
+/// The sending shaper's agreement with its peer about one queue pair. Until the receiver
+/// offers the protocol, and for ever with a peer that never does, every request goes whole
+/// and unannounced, as natively; the sender counts them, because each takes a receive the
+/// receiver posted whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderAgreement {
+    sent_whole: u64,
+    first: Option<u64>,
+}
+
+impl SenderAgreement {
+    /// No agreement yet.
+    pub fn new() -> Self {
+        SenderAgreement::default()
+    }
+
+    /// The first announced message's number once agreed; `None`: send whole, unannounced.
+    pub fn first(&self) -> Option<u64> {
+        self.first
+    }
+
+    /// A two-sided request went whole and unannounced (before any agreement).
+    pub fn sent_whole(&mut self) {
+        self.sent_whole += 1;
+    }
+
+    /// The receiver's offer ("I posted `first` receives whole"): messages from the larger
+    /// of that and what this end already sent whole are announced. Returns the accept to
+    /// send (a repeated offer gets the same answer) and that number, from which the
+    /// caller builds its [`SendSide`].
+    pub fn on_offer(&mut self, qp_num: u32, first: u64) -> (SideMessage, u64) {
+        let agreed = *self.first.get_or_insert(first.max(self.sent_whole));
+        (
+            SideMessage::Accept {
+                qp_num,
+                first: agreed,
+            },
+            agreed,
+        )
+    }
+}
+
+/// The receiving shaper's agreement with its peer about one queue pair: it posts the
+/// application's receives whole until it offers the protocol, holds them from the offer,
+/// and on the accept posts whole those the sender's whole messages still need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverAgreement {
+    posted_whole: u64,
+    offered: bool,
+    first: Option<u64>,
+}
+
+impl ReceiverAgreement {
+    /// No offer made yet.
+    pub fn new() -> Self {
+        ReceiverAgreement::default()
+    }
+
+    /// Whether an application receive posted now goes to the NIC whole (before the offer).
+    pub fn posts_whole(&self) -> bool {
+        !self.offered
+    }
+
+    /// An application receive went to the NIC whole.
+    pub fn posted_whole(&mut self) {
+        self.posted_whole += 1;
+    }
+
+    /// The offer to send; from now on application receives are held.
+    pub fn offer(&mut self, qp_num: u32) -> SideMessage {
+        self.offered = true;
+        SideMessage::Offer {
+            qp_num,
+            first: self.posted_whole,
+        }
+    }
+
+    /// The sender's accept: how many held application receives to post whole first (the
+    /// sender's whole messages beyond the offer), after which the caller builds its
+    /// [`RecvSide`] from `first`. An accept below the offer, or without one, is refused.
+    pub fn on_accept(&mut self, first: u64) -> Result<u64, TwoSidedError> {
+        if !self.offered || first < self.posted_whole || self.first.is_some_and(|f| f != first) {
+            return Err(TwoSidedError::OutOfOrder {
+                want: self.posted_whole,
+                got: first,
+            });
+        }
+        self.first = Some(first);
+        Ok(first - self.posted_whole)
+    }
 }
 
 /// One request the sending shaper is to post now.

@@ -294,6 +294,54 @@ fn no_chunk_goes_without_a_credit() {
     assert_eq!(pair.completions[0].byte_len, 9000);
 }
 
+/// Entering the protocol mid-stream: the receiver posted 3 receives whole and offers 3;
+/// the sender had sent 5 whole, so it accepts 5 and the receiver posts 2 of its held
+/// receives whole before the first announced message. Before the offer receives go whole;
+/// a repeated offer gets the same accept; an accept below the offer is refused.
+#[test]
+fn the_agreement_starts_announcing_after_every_whole_message() {
+    let (mut tx, mut rx) = (SenderAgreement::new(), ReceiverAgreement::new());
+    assert_eq!(tx.first(), None, "whole until agreed");
+    for _ in 0..3 {
+        assert!(rx.posts_whole());
+        rx.posted_whole();
+    }
+    for _ in 0..5 {
+        tx.sent_whole();
+    }
+    let offer = rx.offer(9);
+    assert!(!rx.posts_whole());
+    assert_eq!(
+        offer,
+        SideMessage::Offer {
+            qp_num: 9,
+            first: 3
+        }
+    );
+    let (accept, first) = tx.on_offer(4, 3);
+    assert_eq!(
+        (accept, first),
+        (
+            SideMessage::Accept {
+                qp_num: 4,
+                first: 5
+            },
+            5
+        )
+    );
+    assert_eq!(tx.on_offer(4, 3).1, 5, "a repeated offer, the same answer");
+    assert_eq!(tx.first(), Some(5));
+    assert_eq!(rx.on_accept(5), Ok(2));
+    let mut low = ReceiverAgreement::new();
+    low.posted_whole();
+    low.offer(9);
+    assert!(low.on_accept(0).is_err());
+    assert!(
+        ReceiverAgreement::new().on_accept(0).is_err(),
+        "no offer made"
+    );
+}
+
 /// A credit for part of a message's receives lets exactly that many chunks go; the rest
 /// wait for the next credit.
 #[test]
