@@ -19,6 +19,7 @@
 //! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
+//! | [`two_sided`] | splitting SENDs and WRITEs with immediate: the shapers' side-channel protocol, sender and receiver halves | Justitia §5.2 |
 //! | [`yield_plan`] | zero-length yields between sub-messages | PeRF §4.1 |
 
 pub mod adaptive;
@@ -33,4 +34,5 @@ pub mod incast;
 pub mod pacer;
 pub mod profile;
 pub mod remote_read;
+pub mod two_sided;
 pub mod yield_plan;

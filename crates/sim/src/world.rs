@@ -17,7 +17,7 @@ use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::metrics::{ChangedFlows, FlowMetrics};
 use crate::policy::PolicyBuildError;
-use crate::policy::{FlowInfo, Mailbox, Policy, PolicyContext};
+use crate::policy::{FlowInfo, Mailbox, Policy, PolicyContext, SIDE_CHANNEL_POLL};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, ControlVerb, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
 use crate::scenario::{Experiment, ResolvedVariant, TopologyKind};
@@ -438,9 +438,19 @@ impl World {
                     self.completions = done;
                 }
                 Some(Upcall::Deliver { qp, bytes }) => {
-                    if let QpOwner::App(app) = self.fabric.owner(qp) {
-                        let (model, mut io) = self.app_io(app);
-                        model.on_delivery(&mut io, qp, bytes);
+                    let host = self.fabric.host_of(qp);
+                    match self.fabric.owner(qp) {
+                        QpOwner::App(app) => {
+                            let (policy, mut ctx) = self.policy_ctx(host);
+                            if let Some(bytes) = policy.on_delivery(&mut ctx, qp, bytes) {
+                                let (model, mut io) = self.app_io(app);
+                                model.on_delivery(&mut io, qp, bytes);
+                            }
+                        }
+                        QpOwner::Policy => {
+                            self.mailbox
+                                .delivered(qp, SIDE_CHANNEL_POLL, &mut self.queue, host);
+                        }
                     }
                 }
                 Some(Upcall::ControlDone { app, issued }) => {

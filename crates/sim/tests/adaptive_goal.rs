@@ -628,7 +628,10 @@ fn every_tenant_keeps_most_of_its_fair_share_on_every_workload() {
 /// SEND) or a request packet (a READ), the smaller of which is taken. At the law's
 /// headroom the two tenants together then reach at most about 91% of what they reach
 /// natively (each its own link). From the profile, the target and the alone runs; an
-/// estimate, as the chunks on the two paths could differ. Pinned within 3%.
+/// estimate, as the chunks on the two paths could differ. Pinned within 3%: 0.901 and
+/// x1.200 since B's SENDs are split through the shapers' protocol (each announced with the
+/// chunk size of its post, its chunks sent against credits, the side channel's messages on
+/// the same links); 0.899 and x1.194 when the simulated shaper split SENDs for free.
 #[test]
 fn read_beside_send_keeps_every_tenant_and_misses_by_the_costs_of_split_chunks() {
     let e = experiment("suite-read-beside-send-roce100");
@@ -665,7 +668,7 @@ fn read_beside_send_keeps_every_tenant_and_misses_by_the_costs_of_split_chunks()
         "now meets the goal: move it to the goal test"
     );
     assert!(
-        (o.bandwidth - 0.899).abs() <= PIN && (latency_x / 1.194 - 1.0).abs() <= PIN,
+        (o.bandwidth - 0.901).abs() <= PIN && (latency_x / 1.200 - 1.0).abs() <= PIN,
         "pinned figures moved: now {o:?}"
     );
 }

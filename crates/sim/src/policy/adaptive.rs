@@ -61,12 +61,14 @@ use justitia_core::pacer::{PaceRate, Pacer};
 use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
 use super::paced::{self, PacedShaper};
 use super::preempt::PreemptParams;
-use super::{FlowInfo, Policy, PolicyContext, PolicyFigures};
+use super::split::{SideChannel, SplitSender};
+use super::{FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 use crate::topology::HostId;
+use justitia_core::two_sided::Posting;
 
 /// Latency samples a RefPeriod needs before its p99 is fed to the law.
 pub const MIN_SAMPLES: usize = 20;
@@ -98,6 +100,9 @@ struct Pending {
     app_tag: u64,
     opcode: Opcode,
     remaining: u64,
+    /// Its number in the split-SEND protocol: its chunks come from the queue pair's
+    /// [`SplitSender`], each against the receiver's credit.
+    split: Option<u64>,
 }
 
 /// A bandwidth flow's queue pair.
@@ -106,6 +111,8 @@ struct ShapedQp {
     in_flight: u32,
     /// The host at the other end.
     peer: HostId,
+    /// The sending half of the split-SEND protocol, from the queue pair's first SEND.
+    sender: Option<SplitSender>,
 }
 
 /// What a request the shaper handed to the RNIC stands for.
@@ -116,6 +123,8 @@ enum Handed {
         app_tag: u64,
         bytes: u64,
         last: bool,
+        /// The announced message it is a chunk of.
+        split: Option<u64>,
     },
     /// A zero-length yield.
     Yield,
@@ -166,6 +175,7 @@ impl ChunkShaper {
                         pending: VecDeque::new(),
                         in_flight: 0,
                         peer: f.peer,
+                        sender: None,
                     },
                 );
                 order.insert(&f.spec, qp);
@@ -231,14 +241,52 @@ impl ChunkShaper {
     }
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
+        let chunk_bytes = self.plan.chunk_bytes;
         if let Some(entry) = self.qps.get_mut(&qp) {
+            // A SEND is split only through the protocol: announced now, at the plan's
+            // chunk size, its chunks sent against the receiver's credits.
+            let split = (wr.opcode == Opcode::Send && !wr.inline)
+                .then(|| {
+                    let peer = entry.peer;
+                    entry
+                        .sender
+                        .get_or_insert_with(|| SplitSender::new(peer, ctx.peer_of(qp)))
+                        .post(wr.tag, wr.bytes, equal_chunk(wr.bytes, chunk_bytes))
+                })
+                .flatten();
             entry.pending.push_back(Pending {
                 app_tag: wr.tag,
                 opcode: wr.opcode,
                 remaining: u64::from(wr.bytes),
+                split,
             });
         }
         self.pump(ctx);
+    }
+
+    /// Hands the announcements made since the last call to the side channel.
+    fn flush_side(&mut self, ctx: &mut PolicyContext<'_>, side: &mut SideChannel) {
+        for sender in self.qps.values_mut().filter_map(|e| e.sender.as_mut()) {
+            side.flush(ctx, sender);
+        }
+    }
+
+    /// The receiver's credit for message `seq` of `qp`.
+    fn on_credit(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, seq: u64, posting: Posting) {
+        if let Some(sender) = self.qps.get_mut(&qp).and_then(|e| e.sender.as_mut()) {
+            sender.on_credit(seq, posting);
+        }
+        self.pump(ctx);
+    }
+
+    /// Bytes of the next piece of `entry`'s head message, `None` while it waits for a
+    /// credit.
+    fn head_bytes(entry: &ShapedQp, chunk_bytes: u64) -> Option<u64> {
+        let head = entry.pending.front()?;
+        match head.split {
+            Some(_) => entry.sender.as_ref()?.ready_bytes().map(u64::from),
+            None => Some(Self::piece(head.remaining, chunk_bytes)),
+        }
     }
 
     /// A completion on a shaped queue pair: true if it was one of the shaper's.
@@ -248,12 +296,17 @@ impl ChunkShaper {
                 app_tag,
                 bytes,
                 last,
+                split,
             }) => {
+                let mut split_done = None;
                 if let Some(entry) = self.qps.get_mut(&qp) {
                     entry.in_flight = entry.in_flight.saturating_sub(1);
+                    split_done = split.and_then(|seq| entry.sender.as_mut()?.chunk_done(seq));
                 }
                 self.in_flight_bytes = self.in_flight_bytes.saturating_sub(bytes);
-                if last {
+                if let Some(app_tag) = split_done {
+                    ctx.complete(qp, app_tag);
+                } else if last && split.is_none() {
                     ctx.complete(qp, app_tag);
                 }
                 self.pump(ctx);
@@ -288,10 +341,8 @@ impl ChunkShaper {
         let ready = |qp: QpId| {
             qps.get(&qp)
                 .filter(|e| e.in_flight < window)
-                .and_then(|e| e.pending.front())
-                .map(|head| {
-                    config.charged_bytes(Self::piece(head.remaining, chunk_bytes), plan_chunk)
-                })
+                .and_then(|e| Self::head_bytes(e, chunk_bytes))
+                .map(|bytes| config.charged_bytes(bytes, plan_chunk))
         };
         if let Some(qp) = self.held.take().filter(|&qp| ready(qp).is_some()) {
             return Some(qp);
@@ -314,10 +365,12 @@ impl ChunkShaper {
             let Some(entry) = self.qps.get_mut(&qp) else {
                 return;
             };
+            let Some(bytes) = Self::head_bytes(entry, chunk_bytes) else {
+                return;
+            };
             let Some(head) = entry.pending.front_mut() else {
                 return;
             };
-            let bytes = Self::piece(head.remaining, chunk_bytes);
             if let Some(pacer) = &mut self.pacer {
                 // Paced by what the chunk costs: a 64 B message takes a whole message's
                 // wire headers, or processing slot, not 64 B of MaxRate.
@@ -334,7 +387,17 @@ impl ChunkShaper {
                     return;
                 }
             }
-            head.remaining -= bytes;
+            let split = head.split;
+            if split.is_some()
+                && entry
+                    .sender
+                    .as_mut()
+                    .and_then(SplitSender::next_chunk)
+                    .is_none()
+            {
+                return;
+            }
+            head.remaining = head.remaining.saturating_sub(bytes);
             let (app_tag, opcode, last) = (head.app_tag, head.opcode, head.remaining == 0);
             *self.messages_to.entry(entry.peer).or_insert(0) += 1;
             if last {
@@ -348,6 +411,7 @@ impl ChunkShaper {
                     app_tag,
                     bytes,
                     last,
+                    split,
                 },
             );
             self.chunks += 1;
@@ -384,9 +448,23 @@ impl ChunkShaper {
     }
 }
 
+/// The chunk size that cuts a message of `bytes` into equal pieces of at most
+/// `chunk_bytes` (the last shorter by less than one byte per piece), as
+/// [`ChunkShaper::piece`] cuts an unannounced one: an announced message keeps one chunk
+/// size, so it is chosen here rather than leave a short tail that costs a whole packet's
+/// headers.
+fn equal_chunk(bytes: u32, chunk_bytes: u32) -> u32 {
+    let chunk = u64::from(chunk_bytes.max(1));
+    u32::try_from(ChunkShaper::piece(u64::from(bytes), chunk))
+        .unwrap_or(chunk_bytes)
+        .max(1)
+}
+
 /// The `adaptive` policy on one host.
 pub struct AdaptivePolicy {
     driver: LoopDriver,
+    /// The side channel of split SENDs, and this host's receiving halves.
+    side: SideChannel,
     law: AdaptiveLaw,
     /// One stream per resource the bandwidth flows are charged to, this host's send path
     /// first; a stream's index is its timer's offset from [`PACE_TIMER`].
@@ -459,6 +537,7 @@ impl AdaptivePolicy {
             )
         };
         Ok(AdaptivePolicy {
+            side: SideChannel::new(profile.link.header_bytes),
             driver,
             law: AdaptiveLaw::new(config)?,
             streams: Vec::new(),
@@ -696,6 +775,7 @@ impl Policy for AdaptivePolicy {
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
         if let Some((_, stream)) = self.streams.iter_mut().find(|(_, s)| s.shapes(qp)) {
             stream.on_post(ctx, qp, wr);
+            stream.flush_side(ctx, &mut self.side);
             return;
         }
         if let Some(&(class, peer)) = self.watched.get(&qp) {
@@ -716,7 +796,7 @@ impl Policy for AdaptivePolicy {
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
-        if self.driver.on_completion(ctx, qp) {
+        if SideChannel::owns_tag(tag) || self.driver.on_completion(ctx, qp) {
             return;
         }
         if let Some((_, stream)) = self.streams.iter_mut().find(|(_, s)| s.shapes(qp)) {
@@ -736,6 +816,21 @@ impl Policy for AdaptivePolicy {
                 .push(ctx.now().saturating_sub(at) as f64 / time::MICROSECOND as f64);
         }
         ctx.complete(qp, tag);
+    }
+
+    fn on_delivery(&mut self, _ctx: &mut PolicyContext<'_>, qp: QpId, bytes: u32) -> Option<u32> {
+        self.side.on_delivery(qp, bytes)
+    }
+
+    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
+        let PolicyMessage::Side(bytes) = message else {
+            return;
+        };
+        if let Some((qp, seq, posting)) = self.side.on_message(ctx, from, &bytes) {
+            if let Some((_, stream)) = self.streams.iter_mut().find(|(_, s)| s.shapes(qp)) {
+                stream.on_credit(ctx, qp, seq, posting);
+            }
+        }
     }
 
     fn on_timer(&mut self, ctx: &mut PolicyContext<'_>, tag: u64) {
@@ -775,6 +870,7 @@ impl Policy for AdaptivePolicy {
 
     fn figures(&self) -> PolicyFigures {
         let mut f = PolicyFigures::new();
+        self.side.figures(&mut f);
         if let Some(t) = self.driver.control.target().value {
             f.insert("target99_us".into(), t.as_secs_f64() * 1e6);
         }

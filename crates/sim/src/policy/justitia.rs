@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 
 use super::paced::{Activity, PacedShaper, PACE_TIMER};
 use super::reference::ReferenceProbe;
+use super::split::SideChannel;
 use super::{FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{QpId, WorkRequest};
@@ -432,6 +433,8 @@ impl LoopDriver {
 pub struct JustitiaPolicy {
     driver: LoopDriver,
     shaper: Option<PacedShaper>,
+    /// The side channel of split SENDs, and this host's receiving halves.
+    side: SideChannel,
     /// The resource-hungry flows of this host.
     hungry: Vec<FlowId>,
     /// This host's flows that load another host: READ flows (with the host they read from)
@@ -521,6 +524,7 @@ impl JustitiaPolicy {
         Ok(JustitiaPolicy {
             driver: LoopDriver::new(&profile.policy, params)?,
             shaper: None,
+            side: SideChannel::new(profile.link.header_bytes),
             hungry: Vec::new(),
             loads: Vec::new(),
             load_index: HashMap::new(),
@@ -862,7 +866,7 @@ impl Policy for JustitiaPolicy {
     }
 
     fn on_start(&mut self, ctx: &mut PolicyContext<'_>, flows: &[FlowInfo]) {
-        self.shaper = Some(PacedShaper::new(flows));
+        self.shaper = Some(PacedShaper::new(flows).with_split_sends());
         self.hungry = flows
             .iter()
             .filter(|f| f.spec.class.is_resource_hungry())
@@ -953,14 +957,17 @@ impl Policy for JustitiaPolicy {
 
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest) {
         match &mut self.shaper {
-            Some(shaper) => shaper.on_post(ctx, qp, wr),
+            Some(shaper) => {
+                shaper.on_post(ctx, qp, wr);
+                shaper.flush_side(ctx, &mut self.side);
+            }
             None => ctx.post(qp, wr),
         }
         self.forward_activity(ctx);
     }
 
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
-        if self.driver.on_completion(ctx, qp) {
+        if SideChannel::owns_tag(tag) || self.driver.on_completion(ctx, qp) {
             return;
         }
         match &mut self.shaper {
@@ -984,8 +991,22 @@ impl Policy for JustitiaPolicy {
         }
     }
 
-    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, _from: HostId, message: PolicyMessage) {
-        let PolicyMessage::Peer(datagram) = message;
+    fn on_delivery(&mut self, _ctx: &mut PolicyContext<'_>, qp: QpId, bytes: u32) -> Option<u32> {
+        self.side.on_delivery(qp, bytes)
+    }
+
+    fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
+        let datagram = match message {
+            PolicyMessage::Peer(datagram) => datagram,
+            PolicyMessage::Side(bytes) => {
+                let credit = self.side.on_message(ctx, from, &bytes);
+                if let (Some((qp, seq, posting)), Some(shaper)) = (credit, &mut self.shaper) {
+                    shaper.on_credit(ctx, qp, seq, posting);
+                }
+                self.forward_activity(ctx);
+                return;
+            }
+        };
         let now = core_time(ctx.now());
         if let Some(channel) = &mut self.peer {
             if channel.receive(now, &datagram).is_err() {
@@ -1002,6 +1023,7 @@ impl Policy for JustitiaPolicy {
 
     fn figures(&self) -> PolicyFigures {
         let mut f = self.driver.figures();
+        self.side.figures(&mut f);
         if self.peer_sent > 0 || self.peer_refused > 0 {
             f.insert("peer_datagrams_sent".into(), self.peer_sent as f64);
             f.insert("peer_datagrams_refused".into(), self.peer_refused as f64);

@@ -27,6 +27,7 @@ pub mod paced;
 pub mod preempt;
 pub mod priority;
 pub mod reference;
+pub mod split;
 #[cfg(test)]
 mod test_host;
 pub mod yielding;
@@ -70,7 +71,15 @@ pub enum PolicyMessage {
     /// A datagram of the peer channel between two hosts' daemons (`justitia-peer`: the
     /// sender's READ flows against the receiver, or the receiver's guarantee back).
     Peer(Vec<u8>),
+    /// A message of the shapers' side channel for split two-sided requests
+    /// (`justitia_core::two_sided`), carried over the wire ([`PolicyContext::send_on_wire`]).
+    Side(Vec<u8>),
 }
+
+/// How long the receiving shaper takes to see a side-channel message once the RNIC has
+/// delivered it: its thread polls the side channel's completion queue, assumed every
+/// microsecond.
+pub const SIDE_CHANNEL_POLL: Picos = 1_000_000;
 
 /// Messages on their way between policies, by slot (an event names the slot, so that
 /// events stay small).
@@ -78,6 +87,9 @@ pub enum PolicyMessage {
 pub(crate) struct Mailbox {
     slots: Vec<Option<(HostId, PolicyMessage)>>,
     free: Vec<u32>,
+    /// Messages sent on the wire, by the queue pair that will receive them, in order (a
+    /// connection delivers in order, so the next delivery on that queue pair is the front).
+    wire: BTreeMap<QpId, VecDeque<(HostId, PolicyMessage)>>,
 }
 
 impl Mailbox {
@@ -92,6 +104,23 @@ impl Mailbox {
                 (self.slots.len() - 1) as u32
             }
         }
+    }
+
+    /// The next message sent on the wire to `qp`, when the RNIC delivers on it: queued for
+    /// the receiving policy `delay` later.
+    pub(crate) fn delivered(
+        &mut self,
+        qp: QpId,
+        delay: Picos,
+        queue: &mut EventQueue<Event>,
+        host: HostId,
+    ) {
+        let Some((from, message)) = self.wire.get_mut(&qp).and_then(VecDeque::pop_front) else {
+            return;
+        };
+        let slot = self.put(from, message);
+        let at = queue.now().saturating_add(delay);
+        queue.schedule(at, Event::PolicyMessage { host, slot });
     }
 
     /// Takes the message of `slot`: who sent it, and what.
@@ -156,6 +185,43 @@ impl PolicyContext<'_> {
         };
         let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
         local
+    }
+
+    /// Opens the policy's side channel from this host to `peer`: a connection of its own
+    /// whose messages ([`PolicyContext::send_on_wire`]) reach the peer's policy when the
+    /// RNIC delivers them. Returns the local queue pair.
+    pub fn connect_side_channel(&mut self, peer: HostId) -> QpId {
+        let end = |host| Endpoint {
+            host,
+            owner: QpOwner::Policy,
+            deliver: true,
+        };
+        let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
+        local
+    }
+
+    /// Sends `message`, `bytes` long, as a SEND on the side channel `qp` (under `tag`, whose
+    /// completion comes back to [`Policy::on_completion`]); the peer's policy gets it in
+    /// [`Policy::on_message`] [`SIDE_CHANNEL_POLL`] after the RNIC delivered it.
+    pub fn send_on_wire(&mut self, qp: QpId, message: PolicyMessage, bytes: u32, tag: u64) {
+        let to = self.fabric.peer_of(qp);
+        self.mailbox
+            .wire
+            .entry(to)
+            .or_default()
+            .push_back((self.host, message));
+        let wr = WorkRequest {
+            tag,
+            opcode: crate::rnic::Opcode::Send,
+            bytes,
+            inline: true,
+        };
+        self.fabric.post(qp, wr, self.queue);
+    }
+
+    /// The queue pair at the other end of `qp`'s connection.
+    pub fn peer_of(&self, qp: QpId) -> QpId {
+        self.fabric.peer_of(qp)
     }
 
     /// Puts the connection of `qp` (both of its ends) on virtual lane `lane`, its service
@@ -269,6 +335,14 @@ pub trait Policy {
     /// A request this policy handed to the RNIC on `qp` completed.
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {
         ctx.complete(qp, tag);
+    }
+
+    /// The RNIC delivered a message of `bytes` on the application queue pair `qp` of this
+    /// host: how many bytes the application is told of, `None` to tell it nothing (a
+    /// split message's receives before its last).
+    fn on_delivery(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, bytes: u32) -> Option<u32> {
+        let _ = (ctx, qp);
+        Some(bytes)
     }
 
     /// A timer set with [`PolicyContext::set_timer`] fired.

@@ -4,6 +4,11 @@
 //! a chunk size; the host's control loop does, and [`PacedShaper::set_allotment`] carries
 //! it out.
 //!
+//! A bandwidth flow's SENDs are split only through the shapers' protocol
+//! ([`super::split`], the core's `two_sided`) when the policy turns it on
+//! ([`PacedShaper::with_split_sends`]): announced when posted, each chunk sent against the
+//! receiver's credit. Without it a SEND goes whole, as `libjustitia.so` sends it today.
+//!
 //! Latency flows, and flows without an allotment, pass untouched. The application hears of
 //! a request only when its last chunk completes. The shaper tells its caller when a flow
 //! starts or stops having work ([`Activity`]): it has work from its first request until it
@@ -19,9 +24,11 @@ use justitia_core::control_loop::Allotment;
 use justitia_core::flow::{FlowClass, FlowId};
 use justitia_core::pacer::{PaceRate, Pacer, ReleasePhase};
 
+use super::split::{SideChannel, SplitSender};
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::time::Picos;
+use justitia_core::two_sided::Posting;
 
 /// Timer tags at or above this are the shaper's: the flow's index is added.
 pub const PACE_TIMER: u64 = 1 << 62;
@@ -43,6 +50,9 @@ struct Pending {
     opcode: Opcode,
     inline: bool,
     bytes: u32,
+    /// Its number in the split-SEND protocol, when announced: its chunks come from the
+    /// queue pair's [`SplitSender`], not from a plan.
+    split: Option<u64>,
 }
 
 impl Pending {
@@ -107,6 +117,8 @@ struct InFlight {
     last: bool,
     /// The shaped flow it belongs to (`None` for what passed untouched).
     flow: Option<usize>,
+    /// The announced message it is a chunk of: its sender says when the message is done.
+    split: Option<u64>,
 }
 
 /// The pacing half of a host's policy.
@@ -121,6 +133,10 @@ pub struct PacedShaper {
     in_flight: VecDeque<Option<InFlight>>,
     first_tag: u64,
     activity: Vec<Activity>,
+    /// Whether bandwidth flows' SENDs go through the split protocol.
+    split_sends: bool,
+    /// The sending half of each queue pair with announced SENDs.
+    senders: BTreeMap<QpId, SplitSender>,
 }
 
 fn duration(t: Picos) -> Duration {
@@ -138,6 +154,8 @@ impl PacedShaper {
             in_flight: VecDeque::new(),
             first_tag: 1,
             activity: Vec::new(),
+            split_sends: false,
+            senders: BTreeMap::new(),
         };
         for info in flows {
             let index = shaper.flows.len();
@@ -160,6 +178,32 @@ impl PacedShaper {
             });
         }
         shaper
+    }
+
+    /// Splits the bandwidth flows' SENDs through the shapers' protocol (announcements go
+    /// out through [`PacedShaper::flush_side`], credits come in through
+    /// [`PacedShaper::on_credit`]).
+    pub fn with_split_sends(mut self) -> Self {
+        self.split_sends = true;
+        self
+    }
+
+    /// Hands the announcements made since the last call to the side channel.
+    pub fn flush_side(&mut self, ctx: &mut PolicyContext<'_>, side: &mut SideChannel) {
+        for sender in self.senders.values_mut() {
+            side.flush(ctx, sender);
+        }
+    }
+
+    /// The receiver's credit for message `seq` of `qp`: its chunks may go.
+    pub fn on_credit(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, seq: u64, posting: Posting) {
+        let Some(sender) = self.senders.get_mut(&qp) else {
+            return;
+        };
+        sender.on_credit(seq, posting);
+        if let Some(index) = self.flow_of(qp) {
+            self.pump(ctx, index);
+        }
     }
 
     /// Whether there are changes of activity to take.
@@ -231,7 +275,9 @@ impl PacedShaper {
             f.chunk_bytes = chunk_bytes;
             // Only the head has a plan; the messages behind it are planned at the new size
             // when their turn comes.
-            if let (FlowClass::Bandwidth, Some(head)) = (f.info.spec.class, &mut f.head) {
+            // An announced message keeps the chunk size its announcement gave.
+            let head = f.head.as_mut().filter(|h| h.message.split.is_none());
+            if let (FlowClass::Bandwidth, Some(head)) = (f.info.spec.class, head) {
                 let rest = head.plan.remaining_bytes();
                 let left = Pending {
                     bytes: rest,
@@ -257,13 +303,28 @@ impl PacedShaper {
             self.pass_through(ctx, qp, wr);
             return;
         }
-        let message = Pending {
+        let mut message = Pending {
             qp,
             app_tag: wr.tag,
             opcode: wr.opcode,
             inline: wr.inline,
             bytes: wr.bytes,
+            split: None,
         };
+        if self.split_sends
+            && f.info.spec.class == FlowClass::Bandwidth
+            && wr.opcode == Opcode::Send
+            && !wr.inline
+        {
+            let chunk_bytes = f.plan_chunk_bytes();
+            let peer = f.info.peer;
+            let sender = self
+                .senders
+                .entry(qp)
+                .or_insert_with(|| SplitSender::new(peer, ctx.peer_of(qp)));
+            message.split = sender.post(wr.tag, wr.bytes, chunk_bytes);
+        }
+        let f = &self.flows[index];
         // A message behind the head is only checked here, its plan dropped unread: it is
         // planned again when it reaches the head (see `PacedFlow::queued`).
         let planned = message.plan(f.plan_chunk_bytes());
@@ -299,7 +360,12 @@ impl PacedShaper {
             f.in_flight = f.in_flight.saturating_sub(1);
             self.note_idle(index);
         }
-        if done.last {
+        let split_done = done
+            .split
+            .and_then(|seq| self.senders.get_mut(&qp)?.chunk_done(seq));
+        if let Some(app_tag) = split_done {
+            ctx.complete(qp, app_tag);
+        } else if done.last {
             ctx.complete(qp, done.app_tag);
         }
     }
@@ -354,12 +420,21 @@ impl PacedShaper {
             let Some(head) = &mut f.head else {
                 break;
             };
-            // The plan cuts one SGE into chunks of at most the chunk size, or goes whole.
-            let rest = head.plan.remaining_bytes();
-            let next = if head.plan.is_split() {
-                rest.min(f.chunk_bytes)
-            } else {
-                rest
+            let split = head.message.split;
+            let next = match split {
+                // Announced: the next chunk its credit allows, or wait for the credit
+                // (its arrival pumps the flow again).
+                Some(_) => match self
+                    .senders
+                    .get(&head.message.qp)
+                    .and_then(SplitSender::ready_bytes)
+                {
+                    Some(bytes) => bytes,
+                    None => break,
+                },
+                // The plan cuts one SGE into chunks of at most the chunk size, or goes whole.
+                None if head.plan.is_split() => head.plan.remaining_bytes().min(f.chunk_bytes),
+                None => head.plan.remaining_bytes(),
             };
             if let Some(pacer) = &mut f.pacer {
                 if let Err(wait) = pacer.try_release(duration(now), u64::from(next), 1) {
@@ -376,10 +451,6 @@ impl PacedShaper {
                     return;
                 }
             }
-            let Some(chunk) = head.plan.next() else {
-                f.head = None;
-                continue;
-            };
             let Pending {
                 qp,
                 app_tag,
@@ -387,15 +458,29 @@ impl PacedShaper {
                 inline,
                 ..
             } = head.message;
-            if chunk.is_last {
+            let (bytes, is_last) = match split {
+                Some(_) => match self.senders.get_mut(&qp).and_then(SplitSender::next_chunk) {
+                    Some((_, bytes, is_last)) => (bytes, is_last),
+                    None => break,
+                },
+                None => {
+                    let Some(chunk) = head.plan.next() else {
+                        f.head = None;
+                        continue;
+                    };
+                    let bytes = u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX);
+                    (bytes, chunk.is_last)
+                }
+            };
+            if is_last {
                 f.head = None;
             }
-            let bytes = u32::try_from(chunk.request.sges.total_bytes()).unwrap_or(u32::MAX);
             f.in_flight += 1;
             let tag = self.track(InFlight {
                 app_tag,
-                last: chunk.is_last,
+                last: is_last,
                 flow: Some(index),
+                split,
             });
             ctx.post(
                 qp,
@@ -417,6 +502,7 @@ impl PacedShaper {
             app_tag: wr.tag,
             last: true,
             flow: None,
+            split: None,
         });
         ctx.post(qp, WorkRequest { tag, ..wr });
     }
@@ -441,13 +527,13 @@ impl PacedShaper {
     }
 }
 
-/// How a flow's requests are cut: `chunk_bytes` chunks, SENDs included (the peer is assumed
-/// to cooperate with split SENDs).
+/// How a flow's requests are cut by the planner: `chunk_bytes` chunks; a SEND only through
+/// the split protocol (an announced message is not planned), so the planner sends one whole.
 fn limits(chunk_bytes: u32) -> ChunkLimits {
     ChunkLimits {
         chunk_bytes,
         max_sge: 1,
-        split_two_sided: true,
+        split_two_sided: false,
     }
 }
 
@@ -622,6 +708,56 @@ mod tests {
             shaper.on_completion(&mut host.ctx(), qp, posted[0].tag);
             assert_eq!(host.completed(), vec![tag]);
         }
+    }
+
+    /// A bandwidth flow's SEND goes whole without the split protocol, as the shipped shaper
+    /// sends it. With it, the SEND is announced (one side-channel message of 27 B and the
+    /// headers), no chunk goes before the receiver's credit, only as many as it credits go,
+    /// and the application hears once, when the last chunk completes.
+    #[test]
+    fn a_send_is_split_only_against_the_receivers_credit() {
+        let mut host = TestHost::new();
+        let send = |tag, bytes| WorkRequest {
+            tag,
+            opcode: Opcode::Send,
+            bytes,
+            inline: false,
+        };
+        let fast = rate(1_000_000_000_000, 16 * KIB);
+        let plain = host.flow(1, FlowClass::Bandwidth);
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&plain));
+        shaper.set_pace(&mut host.ctx(), plain.spec.id, fast);
+        shaper.on_post(&mut host.ctx(), plain.qps[0], send(5, 64 * KIB));
+        let whole: Vec<u32> = host.posted(plain.qps[0]).iter().map(|w| w.bytes).collect();
+        assert_eq!(whole, [64 * KIB]);
+
+        let info = host.flow(2, FlowClass::Bandwidth);
+        let qp = info.qps[0];
+        let mut shaper = PacedShaper::new(std::slice::from_ref(&info)).with_split_sends();
+        let mut side = SideChannel::new(82);
+        shaper.set_pace(&mut host.ctx(), info.spec.id, fast);
+        shaper.on_post(&mut host.ctx(), qp, send(7, 64 * KIB));
+        shaper.flush_side(&mut host.ctx(), &mut side);
+        assert!(host.posted(qp).is_empty(), "nothing before the credit");
+        let mut figures = super::super::PolicyFigures::new();
+        side.figures(&mut figures);
+        assert_eq!(figures["side_announces"], 1.0);
+        assert_eq!(figures["side_wire_bytes"], 27.0 + 82.0);
+        shaper.on_credit(&mut host.ctx(), qp, 0, Posting::Split { posted: 2 });
+        drain_timers(&mut host, &mut shaper);
+        assert_eq!(host.posted(qp).len(), 2, "only what is credited");
+        shaper.on_credit(&mut host.ctx(), qp, 0, Posting::Split { posted: 4 });
+        drain_timers(&mut host, &mut shaper);
+        let posted = host.posted(qp);
+        assert!(posted
+            .iter()
+            .all(|w| w.bytes == 16 * KIB && w.opcode == Opcode::Send));
+        assert_eq!(posted.len(), 4);
+        for (i, w) in posted.iter().enumerate() {
+            shaper.on_completion(&mut host.ctx(), qp, w.tag);
+            assert_eq!(host.completed(), if i == 3 { vec![7] } else { vec![] });
+        }
+        assert!(!shaper.has_work(info.spec.id));
     }
 
     /// A zero-length request of a paced flow goes as one zero-length request.

@@ -643,6 +643,11 @@ impl Fabric {
         self.qps[qp.index()].last_wire_rtt
     }
 
+    /// The queue pair at the other end of `qp`'s connection.
+    pub(crate) fn peer_of(&self, qp: QpId) -> QpId {
+        self.qps[qp.index()].peer
+    }
+
     /// The host a queue pair lives on.
     pub(crate) fn host_of(&self, qp: QpId) -> HostId {
         self.qps[qp.index()].host

@@ -1,0 +1,1037 @@
+//! Splitting two-sided requests: the protocol two shapers speak so that a SEND (with or
+//! without immediate) or a WRITE with immediate can go as chunks (Justitia §5.2, "additional
+//! flow control messages ... and receive requests to be pre-posted at the receiver side").
+//!
+//! A SEND consumes one receive at the peer, and a receive queue is FIFO: a SEND cut into n
+//! chunks needs n receives posted, in order, exactly where the application's one receive
+//! would have been. So the receiving shaper owns the queue pair's receive queue: it holds
+//! the application's receives and, for each message the sender announces on the side
+//! channel, posts either the application's receive whole or one receive per chunk whose
+//! scatter list is the matching slice of the application's (zero copy). It returns a
+//! credit naming how many receives it posted, and the sender sends a chunk only against a
+//! credit, so splitting never causes an RNR. The design and its reasons are in
+//! `docs/architecture.md` ("Splitting two-sided requests").
+//!
+//! This module is the protocol's state, pure: no I/O, no clock. [`SenderAgreement`] and
+//! [`ReceiverAgreement`] decide from which message a queue pair's requests are announced
+//! (the receiver's offer, the sender's accept; before it, and for ever with a peer that
+//! never offers, everything goes whole); [`SendSide`] is then the sending shaper's half for
+//! the queue pair, [`RecvSide`] the receiving shaper's, and [`SideMessage`] the side
+//! channel's wire format ([`SideMessage::encode`], [`SideMessage::decode`], which never
+//! panics on hostile bytes).
+//!
+//! Invariants:
+//! - a message's chunks are the byte ranges `[i * chunk, min((i + 1) * chunk, len))` of
+//!   its stream on both sides, with the chunk size the announcement carries, so the sender's
+//!   i-th chunk lands in exactly the receiver's i-th internal receive of that message;
+//! - the sender never has posted more receive-consuming chunks of a message than the
+//!   receiver's credit for it says it posted receives;
+//! - messages are announced, credited, sent and completed in the order posted;
+//! - the application sees one completion per message, with the message's whole length and
+//!   its immediate data, after its last chunk landed (receiver) or completed (sender);
+//! - teardown hands back every application request and receive not yet completed, so the
+//!   caller can flush them: nothing is left pending.
+
+use std::collections::VecDeque;
+
+use crate::chunk::{ChunkError, Opcode, Sge, SgeList, WorkRequest, MAX_SGES};
+
+/// The protocol version this module speaks. A peer that offers any other is treated as an
+/// unshaped one: its requests go whole.
+pub const VERSION: u8 = 1;
+
+/// `IBV_WC_SUCCESS`.
+pub const WC_SUCCESS: u32 = 0;
+/// `IBV_WC_LOC_LEN_ERR`: a receive too short for its message (what the RNIC reports
+/// natively), or a chunk that did not fill its slice.
+pub const WC_LOC_LEN_ERR: u32 = 1;
+/// `IBV_WC_WR_FLUSH_ERR`: the request was flushed when its queue pair went to error or was
+/// torn down.
+pub const WC_WR_FLUSH_ERR: u32 = 5;
+
+/// Which two-sided operation a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// SEND or SEND with immediate: every chunk consumes a receive.
+    Send,
+    /// WRITE with immediate: the chunks are WRITEs, the last carries the immediate and
+    /// consumes the one receive.
+    WriteWithImm,
+}
+
+/// The announcement of one message, sent when the application posts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Announce {
+    /// The message's number on its queue pair, from the first announced one.
+    pub seq: u64,
+    /// Its length in bytes.
+    pub len: u32,
+    /// The chunk size it is cut to; a message no longer than it goes whole.
+    pub chunk_bytes: u32,
+    /// Its immediate data, if any.
+    pub imm: Option<u32>,
+    /// SEND or WRITE with immediate.
+    pub kind: MessageKind,
+}
+
+impl Announce {
+    /// How many chunks the message goes as if the receiver posts it split.
+    pub fn chunks(&self) -> u32 {
+        if self.len <= self.chunk_bytes {
+            1
+        } else {
+            self.len.div_ceil(self.chunk_bytes)
+        }
+    }
+
+    /// How many receives the message consumes when split: one per chunk for a SEND, one
+    /// (the last chunk's) for a WRITE with immediate.
+    pub fn receives_when_split(&self) -> u32 {
+        match self.kind {
+            MessageKind::Send => self.chunks(),
+            MessageKind::WriteWithImm => 1,
+        }
+    }
+}
+
+/// How the receiver posted receives for a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Posting {
+    /// The application's receive as it is: the message must go whole (it fits one chunk,
+    /// it is longer than the receive and must fail natively, or the slices would need more
+    /// SGEs than a receive holds).
+    Whole,
+    /// This many of the message's split receives are posted so far (cumulative).
+    Split {
+        /// Receives posted for the message.
+        posted: u32,
+    },
+}
+
+/// One side-channel message, tagged with the application queue pair's number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SideMessage {
+    /// Receiver to sender: I shape this queue pair's receives; announce every message from
+    /// number `first` on (the receives before it were posted whole).
+    Offer {
+        /// The application queue pair's number at the sender.
+        qp_num: u32,
+        /// The first message to announce.
+        first: u64,
+    },
+    /// Sender to receiver: agreed; messages before `first` went or go whole.
+    Accept {
+        /// The application queue pair's number at the receiver.
+        qp_num: u32,
+        /// The first announced message: the larger of the offer's and what the sender had
+        /// already sent whole.
+        first: u64,
+    },
+    /// Sender to receiver: a message was posted.
+    Announce {
+        /// The application queue pair's number at the receiver.
+        qp_num: u32,
+        /// The message.
+        message: Announce,
+    },
+    /// Receiver to sender: receives posted for message `seq`.
+    Credit {
+        /// The application queue pair's number at the sender.
+        qp_num: u32,
+        /// The message.
+        seq: u64,
+        /// What is posted for it.
+        posting: Posting,
+    },
+}
+
+/// Why bytes from the side channel are not a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Nothing arrived.
+    #[error("empty side-channel message")]
+    Empty,
+    /// A version this end does not speak.
+    #[error("side-channel version {0}, this end speaks {VERSION}")]
+    Version(u8),
+    /// An unknown kind byte.
+    #[error("unknown side-channel message kind {0}")]
+    Kind(u8),
+    /// Fewer or more bytes than the kind has.
+    #[error("side-channel message of kind {kind} is {got} bytes, not {want}")]
+    Length {
+        /// The kind byte.
+        kind: u8,
+        /// Its length.
+        want: usize,
+        /// What arrived.
+        got: usize,
+    },
+    /// A flags byte with bits this version does not define.
+    #[error("side-channel flags {0:#04x} not defined in version {VERSION}")]
+    Flags(u8),
+    /// An announcement whose chunk size is zero.
+    #[error("announcement with a chunk size of 0")]
+    ZeroChunk,
+}
+
+const KIND_OFFER: u8 = 1;
+const KIND_ACCEPT: u8 = 2;
+const KIND_ANNOUNCE: u8 = 3;
+const KIND_CREDIT: u8 = 4;
+const FLAG_IMM: u8 = 1;
+const FLAG_WRITE: u8 = 2;
+const FLAG_WHOLE: u8 = 4;
+
+/// The longest encoded message: an announcement.
+pub const MAX_WIRE_BYTES: usize = 2 + 4 + 8 + 4 + 4 + 4 + 1;
+
+impl SideMessage {
+    /// The wire bytes: version, kind, queue pair number, then the kind's fields, all
+    /// little-endian; returns the buffer and how much of it is used.
+    pub fn encode(&self) -> ([u8; MAX_WIRE_BYTES], usize) {
+        let mut w = Writer::default();
+        w.put(&[VERSION]);
+        match *self {
+            SideMessage::Offer { qp_num, first } | SideMessage::Accept { qp_num, first } => {
+                let kind = match self {
+                    SideMessage::Offer { .. } => KIND_OFFER,
+                    _ => KIND_ACCEPT,
+                };
+                w.put(&[kind]);
+                w.put(&qp_num.to_le_bytes());
+                w.put(&first.to_le_bytes());
+            }
+            SideMessage::Announce { qp_num, message } => {
+                w.put(&[KIND_ANNOUNCE]);
+                w.put(&qp_num.to_le_bytes());
+                w.put(&message.seq.to_le_bytes());
+                w.put(&message.len.to_le_bytes());
+                w.put(&message.chunk_bytes.to_le_bytes());
+                w.put(&message.imm.unwrap_or(0).to_le_bytes());
+                let mut flags = 0;
+                if message.imm.is_some() {
+                    flags |= FLAG_IMM;
+                }
+                if message.kind == MessageKind::WriteWithImm {
+                    flags |= FLAG_WRITE;
+                }
+                w.put(&[flags]);
+            }
+            SideMessage::Credit {
+                qp_num,
+                seq,
+                posting,
+            } => {
+                w.put(&[KIND_CREDIT]);
+                w.put(&qp_num.to_le_bytes());
+                w.put(&seq.to_le_bytes());
+                let (posted, flags) = match posting {
+                    Posting::Whole => (1, FLAG_WHOLE),
+                    Posting::Split { posted } => (posted, 0),
+                };
+                w.put(&posted.to_le_bytes());
+                w.put(&[flags]);
+            }
+        }
+        (w.buf, w.len)
+    }
+
+    /// Reads one message, checking its version, kind, exact length and flags.
+    pub fn decode(bytes: &[u8]) -> Result<SideMessage, WireError> {
+        let (&version, rest) = bytes.split_first().ok_or(WireError::Empty)?;
+        if version != VERSION {
+            return Err(WireError::Version(version));
+        }
+        let (&kind, body) = rest.split_first().ok_or(WireError::Empty)?;
+        let want = match kind {
+            KIND_OFFER | KIND_ACCEPT => 12,
+            KIND_ANNOUNCE => 25,
+            KIND_CREDIT => 17,
+            other => return Err(WireError::Kind(other)),
+        };
+        if body.len() != want {
+            return Err(WireError::Length {
+                kind,
+                want,
+                got: body.len(),
+            });
+        }
+        let mut r = Reader { body };
+        let qp_num = r.u32();
+        match kind {
+            KIND_OFFER => Ok(SideMessage::Offer {
+                qp_num,
+                first: r.u64(),
+            }),
+            KIND_ACCEPT => Ok(SideMessage::Accept {
+                qp_num,
+                first: r.u64(),
+            }),
+            KIND_ANNOUNCE => decode_announce(qp_num, &mut r),
+            _ => decode_credit(qp_num, &mut r),
+        }
+    }
+}
+
+fn decode_announce(qp_num: u32, r: &mut Reader<'_>) -> Result<SideMessage, WireError> {
+    let (seq, len, chunk_bytes, imm, flags) = (r.u64(), r.u32(), r.u32(), r.u32(), r.u8());
+    if flags & !(FLAG_IMM | FLAG_WRITE) != 0 {
+        return Err(WireError::Flags(flags));
+    }
+    if chunk_bytes == 0 {
+        return Err(WireError::ZeroChunk);
+    }
+    let kind = if flags & FLAG_WRITE != 0 {
+        MessageKind::WriteWithImm
+    } else {
+        MessageKind::Send
+    };
+    let imm = (flags & FLAG_IMM != 0).then_some(imm);
+    if kind == MessageKind::WriteWithImm && imm.is_none() {
+        // A WRITE without immediate consumes no receive and is never announced.
+        return Err(WireError::Flags(flags));
+    }
+    Ok(SideMessage::Announce {
+        qp_num,
+        message: Announce {
+            seq,
+            len,
+            chunk_bytes,
+            imm,
+            kind,
+        },
+    })
+}
+
+fn decode_credit(qp_num: u32, r: &mut Reader<'_>) -> Result<SideMessage, WireError> {
+    let (seq, posted, flags) = (r.u64(), r.u32(), r.u8());
+    let posting = match flags {
+        FLAG_WHOLE => Posting::Whole,
+        0 => Posting::Split { posted },
+        other => return Err(WireError::Flags(other)),
+    };
+    Ok(SideMessage::Credit {
+        qp_num,
+        seq,
+        posting,
+    })
+}
+
+#[derive(Default)]
+struct Writer {
+    buf: [u8; MAX_WIRE_BYTES],
+    len: usize,
+}
+
+impl Writer {
+    /// Appends; every message's fields fit [`MAX_WIRE_BYTES`], so nothing is cut.
+    fn put(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(MAX_WIRE_BYTES);
+        let n = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&bytes[..n]);
+        self.len = end;
+    }
+}
+
+/// Reads fields from a body whose length was checked against its kind, so no read runs
+/// short; a short one would read zeros rather than panic.
+struct Reader<'a> {
+    body: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        let n = N.min(self.body.len());
+        out[..n].copy_from_slice(&self.body[..n]);
+        self.body = &self.body[n..];
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+/// Why the protocol refused an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TwoSidedError {
+    /// Only SEND, SEND with immediate and WRITE with immediate consume receives.
+    #[error("{0} is not a two-sided request")]
+    NotTwoSided(Opcode),
+    /// The request's shape (SGEs, length) is not one a work request can have.
+    #[error(transparent)]
+    Shape(#[from] ChunkError),
+    /// A chunk size of zero.
+    #[error("chunk size must be at least 1 byte")]
+    ZeroChunk,
+    /// An announcement out of order (a lost or replayed side-channel message).
+    #[error("announcement {got} out of order, expected {want}")]
+    OutOfOrder {
+        /// The number expected next.
+        want: u64,
+        /// The number that arrived.
+        got: u64,
+    },
+    /// A credit for a message not outstanding, or claiming more receives than its chunks.
+    #[error("credit for message {seq} does not match an outstanding message")]
+    BadCredit {
+        /// The message it names.
+        seq: u64,
+    },
+}
+
+/// The byte range `[offset, offset + len)` of an SGE list's stream as a list of its own.
+/// `None` when the range needs more than `max_sge` SGEs or runs past the list's end.
+pub fn slice_sges(sges: &[Sge], offset: u64, len: u64, max_sge: usize) -> Option<SgeList> {
+    let mut out = SgeList::new();
+    let (mut skip, mut want) = (offset, len);
+    for sge in sges {
+        if want == 0 {
+            break;
+        }
+        let length = u64::from(sge.length);
+        if skip >= length {
+            skip -= length;
+            continue;
+        }
+        let take = (length - skip).min(want);
+        if out.len() >= max_sge.min(MAX_SGES) {
+            return None;
+        }
+        // Cannot fail: the count was checked against MAX_SGES just above.
+        out.push(Sge {
+            addr: sge.addr.checked_add(skip)?,
+            length: u32::try_from(take).ok()?,
+            lkey: sge.lkey,
+        })
+        .ok()?;
+        want -= take;
+        skip = 0;
+    }
+    (want == 0).then_some(out)
+}
+
+/// The sending shaper's agreement with its peer about one queue pair. Until the receiver
+/// offers the protocol, and for ever with a peer that never does, every request goes whole
+/// and unannounced, as natively; the sender counts them, because each takes a receive the
+/// receiver posted whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderAgreement {
+    sent_whole: u64,
+    first: Option<u64>,
+}
+
+impl SenderAgreement {
+    /// No agreement yet.
+    pub fn new() -> Self {
+        SenderAgreement::default()
+    }
+
+    /// The first announced message's number once agreed; `None`: send whole, unannounced.
+    pub fn first(&self) -> Option<u64> {
+        self.first
+    }
+
+    /// A two-sided request went whole and unannounced (before any agreement).
+    pub fn sent_whole(&mut self) {
+        self.sent_whole += 1;
+    }
+
+    /// The receiver's offer ("I posted `first` receives whole"): messages from the larger
+    /// of that and what this end already sent whole are announced. Returns the accept to
+    /// send (a repeated offer gets the same answer) and that number, from which the
+    /// caller builds its [`SendSide`].
+    pub fn on_offer(&mut self, qp_num: u32, first: u64) -> (SideMessage, u64) {
+        let agreed = *self.first.get_or_insert(first.max(self.sent_whole));
+        (
+            SideMessage::Accept {
+                qp_num,
+                first: agreed,
+            },
+            agreed,
+        )
+    }
+}
+
+/// The receiving shaper's agreement with its peer about one queue pair: it posts the
+/// application's receives whole until it offers the protocol, holds them from the offer,
+/// and on the accept posts whole those the sender's whole messages still need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverAgreement {
+    posted_whole: u64,
+    offered: bool,
+    first: Option<u64>,
+}
+
+impl ReceiverAgreement {
+    /// No offer made yet.
+    pub fn new() -> Self {
+        ReceiverAgreement::default()
+    }
+
+    /// Whether an application receive posted now goes to the NIC whole (before the offer).
+    pub fn posts_whole(&self) -> bool {
+        !self.offered
+    }
+
+    /// An application receive went to the NIC whole.
+    pub fn posted_whole(&mut self) {
+        self.posted_whole += 1;
+    }
+
+    /// The offer to send; from now on application receives are held.
+    pub fn offer(&mut self, qp_num: u32) -> SideMessage {
+        self.offered = true;
+        SideMessage::Offer {
+            qp_num,
+            first: self.posted_whole,
+        }
+    }
+
+    /// The sender's accept: how many held application receives to post whole first (the
+    /// sender's whole messages beyond the offer), after which the caller builds its
+    /// [`RecvSide`] from `first`. An accept below the offer, or without one, is refused.
+    pub fn on_accept(&mut self, first: u64) -> Result<u64, TwoSidedError> {
+        if !self.offered || first < self.posted_whole || self.first.is_some_and(|f| f != first) {
+            return Err(TwoSidedError::OutOfOrder {
+                want: self.posted_whole,
+                got: first,
+            });
+        }
+        self.first = Some(first);
+        Ok(first - self.posted_whole)
+    }
+}
+
+/// One request the sending shaper is to post now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutChunk {
+    /// The message it belongs to.
+    pub seq: u64,
+    /// Its position in the message, from 0.
+    pub index: u32,
+    /// Its first byte in the message.
+    pub offset: u32,
+    /// The request: opcode (the message's for the last chunk, without immediate for the
+    /// others; a WRITE with immediate's early chunks are WRITEs), slice of the SGEs, remote
+    /// address moved by the offset for a WRITE; `wr_id` is the application's on the last
+    /// chunk, 0 on others (the caller tags its chunks itself).
+    pub request: WorkRequest,
+    /// The chunk ends the message.
+    pub is_last: bool,
+}
+
+/// A completion the application is to see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppCompletion {
+    /// The application's `wr_id`.
+    pub wr_id: u64,
+    /// `IBV_WC_*` status.
+    pub status: u32,
+    /// Bytes: the whole message's for a receive, the request's for a send.
+    pub byte_len: u32,
+    /// Immediate data delivered with a receive.
+    pub imm: Option<u32>,
+    /// The request asked for a completion (a send's signaled flag; receives always do).
+    pub signaled: bool,
+}
+
+/// A message the sender announced and has not completed.
+#[derive(Clone, Copy, Debug)]
+struct Outgoing {
+    announce: Announce,
+    request: WorkRequest,
+    /// What the receiver posted, once its credit arrived.
+    posting: Option<Posting>,
+    /// Chunks handed out (as a whole message: 0 or 1).
+    sent: u32,
+    /// Chunks completed.
+    done: u32,
+    /// Chunks the message goes as, once the credit said how.
+    total: u32,
+}
+
+/// The sending shaper's half for one queue pair.
+#[derive(Debug, Default)]
+pub struct SendSide {
+    outgoing: VecDeque<Outgoing>,
+    next_seq: u64,
+    max_sge: usize,
+}
+
+impl SendSide {
+    /// A sender whose first announced message is number `first` (from the offer and
+    /// accept), posting chunks of at most `max_sge` SGEs.
+    pub fn new(first: u64, max_sge: usize) -> Self {
+        SendSide {
+            outgoing: VecDeque::new(),
+            next_seq: first,
+            max_sge: max_sge.clamp(1, MAX_SGES),
+        }
+    }
+
+    /// The application posted `request`: queues it and returns the announcement to send.
+    pub fn post(
+        &mut self,
+        request: WorkRequest,
+        chunk_bytes: u32,
+    ) -> Result<Announce, TwoSidedError> {
+        let kind = match request.opcode {
+            Opcode::Send | Opcode::SendWithImm { .. } => MessageKind::Send,
+            Opcode::WriteWithImm { .. } => MessageKind::WriteWithImm,
+            other => return Err(TwoSidedError::NotTwoSided(other)),
+        };
+        if chunk_bytes == 0 {
+            return Err(TwoSidedError::ZeroChunk);
+        }
+        let len = request.validated_len()?;
+        // Slices of the sender's own list that need too many SGEs make the message go
+        // whole, decided here so the announcement says so (a chunk the size of the message).
+        let chunk_bytes = if self.slices_fit(&request, len, chunk_bytes) {
+            chunk_bytes
+        } else {
+            len.max(1)
+        };
+        let announce = Announce {
+            seq: self.next_seq,
+            len,
+            chunk_bytes,
+            imm: request.opcode.imm(),
+            kind,
+        };
+        self.next_seq += 1;
+        self.outgoing.push_back(Outgoing {
+            announce,
+            request,
+            posting: None,
+            sent: 0,
+            done: 0,
+            total: 0,
+        });
+        Ok(announce)
+    }
+
+    fn slices_fit(&self, request: &WorkRequest, len: u32, chunk_bytes: u32) -> bool {
+        let step = u64::from(chunk_bytes);
+        (0..u64::from(len).div_ceil(step)).all(|i| {
+            let offset = i * step;
+            let take = step.min(u64::from(len) - offset);
+            slice_sges(&request.sges, offset, take, self.max_sge).is_some()
+        })
+    }
+
+    /// The receiver's credit for message `seq`.
+    pub fn on_credit(&mut self, seq: u64, posting: Posting) -> Result<(), TwoSidedError> {
+        let message = self
+            .outgoing
+            .iter_mut()
+            .find(|m| m.announce.seq == seq)
+            .ok_or(TwoSidedError::BadCredit { seq })?;
+        let receives = message.announce.receives_when_split();
+        let (total, fits) = match posting {
+            Posting::Whole => (1, true),
+            Posting::Split { posted } => (message.announce.chunks(), posted <= receives),
+        };
+        // A credit repeated (the side channel repeats what was not answered) is harmless;
+        // a split credit that shrinks, or a change between whole and split, is a peer
+        // that is confused or hostile, refused rather than obeyed.
+        let consistent = match (message.posting, posting) {
+            (None, _) | (Some(Posting::Whole), Posting::Whole) => true,
+            (Some(Posting::Split { posted: old }), Posting::Split { posted }) => posted >= old,
+            _ => false,
+        };
+        if !fits || !consistent {
+            return Err(TwoSidedError::BadCredit { seq });
+        }
+        message.posting = Some(posting);
+        message.total = total;
+        Ok(())
+    }
+
+    /// Bytes of the chunk [`SendSide::next_chunk`] would hand out now, for the pacer.
+    pub fn ready_bytes(&self) -> Option<u32> {
+        let (message, index) = self.ready()?;
+        let a = message.announce;
+        Some(match message.posting {
+            Some(Posting::Whole) => a.len,
+            _ => a.chunk_bytes.min(a.len - index * a.chunk_bytes),
+        })
+    }
+
+    /// The first message with a chunk not yet handed out, and that chunk's index, if the
+    /// credit allows it to go now. Messages go in order: a later message never passes an
+    /// earlier one still waiting for its credit.
+    fn ready(&self) -> Option<(&Outgoing, u32)> {
+        let message = self
+            .outgoing
+            .iter()
+            .find(|m| m.total == 0 || m.sent < m.total)?;
+        let posting = message.posting?;
+        let index = message.sent;
+        let allowed = match (posting, message.announce.kind) {
+            (Posting::Whole, _) => index < 1,
+            (Posting::Split { posted }, MessageKind::Send) => index < posted,
+            // Only the last chunk consumes a receive.
+            (Posting::Split { posted }, MessageKind::WriteWithImm) => {
+                index + 1 < message.total || posted >= 1
+            }
+        };
+        allowed.then_some((message, index))
+    }
+
+    /// The next chunk that may go now: credited, in order. `None` when every chunk
+    /// announced so far is out or waits for a credit.
+    pub fn next_chunk(&mut self) -> Option<OutChunk> {
+        let (message, index) = self.ready()?;
+        let seq = message.announce.seq;
+        let chunk = build_chunk(message, index, self.max_sge)?;
+        if let Some(m) = self.outgoing.iter_mut().find(|m| m.announce.seq == seq) {
+            m.sent += 1;
+        }
+        Some(chunk)
+    }
+
+    /// A chunk of message `seq` completed with `status`. Returns the application's
+    /// completion when it ends the message: the last chunk's success, or the first
+    /// failure (the queue pair is in error then; the rest of its chunks flush and are
+    /// ignored).
+    pub fn on_chunk_done(&mut self, seq: u64, status: u32) -> Option<AppCompletion> {
+        let at = self.outgoing.iter().position(|m| m.announce.seq == seq)?;
+        let message = &mut self.outgoing[at];
+        message.done += 1;
+        let finished = status != WC_SUCCESS || message.done >= message.total;
+        if !finished {
+            return None;
+        }
+        let message = self.outgoing.remove(at)?;
+        Some(AppCompletion {
+            wr_id: message.request.wr_id,
+            status,
+            byte_len: message.announce.len,
+            imm: None,
+            signaled: message.request.flags.signaled || status != WC_SUCCESS,
+        })
+    }
+
+    /// Messages announced and not completed.
+    pub fn outstanding(&self) -> usize {
+        self.outgoing.len()
+    }
+
+    /// Chunks handed out and not completed: never more than the receives credited.
+    pub fn chunks_in_flight(&self) -> u32 {
+        self.outgoing
+            .iter()
+            .map(|m| m.sent - m.done.min(m.sent))
+            .sum()
+    }
+
+    /// The queue pair is destroyed or reset: every message not completed, in order, as a
+    /// flushed completion (verbs flushes every outstanding request, signaled or not).
+    pub fn teardown(&mut self) -> Vec<AppCompletion> {
+        self.abandon(WC_WR_FLUSH_ERR)
+    }
+
+    /// The peer stopped answering (its credits have not come for longer than the queue
+    /// pair's own transport timeout, which the caller measures): every message not
+    /// completed fails with `status`, in order, as the NIC would fail requests to a dead
+    /// peer (`IBV_WC_RETRY_EXC_ERR`, 12), so the application never hangs on a credit.
+    pub fn abandon(&mut self, status: u32) -> Vec<AppCompletion> {
+        self.outgoing
+            .drain(..)
+            .map(|m| AppCompletion {
+                wr_id: m.request.wr_id,
+                status,
+                byte_len: 0,
+                imm: None,
+                signaled: true,
+            })
+            .collect()
+    }
+}
+
+/// Builds chunk `index` of `message`.
+fn build_chunk(message: &Outgoing, index: u32, max_sge: usize) -> Option<OutChunk> {
+    let a = message.announce;
+    let whole = message.posting == Some(Posting::Whole);
+    let (offset, len) = if whole {
+        (0, a.len)
+    } else {
+        let offset = index.checked_mul(a.chunk_bytes)?;
+        (offset, a.chunk_bytes.min(a.len - offset))
+    };
+    let is_last = whole || index + 1 >= message.total;
+    let original = message.request;
+    let sges = if whole {
+        original.sges
+    } else {
+        slice_sges(&original.sges, offset.into(), len.into(), max_sge)?
+    };
+    let remote = original.remote.map(|r| match a.kind {
+        MessageKind::WriteWithImm => crate::chunk::RemoteAddr {
+            addr: r.addr.wrapping_add(u64::from(offset)),
+            rkey: r.rkey,
+        },
+        MessageKind::Send => r,
+    });
+    let mut flags = original.flags;
+    flags.signaled = is_last && original.flags.signaled;
+    flags.solicited = is_last && original.flags.solicited;
+    flags.fence = index == 0 && original.flags.fence;
+    Some(OutChunk {
+        seq: a.seq,
+        index,
+        offset,
+        request: WorkRequest {
+            wr_id: if is_last { original.wr_id } else { 0 },
+            opcode: if is_last {
+                original.opcode
+            } else {
+                original.opcode.without_imm()
+            },
+            sges,
+            remote,
+            flags,
+        },
+        is_last,
+    })
+}
+
+/// One receive the receiving shaper is to post to the NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InternalRecv {
+    /// The message it is for.
+    pub seq: u64,
+    /// Its position among the message's receives, from 0.
+    pub index: u32,
+    /// Its scatter list: the application's whole, or the slice for chunk `index`.
+    pub sges: SgeList,
+}
+
+/// An application receive, held by the shaper.
+#[derive(Clone, Copy, Debug)]
+struct AppRecv {
+    wr_id: u64,
+    sges: SgeList,
+}
+
+/// A message whose receives are (being) posted, paired with its application receive.
+#[derive(Clone, Copy, Debug)]
+struct Landing {
+    announce: Announce,
+    app: AppRecv,
+    posting: Posting,
+    /// Receives to post in all (1 when whole).
+    receives: u32,
+    /// Internal receives completed.
+    landed: u32,
+}
+
+/// The receiving shaper's half for one queue pair.
+#[derive(Debug, Default)]
+pub struct RecvSide {
+    app: VecDeque<AppRecv>,
+    announced: VecDeque<Announce>,
+    landing: VecDeque<Landing>,
+    next_seq: u64,
+    max_sge: usize,
+}
+
+impl RecvSide {
+    /// A receiver expecting announcement `first` next, posting receives of at most
+    /// `max_sge` SGEs (the queue pair's `max_recv_sge`).
+    pub fn new(first: u64, max_sge: usize) -> Self {
+        RecvSide {
+            app: VecDeque::new(),
+            announced: VecDeque::new(),
+            landing: VecDeque::new(),
+            next_seq: first,
+            max_sge: max_sge.clamp(1, MAX_SGES),
+        }
+    }
+
+    /// The application posted a receive.
+    pub fn post_recv(&mut self, wr_id: u64, sges: &[Sge]) -> Result<(), TwoSidedError> {
+        let sges = SgeList::try_from(sges)?;
+        u32::try_from(sges.total_bytes()).map_err(|_| ChunkError::LengthOverflow {
+            total: sges.total_bytes(),
+        })?;
+        self.app.push_back(AppRecv { wr_id, sges });
+        Ok(())
+    }
+
+    /// An announcement arrived. A duplicate of one already taken is ignored; a gap is
+    /// refused (the side channel delivers each message once, in order, or the caller
+    /// gives up on the protocol for the queue pair).
+    pub fn on_announce(&mut self, announce: Announce) -> Result<(), TwoSidedError> {
+        if announce.seq < self.next_seq {
+            return Ok(());
+        }
+        if announce.seq != self.next_seq || announce.chunk_bytes == 0 {
+            return Err(TwoSidedError::OutOfOrder {
+                want: self.next_seq,
+                got: announce.seq,
+            });
+        }
+        self.next_seq += 1;
+        self.announced.push_back(announce);
+        Ok(())
+    }
+
+    /// Pairs the next announced message with the next application receive, if both are
+    /// there: the receives to post for it, in order, and the credit to return. `room` is
+    /// how many receives the queue has room for; a split message whose receives do not
+    /// all fit waits (whole receives need 1).
+    pub fn next_posting(&mut self, room: u32) -> Option<(Vec<InternalRecv>, Posting, u64)> {
+        let announce = *self.announced.front()?;
+        let app = *self.app.front()?;
+        let (recvs, posting) = self.plan(&announce, &app);
+        if u32::try_from(recvs.len()).map_or(true, |n| n > room) {
+            return None;
+        }
+        self.announced.pop_front();
+        self.app.pop_front();
+        self.landing.push_back(Landing {
+            announce,
+            app,
+            posting,
+            receives: u32::try_from(recvs.len()).unwrap_or(u32::MAX),
+            landed: 0,
+        });
+        Some((recvs, posting, announce.seq))
+    }
+
+    /// The receives for `announce` into `app`: whole when it fits one chunk, is longer
+    /// than the receive (it then fails at the NIC as natively), is a WRITE with immediate
+    /// (its data needs no receive), or a slice needs more SGEs than a receive holds.
+    fn plan(&self, announce: &Announce, app: &AppRecv) -> (Vec<InternalRecv>, Posting) {
+        let whole = || {
+            let recv = InternalRecv {
+                seq: announce.seq,
+                index: 0,
+                sges: app.sges,
+            };
+            (vec![recv], Posting::Whole)
+        };
+        if announce.chunks() <= 1 {
+            return whole();
+        }
+        if announce.kind == MessageKind::WriteWithImm {
+            // The data goes as WRITEs; only the last chunk consumes a receive, the
+            // application's as posted (its scatter list takes no bytes of the message).
+            let (mut recvs, _) = whole();
+            recvs.truncate(1);
+            return (recvs, Posting::Split { posted: 1 });
+        }
+        if u64::from(announce.len) > app.sges.total_bytes() {
+            return whole();
+        }
+        let step = u64::from(announce.chunk_bytes);
+        let mut recvs = Vec::with_capacity(announce.chunks() as usize);
+        for index in 0..announce.chunks() {
+            let offset = u64::from(index) * step;
+            let len = step.min(u64::from(announce.len) - offset);
+            let Some(sges) = slice_sges(&app.sges, offset, len, self.max_sge) else {
+                return whole();
+            };
+            recvs.push(InternalRecv {
+                seq: announce.seq,
+                index,
+                sges,
+            });
+        }
+        let posted = announce.chunks();
+        (recvs, Posting::Split { posted })
+    }
+
+    /// An internal receive completed (they complete in the order posted) with `status`,
+    /// `byte_len` and immediate data `imm`. Returns the application's completion when it
+    /// ends a message: whole length and immediate on success, the first failure
+    /// otherwise (later receives of the message flush and are ignored).
+    pub fn on_recv_done(
+        &mut self,
+        status: u32,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> Option<AppCompletion> {
+        let landing = self.landing.front_mut()?;
+        let expected = expected_len(landing);
+        landing.landed += 1;
+        let short = status == WC_SUCCESS && expected.is_some_and(|want| byte_len != want);
+        let status = if short { WC_LOC_LEN_ERR } else { status };
+        if status == WC_SUCCESS && landing.landed < landing.receives {
+            return None;
+        }
+        let landing = self.landing.pop_front()?;
+        let byte_len = match landing.posting {
+            // Posted whole: the NIC's completion is the native one.
+            Posting::Whole => byte_len,
+            // Split: the whole message's length, which a WRITE with immediate's last
+            // chunk alone would not report.
+            Posting::Split { .. } if status == WC_SUCCESS => landing.announce.len,
+            Posting::Split { .. } => 0,
+        };
+        Some(AppCompletion {
+            wr_id: landing.app.wr_id,
+            status,
+            byte_len,
+            imm: if status == WC_SUCCESS {
+                imm.or(landing.announce.imm)
+            } else {
+                None
+            },
+            signaled: true,
+        })
+    }
+
+    /// Messages whose receives are posted and not all completed.
+    pub fn landing(&self) -> usize {
+        self.landing.len()
+    }
+
+    /// Application receives held, not yet paired with a message.
+    pub fn held(&self) -> usize {
+        self.app.len()
+    }
+
+    /// The queue pair is destroyed or reset: every application receive not completed,
+    /// paired or held, in order, as a flushed completion.
+    pub fn teardown(&mut self) -> Vec<AppCompletion> {
+        let flushed = |wr_id| AppCompletion {
+            wr_id,
+            status: WC_WR_FLUSH_ERR,
+            byte_len: 0,
+            imm: None,
+            signaled: true,
+        };
+        self.announced.clear();
+        let landing = self.landing.drain(..).map(|l| flushed(l.app.wr_id));
+        let held = self.app.drain(..).map(|a| flushed(a.wr_id));
+        landing.chain(held).collect()
+    }
+}
+
+/// The byte count the next internal receive of `landing` must report: its slice's, or for
+/// a whole posting whatever the NIC says (checked by the NIC itself).
+fn expected_len(landing: &Landing) -> Option<u32> {
+    let a = landing.announce;
+    match (landing.posting, a.kind) {
+        (Posting::Split { .. }, MessageKind::Send) => {
+            let offset = landing.landed.saturating_mul(a.chunk_bytes);
+            Some(a.chunk_bytes.min(a.len.saturating_sub(offset)))
+        }
+        // Whole SEND: the NIC's own length check applies. A WRITE with immediate's
+        // receive reports only its last chunk's bytes: accept what the NIC says.
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;
