@@ -1,6 +1,7 @@
 //! Splitting two-sided requests: the protocol two shapers speak so that a SEND (with or
-//! without immediate) or a WRITE with immediate can go as chunks (Justitia §5.2, "additional
-//! flow control messages ... and receive requests to be pre-posted at the receiver side").
+//! without immediate) or a WRITE with immediate can go as chunks (Justitia §5.2: the sender
+//! tells the receiver of chunk sizes, and the receiver posts receives for the chunks ahead
+//! of them).
 //!
 //! A SEND consumes one receive at the peer, and a receive queue is FIFO: a SEND cut into n
 //! chunks needs n receives posted, in order, exactly where the application's one receive
