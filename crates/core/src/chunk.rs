@@ -263,6 +263,36 @@ pub struct WorkRequest {
 }
 
 impl WorkRequest {
+    /// The request that carries one chunk of this one, whose scatter list and remote
+    /// address are `sges` and `remote`: the application's id, immediate data, signalling and
+    /// solicited event go with the last chunk only and its fence with the first, so the
+    /// application hears of the request once, when it has all gone; only a request that
+    /// goes as one chunk stays inline.
+    pub fn chunk_request(
+        &self,
+        sges: SgeList,
+        remote: Option<RemoteAddr>,
+        first: bool,
+        is_last: bool,
+    ) -> WorkRequest {
+        WorkRequest {
+            wr_id: if is_last { self.wr_id } else { 0 },
+            opcode: if is_last {
+                self.opcode
+            } else {
+                self.opcode.without_imm()
+            },
+            sges,
+            remote,
+            flags: SendFlags {
+                signaled: is_last && self.flags.signaled,
+                fence: first && self.flags.fence,
+                solicited: is_last && self.flags.solicited,
+                inline: first && is_last && self.flags.inline,
+            },
+        }
+    }
+
     /// Checks the request and returns its length in bytes.
     ///
     /// The length must fit the 32-bit byte count of a verbs message, no SGE may run past the
@@ -523,23 +553,8 @@ impl ChunkPlan {
             other => other,
         };
         let chunk = Chunk {
-            request: WorkRequest {
-                wr_id: if is_last { original.wr_id } else { 0 },
-                opcode: if is_last {
-                    original.opcode
-                } else {
-                    original.opcode.without_imm()
-                },
-                sges,
-                remote,
-                flags: SendFlags {
-                    signaled: is_last && original.flags.signaled,
-                    fence: first && original.flags.fence,
-                    solicited: is_last && original.flags.solicited,
-                    // Inline requests are never split.
-                    inline: false,
-                },
-            },
+            // Inline requests are never split: each chunk here goes from memory.
+            request: original.chunk_request(sges, remote, first, is_last),
             index: self.next_index,
             offset,
             is_last,

@@ -782,25 +782,11 @@ fn build_chunk(message: &Outgoing, index: u32, max_sge: usize) -> Option<OutChun
         },
         MessageKind::Send => r,
     });
-    let mut flags = original.flags;
-    flags.signaled = is_last && original.flags.signaled;
-    flags.solicited = is_last && original.flags.solicited;
-    flags.fence = index == 0 && original.flags.fence;
     Some(OutChunk {
         seq: a.seq,
         index,
         offset,
-        request: WorkRequest {
-            wr_id: if is_last { original.wr_id } else { 0 },
-            opcode: if is_last {
-                original.opcode
-            } else {
-                original.opcode.without_imm()
-            },
-            sges,
-            remote,
-            flags,
-        },
+        request: original.chunk_request(sges, remote, index == 0, is_last),
         is_last,
     })
 }

@@ -159,6 +159,24 @@ fn scatter(mem: &mut [u8], sges: &[Sge], data: &[u8]) {
     }
 }
 
+/// An application receive's buffer: `length` bytes at address 0 of its region (lkey 1).
+fn sink(length: u32) -> [Sge; 1] {
+    [Sge {
+        addr: 0,
+        length,
+        lkey: 1,
+    }]
+}
+
+/// The sender's buffer of a message: `length` bytes at address 0 of its region (lkey 2).
+fn source(length: u32) -> [Sge; 1] {
+    [Sge {
+        addr: 0,
+        length,
+        lkey: 2,
+    }]
+}
+
 fn request(wr_id: u64, opcode: Opcode, sges: &[Sge], remote: u64) -> WorkRequest {
     WorkRequest {
         wr_id,
@@ -267,11 +285,7 @@ fn a_send_is_split_into_slices_of_the_receive_and_completes_once() {
 #[test]
 fn no_chunk_goes_without_a_credit() {
     let mut pair = Pair::new(1 << 16, 4, 64);
-    let src = [Sge {
-        addr: 0,
-        length: 9000,
-        lkey: 2,
-    }];
+    let src = source(9000);
     let a = pair
         .tx
         .post(request(1, Opcode::Send, &src, 0), 1000)
@@ -347,11 +361,7 @@ fn the_agreement_starts_announcing_after_every_whole_message() {
 #[test]
 fn a_partial_credit_lets_only_its_chunks_go() {
     let mut tx = SendSide::new(0, 4);
-    let src = [Sge {
-        addr: 0,
-        length: 4000,
-        lkey: 2,
-    }];
+    let src = source(4000);
     tx.post(request(1, Opcode::Send, &src, 0), 1000).unwrap();
     tx.on_credit(0, Posting::Split { posted: 2 }).unwrap();
     assert_eq!(tx.ready_bytes(), Some(1000));
@@ -382,11 +392,7 @@ fn a_message_longer_than_the_receive_goes_whole_and_fails_natively() {
             }],
         )
         .unwrap();
-    let src = [Sge {
-        addr: 0,
-        length: 5000,
-        lkey: 2,
-    }];
+    let src = source(5000);
     let a = pair
         .tx
         .post(request(9, Opcode::Send, &src, 0), 1000)
@@ -435,11 +441,7 @@ fn a_write_with_immediate_goes_as_writes_and_the_last_consumes_the_receive() {
 #[test]
 fn a_failed_chunk_completes_the_request_and_teardown_leaves_nothing() {
     let mut tx = SendSide::new(0, 4);
-    let src = [Sge {
-        addr: 0,
-        length: 3000,
-        lkey: 2,
-    }];
+    let src = source(3000);
     let a = tx.post(request(1, Opcode::Send, &src, 0), 1000).unwrap();
     tx.post(request(2, Opcode::Send, &src, 0), 1000).unwrap();
     tx.on_credit(a.seq, Posting::Split { posted: 3 }).unwrap();
@@ -470,24 +472,8 @@ fn a_failed_chunk_completes_the_request_and_teardown_leaves_nothing() {
     );
 
     let mut rx = RecvSide::new(0, 4);
-    rx.post_recv(
-        7,
-        &[Sge {
-            addr: 0,
-            length: 3000,
-            lkey: 1,
-        }],
-    )
-    .unwrap();
-    rx.post_recv(
-        8,
-        &[Sge {
-            addr: 0,
-            length: 3000,
-            lkey: 1,
-        }],
-    )
-    .unwrap();
+    rx.post_recv(7, &sink(3000)).unwrap();
+    rx.post_recv(8, &sink(3000)).unwrap();
     rx.on_announce(a).unwrap();
     assert!(rx.next_posting(64).is_some());
     let flushed = rx.teardown();
@@ -500,11 +486,7 @@ fn a_failed_chunk_completes_the_request_and_teardown_leaves_nothing() {
 #[test]
 fn hostile_credits_and_announcements_are_refused() {
     let mut tx = SendSide::new(0, 4);
-    let src = [Sge {
-        addr: 0,
-        length: 3000,
-        lkey: 2,
-    }];
+    let src = source(3000);
     let a = tx.post(request(1, Opcode::Send, &src, 0), 1000).unwrap();
     assert!(tx.on_credit(0, Posting::Split { posted: 4 }).is_err());
     assert!(tx.on_credit(9, Posting::Split { posted: 1 }).is_err());
