@@ -380,6 +380,12 @@ pub enum TwoSidedError {
         /// The number that arrived.
         got: u64,
     },
+    /// More announcements held than [`MAX_ANNOUNCED`]: a peer announcing without end.
+    #[error("{held} announcements already held ahead of the application's receives")]
+    TooManyAnnounced {
+        /// Announcements held.
+        held: usize,
+    },
     /// A credit for a message not outstanding, or claiming more receives than its chunks.
     #[error("credit for message {seq} does not match an outstanding message")]
     BadCredit {
@@ -821,6 +827,11 @@ struct Landing {
     landed: u32,
 }
 
+/// The most announcements a receiver holds that no application receive has met yet. An
+/// honest sender announces at most its send queue's depth ahead, which devices keep far
+/// below this; a peer that goes on announcing is refused rather than queued without end.
+pub const MAX_ANNOUNCED: usize = 1 << 14;
+
 /// The receiving shaper's half for one queue pair.
 #[derive(Debug, Default)]
 pub struct RecvSide {
@@ -829,18 +840,24 @@ pub struct RecvSide {
     landing: VecDeque<Landing>,
     next_seq: u64,
     max_sge: usize,
+    queue_depth: u32,
 }
 
 impl RecvSide {
     /// A receiver expecting announcement `first` next, posting receives of at most
-    /// `max_sge` SGEs (the queue pair's `max_recv_sge`).
-    pub fn new(first: u64, max_sge: usize) -> Self {
+    /// `max_sge` SGEs (the queue pair's `max_recv_sge`) into a receive queue of
+    /// `queue_depth` entries (its `max_recv_wr`). A message that would need more split
+    /// receives than the queue holds could never be posted split: it goes whole. So an
+    /// announcement, which the peer controls, never makes the receiver plan more receives
+    /// than its queue holds (a chunk of 1 byte against a 16 MiB receive is posted whole).
+    pub fn new(first: u64, max_sge: usize, queue_depth: u32) -> Self {
         RecvSide {
             app: VecDeque::new(),
             announced: VecDeque::new(),
             landing: VecDeque::new(),
             next_seq: first,
             max_sge: max_sge.clamp(1, MAX_SGES),
+            queue_depth: queue_depth.max(1),
         }
     }
 
@@ -856,10 +873,16 @@ impl RecvSide {
 
     /// An announcement arrived. A duplicate of one already taken is ignored; a gap is
     /// refused (the side channel delivers each message once, in order, or the caller
-    /// gives up on the protocol for the queue pair).
+    /// gives up on the protocol for the queue pair), and so is one past
+    /// [`MAX_ANNOUNCED`] held.
     pub fn on_announce(&mut self, announce: Announce) -> Result<(), TwoSidedError> {
         if announce.seq < self.next_seq {
             return Ok(());
+        }
+        if self.announced.len() >= MAX_ANNOUNCED {
+            return Err(TwoSidedError::TooManyAnnounced {
+                held: self.announced.len(),
+            });
         }
         if announce.seq != self.next_seq || announce.chunk_bytes == 0 {
             return Err(TwoSidedError::OutOfOrder {
@@ -896,8 +919,9 @@ impl RecvSide {
     }
 
     /// The receives for `announce` into `app`: whole when it fits one chunk, is longer
-    /// than the receive (it then fails at the NIC as natively), is a WRITE with immediate
-    /// (its data needs no receive), or a slice needs more SGEs than a receive holds.
+    /// than the receive (it then fails at the NIC as natively), needs more receives than
+    /// the queue holds, is a WRITE with immediate (its data needs no receive), or a slice
+    /// needs more SGEs than a receive holds.
     fn plan(&self, announce: &Announce, app: &AppRecv) -> (Vec<InternalRecv>, Posting) {
         let whole = || {
             let recv = InternalRecv {
@@ -917,7 +941,8 @@ impl RecvSide {
             recvs.truncate(1);
             return (recvs, Posting::Split { posted: 1 });
         }
-        if u64::from(announce.len) > app.sges.total_bytes() {
+        if u64::from(announce.len) > app.sges.total_bytes() || announce.chunks() > self.queue_depth
+        {
             return whole();
         }
         let step = u64::from(announce.chunk_bytes);

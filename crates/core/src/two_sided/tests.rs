@@ -33,7 +33,7 @@ impl Pair {
     fn new(mem: usize, max_sge: usize, room: u32) -> Self {
         Pair {
             tx: SendSide::new(0, max_sge),
-            rx: RecvSide::new(0, max_sge),
+            rx: RecvSide::new(0, max_sge, room),
             rq: VecDeque::new(),
             wire: VecDeque::new(),
             mem: vec![0; mem],
@@ -471,7 +471,7 @@ fn a_failed_chunk_completes_the_request_and_teardown_leaves_nothing() {
         [(3, 12)]
     );
 
-    let mut rx = RecvSide::new(0, 4);
+    let mut rx = RecvSide::new(0, 4, 64);
     rx.post_recv(7, &sink(3000)).unwrap();
     rx.post_recv(8, &sink(3000)).unwrap();
     rx.on_announce(a).unwrap();
@@ -494,7 +494,7 @@ fn hostile_credits_and_announcements_are_refused() {
     tx.on_credit(0, Posting::Split { posted: 2 }).unwrap();
     assert!(tx.on_credit(0, Posting::Split { posted: 1 }).is_err());
     assert!(tx.on_credit(0, Posting::Whole).is_err());
-    let mut rx = RecvSide::new(0, 4);
+    let mut rx = RecvSide::new(0, 4, 64);
     assert_eq!(
         rx.on_announce(Announce { seq: 1, ..a }),
         Err(TwoSidedError::OutOfOrder { want: 0, got: 1 })
@@ -651,8 +651,8 @@ proptest! {
                 1 => c.len,
                 _ => c.len.saturating_add(chunk_raw),
             };
-            // Receives big enough for a split's slices: bounded by the room, so a
-            // message needs at most `room` receives, else it would wait for ever.
+            // Chunks big enough that a message needs at most `room` receives (the
+            // queue's depth), so that it goes split: one needing more would go whole.
             let chunk = chunk.max(c.len.div_ceil(room.max(1)));
             let src = sges_of(src_base, c.len, &c.src_cuts);
             let dst = sges_of(dst_base, c.len, &c.dst_cuts);
@@ -684,4 +684,42 @@ proptest! {
         }
         prop_assert_eq!(pair.tx.chunks_in_flight(), 0);
     }
+}
+
+/// What a peer announces cannot make the receiver build more than its queue holds: a
+/// 1-byte chunk against a 16 MiB receive is posted whole (one receive), as is any message
+/// needing more split receives than the queue's depth; and announcements past
+/// MAX_ANNOUNCED held are refused.
+#[test]
+fn an_announcement_never_plans_more_receives_than_the_queue_holds() {
+    let mut rx = RecvSide::new(0, 4, 8);
+    rx.post_recv(1, &sink(16 << 20)).unwrap();
+    rx.post_recv(2, &sink(16 << 10)).unwrap();
+    rx.post_recv(3, &sink(16 << 10)).unwrap();
+    let announce = |seq, len, chunk_bytes| Announce {
+        seq,
+        len,
+        chunk_bytes,
+        imm: None,
+        kind: MessageKind::Send,
+    };
+    rx.on_announce(announce(0, 16 << 20, 1)).unwrap();
+    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
+    assert_eq!((recvs.len(), posting), (1, Posting::Whole));
+    // 9 chunks of 2 KiB do not fit a queue of 8: whole; 8 do.
+    rx.on_announce(announce(1, 9 << 11, 1 << 11)).unwrap();
+    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
+    assert_eq!((recvs.len(), posting), (1, Posting::Whole));
+    rx.on_announce(announce(2, 8 << 11, 1 << 11)).unwrap();
+    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
+    assert_eq!((recvs.len(), posting), (8, Posting::Split { posted: 8 }));
+
+    let mut rx = RecvSide::new(0, 4, 8);
+    for seq in 0..MAX_ANNOUNCED as u64 {
+        rx.on_announce(announce(seq, 100, 64)).unwrap();
+    }
+    assert!(matches!(
+        rx.on_announce(announce(MAX_ANNOUNCED as u64, 100, 64)),
+        Err(TwoSidedError::TooManyAnnounced { held }) if held == MAX_ANNOUNCED
+    ));
 }

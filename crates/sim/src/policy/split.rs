@@ -233,7 +233,8 @@ impl SideChannel {
         let rx = self
             .receivers
             .entry(qp)
-            .or_insert_with(|| RecvSide::new(0, MAX_SGE));
+            // The simulated applications' receive queues have no depth to run out of.
+            .or_insert_with(|| RecvSide::new(0, MAX_SGE, u32::MAX));
         let receive = Sge {
             addr: 0x1000,
             length: message.len.max(1),
