@@ -236,10 +236,13 @@ wanted tput && NO_P99=1 under_daemon tput justitia "$TPUT_SCENARIO" "alone,bw al
   "a throughput victim (16 B WRITEs in batches of 64)"
 # --- a remote READ beside a local WRITE: reported ----------------------------------------
 # B READs 64 KiB from A while A WRITEs 64 KiB to B, four times as many outstanding: the
-# READ responses and the WRITEs both leave A through its bucket. Natively the WRITEs take
-# most of it; under justitiad on both hosts, peered (each host's key made there, members A
-# and B), A's daemon counts B's READs among the flows of its own wire and grants them
-# their share over the peer channel, and B's shaper paces them to it (Justitia §6.6).
+# READ responses and the WRITEs both leave A through its bucket. Natively the READ
+# responses took most of it in every run so far, the WRITEs' four times as many requests
+# outstanding notwithstanding (the WRITEs kept x0.26 of their rate alone, the READs x0.74;
+# the model shares it evenly); under justitiad on both hosts, peered (each host's key
+# made there, members A and B), A's daemon counts B's READs among the flows of its own
+# wire and grants them their share over the peer channel, and B's shaper paces them to
+# it (Justitia §6.6).
 # Reported: the READs' rate alone, beside the WRITEs natively and under the daemons, as a
 # share of the guarantee (half of A's MaxRate, the SoftRoCE-wire profile's 0.00757 Gb/s),
 # and the largest guarantee B's daemon showed for them.
