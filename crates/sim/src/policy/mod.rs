@@ -178,23 +178,23 @@ impl PolicyContext<'_> {
     /// flow's); returns the local queue pair. Its completions come to
     /// [`Policy::on_completion`] and are never shown to applications.
     pub fn connect_probe(&mut self, peer: HostId) -> QpId {
-        let end = |host| Endpoint {
-            host,
-            owner: QpOwner::Policy,
-            deliver: false,
-        };
-        let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
-        local
+        self.connect_own(peer, false)
     }
 
     /// Opens the policy's side channel from this host to `peer`: a connection of its own
     /// whose messages ([`PolicyContext::send_on_wire`]) reach the peer's policy when the
     /// RNIC delivers them. Returns the local queue pair.
     pub fn connect_side_channel(&mut self, peer: HostId) -> QpId {
+        self.connect_own(peer, true)
+    }
+
+    /// A connection of the policy's own to `peer`, whose deliveries reach the peer's
+    /// policy when `deliver`; the local queue pair.
+    fn connect_own(&mut self, peer: HostId, deliver: bool) -> QpId {
         let end = |host| Endpoint {
             host,
             owner: QpOwner::Policy,
-            deliver: true,
+            deliver,
         };
         let (local, _) = self.fabric.connect(end(self.host), end(peer), None);
         local
