@@ -11,6 +11,7 @@
 //! | [`flow`] | flow classes, flow and tenant identities, weights | Justitia §2.1, §3 |
 //! | [`profile`] | RNIC profiles (MaxRate, MaxTput, MTU, chunk sizes), TOML loading | Justitia §4.2.2, §5.1 |
 //! | [`estimator`] | tail-latency estimate over the reference flow's recent samples | Justitia §4.2.1 |
+//! | [`control_verbs`] | control verbs a tenant may issue: the host budget shared by weight, each process paced to its share | Husky §4 |
 //! | [`controller`] | the SafeUtil AIMD controller, soft admission, unattainable-target mode | Justitia §4.2.2, Pseudocode 1, §4.5 |
 //! | [`control_loop`] | the whole per-host loop as one sans-I/O state machine: flows, probes, SafeUtil, allotments | Justitia §4.2, §4.5, §5.1 |
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
@@ -27,6 +28,7 @@ pub mod allotment;
 pub mod chunk;
 pub mod classifier;
 pub mod control_loop;
+pub mod control_verbs;
 pub mod controller;
 pub mod estimator;
 pub mod flow;
