@@ -132,11 +132,10 @@ impl ControlVerbPacer {
 
     /// Changes the budget. Verbs already told to wait keep their turns; the next verb is
     /// due by the new rate from the old one's due time, so a lower rate holds from the next
-    /// verb on and a higher one does not release a burst beyond its own.
+    /// verb on and a higher one does not release a burst beyond its own. A budget taken
+    /// away and given back (a daemon briefly stale) keeps the due time too, so the flap
+    /// releases no burst.
     pub fn set_budget(&mut self, budget: Option<ControlVerbBudget>) {
-        if budget.is_none() {
-            self.due = None;
-        }
         self.budget = budget;
     }
 
@@ -173,6 +172,7 @@ impl ControlVerbPacer {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn ms(v: u64) -> Duration {
@@ -246,6 +246,9 @@ mod tests {
         assert_eq!(p.admit(ms(0)).wait, ms(11));
         p.set_budget(None);
         assert_eq!(p.admit(ms(0)).wait, ms(0));
+        // Given back, the budget goes on from where it was: the verb is due at 21 ms.
+        p.set_budget(budget(100.0, 1));
+        assert_eq!(p.admit(ms(0)).wait, ms(21));
     }
 
     #[test]
