@@ -2,8 +2,9 @@
 //! types applications, policies and the run share, kept apart from the run itself so that
 //! the models depend on them and the run on the models, never both ways.
 
-use crate::rnic::{QpId, RnicEvent};
+use crate::rnic::{ControlVerb, QpId, RnicEvent};
 use crate::switch::SwitchEvent;
+use crate::time::Picos;
 use crate::topology::HostId;
 
 /// Everything that can happen.
@@ -27,6 +28,15 @@ pub(crate) enum Event {
     AppPause(u32),
     /// A paused application posts again.
     AppResume(u32),
+    /// A control verb that `host`'s policy held reaches the RNIC (application `app` issued
+    /// it at `issued`; `pages`: of the region it registers).
+    ControlIssue {
+        host: HostId,
+        app: u32,
+        verb: ControlVerb,
+        pages: u32,
+        issued: Picos,
+    },
 }
 
 impl From<RnicEvent> for Event {

@@ -5,7 +5,7 @@
 //! completion being passed up to the application) go through two queues drained after
 //! each event, in order, so no model ever holds a reference into another.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId, Weight};
@@ -17,7 +17,9 @@ use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::metrics::{ChangedFlows, FlowMetrics};
 use crate::policy::PolicyBuildError;
-use crate::policy::{FlowInfo, Mailbox, Policy, PolicyContext, SIDE_CHANNEL_POLL};
+use crate::policy::{
+    ControlCall, FlowInfo, Mailbox, Policy, PolicyContext, TenantOnHost, SIDE_CHANNEL_POLL,
+};
 use crate::report::{jain_index, FlowReport, RunReport};
 use crate::rnic::{Completion, ControlVerb, Endpoint, Fabric, QpId, QpOwner, Upcall, WorkRequest};
 use crate::scenario::{Experiment, ResolvedVariant, TopologyKind};
@@ -33,6 +35,22 @@ struct FlowRuntime {
     infos: Vec<(HostId, FlowInfo)>,
     /// The host its application runs on (where its control verbs go).
     host: HostId,
+    /// Its identity, tenant and weight.
+    spec: FlowSpec,
+}
+
+/// The tenants with an application running on one host, as its daemon knows them from the
+/// processes registered with it: what the host's control-verb budget is shared by.
+#[derive(Default)]
+struct HostTenants {
+    /// The applications with a process on the host: where they run, and the far end of
+    /// their connections (a benchmark's server runs there).
+    apps: Vec<u32>,
+    /// Per tenant with one of them running: (its weight, the largest of its running
+    /// applications', as the allotment takes it; its running applications).
+    tenants: BTreeMap<TenantId, (u32, u32)>,
+    /// The sum of their weights.
+    total_weight: u64,
 }
 
 pub(crate) struct World {
@@ -44,6 +62,10 @@ pub(crate) struct World {
     flows: Vec<FlowRuntime>,
     posts: Vec<(QpId, WorkRequest)>,
     controls: Vec<(u32, ControlVerb, u32)>,
+    /// Whether each application runs (started and not stopped; a pause keeps its process).
+    running: Vec<bool>,
+    /// Per host, its tenants.
+    host_tenants: Vec<HostTenants>,
     notices: VecDeque<Notice>,
     mailbox: Mailbox,
     completions: Vec<Completion>,
@@ -122,6 +144,8 @@ impl World {
         let mut apps: Vec<Box<dyn AppModel>> = Vec::new();
         let mut metrics = Vec::new();
         let mut flows = Vec::new();
+        let mut host_tenants: Vec<HostTenants> =
+            (0..hosts).map(|_| HostTenants::default()).collect();
         for (index, flow_ref) in variant.flows.iter().enumerate() {
             let spec = &scenario.flows[flow_ref.spec];
             let Some(app_spec) = spec.app() else {
@@ -184,7 +208,8 @@ impl World {
                 },
             )];
             if conns.is_empty() {
-                // A control-verb storm posts no work requests: no policy is told of it.
+                // A control-verb storm posts no work requests: it is no flow of the policy's
+                // loop. Its verbs reach the policy one by one (`Policy::on_control`).
                 infos.clear();
             }
             if server_posts {
@@ -199,12 +224,17 @@ impl World {
                     },
                 ));
             }
+            host_tenants[usize::from(a.0)].apps.push(app_index);
+            if !conns.is_empty() && b != a {
+                host_tenants[usize::from(b.0)].apps.push(app_index);
+            }
             flows.push(FlowRuntime {
                 name: flow_ref.name.clone(),
                 class: spec.class(),
                 app_kind: app_spec.kind(),
                 infos,
                 host: a,
+                spec: core_spec,
             });
             queue.schedule(time::from_ms(spec.start_ms), Event::FlowStart(app_index));
             if let Some(stop) = spec.stop_ms {
@@ -247,6 +277,7 @@ impl World {
             visit: Vec::new(),
             control_of_host: vec![None; hosts],
         };
+        let running = vec![false; flows.len()];
         Ok(World {
             queue,
             fabric,
@@ -256,6 +287,8 @@ impl World {
             flows,
             posts: Vec::new(),
             controls: Vec::new(),
+            running,
+            host_tenants,
             notices: VecDeque::new(),
             mailbox: Mailbox::default(),
             completions: Vec::new(),
@@ -480,10 +513,25 @@ impl World {
                 let (model, mut io) = self.app_io(app);
                 model.start(&mut io);
             }
+            Event::ControlIssue {
+                host,
+                app,
+                verb,
+                pages,
+                issued,
+            } => self
+                .fabric
+                .control(host, app, verb, pages, issued, &mut self.queue),
         }
     }
 
     fn set_flow_active(&mut self, app: u32, active: bool) {
+        self.running[app as usize] = active;
+        for h in 0..self.host_tenants.len() {
+            if self.host_tenants[h].apps.contains(&app) {
+                self.count_tenants(h);
+            }
+        }
         let infos = self.flows[app as usize].infos.clone();
         for (host, info) in &infos {
             let (policy, mut ctx) = self.policy_ctx(*host);
@@ -494,6 +542,40 @@ impl World {
             model.start(&mut io);
         } else {
             model.stop();
+        }
+    }
+
+    /// Counts again the tenants running on host `h`.
+    fn count_tenants(&mut self, h: usize) {
+        let ht = &mut self.host_tenants[h];
+        ht.tenants.clear();
+        for &app in &ht.apps {
+            if !self.running[app as usize] {
+                continue;
+            }
+            let spec = &self.flows[app as usize].spec;
+            let t = ht.tenants.entry(spec.tenant).or_insert((0, 0));
+            t.0 = t.0.max(spec.weight.get());
+            t.1 += 1;
+        }
+        ht.total_weight = ht.tenants.values().map(|t| u64::from(t.0)).sum();
+    }
+
+    /// The tenant of application `app` on `host`.
+    fn tenant_on(&self, host: HostId, app: u32) -> TenantOnHost {
+        let ht = &self.host_tenants[usize::from(host.0)];
+        let spec = &self.flows[app as usize].spec;
+        // An application stopped since it issued the verb counts as its tenant's only
+        // process, its own weight (the budget of a process that is leaving matters little).
+        let (weight, processes) = ht
+            .tenants
+            .get(&spec.tenant)
+            .copied()
+            .unwrap_or((spec.weight.get(), 1));
+        TenantOnHost {
+            weight,
+            total_weight: ht.total_weight.max(u64::from(weight)),
+            processes,
         }
     }
 
@@ -521,10 +603,20 @@ impl World {
                 continue;
             }
             if !self.controls.is_empty() {
-                // Control verbs go to the RNIC directly: no policy sees them.
+                // Control verbs go through the host's policy, which decides when each
+                // reaches the RNIC (at once unless it paces them).
+                let issued = self.queue.now();
                 for (app, verb, pages) in std::mem::take(&mut self.controls) {
                     let host = self.flows[app as usize].host;
-                    self.fabric.control(host, app, verb, pages, &mut self.queue);
+                    let call = ControlCall {
+                        app,
+                        verb,
+                        pages,
+                        issued,
+                        tenant: self.tenant_on(host, app),
+                    };
+                    let (policy, mut ctx) = self.policy_ctx(host);
+                    policy.on_control(&mut ctx, call);
                 }
                 continue;
             }

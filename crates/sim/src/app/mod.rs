@@ -124,7 +124,8 @@ impl AppIo<'_> {
     }
 
     /// Issues a control verb on the application's host (`pages`: of the region it
-    /// registers); [`AppModel::on_control_done`] is called when it completes.
+    /// registers); it goes through the host's policy, which may hold it, and
+    /// [`AppModel::on_control_done`] is called when it completes.
     pub(crate) fn control(&mut self, verb: ControlVerb, pages: u32) {
         self.controls.push((self.app, verb, pages));
     }

@@ -58,11 +58,12 @@ use justitia_core::adaptive::{
 use justitia_core::flow::{FlowClass, FlowSpec};
 use justitia_core::pacer::{PaceRate, Pacer};
 
+use super::control_verbs::ControlVerbShaper;
 use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
 use super::paced::{self, PacedShaper};
 use super::preempt::PreemptParams;
 use super::split::{SideChannel, SplitSender};
-use super::{FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
+use super::{ControlCall, FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::series::{ControlState, Mode};
@@ -503,6 +504,9 @@ pub struct AdaptivePolicy {
     steers: bool,
     paced_updates: u64,
     updates: u64,
+    /// The applications' control verbs, paced when the scenario gives a host budget (in
+    /// `[justitia]`, with the target).
+    control_verbs: Option<ControlVerbShaper>,
 }
 
 impl AdaptivePolicy {
@@ -564,6 +568,7 @@ impl AdaptivePolicy {
             steers: false,
             paced_updates: 0,
             updates: 0,
+            control_verbs: ControlVerbShaper::new(justitia),
         })
     }
 
@@ -822,6 +827,13 @@ impl Policy for AdaptivePolicy {
         self.side.on_delivery(qp, bytes)
     }
 
+    fn on_control(&mut self, ctx: &mut PolicyContext<'_>, call: ControlCall) {
+        match &mut self.control_verbs {
+            Some(shaper) => shaper.on_control(ctx, call),
+            None => ctx.control(call),
+        }
+    }
+
     fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
         let PolicyMessage::Side(bytes) = message else {
             return;
@@ -902,6 +914,9 @@ impl Policy for AdaptivePolicy {
                 "paced_fraction".into(),
                 self.paced_updates as f64 / self.updates as f64,
             );
+        }
+        if let Some(shaper) = &self.control_verbs {
+            shaper.figures(&mut f);
         }
         f
     }

@@ -59,10 +59,11 @@ use justitia_peer::wire::{DemandEntry, Role};
 use justitia_peer::NodeId;
 use serde::{Deserialize, Serialize};
 
+use super::control_verbs::ControlVerbShaper;
 use super::paced::{Activity, PacedShaper, PACE_TIMER};
 use super::reference::ReferenceProbe;
 use super::split::SideChannel;
-use super::{FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
+use super::{ControlCall, FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{QpId, WorkRequest};
 use crate::series::{ControlState, Mode};
@@ -120,7 +121,24 @@ pub struct JustitiaParams {
     /// if it had died; absent, never.
     #[serde(default)]
     pub peer_silent_after_ms: Option<f64>,
+    /// The host's budget of control verbs (`ibv_reg_mr`, `ibv_create_qp`), verbs/s,
+    /// shared among the tenants with an application on the host by weight and each
+    /// tenant's share among its applications ([`super::control_verbs`]); absent or 0, the
+    /// verbs are not paced. Read by `justitia` and `adaptive`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_verbs_per_sec: Option<f64>,
+    /// Verbs each application may issue back to back after a quiet period
+    /// ([`DEFAULT_CONTROL_VERB_BURST`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_verb_burst: Option<u32>,
 }
+
+/// The burst of control verbs when a scenario gives none: an application that registers
+/// a handful of buffers and creates its queue pairs at start-up waits for none of them.
+pub const DEFAULT_CONTROL_VERB_BURST: u32 = 16;
+
+/// The largest burst of control verbs a scenario may give.
+pub const MAX_CONTROL_VERB_BURST: u32 = 65_536;
 
 fn default_peer_delay_us() -> f64 {
     super::MESSAGE_DELAY as f64 / 1e6
@@ -153,6 +171,8 @@ impl Default for JustitiaParams {
             unattainable_after_ms: default_unattainable_after_ms(),
             peer_delay_us: default_peer_delay_us(),
             peer_silent_after_ms: None,
+            control_verbs_per_sec: None,
+            control_verb_burst: None,
         }
     }
 }
@@ -208,7 +228,34 @@ impl JustitiaParams {
                 ),
             ));
         }
+        if let Some(rate) = self.control_verbs_per_sec {
+            if !(rate.is_finite() && rate >= 0.0) {
+                return Err((
+                    "control_verbs_per_sec".into(),
+                    format!("must be 0 (not paced) or a positive number of verbs/s, got {rate}"),
+                ));
+            }
+        }
+        if let Some(burst) = self.control_verb_burst {
+            if !(1..=MAX_CONTROL_VERB_BURST).contains(&burst) {
+                return Err((
+                    "control_verb_burst".into(),
+                    format!("must be 1 to {MAX_CONTROL_VERB_BURST} verbs, got {burst}"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The host's control-verb budget and each application's burst; `None` when the verbs
+    /// are not paced (no budget, or 0).
+    pub fn control_verb_budget(&self) -> Option<(f64, u32)> {
+        let rate = self.control_verbs_per_sec.filter(|r| *r > 0.0)?;
+        Some((
+            rate,
+            self.control_verb_burst
+                .unwrap_or(DEFAULT_CONTROL_VERB_BURST),
+        ))
     }
 
     /// Target99 as the core takes it.
@@ -264,7 +311,8 @@ pub(crate) fn core_time(t: Picos) -> Duration {
     Duration::from_nanos(t / 1_000)
 }
 
-fn picos(d: Duration) -> Picos {
+/// A core duration in simulated time.
+pub(crate) fn picos(d: Duration) -> Picos {
     u64::try_from(d.as_nanos())
         .unwrap_or(u64::MAX)
         .saturating_mul(1_000)
@@ -473,6 +521,8 @@ pub struct JustitiaPolicy {
     incast_lapsed_ms: Option<f64>,
     /// When the channel was last driven.
     peer_now: Duration,
+    /// The applications' control verbs, paced when the scenario gives a host budget.
+    control_verbs: Option<ControlVerbShaper>,
 }
 
 /// Whether a load is one a receiver's incast share caps: a bandwidth flow into another
@@ -546,6 +596,7 @@ impl JustitiaPolicy {
             first_incast_ms: None,
             incast_lapsed_ms: None,
             peer_now: Duration::ZERO,
+            control_verbs: ControlVerbShaper::new(params),
         })
     }
 
@@ -995,6 +1046,13 @@ impl Policy for JustitiaPolicy {
         self.side.on_delivery(qp, bytes)
     }
 
+    fn on_control(&mut self, ctx: &mut PolicyContext<'_>, call: ControlCall) {
+        match &mut self.control_verbs {
+            Some(shaper) => shaper.on_control(ctx, call),
+            None => ctx.control(call),
+        }
+    }
+
     fn on_message(&mut self, ctx: &mut PolicyContext<'_>, from: HostId, message: PolicyMessage) {
         let datagram = match message {
             PolicyMessage::Peer(datagram) => datagram,
@@ -1047,6 +1105,9 @@ impl Policy for JustitiaPolicy {
             if share > 0.0 {
                 f.insert("peer_incast_share_gbps".into(), share * 8.0 / 1e9);
             }
+        }
+        if let Some(shaper) = &self.control_verbs {
+            shaper.figures(&mut f);
         }
         f
     }
@@ -1126,6 +1187,40 @@ mod tests {
             assert_eq!(refused(p), "unattainable_after_ms");
         }
         assert_eq!(with(&|p| p.unattainable_after_ms = 0.0).validate(), Ok(()));
+        for rate in [-1.0, f64::NAN, f64::INFINITY] {
+            let p = with(&|p| p.control_verbs_per_sec = Some(rate));
+            assert_eq!(refused(p), "control_verbs_per_sec");
+        }
+        for burst in [0, MAX_CONTROL_VERB_BURST + 1] {
+            let p = with(&|p| p.control_verb_burst = Some(burst));
+            assert_eq!(refused(p), "control_verb_burst");
+        }
+        for burst in [1, MAX_CONTROL_VERB_BURST] {
+            let p = with(&|p| p.control_verb_burst = Some(burst));
+            assert_eq!(p.validate(), Ok(()));
+        }
+    }
+
+    /// No control-verb budget unless a positive one is given; the burst defaults to 16.
+    #[test]
+    fn control_verbs_are_paced_only_with_a_positive_budget() {
+        let with = |rate: Option<f64>, burst: Option<u32>| JustitiaParams {
+            control_verbs_per_sec: rate,
+            control_verb_burst: burst,
+            ..JustitiaParams::default()
+        };
+        assert_eq!(with(None, Some(4)).control_verb_budget(), None);
+        let off = with(Some(0.0), None);
+        assert_eq!(off.validate(), Ok(()));
+        assert_eq!(off.control_verb_budget(), None);
+        assert_eq!(
+            with(Some(1000.0), None).control_verb_budget(),
+            Some((1000.0, DEFAULT_CONTROL_VERB_BURST))
+        );
+        assert_eq!(
+            with(Some(1000.0), Some(1)).control_verb_budget(),
+            Some((1000.0, 1))
+        );
     }
 
     /// What the loop is given: an absolute target as given, delta 0 as the option off,

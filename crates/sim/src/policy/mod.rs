@@ -17,10 +17,16 @@
 //! | [`adaptive`] | the core's adaptive law: bandwidth flows paced as one chunk stream under the transmitter's drain rate, chunks sized from the latency flows' tail |
 //! | [`priority`] | hardware strict priority: latency, then throughput flows on higher lanes |
 //!
+//! A policy also sees every control verb an application on its host issues
+//! ([`Policy::on_control`]) and decides when it reaches the RNIC: `justitia` and
+//! `adaptive` pace them by the core's [`ControlVerbPacer`](justitia_core::control_verbs::ControlVerbPacer)
+//! when the scenario gives a host budget ([`control_verbs`]); the others pass them on at once.
+//!
 //! One instance runs per host, built by [`PolicySpec::build`] from the name a scenario
 //! gives and the run's parameters.
 
 pub mod adaptive;
+pub mod control_verbs;
 pub mod justitia;
 pub mod native;
 pub mod paced;
@@ -40,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::EventQueue;
 use crate::event::{Event, Notice};
 use crate::model_profile::ModelProfile;
-use crate::rnic::{Endpoint, Fabric, QpId, QpOwner, WorkRequest};
+use crate::rnic::{ControlVerb, Endpoint, Fabric, QpId, QpOwner, WorkRequest};
 use crate::series::ControlState;
 use crate::time::Picos;
 use crate::topology::HostId;
@@ -58,6 +64,37 @@ pub struct FlowInfo {
     pub peer: HostId,
     /// Its requests are READs (on the requester's side): their data leaves `peer`'s RNIC.
     pub reads: bool,
+}
+
+/// A control verb an application issued, as its host's policy sees it: the verb, who
+/// issued it, and what the host's control-verb budget is shared by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlCall {
+    /// The application that issued it (one process).
+    pub app: u32,
+    /// The verb.
+    pub verb: ControlVerb,
+    /// For a region registered: its pages.
+    pub pages: u32,
+    /// When the application issued it (its issue-to-completion time, a latency sample,
+    /// counts any wait the policy adds).
+    pub issued: Picos,
+    /// The application's tenant on this host.
+    pub tenant: TenantOnHost,
+}
+
+/// A tenant on a host, as the host's daemon knows it from the processes registered with
+/// it: what the budget of control verbs is shared by (`tenant_budget`'s arguments).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantOnHost {
+    /// The tenant's weight (the largest among its running applications on the host).
+    pub weight: u32,
+    /// The sum of the weights of the tenants with an application running on the host (this
+    /// one included).
+    pub total_weight: u64,
+    /// The tenant's applications running on the host: its processes, among which its share
+    /// is split.
+    pub processes: u32,
 }
 
 /// How long a message between two hosts' policies takes (the daemons' control traffic over
@@ -161,6 +198,37 @@ impl PolicyContext<'_> {
         if let QpOwner::App(app) = self.fabric.owner(qp) {
             self.notices.push_back(Notice { app, qp, tag });
         }
+    }
+
+    /// Hands a control verb to the RNIC now: it queues on the host's control path.
+    pub fn control(&mut self, call: ControlCall) {
+        self.fabric.control(
+            self.host,
+            call.app,
+            call.verb,
+            call.pages,
+            call.issued,
+            self.queue,
+        );
+    }
+
+    /// Hands a control verb to the RNIC at `at` (now if `at` is not later): the shaper
+    /// holds the application in the verb until then.
+    pub fn control_at(&mut self, at: Picos, call: ControlCall) {
+        if at <= self.queue.now() {
+            self.control(call);
+            return;
+        }
+        self.queue.schedule(
+            at,
+            Event::ControlIssue {
+                host: self.host,
+                app: call.app,
+                verb: call.verb,
+                pages: call.pages,
+                issued: call.issued,
+            },
+        );
     }
 
     /// Calls [`Policy::on_timer`] with `tag` at `at`.
@@ -331,6 +399,14 @@ pub trait Policy {
 
     /// An application posted `wr` on `qp`.
     fn on_post(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, wr: WorkRequest);
+
+    /// An application of this host issued a control verb: hand it to the RNIC
+    /// ([`PolicyContext::control`], at once by default) or later
+    /// ([`PolicyContext::control_at`]). Its completion goes to the application directly:
+    /// it moves no data for the policy to see.
+    fn on_control(&mut self, ctx: &mut PolicyContext<'_>, call: ControlCall) {
+        ctx.control(call);
+    }
 
     /// A request this policy handed to the RNIC on `qp` completed.
     fn on_completion(&mut self, ctx: &mut PolicyContext<'_>, qp: QpId, tag: u64) {

@@ -102,6 +102,18 @@ impl TestHost {
         None
     }
 
+    /// Runs the clock out, dropping the RNIC's events: the control verbs the driver held,
+    /// as (application, when they reach the RNIC), in time order.
+    pub(crate) fn control_issues(&mut self) -> Vec<(u32, Picos)> {
+        let mut issues = Vec::new();
+        while let Some((at, event)) = self.queue.pop_until(Picos::MAX) {
+            if let Event::ControlIssue { app, .. } = event {
+                issues.push((app, at));
+            }
+        }
+        issues
+    }
+
     /// The host at the other end of `qp`.
     pub(crate) fn peer_of(&self, qp: QpId) -> HostId {
         // `connect` numbers a connection's two ends one after the other.

@@ -9,19 +9,13 @@
 //! Invariant: `free` is when the control path finished the last verb it took, and never
 //! decreases.
 
-use serde::{Deserialize, Serialize};
-
 use crate::time::Picos;
 
-/// A control verb.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ControlVerb {
-    /// `ibv_reg_mr` of a region of some pages.
-    RegMr,
-    /// `ibv_create_qp` and its transitions to ready-to-send.
-    CreateQp,
-}
+/// A control verb: the policy core's own type, so that the verb an application issues,
+/// the one a policy paces ([`justitia_core::control_verbs::ControlVerbPacer`]) and the one
+/// this path runs are one thing. `RegMr` is `ibv_reg_mr` of a region of some pages;
+/// `CreateQp` is `ibv_create_qp` and its transitions to ready-to-send.
+pub use justitia_core::control_verbs::ControlVerb;
 
 /// One RNIC's control path.
 #[derive(Clone, Copy, Debug)]

@@ -593,7 +593,8 @@ impl Fabric {
         }
     }
 
-    /// Application `app` on `host` issues a control verb now (`pages`: of the region it
+    /// A control verb that application `app` on `host` issued at `issued` reaches the RNIC
+    /// now (later than `issued` when its host's policy held it; `pages`: of the region it
     /// registers): it runs on the host's control path, one verb at a time.
     pub(crate) fn control<E: FabricEvents>(
         &mut self,
@@ -601,6 +602,7 @@ impl Fabric {
         app: u32,
         verb: ControlVerb,
         pages: u32,
+        issued: Picos,
         q: &mut EventQueue<E>,
     ) {
         let now = q.now();
@@ -612,7 +614,7 @@ impl Fabric {
                 app,
                 verb,
                 pages,
-                issued: now,
+                issued,
             },
         );
     }
