@@ -19,6 +19,8 @@ pub enum AdminRequest {
     Status,
     /// Every registered flow.
     Flows,
+    /// Every connected tenant: its weight, processes and control verbs.
+    Tenants,
     /// The processes holding RDMA queue pairs with no shaper registered, as the daemon's
     /// last scan found them.
     Unshaped,
@@ -134,6 +136,25 @@ pub struct FlowReport {
     pub read_guarantee_bytes_per_sec: Option<f64>,
 }
 
+/// One connected tenant, as `justitia flows` lists it after the flows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantReport {
+    /// The tenant, spelt as [`FlowReport::tenant`] spells it.
+    pub tenant: String,
+    /// Its share weight.
+    pub weight: u32,
+    /// Its processes connected to the daemon.
+    pub processes: u32,
+    /// Its control-verb budget in verbs/s, shared by its processes (`None`: not paced).
+    pub control_verbs_per_sec: Option<f64>,
+    /// Control verbs its processes reported issuing.
+    pub control_verbs: u64,
+    /// Of them, those that waited for the budget.
+    pub control_verbs_delayed: u64,
+    /// The time they waited, in seconds.
+    pub control_verb_wait_seconds: f64,
+}
+
 /// Where the daemon's scan for unshaped processes stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +244,8 @@ pub enum AdminReply {
     Status(StatusReport),
     /// For [`AdminRequest::Flows`].
     Flows(Vec<FlowReport>),
+    /// For [`AdminRequest::Tenants`].
+    Tenants(Vec<TenantReport>),
     /// For [`AdminRequest::Unshaped`].
     Unshaped(UnshapedReport),
     /// The request was carried out.

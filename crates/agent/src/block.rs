@@ -39,6 +39,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+use justitia_core::control_verbs::ControlVerbBudget;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
@@ -88,7 +89,13 @@ pub struct Header {
     pub generation: AtomicU64,
     /// [`KIND_SHARED`] or [`KIND_TENANT`].
     pub kind: AtomicU64,
-    _reserved: [AtomicU64; 4],
+    /// In a tenant page, each of the tenant's processes' control-verb budget in verbs per
+    /// 1000 s (0: not paced), under [`Header::seq`] with the status. Added within layout
+    /// 3: a block written before it holds 0 here, which reads as not paced.
+    pub control_verbs_per_ks: AtomicU64,
+    /// The control-verb burst that goes with it.
+    pub control_verb_burst: AtomicU64,
+    _reserved: [AtomicU64; 2],
 }
 
 /// What a slot is being used for.
@@ -388,6 +395,21 @@ impl BlockWriter {
         });
     }
 
+    /// Publishes the control-verb budget of each of the page's tenant's processes
+    /// (`None`: not paced). Rates are stored in verbs per 1000 s, rounded down, so a
+    /// rate below one verb per 1000 s is not paced.
+    pub fn set_control_budget(&self, budget: Option<ControlVerbBudget>) {
+        let h = self.map.header();
+        let (per_ks, burst) = budget.map_or((0, 0), |b| {
+            // `as` saturates: a rate past u64::MAX verbs per 1000 s is as good as unpaced.
+            ((b.per_sec * 1e3) as u64, u64::from(b.burst.max(1)))
+        });
+        seq_write(&h.seq, || {
+            h.control_verbs_per_ks.store(per_ks, Ordering::Relaxed);
+            h.control_verb_burst.store(burst, Ordering::Relaxed);
+        });
+    }
+
     /// Publishes a slot; returns false for an index out of range.
     pub fn set_slot(&self, index: u32, a: SlotAllotment) -> bool {
         let Some(s) = self.map.slot(index).filter(|_| index < self.slots) else {
@@ -582,6 +604,22 @@ impl BlockReader {
         })
     }
 
+    /// The control-verb budget the daemon published for each of the tenant's processes,
+    /// `None` when not paced (or torn on every attempt).
+    pub fn control_budget(&self) -> Option<ControlVerbBudget> {
+        let h = self.map.header();
+        let (per_ks, burst) = seq_read(&h.seq, || {
+            (
+                h.control_verbs_per_ks.load(Ordering::Relaxed),
+                h.control_verb_burst.load(Ordering::Relaxed),
+            )
+        })?;
+        (per_ks > 0).then(|| ControlVerbBudget {
+            per_sec: per_ks as f64 / 1e3,
+            burst: u32::try_from(burst).unwrap_or(u32::MAX).max(1),
+        })
+    }
+
     /// A slot's content, `None` when out of range, torn on every attempt, or holding a
     /// state word this reader does not know.
     pub fn slot(&self, index: u32) -> Option<SlotAllotment> {
@@ -664,6 +702,38 @@ mod tests {
         assert!(page.clear_slot(1));
         assert_eq!(r.usage(1), Some(0));
         assert!(BlockWriter::create_tenant_page(0, 42).is_err());
+    }
+
+    #[test]
+    fn the_control_verb_budget_makes_the_round_trip_and_zero_is_not_paced() {
+        let page = BlockWriter::create_tenant_page(1, 42).unwrap();
+        let r = page.reader().unwrap();
+        assert_eq!(r.control_budget(), None, "a new page paces nothing");
+        let b = ControlVerbBudget {
+            per_sec: 333.5,
+            burst: 16,
+        };
+        page.set_control_budget(Some(b));
+        assert_eq!(r.control_budget(), Some(b));
+        // Below one verb per 1000 s the stored rate is 0: not paced.
+        page.set_control_budget(Some(ControlVerbBudget {
+            per_sec: 0.0004,
+            burst: 1,
+        }));
+        assert_eq!(r.control_budget(), None);
+        page.set_control_budget(Some(b));
+        page.set_control_budget(None);
+        assert_eq!(r.control_budget(), None);
+        // The status around it is untouched.
+        page.set_status(BlockStatus {
+            safe_util: 5,
+            ..BlockStatus::default()
+        });
+        page.set_control_budget(Some(b));
+        assert_eq!(
+            (r.status().unwrap().safe_util, r.control_budget()),
+            (5, Some(b))
+        );
     }
 
     #[test]

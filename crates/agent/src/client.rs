@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use justitia_core::control_verbs::ControlVerbBudget;
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::ReleasePhase;
 use rustix::net::{
@@ -43,7 +44,9 @@ use rustix::net::{
 use crate::block::{
     monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState, KIND_SHARED, KIND_TENANT,
 };
-use crate::proto::{AdmissionReply, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE};
+use crate::proto::{
+    AdmissionReply, ControlVerbReport, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE,
+};
 
 /// Registrations sent and not yet answered, at most: the daemon's answers to them fit
 /// in the socket's receive queue.
@@ -603,6 +606,26 @@ impl AgentClient {
                 phase_offset: slot.phase_offset,
                 phase_epoch: slot.phase_epoch,
             })
+    }
+
+    /// The control-verb budget the daemon gives each of this tenant's processes, from the
+    /// tenant page; `None` when not paced, not connected, or the daemon is stale (a
+    /// process then keeps its own setting, if any). Never blocks.
+    pub fn control_budget(&self) -> Option<ControlVerbBudget> {
+        let conn = self.conn.as_ref()?;
+        if conn.stale(monotonic_ns()) {
+            return None;
+        }
+        conn.page.control_budget()
+    }
+
+    /// Reports the process's control verbs since its previous report. One non-blocking
+    /// send; false when not sent (not connected, or the socket buffer full): the caller
+    /// keeps counting and reports later.
+    pub fn report_control_verbs(&mut self, report: ControlVerbReport) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let wire = Request::ControlVerbs(report).encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
     /// The bytes the daemon has counted for a registered flow, from its tenant page;

@@ -7,10 +7,10 @@
 //! exact length of its kind and checks every field's range, so no input makes it panic or
 //! allocate beyond the message.
 //!
-//! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4) and
-//! unknown layout (5), added later within the version: a daemon that does not know kind 4
-//! or 5 refuses that message alone (the flow stays registered and shaped), so a newer
-//! shaper works with an older daemon.
+//! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4),
+//! unknown layout (5) and control verbs (6), added later within the version: a daemon that
+//! does not know kind 4, 5 or 6 refuses that message alone (the flow stays registered and
+//! shaped), so a newer shaper works with an older daemon.
 //!
 //! No message carries an identity the daemon trusts: the tenant is the peer's uid from
 //! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
@@ -32,6 +32,7 @@ const KIND_USAGE: u8 = 2;
 const KIND_UNREGISTER: u8 = 3;
 const KIND_REMOTE: u8 = 4;
 const KIND_UNKNOWN_LAYOUT: u8 = 5;
+const KIND_CONTROL_VERBS: u8 = 6;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
@@ -83,6 +84,19 @@ pub struct Usage {
     pub ops: u64,
 }
 
+/// A process's control verbs since its previous report (see
+/// [`justitia_core::control_verbs`]): the daemon adds them to its tenant's counts. Per
+/// connection, not per flow: a process that only registers memory has no flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlVerbReport {
+    /// Memory registrations and QP creations issued.
+    pub verbs: u64,
+    /// Of them, those that waited for the process's budget.
+    pub delayed: u64,
+    /// The time they waited, in nanoseconds.
+    pub waited_ns: u64,
+}
+
 /// Client to daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -107,6 +121,8 @@ pub enum Request {
         /// The layout version the shaper reads.
         known: u64,
     },
+    /// The process's control verbs since its previous report.
+    ControlVerbs(ControlVerbReport),
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -339,6 +355,13 @@ impl Request {
                 v.extend_from_slice(&known.to_le_bytes());
                 v
             }
+            Request::ControlVerbs(r) => {
+                let mut v = header(KIND_CONTROL_VERBS);
+                v.extend_from_slice(&r.verbs.to_le_bytes());
+                v.extend_from_slice(&r.delayed.to_le_bytes());
+                v.extend_from_slice(&r.waited_ns.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -350,6 +373,7 @@ impl Request {
             KIND_UNREGISTER => Some(("unregister", 8)),
             KIND_REMOTE => Some(("remote", 31)),
             KIND_UNKNOWN_LAYOUT => Some(("unknown layout", 16)),
+            KIND_CONTROL_VERBS => Some(("control verbs", 24)),
             _ => None,
         })?;
         Ok(match kind {
@@ -424,6 +448,20 @@ impl Request {
                 found: c.u64(),
                 known: c.u64(),
             },
+            KIND_CONTROL_VERBS => {
+                let (verbs, delayed, waited_ns) = (c.u64(), c.u64(), c.u64());
+                if delayed > verbs {
+                    return Err(ParseError::BadField {
+                        field: "delayed",
+                        reason: format!("{delayed} delayed of {verbs} verbs"),
+                    });
+                }
+                Request::ControlVerbs(ControlVerbReport {
+                    verbs,
+                    delayed,
+                    waited_ns,
+                })
+            }
             _ => Request::Unregister { flow: c.u64() },
         })
     }
@@ -565,6 +603,28 @@ mod tests {
                 kind: "unknown layout",
                 got: 19,
                 want: 20
+            })
+        ));
+        let c = Request::ControlVerbs(ControlVerbReport {
+            verbs: 5000,
+            delayed: 4000,
+            waited_ns: 7_000_000_000,
+        });
+        let wire = c.encode();
+        assert_eq!(wire.len(), 28);
+        assert_eq!(&wire[..4], b"JA\x01\x06");
+        assert_eq!(Request::parse(&wire), Ok(c));
+        // More delayed than issued is a confused or lying sender.
+        let bad = Request::ControlVerbs(ControlVerbReport {
+            verbs: 1,
+            delayed: 2,
+            waited_ns: 0,
+        });
+        assert!(matches!(
+            Request::parse(&bad.encode()),
+            Err(ParseError::BadField {
+                field: "delayed",
+                ..
             })
         ));
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use justitia_agent::admin::{
-    AdminReply, AdminRequest, FlowReport, ScanState, StatusReport, UnshapedReport,
+    AdminReply, AdminRequest, FlowReport, ScanState, StatusReport, TenantReport, UnshapedReport,
 };
 
 /// The admin socket's default path.
@@ -41,6 +41,10 @@ pub struct FlowsArgs {
     /// registered, as the daemon's last scan found them (with --json, its report).
     #[arg(long)]
     pub unshaped: bool,
+    /// Only the connected tenants: weight, processes, control-verb budget and the control
+    /// verbs their shapers reported (with --json, the daemon's list).
+    #[arg(long, conflicts_with = "unshaped")]
+    pub tenants: bool,
 }
 
 fn ask(socket: &Path, req: &AdminRequest) -> Result<AdminReply> {
@@ -143,6 +147,17 @@ pub fn flows(args: &FlowsArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if args.tenants {
+        let AdminReply::Tenants(t) = ask(socket, &AdminRequest::Tenants)? else {
+            bail!("unexpected reply")
+        };
+        if args.admin.json {
+            println!("{}", serde_json::to_string_pretty(&t)?);
+        } else {
+            print!("{}", tenants_table(&t));
+        }
+        return Ok(());
+    }
     let AdminReply::Flows(f) = ask(socket, &AdminRequest::Flows)? else {
         bail!("unexpected reply")
     };
@@ -151,7 +166,12 @@ pub fn flows(args: &FlowsArgs) -> Result<()> {
         return Ok(());
     }
     print!("{}", flows_table(&f));
-    // The flows are printed whatever this answer is.
+    // The flows are printed whatever these answers are.
+    match ask(socket, &AdminRequest::Tenants) {
+        Ok(AdminReply::Tenants(t)) => print!("\n{}", tenants_table(&t)),
+        Ok(_) => println!("\ntenants: not reported (an unexpected reply)"),
+        Err(e) => println!("\ntenants: not reported by this daemon ({e})"),
+    }
     match ask(socket, &AdminRequest::Unshaped) {
         Ok(AdminReply::Unshaped(r)) => print!("\n{}", unshaped_table(&r, now_unix_ms())),
         Ok(_) => println!("\nunshaped processes: not reported (an unexpected reply)"),
@@ -299,6 +319,36 @@ fn flows_table(f: &[FlowReport]) -> String {
     out
 }
 
+/// The connected tenants as `justitia flows` prints them after the flows: each one's
+/// control-verb budget (verbs/s for all its processes, `-`: unpaced) and the control
+/// verbs its shapers reported, with how many waited and for how long in all.
+fn tenants_table(t: &[TenantReport]) -> String {
+    use std::fmt::Write as _;
+    if t.is_empty() {
+        return "tenants: none connected\n".into();
+    }
+    let mut out = format!(
+        "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10}  tenant\n",
+        "weight", "processes", "ctl budget/s", "control verbs", "delayed", "waited s"
+    );
+    for r in t {
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10.3}  {}",
+            r.weight,
+            r.processes,
+            r.control_verbs_per_sec
+                .map_or("-".into(), |b| format!("{b:.1}")),
+            r.control_verbs,
+            r.control_verbs_delayed,
+            r.control_verb_wait_seconds,
+            r.tenant
+        );
+    }
+    out
+}
+
 /// `justitia set target VALUE`.
 pub fn set_target(args: &AdminArgs, target: &str) -> Result<()> {
     if let AdminReply::Done(msg) = ask(
@@ -384,6 +434,51 @@ mod tests {
         let table = status_table(&report(Some(31_500)));
         assert!(table.contains("Current99  31.5 us\n"), "{table}");
         assert!(table.contains("tenants    1 (0 by cgroup)\n"), "{table}");
+    }
+
+    #[test]
+    fn the_tenants_table_shows_the_budget_or_a_dash_and_the_counts() {
+        let paced = TenantReport {
+            tenant: "pod/ml/attacker".into(),
+            weight: 2,
+            processes: 3,
+            control_verbs_per_sec: Some(666.666),
+            control_verbs: 12_000,
+            control_verbs_delayed: 11_950,
+            control_verb_wait_seconds: 17.25,
+        };
+        let unpaced = TenantReport {
+            tenant: "1000".into(),
+            weight: 1,
+            processes: 1,
+            control_verbs_per_sec: None,
+            control_verbs: 5,
+            control_verbs_delayed: 0,
+            control_verb_wait_seconds: 0.0,
+        };
+        let table = tenants_table(&[paced, unpaced]);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "2",
+                    "3",
+                    "666.7",
+                    "12000",
+                    "11950",
+                    "17.250",
+                    "pod/ml/attacker"
+                ],
+                vec!["1", "1", "-", "5", "0", "0.000", "1000"],
+            ],
+            "{table}"
+        );
+        assert_eq!(tenants_table(&[]), "tenants: none connected\n");
     }
 
     #[test]

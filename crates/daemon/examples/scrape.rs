@@ -1,7 +1,8 @@
 //! Fetches justitiad's metrics endpoint and parses it with a Prometheus text parser, so a
 //! test can check the exposition is valid and read values from it without a Prometheus.
 //!
-//! `cargo run -p justitia-daemon --example scrape -- HOST:PORT`
+//! `cargo run -p justitia-daemon --example scrape -- HOST:PORT` (or `unix:/path`, the
+//! endpoint that carries the per-tenant series)
 //!
 //! Prints one line per sample, `name{label="value",...} value`, with labels sorted and a
 //! histogram as one `name_bucket{le="..."}` per bucket (its `_sum` and `_count` are
@@ -11,17 +12,34 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// A connection to `addr`, TCP or `unix:/path`, with 10 s deadlines each way.
+fn connect(addr: &str) -> std::io::Result<Box<dyn ReadWrite>> {
+    let timeout = Some(Duration::from_secs(10));
+    if let Some(path) = addr.strip_prefix("unix:") {
+        let s = UnixStream::connect(path)?;
+        s.set_read_timeout(timeout)?;
+        s.set_write_timeout(timeout)?;
+        return Ok(Box::new(s));
+    }
+    let s = TcpStream::connect(addr)?;
+    s.set_read_timeout(timeout)?;
+    s.set_write_timeout(timeout)?;
+    Ok(Box::new(s))
+}
+
+/// A byte stream both ways.
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 fn fetch(addr: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .and_then(|()| s.set_write_timeout(Some(Duration::from_secs(10))))
-        .map_err(|e| format!("setting timeouts: {e}"))?;
+    let mut s = connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
     write!(
         s,
-        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
     .map_err(|e| format!("sending the request: {e}"))?;
     let mut text = String::new();
@@ -53,7 +71,7 @@ fn labels(l: &prometheus_parse::Labels, extra: Option<(&str, String)>) -> String
 
 fn main() -> ExitCode {
     let Some(addr) = std::env::args().nth(1) else {
-        eprintln!("usage: scrape HOST:PORT");
+        eprintln!("usage: scrape HOST:PORT | unix:/path");
         return ExitCode::from(2);
     };
     let body = match fetch(&addr) {

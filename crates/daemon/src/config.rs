@@ -26,6 +26,8 @@
 //! | `max_flows_per_tenant` | 256 | flows one tenant may register (a quarter of `slots` is kept for tenants with few flows, see `limits`); with `tenant = "uid"` or `"cgroup"` the cap is per uid, since a user with a delegated cgroup subtree could otherwise make tenants at will, and so is it for processes in no pod with `"pod"` and `"namespace"` |
 //! | `max_connections_per_tenant` | 64 | connections one tenant (as for `max_flows_per_tenant`) may hold on the registration socket |
 //! | `max_remote_ends_per_tenant` | 16 | distinct peer hosts one tenant's flows may name as their remote ends (1..=1024); a flow naming one more is refused for its remote part and counted as a local flow |
+//! | `control_verbs_per_sec` | 0 | the host's budget of control verbs (memory registrations and QP creations) per second, shared among the connected tenants by weight and within a tenant evenly among its processes, whose shapers hold each to its share (see `justitia_core::control_verbs`); 0 leaves them unpaced. 0..=10000000 |
+//! | `control_verb_burst` | 16 | control verbs each process may issue back to back before its share paces it, 1..=65536 |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `unshaped_scan_ms` | 100 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 10..=60000; 0 turns it off. A process is listed within about this interval and 100 ms of its first queue pair; a scan waits at least 50 times its own duration before the next (see [`crate::unshaped`]) |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`; `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects; `"pod"`, the Kubernetes pod that cgroup belongs to (see [`crate::kubepods`]); `"namespace"`, that pod's namespace (from `pod_logs_dir`; the pod while its namespace is not found there). A process in no pod is its cgroup's tenant with `"pod"` and `"namespace"` |
@@ -157,6 +159,10 @@ pub struct Config {
     pub max_connections_per_tenant: usize,
     /// Distinct peer hosts one tenant's flows may name as their remote ends.
     pub max_remote_ends_per_tenant: usize,
+    /// The host's control-verb budget, verbs/s (0: unpaced).
+    pub control_verbs_per_sec: u32,
+    /// Control verbs each process may issue back to back.
+    pub control_verb_burst: u32,
     /// Soft admission policy.
     pub admission: AdmissionPolicy,
     /// What a tenant is.
@@ -192,6 +198,8 @@ impl Default for Config {
             max_flows_per_tenant: 256,
             max_connections_per_tenant: 64,
             max_remote_ends_per_tenant: 16,
+            control_verbs_per_sec: 0,
+            control_verb_burst: 16,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             unshaped_scan: Some(Duration::from_millis(100)),
@@ -544,6 +552,12 @@ impl Config {
         }
         if let Some(v) = take("max_remote_ends_per_tenant") {
             c.max_remote_ends_per_tenant = int("max_remote_ends_per_tenant", v, 1, 1024)? as usize;
+        }
+        if let Some(v) = take("control_verbs_per_sec") {
+            c.control_verbs_per_sec = int("control_verbs_per_sec", v, 0, 10_000_000)? as u32;
+        }
+        if let Some(v) = take("control_verb_burst") {
+            c.control_verb_burst = int("control_verb_burst", v, 1, 65_536)? as u32;
         }
         if let Some(v) = take("admission") {
             c.admission = match string("admission", v)?.as_str() {
@@ -1184,6 +1198,18 @@ mod tests {
         assert_eq!(c.unshaped_scan, Some(Duration::from_millis(250)));
         assert_eq!(c.max_remote_ends_per_tenant, 3);
         assert_eq!(parse("unshaped_scan_ms = 0").unwrap().unshaped_scan, None);
+        let c = parse("control_verbs_per_sec = 2000\ncontrol_verb_burst = 64").unwrap();
+        assert_eq!((c.control_verbs_per_sec, c.control_verb_burst), (2000, 64));
+        for bad in [
+            "control_verbs_per_sec = -1",
+            "control_verbs_per_sec = 10000001",
+            "control_verbs_per_sec = \"fast\"",
+            "control_verb_burst = 0",
+            "control_verb_burst = 65537",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad.split(' ').next().unwrap()), "{bad}: {e}");
+        }
         assert_eq!(
             parse("").unwrap().unshaped_scan,
             Some(Duration::from_millis(100))

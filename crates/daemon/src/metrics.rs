@@ -136,6 +136,14 @@ pub struct Metrics {
     pub tenant_unshaped_qps: Family<TenantKey, Gauge>,
     /// Scans for unshaped processes, by result (`completed`, `failed`).
     pub unshaped_scans: Family<Label, Counter>,
+    /// Control verbs (memory registrations, QP creations) a tenant's shapers reported.
+    pub tenant_control_verbs: Family<TenantKey, Counter>,
+    /// Of them, those that waited for the tenant's budget.
+    pub tenant_control_verbs_delayed: Family<TenantKey, Counter>,
+    /// The time they waited, seconds.
+    pub tenant_control_verb_wait: Family<TenantKey, Counter<f64, AtomicU64>>,
+    /// A tenant's control-verb budget, verbs/s (0: unpaced).
+    pub tenant_control_verb_budget: Family<TenantKey, Gauge<f64, AtomicU64>>,
     /// The last completed scan's duration (the kernel's dump, the `/proc` reads and the
     /// decision), in seconds: the next waits at least 50 times as long.
     pub unshaped_scan_seconds: Gauge<f64, AtomicU64>,
@@ -190,6 +198,10 @@ impl Metrics {
             tenant_unshaped_processes: Family::default(),
             tenant_unshaped_qps: Family::default(),
             unshaped_scans: Family::default(),
+            tenant_control_verbs: Family::default(),
+            tenant_control_verbs_delayed: Family::default(),
+            tenant_control_verb_wait: Family::default(),
+            tenant_control_verb_budget: Family::default(),
             unshaped_scan_seconds: Gauge::default(),
         }
     }
@@ -303,6 +315,26 @@ impl Metrics {
                 "tenant_unshaped_qps",
                 "The queue pairs of a tenant's unshaped processes",
                 self.tenant_unshaped_qps.clone(),
+            );
+            r.register(
+                "tenant_control_verbs",
+                "Control verbs (memory registrations and QP creations) a tenant's shapers reported",
+                self.tenant_control_verbs.clone(),
+            );
+            r.register(
+                "tenant_control_verbs_delayed",
+                "Of a tenant's control verbs, those that waited for its budget",
+                self.tenant_control_verbs_delayed.clone(),
+            );
+            r.register(
+                "tenant_control_verb_wait_seconds",
+                "The time a tenant's control verbs waited for its budget",
+                self.tenant_control_verb_wait.clone(),
+            );
+            r.register(
+                "tenant_control_verb_budget",
+                "A tenant's control-verb budget in verbs per second, shared by its processes (0: unpaced)",
+                self.tenant_control_verb_budget.clone(),
             );
         }
         r.register(

@@ -65,6 +65,7 @@ use crate::rdma_netlink::DeviceFilter;
 use crate::unshaped::{ScanSettings, Scanner};
 
 mod admin;
+mod control_verbs;
 mod pass;
 mod peering;
 mod publication;
@@ -131,6 +132,12 @@ struct TenantPage {
     free: Vec<u32>,
     /// Connections of the tenant: the page is dropped when the last one goes.
     clients: usize,
+    /// The tenant's name in reports.
+    name: String,
+    /// The largest weight among its connections (its control-verb share).
+    weight: u32,
+    /// The control-verb budget of each of its processes, as published in the page.
+    control_budget: Option<justitia_core::control_verbs::ControlVerbBudget>,
 }
 
 /// An admin connection being served: its request read, then its answer written, without
@@ -244,6 +251,12 @@ pub struct Daemon {
     unshaped: Option<Scanner>,
     /// The connections changed since their pids were last handed to the scan.
     known_changed: bool,
+    /// The connections or the configuration changed since the tenants' control-verb
+    /// budgets were last published.
+    control_budgets_stale: bool,
+    /// Each tenant's control verbs as its shapers reported them, by tenant name; kept
+    /// after its last connection goes (counters must not vanish), up to a cap.
+    control_tallies: BTreeMap<String, control_verbs::ControlVerbTally>,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -574,6 +587,8 @@ impl Daemon {
             remote_ends: 0,
             unshaped,
             known_changed: false,
+            control_budgets_stale: false,
+            control_tallies: BTreeMap::new(),
         })
     }
 

@@ -1234,3 +1234,68 @@ fn a_shaper_of_another_layout_is_counted_and_logged_with_its_tenant() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The host's control-verb budget, 300 verbs/s: one process of a tenant alone has it all,
+/// two processes of the tenant 150 each; the reports add up (saturating at u64::MAX), the
+/// tenant's counts stay after its processes go, and a reload to 0 unpaces.
+#[test]
+fn control_verb_budgets_follow_the_connections_and_reports_add_up() {
+    use justitia_agent::admin::TenantReport;
+    use justitia_agent::proto::ControlVerbReport;
+    use justitia_core::control_verbs::ControlVerbBudget;
+
+    let d = Daemon::start("control_verbs_per_sec = 300\ncontrol_verb_burst = 8\n");
+    let tenants = || match d.admin(&AdminRequest::Tenants) {
+        AdminReply::Tenants(t) => t,
+        other => panic!("{other:?}"),
+    };
+    let budget = |per_sec| Some(ControlVerbBudget { per_sec, burst: 8 });
+    let mut a = AgentClient::connect(d.socket()).unwrap();
+    eventually("one process's budget", Duration::from_secs(5), || {
+        a.control_budget() == budget(300.0)
+    });
+    let b = AgentClient::connect(d.socket()).unwrap();
+    eventually("the budget split", Duration::from_secs(5), || {
+        a.control_budget() == budget(150.0) && b.control_budget() == budget(150.0)
+    });
+    let one = ControlVerbReport {
+        verbs: 10,
+        delayed: 4,
+        waited_ns: 1_500_000_000,
+    };
+    assert!(a.report_control_verbs(one));
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let mine = |t: Vec<TenantReport>| t.into_iter().find(|t| t.tenant == uid);
+    eventually("the report counted", Duration::from_secs(5), || {
+        mine(tenants()).is_some_and(|t| {
+            (t.processes, t.control_verbs, t.control_verbs_delayed) == (2, 10, 4)
+                && t.control_verbs_per_sec == Some(300.0)
+                && (t.control_verb_wait_seconds - 1.5).abs() < 1e-9
+        })
+    });
+    let huge = ControlVerbReport {
+        verbs: u64::MAX,
+        delayed: u64::MAX,
+        waited_ns: u64::MAX,
+    };
+    assert!(a.report_control_verbs(huge));
+    assert!(a.report_control_verbs(huge));
+    eventually("the counts saturated", Duration::from_secs(5), || {
+        mine(tenants()).is_some_and(|t| t.control_verbs == u64::MAX)
+    });
+    d.reload("control_verbs_per_sec = 300", "control_verbs_per_sec = 0");
+    eventually("unpaced after the reload", Duration::from_secs(5), || {
+        a.control_budget().is_none() && b.control_budget().is_none()
+    });
+    drop(a);
+    drop(b);
+    eventually(
+        "the counts kept without connections",
+        Duration::from_secs(5),
+        || {
+            mine(tenants()).is_some_and(|t| {
+                t.processes == 0 && t.control_verbs_per_sec.is_none() && t.control_verbs == u64::MAX
+            })
+        },
+    );
+}

@@ -7,6 +7,10 @@ use std::time::Duration;
 pub trait Clock: Send + Sync {
     /// The current time.
     fn now(&self) -> Duration;
+
+    /// Lets `d` pass on this clock: the calling thread sleeps on the real clock, and
+    /// a virtual clock moves forward, so that a test sees a wait as time gone by.
+    fn sleep(&self, d: Duration);
 }
 
 /// The monotonic clock of the process (`CLOCK_MONOTONIC`, what `Instant` reads).
@@ -55,6 +59,12 @@ impl Clock for MonotonicClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(monotonic_ns().saturating_sub(self.origin_ns))
     }
+
+    fn sleep(&self, d: Duration) {
+        // `nanosleep`, resumed for the rest after a signal: the verbs that wait here are
+        // not interruptible natively either.
+        std::thread::sleep(d);
+    }
 }
 
 /// A clock that moves only when told to (tests, simulation).
@@ -85,5 +95,9 @@ impl VirtualClock {
 impl Clock for VirtualClock {
     fn now(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+
+    fn sleep(&self, d: Duration) {
+        self.advance(d);
     }
 }

@@ -7,6 +7,7 @@
 //! | `JUSTITIA_POLICY` | `justitia` (split and pace), `preempt` (split, yield, no pacing) | `justitia` |
 //! | `JUSTITIA_CHUNK` | bytes, binary suffixes `K`, `M` (`64K`) | the core profile's 5 KiB |
 //! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`); at least `1K:1` | unset: unpaced |
+//! | `JUSTITIA_CONTROL_RATE` | `<verbs/s>[:<burst>]`, decimal suffixes (`500`, `2K:64`): memory registrations and QP creations per second, and how many may go back to back; at least 1 verb/s | unset: the daemon's budget for the process, else unpaced |
 //! | `JUSTITIA_SUBMSG` | sub-message bytes for `preempt`, binary suffixes | 16K |
 //! | `JUSTITIA_YIELD_UNIT` | bytes of sub-message per yield, binary suffixes | 1K |
 //! | `JUSTITIA_STATS` | path of a JSON file written at exit (`%p` becomes the pid) | none |
@@ -15,7 +16,8 @@
 //! | `JUSTITIA_SOCKET` | path of `justitiad`'s registration socket | `/run/justitia/justitiad.sock` |
 //!
 //! With a daemon, `JUSTITIA_RATE` and `JUSTITIA_CHUNK` still win: a rate set here is kept
-//! (the daemon's is not followed), and so is a chunk size set here.
+//! (the daemon's is not followed), and so is a chunk size set here. `JUSTITIA_CONTROL_RATE`
+//! only lowers the daemon's control-verb budget: the lower of the two rates applies.
 //!
 //! A value that does not parse is an error naming the variable; the shaper then falls back
 //! to passing everything through (it never aborts the application).
@@ -23,6 +25,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use justitia_core::control_verbs::ControlVerbBudget;
 use justitia_core::flow::FlowClass;
 use justitia_core::profile::DEFAULT_CHUNK_WITH_LATENCY;
 use justitia_core::yield_plan::{YieldConfig, DEFAULT_SUB_MESSAGE_BYTES, DEFAULT_YIELD_UNIT_BYTES};
@@ -105,6 +108,9 @@ pub struct Config {
     pub socket: PathBuf,
     /// `JUSTITIA_CHUNK` was given: the daemon's chunk size is not followed.
     pub chunk_set: bool,
+    /// `JUSTITIA_CONTROL_RATE`: the process's own control-verb budget (`None`: the
+    /// daemon's, or unpaced).
+    pub control_rate: Option<ControlVerbBudget>,
 }
 
 impl Default for Config {
@@ -124,6 +130,7 @@ impl Default for Config {
             daemon: DaemonSetting::Auto,
             socket: PathBuf::from(justitia_agent::client::DEFAULT_SOCKET),
             chunk_set: false,
+            control_rate: None,
         }
     }
 }
@@ -211,6 +218,15 @@ impl Config {
             }
             config.rate = Some(rate);
         }
+        if let Some((var, v)) = get("JUSTITIA_CONTROL_RATE") {
+            config.control_rate = Some(parse_control_rate(&v).ok_or_else(|| {
+                error(
+                    var,
+                    &v,
+                    "expected <verbs/s>[:<burst>], at least 1 verb/s and a burst from 1 to 65536, e.g. 500 or 2K:64",
+                )
+            })?);
+        }
         if let Some((var, v)) = get("JUSTITIA_SUBMSG") {
             config.yields.sub_message_bytes = parse_binary_size(&v)
                 .ok_or_else(|| error(var, &v, "expected a size in bytes, e.g. 16K"))?;
@@ -278,6 +294,9 @@ impl fmt::Display for Config {
                 }
             }
         }
+        if let Some(c) = self.control_rate {
+            write!(f, ", control verbs at {}/s (burst {})", c.per_sec, c.burst)?;
+        }
         write!(
             f,
             ", sub-message {} B, yield unit {} B",
@@ -312,6 +331,25 @@ fn parse_binary_size(text: &str) -> Option<u32> {
     let n: u64 = digits.trim().parse().ok()?;
     let bytes = n.checked_mul(mult)?;
     u32::try_from(bytes).ok().filter(|&b| b > 0)
+}
+
+/// The burst of `JUSTITIA_CONTROL_RATE` when it names none: verbs an application may
+/// issue back to back, enough for one that registers its buffers at start-up.
+pub const DEFAULT_CONTROL_BURST: u32 = 16;
+
+/// The largest control-verb burst `JUSTITIA_CONTROL_RATE` admits.
+pub const MAX_CONTROL_BURST: u32 = 65_536;
+
+/// `500`, `2K:64`: verbs per second (at least 1) and an optional burst (1 to
+/// [`MAX_CONTROL_BURST`], else [`DEFAULT_CONTROL_BURST`]).
+fn parse_control_rate(text: &str) -> Option<ControlVerbBudget> {
+    let (rate, burst) = match text.split_once(':') {
+        Some((r, b)) => (r, b.trim().parse::<u32>().ok()?),
+        None => (text, DEFAULT_CONTROL_BURST),
+    };
+    let per_sec = parse_decimal_rate(rate)?;
+    (per_sec >= 1.0 && (1..=MAX_CONTROL_BURST).contains(&burst))
+        .then_some(ControlVerbBudget { per_sec, burst })
 }
 
 /// `20M`, `1.5G`, `500` (decimal multiples), as a finite positive number.
@@ -510,6 +548,11 @@ mod tests {
             ("JUSTITIA_YIELD_UNIT", "1"),
             ("JUSTITIA_LOG", "loud"),
             ("JUSTITIA_DAEMON", "maybe"),
+            ("JUSTITIA_CONTROL_RATE", "0.5"),
+            ("JUSTITIA_CONTROL_RATE", "500:0"),
+            ("JUSTITIA_CONTROL_RATE", "500:65537"),
+            ("JUSTITIA_CONTROL_RATE", "500:x"),
+            ("JUSTITIA_CONTROL_RATE", "fast"),
         ];
         for (var, value) in cases {
             let err = parse(&[(var, value)]).unwrap_err();
@@ -531,6 +574,26 @@ mod tests {
         );
         let err = parse(&[("JUSTITIA_RATE", "1e-12")]).unwrap_err();
         assert!(err.to_string().contains("1K bytes/s"), "{err}");
+    }
+
+    #[test]
+    fn the_control_rate_takes_a_burst_or_the_default_one() {
+        let budget = |v: &str| parse(&[("JUSTITIA_CONTROL_RATE", v)]).unwrap().control_rate;
+        assert_eq!(
+            budget("500"),
+            Some(ControlVerbBudget {
+                per_sec: 500.0,
+                burst: DEFAULT_CONTROL_BURST
+            })
+        );
+        assert_eq!(
+            budget("2K:64"),
+            Some(ControlVerbBudget {
+                per_sec: 2000.0,
+                burst: 64
+            })
+        );
+        assert_eq!(budget("1:65536").map(|b| b.burst), Some(65_536));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use justitia_core::control_verbs::ControlVerb;
 use justitia_verbs::loader::real_symbol;
 use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
@@ -179,6 +180,8 @@ macro_rules! real {
 type OpenDevice = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
 type CloseDevice = unsafe extern "C" fn(*mut ibv_context) -> c_int;
 type CreateQp = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type RegMrIova2 =
+    unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, std::ffi::c_uint) -> *mut ibv_mr;
 type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
 type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 type CreateCq = unsafe extern "C" fn(
@@ -317,6 +320,49 @@ pub unsafe extern "C" fn justitia_ibv_close_device_1_1(ctx: *mut ibv_context) ->
     unsafe { real(ctx) }
 }
 
+/// Waits for the process's turn to issue control verb `verb` under its control-verb
+/// budget ([`Engine::before_control_verb`]); at once when the shaper is off or in a
+/// forked child, which pass everything through.
+pub fn pace_control_verb(verb: ControlVerb) {
+    guarded(
+        || {
+            if crate::ffi::in_forked_child() {
+                return;
+            }
+            if let Some(engine) = global_engine() {
+                engine.before_control_verb(verb);
+            }
+        },
+        || (),
+    );
+}
+
+/// `ibv_reg_mr_iova2@@IBVERBS_1.8`: paced as a control verb. libibverbs' `ibv_reg_mr`
+/// (every version) and `ibv_reg_mr_iova` call it through the global scope, so this one
+/// entry paces every registration of a virtual address range. With a libibverbs older
+/// than rdma-core 29, which has no `ibv_reg_mr_iova2`, registrations are not paced.
+///
+/// # Safety
+/// As `ibv_reg_mr_iova2`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_reg_mr_iova2_1_8(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: std::ffi::c_uint,
+) -> *mut ibv_mr {
+    let Some(real) = real!("ibv_reg_mr_iova2", "IBVERBS_1.8", RegMrIova2) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    if let Some(_inside) = Reentry::enter() {
+        pace_control_verb(ControlVerb::RegMr);
+    }
+    // SAFETY: the real verb with the caller's arguments.
+    unsafe { real(pd, addr, length, iova, access) }
+}
+
 /// `ibv_create_qp@@IBVERBS_1.1`.
 ///
 /// # Safety
@@ -334,6 +380,7 @@ pub unsafe extern "C" fn justitia_ibv_create_qp_1_1(
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(pd, attr) };
     };
+    pace_control_verb(ControlVerb::CreateQp);
     // SAFETY: the real verb with the caller's arguments.
     let qp = unsafe { real(pd, attr) };
     // SAFETY: qp was just created with attr.
@@ -562,4 +609,5 @@ std::arch::global_asm!(
     ".symver justitia_ibv_destroy_cq_1_0, ibv_destroy_cq@IBVERBS_1.0",
     ".symver justitia_ibv_get_cq_event_1_1, ibv_get_cq_event@@IBVERBS_1.1",
     ".symver justitia_ibv_ack_cq_events_1_1, ibv_ack_cq_events@@IBVERBS_1.1",
+    ".symver justitia_ibv_reg_mr_iova2_1_8, ibv_reg_mr_iova2@@IBVERBS_1.8",
 );

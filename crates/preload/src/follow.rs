@@ -24,6 +24,8 @@ use std::time::Duration;
 use justitia_agent::block::BlockError;
 use justitia_agent::client::ClientError;
 use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
+use justitia_agent::proto::ControlVerbReport;
+use justitia_core::control_verbs::{ControlVerbBudget, ControlVerbCounts};
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::{PaceRate, ReleasePhase};
 
@@ -70,6 +72,9 @@ pub struct Settings {
     /// `None` on static settings, which pace the flow alone
     /// ([`Pacer::set_rate`](justitia_core::pacer::Pacer::set_rate)).
     pub phase: Option<ReleasePhase>,
+    /// The process's control-verb budget: the lower of `JUSTITIA_CONTROL_RATE` and the
+    /// daemon's share for the process; `None`: unpaced.
+    pub control: Option<ControlVerbBudget>,
 }
 
 /// The process's queue pairs as the follower sees them at a tick.
@@ -90,6 +95,11 @@ pub struct Group {
     pub split_requests: u64,
     /// Paced requests wait for tokens now.
     pub waiting: bool,
+    /// The process's control verbs so far (running counts).
+    pub control_verbs: ControlVerbCounts,
+    /// The process is about to issue its first control verb, or has issued one: it
+    /// connects to the daemon to learn its budget.
+    pub control_seen: bool,
     /// Requests posted and not yet completed on its queue pairs: work at the NIC.
     pub in_flight: bool,
 }
@@ -128,6 +138,13 @@ pub struct Follower {
     static_rate: Option<PaceRate>,
     /// The environment's chunk size.
     static_chunk: u32,
+    /// The environment's control-verb budget (`JUSTITIA_CONTROL_RATE`).
+    static_control: Option<ControlVerbBudget>,
+    /// [`Group::control_verbs`] as last reported to the daemon.
+    control_reported: ControlVerbCounts,
+    /// The process has issued control verbs: the daemon's budget applies to it, so it
+    /// connects even without a flow.
+    control_seen: bool,
     /// `JUSTITIA_CHUNK` was given: kept also under a daemon.
     chunk_set: bool,
     flow: Option<(FlowHandle, FlowClass)>,
@@ -174,6 +191,9 @@ impl Follower {
             explicit: config.daemon == DaemonSetting::On,
             static_rate: fallback.rate,
             static_chunk: fallback.chunk_bytes,
+            static_control: fallback.control,
+            control_reported: ControlVerbCounts::default(),
+            control_seen: false,
             chunk_set: config.chunk_set,
             flow: None,
             allotment: None,
@@ -210,9 +230,10 @@ impl Follower {
     /// How long the follower may sleep after a tick at `now_ns`: [`FOLLOW_PERIOD`] while
     /// connected, else until the client's next connection attempt (its backoff reaches
     /// 1 s, so a process on a host without a daemon wakes about once a second), and `None`
-    /// with no flow and no connection (nothing to follow until a QP is created).
+    /// with no flow, no control verb and no connection (nothing to follow until a QP is
+    /// created or a region registered).
     pub fn sleep_after(&self, now_ns: u64) -> Option<Duration> {
-        if self.flow.is_none() && self.client.socket().is_none() {
+        if self.flow.is_none() && !self.control_seen && self.client.socket().is_none() {
             return None;
         }
         let Some(at) = self.client.next_attempt_ns() else {
@@ -235,6 +256,40 @@ impl Follower {
             rate: self.static_rate,
             chunk_bytes: self.static_chunk,
             phase: None,
+            control: self.control_budget(),
+        }
+    }
+
+    /// The control-verb budget in force: the environment's, lowered to the daemon's
+    /// share when the daemon's is lower (a process may ask to be slower, never faster).
+    fn control_budget(&self) -> Option<ControlVerbBudget> {
+        let daemon = if self.connected {
+            self.client.control_budget()
+        } else {
+            None
+        };
+        match (self.static_control, daemon) {
+            (Some(s), Some(d)) => Some(if d.per_sec < s.per_sec { d } else { s }),
+            (s, d) => s.or(d),
+        }
+    }
+
+    /// Tells the daemon the control verbs issued since the previous report, at most once
+    /// per tick and only when there are new ones.
+    fn report_control_verbs(&mut self, group: Group) {
+        let now = group.control_verbs;
+        let last = self.control_reported;
+        if now.admitted == last.admitted || !self.connected {
+            return;
+        }
+        let report = ControlVerbReport {
+            verbs: now.admitted.saturating_sub(last.admitted),
+            delayed: now.delayed.saturating_sub(last.delayed),
+            waited_ns: u64::try_from(now.waited.saturating_sub(last.waited).as_nanos())
+                .unwrap_or(u64::MAX),
+        };
+        if self.client.report_control_verbs(report) {
+            self.control_reported = now;
         }
     }
 
@@ -244,12 +299,14 @@ impl Follower {
     pub fn tick(&mut self, now_ns: u64, group: Group) -> Settings {
         self.count_splits_while_gone(group);
         self.track_registration(group);
-        if self.flow.is_some() || self.client.socket().is_some() {
+        self.control_seen |= group.control_seen;
+        if self.flow.is_some() || self.control_seen || self.client.socket().is_some() {
             self.client.tick(now_ns);
         }
         self.track_connection();
         self.report(now_ns, group);
         self.report_remote();
+        self.report_control_verbs(group);
         self.allotment = match self.flow {
             Some((h, _)) if self.connected => self.client.allotment(h),
             _ => None,
@@ -279,6 +336,7 @@ impl Follower {
             rate: Some(rate),
             chunk_bytes,
             phase,
+            control: self.control_budget(),
         }
     }
 
@@ -511,6 +569,8 @@ mod tests {
             bytes: 0,
             split_requests: 0,
             waiting: false,
+            control_verbs: ControlVerbCounts::default(),
+            control_seen: false,
             in_flight: false,
         }
     }
@@ -525,6 +585,7 @@ mod tests {
             rate: None,
             chunk_bytes: 5120,
             phase: None,
+            control: None,
         };
         Follower::new(&config, fallback).unwrap()
     }
@@ -609,6 +670,7 @@ mod tests {
             rate: None,
             chunk_bytes: 5120,
             phase: None,
+            control: None,
         };
         let mut f = Follower::new(&config, fallback).unwrap();
         // Nothing to follow before a QP exists.

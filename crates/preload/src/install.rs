@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use justitia_core::control_verbs::ControlVerb;
 use justitia_verbs::ops::set_errno;
 use justitia_verbs::sys::*;
 
@@ -170,6 +171,10 @@ pub unsafe extern "C" fn create_qp_ex(
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
     };
+    if !in_shaper() && !crate::ffi::in_forked_child() {
+        let engine = &c.engine;
+        guarded(|| engine.before_control_verb(ControlVerb::CreateQp), || ());
+    }
     // SAFETY: the provider's own create_qp_ex, with the caller's arguments.
     let qp = unsafe { real(ctx, attr) };
     if qp.is_null() || attr.is_null() || in_shaper() {

@@ -69,6 +69,15 @@ pub struct StatsSnapshot {
     pub daemon_fallbacks: u64,
     /// See [`Counters::split_while_daemon_gone`].
     pub split_while_daemon_gone: u64,
+    /// Control verbs (memory registrations, QP creations) the process issued.
+    #[serde(default)]
+    pub control_verbs: u64,
+    /// Of them, those that waited for the process's control-verb budget.
+    #[serde(default)]
+    pub control_verbs_delayed: u64,
+    /// The time they waited, in nanoseconds.
+    #[serde(default)]
+    pub control_wait_ns: u64,
 }
 
 impl Counters {
@@ -108,6 +117,10 @@ impl Counters {
             daemon_connections: get(&self.daemon_connections),
             daemon_fallbacks: get(&self.daemon_fallbacks),
             split_while_daemon_gone: get(&self.split_while_daemon_gone),
+            // The engine's control-verb pacer keeps these (see `Engine::stats`).
+            control_verbs: 0,
+            control_verbs_delayed: 0,
+            control_wait_ns: 0,
         }
     }
 }
@@ -141,7 +154,8 @@ mod tests {
             json,
             "{\"requests\":3,\"split_requests\":0,\"chunks\":16,\"bytes\":0,\"yields\":0,\
              \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0,\
-             \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0}"
+             \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0,\
+             \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());
@@ -173,8 +187,8 @@ mod tests {
             ),
             (2, 1, 40)
         );
-        assert!(s.to_json().ends_with(
-            "\"daemon_connections\":2,\"daemon_fallbacks\":1,\"split_while_daemon_gone\":40}"
+        assert!(s.to_json().contains(
+            "\"daemon_connections\":2,\"daemon_fallbacks\":1,\"split_while_daemon_gone\":40,"
         ));
     }
 }

@@ -202,9 +202,13 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
             "GLIBC_2.34",
             "IBVERBS_1.0",
             "IBVERBS_1.1",
+            "IBVERBS_1.8",
             "JUSTITIA_LOCAL"
         ]
     );
+    // Every memory registration of libibverbs goes through ibv_reg_mr_iova2, at its one
+    // version.
+    assert_eq!(nodes["IBVERBS_1.8"], ["ibv_reg_mr_iova2"]);
     // dlsym and dlvsym (src/dl.rs) at glibc's x86-64 base version and at its default.
     for node in ["GLIBC_2.2.5", "GLIBC_2.34"] {
         assert_eq!(nodes[node], ["dlsym", "dlvsym"]);
@@ -217,7 +221,10 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
     let expected: BTreeSet<String> = nodes
         .iter()
         .flat_map(|(version, names)| {
-            let at = if version == DEFAULT_VERSION || version == DEFAULT_GLIBC_VERSION {
+            let at = if version == DEFAULT_VERSION
+                || version == DEFAULT_GLIBC_VERSION
+                || version == "IBVERBS_1.8"
+            {
                 "@@"
             } else {
                 "@"
@@ -227,8 +234,8 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
         .collect();
     assert_eq!(
         expected.len(),
-        20,
-        "7 verbs at both versions, 2 at 1.1 only, dlsym and dlvsym at two versions"
+        21,
+        "7 verbs at both versions, 2 at 1.1 only, 1 at 1.8, dlsym and dlvsym at two versions"
     );
     let lib = library();
     let exported = versioned_functions(&std::fs::read(&lib).unwrap());

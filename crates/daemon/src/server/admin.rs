@@ -234,6 +234,7 @@ impl Daemon {
                         .collect(),
                 )
             }
+            AdminRequest::Tenants => AdminReply::Tenants(self.tenant_reports()),
             AdminRequest::SetTarget { target } => match parse_target(&target) {
                 // The running loop keeps SafeUtil, the flows and the probe window: a
                 // new target must not throw away what the controller has learnt.

@@ -259,6 +259,12 @@ impl Daemon {
         .encode();
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = SendAncillaryBuffer::new(&mut space);
+        // This tenant's control-verb budget counting this connection, published before
+        // the greeting: the shaper reads it as soon as it has the page, so its first
+        // control verbs are paced already. The other tenants' follow at the end of the
+        // pass.
+        let weight = self.config.weight_of(uid, pod.as_ref()).get();
+        let joining = self.joining_control_budget(tenant, weight);
         // The tenant's page is created with its first connection and handed only to
         // its connections.
         let page = match self.pages.entry(tenant) {
@@ -269,6 +275,9 @@ impl Daemon {
                         page,
                         free: (0..self.config.slots).rev().collect(),
                         clients: 0,
+                        name: tenant_name.clone(),
+                        weight: 1,
+                        control_budget: None,
                     }),
                     Err(err) => {
                         self.release_page(tenant);
@@ -281,6 +290,10 @@ impl Daemon {
                 }
             }
         };
+        if page.control_budget != joining {
+            page.page.set_control_budget(joining);
+            page.control_budget = joining;
+        }
         let fds = [self.block.fd(), page.page.fd()];
         control.push(SendAncillaryMessage::ScmRights(&fds));
         if let Err(e) = rustix::net::sendmsg(
@@ -323,9 +336,11 @@ impl Daemon {
         }
         if let Some(p) = self.pages.get_mut(&tenant) {
             p.clients += 1;
+            p.weight = p.weight.max(weight);
         }
         *self.owner_clients.entry(owner).or_default() += 1;
         self.known_changed = true;
+        self.control_budgets_stale = true;
         self.clients.insert(
             id,
             Client {
@@ -484,6 +499,7 @@ impl Daemon {
                     );
                 }
             }
+            Request::ControlVerbs(r) => self.note_control_verbs(client, r),
             Request::UnknownLayout { found, known } => {
                 // Said once per connection attempt of a shaper older or newer than this
                 // daemon (its backoff reaches 1 s): counted, and logged within the limit
@@ -823,7 +839,9 @@ impl Daemon {
             .get(&tenant)
             .is_none_or(|p| p.clients == 0 && p.free.len() == slots);
         if unused {
-            self.pages.remove(&tenant);
+            if let Some(p) = self.pages.remove(&tenant) {
+                self.forget_control_budget(&p.name);
+            }
             if tenant >= NAMED_TENANT_BASE {
                 self.named_tenants.retain(|_, &mut id| id != tenant);
             }
@@ -835,6 +853,7 @@ impl Daemon {
             return;
         };
         self.known_changed = true;
+        self.control_budgets_stale = true;
         let n = c.flows.len();
         for id in c.flows {
             self.drop_flow(Duration::from_nanos(now), id);

@@ -111,6 +111,18 @@ impl Daemon {
             unshaped_scan: old.unshaped_scan,
             ..new
         };
+        // Weights may have changed: each tenant's is the largest among its connections.
+        for p in self.pages.values_mut() {
+            p.weight = 1;
+        }
+        for c in self.clients.values() {
+            if let Some(p) = self.pages.get_mut(&c.tenant) {
+                p.weight = p
+                    .weight
+                    .max(self.config.weight_of(c.uid, c.pod.as_ref()).get());
+            }
+        }
+        self.control_budgets_stale = true;
         if relooped {
             if let Err(e) = self.rebuild_loop() {
                 error!(error = %e, "SIGHUP: control loop not rebuilt");

@@ -35,6 +35,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use justitia_core::classifier::ClassifierConfig;
+use justitia_core::control_verbs::{ControlVerb, ControlVerbPacer};
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::{PaceRate, Pacer as RatePacer, ReleasePhase};
 use justitia_core::yield_plan::YieldPlanner;
@@ -180,7 +181,25 @@ pub struct Engine {
     /// The follower thread and the process that started it (a forked child passes
     /// through and starts none).
     follow_thread: Mutex<Option<(u32, std::thread::Thread)>>,
+    /// When each control verb may go ([`Self::before_control_verb`]): its budget is
+    /// `JUSTITIA_CONTROL_RATE`, or the daemon's share for the process. Its lock is a leaf,
+    /// held only to decide, never while waiting.
+    control: parking_lot::Mutex<ControlVerbPacer>,
+    /// A control verb was issued: the follower thread runs (to connect and learn the
+    /// daemon's budget) even without a flow.
+    control_seen: AtomicBool,
+    /// The follower has ticked at least once (connected and read the daemon's budget, or
+    /// found no daemon); the first control verb waits for it ([`FIRST_TICK_WAIT`]).
+    ticked: Mutex<bool>,
+    /// Signalled with [`Self::ticked`].
+    ticked_cv: Condvar,
 }
+
+/// How long the process's first control verb waits for the follower's first tick, so that
+/// a storm starting at once is paced by the daemon's budget from its first verbs: the
+/// tick's connection attempt waits at most its greeting timeout (100 ms) for a daemon that
+/// accepts and does not answer, and fails at once without one.
+const FIRST_TICK_WAIT: Duration = Duration::from_millis(250);
 
 impl Engine {
     /// An engine with `config`, reading time from `clock`.
@@ -193,6 +212,7 @@ impl Engine {
             rate: config.rate.map(|r| pace_rate(r, config.chunk_bytes)),
             chunk_bytes: config.chunk_bytes,
             phase: None,
+            control: config.control_rate,
         };
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
@@ -214,6 +234,10 @@ impl Engine {
             auto_class: AtomicU8::new(0),
             follower: Follower::new(&config, fallback).map(Mutex::new),
             follow_thread: Mutex::new(None),
+            control: parking_lot::Mutex::new(ControlVerbPacer::new(config.control_rate)),
+            control_seen: AtomicBool::new(false),
+            ticked: Mutex::new(false),
+            ticked_cv: Condvar::new(),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -239,9 +263,15 @@ impl Engine {
         &self.counters
     }
 
-    /// The counters now.
+    /// The counters now, with the control-verb pacer's.
     pub fn stats(&self) -> StatsSnapshot {
-        self.counters.snapshot()
+        let control = self.control.lock().counts();
+        StatsSnapshot {
+            control_verbs: control.admitted,
+            control_verbs_delayed: control.delayed,
+            control_wait_ns: u64::try_from(control.waited.as_nanos()).unwrap_or(u64::MAX),
+            ..self.counters.snapshot()
+        }
     }
 
     /// The current time of the engine's clock.
@@ -269,6 +299,7 @@ impl Engine {
             rate: self.paced().then_some(applied.rate),
             chunk_bytes: self.chunk_bytes(),
             phase: applied.phase,
+            control: self.control.lock().budget(),
         }
     }
 
@@ -285,6 +316,20 @@ impl Engine {
     /// lanes again, and every QP waiting for tokens is drained now, so that a request held
     /// under the old rate goes when the new one allows. Nothing happens when nothing changed.
     pub fn apply(self: &Arc<Self>, settings: Settings, now: Duration) {
+        {
+            let mut control = self.control.lock();
+            if control.budget() != settings.control {
+                log!(
+                    Debug,
+                    "control verbs {}",
+                    settings.control.map_or_else(
+                        || "unpaced".to_string(),
+                        |b| format!("at {:.3}/s, burst {}", b.per_sec, b.burst)
+                    )
+                );
+                control.set_budget(settings.control);
+            }
+        }
         let mut changed = false;
         match settings.rate {
             Some(r) => {
@@ -359,6 +404,8 @@ impl Engine {
             bytes: c.bytes.load(Ordering::Relaxed),
             split_requests: c.split_requests.load(Ordering::Relaxed),
             waiting: self.pacer_has_waiting(),
+            control_verbs: self.control.lock().counts(),
+            control_seen: self.control_seen.load(Ordering::Relaxed),
             in_flight: self.members_in_flight(),
         }
     }
@@ -391,6 +438,11 @@ impl Engine {
         // exit handler that writes them must never wait for.
         self.counters.note_follow(&status);
         self.apply(settings, self.clock.now());
+        let mut ticked = self.ticked.lock().unwrap_or_else(|e| e.into_inner());
+        if !*ticked {
+            *ticked = true;
+            self.ticked_cv.notify_all();
+        }
     }
 
     /// The follower's lock, held: a test stands in for a follower thread stuck in a
@@ -409,6 +461,44 @@ impl Engine {
             .map(|f| f.lock().unwrap_or_else(|e| e.into_inner()).status())
     }
 
+    /// A control verb (`verb`) is about to be issued: waits for the process's turn under
+    /// its control-verb budget, if any (see [`justitia_core::control_verbs`]), and counts
+    /// it. The first one starts the follower thread, which connects to the daemon to learn
+    /// the budget and report the counts; the verbs before it has go at the static budget.
+    /// The wait is a sleep of the calling thread: control verbs block anyway, and an
+    /// application issuing them from several threads gets one turn per thread, in order.
+    pub fn before_control_verb(self: &Arc<Self>, verb: ControlVerb) {
+        if !self.control_seen.swap(true, Ordering::Relaxed) {
+            log!(Debug, "first control verb ({verb:?}) of the process");
+            self.wake_follower();
+            self.await_first_tick();
+        }
+        let wait = self.control.lock().admit(self.clock.now()).wait;
+        if !wait.is_zero() {
+            self.clock.sleep(wait);
+        }
+    }
+
+    /// Waits up to [`FIRST_TICK_WAIT`] for the follower thread's first tick; at once
+    /// without a follower thread.
+    fn await_first_tick(&self) {
+        if self.follower.is_none() || self.pacer.mode != PacerMode::Thread {
+            return;
+        }
+        let deadline = std::time::Instant::now() + FIRST_TICK_WAIT;
+        let mut ticked = self.ticked.lock().unwrap_or_else(|e| e.into_inner());
+        while !*ticked {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            ticked = self
+                .ticked_cv
+                .wait_timeout(ticked, left)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
     /// A QP joined or left the daemon's flow: the follower thread registers or unregisters
     /// it at once instead of at its next tick.
     fn members_changed(self: &Arc<Self>, qp: &Weak<QpShared>, joined: bool) {
@@ -424,6 +514,11 @@ impl Engine {
         } else {
             self.members.fetch_sub(1, Ordering::Relaxed);
         }
+        self.wake_follower();
+    }
+
+    /// Starts the follower thread, or wakes it for a tick now.
+    fn wake_follower(self: &Arc<Self>) {
         if self.follower.is_none() || self.pacer.mode != PacerMode::Thread {
             return;
         }

@@ -44,15 +44,20 @@ fn justitiad() -> PathBuf {
 }
 
 /// A `justitiad` process on sockets in `dir`.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
     dir: PathBuf,
 }
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Self::start_with(dir, "")
+    }
+
+    /// A daemon whose configuration has `extra` lines besides the usual ones.
+    pub(super) fn start_with(dir: &Path, extra: &str) -> Daemon {
         let config = format!(
-            "probe = \"synthetic\"\nsynthetic_latency_us = 20\nsocket = \"{0}/j.sock\"\nadmin_socket = \"{0}/a.sock\"\nmetrics = \"\"\nstale_after_ms = 500\n",
+            "probe = \"synthetic\"\nsynthetic_latency_us = 20\nsocket = \"{0}/j.sock\"\nadmin_socket = \"{0}/a.sock\"\nmetrics = \"\"\nstale_after_ms = 500\n{extra}",
             dir.display()
         );
         let path = dir.join("justitiad.toml");
@@ -76,21 +81,26 @@ impl Daemon {
         d
     }
 
-    fn socket(&self) -> PathBuf {
+    pub(super) fn socket(&self) -> PathBuf {
         self.dir.join("j.sock")
     }
 
     fn flows(&self) -> Vec<FlowReport> {
+        match self.admin(&AdminRequest::Flows) {
+            AdminReply::Flows(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The daemon's answer to `req` on its admin socket.
+    pub(super) fn admin(&self, req: &AdminRequest) -> AdminReply {
         let mut s = UnixStream::connect(self.dir.join("a.sock")).unwrap();
-        let mut line = serde_json::to_string(&AdminRequest::Flows).unwrap();
+        let mut line = serde_json::to_string(req).unwrap();
         line.push('\n');
         s.write_all(line.as_bytes()).unwrap();
         let mut reply = String::new();
         BufReader::new(s).read_line(&mut reply).unwrap();
-        match serde_json::from_str(&reply).unwrap() {
-            AdminReply::Flows(f) => f,
-            other => panic!("{other:?}"),
-        }
+        serde_json::from_str(&reply).unwrap()
     }
 
     /// The daemon's allotment for `flow`, in bytes/s.

@@ -15,6 +15,7 @@ use crate::engine::{self, Engine, PacerMode};
 use crate::exports::{engine_from, on_create_cq, on_create_qp};
 use crate::mock::{MockDevice, PostedWr};
 
+mod control_verbs;
 mod daemon;
 mod extended;
 mod fork;
