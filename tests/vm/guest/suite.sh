@@ -667,6 +667,16 @@ else
       result FAIL "escapees" "tests/vm/guest/escapees.sh did not finish within 180 s"
     fi
   fi
+  # A control-verb storm from one tenant paced by its shaper while another tenant's
+  # registrations and latency flow proceed (about 40 s under emulation).
+  if ! have_shaper || [ "$APPS" = - ]; then
+    result SKIP "control verbs" "needs the shaper and the test applications"
+  else
+    timeout 180 tests/vm/guest/control-verbs.sh "$RESULTS" "$DAEMON_BIN_DIR" "$LIB" "$APPS"
+    if [ "$?" = 124 ]; then
+      result FAIL "control verbs" "tests/vm/guest/control-verbs.sh did not finish within 180 s"
+    fi
+  fi
 fi
 
 # `justitia run`: scenario files on rxe0, natively and under the shaper with justitiad

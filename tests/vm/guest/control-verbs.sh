@@ -1,0 +1,266 @@
+#!/bin/bash
+# Inside the guest (in the chroot, rxe0 up): a control-verb storm from one tenant paced by
+# the shaper, while another tenant's latency flow and registrations proceed. Run from
+# suite.sh's daemon section, or alone:
+#
+#   tests/vm/guest.sh --timeout 300 -- tests/vm/guest/control-verbs.sh RESULTS BIN_DIR SHAPER_LIB APPS
+#
+# BIN_DIR holds justitiad, justitia and examples/scrape; SHAPER_LIB is libjustitia.so; APPS
+# holds ctl_storm (tests/vm/apps). The daemon starts from packaging/justitiad.toml with
+# control_verbs_per_sec = BUDGET (200) and control_verb_burst = 16, tenants by uid, and its
+# metrics on a Unix socket (where the per-tenant series are). Two tenants: the attacker,
+# uid 1000 (setpriv), registering a 4 KiB region and deregistering it back to back for
+# STORM seconds; the victim, root, registering one every 100 ms for as long, while its
+# ib_write_lat pair (latency class) runs on rxe0. All of them shaped and following the
+# daemon.
+#
+# 1. Natively (no shaper) the attacker's storm runs at its own rate, which must exceed
+#    twice its share (the tenant's half of BUDGET) for the check to mean anything; under
+#    the daemon it is held to its share: at most share x 1.1 + burst / STORM verbs/s, and
+#    at least share x 0.7 (paced, not starved), with at least 3 in 4 of its verbs told to
+#    wait (its shaper's statistics). The victim's registrations never wait
+#    (control_verbs_delayed = 0) and its ib_write_lat completes.
+# 2. During the storm `justitia flows` lists both tenants with their budgets (the share
+#    each) and counts; `--tenants --json` says the same, and after the storm still has
+#    uid 1000's counts, its verbs delayed, root's none.
+# 3. The metrics: justitia_tenant_control_verbs_total{tenant="1000"} has at least 90% of
+#    the storm's verbs (a process's last few are not reported when it exits) and at most
+#    all of them, justitia_tenant_control_verbs_delayed_total{tenant="1000"} grows (both
+#    kept after the tenant's last process exits), and during the storm
+#    justitia_tenant_control_verb_budget{tenant="1000"} is the share.
+#
+# One line per check goes to RESULTS/results.txt, as in suite.sh; logs go to
+# RESULTS/logs/control-verbs.*. About 40 s under emulation.
+set -uo pipefail
+
+RESULTS=$1
+BIN=$2
+LIB=$3
+APPS=$4
+LOGS=$RESULTS/logs
+L=$LOGS/control-verbs
+DEV=rxe0
+GID=0
+PORT=19750
+BUDGET=${CONTROL_BUDGET:-200}
+SHARE=$((BUDGET / 2))
+BURST=16
+STORM=${CONTROL_STORM_SECONDS:-4}
+ATTACKER=1000
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/vm/guest/daemon-lib.sh
+source "$HERE/daemon-lib.sh"
+mkdir -p "$LOGS"
+touch "$RESULTS/results.txt"
+
+LAST_RESULT=$SECONDS
+result() { # STATUS NAME DETAIL
+  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
+  LAST_RESULT=$SECONDS
+}
+
+CHECKS=("control verbs: a tenant's registration storm is held to its share, another tenant's registrations and latency flow proceed"
+  "control verbs: justitia flows shows each tenant's budget and counts"
+  "control verbs: the per-tenant metrics count the storm")
+done_checks=0
+pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
+fail_one() { result FAIL "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
+fail_rest() { # WHY: this check fails, the later ones are reported as not run
+  result FAIL "${CHECKS[$done_checks]}" "$1"
+  local i
+  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
+    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
+  done
+  cleanup
+  exit 1
+}
+
+run=$(mktemp -d /tmp/justitiad-control.XXXXXX)
+chmod 755 "$run"
+dpid=""
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  [ -n "$dpid" ] && kill -KILL "$dpid" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$run"
+}
+trap 'cleanup; exit 124' TERM
+
+for f in "$BIN/justitiad" "$BIN/justitia" "$BIN/examples/scrape" "$LIB" "$APPS/ctl_storm"; do
+  [ -e "$f" ] || fail_rest "$f is not built"
+done
+
+# as_attacker CMD...: CMD as uid 1000 (its own tenant), with no supplementary groups.
+as_attacker() { setpriv --reuid="$ATTACKER" --regid="$ATTACKER" --clear-groups "$@"; }
+
+# --- native: the storm's own rate ---------------------------------------------------------
+as_attacker "$APPS/ctl_storm" "$DEV" reg "$STORM" > "$L.native.json" 2> "$L.native.err" \
+  || fail_rest "the native storm failed ($L.native.err)"
+native=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["per_sec"])' "$L.native.json") \
+  || fail_rest "unreadable native result ($L.native.json)"
+echo "control verbs: the storm alone, unshaped: $native registrations/s"
+if ! awk -v n="$native" -v s="$SHARE" 'BEGIN { exit !(n > 2 * s) }'; then
+  fail_rest "the storm alone makes $native registrations/s, not above twice the share of $SHARE: no storm to pace"
+fi
+
+config=$run/justitiad.toml
+metrics_sock=$run/metrics.sock
+daemon_config "$config" "$run/justitiad.sock" "$run/admin.sock" "unix:$metrics_sock" \
+  control_verbs_per_sec="$BUDGET" control_verb_burst="$BURST" || fail_rest "$DAEMON_ERR"
+cp "$config" "$L.justitiad.toml"
+daemon_start "$config" "$L.justitiad.log"
+dpid=$DAEMON_PID
+daemon_wait "$L.justitiad.log" "$run/admin.sock" 30 || fail_rest "$DAEMON_ERR"
+# Another uid must reach the registration socket (the packaged mode is 0666).
+chmod 755 "$run"
+
+shaped=(env LD_PRELOAD="$LIB" JUSTITIA_SOCKET="$run/justitiad.sock")
+# The victim's latency flow first (its two processes are root's), then the storm and the
+# victim's own registrations side by side.
+"${shaped[@]}" JUSTITIA_CLASS=latency timeout 120 ib_write_lat -d "$DEV" -x "$GID" -p "$PORT" -n 2000 \
+  > "$L.lat.server.log" 2>&1 &
+lat_s=$!
+PIDS+=("$lat_s")
+wait_tcp_listen "$PORT" || fail_rest "the ib_write_lat server did not listen ($L.lat.server.log)"
+"${shaped[@]}" JUSTITIA_CLASS=latency timeout 120 ib_write_lat -d "$DEV" -x "$GID" -p "$PORT" -n 2000 localhost \
+  > "$L.lat.client.log" 2>&1 &
+lat_c=$!
+PIDS+=("$lat_c")
+# The attacker's statistics go where its uid may write.
+mkdir "$run/attacker" && chown "$ATTACKER:$ATTACKER" "$run/attacker"
+as_attacker "${shaped[@]}" JUSTITIA_STATS="$run/attacker/%p.json" "$APPS/ctl_storm" "$DEV" reg "$STORM" \
+  > "$L.attacker.json" 2> "$L.attacker.err" &
+att=$!
+PIDS+=("$att")
+# The victim's registrations outlast the storm, so that the storm's tenant shares the
+# budget with it throughout.
+"${shaped[@]}" JUSTITIA_STATS="$run/victim.%p.json" "$APPS/ctl_storm" "$DEV" reg $((STORM + 2)) 100000 \
+  > "$L.victim.json" 2> "$L.victim.err" &
+vic=$!
+PIDS+=("$vic")
+# The tables while everyone is connected, half-way through the storm.
+sleep $((STORM / 2))
+"$BIN/justitia" flows --socket "$run/admin.sock" > "$L.flows.txt" 2>&1
+"$BIN/justitia" flows --socket "$run/admin.sock" --tenants --json > "$L.tenants.mid.json" 2>&1
+"$BIN/examples/scrape" "unix:$metrics_sock" > "$L.metrics.mid.txt" 2>&1
+wait "$att" || fail_rest "the shaped storm failed ($L.attacker.err)"
+wait "$vic" || fail_rest "the victim's registrations failed ($L.victim.err)"
+wait "$lat_c"
+lat_rc=$?
+wait "$lat_s"
+cp "$run"/attacker/*.json "$L.attacker.stats.json" 2>/dev/null
+cp "$run"/victim.*.json "$L.victim.stats.json" 2>/dev/null
+"$BIN/justitia" flows --socket "$run/admin.sock" --tenants --json > "$L.tenants.json" 2>&1
+"$BIN/examples/scrape" "unix:$metrics_sock" > "$L.metrics.txt" 2>&1
+
+# --- 1. the storm held to its share, the victim unhindered --------------------------------
+v=$(python3 - "$L" "$SHARE" "$BURST" "$STORM" "$lat_rc" "$native" <<'EOF'
+import json, sys
+L, share, burst, storm, lat_rc, native = sys.argv[1:]
+share, burst, storm, native = float(share), int(burst), float(storm), float(native)
+try:
+    att = json.load(open(f"{L}.attacker.json"))
+    vic = json.load(open(f"{L}.victim.json"))
+    att_stats = json.load(open(f"{L}.attacker.stats.json"))
+    vic_stats = json.load(open(f"{L}.victim.stats.json"))
+except (OSError, ValueError) as e:
+    print(f"unreadable result: {e}")
+    sys.exit()
+high = share * 1.1 + burst / storm
+low = share * 0.7
+problems = []
+if not low <= att["per_sec"] <= high:
+    problems.append(f"the storm made {att['per_sec']}/s under the daemon, outside [{low:.1f}, {high:.1f}]")
+# A verb issued late (the emulated CPUs busy elsewhere) may find its turn already come and
+# not wait: most, not all, of the storm's verbs wait.
+if att_stats["control_verbs"] != att["count"] or att_stats["control_verbs_delayed"] < 0.75 * att["count"]:
+    problems.append(f"the storm's shaper counted {att_stats} for {att['count']} registrations")
+if vic_stats["control_verbs"] < vic["count"] or vic_stats["control_verbs_delayed"] != 0:
+    problems.append(f"the victim's registrations waited: {vic_stats} for {vic['count']}")
+if lat_rc != "0":
+    problems.append(f"ib_write_lat exited {lat_rc}")
+if problems:
+    print("; ".join(problems))
+else:
+    print(f"ok storm {native:.0f}/s alone, {att['per_sec']:.1f}/s under the daemon (share {share:.0f}/s, "
+          f"bound [{low:.1f}, {high:.1f}]; {att_stats['control_verbs_delayed']} of {att['count']} waited, "
+          f"{att_stats['control_wait_ns'] / 1e9:.2f} s in all); victim {vic['count']} registrations, none waited, "
+          f"p50 {vic['p50_us']} us, max {vic['max_us']} us; ib_write_lat completed")
+EOF
+)
+case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v ($L.*)" ;; esac
+
+# --- 2. justitia flows ----------------------------------------------------------------------
+v=$(python3 - "$L.tenants.mid.json" "$L.tenants.json" "$L.flows.txt" "$ATTACKER" "$SHARE" <<'EOF'
+import json, sys
+mid_path, path, table, attacker, share = sys.argv[1:]
+try:
+    mid = {t["tenant"]: t for t in json.load(open(mid_path))}
+    tenants = {t["tenant"]: t for t in json.load(open(path))}
+    text = open(table).read()
+except (OSError, ValueError) as e:
+    print(f"unreadable answer: {e}")
+    sys.exit()
+# During the storm both tenants are connected, each with half the host's budget; after it
+# the storm's tenant is remembered with its counts (processes 0, no budget).
+a, r = tenants.get(attacker), tenants.get("0")
+problems = []
+for name in (attacker, "0"):
+    t = mid.get(name)
+    if t is None or t["control_verbs_per_sec"] != float(share) or t["processes"] < 1:
+        problems.append(f"during the storm, tenant {name}: {t}")
+if a is None or r is None:
+    problems.append(f"tenants {sorted(tenants)}, expected 0 and {attacker}")
+else:
+    if a["control_verbs_delayed"] == 0:
+        problems.append(f"tenant {attacker}: {a}")
+    if r["control_verbs_delayed"] != 0 or r["control_verbs"] == 0:
+        problems.append(f"tenant 0: {r}")
+rows = [l.split() for l in text.splitlines()]
+if not any(row[-1:] == [attacker] and row[2:3] == [f"{float(share):.1f}"] for row in rows):
+    problems.append(f"no row for tenant {attacker} with budget {share} in the table")
+if problems:
+    print("; ".join(problems))
+else:
+    print(f"ok tenant {attacker}: {a['control_verbs']} verbs, {a['control_verbs_delayed']} delayed, budget {share}/s; "
+          f"tenant 0: {r['control_verbs']} verbs, none delayed, budget {r['control_verbs_per_sec']}/s")
+EOF
+)
+case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v ($L.tenants*.json, $L.flows.txt)" ;; esac
+
+# --- 3. the metrics -------------------------------------------------------------------------
+v=$(python3 - "$L.metrics.txt" "$L.metrics.mid.txt" "$L.attacker.json" "$ATTACKER" "$SHARE" <<'EOF'
+import json, re, sys
+path, mid_path, att_path, attacker, share = sys.argv[1:]
+try:
+    text = open(path).read()
+    mid = open(mid_path).read()
+    count = json.load(open(att_path))["count"]
+except (OSError, ValueError) as e:
+    print(f"unreadable: {e}")
+    sys.exit()
+def sample(name, text=text):
+    m = re.search(r'^justitia_%s\{tenant="%s"\} (\S+)$' % (name, attacker), text, re.M)
+    return float(m.group(1)) if m else None
+verbs = sample("tenant_control_verbs_total")
+delayed = sample("tenant_control_verbs_delayed_total")
+# The budget is a connected tenant's: read during the storm.
+budget = sample("tenant_control_verb_budget", mid)
+problems = []
+if verbs is None or not 0.9 * count <= verbs <= count:
+    problems.append(f"verbs {verbs} for {count} issued")
+if not delayed:
+    problems.append(f"delayed {delayed}")
+if budget != float(share):
+    problems.append(f"budget {budget}, expected {share}")
+if problems:
+    print("; ".join(problems))
+else:
+    print(f"ok tenant {attacker}: {verbs:.0f} of {count} verbs reported, {delayed:.0f} delayed, budget {budget}/s")
+EOF
+)
+case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v ($L.metrics*.txt)" ;; esac
+
+cleanup
