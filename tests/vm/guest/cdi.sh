@@ -85,11 +85,8 @@ touch "$RESULTS/results.txt"
 DEV=rxe0
 PORT=19700
 
-LAST_RESULT=$SECONDS
-result() { # STATUS NAME DETAIL
-  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
-  LAST_RESULT=$SECONDS
-}
+# shellcheck source=tests/vm/guest/checks-lib.sh
+source "$(dirname "$0")/checks-lib.sh"
 CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and injects through /etc/ld.so.preload"
   "cdi: podman: a glibc image's ib_write_bw is shaped and registered as its container's tenant, and the image's LD_PRELOAD interposer still interposes"
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
@@ -98,17 +95,6 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
   "cdi: containerd: justitiad replaced as a rolling update does under the pod's running ib_write_bw: its shaper registers again with the new daemon and kept splitting between them")
-done_checks=0
-pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-fail_rest() { # WHY: this check fails, the later ones are reported as not run
-  result FAIL "${CHECKS[$done_checks]}" "$1"
-  local i
-  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
-    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
-  done
-  cleanup
-  exit 1
-}
 
 run=$(mktemp -d /tmp/justitia-cdi.XXXXXX)
 dpid="" spid="" ctrd_pid="" plugin_pid=""

@@ -46,27 +46,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/daemon-lib.sh"
 L=$LOGS/daemon-adaptive
 
-LAST_RESULT=$SECONDS
-result() { # STATUS NAME DETAIL
-  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
-  LAST_RESULT=$SECONDS
-}
+# shellcheck source=tests/vm/guest/checks-lib.sh
+source "$(dirname "$0")/checks-lib.sh"
 
 CHECKS=("daemon adaptive: ib_write_lat and ib_write_bw follow the adaptive law (justitia flows)"
   "daemon adaptive: integrity under the adaptive allotments, zero mismatches")
-done_checks=0
-pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-fail_one() { result FAIL "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); failed=1; }
-failed=0
-fail_rest() { # WHY: this check fails, the later ones are reported as not run
-  result FAIL "${CHECKS[$done_checks]}" "$1"
-  local i
-  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
-    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
-  done
-  cleanup
-  exit 1
-}
 
 run=$(mktemp -d /tmp/justitiad-adaptive.XXXXXX)
 dpid=""

@@ -24,26 +24,12 @@ source "$(dirname "$0")/daemon-lib.sh"
 mkdir -p "$LOGS"
 touch "$RESULTS/results.txt"
 
-LAST_RESULT=$SECONDS
-result() { # STATUS NAME DETAIL
-  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
-  LAST_RESULT=$SECONDS
-}
+# shellcheck source=tests/vm/guest/checks-lib.sh
+source "$(dirname "$0")/checks-lib.sh"
 
 # The CHECK names, in order, so that a failure early reports every later one as not run.
 CHECKS=("daemon starts from packaging/justitiad.toml" "daemon probes rxe0"
   "daemon status shows Current99" "daemon metrics parse" "daemon stops cleanly")
-done_checks=0
-pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-fail_rest() { # WHY: this check fails, the later ones are reported as not run
-  result FAIL "${CHECKS[$done_checks]}" "$1"
-  local i
-  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
-    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
-  done
-  cleanup
-  exit 1
-}
 
 for f in justitiad justitia examples/register examples/scrape; do
   if [ ! -x "$BIN/$f" ]; then

@@ -50,27 +50,12 @@ source "$HERE/daemon-lib.sh"
 mkdir -p "$LOGS"
 touch "$RESULTS/results.txt"
 
-LAST_RESULT=$SECONDS
-result() { # STATUS NAME DETAIL
-  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
-  LAST_RESULT=$SECONDS
-}
+# shellcheck source=tests/vm/guest/checks-lib.sh
+source "$(dirname "$0")/checks-lib.sh"
 
 CHECKS=("escapees: a plain ib_write_bw is listed unshaped, a shaped one is not (justitia flows)"
   "escapees: the unshaped metrics count it"
   "escapees: one log line per unshaped process")
-done_checks=0
-pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-fail_one() { result FAIL "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-fail_rest() { # WHY: this check fails, the later ones are reported as not run
-  result FAIL "${CHECKS[$done_checks]}" "$1"
-  local i
-  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
-    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
-  done
-  cleanup
-  exit 1
-}
 
 run=$(mktemp -d /tmp/justitiad-escapees.XXXXXX)
 metrics=127.0.0.1:19467
