@@ -170,7 +170,8 @@ problems = []
 if not low <= att["per_sec"] <= high:
     problems.append(f"the storm made {att['per_sec']}/s under the daemon, outside [{low:.1f}, {high:.1f}]")
 # A verb issued late (the emulated CPUs busy elsewhere) may find its turn already come and
-# not wait: at least half, not all, of the storm's verbs wait (309 of 410 with a compiler beside it).
+# not wait: at least half of the storm's verbs wait, not all (309 of 410 were seen with a
+# compiler beside the guest).
 if att_stats["control_verbs"] != att["count"] or att_stats["control_verbs_delayed"] < 0.5 * att["count"]:
     problems.append(f"the storm's shaper counted {att_stats} for {att['count']} registrations")
 if vic_stats["control_verbs"] < vic["count"] or vic_stats["control_verbs_delayed"] != 0:
