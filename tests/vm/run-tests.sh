@@ -77,6 +77,16 @@ if ! tests/vm/apps/build.sh "$apps" > "$target/vm-apps.build.log" 2>&1; then
   fails=$((fails + 1))
   apps=-
 fi
+# The musl image's verbs program (tests/vm/guest/cdi.sh): libibverbs and the rxe provider
+# built with musl-gcc from rdma-core's source, which cargo fetches from crates.io (the
+# ibverbs-sys crate vendors it); beside the applications, in $apps/musl-verbs.
+if [ "$apps" != - ]; then
+  echo "vm: building the musl verbs program (tests/vm/apps/build-musl-verbs.sh) into $apps/musl-verbs"
+  if ! tests/vm/apps/build-musl-verbs.sh "$apps/musl-verbs" > "$target/vm-musl-verbs.build.log" 2>&1; then
+    echo "FAIL build the musl verbs program: $(grep -m1 -E 'error|not found|build-musl-verbs.sh:' "$target/vm-musl-verbs.build.log") (log: $target/vm-musl-verbs.build.log)"
+    fails=$((fails + 1))
+  fi
+fi
 
 daemon_bins=-
 echo "vm: building justitiad, justitia and the daemon's test tools (release)"

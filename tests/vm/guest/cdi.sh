@@ -8,7 +8,9 @@
 # BIN_DIR holds justitiad and justitia (cargo build --release), SHAPER_LIB the glibc build of
 # libjustitia.so as scripts/build-shaper.sh writes it (the musl build beside it, in
 # ../musl/), VALIDATOR deploy/validate's program, APPS the test applications
-# (tests/vm/apps/build.sh: libopen_counter.so, libc_probe, libc_probe.musl). As the
+# (tests/vm/apps/build.sh: libopen_counter.so, libc_probe, libc_probe.musl; and in
+# APPS/musl-verbs, tests/vm/apps/build-musl-verbs.sh's musl_write with the musl builds of
+# libibverbs and the rxe provider it links). As the
 # DaemonSet's init container does, the builds and packaging/ld.so.preload are copied to a
 # host directory and the spec written from the guest's sysfs into /var/run/cdi, with the
 # registration socket in a scratch directory; justitiad starts from packaging/justitiad.toml
@@ -38,6 +40,12 @@
 #    injection through LD_PRELOAD (what an env edit would do) loses the interposer; a
 #    set-user-ID program run by another user reads no JUSTITIA_* variable (no statistics
 #    file where it asked for one, which the same program without the bit writes).
+#    A musl verbs program (musl_write: rdma-core's libibverbs and rxe provider built with
+#    musl-gcc, in the musl image) writes 4 x 16 KiB over a loopback RC connection and checks
+#    every byte: plain it exits 0 and writes no statistics (nothing shaped it); with the
+#    musl build in its own LD_PRELOAD (JUSTITIA_CLASS=bandwidth, JUSTITIA_CHUNK=1K) it exits
+#    0 and the shaper's statistics count its WRITEs split. A check of its own, which the
+#    later ones do not depend on.
 # 5. What escapes is seen: with every container's RC queue pair held for 30 s, justitiad
 #    lists a static program (rdma-core linked in) in a shaped container and a program
 #    given rxe0-unshaped as unshaped (`justitia flows --unshaped`), with their containers'
@@ -91,6 +99,7 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: a glibc image's ib_write_bw is shaped and registered as its container's tenant, and the image's LD_PRELOAD interposer still interposes"
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
   "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
+  "cdi: podman: a musl verbs program's checked RDMA WRITEs run unshaped, and split by the musl build in its own LD_PRELOAD"
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
@@ -178,6 +187,12 @@ musl_image=$run/musl-image
 mkdir -p "$musl_image/usr/bin" "$musl_image/lib" "$musl_image/results"
 cp /lib/ld-musl-x86_64.so.1 "$musl_image/lib/"
 cp "$APPS/libc_probe.musl" "$musl_image/usr/bin/libc_probe"
+# The musl verbs program with its libibverbs, rxe provider and driver file, where an Alpine
+# image has them; when it was not built, its own check fails below.
+musl_verbs=$APPS/musl-verbs
+if [ -x "$musl_verbs/usr/bin/musl_write" ]; then
+  cp -a "$musl_verbs/." "$musl_image/" || fail_rest "cannot add musl_write to the musl image"
+fi
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup \
   || fail_rest "cannot mount cgroup v2 for the runtime"
 tar -C "$image" -cf "$run/glibc.tar" . && tar -C "$musl_image" -cf "$run/musl.tar" . \
@@ -337,6 +352,50 @@ ls "$out"/ibv_devinfo.[0-9]*.json > /dev/null 2>&1 \
 ! ls "$out"/ibv_devinfo.setuid.*.json > /dev/null 2>&1 \
   || fail_rest "the set-user-ID ibv_devinfo wrote statistics where its user's environment asked"
 pass "musl: exit 0, not mapped; musl with LD_PRELOAD: exit 0, mapped; glibc: exit 0, mapped from the list beside the image's interposer, which an LD_PRELOAD injection would have dropped; set-user-ID: exit 0, no variable read"
+
+# 4b. A musl verbs program, plain and with the musl build in its own LD_PRELOAD. Its
+# failure is its own: the later checks do not depend on it.
+musl_write_check() {
+  local rc wrote split chunks
+  if [ ! -x "$musl_verbs/usr/bin/musl_write" ]; then
+    fail_one "$musl_verbs/usr/bin/musl_write is not built (tests/vm/apps/build-musl-verbs.sh failed or was not run)"
+    return
+  fi
+  rm -f "$out"/stats.*.json
+  # Plain: the statistics file asked for stays unwritten, as nothing loads the shaper.
+  container musl-write 90 localhost/justitia-test-musl rxe0 -e "JUSTITIA_STATS=/results/stats.%p.json" \
+    -- /usr/bin/musl_write "$DEV" 16384 4
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-write.log"; then
+    fail_one "plain: exit $rc: $(head -c 300 "$L.musl-write.log" | tr '\n' ' ')"
+    return
+  fi
+  if stats_of musl-write; then
+    fail_one "plain: statistics were written ($STATS), so something loaded the shaper"
+    return
+  fi
+  container musl-write-shaped 90 localhost/justitia-test-musl rxe0 -e LD_PRELOAD=/opt/justitia/musl/libjustitia.so \
+    -e JUSTITIA_CLASS=bandwidth -e JUSTITIA_CHUNK=1K -e "JUSTITIA_STATS=/results/stats.%p.json" \
+    -- /usr/bin/musl_write "$DEV" 16384 4
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-write-shaped.log"; then
+    fail_one "with the musl build in LD_PRELOAD: exit $rc: $(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' ')"
+    return
+  fi
+  if ! stats_of musl-write-shaped; then
+    fail_one "with the musl build in LD_PRELOAD: no statistics written ($(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' '))"
+    return
+  fi
+  split=$(stat_field "$STATS" split_requests)
+  chunks=$(stat_field "$STATS" chunks)
+  if [ "${split:-0}" -lt 4 ]; then
+    fail_one "with the musl build in LD_PRELOAD: expected its 4 WRITEs split: $(tr -d '\n ' < "$STATS")"
+    return
+  fi
+  wrote=$(grep -m1 -o 'wrote .* checked' "$L.musl-write-shaped.log")
+  pass "musl_write (libibverbs and rxe built with musl-gcc): plain: exit 0, no statistics; with the musl build in LD_PRELOAD: exit 0, $wrote, split_requests=$split, chunks=$chunks, daemon_connections=$(stat_field "$STATS" daemon_connections)"
+}
+musl_write_check
 
 # 5. What escapes, seen by the daemon: a static program in a shaped container, and a
 # program given the unshaped device, each holding an RC queue pair, are listed unshaped
