@@ -10,7 +10,8 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # python3-prometheus-client, the parser the guest's daemon tests read the metrics with,
 # musl-tools (a musl program for the musl build's checks), podman with runc (the container
 # runtime of the guest's CDI checks; runc named, as podman would otherwise take crun),
-# containerd (Debian's 1.6, the CRI runtime the device plugin's check drives).
+# containerd (Debian's 1.6, the CRI runtime the device plugin's check drives), cmake and
+# ninja (rdma-core built with musl-gcc for the musl image's verbs program).
 APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio kmod
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev rdmacm-utils perftest
@@ -18,6 +19,7 @@ APT_PACKAGES=(
   podman runc containerd
   systemd util-linux python3
   qperf ucx-utils libfabric-bin openmpi-bin libopenmpi-dev
+  cmake ninja-build
 )
 
 if ! command -v cargo >/dev/null 2>&1; then
