@@ -35,17 +35,23 @@ struct FlowRuntime {
     infos: Vec<(HostId, FlowInfo)>,
     /// The host its application runs on (where its control verbs go).
     host: HostId,
+    /// The hosts it has a process on: its application's, and that of the far end of its
+    /// connections when elsewhere (a benchmark's server runs there).
+    process_hosts: Vec<HostId>,
     /// Its identity, tenant and weight.
     spec: FlowSpec,
 }
 
 /// The tenants with an application running on one host, as its daemon knows them from the
 /// processes registered with it: what the host's control-verb budget is shared by.
+///
+/// Kept up to date one tenant at a time as applications start and stop: counting every
+/// tenant of the host again at each start made starting a thousand flows quadratic.
 #[derive(Default)]
 struct HostTenants {
-    /// The applications with a process on the host: where they run, and the far end of
-    /// their connections (a benchmark's server runs there).
-    apps: Vec<u32>,
+    /// Per tenant, its applications with a process on the host: where they run, and the
+    /// far end of their connections (a benchmark's server runs there).
+    apps: BTreeMap<TenantId, Vec<u32>>,
     /// Per tenant with one of them running: (its weight, the largest of its running
     /// applications', as the allotment takes it; its running applications).
     tenants: BTreeMap<TenantId, (u32, u32)>,
@@ -224,9 +230,16 @@ impl World {
                     },
                 ));
             }
-            host_tenants[usize::from(a.0)].apps.push(app_index);
+            let mut process_hosts = vec![a];
             if !conns.is_empty() && b != a {
-                host_tenants[usize::from(b.0)].apps.push(app_index);
+                process_hosts.push(b);
+            }
+            for host in &process_hosts {
+                host_tenants[usize::from(host.0)]
+                    .apps
+                    .entry(core_spec.tenant)
+                    .or_default()
+                    .push(app_index);
             }
             flows.push(FlowRuntime {
                 name: flow_ref.name.clone(),
@@ -234,6 +247,7 @@ impl World {
                 app_kind: app_spec.kind(),
                 infos,
                 host: a,
+                process_hosts,
                 spec: core_spec,
             });
             queue.schedule(time::from_ms(spec.start_ms), Event::FlowStart(app_index));
@@ -526,17 +540,21 @@ impl World {
     }
 
     fn set_flow_active(&mut self, app: u32, active: bool) {
-        self.running[app as usize] = active;
-        for h in 0..self.host_tenants.len() {
-            if self.host_tenants[h].apps.contains(&app) {
-                self.count_tenants(h);
-            }
+        let i = app as usize;
+        self.running[i] = active;
+        let tenant = self.flows[i].spec.tenant;
+        for h in 0..self.flows[i].process_hosts.len() {
+            let host = self.flows[i].process_hosts[h];
+            self.count_tenant(usize::from(host.0), tenant);
         }
-        let infos = self.flows[app as usize].infos.clone();
+        // Lent out and put back, not cloned: the policies are told without copying the
+        // flow's queue pairs at every start and stop.
+        let infos = std::mem::take(&mut self.flows[i].infos);
         for (host, info) in &infos {
             let (policy, mut ctx) = self.policy_ctx(*host);
             policy.on_flow_active(&mut ctx, info, active);
         }
+        self.flows[i].infos = infos;
         let (model, mut io) = self.app_io(app);
         if active {
             model.start(&mut io);
@@ -545,20 +563,26 @@ impl World {
         }
     }
 
-    /// Counts again the tenants running on host `h`.
-    fn count_tenants(&mut self, h: usize) {
+    /// Counts again the running applications of `tenant` on host `h` (the others' counts
+    /// cannot have changed).
+    fn count_tenant(&mut self, h: usize, tenant: TenantId) {
         let ht = &mut self.host_tenants[h];
-        ht.tenants.clear();
-        for &app in &ht.apps {
+        let mut counted: Option<(u32, u32)> = None;
+        for &app in ht.apps.get(&tenant).map_or(&[][..], Vec::as_slice) {
             if !self.running[app as usize] {
                 continue;
             }
-            let spec = &self.flows[app as usize].spec;
-            let t = ht.tenants.entry(spec.tenant).or_insert((0, 0));
-            t.0 = t.0.max(spec.weight.get());
+            let weight = self.flows[app as usize].spec.weight.get();
+            let t = counted.get_or_insert((0, 0));
+            t.0 = t.0.max(weight);
             t.1 += 1;
         }
-        ht.total_weight = ht.tenants.values().map(|t| u64::from(t.0)).sum();
+        let old = match counted {
+            Some(t) => ht.tenants.insert(tenant, t),
+            None => ht.tenants.remove(&tenant),
+        };
+        ht.total_weight -= old.map_or(0, |t| u64::from(t.0));
+        ht.total_weight += counted.map_or(0, |t| u64::from(t.0));
     }
 
     /// The tenant of application `app` on `host`.
