@@ -8,6 +8,12 @@
 //! an hour from the start took 270 kB per flow, which a thousand flows paid in page faults
 //! and zeroing before the first event. Its buckets depend only on the lowest value and the
 //! precision, never on the range, so the percentiles are the same as with a fixed range.
+//!
+//! Even grown to its largest only, a histogram of millisecond latencies takes tens of kB:
+//! a thousand bandwidth flows, each completing a few messages, made zeroing fresh pages
+//! for their histograms the dearest part of their completions. So a flow's first samples
+//! wait in a short list, and its histogram is made only when the list fills, or for the
+//! report from the list: the same counts, so the same percentiles.
 
 use hdrhistogram::Histogram;
 
@@ -21,6 +27,9 @@ const SIGNIFICANT_DIGITS: u8 = 3;
 /// count as an hour.
 const LONGEST_NS: u64 = 3_600_000_000_000;
 
+/// Samples a flow keeps in its list before it makes its histogram.
+const LISTED_SAMPLES: usize = 256;
+
 /// Measurements of one flow.
 pub struct FlowMetrics {
     window: (Picos, Picos),
@@ -29,6 +38,8 @@ pub struct FlowMetrics {
     /// milliseconds holds half the memory that 64-bit counts would, zeroed and copied as
     /// the histogram grows.
     latency_ns: Option<Histogram<u32>>,
+    /// Samples (ns, clamped) not yet in `latency_ns`, which is made when this fills.
+    listed_ns: Vec<u64>,
     messages: u64,
     /// Messages completed since the start of the run, window or not (for time series).
     all_messages: u64,
@@ -40,6 +51,7 @@ impl FlowMetrics {
         FlowMetrics {
             window,
             latency_ns: None,
+            listed_ns: Vec::new(),
             messages: 0,
             all_messages: 0,
         }
@@ -53,14 +65,15 @@ impl FlowMetrics {
     pub fn record_latency(&mut self, at: Picos, latency: Picos) {
         if self.in_window(at) {
             let ns = (latency / 1_000).clamp(1, LONGEST_NS);
-            let h = self.latency_ns.get_or_insert_with(|| {
-                Histogram::new(SIGNIFICANT_DIGITS)
-                    .unwrap_or_else(|_| unreachable!("three significant digits are valid"))
-            });
-            // Growing fails only beyond i64::MAX / 2 ns, far above the clamp; should it
-            // ever, the sample still counts, at the largest value tracked.
-            if h.record(ns).is_err() {
-                h.saturating_record(ns);
+            match &mut self.latency_ns {
+                Some(h) => record(h, ns),
+                None if self.listed_ns.len() < LISTED_SAMPLES => self.listed_ns.push(ns),
+                None => {
+                    let mut h = histogram(&self.listed_ns);
+                    record(&mut h, ns);
+                    self.latency_ns = Some(h);
+                    self.listed_ns = Vec::new();
+                }
             }
         }
     }
@@ -85,7 +98,15 @@ impl FlowMetrics {
 
     /// The latency percentiles, or `None` without samples.
     pub fn latency(&self) -> Option<LatencyReport> {
-        let h = self.latency_ns.as_ref().filter(|h| !h.is_empty())?;
+        let listed;
+        let h = match &self.latency_ns {
+            Some(h) => h,
+            None => {
+                listed = histogram(&self.listed_ns);
+                &listed
+            }
+        };
+        let h = Some(h).filter(|h| !h.is_empty())?;
         let us = |ns: u64| ns as f64 / 1e3;
         Some(LatencyReport {
             samples: h.len(),
@@ -95,6 +116,25 @@ impl FlowMetrics {
             mean_us: h.mean() / 1e3,
             max_us: us(h.max()),
         })
+    }
+}
+
+/// A histogram of the samples `ns`.
+fn histogram(ns: &[u64]) -> Histogram<u32> {
+    let mut h = Histogram::new(SIGNIFICANT_DIGITS)
+        .unwrap_or_else(|_| unreachable!("three significant digits are valid"));
+    for &ns in ns {
+        record(&mut h, ns);
+    }
+    h
+}
+
+/// Records `ns` in `h`, growing it as needed.
+fn record(h: &mut Histogram<u32>, ns: u64) {
+    // Growing fails only beyond i64::MAX / 2 ns, far above the clamp; should it ever, the
+    // sample still counts, at the largest value tracked.
+    if h.record(ns).is_err() {
+        h.saturating_record(ns);
     }
 }
 
@@ -171,12 +211,30 @@ mod tests {
     }
 
     #[test]
+    fn listed_samples_report_as_the_histogram_made_from_them() {
+        let mut m = FlowMetrics::new((0, SECOND));
+        let samples: Vec<u64> = (0..3 * LISTED_SAMPLES as u64)
+            .map(|i| (i * 7_919) % 5_000_000 + 1)
+            .collect();
+        for (i, &ns) in samples.iter().enumerate() {
+            m.record_latency(MICROSECOND, ns * 1_000);
+            // Before and after the histogram is made, the figures of all samples so far.
+            let h = histogram(&samples[..=i]);
+            let l = m.latency().unwrap();
+            assert_eq!(l.samples, h.len());
+            assert_eq!(l.p99_us, h.value_at_quantile(0.99) as f64 / 1e3);
+            assert_eq!(l.mean_us, h.mean() / 1e3);
+        }
+        assert!(m.latency_ns.is_some() && m.listed_ns.is_empty());
+    }
+
+    #[test]
     fn no_samples_no_percentiles() {
         assert!(FlowMetrics::new((0, 1)).latency().is_none());
         // A sample outside the window allocates nothing and reports nothing.
         let mut m = FlowMetrics::new((10, 20));
         m.record_latency(5, MICROSECOND);
-        assert!(m.latency_ns.is_none());
+        assert!(m.latency_ns.is_none() && m.listed_ns.is_empty());
         assert!(m.latency().is_none());
     }
 
