@@ -42,6 +42,7 @@
 //! cooperate).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use justitia_core::control_loop::{
@@ -544,15 +545,20 @@ fn sim_key(host: u16) -> Option<PrivateKey> {
     PrivateKey::from_bytes(bytes).ok()
 }
 
-fn sim_members() -> Vec<Member> {
-    (0..SIM_MEMBERS)
-        .filter_map(|h| {
-            Some(Member {
-                node: node_of(HostId(h)),
-                public: sim_key(h)?.public(),
+/// The members with their public keys, derived once per process: each is an X25519
+/// multiplication, and every host of every run lists all of them.
+fn sim_members() -> &'static [Member] {
+    static MEMBERS: OnceLock<Vec<Member>> = OnceLock::new();
+    MEMBERS.get_or_init(|| {
+        (0..SIM_MEMBERS)
+            .filter_map(|h| {
+                Some(Member {
+                    node: node_of(HostId(h)),
+                    public: sim_key(h)?.public(),
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
 }
 /// The timer tag of the peer channel's [`Channel::poll_timeout`].
 const PEER_TIMER: u64 = 1;
@@ -962,7 +968,7 @@ impl Policy for JustitiaPolicy {
                 ChannelConfig::default(),
                 node_of(ctx.host),
                 key,
-                &sim_members(),
+                sim_members(),
                 seed,
                 core_time(ctx.now()),
             )
