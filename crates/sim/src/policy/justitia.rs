@@ -498,6 +498,12 @@ pub struct JustitiaPolicy {
     /// flow costs a look-up, not a pass over the flows (which made an update and every
     /// change of activity quadratic in the flows).
     incast_loading: HashMap<(HostId, TenantId, FlowClass), u32>,
+    /// Of those, all, per host they load, by tenant, class and role: what this host
+    /// declares to that host. Kept with `loading`, so that a change of activity does not
+    /// count every loading flow again (which made starting a thousand flows quadratic).
+    demand: BTreeMap<HostId, BTreeMap<(TenantId, FlowClass, Role), DemandUnit>>,
+    /// Scratch list of the entries declared to a host.
+    entries: Vec<DemandEntry>,
     /// The places in `loads` of the incast flows a share caps, by receiver, tenant and
     /// class, in order.
     incast_flows: HashMap<(HostId, TenantId, FlowClass), Vec<usize>>,
@@ -531,6 +537,38 @@ pub struct JustitiaPolicy {
 /// fill it).
 fn is_capped_incast(load: &(FlowSpec, HostId, Role)) -> bool {
     load.2 == Role::Incast && load.0.class == FlowClass::Bandwidth
+}
+
+/// The loading flows of one tenant, class and role into one host.
+#[derive(Debug, Default)]
+struct DemandUnit {
+    /// How many.
+    flows: u32,
+    /// How many of them have each weight (the unit declares the largest).
+    weights: BTreeMap<u32, u32>,
+}
+
+impl DemandUnit {
+    /// Counts a flow of weight `weight` in, or out.
+    fn count(&mut self, weight: u32, add: bool) {
+        if add {
+            self.flows += 1;
+            *self.weights.entry(weight).or_insert(0) += 1;
+        } else {
+            self.flows -= 1;
+            if let Some(n) = self.weights.get_mut(&weight) {
+                *n -= 1;
+                if *n == 0 {
+                    self.weights.remove(&weight);
+                }
+            }
+        }
+    }
+
+    /// The largest weight of its flows.
+    fn weight(&self) -> u32 {
+        self.weights.last_key_value().map_or(0, |(&w, _)| w)
+    }
 }
 
 /// The simulated cluster's members: hosts 0 to 63 (the channel's default `max_peers`
@@ -586,6 +624,8 @@ impl JustitiaPolicy {
             load_index: HashMap::new(),
             loading: BTreeMap::new(),
             incast_loading: HashMap::new(),
+            demand: BTreeMap::new(),
+            entries: Vec::new(),
             incast_flows: HashMap::new(),
             incast: IncastLimits::new(ChannelConfig::default().silence),
             whole: ReadGuaranteeSender::new(0).announce(0, false, &profile.policy),
@@ -638,6 +678,13 @@ impl JustitiaPolicy {
                     }
                 }
                 if changed {
+                    let units = self.demand.entry(peer).or_default();
+                    let key = (spec.tenant, spec.class, role);
+                    let unit = units.entry(key).or_default();
+                    unit.count(spec.weight.get(), active);
+                    if unit.flows == 0 {
+                        units.remove(&key);
+                    }
                     peers.push(peer);
                 }
             }
@@ -649,24 +696,19 @@ impl JustitiaPolicy {
         peers.dedup();
         let now = core_time(ctx.now());
         for peer in peers {
-            let mut units: BTreeMap<(TenantId, FlowClass, Role), DemandEntry> = BTreeMap::new();
-            for &(spec, _, role) in self.loading.values().filter(|l| l.1 == peer) {
-                let e = units
-                    .entry((spec.tenant, spec.class, role))
-                    .or_insert(DemandEntry {
-                        tenant: spec.tenant,
-                        class: spec.class,
-                        role,
-                        flows: 0,
-                        weight: spec.weight.get(),
-                    });
-                e.flows = e.flows.saturating_add(1);
-                e.weight = e.weight.max(spec.weight.get());
-            }
-            let entries: Vec<DemandEntry> = units.into_values().collect();
+            self.entries.clear();
+            let units = self.demand.get(&peer).into_iter().flatten();
+            self.entries
+                .extend(units.map(|(&(tenant, class, role), unit)| DemandEntry {
+                    tenant,
+                    class,
+                    role,
+                    flows: u16::try_from(unit.flows).unwrap_or(u16::MAX),
+                    weight: unit.weight(),
+                }));
             if let Some(channel) = &mut self.peer {
                 // Refused only beyond the channel's caps, which no scenario reaches.
-                let _ = channel.set_demand(now, node_of(peer), &entries);
+                let _ = channel.set_demand(now, node_of(peer), &self.entries);
             }
         }
         if !recount.is_empty() {
