@@ -56,7 +56,7 @@ use justitia_core::profile::RnicProfile;
 use justitia_core::remote_read::{ReadGuarantee, ReadGuaranteeSender, RemoteReadUnit};
 use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
 use justitia_peer::keys::PrivateKey;
-use justitia_peer::wire::{DemandEntry, Role};
+use justitia_peer::wire::{DemandEntry, Role, MAX_DEMAND_ENTRIES};
 use justitia_peer::NodeId;
 use serde::{Deserialize, Serialize};
 
@@ -699,17 +699,22 @@ impl JustitiaPolicy {
         let now = core_time(ctx.now());
         for peer in peers {
             self.entries.clear();
+            // A list longer than the wire carries is refused whole, however long: one entry
+            // past the limit is as good as all of them (a thousand tenants each declared a
+            // thousand entries at every change of activity).
             let units = self.demand.get(&peer).into_iter().flatten();
-            self.entries
-                .extend(units.map(|(&(tenant, class, role), unit)| DemandEntry {
+            self.entries.extend(units.take(MAX_DEMAND_ENTRIES + 1).map(
+                |(&(tenant, class, role), unit)| DemandEntry {
                     tenant,
                     class,
                     role,
                     flows: u16::try_from(unit.flows).unwrap_or(u16::MAX),
                     weight: unit.weight(),
-                }));
+                },
+            ));
             if let Some(channel) = &mut self.peer {
-                // Refused only beyond the channel's caps, which no scenario reaches.
+                // Refused beyond the channel's caps, which only runs of many tenants reach:
+                // their demand goes undeclared.
                 let _ = channel.set_demand(now, node_of(peer), &self.entries);
             }
         }
