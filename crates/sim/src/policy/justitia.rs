@@ -585,19 +585,17 @@ fn sim_key(host: u16) -> Option<PrivateKey> {
     PrivateKey::from_bytes(bytes).ok()
 }
 
-/// The members with their public keys, derived once per process: each is an X25519
-/// multiplication, and every host of every run lists all of them.
-fn sim_members() -> &'static [Member] {
-    static MEMBERS: OnceLock<Vec<Member>> = OnceLock::new();
-    MEMBERS.get_or_init(|| {
-        (0..SIM_MEMBERS)
-            .filter_map(|h| {
-                Some(Member {
-                    node: node_of(HostId(h)),
-                    public: sim_key(h)?.public(),
-                })
-            })
-            .collect()
+/// Member `host` with its public key, derived once per process (an X25519
+/// multiplication), and only for the hosts some run has: every host of every run lists the
+/// members of its topology.
+fn sim_member(host: u16) -> Option<Member> {
+    static MEMBERS: [OnceLock<Option<Member>>; SIM_MEMBERS as usize] =
+        [const { OnceLock::new() }; SIM_MEMBERS as usize];
+    *MEMBERS.get(usize::from(host))?.get_or_init(|| {
+        Some(Member {
+            node: node_of(HostId(host)),
+            public: sim_key(host)?.public(),
+        })
     })
 }
 /// The timer tag of the peer channel's [`Channel::poll_timeout`].
@@ -1009,12 +1007,8 @@ impl Policy for JustitiaPolicy {
                 .or_default()
                 .push(i);
         }
-        let hosts = ctx.fabric.topology().host_count();
-        let members: Vec<Member> = sim_members()
-            .iter()
-            .copied()
-            .filter(|m| usize::from(host_of(m.node).0) < hosts)
-            .collect();
+        let hosts = u16::try_from(ctx.fabric.topology().host_count()).unwrap_or(u16::MAX);
+        let members: Vec<Member> = (0..hosts.min(SIM_MEMBERS)).filter_map(sim_member).collect();
         self.peer = sim_key(ctx.host.0).and_then(|key| {
             // The seed is the host's id: the handshakes repeat from run to run.
             let mut seed = [0u8; 32];
