@@ -12,8 +12,11 @@
 //! Even grown to its largest only, a histogram of millisecond latencies takes tens of kB:
 //! a thousand bandwidth flows, each completing a few messages, made zeroing fresh pages
 //! for their histograms the dearest part of their completions. So a flow's first samples
-//! wait in a short list, and its histogram is made only when the list fills, or for the
-//! report from the list: the same counts, so the same percentiles.
+//! wait in a short list, and its histogram is made only when the list fills; the report of
+//! a flow whose samples are all in its list reads from the list the figures the histogram
+//! would give (see [`listed_latency`]).
+
+use std::sync::OnceLock;
 
 use hdrhistogram::Histogram;
 
@@ -98,33 +101,62 @@ impl FlowMetrics {
 
     /// The latency percentiles, or `None` without samples.
     pub fn latency(&self) -> Option<LatencyReport> {
-        let listed;
-        let h = match &self.latency_ns {
-            Some(h) => h,
-            None if self.listed_ns.is_empty() => return None,
-            None => {
-                listed = histogram(&self.listed_ns);
-                &listed
-            }
+        let us = |ns: u64| ns as f64 / 1e3;
+        let Some(h) = &self.latency_ns else {
+            return listed_latency(&self.listed_ns);
         };
         let h = Some(h).filter(|h| !h.is_empty())?;
-        let us = |ns: u64| ns as f64 / 1e3;
-        // One pass over the counts for the three percentiles (each exactly what
-        // `value_at_quantile` gives), not one each: a thousand flows' histograms of
-        // millisecond latencies made reporting cost as much as a tenth of their run.
-        let mut at = h.value_at_quantiles([0.5, 0.99, 0.999]).map(us);
-        let (Some(p50_us), Some(p99_us), Some(p999_us)) = (at.next(), at.next(), at.next()) else {
-            unreachable!("three quantiles in order give three values")
-        };
         Some(LatencyReport {
             samples: h.len(),
-            p50_us,
-            p99_us,
-            p999_us,
+            p50_us: us(h.value_at_quantile(0.5)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
             mean_us: h.mean() / 1e3,
             max_us: us(h.max()),
         })
     }
+}
+
+/// The figures a histogram of the samples `ns` gives, from the samples themselves: a
+/// histogram of millisecond latencies holds tens of thousands of counts, zeroed and read
+/// four times over for a report, where a flow with a few samples sorts them.
+///
+/// The same figures exactly: a histogram's percentile is the highest value equivalent to
+/// the sample of that rank (the first bucket whose running count reaches the rank is that
+/// sample's), its maximum the highest equivalent to the largest sample, and its mean the
+/// sum, bucket by bucket in increasing order, of each bucket's median equivalent times its
+/// count over the total (the same operations in the same order).
+fn listed_latency(ns: &[u64]) -> Option<LatencyReport> {
+    if ns.is_empty() {
+        return None;
+    }
+    // Which values are equivalent depends on the precision only, not on the range.
+    static BUCKETS: OnceLock<Histogram<u32>> = OnceLock::new();
+    let buckets = BUCKETS.get_or_init(|| histogram(&[]));
+    let mut sorted = ns.to_vec();
+    sorted.sort_unstable();
+    let total = sorted.len() as u64;
+    let us = |ns: u64| ns as f64 / 1e3;
+    let at = |quantile: f64| {
+        let rank = ((quantile * total as f64).ceil() as u64).max(1);
+        us(buckets.highest_equivalent(sorted[(rank - 1) as usize]))
+    };
+    let mut mean = 0.0_f64;
+    let mut rest = &sorted[..];
+    while let Some(&first) = rest.first() {
+        let top = buckets.highest_equivalent(first);
+        let count = rest.partition_point(|&v| v <= top);
+        mean = mean + buckets.median_equivalent(top) as f64 * count as f64 / total as f64;
+        rest = &rest[count..];
+    }
+    Some(LatencyReport {
+        samples: total,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        p999_us: at(0.999),
+        mean_us: mean / 1e3,
+        max_us: us(buckets.highest_equivalent(sorted[sorted.len() - 1])),
+    })
 }
 
 /// A histogram of the samples `ns`.
@@ -221,19 +253,31 @@ mod tests {
     #[test]
     fn listed_samples_report_as_the_histogram_made_from_them() {
         let mut m = FlowMetrics::new((0, SECOND));
+        // Ties, neighbours in one bucket, and values from nanoseconds to milliseconds.
         let samples: Vec<u64> = (0..3 * LISTED_SAMPLES as u64)
-            .map(|i| (i * 7_919) % 5_000_000 + 1)
+            .map(|i| match i % 4 {
+                0 => (i * 7_919) % 5_000_000 + 1,
+                1 => 2_048 + i % 7,
+                2 => 1_400_000 + (i % 3) * 300,
+                _ => i % 13 + 1,
+            })
             .collect();
         for (i, &ns) in samples.iter().enumerate() {
             m.record_latency(MICROSECOND, ns * 1_000);
-            // Before and after the histogram is made, the figures of all samples so far.
+            // Before and after the histogram is made, the figures of all samples so far,
+            // bit for bit.
             let h = histogram(&samples[..=i]);
             let l = m.latency().unwrap();
             assert_eq!(l.samples, h.len());
-            assert_eq!(l.p50_us, h.value_at_quantile(0.5) as f64 / 1e3);
-            assert_eq!(l.p99_us, h.value_at_quantile(0.99) as f64 / 1e3);
-            assert_eq!(l.p999_us, h.value_at_quantile(0.999) as f64 / 1e3);
-            assert_eq!(l.mean_us, h.mean() / 1e3);
+            let us = |ns: u64| ns as f64 / 1e3;
+            assert_eq!(l.p50_us.to_bits(), us(h.value_at_quantile(0.5)).to_bits());
+            assert_eq!(l.p99_us.to_bits(), us(h.value_at_quantile(0.99)).to_bits());
+            assert_eq!(
+                l.p999_us.to_bits(),
+                us(h.value_at_quantile(0.999)).to_bits()
+            );
+            assert_eq!(l.mean_us.to_bits(), (h.mean() / 1e3).to_bits(), "{i}");
+            assert_eq!(l.max_us.to_bits(), us(h.max()).to_bits());
         }
         assert!(m.latency_ns.is_some() && m.listed_ns.is_empty());
     }
