@@ -146,7 +146,7 @@ fn listed_latency(ns: &[u64]) -> Option<LatencyReport> {
     while let Some(&first) = rest.first() {
         let top = buckets.highest_equivalent(first);
         let count = rest.partition_point(|&v| v <= top);
-        mean = mean + buckets.median_equivalent(top) as f64 * count as f64 / total as f64;
+        mean += buckets.median_equivalent(top) as f64 * count as f64 / total as f64;
         rest = &rest[count..];
     }
     Some(LatencyReport {
