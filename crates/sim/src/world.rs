@@ -98,8 +98,11 @@ struct Sampler {
     series: RunSeries,
     /// Each flow's bytes and messages at the previous sample.
     last: Vec<(u64, u64)>,
-    /// Per flow: (sample, Gb/s, M msgs/s) of each sample in which it got something.
-    got: Vec<Vec<(usize, f64, f64)>>,
+    /// (flow, sample, Gb/s, M msgs/s) of each flow in each sample in which it got
+    /// something, in the order taken: one list for all flows, appended to in turn, where a
+    /// list per flow cost a thousand flows a cache miss each per sample and their lists'
+    /// growing.
+    got: Vec<(u32, u32, f64, f64)>,
     /// Flows whose application ran since the previous sample (it may have completed
     /// messages).
     apps_ran: ChangedFlows,
@@ -286,7 +289,7 @@ impl World {
                 controls: Vec::new(),
             },
             last: vec![(0, 0); flows.len()],
-            got: vec![Vec::new(); flows.len()],
+            got: Vec::new(),
             apps_ran: ChangedFlows::default(),
             visit: Vec::new(),
             control_of_host: vec![None; hosts],
@@ -357,8 +360,9 @@ impl World {
             if (bytes, messages) == (last_bytes, last_messages) {
                 continue;
             }
-            s.got[i].push((
-                sample,
+            s.got.push((
+                flow,
+                sample as u32,
                 (bytes - last_bytes) as f64 * 8.0 / seconds / 1e9,
                 (messages - last_messages) as f64 / seconds / 1e6,
             ));
@@ -387,13 +391,14 @@ impl Sampler {
     /// The series, each flow's columns written out: zero where it got nothing.
     fn finish(mut self) -> RunSeries {
         let samples = self.series.t_ms.len();
-        for (flow, got) in self.series.flows.iter_mut().zip(&self.got) {
+        for flow in &mut self.series.flows {
             flow.gbps = vec![0.0; samples];
             flow.mops = vec![0.0; samples];
-            for &(sample, gbps, mops) in got {
-                flow.gbps[sample] = gbps;
-                flow.mops[sample] = mops;
-            }
+        }
+        for &(flow, sample, gbps, mops) in &self.got {
+            let (flow, sample) = (flow as usize, sample as usize);
+            self.series.flows[flow].gbps[sample] = gbps;
+            self.series.flows[flow].mops[sample] = mops;
         }
         self.series
     }
