@@ -265,6 +265,9 @@ impl Daemon {
         // pass.
         let weight = self.config.weight_of(uid, pod.as_ref()).get();
         let joining = self.joining_control_budget(tenant, weight);
+        // Whether this connection is taken or refused below, the pass ends by publishing
+        // every tenant's budget from the connections it has.
+        self.control_budgets_stale = true;
         // The tenant's page is created with its first connection and handed only to
         // its connections.
         let page = match self.pages.entry(tenant) {
