@@ -14,7 +14,7 @@
 //! for their histograms the dearest part of their completions. So a flow's first samples
 //! wait in a short list, and its histogram is made only when the list fills; the report of
 //! a flow whose samples are all in its list reads from the list the figures the histogram
-//! would give (see [`listed_latency`]).
+//! would give (see `listed_latency`).
 
 use std::sync::OnceLock;
 

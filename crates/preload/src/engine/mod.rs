@@ -464,10 +464,10 @@ impl Engine {
     /// A control verb (`verb`) is about to be issued: waits for the process's turn under
     /// its control-verb budget, if any (see [`justitia_core::control_verbs`]), and counts
     /// it. The first one starts the follower thread, which connects to the daemon to learn
-    /// the budget and report the counts, and waits for its first tick (at most
-    /// [`FIRST_TICK_WAIT`]), so that it already goes at the daemon's budget. The wait is a
-    /// sleep of the calling thread: control verbs block anyway, and an application issuing
-    /// them from several threads gets one turn per thread, in order.
+    /// the budget and report the counts, and waits for its first tick (at most 250 ms), so
+    /// that it already goes at the daemon's budget. The wait is a sleep of the calling
+    /// thread: control verbs block anyway, and an application issuing them from several
+    /// threads gets one turn per thread, in order.
     pub fn before_control_verb(self: &Arc<Self>, verb: ControlVerb) {
         if !self.control_seen.swap(true, Ordering::Relaxed) {
             log!(Debug, "first control verb ({verb:?}) of the process");
