@@ -30,9 +30,10 @@
 //! after them), and the class the device name chooses is a default,
 //! `JUSTITIA_DEFAULT_CLASS`, which the container's own `JUSTITIA_CLASS` overrides.
 //!
-//! musl's dynamic linker reads no preload list: a musl image runs unshaped unless it adds
-//! the musl build, bound at [`CONTAINER_MUSL_LIBRARY`], to its own `LD_PRELOAD`; justitiad
-//! lists its QPs as unshaped. Static programs load no shared object and are not shaped
+//! musl's dynamic linker reads no preload list: the musl build is bound at
+//! [`CONTAINER_MUSL_LIBRARY`], and `justitia oci-hook precreate` (podman's precreate hook)
+//! adds it to a musl container's `LD_PRELOAD`; without that hook a musl image runs
+//! unshaped unless it adds the musl build itself, and justitiad lists its QPs as unshaped. Static programs load no shared object and are not shaped
 //! either. The list also overrides an image's own `/etc/ld.so.preload`, which images do
 //! not normally have. A set-user-ID program loads the shaper from the list too, and the
 //! shaper then passes everything through without reading its variables.

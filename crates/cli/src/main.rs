@@ -12,6 +12,7 @@ mod control_plot;
 mod daemon_admin;
 mod demo;
 mod export;
+mod oci_hook;
 mod plot;
 mod progress;
 mod run;
@@ -58,6 +59,9 @@ enum Command {
     Flows(daemon_admin::FlowsArgs),
     /// Write a CDI spec that hands containers the host's RDMA devices with the shaper.
     Cdi(cdi::CdiArgs),
+    /// An OCI hook for podman's hooks directory: at `precreate`, adds the shaper's musl
+    /// build to a musl container's `LD_PRELOAD`, keeping the image's own preloads.
+    OciHook(oci_hook::OciHookArgs),
     /// Change a setting of the running justitiad.
     Set {
         #[command(subcommand)]
@@ -138,6 +142,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status(args) => daemon_admin::status(&args)?,
         Command::Flows(args) => daemon_admin::flows(&args)?,
         Command::Cdi(args) => cdi::run(&args)?,
+        Command::OciHook(args) => oci_hook::run(&args)?,
         Command::Set {
             what: SetCommand::Target { value, admin },
         } => daemon_admin::set_target(&admin, &value)?,
@@ -147,6 +152,7 @@ fn run(cli: Cli) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use anyhow::Context;
 
@@ -164,5 +170,30 @@ mod tests {
             Err(std::io::Error::new(std::io::ErrorKind::NotFound, "gone"));
         let err = plain.context("opening y").err().map(|e| describe(&e));
         assert_eq!(err.as_deref(), Some("opening y: gone"));
+    }
+
+    /// The packaged hook configuration (`oci-hooks(5)`, version 1.0.0) runs this binary's
+    /// `oci-hook precreate` at the precreate stage only.
+    #[test]
+    fn the_packaged_hook_runs_the_precreate_hook() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../packaging/oci-hooks.d/justitia-musl.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let hook: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(hook["version"], "1.0.0");
+        assert_eq!(hook["stages"], serde_json::json!(["precreate"]));
+        assert_eq!(hook["when"], serde_json::json!({"always": true}));
+        assert_eq!(hook["hook"]["path"], "/usr/bin/justitia");
+        let timeout = hook["hook"]["timeout"].as_u64().unwrap();
+        assert!((1..=30).contains(&timeout), "timeout {timeout} s");
+        let args: Vec<String> = serde_json::from_value(hook["hook"]["args"].clone()).unwrap();
+        assert_eq!(args[0], "justitia");
+        match Cli::try_parse_from(&args).map(|cli| cli.command) {
+            Ok(Command::OciHook(_)) => {}
+            Ok(_) => panic!("{args:?} is not the oci-hook command"),
+            Err(err) => panic!("{args:?} does not parse: {err}"),
+        }
     }
 }

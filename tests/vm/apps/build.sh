@@ -18,6 +18,7 @@ flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
 "$cc" "${flags[@]}" -o "$out/ctl_storm" "$src/ctl_storm.c" -libverbs
 "$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libping_plugin.so" "$src/ping_plugin.c" -libverbs
 "$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libopen_counter.so" "$src/open_counter.c" -ldl
+musl-gcc "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libopen_counter.musl.so" "$src/open_counter.c"
 # The container checks' probe (tests/vm/guest/cdi.sh), for a glibc image and a musl one.
 "$cc" "${flags[@]}" -pthread -o "$out/libc_probe" "$src/../../../crates/preload/tests/apps/libc_probe.c" -ldl
 musl-gcc "${flags[@]}" -pthread -o "$out/libc_probe.musl" "$src/../../../crates/preload/tests/apps/libc_probe.c"

@@ -4,7 +4,8 @@
  * named by OPEN_COUNTER_FILE. tests/vm/guest/cdi.sh preloads it with the image's own
  * LD_PRELOAD while the CDI spec injects the shaper: a count above zero beside the shaper's
  * statistics shows both loaded, this one still interposing, and the call reaching the
- * shaper and libibverbs through it. */
+ * shaper and libibverbs through it. Built for musl too (libopen_counter.musl.so), where the
+ * musl image preloads it and the precreate hook adds the shaper's musl build after it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdatomic.h>

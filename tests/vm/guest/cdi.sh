@@ -32,20 +32,23 @@
 #    interposer counted the device's opening: both loaded, the image's first.
 # 3. The same image run with -e JUSTITIA_CLASS=latency: the pod's class wins over the
 #    device's default (a latency flow registered, nothing split).
-# 4. Images the shaper does not serve through the list run as without it: a musl image
-#    (musl's dynamic linker reads no /etc/ld.so.preload) runs its program to exit 0 with the
-#    shaper not mapped, and with the musl build added to its own LD_PRELOAD the shaper is
-#    mapped and the program still exits 0; a glibc program that opens no device has the
+# 4. musl images, which the list does not reach (musl's dynamic linker reads no
+#    /etc/ld.so.preload), get the musl build from the precreate hook (`justitia oci-hook`,
+#    packaging/oci-hooks.d/justitia-musl.json in the hooks directory podman is given): the
+#    musl image's program exits 0 with the shaper mapped, and without the hook (the
+#    mechanism removed) exits 0 with it not mapped; a glibc program that opens no device has the
 #    shaper mapped from the list beside the image's interposer and exits 0, where an
 #    injection through LD_PRELOAD (what an env edit would do) loses the interposer; a
 #    set-user-ID program run by another user reads no JUSTITIA_* variable (no statistics
 #    file where it asked for one, which the same program without the bit writes).
 #    A musl verbs program (musl_write: rdma-core's libibverbs and rxe provider built with
 #    musl-gcc, in the musl image) writes 4 x 16 KiB over a loopback RC connection and checks
-#    every byte: plain it exits 0 and writes no statistics (nothing shaped it); with the
-#    musl build in its own LD_PRELOAD (JUSTITIA_CLASS=bandwidth, JUSTITIA_CHUNK=1K) it exits
-#    0 and the shaper's statistics count its WRITEs split. A check of its own, which the
-#    later ones do not depend on.
+#    every byte. The musl image's config preloads its own interposer (libopen_counter.so
+#    built with musl-gcc). Without the hook it exits 0 and writes no statistics (nothing
+#    shaped it); with the hook (JUSTITIA_CLASS=bandwidth, JUSTITIA_CHUNK=1K) it exits 0,
+#    the shaper's statistics count its WRITEs split, and the image's interposer counted
+#    the device's opening: both loaded. A check of its own, which the later ones do not
+#    depend on.
 # 5. What escapes is seen: with every container's RC queue pair held for 30 s, justitiad
 #    lists a static program (rdma-core linked in) in a shaped container and a program
 #    given rxe0-unshaped as unshaped (`justitia flows --unshaped`), with their containers'
@@ -98,8 +101,8 @@ source "$(dirname "$0")/checks-lib.sh"
 CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and injects through /etc/ld.so.preload"
   "cdi: podman: a glibc image's ib_write_bw is shaped and registered as its container's tenant, and the image's LD_PRELOAD interposer still interposes"
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
-  "cdi: podman: a musl image runs unshaped, or shaped by the musl build in its own LD_PRELOAD; a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
-  "cdi: podman: a musl verbs program's checked RDMA WRITEs run unshaped, and split by the musl build in its own LD_PRELOAD"
+  "cdi: podman: a musl image gets the musl build from the precreate hook (unshaped without it); a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
+  "cdi: podman: a musl verbs program's checked RDMA WRITEs are split by the musl build the hook preloads after the image's own interposer, and run unshaped without the hook"
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
@@ -112,6 +115,9 @@ ctrd=/run/justitia-containerd.$$
 cdi_dir=/var/run/cdi
 podman=(podman --root "$run/podman/storage" --runroot "/run/justitia-podman.$$" --storage-driver vfs
   --cgroup-manager cgroupfs --events-backend file)
+# The hooks directory containers are started with (container below): the packaged
+# precreate hook, pointed at this build of justitia. HOOKS_DIR= before a call runs without it.
+HOOKS_DIR=$run/hooks
 cleanup() {
   [ -n "$plugin_pid" ] && kill -KILL "$plugin_pid" 2>/dev/null
   [ -n "$ctrd_pid" ] && kill -TERM "$ctrd_pid" 2>/dev/null
@@ -126,7 +132,7 @@ cleanup() {
 trap 'cleanup; exit 124' TERM
 
 for f in "$BIN/justitiad" "$BIN/justitia" "$LIB" "$MUSL_LIB" "$VALIDATOR" "$APPS/libopen_counter.so" \
-  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/static_qp" "$APPS/qp_holder" "$PLUGIN" "$PODRUN"; do
+  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/libopen_counter.musl.so" "$APPS/static_qp" "$APPS/qp_holder" "$PLUGIN" "$PODRUN"; do
   [ -e "$f" ] || fail_rest "$f is not built"
 done
 command -v podman > /dev/null && command -v runc > /dev/null && command -v containerd > /dev/null \
@@ -137,6 +143,10 @@ mkdir -p "$run/lib/musl" "$run/registration" "$run/admin" "$run/cdi"
 cp "$LIB" "$run/lib/libjustitia.so"
 cp "$MUSL_LIB" "$run/lib/musl/libjustitia.so"
 cp packaging/ld.so.preload "$run/lib/ld.so.preload"
+mkdir -p "$HOOKS_DIR"
+sed "s|\"/usr/bin/justitia\"|\"$BIN/justitia\"|" packaging/oci-hooks.d/justitia-musl.json \
+  > "$HOOKS_DIR/justitia-musl.json" && grep -q "\"$BIN/justitia\"" "$HOOKS_DIR/justitia-musl.json" \
+  || fail_rest "cannot write the hook's configuration from packaging/oci-hooks.d/justitia-musl.json"
 spec=$run/cdi/justitia.json
 if ! "$BIN/justitia" cdi --library "$run/lib/libjustitia.so" --socket "$run/registration/justitiad.sock" \
   --output "$spec" > "$L.generate.log" 2>&1; then
@@ -187,6 +197,8 @@ musl_image=$run/musl-image
 mkdir -p "$musl_image/usr/bin" "$musl_image/lib" "$musl_image/results"
 cp /lib/ld-musl-x86_64.so.1 "$musl_image/lib/"
 cp "$APPS/libc_probe.musl" "$musl_image/usr/bin/libc_probe"
+mkdir -p "$musl_image/usr/lib/interposer"
+cp "$APPS/libopen_counter.musl.so" "$musl_image/usr/lib/interposer/libopen_counter.so"
 # The musl verbs program with its libibverbs, rxe provider and driver file, where an Alpine
 # image has them; when it was not built, its own check fails below.
 musl_verbs=$APPS/musl-verbs
@@ -200,7 +212,9 @@ tar -C "$image" -cf "$run/glibc.tar" . && tar -C "$musl_image" -cf "$run/musl.ta
 timeout 120 "${podman[@]}" import --change "ENV LD_PRELOAD=/usr/lib/interposer/libopen_counter.so" \
   --change "ENV OPEN_COUNTER_FILE=/results/open_counter.txt" "$run/glibc.tar" localhost/justitia-test-glibc \
   > "$L.import.log" 2>&1 \
-  && timeout 120 "${podman[@]}" import "$run/musl.tar" localhost/justitia-test-musl >> "$L.import.log" 2>&1 \
+  && timeout 120 "${podman[@]}" import --change "ENV LD_PRELOAD=/usr/lib/interposer/libopen_counter.so" \
+    --change "ENV OPEN_COUNTER_FILE=/results/open_counter.txt" "$run/musl.tar" localhost/justitia-test-musl \
+    >> "$L.import.log" 2>&1 \
   || fail_rest "podman import failed: $(tail -n 3 "$L.import.log" | tr '\n' ' ')"
 mkdir -p "$cdi_dir"
 cp "$spec" "$cdi_dir/justitia-test.json" || fail_rest "cannot write $cdi_dir/justitia-test.json"
@@ -210,11 +224,12 @@ mkdir -p "$out"
 # container NAME SECONDS IMAGE DEVICE [podman run options...] -- COMMAND...: podman run with the
 # device and the results directory as a volume; output in $L.NAME.log, exit status returned.
 container() {
-  local name=$1 secs=$2 image=$3 device=$4 opts=()
+  local name=$1 secs=$2 image=$3 device=$4 opts=() hooks=()
   shift 4
   while [ "$1" != -- ]; do opts+=("$1"); shift; done
   shift
-  timeout "$secs" "${podman[@]}" run --rm --network host --device "justitia.io/rdma=$device" \
+  [ -z "$HOOKS_DIR" ] || hooks=(--hooks-dir "$HOOKS_DIR")
+  timeout "$secs" "${podman[@]}" "${hooks[@]}" run --rm --network host --device "justitia.io/rdma=$device" \
     -v "$out:/results" "${opts[@]}" "$image" "$@" > "$L.$name.log" 2>&1
 }
 
@@ -322,12 +337,12 @@ probe() { # NAME IMAGE [podman run options...]: the probe; sets PROBE_OUT, PROBE
   PROBE_RC=$?
   PROBE_OUT=$(grep -m1 '^libc_probe:' "$L.$name.log")
 }
-probe musl localhost/justitia-test-musl
+HOOKS_DIR= probe musl-unhooked localhost/justitia-test-musl
 [ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper not mapped" ]] \
-  || fail_rest "musl image: exit $PROBE_RC: $(head -c 300 "$L.musl.log")"
-probe musl-preload localhost/justitia-test-musl -e LD_PRELOAD=/opt/justitia/musl/libjustitia.so
+  || fail_rest "musl image without the hook: exit $PROBE_RC: $(head -c 300 "$L.musl-unhooked.log")"
+probe musl localhost/justitia-test-musl
 [ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper mapped" ]] \
-  || fail_rest "musl image with the musl build in LD_PRELOAD: exit $PROBE_RC: $(head -c 300 "$L.musl-preload.log")"
+  || fail_rest "musl image with the hook: exit $PROBE_RC: $(head -c 300 "$L.musl.log")"
 rm -f "$out/open_counter.txt"
 probe glibc localhost/justitia-test-glibc
 [ "$PROBE_RC" = 0 ] && [[ $PROBE_OUT == *"shaper mapped" ]] && [ -f "$out/open_counter.txt" ] \
@@ -351,49 +366,58 @@ ls "$out"/ibv_devinfo.[0-9]*.json > /dev/null 2>&1 \
   || fail_rest "the plain ibv_devinfo wrote no statistics: the set-user-ID check would prove nothing"
 ! ls "$out"/ibv_devinfo.setuid.*.json > /dev/null 2>&1 \
   || fail_rest "the set-user-ID ibv_devinfo wrote statistics where its user's environment asked"
-pass "musl: exit 0, not mapped; musl with LD_PRELOAD: exit 0, mapped; glibc: exit 0, mapped from the list beside the image's interposer, which an LD_PRELOAD injection would have dropped; set-user-ID: exit 0, no variable read"
+pass "musl without the hook: exit 0, not mapped; musl with the hook: exit 0, mapped; glibc: exit 0, mapped from the list beside the image's interposer, which an LD_PRELOAD injection would have dropped; set-user-ID: exit 0, no variable read"
 
-# 4b. A musl verbs program, plain and with the musl build in its own LD_PRELOAD. Its
-# failure is its own: the later checks do not depend on it.
+# 4b. A musl verbs program, without the hook and with it. Its failure is its own: the later
+# checks do not depend on it.
 musl_write_check() {
-  local rc wrote split chunks
+  local rc wrote split chunks counted
   if [ ! -x "$musl_verbs/usr/bin/musl_write" ]; then
     fail_one "$musl_verbs/usr/bin/musl_write is not built (tests/vm/apps/build-musl-verbs.sh failed or was not run)"
     return
   fi
-  rm -f "$out"/stats.*.json
-  # Plain: the statistics file asked for stays unwritten, as nothing loads the shaper.
-  container musl-write 90 localhost/justitia-test-musl rxe0 -e "JUSTITIA_STATS=/results/stats.%p.json" \
+  rm -f "$out"/stats.*.json "$out/open_counter.txt"
+  # Without the hook: the statistics file asked for stays unwritten, as nothing loads the
+  # shaper.
+  HOOKS_DIR= container musl-write 90 localhost/justitia-test-musl rxe0 -e "JUSTITIA_STATS=/results/stats.%p.json" \
     -- /usr/bin/musl_write "$DEV" 16384 4
   rc=$?
   if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-write.log"; then
-    fail_one "plain: exit $rc: $(head -c 300 "$L.musl-write.log" | tr '\n' ' ')"
+    fail_one "without the hook: exit $rc: $(head -c 300 "$L.musl-write.log" | tr '\n' ' ')"
     return
   fi
   if stats_of musl-write; then
-    fail_one "plain: statistics were written ($STATS), so something loaded the shaper"
+    fail_one "without the hook: statistics were written ($STATS), so something loaded the shaper"
     return
   fi
-  container musl-write-shaped 90 localhost/justitia-test-musl rxe0 -e LD_PRELOAD=/opt/justitia/musl/libjustitia.so \
+  rm -f "$out/open_counter.txt"
+  container musl-write-shaped 90 localhost/justitia-test-musl rxe0 \
     -e JUSTITIA_CLASS=bandwidth -e JUSTITIA_CHUNK=1K -e "JUSTITIA_STATS=/results/stats.%p.json" \
     -- /usr/bin/musl_write "$DEV" 16384 4
   rc=$?
   if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-write-shaped.log"; then
-    fail_one "with the musl build in LD_PRELOAD: exit $rc: $(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' ')"
+    fail_one "with the hook: exit $rc: $(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' ')"
     return
   fi
   if ! stats_of musl-write-shaped; then
-    fail_one "with the musl build in LD_PRELOAD: no statistics written ($(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' '))"
+    fail_one "with the hook: no statistics written ($(head -c 300 "$L.musl-write-shaped.log" | tr '\n' ' '))"
     return
   fi
   split=$(stat_field "$STATS" split_requests)
   chunks=$(stat_field "$STATS" chunks)
   if [ "${split:-0}" -lt 4 ]; then
-    fail_one "with the musl build in LD_PRELOAD: expected its 4 WRITEs split: $(tr -d '\n ' < "$STATS")"
+    fail_one "with the hook: expected its 4 WRITEs split: $(tr -d '\n ' < "$STATS")"
     return
   fi
+  counted=$(cat "$out/open_counter.txt" 2>/dev/null)
+  case $counted in
+    "ibv_open_device calls: "[1-9]*) ;;
+    *) fail_one "with the hook: the image's own interposer did not see ibv_open_device (its count: '${counted:-none}'): the hook dropped the image's LD_PRELOAD"
+       return ;;
+  esac
+  rm -f "$out/open_counter.txt"
   wrote=$(grep -m1 -o 'wrote .* checked' "$L.musl-write-shaped.log")
-  pass "musl_write (libibverbs and rxe built with musl-gcc): plain: exit 0, no statistics; with the musl build in LD_PRELOAD: exit 0, $wrote, split_requests=$split, chunks=$chunks, daemon_connections=$(stat_field "$STATS" daemon_connections)"
+  pass "musl_write (libibverbs and rxe built with musl-gcc): without the hook: exit 0, no statistics; with it: exit 0, $wrote, split_requests=$split, chunks=$chunks, daemon_connections=$(stat_field "$STATS" daemon_connections); the image's interposer: $counted"
 }
 musl_write_check
 
