@@ -4,23 +4,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# stage NAME: a stage's heading, with the seconds the test command has run so far, so that
+# a slow run shows where its time went.
+stage() { echo "== $1 (at ${SECONDS} s)"; }
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== cargo doc"
+stage "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
-echo "== cargo test"
+stage "cargo test"
 cargo test --workspace --locked
-echo "== the shaper as it ships: glibc 2.17 and musl builds, audited and loaded into a musl program"
+stage "the shaper as it ships: glibc 2.17 and musl builds, audited and loaded into a musl program"
 scripts/build-shaper.sh
 cargo test -p justitia-preload --locked --test portable -- --include-ignored
-echo "== peer channel: 30 s of structure-aware fuzzing of the message parser and channel"
+stage "peer channel: 30 s of structure-aware fuzzing of the message parser and channel"
 # Mutated, partly re-signed messages (the HMAC tag would stop blind inputs); see the test.
 JUSTITIA_FUZZ_SECS=30 cargo test -p justitia-peer --locked --test fuzz -- --ignored --nocapture
-echo "== the shaper's stress test under valgrind memcheck (use after free, invalid reads)"
+stage "the shaper's stress test under valgrind memcheck (use after free, invalid reads)"
 # Memcheck on the test binary cargo test built (no second build); helgrind and TSan would
 # flag parking_lot's futex locks, which they cannot see. About 10 s.
 shaper_tests=$(cargo test --locked -q -p justitia-preload --lib --no-run --message-format=json 2>/dev/null |
@@ -31,21 +34,21 @@ for line in sys.stdin:
         print(m["executable"])')
 valgrind --tool=memcheck --error-exitcode=99 --leak-check=no -q "$shaper_tests" --test-threads=1 \
     tests::stress
-echo "== loom: the shaper's quick ring, every interleaving of post, poll, close, reopen and destroy"
+stage "loom: the shaper's quick ring, every interleaving of post, poll, close, reopen and destroy"
 # The ring module alone, built against loom's atomics in a target directory of its own (the
 # cfg changes every crate's build). About 10 s of checking after the first build.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
     cargo test --locked -q -p justitia-preload --lib ring
-echo "== justitiad under hostile tenants, and its tests as other uids (root: uids 65534, 2001-2004)"
+stage "justitiad under hostile tenants, and its tests as other uids (root: uids 65534, 2001-2004)"
 if [ "$(id -u)" = 0 ]; then
     cargo test -p justitia-daemon --locked --test attacks -- --ignored --test-threads=1
     cargo test -p justitia-daemon --locked --test daemon -- --ignored
 else
     echo "not root: these tests act as other uids and need root; not run" >&2
 fi
-echo "== systemd unit hardening (systemd-analyze security; fails above 2.0)"
+stage "systemd unit hardening (systemd-analyze security; fails above 2.0)"
 systemd-analyze security --offline=yes --threshold=20 packaging/justitiad.service | tail -n 1
-echo "== docs/calibration.md is current"
+stage "docs/calibration.md is current"
 calibration="$(mktemp)"
 cargo run -q --locked -p justitia-cli -- validate --markdown "$calibration" >/dev/null 2>&1
 if ! diff -u docs/calibration.md "$calibration"; then
@@ -55,7 +58,7 @@ if ! diff -u docs/calibration.md "$calibration"; then
     exit 1
 fi
 rm -f "$calibration"
-echo "== deployment files (manifests, Dockerfile, CDI spec: deploy/validate)"
+stage "deployment files (manifests, Dockerfile, CDI spec: deploy/validate)"
 deploy/validate/check.sh
-echo "== real verbs (Soft-RoCE in a QEMU guest)"
+stage "real verbs (Soft-RoCE in a QEMU guest)"
 tests/vm/run-tests.sh

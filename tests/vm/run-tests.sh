@@ -47,7 +47,7 @@ in_ci && locked=(--locked)
 fails=0
 passes=0
 
-echo "vm: building justitia-integrity (release)"
+echo "vm: building justitia-integrity (release) (at ${SECONDS} s)"
 if ! cargo build --release "${locked[@]}" -q -p justitia-integrity; then
   echo "FAIL build justitia-integrity"
   echo "vm: 0 passed, 1 failed"
@@ -57,7 +57,7 @@ lib=-
 if [ -f crates/preload/Cargo.toml ]; then
   # The build that ships (glibc 2.17 baseline, zig's linker), so that every run under the
   # shaper below is a run of what operators inject.
-  echo "vm: building the shaper as it ships (scripts/build-shaper.sh)"
+  echo "vm: building the shaper as it ships (scripts/build-shaper.sh) (at ${SECONDS} s)"
   if scripts/build-shaper.sh > "$target/build-shaper.log" 2>&1 && [ -f "$target/shaper/glibc/libjustitia.so" ]; then
     lib=$target/shaper/glibc/libjustitia.so
   else
@@ -71,7 +71,7 @@ fi
 # The test applications (C programs built with the host's compiler against its
 # libibverbs and librdmacm headers; the Python one needs no build).
 apps=$target/vm-apps
-echo "vm: building the test applications (tests/vm/apps) into $apps"
+echo "vm: building the test applications (tests/vm/apps) into $apps (at ${SECONDS} s)"
 if ! tests/vm/apps/build.sh "$apps" > "$target/vm-apps.build.log" 2>&1; then
   echo "FAIL build the test applications: $(grep -m1 -E 'error|not found' "$target/vm-apps.build.log") (log: $target/vm-apps.build.log)"
   fails=$((fails + 1))
@@ -81,7 +81,7 @@ fi
 # built with musl-gcc from rdma-core's source, which cargo fetches from crates.io (the
 # ibverbs-sys crate vendors it); beside the applications, in $apps/musl-verbs.
 if [ "$apps" != - ]; then
-  echo "vm: building the musl verbs program (tests/vm/apps/build-musl-verbs.sh) into $apps/musl-verbs"
+  echo "vm: building the musl verbs program (tests/vm/apps/build-musl-verbs.sh) into $apps/musl-verbs (at ${SECONDS} s)"
   if ! tests/vm/apps/build-musl-verbs.sh "$apps/musl-verbs" > "$target/vm-musl-verbs.build.log" 2>&1; then
     echo "FAIL build the musl verbs program: $(grep -m1 -E 'error|not found|build-musl-verbs.sh:' "$target/vm-musl-verbs.build.log") (log: $target/vm-musl-verbs.build.log)"
     fails=$((fails + 1))
@@ -89,7 +89,7 @@ if [ "$apps" != - ]; then
 fi
 
 daemon_bins=-
-echo "vm: building justitiad, justitia and the daemon's test tools (release)"
+echo "vm: building justitiad, justitia and the daemon's test tools (release) (at ${SECONDS} s)"
 if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
   && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
   && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia \
@@ -103,7 +103,7 @@ fi
 # The Go programs of tests/vm/guest/cdi.sh: deploy/validate applies the CDI spec's edits,
 # justitia-device-plugin answers Allocate, and podrun plays kubelet in front of containerd.
 cdi_validator=- device_plugin=- podrun=-
-echo "vm: building deploy/validate, deploy/device-plugin and tests/vm/podrun (Go)"
+echo "vm: building deploy/validate, deploy/device-plugin and tests/vm/podrun (Go) (at ${SECONDS} s)"
 if (command -v go > /dev/null || export PATH="$PATH:/usr/local/go/bin"
   export GOFLAGS=-mod=readonly
   (cd deploy/validate && go build -o "$target/deploy-validate" .) \
@@ -117,7 +117,7 @@ fi
 
 mkdir -p "$target/vm"
 out=$(mktemp -d "$target/vm/suite.XXXXXX")
-echo "vm: booting the guest (logs in $out)"
+echo "vm: booting the guest (logs in $out) (at ${SECONDS} s)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-100}" \
   CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-100}" \
@@ -155,7 +155,7 @@ if [ "$lib" = - ] || [ "$daemon_bins" = - ]; then
   skips=$((skips + 1))
 else
   pair=$out/two-hosts
-  echo "vm: booting the two-host pair (logs in $pair)"
+  echo "vm: booting the two-host pair (logs in $pair) (at ${SECONDS} s)"
   start=$(date +%s)
   # In the same boot, after the pair's checks: shaped WRITE streams across the cable
   # (tests/vm/guest/pair-write.sh), three rounds a mode; then isolation measured across
