@@ -3,11 +3,13 @@
 # check goes to RESULTS/results.txt (STATUS NAME: DETAIL (seconds since the last line)),
 # as suite.sh writes its own. Sourced once RESULTS is set; the script defines CHECKS (the
 # names of its checks, in order, so that a failure early reports every later one as not
-# run) and a function `cleanup` (what fail_rest takes down before it exits).
+# run) and a function `cleanup` (what fail_rest takes down before it exits); it may define
+# `on_result STATUS NAME`, called after each line (a timeline of its own, for one).
 
 LAST_RESULT=$SECONDS
 result() { # STATUS NAME DETAIL
   printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
+  if declare -F on_result > /dev/null; then on_result "$1" "$2"; fi
   LAST_RESULT=$SECONDS
 }
 

@@ -52,12 +52,9 @@ L=$LOGS/daemon-apps
 # A timeline of the run (the guest's seconds), for reading a slow or failed run.
 note() { echo "$SECONDS s: $*" >> "$L.trace.log"; }
 
-LAST_RESULT=$SECONDS
-result() { # STATUS NAME DETAIL
-  printf '%s %s: %s (%d s)\n' "$1" "$2" "$3" $((SECONDS - LAST_RESULT)) | tee -a "$RESULTS/results.txt"
-  note "$1 $2"
-  LAST_RESULT=$SECONDS
-}
+# shellcheck source=tests/vm/guest/checks-lib.sh
+source "$HERE/checks-lib.sh"
+on_result() { note "$1 $2"; }
 
 CHECKS=("daemon apps: ib_write_lat and ib_write_bw follow justitiad (justitia flows)"
   "daemon apps: metrics parsed, Current99 moves with the bandwidth flow, SafeUtil follows violations"
@@ -65,20 +62,6 @@ CHECKS=("daemon apps: ib_write_lat and ib_write_bw follow justitiad (justitia fl
   "daemon apps: restarted justitiad, running shapers register again"
   "daemon apps: kill -9 of an application, its flow reclaimed"
   "daemon apps: latency flow while the target is violated, admitted with a warning")
-done_checks=0
-pass() { result PASS "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); }
-failed=0
-# fail_one WHY: this check fails; the later ones, which do not depend on it, still run.
-fail_one() { result FAIL "${CHECKS[$done_checks]}" "$1"; done_checks=$((done_checks + 1)); failed=1; }
-fail_rest() { # WHY: this check fails, the later ones are reported as not run
-  result FAIL "${CHECKS[$done_checks]}" "$1"
-  local i
-  for ((i = done_checks + 1; i < ${#CHECKS[@]}; i++)); do
-    result FAIL "${CHECKS[$i]}" "not run: ${CHECKS[$done_checks]} failed"
-  done
-  cleanup
-  exit 1
-}
 
 run=$(mktemp -d /tmp/justitiad-apps.XXXXXX)
 metrics=127.0.0.1:19465

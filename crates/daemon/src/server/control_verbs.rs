@@ -46,12 +46,7 @@ impl Daemon {
         self.control_budgets_stale = false;
         let host = f64::from(self.config.control_verbs_per_sec);
         let burst = self.config.control_verb_burst;
-        let total: u64 = self
-            .pages
-            .values()
-            .filter(|p| p.clients > 0)
-            .map(|p| u64::from(p.weight))
-            .sum();
+        let total = self.connected_weight(None);
         for p in self.pages.values_mut() {
             let processes = u32::try_from(p.clients).unwrap_or(u32::MAX);
             let budget = (processes > 0)
@@ -82,12 +77,7 @@ impl Daemon {
             .get(&tenant)
             .filter(|p| p.clients > 0)
             .map_or((0, 0), |p| (p.weight, p.clients));
-        let others: u64 = self
-            .pages
-            .iter()
-            .filter(|(&t, p)| t != tenant && p.clients > 0)
-            .map(|(_, p)| u64::from(p.weight))
-            .sum();
+        let others = self.connected_weight(Some(tenant));
         let w = own.max(weight);
         tenant_budget(
             f64::from(self.config.control_verbs_per_sec),
@@ -96,6 +86,16 @@ impl Daemon {
             others + u64::from(w),
             u32::try_from(clients + 1).unwrap_or(u32::MAX),
         )
+    }
+
+    /// The weights of the tenants with a connected process, summed, leaving out `except`:
+    /// the divisor of the host's control-verb budget.
+    fn connected_weight(&self, except: Option<u64>) -> u64 {
+        self.pages
+            .iter()
+            .filter(|(&t, p)| Some(t) != except && p.clients > 0)
+            .map(|(_, p)| u64::from(p.weight))
+            .sum()
     }
 
     /// Adds a shaper's report to its tenant's counts.

@@ -11,7 +11,7 @@ use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
 use super::daemon::Daemon;
-use super::{forget, lookup};
+use super::{forget, lookup, qp_attr_ex};
 use crate::clock::{Clock, MonotonicClock, VirtualClock};
 use crate::engine::PacerMode;
 use crate::exports::{engine_from, on_create_cq};
@@ -31,18 +31,7 @@ fn create_qps(vars: &[(&str, &str)], n: usize) -> (Duration, crate::stats::Stats
     unsafe { on_create_cq(ctx, cq) };
     let mut qps = Vec::new();
     for _ in 0..n {
-        let mut attr = ibv_qp_init_attr_ex {
-            send_cq: cq,
-            recv_cq: cq,
-            qp_type: IBV_QPT_RC,
-            cap: ibv_qp_cap {
-                max_send_wr: 8,
-                max_send_sge: 1,
-                ..Default::default()
-            },
-            comp_mask: IBV_QP_INIT_ATTR_PD,
-            ..Default::default()
-        };
+        let mut attr = qp_attr_ex(cq, 8, 1, IBV_QP_INIT_ATTR_PD);
         // SAFETY: a live context, through the shaper's create_qp_ex.
         let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
         assert!(!qp.is_null());

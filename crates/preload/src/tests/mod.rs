@@ -176,6 +176,23 @@ fn qp_attr(cq: *mut ibv_cq, depth: u32) -> ibv_qp_init_attr {
     }
 }
 
+/// The extended attributes of an RC QP with `depth` send slots of `sges` SGEs each, whose
+/// send and receive CQ is `cq`, with `comp_mask`'s fields valid.
+fn qp_attr_ex(cq: *mut ibv_cq, depth: u32, sges: u32, comp_mask: u32) -> ibv_qp_init_attr_ex {
+    ibv_qp_init_attr_ex {
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: IBV_QPT_RC,
+        cap: ibv_qp_cap {
+            max_send_wr: depth,
+            max_send_sge: sges,
+            ..Default::default()
+        },
+        comp_mask,
+        ..Default::default()
+    }
+}
+
 /// Creates a QP with `attr` on the mock and tells the shaper, as its `ibv_create_qp` does.
 fn create_qp(dev: &MockDevice, mut attr: ibv_qp_init_attr) -> *mut ibv_qp {
     let qp = dev.create_qp(&mut attr);
@@ -890,18 +907,12 @@ fn wr_batches_are_collected_and_split() {
     let cq = dev.create_cq();
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
-    let mut attr = ibv_qp_init_attr_ex {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 32,
-            max_send_sge: 2,
-            ..Default::default()
-        },
-        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-        ..Default::default()
-    };
+    let mut attr = qp_attr_ex(
+        cq,
+        32,
+        2,
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    );
     // SAFETY: a live context, through the shaper's create_qp_ex.
     let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
     assert!(!qp.is_null());
@@ -959,18 +970,12 @@ fn observed_wr_batches_reach_the_provider_and_are_counted() {
     let cq = dev.create_cq();
     // SAFETY: cq was just created on ctx.
     unsafe { on_create_cq(ctx, cq) };
-    let mut attr = ibv_qp_init_attr_ex {
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: IBV_QPT_RC,
-        cap: ibv_qp_cap {
-            max_send_wr: 8,
-            max_send_sge: 1,
-            ..Default::default()
-        },
-        comp_mask: IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-        ..Default::default()
-    };
+    let mut attr = qp_attr_ex(
+        cq,
+        8,
+        1,
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    );
     // SAFETY: a live context.
     let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
     let qpx = qp.cast::<ibv_qp_ex>();
