@@ -87,6 +87,20 @@
 //!    follows the law's one chunk and fraction, stepped by [`AdaptiveLaw::update`] on the
 //!    host's observation.
 //!
+//! 9. Where the RNIC caches a bounded number of translation entries (MPT entries of memory
+//!    regions, MTT entries of pages), a throughput tenant's message is charged, besides its
+//!    one operation, the processing-unit time of each entry it brings into the tenant's
+//!    full share of the caches ([`translation`], [`AdaptiveLaw::translation_share`],
+//!    [`AdaptiveConfig::miss_operations`]): found from the pages each request reads, which
+//!    the host knows, not from the RNIC's hits, which it does not. A tenant of 64 B WRITEs
+//!    spread over 1024 regions of 64 MB, a new page each, is charged 9 operations a message
+//!    on RoCE-100-husky, and its operations pace holds it to its share of the units' time
+//!    rather than of message starts (2.9 M messages/s, where it took 12.4 M): counted as
+//!    one operation each, its misses held the processing units its queue pairs share with
+//!    the other tenants', and the throughput tenant beside it kept 0.29 of its tenant-fair
+//!    share, the bandwidth tenant (its small chunks each waiting for a unit) 0.45; charged,
+//!    2.65 and 2.40.
+//!
 //! Arrivals and departures change the plan at once: the driver calls
 //! [`AdaptiveLaw::plan`] whenever the counts change, so a bandwidth flow is unpaced in the
 //! same instant the last latency flow leaves.
@@ -96,9 +110,11 @@ use std::time::Duration;
 pub mod allotments;
 pub mod resources;
 pub mod tenants;
+pub mod translation;
 
 pub use resources::{charged_to, latency_paths, Resource};
 pub use tenants::{QueueBudget, TenantRoundRobin, TenantWeights};
+pub use translation::{Access, TranslationBudget, TranslationShare};
 
 /// Goal band: a latency flow's p99 within this multiple of alone.
 pub const DEFAULT_BAND: f64 = 1.2;
@@ -153,6 +169,17 @@ pub struct AdaptiveConfig {
     /// unknown, and a queue pair of the budget is served for one large chunk
     /// ([`AdaptiveLaw::context_turn_bytes`]).
     pub qp_context_miss: Duration,
+    /// MPT entries (one per memory region) the RNIC caches (0: not bounded, or unknown).
+    pub mpt_cache_entries: u32,
+    /// MTT entries (one per registered page) the RNIC caches (0: not bounded, or unknown).
+    pub mtt_cache_entries: u32,
+    /// How long a processing unit waits for a translation entry the RNIC does not cache (a
+    /// read of host memory) before it starts the message; zero: unknown, and no request is
+    /// charged for its memory ([`AdaptiveConfig::miss_operations`]).
+    pub translation_miss: Duration,
+    /// The processing units the RNIC starts messages on, each held while it waits for a
+    /// translation entry (0: unknown, and no request is charged for its memory).
+    pub processing_units: u32,
 }
 
 /// Why a configuration was refused.
@@ -187,7 +214,30 @@ impl AdaptiveConfig {
             qp_ops_per_sec: f64::INFINITY,
             qp_cache_entries: 0,
             qp_context_miss: Duration::ZERO,
+            mpt_cache_entries: 0,
+            mtt_cache_entries: 0,
+            translation_miss: Duration::ZERO,
+            processing_units: 0,
         }
+    }
+
+    /// The operations a request's `misses` translation entries not held cost besides its
+    /// own one ([`translation`]): each miss holds one of the `processing_units` for
+    /// `translation_miss`, that unit's part of the time in which the RNIC starts MaxTput
+    /// messages, so `translation_miss x MaxTput / processing_units` operations a miss,
+    /// rounded to whole operations; none when the miss time, MaxTput or the units are
+    /// unknown. Paced at its share of MaxTput, a tenant whose messages miss is then held
+    /// to the same share of the units' time. On RoCE-100-husky (600 ns a miss, 105 M
+    /// messages/s on 16 units) a region's and a page's miss cost 2 x 3.94 = 7.9
+    /// operations: 8.
+    pub fn miss_operations(&self, misses: u64) -> u64 {
+        let per_miss = self.translation_miss.as_secs_f64() * self.max_ops_per_sec
+            / f64::from(self.processing_units);
+        if !per_miss.is_finite() || per_miss <= 0.0 {
+            return 0;
+        }
+        // A float beyond u64 saturates.
+        (misses as f64 * per_miss).round() as u64
     }
 
     /// Payload bytes/s the transmitter drains in chunks of `chunk` bytes: MaxRate, or less
@@ -528,6 +578,30 @@ impl AdaptiveLaw {
         Plan {
             queue_budget: self.queue_budget(host),
             ..self.plan_split(charged, paths)
+        }
+    }
+
+    /// A tenant's share of the translation caches ([`translation`]): each bounded cache's
+    /// entries by the tenant's `weight` over L+B+T, at least one and at most the whole
+    /// cache. Nothing is bounded (0, never charged) for a cache of unknown size, or when
+    /// a miss's cost is unknown. On RoCE-100-husky (256 MPT and 1024 MTT entries) each of
+    /// four tenants of weight 1 keeps 64 regions and 256 pages.
+    pub fn translation_share(&self, weight: u32, o: &Observation) -> TranslationShare {
+        let c = &self.config;
+        if c.translation_miss.is_zero() {
+            return TranslationShare::default();
+        }
+        let total = o.tenants.total().max(1);
+        let share = |entries: u32| {
+            if entries == 0 {
+                return 0;
+            }
+            let held = u64::from(entries) * u64::from(weight.max(1)) / total;
+            u32::try_from(held).unwrap_or(u32::MAX).clamp(1, entries)
+        };
+        TranslationShare {
+            regions: share(c.mpt_cache_entries),
+            pages: share(c.mtt_cache_entries),
         }
     }
 
@@ -1083,6 +1157,106 @@ mod tests {
         // Nothing known beyond MaxRate: the payload.
         let bare = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
         assert_eq!(bare.charged_bytes(64, 4096), 64);
+    }
+
+    /// The translation charge by hand on RoCE-100-husky (256 MPT and 1024 MTT entries, 600
+    /// ns a miss, 16 processing units, MaxTput 105 M messages/s, 13 M a queue pair). Four
+    /// tenants of weight 1 (a latency, a bandwidth and two throughput tenants) keep 64
+    /// regions and 256 pages each; a tenant of weight 2 among five units of weight, 102
+    /// and 409. A miss holds one unit of 16 for 600 ns, 600e-9 x 105e6 / 16 = 3.94
+    /// operations: one is charged 4, a region's and a page's together 7.875, 8.
+    ///
+    /// The husky-mtt attacker: 64 B WRITEs, message k in region k mod 1024 at page k div
+    /// 1024. Its first 64 messages fill its regions and pages (nothing charged), the next
+    /// 192 each bring a region in place of one of its own (4 operations) while its pages
+    /// fill, and from message 256 on each brings a region and a page (8): 1 + 8 = 9
+    /// operations a message. Its throughput share, a quarter of MaxTput (its 16 queue
+    /// pairs and the victim's one post up to 17 x 13 M, above MaxTput), is 26.25 M
+    /// operations/s: 2.917 M messages/s, where counted as one operation each it posted
+    /// 12.4 M, all it could. A victim walking 255 pages of one region, a page a message,
+    /// fits its share and is never charged.
+    #[test]
+    fn a_tenant_walking_more_memory_than_its_share_is_charged_its_misses() {
+        let config = AdaptiveConfig {
+            max_ops_per_sec: 105e6,
+            qp_ops_per_sec: 13e6,
+            mpt_cache_entries: 256,
+            mtt_cache_entries: 1024,
+            translation_miss: Duration::from_nanos(600),
+            processing_units: 16,
+            ..AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20)
+        };
+        let law = AdaptiveLaw::new(config).expect("valid");
+        let o = Observation {
+            tenants: weights(1, 1, 2),
+            target99: Some(us(2.0)),
+            ..Observation::default()
+        };
+        let share = law.translation_share(1, &o);
+        assert_eq!(
+            share,
+            TranslationShare {
+                regions: 64,
+                pages: 256
+            }
+        );
+        let heavier = Observation {
+            tenants: weights(1, 2, 2),
+            ..o
+        };
+        assert_eq!(
+            law.translation_share(2, &heavier),
+            TranslationShare {
+                regions: 102,
+                pages: 409
+            }
+        );
+        assert_eq!(config.miss_operations(1), 4);
+        assert_eq!(config.miss_operations(2), 8);
+        let mut budget = TranslationBudget::new();
+        let charged: Vec<u64> = (0..300u64)
+            .map(|k| {
+                let misses = budget.touch(
+                    &"attacker",
+                    share,
+                    &Access {
+                        region: k % 1024,
+                        first_page: k / 1024,
+                        pages: 1,
+                    },
+                );
+                config.miss_operations(misses)
+            })
+            .collect();
+        assert!(charged[..64].iter().all(|&ops| ops == 0));
+        assert!(charged[64..256].iter().all(|&ops| ops == 4));
+        assert!(charged[256..].iter().all(|&ops| ops == 8));
+        let share_of = law.plan(&o).throughput_share.expect("paced");
+        let ops = law.throughput_ops_per_sec(share_of, 1, 1, 16, 17);
+        assert!((ops - 26.25e6).abs() < 1e-3, "{ops}");
+        let messages = ops / (1.0 + 8.0);
+        assert!((messages - 2.9167e6).abs() < 1e2, "{messages}");
+        let victim: u64 = (0..1000u64)
+            .map(|k| {
+                budget.touch(
+                    &"victim",
+                    share,
+                    &Access {
+                        region: 5000,
+                        first_page: k % 255,
+                        pages: 1,
+                    },
+                )
+            })
+            .sum();
+        assert_eq!(victim, 0);
+        // Unknown caches or miss time: nothing bounded, nothing charged.
+        let unknown = ib56();
+        assert_eq!(
+            unknown.translation_share(1, &o),
+            TranslationShare::default()
+        );
+        assert_eq!(unknown.config().miss_operations(100), 0);
     }
 
     /// Throughput flows without latency flows: paced in one-packet chunks at full fraction.

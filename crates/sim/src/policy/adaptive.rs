@@ -55,7 +55,7 @@ use justitia_core::adaptive::{
     charged_to, latency_paths, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
     Resource, TenantRoundRobin, TenantWeights,
 };
-use justitia_core::flow::{FlowClass, FlowSpec};
+use justitia_core::flow::{FlowClass, FlowSpec, TenantId};
 use justitia_core::pacer::{PaceRate, Pacer};
 
 use super::control_verbs::ControlVerbShaper;
@@ -63,6 +63,7 @@ use super::justitia::{core_time, JustitiaError, JustitiaParams, LoopDriver};
 use super::paced::{self, PacedShaper};
 use super::preempt::PreemptParams;
 use super::split::{SideChannel, SplitSender};
+use super::translation::TranslationCharge;
 use super::{ControlCall, FlowInfo, Policy, PolicyContext, PolicyFigures, PolicyMessage};
 use crate::model_profile::ModelProfile;
 use crate::rnic::{Opcode, QpId, WorkRequest};
@@ -534,6 +535,12 @@ impl AdaptivePolicy {
             // one DMA read round trip (`crate::rnic`, step 2).
             qp_context_miss: Duration::try_from_secs_f64(profile.pcie.read_latency_ns * 1e-9)
                 .unwrap_or(Duration::ZERO),
+            // The translation caches the profile gives the RNIC, and what a miss costs.
+            mpt_cache_entries: profile.rnic.mpt_cache_entries,
+            mtt_cache_entries: profile.rnic.mtt_cache_entries,
+            translation_miss: Duration::try_from_secs_f64(profile.rnic.translation_miss_ns * 1e-9)
+                .unwrap_or(Duration::ZERO),
+            processing_units: profile.rnic.processing_units,
             ..AdaptiveConfig::for_rnic(
                 profile.policy.max_rate_bytes_per_sec(),
                 profile.mtu(),
@@ -656,6 +663,18 @@ impl AdaptivePolicy {
                 .iter()
                 .filter_map(|(id, &qps)| self.present.get(id).map(|&spec| HostFlow { spec, qps }))
                 .collect();
+            if let Some(charge) = throughput.translation_mut() {
+                let mut weights: BTreeMap<TenantId, u32> = BTreeMap::new();
+                for f in &present {
+                    let w = weights.entry(f.spec.tenant).or_insert(0);
+                    *w = (*w).max(f.spec.weight.get());
+                }
+                charge.set_shares(
+                    weights
+                        .into_iter()
+                        .map(|(t, w)| (t, self.law.translation_share(w, host))),
+                );
+            }
             for (id, ops) in throughput_paces(&self.law, &plan, &present) {
                 let rate = ops.map(|ops| PaceRate {
                     bytes_per_sec: self.wire_bytes_per_sec,
@@ -748,7 +767,10 @@ impl Policy for AdaptivePolicy {
             let qps = u32::try_from(f.qps.len()).unwrap_or(u32::MAX);
             self.throughput_qps.insert(f.spec.id.0, qps);
         }
-        self.throughput = Some(PacedShaper::new(&throughput));
+        self.throughput = Some(
+            PacedShaper::new(&throughput)
+                .with_translation(TranslationCharge::new(*self.law.config())),
+        );
         for f in flows
             .iter()
             .filter(|f| f.spec.class != FlowClass::Bandwidth)

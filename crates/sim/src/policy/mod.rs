@@ -36,10 +36,12 @@ pub mod reference;
 pub mod split;
 #[cfg(test)]
 mod test_host;
+pub mod translation;
 pub mod yielding;
 
 use std::collections::{BTreeMap, VecDeque};
 
+use justitia_core::adaptive::Access;
 use justitia_core::flow::FlowSpec;
 use serde::{Deserialize, Serialize};
 
@@ -285,6 +287,19 @@ impl PolicyContext<'_> {
             inline: true,
         };
         self.fabric.post(qp, wr, self.queue);
+    }
+
+    /// The memory request `wr` reads its payload from if it is the next one posted on `qp`,
+    /// as the core's translation charge counts it: what a shaper knows from the request
+    /// itself (its region, address and length, and the region's page size); `None` when the
+    /// RNIC reads no payload for it (inline, empty, or a READ).
+    pub fn payload_pages(&self, qp: QpId, wr: &WorkRequest) -> Option<Access> {
+        let (mr, first_page, pages) = self.fabric.next_payload_pages(qp, wr)?;
+        Some(Access {
+            region: u64::from(mr),
+            first_page,
+            pages,
+        })
     }
 
     /// The queue pair at the other end of `qp`'s connection.

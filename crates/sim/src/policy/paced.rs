@@ -25,6 +25,7 @@ use justitia_core::flow::{FlowClass, FlowId};
 use justitia_core::pacer::{PaceRate, Pacer, ReleasePhase};
 
 use super::split::{SideChannel, SplitSender};
+use super::translation::TranslationCharge;
 use super::{FlowInfo, PolicyContext};
 use crate::rnic::{Opcode, QpId, WorkRequest};
 use crate::time::Picos;
@@ -137,6 +138,9 @@ pub struct PacedShaper {
     split_sends: bool,
     /// The sending half of each queue pair with announced SENDs.
     senders: BTreeMap<QpId, SplitSender>,
+    /// What each request costs the translation caches beyond its one operation (`None`:
+    /// nothing).
+    translation: Option<TranslationCharge>,
 }
 
 fn duration(t: Picos) -> Duration {
@@ -156,6 +160,7 @@ impl PacedShaper {
             activity: Vec::new(),
             split_sends: false,
             senders: BTreeMap::new(),
+            translation: None,
         };
         for info in flows {
             let index = shaper.flows.len();
@@ -186,6 +191,18 @@ impl PacedShaper {
     pub fn with_split_sends(mut self) -> Self {
         self.split_sends = true;
         self
+    }
+
+    /// Charges each request the flows hand the RNIC what `charge` says it costs the
+    /// translation caches, in operations on top of its own one.
+    pub fn with_translation(mut self, charge: TranslationCharge) -> Self {
+        self.translation = Some(charge);
+        self
+    }
+
+    /// The translation charge, if there is one.
+    pub fn translation_mut(&mut self) -> Option<&mut TranslationCharge> {
+        self.translation.as_mut()
     }
 
     /// Hands the announcements made since the last call to the side channel.
@@ -476,21 +493,29 @@ impl PacedShaper {
                 f.head = None;
             }
             f.in_flight += 1;
+            let spec = f.info.spec;
             let tag = self.track(InFlight {
                 app_tag,
                 last: is_last,
                 flow: Some(index),
                 split,
             });
-            ctx.post(
-                qp,
-                WorkRequest {
-                    tag,
-                    opcode,
-                    bytes,
-                    inline,
-                },
-            );
+            let wr = WorkRequest {
+                tag,
+                opcode,
+                bytes,
+                inline,
+            };
+            if let Some(charge) = &mut self.translation {
+                // Charged once released, before the post moves the queue pair's walk on:
+                // the pacer let it go on its balance, and the next request waits for this
+                // one's full cost.
+                let extra = charge.extra_operations(ctx, &spec, qp, &wr);
+                if let Some(pacer) = self.flows[index].pacer.as_mut().filter(|_| extra > 0) {
+                    pacer.charge(0, extra);
+                }
+            }
+            ctx.post(qp, wr);
         }
         self.note_idle(index);
     }

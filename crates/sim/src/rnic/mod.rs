@@ -650,6 +650,21 @@ impl Fabric {
         self.qps[qp.index()].peer
     }
 
+    /// The memory the RNIC will read the payload of `wr` from if it is the next request
+    /// posted on `qp`: (region, first page, pages), what the application's request says
+    /// (its region, address and length); `None` when it reads none (inline, empty, or a
+    /// READ, whose payload the responder reads). Leaves the queue pair's walk where it was.
+    pub(crate) fn next_payload_pages(&self, qp: QpId, wr: &WorkRequest) -> Option<(u32, u64, u64)> {
+        let inline = wr.inline && wr.bytes <= self.costs.max_inline;
+        if inline || wr.bytes == 0 || wr.opcode == Opcode::Read {
+            return None;
+        }
+        let mut layout = self.qps[qp.index()].memory;
+        let placement = layout.place(wr.bytes);
+        let (first, pages) = layout.pages(placement.at, wr.bytes);
+        Some((placement.mr, first, pages))
+    }
+
     /// The host a queue pair lives on.
     pub(crate) fn host_of(&self, qp: QpId) -> HostId {
         self.qps[qp.index()].host
