@@ -70,6 +70,12 @@ impl TestHost {
         }
     }
 
+    /// The queue pairs `qps` of one flow read their messages from `mrs` regions of
+    /// `mr_bytes` each, 4 KB pages, the walk from offset 0 (see `rnic::memory`).
+    pub(crate) fn set_memory(&mut self, qps: &[QpId], mrs: u32, mr_bytes: u64) {
+        self.fabric.set_memory(qps, mrs, mr_bytes, 4096, 0);
+    }
+
     /// What the driver may do, now.
     pub(crate) fn ctx(&mut self) -> PolicyContext<'_> {
         PolicyContext {
