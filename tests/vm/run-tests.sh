@@ -88,6 +88,16 @@ if [ "$apps" != - ]; then
   fi
 fi
 
+# The Debian 11 image's root (tests/vm/guest/cdi.sh): bullseye's packages from
+# deb.debian.org unpacked, and dlopen_app built for glibc 2.17; in $apps/old-glibc-root.
+if [ "$apps" != - ]; then
+  echo "vm: assembling the glibc 2.31 image's root (tests/vm/apps/build-old-glibc-root.sh) into $apps/old-glibc-root (at ${SECONDS} s)"
+  if ! tests/vm/apps/build-old-glibc-root.sh "$apps/old-glibc-root" > "$target/vm-old-glibc.build.log" 2>&1; then
+    echo "FAIL assemble the glibc 2.31 image's root: $(grep -m1 'build-old-glibc-root.sh:' "$target/vm-old-glibc.build.log") (log: $target/vm-old-glibc.build.log)"
+    fails=$((fails + 1))
+  fi
+fi
+
 daemon_bins=-
 echo "vm: building justitiad, justitia and the daemon's test tools (release) (at ${SECONDS} s)"
 if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \

@@ -15,16 +15,20 @@
 //!
 //! Invariants:
 //! - glibc's `dlsym` and `dlvsym` are found without calling either (which would reach
-//!   these very functions): by their names in libc's own dynamic symbol table, through
-//!   `dl_iterate_phdr` and its GNU hash table, once, in the library's constructor.
+//!   these very functions): by their names in libc's own dynamic symbol table, or in
+//!   libdl's where glibc before 2.34 keeps them (Debian 11, Ubuntu 20.04, RHEL 8), through
+//!   `dl_iterate_phdr` and its GNU hash table: in the library's constructor, and again at
+//!   a call while they are not found (a program may load libdl only later, with a library
+//!   it opens).
 //! - `RTLD_NEXT` is relative to the caller: an entry reached with it jumps to glibc's
 //!   function with the caller's return address in place (`dl_next`), so glibc searches
 //!   after the caller's object, not after this library.
 //! - The shaper's own look-ups of the real verbs ([`crate::exports`]) run with
 //!   `crate::ffi::ResolvingReal` held, and get glibc's answer unchanged: else the shaper's entry
 //!   would be its own real verb.
-//! - Should glibc's functions not be found (not glibc), the entries answer null and it is
-//!   said once on stderr; the shaper cannot be reached through handles then.
+//! - Should glibc's functions not be found when a program calls one of these entries, the
+//!   entry answers null and it is said once on stderr; a program that never calls them
+//!   hears nothing.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -183,30 +187,50 @@ unsafe fn find_symbol(info: &libc::dl_phdr_info, name: &CStr) -> *mut c_void {
     }
 }
 
-/// Finds glibc's `dlsym` and `dlvsym` (once; said once on stderr if they are not found).
-fn find_glibc() {
+/// The objects glibc's `dlsym` and `dlvsym` live in: libc since glibc 2.34, libdl before.
+const DL_OBJECTS: [&[u8]; 2] = [b"libc.so", b"libdl.so"];
+
+/// Finds glibc's `dlsym` and `dlvsym` unless found already; whether they are.
+fn find_glibc() -> bool {
     if !JUSTITIA_REAL_DLSYM.load(Ordering::Acquire).is_null() {
-        return;
+        return true;
     }
-    let dlsym = lookup_in_object(b"libc.so", c"dlsym");
-    let dlvsym = lookup_in_object(b"libc.so", c"dlvsym");
-    if dlsym.is_null() || dlvsym.is_null() {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            log!(
-                Warn,
-                "glibc's dlsym is not found in this process; programs that look verbs up with dlsym/dlvsym on a libibverbs handle (NCCL, ctypes) pass through unshaped"
-            );
+    for object in DL_OBJECTS {
+        let dlsym = lookup_in_object(object, c"dlsym");
+        let dlvsym = lookup_in_object(object, c"dlvsym");
+        if !dlsym.is_null() && !dlvsym.is_null() {
+            JUSTITIA_REAL_DLVSYM.store(dlvsym, Ordering::Release);
+            JUSTITIA_REAL_DLSYM.store(dlsym, Ordering::Release);
+            return true;
         }
-        return;
     }
-    JUSTITIA_REAL_DLVSYM.store(dlvsym, Ordering::Release);
-    JUSTITIA_REAL_DLSYM.store(dlsym, Ordering::Release);
+    false
 }
 
-/// Runs at load, before the program can call `dlsym` through this library.
+/// Finds glibc's functions for a call of the program's; says once on stderr when they are
+/// not found, since the call then answers null.
+fn find_glibc_for_a_call() {
+    if find_glibc() {
+        return;
+    }
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        log!(
+            Warn,
+            "glibc's dlsym is not found in this process (neither in libc nor in libdl); dlsym and dlvsym answer null"
+        );
+    }
+}
+
+/// Runs at load, before the program can call `dlsym` through this library. Silent: a
+/// process without libdl before glibc 2.34 cannot call `dlsym` until it loads libdl.
 extern "C" fn at_load() {
-    crate::ffi::guarded(find_glibc, || ());
+    crate::ffi::guarded(
+        || {
+            find_glibc();
+        },
+        || (),
+    );
 }
 
 #[used]
@@ -299,7 +323,7 @@ unsafe extern "C" fn justitia_dlsym_handle(
     handle: *mut c_void,
     name: *const c_char,
 ) -> *mut c_void {
-    find_glibc();
+    find_glibc_for_a_call();
     let real = JUSTITIA_REAL_DLSYM.load(Ordering::Acquire);
     if real.is_null() {
         return std::ptr::null_mut();
@@ -319,7 +343,7 @@ unsafe extern "C" fn justitia_dlvsym_handle(
     name: *const c_char,
     version: *const c_char,
 ) -> *mut c_void {
-    find_glibc();
+    find_glibc_for_a_call();
     let real = JUSTITIA_REAL_DLVSYM.load(Ordering::Acquire);
     if real.is_null() {
         return std::ptr::null_mut();
@@ -385,7 +409,7 @@ mod tests {
     /// dynamic linker gives (this test binary does not interpose them).
     #[test]
     fn glibc_dlsym_and_dlvsym_are_found_in_libcs_table() {
-        find_glibc();
+        assert!(find_glibc());
         assert_eq!(
             JUSTITIA_REAL_DLSYM.load(Ordering::Acquire),
             libc::dlsym as *mut c_void

@@ -49,6 +49,13 @@
 #    the shaper's statistics count its WRITEs split, and the image's interposer counted
 #    the device's opening: both loaded. A check of its own, which the later ones do not
 #    depend on.
+#    A Debian 11 image (glibc 2.31, rdma-core 33.2, perftest 4.4; APPS/old-glibc-root from
+#    tests/vm/apps/build-old-glibc-root.sh) given the shaped device: its ib_write_bw is
+#    shaped from the list (requests split), and dlopen_app (built for glibc 2.17), which
+#    finds every verb with dlsym on libibverbs' handle as NCCL does, exits 0 with its
+#    256 KiB WRITE split, the shaper having found dlsym in glibc 2.31's libdl; the build
+#    linked against this machine's glibc (HOST_LIB, cargo's) preloaded into the same image
+#    stops ibv_devinfo at load ("version `GLIBC_2.3x' not found"). Also a check of its own.
 # 5. What escapes is seen: with every container's RC queue pair held for 30 s, justitiad
 #    lists a static program (rdma-core linked in) in a shaped container and a program
 #    given rxe0-unshaped as unshaped (`justitia flows --unshaped`), with their containers'
@@ -85,6 +92,9 @@ APPS=$5
 PLUGIN=$6
 PODRUN=$7
 MUSL_LIB=$(dirname "$(dirname "$LIB")")/musl/libjustitia.so
+# The build cargo links against this machine's glibc (cargo test makes it), which the old
+# glibc check shows stopping a program at load.
+HOST_LIB=${HOST_LIB:-$PWD/target/debug/libjustitia.so}
 # shellcheck source=tests/vm/guest/daemon-lib.sh
 source "$(dirname "$0")/daemon-lib.sh"
 # shellcheck source=tests/vm/guest/container-lib.sh
@@ -103,6 +113,7 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: the container's own JUSTITIA_CLASS wins over the device's default"
   "cdi: podman: a musl image gets the musl build from the precreate hook (unshaped without it); a glibc program gets the shaper from the list, a set-user-ID one reads none of its variables"
   "cdi: podman: a musl verbs program's checked RDMA WRITEs are split by the musl build the hook preloads after the image's own interposer, and run unshaped without the hook"
+  "cdi: podman: a Debian 11 image (glibc 2.31) runs ib_write_bw and a dlopen program shaped, where the host-linked build stops it at load"
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
@@ -132,7 +143,7 @@ cleanup() {
 trap 'cleanup; exit 124' TERM
 
 for f in "$BIN/justitiad" "$BIN/justitia" "$LIB" "$MUSL_LIB" "$VALIDATOR" "$APPS/libopen_counter.so" \
-  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/libopen_counter.musl.so" "$APPS/static_qp" "$APPS/qp_holder" "$PLUGIN" "$PODRUN"; do
+  "$APPS/libc_probe" "$APPS/libc_probe.musl" "$APPS/libopen_counter.musl.so" "$HOST_LIB" "$APPS/static_qp" "$APPS/qp_holder" "$PLUGIN" "$PODRUN"; do
   [ -e "$f" ] || fail_rest "$f is not built"
 done
 command -v podman > /dev/null && command -v runc > /dev/null && command -v containerd > /dev/null \
@@ -420,6 +431,70 @@ musl_write_check() {
   pass "musl_write (libibverbs and rxe built with musl-gcc): without the hook: exit 0, no statistics; with it: exit 0, $wrote, split_requests=$split, chunks=$chunks, daemon_connections=$(stat_field "$STATS" daemon_connections); the image's interposer: $counted"
 }
 musl_write_check
+
+# 4c. An image with a glibc older than 2.34 (Debian 11's packages), where the host-linked
+# build stops every program at load. Its failure is its own.
+old_glibc_check() {
+  local root=$APPS/old-glibc-root rc split dl_split result
+  if [ ! -x "$root/usr/bin/ib_write_bw" ] || [ ! -x "$root/usr/bin/dlopen_app" ]; then
+    fail_one "$root is not assembled (tests/vm/apps/build-old-glibc-root.sh failed or was not run)"
+    return
+  fi
+  mkdir -p "$root/results"
+  if ! tar -C "$root" -cf "$run/old-glibc.tar" . \
+    || ! timeout 120 "${podman[@]}" import "$run/old-glibc.tar" localhost/justitia-test-glibc231 >> "$L.import.log" 2>&1; then
+    fail_one "cannot import the Debian 11 image: $(tail -n 2 "$L.import.log" | tr '\n' ' ')"
+    return
+  fi
+  rm -f "$out"/stats.*.json
+  # Debian 11's ib_write_bw (perftest 4.4+0.37, rdma-core 33.2) given the shaped device:
+  # the shaper from the list, its WRITEs split.
+  pair old-glibc container old-glibc 150 localhost/justitia-test-glibc231 rxe0-bandwidth \
+    -e "JUSTITIA_STATS=/results/stats.%p.json" -- "${WRITE_CLIENT[@]}"
+  if [ -n "$PAIR_ERR" ]; then
+    fail_one "Debian 11's ib_write_bw: $PAIR_ERR"
+    return
+  fi
+  if ! stats_of old-glibc; then
+    fail_one "Debian 11's ib_write_bw: no statistics, the shaper was not loaded ($(head -c 300 "$L.old-glibc.log" | tr '\n' ' '))"
+    return
+  fi
+  split=$(stat_field "$STATS" split_requests)
+  if [ "${split:-0}" -lt 1 ]; then
+    fail_one "Debian 11's ib_write_bw: no request split: $(tr -d '\n ' < "$STATS")"
+    return
+  fi
+  # A program that finds the verbs with dlsym on libibverbs' handle, as NCCL does: glibc
+  # 2.31 keeps dlsym in libdl, where the shaper must find it to answer with its entries.
+  container old-glibc-dlopen 90 localhost/justitia-test-glibc231 rxe0-bandwidth -e JUSTITIA_CLASS=bandwidth \
+    -e JUSTITIA_CHUNK=16K -e "JUSTITIA_STATS=/results/stats.%p.json" -- /usr/bin/dlopen_app "$DEV"
+  rc=$?
+  result=$(grep -m1 -o 'dlopen_app: result .*' "$L.old-glibc-dlopen.log")
+  if [ "$rc" != 0 ] || [ -z "$result" ]; then
+    fail_one "dlopen_app in Debian 11: exit $rc: $(head -c 300 "$L.old-glibc-dlopen.log" | tr '\n' ' ')"
+    return
+  fi
+  if ! stats_of old-glibc-dlopen; then
+    fail_one "dlopen_app in Debian 11: no statistics ($(head -c 300 "$L.old-glibc-dlopen.log" | tr '\n' ' '))"
+    return
+  fi
+  dl_split=$(stat_field "$STATS" split_requests)
+  if [ "${dl_split:-0}" -lt 1 ]; then
+    fail_one "dlopen_app in Debian 11: its 256 KiB WRITE was not split, so its verbs found through dlsym bypassed the shaper: $(tr -d '\n ' < "$STATS"); it said: $(grep -m1 justitia "$L.old-glibc-dlopen.log")"
+    return
+  fi
+  # The mechanism removed: the build linked against this machine's glibc, preloaded the
+  # same way, stops the program at load.
+  container old-glibc-host-build 60 localhost/justitia-test-glibc231 rxe0-unshaped \
+    -v "$HOST_LIB:/opt/host/libjustitia.so:ro" -e LD_PRELOAD=/opt/host/libjustitia.so -- /usr/bin/ibv_devinfo -d "$DEV"
+  rc=$?
+  if [ "$rc" = 0 ] || ! grep -q "version .GLIBC_2\.3[0-9]*. not found" "$L.old-glibc-host-build.log"; then
+    fail_one "the host-linked build should have stopped ibv_devinfo at load: exit $rc: $(head -c 300 "$L.old-glibc-host-build.log" | tr '\n' ' ')"
+    return
+  fi
+  pass "Debian 11 (glibc 2.31): ib_write_bw shaped from the list, split_requests=$split; dlopen_app (verbs through dlsym on the handle) exit 0, split_requests=$dl_split; the host-linked build: exit $rc, $(grep -m1 -o "version .GLIBC_2\.3[0-9]*. not found" "$L.old-glibc-host-build.log")"
+}
+old_glibc_check
 
 # 5. What escapes, seen by the daemon: a static program in a shaped container, and a
 # program given the unshaped device, each holding an RC queue pair, are listed unshaped
