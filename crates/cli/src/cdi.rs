@@ -32,8 +32,9 @@
 //!
 //! musl's dynamic linker reads no preload list: the musl build is bound at
 //! [`CONTAINER_MUSL_LIBRARY`], and `justitia oci-hook precreate` (podman's precreate hook)
-//! adds it to a musl container's `LD_PRELOAD`; without that hook a musl image runs
-//! unshaped unless it adds the musl build itself, and justitiad lists its QPs as unshaped. Static programs load no shared object and are not shaped
+//! or the runtime wrapper `justitia-runc` (containerd, CRI-O) adds it to a musl container's
+//! `LD_PRELOAD`; without either a musl image runs unshaped unless it adds the musl build
+//! itself, and justitiad lists its QPs as unshaped. Static programs load no shared object and are not shaped
 //! either. The list also overrides an image's own `/etc/ld.so.preload`, which images do
 //! not normally have. A set-user-ID program loads the shaper from the list too, and the
 //! shaper then passes everything through without reading its variables.

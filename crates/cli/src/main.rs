@@ -81,6 +81,20 @@ enum SetCommand {
 }
 
 fn main() -> ExitCode {
+    // Started as the OCI runtime wrapper (a link of that name), it speaks runc's command
+    // line, not this one's.
+    let mut args = std::env::args_os();
+    let invoked = args.next().unwrap_or_default();
+    if std::path::Path::new(&invoked)
+        .file_name()
+        .is_some_and(|name| name == oci_hook::RUNTIME_WRAPPER_NAME)
+    {
+        let args: Vec<_> = args.collect();
+        if let Err(err) = oci_hook::run_runtime(&args) {
+            eprintln!("justitia-runc: {}", describe(&err));
+        }
+        return ExitCode::from(127);
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

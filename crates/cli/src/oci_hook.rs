@@ -31,6 +31,15 @@
 //! reason goes to standard error in one line (which podman discards; run by hand, it
 //! explains). It exits non-zero only when it cannot write its output.
 //!
+//! Runtimes that run no precreate hook (containerd, CRI-O: Kubernetes' nodes) get the same
+//! edit from [`run_runtime`], a wrapper of the OCI runtime in the manner of
+//! `nvidia-container-runtime`: `justitia` started under the name `justitia-runc` (a link
+//! named so, which containerd's `BinaryName` or CRI-O's `runtime_path` names) edits the
+//! bundle's `config.json` on `create` and `run` (whose `root.path` is relative to the
+//! bundle, the root file system mounted there by then), then executes the real runtime
+//! with the same arguments. Whatever it cannot read or write, it leaves, and the real
+//! runtime runs as if called directly.
+//!
 //! Invariant: the output is the input unchanged, or the input's JSON with exactly one
 //! `process.env` entry (`LD_PRELOAD`) added or extended.
 
@@ -135,6 +144,12 @@ pub fn run(args: &OciHookArgs) -> Result<()> {
 
 /// The precreate decision for one configuration (module docs: when it changes one).
 pub fn precreate(input: &[u8]) -> Outcome {
+    edit(input, None)
+}
+
+/// The decision for one configuration whose `root.path` may be relative to `bundle` (a
+/// runtime's `create` reads it so); without a bundle it must be absolute.
+fn edit(input: &[u8], bundle: Option<&Path>) -> Outcome {
     let mut config: Value = match serde_json::from_slice(input) {
         Ok(config) => config,
         Err(err) => return Outcome::Unchanged(format!("not a JSON configuration: {err}")),
@@ -145,12 +160,15 @@ pub fn precreate(input: &[u8]) -> Outcome {
     let Some(root) = config.pointer("/root/path").and_then(Value::as_str) else {
         return Outcome::Unchanged("no root.path".into());
     };
-    let root = Path::new(root);
-    if !root.is_absolute() {
+    let root = match (Path::new(root), bundle) {
+        (root, _) if root.is_absolute() => root.to_path_buf(),
+        (root, Some(bundle)) => bundle.join(root),
         // Relative to a bundle directory the hook is not told of.
-        return Outcome::Unchanged(format!("root.path {} is not absolute", root.display()));
-    }
-    match image_libc(root) {
+        (root, None) => {
+            return Outcome::Unchanged(format!("root.path {} is not absolute", root.display()))
+        }
+    };
+    match image_libc(&root) {
         ImageLibc::Musl => {}
         other => return Outcome::Unchanged(format!("the image's C library: {other:?}")),
     }
@@ -196,6 +214,92 @@ pub fn precreate(input: &[u8]) -> Outcome {
         Ok(output) => Outcome::Preloaded(output, preload),
         Err(err) => Outcome::Unchanged(format!("cannot serialise the configuration: {err}")),
     }
+}
+
+/// The name `justitia` answers to as the runtime wrapper.
+pub const RUNTIME_WRAPPER_NAME: &str = "justitia-runc";
+
+/// Where the real runtime is looked for when `JUSTITIA_RUNTIME` does not name it.
+const RUNTIMES: [&str; 4] = [
+    "/usr/sbin/runc",
+    "/usr/bin/runc",
+    "/usr/local/sbin/runc",
+    "/usr/local/bin/runc",
+];
+
+/// Runs as the OCI runtime wrapper: `args` are the runtime's (without the program name).
+/// Edits the bundle's configuration on `create` or `run`, then executes the real runtime
+/// (`JUSTITIA_RUNTIME`, or runc where distributions install it); returns only when that
+/// cannot be executed.
+pub fn run_runtime(args: &[OsString]) -> Result<()> {
+    if let Some(bundle) = bundle_of(args) {
+        let config = bundle.join("config.json");
+        match std::fs::read(&config) {
+            Ok(input) => match edit(&input, Some(&bundle)) {
+                Outcome::Preloaded(output, preload) => {
+                    if let Err(err) = replace_file(&config, &output) {
+                        eprintln!(
+                            "justitia-runc: cannot write {}: {err}; the container starts unshaped",
+                            config.display()
+                        );
+                    } else {
+                        eprintln!("justitia-runc: a musl image: LD_PRELOAD={preload}");
+                    }
+                }
+                Outcome::Unchanged(_) => {}
+            },
+            Err(err) => eprintln!("justitia-runc: cannot read {}: {err}", config.display()),
+        }
+    }
+    let runtime = std::env::var_os("JUSTITIA_RUNTIME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            RUNTIMES
+                .iter()
+                .map(PathBuf::from)
+                .find(|path| path.is_file())
+        })
+        .context("no OCI runtime: set JUSTITIA_RUNTIME or install runc")?;
+    let err =
+        std::os::unix::process::CommandExt::exec(std::process::Command::new(&runtime).args(args));
+    Err(err).with_context(|| format!("executing {}", runtime.display()))
+}
+
+/// The bundle directory of a runtime command that creates a container (`create` or
+/// `run`): its `--bundle`/`-b` value, else the working directory; `None` for any other
+/// command.
+fn bundle_of(args: &[OsString]) -> Option<PathBuf> {
+    let command = args
+        .iter()
+        .position(|arg| arg == "create" || arg == "run")?;
+    let rest = &args[command + 1..];
+    for (i, arg) in rest.iter().enumerate() {
+        let Some(text) = arg.to_str() else {
+            continue;
+        };
+        if let Some(value) = text
+            .strip_prefix("--bundle=")
+            .or_else(|| text.strip_prefix("-b="))
+        {
+            return Some(PathBuf::from(value));
+        }
+        if text == "--bundle" || text == "-b" {
+            return rest.get(i + 1).map(PathBuf::from);
+        }
+    }
+    std::env::current_dir().ok()
+}
+
+/// Writes `bytes` over `path` whole (a temporary file beside it, renamed), keeping its
+/// permissions, so that the runtime never reads a partial configuration.
+fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let permissions = std::fs::metadata(path)?.permissions();
+    let mut temporary = path.as_os_str().to_os_string();
+    temporary.push(".justitia");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, bytes)?;
+    std::fs::set_permissions(&temporary, permissions)?;
+    std::fs::rename(&temporary, path)
 }
 
 /// Whether one of the configuration's mounts puts something at the musl build's path.
@@ -414,6 +518,75 @@ mod tests {
             precreate(&serde_json::to_vec(&relative).unwrap()),
             Outcome::Unchanged(reason) if reason.contains("not absolute")
         ));
+    }
+
+    /// As a runtime's `create` sees it: `root.path` relative to the bundle.
+    #[test]
+    fn a_bundle_relative_root_is_read_in_the_bundle() {
+        let bundle = image(&["rootfs/lib/ld-musl-x86_64.so.1"]);
+        let mut config: Value =
+            serde_json::from_slice(&config(&bundle.path().join("rootfs"), &[], true)).unwrap();
+        config["root"]["path"] = Value::from("rootfs");
+        let input = serde_json::to_vec(&config).unwrap();
+        assert!(matches!(
+            edit(&input, Some(bundle.path())),
+            Outcome::Preloaded(_, preload) if preload == CONTAINER_MUSL_LIBRARY
+        ));
+        assert!(matches!(precreate(&input), Outcome::Unchanged(_)));
+    }
+
+    #[test]
+    fn the_bundle_is_found_as_runc_is_called() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        let bundle = |list: &[&str]| bundle_of(&args(list));
+        assert_eq!(
+            bundle(&[
+                "--root",
+                "/run/runc",
+                "--log",
+                "/x/log.json",
+                "create",
+                "--bundle",
+                "/b/1",
+                "--pid-file",
+                "/b/1/pid",
+                "id1"
+            ]),
+            Some(PathBuf::from("/b/1"))
+        );
+        assert_eq!(
+            bundle(&["create", "--bundle=/b/2", "id2"]),
+            Some(PathBuf::from("/b/2"))
+        );
+        assert_eq!(
+            bundle(&["run", "-b", "/b/3", "id3"]),
+            Some(PathBuf::from("/b/3"))
+        );
+        assert_eq!(bundle(&["create", "id4"]), std::env::current_dir().ok());
+        for other in [
+            &["start", "id"][..],
+            &["delete", "--force", "id"],
+            &["state", "id"],
+        ] {
+            assert_eq!(bundle(other), None, "{other:?}");
+        }
+    }
+
+    /// The file is replaced whole, with its permissions.
+    #[test]
+    fn the_configuration_is_replaced_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        fs::write(&path, b"{}").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        replace_file(&path, b"{\"a\":1}").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{\"a\":1}");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -69,6 +69,10 @@
 #    (tenant = "namespace") lists its flow as its namespace's, team-a, named from the pod's
 #    log directory (podrun keeps it as kubelet does), at the namespace's weight, 3.
 #    Processes in no pod (the podman containers above) are their cgroups' tenants.
+#    containerd runs runc through the runtime wrapper (`justitia-runc`, a link to justitia,
+#    as containerd's BinaryName), which appends the musl build to a musl pod's LD_PRELOAD:
+#    the musl image's musl_write in a pod exits 0 with its WRITEs split and the image's
+#    own interposer counting, and the glibc pods here and in 8 run through it unchanged.
 # 8. A rolling update of justitiad under a running pod, as a DaemonSet's (maxUnavailable
 #    1) does it, with the test in kubelet's place (no kubelet, no DaemonSet controller):
 #    while a second pod's ib_write_bw runs (-D CDI_ROLL_SECONDS, 20 s by default), the
@@ -117,6 +121,7 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
+  "cdi: containerd: a musl pod's verbs program is split by the musl build the runtime wrapper (justitia-runc) appends to its LD_PRELOAD, after the image's own interposer"
   "cdi: containerd: justitiad replaced as a rolling update does under the pod's running ib_write_bw: its shaper registers again with the new daemon and kept splitting between them")
 
 run=$(mktemp -d /tmp/justitia-cdi.XXXXXX)
@@ -541,6 +546,10 @@ pass "$(grep -c '^device ' "$L.unshaped.txt") device nodes ($(grep '^device ' "$
 
 # 7. containerd, driven by the device plugin's Allocate through podrun (kubelet's part).
 kdir=$run/device-plugins
+# runc through the runtime wrapper, as README's containerd snippet configures a node: the
+# justitia binary under the name justitia-runc.
+mkdir -p "$run/bin" && ln -sf "$BIN/justitia" "$run/bin/justitia-runc" \
+  || fail_rest "cannot link $run/bin/justitia-runc"
 mkdir -p "$ctrd" "$kdir" "$run/containerd/root" "$run/containerd/opt" "$run/cni/bin" "$run/cni/conf" "$run/pause/bin"
 cat > "$run/containerd.toml" << EOF
 version = 2
@@ -558,6 +567,8 @@ state = "$ctrd/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$run/bin/justitia-runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$run/cni/bin"
     conf_dir = "$run/cni/conf"
@@ -577,6 +588,8 @@ tar -C "$run/pause" -cf "$run/pause.tar" . \
   && timeout 120 "${podman[@]}" save --format oci-archive -o "$run/glibc-oci.tar" localhost/justitia-test-glibc:latest >> "$L.import.log" 2>&1 \
   && timeout 120 ctr -a "$ctrd/containerd.sock" -n k8s.io images import "$run/pause-oci.tar" >> "$L.import.log" 2>&1 \
   && timeout 120 ctr -a "$ctrd/containerd.sock" -n k8s.io images import "$run/glibc-oci.tar" >> "$L.import.log" 2>&1 \
+  && timeout 120 "${podman[@]}" save --format oci-archive -o "$run/musl-oci.tar" localhost/justitia-test-musl:latest >> "$L.import.log" 2>&1 \
+  && timeout 120 ctr -a "$ctrd/containerd.sock" -n k8s.io images import "$run/musl-oci.tar" >> "$L.import.log" 2>&1 \
   || fail_rest "images into containerd: $(tail -n 3 "$L.import.log" | tr '\n' ' ')"
 "$PLUGIN" --kubelet-dir "$kdir" --library "$run/lib/libjustitia.so" --socket "$run/registration/justitiad.sock" \
   --rescan 1s > "$L.plugin.log" 2>&1 &
@@ -597,6 +610,44 @@ split=$(stat_field "$STATS" split_requests)
 flow=$(grep -m1 -E " bandwidth .* 3  namespace/team-a$" "$L.pod.flows")
 [ -n "$flow" ] || fail_rest "justitiad listed no bandwidth flow of tenant namespace/team-a at weight 3: $(grep -v '^ *flow' "$L.pod.flows" | sort -u | head -n 3 | tr '\n' ' ')"
 pass "$(grep -m1 'allocated' "$L.pod.log" | sed 's/^podrun: //'); split_requests=$split; justitia flows: $(echo "$flow" | awk '{print "pid", $3, "class", $4, "weight", $(NF-1), "tenant", $NF}')"
+
+# 7b. A musl pod: the device plugin mounts the musl build, the runtime wrapper appends it to
+# the pod's LD_PRELOAD after the image's own interposer. A check of its own.
+musl_pod_check() {
+  local rc split counted
+  if [ ! -x "$musl_verbs/usr/bin/musl_write" ]; then
+    fail_one "$musl_verbs/usr/bin/musl_write is not built"
+    return
+  fi
+  rm -f "$out"/stats.*.json "$out/open_counter.txt"
+  "$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --image localhost/justitia-test-musl:latest \
+    --namespace team-a --pod musl --uid 7c2d9e41-0b3a-4f58-8d6e-1a2b3c4d5e6f --env JUSTITIA_CLASS=bandwidth \
+    --env JUSTITIA_CHUNK=1K --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" \
+    --pod-logs-dir "$run/pod-logs" --timeout 90s -- /usr/bin/musl_write "$DEV" 16384 4 > "$L.musl-pod.log" 2>&1
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-pod.log"; then
+    fail_one "exit $rc: $(grep -v '^podrun: ' "$L.musl-pod.log" | head -c 300 | tr '\n' ' ')"
+    return
+  fi
+  if ! stats_of musl-pod; then
+    fail_one "no statistics: the musl build was not loaded ($(grep -m1 justitia-runc "$L.containerd.log"))"
+    return
+  fi
+  split=$(stat_field "$STATS" split_requests)
+  counted=$(cat "$out/open_counter.txt" 2>/dev/null)
+  rm -f "$out/open_counter.txt"
+  if [ "${split:-0}" -lt 4 ]; then
+    fail_one "expected its 4 WRITEs split: $(tr -d '\n ' < "$STATS")"
+    return
+  fi
+  case $counted in
+    "ibv_open_device calls: "[1-9]*) ;;
+    *) fail_one "the image's own interposer did not see ibv_open_device (its count: '${counted:-none}')"
+       return ;;
+  esac
+  pass "musl_write in a pod of containerd through justitia-runc: exit 0, split_requests=$split, chunks=$(stat_field "$STATS" chunks); the image's interposer: $counted"
+}
+musl_pod_check
 
 # 8. A rolling update of justitiad under a running pod. A DaemonSet's rolling update
 # (maxUnavailable 1, as deploy/kubernetes/daemonset.yaml has it) stops the old pod (SIGTERM,
