@@ -181,10 +181,15 @@ fn posters_pollers_and_the_pacer_on_shared_cqs_with_errors_and_destroys() {
                 })
             })
             .collect();
-        for p in posters {
-            p.join().unwrap();
-        }
+        // The pollers and the hardware run until told to stop: told before a poster's
+        // failure is passed on, so that it fails the test instead of hanging it.
+        let results: Vec<_> = posters.into_iter().map(|p| p.join()).collect();
         stop.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
     });
 
     let seen = seen.into_inner().unwrap();
