@@ -207,8 +207,8 @@ pub unsafe extern "C" fn post_recv(
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     if let Some(c) = engine::cq_fast(cq) {
         if !c.needs_shaping() {
-            // SAFETY: the provider's own poll_cq, with the caller's arguments.
-            return unsafe { (c.poll_cq)(cq, n, wc) };
+            // SAFETY: guaranteed by the caller.
+            return unsafe { poll_cq_passing_through(cq, n, wc, c) };
         }
         // SAFETY: guaranteed by the caller.
         return unsafe { poll_cq_shaped(cq, n, wc, c) };
@@ -240,6 +240,55 @@ pub unsafe extern "C" fn poll_cq_shaped(
     )
 }
 
+/// `ops.poll_cq` of a CQ with no shaped QP and nothing held (`c`, the state of `cq`): the
+/// provider's poll, and a second look at the CQ's state once it returns (see
+/// [`settle_passed_through`]). Its own function, reached with a plain jump as
+/// [`poll_cq_shaped`] is, so that the shaped path pays nothing for it.
+///
+/// # Safety
+/// As [`poll_cq`].
+#[inline(never)]
+unsafe extern "C" fn poll_cq_passing_through(
+    cq: *mut ibv_cq,
+    n: c_int,
+    wc: *mut ibv_wc,
+    c: &'static engine::CqShared,
+) -> c_int {
+    // SAFETY: the provider's own poll_cq, with the caller's arguments.
+    let got = unsafe { (c.poll_cq)(cq, n, wc) };
+    if got > 0 && c.needs_shaping() {
+        // The batch is the buffer's room from here on (`n` need not live across the
+        // call): what the translation holds back waits for the next poll.
+        // SAFETY: guaranteed by the caller; `got` entries were written.
+        return unsafe { settle_passed_through(got, wc, got, c) };
+    }
+    got
+}
+
+/// Completions a poll took from the provider on the pass-through path while a QP of the CQ
+/// became shaped: the first QP shaped on a CQ may be registered, post and complete between
+/// the poll's look at the CQ's state and its call to the provider, and its completions
+/// carry the shaper's tags. Its registration counts it in the CQ's state before its first
+/// post, and its completions come after that post, so a poll that took one sees the count
+/// once the provider returns: then the batch is translated as the shaped path does.
+///
+/// # Safety
+/// As [`poll_cq`], with the provider's `got` (> 0) entries in `wc`.
+#[cold]
+#[inline(never)]
+unsafe fn settle_passed_through(
+    n: c_int,
+    wc: *mut ibv_wc,
+    got: c_int,
+    c: &'static engine::CqShared,
+) -> c_int {
+    caught(
+        // SAFETY: guaranteed by the caller.
+        move || unsafe { c.settle_provider_batch(n, wc, got) },
+        move || got,
+    )
+}
+
 /// `ops.poll_cq` of a CQ outside its home slot, or an unregistered one.
 ///
 /// # Safety
@@ -249,8 +298,8 @@ pub unsafe extern "C" fn poll_cq_shaped(
 unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     if let Some(c) = engine::cq(cq) {
         if !c.needs_shaping() {
-            // SAFETY: the provider's own poll_cq, with the caller's arguments.
-            return unsafe { (c.poll_cq)(cq, n, wc) };
+            // SAFETY: guaranteed by the caller.
+            return unsafe { poll_cq_passing_through(cq, n, wc, c) };
         }
         // SAFETY: guaranteed by the caller.
         return unsafe { poll_cq_shaped(cq, n, wc, c) };

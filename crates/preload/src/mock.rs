@@ -112,6 +112,17 @@ struct MockInner {
     /// Told when a poll starts waiting for another one to end (see
     /// [`MockDevice::tell_when_a_poll_waits`]).
     poll_waits: Mutex<Option<Sender<()>>>,
+    /// The next `poll_cq` of this CQ (its address) stops inside the provider, before it
+    /// takes any completion, until the test lets it go (see [`MockDevice::hold_next_poll`]).
+    poll_gate: Mutex<Option<PollGate>>,
+}
+
+/// A poll held inside the provider: the CQ (its address), where it says it got there, and
+/// where it waits to be let go.
+struct PollGate {
+    cq: usize,
+    entered: Sender<()>,
+    go: Receiver<()>,
 }
 
 /// A post held inside the provider: it says when it got there, and waits to be let go.
@@ -180,6 +191,7 @@ impl MockDevice {
             session: Mutex::new(None),
             session_ended: Condvar::new(),
             poll_waits: Mutex::new(None),
+            poll_gate: Mutex::new(None),
         });
         let me = (&*inner as *const MockInner).cast_mut();
         // SAFETY: nobody else sees the context yet.
@@ -285,6 +297,25 @@ impl MockDevice {
             qp: qp as usize,
             skip,
             after,
+            entered: entered_tx,
+            go: go_rx,
+        });
+        HeldPost { entered, go }
+    }
+
+    /// The next `poll_cq` of `cq` stops inside the provider, before it takes any
+    /// completion and holding none of the mock's locks, until the test lets it go: a
+    /// polling thread preempted between the shaper's look at the CQ and the provider's
+    /// poll. [`HeldPost`]'s two ends serve it too.
+    pub fn hold_next_poll(&self, cq: *mut ibv_cq) -> HeldPost {
+        let (entered_tx, entered) = channel();
+        let (go, go_rx) = channel();
+        *self
+            .inner
+            .poll_gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(PollGate {
+            cq: cq as usize,
             entered: entered_tx,
             go: go_rx,
         });
@@ -764,6 +795,22 @@ fn leave_cq(cq: *mut ibv_cq) {
 }
 
 unsafe extern "C" fn mock_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: a mock CQ points to its mock context.
+    let inner = inner_of(unsafe { (*cq).context });
+    let gate = {
+        let mut gate = inner.poll_gate.lock().unwrap_or_else(|e| e.into_inner());
+        match gate.take() {
+            Some(held) if held.cq == cq as usize => Some(held),
+            other => {
+                *gate = other;
+                None
+            }
+        }
+    };
+    if let Some(held) = gate {
+        let _ = held.entered.send(());
+        let _ = held.go.recv();
+    }
     enter_cq(cq, false);
     with_cq(cq, |c| {
         let mut got = 0;

@@ -189,10 +189,12 @@ pub(crate) fn cq(cq: *mut ibv_cq) -> Option<&'static CqShared> {
 }
 
 impl CqShared {
-    /// True when a poll must look at the completions.
+    /// True when a poll must look at the completions. Acquire: read after a provider's poll,
+    /// it sees the registration of any QP whose completion that poll returned (see
+    /// `hooks::settle_passed_through`); on x86-64 a plain load all the same.
     #[inline(always)]
     pub(crate) fn needs_shaping(&self) -> bool {
-        self.work.load(Ordering::Relaxed) != 0
+        self.work.load(Ordering::Acquire) != 0
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, VecDeque<Held>> {
@@ -647,6 +649,32 @@ impl CqShared {
             }
         }
         touched
+    }
+
+    /// Translates `got` completions the provider wrote into `wc` outside the poll lock (see
+    /// `hooks::settle_passed_through`), as [`Self::poll_shaped`] translates a batch it
+    /// could not settle on the rings; returns how many of `n` entries the application
+    /// gets.
+    ///
+    /// # Safety
+    /// `cq` is this CQ, `wc` has room for `n` entries and holds `got` (0 < got <= n) of
+    /// the provider's.
+    pub(crate) unsafe fn settle_provider_batch(
+        &self,
+        n: c_int,
+        wc: *mut ibv_wc,
+        got: c_int,
+    ) -> c_int {
+        let qps = self.qps.lock();
+        let got = usize::try_from(got).unwrap_or(0);
+        let resume = Resume {
+            kept: 0,
+            next: 0,
+            got,
+            full: false,
+        };
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.poll_general(qps, n, wc, resume) }
     }
 
     /// The shaped `ibv_poll_cq`: first the completions the shaper holds (the pacer's, and

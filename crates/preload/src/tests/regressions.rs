@@ -729,3 +729,54 @@ fn a_signal_handler_without_sa_restart_interrupts_the_wait_with_eintr() {
 fn a_signal_handler_with_sa_restart_leaves_the_wait_waiting() {
     assert_eq!(interrupt_a_waiting_thread(libc::SA_RESTART, 5), None);
 }
+
+/// A thread polling a CQ with no shaped QP yet, preempted between the shaper's look at the
+/// CQ and the provider's poll while another thread created the CQ's first shaped QP,
+/// posted on it and the request completed, got that completion with the shaper's tag for
+/// its `wr_id`, and the request's own completion never came (the stress test saw it about
+/// once in 500 runs). The poll now translates what it took once it sees the CQ shaped.
+#[test]
+fn a_poll_racing_the_cqs_first_shaped_qp_gets_the_applications_wr_id() {
+    let vars = [
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_CHUNK", "4K"),
+        ("JUSTITIA_DAEMON", "off"),
+    ];
+    let engine = engine_from(
+        lookup(&vars),
+        Arc::new(VirtualClock::new()),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: just created on ctx.
+    unsafe { crate::exports::on_create_cq(ctx, cq) };
+    let held = dev.hold_next_poll(cq);
+    let cq_addr = cq as usize;
+    let poller = std::thread::spawn(move || {
+        let mut wc = [ibv_wc::default(); 4];
+        // SAFETY: a live CQ, room for 4 entries.
+        let n = unsafe { ops::poll_cq(cq_addr as *mut ibv_cq, 4, wc.as_mut_ptr()) };
+        (n, wc)
+    });
+    // The poll has looked at the CQ (no shaped QP) and waits inside the provider.
+    held.entered.recv().unwrap();
+    let qp = qp_on(&dev, cq, 8);
+    let src = pattern(100, 3);
+    let mut dst = vec![0u8; 100];
+    let mut s1 = [sge(&src, 0, 100)];
+    let mut w = rdma(IBV_WR_RDMA_WRITE, 7, &mut s1, dst.as_mut_ptr() as u64, true);
+    assert_eq!(post_list(qp, std::slice::from_mut(&mut w)), 0);
+    assert_eq!(dev.execute_all(qp), 1);
+    held.go.send(()).unwrap();
+    let (n, wc) = poller.join().unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(wc[0].wr_id, 7, "the shaper's tag reached the application");
+    assert_eq!(wc[0].status, IBV_WC_SUCCESS);
+    assert_eq!(dst, src);
+    forget(&dev, &[qp], cq);
+}
