@@ -98,6 +98,16 @@ if [ "$apps" != - ]; then
   fi
 fi
 
+# The shaper linked against this machine's glibc, as cargo builds it: the old glibc check
+# in tests/vm/guest/cdi.sh shows it stopping a Debian 11 program at load.
+host_lib=-
+if cargo build "${locked[@]}" -q -p justitia-preload --lib; then
+  host_lib=$target/debug/libjustitia.so
+else
+  echo "FAIL build the shaper linked against this machine's glibc"
+  fails=$((fails + 1))
+fi
+
 daemon_bins=-
 echo "vm: building justitiad, justitia and the daemon's test tools (release) (at ${SECONDS} s)"
 if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
@@ -130,7 +140,7 @@ out=$(mktemp -d "$target/vm/suite.XXXXXX")
 echo "vm: booting the guest (logs in $out) (at ${SECONDS} s)"
 start=$(date +%s)
 vm_write_job "$out" env STEP_TIMEOUT="${STEP_TIMEOUT:-150}" INTEGRITY_TRANSFERS="${INTEGRITY_TRANSFERS:-100}" \
-  CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-100}" \
+  CDI_VALIDATOR="$cdi_validator" DEVICE_PLUGIN="$device_plugin" PODRUN="$podrun" HOST_LIB="$host_lib" HANG_TIMEOUT="${HANG_TIMEOUT:-60}" DESTROY_ITERATIONS="${DESTROY_ITERATIONS:-100}" \
   CM_CONNECTIONS="${CM_CONNECTIONS:-2000}" CM_PLAIN_CONNECTIONS="${CM_PLAIN_CONNECTIONS:-400}" CM_FD_SLACK="${CM_FD_SLACK:-16}" CM_RSS_SLACK_KB="${CM_RSS_SLACK_KB:-4096}" \
   tests/vm/guest/suite.sh "$out" "$lib" "$target/release/justitia-integrity" "$apps" "$daemon_bins"
 vm_boot "$out" "${VM_SUITE_TIMEOUT:-3000}"
