@@ -10,11 +10,13 @@
 //! 1 G ops/s with a release phase, read by the shaper's follower before the loop starts),
 //! or the same under `JUSTITIA_POLICY=adaptive` (`follow-adaptive`: the allotment as a
 //! daemon running `policy = "adaptive"` publishes it, 100 GB/s by bytes only, no release
-//! phase).
+//! phase), or in a bandwidth-class process on a CQ too small to shape its QP
+//! (`unshaped-cq`: the QP is only observed, and the poll passes through with the shaper's
+//! look at the CQ after the provider returns, which a process that shapes nothing skips).
 //! Run by `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
 //! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive|unshaped-cq N`
 
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
@@ -60,11 +62,11 @@ fn main() -> anyhow::Result<()> {
     let (shaped, class, rate) = match mode.as_str() {
         "direct" => (false, None, None),
         "shaper" => (true, None, None),
-        "shaped" | "follow" | "follow-adaptive" => (true, Some("bandwidth"), None),
+        "shaped" | "follow" | "follow-adaptive" | "unshaped-cq" => (true, Some("bandwidth"), None),
         "paced" => (true, Some("throughput"), Some("100G:1G")),
         other => {
             anyhow::bail!(
-                "mode must be direct, shaper, shaped, paced, follow or follow-adaptive, not {other}"
+                "mode must be direct, shaper, shaped, paced, follow, follow-adaptive or unshaped-cq, not {other}"
             )
         }
     };
@@ -98,6 +100,10 @@ fn main() -> anyhow::Result<()> {
         engine = Some(e);
     }
     let cq = dev.create_cq();
+    if mode == "unshaped-cq" {
+        // Fewer entries than the QP's 16 send requests: the shaper observes the QP only.
+        dev.set_cq_size(cq, 8);
+    }
     let mut attr = ibv_qp_init_attr {
         send_cq: cq,
         recv_cq: cq,

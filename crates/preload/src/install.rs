@@ -31,7 +31,7 @@ pub struct ContextHooks {
     pub post_send: engine::PostSendFn,
     /// `ibv_context.ops.post_recv`.
     pub post_recv: engine::PostRecvFn,
-    /// `ibv_context.ops.poll_cq`.
+    /// `ibv_context.ops.poll_cq`, installed only in a process whose class shapes QPs.
     pub poll_cq: engine::PollCqFn,
     /// `ibv_context.ops.req_notify_cq`.
     pub req_notify_cq: engine::ReqNotifyFn,
@@ -52,11 +52,14 @@ pub const CONTEXT_HOOKS: ContextHooks = ContextHooks {
 };
 
 /// Attaches `ctx` to `engine` and installs [`CONTEXT_HOOKS`] where the provider has the
-/// pointers. Returns false when it was attached already (nothing is installed twice).
+/// pointers (the poll only when the engine may shape a QP). Returns false when it was attached already (nothing is installed twice).
 ///
 /// # Safety
 /// `ctx` must be a live, just-opened context that no other thread uses yet.
 pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool {
+    // A process that shapes nothing keeps the provider's poll: it has nothing to translate,
+    // and its polls then cost nothing (see `Engine::shapes_any`).
+    let polls_translated = engine.shapes_any();
     // SAFETY: guaranteed by the caller.
     if !unsafe { engine::attach_context(ctx, engine) } {
         return false;
@@ -71,7 +74,7 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
         if ops.post_recv.is_some() {
             ops.post_recv = Some(t.post_recv);
         }
-        if ops.poll_cq.is_some() {
+        if ops.poll_cq.is_some() && polls_translated {
             ops.poll_cq = Some(t.poll_cq);
         }
         if ops.req_notify_cq.is_some() {

@@ -543,6 +543,13 @@ impl Engine {
         }
     }
 
+    /// True when some QP of this process may be shaped: its class shapes RC QPs. When it
+    /// does not, no QP's completion ever carries the shaper's tag and no completion is
+    /// ever held or synthesized, so a poll has nothing to translate.
+    pub(crate) fn shapes_any(&self) -> bool {
+        self.shapes(IBV_QPT_RC)
+    }
+
     /// Whether a new QP of `qp_type` is shaped (else it is only observed).
     fn shapes(&self, qp_type: ibv_qp_type) -> bool {
         qp_type == IBV_QPT_RC

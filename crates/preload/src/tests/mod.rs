@@ -321,6 +321,22 @@ fn latency_class_passes_through() {
 }
 
 #[test]
+fn only_a_process_that_shapes_qps_hooks_the_poll() {
+    let poll_hook = |vars: &[(&str, &str)]| {
+        let r = rig(vars);
+        // SAFETY: the rig's live context.
+        let installed = unsafe { (*r.dev.context()).ops.poll_cq };
+        installed.map(|f| f as *const () as usize)
+            == Some(crate::hooks::poll_cq as *const () as usize)
+    };
+    assert!(!poll_hook(&[]), "class unset: the provider's poll stays");
+    assert!(!poll_hook(&[("JUSTITIA_CLASS", "latency")]));
+    assert!(poll_hook(BANDWIDTH_64K));
+    assert!(poll_hook(&[("JUSTITIA_CLASS", "throughput")]));
+    assert!(poll_hook(&[("JUSTITIA_CLASS", "auto")]));
+}
+
+#[test]
 fn large_write_is_split_in_order_with_one_completion() {
     let r = rig(BANDWIDTH_64K);
     let (src, dst) = r.post_write(1 << 20, 3, 42, true);
