@@ -73,6 +73,8 @@
 #    as containerd's BinaryName), which appends the musl build to a musl pod's LD_PRELOAD:
 #    the musl image's musl_write in a pod exits 0 with its WRITEs split and the image's
 #    own interposer counting, and the glibc pods here and in 8 run through it unchanged.
+#    The same pod under a runtime handler that runs runc itself (`plain`, as a
+#    RuntimeClass would name it) exits 0 and is not shaped: the wrapper is the mechanism.
 # 8. A rolling update of justitiad under a running pod, as a DaemonSet's (maxUnavailable
 #    1) does it, with the test in kubelet's place (no kubelet, no DaemonSet controller):
 #    while a second pod's ib_write_bw runs (-D CDI_ROLL_SECONDS, 20 s by default), the
@@ -121,7 +123,7 @@ CHECKS=("cdi: justitia cdi's spec for this host passes CDI's validation and inje
   "cdi: podman: justitiad lists a static program and a program of the unshaped device as unshaped, not a shaped one"
   "cdi: the opt-out device carries device nodes only"
   "cdi: containerd: a pod given rdma/rdma_shared_device_a by justitia-device-plugin's Allocate runs ib_write_bw shaped, as its namespace's tenant at its weight"
-  "cdi: containerd: a musl pod's verbs program is split by the musl build the runtime wrapper (justitia-runc) appends to its LD_PRELOAD, after the image's own interposer"
+  "cdi: containerd: a musl pod's verbs program is split by the musl build the runtime wrapper (justitia-runc) appends to its LD_PRELOAD, after the image's own interposer, and runs unshaped under runc alone"
   "cdi: containerd: justitiad replaced as a rolling update does under the pod's running ib_write_bw: its shaper registers again with the new daemon and kept splitting between them")
 
 run=$(mktemp -d /tmp/justitia-cdi.XXXXXX)
@@ -573,6 +575,8 @@ state = "$ctrd/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "$run/bin/justitia-runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.plain]
+      runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$run/cni/bin"
     conf_dir = "$run/cni/conf"
@@ -623,6 +627,22 @@ musl_pod_check() {
     fail_one "$musl_verbs/usr/bin/musl_write is not built"
     return
   fi
+  # Without the wrapper first: runc itself, through the handler `plain`.
+  rm -f "$out"/stats.*.json "$out/open_counter.txt"
+  "$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --runtime-handler plain \
+    --image localhost/justitia-test-musl:latest --namespace team-a --pod musl-plain \
+    --uid 3e9a7c15-6d2b-4f80-9c1e-5b4a3d2c1f08 --env JUSTITIA_CLASS=bandwidth \
+    --env JUSTITIA_CHUNK=1K --env "JUSTITIA_STATS=/results/stats.%p.json" --mount "$out:/results" \
+    --pod-logs-dir "$run/pod-logs" --timeout 90s -- /usr/bin/musl_write "$DEV" 16384 4 > "$L.musl-pod-plain.log" 2>&1
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "every byte checked" "$L.musl-pod-plain.log"; then
+    fail_one "without the wrapper: exit $rc: $(grep -v '^podrun: ' "$L.musl-pod-plain.log" | head -c 300 | tr '\n' ' ')"
+    return
+  fi
+  if stats_of musl-pod-plain; then
+    fail_one "without the wrapper: statistics were written ($STATS), so something loaded the shaper"
+    return
+  fi
   rm -f "$out"/stats.*.json "$out/open_counter.txt"
   "$PODRUN" --kubelet-dir "$kdir" --runtime "$ctrd/containerd.sock" --image localhost/justitia-test-musl:latest \
     --namespace team-a --pod musl --uid 7c2d9e41-0b3a-4f58-8d6e-1a2b3c4d5e6f --env JUSTITIA_CLASS=bandwidth \
@@ -649,7 +669,7 @@ musl_pod_check() {
     *) fail_one "the image's own interposer did not see ibv_open_device (its count: '${counted:-none}')"
        return ;;
   esac
-  pass "musl_write in a pod of containerd through justitia-runc: exit 0, split_requests=$split, chunks=$(stat_field "$STATS" chunks); the image's interposer: $counted"
+  pass "musl_write in a pod of containerd: through runc alone exit 0, no statistics; through justitia-runc exit 0, split_requests=$split, chunks=$(stat_field "$STATS" chunks); the image's interposer: $counted"
 }
 musl_pod_check
 

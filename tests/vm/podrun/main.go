@@ -9,7 +9,7 @@
 //
 //	podrun --kubelet-dir DIR --runtime SOCKET --resource NAME --image REF
 //	       --namespace NS --pod NAME --uid UID [--env K=V]... [--mount HOST:CONTAINER]...
-//	       [--pod-logs-dir DIR] [--timeout D] -- CMD ARGS...
+//	       [--runtime-handler NAME] [--pod-logs-dir DIR] [--timeout D] -- CMD ARGS...
 //
 // The pod runs in the node's network namespace (no CNI) under the cgroupfs parent
 // /kubepods/besteffort/pod<UID>, kubelet's path for a best-effort pod with the cgroupfs
@@ -57,12 +57,13 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("podrun: ")
 	var (
-		kubeletDir, runtime, resource, image, ns, pod, uid, podLogs string
-		env, mounts                                                 envList
-		timeout                                                     time.Duration
+		kubeletDir, runtime, handler, resource, image, ns, pod, uid, podLogs string
+		env, mounts                                                          envList
+		timeout                                                              time.Duration
 	)
 	flag.StringVar(&kubeletDir, "kubelet-dir", "", "the device-plugin directory to serve registration in")
 	flag.StringVar(&runtime, "runtime", "/run/containerd/containerd.sock", "the CRI runtime's socket")
+	flag.StringVar(&handler, "runtime-handler", "", "the runtime handler the pod's RuntimeClass names (empty: the runtime's default)")
 	flag.StringVar(&resource, "resource", "rdma/rdma_shared_device_a", "the extended resource the container asks for")
 	flag.StringVar(&image, "image", "", "the container's image (present in the runtime)")
 	flag.StringVar(&ns, "namespace", "default", "the pod's namespace")
@@ -78,14 +79,14 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	code, err := run(ctx, kubeletDir, runtime, resource, image, ns, pod, uid, podLogs, env, mounts, flag.Args())
+	code, err := run(ctx, kubeletDir, runtime, handler, resource, image, ns, pod, uid, podLogs, env, mounts, flag.Args())
 	if err != nil {
 		log.Fatal(err)
 	}
 	os.Exit(code)
 }
 
-func run(ctx context.Context, kubeletDir, runtime, resource, image, ns, pod, uid, podLogs string, env, mounts, command []string) (int, error) {
+func run(ctx context.Context, kubeletDir, runtime, handler, resource, image, ns, pod, uid, podLogs string, env, mounts, command []string) (int, error) {
 	alloc, err := allocate(ctx, kubeletDir, resource)
 	if err != nil {
 		return 0, err
@@ -114,7 +115,7 @@ func run(ctx context.Context, kubeletDir, runtime, resource, image, ns, pod, uid
 			},
 		},
 	}
-	sb, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sandbox})
+	sb, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: sandbox, RuntimeHandler: handler})
 	if err != nil {
 		return 0, fmt.Errorf("RunPodSandbox: %w", err)
 	}
