@@ -10,10 +10,8 @@ use std::time::Duration;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{create_qp, forget, lookup, pattern, post_on, qp_attr, rdma, sge};
-use crate::clock::VirtualClock;
-use crate::engine::{self, Engine, PacerMode};
-use crate::exports::engine_from;
+use super::{attached, create_qp, forget, pattern, post_on, qp_attr, rdma, sge};
+use crate::engine::{self, Engine};
 use crate::mock::MockDevice;
 
 /// A mock device with an extended CQ (with QP numbers) and a shaped QP on it.
@@ -26,16 +24,8 @@ struct ExRig {
 
 impl ExRig {
     fn new(depth: u32) -> ExRig {
-        let engine = engine_from(
-            lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")]),
-            Arc::new(VirtualClock::new()),
-            PacerMode::Manual,
-        )
-        .unwrap();
-        let dev = MockDevice::new();
+        let (engine, dev) = attached(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "64K")]);
         let ctx = dev.context();
-        // SAFETY: a fresh mock context.
-        assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
         let mut cq_attr = ibv_cq_init_attr_ex {
             cqe: 1024,
             wc_flags: u64::from(IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_BYTE_LEN),

@@ -46,6 +46,21 @@ fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
 }
 
+/// An engine configured by `vars` on a virtual clock (the pacer driven by the test), and a
+/// mock device whose context it is attached to.
+fn attached(vars: &[(&str, &str)]) -> (Arc<Engine>, MockDevice) {
+    let engine = engine_from(
+        lookup(vars),
+        Arc::new(VirtualClock::new()),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) });
+    (engine, dev)
+}
+
 fn rig_with(vars: &[(&str, &str)], depth: u32, sig_all: bool) -> Rig {
     rig_on(vars, depth, sig_all, std::ptr::null_mut())
 }

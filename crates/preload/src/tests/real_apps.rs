@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use justitia_verbs::sys::*;
 
-use super::{create_qp, lookup, pattern, post_on, qp_attr, rdma, rig, rig_device, rig_with, sge};
+use super::{
+    attached, create_qp, lookup, pattern, post_on, qp_attr, rdma, rig, rig_device, rig_with, sge,
+};
 use crate::clock::{Clock, VirtualClock};
 use crate::engine::{self, PacerMode};
 use crate::exports::{engine_from, on_create_cq};
@@ -548,16 +550,8 @@ fn a_qp_asking_for_send_ops_the_shaper_does_not_know_passes_through_whole() {
 /// CQ is only observed: its requests go whole, as the application posted them.
 #[test]
 fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
-    let engine = engine_from(
-        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
+    let (_engine, dev) = attached(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
     let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let cq = dev.create_cq();
     dev.set_cq_size(cq, 24);
     // SAFETY: cq was just created on ctx.
@@ -588,16 +582,8 @@ fn a_qp_whose_send_queue_does_not_fit_its_cq_is_not_shaped() {
 /// the shaper, so it is only observed; the same QP with its receives on another CQ fits.
 #[test]
 fn the_cq_size_rule_counts_receives_sharing_the_cq() {
-    let engine = engine_from(
-        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
+    let (_engine, dev) = attached(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "4K")]);
     let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let cq = dev.create_cq();
     dev.set_cq_size(cq, 24);
     let recv_cq = dev.create_cq();

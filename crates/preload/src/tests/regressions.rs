@@ -8,7 +8,7 @@ use std::sync::Arc;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{forget, lookup, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
+use super::{attached, forget, lookup, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
 use crate::channel;
 use crate::clock::VirtualClock;
 use crate::engine::{self, PacerMode};
@@ -593,15 +593,7 @@ fn extended_cqs_attribute_completions_with_or_without_qp_numbers() {
 /// for instance) cannot have its completions translated, so it must not be shaped.
 #[test]
 fn a_qp_on_an_unknown_cq_is_observed_not_shaped() {
-    let engine = engine_from(
-        lookup(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    // SAFETY: a fresh mock context.
-    unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) };
+    let (engine, dev) = attached(&[("JUSTITIA_CLASS", "bandwidth"), ("JUSTITIA_CHUNK", "1K")]);
     let cq = dev.create_cq();
     let qp = qp_on(&dev, cq, 16);
     let src = pattern(8192, 48);
@@ -742,16 +734,8 @@ fn a_poll_racing_the_cqs_first_shaped_qp_gets_the_applications_wr_id() {
         ("JUSTITIA_CHUNK", "4K"),
         ("JUSTITIA_DAEMON", "off"),
     ];
-    let engine = engine_from(
-        lookup(&vars),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
+    let (_engine, dev) = attached(&vars);
     let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
     let cq = dev.create_cq();
     // SAFETY: just created on ctx.
     unsafe { crate::exports::on_create_cq(ctx, cq) };
