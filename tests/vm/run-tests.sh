@@ -108,13 +108,21 @@ else
   fails=$((fails + 1))
 fi
 
+# The guest's binaries, in one directory: release builds of what ships (one cargo
+# invocation, so that both cores stay busy), and the test tools (justitia-daemon's example
+# scrape, justitia-agent's register) as the workspace's tests built them: a release build
+# of an example compiles its package's dev-dependencies (criterion, proptest, a regex
+# engine) for nothing.
 daemon_bins=-
-echo "vm: building justitiad, justitia and the daemon's test tools (release) (at ${SECONDS} s)"
-if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad --example scrape \
-  && cargo build --release "${locked[@]}" -q -p justitia-agent --example register \
-  && cargo build --release "${locked[@]}" -q -p justitia-cli --bin justitia \
-  && cargo build --release "${locked[@]}" -q -p justitia-loadgen --bin justitia-loadgen; then
-  daemon_bins=$target/release
+echo "vm: building justitiad, justitia and the load generator (release) (at ${SECONDS} s)"
+if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad -p justitia-cli --bin justitia \
+    -p justitia-loadgen --bin justitia-loadgen \
+  && cargo build "${locked[@]}" -q --workspace --examples; then
+  daemon_bins=$target/vm-bin
+  mkdir -p "$daemon_bins/examples"
+  cp -f "$target/release/justitiad" "$target/release/justitia" "$target/release/justitia-loadgen" \
+    "$target/release/justitia-integrity" "$daemon_bins/"
+  cp -f "$target/debug/examples/scrape" "$target/debug/examples/register" "$daemon_bins/examples/"
 else
   echo "FAIL build justitiad and its test tools"
   fails=$((fails + 1))
