@@ -237,24 +237,36 @@ extern "C" fn at_load() {
 #[link_section = ".init_array"]
 static AT_LOAD: extern "C" fn() = at_load;
 
+/// The verbs the shaper interposes, each at its current version: the version whose
+/// entry it exports as the default (a look-up at another, such as a verb's `IBVERBS_1.0`
+/// compatibility version, gets glibc's answer). Kept with `exports.map`.
+const INTERPOSED: [(&[u8], &CStr); 11] = [
+    (b"ibv_open_device", c"IBVERBS_1.1"),
+    (b"ibv_close_device", c"IBVERBS_1.1"),
+    (b"ibv_create_qp", c"IBVERBS_1.1"),
+    (b"ibv_destroy_qp", c"IBVERBS_1.1"),
+    (b"ibv_modify_qp", c"IBVERBS_1.1"),
+    (b"ibv_create_cq", c"IBVERBS_1.1"),
+    (b"ibv_destroy_cq", c"IBVERBS_1.1"),
+    (b"ibv_get_cq_event", c"IBVERBS_1.1"),
+    (b"ibv_ack_cq_events", c"IBVERBS_1.1"),
+    // NCCL's verbs wrapper looks memory registration up at these versions itself.
+    (b"ibv_reg_mr_iova2", c"IBVERBS_1.8"),
+    (b"ibv_reg_dmabuf_mr", c"IBVERBS_1.12"),
+];
+
+/// The current version of `name` when the shaper interposes it.
+fn interposed_version(name: &[u8]) -> Option<&'static CStr> {
+    INTERPOSED
+        .iter()
+        .find(|(verb, _)| *verb == name)
+        .map(|(_, version)| *version)
+}
+
 /// The shaper's entry for `name`, the verb glibc found at `found`, when `found` is one of
-/// the verbs the shaper interposes at their current version, defined in a libibverbs: the
-/// verb at `IBVERBS_1.1` in the global scope.
-fn shaper_entry(found: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    if !matches!(
-        name.to_bytes(),
-        b"ibv_open_device"
-            | b"ibv_close_device"
-            | b"ibv_create_qp"
-            | b"ibv_destroy_qp"
-            | b"ibv_modify_qp"
-            | b"ibv_create_cq"
-            | b"ibv_destroy_cq"
-            | b"ibv_get_cq_event"
-            | b"ibv_ack_cq_events"
-    ) {
-        return None;
-    }
+/// the verbs the shaper interposes at their current version `version`, defined in a
+/// libibverbs: the verb at that version in the global scope.
+fn shaper_entry(found: *mut c_void, name: &CStr, version: &CStr) -> Option<*mut c_void> {
     let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),
@@ -285,7 +297,7 @@ fn shaper_entry(found: *mut c_void, name: &CStr) -> Option<*mut c_void> {
         std::mem::transmute::<*mut c_void, DlvsymFn>(real)(
             libc::RTLD_DEFAULT,
             name.as_ptr(),
-            c"IBVERBS_1.1".as_ptr(),
+            version.as_ptr(),
         )
     };
     (!global.is_null() && global != found).then_some(global)
@@ -304,15 +316,18 @@ unsafe fn answer(
     if found.is_null() || name.is_null() || crate::ffi::resolving_real() {
         return found;
     }
+    // SAFETY: guaranteed by the caller.
+    let name = unsafe { CStr::from_ptr(name) };
+    let Some(current) = interposed_version(name.to_bytes()) else {
+        return found;
+    };
     if let Some(v) = version {
         // SAFETY: guaranteed by the caller.
-        if v.is_null() || unsafe { CStr::from_ptr(v) }.to_bytes() != b"IBVERBS_1.1" {
+        if v.is_null() || unsafe { CStr::from_ptr(v) } != current {
             return found;
         }
     }
-    // SAFETY: guaranteed by the caller.
-    let name = unsafe { CStr::from_ptr(name) };
-    crate::ffi::guarded(|| shaper_entry(found, name), || None).unwrap_or(found)
+    crate::ffi::guarded(|| shaper_entry(found, name, current), || None).unwrap_or(found)
 }
 
 /// `dlsym` for a handle other than `RTLD_NEXT` (see [`crate::dl`]).
@@ -418,6 +433,50 @@ mod tests {
             JUSTITIA_REAL_DLVSYM.load(Ordering::Acquire),
             libc::dlvsym as *mut c_void
         );
+    }
+
+    /// Each verb the version script exports is interposed for look-ups at the newest of
+    /// its versions there, and at no other.
+    #[test]
+    fn the_interposed_versions_are_the_version_scripts() {
+        let script = include_str!("../exports.map");
+        let mut newest: Vec<(String, String)> = Vec::new();
+        let mut node = String::new();
+        for line in script.lines().map(str::trim) {
+            if let Some(name) = line.strip_suffix(" {") {
+                node = name.to_string();
+                continue;
+            }
+            if !node.starts_with("IBVERBS_") || line.starts_with("global:") {
+                continue;
+            }
+            for verb in line
+                .split(';')
+                .map(str::trim)
+                .filter(|v| v.starts_with("ibv_"))
+            {
+                // The script lists each verb's versions oldest first.
+                newest.retain(|(v, _)| v != verb);
+                newest.push((verb.to_string(), node.clone()));
+            }
+        }
+        newest.sort();
+        let mut interposed: Vec<(String, String)> = INTERPOSED
+            .iter()
+            .map(|(verb, version)| {
+                (
+                    String::from_utf8(verb.to_vec()).unwrap(),
+                    version.to_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        interposed.sort();
+        assert_eq!(interposed, newest);
+        assert_eq!(
+            interposed_version(b"ibv_reg_mr_iova2"),
+            Some(c"IBVERBS_1.8")
+        );
+        assert_eq!(interposed_version(b"ibv_reg_mr"), None);
     }
 
     /// A look-up of something that is not a verb gets glibc's answer.

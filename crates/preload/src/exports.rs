@@ -182,6 +182,7 @@ type CloseDevice = unsafe extern "C" fn(*mut ibv_context) -> c_int;
 type CreateQp = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 type RegMrIova2 =
     unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, std::ffi::c_uint) -> *mut ibv_mr;
+type RegDmabufMr = unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
 type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
 type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 type CreateCq = unsafe extern "C" fn(
@@ -363,6 +364,31 @@ pub unsafe extern "C" fn justitia_ibv_reg_mr_iova2_1_8(
     unsafe { real(pd, addr, length, iova, access) }
 }
 
+/// `ibv_reg_dmabuf_mr@@IBVERBS_1.12`: a registration of a dma-buf (GPU memory, as NCCL's
+/// GPUDirect path registers it), paced as every other registration.
+///
+/// # Safety
+/// As `ibv_reg_dmabuf_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn justitia_ibv_reg_dmabuf_mr_1_12(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    let Some(real) = real!("ibv_reg_dmabuf_mr", "IBVERBS_1.12", RegDmabufMr) else {
+        set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    if let Some(_inside) = Reentry::enter() {
+        pace_control_verb(ControlVerb::RegMr);
+    }
+    // SAFETY: the real verb with the caller's arguments.
+    unsafe { real(pd, offset, length, iova, fd, access) }
+}
+
 /// `ibv_create_qp@@IBVERBS_1.1`.
 ///
 /// # Safety
@@ -408,7 +434,8 @@ pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
     )
 }
 
-/// `ibv_modify_qp@@IBVERBS_1.1`.
+/// `ibv_modify_qp@@IBVERBS_1.1`: a move that brings a QP up again waits for the
+/// control-verb budget as a creation ([`engine::QpShared::rebrings_up`]).
 ///
 /// # Safety
 /// As `ibv_modify_qp`.
@@ -425,6 +452,12 @@ pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(qp, attr, mask) };
     };
+    // SAFETY: the caller's attribute block, read only.
+    if let Some(a) = unsafe { attr.as_ref() } {
+        if engine::qp(qp).is_some_and(|q| q.rebrings_up(a, mask as u32)) {
+            pace_control_verb(ControlVerb::CreateQp);
+        }
+    }
     // SAFETY: the real verb with the caller's arguments.
     let rc = unsafe { real(qp, attr, mask) };
     // SAFETY: the caller's attribute block.
@@ -610,4 +643,5 @@ std::arch::global_asm!(
     ".symver justitia_ibv_get_cq_event_1_1, ibv_get_cq_event@@IBVERBS_1.1",
     ".symver justitia_ibv_ack_cq_events_1_1, ibv_ack_cq_events@@IBVERBS_1.1",
     ".symver justitia_ibv_reg_mr_iova2_1_8, ibv_reg_mr_iova2@@IBVERBS_1.8",
+    ".symver justitia_ibv_reg_dmabuf_mr_1_12, ibv_reg_dmabuf_mr@@IBVERBS_1.12",
 );

@@ -202,6 +202,7 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
             "GLIBC_2.34",
             "IBVERBS_1.0",
             "IBVERBS_1.1",
+            "IBVERBS_1.12",
             "IBVERBS_1.8",
             "JUSTITIA_LOCAL"
         ]
@@ -209,6 +210,8 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
     // Every memory registration of libibverbs goes through ibv_reg_mr_iova2, at its one
     // version.
     assert_eq!(nodes["IBVERBS_1.8"], ["ibv_reg_mr_iova2"]);
+    // A dma-buf's registration has its own entry, at its one version.
+    assert_eq!(nodes["IBVERBS_1.12"], ["ibv_reg_dmabuf_mr"]);
     // dlsym and dlvsym (src/dl.rs) at glibc's x86-64 base version and at its default.
     for node in ["GLIBC_2.2.5", "GLIBC_2.34"] {
         assert_eq!(nodes[node], ["dlsym", "dlvsym"]);
@@ -224,6 +227,7 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
             let at = if version == DEFAULT_VERSION
                 || version == DEFAULT_GLIBC_VERSION
                 || version == "IBVERBS_1.8"
+                || version == "IBVERBS_1.12"
             {
                 "@@"
             } else {
@@ -234,8 +238,8 @@ fn every_interposed_verb_is_exported_at_the_versions_of_the_map() {
         .collect();
     assert_eq!(
         expected.len(),
-        21,
-        "7 verbs at both versions, 2 at 1.1 only, 1 at 1.8, dlsym and dlvsym at two versions"
+        22,
+        "7 verbs at both versions, 2 at 1.1 only, 1 at 1.8, 1 at 1.12, dlsym and dlvsym at two versions"
     );
     let lib = library();
     let exported = versioned_functions(&std::fs::read(&lib).unwrap());

@@ -15,7 +15,7 @@ flags=(-O2 -g -Wall -Wextra -Werror -std=gnu11)
 "$cc" "${flags[@]}" -pthread -o "$out/hang_app" "$src/hang_app.c" -libverbs
 "$cc" "${flags[@]}" -pthread -o "$out/destroy_held" "$src/destroy_held.c" -libverbs
 "$cc" "${flags[@]}" -o "$out/cm_churn" "$src/cm_churn.c" -lrdmacm -libverbs
-"$cc" "${flags[@]}" -o "$out/ctl_storm" "$src/ctl_storm.c" -libverbs
+"$cc" "${flags[@]}" -o "$out/ctl_storm" "$src/ctl_storm.c" -libverbs -ldl
 "$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libping_plugin.so" "$src/ping_plugin.c" -libverbs
 "$cc" "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libopen_counter.so" "$src/open_counter.c" -ldl
 musl-gcc "${flags[@]}" -shared -fPIC -fvisibility=hidden -o "$out/libopen_counter.musl.so" "$src/open_counter.c"

@@ -32,6 +32,10 @@
 # 4. A storm of RC QP creations (ibv_create_qp, then ibv_destroy_qp) by uid 1000 alone,
 #    natively and under the daemon: held to the whole budget (its tenant is the only one
 #    connected), within the same bounds.
+# 5. The same for one RC QP brought up again and again (reset, then init, ready to receive
+#    and ready to send: each move to ready-to-receive after the first waits as a creation),
+#    and for registrations through ibv_reg_mr_iova2 looked up with dlvsym on a handle of
+#    libibverbs, as NCCL's verbs wrapper finds it.
 #
 # One line per check goes to RESULTS/results.txt, as in suite.sh; logs go to
 # RESULTS/logs/control-verbs.*. About 45 s under emulation.
@@ -63,7 +67,8 @@ source "$(dirname "$0")/checks-lib.sh"
 CHECKS=("control verbs: a tenant's registration storm is held to its share, another tenant's registrations and latency flow proceed"
   "control verbs: justitia flows shows each tenant's budget and counts"
   "control verbs: the per-tenant metrics count the storm"
-  "control verbs: a storm of QP creations is held to the tenant's budget")
+  "control verbs: a storm of QP creations is held to the tenant's budget"
+  "control verbs: a storm of QP re-bring-ups and one of registrations looked up as NCCL does are held to the tenant's budget")
 
 run=$(mktemp -d /tmp/justitiad-control.XXXXXX)
 chmod 755 "$run"
@@ -146,10 +151,19 @@ cp "$run"/victim.*.json "$L.victim.stats.json" 2>/dev/null
 "$BIN/examples/scrape" "unix:$metrics_sock" > "$L.metrics.txt" 2>&1
 # A storm of QP creations, natively and under the daemon, the attacker alone now: its
 # tenant's share is the whole budget.
-as_attacker "$APPS/ctl_storm" "$DEV" qp 2 > "$L.qp.native.json" 2> "$L.qp.native.err"
-qp_native_rc=$?
-as_attacker "${shaped[@]}" "$APPS/ctl_storm" "$DEV" qp 2 > "$L.qp.json" 2> "$L.qp.err"
-qp_rc=$?
+# alone_storm MODE: ctl_storm MODE for 2 s as the attacker alone, natively and under the
+# daemon: $L.MODE.native.json and $L.MODE.json, their exit statuses in $L.MODE.rc.
+alone_storm() {
+  local native_rc rc
+  as_attacker env CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$1" 2 > "$L.$1.native.json" 2> "$L.$1.native.err"
+  native_rc=$?
+  as_attacker "${shaped[@]}" CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$1" 2 > "$L.$1.json" 2> "$L.$1.err"
+  rc=$?
+  echo "$native_rc $rc" > "$L.$1.rc"
+}
+for mode in qp modify reg-dlvsym; do
+  alone_storm "$mode"
+done
 
 # --- 1. the storm held to its share, the victim unhindered --------------------------------
 v=$(python3 - "$L" "$SHARE" "$BURST" "$STORM" "$lat_rc" "$native" <<'EOF'
@@ -260,31 +274,43 @@ EOF
 )
 case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v ($L.metrics*.txt)" ;; esac
 
-# --- 4. the QP creation storm ----------------------------------------------------------------
-v=$(python3 - "$L" "$BUDGET" "$BURST" "$qp_native_rc" "$qp_rc" <<'EOF'
+# --- 4. and 5. storms of one tenant alone ---------------------------------------------------
+# judge_alone MODE...: "ok ..." when each MODE's storm ran above twice the budget natively
+# and within its bounds under the daemon.
+judge_alone() {
+  python3 - "$L" "$BUDGET" "$BURST" "$@" <<'EOF'
 import json, sys
-L, budget, burst, native_rc, rc = sys.argv[1:]
+L, budget, burst, *modes = sys.argv[1:]
 budget, burst = float(budget), int(burst)
-if native_rc != "0" or rc != "0":
-    print(f"ctl_storm qp exited {native_rc} natively, {rc} shaped ({L}.qp*.err)")
-    sys.exit()
-try:
-    native = json.load(open(f"{L}.qp.native.json"))
-    shaped = json.load(open(f"{L}.qp.json"))
-except (OSError, ValueError) as e:
-    print(f"unreadable result: {e}")
-    sys.exit()
-high = budget * 1.1 + burst / shaped["seconds"]
-low = budget * 0.7
-if native["per_sec"] <= 2 * budget:
-    print(f"the QP storm alone makes {native['per_sec']}/s, not above twice the budget of {budget:.0f}: no storm to pace")
-elif not low <= shaped["per_sec"] <= high:
-    print(f"the QP storm made {shaped['per_sec']}/s under the daemon, outside [{low:.1f}, {high:.1f}]")
-else:
-    print(f"ok {native['per_sec']:.0f} QP creations/s alone, {shaped['per_sec']:.1f}/s under the daemon "
-          f"(the tenant alone: the whole budget, {budget:.0f}/s; bound [{low:.1f}, {high:.1f}])")
+names = {"qp": "QP creations", "modify": "QP re-bring-ups", "reg-dlvsym": "registrations found with dlvsym"}
+seen = []
+for mode in modes:
+    try:
+        native_rc, rc = open(f"{L}.{mode}.rc").read().split()
+        if native_rc != "0" or rc != "0":
+            print(f"ctl_storm {mode} exited {native_rc} natively, {rc} shaped ({L}.{mode}*.err)")
+            sys.exit()
+        native = json.load(open(f"{L}.{mode}.native.json"))
+        shaped = json.load(open(f"{L}.{mode}.json"))
+    except (OSError, ValueError) as e:
+        print(f"unreadable result of {mode}: {e}")
+        sys.exit()
+    high = budget * 1.1 + burst / shaped["seconds"]
+    low = budget * 0.7
+    if native["per_sec"] <= 2 * budget:
+        print(f"the {mode} storm alone makes {native['per_sec']}/s, not above twice the budget of {budget:.0f}: no storm to pace")
+        sys.exit()
+    if not low <= shaped["per_sec"] <= high:
+        print(f"the {mode} storm made {shaped['per_sec']}/s under the daemon, outside [{low:.1f}, {high:.1f}]")
+        sys.exit()
+    seen.append(f"{native['per_sec']:.0f} {names[mode]}/s alone, {shaped['per_sec']:.1f}/s under the daemon")
+print(f"ok {'; '.join(seen)} (the tenant alone: the whole budget, {budget:.0f}/s; "
+      f"bound [{budget * 0.7:.1f}, {budget * 1.1:.1f} + burst / seconds])")
 EOF
-)
+}
+v=$(judge_alone qp)
+case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v" ;; esac
+v=$(judge_alone modify reg-dlvsym)
 case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v" ;; esac
 
 cleanup

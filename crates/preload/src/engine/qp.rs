@@ -118,6 +118,9 @@ pub struct QpShared {
     pub(super) member: bool,
     /// Counted in [`Engine::members`] (from registration to destroy).
     pub(super) counted: AtomicBool,
+    /// It has been moved to ready-to-receive: a later move there (after a reset or an
+    /// error) loads its context into the RNIC again (see [`Self::rebrings_up`]).
+    pub(super) been_ready: AtomicBool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -327,6 +330,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         engine,
         failed_open: AtomicBool::new(false),
         posts_shaped: AtomicBool::new(shaped),
+        been_ready: AtomicBool::new(false),
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     let replaced = match qps.insert(qp.cast(), Arc::clone(&shared)) {
@@ -1018,6 +1022,17 @@ impl QpShared {
         self.after_drain(synthesized, blocked, now);
     }
 
+    /// Whether an `ibv_modify_qp` of `attr` and `mask` brings this QP up again: it moves to
+    /// ready-to-receive, where it has been before. Such a move loads the QP's context into
+    /// the RNIC as its creation did, and a loop of them (reset, init, ready) is a storm of
+    /// control verbs that creates nothing, so it waits for the control-verb budget as a
+    /// creation. A QP's first move there is part of its creation, paced at its create.
+    pub(crate) fn rebrings_up(&self, attr: &ibv_qp_attr, mask: u32) -> bool {
+        mask & IBV_QP_STATE != 0
+            && attr.qp_state == IBV_QPS_RTR
+            && self.been_ready.load(Ordering::Relaxed)
+    }
+
     /// Notes what an `ibv_modify_qp` with `mask` set: the path MTU, the READ depth, and
     /// the state. Moving to the error state settles the requests whose completion the
     /// hardware will not deliver (see [`SendQueue::set_failed`]).
@@ -1033,6 +1048,7 @@ impl QpShared {
         }
         if mask & IBV_QP_STATE != 0 {
             match attr.qp_state {
+                IBV_QPS_RTR => self.been_ready.store(true, Ordering::Relaxed),
                 IBV_QPS_RESET => st.sq.reset(),
                 IBV_QPS_ERR => st.sq.set_failed(&self.engine.counters, &mut synthesized),
                 _ => {}

@@ -178,3 +178,27 @@ fn under_a_daemon_a_registration_storm_is_held_to_the_tenants_budget() {
         })
     );
 }
+
+/// A QP's first move to ready-to-receive is part of its creation; every later one (after
+/// a reset or an error) brings it up again and waits as a creation.
+#[test]
+fn only_a_qp_brought_up_again_waits_as_a_creation() {
+    let r = super::rig(&[]);
+    let q = crate::engine::qp(r.qp).unwrap();
+    let to = |qp_state| ibv_qp_attr {
+        qp_state,
+        ..Default::default()
+    };
+    assert!(!q.rebrings_up(&to(IBV_QPS_INIT), IBV_QP_STATE));
+    assert!(!q.rebrings_up(&to(IBV_QPS_RTR), IBV_QP_STATE), "its first");
+    q.on_modify(&to(IBV_QPS_RTR), IBV_QP_STATE);
+    q.on_modify(&to(IBV_QPS_RTS), IBV_QP_STATE);
+    // Other attributes of a ready QP change nothing in the RNIC's context cache.
+    assert!(!q.rebrings_up(&to(IBV_QPS_RTR), IBV_QP_TIMEOUT));
+    q.on_modify(&to(IBV_QPS_RESET), IBV_QP_STATE);
+    q.on_modify(&to(IBV_QPS_INIT), IBV_QP_STATE);
+    assert!(
+        q.rebrings_up(&to(IBV_QPS_RTR), IBV_QP_STATE),
+        "brought up again"
+    );
+}
