@@ -435,7 +435,7 @@ pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
 }
 
 /// `ibv_modify_qp@@IBVERBS_1.1`: a move that brings a QP up again waits for the
-/// control-verb budget as a creation ([`engine::QpShared::rebrings_up`]).
+/// control-verb budget as a creation (`QpShared::rebrings_up`).
 ///
 /// # Safety
 /// As `ibv_modify_qp`.
