@@ -9,11 +9,11 @@ use std::time::Duration;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{forget, lookup, pattern, rdma, rig, rig_with, sge, Rig, RKEY};
-use crate::clock::{Clock, VirtualClock};
+use super::{forget, pattern, rdma, rig, rig_with, sge, Rig, RKEY};
+use crate::clock::Clock;
 use crate::engine::fault::{self, PostFault};
-use crate::engine::{self, Engine, PacerMode, QpInit, QpShared};
-use crate::exports::{engine_from, on_create_cq, on_create_qp};
+use crate::engine::{self, Engine, QpInit, QpShared};
+use crate::exports::{on_create_cq, on_create_qp};
 use crate::ffi::Reentry;
 use crate::mock::MockDevice;
 use crate::registry::PtrMap;
@@ -145,15 +145,7 @@ fn a_panic_after_the_call_settled_keeps_the_list_and_still_paces_it() {
 
 /// An engine with `vars` on a fresh mock device with one registered CQ.
 fn device(vars: &[(&str, &str)]) -> (MockDevice, Arc<Engine>, *mut ibv_cq) {
-    let engine = engine_from(
-        lookup(vars),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) });
+    let (engine, dev) = super::attached(vars);
     let cq = dev.create_cq();
     // SAFETY: cq was just created on the context.
     unsafe { on_create_cq(dev.context(), cq) };

@@ -8,11 +8,10 @@ use std::sync::Arc;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
-use super::{attached, forget, lookup, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
+use super::{attached, forget, pattern, rdma, rig, rig_on, rig_with, sge, RKEY};
 use crate::channel;
-use crate::clock::VirtualClock;
-use crate::engine::{self, PacerMode};
-use crate::exports::{engine_from, on_create_qp};
+use crate::engine;
+use crate::exports::on_create_qp;
 use crate::mock::MockDevice;
 
 /// A completion channel whose "kernel" is a pipe: writing a CQ's address raises an event.
@@ -118,18 +117,10 @@ fn ex_rig(
     wc_flags: u32,
     refuse_qp_numbers: bool,
 ) -> (MockDevice, Arc<engine::Engine>, *mut ibv_cq_ex, u64) {
-    let engine = engine_from(
-        lookup(vars),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
+    let (engine, dev) = attached(vars);
     if refuse_qp_numbers {
         dev.refuse_qp_numbers();
     }
-    // SAFETY: a fresh mock context.
-    unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) };
     let mut attr = ibv_cq_init_attr_ex {
         cqe: 64,
         wc_flags: u64::from(wc_flags),
