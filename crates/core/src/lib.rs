@@ -18,6 +18,7 @@
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
 //! | [`incast`] | the receiver's share of its link among incoming senders, and the senders' pacing to it | Justitia §6.7 |
 //! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
+//! | [`queue_turns`] | turns among a process's queue pairs, so that the RNIC's context cache holds the ones that post | Husky §3 |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
 //! | [`classifier`] | per-QP class from observed sizes and depth | PeRF §3.3 |
 //! | [`two_sided`] | splitting SENDs and WRITEs with immediate: the shapers' side-channel protocol, sender and receiver halves | Justitia §5.2 |
@@ -35,6 +36,7 @@ pub mod flow;
 pub mod incast;
 pub mod pacer;
 pub mod profile;
+pub mod queue_turns;
 pub mod remote_read;
 pub mod two_sided;
 pub mod yield_plan;

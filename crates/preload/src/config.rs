@@ -8,6 +8,7 @@
 //! | `JUSTITIA_CHUNK` | bytes, binary suffixes `K`, `M` (`64K`) | the core profile's 5 KiB |
 //! | `JUSTITIA_RATE` | `<bytes/s>[:<ops/s>]`, decimal suffixes `K`, `M`, `G` (`20M:50K`); at least `1K:1` | unset: unpaced |
 //! | `JUSTITIA_CONTROL_RATE` | `<verbs/s>[:<burst>]`, decimal suffixes (`500`, `2K:64`): memory registrations and QP creations per second, and how many may go back to back; at least 1 verb/s | unset: the daemon's budget for the process, else unpaced |
+//! | `JUSTITIA_QP_TURNS` | `<QPs>[:<turn bytes>]`, bytes with binary suffixes (`4`, `8:1M`): how many of the process's shaped QPs post at once, and how many bytes one posts in a turn while another waits | unset: every QP posts; turn 8 MiB |
 //! | `JUSTITIA_SUBMSG` | sub-message bytes for `preempt`, binary suffixes | 16K |
 //! | `JUSTITIA_YIELD_UNIT` | bytes of sub-message per yield, binary suffixes | 1K |
 //! | `JUSTITIA_STATS` | path of a JSON file written at exit (`%p` becomes the pid) | none |
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 use justitia_core::control_verbs::ControlVerbBudget;
 use justitia_core::flow::FlowClass;
 use justitia_core::profile::DEFAULT_CHUNK_WITH_LATENCY;
+use justitia_core::queue_turns::TurnBudget;
 use justitia_core::yield_plan::{YieldConfig, DEFAULT_SUB_MESSAGE_BYTES, DEFAULT_YIELD_UNIT_BYTES};
 
 use crate::log::LogLevel;
@@ -111,6 +113,9 @@ pub struct Config {
     /// `JUSTITIA_CONTROL_RATE`: the process's own control-verb budget (`None`: the
     /// daemon's, or unpaced).
     pub control_rate: Option<ControlVerbBudget>,
+    /// `JUSTITIA_QP_TURNS`: turns among the process's shaped QPs (`None`: every QP posts
+    /// when it has something to).
+    pub qp_turns: Option<TurnBudget>,
 }
 
 impl Default for Config {
@@ -131,6 +136,7 @@ impl Default for Config {
             socket: PathBuf::from(justitia_agent::client::DEFAULT_SOCKET),
             chunk_set: false,
             control_rate: None,
+            qp_turns: None,
         }
     }
 }
@@ -227,6 +233,15 @@ impl Config {
                 )
             })?);
         }
+        if let Some((var, v)) = get("JUSTITIA_QP_TURNS") {
+            config.qp_turns = Some(parse_qp_turns(&v).ok_or_else(|| {
+                error(
+                    var,
+                    &v,
+                    "expected <QPs>[:<turn bytes>], at least 1 QP, e.g. 4 or 8:1M",
+                )
+            })?);
+        }
         if let Some((var, v)) = get("JUSTITIA_SUBMSG") {
             config.yields.sub_message_bytes = parse_binary_size(&v)
                 .ok_or_else(|| error(var, &v, "expected a size in bytes, e.g. 16K"))?;
@@ -297,6 +312,13 @@ impl fmt::Display for Config {
         if let Some(c) = self.control_rate {
             write!(f, ", control verbs at {}/s (burst {})", c.per_sec, c.burst)?;
         }
+        if let Some(t) = self.qp_turns {
+            write!(
+                f,
+                ", {} QPs post at a time ({} B a turn)",
+                t.open, t.turn_bytes
+            )?;
+        }
         write!(
             f,
             ", sub-message {} B, yield unit {} B",
@@ -350,6 +372,25 @@ fn parse_control_rate(text: &str) -> Option<ControlVerbBudget> {
     let per_sec = parse_decimal_rate(rate)?;
     (per_sec >= 1.0 && (1..=MAX_CONTROL_BURST).contains(&burst))
         .then_some(ControlVerbBudget { per_sec, burst })
+}
+
+/// The bytes of a turn of `JUSTITIA_QP_TURNS` when it names none: a few milliseconds of a
+/// 25 to 100 Gb/s link, so that the RNIC reads a QP's context once per several
+/// milliseconds, not once per message.
+pub const DEFAULT_TURN_BYTES: u32 = 8 << 20;
+
+/// `4`, `8:1M`: QPs that post at once (at least 1) and an optional turn in bytes (binary
+/// suffixes, else [`DEFAULT_TURN_BYTES`]).
+fn parse_qp_turns(text: &str) -> Option<TurnBudget> {
+    let (open, turn) = match text.split_once(':') {
+        Some((o, t)) => (o, parse_binary_size(t)?),
+        None => (text, DEFAULT_TURN_BYTES),
+    };
+    let open: usize = open.trim().parse().ok()?;
+    (open >= 1).then_some(TurnBudget {
+        open,
+        turn_bytes: u64::from(turn),
+    })
 }
 
 /// `20M`, `1.5G`, `500` (decimal multiples), as a finite positive number.
@@ -538,6 +579,9 @@ mod tests {
             ("JUSTITIA_CHUNK", "0"),
             ("JUSTITIA_CHUNK", "64Q"),
             ("JUSTITIA_CHUNK", "8G"),
+            ("JUSTITIA_QP_TURNS", "0"),
+            ("JUSTITIA_QP_TURNS", "4:0"),
+            ("JUSTITIA_QP_TURNS", "four"),
             ("JUSTITIA_RATE", "-5M"),
             ("JUSTITIA_RATE", "20M:"),
             ("JUSTITIA_RATE", "inf"),
@@ -594,6 +638,25 @@ mod tests {
             })
         );
         assert_eq!(budget("1:65536").map(|b| b.burst), Some(65_536));
+    }
+
+    #[test]
+    fn qp_turns_take_a_turn_or_the_default_one() {
+        let turns = |v: &str| parse(&[("JUSTITIA_QP_TURNS", v)]).unwrap().qp_turns;
+        assert_eq!(
+            turns("4"),
+            Some(TurnBudget {
+                open: 4,
+                turn_bytes: 8 << 20
+            })
+        );
+        assert_eq!(
+            turns("2:256K"),
+            Some(TurnBudget {
+                open: 2,
+                turn_bytes: 256 << 10
+            })
+        );
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct Counters {
     /// Of `split_requests`, those split while a daemon the process had followed was gone
     /// ([`FollowStatus::split_while_gone`]). Published as `daemon_connections` is.
     pub split_while_daemon_gone: AtomicU64,
+    /// Times a shaped QP with requests to post was put in line for a turn
+    /// (`JUSTITIA_QP_TURNS`).
+    pub turn_waits: AtomicU64,
+    /// Times a QP that had spent its turn gave it to one in line, with requests left.
+    pub turn_yields: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -78,6 +83,12 @@ pub struct StatsSnapshot {
     /// The time they waited, in nanoseconds.
     #[serde(default)]
     pub control_wait_ns: u64,
+    /// See [`Counters::turn_waits`].
+    #[serde(default)]
+    pub turn_waits: u64,
+    /// See [`Counters::turn_yields`].
+    #[serde(default)]
+    pub turn_yields: u64,
 }
 
 impl Counters {
@@ -121,6 +132,8 @@ impl Counters {
             control_verbs: 0,
             control_verbs_delayed: 0,
             control_wait_ns: 0,
+            turn_waits: get(&self.turn_waits),
+            turn_yields: get(&self.turn_yields),
         }
     }
 }
@@ -155,7 +168,8 @@ mod tests {
             "{\"requests\":3,\"split_requests\":0,\"chunks\":16,\"bytes\":0,\"yields\":0,\
              \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0,\
              \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0,\
-             \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0}"
+             \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
+             \"turn_waits\":0,\"turn_yields\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());

@@ -9,7 +9,7 @@
 //! a CQ's poll lock (`CqShared::qps`); a QP's state lock (`QpShared::state`, held
 //! across the provider's post, never across a poll of the provider's CQ, and under a poll
 //! lock only tried, never waited for); the rate gate's pacer lock ([`RateGate`]); the
-//! pacer's queue lock and the CQ's held completions, leaves. A verb never waits for a QP's
+//! QPs' turns ([`turns`]), the pacer's queue lock and the CQ's held completions, leaves. A verb never waits for a QP's
 //! lock held by another thread for another object (see the crate's README, "Locks"):
 //! polls and the shaper's own polls in destroy and reset try it (`QpShared::drain_or_defer`).
 //! Threads (the pacer, the follower) are started with none of the first two held.
@@ -52,6 +52,7 @@ pub mod cq;
 pub mod ex_state;
 pub mod pacer;
 pub mod qp;
+mod turns;
 use crate::send_queue::{FastLane, RateGate, Treatment};
 use crate::stats::{Counters, StatsSnapshot};
 pub(crate) use cq::{cq, note_touched, Held};
@@ -193,6 +194,8 @@ pub struct Engine {
     ticked: Mutex<bool>,
     /// Signalled with [`Self::ticked`].
     ticked_cv: Condvar,
+    /// `JUSTITIA_QP_TURNS`: which shaped QPs may post now (`None`: all of them).
+    turns: Option<turns::Turns>,
 }
 
 /// How long the process's first control verb waits for the follower's first tick, so that
@@ -238,6 +241,7 @@ impl Engine {
             control_seen: AtomicBool::new(false),
             ticked: Mutex::new(false),
             ticked_cv: Condvar::new(),
+            turns: config.qp_turns.map(turns::Turns::new),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -611,6 +615,10 @@ impl Engine {
         let Some(ClassSetting::Fixed(class)) = self.config.class else {
             return None;
         };
+        // With turns every request is queued, so that a QP out of turn posts nothing.
+        if self.turns.is_some() {
+            return None;
+        }
         let paced = self.paced();
         let whole = |paced| FastLane {
             whole_up_to: u64::MAX,

@@ -458,10 +458,16 @@ impl QpShared {
             }
             None => Vec::new(),
         };
+        let woken = self.engine.turns.as_ref().and_then(|t| t.leave(self));
         // A stale `next_due_ns` left behind only costs one needless tick.
         let mut queue = self.engine.pacer_queue();
         queue.waiting.retain(|(q, _)| !Arc::ptr_eq(q, self));
         self.in_pacer.store(false, Ordering::Release);
+        drop(queue);
+        if let Some(next) = woken {
+            let now = self.engine.clock.now();
+            self.engine.schedule(next, now, now);
+        }
         purged
     }
 
@@ -508,6 +514,28 @@ impl QpShared {
             cq.push_held(purged);
         }
         self.drain(self.engine.clock.now());
+    }
+}
+
+/// What a drain did: the provider's refusal (the index in the running call's list and the
+/// error), the `wr_id`s of requests that completed with an error for it, why posting
+/// stopped, and the QP a turn went to.
+struct Drained {
+    refused: Option<(usize, c_int)>,
+    refused_ids: Vec<u64>,
+    blocked: Blocked,
+    woken: Option<Arc<QpShared>>,
+}
+
+impl Drained {
+    /// Nothing posted, nothing to follow up.
+    fn nothing() -> Self {
+        Drained {
+            refused: None,
+            refused_ids: Vec::new(),
+            blocked: Blocked::Idle,
+            woken: None,
+        }
     }
 }
 
@@ -719,10 +747,10 @@ impl QpShared {
             index += 1;
             cur = w.next;
         }
-        let (refused, synthesized, blocked) = self.drain_locked(&mut st, now);
+        let drained = self.drain_locked(&mut st, now);
         #[cfg(test)]
         fault::hit(fault::PostFault::AfterDrain);
-        let held = match refused {
+        let held = match drained.refused {
             Some((at, e)) => {
                 rc = e;
                 at
@@ -738,7 +766,7 @@ impl QpShared {
         }
         #[cfg(test)]
         fault::hit(fault::PostFault::AfterSettled);
-        self.after_drain(synthesized, blocked, now);
+        self.after_drain(drained, now);
         rc
     }
 
@@ -888,22 +916,34 @@ impl QpShared {
                 return e;
             }
         }
-        let (refused, synthesized, blocked) = self.drain_locked(&mut st, now);
+        let drained = self.drain_locked(&mut st, now);
         st.sq.end_call();
         drop(st);
-        self.after_drain(synthesized, blocked, now);
-        refused.map_or(0, |(_, e)| e)
+        let rc = drained.refused.map_or(0, |(_, e)| e);
+        self.after_drain(drained, now);
+        rc
     }
 
-    /// Posts what the send queue allows now.
-    fn drain_locked(
-        &self,
-        st: &mut QpState,
-        now: Duration,
-    ) -> (Option<(usize, c_int)>, Vec<u64>, Blocked) {
+    /// Posts what the send queue allows now. With turns (`JUSTITIA_QP_TURNS`), only while
+    /// the QP holds one: a QP in line posts nothing, and is woken when its turn comes; the
+    /// QP a drain lets in (this one having nothing left, or its turn spent) is returned, to
+    /// be woken once the caller has released this QP's lock ([`Self::after_drain`]).
+    fn drain_locked(&self, st: &mut QpState, now: Duration) -> Drained {
         if st.sq.destroyed() {
-            return (None, Vec::new(), Blocked::Idle);
+            return Drained::nothing();
         }
+        let turns = self.engine.turns.as_ref();
+        if let Some(t) = turns {
+            if st.sq.needs_drain() {
+                if let Err(woken) = t.may_post(self, &self.engine.counters) {
+                    return Drained {
+                        woken,
+                        ..Drained::nothing()
+                    };
+                }
+            }
+        }
+        let posted_before = st.sq.posted_bytes();
         let qp = self.qp;
         let post_send = self.post_send;
         let mut post = |wrs: &mut [ibv_send_wr]| -> Result<(), (usize, c_int)> {
@@ -957,13 +997,31 @@ impl QpShared {
         self.engine
             .counters
             .note_queued(u64::try_from(st.sq.queued()).unwrap_or(u64::MAX));
-        (outcome.refused, refused_ids, outcome.blocked)
+        let woken = turns.and_then(|t| {
+            let spent = st.sq.posted_bytes() - posted_before;
+            t.posted(self, spent, st.sq.needs_drain(), &self.engine.counters)
+        });
+        Drained {
+            refused: outcome.refused,
+            refused_ids,
+            blocked: outcome.blocked,
+            woken,
+        }
     }
 
     /// What follows a drain, outside the QP's lock: a refusal by the provider said on
-    /// stderr (`refused`: the `wr_id`s of the requests it failed), and the QP handed to
-    /// the pacer if blocked.
-    fn after_drain(&self, refused: Vec<u64>, blocked: Blocked, now: Duration) {
+    /// stderr (`refused`: the `wr_id`s of the requests it failed), the QP a turn went to
+    /// woken, and this QP handed to the pacer if blocked.
+    fn after_drain(&self, drained: Drained, now: Duration) {
+        let Drained {
+            refused_ids: refused,
+            blocked,
+            woken,
+            ..
+        } = drained;
+        if let Some(next) = woken {
+            self.engine.schedule(next, now, now);
+        }
         for wr_id in refused {
             log!(
                 Warn,
@@ -1009,17 +1067,17 @@ impl QpShared {
             }
             return;
         };
-        let (_, synthesized, blocked) = self.drain_locked(&mut st, now);
+        let drained = self.drain_locked(&mut st, now);
         drop(st);
-        self.after_drain(synthesized, blocked, now);
+        self.after_drain(drained, now);
     }
 
     /// Posts what slots and tokens allow now (after completions, or when the pacer says).
     pub(crate) fn drain(&self, now: Duration) {
         let mut st = self.lock();
-        let (_, synthesized, blocked) = self.drain_locked(&mut st, now);
+        let drained = self.drain_locked(&mut st, now);
         drop(st);
-        self.after_drain(synthesized, blocked, now);
+        self.after_drain(drained, now);
     }
 
     /// Whether an `ibv_modify_qp` of `attr` and `mask` brings this QP up again: it moves to

@@ -438,6 +438,8 @@ pub struct SendQueue {
     batch: Vec<Built>,
     batch_wrs: Vec<ibv_send_wr>,
     batch_sges: Vec<ibv_sge>,
+    /// Payload bytes of the WQEs posted so far (what a QP spends of its turn).
+    posted_bytes: u64,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -486,7 +488,14 @@ impl SendQueue {
             batch: Vec::new(),
             batch_wrs: Vec::new(),
             batch_sges: Vec::new(),
+            posted_bytes: 0,
         }
+    }
+
+    /// Payload bytes of the WQEs posted from the queue so far (quick requests not
+    /// included: a QP with turns has none).
+    pub fn posted_bytes(&self) -> u64 {
+        self.posted_bytes
     }
 
     /// Application requests outstanding (accepted, not retired).
@@ -1043,11 +1052,20 @@ impl SendQueue {
             }
         }
         req.inflight += 1;
-        match b.kind {
-            WqeKind::Whole => {}
-            WqeKind::Chunk => add(&counters.chunks, 1),
-            WqeKind::Yield => add(&counters.yields, 1),
-        }
+        let bytes = match b.kind {
+            WqeKind::Whole => u64::from(req.len),
+            WqeKind::Chunk => {
+                add(&counters.chunks, 1);
+                self.batch_sges
+                    .get(b.sges.0..b.sges.1)
+                    .map_or(0, |s| s.iter().map(|g| u64::from(g.length)).sum())
+            }
+            WqeKind::Yield => {
+                add(&counters.yields, 1);
+                0
+            }
+        };
+        self.posted_bytes = self.posted_bytes.saturating_add(bytes);
         if b.is_last {
             req.done_posting = true;
             self.cursor = self.cursor.max(b.request + 1);

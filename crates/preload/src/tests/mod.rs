@@ -25,6 +25,7 @@ mod real_apps;
 mod regressions;
 mod stress;
 mod teardown;
+mod turns;
 
 const RKEY: u32 = 0x77;
 

@@ -1,0 +1,289 @@
+//! Turns among one process's queue pairs: at most a budget of them post at a time.
+//!
+//! An RNIC caches a bounded number of queue-pair contexts (Husky, NSDI'23; the
+//! `qp_cache_entries` of a profile). A process that keeps hundreds of queue pairs busy at
+//! once makes the RNIC fetch contexts over PCIe for nearly every message, and evicts the
+//! contexts every other tenant depends on. [`crate::adaptive::TenantRoundRobin`] bounds
+//! the queues a tenant is served from in the model; [`QueueTurns`] is the same bound where
+//! a shaper enforces it, among the queue pairs of its process: a queue pair posts only
+//! while it holds one of `open` turns, gives its turn back when it has nothing left to
+//! post, and after `turn_bytes` in one turn yields it to the first queue pair waiting, then
+//! waits at the back itself. The RNIC then holds about `open` of the process's contexts
+//! at a time, and they change once per turn, not once per message.
+//!
+//! Invariants:
+//! - at most `open` queues hold a turn (after [`QueueTurns::set_budget`] lowers it, the
+//!   extra holders keep their turns until they give them back or yield, and no waiter is
+//!   let in meanwhile);
+//! - a queue is either holding, or waiting, or neither; never both, never twice;
+//! - waiters are let in in the order they asked (first in, first out), and every turn
+//!   that frees while some queue waits goes to the first waiter, which the caller is told
+//!   to wake: a waiter never stays behind a free turn.
+
+use std::collections::VecDeque;
+
+/// How many queues may hold a turn at once, and how long a turn lasts while others wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnBudget {
+    /// Queues that may post at once (at least one).
+    pub open: usize,
+    /// Bytes a queue may post in one turn while another waits (at least one).
+    pub turn_bytes: u64,
+}
+
+/// One holder of a turn.
+#[derive(Clone, Debug)]
+struct Holder<Q> {
+    queue: Q,
+    /// Bytes posted since its turn began.
+    spent: u64,
+}
+
+/// The turns of one process's queues `Q` (compared with `==`: a queue's identity).
+#[derive(Clone, Debug)]
+pub struct QueueTurns<Q> {
+    budget: TurnBudget,
+    holders: Vec<Holder<Q>>,
+    waiting: VecDeque<Q>,
+}
+
+/// What [`QueueTurns::request`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn<Q> {
+    /// The queue holds a turn: it may post.
+    Held,
+    /// The queue was put in line now; it is woken when its turn comes.
+    Queued,
+    /// The queue was in line already.
+    Waiting,
+    /// The queue had spent its turn while another waited: it yielded it to that one (to
+    /// be woken) and is at the back of the line now.
+    Yielded(Q),
+}
+
+impl<Q: Clone + PartialEq> QueueTurns<Q> {
+    /// No queue holding or waiting, under `budget` (zeros count as one).
+    pub fn new(budget: TurnBudget) -> Self {
+        QueueTurns {
+            budget: Self::floor(budget),
+            holders: Vec::new(),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    fn floor(b: TurnBudget) -> TurnBudget {
+        TurnBudget {
+            open: b.open.max(1),
+            turn_bytes: b.turn_bytes.max(1),
+        }
+    }
+
+    /// The budget in force.
+    pub fn budget(&self) -> TurnBudget {
+        self.budget
+    }
+
+    /// Queues holding a turn.
+    pub fn holding(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Queues waiting for one.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Changes the budget; returns the waiters let in by a larger one, to be woken.
+    pub fn set_budget(&mut self, budget: TurnBudget) -> Vec<Q> {
+        self.budget = Self::floor(budget);
+        let mut woken = Vec::new();
+        while let Some(q) = self.admit_first() {
+            woken.push(q);
+        }
+        woken
+    }
+
+    /// `queue` has something to post: [`Turn::Held`] if it holds a turn it has not spent
+    /// (or nobody waits), or one is free and nobody waits for it; else it waits in line
+    /// (put there once), after yielding a spent turn to the first waiter.
+    pub fn request(&mut self, queue: &Q) -> Turn<Q> {
+        if let Some(at) = self.holders.iter().position(|h| h.queue == *queue) {
+            if self.holders[at].spent < self.budget.turn_bytes || self.waiting.is_empty() {
+                return Turn::Held;
+            }
+            let yielded = self.holders.swap_remove(at).queue;
+            let woken = self.admit_first();
+            self.waiting.push_back(yielded);
+            return woken.map_or(Turn::Waiting, Turn::Yielded);
+        }
+        if self.waiting.is_empty() && self.holders.len() < self.budget.open {
+            self.holders.push(Holder {
+                queue: queue.clone(),
+                spent: 0,
+            });
+            return Turn::Held;
+        }
+        if self.waiting.contains(queue) {
+            return Turn::Waiting;
+        }
+        self.waiting.push_back(queue.clone());
+        Turn::Queued
+    }
+
+    /// `queue` posted `bytes` in its turn and has `more` left to post. A queue with nothing
+    /// left gives its turn back; one that has spent its turn while another waits yields
+    /// it and goes to the back of the line. Returns the waiter let in, to be woken.
+    pub fn posted(&mut self, queue: &Q, bytes: u64, more: bool) -> Option<Q> {
+        let at = self.holders.iter().position(|h| h.queue == *queue)?;
+        let h = &mut self.holders[at];
+        h.spent = h.spent.saturating_add(bytes);
+        if !more {
+            self.holders.swap_remove(at);
+            return self.admit_first();
+        }
+        if h.spent < self.budget.turn_bytes || self.waiting.is_empty() {
+            return None;
+        }
+        let yielded = self.holders.swap_remove(at).queue;
+        let woken = self.admit_first();
+        self.waiting.push_back(yielded);
+        woken
+    }
+
+    /// `queue` is gone (destroyed, or its posts no longer shaped): it leaves the line or
+    /// gives its turn back. Returns the waiter let in, to be woken.
+    pub fn leave(&mut self, queue: &Q) -> Option<Q> {
+        self.waiting.retain(|q| q != queue);
+        let at = self.holders.iter().position(|h| h.queue == *queue)?;
+        self.holders.swap_remove(at);
+        self.admit_first()
+    }
+
+    /// Lets the first waiter in when a turn is free.
+    fn admit_first(&mut self) -> Option<Q> {
+        if self.holders.len() >= self.budget.open {
+            return None;
+        }
+        let q = self.waiting.pop_front()?;
+        self.holders.push(Holder {
+            queue: q.clone(),
+            spent: 0,
+        });
+        Some(q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turns(open: usize, turn_bytes: u64) -> QueueTurns<u32> {
+        QueueTurns::new(TurnBudget { open, turn_bytes })
+    }
+
+    #[test]
+    fn queues_beyond_the_budget_wait_in_order_and_are_let_in_as_turns_free() {
+        let mut t = turns(2, 1000);
+        assert_eq!(t.request(&1), Turn::Held);
+        assert_eq!(t.request(&2), Turn::Held);
+        assert_eq!(t.request(&3), Turn::Queued);
+        assert_eq!(t.request(&4), Turn::Queued);
+        // Asking again keeps its place.
+        assert_eq!(t.request(&3), Turn::Waiting);
+        assert_eq!((t.holding(), t.waiting()), (2, 2));
+        // 2 runs out of work: 3, the first in line, is let in; 4 still waits.
+        assert_eq!(t.posted(&2, 10, false), Some(3));
+        assert_eq!(t.request(&3), Turn::Held);
+        assert_eq!(t.request(&4), Turn::Waiting);
+        assert_eq!(t.leave(&1), Some(4));
+        assert_eq!((t.holding(), t.waiting()), (2, 0));
+    }
+
+    #[test]
+    fn a_spent_turn_is_yielded_only_to_a_waiter() {
+        let mut t = turns(1, 1000);
+        assert_eq!(t.request(&1), Turn::Held);
+        // Nobody waits: the turn lasts past its bytes.
+        assert_eq!(t.posted(&1, 5000, true), None);
+        assert_eq!(t.request(&2), Turn::Queued);
+        // 1 has spent its turn and 2 waits: 2 goes in, 1 to the back of the line.
+        assert_eq!(t.posted(&1, 1, true), Some(2));
+        assert_eq!(t.request(&1), Turn::Waiting);
+        // 2's turn starts from nothing: 999 bytes keep it.
+        assert_eq!(t.posted(&2, 999, true), None);
+        assert_eq!(t.posted(&2, 1, true), Some(1));
+        assert_eq!((t.holding(), t.waiting()), (1, 1));
+    }
+
+    #[test]
+    fn a_spent_turn_is_yielded_when_its_holder_asks_again() {
+        let mut t = turns(1, 1000);
+        assert_eq!(t.request(&1), Turn::Held);
+        // Spent while nobody waited: kept.
+        assert_eq!(t.posted(&1, 1000, true), None);
+        assert_eq!(t.request(&1), Turn::Held);
+        assert_eq!(t.request(&2), Turn::Queued);
+        // Asking again now, 1 yields to 2 without posting.
+        assert_eq!(t.request(&1), Turn::Yielded(2));
+        assert_eq!(t.request(&1), Turn::Waiting);
+        assert_eq!(t.request(&2), Turn::Held);
+    }
+
+    #[test]
+    fn a_newcomer_does_not_overtake_the_line() {
+        let mut t = turns(1, 1000);
+        assert_eq!(t.request(&1), Turn::Held);
+        assert_eq!(t.request(&2), Turn::Queued);
+        assert_eq!(t.posted(&1, 1, false), Some(2));
+        assert_eq!(t.request(&2), Turn::Held);
+        assert_eq!(t.request(&3), Turn::Queued);
+    }
+
+    #[test]
+    fn a_lower_budget_lets_holders_finish_and_a_higher_one_lets_waiters_in() {
+        let mut t = turns(2, 1000);
+        t.request(&1);
+        t.request(&2);
+        t.request(&3);
+        let lower = TurnBudget {
+            open: 1,
+            turn_bytes: 1000,
+        };
+        assert!(t.set_budget(lower).is_empty());
+        assert_eq!(t.holding(), 2);
+        // 1 finishes: one holder left, which is the budget; 3 keeps waiting.
+        assert_eq!(t.posted(&1, 1, false), None);
+        assert_eq!(t.posted(&2, 1, false), Some(3));
+        t.request(&4);
+        t.request(&5);
+        let higher = TurnBudget {
+            open: 3,
+            turn_bytes: 1000,
+        };
+        assert_eq!(t.set_budget(higher), [4, 5]);
+        assert_eq!((t.holding(), t.waiting()), (3, 0));
+    }
+
+    #[test]
+    fn a_queue_that_leaves_the_line_is_never_woken() {
+        let mut t = turns(1, 1000);
+        t.request(&1);
+        t.request(&2);
+        t.request(&3);
+        assert_eq!(t.leave(&2), None);
+        assert_eq!(t.posted(&1, 1, false), Some(3));
+        assert_eq!(t.posted(&7, 1, false), None, "not a holder");
+    }
+
+    #[test]
+    fn zeros_count_as_one() {
+        let t = turns(0, 0);
+        assert_eq!(
+            t.budget(),
+            TurnBudget {
+                open: 1,
+                turn_bytes: 1
+            }
+        );
+    }
+}

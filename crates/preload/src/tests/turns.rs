@@ -1,0 +1,150 @@
+//! Turns among the process's shaped QPs (`JUSTITIA_QP_TURNS`): a QP out of turn posts
+//! nothing, a QP with nothing left or with its turn spent hands it on, and every request
+//! still arrives whole and completes once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use justitia_verbs::ops;
+use justitia_verbs::sys::*;
+
+use super::{create_qp, forget, lookup, pattern, post_on, qp_attr, rdma, sge};
+use crate::clock::{Clock, VirtualClock};
+use crate::engine::PacerMode;
+use crate::exports::{engine_from, on_create_cq};
+use crate::mock::MockDevice;
+
+/// Which QP each WQE that reached the provider was posted on, as runs: (QP number, WQEs).
+fn runs(log: &[crate::mock::PostedWr]) -> Vec<(u32, usize)> {
+    let mut out: Vec<(u32, usize)> = Vec::new();
+    for w in log {
+        match out.last_mut() {
+            Some((qp, n)) if *qp == w.qp_num => *n += 1,
+            _ => out.push((w.qp_num, 1)),
+        }
+    }
+    out
+}
+
+/// One turn of 64 KiB between two QPs of 8 slots, each WRITEing 256 KiB in 16 KiB chunks:
+/// the second waits in line while the first posts; a drain fills the first's 8 slots
+/// (128 KiB, its turn spent), so when its completions let it post again it yields to the
+/// second, which does the same, and each QP's last 8 chunks end its turn: 8 chunks a turn,
+/// the QPs in alternation. Every byte arrives and each request completes once.
+#[test]
+fn one_turn_between_two_qps_alternates_them_by_turns() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "16K"),
+            ("JUSTITIA_QP_TURNS", "1:64K"),
+        ]),
+        clock.clone(),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let qps = [
+        create_qp(&dev, qp_attr(cq, 8)),
+        create_qp(&dev, qp_attr(cq, 8)),
+    ];
+    // SAFETY: live QPs.
+    let nums = qps.map(|q| unsafe { (*q).qp_num });
+    let len = 256 << 10;
+    let srcs = [pattern(len, 3), pattern(len, 9)];
+    let mut dsts = [vec![0u8; len], vec![0u8; len]];
+    for i in 0..2 {
+        let mut s = [sge(&srcs[i], 0, len)];
+        let mut w = rdma(
+            IBV_WR_RDMA_WRITE,
+            100 + i as u64,
+            &mut s,
+            dsts[i].as_mut_ptr() as u64,
+            true,
+        );
+        assert_eq!(post_on(qps[i], &mut w), 0);
+    }
+    // The first filled its slots; the second posted nothing and waits in line.
+    assert_eq!(runs(&dev.log()), [(nums[0], 8)]);
+    assert_eq!(engine.stats().turn_waits, 1);
+    let mut seen = Vec::new();
+    let mut buf = [ibv_wc::default(); 8];
+    for _ in 0..100 {
+        let ran = dev.execute_all(qps[0]) + dev.execute_all(qps[1]);
+        // SAFETY: a live CQ with room for 8 entries.
+        let n = unsafe { ops::poll_cq(cq, 8, buf.as_mut_ptr()) };
+        assert!(n >= 0);
+        seen.extend_from_slice(&buf[..n as usize]);
+        // A QP let in is due at once, or at the pacer's look at its slots if that was
+        // set before (1 ms).
+        clock.set(clock.now() + Duration::from_millis(1));
+        engine.pacer_tick(clock.now());
+        if ran == 0 && n == 0 && seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        runs(&dev.log()),
+        [(nums[0], 8), (nums[1], 8), (nums[0], 8), (nums[1], 8)]
+    );
+    let mut ids: Vec<u64> = seen.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [100, 101]);
+    assert!(seen.iter().all(|w| w.status == IBV_WC_SUCCESS));
+    assert_eq!(srcs, dsts);
+    let stats = engine.stats();
+    assert_eq!((stats.turn_waits, stats.turn_yields), (1, 2), "{stats:?}");
+    forget(&dev, &qps, cq);
+}
+
+/// A QP destroyed while it holds the one turn, with requests still queued, hands the turn
+/// to the QP in line.
+#[test]
+fn a_destroyed_holder_hands_its_turn_on() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "16K"),
+            ("JUSTITIA_QP_TURNS", "1"),
+        ]),
+        clock.clone(),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let qps = [
+        create_qp(&dev, qp_attr(cq, 8)),
+        create_qp(&dev, qp_attr(cq, 8)),
+    ];
+    // SAFETY: live QPs.
+    let nums = qps.map(|q| unsafe { (*q).qp_num });
+    let len = 256 << 10;
+    let src = pattern(len, 5);
+    let mut dst = vec![0u8; len];
+    for &qp in &qps {
+        let mut s = [sge(&src, 0, len)];
+        let mut w = rdma(IBV_WR_RDMA_WRITE, 7, &mut s, dst.as_mut_ptr() as u64, true);
+        assert_eq!(post_on(qp, &mut w), 0);
+    }
+    assert_eq!(runs(&dev.log()), [(nums[0], 8)]);
+    // The first QP goes, its 8 queued chunks with it.
+    let token = crate::engine::qp_token(qps[0]).unwrap();
+    crate::engine::unregister_qp(qps[0], token);
+    engine.pacer_tick(clock.now());
+    assert_eq!(runs(&dev.log()), [(nums[0], 8), (nums[1], 8)]);
+    forget(&dev, &qps[1..], cq);
+}
