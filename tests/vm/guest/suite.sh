@@ -283,6 +283,43 @@ for tool in ib_write_bw ib_read_bw; do
   split_test "$tool 1M preempt" "JUSTITIA_POLICY=preempt" yields "$tool"
 done
 
+# QP turns: ib_write_bw on 8 QPs with JUSTITIA_QP_TURNS=2:256K (two of its QPs post at a
+# time, 256 KiB a turn while another waits). The run completes with the counts it has
+# without the shaper, and the requester's statistics show QPs waiting in line and spent
+# turns handed on.
+turns_test() {
+  local test="ib_write_bw -q 8, two QPs post at a time" slug=qp_turns n=100
+  if ! have_shaper; then
+    result SKIP "$test" "$NO_SHAPER"
+    return
+  fi
+  local env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_QP_TURNS=2:256K JUSTITIA_STATS=$LOGS/$slug.%p.stats.json"
+  if ! run_pair_retried "$slug" "$env_words" perftest wait_tcp_listen ib_write_bw -d "$DEV" -x "$GID" -q 8 -s 1048576 -n "$n"; then
+    result FAIL "$test" "$ERROR"
+    return
+  fi
+  local best="" f w y
+  for f in "$LOGS/$slug".*.stats.json; do
+    w=$(json_field "$f" turn_waits)
+    [ -n "$w" ] && [ "$w" -gt 0 ] && best=$f
+  done
+  if [ -z "$best" ]; then
+    result FAIL "$test" "no QP waited for a turn ($(cat "$LOGS/$slug".*.stats.json 2>/dev/null | tr '\n' ' '))"
+    return
+  fi
+  w=$(json_field "$best" turn_waits)
+  y=$(json_field "$best" turn_yields)
+  local detail="$COUNTS; turn_waits=$w turn_yields=$y split_requests=$(json_field "$best" split_requests)$NOTE"
+  if [ "${COUNTS#"client=1048576x$n "}" = "$COUNTS" ]; then
+    result FAIL "$test" "unexpected counts: $detail"
+  elif [ "${y:-0}" -le 0 ]; then
+    result FAIL "$test" "no spent turn was handed on: $detail"
+  else
+    result PASS "$test" "$detail"
+  fi
+}
+turns_test
+
 echo "== data integrity (test 4)"
 INTEGRITY_TRANSFERS=${INTEGRITY_TRANSFERS:-100}
 shaped_transfers=0
