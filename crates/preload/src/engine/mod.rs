@@ -9,8 +9,9 @@
 //! a CQ's poll lock (`CqShared::qps`); a QP's state lock (`QpShared::state`, held
 //! across the provider's post, never across a poll of the provider's CQ, and under a poll
 //! lock only tried, never waited for); the rate gate's pacer lock ([`RateGate`]); the
-//! QPs' turns ([`turns`]), the pacer's queue lock and the CQ's held completions, leaves. A verb never waits for a QP's
-//! lock held by another thread for another object (see the crate's README, "Locks"):
+//! QPs' turns (`turns`), the pacer's queue lock and the CQ's held completions, leaves. A
+//! verb never waits for a QP's lock held by another thread for another object (see the
+//! crate's README, "Locks"):
 //! polls and the shaper's own polls in destroy and reset try it (`QpShared::drain_or_defer`).
 //! Threads (the pacer, the follower) are started with none of the first two held.
 //!
