@@ -12,9 +12,7 @@
 //! at a time, and they change once per turn, not once per message.
 //!
 //! Invariants:
-//! - at most `open` queues hold a turn (after [`QueueTurns::set_budget`] lowers it, the
-//!   extra holders keep their turns until they give them back or yield, and no waiter is
-//!   let in meanwhile);
+//! - at most `open` queues hold a turn;
 //! - a queue is either holding, or waiting, or neither; never both, never twice;
 //! - waiters are let in in the order they asked (first in, first out), and every turn
 //!   that frees while some queue waits goes to the first waiter, which the caller is told
@@ -91,16 +89,6 @@ impl<Q: Clone + PartialEq> QueueTurns<Q> {
     /// Queues waiting for one.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
-    }
-
-    /// Changes the budget; returns the waiters let in by a larger one, to be woken.
-    pub fn set_budget(&mut self, budget: TurnBudget) -> Vec<Q> {
-        self.budget = Self::floor(budget);
-        let mut woken = Vec::new();
-        while let Some(q) = self.admit_first() {
-            woken.push(q);
-        }
-        woken
     }
 
     /// `queue` has something to post: [`Turn::Held`] if it holds a turn it has not spent
@@ -237,31 +225,6 @@ mod tests {
         assert_eq!(t.posted(&1, 1, false), Some(2));
         assert_eq!(t.request(&2), Turn::Held);
         assert_eq!(t.request(&3), Turn::Queued);
-    }
-
-    #[test]
-    fn a_lower_budget_lets_holders_finish_and_a_higher_one_lets_waiters_in() {
-        let mut t = turns(2, 1000);
-        t.request(&1);
-        t.request(&2);
-        t.request(&3);
-        let lower = TurnBudget {
-            open: 1,
-            turn_bytes: 1000,
-        };
-        assert!(t.set_budget(lower).is_empty());
-        assert_eq!(t.holding(), 2);
-        // 1 finishes: one holder left, which is the budget; 3 keeps waiting.
-        assert_eq!(t.posted(&1, 1, false), None);
-        assert_eq!(t.posted(&2, 1, false), Some(3));
-        t.request(&4);
-        t.request(&5);
-        let higher = TurnBudget {
-            open: 3,
-            turn_bytes: 1000,
-        };
-        assert_eq!(t.set_budget(higher), [4, 5]);
-        assert_eq!((t.holding(), t.waiting()), (3, 0));
     }
 
     #[test]
