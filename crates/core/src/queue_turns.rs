@@ -138,8 +138,8 @@ impl<Q: Clone + PartialEq> QueueTurns<Q> {
         woken
     }
 
-    /// `queue` is gone (destroyed, or its posts no longer shaped): it leaves the line or
-    /// gives its turn back. Returns the waiter let in, to be woken.
+    /// `queue` is gone (destroyed): it leaves the line or gives its turn back. Returns the
+    /// waiter let in, to be woken.
     pub fn leave(&mut self, queue: &Q) -> Option<Q> {
         self.waiting.retain(|q| q != queue);
         let at = self.holders.iter().position(|h| h.queue == *queue)?;
