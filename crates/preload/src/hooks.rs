@@ -257,10 +257,8 @@ unsafe extern "C" fn poll_cq_passing_through(
     // SAFETY: the provider's own poll_cq, with the caller's arguments.
     let got = unsafe { (c.poll_cq)(cq, n, wc) };
     if got > 0 && c.needs_shaping() {
-        // The batch is the buffer's room from here on (`n` need not live across the
-        // call): what the translation holds back waits for the next poll.
         // SAFETY: guaranteed by the caller; `got` entries were written.
-        return unsafe { settle_passed_through(got, wc, got, c) };
+        return unsafe { settle_passed_through(wc, got, c) };
     }
     got
 }
@@ -277,14 +275,13 @@ unsafe extern "C" fn poll_cq_passing_through(
 #[cold]
 #[inline(never)]
 unsafe fn settle_passed_through(
-    n: c_int,
     wc: *mut ibv_wc,
     got: c_int,
     c: &'static engine::CqShared,
 ) -> c_int {
     caught(
         // SAFETY: guaranteed by the caller.
-        move || unsafe { c.settle_provider_batch(n, wc, got) },
+        move || unsafe { c.settle_provider_batch(wc, got) },
         move || got,
     )
 }

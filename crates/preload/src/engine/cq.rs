@@ -653,18 +653,14 @@ impl CqShared {
 
     /// Translates `got` completions the provider wrote into `wc` outside the poll lock (see
     /// `hooks::settle_passed_through`), as [`Self::poll_shaped`] translates a batch it
-    /// could not settle on the rings; returns how many of `n` entries the application
-    /// gets.
+    /// could not settle on the rings; returns how many of them the application gets. The
+    /// batch is the buffer's room (the application's `n` need not outlive its call): what
+    /// the translation holds back waits for the next poll.
     ///
     /// # Safety
-    /// `cq` is this CQ, `wc` has room for `n` entries and holds `got` (0 < got <= n) of
-    /// the provider's.
-    pub(crate) unsafe fn settle_provider_batch(
-        &self,
-        n: c_int,
-        wc: *mut ibv_wc,
-        got: c_int,
-    ) -> c_int {
+    /// `wc` holds `got` (> 0) of the provider's completions of this CQ.
+    pub(crate) unsafe fn settle_provider_batch(&self, wc: *mut ibv_wc, got: c_int) -> c_int {
+        let n = got;
         let qps = self.qps.lock();
         let got = usize::try_from(got).unwrap_or(0);
         let resume = Resume {
