@@ -237,6 +237,17 @@ for tool in ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_send_bw ib_send_l
   done
 done
 
+# stats_where_positive SLUG KEY: the statistics file of the run SLUG (one per process) in
+# which KEY is positive (the last such), or nothing.
+stats_where_positive() {
+  local f v best=""
+  for f in "$LOGS/$1".*.stats.json; do
+    v=$(json_field "$f" "$2")
+    [ -n "$v" ] && [ "$v" -gt 0 ] && best=$f
+  done
+  echo "$best"
+}
+
 echo "== splitting (test 3)"
 # split NAME POLICY_ENV EXPECT TOOL: 1 MiB messages under the bandwidth class with 64 KiB
 # chunks; the requester's statistics must show the chunks (and, for preempt, the yields).
@@ -254,11 +265,8 @@ split_test() {
     return
   fi
   # The requester is the process that split: the one whose statistics count requests.
-  local best="" f r s c y
-  for f in "$LOGS/$slug".*.stats.json; do
-    r=$(json_field "$f" split_requests)
-    [ -n "$r" ] && [ "$r" -gt 0 ] && best=$f
-  done
+  local best r s c y
+  best=$(stats_where_positive "$slug" split_requests)
   if [ -z "$best" ]; then
     result FAIL "$test" "no process split a request ($(cat "$LOGS/$slug".*.stats.json 2>/dev/null | tr '\n' ' '))"
     return
@@ -298,11 +306,8 @@ turns_test() {
     result FAIL "$test" "$ERROR"
     return
   fi
-  local best="" f w y
-  for f in "$LOGS/$slug".*.stats.json; do
-    w=$(json_field "$f" turn_waits)
-    [ -n "$w" ] && [ "$w" -gt 0 ] && best=$f
-  done
+  local best w y
+  best=$(stats_where_positive "$slug" turn_waits)
   if [ -z "$best" ]; then
     result FAIL "$test" "no QP waited for a turn ($(cat "$LOGS/$slug".*.stats.json 2>/dev/null | tr '\n' ' '))"
     return
