@@ -3,7 +3,9 @@
 # shaped RDMA WRITE streams across the cable must end as they do natively. Each round runs
 # two ib_write_bw clients on A at once (150 x 64 KiB each, the incast of two-hosts.sh
 # section 5), each against its own unshaped server on B, under the shaper (bandwidth
-# class); every client must exit 0 with a bandwidth figure. Modes:
+# class); every client must exit 0 with a bandwidth figure (or, when perftest could not
+# calibrate its cycle counter three times in a row, which it tries only after every WRITE
+# completed, say so with no completion error). Modes:
 #
 #   daemon-64K      following A's justitiad, JUSTITIA_CHUNK=64K (no splitting)
 #   daemon-default  following A's justitiad, its chunk size
@@ -126,15 +128,21 @@ for spec in "daemon-64K:JUSTITIA_SOCKET=$dir/justitiad.sock JUSTITIA_CHUNK=64K" 
       log="$L.$mode.$n.$((p1 + i)).log"
       status=$(grep -h -m1 -o 'Failed status [0-9]*' "$log")
       fig=$(awk '/#bytes/ {h = 1; next} h && $1 ~ /^[0-9]+$/ {print $4; exit}' "$log")
-      if [ "${RCS[$i]}" != 0 ] || [ -z "$fig" ]; then
-        failed="$failed round $n client $((i + 1)): exit ${RCS[$i]}, ${status:-no completion error}${fig:+, $fig MB/s} ($log);"
-      else
+      if [ "${RCS[$i]}" = 0 ] && [ -n "$fig" ]; then
         figures="$figures $fig"
+      elif [ -z "$status" ] && grep -q "Can't produce a report" "$log" && grep -q 'Correlation coefficient' "$log"; then
+        # The third calibration failure in a row: perftest reports only once every WRITE
+        # completed, so the transfer ended well; the round has no figure.
+        figures="$figures (no report: perftest could not calibrate its cycle counter)"
+      else
+        # The log's last words name what went wrong when no completion did.
+        last=$(grep -v '^ *$' "$log" | tail -n 2 | tr -s ' \t\n' ' ')
+        failed="$failed round $n client $((i + 1)): exit ${RCS[$i]}, ${status:-no completion error}${fig:+, $fig MB/s}, last words: ${last:-none} ($log);"
       fi
     done
   done
   if [ -z "$failed" ]; then
-    result PASS "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "every client exited with a figure, MB/s:$figures"
+    result PASS "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "every client completed its WRITEs, MB/s:$figures"
   else
     result FAIL "$ROUNDS rounds of two shaped ib_write_bw 150 x 64 KiB A -> B at once ($mode)" "${failed%;}"
   fi
