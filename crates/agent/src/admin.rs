@@ -153,6 +153,16 @@ pub struct TenantReport {
     pub control_verbs_delayed: u64,
     /// The time they waited, in seconds.
     pub control_verb_wait_seconds: f64,
+    /// How many shaped QPs each of its processes may post on at once (`None`: no turns);
+    /// absent from a daemon that does not report it.
+    #[serde(default)]
+    pub qp_turns: Option<u32>,
+    /// Times one of its QPs waited in line for a turn, as its shapers reported.
+    #[serde(default)]
+    pub qp_turn_waits: u64,
+    /// Times one of its QPs gave a spent turn up to a waiting one.
+    #[serde(default)]
+    pub qp_turn_yields: u64,
 }
 
 /// Where the daemon's scan for unshaped processes stands.

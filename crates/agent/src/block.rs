@@ -40,6 +40,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use justitia_core::control_verbs::ControlVerbBudget;
+use justitia_core::queue_turns::TurnBudget;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
@@ -95,7 +96,12 @@ pub struct Header {
     pub control_verbs_per_ks: AtomicU64,
     /// The control-verb burst that goes with it.
     pub control_verb_burst: AtomicU64,
-    _reserved: [AtomicU64; 2],
+    /// In a tenant page, how many of each of the tenant's processes' shaped QPs may post
+    /// at once (0: no turns), under [`Header::seq`] with the status (see
+    /// [`justitia_core::queue_turns`]). Added within layout 3, as the control-verb budget.
+    pub qp_turns_open: AtomicU64,
+    /// The bytes of one turn that goes with it.
+    pub qp_turn_bytes: AtomicU64,
 }
 
 /// What a slot is being used for.
@@ -410,6 +416,22 @@ impl BlockWriter {
         });
     }
 
+    /// Publishes the QP turns of each of the page's tenant's processes (`None`: no
+    /// turns).
+    pub fn set_turn_budget(&self, budget: Option<TurnBudget>) {
+        let h = self.map.header();
+        let (open, bytes) = budget.map_or((0, 0), |b| {
+            (
+                u64::try_from(b.open.max(1)).unwrap_or(u64::MAX),
+                b.turn_bytes.max(1),
+            )
+        });
+        seq_write(&h.seq, || {
+            h.qp_turns_open.store(open, Ordering::Relaxed);
+            h.qp_turn_bytes.store(bytes, Ordering::Relaxed);
+        });
+    }
+
     /// Publishes a slot; returns false for an index out of range.
     pub fn set_slot(&self, index: u32, a: SlotAllotment) -> bool {
         let Some(s) = self.map.slot(index).filter(|_| index < self.slots) else {
@@ -620,6 +642,22 @@ impl BlockReader {
         })
     }
 
+    /// The QP turns the daemon published for each of the tenant's processes, `None` when
+    /// there are none (or torn on every attempt).
+    pub fn turn_budget(&self) -> Option<TurnBudget> {
+        let h = self.map.header();
+        let (open, bytes) = seq_read(&h.seq, || {
+            (
+                h.qp_turns_open.load(Ordering::Relaxed),
+                h.qp_turn_bytes.load(Ordering::Relaxed),
+            )
+        })?;
+        (open > 0).then(|| TurnBudget {
+            open: usize::try_from(open).unwrap_or(usize::MAX),
+            turn_bytes: bytes.max(1),
+        })
+    }
+
     /// A slot's content, `None` when out of range, torn on every attempt, or holding a
     /// state word this reader does not know.
     pub fn slot(&self, index: u32) -> Option<SlotAllotment> {
@@ -702,6 +740,26 @@ mod tests {
         assert!(page.clear_slot(1));
         assert_eq!(r.usage(1), Some(0));
         assert!(BlockWriter::create_tenant_page(0, 42).is_err());
+    }
+
+    #[test]
+    fn the_turn_budget_makes_the_round_trip_beside_the_control_budget() {
+        let page = BlockWriter::create_tenant_page(1, 42).unwrap();
+        let r = page.reader().unwrap();
+        assert_eq!(r.turn_budget(), None, "a new page has no turns");
+        let t = TurnBudget {
+            open: 96,
+            turn_bytes: 8 << 20,
+        };
+        let c = ControlVerbBudget {
+            per_sec: 10.0,
+            burst: 4,
+        };
+        page.set_turn_budget(Some(t));
+        page.set_control_budget(Some(c));
+        assert_eq!((r.turn_budget(), r.control_budget()), (Some(t), Some(c)));
+        page.set_turn_budget(None);
+        assert_eq!((r.turn_budget(), r.control_budget()), (None, Some(c)));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use std::time::Duration;
 use justitia_core::control_verbs::ControlVerbBudget;
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::ReleasePhase;
+use justitia_core::queue_turns::TurnBudget;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
     SocketFlags, SocketType,
@@ -45,7 +46,8 @@ use crate::block::{
     monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState, KIND_SHARED, KIND_TENANT,
 };
 use crate::proto::{
-    AdmissionReply, ControlVerbReport, RefuseReason, Register, Reply, Request, Usage, MAX_MESSAGE,
+    AdmissionReply, ControlVerbReport, QpTurnReport, RefuseReason, Register, Reply, Request, Usage,
+    MAX_MESSAGE,
 };
 
 /// Registrations sent and not yet answered, at most: the daemon's answers to them fit
@@ -617,6 +619,25 @@ impl AgentClient {
             return None;
         }
         conn.page.control_budget()
+    }
+
+    /// The QP turns the daemon gives each of this tenant's processes, from the tenant
+    /// page; `None` when there are none, not connected, or the daemon is stale. Never
+    /// blocks.
+    pub fn turn_budget(&self) -> Option<TurnBudget> {
+        let conn = self.conn.as_ref()?;
+        if conn.stale(monotonic_ns()) {
+            return None;
+        }
+        conn.page.turn_budget()
+    }
+
+    /// Reports the process's QP turns since its previous report. One non-blocking send;
+    /// false when not sent: the caller keeps counting and reports later.
+    pub fn report_qp_turns(&mut self, report: QpTurnReport) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let wire = Request::QpTurns(report).encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
     /// Reports the process's control verbs since its previous report. One non-blocking

@@ -33,6 +33,7 @@ const KIND_UNREGISTER: u8 = 3;
 const KIND_REMOTE: u8 = 4;
 const KIND_UNKNOWN_LAYOUT: u8 = 5;
 const KIND_CONTROL_VERBS: u8 = 6;
+const KIND_QP_TURNS: u8 = 7;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
@@ -97,6 +98,16 @@ pub struct ControlVerbReport {
     pub waited_ns: u64,
 }
 
+/// A process's QP turns since its previous report (see [`justitia_core::queue_turns`]):
+/// the daemon adds them to its tenant's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpTurnReport {
+    /// Times one of its QPs had to wait in line for a turn.
+    pub waits: u64,
+    /// Times one of its QPs gave a spent turn up to a waiting one.
+    pub yields: u64,
+}
+
 /// Client to daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -123,6 +134,8 @@ pub enum Request {
     },
     /// The process's control verbs since its previous report.
     ControlVerbs(ControlVerbReport),
+    /// The process's QP turns since its previous report.
+    QpTurns(QpTurnReport),
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -362,6 +375,12 @@ impl Request {
                 v.extend_from_slice(&r.waited_ns.to_le_bytes());
                 v
             }
+            Request::QpTurns(r) => {
+                let mut v = header(KIND_QP_TURNS);
+                v.extend_from_slice(&r.waits.to_le_bytes());
+                v.extend_from_slice(&r.yields.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -374,6 +393,7 @@ impl Request {
             KIND_REMOTE => Some(("remote", 31)),
             KIND_UNKNOWN_LAYOUT => Some(("unknown layout", 16)),
             KIND_CONTROL_VERBS => Some(("control verbs", 24)),
+            KIND_QP_TURNS => Some(("qp turns", 16)),
             _ => None,
         })?;
         Ok(match kind {
@@ -462,6 +482,10 @@ impl Request {
                     waited_ns,
                 })
             }
+            KIND_QP_TURNS => Request::QpTurns(QpTurnReport {
+                waits: c.u64(),
+                yields: c.u64(),
+            }),
             _ => Request::Unregister { flow: c.u64() },
         })
     }
@@ -627,6 +651,29 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_qp_turn_report_round_trips_and_must_be_whole() {
+        let t = Request::QpTurns(QpTurnReport {
+            waits: 6,
+            yields: 776,
+        });
+        let wire = t.encode();
+        assert_eq!(wire.len(), 20);
+        assert_eq!(&wire[..4], b"JA\x01\x07");
+        assert_eq!(Request::parse(&wire), Ok(t));
+        assert!(matches!(
+            Request::parse(&wire[..19]),
+            Err(ParseError::BadLength {
+                kind: "qp turns",
+                got: 19,
+                want: 20
+            })
+        ));
+        let mut long = wire.clone();
+        long.push(0);
+        assert!(Request::parse(&long).is_err());
     }
 
     #[test]

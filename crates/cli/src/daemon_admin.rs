@@ -321,21 +321,31 @@ fn flows_table(f: &[FlowReport]) -> String {
 
 /// The connected tenants as `justitia flows` prints them after the flows: each one's
 /// control-verb budget (verbs/s for all its processes, `-`: unpaced) and the control
-/// verbs its shapers reported, with how many waited and for how long in all.
+/// verbs its shapers reported, with how many waited and for how long in all; then the QP
+/// turns of each of its processes (`-`: none) and how often its QPs waited for one and
+/// gave a spent one up.
 fn tenants_table(t: &[TenantReport]) -> String {
     use std::fmt::Write as _;
     if t.is_empty() {
         return "tenants: none connected\n".into();
     }
     let mut out = format!(
-        "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10}  tenant\n",
-        "weight", "processes", "ctl budget/s", "control verbs", "delayed", "waited s"
+        "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10} {:>8} {:>10} {:>10}  tenant\n",
+        "weight",
+        "processes",
+        "ctl budget/s",
+        "control verbs",
+        "delayed",
+        "waited s",
+        "QP turns",
+        "turn waits",
+        "yields"
     );
     for r in t {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10.3}  {}",
+            "{:>6} {:>9} {:>12} {:>14} {:>10} {:>10.3} {:>8} {:>10} {:>10}  {}",
             r.weight,
             r.processes,
             r.control_verbs_per_sec
@@ -343,6 +353,9 @@ fn tenants_table(t: &[TenantReport]) -> String {
             r.control_verbs,
             r.control_verbs_delayed,
             r.control_verb_wait_seconds,
+            r.qp_turns.map_or("-".into(), |t| t.to_string()),
+            r.qp_turn_waits,
+            r.qp_turn_yields,
             r.tenant
         );
     }
@@ -437,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tenants_table_shows_the_budget_or_a_dash_and_the_counts() {
+    fn the_tenants_table_shows_the_budgets_or_a_dash_and_the_counts() {
         let paced = TenantReport {
             tenant: "pod/ml/attacker".into(),
             weight: 2,
@@ -446,6 +459,9 @@ mod tests {
             control_verbs: 12_000,
             control_verbs_delayed: 11_950,
             control_verb_wait_seconds: 17.25,
+            qp_turns: Some(96),
+            qp_turn_waits: 6,
+            qp_turn_yields: 776,
         };
         let unpaced = TenantReport {
             tenant: "1000".into(),
@@ -455,6 +471,9 @@ mod tests {
             control_verbs: 5,
             control_verbs_delayed: 0,
             control_verb_wait_seconds: 0.0,
+            qp_turns: None,
+            qp_turn_waits: 0,
+            qp_turn_yields: 0,
         };
         let table = tenants_table(&[paced, unpaced]);
         let rows: Vec<Vec<&str>> = table
@@ -472,9 +491,12 @@ mod tests {
                     "12000",
                     "11950",
                     "17.250",
+                    "96",
+                    "6",
+                    "776",
                     "pod/ml/attacker"
                 ],
-                vec!["1", "1", "-", "5", "0", "0.000", "1000"],
+                vec!["1", "1", "-", "5", "0", "0.000", "-", "0", "0", "1000"],
             ],
             "{table}"
         );

@@ -12,7 +12,7 @@
 //! at a time, and they change once per turn, not once per message.
 //!
 //! Invariants:
-//! - at most `open` queues hold a turn;
+//! - at most `open` queues hold a turn, also after the budget changed;
 //! - a queue is either holding, or waiting, or neither; never both, never twice;
 //! - waiters are let in in the order they asked (first in, first out), and every turn
 //!   that frees while some queue waits goes to the first waiter, which the caller is told
@@ -27,6 +27,33 @@ pub struct TurnBudget {
     pub open: usize,
     /// Bytes a queue may post in one turn while another waits (at least one).
     pub turn_bytes: u64,
+}
+
+/// One process's share of the host's `host_open` turns (set to the RNIC's QP-context
+/// cache entries, so that the queue pairs all tenants post on at once fit in it): its
+/// tenant's weighted share (its `weight` of the `total_weight` of the tenants connected),
+/// split evenly among the tenant's `processes`, rounded down and at least one, each turn
+/// `turn_bytes` long (at least one).
+///
+/// `None` when there is nothing to enforce: no host budget (0) or no weight.
+pub fn tenant_turn_budget(
+    host_open: u32,
+    turn_bytes: u64,
+    weight: u32,
+    total_weight: u64,
+    processes: u32,
+) -> Option<TurnBudget> {
+    if host_open == 0 || weight == 0 {
+        return None;
+    }
+    // A total below the tenant's own weight is a caller's slip; the tenant is then alone.
+    let total = u128::from(total_weight.max(u64::from(weight)));
+    let share = u128::from(host_open) * u128::from(weight) / total / u128::from(processes.max(1));
+    Some(TurnBudget {
+        // At most `host_open`, which fits.
+        open: usize::try_from(share).unwrap_or(usize::MAX).max(1),
+        turn_bytes: turn_bytes.max(1),
+    })
 }
 
 /// One holder of a turn.
@@ -147,6 +174,27 @@ impl<Q: Clone + PartialEq> QueueTurns<Q> {
         self.admit_first()
     }
 
+    /// Puts `budget` in force (zeros count as one). More turns let the first waiters in,
+    /// who are returned, to be woken. Fewer turns take them from the latest holders, which
+    /// go to the front of the line in the order they held (so that at most `open` hold,
+    /// and those that lost a turn are the first to get one back); a holder posting when it
+    /// loses its turn finds out at its next [`Self::request`].
+    pub fn set_budget(&mut self, budget: TurnBudget) -> Vec<Q> {
+        self.budget = Self::floor(budget);
+        if self.holders.len() > self.budget.open {
+            for h in self.holders.drain(self.budget.open..).rev() {
+                self.waiting.push_front(h.queue);
+            }
+        }
+        std::iter::from_fn(|| self.admit_first()).collect()
+    }
+
+    /// Ends the turns: every waiter is returned, to be woken, and nobody holds a turn.
+    pub fn release_all(&mut self) -> Vec<Q> {
+        self.holders.clear();
+        self.waiting.drain(..).collect()
+    }
+
     /// Lets the first waiter in when a turn is free.
     fn admit_first(&mut self) -> Option<Q> {
         if self.holders.len() >= self.budget.open {
@@ -236,6 +284,80 @@ mod tests {
         assert_eq!(t.leave(&2), None);
         assert_eq!(t.posted(&1, 1, false), Some(3));
         assert_eq!(t.posted(&7, 1, false), None, "not a holder");
+    }
+
+    #[test]
+    fn more_turns_let_the_first_waiters_in() {
+        let mut t = turns(1, 1000);
+        for q in 1..=4 {
+            t.request(&q);
+        }
+        assert_eq!(
+            t.set_budget(TurnBudget {
+                open: 3,
+                turn_bytes: 1000
+            }),
+            vec![2, 3]
+        );
+        assert_eq!((t.holding(), t.waiting()), (3, 1));
+        assert_eq!(t.request(&3), Turn::Held);
+        assert_eq!(t.request(&4), Turn::Waiting);
+    }
+
+    #[test]
+    fn fewer_turns_put_the_latest_holders_first_in_line() {
+        let mut t = turns(4, 1000);
+        for q in 1..=5 {
+            t.request(&q);
+        }
+        assert_eq!(
+            t.set_budget(TurnBudget {
+                open: 2,
+                turn_bytes: 1000
+            }),
+            vec![]
+        );
+        assert_eq!((t.holding(), t.waiting()), (2, 3));
+        assert_eq!(t.request(&1), Turn::Held);
+        assert_eq!(t.request(&3), Turn::Waiting);
+        // Those that lost their turn come back first, in the order they held, before 5.
+        assert_eq!(t.posted(&1, 1, false), Some(3));
+        assert_eq!(t.posted(&2, 1, false), Some(4));
+        assert_eq!(t.leave(&3), Some(5));
+    }
+
+    #[test]
+    fn releasing_all_returns_every_waiter_and_frees_every_turn() {
+        let mut t = turns(1, 1000);
+        for q in 1..=3 {
+            t.request(&q);
+        }
+        assert_eq!(t.release_all(), vec![2, 3]);
+        assert_eq!((t.holding(), t.waiting()), (0, 0));
+        assert_eq!(t.posted(&1, 1, false), None, "1 holds no turn any more");
+    }
+
+    #[test]
+    fn a_tenant_has_its_weighted_share_of_the_hosts_turns_split_among_its_processes() {
+        let b = |open, weight, total, processes| {
+            tenant_turn_budget(open, 1 << 20, weight, total, processes).map(|b| b.open)
+        };
+        // 256 contexts, weights 3 of 4: 192, over 2 processes 96 each.
+        assert_eq!(b(256, 3, 4, 2), Some(96));
+        // Rounded down, never below one.
+        assert_eq!(b(256, 1, 3, 1), Some(85));
+        assert_eq!(b(10, 1, 1000, 4), Some(1));
+        // A total below the tenant's weight is taken as the tenant alone.
+        assert_eq!(b(64, 5, 1, 1), Some(64));
+        // Weights near u32::MAX do not overflow.
+        assert_eq!(b(100, u32::MAX, 2 * u64::from(u32::MAX), 1), Some(50));
+        assert_eq!(b(0, 1, 1, 1), None, "no host budget: no turns");
+        assert_eq!(b(64, 0, 1, 1), None, "no weight: no turns");
+        assert_eq!(
+            tenant_turn_budget(64, 0, 1, 1, 1).map(|b| b.turn_bytes),
+            Some(1),
+            "a turn is at least one byte"
+        );
     }
 
     #[test]

@@ -144,6 +144,12 @@ pub struct Metrics {
     pub tenant_control_verb_wait: Family<TenantKey, Counter<f64, AtomicU64>>,
     /// A tenant's control-verb budget, verbs/s (0: unpaced).
     pub tenant_control_verb_budget: Family<TenantKey, Gauge<f64, AtomicU64>>,
+    /// How many shaped QPs each of a tenant's processes may post on at once (0: no turns).
+    pub tenant_qp_turns: Family<TenantKey, Gauge>,
+    /// Times one of a tenant's QPs waited in line for a turn, as its shapers reported.
+    pub tenant_qp_turn_waits: Family<TenantKey, Counter>,
+    /// Times one of a tenant's QPs gave a spent turn up to a waiting one.
+    pub tenant_qp_turn_yields: Family<TenantKey, Counter>,
     /// The last completed scan's duration (the kernel's dump, the `/proc` reads and the
     /// decision), in seconds: the next waits at least 50 times as long.
     pub unshaped_scan_seconds: Gauge<f64, AtomicU64>,
@@ -202,6 +208,9 @@ impl Metrics {
             tenant_control_verbs_delayed: Family::default(),
             tenant_control_verb_wait: Family::default(),
             tenant_control_verb_budget: Family::default(),
+            tenant_qp_turns: Family::default(),
+            tenant_qp_turn_waits: Family::default(),
+            tenant_qp_turn_yields: Family::default(),
             unshaped_scan_seconds: Gauge::default(),
         }
     }
@@ -335,6 +344,21 @@ impl Metrics {
                 "tenant_control_verb_budget",
                 "A tenant's control-verb budget in verbs per second, shared by its processes (0: unpaced)",
                 self.tenant_control_verb_budget.clone(),
+            );
+            r.register(
+                "tenant_qp_turns",
+                "How many shaped queue pairs each of a tenant's processes may post on at once (0: no turns)",
+                self.tenant_qp_turns.clone(),
+            );
+            r.register(
+                "tenant_qp_turn_waits",
+                "Times one of a tenant's queue pairs waited in line for a turn",
+                self.tenant_qp_turn_waits.clone(),
+            );
+            r.register(
+                "tenant_qp_turn_yields",
+                "Times one of a tenant's queue pairs gave a spent turn up to a waiting one",
+                self.tenant_qp_turn_yields.clone(),
             );
         }
         r.register(

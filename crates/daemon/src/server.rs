@@ -65,12 +65,12 @@ use crate::rdma_netlink::DeviceFilter;
 use crate::unshaped::{ScanSettings, Scanner};
 
 mod admin;
-mod control_verbs;
 mod pass;
 mod peering;
 mod publication;
 mod registration;
 mod reload;
+mod tenant_budgets;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -134,10 +134,23 @@ struct TenantPage {
     clients: usize,
     /// The tenant's name in reports.
     name: String,
-    /// The largest weight among its connections (its control-verb share).
+    /// The largest weight among its connections (its share of the host's budgets).
     weight: u32,
-    /// The control-verb budget of each of its processes, as published in the page.
-    control_budget: Option<justitia_core::control_verbs::ControlVerbBudget>,
+    /// The budgets of each of its processes, as published in the page.
+    budgets: tenant_budgets::ProcessBudgets,
+}
+
+impl TenantPage {
+    /// Writes `budgets` in the page, each only if it changed.
+    fn publish(&mut self, budgets: tenant_budgets::ProcessBudgets) {
+        if budgets.control != self.budgets.control {
+            self.page.set_control_budget(budgets.control);
+        }
+        if budgets.turns != self.budgets.turns {
+            self.page.set_turn_budget(budgets.turns);
+        }
+        self.budgets = budgets;
+    }
 }
 
 /// An admin connection being served: its request read, then its answer written, without
@@ -253,10 +266,10 @@ pub struct Daemon {
     known_changed: bool,
     /// The connections or the configuration changed since the tenants' control-verb
     /// budgets were last published.
-    control_budgets_stale: bool,
+    tenant_budgets_stale: bool,
     /// Each tenant's control verbs as its shapers reported them, by tenant name; kept
     /// after its last connection goes (counters must not vanish), up to a cap.
-    control_tallies: BTreeMap<String, control_verbs::ControlVerbTally>,
+    tenant_tallies: BTreeMap<String, tenant_budgets::TenantTally>,
 }
 
 /// Epoll tags of the fixed descriptors; a client's socket is `id << 1`, its pidfd
@@ -587,8 +600,8 @@ impl Daemon {
             remote_ends: 0,
             unshaped,
             known_changed: false,
-            control_budgets_stale: false,
-            control_tallies: BTreeMap::new(),
+            tenant_budgets_stale: false,
+            tenant_tallies: BTreeMap::new(),
         })
     }
 

@@ -1299,3 +1299,84 @@ fn control_verb_budgets_follow_the_connections_and_reports_add_up() {
         },
     );
 }
+
+/// The host's QP turns, 10 of 256 KiB: one process of a tenant alone may post on all 10
+/// of its QPs at once, two processes of the tenant on 5 each; their turn reports add up in
+/// `justitia flows` and the metrics, the tenant's counts stay after its processes go, and
+/// a reload to 0 ends the turns.
+#[test]
+fn qp_turns_follow_the_connections_and_reports_add_up() {
+    use justitia_agent::admin::TenantReport;
+    use justitia_agent::proto::QpTurnReport;
+    use justitia_core::queue_turns::TurnBudget;
+
+    // The per-tenant series are served on a Unix socket only.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("m.sock");
+    let d = Daemon::start(&format!(
+        "qp_turns = 10\nqp_turn_bytes = 262144\nmetrics = \"unix:{}\"",
+        sock.display()
+    ));
+    let tenants = || match d.admin(&AdminRequest::Tenants) {
+        AdminReply::Tenants(t) => t,
+        other => panic!("{other:?}"),
+    };
+    let turns = |open| {
+        Some(TurnBudget {
+            open,
+            turn_bytes: 262_144,
+        })
+    };
+    let mut a = AgentClient::connect(d.socket()).unwrap();
+    eventually("one process's turns", Duration::from_secs(5), || {
+        a.turn_budget() == turns(10)
+    });
+    let b = AgentClient::connect(d.socket()).unwrap();
+    eventually("the turns split", Duration::from_secs(5), || {
+        a.turn_budget() == turns(5) && b.turn_budget() == turns(5)
+    });
+    assert!(a.report_qp_turns(QpTurnReport {
+        waits: 6,
+        yields: 776
+    }));
+    assert!(a.report_qp_turns(QpTurnReport {
+        waits: 1,
+        yields: 2
+    }));
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let mine = |t: Vec<TenantReport>| t.into_iter().find(|t| t.tenant == uid);
+    eventually("the reports counted", Duration::from_secs(5), || {
+        mine(tenants()).is_some_and(|t| {
+            (t.processes, t.qp_turns, t.qp_turn_waits, t.qp_turn_yields) == (2, Some(5), 7, 778)
+        })
+    });
+    // Scraped once the reports are counted, which they are before the tenants answer.
+    let scrape = d.scrape_unix(&sock);
+    let label = Some(("tenant", uid.as_str()));
+    assert_eq!(
+        metric(&scrape, "justitia_tenant_qp_turn_waits_total", label),
+        Some(7.0),
+    );
+    assert_eq!(
+        metric(&scrape, "justitia_tenant_qp_turn_yields_total", label),
+        Some(778.0),
+    );
+    assert_eq!(
+        metric(&scrape, "justitia_tenant_qp_turns", label),
+        Some(5.0),
+    );
+    d.reload("qp_turns = 10", "qp_turns = 0");
+    eventually("no turns after the reload", Duration::from_secs(5), || {
+        a.turn_budget().is_none() && b.turn_budget().is_none()
+    });
+    drop(a);
+    drop(b);
+    eventually(
+        "the counts kept without connections",
+        Duration::from_secs(5),
+        || {
+            mine(tenants())
+                .is_some_and(|t| t.processes == 0 && t.qp_turns.is_none() && t.qp_turn_waits == 7)
+        },
+    );
+}

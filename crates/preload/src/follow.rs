@@ -24,10 +24,11 @@ use std::time::Duration;
 use justitia_agent::block::BlockError;
 use justitia_agent::client::ClientError;
 use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
-use justitia_agent::proto::ControlVerbReport;
+use justitia_agent::proto::{ControlVerbReport, QpTurnReport};
 use justitia_core::control_verbs::{ControlVerbBudget, ControlVerbCounts};
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::{PaceRate, ReleasePhase};
+use justitia_core::queue_turns::TurnBudget;
 
 use crate::config::{Config, DaemonSetting};
 use crate::log::log;
@@ -75,6 +76,18 @@ pub struct Settings {
     /// The process's control-verb budget: the lower of `JUSTITIA_CONTROL_RATE` and the
     /// daemon's share for the process; `None`: unpaced.
     pub control: Option<ControlVerbBudget>,
+    /// The turns among the process's shaped QPs: the fewer of `JUSTITIA_QP_TURNS` and
+    /// the daemon's share for the process; `None`: no turns.
+    pub turns: Option<TurnBudget>,
+}
+
+/// The process's QP turns so far (running counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TurnCounts {
+    /// Times one of its QPs waited in line for a turn.
+    pub waits: u64,
+    /// Times one of its QPs gave a spent turn up to a waiting one.
+    pub yields: u64,
 }
 
 /// The process's queue pairs as the follower sees them at a tick.
@@ -102,6 +115,8 @@ pub struct Group {
     pub control_seen: bool,
     /// Requests posted and not yet completed on its queue pairs: work at the NIC.
     pub in_flight: bool,
+    /// Its QPs' turns so far.
+    pub turns: TurnCounts,
 }
 
 /// Where the follower stands, for logs and tests.
@@ -142,6 +157,10 @@ pub struct Follower {
     static_control: Option<ControlVerbBudget>,
     /// [`Group::control_verbs`] as last reported to the daemon.
     control_reported: ControlVerbCounts,
+    /// The environment's QP turns (`JUSTITIA_QP_TURNS`).
+    static_turns: Option<TurnBudget>,
+    /// [`Group::turns`] as last reported to the daemon.
+    turns_reported: TurnCounts,
     /// The process has issued control verbs: the daemon's budget applies to it, so it
     /// connects even without a flow.
     control_seen: bool,
@@ -193,6 +212,8 @@ impl Follower {
             static_chunk: fallback.chunk_bytes,
             static_control: fallback.control,
             control_reported: ControlVerbCounts::default(),
+            static_turns: fallback.turns,
+            turns_reported: TurnCounts::default(),
             control_seen: false,
             chunk_set: config.chunk_set,
             flow: None,
@@ -257,6 +278,40 @@ impl Follower {
             chunk_bytes: self.static_chunk,
             phase: None,
             control: self.control_budget(),
+            turns: self.turn_budget(),
+        }
+    }
+
+    /// The QP turns in force: the environment's, each bound lowered to the daemon's when
+    /// the daemon's is lower (a process may ask for fewer or shorter turns, never more).
+    fn turn_budget(&self) -> Option<TurnBudget> {
+        let daemon = if self.connected {
+            self.client.turn_budget()
+        } else {
+            None
+        };
+        match (self.static_turns, daemon) {
+            (Some(s), Some(d)) => Some(TurnBudget {
+                open: s.open.min(d.open),
+                turn_bytes: s.turn_bytes.min(d.turn_bytes),
+            }),
+            (s, d) => s.or(d),
+        }
+    }
+
+    /// Tells the daemon the QP turns waited for and yielded since the previous report, at
+    /// most once per tick and only when there are new ones.
+    fn report_qp_turns(&mut self, group: Group) {
+        let (now, last) = (group.turns, self.turns_reported);
+        if now == last || !self.connected {
+            return;
+        }
+        let report = QpTurnReport {
+            waits: now.waits.saturating_sub(last.waits),
+            yields: now.yields.saturating_sub(last.yields),
+        };
+        if self.client.report_qp_turns(report) {
+            self.turns_reported = now;
         }
     }
 
@@ -307,6 +362,7 @@ impl Follower {
         self.report(now_ns, group);
         self.report_remote();
         self.report_control_verbs(group);
+        self.report_qp_turns(group);
         self.allotment = match self.flow {
             Some((h, _)) if self.connected => self.client.allotment(h),
             _ => None,
@@ -337,6 +393,7 @@ impl Follower {
             chunk_bytes,
             phase,
             control: self.control_budget(),
+            turns: self.turn_budget(),
         }
     }
 
@@ -572,6 +629,7 @@ mod tests {
             control_verbs: ControlVerbCounts::default(),
             control_seen: false,
             in_flight: false,
+            turns: TurnCounts::default(),
         }
     }
 
@@ -586,6 +644,7 @@ mod tests {
             chunk_bytes: 5120,
             phase: None,
             control: None,
+            turns: None,
         };
         Follower::new(&config, fallback).unwrap()
     }
@@ -671,6 +730,7 @@ mod tests {
             chunk_bytes: 5120,
             phase: None,
             control: None,
+            turns: None,
         };
         let mut f = Follower::new(&config, fallback).unwrap();
         // Nothing to follow before a QP exists.

@@ -37,8 +37,18 @@
 #    and for registrations through ibv_reg_mr_iova2 looked up with dlvsym on a handle of
 #    libibverbs, as NCCL's verbs wrapper finds it.
 #
+# 6. QP turns: the daemon's qp_turns is 2 (qp_turn_bytes 256 KiB), so uid 1000's one
+#    process (it alone connected) may post on 2 of its QPs at once. Its ib_write_bw -q 8
+#    (bandwidth class, 25 WRITEs of 1 MiB a QP, against an unshaped server of root's)
+#    completes every WRITE with its QPs beyond 2 waiting in line (turn_waits > 0 in its
+#    shaper's statistics). While it runs, `justitia flows` shows the tenant's 2 turns (the
+#    table's column and `--tenants --json`) and so does justitia_tenant_qp_turns; after
+#    it, the tenant's reported waits and yields are positive and at most the shaper's own
+#    counts (the last tick's may not be reported at exit), and the metrics
+#    justitia_tenant_qp_turn_waits_total and _yields_total say the same.
+#
 # One line per check goes to RESULTS/results.txt, as in suite.sh; logs go to
-# RESULTS/logs/control-verbs.*. About 45 s under emulation.
+# RESULTS/logs/control-verbs.*. About 60 s under emulation.
 set -uo pipefail
 
 RESULTS=$1
@@ -68,7 +78,8 @@ CHECKS=("control verbs: a tenant's registration storm is held to its share, anot
   "control verbs: justitia flows shows each tenant's budget and counts"
   "control verbs: the per-tenant metrics count the storm"
   "control verbs: a storm of QP creations is held to the tenant's budget"
-  "control verbs: a storm of QP re-bring-ups and one of registrations looked up as NCCL does are held to the tenant's budget")
+  "control verbs: a storm of QP re-bring-ups and one of registrations looked up as NCCL does are held to the tenant's budget"
+  "QP turns: a tenant's QPs beyond its turns wait in line, seen in justitia flows and the metrics")
 
 run=$(mktemp -d /tmp/justitiad-control.XXXXXX)
 chmod 755 "$run"
@@ -103,7 +114,8 @@ fi
 config=$run/justitiad.toml
 metrics_sock=$run/metrics.sock
 daemon_config "$config" "$run/justitiad.sock" "$run/admin.sock" "unix:$metrics_sock" \
-  control_verbs_per_sec="$BUDGET" control_verb_burst="$BURST" || fail_rest "$DAEMON_ERR"
+  control_verbs_per_sec="$BUDGET" control_verb_burst="$BURST" qp_turns=2 qp_turn_bytes=262144 \
+  || fail_rest "$DAEMON_ERR"
 cp "$config" "$L.justitiad.toml"
 daemon_start "$config" "$L.justitiad.log"
 dpid=$DAEMON_PID
@@ -164,6 +176,35 @@ alone_storm() {
 for mode in qp modify reg-dlvsym; do
   alone_storm "$mode"
 done
+# QP turns: uid 1000's ib_write_bw -q 8 against root's unshaped server, the tenant's
+# tables and metrics read while it runs (first seen with its turns) and after.
+TURNS_PORT=$((PORT + 1)) TURNS_ITERS=25
+timeout 120 ib_write_bw -d "$DEV" -x "$GID" -p "$TURNS_PORT" -q 8 -s 1048576 -n "$TURNS_ITERS" \
+  > "$L.turns.server.log" 2>&1 &
+turns_s=$!
+PIDS+=("$turns_s")
+wait_tcp_listen "$TURNS_PORT" || fail_rest "the turns' ib_write_bw server did not listen ($L.turns.server.log)"
+as_attacker "${shaped[@]}" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_STATS="$run/attacker/turns.%p.json" \
+  timeout 120 ib_write_bw -d "$DEV" -x "$GID" -p "$TURNS_PORT" -q 8 -s 1048576 -n "$TURNS_ITERS" localhost \
+  > "$L.turns.client.log" 2>&1 &
+turns_c=$!
+PIDS+=("$turns_c")
+for _ in $(seq 100); do
+  "$BIN/justitia" flows --socket "$run/admin.sock" --tenants --json > "$L.turns.mid.json" 2>&1
+  grep -q '"qp_turns": *[0-9]' "$L.turns.mid.json" && break
+  kill -0 "$turns_c" 2>/dev/null || break
+  sleep 0.1
+done
+"$BIN/justitia" flows --socket "$run/admin.sock" > "$L.turns.flows.txt" 2>&1
+"$BIN/examples/scrape" "unix:$metrics_sock" > "$L.turns.metrics.mid.txt" 2>&1
+wait "$turns_c"
+turns_rc=$?
+wait "$turns_s"
+cp "$run"/attacker/turns.*.json "$L.turns.stats.json" 2>/dev/null
+# The last reports reach the daemon within a pass of the client's exit.
+sleep 1
+"$BIN/justitia" flows --socket "$run/admin.sock" --tenants --json > "$L.turns.json" 2>&1
+"$BIN/examples/scrape" "unix:$metrics_sock" > "$L.turns.metrics.txt" 2>&1
 
 # --- 1. the storm held to its share, the victim unhindered --------------------------------
 v=$(python3 - "$L" "$SHARE" "$BURST" "$STORM" "$lat_rc" "$native" <<'EOF'
@@ -312,5 +353,58 @@ v=$(judge_alone qp)
 case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v" ;; esac
 v=$(judge_alone modify reg-dlvsym)
 case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v" ;; esac
+
+# --- 6. QP turns ----------------------------------------------------------------------------
+v=$(python3 - "$L" "$ATTACKER" "$turns_rc" "$TURNS_ITERS" <<'EOF'
+import json, re, sys
+L, attacker, rc, iters = sys.argv[1:]
+want_bytes = 8 * int(iters) << 20
+try:
+    stats = json.load(open(f"{L}.turns.stats.json"))
+    mid = {t["tenant"]: t for t in json.load(open(f"{L}.turns.mid.json"))}
+    after = {t["tenant"]: t for t in json.load(open(f"{L}.turns.json"))}
+    table = open(f"{L}.turns.flows.txt").read()
+    metrics_mid = open(f"{L}.turns.metrics.mid.txt").read()
+    metrics = open(f"{L}.turns.metrics.txt").read()
+    client = open(f"{L}.turns.client.log").read()
+except (OSError, ValueError) as e:
+    print(f"unreadable: {e}")
+    sys.exit()
+def sample(name, text):
+    m = re.search(r'^justitia_%s\{tenant="%s"\} (\S+)$' % (name, attacker), text, re.M)
+    return float(m.group(1)) if m else None
+problems = []
+# perftest reports only after every WRITE completed; its clock calibration may still fail
+# under emulation (exit 1, "Can't produce a report").
+if "Failed status" in client or (rc != "0" and "Can't produce a report" not in client):
+    problems.append(f"ib_write_bw exited {rc}")
+if stats.get("bytes") != want_bytes or not stats.get("turn_waits", 0) > 0:
+    problems.append(f"the shaper posted {stats.get('bytes')} B of {want_bytes} with {stats.get('turn_waits')} turn waits")
+m = mid.get(attacker)
+if m is None or m.get("qp_turns") != 2:
+    problems.append(f"during the run, tenant {attacker}: {m}")
+rows = [l.split() for l in table.splitlines()]
+# The tenants table: weight, processes, ctl budget/s, control verbs, delayed, waited s,
+# QP turns, turn waits, yields, tenant.
+if not any(r[-1:] == [attacker] and r[6:7] == ["2"] for r in rows):
+    problems.append(f"no row for tenant {attacker} with 2 QP turns in the table")
+a = after.get(attacker)
+if a is None or not 0 < a["qp_turn_waits"] <= stats.get("turn_waits", 0) \
+        or not 0 < a["qp_turn_yields"] <= stats.get("turn_yields", 0):
+    problems.append(f"after the run, tenant {attacker}: {a}, its shaper's: {stats}")
+gauge = sample("tenant_qp_turns", metrics_mid)
+waits = sample("tenant_qp_turn_waits_total", metrics)
+yields = sample("tenant_qp_turn_yields_total", metrics)
+if gauge != 2 or a is None or (waits, yields) != (a["qp_turn_waits"], a["qp_turn_yields"]):
+    problems.append(f"metrics: turns {gauge}, waits {waits}, yields {yields}")
+if problems:
+    print("; ".join(problems))
+else:
+    print(f"ok ib_write_bw -q 8 of uid {attacker}: {want_bytes} B posted, 2 QPs at a time; its shaper counted "
+          f"{stats['turn_waits']} waits, {stats['turn_yields']} yields; the daemon {a['qp_turn_waits']} and "
+          f"{a['qp_turn_yields']} (justitia flows and metrics), 2 turns shown during the run")
+EOF
+)
+case $v in ok*) pass "${v#ok }" ;; *) fail_one "$v ($L.turns*)" ;; esac
 
 cleanup

@@ -106,7 +106,7 @@ impl Daemon {
             }
         }
         self.publish_status();
-        self.publish_control_budgets();
+        self.publish_tenant_budgets();
     }
 
     /// Hands the pids of the connections to the scan for unshaped processes when they

@@ -259,15 +259,15 @@ impl Daemon {
         .encode();
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(2))];
         let mut control = SendAncillaryBuffer::new(&mut space);
-        // This tenant's control-verb budget counting this connection, published before
-        // the greeting: the shaper reads it as soon as it has the page, so its first
-        // control verbs are paced already. The other tenants' follow at the end of the
+        // This tenant's budgets counting this connection, published before the greeting:
+        // the shaper reads them as soon as it has the page, so its first control verbs
+        // are paced already and its QPs take turns from the first. The other tenants' follow at the end of the
         // pass.
         let weight = self.config.weight_of(uid, pod.as_ref()).get();
-        let joining = self.joining_control_budget(tenant, weight);
+        let joining = self.joining_budgets(tenant, weight);
         // Whether this connection is taken or refused below, the pass ends by publishing
         // every tenant's budget from the connections it has.
-        self.control_budgets_stale = true;
+        self.tenant_budgets_stale = true;
         // The tenant's page is created with its first connection and handed only to
         // its connections.
         let page = match self.pages.entry(tenant) {
@@ -280,7 +280,7 @@ impl Daemon {
                         clients: 0,
                         name: tenant_name.clone(),
                         weight: 1,
-                        control_budget: None,
+                        budgets: Default::default(),
                     }),
                     Err(err) => {
                         self.release_page(tenant);
@@ -293,10 +293,7 @@ impl Daemon {
                 }
             }
         };
-        if page.control_budget != joining {
-            page.page.set_control_budget(joining);
-            page.control_budget = joining;
-        }
+        page.publish(joining);
         let fds = [self.block.fd(), page.page.fd()];
         control.push(SendAncillaryMessage::ScmRights(&fds));
         if let Err(e) = rustix::net::sendmsg(
@@ -343,7 +340,7 @@ impl Daemon {
         }
         *self.owner_clients.entry(owner).or_default() += 1;
         self.known_changed = true;
-        self.control_budgets_stale = true;
+        self.tenant_budgets_stale = true;
         self.clients.insert(
             id,
             Client {
@@ -503,6 +500,7 @@ impl Daemon {
                 }
             }
             Request::ControlVerbs(r) => self.note_control_verbs(client, r),
+            Request::QpTurns(r) => self.note_qp_turns(client, r),
             Request::UnknownLayout { found, known } => {
                 // Said once per connection attempt of a shaper older or newer than this
                 // daemon (its backoff reaches 1 s): counted, and logged within the limit
@@ -843,7 +841,7 @@ impl Daemon {
             .is_none_or(|p| p.clients == 0 && p.free.len() == slots);
         if unused {
             if let Some(p) = self.pages.remove(&tenant) {
-                self.forget_control_budget(&p.name);
+                self.forget_tenant_budgets(&p.name);
             }
             if tenant >= NAMED_TENANT_BASE {
                 self.named_tenants.retain(|_, &mut id| id != tenant);
@@ -856,7 +854,7 @@ impl Daemon {
             return;
         };
         self.known_changed = true;
-        self.control_budgets_stale = true;
+        self.tenant_budgets_stale = true;
         let n = c.flows.len();
         for id in c.flows {
             self.drop_flow(Duration::from_nanos(now), id);

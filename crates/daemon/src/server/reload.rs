@@ -122,7 +122,7 @@ impl Daemon {
                     .max(self.config.weight_of(c.uid, c.pod.as_ref()).get());
             }
         }
-        self.control_budgets_stale = true;
+        self.tenant_budgets_stale = true;
         if relooped {
             if let Err(e) = self.rebuild_loop() {
                 error!(error = %e, "SIGHUP: control loop not rebuilt");

@@ -39,12 +39,13 @@ use justitia_core::classifier::ClassifierConfig;
 use justitia_core::control_verbs::{ControlVerb, ControlVerbPacer};
 use justitia_core::flow::FlowClass;
 use justitia_core::pacer::{PaceRate, Pacer as RatePacer, ReleasePhase};
+use justitia_core::queue_turns::TurnBudget;
 use justitia_core::yield_plan::YieldPlanner;
 use justitia_verbs::sys::*;
 
 use crate::clock::Clock;
 use crate::config::{ClassSetting, Config, Policy};
-use crate::follow::{FollowStatus, Follower, Group, Settings};
+use crate::follow::{FollowStatus, Follower, Group, Settings, TurnCounts};
 use crate::log::log;
 use crate::registry::PtrMap;
 
@@ -195,8 +196,9 @@ pub struct Engine {
     ticked: Mutex<bool>,
     /// Signalled with [`Self::ticked`].
     ticked_cv: Condvar,
-    /// `JUSTITIA_QP_TURNS`: which shaped QPs may post now (`None`: all of them).
-    turns: Option<turns::Turns>,
+    /// Which shaped QPs may post now: `JUSTITIA_QP_TURNS`, or the daemon's share for the
+    /// process, the fewer of the two (none: all of them).
+    turns: turns::Turns,
 }
 
 /// How long the process's first control verb waits for the follower's first tick, so that
@@ -217,6 +219,7 @@ impl Engine {
             chunk_bytes: config.chunk_bytes,
             phase: None,
             control: config.control_rate,
+            turns: config.qp_turns,
         };
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
@@ -242,7 +245,7 @@ impl Engine {
             control_seen: AtomicBool::new(false),
             ticked: Mutex::new(false),
             ticked_cv: Condvar::new(),
-            turns: config.qp_turns.map(turns::Turns::new),
+            turns: turns::Turns::new(config.qp_turns),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -305,6 +308,7 @@ impl Engine {
             chunk_bytes: self.chunk_bytes(),
             phase: applied.phase,
             control: self.control.lock().budget(),
+            turns: self.turns.budget(),
         }
     }
 
@@ -335,7 +339,7 @@ impl Engine {
                 control.set_budget(settings.control);
             }
         }
-        let mut changed = false;
+        let mut changed = self.apply_turns(settings.turns, now);
         match settings.rate {
             Some(r) => {
                 // Lock order: the record, then the gate.
@@ -390,6 +394,27 @@ impl Engine {
         }
     }
 
+    /// Puts the QP turns `budget` in force (see [`turns`]), waking the QPs it lets in;
+    /// returns whether turns began or ended, which the QPs' fast lanes depend on.
+    fn apply_turns(self: &Arc<Self>, budget: Option<TurnBudget>, now: Duration) -> bool {
+        if self.turns.budget() == budget {
+            return false;
+        }
+        log!(
+            Debug,
+            "QP turns {}",
+            budget.map_or_else(
+                || "off".to_string(),
+                |b| format!("{} at once, {} B a turn", b.open, b.turn_bytes)
+            )
+        );
+        let was = self.turns.in_force();
+        for qp in self.turns.set_budget(budget) {
+            self.schedule(qp, now, now);
+        }
+        was != budget.is_some()
+    }
+
     /// The process's QPs as the daemon's flow.
     fn group(&self) -> Group {
         let class = match self.config.class {
@@ -412,6 +437,10 @@ impl Engine {
             control_verbs: self.control.lock().counts(),
             control_seen: self.control_seen.load(Ordering::Relaxed),
             in_flight: self.members_in_flight(),
+            turns: TurnCounts {
+                waits: c.turn_waits.load(Ordering::Relaxed),
+                yields: c.turn_yields.load(Ordering::Relaxed),
+            },
         }
     }
 
@@ -617,7 +646,7 @@ impl Engine {
             return None;
         };
         // With turns every request is queued, so that a QP out of turn posts nothing.
-        if self.turns.is_some() {
+        if self.turns.in_force() {
             return None;
         }
         let paced = self.paced();

@@ -458,7 +458,7 @@ impl QpShared {
             }
             None => Vec::new(),
         };
-        let woken = self.engine.turns.as_ref().and_then(|t| t.leave(self));
+        let woken = self.engine.turns.leave(self);
         // A stale `next_due_ns` left behind only costs one needless tick.
         let mut queue = self.engine.pacer_queue();
         queue.waiting.retain(|(q, _)| !Arc::ptr_eq(q, self));
@@ -924,7 +924,7 @@ impl QpShared {
         rc
     }
 
-    /// Posts what the send queue allows now. With turns (`JUSTITIA_QP_TURNS`), only while
+    /// Posts what the send queue allows now. With turns in force, only while
     /// the QP holds one: a QP in line posts nothing, and is woken when its turn comes; the
     /// QP a drain lets in (this one having nothing left, or its turn spent) is returned, to
     /// be woken once the caller has released this QP's lock ([`Self::after_drain`]).
@@ -932,7 +932,7 @@ impl QpShared {
         if st.sq.destroyed() {
             return Drained::nothing();
         }
-        let turns = self.engine.turns.as_ref();
+        let turns = Some(&self.engine.turns).filter(|t| t.in_force());
         if let Some(t) = turns {
             if st.sq.needs_drain() {
                 if let Err(woken) = t.may_post(self, &self.engine.counters) {

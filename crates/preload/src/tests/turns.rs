@@ -1,15 +1,20 @@
-//! Turns among the process's shaped QPs (`JUSTITIA_QP_TURNS`): a QP out of turn posts
-//! nothing, a QP with nothing left or with its turn spent hands it on, and every request
-//! still arrives whole and completes once.
+//! Turns among the process's shaped QPs (`JUSTITIA_QP_TURNS`, or the daemon's share): a
+//! QP out of turn posts nothing, a QP with nothing left or with its turn spent hands it
+//! on, every request still arrives whole and completes once, and turns that begin or end
+//! at a follower's tick take hold at once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_core::queue_turns::TurnBudget;
 
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
+use super::daemon::Daemon;
 use super::{create_qp, forget, lookup, pattern, post_on, qp_attr, rdma, sge};
-use crate::clock::{Clock, VirtualClock};
+use crate::clock::{Clock, MonotonicClock, VirtualClock};
 use crate::engine::PacerMode;
 use crate::exports::{engine_from, on_create_cq};
 use crate::mock::MockDevice;
@@ -147,4 +152,147 @@ fn a_destroyed_holder_hands_its_turn_on() {
     engine.pacer_tick(clock.now());
     assert_eq!(runs(&dev.log()), [(nums[0], 8), (nums[1], 8)]);
     forget(&dev, &qps[1..], cq);
+}
+
+/// Two QPs of 8 slots each post a 256 KiB WRITE in 16 KiB chunks on `engine` (mock
+/// device `dev`, CQ `cq`); returns them with their QP numbers.
+fn two_writes(
+    dev: &MockDevice,
+    cq: *mut ibv_cq,
+    src: &[u8],
+    dst: &mut [u8],
+) -> ([*mut ibv_qp; 2], [u32; 2]) {
+    let qps = [
+        create_qp(dev, qp_attr(cq, 8)),
+        create_qp(dev, qp_attr(cq, 8)),
+    ];
+    // SAFETY: live QPs.
+    let nums = qps.map(|q| unsafe { (*q).qp_num });
+    for &qp in &qps {
+        let mut s = [sge(src, 0, src.len())];
+        let mut w = rdma(IBV_WR_RDMA_WRITE, 7, &mut s, dst.as_mut_ptr() as u64, true);
+        assert_eq!(post_on(qp, &mut w), 0);
+    }
+    (qps, nums)
+}
+
+/// Turns put in force at a tick take hold for the next requests (the QPs lose their fast
+/// lane), and their end lets the QP in line post at the pacer's next look.
+#[test]
+fn turns_begun_at_a_tick_take_hold_and_their_end_lets_the_waiter_post() {
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "16K"),
+            ("JUSTITIA_DAEMON", "off"),
+        ]),
+        clock.clone(),
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let one = TurnBudget {
+        open: 1,
+        turn_bytes: 64 << 10,
+    };
+    engine.apply(
+        crate::follow::Settings {
+            turns: Some(one),
+            ..engine.settings()
+        },
+        clock.now(),
+    );
+    assert_eq!(engine.settings().turns, Some(one));
+    let len = 256 << 10;
+    let src = pattern(len, 5);
+    let mut dst = vec![0u8; len];
+    let (qps, nums) = two_writes(&dev, cq, &src, &mut dst);
+    assert_eq!(runs(&dev.log()), [(nums[0], 8)]);
+    assert_eq!(engine.stats().turn_waits, 1);
+    // The turns end: the QP in line is woken, due now.
+    engine.apply(
+        crate::follow::Settings {
+            turns: None,
+            ..engine.settings()
+        },
+        clock.now(),
+    );
+    engine.pacer_tick(clock.now());
+    assert_eq!(runs(&dev.log()), [(nums[0], 8), (nums[1], 8)]);
+    forget(&dev, &qps, cq);
+}
+
+/// Under a daemon with 1 turn of 64 KiB for the host, a process alone in its tenant gets
+/// that turn: its second QP waits in line, and the wait reaches the daemon's tenant
+/// report with the turns. A process's own `JUSTITIA_QP_TURNS` may lower the daemon's
+/// share (here its turn's bytes), never raise it.
+#[test]
+fn under_a_daemon_the_qps_take_the_tenants_turns_and_their_waits_reach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), "qp_turns = 1\nqp_turn_bytes = 65536\n");
+    let socket = d.socket();
+    let engine = engine_from(
+        lookup(&[
+            ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_CHUNK", "16K"),
+            ("JUSTITIA_QP_TURNS", "4:32K"),
+        ]),
+        Arc::new(MonotonicClock::new()),
+        PacerMode::Thread,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: a fresh mock context.
+    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    // A first QP makes the flow the follower registers; the daemon's turns follow.
+    let first = create_qp(&dev, qp_attr(cq, 8));
+    let want = TurnBudget {
+        open: 1,
+        turn_bytes: 32 << 10,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.settings().turns != Some(want) {
+        assert!(
+            Instant::now() < deadline,
+            "turns never followed: {:?} {:?}",
+            engine.settings().turns,
+            engine.follow_status()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let len = 256 << 10;
+    let src = pattern(len, 5);
+    let mut dst = vec![0u8; len];
+    let (qps, nums) = two_writes(&dev, cq, &src, &mut dst);
+    assert_eq!(runs(&dev.log()), [(nums[0], 8)]);
+    assert_eq!(engine.stats().turn_waits, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tenants = match d.admin(&AdminRequest::Tenants) {
+            AdminReply::Tenants(t) => t,
+            other => panic!("{other:?}"),
+        };
+        if tenants.first().is_some_and(|t| t.qp_turn_waits == 1) {
+            assert_eq!(tenants[0].qp_turns, Some(1), "{tenants:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waits never reported: {tenants:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    forget(&dev, &[first, qps[0], qps[1]], cq);
 }
