@@ -184,8 +184,10 @@ timeout 120 ib_write_bw -d "$DEV" -x "$GID" -p "$TURNS_PORT" -q 8 -s 1048576 -n 
 turns_s=$!
 PIDS+=("$turns_s")
 wait_tcp_listen "$TURNS_PORT" || fail_rest "the turns' ib_write_bw server did not listen ($L.turns.server.log)"
-as_attacker "${shaped[@]}" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_STATS="$run/attacker/turns.%p.json" \
-  timeout 120 ib_write_bw -d "$DEV" -x "$GID" -p "$TURNS_PORT" -q 8 -s 1048576 -n "$TURNS_ITERS" localhost \
+# Its 8 QPs' buffers exceed an unprivileged user's default locked-memory limit.
+(ulimit -l unlimited && as_attacker "${shaped[@]}" JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K \
+  JUSTITIA_STATS="$run/attacker/turns.%p.json" \
+  timeout 120 ib_write_bw -d "$DEV" -x "$GID" -p "$TURNS_PORT" -q 8 -s 1048576 -n "$TURNS_ITERS" localhost) \
   > "$L.turns.client.log" 2>&1 &
 turns_c=$!
 PIDS+=("$turns_c")
