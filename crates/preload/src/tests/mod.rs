@@ -50,12 +50,17 @@ fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 /// An engine configured by `vars` on a virtual clock (the pacer driven by the test), and a
 /// mock device whose context it is attached to.
 fn attached(vars: &[(&str, &str)]) -> (Arc<Engine>, MockDevice) {
-    let engine = engine_from(
-        lookup(vars),
-        Arc::new(VirtualClock::new()),
-        PacerMode::Manual,
-    )
-    .unwrap();
+    attached_on(vars, Arc::new(VirtualClock::new()), PacerMode::Manual)
+}
+
+/// An engine configured by `vars` reading `clock`, its pacer driven as `pacer` says, and a
+/// mock device whose context it is attached to.
+fn attached_on(
+    vars: &[(&str, &str)],
+    clock: Arc<dyn crate::clock::Clock>,
+    pacer: PacerMode,
+) -> (Arc<Engine>, MockDevice) {
+    let engine = engine_from(lookup(vars), clock, pacer).unwrap();
     let dev = MockDevice::new();
     // SAFETY: a fresh mock context.
     assert!(unsafe { crate::install::attach_context(dev.context(), Arc::clone(&engine)) });

@@ -13,11 +13,25 @@ use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
 use super::daemon::Daemon;
-use super::{create_qp, forget, lookup, pattern, post_on, qp_attr, rdma, sge};
+use super::{attached_on, create_qp, forget, pattern, post_on, qp_attr, rdma, sge};
 use crate::clock::{Clock, MonotonicClock, VirtualClock};
 use crate::engine::PacerMode;
-use crate::exports::{engine_from, on_create_cq};
+use crate::exports::on_create_cq;
 use crate::mock::MockDevice;
+
+/// An engine configured by `vars` reading `clock`, its pacer driven as `pacer` says,
+/// attached to a mock device with one CQ.
+fn with_cq(
+    vars: &[(&str, &str)],
+    clock: Arc<dyn Clock>,
+    pacer: PacerMode,
+) -> (Arc<crate::engine::Engine>, MockDevice, *mut ibv_cq) {
+    let (engine, dev) = attached_on(vars, clock, pacer);
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on the engine's context.
+    unsafe { on_create_cq(dev.context(), cq) };
+    (engine, dev, cq)
+}
 
 /// Which QP each WQE that reached the provider was posted on, as runs: (QP number, WQEs).
 fn runs(log: &[crate::mock::PostedWr]) -> Vec<(u32, usize)> {
@@ -39,23 +53,15 @@ fn runs(log: &[crate::mock::PostedWr]) -> Vec<(u32, usize)> {
 #[test]
 fn one_turn_between_two_qps_alternates_them_by_turns() {
     let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(
-        lookup(&[
+    let (engine, dev, cq) = with_cq(
+        &[
             ("JUSTITIA_CLASS", "bandwidth"),
             ("JUSTITIA_CHUNK", "16K"),
             ("JUSTITIA_QP_TURNS", "1:64K"),
-        ]),
+        ],
         clock.clone(),
         PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
+    );
     let qps = [
         create_qp(&dev, qp_attr(cq, 8)),
         create_qp(&dev, qp_attr(cq, 8)),
@@ -114,23 +120,15 @@ fn one_turn_between_two_qps_alternates_them_by_turns() {
 #[test]
 fn a_destroyed_holder_hands_its_turn_on() {
     let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(
-        lookup(&[
+    let (engine, dev, cq) = with_cq(
+        &[
             ("JUSTITIA_CLASS", "bandwidth"),
             ("JUSTITIA_CHUNK", "16K"),
             ("JUSTITIA_QP_TURNS", "1"),
-        ]),
+        ],
         clock.clone(),
         PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
+    );
     let qps = [
         create_qp(&dev, qp_attr(cq, 8)),
         create_qp(&dev, qp_attr(cq, 8)),
@@ -181,23 +179,15 @@ fn two_writes(
 #[test]
 fn turns_begun_at_a_tick_take_hold_and_their_end_lets_the_waiter_post() {
     let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(
-        lookup(&[
+    let (engine, dev, cq) = with_cq(
+        &[
             ("JUSTITIA_CLASS", "bandwidth"),
             ("JUSTITIA_CHUNK", "16K"),
             ("JUSTITIA_DAEMON", "off"),
-        ]),
+        ],
         clock.clone(),
         PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
+    );
     let one = TurnBudget {
         open: 1,
         turn_bytes: 64 << 10,
@@ -238,24 +228,16 @@ fn under_a_daemon_the_qps_take_the_tenants_turns_and_their_waits_reach_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start_with(dir.path(), "qp_turns = 1\nqp_turn_bytes = 65536\n");
     let socket = d.socket();
-    let engine = engine_from(
-        lookup(&[
+    let (engine, dev, cq) = with_cq(
+        &[
             ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
             ("JUSTITIA_CLASS", "bandwidth"),
             ("JUSTITIA_CHUNK", "16K"),
             ("JUSTITIA_QP_TURNS", "4:32K"),
-        ]),
+        ],
         Arc::new(MonotonicClock::new()),
         PacerMode::Thread,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: a fresh mock context.
-    assert!(unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) });
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
+    );
     // A first QP makes the flow the follower registers; the daemon's turns follow.
     let first = create_qp(&dev, qp_attr(cq, 8));
     let want = TurnBudget {
