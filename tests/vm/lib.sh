@@ -17,9 +17,12 @@ PATH=$PATH:/usr/sbin:/sbin
 # virtio and 9p for the shares, Soft-RoCE and veth for the device, the connection manager
 # for rping and rdma_cm-based tools, virtio_net for the link between the two guests of
 # the two-host checks, the token bucket qdisc that makes the pair's cable a wire of known
-# rate (tests/vm/guest/wire.sh). crc32_generic is not a declared dependency of rdma_rxe,
+# rate (tests/vm/guest/wire.sh), and for the incast's bucket on the receiving side the
+# ingress qdisc, a filter matching all and its redirect action to an IFB device (ifb0,
+# made when the module loads). crc32_generic is not a declared dependency of rdma_rxe,
 # but without it "rdma link add" fails with ENOENT.
-VM_MODULES=(virtio_pci 9pnet_virtio 9p crc32_generic rdma_rxe veth rdma_ucm virtio_net sch_tbf)
+VM_MODULES=(virtio_pci 9pnet_virtio 9p crc32_generic rdma_rxe veth rdma_ucm virtio_net sch_tbf
+  sch_ingress cls_matchall act_mirred ifb)
 # The kernel cache directory's name carries a hash of the module set, so that a checkout
 # with another set unpacks its own beside it and never rewrites one in use.
 VM_MODULES_KEY=$(printf '%s\n' "${VM_MODULES[@]}" | sha256sum | cut -c1-8)

@@ -24,6 +24,14 @@
 #              hosts joined by the peer channel, WIRE_READ_REPEAT (3) times
 #              (tests/vm/scenarios/wire-read-vs-write-softroce.toml): the READs' rate
 #              against the guarantee A's daemon grants them, reported.
+#   incast     the bucket moves to B's side (B's eth0 ingress redirected to an IFB device
+#              that queues through it): A and host C each stream 64 KiB WRITEs into B
+#              while A pings B, natively and under justitiad on A, B and C joined by the
+#              peer channel, WIRE_INCAST_REPEAT (3) times
+#              (tests/vm/scenarios/wire-incast-softroce.toml): each sender's measured
+#              rate against the share B's daemon grants it (a third of B's MaxRate: A's
+#              pings are an incast unit too), and the pings' p99 beside the incast as a
+#              ratio to their p99 alone, reported.
 #
 # The strict verdict, on the medians of the repeats: the latency flow's p99 beside the
 # stream at most WIRE_MAX_P99_RATIO (5) times its p99 alone, and every flow's rate at
@@ -49,15 +57,16 @@ BIN=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
 LOGS=$RESULTS/logs
 BLOGS=$RESULTS/b/logs
+CLOGS=$RESULTS/c/logs
 L=$LOGS/wire
-mkdir -p "$LOGS" "$BLOGS"
+mkdir -p "$LOGS" "$BLOGS" "$CLOGS"
 touch "$RESULTS/results.txt"
 # shellcheck source=tests/vm/guest/daemon-lib.sh
 source "$HERE/daemon-lib.sh"
 
-A_DEV=rxea B_DEV=rxeb
-A_ADDR=10.77.0.1 B_ADDR=10.77.0.2
-B_PEER_DIR=/tmp/wire-peer.b
+A_DEV=rxea B_DEV=rxeb C_DEV=rxec
+A_ADDR=10.77.0.1 B_ADDR=10.77.0.2 C_ADDR=10.77.0.3
+B_PEER_DIR=/tmp/wire-peer.b C_PEER_DIR=/tmp/wire-peer.c
 GID=1
 RATE=${WIRE_RATE:-8mbit}
 REPEAT=${WIRE_REPEAT:-5}
@@ -65,6 +74,7 @@ ADAPTIVE_REPEAT=${WIRE_ADAPTIVE_REPEAT:-3}
 NATIVE_REPEAT=${WIRE_NATIVE_REPEAT:-3}
 TPUT_REPEAT=${WIRE_TPUT_REPEAT:-3}
 READ_REPEAT=${WIRE_READ_REPEAT:-3}
+INCAST_REPEAT=${WIRE_INCAST_REPEAT:-3}
 DURATION_MS=${WIRE_DURATION_MS:-4000}
 NATIVE_DURATION_MS=${WIRE_NATIVE_DURATION_MS:-12000}
 WARMUP_MS=${WIRE_WARMUP_MS:-500}
@@ -76,6 +86,7 @@ SCENARIO=tests/vm/scenarios/wire-lat-vs-bw-softroce.toml
 ADAPTIVE_SCENARIO=tests/vm/scenarios/wire-lat-vs-bw-adaptive-softroce.toml
 TPUT_SCENARIO=tests/vm/scenarios/wire-tput-vs-bw-softroce.toml
 READ_SCENARIO=tests/vm/scenarios/wire-read-vs-write-softroce.toml
+INCAST_SCENARIO=tests/vm/scenarios/wire-incast-softroce.toml
 # The peer channel's port, and the daemons' loop under emulation as two-hosts.sh sets it:
 # a READ guarantee not renewed for 40 RefPeriods lapses, which 5 ms RefPeriods (200 ms)
 # survive on the emulated hosts and the packaged 500 us do not.
@@ -90,12 +101,16 @@ result() { # STATUS NAME DETAIL
 onb() { # SECONDS COMMAND
   python3 "$HERE/remote.py" run "$B_ADDR" 7770 "$1" "$2"
 }
+onc() { # SECONDS COMMAND
+  python3 "$HERE/remote.py" run "$C_ADDR" 7770 "$1" "$2"
+}
 
 PIDS=()
 cleanup() {
   local p
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  onb 20 "pkill -KILL -f 'justitia run-server'; pkill -KILL -x justitia-loadgen" > /dev/null 2>&1
+  onb 20 "pkill -KILL -f 'justitia run-server'; pkill -KILL -x justitia-loadgen; tc qdisc del dev eth0 ingress" > /dev/null 2>&1
+  onc 20 "pkill -KILL -f 'justitia run-server'; pkill -KILL -x justitia-loadgen" > /dev/null 2>&1
   tc qdisc del dev eth0 root 2> /dev/null
   wait 2>/dev/null
 }
@@ -164,7 +179,7 @@ onb 20 "(JUSTITIA_SOCKET=$B_PEER_DIR/justitiad.sock setsid $BIN/justitia run-ser
   || { result FAIL "run-server on B" "$(tail -n 3 "$L.server.start" | tr '\n' ' ')"; cleanup; exit 1; }
 
 # --- native: the strict verdict must fail ---------------------------------------------
-# WIRE_ONLY=SECTION,... runs only those of native, justitia, adaptive, tput and read (to
+# WIRE_ONLY=SECTION,... runs only those of native, justitia, adaptive, tput, read and incast (to
 # repeat them); the test command runs all.
 wanted() { [ -z "${WIRE_ONLY:-}" ] || [[ ",$WIRE_ONLY," == *",$1,"* ]]; }
 
@@ -234,6 +249,38 @@ wanted adaptive && under_daemon adaptive adaptive "$ADAPTIVE_SCENARIO" "alone,bw
 # too: they do not follow the daemon) in one invocation under justitiad's justitia policy.
 wanted tput && NO_P99=1 under_daemon tput justitia "$TPUT_SCENARIO" "alone,bw alone,with bw,with bw + justitia" no "$TPUT_REPEAT" \
   "a throughput victim (16 B WRITEs in batches of 64)"
+# far_daemon RUN DIR DEV LOG_DIR TAG PEER_TABLE SETTING...: a justitiad on the host RUN (onb
+# or onc) reaches, configured in DIR from the packaged file with SETTINGs and PEER_TABLE
+# (its configuration copied to LOG_DIR/wire.TAG.justitiad.toml, its log beside it); prints
+# why and fails when it did not start.
+far_daemon() {
+  local run=$1 dir=$2 dev=$3 logs=$4 tag=$5 table=$6
+  shift 6
+  "$run" 90 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
+    && daemon_config $dir/justitiad.toml $dir/justitiad.sock $dir/admin.sock 127.0.0.1:19472 'device=\"$dev\"' ${*@Q} \
+    && printf '%s' '$table' >> $dir/justitiad.toml \
+    && cp $dir/justitiad.toml $logs/wire.$tag.justitiad.toml \
+    && daemon_start $dir/justitiad.toml $logs/wire.$tag.justitiad.log \
+    && daemon_wait $logs/wire.$tag.justitiad.log $dir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }"
+}
+
+# flows_watch ADMIN_SOCKET: a script that prints that daemon's flows every 0.5 s, each
+# non-empty list on a line of its own.
+flows_watch() {
+  cat << WATCH
+while :; do
+  $BIN/justitia flows --socket $1 --json 2> /dev/null \\
+    | python3 -c 'import json, sys; flows = json.load(sys.stdin); flows and print(json.dumps(flows))'
+  sleep 0.5
+done
+WATCH
+}
+
+# far_key RUN DIR: a key pair made on the host RUN reaches, kept in DIR; prints the public key.
+far_key() {
+  "$1" 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $2"
+}
+
 # --- a remote READ beside a local WRITE: reported ----------------------------------------
 # B READs 64 KiB from A while A WRITEs 64 KiB to B, four times as many outstanding: the
 # READ responses and the WRITEs both leave A through its bucket. Natively the READ
@@ -251,7 +298,7 @@ read_beside_write() {
   local name="a remote READ beside a local WRITE, under justitiad on A and B (justitia, medians of $READ_REPEAT), reported"
   local settings=('profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' "ref_period_us=$PEER_REF_PERIOD_US" probe_timeout_ms=50)
   a_pub=$(new_key "$adir")
-  b_pub=$(onb 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $bdir")
+  b_pub=$(far_key onb "$bdir")
   if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
     result FAIL "$name" "a key pair was not made: A '$a_pub', B '$b_pub'"
     return
@@ -266,12 +313,9 @@ read_beside_write() {
   cp "$adir/justitiad.toml" "$L.read.justitiad.toml"
   daemon_start "$adir/justitiad.toml" "$L.read.justitiad.log"
   PIDS+=("$DAEMON_PID")
-  if ! onb 90 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh \
-    && daemon_config $bdir/justitiad.toml $bdir/justitiad.sock $bdir/admin.sock 127.0.0.1:19472 'device=\"$B_DEV\"' ${settings[*]@Q} \
-    && printf '%s' '$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")' >> $bdir/justitiad.toml \
-    && cp $bdir/justitiad.toml $BLOGS/wire.read.justitiad.toml \
-    && daemon_start $bdir/justitiad.toml $BLOGS/wire.read.justitiad.log \
-    && daemon_wait $BLOGS/wire.read.justitiad.log $bdir/admin.sock 60 || { echo \$DAEMON_ERR; exit 1; }" > "$L.read.b-daemon" 2>&1; then
+  if ! far_daemon onb "$bdir" "$B_DEV" "$BLOGS" read \
+    "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" "${settings[@]}" \
+    > "$L.read.b-daemon" 2>&1; then
     result FAIL "$name" "B's justitiad did not start: $(tail -n 2 "$L.read.b-daemon" | tr '\n' ' ')"
     return
   fi
@@ -280,14 +324,8 @@ read_beside_write() {
     return
   fi
   # B's flows every 0.5 s while the runs go, read on B: the READ flow's guarantee, as B's
-  # daemon holds it (each non-empty list on a line of its own).
-  cat > "$BLOGS/wire.read.watch.sh" << WATCH
-while :; do
-  $BIN/justitia flows --socket $bdir/admin.sock --json 2> /dev/null \\
-    | python3 -c 'import json, sys; flows = json.load(sys.stdin); flows and print(json.dumps(flows))'
-  sleep 0.5
-done
-WATCH
+  # daemon holds it.
+  flows_watch "$bdir/admin.sock" > "$BLOGS/wire.read.watch.sh"
   onb 10 "(setsid bash $BLOGS/wire.read.watch.sh > $BLOGS/wire.read.b-flows 2>&1 &)" > /dev/null 2>&1
   NO_P99=1 JUSTITIA_SOCKET=$adir/justitiad.sock wire_run "$L.read.log" "$READ_SCENARIO" \
     "read alone,write alone,together,together + justitia" "$DURATION_MS" "$READ_REPEAT" \
@@ -335,6 +373,159 @@ print("none seen" if best is None else "%.0f B/s" % best)' "$2" 2> /dev/null)
     }' "$1"
 }
 wanted read && read_beside_write
+
+# --- incast: two senders into B, each at its share: reported ----------------------------
+# The bucket moves from A's side to B's: B's eth0 ingress is redirected to ifb0, whose
+# root qdisc is the same token bucket, so A's and C's traffic into B (they meet in B's
+# emulator) queues there together, and A's pings to B wait behind both streams. Natively
+# the streams share the bucket as its queue serves them; under justitiad on the three
+# hosts, peered (each host's key made there), A's and C's daemons declare their flows
+# into B, B's daemon counts one incast unit per sending host, tenant and class (A's
+# pings, A's stream, C's stream: three of weight 1) and grants each a third of its
+# MaxRate (Justitia §6.7: the pings' unit keeps its part of the link free of streams),
+# and each sender's shaper paces its stream to at most that. Reported: each sender's
+# measured rate natively and under the daemons, against the grant; the pings' p99 beside
+# the incast as a ratio to their p99 alone; the allotments A's and C's daemons gave the
+# streams into B.
+incast() {
+  local adir=/tmp/wire-incast.a bdir=/tmp/wire-incast.b cdir=$C_PEER_DIR metrics=127.0.0.1:19473
+  local a_pub b_pub c_pub members rc far
+  local name="incast, A and C WRITE into B through B's $RATE bucket beside A's pings, under justitiad on A, B and C (justitia, medians of $INCAST_REPEAT), reported"
+  local settings=('profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' "ref_period_us=$PEER_REF_PERIOD_US" probe_timeout_ms=50)
+  tc qdisc del dev eth0 root 2> /dev/null
+  # An earlier section's daemon on B has its peer port until it is gone.
+  onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
+    pkill -KILL -x justitiad" > /dev/null 2>&1
+  if ! onb 20 "ip link set ifb0 up && tc qdisc add dev eth0 handle ffff: ingress \
+      && tc filter add dev eth0 parent ffff: matchall action mirred egress redirect dev ifb0 \
+      && tc qdisc add dev ifb0 root tbf rate $RATE burst 16kb limit 300kb" > "$L.incast.tc" 2>&1; then
+    result FAIL "$name" "B's ingress bucket: $(head -c 300 "$L.incast.tc" | tr '\n' ' ')"
+    return
+  fi
+  # C's run-server: the requester of C's stream; its shaped requesters follow C's daemon.
+  if ! onc 30 "(JUSTITIA_SOCKET=$cdir/justitiad.sock setsid $BIN/justitia run-server --listen $C_ADDR:$SERVER_PORT -d $C_DEV -x $GID \
+      --ack-timeout $ACK_TIMEOUT --shaper $LIB > $CLOGS/wire.run-server.log 2>&1 &) ; \
+      for i in \$(seq 100); do grep -q listening $CLOGS/wire.run-server.log && exit 0; sleep 0.2; done; \
+      cat $CLOGS/wire.run-server.log; exit 1" > "$L.incast.c-server" 2>&1; then
+    result FAIL "$name" "run-server on C: $(tail -n 3 "$L.incast.c-server" | tr '\n' ' ')"
+    return
+  fi
+  a_pub=$(new_key "$adir")
+  b_pub=$(far_key onb "$bdir")
+  c_pub=$(far_key onc "$cdir")
+  if [ -z "$a_pub" ] || [ -z "$b_pub" ] || [ -z "$c_pub" ]; then
+    result FAIL "$name" "a key pair was not made: A '$a_pub', B '$b_pub', C '$c_pub'"
+    return
+  fi
+  members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\", \"$C_ADDR\" = \"$c_pub\""
+  if ! daemon_config "$adir/justitiad.toml" "$adir/justitiad.sock" "$adir/admin.sock" "$metrics" \
+    "device=\"$A_DEV\"" "${settings[@]}"; then
+    result FAIL "$name" "$DAEMON_ERR"
+    return
+  fi
+  peer_config "$A_ADDR" "$adir/peer.key" "$A_ADDR" "$PEER_PORT" 3000 "$members" >> "$adir/justitiad.toml"
+  cp "$adir/justitiad.toml" "$L.incast.justitiad.toml"
+  daemon_start "$adir/justitiad.toml" "$L.incast.justitiad.log"
+  PIDS+=("$DAEMON_PID")
+  for far in "onb $bdir $B_DEV $BLOGS $B_ADDR" "onc $cdir $C_DEV $CLOGS $C_ADDR"; do
+    set -- $far
+    if ! far_daemon "$1" "$2" "$3" "$4" incast \
+      "$(peer_config "$5" "$2/peer.key" "$5" "$PEER_PORT" 3000 "$members")" "${settings[@]}" \
+      > "$L.incast.$1-daemon" 2>&1; then
+      result FAIL "$name" "the daemon by $1 did not start: $(tail -n 2 "$L.incast.$1-daemon" | tr '\n' ' ')"
+      return
+    fi
+  done
+  if ! daemon_wait "$L.incast.justitiad.log" "$adir/admin.sock" 60; then
+    result FAIL "$name" "A's justitiad: $DAEMON_ERR"
+    return
+  fi
+  # A's and C's flows every 0.5 s while the runs go, each read on its host: the streams'
+  # allotments into B.
+  flows_watch "$adir/admin.sock" > "$L.incast.watch.sh"
+  (setsid bash "$L.incast.watch.sh" > "$L.incast.a-flows" 2>&1 &)
+  flows_watch "$cdir/admin.sock" > "$CLOGS/wire.incast.watch.sh"
+  onc 10 "(setsid bash $CLOGS/wire.incast.watch.sh > $CLOGS/wire.incast.c-flows 2>&1 &)" > /dev/null 2>&1
+  JUSTITIA_SOCKET=$adir/justitiad.sock wire_run "$L.incast.log" "$INCAST_SCENARIO" \
+    "alone,with incast,with incast + justitia" "$DURATION_MS" "$INCAST_REPEAT" \
+    --host "c=$C_ADDR:$SERVER_PORT" --daemon-metrics "$metrics"
+  rc=$?
+  pkill -f "$L.incast.watch.sh"
+  onc 20 "pkill -f $CLOGS/wire.incast.watch.sh; pkill -TERM -x justitiad" > /dev/null 2>&1
+  onb 20 "pkill -TERM -x justitiad; tc -s qdisc show dev ifb0 > $BLOGS/wire.incast.tc.stats 2>&1; tc qdisc del dev eth0 ingress" > /dev/null 2>&1
+  kill -TERM "$DAEMON_PID" 2> /dev/null
+  wait "$DAEMON_PID" 2> /dev/null
+  if grep -q "^isolation verdict" "$L.incast.log"; then
+    result PASS "$name" "exit $rc: $(incast_summary "$L.incast.log" "$L.incast.a-flows" "$CLOGS/wire.incast.c-flows")"
+  else
+    result FAIL "$name" "exit $rc, no verdict: $(tail -n 3 "$L.incast.log" | tr '\n' ' ')"
+  fi
+}
+
+# The incast's medians from the spread table: the pings' p99 and each stream's rate (64 KiB
+# messages) natively and under the daemons, against the grant (a third of B's MaxRate, the
+# SoftRoCE-wire profile's 0.00757 Gb/s), with the pings' sample counts; and the allotments
+# each sender's daemon showed for its flow sending to B.
+incast_summary() { # LOG A_FLOWS C_FLOWS
+  python3 - "$@" <<'EOF'
+import json, re, statistics, sys
+log, a_flows, c_flows = sys.argv[1:]
+grant = 0.00757e9 / 8 / 3 / 65536
+row = re.compile(r"^\s+(?P<run>\S.*?)\s{2,}(?P<flow>lat|wa|wc)\s+(?P<fig>rate \(msgs/s\)|p99 \(us\))"
+                 r"\s+(?P<median>[0-9.]+)\s+[0-9.]+\s+[0-9.]+(?:\s+(?P<n>[0-9]+))?")
+m, n = {}, {}
+try:
+    text = open(log).read()
+except OSError as e:
+    print(f"unreadable: {e}")
+    sys.exit()
+# The spread table only: it ends at its first blank line (the comparison with the model,
+# further on, has rows of the same shape).
+spread = text.split("each figure is the median of", 1)
+for line in (spread[1] if len(spread) > 1 else "").splitlines()[1:]:
+    if not line.strip():
+        break
+    r = row.match(line)
+    if r:
+        key = (r["run"].strip(), r["flow"], r["fig"][:3])
+        m[key] = float(r["median"])
+        n[key] = r["n"]
+def allotments(path):
+    seen = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            flows = json.loads(line)
+        except ValueError:
+            continue
+        for f in flows if isinstance(flows, list) else []:
+            a = f.get("allot_bytes_per_sec")
+            if isinstance(a, (int, float)) and "sends to 10.77.0.2" in str(f.get("remote")):
+                seen.append(a)
+    if not seen:
+        return "none seen"
+    return "%.0f B/s (%.0f..%.0f, %d reads)" % (statistics.median(seen), min(seen), max(seen), len(seen))
+p = lambda run: m.get((run, "lat", "p99"))
+r = lambda run, flow: m.get((run, flow, "rat"))
+s = lambda run: n.get((run, "lat", "p99")) or "?"
+alone, native, daemons = p("alone"), p("with incast"), p("with incast + justitia")
+rates = [r(v, f) for v in ("with incast", "with incast + justitia") for f in ("wa", "wc")]
+if None in (alone, native, daemons) or None in rates:
+    print(f"no spread table (seen {sorted(m)})")
+    sys.exit()
+print(f"pings' p99 {alone:.0f} us alone [n={s('alone')}], {native:.0f} us beside the incast natively "
+      f"(x{native / alone:.2f}) [n={s('with incast')}], {daemons:.0f} us under the daemons "
+      f"(x{daemons / alone:.2f}) [n={s('with incast + justitia')}]; "
+      f"A's stream {rates[0]:.2f} msgs/s natively, {rates[2]:.2f} under the daemons "
+      f"(x{rates[2] / grant:.2f} of the grant, {grant:.2f} msgs/s); "
+      f"C's {rates[1]:.2f} and {rates[3]:.2f} (x{rates[3] / grant:.2f}); "
+      f"allotments into B, median of the reads: on A {allotments(a_flows)}, on C {allotments(c_flows)}")
+EOF
+}
+wanted incast && incast
 
 tc -s qdisc show dev eth0 > "$L.tc.stats" 2>&1
 cleanup

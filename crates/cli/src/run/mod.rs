@@ -74,9 +74,9 @@ pub(crate) const DEFAULT_MAX_PROCESSES: u32 = 64;
 Each flow of each run is two processes of justitia-loadgen on the device: the responder,
 and the requester, which runs under the shaper (LD_PRELOAD=libjustitia.so, JUSTITIA_CLASS
 from the flow's class) in runs with a policy, and so follows justitiad when one runs.
-Connection set-up is over TCP on loopback. Scenarios with a modelled switch, service
-levels, more than two hosts, rpc or storage flows, pauses or a simulator-only policy are
-refused by name before anything starts.
+Connection set-up is over TCP on loopback. Scenarios with service levels, rpc or storage
+flows, pauses or a simulator-only policy are refused by name before anything starts; a
+scenario's topology is the model's (on real verbs the hosts' own network joins them).
 
 Across two hosts: start `justitia run-server` on the other host and map the scenario's
 host name to it with --host (or a --hosts file: `[hosts]` then b = \"10.77.0.2:7771\").

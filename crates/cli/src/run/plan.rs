@@ -2,9 +2,11 @@
 //! plan of each flow of each run.
 //!
 //! Everything refused is refused by name before any process starts: a policy only the
-//! simulator has, a modelled switch or virtual lanes, more than two hosts, an application
-//! model without a real counterpart, pauses; a run that would start more processes than
-//! allowed; a host without the RDMA device asked for.
+//! simulator has, virtual lanes, an application model without a real counterpart, pauses;
+//! a run that would start more processes than allowed; a host without the RDMA device
+//! asked for. A scenario's topology (its kind, its switch, how many hosts) is the model's:
+//! on real verbs each host runs where `--host` places it and the hosts' own network joins
+//! them.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -18,7 +20,7 @@ use justitia_sim::app::latency::LatencyMode;
 use justitia_sim::app::Polling as SimPolling;
 use justitia_sim::policy::PolicySpec;
 use justitia_sim::rnic::Opcode;
-use justitia_sim::scenario::{AppSpec, ResolvedVariant, TopologyKind};
+use justitia_sim::scenario::{AppSpec, ResolvedVariant};
 use justitia_sim::Experiment;
 
 /// One flow of a real run.
@@ -74,18 +76,6 @@ pub fn shaper_policy(policy: PolicySpec) -> Option<Option<&'static str>> {
 pub fn refusals(experiment: &Experiment) -> Vec<String> {
     let s = &experiment.scenario;
     let mut out = Vec::new();
-    if s.topology.kind != TopologyKind::BackToBack {
-        out.push(format!(
-            "topology.kind = {:?}: a modelled switch fabric; the real backend runs on one local device",
-            s.topology.kind
-        ));
-    }
-    if s.topology.hosts.len() > 2 {
-        out.push(format!(
-            "topology.hosts: {} hosts; the real backend runs a flow's two ends on one device or on two hosts (more than two hosts are not supported yet)",
-            s.topology.hosts.len()
-        ));
-    }
     for (i, flow) in s.flows.iter().enumerate() {
         let at = format!("flows[{i}] ({})", flow.name);
         match flow.app() {
@@ -518,6 +508,32 @@ mod tests {
             err.contains("\"native\"") && err.contains("alone, with bw"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_switched_scenario_of_three_hosts_plans_each_flow_between_its_hosts() {
+        let mut e = experiment(&format!(
+            "{HEAD}[topology]\nkind = \"switch\"\nhosts = [\"a\", \"b\", \"c\"]\n\
+             [[flows]]\nname = \"wa\"\nfrom = \"a\"\nto = \"b\"\n[flows.bandwidth]\nsize = \"64KB\"\n\
+             [[flows]]\nname = \"wc\"\nfrom = \"c\"\nto = \"b\"\n[flows.bandwidth]\nsize = \"64KB\"\n"
+        ));
+        e.profile =
+            justitia_sim::ModelProfile::builtin("IB-56-switch").unwrap_or_else(|e| panic!("{e}"));
+        assert!(refusals(&e).is_empty(), "{:?}", refusals(&e));
+        let runs = runs(
+            &e,
+            Timing {
+                duration_ms: 1000.0,
+                warmup_ms: 100.0,
+            },
+            None,
+        );
+        let ends: Vec<(&str, &str)> = runs[0]
+            .flows
+            .iter()
+            .map(|f| (f.from.as_str(), f.to.as_str()))
+            .collect();
+        assert_eq!(ends, [("a", "b"), ("c", "b")]);
     }
 
     #[test]
