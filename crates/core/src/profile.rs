@@ -108,6 +108,47 @@ pub const BUILTIN_PROFILE_FILES: [(&str, &str); 8] = [
     ),
 ];
 
+/// The wire bytes of the packets a host's messages make another host send back or this
+/// one send besides their payload: from a built-in profile's `[link]` table (the model's
+/// view of the wire, which the policy's `[policy]` table does not carry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketBytes {
+    /// An acknowledgement: the responder sends one for each message a requester WRITEs
+    /// or SENDs to it (`ack_bytes`).
+    pub ack: u32,
+    /// A READ request: one header-only packet with a RETH, which the requester sends
+    /// (`header_bytes + first_packet_extra_bytes`).
+    pub read_request: u32,
+}
+
+impl PacketBytes {
+    /// The packet sizes of the built-in profile of that name (as
+    /// [`builtin_profile_text`] finds it); `None` when there is no such profile or its
+    /// `[link]` table lacks them.
+    pub fn builtin(name: &str) -> Option<PacketBytes> {
+        #[derive(Deserialize)]
+        struct Link {
+            header_bytes: u32,
+            #[serde(default)]
+            first_packet_extra_bytes: u32,
+            ack_bytes: u32,
+        }
+        #[derive(Deserialize)]
+        struct File {
+            link: Link,
+        }
+        let (_, text) = builtin_profile_text(name)?;
+        let file: File = toml::from_str(text).ok()?;
+        Some(PacketBytes {
+            ack: file.link.ack_bytes,
+            read_request: file
+                .link
+                .header_bytes
+                .saturating_add(file.link.first_packet_extra_bytes),
+        })
+    }
+}
+
 /// The built-in profile file of that name, case-insensitive (`RoCE-10-DCQCN` names
 /// `RoCE-10`, the same testbed): its canonical name and TOML text.
 pub fn builtin_profile_text(name: &str) -> Option<(&'static str, &'static str)> {
@@ -254,6 +295,27 @@ impl RnicProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RoCE-100's `[link]`: an acknowledgement of 86 wire bytes, a READ request of 82 + 16
+    /// (headers and a RETH); SoftRoCE-wire's, as its bucket counts them, 62 and 58 + 16.
+    #[test]
+    fn packet_bytes_come_from_the_profiles_link_table() {
+        assert_eq!(
+            PacketBytes::builtin("roce-100"),
+            Some(PacketBytes {
+                ack: 86,
+                read_request: 98
+            })
+        );
+        assert_eq!(
+            PacketBytes::builtin("SoftRoCE-wire"),
+            Some(PacketBytes {
+                ack: 62,
+                read_request: 74
+            })
+        );
+        assert_eq!(PacketBytes::builtin("roce-7"), None);
+    }
 
     /// The paper's chunk sizes (§5.1): 5 KB beside latency flows, 1 MB without.
     #[test]

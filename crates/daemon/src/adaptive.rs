@@ -12,6 +12,13 @@
 //!   daemon sees only the reference flow's, which wait in the same transmit queue.)
 //! - **Others' load.** Bytes the latency and throughput flows reported since the last
 //!   update, over the time since: the bandwidth flows are paced within what they leave.
+//! - **Reverse load.** What this host's messages make a send path carry besides their own
+//!   payload, as the simulator's driver charges it: each message a flow WRITEs or SENDs
+//!   to a peer costs that peer's path an acknowledgement, each READ chunk costs this
+//!   host's path its request packet (the packet sizes from the profile's `[link]` table,
+//!   [`PacketBytes`]). A flow's messages since the last update are its reported work
+//!   requests, or its bytes over the plan's chunk when that is more (a split request's
+//!   chunks are messages of their own).
 //! - **Plan.** After each loop update [`AdaptiveLaw::update`](justitia_core::adaptive::AdaptiveLaw::update)
 //!   takes the tenants' weighted counts of the active flows, the target, the tail and the
 //!   others' load; whenever the active flows (or their send paths) change in between,
@@ -25,8 +32,8 @@
 //!   [`charged_allotments`]. The server publishes them in the tenants' pages as it
 //!   publishes Justitia's, a bandwidth flow into a peer that granted an incast share
 //!   lowered to its cap there as under Justitia
-//!   ([`justitia_core::incast::paced_plan`]). The others' load is counted on this host's path only: what this
-//!   host's messages make a responder's path carry is not measured here.
+//!   ([`justitia_core::incast::paced_plan`]). Each path's plan leaves what the others'
+//!   load and the reverse load take of it.
 //!
 //! Cost: a plan allocates (the active flows' list, the tenants' counts, each send path's
 //! flows, the allotments), where the loop's own update does not; it runs only on a wake-up
@@ -49,7 +56,7 @@ use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource, TenantWeights,
 };
 use justitia_core::flow::{FlowClass, FlowId};
-use justitia_core::profile::RnicProfile;
+use justitia_core::profile::{PacketBytes, RnicProfile};
 use justitia_peer::NodeId;
 
 /// A flow as the driver is told of it.
@@ -62,6 +69,8 @@ pub struct DriverFlow {
     pub active: bool,
     /// Bytes it reported sent so far (a running count).
     pub bytes: u64,
+    /// Work requests it reported posting so far (a running count).
+    pub ops: u64,
 }
 
 /// The adaptive law on this host. See the module documentation.
@@ -77,6 +86,12 @@ pub struct AdaptiveDriver {
     /// The latency and throughput flows' reported bytes at the last update, and when.
     other_bytes: Option<(u64, Duration)>,
     other_rate: f64,
+    /// The sizes of the packets the reverse load counts; `None`: not counted.
+    packets: Option<PacketBytes>,
+    /// Each flow's reported (bytes, work requests) at the last update.
+    sent: BTreeMap<u64, (u64, u64)>,
+    /// The reverse load on each send path over the last span, wire bytes/s.
+    reverse: BTreeMap<Resource<NodeId>, f64>,
 }
 
 /// The law's settings from the RNIC profile: MaxRate, MaxTput, the MTU and the chunk
@@ -93,8 +108,12 @@ pub fn law_config(profile: &RnicProfile) -> AdaptiveConfig {
 }
 
 impl AdaptiveDriver {
-    /// A driver for a host with this RNIC.
-    pub fn new(profile: &RnicProfile) -> Result<Self, AdaptiveConfigError> {
+    /// A driver for a host with this RNIC, counting the reverse load with `packets`
+    /// (`None`: not counted).
+    pub fn new(
+        profile: &RnicProfile,
+        packets: Option<PacketBytes>,
+    ) -> Result<Self, AdaptiveConfigError> {
         let law = AdaptiveLaw::new(law_config(profile))?;
         let plan = law.plan(&Observation::default());
         Ok(AdaptiveDriver {
@@ -105,7 +124,15 @@ impl AdaptiveDriver {
             generation: 0,
             other_bytes: None,
             other_rate: 0.0,
+            packets,
+            sent: BTreeMap::new(),
+            reverse: BTreeMap::new(),
         })
+    }
+
+    /// The reverse load on `path` over the last span between updates, wire bytes/s.
+    pub fn reverse_load(&self, path: &Resource<NodeId>) -> f64 {
+        self.reverse.get(path).copied().unwrap_or(0.0)
     }
 
     fn observation(&self, target99: Option<Duration>, current99: Option<Duration>) -> Observation {
@@ -113,12 +140,40 @@ impl AdaptiveDriver {
             tenants: TenantWeights::of(self.present.iter().map(|f| &f.flow.spec)),
             target99,
             current99,
-            other_bytes_per_sec: self.other_rate,
+            other_bytes_per_sec: self.other_rate + self.reverse_load(&Resource::SendPath),
         }
     }
 
+    /// The wire bytes each send path carried besides the payload of `flows`' messages
+    /// since the last update (see the module documentation), by path; each flow's counts
+    /// are kept for the next.
+    fn count_reverse(&mut self, flows: &[DriverFlow]) -> BTreeMap<Resource<NodeId>, f64> {
+        let mut out = BTreeMap::new();
+        let chunk = u64::from(self.plan.chunk_bytes.max(1));
+        let mut sent = BTreeMap::new();
+        for f in flows {
+            let id = f.flow.flow.spec.id.0;
+            let (bytes, ops) = self.sent.get(&id).copied().unwrap_or((f.bytes, f.ops));
+            sent.insert(id, (f.bytes, f.ops));
+            let (Some(p), Some(peer)) = (self.packets, f.flow.peer) else {
+                continue;
+            };
+            let messages = f
+                .ops
+                .saturating_sub(ops)
+                .max(f.bytes.saturating_sub(bytes).div_ceil(chunk));
+            let (path, size) = match f.flow.charged {
+                Resource::Responder(_) => (Resource::SendPath, p.read_request),
+                Resource::SendPath => (Resource::Responder(peer), p.ack),
+            };
+            *out.entry(path).or_insert(0.0) += messages as f64 * f64::from(size);
+        }
+        self.sent = sent;
+        out
+    }
+
     /// Takes the flows as they are now; true if the active ones changed.
-    fn take_flows(&mut self, flows: impl IntoIterator<Item = DriverFlow>) -> (bool, u64) {
+    fn take_flows<'a>(&mut self, flows: impl IntoIterator<Item = &'a DriverFlow>) -> (bool, u64) {
         let mut other = 0u64;
         let before = std::mem::take(&mut self.present);
         for f in flows {
@@ -142,11 +197,17 @@ impl AdaptiveDriver {
         target99: Option<Duration>,
         current99: Option<Duration>,
     ) -> bool {
-        let (_, other) = self.take_flows(flows);
+        let flows: Vec<DriverFlow> = flows.into_iter().collect();
+        let (_, other) = self.take_flows(&flows);
+        let reverse = self.count_reverse(&flows);
         if let Some((bytes, since)) = self.other_bytes {
             let span = now.saturating_sub(since).as_secs_f64();
             if span > 0.0 {
                 self.other_rate = other.saturating_sub(bytes) as f64 / span;
+                self.reverse = reverse
+                    .into_iter()
+                    .map(|(path, bytes)| (path, bytes / span))
+                    .collect();
             }
         }
         self.other_bytes = Some((other, now));
@@ -163,7 +224,8 @@ impl AdaptiveDriver {
         flows: impl IntoIterator<Item = DriverFlow>,
         target99: Option<Duration>,
     ) -> bool {
-        let (changed, _) = self.take_flows(flows);
+        let flows: Vec<DriverFlow> = flows.into_iter().collect();
+        let (changed, _) = self.take_flows(&flows);
         if !changed {
             return false;
         }
@@ -171,12 +233,14 @@ impl AdaptiveDriver {
         self.apply(&o)
     }
 
-    /// Plans each send path's stream and splits it per flow. The other flows' load is
-    /// counted on this host's send path; a responder's is not measured here (zero).
+    /// Plans each send path's stream and splits it per flow, each within what the others'
+    /// load (this host's path) and the reverse load leave of its path.
     fn apply(&mut self, host: &Observation) -> bool {
+        let reverse = &self.reverse;
         let other = |r: &Resource<NodeId>| match r {
+            // The host's observation counts its path's reverse load already.
             Resource::SendPath => host.other_bytes_per_sec,
-            Resource::Responder(_) => 0.0,
+            Resource::Responder(_) => reverse.get(r).copied().unwrap_or(0.0),
         };
         let (plan, allotted) = charged_allotments(&self.law, host, &self.present, other);
         self.plan = plan;
@@ -212,5 +276,85 @@ impl AdaptiveDriver {
             decreases: self.law.decreases(),
             other_bytes_per_sec: self.other_rate,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use justitia_core::adaptive::allotments::HostFlow;
+    use justitia_core::flow::{FlowSpec, TenantId, Weight};
+
+    /// Host A reads from peer P (its READ flow charged to P's path) and writes to P (its
+    /// WRITE flow on its own path) beside a latency flow of its own, each a tenant of its
+    /// own.
+    fn flows(read: (u64, u64), write: (u64, u64)) -> [DriverFlow; 3] {
+        let p = NodeId([7; 16]);
+        let flow = |id, class, charged, peer, (bytes, ops)| DriverFlow {
+            flow: ChargedFlow {
+                flow: HostFlow {
+                    spec: FlowSpec {
+                        id: FlowId(id),
+                        tenant: TenantId(id),
+                        class,
+                        weight: Weight::ONE,
+                    },
+                    qps: 1,
+                },
+                charged,
+                peer,
+            },
+            active: true,
+            bytes,
+            ops,
+        };
+        let bw = FlowClass::Bandwidth;
+        [
+            flow(1, bw, Resource::Responder(p), Some(p), read),
+            flow(2, bw, Resource::SendPath, Some(p), write),
+            flow(3, FlowClass::Latency, Resource::SendPath, None, (0, 0)),
+        ]
+    }
+
+    /// Over 2 s the WRITE flow posted 1000 requests of 512 B, each acknowledged on P's
+    /// path, and the READ flow 400, each a request packet on A's path (512 B is the
+    /// smallest chunk the law cuts to: a request each message): 1000 x 86 B / 2 s =
+    /// 43 000 B/s on P's path, 400 x 98 B / 2 s = 19 600 B/s on A's. With the latency flow within its target the law paces; the READ flow's plan
+    /// on P's path leaves the acknowledgements' part: its allotment is below what the same
+    /// flows get with nothing counted.
+    #[test]
+    fn a_hosts_messages_load_the_paths_that_carry_their_acknowledgements_and_requests() {
+        let profile = RnicProfile::builtin("roce-100").unwrap_or_else(|e| panic!("{e}"));
+        let packets = PacketBytes::builtin("roce-100");
+        assert_eq!(packets.map(|p| (p.ack, p.read_request)), Some((86, 98)));
+        let run = |packets| {
+            let mut d = AdaptiveDriver::new(&profile, packets).unwrap_or_else(|e| panic!("{e}"));
+            let (target, current) = (Duration::from_micros(100), Duration::from_micros(50));
+            d.update(
+                Duration::ZERO,
+                flows((0, 0), (0, 0)),
+                Some(target),
+                Some(current),
+            );
+            d.update(
+                Duration::from_secs(2),
+                flows((400 * 512, 400), (1000 * 512, 1000)),
+                Some(target),
+                Some(current),
+            );
+            d
+        };
+        let counted = run(packets);
+        let p = NodeId([7; 16]);
+        assert_eq!(counted.reverse_load(&Resource::Responder(p)), 43_000.0);
+        assert_eq!(counted.reverse_load(&Resource::SendPath), 19_600.0);
+        let uncounted = run(None);
+        assert_eq!(uncounted.reverse_load(&Resource::Responder(p)), 0.0);
+        let read = |d: &AdaptiveDriver| d.allotment(1).map(|a| a.bytes_per_sec);
+        let (with, without) = (read(&counted), read(&uncounted));
+        assert!(
+            with.zip(without).is_some_and(|(w, wo)| w < wo),
+            "{with:?} {without:?}"
+        );
     }
 }

@@ -119,6 +119,8 @@ struct Flow {
     slot: u32,
     active: bool,
     bytes: u64,
+    /// Work requests its shaper reported posting (a running count).
+    ops: u64,
     admission: AdmissionReply,
     /// The peer host its QP goes to and how it loads it (READ requester, or bandwidth
     /// into it), once its shaper said so and the host is one the peer channel reaches.
@@ -427,8 +429,11 @@ impl Daemon {
         let adaptive = match config.policy {
             PolicyKind::Justitia => None,
             PolicyKind::Adaptive => Some(
-                AdaptiveDriver::new(&profile)
-                    .map_err(|e| StartError::Other(format!("policy adaptive: {e}")))?,
+                AdaptiveDriver::new(
+                    &profile,
+                    justitia_core::profile::PacketBytes::builtin(&profile_name),
+                )
+                .map_err(|e| StartError::Other(format!("policy adaptive: {e}")))?,
             ),
         };
         let boot_id = random_boot_id();

@@ -402,6 +402,7 @@ impl Daemon {
             },
             active: f.active,
             bytes: f.bytes,
+            ops: f.ops,
         });
         let target = self.lp.target().value;
         let changed = if updated {

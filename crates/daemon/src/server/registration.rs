@@ -455,6 +455,7 @@ impl Daemon {
                 if let Some(f) = self.flows.get_mut(&u.flow) {
                     f.active = u.active;
                     f.bytes = f.bytes.saturating_add(u.bytes);
+                    f.ops = f.ops.saturating_add(u.ops);
                     if let Some(p) = self.pages.get(&f.tenant) {
                         p.page.set_usage(f.slot, f.bytes);
                     }
@@ -693,6 +694,7 @@ impl Daemon {
             slot,
             active: false,
             bytes: 0,
+            ops: 0,
             admission,
             remote: None,
         };
