@@ -167,15 +167,23 @@ loop_of() { # LOG
     }' "$1"
 }
 
+# far_run_server RUN ADDR DEV DAEMON_DIR LOG_DIR: a `justitia run-server` on the host RUN
+# (onb or onc) reaches, listening on ADDR, its shaped requesters following the justitiad
+# of DAEMON_DIR when one runs there; waits until it listens, or prints its log and fails.
+far_run_server() {
+  "$1" 30 "(JUSTITIA_SOCKET=$4/justitiad.sock setsid $BIN/justitia run-server --listen $2:$SERVER_PORT -d $3 -x $GID \
+      --ack-timeout $ACK_TIMEOUT --shaper $LIB > $5/wire.run-server.log 2>&1 &) ; \
+      for i in \$(seq 100); do grep -q listening $5/wire.run-server.log && exit 0; sleep 0.2; done; \
+      cat $5/wire.run-server.log; exit 1"
+}
+
 # --- the wire and the far end ---------------------------------------------------------
 if ! tc qdisc add dev eth0 root tbf rate "$RATE" burst 16kb limit 300kb 2> "$L.tc.err"; then
   result FAIL "a token bucket of $RATE on A's eth0" "tc: $(head -c 300 "$L.tc.err")"
   exit 1
 fi
 # The run-server's shaped requesters follow B's justitiad when one runs (the READ section).
-onb 20 "(JUSTITIA_SOCKET=$B_PEER_DIR/justitiad.sock setsid $BIN/justitia run-server --listen $B_ADDR:$SERVER_PORT -d $B_DEV -x $GID --ack-timeout $ACK_TIMEOUT \
-  --shaper $LIB > $BLOGS/wire.run-server.log 2>&1 &) ; for i in \$(seq 100); do grep -q listening $BLOGS/wire.run-server.log && exit 0; sleep 0.2; done; \
-  cat $BLOGS/wire.run-server.log; exit 1" > "$L.server.start" 2>&1 \
+far_run_server onb "$B_ADDR" "$B_DEV" "$B_PEER_DIR" "$BLOGS" > "$L.server.start" 2>&1 \
   || { result FAIL "run-server on B" "$(tail -n 3 "$L.server.start" | tr '\n' ' ')"; cleanup; exit 1; }
 
 # --- native: the strict verdict must fail ---------------------------------------------
@@ -276,6 +284,22 @@ done
 WATCH
 }
 
+# The peered daemons' settings: the testbed's profile and target, and the RefPeriod and
+# probe timeout the pair's peer checks use under emulation.
+PEER_SETTINGS=('profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' "ref_period_us=$PEER_REF_PERIOD_US" probe_timeout_ms=50)
+
+# near_daemon DIR TAG METRICS MEMBERS: A's justitiad with PEER_SETTINGS and a [peer] table
+# of MEMBERS, configured in DIR (copied to $L.TAG.justitiad.toml, its log beside it) and
+# started (its pid in PIDS); fails with DAEMON_ERR set when it cannot be configured.
+near_daemon() {
+  daemon_config "$1/justitiad.toml" "$1/justitiad.sock" "$1/admin.sock" "$3" \
+    "device=\"$A_DEV\"" "${PEER_SETTINGS[@]}" || return 1
+  peer_config "$A_ADDR" "$1/peer.key" "$A_ADDR" "$PEER_PORT" 3000 "$4" >> "$1/justitiad.toml"
+  cp "$1/justitiad.toml" "$L.$2.justitiad.toml"
+  daemon_start "$1/justitiad.toml" "$L.$2.justitiad.log"
+  PIDS+=("$DAEMON_PID")
+}
+
 # far_key RUN DIR: a key pair made on the host RUN reaches, kept in DIR; prints the public key.
 far_key() {
   "$1" 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $2"
@@ -296,7 +320,6 @@ far_key() {
 read_beside_write() {
   local adir=/tmp/wire-peer.a bdir=$B_PEER_DIR metrics=127.0.0.1:19472 a_pub b_pub members rc
   local name="a remote READ beside a local WRITE, under justitiad on A and B (justitia, medians of $READ_REPEAT), reported"
-  local settings=('profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' "ref_period_us=$PEER_REF_PERIOD_US" probe_timeout_ms=50)
   a_pub=$(new_key "$adir")
   b_pub=$(far_key onb "$bdir")
   if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
@@ -304,17 +327,12 @@ read_beside_write() {
     return
   fi
   members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
-  if ! daemon_config "$adir/justitiad.toml" "$adir/justitiad.sock" "$adir/admin.sock" "$metrics" \
-    "device=\"$A_DEV\"" "${settings[@]}"; then
+  if ! near_daemon "$adir" read "$metrics" "$members"; then
     result FAIL "$name" "$DAEMON_ERR"
     return
   fi
-  peer_config "$A_ADDR" "$adir/peer.key" "$A_ADDR" "$PEER_PORT" 3000 "$members" >> "$adir/justitiad.toml"
-  cp "$adir/justitiad.toml" "$L.read.justitiad.toml"
-  daemon_start "$adir/justitiad.toml" "$L.read.justitiad.log"
-  PIDS+=("$DAEMON_PID")
   if ! far_daemon onb "$bdir" "$B_DEV" "$BLOGS" read \
-    "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" "${settings[@]}" \
+    "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" "${PEER_SETTINGS[@]}" \
     > "$L.read.b-daemon" 2>&1; then
     result FAIL "$name" "B's justitiad did not start: $(tail -n 2 "$L.read.b-daemon" | tr '\n' ' ')"
     return
@@ -391,7 +409,6 @@ incast() {
   local adir=/tmp/wire-incast.a bdir=/tmp/wire-incast.b cdir=$C_PEER_DIR metrics=127.0.0.1:19473
   local a_pub b_pub c_pub members rc far
   local name="incast, A and C WRITE into B through B's $RATE bucket beside A's pings, under justitiad on A, B and C (justitia, medians of $INCAST_REPEAT), reported"
-  local settings=('profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' "ref_period_us=$PEER_REF_PERIOD_US" probe_timeout_ms=50)
   tc qdisc del dev eth0 root 2> /dev/null
   # An earlier section's daemon on B has its peer port until it is gone.
   onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
@@ -403,10 +420,7 @@ incast() {
     return
   fi
   # C's run-server: the requester of C's stream; its shaped requesters follow C's daemon.
-  if ! onc 30 "(JUSTITIA_SOCKET=$cdir/justitiad.sock setsid $BIN/justitia run-server --listen $C_ADDR:$SERVER_PORT -d $C_DEV -x $GID \
-      --ack-timeout $ACK_TIMEOUT --shaper $LIB > $CLOGS/wire.run-server.log 2>&1 &) ; \
-      for i in \$(seq 100); do grep -q listening $CLOGS/wire.run-server.log && exit 0; sleep 0.2; done; \
-      cat $CLOGS/wire.run-server.log; exit 1" > "$L.incast.c-server" 2>&1; then
+  if ! far_run_server onc "$C_ADDR" "$C_DEV" "$cdir" "$CLOGS" > "$L.incast.c-server" 2>&1; then
     result FAIL "$name" "run-server on C: $(tail -n 3 "$L.incast.c-server" | tr '\n' ' ')"
     return
   fi
@@ -418,19 +432,14 @@ incast() {
     return
   fi
   members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\", \"$C_ADDR\" = \"$c_pub\""
-  if ! daemon_config "$adir/justitiad.toml" "$adir/justitiad.sock" "$adir/admin.sock" "$metrics" \
-    "device=\"$A_DEV\"" "${settings[@]}"; then
+  if ! near_daemon "$adir" incast "$metrics" "$members"; then
     result FAIL "$name" "$DAEMON_ERR"
     return
   fi
-  peer_config "$A_ADDR" "$adir/peer.key" "$A_ADDR" "$PEER_PORT" 3000 "$members" >> "$adir/justitiad.toml"
-  cp "$adir/justitiad.toml" "$L.incast.justitiad.toml"
-  daemon_start "$adir/justitiad.toml" "$L.incast.justitiad.log"
-  PIDS+=("$DAEMON_PID")
   for far in "onb $bdir $B_DEV $BLOGS $B_ADDR" "onc $cdir $C_DEV $CLOGS $C_ADDR"; do
     set -- $far
     if ! far_daemon "$1" "$2" "$3" "$4" incast \
-      "$(peer_config "$5" "$2/peer.key" "$5" "$PEER_PORT" 3000 "$members")" "${settings[@]}" \
+      "$(peer_config "$5" "$2/peer.key" "$5" "$PEER_PORT" 3000 "$members")" "${PEER_SETTINGS[@]}" \
       > "$L.incast.$1-daemon" 2>&1; then
       result FAIL "$name" "the daemon by $1 did not start: $(tail -n 2 "$L.incast.$1-daemon" | tr '\n' ' ')"
       return
