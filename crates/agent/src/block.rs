@@ -40,6 +40,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use justitia_core::control_verbs::ControlVerbBudget;
+use justitia_core::message_charge::MessageCharge;
 use justitia_core::queue_turns::TurnBudget;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
@@ -155,7 +156,10 @@ pub struct Slot {
     /// Bytes the daemon has counted for the flow from its usage reports (outside the
     /// seqlock: one word, stored whole).
     pub usage_bytes: AtomicU64,
-    _reserved: [AtomicU64; 5],
+    /// What each of the flow's requests is charged in its pace
+    /// ([`MessageCharge::to_words`]). Added within layout 3: a block written before it
+    /// holds zeros here, which charge the payload.
+    pub charge: [AtomicU64; 5],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == 128);
@@ -182,6 +186,8 @@ pub struct SlotAllotment {
     pub phase_offset: u64,
     /// The release phase's epoch.
     pub phase_epoch: u64,
+    /// What each of the flow's requests is charged in its pace.
+    pub charge: MessageCharge,
 }
 
 /// An offset in [0, 1) as stored in [`Slot::phase_offset`]: rounded to the nearest
@@ -447,6 +453,9 @@ impl BlockWriter {
             s.generation.store(a.generation, Ordering::Relaxed);
             s.phase_offset.store(a.phase_offset, Ordering::Relaxed);
             s.phase_epoch.store(a.phase_epoch, Ordering::Relaxed);
+            for (word, value) in s.charge.iter().zip(a.charge.to_words()) {
+                word.store(value, Ordering::Relaxed);
+            }
         });
         true
     }
@@ -476,6 +485,7 @@ impl BlockWriter {
                 generation: 0,
                 phase_offset: 0,
                 phase_epoch: 0,
+                charge: MessageCharge::NONE,
             },
         )
     }
@@ -676,6 +686,9 @@ impl BlockReader {
                 generation: s.generation.load(Ordering::Relaxed),
                 phase_offset: s.phase_offset.load(Ordering::Relaxed),
                 phase_epoch: s.phase_epoch.load(Ordering::Relaxed),
+                charge: MessageCharge::from_words(
+                    s.charge.each_ref().map(|w| w.load(Ordering::Relaxed)),
+                ),
             };
             (a, s.state.load(Ordering::Relaxed))
         })?;
@@ -714,6 +727,7 @@ mod tests {
             generation: v,
             phase_offset: v,
             phase_epoch: v,
+            charge: MessageCharge::NONE,
         }
     }
 
@@ -811,6 +825,29 @@ mod tests {
             generation: 6,
         });
         assert_eq!(r.status().unwrap().current_p99_ns, 8);
+    }
+
+    /// The charge's words make the round trip beside the rest of the slot, and a freed
+    /// slot charges the payload again.
+    #[test]
+    fn the_message_charge_makes_the_round_trip() {
+        let w = BlockWriter::create(KIND_TENANT, 2, 1, 5_000_000).unwrap();
+        let r = w.reader().unwrap();
+        let a = SlotAllotment {
+            charge: MessageCharge {
+                least_bytes: 115,
+                byte_cost: 4_149_100_479,
+                packet_cost: 340_226_239_278,
+                request_cost: 66_385_607_664,
+                mtu_shift: 12,
+            },
+            ..allot(3, 100)
+        };
+        assert!(w.set_slot(1, a));
+        assert_eq!(r.slot(1), Some(a));
+        assert_eq!(r.slot(1).unwrap().charge.charged(64), 156);
+        assert!(w.clear_slot(1));
+        assert_eq!(r.slot(1).unwrap().charge, MessageCharge::NONE);
     }
 
     #[test]

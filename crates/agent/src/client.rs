@@ -105,6 +105,8 @@ pub struct Allotment {
     pub phase_offset: u64,
     /// The release phase's epoch.
     pub phase_epoch: u64,
+    /// What each of the flow's requests is charged in its pace.
+    pub charge: justitia_core::message_charge::MessageCharge,
 }
 
 impl Allotment {
@@ -607,6 +609,7 @@ impl AgentClient {
                 generation: slot.generation,
                 phase_offset: slot.phase_offset,
                 phase_epoch: slot.phase_epoch,
+                charge: slot.charge,
             })
     }
 
@@ -1056,6 +1059,7 @@ mod tests {
                     generation: 1,
                     phase_offset: 0,
                     phase_epoch: 0,
+                    charge: justitia_core::message_charge::MessageCharge::NONE,
                 },
             );
             let reply = Reply::Registered {

@@ -107,6 +107,9 @@
 
 use std::time::Duration;
 
+use crate::message_charge::{MessageCharge, FIXED_ONE};
+use crate::profile::{RnicFacts, RnicProfile};
+
 pub mod allotments;
 pub mod resources;
 pub mod tenants;
@@ -221,6 +224,36 @@ impl AdaptiveConfig {
         }
     }
 
+    /// The law's settings for an RNIC whose policy profile is `policy` and whose model
+    /// tables say `facts`, as the simulator's model and a daemon both build them: MaxRate,
+    /// MaxTput, the MTU and the large chunk from the policy; the wire's rate and headers;
+    /// one queue pair's message rate, and half of it for the chunks (so per-chunk costs
+    /// stay a small part of each chunk's time); the caches it bounds, and what a miss
+    /// costs (a context's: one DMA read of host memory; a translation entry's, the
+    /// profile's figure), on its processing units.
+    pub fn for_model(policy: &RnicProfile, facts: &RnicFacts) -> Self {
+        let nanos = |ns: f64| Duration::try_from_secs_f64(ns * 1e-9).unwrap_or(Duration::ZERO);
+        AdaptiveConfig {
+            wire_bytes_per_sec: facts.wire_gbps * 1e9 / 8.0,
+            packet_overhead_bytes: facts.header_bytes,
+            request_overhead_bytes: facts.first_packet_extra_bytes,
+            max_chunks_per_sec: facts.qp_mops * 1e6 / 2.0,
+            max_ops_per_sec: policy.max_ops_per_sec(),
+            qp_ops_per_sec: facts.qp_mops * 1e6,
+            qp_cache_entries: facts.qp_cache_entries,
+            qp_context_miss: nanos(facts.pcie_read_latency_ns),
+            mpt_cache_entries: facts.mpt_cache_entries,
+            mtt_cache_entries: facts.mtt_cache_entries,
+            translation_miss: nanos(facts.translation_miss_ns),
+            processing_units: facts.processing_units,
+            ..AdaptiveConfig::for_rnic(
+                policy.max_rate_bytes_per_sec(),
+                policy.mtu,
+                policy.chunk_bytes_without_latency,
+            )
+        }
+    }
+
     /// The operations a request's `misses` translation entries not held cost besides its
     /// own one ([`translation`]): each miss holds one of the `processing_units` for
     /// `translation_miss`, that unit's part of the time in which the RNIC starts MaxTput
@@ -289,16 +322,41 @@ impl AdaptiveConfig {
     /// more per byte than a chunk does ([`AdaptiveConfig::message_cost`]), so that a tenant
     /// of small messages is paced, and shares, by the wire or the message rate it uses. A
     /// chunk is charged its own bytes: the plan's pace, in payload bytes/s of chunks, holds.
+    /// It is [`MessageCharge::charged`] of [`Self::message_charge`], which a shaper
+    /// evaluates.
     pub fn charged_bytes(&self, bytes: u64, chunk: u32) -> u64 {
-        let chunk = u64::from(chunk.max(1));
-        let per_chunk_byte = self.message_cost(chunk) / chunk as f64;
-        let charged = self.message_cost(bytes) / per_chunk_byte;
-        // Rounded: a piece of a message split into equal chunks costs what the chunk does
-        // per byte, within a fraction of a byte, and is charged its bytes.
-        if charged.is_finite() {
-            bytes.max(charged.round() as u64)
-        } else {
-            bytes
+        self.message_charge(chunk).charged(bytes)
+    }
+
+    /// The price of a request in a stream paced for chunks of `chunk`, as integers a
+    /// tenant page carries ([`crate::message_charge`]): a message's cost over what a
+    /// chunk's byte costs, `p = message_cost(chunk) / chunk` (at least 1). Its payload over
+    /// `p` is never more than its payload, so the charge is the most of the payload, one
+    /// operation at MaxTput over `p` and its wire bytes scaled by MaxRate over the wire's
+    /// rate over `p`; each term absent when its rate is not known. On RoCE-100 with 5 KiB
+    /// chunks (5120 + 2 x 82 + 16 = 5300 wire bytes, 5141 B of MaxRate: p = 1.0041) a
+    /// 64 B WRITE is charged 162 x 0.97 / 1.0041 = 156 B.
+    pub fn message_charge(&self, chunk: u32) -> MessageCharge {
+        let chunk = chunk.max(1);
+        let per_chunk_byte = (self.message_cost(u64::from(chunk)) / f64::from(chunk)).max(1.0);
+        let least = self.max_rate_bytes_per_sec / self.max_ops_per_sec / per_chunk_byte;
+        let scale = self.max_rate_bytes_per_sec / self.wire_bytes_per_sec / per_chunk_byte;
+        // `as` saturates: an unknown (infinite) rate leaves its term at 0.
+        let whole = |x: f64| {
+            if x.is_finite() && x > 0.0 {
+                x.round() as u64
+            } else {
+                0
+            }
+        };
+        let fixed = |bytes: f64| whole(bytes * scale * FIXED_ONE as f64);
+        MessageCharge {
+            least_bytes: whole(least),
+            byte_cost: fixed(1.0),
+            packet_cost: fixed(f64::from(self.packet_overhead_bytes)),
+            request_cost: fixed(f64::from(self.request_overhead_bytes)),
+            // A path MTU is a power of two; another is read as the one below it.
+            mtu_shift: self.mtu.max(1).ilog2(),
         }
     }
 
@@ -1157,6 +1215,58 @@ mod tests {
         // Nothing known beyond MaxRate: the payload.
         let bare = AdaptiveConfig::for_rnic(6e9, 4096, 1 << 20);
         assert_eq!(bare.charged_bytes(64, 4096), 64);
+    }
+
+    /// RoCE-100's law as a daemon builds it from the profile file, by hand: with 5 KiB
+    /// chunks (5120 + 2 x 82 + 16 = 5300 wire bytes, x 0.97 = 5141 B of MaxRate, p =
+    /// 5141 / 5120 = 1.0041) a request is charged at least 115.48 / 1.0041 = 115.0 B (one
+    /// operation at 105 M messages/s) and 0.97 / 1.0041 = 0.96604 of its wire bytes: a
+    /// 64 B WRITE 162 x 0.96604 = 156.5 -> 156 B, a 5 KiB chunk its 5120.
+    #[test]
+    fn a_daemon_charges_what_the_models_figures_price() {
+        let policy = RnicProfile::builtin("roce-100").expect("built-in");
+        let facts = RnicFacts::builtin("roce-100").expect("built-in");
+        let c = AdaptiveConfig::for_model(&policy, &facts);
+        assert_eq!(c.wire_bytes_per_sec, 12.5e9);
+        assert_eq!(c.qp_ops_per_sec, 13e6);
+        assert_eq!(c.max_chunks_per_sec, 6.5e6);
+        assert_eq!(c.qp_context_miss, Duration::from_nanos(600));
+        let charge = c.message_charge(5120);
+        assert_eq!(charge.least_bytes, 115);
+        let scale = charge.byte_cost as f64 / FIXED_ONE as f64;
+        assert!((scale - 0.966_04).abs() < 1e-5, "{scale}");
+        let per = |cost: u64| cost as f64 / charge.byte_cost as f64;
+        assert!((per(charge.packet_cost) - 82.0).abs() < 1e-6);
+        assert!((per(charge.request_cost) - 16.0).abs() < 1e-6);
+        assert_eq!(charge.mtu_shift, 12);
+        assert_eq!(c.charged_bytes(64, 5120), 156);
+        assert_eq!(c.charged_bytes(5120, 5120), 5120);
+    }
+
+    proptest! {
+        /// The integer price a shaper evaluates is the law's cost in chunk bytes,
+        /// `max(payload, round(message_cost(bytes) / p))`, computed here in floats, within
+        /// a byte (the scale's fixed point).
+        #[test]
+        fn the_published_charge_is_the_laws_cost_in_chunk_bytes(
+            bytes in 0u64..(64 << 20),
+            chunk in 512u32..(4 << 20),
+            wire in prop_oneof![Just(f64::INFINITY), 1e9..2e10f64],
+            ops in prop_oneof![Just(f64::INFINITY), 1e6..2e8f64],
+        ) {
+            let c = AdaptiveConfig {
+                wire_bytes_per_sec: wire,
+                packet_overhead_bytes: 82,
+                request_overhead_bytes: 16,
+                max_ops_per_sec: ops,
+                ..AdaptiveConfig::for_rnic(12.125e9, 4096, 1 << 20)
+            };
+            let per_chunk_byte =
+                (c.message_cost(u64::from(chunk)) / f64::from(chunk)).max(1.0);
+            let want = (bytes as f64).max((c.message_cost(bytes) / per_chunk_byte).round());
+            let got = c.charged_bytes(bytes, chunk) as f64;
+            prop_assert!((got - want).abs() <= 1.0, "{got} against {want}");
+        }
     }
 
     /// The translation charge by hand on RoCE-100-husky (256 MPT and 1024 MTT entries, 600

@@ -340,6 +340,7 @@ mod tests {
             bytes_per_sec: 8e9,
             ops_per_sec: Some(4e6),
             chunk_bytes: 94_208,
+            charge: crate::message_charge::MessageCharge::NONE,
         };
         let p = paced_plan(plan, Some(2e9));
         assert_eq!((p.bytes_per_sec, p.ops_per_sec), (2e9, Some(1e6)));

@@ -17,6 +17,7 @@
 //! | [`allotment`] | multi-resource tokens and per-flow rate allotments | Justitia §4.2.3, App. D |
 //! | [`remote_read`] | the utilisation guarantee sent to remote readers | Justitia §4.4 |
 //! | [`incast`] | the receiver's share of its link among incoming senders, and the senders' pacing to it | Justitia §6.7 |
+//! | [`message_charge`] | what a paced request is charged: its payload, or its message's cost in the chunk's bytes | PeRF §2.3, Husky §3 |
 //! | [`pacer`] | the one enforcement algorithm: an allotment to release decisions, bounded burst | Justitia §4.2.3, App. D |
 //! | [`queue_turns`] | turns among a process's queue pairs, so that the RNIC's context cache holds the ones that post | Husky §3 |
 //! | [`chunk`] | splitting one work request into chunks | Justitia §4.3, §5.2 |
@@ -34,6 +35,7 @@ pub mod controller;
 pub mod estimator;
 pub mod flow;
 pub mod incast;
+pub mod message_charge;
 pub mod pacer;
 pub mod profile;
 pub mod queue_turns;

@@ -109,8 +109,7 @@ pub const BUILTIN_PROFILE_FILES: [(&str, &str); 8] = [
 ];
 
 /// The wire bytes of the packets a host's messages make another host send back or this
-/// one send besides their payload: from a built-in profile's `[link]` table (the model's
-/// view of the wire, which the policy's `[policy]` table does not carry).
+/// one send besides their payload ([`RnicFacts::packets`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PacketBytes {
     /// An acknowledgement: the responder sends one for each message a requester WRITEs
@@ -121,31 +120,101 @@ pub struct PacketBytes {
     pub read_request: u32,
 }
 
-impl PacketBytes {
-    /// The packet sizes of the built-in profile of that name (as
-    /// [`builtin_profile_text`] finds it); `None` when there is no such profile or its
-    /// `[link]` table lacks them.
-    pub fn builtin(name: &str) -> Option<PacketBytes> {
+/// What a built-in profile's model tables (`[link]`, `[pcie]`, `[rnic]`) say of the wire
+/// and of the RNIC's hidden resources, beyond what its `[policy]` table ([`RnicProfile`])
+/// gives the policy: the figures the `adaptive` law charges by
+/// ([`AdaptiveConfig::for_model`](crate::adaptive::AdaptiveConfig::for_model)), read from
+/// the same file the simulator's model is built from, so that a daemon and the simulator
+/// plan with the same numbers. Each figure's source is stated beside it in the file.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RnicFacts {
+    /// The link's rate, Gb/s of wire bytes (`[link] gbps`).
+    pub wire_gbps: f64,
+    /// Wire bytes every packet carries besides its payload (`[link] header_bytes`).
+    pub header_bytes: u32,
+    /// Wire bytes the first packet of a request carries besides those, a RETH
+    /// (`[link] first_packet_extra_bytes`).
+    pub first_packet_extra_bytes: u32,
+    /// An acknowledgement's wire bytes (`[link] ack_bytes`).
+    pub ack_bytes: u32,
+    /// A DMA read of host memory, ns (`[pcie] read_latency_ns`): what a context or
+    /// translation entry the RNIC does not hold costs to fetch.
+    pub pcie_read_latency_ns: f64,
+    /// The units the RNIC starts messages on (`[rnic] processing_units`).
+    pub processing_units: u32,
+    /// Millions of messages/s one queue pair sustains (`[rnic] qp_mops`).
+    pub qp_mops: f64,
+    /// QP contexts the RNIC caches; 0: not bounded (`[rnic] qp_cache_entries`).
+    pub qp_cache_entries: u32,
+    /// MPT entries (one per memory region) it caches; 0: not bounded.
+    pub mpt_cache_entries: u32,
+    /// MTT entries (one per page) it caches; 0: not bounded.
+    pub mtt_cache_entries: u32,
+    /// What a translation entry it does not cache holds a unit for, ns; 0: not modelled.
+    pub translation_miss_ns: f64,
+}
+
+impl RnicFacts {
+    /// The facts of the built-in profile of that name (as [`builtin_profile_text`] finds
+    /// it); `None` when there is no such profile or its tables lack a figure the model
+    /// requires (the cache sizes and the miss cost may be absent: not bounded).
+    pub fn builtin(name: &str) -> Option<RnicFacts> {
         #[derive(Deserialize)]
         struct Link {
+            gbps: f64,
             header_bytes: u32,
             #[serde(default)]
             first_packet_extra_bytes: u32,
             ack_bytes: u32,
         }
         #[derive(Deserialize)]
+        struct Pcie {
+            read_latency_ns: f64,
+        }
+        #[derive(Deserialize)]
+        struct Rnic {
+            processing_units: u32,
+            qp_mops: f64,
+            #[serde(default)]
+            qp_cache_entries: u32,
+            #[serde(default)]
+            mpt_cache_entries: u32,
+            #[serde(default)]
+            mtt_cache_entries: u32,
+            #[serde(default)]
+            translation_miss_ns: f64,
+        }
+        #[derive(Deserialize)]
         struct File {
             link: Link,
+            pcie: Pcie,
+            rnic: Rnic,
         }
         let (_, text) = builtin_profile_text(name)?;
         let file: File = toml::from_str(text).ok()?;
-        Some(PacketBytes {
-            ack: file.link.ack_bytes,
-            read_request: file
-                .link
-                .header_bytes
-                .saturating_add(file.link.first_packet_extra_bytes),
+        Some(RnicFacts {
+            wire_gbps: file.link.gbps,
+            header_bytes: file.link.header_bytes,
+            first_packet_extra_bytes: file.link.first_packet_extra_bytes,
+            ack_bytes: file.link.ack_bytes,
+            pcie_read_latency_ns: file.pcie.read_latency_ns,
+            processing_units: file.rnic.processing_units,
+            qp_mops: file.rnic.qp_mops,
+            qp_cache_entries: file.rnic.qp_cache_entries,
+            mpt_cache_entries: file.rnic.mpt_cache_entries,
+            mtt_cache_entries: file.rnic.mtt_cache_entries,
+            translation_miss_ns: file.rnic.translation_miss_ns,
         })
+    }
+
+    /// The sizes of the packets the reverse load counts.
+    pub fn packets(&self) -> PacketBytes {
+        PacketBytes {
+            ack: self.ack_bytes,
+            read_request: self
+                .header_bytes
+                .saturating_add(self.first_packet_extra_bytes),
+        }
     }
 }
 
@@ -296,25 +365,48 @@ impl RnicProfile {
 mod tests {
     use super::*;
 
-    /// RoCE-100's `[link]`: an acknowledgement of 86 wire bytes, a READ request of 82 + 16
-    /// (headers and a RETH); SoftRoCE-wire's, as its bucket counts them, 62 and 58 + 16.
+    /// RoCE-100's tables as its file states them: a 100 Gb/s wire, packets of 82 header
+    /// bytes and a 16 B RETH, a 600 ns DMA read, 16 units, 13 M messages/s a queue pair,
+    /// no bounded cache; so an acknowledgement of 86 wire bytes and a READ request of 82 +
+    /// 16. SoftRoCE-wire's, as its bucket counts them: 62 and 58 + 16.
     #[test]
-    fn packet_bytes_come_from_the_profiles_link_table() {
+    fn the_facts_come_from_the_profiles_model_tables() {
+        let roce = RnicFacts::builtin("roce-100")
+            .unwrap_or_else(|| panic!("RoCE-100 has its model tables"));
         assert_eq!(
-            PacketBytes::builtin("roce-100"),
-            Some(PacketBytes {
+            roce,
+            RnicFacts {
+                wire_gbps: 100.0,
+                header_bytes: 82,
+                first_packet_extra_bytes: 16,
+                ack_bytes: 86,
+                pcie_read_latency_ns: 600.0,
+                processing_units: 16,
+                qp_mops: 13.0,
+                qp_cache_entries: 0,
+                mpt_cache_entries: 0,
+                mtt_cache_entries: 0,
+                translation_miss_ns: 0.0,
+            }
+        );
+        assert_eq!(
+            roce.packets(),
+            PacketBytes {
                 ack: 86,
                 read_request: 98
-            })
+            }
         );
+        let soft =
+            RnicFacts::builtin("SoftRoCE-wire").unwrap_or_else(|| panic!("SoftRoCE-wire has them"));
         assert_eq!(
-            PacketBytes::builtin("SoftRoCE-wire"),
-            Some(PacketBytes {
+            soft.packets(),
+            PacketBytes {
                 ack: 62,
                 read_request: 74
-            })
+            }
         );
-        assert_eq!(PacketBytes::builtin("roce-7"), None);
+        assert_eq!(soft.wire_gbps, 0.008);
+        assert_eq!(RnicFacts::builtin("roce-7"), None);
     }
 
     /// The paper's chunk sizes (§5.1): 5 KB beside latency flows, 1 MB without.

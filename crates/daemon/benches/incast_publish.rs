@@ -108,6 +108,7 @@ fn publish_one(page: &BlockWriter, index: usize, cap: Option<f64>) {
             generation: a.generation,
             phase_offset: 0,
             phase_epoch: a.phase.epoch,
+            charge: justitia_core::message_charge::MessageCharge::NONE,
         },
     );
 }

@@ -19,6 +19,10 @@
 //!   [`PacketBytes`]). A flow's messages since the last update are its reported work
 //!   requests, or its bytes over the plan's chunk when that is more (a split request's
 //!   chunks are messages of their own).
+//! - **Settings.** The simulator's ([`AdaptiveConfig::for_model`]), from the profile file's
+//!   model tables ([`RnicFacts`]): the wire's rate and headers, one queue pair's message
+//!   rate, the caches. Each bandwidth flow's allotment carries the price of its requests
+//!   ([`FlowAllotment::charge`]), which its slot publishes and its shaper's pacer charges.
 //! - **Plan.** After each loop update [`AdaptiveLaw::update`](justitia_core::adaptive::AdaptiveLaw::update)
 //!   takes the tenants' weighted counts of the active flows, the target, the tail and the
 //!   others' load; whenever the active flows (or their send paths) change in between,
@@ -56,7 +60,7 @@ use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource, TenantWeights,
 };
 use justitia_core::flow::{FlowClass, FlowId};
-use justitia_core::profile::{PacketBytes, RnicProfile};
+use justitia_core::profile::{PacketBytes, RnicFacts, RnicProfile};
 use justitia_peer::NodeId;
 
 /// A flow as the driver is told of it.
@@ -94,27 +98,34 @@ pub struct AdaptiveDriver {
     reverse: BTreeMap<Resource<NodeId>, f64>,
 }
 
-/// The law's settings from the RNIC profile: MaxRate, MaxTput, the MTU and the chunk
-/// without latency flows; the rest are the law's defaults.
-pub fn law_config(profile: &RnicProfile) -> AdaptiveConfig {
-    AdaptiveConfig {
-        max_ops_per_sec: profile.max_ops_per_sec(),
-        ..AdaptiveConfig::for_rnic(
-            profile.max_rate_bytes_per_sec(),
-            profile.mtu,
-            profile.chunk_bytes_without_latency,
-        )
+/// The law's settings for the RNIC profile: the simulator's
+/// ([`AdaptiveConfig::for_model`]) from the profile file's model tables (`facts`), or,
+/// without them, MaxRate, MaxTput, the MTU and the chunk without latency flows, the rest
+/// the law's defaults.
+pub fn law_config(profile: &RnicProfile, facts: Option<&RnicFacts>) -> AdaptiveConfig {
+    match facts {
+        Some(facts) => AdaptiveConfig::for_model(profile, facts),
+        None => AdaptiveConfig {
+            max_ops_per_sec: profile.max_ops_per_sec(),
+            ..AdaptiveConfig::for_rnic(
+                profile.max_rate_bytes_per_sec(),
+                profile.mtu,
+                profile.chunk_bytes_without_latency,
+            )
+        },
     }
 }
 
 impl AdaptiveDriver {
-    /// A driver for a host with this RNIC, counting the reverse load with `packets`
-    /// (`None`: not counted).
+    /// A driver for a host with this RNIC, whose profile file's model tables say `facts`
+    /// (`None`: not known; the reverse load is then not counted, and the law knows only
+    /// the policy's figures).
     pub fn new(
         profile: &RnicProfile,
-        packets: Option<PacketBytes>,
+        facts: Option<&RnicFacts>,
     ) -> Result<Self, AdaptiveConfigError> {
-        let law = AdaptiveLaw::new(law_config(profile))?;
+        let law = AdaptiveLaw::new(law_config(profile, facts))?;
+        let packets = facts.map(RnicFacts::packets);
         let plan = law.plan(&Observation::default());
         Ok(AdaptiveDriver {
             law,
@@ -319,16 +330,24 @@ mod tests {
     /// Over 2 s the WRITE flow posted 1000 requests of 512 B, each acknowledged on P's
     /// path, and the READ flow 400, each a request packet on A's path (512 B is the
     /// smallest chunk the law cuts to: a request each message): 1000 x 86 B / 2 s =
-    /// 43 000 B/s on P's path, 400 x 98 B / 2 s = 19 600 B/s on A's. With the latency flow within its target the law paces; the READ flow's plan
-    /// on P's path leaves the acknowledgements' part: its allotment is below what the same
-    /// flows get with nothing counted.
+    /// 43 000 B/s on P's path, 400 x 98 B / 2 s = 19 600 B/s on A's. With the latency
+    /// flow within its target the law paces; the READ flow's plan on P's path leaves the
+    /// acknowledgements' part. The reverse load is wire bytes: it comes off the wire's
+    /// rate, which on RoCE-100 (100 Gb/s against a MaxRate of 97) has room for it, so the
+    /// comparison is made on a wire of 97 Gb/s, where the wire binds: the READ flow's
+    /// allotment is below what the same flows get when acknowledgements are free (an
+    /// `ack_bytes` of 0), and on RoCE-100's own wire it is not.
     #[test]
     fn a_hosts_messages_load_the_paths_that_carry_their_acknowledgements_and_requests() {
         let profile = RnicProfile::builtin("roce-100").unwrap_or_else(|e| panic!("{e}"));
-        let packets = PacketBytes::builtin("roce-100");
-        assert_eq!(packets.map(|p| (p.ack, p.read_request)), Some((86, 98)));
-        let run = |packets| {
-            let mut d = AdaptiveDriver::new(&profile, packets).unwrap_or_else(|e| panic!("{e}"));
+        let facts = RnicFacts::builtin("roce-100").unwrap_or_else(|| panic!("built-in"));
+        assert_eq!(
+            (facts.packets().ack, facts.packets().read_request),
+            (86, 98)
+        );
+        let run = |facts: &RnicFacts| {
+            let mut d =
+                AdaptiveDriver::new(&profile, Some(facts)).unwrap_or_else(|e| panic!("{e}"));
             let (target, current) = (Duration::from_micros(100), Duration::from_micros(50));
             d.update(
                 Duration::ZERO,
@@ -344,14 +363,23 @@ mod tests {
             );
             d
         };
-        let counted = run(packets);
+        let counted = run(&facts);
         let p = NodeId([7; 16]);
         assert_eq!(counted.reverse_load(&Resource::Responder(p)), 43_000.0);
         assert_eq!(counted.reverse_load(&Resource::SendPath), 19_600.0);
-        let uncounted = run(None);
+        let free = |facts: RnicFacts| RnicFacts {
+            ack_bytes: 0,
+            ..facts
+        };
+        let uncounted = run(&free(facts));
         assert_eq!(uncounted.reverse_load(&Resource::Responder(p)), 0.0);
         let read = |d: &AdaptiveDriver| d.allotment(1).map(|a| a.bytes_per_sec);
-        let (with, without) = (read(&counted), read(&uncounted));
+        assert_eq!(read(&counted), read(&uncounted), "the wire has room");
+        let slow = RnicFacts {
+            wire_gbps: 97.0,
+            ..facts
+        };
+        let (with, without) = (read(&run(&slow)), read(&run(&free(slow))));
         assert!(
             with.zip(without).is_some_and(|(w, wo)| w < wo),
             "{with:?} {without:?}"

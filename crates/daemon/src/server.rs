@@ -431,7 +431,7 @@ impl Daemon {
             PolicyKind::Adaptive => Some(
                 AdaptiveDriver::new(
                     &profile,
-                    justitia_core::profile::PacketBytes::builtin(&profile_name),
+                    justitia_core::profile::RnicFacts::builtin(&profile_name).as_ref(),
                 )
                 .map_err(|e| StartError::Other(format!("policy adaptive: {e}")))?,
             ),

@@ -74,6 +74,16 @@ fn a_latency_and_a_bandwidth_flow_get_the_laws_allotments() {
     assert_eq!(c.allotment(l), None, "latency flows are never shaped");
     let a = c.allotment(b).unwrap();
     assert_eq!(a.ops_per_sec, 0, "bandwidth flows are paced by bytes only");
+    // Each request is charged what it costs in the chunk's bytes (the profile's `[link]`:
+    // 100 Gb/s of wire, 82 B a packet, a 16 B RETH). A chunk of 23 packets is 94 208 +
+    // 23 x 82 + 16 = 96 110 wire bytes, 93 226.7 B of MaxRate at 97/100: its payload is
+    // more, so a chunk byte costs a byte. So a request is charged at least one operation
+    // at MaxTput, 12.125e9 / 105e6 = 115.5 -> 115 B, and 0.97 of its wire bytes: a 64 B
+    // WRITE (162 wire bytes) 157 B, a chunk its 94 208.
+    assert_eq!(a.charge.least_bytes, 115);
+    assert_eq!(a.charge.mtu_shift, 12);
+    assert_eq!(a.charge.charged(64), 157);
+    assert_eq!(a.charge.charged(CHUNK), CHUNK);
     let flows = d.flows();
     let report = flows.iter().find(|f| f.class == "bandwidth").unwrap();
     assert!(near_f(report.allot_bytes_per_sec, PACE), "{report:?}");
@@ -107,12 +117,19 @@ fn a_latency_and_a_bandwidth_flow_get_the_laws_allotments() {
         });
     }
     // A throughput flow on 2 queue pairs: with latency and bandwidth flows present it is
-    // paced by operations at 1/(L+B+T) = 1/3 of MaxTput, 35 M ops/s; the bandwidth pace
-    // is unchanged (its floor, 1/3 of MaxRate, is below it).
+    // paced by operations at 1/(L+B+T) = 1/3 of what its queue pairs post alone, at most
+    // 2 x 13 M messages/s (the profile's `[rnic] qp_mops`, under MaxTput's 105 M):
+    // 8 666 667 ops/s; the bandwidth pace is unchanged (its floor, 1/3 of MaxRate, is
+    // below it).
     let t = registered(&mut c, FlowClass::Throughput, 2);
     wait_for(&mut c, t, "the throughput flow's pace", |a| {
-        near(a.ops_per_sec, 35_000_000) && near(a.bytes_per_sec, MAX_RATE)
+        near(a.ops_per_sec, 8_666_667) && near(a.bytes_per_sec, MAX_RATE)
     });
+    assert_eq!(
+        c.allotment(t).unwrap().charge,
+        justitia_core::message_charge::MessageCharge::NONE,
+        "its operations pace binds: a request is charged its payload"
+    );
     assert!(near(c.allotment(b).unwrap().bytes_per_sec, PACE / 2));
     // The latency flow leaves: the throughput flow is the protected class now (step 2),
     // not paced by operations; the bandwidth flows are paced at the headroom in chunks of

@@ -178,17 +178,30 @@ fn justitia_allotment() -> SlotAllotment {
         generation: 1,
         phase_offset: phase_to_fixed(0.5),
         phase_epoch: 1,
+        charge: justitia_core::message_charge::MessageCharge::NONE,
     }
 }
 
 /// The allotment a daemon running `adaptive` publishes for a bandwidth flow: bytes only,
-/// no release phase.
+/// no release phase, each request charged its price on RoCE-100 at the flow's chunk (so
+/// the post evaluates a charge that prices the wire and the message rate).
 fn adaptive_allotment() -> SlotAllotment {
+    use justitia_core::adaptive::AdaptiveConfig;
+    use justitia_core::profile::{RnicFacts, RnicProfile};
+    let a = justitia_allotment();
+    let charge = RnicProfile::builtin("roce-100")
+        .ok()
+        .zip(RnicFacts::builtin("roce-100"))
+        .map(|(policy, facts)| {
+            AdaptiveConfig::for_model(&policy, &facts).message_charge(a.chunk_bytes as u32)
+        })
+        .unwrap_or_default();
     SlotAllotment {
         ops_per_sec: 0,
         phase_offset: 0,
         phase_epoch: 0,
-        ..justitia_allotment()
+        charge,
+        ..a
     }
 }
 

@@ -27,6 +27,7 @@ use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, F
 use justitia_agent::proto::{ControlVerbReport, QpTurnReport};
 use justitia_core::control_verbs::{ControlVerbBudget, ControlVerbCounts};
 use justitia_core::flow::FlowClass;
+use justitia_core::message_charge::MessageCharge;
 use justitia_core::pacer::{PaceRate, ReleasePhase};
 use justitia_core::queue_turns::TurnBudget;
 
@@ -79,6 +80,10 @@ pub struct Settings {
     /// The turns among the process's shaped QPs: the fewer of `JUSTITIA_QP_TURNS` and
     /// the daemon's share for the process; `None`: no turns.
     pub turns: Option<TurnBudget>,
+    /// What each paced request is charged in the pace: the daemon's price for the flow
+    /// under `adaptive` ([`MessageCharge`]), the payload otherwise (and under a rate of the
+    /// environment's own, which prices nothing).
+    pub charge: MessageCharge,
 }
 
 /// The process's QP turns so far (running counts).
@@ -279,6 +284,7 @@ impl Follower {
             phase: None,
             control: self.control_budget(),
             turns: self.turn_budget(),
+            charge: MessageCharge::NONE,
         }
     }
 
@@ -377,8 +383,8 @@ impl Follower {
         };
         // The phase places the flow among the others the daemon divides among at their
         // rates; a rate of the environment's own is not part of that schedule.
-        let (rate, phase) = match self.static_rate {
-            Some(r) => (PaceRate { chunk_bytes, ..r }, None),
+        let (rate, phase, charge) = match self.static_rate {
+            Some(r) => (PaceRate { chunk_bytes, ..r }, None, MessageCharge::NONE),
             None => (
                 PaceRate {
                     bytes_per_sec: a.bytes_per_sec,
@@ -386,6 +392,7 @@ impl Follower {
                     chunk_bytes,
                 },
                 Some(a.phase()),
+                a.charge,
             ),
         };
         Settings {
@@ -394,6 +401,7 @@ impl Follower {
             phase,
             control: self.control_budget(),
             turns: self.turn_budget(),
+            charge,
         }
     }
 
@@ -645,6 +653,7 @@ mod tests {
             phase: None,
             control: None,
             turns: None,
+            charge: MessageCharge::NONE,
         };
         Follower::new(&config, fallback).unwrap()
     }
@@ -731,6 +740,7 @@ mod tests {
             phase: None,
             control: None,
             turns: None,
+            charge: MessageCharge::NONE,
         };
         let mut f = Follower::new(&config, fallback).unwrap();
         // Nothing to follow before a QP exists.

@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use justitia_core::profile::{builtin_profile_text, ProfileError, RnicProfile};
+use justitia_core::profile::{builtin_profile_text, ProfileError, RnicFacts, RnicProfile};
 use serde::{Deserialize, Serialize};
 
 use crate::time::{self, ByteTime, Picos};
@@ -547,6 +547,24 @@ impl ModelProfile {
             .saturating_add(in_flight)
     }
 
+    /// What its model tables tell the `adaptive` law, as a daemon reads them from the
+    /// same file ([`RnicFacts::builtin`]).
+    pub fn facts(&self) -> RnicFacts {
+        RnicFacts {
+            wire_gbps: self.link.gbps,
+            header_bytes: self.link.header_bytes,
+            first_packet_extra_bytes: self.link.first_packet_extra_bytes,
+            ack_bytes: self.link.ack_bytes,
+            pcie_read_latency_ns: self.pcie.read_latency_ns,
+            processing_units: self.rnic.processing_units,
+            qp_mops: self.rnic.qp_mops,
+            qp_cache_entries: self.rnic.qp_cache_entries,
+            mpt_cache_entries: self.rnic.mpt_cache_entries,
+            mtt_cache_entries: self.rnic.mtt_cache_entries,
+            translation_miss_ns: self.rnic.translation_miss_ns,
+        }
+    }
+
     /// The profile's name (that of its `[policy]` table).
     pub fn name(&self) -> &str {
         &self.policy.name
@@ -608,6 +626,16 @@ impl ModelProfile {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// A daemon reads the law's figures from the profile file itself; they are the
+    /// model's, for every built-in.
+    #[test]
+    fn a_daemon_reads_the_facts_the_model_is_built_from() {
+        for name in ModelProfile::BUILTIN_NAMES {
+            let model = ModelProfile::builtin(name).unwrap();
+            assert_eq!(RnicFacts::builtin(name), Some(model.facts()), "{name}");
+        }
+    }
 
     #[test]
     fn every_builtin_parses_and_validates() {

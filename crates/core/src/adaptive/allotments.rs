@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 
 use super::{charged_to, latency_paths, AdaptiveLaw, Observation, Plan, Resource};
 use crate::flow::{FlowClass, FlowId, FlowSpec, TenantId};
+use crate::message_charge::MessageCharge;
 
 /// A flow present on the host, as the law's allotments need it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,6 +56,11 @@ pub struct FlowAllotment {
     pub ops_per_sec: Option<f64>,
     /// Bytes per chunk a request is cut to.
     pub chunk_bytes: u32,
+    /// What each request is charged in the pace: a bandwidth flow's, what its message
+    /// costs in its chunk's bytes ([`AdaptiveConfig::message_charge`](super::AdaptiveConfig::message_charge)), as the
+    /// simulator's stream charges it; a throughput flow's, its payload (its operations
+    /// pace binds).
+    pub charge: MessageCharge,
 }
 
 /// Each tenant's largest weight and its flows present, in `class`.
@@ -128,12 +134,14 @@ pub fn allotments(
                         bytes_per_sec,
                         ops_per_sec: None,
                         chunk_bytes: plan.chunk_bytes,
+                        charge: config.message_charge(plan.chunk_bytes),
                     })
                 }
                 FlowClass::Throughput => Some(FlowAllotment {
                     bytes_per_sec: max_rate,
                     ops_per_sec: throughput.get(&f.spec.id).copied().flatten(),
                     chunk_bytes: config.mtu,
+                    charge: MessageCharge::NONE,
                 }),
             };
             (f.spec.id, allotment)

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use justitia_agent::block::{phase_to_fixed, BlockStatus, SlotAllotment, SlotState};
 use justitia_core::incast::paced_plan;
+use justitia_core::message_charge::MessageCharge;
 
 use crate::adaptive::AdaptiveDriver;
 use crate::metrics::Tenant;
@@ -88,6 +89,7 @@ impl Daemon {
                     // One phase for all: each flow's pacer on its own schedule.
                     phase_offset: 0,
                     phase_epoch: 0,
+                    charge: a.charge,
                 },
                 None => unpaced_slot(id, f, driver.generation()),
             };
@@ -105,6 +107,7 @@ impl Daemon {
                 // when the epoch is new, so flows sharing the NIC do not release together.
                 phase_offset: phase_to_fixed(a.phase.offset),
                 phase_epoch: a.phase.epoch,
+                charge: MessageCharge::NONE,
             },
             None => unpaced_slot(id, f, 0),
         }
@@ -161,5 +164,6 @@ fn unpaced_slot(id: u64, f: &Flow, generation: u64) -> SlotAllotment {
         generation,
         phase_offset: 0,
         phase_epoch: 0,
+        charge: MessageCharge::NONE,
     }
 }

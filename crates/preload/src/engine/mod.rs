@@ -38,6 +38,7 @@ use std::time::Duration;
 use justitia_core::classifier::ClassifierConfig;
 use justitia_core::control_verbs::{ControlVerb, ControlVerbPacer};
 use justitia_core::flow::FlowClass;
+use justitia_core::message_charge::MessageCharge;
 use justitia_core::pacer::{PaceRate, Pacer as RatePacer, ReleasePhase};
 use justitia_core::queue_turns::TurnBudget;
 use justitia_core::yield_plan::YieldPlanner;
@@ -220,6 +221,7 @@ impl Engine {
             phase: None,
             control: config.control_rate,
             turns: config.qp_turns,
+            charge: MessageCharge::NONE,
         };
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
@@ -309,6 +311,7 @@ impl Engine {
             phase: applied.phase,
             control: self.control.lock().budget(),
             turns: self.turns.budget(),
+            charge: self.rate.charge(),
         }
     }
 
@@ -370,6 +373,10 @@ impl Engine {
             .chunk_bytes
             .swap(settings.chunk_bytes, Ordering::Relaxed)
             != settings.chunk_bytes;
+        if self.rate.charge() != settings.charge {
+            self.rate.set_charge(settings.charge);
+            changed = true;
+        }
         if !changed {
             return;
         }

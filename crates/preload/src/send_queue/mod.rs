@@ -679,8 +679,7 @@ impl SendQueue {
         }
         // SAFETY: guaranteed by the caller.
         let len = unsafe { payload_of(wr) };
-        if len > lane.whole_up_to || (lane.paced && !(gate.try_take(len) || gate.release(len, now)))
-        {
+        if len > lane.whole_up_to || (lane.paced && !gate.take(len, now)) {
             return None;
         }
         // IBV_SEND_SIGNALED or 0: the application sees its completion, the WQE is signaled
@@ -874,7 +873,8 @@ impl SendQueue {
     }
 
     /// Builds the next list of WQEs into the batch, in order, taking tokens for paced
-    /// ones; returns why it stopped, and the request that found no tokens if that was why.
+    /// ones (each what the gate charges it); returns why it stopped, and the request that
+    /// found no tokens if that was why.
     /// Split requests it takes WQEs from are saved in `snapshots` first, so a list the
     /// provider refuses in part can be rolled back.
     fn build(
@@ -925,7 +925,8 @@ impl SendQueue {
             };
             if req.paced && !is_yield {
                 if let Some(pacer) = pacer {
-                    let taken = pacer.lock().try_release(now, u64::from(payload), 1);
+                    let cost = pacer.charged(u64::from(payload));
+                    let taken = pacer.lock().try_release(now, cost, 1);
                     if let Err(wait) = taken {
                         return (Blocked::Tokens(wait), Some(index));
                     }

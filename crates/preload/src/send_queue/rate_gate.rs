@@ -6,9 +6,10 @@
 //! It may be taken under a QP's lock (a paced post) or the engine's record of the applied
 //! rate (a change of settings), never the other way round.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use justitia_core::message_charge::MessageCharge;
 use justitia_core::pacer::Pacer;
 
 /// The process's rate pacer, and an allowance taken from it ahead that posts spend without
@@ -33,6 +34,11 @@ pub struct RateGate {
     /// The allowance last handed out, in the same layout; written and read only under the
     /// pacer's lock (`Relaxed`: the lock orders it).
     granted: AtomicU64,
+    /// What a request is charged in the pacer's bytes, as [`MessageCharge::to_words`]:
+    /// read at every paced post, without a lock (see [`Self::charged`]).
+    charge: [AtomicU64; 5],
+    /// [`Self::charge`] is not [`MessageCharge::NONE`].
+    priced: AtomicBool,
 }
 
 /// The bytes field of a [`RateGate`] allowance.
@@ -45,7 +51,52 @@ impl RateGate {
             pacer: parking_lot::Mutex::new(pacer),
             allowance: AtomicU64::new(0),
             granted: AtomicU64::new(0),
+            charge: Default::default(),
+            priced: AtomicBool::new(false),
         }
+    }
+
+    /// Takes a request of `bytes` payload from the allowance at its price, or else
+    /// releases it as [`Self::release`] does: whether it may go. A request is priced
+    /// ([`MessageCharge::charged`]) only when the price counts more than the payload (out
+    /// of line: an unpriced flow pays one load and a branch).
+    #[inline(always)]
+    pub fn take(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
+        if self.priced.load(Ordering::Relaxed) {
+            return self.take_priced(bytes, now);
+        }
+        self.try_take(bytes) || self.release(bytes, now)
+    }
+
+    #[inline(always)]
+    fn take_priced(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
+        let cost = self.charged(bytes);
+        self.try_take(cost) || self.release(cost, now)
+    }
+
+    /// What a request of `bytes` payload is charged ([`MessageCharge::charged`]).
+    ///
+    /// Each word is read alone (`Relaxed`): a post racing a change of the price may be
+    /// charged the old price's terms mixed with the new one's, each a price the daemon
+    /// gave, for that one request.
+    #[inline(always)]
+    pub fn charged(&self, bytes: u64) -> u64 {
+        MessageCharge::from_words(self.charge.each_ref().map(|w| w.load(Ordering::Relaxed)))
+            .charged(bytes)
+    }
+
+    /// The price in force.
+    pub fn charge(&self) -> MessageCharge {
+        MessageCharge::from_words(self.charge.each_ref().map(|w| w.load(Ordering::Relaxed)))
+    }
+
+    /// Puts `charge` in force for the posts that follow.
+    pub fn set_charge(&self, charge: MessageCharge) {
+        for (word, value) in self.charge.iter().zip(charge.to_words()) {
+            word.store(value, Ordering::Relaxed);
+        }
+        self.priced
+            .store(charge != MessageCharge::NONE, Ordering::Relaxed);
     }
 
     /// Takes a request of `bytes` and one operation from the allowance, if it has room:

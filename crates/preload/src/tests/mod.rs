@@ -7,6 +7,7 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
+use justitia_core::message_charge::MessageCharge;
 use justitia_verbs::ops;
 use justitia_verbs::sys::*;
 
@@ -931,6 +932,63 @@ fn throughput_class_is_paced_by_operations() {
     let ops = r.log().len() as f64 / 2.0;
     assert!((ops / 1000.0 - 1.0).abs() < 0.02, "{ops} ops/s");
     assert!(r.log().iter().all(|w| w.len() == 16), "not split");
+}
+
+/// The daemon's price under `adaptive` ([`MessageCharge`]) holds small requests to what
+/// they cost, not to their payload. At 10 MB/s with 64 KiB chunks the burst is two chunks,
+/// 131 072 B. Of 500 WRITEs of 64 B posted at once, each charged its least of 1000 B, 131
+/// fit in it and the 132nd overdraws it: 132 go (posted straight, the fast lane's charge),
+/// and the rest are released at 10 000 a second (drains from the pacer, their charge):
+/// 100 more in 10 ms. Priced by their payload all 500 fit in the burst (32 000 B).
+#[test]
+fn small_requests_are_paced_at_what_the_daemon_charges_them() {
+    let run = |charge: MessageCharge| {
+        let r = rig_with(
+            &[
+                ("JUSTITIA_CLASS", "bandwidth"),
+                ("JUSTITIA_CHUNK", "64K"),
+                ("JUSTITIA_RATE", "10M"),
+            ],
+            1024,
+            false,
+        );
+        r.engine.apply(
+            crate::follow::Settings {
+                charge,
+                ..r.engine.settings()
+            },
+            r.clock.now(),
+        );
+        assert_eq!(r.engine.settings().charge, charge);
+        let src = pattern(64, 29);
+        let mut dst = vec![0u8; 64];
+        for id in 0..500 {
+            let mut s = [sge(&src, 0, 64)];
+            let mut w = [rdma(
+                IBV_WR_RDMA_WRITE,
+                id,
+                &mut s,
+                dst.as_mut_ptr() as u64,
+                false,
+            )];
+            assert_eq!(r.post(&mut w).0, 0);
+        }
+        let at_once = r.log().len();
+        while r.clock.now() < Duration::from_millis(10) {
+            r.clock.advance(Duration::from_micros(100));
+            r.engine.pacer_tick(r.clock.now());
+            r.run();
+        }
+        (at_once, r.log().len())
+    };
+    let least = MessageCharge {
+        least_bytes: 1000,
+        ..MessageCharge::NONE
+    };
+    let (at_once, by_10ms) = run(least);
+    assert_eq!(at_once, 132);
+    assert!((231..=233).contains(&by_10ms), "{by_10ms} by 10 ms");
+    assert_eq!(run(MessageCharge::NONE), (500, 500));
 }
 
 #[test]

@@ -521,32 +521,7 @@ impl AdaptivePolicy {
     ) -> Result<Self, AdaptiveError> {
         let driver = LoopDriver::new(&profile.policy, justitia)
             .map_err(|e| AdaptiveError::Justitia(e.into()))?;
-        let config = AdaptiveConfig {
-            wire_bytes_per_sec: profile.link.gbps * 1e9 / 8.0,
-            packet_overhead_bytes: profile.link.header_bytes,
-            request_overhead_bytes: profile.link.first_packet_extra_bytes,
-            // What the host knows of its RNIC: one queue pair's message rate, and half of it
-            // for the chunks, so that per-chunk costs stay a small part of each chunk's time.
-            max_chunks_per_sec: profile.rnic.qp_mops * 1e6 / 2.0,
-            max_ops_per_sec: profile.policy.max_ops_per_sec(),
-            qp_ops_per_sec: profile.rnic.qp_mops * 1e6,
-            qp_cache_entries: profile.rnic.qp_cache_entries,
-            // The model's context miss: the processing unit reads the context over PCIe,
-            // one DMA read round trip (`crate::rnic`, step 2).
-            qp_context_miss: Duration::try_from_secs_f64(profile.pcie.read_latency_ns * 1e-9)
-                .unwrap_or(Duration::ZERO),
-            // The translation caches the profile gives the RNIC, and what a miss costs.
-            mpt_cache_entries: profile.rnic.mpt_cache_entries,
-            mtt_cache_entries: profile.rnic.mtt_cache_entries,
-            translation_miss: Duration::try_from_secs_f64(profile.rnic.translation_miss_ns * 1e-9)
-                .unwrap_or(Duration::ZERO),
-            processing_units: profile.rnic.processing_units,
-            ..AdaptiveConfig::for_rnic(
-                profile.policy.max_rate_bytes_per_sec(),
-                profile.mtu(),
-                profile.policy.chunk_bytes_without_latency,
-            )
-        };
+        let config = AdaptiveConfig::for_model(&profile.policy, &profile.facts());
         Ok(AdaptivePolicy {
             side: SideChannel::new(profile.link.header_bytes),
             driver,
