@@ -8,8 +8,9 @@
 # path of a bandwidth flow following the allotment a stand-in daemon publishes in a control
 # block (the pacer asked about each request at the allotted rate), and the same under
 # JUSTITIA_POLICY=adaptive with the allotment an adaptive daemon publishes (bytes only, no
-# release phase, each request priced at RoCE-100's price for its chunk), and in a bandwidth-class process on a CQ too small to shape its QP (the
-# QP observed, its CQ's polls passed through), counts the instructions
+# release phase, each request priced at RoCE-100's price for its chunk), and in a
+# bandwidth-class process on a CQ too small to shape its QP (the QP observed, its CQ's
+# polls passed through), counts the instructions
 # executed inside the post and poll calls only, and prints them per request and what the
 # shaper adds, each beside its target.
 # Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).

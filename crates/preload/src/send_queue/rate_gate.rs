@@ -58,8 +58,8 @@ impl RateGate {
 
     /// Takes a request of `bytes` payload from the allowance at its price, or else
     /// releases it as [`Self::release`] does: whether it may go. A request is priced
-    /// ([`MessageCharge::charged`]) only when the price counts more than the payload (out
-    /// of line: an unpriced flow pays one load and a branch).
+    /// ([`MessageCharge::charged`]) only when the price counts more than the payload: an
+    /// unpriced flow pays one load and a branch.
     #[inline(always)]
     pub fn take(&self, bytes: u64, now: impl FnOnce() -> Duration) -> bool {
         if self.priced.load(Ordering::Relaxed) {
@@ -81,11 +81,11 @@ impl RateGate {
     /// gave, for that one request.
     #[inline(always)]
     pub fn charged(&self, bytes: u64) -> u64 {
-        MessageCharge::from_words(self.charge.each_ref().map(|w| w.load(Ordering::Relaxed)))
-            .charged(bytes)
+        self.charge().charged(bytes)
     }
 
     /// The price in force.
+    #[inline(always)]
     pub fn charge(&self) -> MessageCharge {
         MessageCharge::from_words(self.charge.each_ref().map(|w| w.load(Ordering::Relaxed)))
     }
