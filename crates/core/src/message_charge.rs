@@ -14,8 +14,8 @@
 //! daemon can publish it in a tenant page's slot ([`MessageCharge::to_words`]) and a shaper
 //! evaluate it at each post without the law, a float or a division by anything but the MTU.
 //!
-//! Invariants: a request is never charged less than its payload; the charge of no request
-//! overflows or panics, whatever the words read from a page hold; [`MessageCharge::NONE`]
+//! Invariants: a request is never charged less than its payload, and its charge never
+//! panics, whatever the words read from a page hold; [`MessageCharge::NONE`]
 //! (all words zero, what a daemon that does not charge writes) charges the payload.
 
 /// The fixed point of [`MessageCharge`]'s costs: units of 2^-32 bytes.
