@@ -94,6 +94,39 @@ pub struct AdaptiveStatus {
     pub decreases: u64,
     /// The latency and throughput flows' load at the last update, bytes/s.
     pub other_bytes_per_sec: f64,
+    /// The latency flows' tail the law read at the last update, ns (`None`: none).
+    #[serde(default)]
+    pub tail_ns: Option<u64>,
+    /// Where that tail came from.
+    #[serde(default)]
+    pub tail_source: TailSource,
+    /// Round trips the latency flows' shapers reported so far.
+    #[serde(default)]
+    pub round_trips: u64,
+}
+
+/// Where the adaptive law's tail came from at an update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TailSource {
+    /// No tail: no latency flow reported enough round trips and no probe estimate.
+    #[default]
+    None,
+    /// The latency applications' own round trips, reported by their shapers.
+    Applications,
+    /// The reference flow's, for want of the applications'.
+    Probe,
+}
+
+impl TailSource {
+    /// Its name in the JSON and the text report.
+    pub fn name(self) -> &'static str {
+        match self {
+            TailSource::None => "none",
+            TailSource::Applications => "applications",
+            TailSource::Probe => "probe",
+        }
+    }
 }
 
 /// One registered flow.

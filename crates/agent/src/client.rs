@@ -682,6 +682,33 @@ impl AgentClient {
         rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
+    /// Reports a latency flow's round trips since the last report: `count` of them, whose
+    /// longest are `longest_ns` (longest first; see
+    /// [`LatencyReport`](crate::proto::LatencyReport)). One non-blocking send; false when
+    /// not sent (nothing to report, not registered, daemon gone, or the socket buffer
+    /// full): the round trips are then dropped, the next report carries newer ones.
+    pub fn report_latency(
+        &mut self,
+        h: FlowHandle,
+        count: u32,
+        longest_ns: [u32; crate::proto::LATENCY_LONGEST],
+    ) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
+            return false;
+        };
+        if count == 0 {
+            return false;
+        }
+        let wire = Request::Latency(crate::proto::LatencyReport {
+            flow,
+            count,
+            longest_ns,
+        })
+        .encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+    }
+
     /// Tells the daemon where a registered flow's QP goes (`gid`, or `lid` when addressed
     /// by LID alone, and the remote QP number) and whether it posts READs. False when not
     /// registered yet or the socket would not take it now: the caller tries again.

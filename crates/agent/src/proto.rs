@@ -8,9 +8,9 @@
 //! allocate beyond the message.
 //!
 //! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4),
-//! unknown layout (5) and control verbs (6), added later within the version: a daemon that
-//! does not know kind 4, 5 or 6 refuses that message alone (the flow stays registered and
-//! shaped), so a newer shaper works with an older daemon.
+//! unknown layout (5), control verbs (6), QP turns (7) and latency (8), added later within
+//! the version: a daemon that does not know one of kinds 4 to 8 refuses that message alone
+//! (the flow stays registered and shaped), so a newer shaper works with an older daemon.
 //!
 //! No message carries an identity the daemon trusts: the tenant is the peer's uid from
 //! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
@@ -34,6 +34,7 @@ const KIND_REMOTE: u8 = 4;
 const KIND_UNKNOWN_LAYOUT: u8 = 5;
 const KIND_CONTROL_VERBS: u8 = 6;
 const KIND_QP_TURNS: u8 = 7;
+const KIND_LATENCY: u8 = 8;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
@@ -108,6 +109,26 @@ pub struct QpTurnReport {
     pub yields: u64,
 }
 
+/// The longest round trips one [`LatencyReport`] carries.
+pub const LATENCY_LONGEST: usize = 12;
+
+/// A latency flow's round trips since its previous report, as its shaper timed them
+/// (from the post of a request to the poll that found its completion): how many, and the
+/// longest of them, from which the daemon's [`LatencyTail`] takes the tenant's p99 (see
+/// there for why the longest suffice).
+///
+/// [`LatencyTail`]: justitia_core::adaptive::latency_tail::LatencyTail
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyReport {
+    /// The daemon's flow id.
+    pub flow: u64,
+    /// Round trips timed (at least 1).
+    pub count: u32,
+    /// The longest of them in nanoseconds, longest first; the first `min(count, 12)` are
+    /// read, the rest are zero.
+    pub longest_ns: [u32; LATENCY_LONGEST],
+}
+
 /// Client to daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -136,6 +157,8 @@ pub enum Request {
     ControlVerbs(ControlVerbReport),
     /// The process's QP turns since its previous report.
     QpTurns(QpTurnReport),
+    /// A latency flow's round trips since its previous report.
+    Latency(LatencyReport),
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -381,6 +404,15 @@ impl Request {
                 v.extend_from_slice(&r.yields.to_le_bytes());
                 v
             }
+            Request::Latency(r) => {
+                let mut v = header(KIND_LATENCY);
+                v.extend_from_slice(&r.flow.to_le_bytes());
+                v.extend_from_slice(&r.count.to_le_bytes());
+                for ns in r.longest_ns {
+                    v.extend_from_slice(&ns.to_le_bytes());
+                }
+                v
+            }
         }
     }
 
@@ -394,6 +426,7 @@ impl Request {
             KIND_UNKNOWN_LAYOUT => Some(("unknown layout", 16)),
             KIND_CONTROL_VERBS => Some(("control verbs", 24)),
             KIND_QP_TURNS => Some(("qp turns", 16)),
+            KIND_LATENCY => Some(("latency", 12 + 4 * LATENCY_LONGEST)),
             _ => None,
         })?;
         Ok(match kind {
@@ -486,6 +519,33 @@ impl Request {
                 waits: c.u64(),
                 yields: c.u64(),
             }),
+            KIND_LATENCY => {
+                let (flow, count) = (c.u64(), c.u32());
+                let mut longest_ns = [0u32; LATENCY_LONGEST];
+                for ns in &mut longest_ns {
+                    *ns = c.u32();
+                }
+                if count == 0 {
+                    return Err(ParseError::BadField {
+                        field: "count",
+                        reason: "a report of no round trips".into(),
+                    });
+                }
+                let (named, rest) = longest_ns.split_at(LATENCY_LONGEST.min(count as usize));
+                if named.windows(2).any(|w| w[0] < w[1]) || rest.iter().any(|&ns| ns != 0) {
+                    return Err(ParseError::BadField {
+                        field: "longest_ns",
+                        reason: format!(
+                            "{longest_ns:?} for {count} round trips: not the longest first, zeros after"
+                        ),
+                    });
+                }
+                Request::Latency(LatencyReport {
+                    flow,
+                    count,
+                    longest_ns,
+                })
+            }
             _ => Request::Unregister { flow: c.u64() },
         })
     }
@@ -674,6 +734,50 @@ mod tests {
         let mut long = wire.clone();
         long.push(0);
         assert!(Request::parse(&long).is_err());
+    }
+
+    #[test]
+    fn a_latency_report_round_trips_longest_first_and_fills_the_largest_message() {
+        let mut longest_ns = [0u32; LATENCY_LONGEST];
+        longest_ns[..3].copy_from_slice(&[9_000, 4_000, 4_000]);
+        let r = LatencyReport {
+            flow: 5,
+            count: 3,
+            longest_ns,
+        };
+        let wire = Request::Latency(r).encode();
+        assert_eq!(wire.len(), MAX_MESSAGE);
+        assert_eq!(&wire[..4], b"JA\x01\x08");
+        assert_eq!(Request::parse(&wire), Ok(Request::Latency(r)));
+        let field = |r: LatencyReport| match Request::parse(&Request::Latency(r).encode()) {
+            Err(ParseError::BadField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(LatencyReport { count: 0, ..r }), "count");
+        // Shortest first, or a value named beyond the count.
+        let mut rising = longest_ns;
+        rising[..3].copy_from_slice(&[1, 2, 3]);
+        assert_eq!(
+            field(LatencyReport {
+                longest_ns: rising,
+                ..r
+            }),
+            "longest_ns"
+        );
+        assert_eq!(field(LatencyReport { count: 2, ..r }), "longest_ns");
+        // Counting more than it names is what a report of a busy flow looks like.
+        let mut full = [7u32; LATENCY_LONGEST];
+        full[0] = 8;
+        let many = LatencyReport {
+            count: 1_000,
+            longest_ns: full,
+            ..r
+        };
+        assert_eq!(
+            Request::parse(&Request::Latency(many).encode()),
+            Ok(Request::Latency(many))
+        );
+        assert!(Request::parse(&wire[..MAX_MESSAGE - 1]).is_err());
     }
 
     #[test]

@@ -120,14 +120,19 @@ fn status_table(s: &StatusReport) -> String {
         None => out.push_str("policy     justitia\n"),
         Some(a) => out.push_str(&format!(
             "policy     adaptive\n\
-             adaptive   pace {}  chunk {} B  fraction {:.3}  headroom {:.3}  decreases {}  others' load {:.2} Gb/s\n",
+             adaptive   pace {}  chunk {} B  fraction {:.3}  headroom {:.3}  decreases {}  others' load {:.2} Gb/s\n\
+             tail       {} ({})  round trips reported {}\n",
             a.pace_bytes_per_sec
                 .map_or("unpaced".into(), |p| format!("{:.2} Gb/s", p * 8e-9)),
             a.chunk_bytes,
             a.fraction,
             a.headroom,
             a.decreases,
-            a.other_bytes_per_sec * 8e-9
+            a.other_bytes_per_sec * 8e-9,
+            a.tail_ns
+                .map_or("-".into(), |ns| format!("{:.1} us", ns as f64 / 1e3)),
+            a.tail_source.name(),
+            a.round_trips,
         )),
     }
     out
@@ -415,6 +420,9 @@ mod tests {
                 headroom: 0.975,
                 decreases: 4,
                 other_bytes_per_sec: 0.0,
+                tail_ns: Some(12_345),
+                tail_source: justitia_agent::admin::TailSource::Applications,
+                round_trips: 900,
             })),
             ..report(None)
         };
@@ -424,8 +432,13 @@ mod tests {
             table.contains("adaptive   pace 23.40 Gb/s  chunk 2400 B  fraction 0.900"),
             "{table}"
         );
+        assert!(
+            table.contains("tail       12.3 us (applications)  round trips reported 900\n"),
+            "{table}"
+        );
         let json: serde_json::Value = serde_json::to_value(&s).unwrap();
         assert_eq!(json["adaptive"]["chunk_bytes"], 2400, "{json}");
+        assert_eq!(json["adaptive"]["tail_source"], "applications", "{json}");
     }
 
     #[test]

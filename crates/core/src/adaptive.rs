@@ -111,6 +111,7 @@ use crate::message_charge::{MessageCharge, FIXED_ONE};
 use crate::profile::{RnicFacts, RnicProfile};
 
 pub mod allotments;
+pub mod latency_tail;
 pub mod resources;
 pub mod tenants;
 pub mod translation;

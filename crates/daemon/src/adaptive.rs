@@ -7,9 +7,15 @@
 //! - **Target.** The control loop still runs, for its reference flow: it resolves Target99
 //!   (absolute, or a multiple of the probe's idle p99) and measures Current99. Its SafeUtil
 //!   and allotments are not published.
-//! - **Measured tail.** The loop's Current99, the reference flow's p99 over the last
-//!   RefPeriod. (The simulator's driver sees the latency applications' own completions; the
-//!   daemon sees only the reference flow's, which wait in the same transmit queue.)
+//! - **Measured tail.** The latency applications' own round trips, as their shapers timed
+//!   and reported them ([`Self::record_latency`](AdaptiveDriver::record_latency)), gathered
+//!   per tenant in the core's [`LatencyTail`] as the simulator's driver gathers them: at
+//!   each update the worst tenant's p99 over the round trips since the last one it was
+//!   read at. An update at which no tenant has reported enough round trips (no latency
+//!   flow's shaper reports: one of the automatic class, an older shaper, a flow that is
+//!   quiet) takes the loop's Current99 instead, the reference flow's p99 over the last
+//!   RefPeriod, whose requests wait in the same transmit queue. Which one the law read
+//!   last is in [`AdaptiveStatus::tail_source`].
 //! - **Others' load.** Bytes the latency and throughput flows reported since the last
 //!   update, over the time since: the bandwidth flows are paced within what they leave.
 //! - **Reverse load.** What this host's messages make a send path carry besides their own
@@ -54,12 +60,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use justitia_agent::admin::AdaptiveStatus;
+use justitia_agent::admin::{AdaptiveStatus, TailSource};
 use justitia_core::adaptive::allotments::{charged_allotments, ChargedFlow, FlowAllotment};
+use justitia_core::adaptive::latency_tail::LatencyTail;
 use justitia_core::adaptive::{
     AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan, Resource, TenantWeights,
 };
-use justitia_core::flow::{FlowClass, FlowId};
+use justitia_core::flow::{FlowClass, FlowId, TenantId};
 use justitia_core::profile::{PacketBytes, RnicFacts, RnicProfile};
 use justitia_peer::NodeId;
 
@@ -96,7 +103,18 @@ pub struct AdaptiveDriver {
     sent: BTreeMap<u64, (u64, u64)>,
     /// The reverse load on each send path over the last span, wire bytes/s.
     reverse: BTreeMap<Resource<NodeId>, f64>,
+    /// The latency applications' round trips since they were last read, per tenant.
+    tail: LatencyTail,
+    /// The tail the law read at the last update, and where it came from.
+    last_tail: (Option<Duration>, TailSource),
+    /// Round trips the shapers reported so far.
+    round_trips: u64,
 }
+
+/// Tenants whose round trips are gathered at once. A report comes only for a registered
+/// latency flow, and tenants without a flow are forgotten at each update, so the flow
+/// table bounds them first; this is the backstop.
+const TAIL_TENANTS: usize = 4096;
 
 /// The law's settings for the RNIC profile: the simulator's
 /// ([`AdaptiveConfig::for_model`]) from the profile file's model tables (`facts`), or,
@@ -138,7 +156,18 @@ impl AdaptiveDriver {
             packets,
             sent: BTreeMap::new(),
             reverse: BTreeMap::new(),
+            tail: LatencyTail::new(TAIL_TENANTS),
+            last_tail: (None, TailSource::None),
+            round_trips: 0,
         })
+    }
+
+    /// A latency flow's shaper reported `count` round trips of `tenant`'s requests, whose
+    /// longest are `longest` (see [`LatencyTail::record_longest`]). False when the tenant
+    /// found no room.
+    pub fn record_latency(&mut self, tenant: TenantId, count: u64, longest: &[Duration]) -> bool {
+        self.round_trips = self.round_trips.saturating_add(count);
+        self.tail.record_longest(tenant, count, longest)
     }
 
     /// The reverse load on `path` over the last span between updates, wire bytes/s.
@@ -199,16 +228,32 @@ impl AdaptiveDriver {
     }
 
     /// After a control-loop update at `now`: the law takes feedback (the tail against the
-    /// target, the others' load since the last update) and plans. True if any allotment
-    /// changed.
+    /// target, the others' load since the last update) and plans. The tail is the
+    /// applications' reported round trips' when a tenant reported enough since the last
+    /// update, else `probe99`, the reference flow's. True if any allotment changed.
     pub fn update(
         &mut self,
         now: Duration,
         flows: impl IntoIterator<Item = DriverFlow>,
         target99: Option<Duration>,
-        current99: Option<Duration>,
+        probe99: Option<Duration>,
     ) -> bool {
         let flows: Vec<DriverFlow> = flows.into_iter().collect();
+        self.tail
+            .retain(|t| flows.iter().any(|f| f.flow.flow.spec.tenant == t));
+        let current99 = match self.tail.take_p99() {
+            Some(p99) => {
+                self.last_tail = (Some(p99), TailSource::Applications);
+                Some(p99)
+            }
+            None => {
+                self.last_tail = (
+                    probe99,
+                    probe99.map_or(TailSource::None, |_| TailSource::Probe),
+                );
+                probe99
+            }
+        };
         let (_, other) = self.take_flows(&flows);
         let reverse = self.count_reverse(&flows);
         if let Some((bytes, since)) = self.other_bytes {
@@ -286,6 +331,12 @@ impl AdaptiveDriver {
             headroom: self.law.config().headroom,
             decreases: self.law.decreases(),
             other_bytes_per_sec: self.other_rate,
+            tail_ns: self
+                .last_tail
+                .0
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            tail_source: self.last_tail.1,
+            round_trips: self.round_trips,
         }
     }
 }
@@ -383,6 +434,64 @@ mod tests {
         assert!(
             with.zip(without).is_some_and(|(w, wo)| w < wo),
             "{with:?} {without:?}"
+        );
+    }
+
+    /// The law reads the latency applications' round trips when a tenant reported
+    /// enough since the last update, the probe's p99 otherwise; reports of a tenant
+    /// without a flow are forgotten. 100 round trips whose two longest are 900 and 800 us:
+    /// the p99 is the second longest (rank 100 - 99 + 1), 800 us, over a target of 100 us,
+    /// so the law steps down although the probe says 50 us.
+    #[test]
+    fn the_law_reads_the_applications_round_trips_before_the_probe() {
+        let profile = RnicProfile::builtin("roce-100").unwrap_or_else(|e| panic!("{e}"));
+        let facts = RnicFacts::builtin("roce-100").unwrap_or_else(|| panic!("built-in"));
+        let mut d = AdaptiveDriver::new(&profile, Some(&facts)).unwrap_or_else(|e| panic!("{e}"));
+        let us = Duration::from_micros;
+        let (target, probe) = (Some(us(100)), Some(us(50)));
+        let step = |d: &mut AdaptiveDriver, ms: u64| {
+            d.update(
+                Duration::from_millis(ms),
+                flows((0, 0), (0, 0)),
+                target,
+                probe,
+            );
+            d.state()
+        };
+        let s = step(&mut d, 0);
+        assert_eq!(
+            (s.tail_ns, s.tail_source),
+            (Some(50_000), TailSource::Probe)
+        );
+        let mut longest = vec![us(900), us(800)];
+        longest.extend([us(10); 10]);
+        // Tenant 3 owns the latency flow.
+        assert!(d.record_latency(TenantId(3), 100, &longest));
+        let before = d.state().decreases;
+        let s = step(&mut d, 1);
+        assert_eq!(
+            (s.tail_ns, s.tail_source, s.round_trips),
+            (Some(800_000), TailSource::Applications, 100)
+        );
+        assert_eq!(s.decreases, before + 1);
+        // Read once: the next update has only the probe's.
+        let s = step(&mut d, 2);
+        assert_eq!(s.tail_source, TailSource::Probe);
+        // A tenant with no flow: forgotten, not read.
+        assert!(d.record_latency(TenantId(99), 100, &[us(5_000); 12]));
+        let s = step(&mut d, 3);
+        assert_eq!(
+            (s.tail_ns, s.tail_source),
+            (Some(50_000), TailSource::Probe)
+        );
+        // Fewer than 20 round trips gather into the next update.
+        assert!(d.record_latency(TenantId(3), 19, &[us(300); 12]));
+        assert_eq!(step(&mut d, 4).tail_source, TailSource::Probe);
+        assert!(d.record_latency(TenantId(3), 1, &[us(200)]));
+        let s = step(&mut d, 5);
+        assert_eq!(
+            (s.tail_ns, s.tail_source),
+            (Some(300_000), TailSource::Applications)
         );
     }
 }

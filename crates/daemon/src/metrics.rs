@@ -72,6 +72,13 @@ pub struct Metrics {
     pub adaptive_decreases: Counter,
     /// `adaptive`: the latency and throughput flows' load at the last update, bytes/s.
     pub adaptive_other_load: Gauge<f64, AtomicU64>,
+    /// `adaptive`: the latency flows' tail the law read at the last update, seconds (NaN:
+    /// none, or another policy).
+    pub adaptive_tail: Gauge<f64, AtomicU64>,
+    /// `adaptive`: 1 for where that tail came from (`applications`, `probe`, `none`).
+    pub adaptive_tail_source: Family<Label, Gauge>,
+    /// Round trips the latency flows' shapers reported (under `adaptive`).
+    pub round_trips_reported: Counter,
     /// L, B, T by class.
     pub flows_counted: Family<Label, Gauge>,
     /// Registered flows.
@@ -176,6 +183,9 @@ impl Metrics {
             adaptive_fraction: Gauge::default(),
             adaptive_decreases: Counter::default(),
             adaptive_other_load: Gauge::default(),
+            adaptive_tail: Gauge::default(),
+            adaptive_tail_source: Family::default(),
+            round_trips_reported: Counter::default(),
             flows_counted: Family::default(),
             flows_registered: Gauge::default(),
             tenant_allotment: Family::default(),
@@ -288,6 +298,21 @@ impl Metrics {
             "adaptive_other_load_bytes_per_second",
             "adaptive: the latency and throughput flows' reported load at the last update",
             self.adaptive_other_load.clone(),
+        );
+        r.register(
+            "adaptive_tail_seconds",
+            "adaptive: the latency flows' tail the law read at the last update (NaN: none, or another policy)",
+            self.adaptive_tail.clone(),
+        );
+        r.register(
+            "adaptive_tail_source",
+            "adaptive: 1 for where the law's tail came from at the last update (applications: the latency flows' own round trips; probe: the reference flow's)",
+            self.adaptive_tail_source.clone(),
+        );
+        r.register(
+            "round_trips_reported",
+            "Round trips the latency flows' shapers reported (under adaptive)",
+            self.round_trips_reported.clone(),
         );
         r.register(
             "flows_counted",

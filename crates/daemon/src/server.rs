@@ -462,6 +462,7 @@ impl Daemon {
         if config.policy != PolicyKind::Adaptive {
             metrics.adaptive_pace.set(f64::NAN);
             metrics.adaptive_fraction.set(f64::NAN);
+            metrics.adaptive_tail.set(f64::NAN);
         }
         let sys = |what: &'static str| {
             move |e: rustix::io::Errno| StartError::Other(format!("{what}: {e}"))

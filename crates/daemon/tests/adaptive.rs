@@ -18,8 +18,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use justitia_agent::admin::{AdminReply, AdminRequest};
+use justitia_agent::admin::{AdminReply, AdminRequest, TailSource};
 use justitia_agent::client::{AgentClient, Allotment, FlowHandle};
+use justitia_agent::proto::LATENCY_LONGEST;
 use justitia_core::flow::FlowClass;
 
 use common::{eventually, metric, Daemon};
@@ -149,6 +150,68 @@ fn a_latency_and_a_bandwidth_flow_get_the_laws_allotments() {
             near(a.bytes_per_sec, MAX_RATE / 2) && a.chunk_bytes == 1 << 20
         });
     }
+}
+
+/// The law's tail is the latency applications' own round trips, as their shapers report
+/// them: a report of 100 round trips whose two longest are 9 and 8 ms has a p99 of 8 ms
+/// (the second longest: rank 100 - 99 + 1), far over the 48 us target, where the
+/// synthetic probe's 20 us never is; so the law steps down on the report alone. A
+/// report for a flow that is not a latency flow is refused and read by nobody.
+#[test]
+fn the_law_reads_the_latency_flows_reported_round_trips() {
+    let d = Daemon::start_with(CONFIG, true);
+    let mut c = AgentClient::connect(d.socket()).unwrap();
+    let b = registered(&mut c, FlowClass::Bandwidth, 1);
+    let l = registered(&mut c, FlowClass::Latency, 1);
+    wait_for(&mut c, b, "the paced allotment", |a| {
+        near(a.bytes_per_sec, PACE) && a.chunk_bytes == CHUNK
+    });
+    let status = || {
+        let AdminReply::Status(s) = d.admin(&AdminRequest::Status) else {
+            panic!("no status")
+        };
+        *s.adaptive.expect("adaptive's state in the status")
+    };
+    let before = status();
+    assert_eq!(before.tail_source, TailSource::Probe, "{before:?}");
+    assert_eq!(before.decreases, 0, "the probe is within the target");
+    let mut longest = [10_000u32; LATENCY_LONGEST];
+    longest[..2].copy_from_slice(&[9_000_000, 8_000_000]);
+    // Refused for the bandwidth flow: nothing is read.
+    assert!(c.report_latency(b, 100, longest));
+    eventually("the report refused", Duration::from_secs(5), || {
+        metric(
+            &d.scrape(),
+            "justitia_messages_refused_total",
+            Some(("value", "not_latency")),
+        ) == Some(1.0)
+    });
+    assert_eq!(status().round_trips, 0);
+    // Each report is read at the next update, which the status shows until the one
+    // after: reported until one is seen.
+    let mut sent = 0u64;
+    eventually(
+        "the applications' tail read",
+        Duration::from_secs(5),
+        || {
+            c.tick(justitia_agent::block::monotonic_ns());
+            if c.report_latency(l, 100, longest) {
+                sent += 100;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            let s = status();
+            s.tail_source == TailSource::Applications && s.tail_ns == Some(8_000_000)
+        },
+    );
+    let after = status();
+    assert!(after.decreases >= 1, "{after:?}");
+    assert!(
+        after.round_trips >= 100 && after.round_trips <= sent,
+        "{after:?} of {sent}"
+    );
+    let scrape = d.scrape();
+    assert!(metric(&scrape, "justitia_round_trips_reported_total", None) >= Some(100.0));
+    assert!(metric(&scrape, "justitia_adaptive_decreases_total", None) >= Some(1.0));
 }
 
 /// Under `justitia` (the default) the status has no adaptive state and the metric names

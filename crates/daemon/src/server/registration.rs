@@ -39,12 +39,12 @@ use std::time::Duration;
 
 use justitia_agent::block::BlockWriter;
 use justitia_agent::proto::{
-    AdmissionReply, ParseError, RefuseReason, Register, RemoteEnd, Reply, Request, MAX_MESSAGE,
-    NO_UID,
+    AdmissionReply, LatencyReport, ParseError, RefuseReason, Register, RemoteEnd, Reply, Request,
+    LATENCY_LONGEST, MAX_MESSAGE, NO_UID,
 };
 use justitia_core::control_loop::FlowRegistration;
 use justitia_core::controller::Admission;
-use justitia_core::flow::{FlowId, FlowSpec, TenantId};
+use justitia_core::flow::{FlowClass, FlowId, FlowSpec, TenantId};
 use justitia_peer::NodeId;
 use rustix::net::{RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags};
 use tracing::{debug, error, info, warn};
@@ -370,6 +370,49 @@ impl Daemon {
             .inc();
     }
 
+    /// A latency flow's round trips, for the adaptive law's tail (the `justitia` policy
+    /// reads its reference flow's alone, and drops them). Only the flow's owner reports
+    /// them, and only for a flow registered as a latency flow: a tenant's reports count
+    /// under its own tenant, where they can make the law more careful and never less
+    /// careful about another tenant's flows (see the core's `latency_tail`).
+    fn latency_reported(&mut self, client: u64, r: LatencyReport) {
+        let owned = self
+            .clients
+            .get(&client)
+            .is_some_and(|c| c.flows.contains(&r.flow));
+        if !owned {
+            self.refuse_message(
+                client,
+                "not_owner",
+                &format!("latency report for flow {} it does not own", r.flow),
+            );
+            return;
+        }
+        let Some(f) = self.flows.get(&r.flow) else {
+            return;
+        };
+        if f.class != FlowClass::Latency {
+            let detail = format!(
+                "latency report for flow {}, registered as a {} flow",
+                r.flow,
+                f.class.as_str()
+            );
+            self.refuse_message(client, "not_latency", &detail);
+            return;
+        }
+        let tenant = TenantId(f.tenant);
+        let Some(driver) = &mut self.adaptive else {
+            return;
+        };
+        let named = LATENCY_LONGEST.min(r.count as usize);
+        let mut longest = [Duration::ZERO; LATENCY_LONGEST];
+        for (d, &ns) in longest.iter_mut().zip(&r.longest_ns[..named]) {
+            *d = Duration::from_nanos(u64::from(ns));
+        }
+        driver.record_latency(tenant, u64::from(r.count), &longest[..named]);
+        self.metrics.round_trips_reported.inc_by(u64::from(r.count));
+    }
+
     fn send_reply(&self, client: u64, reply: Reply) {
         if let Some(c) = self.clients.get(&client) {
             let _ = rustix::net::send(
@@ -502,6 +545,7 @@ impl Daemon {
             }
             Request::ControlVerbs(r) => self.note_control_verbs(client, r),
             Request::QpTurns(r) => self.note_qp_turns(client, r),
+            Request::Latency(r) => self.latency_reported(client, r),
             Request::UnknownLayout { found, known } => {
                 // Said once per connection attempt of a shaper older or newer than this
                 // daemon (its backoff reaches 1 s): counted, and logged within the limit

@@ -9,9 +9,11 @@
 //!   Target99 from the `[justitia]` parameters, absolute or a multiple of the reference
 //!   probe's idle p99, and keeps the probe; its SafeUtil and allotments are not used.
 //! - **Measured tail.** The driver sees every request the latency flows post and its
-//!   completion, and takes the p99 of those post-to-completion times over each RefPeriod
-//!   (the application's own messages, hundreds per period, where the probe gives one);
-//!   a period without [`MIN_SAMPLES`] of them keeps gathering into the next.
+//!   completion, and gathers those post-to-completion times per tenant in the core's
+//!   [`LatencyTail`] (the application's own messages, hundreds per period, where the probe
+//!   gives one); after each RefPeriod the law reads the worst tenant's p99, and a tenant
+//!   without [`MIN_SAMPLES`] of them keeps gathering into the next, as the daemon does
+//!   with its shapers' reports.
 //! - **Others' load.** Wire bytes the latency and throughput flows posted over the period
 //!   (payload plus the profile's per-packet headers), so that the bandwidth flows are paced
 //!   within what is left.
@@ -51,6 +53,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use justitia_core::adaptive::allotments::{throughput_paces, HostFlow};
+use justitia_core::adaptive::latency_tail::LatencyTail;
+#[cfg(test)]
+use justitia_core::adaptive::latency_tail::MIN_SAMPLES;
 use justitia_core::adaptive::{
     charged_to, latency_paths, AdaptiveConfig, AdaptiveConfigError, AdaptiveLaw, Observation, Plan,
     Resource, TenantRoundRobin, TenantWeights,
@@ -71,9 +76,6 @@ use crate::series::{ControlState, Mode};
 use crate::time::{self, Picos};
 use crate::topology::HostId;
 use justitia_core::two_sided::Posting;
-
-/// Latency samples a RefPeriod needs before its p99 is fed to the law.
-pub const MIN_SAMPLES: usize = 20;
 
 /// Timer tags at or above this are a stream's pacing timer, `PACE_TIMER + its index` (the
 /// loop's is 0).
@@ -485,14 +487,14 @@ pub struct AdaptivePolicy {
     /// Wire bytes of an acknowledgement, and of a READ request packet.
     ack_bytes: f64,
     request_bytes: f64,
-    /// Class and peer of each flow's queue pairs that the policy does not shape.
-    watched: BTreeMap<QpId, (FlowClass, HostId)>,
+    /// Class, peer and tenant of each flow's queue pairs that the policy does not shape.
+    watched: BTreeMap<QpId, (FlowClass, HostId, TenantId)>,
     /// Present flows.
     present: BTreeMap<u64, FlowSpec>,
     /// Post times of the latency flows' requests on the RNIC, by (queue pair, tag).
     posted_at: BTreeMap<(QpId, u64), Picos>,
-    /// Latency samples (us) since the last fed period.
-    samples: Vec<f64>,
+    /// The latency flows' round trips since the last fed period, per tenant.
+    tail: LatencyTail,
     /// Wire bytes each send path carried besides its stream's chunks since the last update
     /// (the unshaped flows' messages on this host's, the acknowledgements and READ requests
     /// of this host's messages on either), since when, and their rates over the last span.
@@ -541,7 +543,7 @@ impl AdaptivePolicy {
             watched: BTreeMap::new(),
             present: BTreeMap::new(),
             posted_at: BTreeMap::new(),
-            samples: Vec::new(),
+            tail: LatencyTail::new(usize::MAX),
             other_bytes: BTreeMap::new(),
             other_since: 0,
             other_rate: BTreeMap::new(),
@@ -589,17 +591,6 @@ impl AdaptivePolicy {
         for (resource, bytes) in charges {
             self.charge(resource, bytes);
         }
-    }
-
-    /// The p99 of the gathered samples, if there are enough; they are then used up.
-    fn take_p99(&mut self) -> Option<Duration> {
-        if self.samples.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut s = std::mem::take(&mut self.samples);
-        s.sort_by(f64::total_cmp);
-        let at = ((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1;
-        Some(Duration::from_nanos((s[at] * 1e3) as u64))
     }
 
     fn replan(&mut self, ctx: &mut PolicyContext<'_>) {
@@ -681,7 +672,7 @@ impl AdaptivePolicy {
                 .collect();
         }
         self.other_since = now;
-        let p99 = self.take_p99();
+        let p99 = self.tail.take_p99();
         if p99.is_some() {
             self.last_p99 = p99;
         }
@@ -751,7 +742,8 @@ impl Policy for AdaptivePolicy {
             .filter(|f| f.spec.class != FlowClass::Bandwidth)
         {
             for &qp in &f.qps {
-                self.watched.insert(qp, (f.spec.class, f.peer));
+                self.watched
+                    .insert(qp, (f.spec.class, f.peer, f.spec.tenant));
             }
         }
         self.steers = flows.iter().any(|f| f.spec.class.is_resource_hungry());
@@ -780,7 +772,7 @@ impl Policy for AdaptivePolicy {
             stream.flush_side(ctx, &mut self.side);
             return;
         }
-        if let Some(&(class, peer)) = self.watched.get(&qp) {
+        if let Some(&(class, peer, _)) = self.watched.get(&qp) {
             self.charge(Resource::SendPath, f64::from(wr.bytes) + self.header_bytes);
             self.charge(Resource::Responder(peer), self.ack_bytes);
             if class == FlowClass::Latency {
@@ -814,8 +806,10 @@ impl Policy for AdaptivePolicy {
             }
         }
         if let Some(at) = self.posted_at.remove(&(qp, tag)) {
-            self.samples
-                .push(ctx.now().saturating_sub(at) as f64 / time::MICROSECOND as f64);
+            if let Some(&(_, _, tenant)) = self.watched.get(&qp) {
+                let ns = ctx.now().saturating_sub(at) / time::NANOSECOND;
+                self.tail.record(tenant, Duration::from_nanos(ns));
+            }
         }
         ctx.complete(qp, tag);
     }
@@ -1065,16 +1059,25 @@ mod tests {
         let justitia = JustitiaParams::default();
         let mut policy =
             AdaptivePolicy::new(&profile, &justitia, &PreemptParams::default()).unwrap();
-        policy.samples = (1..MIN_SAMPLES).map(|us| us as f64).collect();
-        assert_eq!(policy.take_p99(), None);
-        assert_eq!(policy.samples.len(), MIN_SAMPLES - 1);
+        let us = Duration::from_micros;
+        let t = TenantId(1);
+        for n in 1..MIN_SAMPLES {
+            policy.tail.record(t, us(n));
+        }
+        assert_eq!(policy.tail.take_p99(), None);
+        assert_eq!(policy.tail.tenants(), 1);
+        policy.tail.retain(|_| false);
         // 100 samples of 1 to 100 us, shuffled: the 99th smallest is 99 us.
-        policy.samples = (1..=100).map(|us| f64::from((us * 37) % 100 + 1)).collect();
-        assert_eq!(policy.take_p99(), Some(Duration::from_micros(99)));
-        assert!(policy.samples.is_empty());
+        for n in 1..=100u64 {
+            policy.tail.record(t, us((n * 37) % 100 + 1));
+        }
+        assert_eq!(policy.tail.take_p99(), Some(us(99)));
+        assert_eq!(policy.tail.tenants(), 0);
         // 20 samples: rank ceil(19.8) = 20, the largest.
-        policy.samples = (1..=20).map(f64::from).collect();
-        assert_eq!(policy.take_p99(), Some(Duration::from_micros(20)));
+        for n in 1..=20 {
+            policy.tail.record(t, us(n));
+        }
+        assert_eq!(policy.tail.take_p99(), Some(us(20)));
     }
 
     /// On a host with a latency, a bandwidth and a throughput flow: the latency flow's
