@@ -103,6 +103,9 @@ pub struct AdaptiveStatus {
     /// Round trips the latency flows' shapers reported so far.
     #[serde(default)]
     pub round_trips: u64,
+    /// Updates so far at which the law read the applications' round trips.
+    #[serde(default)]
+    pub applications_tail_updates: u64,
 }
 
 /// Where the adaptive law's tail came from at an update.

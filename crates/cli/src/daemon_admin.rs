@@ -121,7 +121,7 @@ fn status_table(s: &StatusReport) -> String {
         Some(a) => out.push_str(&format!(
             "policy     adaptive\n\
              adaptive   pace {}  chunk {} B  fraction {:.3}  headroom {:.3}  decreases {}  others' load {:.2} Gb/s\n\
-             tail       {} ({})  round trips reported {}\n",
+             tail       {} ({})  round trips reported {}  updates on them {}\n",
             a.pace_bytes_per_sec
                 .map_or("unpaced".into(), |p| format!("{:.2} Gb/s", p * 8e-9)),
             a.chunk_bytes,
@@ -133,6 +133,7 @@ fn status_table(s: &StatusReport) -> String {
                 .map_or("-".into(), |ns| format!("{:.1} us", ns as f64 / 1e3)),
             a.tail_source.name(),
             a.round_trips,
+            a.applications_tail_updates,
         )),
     }
     out
@@ -423,6 +424,7 @@ mod tests {
                 tail_ns: Some(12_345),
                 tail_source: justitia_agent::admin::TailSource::Applications,
                 round_trips: 900,
+                applications_tail_updates: 3,
             })),
             ..report(None)
         };
@@ -433,7 +435,9 @@ mod tests {
             "{table}"
         );
         assert!(
-            table.contains("tail       12.3 us (applications)  round trips reported 900\n"),
+            table.contains(
+                "tail       12.3 us (applications)  round trips reported 900  updates on them 3\n"
+            ),
             "{table}"
         );
         let json: serde_json::Value = serde_json::to_value(&s).unwrap();

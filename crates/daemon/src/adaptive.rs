@@ -109,6 +109,8 @@ pub struct AdaptiveDriver {
     last_tail: (Option<Duration>, TailSource),
     /// Round trips the shapers reported so far.
     round_trips: u64,
+    /// Updates at which the law read them.
+    applications_tail_updates: u64,
 }
 
 /// Tenants whose round trips are gathered at once. A report comes only for a registered
@@ -159,6 +161,7 @@ impl AdaptiveDriver {
             tail: LatencyTail::new(TAIL_TENANTS),
             last_tail: (None, TailSource::None),
             round_trips: 0,
+            applications_tail_updates: 0,
         })
     }
 
@@ -244,6 +247,7 @@ impl AdaptiveDriver {
         let current99 = match self.tail.take_p99() {
             Some(p99) => {
                 self.last_tail = (Some(p99), TailSource::Applications);
+                self.applications_tail_updates += 1;
                 Some(p99)
             }
             None => {
@@ -337,6 +341,7 @@ impl AdaptiveDriver {
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             tail_source: self.last_tail.1,
             round_trips: self.round_trips,
+            applications_tail_updates: self.applications_tail_updates,
         }
     }
 }
@@ -473,6 +478,7 @@ mod tests {
             (s.tail_ns, s.tail_source, s.round_trips),
             (Some(800_000), TailSource::Applications, 100)
         );
+        assert_eq!(s.applications_tail_updates, 1);
         assert_eq!(s.decreases, before + 1);
         // Read once: the next update has only the probe's.
         let s = step(&mut d, 2);

@@ -75,8 +75,9 @@ pub struct Metrics {
     /// `adaptive`: the latency flows' tail the law read at the last update, seconds (NaN:
     /// none, or another policy).
     pub adaptive_tail: Gauge<f64, AtomicU64>,
-    /// `adaptive`: 1 for where that tail came from (`applications`, `probe`, `none`).
-    pub adaptive_tail_source: Family<Label, Gauge>,
+    /// `adaptive`: updates at which the law read the latency applications' own round
+    /// trips (the others read the probe's).
+    pub adaptive_applications_tail_updates: Counter,
     /// Round trips the latency flows' shapers reported (under `adaptive`).
     pub round_trips_reported: Counter,
     /// L, B, T by class.
@@ -184,7 +185,7 @@ impl Metrics {
             adaptive_decreases: Counter::default(),
             adaptive_other_load: Gauge::default(),
             adaptive_tail: Gauge::default(),
-            adaptive_tail_source: Family::default(),
+            adaptive_applications_tail_updates: Counter::default(),
             round_trips_reported: Counter::default(),
             flows_counted: Family::default(),
             flows_registered: Gauge::default(),
@@ -305,9 +306,9 @@ impl Metrics {
             self.adaptive_tail.clone(),
         );
         r.register(
-            "adaptive_tail_source",
-            "adaptive: 1 for where the law's tail came from at the last update (applications: the latency flows' own round trips; probe: the reference flow's)",
-            self.adaptive_tail_source.clone(),
+            "adaptive_applications_tail_updates",
+            "adaptive: updates at which the law read the latency applications' own round trips (the others read the probe's)",
+            self.adaptive_applications_tail_updates.clone(),
         );
         r.register(
             "round_trips_reported",

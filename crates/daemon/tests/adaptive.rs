@@ -205,6 +205,7 @@ fn the_law_reads_the_latency_flows_reported_round_trips() {
     );
     let after = status();
     assert!(after.decreases >= 1, "{after:?}");
+    assert!(after.applications_tail_updates >= 1, "{after:?}");
     assert!(
         after.round_trips >= 100 && after.round_trips <= sent,
         "{after:?} of {sent}"
@@ -212,6 +213,13 @@ fn the_law_reads_the_latency_flows_reported_round_trips() {
     let scrape = d.scrape();
     assert!(metric(&scrape, "justitia_round_trips_reported_total", None) >= Some(100.0));
     assert!(metric(&scrape, "justitia_adaptive_decreases_total", None) >= Some(1.0));
+    assert!(
+        metric(
+            &scrape,
+            "justitia_adaptive_applications_tail_updates_total",
+            None
+        ) >= Some(1.0)
+    );
 }
 
 /// Under `justitia` (the default) the status has no adaptive state and the metric names

@@ -10,7 +10,9 @@
 # JUSTITIA_POLICY=adaptive with the allotment an adaptive daemon publishes (bytes only, no
 # release phase, each request priced at RoCE-100's price for its chunk), and in a
 # bandwidth-class process on a CQ too small to shape its QP (the QP observed, its CQ's
-# polls passed through), counts the instructions
+# polls passed through), and in a latency-class process without a daemon (its QP observed,
+# its polls the provider's) and following one (one request in four timed from its post to
+# the poll that returns its completion, for the adaptive law's tail), counts the instructions
 # executed inside the post and poll calls only, and prints them per request and what the
 # shaper adds, each beside its target.
 # Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).
@@ -39,7 +41,9 @@ paced=$(count paced)
 follow=$(count follow)
 adaptive=$(count follow-adaptive)
 unshaped=$(count unshaped-cq)
-awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v a="$adaptive" -v u="$unshaped" -v n="$n" 'BEGIN {
+latency=$(count latency)
+timed=$(count latency-timed)
+awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v a="$adaptive" -v u="$unshaped" -v l="$latency" -v t="$timed" -v n="$n" 'BEGIN {
   printf "instructions per post+poll, %d iterations (callgrind, mock provider)\n", n
   printf "  direct to provider : %8.1f\n", d / n
   printf "  through the shaper : %8.1f\n", s / n
@@ -49,4 +53,6 @@ awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v
   printf "  following adds     : %8.1f (bandwidth class at the daemon'"'"'s allotment; target: under 300)\n", (f - d) / n
   printf "  adaptive adds      : %8.1f (the same under JUSTITIA_POLICY=adaptive, an adaptive daemon'"'"'s allotment, each request priced; target: under 330)\n", (a - d) / n
   printf "  unshaped CQ adds   : %8.1f (bandwidth class, a CQ too small to shape its QP: observed, polled through; target: under 65)\n", (u - d) / n
+  printf "  latency adds       : %8.1f (latency class, no daemon: observed, the provider'"'"'s poll; target: at most 51)\n", (l - d) / n
+  printf "  timed latency adds : %8.1f (latency class following a daemon, one request in four timed; target: under 200)\n", (t - d) / n
 }'

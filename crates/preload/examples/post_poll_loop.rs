@@ -16,7 +16,7 @@
 //! Run by `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
 //! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive|unshaped-cq N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive|unshaped-cq|latency|latency-timed N`
 
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
@@ -64,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         "shaper" => (true, None, None),
         "shaped" | "follow" | "follow-adaptive" | "unshaped-cq" => (true, Some("bandwidth"), None),
         "paced" => (true, Some("throughput"), Some("100G:1G")),
+        "latency" | "latency-timed" => (true, Some("latency"), None),
         other => {
             anyhow::bail!(
                 "mode must be direct, shaper, shaped, paced, follow, follow-adaptive or unshaped-cq, not {other}"
@@ -74,6 +75,7 @@ fn main() -> anyhow::Result<()> {
     let daemon = match mode.as_str() {
         "follow" => Some(StandIn::start(justitia_allotment())?),
         "follow-adaptive" => Some(StandIn::start(adaptive_allotment())?),
+        "latency-timed" => Some(StandIn::start(latency_slot())?),
         _ => None,
     };
     let socket = daemon.as_ref().map(|d| d.path.display().to_string());
@@ -125,7 +127,13 @@ fn main() -> anyhow::Result<()> {
     }
 
     if let (Some(daemon), Some(engine)) = (&daemon, &engine) {
-        daemon.follow(engine)?;
+        if mode == "latency-timed" {
+            daemon.follow(engine, |s| s.time_round_trips)?;
+        } else {
+            daemon.follow(engine, |s| {
+                s.rate.map(|r| r.bytes_per_sec) == Some(ALLOTTED_BYTES_PER_SEC) && s.phase.is_some()
+            })?;
+        }
     }
 
     let src = [7u8; 16];
@@ -155,6 +163,16 @@ fn main() -> anyhow::Result<()> {
         completions == iterations,
         "{completions} completions for {iterations} posts"
     );
+    if mode == "latency-timed" {
+        // Every candidate was timed: the previous one's completion came before its post.
+        let timed = engine
+            .as_ref()
+            .and_then(|e| e.round_trips())
+            .and_then(|r| r.take())
+            .map_or(0, |(count, _)| u64::from(count));
+        let want = iterations.div_ceil(justitia::engine::qp::TIMED_STRIDE);
+        anyhow::ensure!(timed == want, "{timed} requests timed, {want} expected");
+    }
     println!("{mode}: {iterations} posts and polls");
     drop(daemon);
     Ok(())
@@ -205,6 +223,18 @@ fn adaptive_allotment() -> SlotAllotment {
     }
 }
 
+/// The slot a daemon publishes for a latency flow: never shaped.
+fn latency_slot() -> SlotAllotment {
+    SlotAllotment {
+        state: SlotState::Unshaped,
+        bytes_per_sec: 0,
+        ops_per_sec: 0,
+        phase_offset: 0,
+        phase_epoch: 0,
+        ..justitia_allotment()
+    }
+}
+
 /// What `justitiad` does for one flow, and no more: listens on a socket, greets a shaper
 /// with a control block, answers its registration with slot 0, and publishes the
 /// allotment there. The control loop is not needed to measure a post that follows it.
@@ -243,15 +273,17 @@ impl StandIn {
         })
     }
 
-    /// Ticks the engine's follower until the allotment is in effect.
-    fn follow(&self, engine: &Arc<justitia::engine::Engine>) -> anyhow::Result<()> {
+    /// Ticks the engine's follower until its settings are `ready` (the allotment in
+    /// effect).
+    fn follow(
+        &self,
+        engine: &Arc<justitia::engine::Engine>,
+        ready: impl Fn(&justitia::follow::Settings) -> bool,
+    ) -> anyhow::Result<()> {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(5) {
             engine.follow_tick(monotonic_ns());
-            let settings = engine.settings();
-            if settings.rate.map(|r| r.bytes_per_sec) == Some(ALLOTTED_BYTES_PER_SEC)
-                && settings.phase.is_some()
-            {
+            if ready(&engine.settings()) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(2));

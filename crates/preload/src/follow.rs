@@ -24,7 +24,7 @@ use std::time::Duration;
 use justitia_agent::block::BlockError;
 use justitia_agent::client::ClientError;
 use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
-use justitia_agent::proto::{ControlVerbReport, QpTurnReport};
+use justitia_agent::proto::{ControlVerbReport, QpTurnReport, LATENCY_LONGEST};
 use justitia_core::control_verbs::{ControlVerbBudget, ControlVerbCounts};
 use justitia_core::flow::FlowClass;
 use justitia_core::message_charge::MessageCharge;
@@ -84,6 +84,9 @@ pub struct Settings {
     /// under `adaptive` ([`MessageCharge`]), the payload otherwise (and under a rate of the
     /// environment's own, which prices nothing).
     pub charge: MessageCharge,
+    /// The process's latency flow is registered with a daemon, which reads its round
+    /// trips: its requests are timed ([`crate::round_trips`]).
+    pub time_round_trips: bool,
 }
 
 /// The process's QP turns so far (running counts).
@@ -122,6 +125,9 @@ pub struct Group {
     pub in_flight: bool,
     /// Its QPs' turns so far.
     pub turns: TurnCounts,
+    /// The round trips its latency requests took since the previous tick: how many, and
+    /// the longest, longest first (see [`crate::round_trips`]).
+    pub round_trips: Option<(u32, [u32; LATENCY_LONGEST])>,
 }
 
 /// Where the follower stands, for logs and tests.
@@ -285,6 +291,29 @@ impl Follower {
             control: self.control_budget(),
             turns: self.turn_budget(),
             charge: MessageCharge::NONE,
+            time_round_trips: self.times_round_trips(),
+        }
+    }
+
+    /// Whether the process's latency flow is registered with a connected daemon: its
+    /// round trips are then timed and reported.
+    fn times_round_trips(&self) -> bool {
+        self.connected
+            && self.flow.is_some_and(|(h, class)| {
+                class == FlowClass::Latency
+                    && matches!(self.client.state(h), FlowState::Registered { .. })
+            })
+    }
+
+    /// Sends the latency flow's round trips timed since the previous tick, if any.
+    fn report_round_trips(&mut self, group: Group) {
+        let (Some((count, longest_ns)), Some((h, FlowClass::Latency))) =
+            (group.round_trips, self.flow)
+        else {
+            return;
+        };
+        if self.connected {
+            self.client.report_latency(h, count, longest_ns);
         }
     }
 
@@ -369,6 +398,7 @@ impl Follower {
         self.report_remote();
         self.report_control_verbs(group);
         self.report_qp_turns(group);
+        self.report_round_trips(group);
         self.allotment = match self.flow {
             Some((h, _)) if self.connected => self.client.allotment(h),
             _ => None,
@@ -402,6 +432,7 @@ impl Follower {
             control: self.control_budget(),
             turns: self.turn_budget(),
             charge,
+            time_round_trips: self.times_round_trips(),
         }
     }
 
@@ -638,6 +669,7 @@ mod tests {
             control_seen: false,
             in_flight: false,
             turns: TurnCounts::default(),
+            round_trips: None,
         }
     }
 
@@ -654,6 +686,7 @@ mod tests {
             control: None,
             turns: None,
             charge: MessageCharge::NONE,
+            time_round_trips: false,
         };
         Follower::new(&config, fallback).unwrap()
     }
@@ -741,6 +774,7 @@ mod tests {
             control: None,
             turns: None,
             charge: MessageCharge::NONE,
+            time_round_trips: false,
         };
         let mut f = Follower::new(&config, fallback).unwrap();
         // Nothing to follow before a QP exists.

@@ -59,6 +59,77 @@ pub unsafe extern "C" fn post_send(
     unsafe { post_send_slow(qp, wr, bad_wr) }
 }
 
+/// `ops.post_send` in a latency-class process that times its requests' round trips for
+/// the daemon ([`crate::round_trips`]), installed there instead of [`post_send`]: such a
+/// process shapes no QP, so every post is counted and passed through, and a single
+/// request on an RC QP may be timed. Other processes never pay for the timing.
+///
+/// # Safety
+/// Called by `ibv_post_send` with a live QP and a valid request list.
+pub unsafe extern "C" fn post_send_timed(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    if let Some(q) = engine::qp_fast(qp) {
+        // SAFETY: guaranteed by the caller.
+        if let Some(w) = unsafe { wr.as_ref() } {
+            if w.opcode == IBV_WR_RDMA_READ {
+                crate::remote::saw_read();
+            }
+            if w.next.is_null() && q.timed && !q.posts_shaped() {
+                // SAFETY: guaranteed by the caller; a single request.
+                return unsafe { post_one_timed(qp, wr, bad_wr, q) };
+            }
+        }
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { post_send(qp, wr, bad_wr) }
+}
+
+/// [`post_send_timed`] of a single request on an observed RC QP: counted, maybe timed
+/// ([`engine::QpShared::post_timed`]), posted.
+///
+/// # Safety
+/// As [`post_send`], with a single request.
+#[inline(never)]
+unsafe extern "C" fn post_one_timed(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    q: &'static engine::QpShared,
+) -> c_int {
+    // SAFETY: guaranteed by the caller.
+    unsafe { q.post_timed(qp, wr, bad_wr) }
+}
+
+/// `ops.poll_cq` in a latency-class process that times its requests' round trips, installed
+/// there instead of [`poll_cq`]: the provider's poll (such a process shapes no QP, so
+/// there is nothing to translate), and a look for the timed request's completion in what
+/// it returned.
+///
+/// # Safety
+/// Called by `ibv_poll_cq` with a live CQ and room for `n` completions at `wc`.
+pub unsafe extern "C" fn poll_cq_timed(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let Some(c) = engine::cq_fast(cq).or_else(|| engine::cq(cq)) else {
+        // SAFETY: guaranteed by the caller.
+        return unsafe { poll_cq(cq, n, wc) };
+    };
+    if c.needs_shaping() {
+        // SAFETY: guaranteed by the caller.
+        return unsafe { poll_cq(cq, n, wc) };
+    }
+    // SAFETY: the provider's own poll_cq, with the caller's arguments.
+    let got = unsafe { (c.poll_cq)(cq, n, wc) };
+    if got > 0 {
+        if let Some(r) = c.engine.round_trips() {
+            // SAFETY: the provider wrote `got` entries at `wc`.
+            r.polled(unsafe { std::slice::from_raw_parts(wc, got as usize) });
+        }
+    }
+    got
+}
+
 /// `ops.post_send` of a QP whose posts are shaped (`q`, the state of `qp`; the caller
 /// checked `QpShared::posts_shaped`, which also keeps a forked child out). Like
 /// [`poll_cq_shaped`], it keeps the hook's argument order and cannot unwind, so the hook

@@ -58,8 +58,11 @@ pub const CONTEXT_HOOKS: ContextHooks = ContextHooks {
 /// `ctx` must be a live, just-opened context that no other thread uses yet.
 pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool {
     // A process that shapes nothing keeps the provider's poll: it has nothing to translate,
-    // and its polls then cost nothing (see `Engine::shapes_any`).
+    // and its polls then cost nothing (see `Engine::shapes_any`); unless it times its
+    // latency requests' round trips for the daemon, whose completions its polls return:
+    // it gets hooks of its own for that, so that no other process pays for the timing.
     let polls_translated = engine.shapes_any();
+    let timed = engine.round_trips().is_some();
     // SAFETY: guaranteed by the caller.
     if !unsafe { engine::attach_context(ctx, engine) } {
         return false;
@@ -69,13 +72,21 @@ pub unsafe fn attach_context(ctx: *mut ibv_context, engine: Arc<Engine>) -> bool
     unsafe {
         let ops = &mut (*ctx).ops;
         if ops.post_send.is_some() {
-            ops.post_send = Some(t.post_send);
+            ops.post_send = Some(if timed {
+                hooks::post_send_timed
+            } else {
+                t.post_send
+            });
         }
         if ops.post_recv.is_some() {
             ops.post_recv = Some(t.post_recv);
         }
-        if ops.poll_cq.is_some() && polls_translated {
-            ops.poll_cq = Some(t.poll_cq);
+        if ops.poll_cq.is_some() && (polls_translated || timed) {
+            ops.poll_cq = Some(if timed {
+                hooks::poll_cq_timed
+            } else {
+                t.poll_cq
+            });
         }
         if ops.req_notify_cq.is_some() {
             ops.req_notify_cq = Some(t.req_notify_cq);

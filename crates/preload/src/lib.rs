@@ -40,6 +40,8 @@ pub mod registry;
 #[cfg(not(loom))]
 pub mod remote;
 #[cfg(not(loom))]
+pub mod round_trips;
+#[cfg(not(loom))]
 pub mod send_queue;
 #[cfg(not(loom))]
 pub mod stats;

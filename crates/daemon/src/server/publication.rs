@@ -13,13 +13,12 @@
 
 use std::collections::BTreeMap;
 
-use justitia_agent::admin::TailSource;
 use justitia_agent::block::{phase_to_fixed, BlockStatus, SlotAllotment, SlotState};
 use justitia_core::incast::paced_plan;
 use justitia_core::message_charge::MessageCharge;
 
 use crate::adaptive::AdaptiveDriver;
-use crate::metrics::{Label, Tenant};
+use crate::metrics::Tenant;
 
 use super::{secs, Daemon, Flow};
 
@@ -70,18 +69,10 @@ impl Daemon {
             self.metrics
                 .adaptive_tail
                 .set(a.tail_ns.map_or(f64::NAN, |ns| ns as f64 / 1e9));
-            for source in [
-                TailSource::None,
-                TailSource::Applications,
-                TailSource::Probe,
-            ] {
-                self.metrics
-                    .adaptive_tail_source
-                    .get_or_create(&Label {
-                        value: source.name().into(),
-                    })
-                    .set(i64::from(source == a.tail_source));
-            }
+            let counted = self.metrics.adaptive_applications_tail_updates.get();
+            self.metrics
+                .adaptive_applications_tail_updates
+                .inc_by(a.applications_tail_updates.saturating_sub(counted));
             let counted = self.metrics.adaptive_decreases.get();
             self.metrics
                 .adaptive_decreases

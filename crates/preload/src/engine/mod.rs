@@ -45,10 +45,11 @@ use justitia_core::yield_plan::YieldPlanner;
 use justitia_verbs::sys::*;
 
 use crate::clock::Clock;
-use crate::config::{ClassSetting, Config, Policy};
+use crate::config::{ClassSetting, Config, DaemonSetting, Policy};
 use crate::follow::{FollowStatus, Follower, Group, Settings, TurnCounts};
 use crate::log::log;
 use crate::registry::PtrMap;
+use crate::round_trips::RoundTrips;
 
 pub mod channels;
 pub mod cq;
@@ -200,6 +201,9 @@ pub struct Engine {
     /// Which shaped QPs may post now: `JUSTITIA_QP_TURNS`, or the daemon's share for the
     /// process, the fewer of the two (none: all of them).
     turns: turns::Turns,
+    /// The round trips of a latency-class process that follows a daemon, which its
+    /// shaped QPs time and the follower reports (`None` in any other process).
+    round_trips: Option<Arc<RoundTrips>>,
 }
 
 /// How long the process's first control verb waits for the follower's first tick, so that
@@ -222,6 +226,7 @@ impl Engine {
             control: config.control_rate,
             turns: config.qp_turns,
             charge: MessageCharge::NONE,
+            time_round_trips: false,
         };
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
@@ -248,6 +253,9 @@ impl Engine {
             ticked: Mutex::new(false),
             ticked_cv: Condvar::new(),
             turns: turns::Turns::new(config.qp_turns),
+            round_trips: (config.class == Some(ClassSetting::Fixed(FlowClass::Latency))
+                && config.daemon != DaemonSetting::Off)
+                .then(|| Arc::new(RoundTrips::new())),
             planner,
             classifier: ClassifierConfig::default(),
             pacer: Pacer {
@@ -301,6 +309,13 @@ impl Engine {
         self.chunk_bytes.load(Ordering::Relaxed)
     }
 
+    /// The round trips this process times for the daemon: a latency-class process that
+    /// may follow one (see [`crate::round_trips`]).
+    #[inline(always)]
+    pub fn round_trips(&self) -> Option<&RoundTrips> {
+        self.round_trips.as_deref()
+    }
+
     /// The settings in effect: the pacer's rate (`None`: unpaced), the chunk size, and the
     /// release phase the pacer was given last (`None` on static settings).
     pub fn settings(&self) -> Settings {
@@ -312,6 +327,7 @@ impl Engine {
             control: self.control.lock().budget(),
             turns: self.turns.budget(),
             charge: self.rate.charge(),
+            time_round_trips: self.round_trips.as_ref().is_some_and(|r| r.wanted()),
         }
     }
 
@@ -341,6 +357,9 @@ impl Engine {
                 );
                 control.set_budget(settings.control);
             }
+        }
+        if let Some(r) = &self.round_trips {
+            r.set_wanted(settings.time_round_trips);
         }
         let mut changed = self.apply_turns(settings.turns, now);
         match settings.rate {
@@ -448,6 +467,7 @@ impl Engine {
                 waits: c.turn_waits.load(Ordering::Relaxed),
                 yields: c.turn_yields.load(Ordering::Relaxed),
             },
+            round_trips: self.round_trips.as_ref().and_then(|r| r.take()),
         }
     }
 
@@ -469,6 +489,9 @@ impl Engine {
         let Some(follower) = &self.follower else {
             return;
         };
+        if let Some(r) = &self.round_trips {
+            r.give_up_stale(now_ns);
+        }
         let group = self.group();
         let (settings, status) = {
             let mut f = follower.lock().unwrap_or_else(|e| e.into_inner());

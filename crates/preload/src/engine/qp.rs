@@ -29,6 +29,11 @@ use crate::registry::PtrMap;
 use crate::send_queue::{Blocked, DrainEnv, FastLane, OwnedWr, QuickRing, SendQueue, Treatment};
 use crate::stats::Counters;
 
+/// One request in this many of a latency process is a candidate for timing: enough round
+/// trips for the daemon's p99 (a flow of 10 us round trips gives 12 in a RefPeriod of
+/// 500 us), at a quarter of the clock reads.
+pub const TIMED_STRIDE: u64 = 4;
+
 /// What registration needs to know about a new QP.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInit {
@@ -121,6 +126,11 @@ pub struct QpShared {
     /// It has been moved to ready-to-receive: a later move there (after a reset or an
     /// error) loads its context into the RNIC again (see [`Self::rebrings_up`]).
     pub(super) been_ready: AtomicBool,
+    /// An observed RC QP of a process that times its round trips for the daemon
+    /// ([`crate::round_trips`]): its single requests go through [`Self::post_timed`].
+    pub(crate) timed: bool,
+    /// Every request it posts is signaled (`sq_sig_all`).
+    sig_all: bool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -296,6 +306,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         init.sig_all,
     );
     let ring = Arc::clone(sq.ring());
+    let timed = !shaped && init.qp_type == IBV_QPT_RC && engine.round_trips.is_some();
     let shared = Arc::new_cyclic(|me| QpShared {
         me: me.clone(),
         qp,
@@ -331,6 +342,8 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         failed_open: AtomicBool::new(false),
         posts_shaped: AtomicBool::new(shaped),
         been_ready: AtomicBool::new(false),
+        timed,
+        sig_all: init.sig_all,
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     let replaced = match qps.insert(qp.cast(), Arc::clone(&shared)) {
@@ -650,6 +663,43 @@ impl QpShared {
         counters
             .bytes
             .fetch_add(u64::from(bytes), Ordering::Relaxed);
+    }
+
+    /// Counts and posts the single request `wr` of an observed QP that may be timed
+    /// ([`Self::timed`]): one request in [`TIMED_STRIDE`] of the process's is a candidate
+    /// (by the count the post takes anyway), timed if the process's round trips want one
+    /// and none is being timed (see [`crate::round_trips`]); untimed again if the
+    /// provider refuses it.
+    ///
+    /// # Safety
+    /// As `ibv_post_send`, with a single request.
+    #[inline(always)]
+    pub(crate) unsafe fn post_timed(
+        &self,
+        qp: *mut ibv_qp,
+        wr: *mut ibv_send_wr,
+        bad_wr: *mut *mut ibv_send_wr,
+    ) -> c_int {
+        // SAFETY: guaranteed by the caller.
+        let (n, bytes) = unsafe { count_list(wr) };
+        let counters = &self.engine.counters;
+        let before = counters.requests.fetch_add(n, Ordering::Relaxed);
+        counters.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let candidate = before.is_multiple_of(TIMED_STRIDE);
+        let timed = match (self.engine.round_trips(), unsafe { wr.as_ref() }) {
+            (Some(r), Some(w)) if candidate => r.posted(
+                self.qp_num,
+                w.wr_id,
+                self.sig_all || w.send_flags & IBV_SEND_SIGNALED != 0,
+            ),
+            _ => false,
+        };
+        // SAFETY: the provider's own post_send, with the caller's arguments.
+        let rc = unsafe { (self.post_send)(qp, wr, bad_wr) };
+        if let (true, Some(r)) = (timed && rc != 0, self.engine.round_trips()) {
+            r.refused(self.qp_num);
+        }
+        rc
     }
 
     /// Counts what an observed QP posts, any list.

@@ -345,6 +345,58 @@ fn under_a_daemon_a_shaped_qp_registers_and_its_pacer_follows_the_allotment() {
     drop((other, latency));
 }
 
+/// Under an adaptive daemon a latency-class process times its requests' round trips and
+/// reports them, and the daemon's law reads them (the applications' tail, not the
+/// probe's); under the `justitia` policy they are reported as well and read by nobody.
+#[test]
+fn under_an_adaptive_daemon_a_latency_flow_reports_its_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with(dir.path(), "policy = \"adaptive\"\n");
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "latency"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    let adaptive = |d: &Daemon| match d.admin(&AdminRequest::Status) {
+        AdminReply::Status(s) => *s.adaptive.expect("adaptive's state"),
+        other => panic!("{other:?}"),
+    };
+    app.drive_until("timing on", Duration::from_secs(5), |a| {
+        a.engine.settings().time_round_trips
+    });
+    app.drive_until(
+        "the law reading the round trips",
+        Duration::from_secs(10),
+        |_| {
+            let s = adaptive(&d);
+            s.round_trips >= 40 && s.applications_tail_updates >= 1
+        },
+    );
+    let flow = app.flow_id().expect("registered");
+    assert_eq!(
+        d.flows()
+            .iter()
+            .find(|f| f.flow == flow)
+            .map(|f| f.class.clone()),
+        Some("latency".to_string())
+    );
+    // The mock completes at once: round trips of the test's own steps, under a second
+    // (an unset post time would give the uptime, or 4.3 s saturated).
+    app.drive_until(
+        "the tail of the applications",
+        Duration::from_secs(10),
+        |_| {
+            let s = adaptive(&d);
+            s.tail_source == justitia_agent::admin::TailSource::Applications
+        },
+    );
+    let tail = adaptive(&d).tail_ns;
+    assert!(
+        tail.is_some_and(|ns| ns > 0 && ns < 1_000_000_000),
+        "{tail:?}"
+    );
+}
+
 /// The daemon's release phase reaches the shaper's pacer: a second bandwidth flow on the
 /// host puts this one half a release interval after the first, under the epoch the daemon
 /// published, and a dead daemon leaves the pacer without a phase (static settings).

@@ -342,20 +342,122 @@ fn latency_class_passes_through() {
     assert_eq!(src, dst);
 }
 
+/// A latency-class process times one signaled request at a time, once timing is on (the
+/// follower turns it on when a daemon reads the round trips), from its post to the poll
+/// that returns its completion, among the requests the stride makes candidates; a refused
+/// post, an error or a request given up leaves no round trip and lets the next candidate
+/// be timed.
 #[test]
-fn only_a_process_that_shapes_qps_hooks_the_poll() {
+fn a_latency_process_times_one_signaled_request_at_a_time() {
+    use crate::engine::qp::TIMED_STRIDE;
+    let r = rig(&[("JUSTITIA_CLASS", "latency")]);
+    let trips = r
+        .engine
+        .round_trips()
+        .expect("a latency process times round trips");
+    // The mock runs a WRITE when the test executes it: its buffers outlive every request.
+    let src = pattern(64, 1);
+    let mut dst = vec![0u8; 64];
+    let to = dst.as_mut_ptr() as u64;
+    let write = |wr_id: u64, signaled: bool| {
+        let mut s = [sge(&src, 0, 64)];
+        let mut w = [rdma(IBV_WR_RDMA_WRITE, wr_id, &mut s, to, signaled)];
+        r.post(&mut w).0
+    };
+    // Requests completed one by one until the next one posted is a candidate.
+    let to_candidate = || {
+        while !r.engine.stats().requests.is_multiple_of(TIMED_STRIDE) {
+            assert_eq!(write(100, true), 0);
+            assert_eq!(r.run().len(), 1);
+        }
+    };
+    // Off: nothing timed.
+    for wr_id in 0..TIMED_STRIDE {
+        assert_eq!(write(wr_id, true), 0);
+        assert_eq!(r.run().len(), 1);
+    }
+    assert_eq!(trips.take(), None);
+    trips.set_wanted(true);
+    // On: one in the stride.
+    for wr_id in 0..2 * TIMED_STRIDE {
+        assert_eq!(write(wr_id, true), 0);
+        assert_eq!(r.run().len(), 1);
+    }
+    let (count, longest) = trips.take().expect("round trips");
+    assert_eq!(u64::from(count), 2);
+    // The mock completes at once: a round trip of the test's own few steps, not a
+    // timestamp or an unset one (those would be the uptime, or 4.3 s saturated).
+    assert!(longest[0] > 0 && longest[0] < 1_000_000_000, "{longest:?}");
+    // Two candidates in flight at once: the first is timed, the second finds it busy.
+    to_candidate();
+    for wr_id in 0..=TIMED_STRIDE {
+        assert_eq!(write(wr_id, true), 0);
+    }
+    assert_eq!(r.run().len() as u64, TIMED_STRIDE + 1);
+    assert_eq!(trips.take().map(|t| t.0), Some(1));
+    // An unsignaled candidate has no completion to end it.
+    to_candidate();
+    assert_eq!(write(6, false), 0);
+    assert_eq!(r.run().len(), 0);
+    assert_eq!(trips.take(), None);
+    // A candidate refused by the provider is not timed, and the next one is.
+    to_candidate();
+    r.dev.refuse_next_post(r.qp, libc::ENOMEM);
+    assert_eq!(write(7, true), libc::ENOMEM);
+    to_candidate();
+    assert_eq!(write(8, true), 0);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(trips.take().map(|t| t.0), Some(1));
+    // Given up after a second without its completion: it completes later, uncounted, and
+    // the next candidate is timed.
+    to_candidate();
+    assert_eq!(write(9, true), 0);
+    let now = justitia_agent::block::monotonic_ns();
+    trips.give_up_stale(now);
+    trips.give_up_stale(now + crate::round_trips::GIVE_UP_AFTER_NS + 1);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(trips.take(), None);
+    to_candidate();
+    assert_eq!(write(10, true), 0);
+    assert_eq!(r.run().len(), 1);
+    assert_eq!(trips.take().map(|t| t.0), Some(1));
+    // An error ends the timing without a round trip.
+    to_candidate();
+    r.dev.fail_next(r.qp, IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(write(11, true), 0);
+    let wcs = r.run();
+    assert_eq!(wcs[0].status, IBV_WC_REM_ACCESS_ERR);
+    assert_eq!(trips.take(), None);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn only_a_process_that_shapes_qps_or_times_round_trips_hooks_the_poll() {
     let poll_hook = |vars: &[(&str, &str)]| {
         let r = rig(vars);
         // SAFETY: the rig's live context.
         let installed = unsafe { (*r.dev.context()).ops.poll_cq };
         installed.map(|f| f as *const () as usize)
-            == Some(crate::hooks::poll_cq as *const () as usize)
     };
-    assert!(!poll_hook(&[]), "class unset: the provider's poll stays");
-    assert!(!poll_hook(&[("JUSTITIA_CLASS", "latency")]));
-    assert!(poll_hook(BANDWIDTH_64K));
-    assert!(poll_hook(&[("JUSTITIA_CLASS", "throughput")]));
-    assert!(poll_hook(&[("JUSTITIA_CLASS", "auto")]));
+    let shaping = Some(crate::hooks::poll_cq as *const () as usize);
+    let timing = Some(crate::hooks::poll_cq_timed as *const () as usize);
+    assert_ne!(
+        poll_hook(&[]),
+        shaping,
+        "class unset: the provider's poll stays"
+    );
+    assert_ne!(poll_hook(&[]), timing);
+    let off = poll_hook(&[("JUSTITIA_CLASS", "latency"), ("JUSTITIA_DAEMON", "off")]);
+    assert!(
+        off != shaping && off != timing,
+        "latency, no daemon: the provider's"
+    );
+    // A latency process that may follow a daemon looks for its timed requests'
+    // completions in its polls (see `crate::round_trips`), with a hook of its own.
+    assert_eq!(poll_hook(&[("JUSTITIA_CLASS", "latency")]), timing);
+    assert_eq!(poll_hook(BANDWIDTH_64K), shaping);
+    assert_eq!(poll_hook(&[("JUSTITIA_CLASS", "throughput")]), shaping);
+    assert_eq!(poll_hook(&[("JUSTITIA_CLASS", "auto")]), shaping);
 }
 
 #[test]

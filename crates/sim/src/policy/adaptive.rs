@@ -12,7 +12,7 @@
 //!   completion, and gathers those post-to-completion times per tenant in the core's
 //!   [`LatencyTail`] (the application's own messages, hundreds per period, where the probe
 //!   gives one); after each RefPeriod the law reads the worst tenant's p99, and a tenant
-//!   without [`MIN_SAMPLES`] of them keeps gathering into the next, as the daemon does
+//!   without [`MIN_SAMPLES`](justitia_core::adaptive::latency_tail::MIN_SAMPLES) of them keeps gathering into the next, as the daemon does
 //!   with its shapers' reports.
 //! - **Others' load.** Wire bytes the latency and throughput flows posted over the period
 //!   (payload plus the profile's per-packet headers), so that the bandwidth flows are paced
