@@ -27,7 +27,12 @@
 //!   chunks are messages of their own).
 //! - **Settings.** The simulator's ([`AdaptiveConfig::for_model`]), from the profile file's
 //!   model tables ([`RnicFacts`]): the wire's rate and headers, one queue pair's message
-//!   rate, the caches. Each bandwidth flow's allotment carries the price of its requests
+//!   rate, the caches.
+//! - **Context turns.** The tenants' QP turns are as long as the law's
+//!   ([`AdaptiveLaw::context_turn_bytes`]) unless the operator sets `qp_turn_bytes`, and
+//!   as many as the RNIC's QP-context cache holds when its profile says and the operator
+//!   sets no `qp_turns` ([`AdaptiveDriver::context_turns`]); shared by weight and
+//!   published in the tenants' pages as the operator's would be. Each bandwidth flow's allotment carries the price of its requests
 //!   ([`FlowAllotment::charge`]), which its slot publishes and its shaper's pacer charges.
 //! - **Plan.** After each loop update [`AdaptiveLaw::update`](justitia_core::adaptive::AdaptiveLaw::update)
 //!   takes the tenants' weighted counts of the active flows, the target, the tail and the
@@ -319,6 +324,16 @@ impl AdaptiveDriver {
     /// A flow's allotment: `None` for a latency flow, an idle one, or one not known.
     pub fn allotment(&self, flow: u64) -> Option<FlowAllotment> {
         self.allotted.get(&flow).copied().flatten()
+    }
+
+    /// The QP turns the law serves a host's queue pairs in: the QP contexts the RNIC
+    /// caches (0 when the profile gives no cache size) and the bytes of one turn
+    /// ([`AdaptiveLaw::context_turn_bytes`](justitia_core::adaptive::AdaptiveLaw::context_turn_bytes)).
+    pub fn context_turns(&self) -> (u32, u64) {
+        (
+            self.law.config().qp_cache_entries,
+            self.law.context_turn_bytes(),
+        )
     }
 
     /// Raised each time a plan changes the allotments.

@@ -29,7 +29,7 @@
 //! | `control_verbs_per_sec` | 0 | the host's budget of control verbs (memory registrations and QP creations) per second, shared among the connected tenants by weight and within a tenant evenly among its processes, whose shapers hold each to its share (see `justitia_core::control_verbs`); 0 leaves them unpaced. 0..=10000000 |
 //! | `control_verb_burst` | 16 | control verbs each process may issue back to back before its share paces it, 1..=65536 |
 //! | `qp_turns` | 0 | the host's budget of shaped queue pairs posting at once (set it to the RNIC's QP-context cache entries), shared among the connected tenants by weight and within a tenant evenly among its processes, at least one each; a process's queue pairs beyond its share wait for turns (see `justitia_core::queue_turns`); 0 gives no turns. 0..=1048576 |
-//! | `qp_turn_bytes` | 8388608 | bytes a queue pair posts in one turn while another of its process waits, 4096..=1073741824 |
+//! | `qp_turn_bytes` | 8388608; under `policy = "adaptive"` the law's context turn (`justitia_core::adaptive::AdaptiveLaw::context_turn_bytes`: 28 MiB on `roce-100`) | bytes a queue pair posts in one turn while another of its process waits, 4096..=1073741824 |
 //! | `admission` | `"warn"` | a latency flow arriving while Current99 > Target99: `"warn"` admits it with a warning, `"refuse"` tells it it is not admitted |
 //! | `unshaped_scan_ms` | 100 | how often the daemon lists the RDMA queue pairs the kernel holds on its devices (the probe's device; with the synthetic probe `device`, or every device) to find processes without a shaper registered, 10..=60000; 0 turns it off. A process is listed within about this interval and 100 ms of its first queue pair; a scan waits at least 50 times its own duration before the next (see [`crate::unshaped`]) |
 //! | `tenant` | `"uid"` | what a tenant is, for counting a tenant's flows of one class once: `"uid"`; `"cgroup"`, the cgroup (v2; else the v1 `name=systemd` hierarchy) of the registering process when it connects; `"pod"`, the Kubernetes pod that cgroup belongs to (see [`crate::kubepods`]); `"namespace"`, that pod's namespace (from `pod_logs_dir`; the pod while its namespace is not found there). A process in no pod is its cgroup's tenant with `"pod"` and `"namespace"` |
@@ -60,6 +60,10 @@ use justitia_core::flow::Weight;
 
 /// The default configuration path.
 pub const DEFAULT_PATH: &str = "/etc/justitia/justitiad.toml";
+
+/// The bytes of one QP turn when `qp_turn_bytes` is not set and the policy is not
+/// `adaptive`.
+pub const DEFAULT_QP_TURN_BYTES: u64 = 8 << 20;
 
 /// The reference flow's source.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -167,8 +171,9 @@ pub struct Config {
     pub control_verb_burst: u32,
     /// The host's budget of shaped QPs posting at once (0: no turns).
     pub qp_turns: u32,
-    /// The bytes of one turn.
-    pub qp_turn_bytes: u64,
+    /// The bytes of one turn (`None`: [`DEFAULT_QP_TURN_BYTES`], or under `adaptive` the
+    /// law's context turn).
+    pub qp_turn_bytes: Option<u64>,
     /// Soft admission policy.
     pub admission: AdmissionPolicy,
     /// What a tenant is.
@@ -207,7 +212,7 @@ impl Default for Config {
             control_verbs_per_sec: 0,
             control_verb_burst: 16,
             qp_turns: 0,
-            qp_turn_bytes: 8 << 20,
+            qp_turn_bytes: None,
             admission: AdmissionPolicy::Warn,
             tenant: TenantBy::Uid,
             unshaped_scan: Some(Duration::from_millis(100)),
@@ -571,7 +576,7 @@ impl Config {
             c.qp_turns = int("qp_turns", v, 0, 1 << 20)? as u32;
         }
         if let Some(v) = take("qp_turn_bytes") {
-            c.qp_turn_bytes = int("qp_turn_bytes", v, 4096, 1 << 30)? as u64;
+            c.qp_turn_bytes = Some(int("qp_turn_bytes", v, 4096, 1 << 30)? as u64);
         }
         if let Some(v) = take("admission") {
             c.admission = match string("admission", v)?.as_str() {
@@ -1215,10 +1220,10 @@ mod tests {
         let c = parse("control_verbs_per_sec = 2000\ncontrol_verb_burst = 64").unwrap();
         assert_eq!((c.control_verbs_per_sec, c.control_verb_burst), (2000, 64));
         let c = parse("qp_turns = 256\nqp_turn_bytes = 262144").unwrap();
-        assert_eq!((c.qp_turns, c.qp_turn_bytes), (256, 262_144));
+        assert_eq!((c.qp_turns, c.qp_turn_bytes), (256, Some(262_144)));
         assert_eq!(
             (Config::default().qp_turns, Config::default().qp_turn_bytes),
-            (0, 8 << 20)
+            (0, None)
         );
         for bad in [
             "control_verbs_per_sec = -1",

@@ -222,6 +222,47 @@ fn the_law_reads_the_latency_flows_reported_round_trips() {
     );
 }
 
+/// Under `adaptive` a QP turn is the law's context turn unless the operator sets
+/// `qp_turn_bytes`: long enough that the context read opening the next turn disturbs the
+/// tail at most 1% of the time. On RoCE-100 the read is a 600 ns PCIe round trip
+/// (`[pcie] read_latency_ns`), which stalls the stream for 600 ns / (1 - 0.975) = 24 us;
+/// at MaxRate (97 Gb/s, 12.125e9 B/s) that is 291 000 B, over 1% is 29.1e6 B, rounded up
+/// to whole 1 MiB chunks: 28 MiB. How many QPs hold a turn is the operator's `qp_turns`
+/// (RoCE-100's profile gives no cache size, so without it there are no turns); a tenant
+/// alone with one process holds all of them. Under `justitia`, the 8 MiB default.
+#[test]
+fn under_adaptive_a_qp_turn_is_the_laws_context_turn() {
+    // The process's budget once the daemon counts it alone (the connection that saw the
+    // daemon start is gone at its next pass).
+    let turns = |config: &str, want: Option<(usize, u64)>| {
+        let d = Daemon::start_with(config, false);
+        let mut c = AgentClient::connect(d.socket()).unwrap();
+        registered(&mut c, FlowClass::Bandwidth, 1);
+        let mut got = None;
+        eventually(&format!("turns {want:?}"), Duration::from_secs(5), || {
+            c.tick(justitia_agent::block::monotonic_ns());
+            got = c.turn_budget().map(|b| (b.open, b.turn_bytes));
+            got == want
+        });
+        got
+    };
+    let adaptive = "policy = \"adaptive\"\nprofile = \"roce-100\"\ntarget = \"48us\"\n";
+    turns(
+        &format!("{adaptive}qp_turns = 256\n"),
+        Some((256, 28 << 20)),
+    );
+    turns(
+        &format!("{adaptive}qp_turns = 256\nqp_turn_bytes = 65536\n"),
+        Some((256, 65_536)),
+    );
+    // RoCE-100's profile gives no cache size: without qp_turns, no turns.
+    turns(adaptive, None);
+    turns(
+        "profile = \"roce-100\"\nqp_turns = 64\n",
+        Some((64, 8 << 20)),
+    );
+}
+
 /// Under `justitia` (the default) the status has no adaptive state and the metric names
 /// the policy.
 #[test]

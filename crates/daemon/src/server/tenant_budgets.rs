@@ -3,7 +3,8 @@
 //!
 //! Inputs: the connections (a tenant's page counts its processes and holds the largest
 //! weight among them), `control_verbs_per_sec`, `control_verb_burst`, `qp_turns` and
-//! `qp_turn_bytes`, and the shapers' control-verb and QP-turn reports. Outputs: each
+//! `qp_turn_bytes` (under `adaptive`, the law's context turns where they are unset), and
+//! the shapers' control-verb and QP-turn reports. Outputs: each
 //! tenant page's per-process budgets ([`tenant_budget`], [`tenant_turn_budget`]), the
 //! tenants' counts in `justitia flows` and the metrics.
 //!
@@ -21,6 +22,7 @@ use justitia_agent::proto::{ControlVerbReport, QpTurnReport};
 use justitia_core::control_verbs::{tenant_budget, ControlVerbBudget};
 use justitia_core::queue_turns::{tenant_turn_budget, TurnBudget};
 
+use crate::config::DEFAULT_QP_TURN_BYTES;
 use crate::metrics::TenantKey;
 
 use super::Daemon;
@@ -105,14 +107,33 @@ impl Daemon {
                 total,
                 processes,
             ),
-            turns: tenant_turn_budget(
-                self.config.qp_turns,
-                self.config.qp_turn_bytes,
-                weight,
-                total,
-                processes,
-            ),
+            turns: {
+                let (host_open, turn_bytes) = self.host_qp_turns();
+                tenant_turn_budget(host_open, turn_bytes, weight, total, processes)
+            },
         }
+    }
+
+    /// The host's QP turns and the bytes of one. The turns: the operator's `qp_turns`, or
+    /// when it is 0, under `adaptive` on an RNIC whose profile bounds its QP-context cache,
+    /// the cache's entries, as the law's queue budget has them; else none. The bytes: the
+    /// operator's `qp_turn_bytes`, or under `adaptive` the law's context turn
+    /// ([`context_turn_bytes`](justitia_core::adaptive::AdaptiveLaw::context_turn_bytes):
+    /// long enough that the context read opening the next turn disturbs the latency
+    /// flows' tail little, as the simulator's driver serves its queue pairs), else
+    /// [`DEFAULT_QP_TURN_BYTES`].
+    fn host_qp_turns(&self) -> (u32, u64) {
+        let law = self.adaptive.as_ref().map(|d| d.context_turns());
+        let open = match self.config.qp_turns {
+            0 => law.map_or(0, |(entries, _)| entries),
+            n => n,
+        };
+        let bytes = self
+            .config
+            .qp_turn_bytes
+            .or(law.map(|(_, bytes)| bytes))
+            .unwrap_or(DEFAULT_QP_TURN_BYTES);
+        (open, bytes)
     }
 
     /// The per-process budgets of `tenant` once a connection of `weight` joins it: its
