@@ -343,11 +343,30 @@ fn observed(qpx: *mut ibv_qp_ex) -> Option<(&'static ibv_qp_ex, &'static Counter
     Some((&q.ex.as_ref()?.0, q.engine.counters()))
 }
 
+/// Counts a request starting on an observed QP, and times it if it is the process's
+/// candidate ([`QpShared::start_timing`]: its `wr_id` and flags are in the object, where
+/// the application put them before starting it). A timed request that is never posted
+/// (its batch aborted or refused) is given up by the round trips' give-up.
+fn count_request(qpx: *mut ibv_qp_ex) -> Option<&'static ibv_qp_ex> {
+    let q = state(qpx)?;
+    let before = q
+        .engine
+        .counters()
+        .requests
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if q.timed {
+        // SAFETY: a live extended QP's object, which the application's thread owns
+        // between ibv_wr_start and ibv_wr_complete.
+        let (wr_id, flags) = unsafe { ((*qpx).wr_id, (*qpx).wr_flags) };
+        q.start_timing(before, wr_id, flags);
+    }
+    Some(&q.ex.as_ref()?.0)
+}
+
 macro_rules! counting {
     ($name:ident, $field:ident, ($($arg:ident : $ty:ty),*)) => {
         unsafe extern "C" fn $name(qpx: *mut ibv_qp_ex, $($arg: $ty),*) {
-            if let Some((orig, counters)) = observed(qpx) {
-                Counters::add(&counters.requests, 1);
+            if let Some(orig) = count_request(qpx) {
                 if let Some(f) = orig.$field {
                     // SAFETY: the provider's own verb, with the caller's arguments.
                     unsafe { f(qpx, $($arg),*) };

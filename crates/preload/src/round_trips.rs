@@ -12,9 +12,11 @@
 //! [`LATENCY_LONGEST`] longest, from which the daemon takes the p99 exactly up to 1 199
 //! round trips a tick: see `justitia_core::adaptive::latency_tail`) and starts a new one.
 //!
-//! What is not timed: requests posted in a list, through `ibv_wr_*`, or unsignaled, and
-//! completions read with `ibv_start_poll` (a timed request whose completion is read that
-//! way is given up after [`GIVE_UP_AFTER_NS`]). An application with two signaled requests of
+//! A request started with `ibv_wr_*` is timed from its start (its `wr_id` and flags read
+//! where the application put them), whether or not its batch is then posted. What is not
+//! timed: requests posted with `ibv_post_send` in a list, or unsignaled, and completions
+//! read with `ibv_start_poll` (a timed request whose completion is not seen, read that way
+//! or never posted, is given up after [`GIVE_UP_AFTER_NS`]). An application with two signaled requests of
 //! one `wr_id` in flight on one QP has the second timed to the first's completion, short
 //! of its round trip (the first is already on its way).
 //!

@@ -24,7 +24,10 @@
 #    no larger than the target's slack at MaxRate; the latency flow unshaped.
 #    The latency flow counts while any latency flow of its tenant is active (the pair's
 #    server posts too).
-# 2. The checker finishes with zero mismatches, its shaper having followed the daemon.
+# 2. The law reads the latency application's own round trips: ib_write_lat's shaper times
+#    its WRITEs and reports them, and `justitia status --json` shows round trips reported
+#    and updates at which the law read them (the applications' tail, not the probe's).
+# 3. The checker finishes with zero mismatches, its shaper having followed the daemon.
 #
 # One line per check goes to RESULTS/results.txt as in suite.sh; the tools' output, the
 # daemon's log, each status and flows answer go to RESULTS/logs/daemon-adaptive.*. About
@@ -50,6 +53,7 @@ L=$LOGS/daemon-adaptive
 source "$(dirname "$0")/checks-lib.sh"
 
 CHECKS=("daemon adaptive: ib_write_lat and ib_write_bw follow the adaptive law (justitia flows)"
+  "daemon adaptive: the law reads ib_write_lat's own round trips, reported by its shaper"
   "daemon adaptive: integrity under the adaptive allotments, zero mismatches")
 
 run=$(mktemp -d /tmp/justitiad-adaptive.XXXXXX)
@@ -139,7 +143,34 @@ else
   fail_one "not the law's allotments within 120 s: $verdict ($L.tries.log, $L.status.json, $L.flows.json)"
 fi
 
-# --- 2. the checker finishes clean ----------------------------------------------------------
+# --- 2. the law reads the latency application's round trips --------------------------------
+# Asked until an answer shows them, while ib_write_lat runs (120 s from its start).
+tail_read="" tail_ok=""
+deadline=$((SECONDS + 60))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  "$BIN/justitia" status --socket "$run/admin.sock" --json > "$L.status-tail.json" 2>&1
+  if tail_read=$(/usr/bin/python3 - "$L.status-tail.json" <<'PY'
+import json, sys
+a = (json.load(open(sys.argv[1])).get("adaptive") or {})
+trips, updates = a.get("round_trips", 0), a.get("applications_tail_updates", 0)
+print(f"{trips} round trips reported, the law read them at {updates} updates; "
+      f"last tail {a.get('tail_ns')} ns from the {a.get('tail_source')}")
+sys.exit(0 if trips >= 20 and updates >= 1 else 1)
+PY
+  ); then
+    tail_ok=1
+    break
+  fi
+  kill -0 "$LAT_APP" 2>/dev/null || break
+  sleep 1
+done
+if [ -n "$tail_ok" ]; then
+  pass "$tail_read"
+else
+  fail_one "ib_write_lat's round trips not read by the law: ${tail_read:-no answer} ($L.status-tail.json)"
+fi
+
+# --- 3. the checker finishes clean ----------------------------------------------------------
 wait "$INT"
 rc=$?
 summary=$(grep -E '^justitia-integrity: (PASS|FAIL):' "$L.integrity.log" | tail -n 1 | sed 's/^justitia-integrity: //')

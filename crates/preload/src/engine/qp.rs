@@ -666,10 +666,8 @@ impl QpShared {
     }
 
     /// Counts and posts the single request `wr` of an observed QP that may be timed
-    /// ([`Self::timed`]): one request in [`TIMED_STRIDE`] of the process's is a candidate
-    /// (by the count the post takes anyway), timed if the process's round trips want one
-    /// and none is being timed (see [`crate::round_trips`]); untimed again if the
-    /// provider refuses it.
+    /// ([`Self::timed`]; see [`Self::start_timing`]), untimed again if the provider
+    /// refuses it.
     ///
     /// # Safety
     /// As `ibv_post_send`, with a single request.
@@ -685,21 +683,34 @@ impl QpShared {
         let counters = &self.engine.counters;
         let before = counters.requests.fetch_add(n, Ordering::Relaxed);
         counters.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let candidate = before.is_multiple_of(TIMED_STRIDE);
-        let timed = match (self.engine.round_trips(), unsafe { wr.as_ref() }) {
-            (Some(r), Some(w)) if candidate => r.posted(
-                self.qp_num,
-                w.wr_id,
-                self.sig_all || w.send_flags & IBV_SEND_SIGNALED != 0,
-            ),
-            _ => false,
-        };
+        // SAFETY: guaranteed by the caller.
+        let timed = unsafe { wr.as_ref() }
+            .is_some_and(|w| self.start_timing(before, w.wr_id, w.send_flags));
         // SAFETY: the provider's own post_send, with the caller's arguments.
         let rc = unsafe { (self.post_send)(qp, wr, bad_wr) };
         if let (true, Some(r)) = (timed && rc != 0, self.engine.round_trips()) {
             r.refused(self.qp_num);
         }
         rc
+    }
+
+    /// A request of this observed QP starts, the process's request number `before`, with
+    /// `wr_id` and `flags` (`IBV_SEND_*`): one request in [`TIMED_STRIDE`] of the
+    /// process's is a candidate (by the count the post takes anyway), timed if it is
+    /// signaled, the process's round trips want one and none is being timed (see
+    /// [`crate::round_trips`]). Returns whether it is.
+    #[inline(always)]
+    pub(crate) fn start_timing(&self, before: u64, wr_id: u64, flags: u32) -> bool {
+        if !self.timed || !before.is_multiple_of(TIMED_STRIDE) {
+            return false;
+        }
+        self.engine.round_trips().is_some_and(|r| {
+            r.posted(
+                self.qp_num,
+                wr_id,
+                self.sig_all || flags & IBV_SEND_SIGNALED != 0,
+            )
+        })
     }
 
     /// Counts what an observed QP posts, any list.

@@ -1156,6 +1156,67 @@ fn wr_batches_are_collected_and_split() {
     forget(&dev, &[qp], cq);
 }
 
+/// A latency process's requests posted through `ibv_wr_*` (perftest's default on rxe) are
+/// timed as its `ibv_post_send` ones are: the candidate's `wr_id` and flags are read where
+/// the application put them, and the poll that returns its completion ends its timing.
+#[test]
+fn a_latency_process_times_its_wr_requests() {
+    use crate::engine::qp::TIMED_STRIDE;
+    let clock = Arc::new(VirtualClock::new());
+    let engine = engine_from(
+        lookup(&[("JUSTITIA_CLASS", "latency")]),
+        clock,
+        PacerMode::Manual,
+    )
+    .unwrap();
+    let dev = MockDevice::new();
+    let ctx = dev.context();
+    // SAFETY: fresh mock context.
+    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = qp_attr_ex(
+        cq,
+        8,
+        1,
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    );
+    // SAFETY: a live context.
+    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    let qpx = qp.cast::<ibv_qp_ex>();
+    let trips = engine
+        .round_trips()
+        .expect("a latency process times round trips");
+    trips.set_wanted(true);
+    let src = pattern(64, 19);
+    let mut dst = vec![0u8; 64];
+    for wr_id in 0..2 * TIMED_STRIDE {
+        // SAFETY: the installed pointers, as the inline ibv_wr_* call them.
+        unsafe {
+            let x = &mut *qpx;
+            x.wr_start.unwrap()(qpx);
+            x.wr_id = wr_id;
+            x.wr_flags = IBV_SEND_SIGNALED;
+            x.wr_rdma_write.unwrap()(qpx, RKEY, dst.as_mut_ptr() as u64);
+            x.wr_set_sge.unwrap()(qpx, 1, src.as_ptr() as u64, 64);
+            assert_eq!(x.wr_complete.unwrap()(qpx), 0);
+        }
+        dev.execute_all(qp);
+        let mut wc = [ibv_wc::default(); 2];
+        // SAFETY: a live CQ with room for 2.
+        assert_eq!(unsafe { ops::poll_cq(cq, 2, wc.as_mut_ptr()) }, 1);
+        assert_eq!(wc[0].wr_id, wr_id);
+    }
+    assert_eq!(
+        trips.take().map(|t| u64::from(t.0)),
+        Some(2),
+        "one in the stride"
+    );
+    assert_eq!(src, dst);
+    forget(&dev, &[qp], cq);
+}
+
 #[test]
 fn observed_wr_batches_reach_the_provider_and_are_counted() {
     let clock = Arc::new(VirtualClock::new());
