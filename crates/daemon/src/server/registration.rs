@@ -370,22 +370,30 @@ impl Daemon {
             .inc();
     }
 
+    /// Whether `client`'s connection owns `flow`; if not, the message (`what` flow) is
+    /// refused as `not_owner`.
+    fn owns(&mut self, client: u64, flow: u64, what: &str) -> bool {
+        let owned = self
+            .clients
+            .get(&client)
+            .is_some_and(|c| c.flows.contains(&flow));
+        if !owned {
+            self.refuse_message(
+                client,
+                "not_owner",
+                &format!("{what} flow {flow} it does not own"),
+            );
+        }
+        owned
+    }
+
     /// A latency flow's round trips, for the adaptive law's tail (the `justitia` policy
     /// reads its reference flow's alone, and drops them). Only the flow's owner reports
     /// them, and only for a flow registered as a latency flow: a tenant's reports count
     /// under its own tenant, where they can make the law more careful and never less
     /// careful about another tenant's flows (see the core's `latency_tail`).
     fn latency_reported(&mut self, client: u64, r: LatencyReport) {
-        let owned = self
-            .clients
-            .get(&client)
-            .is_some_and(|c| c.flows.contains(&r.flow));
-        if !owned {
-            self.refuse_message(
-                client,
-                "not_owner",
-                &format!("latency report for flow {} it does not own", r.flow),
-            );
+        if !self.owns(client, r.flow, "latency report for") {
             return;
         }
         let Some(f) = self.flows.get(&r.flow) else {
@@ -483,16 +491,7 @@ impl Daemon {
         match req {
             Request::Register(r) => self.register(now_d, client, r),
             Request::Usage(u) => {
-                let owned = self
-                    .clients
-                    .get(&client)
-                    .is_some_and(|c| c.flows.contains(&u.flow));
-                if !owned {
-                    self.refuse_message(
-                        client,
-                        "not_owner",
-                        &format!("usage for flow {} it does not own", u.flow),
-                    );
+                if !self.owns(client, u.flow, "usage for") {
                     return;
                 }
                 if let Some(f) = self.flows.get_mut(&u.flow) {
@@ -529,18 +528,8 @@ impl Daemon {
                 }
             }
             Request::Remote(r) => {
-                let owned = self
-                    .clients
-                    .get(&client)
-                    .is_some_and(|c| c.flows.contains(&r.flow));
-                if owned {
+                if self.owns(client, r.flow, "remote end of") {
                     self.remote_reported(now_d, client, r);
-                } else {
-                    self.refuse_message(
-                        client,
-                        "not_owner",
-                        &format!("remote end of flow {} it does not own", r.flow),
-                    );
                 }
             }
             Request::ControlVerbs(r) => self.note_control_verbs(client, r),

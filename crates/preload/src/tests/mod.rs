@@ -68,6 +68,31 @@ fn attached_on(
     (engine, dev)
 }
 
+/// An engine configured by `vars` on a virtual clock (the pacer driven by the test), a
+/// mock device attached to it, a registered CQ, and an RC QP created through the shaper's
+/// `ibv_create_qp_ex` with `depth` send slots of `sges` SGEs and the `ibv_wr_*` interface.
+fn ex_rig(
+    vars: &[(&str, &str)],
+    depth: u32,
+    sges: u32,
+) -> (Arc<Engine>, MockDevice, *mut ibv_cq, *mut ibv_qp) {
+    let (engine, dev) = attached(vars);
+    let ctx = dev.context();
+    let cq = dev.create_cq();
+    // SAFETY: cq was just created on ctx.
+    unsafe { on_create_cq(ctx, cq) };
+    let mut attr = qp_attr_ex(
+        cq,
+        depth,
+        sges,
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    );
+    // SAFETY: a live context, through the shaper's create_qp_ex.
+    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    assert!(!qp.is_null());
+    (engine, dev, cq, qp)
+}
+
 fn rig_with(vars: &[(&str, &str)], depth: u32, sig_all: bool) -> Rig {
     rig_on(vars, depth, sig_all, std::ptr::null_mut())
 }
@@ -1095,24 +1120,7 @@ fn small_requests_are_paced_at_what_the_daemon_charges_them() {
 
 #[test]
 fn wr_batches_are_collected_and_split() {
-    let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(lookup(BANDWIDTH_64K), clock, PacerMode::Manual).unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: fresh mock context.
-    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
-    let mut attr = qp_attr_ex(
-        cq,
-        32,
-        2,
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    );
-    // SAFETY: a live context, through the shaper's create_qp_ex.
-    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
-    assert!(!qp.is_null());
+    let (_engine, dev, cq, qp) = ex_rig(BANDWIDTH_64K, 32, 2);
     let qpx = qp.cast::<ibv_qp_ex>();
     let src = pattern(256 * 1024, 17);
     let mut dst = vec![0u8; 256 * 1024];
@@ -1162,28 +1170,7 @@ fn wr_batches_are_collected_and_split() {
 #[test]
 fn a_latency_process_times_its_wr_requests() {
     use crate::engine::qp::TIMED_STRIDE;
-    let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(
-        lookup(&[("JUSTITIA_CLASS", "latency")]),
-        clock,
-        PacerMode::Manual,
-    )
-    .unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: fresh mock context.
-    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
-    let mut attr = qp_attr_ex(
-        cq,
-        8,
-        1,
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    );
-    // SAFETY: a live context.
-    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    let (engine, dev, cq, qp) = ex_rig(&[("JUSTITIA_CLASS", "latency")], 8, 1);
     let qpx = qp.cast::<ibv_qp_ex>();
     let trips = engine
         .round_trips()
@@ -1219,23 +1206,7 @@ fn a_latency_process_times_its_wr_requests() {
 
 #[test]
 fn observed_wr_batches_reach_the_provider_and_are_counted() {
-    let clock = Arc::new(VirtualClock::new());
-    let engine = engine_from(lookup(&[]), clock, PacerMode::Manual).unwrap();
-    let dev = MockDevice::new();
-    let ctx = dev.context();
-    // SAFETY: fresh mock context.
-    unsafe { crate::install::attach_context(ctx, Arc::clone(&engine)) };
-    let cq = dev.create_cq();
-    // SAFETY: cq was just created on ctx.
-    unsafe { on_create_cq(ctx, cq) };
-    let mut attr = qp_attr_ex(
-        cq,
-        8,
-        1,
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    );
-    // SAFETY: a live context.
-    let qp = unsafe { ops::create_qp_ex(ctx, &mut attr) };
+    let (engine, dev, cq, qp) = ex_rig(&[], 8, 1);
     let qpx = qp.cast::<ibv_qp_ex>();
     let src = pattern(1 << 20, 18);
     let mut dst = vec![0u8; 1 << 20];
@@ -1258,7 +1229,7 @@ fn observed_wr_batches_reach_the_provider_and_are_counted() {
     assert_eq!(src, dst);
     let stats = engine.stats();
     assert_eq!((stats.requests, stats.bytes), (1, 1 << 20));
-    forget(&dev, &[qp], std::ptr::null_mut());
+    forget(&dev, &[qp], cq);
 }
 
 #[test]
