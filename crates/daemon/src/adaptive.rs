@@ -62,7 +62,7 @@
 //! the others at the next plan); the allotments change only when a plan is made, and each
 //! plan that changes them raises [`AdaptiveDriver::generation`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use justitia_agent::admin::{AdaptiveStatus, TailSource};
@@ -247,8 +247,9 @@ impl AdaptiveDriver {
         probe99: Option<Duration>,
     ) -> bool {
         let flows: Vec<DriverFlow> = flows.into_iter().collect();
-        self.tail
-            .retain(|t| flows.iter().any(|f| f.flow.flow.spec.tenant == t));
+        // Tenants with a flow, looked up once each: the pools of tenants that left go.
+        let tenants: BTreeSet<TenantId> = flows.iter().map(|f| f.flow.flow.spec.tenant).collect();
+        self.tail.retain(|t| tenants.contains(&t));
         let current99 = match self.tail.take_p99() {
             Some(p99) => {
                 self.last_tail = (Some(p99), TailSource::Applications);
