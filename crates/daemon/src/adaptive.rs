@@ -29,10 +29,9 @@
 //!   model tables ([`RnicFacts`]): the wire's rate and headers, one queue pair's message
 //!   rate, the caches.
 //! - **Context turns.** The tenants' QP turns are as long as the law's
-//!   ([`AdaptiveLaw::context_turn_bytes`]) unless the operator sets `qp_turn_bytes`, and
-//!   as many as the RNIC's QP-context cache holds when its profile says and the operator
-//!   sets no `qp_turns` ([`AdaptiveDriver::context_turns`]); shared by weight and
-//!   published in the tenants' pages as the operator's would be. Each bandwidth flow's allotment carries the price of its requests
+//!   ([`AdaptiveDriver::context_turn_bytes`]) unless the operator sets `qp_turn_bytes`;
+//!   how many there are is the operator's `qp_turns` (the cache's size, which no built-in
+//!   profile of real hardware states). Each bandwidth flow's allotment carries the price of its requests
 //!   ([`FlowAllotment::charge`]), which its slot publishes and its shaper's pacer charges.
 //! - **Plan.** After each loop update [`AdaptiveLaw::update`](justitia_core::adaptive::AdaptiveLaw::update)
 //!   takes the tenants' weighted counts of the active flows, the target, the tail and the
@@ -327,14 +326,10 @@ impl AdaptiveDriver {
         self.allotted.get(&flow).copied().flatten()
     }
 
-    /// The QP turns the law serves a host's queue pairs in: the QP contexts the RNIC
-    /// caches (0 when the profile gives no cache size) and the bytes of one turn
+    /// The bytes of one QP turn as the law serves a host's queue pairs
     /// ([`AdaptiveLaw::context_turn_bytes`](justitia_core::adaptive::AdaptiveLaw::context_turn_bytes)).
-    pub fn context_turns(&self) -> (u32, u64) {
-        (
-            self.law.config().qp_cache_entries,
-            self.law.context_turn_bytes(),
-        )
+    pub fn context_turn_bytes(&self) -> u64 {
+        self.law.context_turn_bytes()
     }
 
     /// Raised each time a plan changes the allotments.

@@ -228,8 +228,8 @@ fn the_law_reads_the_latency_flows_reported_round_trips() {
 /// (`[pcie] read_latency_ns`), which stalls the stream for 600 ns / (1 - 0.975) = 24 us;
 /// at MaxRate (97 Gb/s, 12.125e9 B/s) that is 291 000 B, over 1% is 29.1e6 B, rounded up
 /// to whole 1 MiB chunks: 28 MiB. How many QPs hold a turn is the operator's `qp_turns`
-/// (RoCE-100's profile gives no cache size, so without it there are no turns); a tenant
-/// alone with one process holds all of them. Under `justitia`, the 8 MiB default.
+/// (without it there are no turns); a tenant alone with one process holds all of them.
+/// Under `justitia`, the 8 MiB default.
 #[test]
 fn under_adaptive_a_qp_turn_is_the_laws_context_turn() {
     // The process's budget once the daemon counts it alone (the connection that saw the
@@ -255,7 +255,6 @@ fn under_adaptive_a_qp_turn_is_the_laws_context_turn() {
         &format!("{adaptive}qp_turns = 256\nqp_turn_bytes = 65536\n"),
         Some((256, 65_536)),
     );
-    // RoCE-100's profile gives no cache size: without qp_turns, no turns.
     turns(adaptive, None);
     turns(
         "profile = \"roce-100\"\nqp_turns = 64\n",

@@ -114,26 +114,19 @@ impl Daemon {
         }
     }
 
-    /// The host's QP turns and the bytes of one. The turns: the operator's `qp_turns`, or
-    /// when it is 0, under `adaptive` on an RNIC whose profile bounds its QP-context cache,
-    /// the cache's entries, as the law's queue budget has them; else none. The bytes: the
-    /// operator's `qp_turn_bytes`, or under `adaptive` the law's context turn
+    /// The host's QP turns and the bytes of one: the operator's `qp_turns`, and
+    /// `qp_turn_bytes` if set, else under `adaptive` the law's context turn
     /// ([`context_turn_bytes`](justitia_core::adaptive::AdaptiveLaw::context_turn_bytes):
     /// long enough that the context read opening the next turn disturbs the latency
     /// flows' tail little, as the simulator's driver serves its queue pairs), else
     /// [`DEFAULT_QP_TURN_BYTES`].
     fn host_qp_turns(&self) -> (u32, u64) {
-        let law = self.adaptive.as_ref().map(|d| d.context_turns());
-        let open = match self.config.qp_turns {
-            0 => law.map_or(0, |(entries, _)| entries),
-            n => n,
-        };
-        let bytes = self
-            .config
-            .qp_turn_bytes
-            .or(law.map(|(_, bytes)| bytes))
-            .unwrap_or(DEFAULT_QP_TURN_BYTES);
-        (open, bytes)
+        let bytes = self.config.qp_turn_bytes.unwrap_or_else(|| {
+            self.adaptive
+                .as_ref()
+                .map_or(DEFAULT_QP_TURN_BYTES, |d| d.context_turn_bytes())
+        });
+        (self.config.qp_turns, bytes)
     }
 
     /// The per-process budgets of `tenant` once a connection of `weight` joins it: its
