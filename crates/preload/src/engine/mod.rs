@@ -201,8 +201,9 @@ pub struct Engine {
     /// Which shaped QPs may post now: `JUSTITIA_QP_TURNS`, or the daemon's share for the
     /// process, the fewer of the two (none: all of them).
     turns: turns::Turns,
-    /// The round trips of a latency-class process that follows a daemon, which its
-    /// shaped QPs time and the follower reports (`None` in any other process).
+    /// The round trips of a latency-class process that may follow a daemon, which its
+    /// observed RC QPs time (through the timing hooks) and the follower reports (`None`
+    /// in any other process).
     round_trips: Option<Arc<RoundTrips>>,
 }
 
