@@ -159,7 +159,12 @@ fn a_latency_and_a_bandwidth_flow_get_the_laws_allotments() {
 /// report for a flow that is not a latency flow is refused and read by nobody.
 #[test]
 fn the_law_reads_the_latency_flows_reported_round_trips() {
-    let d = Daemon::start_with(CONFIG, true);
+    // Updates 50 ms apart: the reports, a few milliseconds apart, reach every update, so
+    // each one reads the applications' tail and the status shows it until the next.
+    let d = Daemon::start_with(
+        &format!("{CONFIG}ref_period_us = 50000\nprobe_timeout_ms = 100\n"),
+        true,
+    );
     let mut c = AgentClient::connect(d.socket()).unwrap();
     let b = registered(&mut c, FlowClass::Bandwidth, 1);
     let l = registered(&mut c, FlowClass::Latency, 1);
@@ -172,8 +177,10 @@ fn the_law_reads_the_latency_flows_reported_round_trips() {
         };
         *s.adaptive.expect("adaptive's state in the status")
     };
+    eventually("the probe's tail read", Duration::from_secs(5), || {
+        status().tail_source == TailSource::Probe
+    });
     let before = status();
-    assert_eq!(before.tail_source, TailSource::Probe, "{before:?}");
     assert_eq!(before.decreases, 0, "the probe is within the target");
     let mut longest = [10_000u32; LATENCY_LONGEST];
     longest[..2].copy_from_slice(&[9_000_000, 8_000_000]);
