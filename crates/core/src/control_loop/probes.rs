@@ -3,7 +3,8 @@
 //! measured), and what the window gives the controller to compare with Target99.
 //!
 //! Inputs: [`ControlLoop::probe_sent`], [`ControlLoop::probe_completed`] (or
-//! [`ControlLoop::probe_completed_at`]) and [`ControlLoop::probe_lost`] from the driver;
+//! [`ControlLoop::probe_completed_at`]) and [`ControlLoop::probe_lost`] from the driver,
+//! and [`ControlLoop::reference_path_changed`] when the probe moves to another path;
 //! the loop's clock, and its activity epoch for the idle baseline.
 //!
 //! Invariants: outstanding probes are kept in the order they were sent, which is the order
@@ -193,6 +194,26 @@ impl ControlLoop {
                 .map(|(_, greatest)| greatest)
                 .filter(|&greatest| greatest <= target),
         }
+    }
+
+    /// The reference flow runs on another path from `now` on (the daemon's probe moved
+    /// from loopback to a peer daemon's queue pair, across the wire): what its earlier
+    /// probes measured is another quantity. Current99's window restarts (probes sent
+    /// before `now` are not counted, nor taken for idle samples), and an idle multiple's
+    /// idle p99 is measured again on the new path, the controller holding SafeUtil until
+    /// it is, as at start; an absolute Target99 stays.
+    pub fn reference_path_changed(&mut self, now: Duration) -> Result<(), LoopError> {
+        let now = self.advance(now);
+        self.restart_window(now);
+        for (_, probe) in &mut self.probes {
+            probe.idle_epoch = None;
+        }
+        if let Target99::IdleMultiple(_) = self.config.target {
+            self.idle_p99 = None;
+            self.baseline = None;
+            self.set_target(now, self.config.target)?;
+        }
+        Ok(())
     }
 
     pub(super) fn restart_window(&mut self, now: Duration) {

@@ -1020,6 +1020,44 @@ fn set_target_to_an_idle_multiple_uses_the_measured_idle_p99_at_once() {
     assert_eq!(lp.target().value, Some(us(70)));
 }
 
+/// The probe moves from loopback (10 us) to a peer across a wire (300 us), once while
+/// the idle p99 is being measured (the daemon's start) and once after: the idle p99 is
+/// measured from the new path's probes alone, and a probe sent on the old path and
+/// completed after the move counts in neither the baseline nor Current99.
+#[test]
+fn a_reference_path_change_measures_the_idle_p99_again_on_the_new_path() {
+    for measured_before in [false, true] {
+        let mut lp = idle_multiple_loop();
+        let mut t = Duration::ZERO;
+        drive(
+            &mut lp,
+            &mut t,
+            if measured_before { 12 } else { 5 },
+            us(10),
+        );
+        assert_eq!(lp.target().value.is_some(), measured_before);
+        let straddling = lp.probe_sent(t);
+        t += us(100);
+        lp.reference_path_changed(t).unwrap();
+        assert_eq!(lp.target().idle_p99, None);
+        assert_eq!(lp.target().value, None);
+        assert_eq!(lp.current_p99(), None);
+        // The old path's probe completes after the move, at 500 us: were it counted, the
+        // new baseline's p99 (its largest of 10) would be 500 us.
+        assert!(lp.probe_completed(t + us(400), straddling));
+        assert_eq!(lp.current_p99(), None);
+        drive(&mut lp, &mut t, 12, us(300));
+        // The estimator's buckets hold a value within 0.2 %: 300 us reads as 299.52 us.
+        let idle = lp.target().idle_p99.unwrap();
+        assert!(idle >= us(299) && idle <= us(301), "{idle:?}");
+        assert_eq!(lp.target().value, Some(idle * 2));
+    }
+    // An absolute target is kept across a move.
+    let mut lp = busy_loop(Target99::Absolute(us(50)));
+    lp.reference_path_changed(us(1)).unwrap();
+    assert_eq!(lp.target().value, Some(us(50)));
+}
+
 #[test]
 fn set_target_to_an_idle_multiple_before_any_measurement_holds_until_measured() {
     let mut lp = busy_loop(Target99::Absolute(us(50)));
