@@ -54,6 +54,10 @@ pub struct StatusReport {
     pub probes: u64,
     /// Probes lost.
     pub probes_lost: u64,
+    /// Where the probes go: `loopback`, or `wire to <peer>` once the reference peer's
+    /// daemon answered (`peer.probe_to`). Empty from a daemon that does not say.
+    #[serde(default)]
+    pub probe_path: String,
     /// Active latency flows counted.
     pub latency: u32,
     /// Active bandwidth flows counted.

@@ -95,7 +95,7 @@ fn status_table(s: &StatusReport) -> String {
          SafeUtil   {:.2} Gb/s of {:.2} Gb/s\n\
          Current99  {}\n\
          Target99   {}  (idle p99 {})\n\
-         probes     {} completed, {} lost\n\
+         probes     {} completed, {} lost; {}\n\
          flows      {} registered; active L {} B {} T {}; mode {}\n\
          tenants    {} ({} by cgroup)\n",
         s.device,
@@ -108,6 +108,11 @@ fn status_table(s: &StatusReport) -> String {
         us(s.idle_p99_ns),
         s.probes,
         s.probes_lost,
+        if s.probe_path.is_empty() {
+            "path not said"
+        } else {
+            &s.probe_path
+        },
         s.flows,
         s.latency,
         s.bandwidth,
@@ -398,6 +403,7 @@ mod tests {
             idle_p99_ns: Some(20_000),
             probes: 7,
             probes_lost: 0,
+            probe_path: "loopback".into(),
             latency: 0,
             bandwidth: 1,
             throughput: 0,

@@ -48,6 +48,7 @@
 //! | `peer.max_messages_per_sec` | 2000 | datagrams one peer may send per second |
 //! | `peer.silence_ms` | 20 | a peer silent this long stops counting and constraining (fail-open); also the lifetime of a READ guarantee it gave, so at least `refresh_ms` x 4 (three lost refreshes in a row survived) |
 //! | `peer.refresh_ms` | 5 | how often an unchanged demand or grant is sent again |
+//! | `peer.probe_to` | none | a member (GID or IPv4) whose daemon the reference flow crosses the wire to, as Justitia's does (§4.2.1): the probe runs in loopback until that daemon answers, then WRITEs to a queue pair it makes for this host, so that Current99 (and an idle-multiple Target99, measured again then) sees the link and the far RNIC (see [`crate::wire_probe`]). Needs `probe = "verbs"`; changed only by a restart |
 //! | `[peer.hosts]` | none | `"<GID>" = "address:port"`: peers whose GID holds no routable address (InfiniBand, link-local) |
 //! | `[peer.lids]` | none | `"<LID>" = "<GID>"`: InfiniBand peers reached by LID alone |
 
@@ -683,6 +684,12 @@ impl Config {
                     ),
                 ));
             }
+            if peer.probe_to.is_some() && c.probe != ProbeKind::Verbs {
+                return Err(err(
+                    "peer.probe_to",
+                    "needs `probe = \"verbs\"`: the synthetic probe has no queue pair".into(),
+                ));
+            }
             c.peer = Some(peer);
         }
         if c.probe_timeout <= c.ref_period {
@@ -855,11 +862,33 @@ fn parse_peer(mut t: toml::Table) -> Result<crate::peer::PeerSettings, (String, 
             lids.insert(l, parse_gid(&g).map_err(|r| (key, r))?);
         }
     }
+    let probe_to = match t.remove("probe_to") {
+        None => None,
+        Some(v) => {
+            let to = parse_gid(&string("probe_to", v)?).map_err(|r| (name("probe_to"), r))?;
+            if to == node {
+                return Err((
+                    name("probe_to"),
+                    "names this host: the reference flow crosses the wire to another".into(),
+                ));
+            }
+            // With a members file the members are known only at run time: a reference
+            // peer missing there is said then, and the probe stays in loopback.
+            if members_file.is_none() && !members.contains_key(&to) {
+                return Err((
+                    name("probe_to"),
+                    "is not a member: add it to [peer.members]".into(),
+                ));
+            }
+            Some(to)
+        }
+    };
     if let Some((key, _)) = t.into_iter().next() {
         return Err((name(&key), "unknown key".into()));
     }
     Ok(PeerSettings {
         node,
+        probe_to,
         listen,
         port,
         key,
@@ -969,6 +998,48 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(Path::new("/etc/justitia/justitiad.toml"), text)
+    }
+
+    #[test]
+    fn probe_to_names_another_member_and_needs_the_verbs_probe() {
+        let k1 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+        let base = "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/k\"\n";
+        let members = format!("[peer.members]\n\"10.0.0.2\" = \"{k1}\"\n");
+        let p = parse(&format!("{base}probe_to = \"10.0.0.2\"\n{members}"))
+            .unwrap()
+            .peer
+            .unwrap();
+        assert_eq!(
+            p.probe_to,
+            Some(crate::peer::parse_gid("10.0.0.2").unwrap())
+        );
+        assert_eq!(
+            parse(&format!("{base}{members}"))
+                .unwrap()
+                .peer
+                .unwrap()
+                .probe_to,
+            None
+        );
+        for (probe_to, why) in [
+            ("\"10.0.0.3\"", "not a member"),
+            ("\"10.0.0.1\"", "names this host"),
+            ("\"host-b\"", "neither a GID"),
+            ("3", "expected a string"),
+        ] {
+            let e = parse(&format!("{base}probe_to = {probe_to}\n{members}")).unwrap_err();
+            assert_eq!(e.key, "peer.probe_to", "{e}");
+            assert!(e.reason.contains(why), "{probe_to}: {e}");
+        }
+        // With a members file the members are known at run time only.
+        let file = "[peer]\nnode = \"10.0.0.1\"\nkey_file = \"/k\"\nmembers_file = \"/m\"\nprobe_to = \"10.0.0.3\"\n";
+        assert!(parse(file).is_ok());
+        let e = parse(&format!(
+            "probe = \"synthetic\"\n{base}probe_to = \"10.0.0.2\"\n{members}"
+        ))
+        .unwrap_err();
+        assert_eq!(e.key, "peer.probe_to", "{e}");
+        assert!(e.reason.contains("probe = \"verbs\""), "{e}");
     }
 
     #[test]

@@ -34,3 +34,4 @@ pub mod rdma_netlink;
 pub mod server;
 pub mod tenant;
 pub mod unshaped;
+pub mod wire_probe;

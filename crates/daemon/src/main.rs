@@ -190,8 +190,13 @@ fn main() -> anyhow::Result<()> {
     let probe: Box<dyn Probe> = match config.probe {
         ProbeKind::Synthetic(latency) => Box::new(SyntheticProbe::new(latency)),
         ProbeKind::Verbs => Box::new(
-            VerbsProbe::open(config.device.as_deref(), config.port, config.gid_index)
-                .map_err(anyhow::Error::msg)?,
+            VerbsProbe::open(
+                config.device.as_deref(),
+                config.port,
+                config.gid_index,
+                config.peer.as_ref().and_then(|p| p.probe_to),
+            )
+            .map_err(anyhow::Error::msg)?,
         ),
     };
     let metrics = Metrics::new();

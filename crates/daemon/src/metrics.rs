@@ -92,6 +92,8 @@ pub struct Metrics {
     pub probe_latency: Histogram,
     /// Probes lost.
     pub probes_lost: Counter,
+    /// 1 once the reference flow crosses the wire to its peer's daemon, 0 in loopback.
+    pub probe_across_wire: Gauge,
     /// Registrations by verdict.
     pub registrations: Family<Label, Counter>,
     /// Flows reclaimed after their process went away.
@@ -193,6 +195,7 @@ impl Metrics {
             tenant_usage: Family::default(),
             probe_latency: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             probes_lost: Counter::default(),
+            probe_across_wire: Gauge::default(),
             registrations: Family::default(),
             reclaims: Counter::default(),
             refused: Family::default(),
@@ -416,6 +419,11 @@ impl Metrics {
             "probes_lost",
             "Probes lost (timed out or failed)",
             self.probes_lost.clone(),
+        );
+        r.register(
+            "probe_across_wire",
+            "1 once the reference flow crosses the wire to its peer daemon's queue pair (peer.probe_to), 0 while it runs in loopback",
+            self.probe_across_wire.clone(),
         );
         r.register(
             "registrations",

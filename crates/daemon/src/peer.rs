@@ -54,7 +54,7 @@ use justitia_core::incast::IncastLimits;
 use justitia_core::remote_read::{ReadGuarantee, RemoteReadUnit};
 use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
 use justitia_peer::keys::{KeyError, PrivateKey, PublicKey};
-use justitia_peer::wire::{DemandEntry, Role, MAX_DATAGRAM};
+use justitia_peer::wire::{DemandEntry, ProbeEndpoint, Role, MAX_DATAGRAM};
 use justitia_peer::{NodeId, Refusal};
 use tracing::{error, info, warn};
 
@@ -91,6 +91,8 @@ pub enum KeySource {
 pub struct PeerSettings {
     /// This host's node id: its RDMA port's GID.
     pub node: NodeId,
+    /// The member the reference flow crosses the wire to (`probe_to`), if any.
+    pub probe_to: Option<NodeId>,
     /// The address the socket binds.
     pub listen: SocketAddr,
     /// The port peer daemons listen on (RoCE discovery).
@@ -132,6 +134,14 @@ pub fn parse_gid(text: &str) -> Result<NodeId, String> {
     t.parse::<Ipv6Addr>()
         .map(|v6| NodeId(v6.octets()))
         .map_err(|_| format!("`{text}` is neither a GID (IPv6 form) nor an IPv4 address"))
+}
+
+/// A peer as logs and the admin socket name it: its IPv4 address when its GID is
+/// IPv4-mapped (RoCE v2 over IPv4), else the GID's IPv6 form.
+pub fn host_name(node: NodeId) -> String {
+    let v6 = Ipv6Addr::from(node.0);
+    v6.to_ipv4_mapped()
+        .map_or_else(|| v6.to_string(), |v4| v4.to_string())
 }
 
 /// Where a peer's daemon listens, from its GID (see the module documentation).
@@ -760,6 +770,26 @@ impl PeerLink {
         self.channel.set_link(now, link_bytes_per_sec, whole);
     }
 
+    /// The offer of this host's reference probe to its reference peer (see
+    /// [`crate::wire_probe`]); sent while it stands, again every
+    /// [`justitia_peer::channel::PROBE_REFRESH`].
+    pub fn set_probe_offer(&mut self, now: Duration, peer: NodeId, offer: Option<ProbeEndpoint>) {
+        if let Err(reason) = self.channel.set_probe_offer(now, peer, offer) {
+            if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
+                warn!(%peer, %reason, "no probe offer to the reference peer: the probe stays in loopback");
+            }
+        }
+    }
+
+    /// The answer to a member's probe offer: the responder made for it.
+    pub fn set_probe_answer(&mut self, now: Duration, peer: NodeId, answer: Option<ProbeEndpoint>) {
+        if let Err(reason) = self.channel.set_probe_answer(now, peer, answer) {
+            if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
+                warn!(%peer, %reason, "a member's probe not answered");
+            }
+        }
+    }
+
     /// The remote READ units this host serves: one per (peer, tenant, class).
     pub fn served_reads(&self) -> Vec<RemoteReadUnit> {
         self.channel
@@ -809,6 +839,7 @@ mod tests {
     fn settings(node: &str, key_file: PathBuf) -> PeerSettings {
         PeerSettings {
             node: parse_gid(node).unwrap(),
+            probe_to: None,
             listen: "127.0.0.1:0".parse().unwrap(),
             port: DEFAULT_PORT,
             key: KeySource::File(key_file),

@@ -15,6 +15,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use justitia_peer::wire::ProbeEndpoint;
+use justitia_peer::NodeId;
 use justitia_verbs::sys::{
     ibv_wc, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_LINK_LAYER_INFINIBAND,
     IBV_PORT_ACTIVE, IBV_WC_SUCCESS,
@@ -26,6 +28,7 @@ use justitia_verbs::{
 use tracing::{info, warn};
 
 use crate::gid::{self, GidChoice};
+use crate::wire_probe::{Requester, Responders, Site, TARGET_OFFSET};
 
 /// What the probe runs on.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +79,35 @@ pub trait Probe {
     fn collect(&mut self, now_ns: u64, signalled: bool, out: &mut Vec<Completion>);
     /// Probes sent and not yet collected.
     fn outstanding(&self) -> usize;
+    /// Where the probes go now.
+    fn path(&self) -> ReferencePath {
+        ReferencePath::Loopback
+    }
+    /// The offer to keep before the reference peer's daemon (see [`crate::wire_probe`]),
+    /// when one is configured.
+    fn offer(&mut self, _now_ns: u64) -> Option<(NodeId, ProbeEndpoint)> {
+        None
+    }
+    /// A peer's answer to this host's offer. True when the probes now cross the wire for
+    /// the first time: the loop must measure the new path.
+    fn answered(&mut self, _peer: NodeId, _answer: ProbeEndpoint) -> bool {
+        false
+    }
+    /// A member's offer of its requester: a responder is made for it
+    /// ([`Probe::take_answers`] hands out the answer).
+    fn serve_offer(&mut self, _peer: NodeId, _offer: ProbeEndpoint) {}
+    /// The answers to send members whose offers were served since the last call.
+    fn take_answers(&mut self, _now_ns: u64, _out: &mut Vec<(NodeId, ProbeEndpoint)>) {}
+}
+
+/// Where the reference flow's probes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReferencePath {
+    /// In loopback on this host's port: no reference peer configured, or its daemon has
+    /// not answered yet.
+    Loopback,
+    /// Across the wire to a peer daemon's queue pair.
+    Wire(NodeId),
 }
 
 /// A constant latency, no device: for hosts without RDMA and for tests. A probe completes
@@ -181,15 +213,21 @@ pub fn profile_for(infiniband: bool, line_rate_bps: f64) -> String {
 /// The CQ is armed only then: a completion seen by the poll raises no event and costs no
 /// second wake-up. The measured time is post to the poll that saw the completion (or
 /// to the wake-up the channel caused, for a slow probe).
+///
+/// With a reference peer (`probe_peer`), the probes go in loopback until that peer's
+/// daemon has answered this host's offer, and across the wire to its queue pair from then
+/// on ([`crate::wire_probe`]); every verbs probe also answers members' offers.
 pub struct VerbsProbe {
     info: ProbeInfo,
     channel: CompletionChannel,
-    cq: CompletionQueue,
+    site: Site,
     sender: QueuePair,
     _target: QueuePair,
-    mr: MemoryRegion,
-    _pd: ProtectionDomain,
     _ctx: Context,
+    requester: Option<Requester>,
+    responders: Responders,
+    /// Probes failed at their post across a broken wire path, to be collected as lost.
+    failed: Vec<u64>,
     wc: Vec<ibv_wc>,
     /// Probes posted and not yet collected.
     outstanding: usize,
@@ -200,8 +238,13 @@ pub struct VerbsProbe {
 impl VerbsProbe {
     /// Opens `device` (or the first with an active port) on `port` (or its first active
     /// port) and connects the loopback pair through the GID `gid` selects
-    /// ([`select_gid`]).
-    pub fn open(device: Option<&str>, port: Option<u8>, gid: GidChoice) -> Result<Self, String> {
+    /// ([`select_gid`]); with `peer`, makes the requester to offer that member.
+    pub fn open(
+        device: Option<&str>,
+        port: Option<u8>,
+        gid: GidChoice,
+        peer: Option<NodeId>,
+    ) -> Result<Self, String> {
         let verbs = Arc::new(Ibverbs::load().map_err(|e| format!("loading libibverbs: {e}"))?);
         let names: Vec<String> = match device {
             Some(d) => vec![d.to_string()],
@@ -294,15 +337,28 @@ impl VerbsProbe {
         target
             .connect(port, gid_index, psn_b, &ea)
             .map_err(e("connecting the target QP"))?;
+        let site = Site {
+            pd,
+            cq,
+            quiet_cq,
+            mr,
+            port,
+            gid_index,
+        };
+        let requester = match peer {
+            Some(peer) => Some(Requester::new(peer, &site, now_ns())?),
+            None => None,
+        };
         Ok(VerbsProbe {
             info,
             channel,
-            cq,
+            site,
             sender,
             _target: target,
-            mr,
-            _pd: pd,
             _ctx: ctx,
+            requester,
+            responders: Responders::default(),
+            failed: Vec::new(),
             wc: vec![ibv_wc::default(); 32],
             outstanding: 0,
             armed: false,
@@ -311,12 +367,21 @@ impl VerbsProbe {
 
     /// Polls the CQ empty, stamping what it finds `now_ns`; returns how many it found.
     fn drain(&mut self, now_ns: u64, out: &mut Vec<Completion>) -> usize {
-        let mut found = 0;
-        while let Ok(n) = self.cq.poll(&mut self.wc) {
+        let mut found = self.failed.len();
+        out.extend(self.failed.drain(..).map(|id| Completion {
+            id,
+            ok: false,
+            at_ns: now_ns,
+        }));
+        while let Ok(n) = self.site.cq.poll(&mut self.wc) {
             for wc in &self.wc[..n] {
+                let ok = wc.status == IBV_WC_SUCCESS;
+                if let Some(r) = self.requester.as_mut() {
+                    r.completed(wc.qp_num, ok);
+                }
                 out.push(Completion {
                     id: wc.wr_id,
-                    ok: wc.status == IBV_WC_SUCCESS,
+                    ok,
                     at_ns: now_ns,
                 });
             }
@@ -333,7 +398,7 @@ impl VerbsProbe {
     /// that arrived between the last poll and the arming raised no event.
     fn arm_if_waiting(&mut self, out: &mut Vec<Completion>) {
         if self.outstanding > 0 && !self.armed {
-            self.armed = self.cq.req_notify(false).is_ok();
+            self.armed = self.site.cq.req_notify(false).is_ok();
             self.drain(now_ns(), out);
         }
     }
@@ -400,8 +465,23 @@ impl Probe for VerbsProbe {
         self.info.clone()
     }
     fn send(&mut self, id: u64, _now_ns: u64) -> Result<(), String> {
-        let sge = self.mr.sge(0, 10).map_err(|e| e.to_string())?;
-        let wr = SendRequest::write(id, vec![sge], self.mr.addr() + 32, self.mr.rkey());
+        if let Some(r) = self.requester.as_mut().filter(|r| r.adopted()) {
+            // The path is the wire's for good: a probe that cannot cross it now (its
+            // queue pair is being made again) is lost, as the loop counts one that
+            // vanished, not a loopback sample of another quantity.
+            if !r.ready() || r.post(&self.site, id).is_err() {
+                self.failed.push(id);
+            }
+            self.outstanding += 1;
+            return Ok(());
+        }
+        let sge = self.site.mr.sge(0, 10).map_err(|e| e.to_string())?;
+        let wr = SendRequest::write(
+            id,
+            vec![sge],
+            self.site.mr.addr() + TARGET_OFFSET,
+            self.site.mr.rkey(),
+        );
         self.sender
             .post_send(&[wr])
             .map_err(|e| format!("posting a probe: {e}"))?;
@@ -433,6 +513,37 @@ impl Probe for VerbsProbe {
     }
     fn outstanding(&self) -> usize {
         self.outstanding
+    }
+    fn path(&self) -> ReferencePath {
+        match &self.requester {
+            Some(r) if r.adopted() => ReferencePath::Wire(r.peer()),
+            _ => ReferencePath::Loopback,
+        }
+    }
+    fn offer(&mut self, now_ns: u64) -> Option<(NodeId, ProbeEndpoint)> {
+        let r = self.requester.as_mut()?;
+        let (offer, dropped) = r.offer(&self.site, now_ns);
+        // The old queue pair's probes will never complete: the loop times them out.
+        self.outstanding = self.outstanding.saturating_sub(dropped);
+        Some((r.peer(), offer))
+    }
+    fn answered(&mut self, peer: NodeId, answer: ProbeEndpoint) -> bool {
+        let Some(r) = self.requester.as_mut().filter(|r| r.peer() == peer) else {
+            return false;
+        };
+        match r.answered(&self.site, answer) {
+            Ok(first) => first,
+            Err(e) => {
+                warn!(%peer, error = %e, "the reference peer's answer not taken");
+                false
+            }
+        }
+    }
+    fn serve_offer(&mut self, peer: NodeId, offer: ProbeEndpoint) {
+        self.responders.offered(peer, offer);
+    }
+    fn take_answers(&mut self, now_ns: u64, out: &mut Vec<(NodeId, ProbeEndpoint)>) {
+        self.responders.answers(&self.site, now_ns, out);
     }
 }
 

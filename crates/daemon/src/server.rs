@@ -193,6 +193,8 @@ pub struct Daemon {
     probes_in_flight: HashMap<u64, u64>,
     probes_ok: u64,
     probes_lost: u64,
+    /// The answers to members' probe offers made in a pass, kept to reuse its memory.
+    probe_answers: Vec<(justitia_peer::NodeId, justitia_peer::wire::ProbeEndpoint)>,
     block: BlockWriter,
     boot_id: u64,
     listener: OwnedFd,
@@ -560,6 +562,7 @@ impl Daemon {
             probes_in_flight: HashMap::new(),
             probes_ok: 0,
             probes_lost: 0,
+            probe_answers: Vec::new(),
             block,
             boot_id,
             listener,

@@ -24,8 +24,8 @@ use justitia_daemon::unshaped::{
 #[test]
 #[ignore = "needs an RDMA device with an active port and RDMA netlink (ib_core): run in the Soft-RoCE guest"]
 fn a_reference_flows_queue_pairs_are_this_processs_and_unshaped_without_a_shaper() {
-    let probe =
-        VerbsProbe::open(None, None, GidChoice::Auto).expect("an RDMA device with an active port");
+    let probe = VerbsProbe::open(None, None, GidChoice::Auto, None)
+        .expect("an RDMA device with an active port");
     let device = probe.info().device;
     let dump = dump_queue_pairs(
         &DeviceFilter::Named(vec![device.clone()]),

@@ -1,10 +1,12 @@
 //! One host's end of the peer channel: what it tells each peer, what each peer told it.
 //!
 //! [`Channel`] is fed datagrams ([`receive`](Channel::receive)), this host's demands
-//! against each peer ([`set_demand`](Channel::set_demand)) and its current grant
-//! ([`set_grant`](Channel::set_grant)), and the time; it hands out datagrams to send
-//! ([`poll_transmit`](Channel::poll_transmit)) and [`ChannelEvent`]s, and says when it next
-//! needs the time ([`poll_timeout`](Channel::poll_timeout)).
+//! against each peer ([`set_demand`](Channel::set_demand)), its current grant
+//! ([`set_grant`](Channel::set_grant)), the ends of its reference probe's queue pairs
+//! ([`set_probe_offer`](Channel::set_probe_offer),
+//! [`set_probe_answer`](Channel::set_probe_answer)), and the time; it hands out datagrams
+//! to send ([`poll_transmit`](Channel::poll_transmit)) and [`ChannelEvent`]s, and says
+//! when it next needs the time ([`poll_timeout`](Channel::poll_timeout)).
 //!
 //! # Sending
 //! A demand goes to a peer when it changes and again every [`ChannelConfig::refresh`]
@@ -18,6 +20,23 @@
 //! cap; changes in between coalesce. A peer whose flows this host counts but that it
 //! grants nothing (one host's incast) gets a keepalive every half [`UNANSWERED`], so that
 //! it never takes its session for lost.
+//!
+//! The reference probe's endpoints ride the same channel. A host that probes a peer sends
+//! it a probe offer (its requester queue pair's end); the peer makes a responder queue
+//! pair for it and sends back a probe answer (that queue pair's end, the memory the
+//! prober WRITEs into, and the offer's queue pair number it answers). Each goes when it
+//! changes and again every [`PROBE_REFRESH`] while it is set (they change only when a
+//! queue pair is made, so a lost one need not be made good within a demand's refresh);
+//! setting `None` stops it, with no message. They go within the same per-peer cap and
+//! burst, after any demand or grant due at the same moment, so that they never hold
+//! those back by more than one message. A probe offer or answer to send makes a session
+//! as a demand does; a new session is confirmed by a demand, a grant or a keepalive,
+//! never by a probe message (a host of version 3 that predates the probe refuses those
+//! kinds, and would never take the session). A peer that sends this host probe messages
+//! gets a keepalive every half [`UNANSWERED`] while they keep coming, as one whose flows
+//! it counts does: one end may have nothing to send back (an offer not answered yet, an
+//! answer to a prober that stopped), and would otherwise take its session for lost and
+//! handshake every [`UNANSWERED`].
 //!
 //! # Sessions
 //! Every pair of members talks over a Noise session (`Noise_KK_25519_ChaChaPoly_BLAKE2s`
@@ -59,6 +78,14 @@
 //! [`ChannelConfig::max_flows_per_peer`] flows. So nothing a host without a member's key
 //! sends touches a table, a bucket or a log, and a member's flood costs only its own
 //! budget.
+//!
+//! A probe offer or answer that passes those checks is kept as that member's latest
+//! ([`Channel::probe_offer_from`], [`Channel::probe_answer_from`]), and one that differs
+//! from the one kept before raises [`ChannelEvent::ProbeOffer`] or
+//! [`ChannelEvent::ProbeAnswer`]; a refresh of the same raises nothing. They do not lapse
+//! with the peer's silence, as demands and grants do: the prober learns that its target
+//! is gone from its queue pair (its WRITEs fail), and what a host keeps of a member goes
+//! only with the member ([`Channel::set_members`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -73,7 +100,9 @@ use snow::{HandshakeState, StatelessTransportState};
 
 use crate::keys::{PairKey, PrivateKey, PublicKey, KEY_LEN};
 use crate::replay::ReplayWindow;
-use crate::wire::{self, Body, DemandEntry, Grant, Message, Role, MAX_DEMAND_ENTRIES};
+use crate::wire::{
+    self, Body, DemandEntry, Grant, Message, ProbeEndpoint, Role, MAX_DEMAND_ENTRIES,
+};
 use crate::{NodeId, Refusal};
 
 /// The Noise protocol every session runs.
@@ -126,6 +155,11 @@ pub struct ChannelConfig {
 /// Messages a host may send one peer back to back: a demand and a grant due at the same
 /// moment both go at once (the receiver's bucket takes at least four).
 pub const SEND_BURST: f64 = 2.0;
+
+/// How often a probe offer or answer that has not changed is sent again: its queue pair
+/// is made once per probe, so a lost one is made good within a quarter second, and the
+/// refreshes cost four messages a second per peer and kind.
+pub const PROBE_REFRESH: Duration = Duration::from_millis(250);
 
 /// [`ChannelConfig::silence`] by default: 20 ms, the core's own lapse of a READ guarantee
 /// at the paper's RefPeriod (40 x 500 us), four refreshes.
@@ -259,6 +293,24 @@ pub enum ChannelEvent {
     GuaranteeLapsed {
         /// The peer.
         peer: NodeId,
+    },
+    /// A peer's new probe offer: make a responder queue pair for its requester `offer`
+    /// and answer with [`Channel::set_probe_answer`]. Raised when the offer differs from
+    /// the last one the peer sent, not at its refreshes.
+    ProbeOffer {
+        /// The peer (the prober).
+        peer: NodeId,
+        /// Its requester queue pair's end.
+        offer: ProbeEndpoint,
+    },
+    /// A peer's new probe answer: connect the requester queue pair whose number is
+    /// `answer.answers_qpn` to it (an answer to an offer since replaced names the old
+    /// number). Raised when the answer differs from the last one the peer sent.
+    ProbeAnswer {
+        /// The peer (the probe's target).
+        peer: NodeId,
+        /// Its responder queue pair's end and the memory to WRITE into.
+        answer: ProbeEndpoint,
     },
 }
 
@@ -403,6 +455,19 @@ struct Peer {
     /// The grant last sent to it.
     granted: Option<Grant>,
     grant_sent: Option<Duration>,
+    /// This host's probe offer to it, whether it changed since last sent, and when it was.
+    probe_offer: Option<ProbeEndpoint>,
+    offer_dirty: bool,
+    offer_sent: Option<Duration>,
+    /// This host's probe answer to it, the same.
+    probe_answer: Option<ProbeEndpoint>,
+    answer_dirty: bool,
+    answer_sent: Option<Duration>,
+    /// Its latest probe offer and answer to this host (kept through silence).
+    offer_from: Option<ProbeEndpoint>,
+    answer_from: Option<ProbeEndpoint>,
+    /// When a probe message from it was last accepted (it is owed keepalives a while).
+    probe_heard: Option<Duration>,
     /// The sender's token bucket for messages to it: tokens at `send_at`.
     send_tokens: f64,
     send_at: Duration,
@@ -433,6 +498,15 @@ impl Peer {
             demand_sent: None,
             granted: None,
             grant_sent: None,
+            probe_offer: None,
+            offer_dirty: false,
+            offer_sent: None,
+            probe_answer: None,
+            answer_dirty: false,
+            answer_sent: None,
+            offer_from: None,
+            answer_from: None,
+            probe_heard: None,
             send_tokens: SEND_BURST,
             send_at: now,
         }
@@ -468,6 +542,8 @@ impl Peer {
     fn install(&mut self, session: Session, now: Duration) {
         self.demand_dirty |= !self.demand.is_empty();
         self.granted = None;
+        self.offer_dirty |= self.probe_offer.is_some();
+        self.answer_dirty |= self.probe_answer.is_some();
         if let Some(mut old) = self.current.replace(session) {
             let until = now.saturating_add(OVERLAP);
             old.expires = Some(old.expires.map_or(until, |t| t.min(until)));
@@ -647,7 +723,9 @@ impl Channel {
 
     /// Replaces the member list (a configuration reload). A member kept with the same key
     /// keeps its state; one whose key changed starts afresh (its sessions are dropped); one
-    /// no longer listed is forgotten (its flows stop counting here, its grant lapses).
+    /// no longer listed is forgotten (its flows stop counting here, its grant lapses, and
+    /// the probe offers and answers to and from it go with no event: the caller removed
+    /// it).
     pub fn set_members(&mut self, now: Duration, members: &[Member]) -> Result<(), ConfigError> {
         let now = self.advance(now);
         let listed: Vec<Member> = members
@@ -842,6 +920,54 @@ impl Channel {
         Ok(())
     }
 
+    /// The probe offer this host sends `peer` (its requester queue pair's end), or `None`
+    /// to stop sending one (the peer is not told: it keeps the last it took). A changed
+    /// offer goes as soon as the send cap allows, a set one again every
+    /// [`PROBE_REFRESH`]. Refused if `peer` is not a member, or the offer is not one the
+    /// wire carries ([`ProbeEndpoint::check_offer`]: the peer would refuse it).
+    pub fn set_probe_offer(
+        &mut self,
+        now: Duration,
+        peer: NodeId,
+        offer: Option<ProbeEndpoint>,
+    ) -> Result<(), Refusal> {
+        self.advance(now);
+        if let Some(o) = &offer {
+            o.check_offer()?;
+        }
+        let i = self.find(peer).ok_or(Refusal::NotMember)?;
+        let p = &mut self.peers[i];
+        if p.probe_offer != offer {
+            p.probe_offer = offer;
+            p.offer_dirty = offer.is_some();
+        }
+        Ok(())
+    }
+
+    /// The probe answer this host sends `peer` (its responder queue pair's end for the
+    /// peer's offer, and the memory the peer WRITEs into), or `None` to stop sending one.
+    /// Sent as [`set_probe_offer`](Self::set_probe_offer)'s offer is; refused if `peer` is
+    /// not a member or the answer is not one the wire carries
+    /// ([`ProbeEndpoint::check_answer`]).
+    pub fn set_probe_answer(
+        &mut self,
+        now: Duration,
+        peer: NodeId,
+        answer: Option<ProbeEndpoint>,
+    ) -> Result<(), Refusal> {
+        self.advance(now);
+        if let Some(a) = &answer {
+            a.check_answer()?;
+        }
+        let i = self.find(peer).ok_or(Refusal::NotMember)?;
+        let p = &mut self.peers[i];
+        if p.probe_answer != answer {
+            p.probe_answer = answer;
+            p.answer_dirty = answer.is_some();
+        }
+        Ok(())
+    }
+
     /// The grant this host gives now: its READ guarantee (from the control loop's
     /// [`ReadGuarantee`] event, or the whole RNIC while it counts no remote READ; its own
     /// epoch and sequence are not sent) and its link `link_bytes_per_sec`, shared among
@@ -926,6 +1052,18 @@ impl Channel {
     /// The newest grant `peer` gave this host, while it holds.
     pub fn grant_from(&self, peer: NodeId) -> Option<Grant> {
         self.find(peer).and_then(|i| self.peers[i].grant)
+    }
+
+    /// The latest probe offer `peer` sent this host. It does not lapse when the peer goes
+    /// silent (a dead prober is seen at its queue pair); it goes with the member.
+    pub fn probe_offer_from(&self, peer: NodeId) -> Option<ProbeEndpoint> {
+        self.find(peer).and_then(|i| self.peers[i].offer_from)
+    }
+
+    /// The latest probe answer `peer` sent this host; kept as
+    /// [`probe_offer_from`](Self::probe_offer_from)'s offer is.
+    pub fn probe_answer_from(&self, peer: NodeId) -> Option<ProbeEndpoint> {
+        self.find(peer).and_then(|i| self.peers[i].answer_from)
     }
 
     /// Takes a datagram from the network. A refused one changes no demand, grant or
@@ -1181,6 +1319,9 @@ impl Channel {
             return Err(Refusal::Unsolicited);
         }
         p.heard_at = now;
+        if matches!(body, Body::ProbeOffer(_) | Body::ProbeAnswer(_)) {
+            p.probe_heard = Some(now);
+        }
         let mut served_changed = false;
         match body {
             Body::Keepalive => {}
@@ -1206,6 +1347,20 @@ impl Channel {
                     },
                     incast_bytes_per_sec: grant.incast_bytes_per_sec,
                 });
+            }
+            Body::ProbeOffer(offer) => {
+                if p.offer_from.replace(offer) != Some(offer) {
+                    let peer = p.node;
+                    self.events
+                        .push_back(ChannelEvent::ProbeOffer { peer, offer });
+                }
+            }
+            Body::ProbeAnswer(answer) => {
+                if p.answer_from.replace(answer) != Some(answer) {
+                    let peer = p.node;
+                    self.events
+                        .push_back(ChannelEvent::ProbeAnswer { peer, answer });
+                }
             }
         }
         if served_changed {
@@ -1287,13 +1442,20 @@ impl Channel {
             _ => None,
         };
         let confirm = p.confirm_due.then_some(Duration::ZERO);
+        let offer = probe_due(p.probe_offer, p.offer_dirty, p.offer_sent);
+        let answer = probe_due(p.probe_answer, p.answer_dirty, p.answer_sent);
         // A peer whose flows this host counts hears from it at least every half
         // UNANSWERED, even when there is no grant to give (one sending host's incast),
-        // so that it never takes the session for lost and handshakes again.
+        // so that it never takes the session for lost and handshakes again; so does one
+        // whose probe messages keep coming (an offer not answered yet, an answer to a
+        // prober that stopped) while they do.
+        let probing = p
+            .probe_heard
+            .is_some_and(|t| t.saturating_add(UNANSWERED) > self.now);
         let keepalive = p
             .current
             .as_ref()
-            .filter(|_| !p.served.is_empty())
+            .filter(|_| !p.served.is_empty() || probing)
             .map(|s| {
                 s.last_sent
                     .unwrap_or(s.created)
@@ -1304,6 +1466,8 @@ impl Channel {
             .chain(grant)
             .chain(confirm)
             .chain(keepalive)
+            .chain(offer)
+            .chain(answer)
             .min()?;
         let allowed = if p.send_tokens >= 1.0 {
             Duration::ZERO
@@ -1375,11 +1539,31 @@ impl Channel {
             || (!p.demand.is_empty()
                 && p.demand_sent
                     .is_none_or(|t| t.saturating_add(refresh) <= now));
-        let grant_due = self.grant.is_some() && !p.served.is_empty();
+        let grant = self.grant.filter(|_| !p.served.is_empty());
+        let grant_due = grant.is_some_and(|g| {
+            p.granted != Some(g)
+                || p.grant_sent
+                    .is_none_or(|t| t.saturating_add(refresh) <= now)
+        });
+        let due = |at: Option<Duration>| at.is_some_and(|t| t <= now);
+        let offer_due = due(probe_due(p.probe_offer, p.offer_dirty, p.offer_sent));
+        let answer_due = due(probe_due(p.probe_answer, p.answer_dirty, p.answer_sent));
+        // Demands and grants first: a probe message takes only a token they leave. A grant
+        // that is not due still goes where a keepalive would (any message keeps the
+        // session), and a new session is confirmed by a kind every host of this version
+        // knows, never by a probe message.
         let body = if demand_due {
             Body::Demand(p.demand.clone())
-        } else if grant_due {
-            Body::Grant(self.grant?)
+        } else if let Some(g) = grant.filter(|_| grant_due || p.confirm_due) {
+            Body::Grant(g)
+        } else if p.confirm_due {
+            Body::Keepalive
+        } else if let Some(offer) = p.probe_offer.filter(|_| offer_due) {
+            Body::ProbeOffer(offer)
+        } else if let Some(answer) = p.probe_answer.filter(|_| answer_due) {
+            Body::ProbeAnswer(answer)
+        } else if let Some(g) = grant {
+            Body::Grant(g)
         } else {
             Body::Keepalive
         };
@@ -1411,9 +1595,32 @@ impl Channel {
                 p.granted = Some(g);
                 p.grant_sent = Some(now);
             }
+            Body::ProbeOffer(_) => {
+                p.offer_dirty = false;
+                p.offer_sent = Some(now);
+            }
+            Body::ProbeAnswer(_) => {
+                p.answer_dirty = false;
+                p.answer_sent = Some(now);
+            }
         }
         Some(Transmit { to: p.node, bytes })
     }
+}
+
+/// When a probe offer or answer this host sends is next due: at once when it changed (or
+/// a new session wants it again), every [`PROBE_REFRESH`] after it was last sent, never
+/// while it is unset.
+fn probe_due(
+    endpoint: Option<ProbeEndpoint>,
+    dirty: bool,
+    sent: Option<Duration>,
+) -> Option<Duration> {
+    endpoint?;
+    if dirty {
+        return Some(Duration::ZERO);
+    }
+    Some(sent.map_or(Duration::ZERO, |t| t.saturating_add(PROBE_REFRESH)))
 }
 
 /// Whether a grant from `p` is one this host asked for: it holds flows against `p`, or
@@ -1945,6 +2152,319 @@ mod tests {
         assert_eq!(a.poll_transmit(ms(1)), None);
         assert_eq!(a.poll_timeout(), Some(ms(2)));
         assert_eq!(deliver(&mut a, &mut b, ms(2)), 1);
+    }
+
+    fn offer(qpn: u32) -> ProbeEndpoint {
+        ProbeEndpoint {
+            gid: [0xa; 16],
+            lid: 0,
+            qpn,
+            psn: 0x12_3456,
+            rkey: 0,
+            addr: 0,
+            answers_qpn: 0,
+        }
+    }
+
+    fn answer(qpn: u32, answers_qpn: u32) -> ProbeEndpoint {
+        ProbeEndpoint {
+            gid: [0xb; 16],
+            lid: 0,
+            qpn,
+            psn: 0x65_4321,
+            rkey: 0x1234,
+            addr: 0x7f00_0000_1000,
+            answers_qpn,
+        }
+    }
+
+    /// The bytes of a transport message whose plaintext is a keepalive, and one whose
+    /// plaintext is a probe message (each a kind byte, a body and the tag).
+    const KEEPALIVE_DATAGRAM: usize = wire::TRANSPORT_HEADER_LEN + 1 + wire::TAG_LEN;
+    const PROBE_DATAGRAM: usize =
+        wire::TRANSPORT_HEADER_LEN + 1 + wire::PROBE_BODY_LEN + wire::TAG_LEN;
+
+    #[test]
+    fn a_probe_offer_reaches_the_peer_once_and_its_answer_comes_back() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        // An offer makes a session as a demand does. The session is confirmed by a
+        // keepalive (a host that predates the probe takes it), the offer follows at once.
+        let mut sent = Vec::new();
+        while let Some(t) = a.poll_transmit(ms(0)) {
+            b.receive(ms(0), &t.bytes).unwrap();
+            sent.push(t.bytes.len());
+            while let Some(t) = b.poll_transmit(ms(0)) {
+                a.receive(ms(0), &t.bytes).unwrap();
+            }
+        }
+        assert_eq!(
+            sent,
+            vec![wire::INITIATION_LEN, KEEPALIVE_DATAGRAM, PROBE_DATAGRAM]
+        );
+        assert_eq!(
+            events(&mut b),
+            vec![ChannelEvent::ProbeOffer {
+                peer: A,
+                offer: offer(0x101)
+            }]
+        );
+        assert_eq!(b.probe_offer_from(A), Some(offer(0x101)));
+        assert_eq!(b.probe_answer_from(A), None);
+
+        b.set_probe_answer(ms(1), A, Some(answer(0x202, 0x101)))
+            .unwrap();
+        assert_eq!(deliver(&mut b, &mut a, ms(1)), 1);
+        assert_eq!(
+            events(&mut a),
+            vec![ChannelEvent::ProbeAnswer {
+                peer: B,
+                answer: answer(0x202, 0x101)
+            }]
+        );
+        assert_eq!(a.probe_answer_from(B), Some(answer(0x202, 0x101)));
+        assert_eq!(a.probe_offer_from(B), None);
+        // Nothing else: no demand, no grant.
+        assert!(events(&mut b).is_empty());
+        assert_eq!(a.served().count() + b.served().count(), 0);
+        assert_eq!(a.grant_from(B), None);
+    }
+
+    /// A set offer goes again every PROBE_REFRESH, and the peer raises no event for the
+    /// same offer; a changed one goes at once and raises one; `None` stops it.
+    #[test]
+    fn an_unchanged_probe_message_is_sent_again_at_its_refresh_with_no_event() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        b.set_probe_answer(ms(1), A, Some(answer(0x202, 0x101)))
+            .unwrap();
+        pump(&mut a, &mut b, ms(1));
+        events(&mut a);
+        events(&mut b);
+        assert_eq!(a.poll_timeout(), Some(PROBE_REFRESH), "A's offer refresh");
+        assert_eq!(deliver(&mut a, &mut b, PROBE_REFRESH - ms(1)), 0);
+        // One second, in steps of 10 ms: A's offer at 250, 500, 750 and 1000 ms, B's
+        // answer at 260, 510 and 760 (it was sent at 1 ms), and not one event (nor a
+        // keepalive: each hears from the other every refresh).
+        let (mut offers, mut answers) = (0, 0);
+        for t in (1..=100).map(|i| ms(10 * i)) {
+            offers += deliver(&mut a, &mut b, t);
+            answers += deliver(&mut b, &mut a, t);
+        }
+        assert_eq!((offers, answers), (4, 3));
+        assert!(events(&mut a).is_empty());
+        assert!(events(&mut b).is_empty());
+        assert_eq!(b.probe_offer_from(A), Some(offer(0x101)));
+        // A new requester queue pair: its offer goes at once.
+        a.set_probe_offer(ms(1005), B, Some(offer(0x303))).unwrap();
+        assert_eq!(deliver(&mut a, &mut b, ms(1005)), 1);
+        assert_eq!(
+            events(&mut b),
+            vec![ChannelEvent::ProbeOffer {
+                peer: A,
+                offer: offer(0x303)
+            }]
+        );
+        // Stopped: nothing more, and the peer keeps what it took.
+        a.set_probe_offer(ms(1006), B, None).unwrap();
+        for t in (101..=200).map(|i| ms(10 * i)) {
+            assert!(a
+                .poll_transmit(t)
+                .is_none_or(|m| m.bytes.len() != PROBE_DATAGRAM));
+            b.handle_timeout(t);
+        }
+        assert_eq!(b.probe_offer_from(A), Some(offer(0x303)), "no lapse");
+    }
+
+    #[test]
+    fn a_lost_probe_offer_is_made_good_by_its_refresh() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        session(&mut a, &mut b, ms(0));
+        a.send_tokens_full();
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        let lost = a.poll_transmit(ms(0)).unwrap();
+        assert_eq!(lost.bytes.len(), PROBE_DATAGRAM);
+        assert_eq!(a.poll_timeout(), Some(PROBE_REFRESH));
+        assert_eq!(deliver(&mut a, &mut b, PROBE_REFRESH), 1);
+        assert_eq!(
+            events(&mut b),
+            vec![ChannelEvent::ProbeOffer {
+                peer: A,
+                offer: offer(0x101)
+            }]
+        );
+    }
+
+    /// A restarted target handshakes at start; the prober's offer goes on the new session
+    /// at once, not at its next refresh.
+    #[test]
+    fn a_restarted_peer_gets_the_probe_offer_at_once() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        let mut restarted = channel(B, 3);
+        restarted.greet(ms(10));
+        pump(&mut a, &mut restarted, ms(10));
+        assert_eq!(
+            events(&mut restarted),
+            vec![ChannelEvent::ProbeOffer {
+                peer: A,
+                offer: offer(0x101)
+            }]
+        );
+    }
+
+    #[test]
+    fn probe_messages_to_a_non_member_or_out_of_range_are_refused() {
+        let mut a = channel(A, 1);
+        let stranger = NodeId([0x77; 16]);
+        assert_eq!(
+            a.set_probe_offer(ms(0), stranger, Some(offer(0x101))),
+            Err(Refusal::NotMember)
+        );
+        assert_eq!(
+            a.set_probe_answer(ms(0), stranger, Some(answer(0x202, 0x101))),
+            Err(Refusal::NotMember)
+        );
+        assert_eq!(
+            a.set_probe_offer(ms(0), B, Some(answer(0x202, 0x101))),
+            Err(Refusal::OutOfRange("rkey")),
+            "an answer is no offer"
+        );
+        assert_eq!(
+            a.set_probe_answer(ms(0), B, Some(answer(0, 0x101))),
+            Err(Refusal::OutOfRange("qpn"))
+        );
+        assert_eq!(
+            a.set_probe_answer(ms(0), B, Some(answer(0x202, 0))),
+            Err(Refusal::OutOfRange("answers_qpn"))
+        );
+        // Refused, nothing to send: no handshake started.
+        assert_eq!(a.poll_transmit(ms(0)), None);
+        assert_eq!(a.poll_timeout(), None);
+    }
+
+    /// A probe message takes only the tokens demands and grants leave: with A's offer and
+    /// answer to B changing every millisecond (more than the cap lets go), A's demand and
+    /// grant still go every refresh, a send gap late at most.
+    #[test]
+    fn demands_and_grants_keep_their_refresh_while_probe_messages_churn() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        b.set_demand(ms(0), A, &[read(1, 1)]).unwrap();
+        pump(&mut b, &mut a, ms(0));
+        a.set_grant(ms(0), &guarantee(0.5), 12.5e9);
+        a.set_demand(ms(0), B, &[read(2, 1)]).unwrap();
+        a.send_tokens_full();
+        let refresh = DEFAULT_REFRESH;
+        let gap = ms(1);
+        let (mut demands, mut grants) = (Vec::new(), Vec::new());
+        let mut probes = 0;
+        for i in 0..10_000u32 {
+            let t = Duration::from_micros(100 * u64::from(i));
+            if i % 10 == 0 {
+                let qpn = 0x100 + i;
+                a.set_probe_offer(t, B, Some(offer(qpn))).unwrap();
+                a.set_probe_answer(t, B, Some(answer(qpn, qpn + 1)))
+                    .unwrap();
+            }
+            while let Some(m) = a.poll_transmit(t) {
+                b.receive(t, &m.bytes).unwrap();
+                let p = &a.peers[a.find(B).unwrap()];
+                if p.demand_sent == Some(t) && demands.last() != Some(&t) {
+                    demands.push(t);
+                } else if p.grant_sent == Some(t) && grants.last() != Some(&t) {
+                    grants.push(t);
+                } else {
+                    assert_eq!(m.bytes.len(), PROBE_DATAGRAM);
+                    probes += 1;
+                }
+            }
+            // B's grants and refreshes are not this test's matter.
+            while b.poll_transmit(t).is_some() {}
+        }
+        for (what, sent) in [("demand", &demands), ("grant", &grants)] {
+            assert!(sent.len() >= 160, "{what}: {} in a second", sent.len());
+            for w in sent.windows(2) {
+                assert!(
+                    w[1] - w[0] <= refresh + gap,
+                    "{what} at {:?} then {:?}",
+                    w[0],
+                    w[1]
+                );
+            }
+        }
+        // The rest of the cap (1000/s) goes to the probe messages.
+        assert!(probes >= 500, "{probes} probe messages");
+        let offers = events(&mut b)
+            .iter()
+            .filter(|e| matches!(e, ChannelEvent::ProbeOffer { .. }))
+            .count();
+        assert!(offers >= 250, "{offers} offers taken");
+    }
+
+    /// Probe state with no refresh of demands and grants: the peer whose offer is not
+    /// answered yet keeps it informed with keepalives, so the prober's session stays (no
+    /// handshake every UNANSWERED).
+    #[test]
+    fn an_offer_not_answered_yet_keeps_its_session() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        let mut initiations = 0;
+        let mut keepalives = 0;
+        for t in (1..=300).map(|i| ms(10 * i)) {
+            while let Some(m) = a.poll_transmit(t) {
+                initiations += usize::from(m.bytes.len() == wire::INITIATION_LEN);
+                b.receive(t, &m.bytes).unwrap();
+            }
+            while let Some(m) = b.poll_transmit(t) {
+                keepalives += usize::from(m.bytes.len() == KEEPALIVE_DATAGRAM);
+                a.receive(t, &m.bytes).unwrap();
+            }
+        }
+        assert_eq!(initiations, 0);
+        assert_eq!(keepalives, 6, "every half UNANSWERED for 3 s");
+        // A stops: B's keepalives stop within UNANSWERED.
+        a.set_probe_offer(ms(3000), B, None).unwrap();
+        for t in (301..=500).map(|i| ms(10 * i)) {
+            deliver(&mut a, &mut b, t);
+            b.handle_timeout(t);
+            if t > ms(3000) + UNANSWERED {
+                assert_eq!(b.poll_transmit(t), None, "at {t:?}");
+            } else {
+                deliver(&mut b, &mut a, t);
+            }
+        }
+        assert_eq!(b.poll_timeout(), None);
+    }
+
+    /// A member dropped from the list takes the probe state with it (no event: the caller
+    /// dropped it); listed again, it starts with none.
+    #[test]
+    fn a_removed_member_takes_its_probe_state_with_it() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        b.set_probe_answer(ms(1), A, Some(answer(0x202, 0x101)))
+            .unwrap();
+        pump(&mut a, &mut b, ms(1));
+        events(&mut b);
+        let without_a: Vec<Member> = members().into_iter().filter(|m| m.node != A).collect();
+        b.set_members(ms(2), &without_a).unwrap();
+        assert_eq!(b.probe_offer_from(A), None);
+        assert!(events(&mut b).is_empty());
+        b.set_members(ms(3), &members()).unwrap();
+        assert_eq!(b.probe_offer_from(A), None);
+        // B's answer went too: nothing due to A.
+        assert_eq!(b.poll_timeout(), None);
     }
 
     #[test]

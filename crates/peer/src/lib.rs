@@ -7,7 +7,10 @@
 //! by tenant and class. B counts them with its own flows and answers every host that holds
 //! any with a *grant*: the READ guarantee 1/(L'+B'+T') of its MaxRate per unit of weight,
 //! and, when flows of two hosts or more come in, its link's share per unit of weight
-//! (`justitia_core::incast`). A paces its READ and bandwidth flows to it.
+//! (`justitia_core::incast`). A paces its READ and bandwidth flows to it. The same channel
+//! carries the ends of the reference probe's queue pairs (a *probe offer* from the host
+//! that times RDMA WRITEs against another, a *probe answer* back), so that the two
+//! daemons can connect them.
 //!
 //! | module | what it owns |
 //! | --- | --- |

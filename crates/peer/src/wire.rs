@@ -16,7 +16,8 @@
 //! type 3, transport, 20 + n + 16 bytes
 //!      8     4  the receiver's session index
 //!     12     8  counter (the ChaCha20-Poly1305 nonce)
-//!     20  n+16  AEAD of the plaintext: kind (0 keepalive, 1 demand, 2 grant), then the body
+//!     20  n+16  AEAD of the plaintext: kind (0 keepalive, 1 demand, 2 grant, 3 probe offer,
+//!               4 probe answer), then the body
 //! ```
 //!
 //! The handshake MAC ([`crate::keys::PairKey`]) is keyed by the two members' static keys
@@ -29,13 +30,35 @@
 //! ops/s (f64 each), chunk bytes (u32), four zero bytes, incast bytes/s per unit of weight
 //! (f64, 0 when the receiver gives no incast share). A keepalive has no body.
 //!
+//! A probe offer's and a probe answer's body are 44 bytes each, one RC queue pair's end
+//! for the reference probe ([`ProbeEndpoint`]):
+//!
+//! ```text
+//!      0    16  gid
+//!     16     4  qpn (24 bits: 1 ..= 2^24 - 1)
+//!     20     4  psn, the first packet sequence number (24 bits)
+//!     24     2  lid (0 on RoCE)
+//!     26     2  zero
+//!     28     4  rkey (0 in an offer)
+//!     32     8  addr (0 in an offer)
+//!     40     4  answers_qpn: the offer's qpn an answer answers (0 in an offer, never 0 in
+//!               an answer)
+//! ```
+//!
+//! Kinds 3 and 4 came within version 3 and do not change it: a host that does not know
+//! them refuses those messages alone ([`Refusal::Kind`], after the tag, before its
+//! replay window or bucket is touched), as it refuses any unknown kind, and its session
+//! and the other kinds go on. The channel never confirms a new session with one of them,
+//! so that such a host still takes the session.
+//!
 //! This module frames and parses; the cryptography is the channel's (through snow) and
 //! the keys module's. No field of a message names its sender for trust: the pair key
 //! its MAC verifies under and the session a transport message decrypts under do.
 //!
 //! Invariants: [`parse`] checks the length, the magic, version and type and every fixed
 //! size before anything is looked up or computed; [`parse_body`] (run only on
-//! authenticated plaintext) checks every field's range (see [`Grant`] and [`DemandEntry`]);
+//! authenticated plaintext) checks every field's range (see [`Grant`], [`DemandEntry`] and
+//! [`ProbeEndpoint`]);
 //! [`encode_body`] of a body [`parse_body`] accepts gives the same bytes back.
 
 use justitia_core::flow::{FlowClass, TenantId};
@@ -64,10 +87,15 @@ pub const TAG_LEN: usize = 16;
 pub const ENTRY_LEN: usize = 16;
 /// Bytes of a grant's body.
 pub const GRANT_BODY_LEN: usize = 40;
+/// Bytes of a probe offer's or a probe answer's body.
+pub const PROBE_BODY_LEN: usize = 44;
+/// Queue pair numbers and packet sequence numbers are 24 bits (InfiniBand and RoCE): a
+/// decoded one is below this.
+pub const QPN_LIMIT: u32 = 1 << 24;
 /// The most entries one demand carries: a sender's (tenant, class, role) triples against
 /// one peer. 128 keeps the largest datagram (2,089 bytes) within two Ethernet frames.
 pub const MAX_DEMAND_ENTRIES: usize = 128;
-/// The largest plaintext: a kind byte and the largest demand.
+/// The largest plaintext: a kind byte and the largest demand (a probe body is smaller).
 pub const MAX_PLAINTEXT: usize = 1 + 4 + MAX_DEMAND_ENTRIES * ENTRY_LEN;
 /// The largest datagram of version 2.
 pub const MAX_DATAGRAM: usize = TRANSPORT_HEADER_LEN + MAX_PLAINTEXT + TAG_LEN;
@@ -87,6 +115,8 @@ const TYPE_TRANSPORT: u8 = 3;
 const KIND_KEEPALIVE: u8 = 0;
 const KIND_DEMAND: u8 = 1;
 const KIND_GRANT: u8 = 2;
+const KIND_PROBE_OFFER: u8 = 3;
+const KIND_PROBE_ANSWER: u8 = 4;
 
 /// A datagram's framing, parsed (nothing in it is authenticated yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +260,12 @@ pub enum Body {
     Demand(Vec<DemandEntry>),
     /// The receiver's answer: the guarantee of §4.4 and its incast share.
     Grant(Grant),
+    /// The sender's requester queue pair for the reference probe against the receiver:
+    /// the receiver makes a responder queue pair for it and answers.
+    ProbeOffer(ProbeEndpoint),
+    /// The sender's responder queue pair for the receiver's probe offer numbered
+    /// `answers_qpn`, and the memory the receiver's probe WRITEs into.
+    ProbeAnswer(ProbeEndpoint),
 }
 
 /// Why a flow counts at the peer.
@@ -281,6 +317,70 @@ pub struct Grant {
     pub incast_bytes_per_sec: f64,
 }
 
+/// One RC queue pair's end for the reference probe (10-byte RDMA WRITEs timed from post to
+/// completion): what the other host needs to connect its queue pair to this one.
+///
+/// Invariants of a decoded endpoint: 1 <= `qpn` < [`QPN_LIMIT`], `psn` < [`QPN_LIMIT`],
+/// `answers_qpn` < [`QPN_LIMIT`]; in an offer `rkey`, `addr` and `answers_qpn` are 0, in
+/// an answer `answers_qpn` is not ([`ProbeEndpoint::check_offer`],
+/// [`ProbeEndpoint::check_answer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeEndpoint {
+    /// The port's GID the queue pair is reached at.
+    pub gid: [u8; 16],
+    /// The port's LID (0 on RoCE, where the GID routes).
+    pub lid: u16,
+    /// The queue pair's number.
+    pub qpn: u32,
+    /// The first packet sequence number it sends (a requester) or expects (a responder).
+    pub psn: u32,
+    /// The remote key of the memory the prober WRITEs into (an answer's; 0 in an offer).
+    pub rkey: u32,
+    /// That memory's address (an answer's; 0 in an offer).
+    pub addr: u64,
+    /// The `qpn` of the offer an answer answers (0 in an offer): so that an answer to an
+    /// offer since replaced is told from the answer to the current one.
+    pub answers_qpn: u32,
+}
+
+impl ProbeEndpoint {
+    /// Whether it is a probe offer the wire carries (see the type's invariants).
+    pub fn check_offer(&self) -> Result<(), Refusal> {
+        self.check_queue_pair()?;
+        if self.rkey != 0 {
+            return Err(Refusal::OutOfRange("rkey"));
+        }
+        if self.addr != 0 {
+            return Err(Refusal::OutOfRange("addr"));
+        }
+        if self.answers_qpn != 0 {
+            return Err(Refusal::OutOfRange("answers_qpn"));
+        }
+        Ok(())
+    }
+
+    /// Whether it is a probe answer the wire carries (see the type's invariants).
+    pub fn check_answer(&self) -> Result<(), Refusal> {
+        self.check_queue_pair()?;
+        if !(1..QPN_LIMIT).contains(&self.answers_qpn) {
+            return Err(Refusal::OutOfRange("answers_qpn"));
+        }
+        Ok(())
+    }
+
+    /// The ranges common to an offer and an answer.
+    fn check_queue_pair(&self) -> Result<(), Refusal> {
+        // QP 0 is the subnet manager's, never an RC queue pair's: a zero is a field unset.
+        if !(1..QPN_LIMIT).contains(&self.qpn) {
+            return Err(Refusal::OutOfRange("qpn"));
+        }
+        if self.psn >= QPN_LIMIT {
+            return Err(Refusal::OutOfRange("psn"));
+        }
+        Ok(())
+    }
+}
+
 /// A body's plaintext: its kind byte, then its layout. Entries beyond
 /// [`MAX_DEMAND_ENTRIES`] are the caller's error (the channel never builds one): they are
 /// cut.
@@ -314,8 +414,27 @@ pub fn encode_body(body: &Body) -> Vec<u8> {
             out.extend_from_slice(&[0, 0, 0, 0]);
             out.extend_from_slice(&g.incast_bytes_per_sec.to_be_bytes());
         }
+        Body::ProbeOffer(e) => {
+            out.push(KIND_PROBE_OFFER);
+            encode_probe(&mut out, e);
+        }
+        Body::ProbeAnswer(e) => {
+            out.push(KIND_PROBE_ANSWER);
+            encode_probe(&mut out, e);
+        }
     }
     out
+}
+
+fn encode_probe(out: &mut Vec<u8>, e: &ProbeEndpoint) {
+    out.extend_from_slice(&e.gid);
+    out.extend_from_slice(&e.qpn.to_be_bytes());
+    out.extend_from_slice(&e.psn.to_be_bytes());
+    out.extend_from_slice(&e.lid.to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&e.rkey.to_be_bytes());
+    out.extend_from_slice(&e.addr.to_be_bytes());
+    out.extend_from_slice(&e.answers_qpn.to_be_bytes());
 }
 
 /// Parses an authenticated plaintext (kind byte and body), checking every field's range.
@@ -332,6 +451,16 @@ pub fn parse_body(kind: u8, body: &[u8]) -> Result<Body, Refusal> {
         KIND_KEEPALIVE => Err(Refusal::Length),
         KIND_DEMAND => parse_demand(body).map(Body::Demand),
         KIND_GRANT => parse_grant(body).map(Body::Grant),
+        KIND_PROBE_OFFER => {
+            let offer = parse_probe(body)?;
+            offer.check_offer()?;
+            Ok(Body::ProbeOffer(offer))
+        }
+        KIND_PROBE_ANSWER => {
+            let answer = parse_probe(body)?;
+            answer.check_answer()?;
+            Ok(Body::ProbeAnswer(answer))
+        }
         _ => Err(Refusal::Kind),
     }
 }
@@ -424,6 +553,27 @@ fn parse_grant(body: &[u8]) -> Result<Grant, Refusal> {
     Ok(grant)
 }
 
+/// A probe body's fields, its length and padding checked (the ranges are the kind's).
+fn parse_probe(body: &[u8]) -> Result<ProbeEndpoint, Refusal> {
+    if body.len() != PROBE_BODY_LEN {
+        return Err(Refusal::Length);
+    }
+    if body[26..28] != [0, 0] {
+        return Err(Refusal::OutOfRange("probe reserved"));
+    }
+    let u32_at =
+        |at: usize| u32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+    Ok(ProbeEndpoint {
+        gid: take16(&body[0..16]),
+        qpn: u32_at(16),
+        psn: u32_at(20),
+        lid: u16::from_be_bytes([body[24], body[25]]),
+        rkey: u32_at(28),
+        addr: u64::from_be_bytes(take8(&body[32..40])),
+        answers_qpn: u32_at(40),
+    })
+}
+
 fn class_code(class: FlowClass) -> u8 {
     match class {
         FlowClass::Latency => 0,
@@ -470,6 +620,30 @@ mod tests {
         }
     }
 
+    fn offer() -> ProbeEndpoint {
+        ProbeEndpoint {
+            gid: [0xfe; 16],
+            lid: 0x0102,
+            qpn: 0x00ab_cdef,
+            psn: 0x0012_3456,
+            rkey: 0,
+            addr: 0,
+            answers_qpn: 0,
+        }
+    }
+
+    fn answer() -> ProbeEndpoint {
+        ProbeEndpoint {
+            gid: [0x11; 16],
+            lid: 0,
+            qpn: 0x0000_0101,
+            psn: 0x00ff_ffff,
+            rkey: 0x0a0b_0c0d,
+            addr: 0x7f00_1234_5678_9000,
+            answers_qpn: 0x00ab_cdef,
+        }
+    }
+
     #[test]
     fn the_layout_is_the_documented_one() {
         let init = initiation(NodeId([1; 16]), 0x0102_0304, &[9; NOISE_HANDSHAKE_LEN]);
@@ -494,6 +668,118 @@ mod tests {
         );
         assert_eq!(encode_body(&Body::Keepalive), vec![0]);
         assert_eq!(MAX_DATAGRAM, 2089);
+    }
+
+    #[test]
+    fn probe_offers_and_answers_have_the_documented_layout_and_round_trip() {
+        let o = encode_body(&Body::ProbeOffer(offer()));
+        assert_eq!(o.len(), 1 + PROBE_BODY_LEN);
+        assert_eq!(o[0], 3);
+        assert_eq!(&o[1..17], &[0xfe; 16]);
+        assert_eq!(
+            &o[17..],
+            &[
+                0, 0xab, 0xcd, 0xef, // qpn
+                0, 0x12, 0x34, 0x56, // psn
+                1, 2, // lid
+                0, 0, // zero
+                0, 0, 0, 0, // rkey
+                0, 0, 0, 0, 0, 0, 0, 0, // addr
+                0, 0, 0, 0, // answers_qpn
+            ]
+        );
+        assert_eq!(decode_body(&o), Ok(Body::ProbeOffer(offer())));
+        let a = encode_body(&Body::ProbeAnswer(answer()));
+        assert_eq!(a.len(), 1 + PROBE_BODY_LEN);
+        assert_eq!(a[0], 4);
+        assert_eq!(
+            &a[29..],
+            &[
+                0x0a, 0x0b, 0x0c, 0x0d, // rkey
+                0x7f, 0, 0x12, 0x34, 0x56, 0x78, 0x90, 0, // addr
+                0, 0xab, 0xcd, 0xef, // answers_qpn
+            ]
+        );
+        assert_eq!(decode_body(&a), Ok(Body::ProbeAnswer(answer())));
+        assert!(TRANSPORT_HEADER_LEN + a.len() + TAG_LEN <= MAX_DATAGRAM);
+    }
+
+    /// One field of a valid offer or answer changed at a time: each is refused by name,
+    /// and the length and padding before any field.
+    #[test]
+    fn probe_fields_out_of_range_are_refused_by_name() {
+        let o = encode_body(&Body::ProbeOffer(offer()))[1..].to_vec();
+        let a = encode_body(&Body::ProbeAnswer(answer()))[1..].to_vec();
+        for (kind, body) in [(3, &o), (4, &a)] {
+            assert_eq!(parse_body(kind, &body[..43]).err(), Some(Refusal::Length));
+            let mut long = body.clone();
+            long.push(0);
+            assert_eq!(parse_body(kind, &long).err(), Some(Refusal::Length));
+            assert_eq!(parse_body(kind, &[]).err(), Some(Refusal::Length));
+            let cases: [(usize, u32, &str); 4] = [
+                (16, 0, "qpn"),
+                (16, QPN_LIMIT, "qpn"),
+                (20, QPN_LIMIT, "psn"),
+                (40, QPN_LIMIT, "answers_qpn"),
+            ];
+            for (at, value, field) in cases {
+                let mut b = body.clone();
+                b[at..at + 4].copy_from_slice(&value.to_be_bytes());
+                assert_eq!(
+                    parse_body(kind, &b).err(),
+                    Some(Refusal::OutOfRange(field)),
+                    "kind {kind}: {field}"
+                );
+            }
+            for at in [26, 27] {
+                let mut b = body.clone();
+                b[at] = 1;
+                assert_eq!(
+                    parse_body(kind, &b).err(),
+                    Some(Refusal::OutOfRange("probe reserved")),
+                    "kind {kind}: byte {at}"
+                );
+            }
+            // The largest numbers in range are taken.
+            let mut b = body.clone();
+            b[16..20].copy_from_slice(&(QPN_LIMIT - 1).to_be_bytes());
+            b[20..24].copy_from_slice(&(QPN_LIMIT - 1).to_be_bytes());
+            assert!(parse_body(kind, &b).is_ok(), "kind {kind}");
+        }
+        // An offer names no memory and answers nothing.
+        let cases: [(usize, &str); 3] = [(31, "rkey"), (39, "addr"), (43, "answers_qpn")];
+        for (at, field) in cases {
+            let mut b = o.clone();
+            b[at] = 1;
+            assert_eq!(
+                parse_body(3, &b).err(),
+                Some(Refusal::OutOfRange(field)),
+                "offer {field}"
+            );
+        }
+        // An answer answers some offer; its memory may be anything.
+        let mut b = a.clone();
+        b[40..44].copy_from_slice(&[0; 4]);
+        assert_eq!(
+            parse_body(4, &b).err(),
+            Some(Refusal::OutOfRange("answers_qpn"))
+        );
+        let mut b = a;
+        b[28..40].copy_from_slice(&[0; 12]);
+        assert!(parse_body(4, &b).is_ok(), "rkey and addr 0");
+        // The checks the channel runs on what it is asked to send are the same.
+        assert_eq!(offer().check_offer(), Ok(()));
+        assert_eq!(answer().check_answer(), Ok(()));
+        assert_eq!(
+            answer().check_offer(),
+            Err(Refusal::OutOfRange("rkey")),
+            "an answer is no offer"
+        );
+        assert_eq!(
+            offer().check_answer(),
+            Err(Refusal::OutOfRange("answers_qpn")),
+            "an offer is no answer"
+        );
     }
 
     #[test]
@@ -631,7 +917,63 @@ mod tests {
             })
     }
 
+    fn arb_probe() -> impl Strategy<Value = ProbeEndpoint> {
+        (
+            any::<[u8; 16]>(),
+            any::<u16>(),
+            1..QPN_LIMIT,
+            0..QPN_LIMIT,
+            any::<u32>(),
+            any::<u64>(),
+            1..QPN_LIMIT,
+        )
+            .prop_map(
+                |(gid, lid, qpn, psn, rkey, addr, answers_qpn)| ProbeEndpoint {
+                    gid,
+                    lid,
+                    qpn,
+                    psn,
+                    rkey,
+                    addr,
+                    answers_qpn,
+                },
+            )
+    }
+
     proptest! {
+        #[test]
+        fn probe_offers_and_answers_round_trip_byte_for_byte(e in arb_probe()) {
+            let offer = ProbeEndpoint { rkey: 0, addr: 0, answers_qpn: 0, ..e };
+            for body in [Body::ProbeOffer(offer), Body::ProbeAnswer(e)] {
+                let bytes = encode_body(&body);
+                let back = decode_body(&bytes).unwrap();
+                prop_assert_eq!(&back, &body);
+                prop_assert_eq!(encode_body(&back), bytes);
+            }
+        }
+
+        #[test]
+        fn decoded_probe_bodies_are_in_range_and_encode_back(
+            body in proptest::collection::vec(any::<u8>(), PROBE_BODY_LEN),
+            answer: bool,
+        ) {
+            let kind = if answer { 4 } else { 3 };
+            match parse_body(kind, &body) {
+                Ok(Body::ProbeOffer(e)) => {
+                    prop_assert!(!answer);
+                    prop_assert_eq!(e.check_offer(), Ok(()));
+                    prop_assert_eq!(&encode_body(&Body::ProbeOffer(e))[1..], &body[..]);
+                }
+                Ok(Body::ProbeAnswer(e)) => {
+                    prop_assert!(answer);
+                    prop_assert_eq!(e.check_answer(), Ok(()));
+                    prop_assert_eq!(&encode_body(&Body::ProbeAnswer(e))[1..], &body[..]);
+                }
+                Ok(other) => prop_assert!(false, "{other:?}"),
+                Err(_) => {}
+            }
+        }
+
         #[test]
         fn demands_round_trip_byte_for_byte(
             entries in proptest::collection::btree_set(arb_entry(), 0..=MAX_DEMAND_ENTRIES),

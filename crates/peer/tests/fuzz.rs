@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use justitia_core::flow::{FlowClass, TenantId};
 use justitia_peer::channel::{Channel, ChannelConfig, Member};
 use justitia_peer::keys::PrivateKey;
-use justitia_peer::wire::{self, Body, DemandEntry, Grant, Role};
+use justitia_peer::wire::{self, Body, DemandEntry, Grant, ProbeEndpoint, Role};
 use justitia_peer::NodeId;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -68,6 +68,18 @@ fn entry(t: u64, class: FlowClass, role: Role) -> DemandEntry {
     }
 }
 
+fn probe_offer() -> ProbeEndpoint {
+    ProbeEndpoint {
+        gid: [0xfe; 16],
+        lid: 7,
+        qpn: 0x101,
+        psn: 0x12_3456,
+        rkey: 0,
+        addr: 0,
+        answers_qpn: 0,
+    }
+}
+
 fn bodies() -> Vec<Body> {
     vec![
         Body::Keepalive,
@@ -84,6 +96,14 @@ fn bodies() -> Vec<Body> {
             chunk_bytes: 5120,
             incast_bytes_per_sec: 3e9,
         }),
+        Body::ProbeOffer(probe_offer()),
+        Body::ProbeAnswer(ProbeEndpoint {
+            qpn: 0x202,
+            rkey: 0x1234,
+            addr: 0x7f00_0000_1000,
+            answers_qpn: 0x101,
+            ..probe_offer()
+        }),
     ]
 }
 
@@ -95,6 +115,7 @@ fn session_datagrams() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     a.set_demand(ms(0), B, &[entry(1, FlowClass::Bandwidth, Role::Read)])
         .unwrap();
+    a.set_probe_offer(ms(0), B, Some(probe_offer())).unwrap();
     for _ in 0..3 {
         while let Some(t) = a.poll_transmit(ms(0)) {
             b.receive(ms(0), &t.bytes).unwrap();
@@ -246,6 +267,12 @@ fn fuzz_the_peer_parsers_and_channel() {
                 }
                 if let Body::Demand(entries) = &body {
                     prop_assert!(entries.iter().all(|e| e.flows >= 1 && e.weight >= 1));
+                }
+                if let Body::ProbeOffer(e) = &body {
+                    prop_assert_eq!(e.check_offer(), Ok(()));
+                }
+                if let Body::ProbeAnswer(e) = &body {
+                    prop_assert_eq!(e.check_answer(), Ok(()));
                 }
             }
             Ok(())

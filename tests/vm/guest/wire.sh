@@ -16,6 +16,9 @@
 #              Target99 1.5 x the probe's idle p99): the strict verdict must PASS;
 #   adaptive   the same under A's justitiad with policy adaptive, WIRE_ADAPTIVE_REPEAT (3)
 #              times: reported, not judged;
+#   probe      the justitia section's runs under justitiad on A with its reference flow
+#              across the wire to a queue pair B's justitiad makes for it (peer.probe_to),
+#              WIRE_PROBE_REPEAT (3) times: reported;
 #   tput       a throughput victim (batches of 64 16 B WRITEs) alone, the stream alone,
 #              both natively and under justitiad's justitia policy, WIRE_TPUT_REPEAT (3)
 #              times (tests/vm/scenarios/wire-tput-vs-bw-softroce.toml): each one's rate
@@ -74,6 +77,7 @@ ADAPTIVE_REPEAT=${WIRE_ADAPTIVE_REPEAT:-3}
 NATIVE_REPEAT=${WIRE_NATIVE_REPEAT:-3}
 TPUT_REPEAT=${WIRE_TPUT_REPEAT:-3}
 READ_REPEAT=${WIRE_READ_REPEAT:-3}
+PROBE_REPEAT=${WIRE_PROBE_REPEAT:-3}
 INCAST_REPEAT=${WIRE_INCAST_REPEAT:-3}
 DURATION_MS=${WIRE_DURATION_MS:-4000}
 NATIVE_DURATION_MS=${WIRE_NATIVE_DURATION_MS:-12000}
@@ -187,7 +191,7 @@ far_run_server onb "$B_ADDR" "$B_DEV" "$B_PEER_DIR" "$BLOGS" > "$L.server.start"
   || { result FAIL "run-server on B" "$(tail -n 3 "$L.server.start" | tr '\n' ' ')"; cleanup; exit 1; }
 
 # --- native: the strict verdict must fail ---------------------------------------------
-# WIRE_ONLY=SECTION,... runs only those of native, justitia, adaptive, tput, read and incast (to
+# WIRE_ONLY=SECTION,... runs only those of native, justitia, adaptive, probe, tput, read and incast (to
 # repeat them); the test command runs all.
 wanted() { [ -z "${WIRE_ONLY:-}" ] || [[ ",$WIRE_ONLY," == *",$1,"* ]]; }
 
@@ -304,6 +308,81 @@ near_daemon() {
 far_key() {
   "$1" 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $2"
 }
+
+# --- the reference flow across the wire: reported ---------------------------------------
+# As the justitia section, with A's justitiad peered with B's and its reference flow
+# crossing the wire to a queue pair B's daemon makes for it (peer.probe_to; Justitia
+# §4.2.1 sends it to another host): the probes queue at A's bucket as the latency flow's
+# requests do, and Target99 is 1.5 x their idle p99 across the wire, measured again when
+# the probe moved there. The probe timeout is 100 ms, past the bucket's backlog (73 ms).
+# Checked: A's daemon says its probes cross the wire (its status and its
+# justitia_probe_across_wire metric) and measured its target there. Reported: the verdict
+# and the loop.
+wire_probe() {
+  local adir=/tmp/wire-probe.a bdir=$B_PEER_DIR metrics=127.0.0.1:19474 a_pub b_pub members rc loop
+  local name="the reference flow crosses the wire to B's justitiad, under justitiad on A and B (justitia, medians of $PROBE_REPEAT), reported"
+  a_pub=$(new_key "$adir")
+  b_pub=$(far_key onb "$bdir")
+  if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
+    result FAIL "$name" "a key pair was not made: A '$a_pub', B '$b_pub'"
+    return
+  fi
+  members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
+  if ! far_daemon onb "$bdir" "$B_DEV" "$BLOGS" probe \
+    "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" 'profile="softroce-wire"' \
+    > "$L.probe.b-daemon" 2>&1; then
+    result FAIL "$name" "B's justitiad did not start: $(tail -n 2 "$L.probe.b-daemon" | tr '\n' ' ')"
+    return
+  fi
+  if ! daemon_config "$adir/justitiad.toml" "$adir/justitiad.sock" "$adir/admin.sock" "$metrics" \
+    "device=\"$A_DEV\"" 'profile="softroce-wire"' 'target="1.5x"' 'policy="justitia"' probe_timeout_ms=100; then
+    result FAIL "$name" "$DAEMON_ERR"
+    return
+  fi
+  { peer_config "$A_ADDR" "$adir/peer.key" "$A_ADDR" "$PEER_PORT" 3000 "$members"
+    printf 'probe_to = "%s"\n' "$B_ADDR"; } >> "$adir/justitiad.toml"
+  cp "$adir/justitiad.toml" "$L.probe.justitiad.toml"
+  daemon_start "$adir/justitiad.toml" "$L.probe.justitiad.log"
+  PIDS+=("$DAEMON_PID")
+  if ! daemon_wait "$L.probe.justitiad.log" "$adir/admin.sock" 60; then
+    result FAIL "$name" "A's justitiad: $DAEMON_ERR"
+    return
+  fi
+  # The probe moves to the wire once B's daemon answers A's offer: a handshake and a
+  # datagram each way, then the idle p99 is measured there (100 probes).
+  local i
+  for i in $(seq 100); do
+    grep -q "Target99 measured" <(sed -n '/reference flow crosses the wire/,$p' "$L.probe.justitiad.log") && break
+    sleep 0.1
+  done
+  "$BIN/justitia" status --socket "$adir/admin.sock" > "$L.probe.status.before" 2>&1
+  JUSTITIA_SOCKET=$adir/justitiad.sock wire_run "$L.probe.log" "$SCENARIO" "alone,bw alone,with bw + justitia" \
+    "$DURATION_MS" "$PROBE_REPEAT" --daemon-metrics "$metrics" --plot "$L.probe.plot"
+  rc=$?
+  "$BIN/justitia" status --socket "$adir/admin.sock" > "$L.probe.status" 2>&1
+  curl -s "http://$metrics/metrics" > "$L.probe.metrics" 2>&1
+  # B's daemon is gone before the next section starts one with the same peer port.
+  onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
+    pkill -KILL -x justitiad" > /dev/null 2>&1
+  kill -TERM "$DAEMON_PID" 2> /dev/null
+  wait "$DAEMON_PID" 2> /dev/null
+  loop=$(loop_of "$L.probe.log")
+  local idle
+  idle=$(sed -n '/reference flow crosses the wire/,$p' "$L.probe.justitiad.log" | grep -m1 "Target99 measured" \
+    | grep -oE "idle_p99_us=[0-9.]+" | cut -d= -f2)
+  if ! grep -q "wire to $B_ADDR" "$L.probe.status"; then
+    result FAIL "$name" "A's status does not say its probes cross the wire: $(grep probes "$L.probe.status")"
+  elif ! grep -q "^justitia_probe_across_wire 1" "$L.probe.metrics"; then
+    result FAIL "$name" "A's metrics do not say its probes cross the wire: $(grep probe_across "$L.probe.metrics")"
+  elif [ -z "$idle" ]; then
+    result FAIL "$name" "A's daemon measured no Target99 across the wire: $(grep -E "wire|Target99" "$L.probe.justitiad.log" | tail -n 3 | tr '\n' ' ')"
+  elif grep -q "^isolation verdict" "$L.probe.log"; then
+    result PASS "$name" "exit $rc: idle p99 across the wire ${idle} us ($(grep -m1 "^Target99" "$L.probe.status.before" | tr -s ' ')); $(verdict_of "$L.probe.log"); $loop"
+  else
+    result FAIL "$name" "exit $rc, no verdict: $(tail -n 3 "$L.probe.log" | tr '\n' ' ')"
+  fi
+}
+wanted probe && wire_probe
 
 # --- a remote READ beside a local WRITE: reported ----------------------------------------
 # B READs 64 KiB from A while A WRITEs 64 KiB to B, four times as many outstanding: the

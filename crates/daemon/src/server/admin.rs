@@ -268,6 +268,12 @@ impl Daemon {
             idle_p99_ns: t.idle_p99.map(|d| d.as_nanos() as u64),
             probes: self.probes_ok,
             probes_lost: self.probes_lost,
+            probe_path: match self.probe.path() {
+                crate::probe::ReferencePath::Loopback => "loopback".into(),
+                crate::probe::ReferencePath::Wire(peer) => {
+                    format!("wire to {}", crate::peer::host_name(peer))
+                }
+            },
             latency: c.latency,
             bandwidth: c.bandwidth,
             throughput: c.throughput,

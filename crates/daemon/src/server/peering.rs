@@ -51,10 +51,7 @@ use tracing::{error, info};
 
 /// A flow's remote end as `justitia flows` shows it.
 pub(super) fn describe_remote(peer: NodeId, role: Role) -> String {
-    let v6 = std::net::Ipv6Addr::from(peer.0);
-    let host = v6
-        .to_ipv4_mapped()
-        .map_or_else(|| v6.to_string(), |v4| v4.to_string());
+    let host = crate::peer::host_name(peer);
     match role {
         Role::Read => format!("reads from {host}"),
         Role::Incast => format!("sends to {host}"),
@@ -94,9 +91,13 @@ impl Daemon {
         let mut lapsed: Vec<NodeId> = Vec::new();
         let now = Duration::from_nanos(now_ns());
         let mut incast_changed = false;
+        let mut answers = Vec::new();
         while let Some(event) = link.poll_event() {
             match event {
                 ChannelEvent::ServedChanged => served_changed = true,
+                // Members only: the channel raises nothing for anyone else.
+                ChannelEvent::ProbeOffer { peer, offer } => self.probe.serve_offer(peer, offer),
+                ChannelEvent::ProbeAnswer { peer, answer } => answers.push((peer, answer)),
                 ChannelEvent::Guarantee {
                     peer,
                     guarantee,
@@ -116,6 +117,19 @@ impl Daemon {
                 }
             }
         }
+        for (peer, answer) in answers {
+            if self.probe.answered(peer, answer) {
+                // Its samples so far measured the loopback: the loop measures anew.
+                if let Err(e) = self.lp.reference_path_changed(now) {
+                    error!(error = %e, "the loop kept its target across the probe's move");
+                }
+                self.metrics.probe_across_wire.set(1);
+                info!(peer = %crate::peer::host_name(peer), "reference flow crosses the wire to its peer");
+            }
+        }
+        let Some(link) = self.peer.as_mut() else {
+            return;
+        };
         let units = served_changed.then(|| link.served_reads());
         if let Some(units) = units {
             self.lp.set_remote_reads(now, &units);
@@ -246,6 +260,17 @@ impl Daemon {
         // `members_file`: read again when it changed (once a second at most).
         link.poll_members_file(now);
         link.set_demands(now, demands(loading));
+        // The reference flow across the wire: this host's offer to its reference peer,
+        // and answers to the members whose offers were served.
+        self.probe_answers.clear();
+        self.probe
+            .take_answers(now.as_nanos() as u64, &mut self.probe_answers);
+        for &(peer, answer) in &self.probe_answers {
+            link.set_probe_answer(now, peer, Some(answer));
+        }
+        if let Some((peer, offer)) = self.probe.offer(now.as_nanos() as u64) {
+            link.set_probe_offer(now, peer, Some(offer));
+        }
         link.flush(now);
         self.peer_events();
         if self.incast.expire(now) {
@@ -277,6 +302,7 @@ impl Daemon {
         };
         let old = link.settings();
         if old.node != new.node
+            || old.probe_to != new.probe_to
             || old.listen != new.listen
             || old.port != new.port
             || old.channel != new.channel

@@ -866,6 +866,10 @@ impl JustitiaPolicy {
         while let Some(event) = channel.poll_event() {
             match event {
                 ChannelEvent::ServedChanged => served_changed = true,
+                // The simulated reference flow's queue pair is opened by the model
+                // ([`ReferenceProbe::connect`]), towards a latency flow's peer: no
+                // policy here offers one over the channel.
+                ChannelEvent::ProbeOffer { .. } | ChannelEvent::ProbeAnswer { .. } => {}
                 ChannelEvent::Guarantee {
                     peer,
                     guarantee,
