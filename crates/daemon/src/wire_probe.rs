@@ -38,6 +38,10 @@ pub const WIRE_ACK_TIMEOUT: u8 = 18;
 /// A requester or a member's responder is made at most this often.
 pub const REMAKE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A reference peer that has not answered this long after the first offer is said to
+/// be silent, once: the probe stays in loopback meanwhile.
+pub const UNANSWERED_WARNING: Duration = Duration::from_secs(10);
+
 /// Responder queue pairs held at most (one per member; the peer channel's default
 /// member cap).
 pub const MAX_RESPONDERS: usize = 64;
@@ -126,6 +130,8 @@ pub struct Requester {
     /// The reference flow has crossed the wire at least once: from then on it stays
     /// there (a broken requester's probes count as lost, not as loopback samples).
     adopted: bool,
+    /// When the first offer was made, until the warning that no answer came is said.
+    unanswered_since: Option<u64>,
 }
 
 impl Requester {
@@ -142,6 +148,7 @@ impl Requester {
             outstanding: 0,
             refused_posts: 0,
             adopted: false,
+            unanswered_since: Some(now_ns),
         })
     }
 
@@ -162,6 +169,17 @@ impl Requester {
     /// made; the probes outstanding on the old queue pair go with it (the loop counts
     /// them lost at their timeout), and their number is returned beside the offer.
     pub fn offer(&mut self, site: &Site, now_ns: u64) -> (ProbeEndpoint, usize) {
+        if let Some(since) = self.unanswered_since.filter(|_| !self.adopted) {
+            if now_ns >= since.saturating_add(UNANSWERED_WARNING.as_nanos() as u64) {
+                tracing::warn!(
+                    peer = %crate::peer::host_name(self.peer),
+                    "the reference peer's justitiad has not answered the probe's offer in 10 s \
+                     (not running, not peered with this host, or too old): the reference flow \
+                     stays in loopback until it does"
+                );
+                self.unanswered_since = None;
+            }
+        }
         let mut dropped = 0;
         if self.broken
             && now_ns

@@ -455,14 +455,9 @@ struct Peer {
     /// The grant last sent to it.
     granted: Option<Grant>,
     grant_sent: Option<Duration>,
-    /// This host's probe offer to it, whether it changed since last sent, and when it was.
-    probe_offer: Option<ProbeEndpoint>,
-    offer_dirty: bool,
-    offer_sent: Option<Duration>,
-    /// This host's probe answer to it, the same.
-    probe_answer: Option<ProbeEndpoint>,
-    answer_dirty: bool,
-    answer_sent: Option<Duration>,
+    /// This host's probe offer to it, and its probe answer to it.
+    probe_offer: ProbeSending,
+    probe_answer: ProbeSending,
     /// Its latest probe offer and answer to this host (kept through silence).
     offer_from: Option<ProbeEndpoint>,
     answer_from: Option<ProbeEndpoint>,
@@ -498,12 +493,8 @@ impl Peer {
             demand_sent: None,
             granted: None,
             grant_sent: None,
-            probe_offer: None,
-            offer_dirty: false,
-            offer_sent: None,
-            probe_answer: None,
-            answer_dirty: false,
-            answer_sent: None,
+            probe_offer: ProbeSending::default(),
+            probe_answer: ProbeSending::default(),
             offer_from: None,
             answer_from: None,
             probe_heard: None,
@@ -542,8 +533,8 @@ impl Peer {
     fn install(&mut self, session: Session, now: Duration) {
         self.demand_dirty |= !self.demand.is_empty();
         self.granted = None;
-        self.offer_dirty |= self.probe_offer.is_some();
-        self.answer_dirty |= self.probe_answer.is_some();
+        self.probe_offer.resend();
+        self.probe_answer.resend();
         if let Some(mut old) = self.current.replace(session) {
             let until = now.saturating_add(OVERLAP);
             old.expires = Some(old.expires.map_or(until, |t| t.min(until)));
@@ -936,11 +927,7 @@ impl Channel {
             o.check_offer()?;
         }
         let i = self.find(peer).ok_or(Refusal::NotMember)?;
-        let p = &mut self.peers[i];
-        if p.probe_offer != offer {
-            p.probe_offer = offer;
-            p.offer_dirty = offer.is_some();
-        }
+        self.peers[i].probe_offer.set(offer);
         Ok(())
     }
 
@@ -960,11 +947,7 @@ impl Channel {
             a.check_answer()?;
         }
         let i = self.find(peer).ok_or(Refusal::NotMember)?;
-        let p = &mut self.peers[i];
-        if p.probe_answer != answer {
-            p.probe_answer = answer;
-            p.answer_dirty = answer.is_some();
-        }
+        self.peers[i].probe_answer.set(answer);
         Ok(())
     }
 
@@ -1442,8 +1425,8 @@ impl Channel {
             _ => None,
         };
         let confirm = p.confirm_due.then_some(Duration::ZERO);
-        let offer = probe_due(p.probe_offer, p.offer_dirty, p.offer_sent);
-        let answer = probe_due(p.probe_answer, p.answer_dirty, p.answer_sent);
+        let offer = p.probe_offer.due();
+        let answer = p.probe_answer.due();
         // A peer whose flows this host counts hears from it at least every half
         // UNANSWERED, even when there is no grant to give (one sending host's incast),
         // so that it never takes the session for lost and handshakes again; so does one
@@ -1546,8 +1529,8 @@ impl Channel {
                     .is_none_or(|t| t.saturating_add(refresh) <= now)
         });
         let due = |at: Option<Duration>| at.is_some_and(|t| t <= now);
-        let offer_due = due(probe_due(p.probe_offer, p.offer_dirty, p.offer_sent));
-        let answer_due = due(probe_due(p.probe_answer, p.answer_dirty, p.answer_sent));
+        let offer_due = due(p.probe_offer.due());
+        let answer_due = due(p.probe_answer.due());
         // Demands and grants first: a probe message takes only a token they leave. A grant
         // that is not due still goes where a keepalive would (any message keeps the
         // session), and a new session is confirmed by a kind every host of this version
@@ -1558,9 +1541,9 @@ impl Channel {
             Body::Grant(g)
         } else if p.confirm_due {
             Body::Keepalive
-        } else if let Some(offer) = p.probe_offer.filter(|_| offer_due) {
+        } else if let Some(offer) = p.probe_offer.value.filter(|_| offer_due) {
             Body::ProbeOffer(offer)
-        } else if let Some(answer) = p.probe_answer.filter(|_| answer_due) {
+        } else if let Some(answer) = p.probe_answer.value.filter(|_| answer_due) {
             Body::ProbeAnswer(answer)
         } else if let Some(g) = grant {
             Body::Grant(g)
@@ -1595,32 +1578,54 @@ impl Channel {
                 p.granted = Some(g);
                 p.grant_sent = Some(now);
             }
-            Body::ProbeOffer(_) => {
-                p.offer_dirty = false;
-                p.offer_sent = Some(now);
-            }
-            Body::ProbeAnswer(_) => {
-                p.answer_dirty = false;
-                p.answer_sent = Some(now);
-            }
+            Body::ProbeOffer(_) => p.probe_offer.sent(now),
+            Body::ProbeAnswer(_) => p.probe_answer.sent(now),
         }
         Some(Transmit { to: p.node, bytes })
     }
 }
 
-/// When a probe offer or answer this host sends is next due: at once when it changed (or
-/// a new session wants it again), every [`PROBE_REFRESH`] after it was last sent, never
-/// while it is unset.
-fn probe_due(
-    endpoint: Option<ProbeEndpoint>,
+/// A probe offer or answer this host sends a peer: the value, whether it changed (or a
+/// new session wants it again) since it was last sent, and when that was.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProbeSending {
+    value: Option<ProbeEndpoint>,
     dirty: bool,
     sent: Option<Duration>,
-) -> Option<Duration> {
-    endpoint?;
-    if dirty {
-        return Some(Duration::ZERO);
+}
+
+impl ProbeSending {
+    /// A new value (or none: nothing more is sent); a changed one is due at once.
+    fn set(&mut self, value: Option<ProbeEndpoint>) {
+        if self.value != value {
+            self.value = value;
+            self.dirty = value.is_some();
+        }
     }
-    Some(sent.map_or(Duration::ZERO, |t| t.saturating_add(PROBE_REFRESH)))
+
+    /// A new session: what is set goes again at once.
+    fn resend(&mut self) {
+        self.dirty |= self.value.is_some();
+    }
+
+    /// It went at `now`.
+    fn sent(&mut self, now: Duration) {
+        self.dirty = false;
+        self.sent = Some(now);
+    }
+
+    /// When it is next due: at once when dirty, every [`PROBE_REFRESH`] after it was last
+    /// sent, never while unset.
+    fn due(&self) -> Option<Duration> {
+        self.value?;
+        if self.dirty {
+            return Some(Duration::ZERO);
+        }
+        Some(
+            self.sent
+                .map_or(Duration::ZERO, |t| t.saturating_add(PROBE_REFRESH)),
+        )
+    }
 }
 
 /// Whether a grant from `p` is one this host asked for: it holds flows against `p`, or

@@ -309,6 +309,19 @@ far_key() {
   "$1" 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $2"
 }
 
+# pair_members A_DIR B_DIR: a key pair made on A (kept in A_DIR) and one made on B (in
+# B_DIR); prints the [peer] table's members for both, or why not and fails.
+pair_members() {
+  local a_pub b_pub
+  a_pub=$(new_key "$1")
+  b_pub=$(far_key onb "$2")
+  if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
+    echo "a key pair was not made: A '$a_pub', B '$b_pub'"
+    return 1
+  fi
+  echo "\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
+}
+
 # --- the reference flow across the wire: reported ---------------------------------------
 # As the justitia section, with A's justitiad peered with B's and its reference flow
 # crossing the wire to a queue pair B's daemon makes for it (peer.probe_to; Justitia
@@ -319,15 +332,12 @@ far_key() {
 # justitia_probe_across_wire metric) and measured its target there. Reported: the verdict
 # and the loop.
 wire_probe() {
-  local adir=/tmp/wire-probe.a bdir=$B_PEER_DIR metrics=127.0.0.1:19474 a_pub b_pub members rc loop
+  local adir=/tmp/wire-probe.a bdir=$B_PEER_DIR metrics=127.0.0.1:19474 members rc loop
   local name="the reference flow crosses the wire to B's justitiad, under justitiad on A and B (justitia, medians of $PROBE_REPEAT), reported"
-  a_pub=$(new_key "$adir")
-  b_pub=$(far_key onb "$bdir")
-  if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
-    result FAIL "$name" "a key pair was not made: A '$a_pub', B '$b_pub'"
+  if ! members=$(pair_members "$adir" "$bdir"); then
+    result FAIL "$name" "$members"
     return
   fi
-  members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
   if ! far_daemon onb "$bdir" "$B_DEV" "$BLOGS" probe \
     "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" 'profile="softroce-wire"' \
     > "$L.probe.b-daemon" 2>&1; then
@@ -397,15 +407,12 @@ wanted probe && wire_probe
 # share of the guarantee (half of A's MaxRate, the SoftRoCE-wire profile's 0.00757 Gb/s),
 # and the largest guarantee B's daemon showed for them.
 read_beside_write() {
-  local adir=/tmp/wire-peer.a bdir=$B_PEER_DIR metrics=127.0.0.1:19472 a_pub b_pub members rc
+  local adir=/tmp/wire-peer.a bdir=$B_PEER_DIR metrics=127.0.0.1:19472 members rc
   local name="a remote READ beside a local WRITE, under justitiad on A and B (justitia, medians of $READ_REPEAT), reported"
-  a_pub=$(new_key "$adir")
-  b_pub=$(far_key onb "$bdir")
-  if [ -z "$a_pub" ] || [ -z "$b_pub" ]; then
-    result FAIL "$name" "a key pair was not made: A '$a_pub', B '$b_pub'"
+  if ! members=$(pair_members "$adir" "$bdir"); then
+    result FAIL "$name" "$members"
     return
   fi
-  members="\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
   if ! near_daemon "$adir" read "$metrics" "$members"; then
     result FAIL "$name" "$DAEMON_ERR"
     return
