@@ -28,7 +28,7 @@ use justitia_verbs::{
 use tracing::{info, warn};
 
 use crate::gid::{self, GidChoice};
-use crate::wire_probe::{Requester, Responders, Site, TARGET_OFFSET};
+use crate::wire_probe::{Answered, Requester, Responders, Site, TARGET_OFFSET};
 
 /// What the probe runs on.
 #[derive(Debug, Clone, PartialEq)]
@@ -538,10 +538,20 @@ impl Probe for VerbsProbe {
         let Some(r) = self.requester.as_mut().filter(|r| r.peer() == peer) else {
             return false;
         };
+        let host = crate::peer::host_name(peer);
         match r.answered(&self.site, answer) {
-            Ok(first) => first,
+            Ok(Answered::First) => true,
+            Ok(Answered::Again) => {
+                info!(peer = %host, "reference flow connected across the wire again");
+                false
+            }
+            Ok(Answered::Broken) => {
+                info!(peer = %host, "the reference peer made its queue pair again: so does this host");
+                false
+            }
+            Ok(Answered::Unchanged) => false,
             Err(e) => {
-                warn!(%peer, error = %e, "the reference peer's answer not taken");
+                warn!(peer = %host, error = %e, "the reference peer's answer not taken");
                 false
             }
         }

@@ -113,6 +113,21 @@ fn verbs_end(p: &ProbeEndpoint) -> Endpoint {
     }
 }
 
+/// What a peer's answer did to the requester's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// Nothing: an answer to another offer, or the one already taken.
+    Unchanged,
+    /// Connected, and the reference flow crosses the wire for the first time: the loop
+    /// must measure the new path.
+    First,
+    /// Connected again, after the queue pair was made again.
+    Again,
+    /// A new answer to the offer already connected: the peer made its responder again,
+    /// so this queue pair is made again too.
+    Broken,
+}
+
 /// This host's probe queue pair towards its reference peer.
 pub struct Requester {
     peer: NodeId,
@@ -204,19 +219,18 @@ impl Requester {
         (self.offer, dropped)
     }
 
-    /// The peer's answer. Returns true when the reference flow crosses the wire for the
-    /// first time (the loop must measure it anew). An answer to another offer is
-    /// ignored; a new answer to this one (the peer made its responder again) breaks the
-    /// connection, to be made again.
-    pub fn answered(&mut self, site: &Site, answer: ProbeEndpoint) -> Result<bool, String> {
+    /// The peer's answer, and what it did to the connection. An answer to another offer
+    /// is ignored; a new answer to this one (the peer made its responder again) breaks
+    /// the connection, to be made again.
+    pub fn answered(&mut self, site: &Site, answer: ProbeEndpoint) -> Result<Answered, String> {
         if answer.answers_qpn != self.offer.qpn || self.broken {
-            return Ok(false);
+            return Ok(Answered::Unchanged);
         }
         match self.connected {
-            Some(current) if current == answer => return Ok(false),
+            Some(current) if current == answer => return Ok(Answered::Unchanged),
             Some(_) => {
                 self.broken = true;
-                return Ok(false);
+                return Ok(Answered::Broken);
             }
             None => {}
         }
@@ -233,7 +247,11 @@ impl Requester {
         self.connected = Some(answer);
         let first = !self.adopted;
         self.adopted = true;
-        Ok(first)
+        Ok(if first {
+            Answered::First
+        } else {
+            Answered::Again
+        })
     }
 
     /// Probes go across the wire (and stay there).
@@ -279,7 +297,7 @@ impl Requester {
         self.outstanding = self.outstanding.saturating_sub(1);
         if !ok && !self.broken {
             self.broken = true;
-            tracing::warn!(peer = %self.peer, "a probe across the wire failed: its queue pair is made again");
+            tracing::warn!(peer = %crate::peer::host_name(self.peer), "a probe across the wire failed: its queue pair is made again");
         }
         true
     }

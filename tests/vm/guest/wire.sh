@@ -309,6 +309,17 @@ far_key() {
   "$1" 30 "cd $PWD && BIN=$BIN && source tests/vm/guest/daemon-lib.sh && new_key $2"
 }
 
+# far_stop_daemon: B's justitiad stopped, and gone (its peer port free) when it returns.
+far_stop_daemon() {
+  onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
+    pkill -KILL -x justitiad" > /dev/null 2>&1
+}
+
+# probes_completed ADMIN_SOCKET: the probes that daemon has seen complete.
+probes_completed() {
+  "$BIN/justitia" status --socket "$1" 2> /dev/null | awk '/^probes/ {print $2; found = 1} END {if (!found) print 0}'
+}
+
 # pair_members A_DIR B_DIR: a key pair made on A (kept in A_DIR) and one made on B (in
 # B_DIR); prints the [peer] table's members for both, or why not and fails.
 pair_members() {
@@ -375,9 +386,30 @@ wire_probe() {
   rc=$?
   "$BIN/justitia" status --socket "$adir/admin.sock" > "$L.probe.status" 2>&1
   curl -s "http://$metrics/metrics" > "$L.probe.metrics" 2>&1
+  # B's justitiad restarts (a new process: no session, a new responder): A's channel
+  # handshakes again, B answers A's refreshed offer, A makes its requester again for the
+  # new answer and connects it, and the probes of a short run cross the wire again.
+  local again=FAIL detail before after
+  far_stop_daemon
+  if far_daemon onb "$bdir" "$B_DEV" "$BLOGS" probe-again \
+    "$(peer_config "$B_ADDR" "$bdir/peer.key" "$B_ADDR" "$PEER_PORT" 3000 "$members")" 'profile="softroce-wire"' \
+    > "$L.probe.b-again" 2>&1; then
+    for i in $(seq 200); do
+      grep -q "connected across the wire again" "$L.probe.justitiad.log" && break
+      sleep 0.1
+    done
+    # The probes run while a latency flow is registered: the shaped run's.
+    before=$(probes_completed "$adir/admin.sock")
+    JUSTITIA_SOCKET=$adir/justitiad.sock wire_run "$L.probe.again.log" "$SCENARIO" "with bw + justitia" 2000 1
+    after=$(probes_completed "$adir/admin.sock")
+    detail="connected again after $((i / 10)).$((i % 10)) s ($(grep -c "connected across the wire again" "$L.probe.justitiad.log") time); $((after - before)) probes completed in a 2 s run after it ($before before, $after after)"
+    grep -q "connected across the wire again" "$L.probe.justitiad.log" && [ $((after - before)) -ge 100 ] && again=PASS
+  else
+    detail="B's justitiad did not start again: $(tail -n 2 "$L.probe.b-again" | tr '\n' ' ')"
+  fi
+  result "$again" "A's reference flow crosses the wire again after B's justitiad restarts" "$detail"
   # B's daemon is gone before the next section starts one with the same peer port.
-  onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
-    pkill -KILL -x justitiad" > /dev/null 2>&1
+  far_stop_daemon
   kill -TERM "$DAEMON_PID" 2> /dev/null
   wait "$DAEMON_PID" 2> /dev/null
   loop=$(loop_of "$L.probe.log")
@@ -501,8 +533,7 @@ incast() {
   local name="incast, A and C WRITE into B through B's $RATE bucket beside A's pings, under justitiad on A, B and C (justitia, medians of $INCAST_REPEAT), reported"
   tc qdisc del dev eth0 root 2> /dev/null
   # An earlier section's daemon on B has its peer port until it is gone.
-  onb 30 "pkill -TERM -x justitiad; for i in \$(seq 100); do pgrep -x justitiad > /dev/null || exit 0; sleep 0.1; done; \
-    pkill -KILL -x justitiad" > /dev/null 2>&1
+  far_stop_daemon
   if ! onb 20 "ip link set ifb0 up && tc qdisc add dev eth0 handle ffff: ingress \
       && tc filter add dev eth0 parent ffff: matchall action mirred egress redirect dev ifb0 \
       && tc qdisc add dev ifb0 root tbf rate $RATE burst 16kb limit 300kb" > "$L.incast.tc" 2>&1; then
