@@ -140,6 +140,8 @@ struct Rig {
     qps: Vec<QueuePair>,
     psns: Vec<u32>,
     size: usize,
+    /// The NIC's completion clock, kHz, when `send_cq` carries its time stamps.
+    stamps_khz: Option<u64>,
 }
 
 fn psn_for(i: usize) -> u32 {
@@ -176,7 +178,16 @@ fn inline_wanted(plan: &FlowPlan) -> bool {
 }
 
 impl Rig {
-    fn open(options: &DeviceOptions, plan: &FlowPlan, event_channel: bool) -> Result<Rig> {
+    /// Opens the device and makes the flow's objects. With `nic_stamps`, the send CQ
+    /// carries the NIC's completion time stamps when the device offers them (a device
+    /// that offers them and refuses the CQ is said once, and the host's clock times the
+    /// samples).
+    fn open(
+        options: &DeviceOptions,
+        plan: &FlowPlan,
+        event_channel: bool,
+        nic_stamps: bool,
+    ) -> Result<Rig> {
         let verbs = Arc::new(Ibverbs::load().context("loading libibverbs")?);
         let ctx = Context::open(verbs, options.device.as_deref()).with_context(|| {
             format!(
@@ -207,8 +218,26 @@ impl Rig {
         } else {
             None
         };
-        let send_cq = CompletionQueue::new(&ctx, cq_entries, channel.as_ref())
-            .context("creating the send completion queue")?;
+        let offered = nic_stamps.then(|| ctx.completion_clock_khz()).flatten();
+        let stamped = offered.and_then(|khz| {
+            match CompletionQueue::new_timestamped(&ctx, cq_entries, channel.as_ref()) {
+                Ok(cq) => Some((cq, khz)),
+                Err(e) => {
+                    eprintln!(
+                        "justitia-loadgen: the device offers completion time stamps but refused a CQ with them ({e}); the host's clock times the samples"
+                    );
+                    None
+                }
+            }
+        });
+        let (send_cq, stamps_khz) = match stamped {
+            Some((cq, khz)) => (cq, Some(khz)),
+            None => (
+                CompletionQueue::new(&ctx, cq_entries, channel.as_ref())
+                    .context("creating the send completion queue")?,
+                None,
+            ),
+        };
         let recv_cq = CompletionQueue::new(&ctx, cq_entries, None)
             .context("creating the receive completion queue")?;
         let inline = if inline_wanted(plan) && size <= 128 {
@@ -234,6 +263,7 @@ impl Rig {
             qps: Vec::new(),
             psns: Vec::new(),
             size,
+            stamps_khz,
         };
         for i in 0..qps as usize {
             let qp = QueuePair::create_rc(&rig.pd, &rig.send_cq, &rig.recv_cq, caps)
@@ -371,7 +401,7 @@ pub fn respond(
     idle: Idle,
     interrupted: &AtomicBool,
 ) -> Result<()> {
-    let mut rig = Rig::open(options, plan, false)?;
+    let mut rig = Rig::open(options, plan, false, false)?;
     let peer = oob::exchange(&mut stream, &rig.side(options)?, plan.wire_qps())
         .context("exchanging endpoints with the requester")?;
     let receives = responder_receives(plan);
@@ -606,7 +636,14 @@ pub fn request_flow(
             ..
         }
     );
-    let mut rig = Rig::open(options, plan, event)?;
+    let rperf = matches!(
+        plan.workload,
+        Workload::Latency {
+            method: LatencyMethod::Rperf,
+            ..
+        }
+    );
+    let mut rig = Rig::open(options, plan, event, rperf)?;
     let peer = oob::exchange(&mut stream, &rig.side(options)?, plan.wire_qps())
         .context("exchanging endpoints with the responder")?;
     let ping_pong_sends = matches!(
@@ -668,6 +705,7 @@ pub fn request_flow(
     Ok(FlowOutcome {
         path_mtu: rig.ctx.active_mtu_bytes(options.port).ok(),
         nic_clock_khz: rig.ctx.completion_clock_khz(),
+        nic_stamps_read: rig.stamps_khz.is_some(),
         ..outcome
     })
 }
@@ -988,6 +1026,7 @@ impl LatencyRun<'_> {
             latency_histogram: histogram_export(&samples.latency),
             path_mtu: None,
             nic_clock_khz: None,
+            nic_stamps_read: false,
         })
     }
 
@@ -1104,11 +1143,12 @@ impl LatencyRun<'_> {
     /// own post to its own completion (so T_W holds the wire SEND's post, not the
     /// loopback's too), both completions polled by this one pinned thread.
     ///
-    /// Time stamps are the host's: a read of the timer when the poll returns the
-    /// completion, so each includes up to one empty poll. The verbs crate has the NIC's
-    /// completion time stamps only as raw FFI (`sys::ibv_cq_ex::read_completion_ts`, the
-    /// device's `hca_core_clock` for their rate, the unsafe `ops::create_cq_ex`), without
-    /// a safe wrapper; loadgen does not use them.
+    /// T_W and T_L are the host's: a read of the timer when the poll returns the
+    /// completion, so each includes up to one empty poll. Where the device offers NIC
+    /// completion time stamps (the send CQ then carries them), T_W - T_L is taken without
+    /// the polls: (C_W - C_L) from the NIC's clock plus (P_L - P_W) from the host's, the
+    /// two posts' times; the completions' own times never meet the host's clock, so no
+    /// offset between the two is needed, only the NIC clock's rate.
     fn rperf(
         &mut self,
         rig: &Rig,
@@ -1150,10 +1190,21 @@ impl LatencyRun<'_> {
                 .context("posting the loopback SEND")?;
             // Completions are polled one at a time, so each gets its own time stamp.
             let (mut t_wire, mut t_loop) = (None, None);
+            let (mut nic_wire, mut nic_loop) = (None, None);
             let started = Instant::now();
             let mut patience = Patience::new(idle);
             loop {
-                let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
+                let (n, nic) = match rig.stamps_khz {
+                    Some(_) => match rig.send_cq.poll_timestamped().context("ibv_start_poll")? {
+                        Some(done) => {
+                            wcs[0].wr_id = done.wr_id;
+                            wcs[0].status = done.status;
+                            (1, Some(done.nic_ticks))
+                        }
+                        None => (0, None),
+                    },
+                    None => (rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?, None),
+                };
                 let now = timer.now();
                 if n == 0 {
                     patience.idle();
@@ -1161,19 +1212,26 @@ impl LatencyRun<'_> {
                 for wc in &wcs[..n] {
                     check_status(&rig.verbs, wc, "an RPerf SEND")?;
                     match wc.wr_id {
-                        WIRE => t_wire = Some(now),
-                        LOOP => t_loop = Some(now),
+                        WIRE => (t_wire, nic_wire) = (Some(now), nic),
+                        LOOP => (t_loop, nic_loop) = (Some(now), nic),
                         other => bail!("an unexpected completion (work request {other})"),
                     }
                 }
                 if let (Some(w), Some(l)) = (t_wire, t_loop) {
                     ledger.settle(&mut port)?;
-                    return Ok(Sample::rperf(
+                    let mut sample = Sample::rperf(
                         timer,
                         (wire_posted, w),
                         (loop_posted, l),
                         patience.yielded(),
-                    ));
+                    );
+                    if let (Some(khz), Some(cw), Some(cl)) = (rig.stamps_khz, nic_wire, nic_loop) {
+                        sample.take_nic_difference(
+                            nic_difference_ns(cw, cl, khz),
+                            timer.ns(loop_posted.wrapping_sub(wire_posted)),
+                        );
+                    }
+                    return Ok(sample);
                 }
                 if started.elapsed() > SAMPLE_DEADLINE {
                     bail!(
@@ -1208,6 +1266,15 @@ impl Sample {
         }
     }
 
+    /// Takes RPerf's T_W - T_L from the NIC: `completions_ns` is C_W - C_L on the NIC's
+    /// clock, `posts_ns` P_L - P_W on the host's (see `LatencyRun::rperf`). T_W and T_L
+    /// stay the host's.
+    fn take_nic_difference(&mut self, completions_ns: f64, posts_ns: f64) {
+        let rtt = completions_ns + posts_ns;
+        self.latency_ns = rtt.max(0.0);
+        self.negative = rtt < 0.0;
+    }
+
     /// RPerf's sample from the two SENDs' (post, completion) times in `timer`'s ticks,
     /// each SEND timed from its own post: T_W and T_L, and T_W - T_L (counted as negative,
     /// and reported as 0, when the loopback took longer).
@@ -1222,6 +1289,14 @@ impl Sample {
             yielded,
         }
     }
+}
+
+/// C_W - C_L in ns from two NIC completion time stamps in ticks of a `khz` clock
+/// (negative when the loopback completed last). The stamps are a free-running counter:
+/// the difference is taken wrapping, and read as signed.
+fn nic_difference_ns(wire_ticks: u64, loop_ticks: u64, khz: u64) -> f64 {
+    let ticks = wire_ticks.wrapping_sub(loop_ticks) as i64;
+    ticks as f64 * 1e6 / khz.max(1) as f64
 }
 
 /// Pins the calling thread to the CPU it runs on (RPerf pins its measuring thread, so
@@ -1340,6 +1415,7 @@ fn run_stream(
         latency_histogram: Vec::new(),
         path_mtu: None,
         nic_clock_khz: None,
+        nic_stamps_read: false,
     })
 }
 
@@ -1468,6 +1544,34 @@ mod tests {
         // A loopback slower than the wire: counted, and reported as 0.
         let s = Sample::rperf(&timer, (1_000, 3_000), (1_300, 4_300), true);
         assert_eq!((s.latency_ns, s.negative, s.yielded), (0.0, true, true));
+    }
+
+    #[test]
+    fn rperf_from_nic_stamps_adds_the_completions_gap_to_the_posts_gap() {
+        // A 1 GHz NIC clock (1 000 000 kHz): ticks are ns. The wire SEND completed at NIC
+        // tick 50 000, the loopback at 46 200: C_W - C_L = 3 800 ns. The loopback was
+        // posted 300 ns after the wire SEND: T_W - T_L = 3 800 + 300 = 4 100 ns, whatever
+        // the host's polls added to each completion's host time.
+        assert_eq!(nic_difference_ns(50_000, 46_200, 1_000_000), 3_800.0);
+        // A 156.25 MHz clock (mlx5's common hca_core_clock): a tick is 6.4 ns.
+        assert!((nic_difference_ns(1_000, 0, 156_250) - 6_400.0).abs() < 1e-9);
+        // The counter wraps between the two stamps: the difference is still 16 ticks.
+        assert_eq!(nic_difference_ns(5, u64::MAX - 10, 1_000_000), 16.0);
+        // The loopback completed last: negative.
+        assert_eq!(nic_difference_ns(100, 400, 1_000_000), -300.0);
+
+        let timer = Timer::Monotonic(Instant::now());
+        let mut s = Sample::rperf(&timer, (1_000, 9_000), (1_300, 4_300), false);
+        s.take_nic_difference(nic_difference_ns(50_000, 46_200, 1_000_000), 300.0);
+        // T_W and T_L stay the host's; only their difference is the NIC's.
+        assert_eq!(
+            (s.latency_ns, s.wire_ns, s.loopback_ns, s.negative),
+            (4_100.0, Some(8_000.0), Some(3_000.0), false)
+        );
+        // The loopback's completion 500 ns after the wire's, posted 300 ns after it:
+        // T_W - T_L = -200 ns, counted negative and reported as 0.
+        s.take_nic_difference(nic_difference_ns(46_000, 46_500, 1_000_000), 300.0);
+        assert_eq!((s.latency_ns, s.negative), (0.0, true));
     }
 
     #[test]

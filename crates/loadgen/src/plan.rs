@@ -291,10 +291,14 @@ pub struct FlowOutcome {
     #[serde(default)]
     pub path_mtu: Option<u32>,
     /// The device's clock for NIC completion time stamps, kHz, when it offers them;
-    /// `None` when it offers none (Soft-RoCE) or cannot say. Samples are the host's time
-    /// stamps (`clock`) either way: the NIC's are not read.
+    /// `None` when it offers none (Soft-RoCE) or cannot say.
     #[serde(default)]
     pub nic_clock_khz: Option<u64>,
+    /// RPerf's T_W - T_L was taken from the NIC's completion time stamps (the two SENDs'
+    /// completions, in `nic_clock_khz` ticks) and the host's clock between the two posts;
+    /// false: from the host's clock alone (every other method, and a device offering none).
+    #[serde(default)]
+    pub nic_stamps_read: bool,
 }
 
 impl FlowOutcome {
@@ -375,6 +379,7 @@ mod tests {
             latency_histogram: Vec::new(),
             path_mtu: Some(1024),
             nic_clock_khz: None,
+            nic_stamps_read: false,
         };
         assert_eq!(o.msgs_per_sec(), 2000.0);
         assert!((o.gbps() - 16.0).abs() < 1e-12);
@@ -387,6 +392,9 @@ mod tests {
         let o: FlowOutcome = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((o.messages, o.yielded_samples), (3, 0));
         assert!(o.latency_histogram.is_empty());
-        assert_eq!((o.path_mtu, o.nic_clock_khz), (None, None));
+        assert_eq!(
+            (o.path_mtu, o.nic_clock_khz, o.nic_stamps_read),
+            (None, None, false)
+        );
     }
 }

@@ -25,8 +25,8 @@ pub mod sys;
 
 pub use device::{
     CompletionChannel, CompletionQueue, Context, DeviceInfo, Endpoint, MemoryRegion,
-    ProtectionDomain, QpCaps, QueuePair, RecvRequest, SendRequest, DEFAULT_ACK_TIMEOUT,
-    MAX_ACK_TIMEOUT,
+    ProtectionDomain, QpCaps, QueuePair, RecvRequest, SendRequest, TimedCompletion,
+    DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT,
 };
 pub use error::VerbsError;
 pub use loader::Ibverbs;

@@ -571,9 +571,10 @@ fn outcomes_json(
 }
 
 /// How the flows were measured, as perftest's header says it: the clocks that timed the
-/// latency samples, whether the devices offer NIC completion time stamps (they are not
-/// read: every sample is the host's), and the path MTUs the queue pairs were connected
-/// with. Each line lists the distinct values over every host's flows.
+/// latency samples, whether the devices offer NIC completion time stamps and whether
+/// they were read (RPerf's T_W - T_L only; every other figure is the host's), and the
+/// path MTUs the queue pairs were connected with. Each line lists the distinct values
+/// over every host's flows.
 fn timing_lines(outcomes: &[Measured]) -> Vec<String> {
     use std::collections::BTreeSet;
     let flows = || outcomes.iter().flat_map(|m| &m.flows);
@@ -584,14 +585,20 @@ fn timing_lines(outcomes: &[Measured]) -> Vec<String> {
         let clocks: Vec<&str> = clocks.into_iter().collect();
         out.push(format!("latency samples timed by: {}", clocks.join(", ")));
         let nic: BTreeSet<String> = timed()
-            .map(|f| match f.nic_clock_khz {
-                Some(khz) => format!("offered at {khz} kHz, not read"),
-                None => "none offered by the device".to_string(),
+            .map(|f| match (f.nic_clock_khz, f.nic_stamps_read) {
+                (Some(khz), true) => format!("offered at {khz} kHz, read for RPerf's T_W - T_L"),
+                (Some(khz), false) => format!("offered at {khz} kHz, not read"),
+                (None, _) => "none offered by the device".to_string(),
             })
             .collect();
         let nic: Vec<String> = nic.into_iter().collect();
+        let whose = if timed().any(|f| f.nic_stamps_read) {
+            "RPerf's T_W - T_L from the NIC's completion times and the host's between the two posts, every other figure the host's"
+        } else {
+            "every sample is the host's"
+        };
         out.push(format!(
-            "NIC completion time stamps: {}; every sample is the host's",
+            "NIC completion time stamps: {}; {whose}",
             nic.join(", ")
         ));
     }
@@ -1143,11 +1150,12 @@ mod tests {
             },
             path_mtu: mtu,
             nic_clock_khz: nic_khz,
+            nic_stamps_read: false,
         }
     }
 
-    /// The report says what timed the samples, that the NIC's time stamps were not read
-    /// (whether or not a device offers them), and the path MTUs; the outcomes file keeps
+    /// The report says what timed the samples, whether the NIC's time stamps were read
+    /// (only RPerf's, and only where a device offers them), and the path MTUs; the outcomes file keeps
     /// each flow's MTU and histogram.
     #[test]
     fn the_report_says_the_clock_nic_time_stamps_and_mtu() {
@@ -1174,6 +1182,14 @@ mod tests {
         assert_eq!(
             timing_lines(&offered)[1],
             "NIC completion time stamps: offered at 1000000 kHz, not read; every sample is the host's"
+        );
+        // An RPerf flow on a device with time stamps reads them; the report says whose
+        // clock gave which figure.
+        let mut rperf = outcome("lat", true, None, Some(156_250));
+        rperf.nic_stamps_read = true;
+        assert_eq!(
+            timing_lines(&[measured(vec![rperf])])[1],
+            "NIC completion time stamps: offered at 156250 kHz, read for RPerf's T_W - T_L; RPerf's T_W - T_L from the NIC's completion times and the host's between the two posts, every other figure the host's"
         );
         assert!(timing_lines(&[measured(vec![outcome("bw", false, None, None)])]).is_empty());
         let json = outcomes_json(
