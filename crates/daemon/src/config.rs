@@ -15,7 +15,7 @@
 //! | `target` | `"2x"` | Target99: `"150us"`, `"2ms"`, `"800ns"` absolute, or `"2.5x"` the probe's idle p99 |
 //! | `ref_period_us` | 500 | RefPeriod: probe interval and control interval (with no latency flow, no probe runs and the loop updates every 10 RefPeriods, acting on any change at the next RefPeriod tick) |
 //! | `probe_timeout_ms` | 5 | a probe not completed by then is lost |
-//! | `probe` | `"verbs"` | `"verbs"`: 10 B WRITEs in loopback on the port; `"synthetic"`: a constant latency without a device (tests, hosts without RDMA) |
+//! | `probe` | `"verbs"` | `"verbs"`: 10 B WRITEs in loopback on the port, or across the wire to a member's daemon with `peer.probe_to`; `"synthetic"`: a constant latency without a device (tests, hosts without RDMA) |
 //! | `synthetic_latency_us` | 20 | the synthetic probe's latency |
 //! | `socket` | `/run/justitia/justitiad.sock` | registration socket (mode 0666: any local process may register, as itself) |
 //! | `admin_socket` | `/run/justitia/justitiad-admin.sock` | admin socket |

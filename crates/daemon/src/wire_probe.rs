@@ -317,8 +317,9 @@ pub struct Responders {
     /// Offers not yet served (the member's responder was made less than
     /// [`REMAKE_INTERVAL`] ago): the newest per member.
     pending: BTreeMap<NodeId, ProbeEndpoint>,
-    /// Offers refused because [`MAX_RESPONDERS`] were held.
-    pub refused: u64,
+    /// An offer was refused because [`MAX_RESPONDERS`] were held (said once: members
+    /// choose how often they offer).
+    refusal_said: bool,
 }
 
 impl Responders {
@@ -328,7 +329,13 @@ impl Responders {
             return;
         }
         if !self.held.contains_key(&peer) && self.held.len() >= MAX_RESPONDERS {
-            self.refused += 1;
+            if !self.refusal_said {
+                tracing::warn!(
+                    peer = %crate::peer::host_name(peer),
+                    "a member's probe offer not served: {MAX_RESPONDERS} responders held"
+                );
+                self.refusal_said = true;
+            }
             return;
         }
         self.pending.insert(peer, offer);
@@ -389,16 +396,6 @@ impl Responders {
         answer.addr = site.mr.addr() + TARGET_OFFSET;
         answer.answers_qpn = offer.qpn;
         Ok((qp, answer))
-    }
-
-    /// Responders held.
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    /// None held.
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
     }
 }
 
