@@ -403,7 +403,9 @@ wire_probe() {
     JUSTITIA_SOCKET=$adir/justitiad.sock wire_run "$L.probe.again.log" "$SCENARIO" "with bw + justitia" 2000 1
     after=$(probes_completed "$adir/admin.sock")
     detail="connected again after $((i / 10)).$((i % 10)) s ($(grep -c "connected across the wire again" "$L.probe.justitiad.log") time); $((after - before)) probes completed in a 2 s run after it ($before before, $after after)"
-    grep -q "connected across the wire again" "$L.probe.justitiad.log" && [ $((after - before)) -ge 100 ] && again=PASS
+    # Probes complete again at all (none would through a requester left connected to the
+    # old responder); how many depends on the emulated hosts' load: 156 to 331 so far.
+    grep -q "connected across the wire again" "$L.probe.justitiad.log" && [ $((after - before)) -ge 20 ] && again=PASS
   else
     detail="B's justitiad did not start again: $(tail -n 2 "$L.probe.b-again" | tr '\n' ' ')"
   fi
