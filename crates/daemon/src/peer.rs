@@ -776,7 +776,7 @@ impl PeerLink {
     pub fn set_probe_offer(&mut self, now: Duration, peer: NodeId, offer: Option<ProbeEndpoint>) {
         if let Err(reason) = self.channel.set_probe_offer(now, peer, offer) {
             if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
-                warn!(%peer, %reason, "no probe offer to the reference peer: the probe stays in loopback");
+                warn!(peer = %host_name(peer), %reason, "no probe offer to the reference peer: the probe stays in loopback");
             }
         }
     }
@@ -785,7 +785,7 @@ impl PeerLink {
     pub fn set_probe_answer(&mut self, now: Duration, peer: NodeId, answer: Option<ProbeEndpoint>) {
         if let Err(reason) = self.channel.set_probe_answer(now, peer, answer) {
             if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
-                warn!(%peer, %reason, "a member's probe not answered");
+                warn!(peer = %host_name(peer), %reason, "a member's probe not answered");
             }
         }
     }
