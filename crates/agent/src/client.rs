@@ -46,8 +46,8 @@ use crate::block::{
     monotonic_ns, phase_from_fixed, BlockError, BlockReader, SlotState, KIND_SHARED, KIND_TENANT,
 };
 use crate::proto::{
-    AdmissionReply, ControlVerbReport, QpTurnReport, RefuseReason, Register, Reply, Request, Usage,
-    MAX_MESSAGE,
+    AdmissionReply, ControlVerbReport, Paired, QpPairing, QpTurnReport, RefuseReason, Register,
+    Reply, Request, Usage, MAX_MESSAGE,
 };
 
 /// Registrations sent and not yet answered, at most: the daemon's answers to them fit
@@ -264,7 +264,14 @@ pub struct AgentClient {
     stats: ClientStats,
     /// Why the latest connection attempt failed; `None` once connected.
     last_error: Option<ClientError>,
+    /// Side channels the daemon found and the caller has not taken yet, at most
+    /// [`MAX_PAIRED_HELD`].
+    paired: std::collections::VecDeque<Paired>,
 }
+
+/// Found side channels a client holds for its caller, at most: the daemon's per-tenant
+/// cap of pairings, so a caller that takes them on every tick never loses one.
+pub const MAX_PAIRED_HELD: usize = 4096;
 
 impl AgentClient {
     /// Connects to the daemon at `path` now; fails if none answers.
@@ -289,6 +296,7 @@ impl AgentClient {
             uid: rustix::process::getuid().as_raw(),
             stats: ClientStats::default(),
             last_error: None,
+            paired: std::collections::VecDeque::new(),
         }
     }
 
@@ -735,6 +743,37 @@ impl AgentClient {
         rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
+    /// Tells the daemon that one of a registered flow's RC queue pairs reached RTR, with
+    /// its process's side channel (see [`QpPairing`]; the flow id is filled in here).
+    /// False when not registered yet or the socket would not take it now: the caller
+    /// tries again. The daemon's answer, when the other end's is found, comes through
+    /// [`take_paired`](Self::take_paired).
+    pub fn report_pairing(&mut self, h: FlowHandle, pairing: QpPairing) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
+            return false;
+        };
+        let wire = Request::Pairing(QpPairing { flow, ..pairing }).encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+    }
+
+    /// Tells the daemon that a queue pair's pairing is gone (destroyed or reset). False
+    /// as for [`report_pairing`](Self::report_pairing).
+    pub fn withdraw_pairing(&mut self, h: FlowHandle, local_qpn: u32) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
+            return false;
+        };
+        let wire = Request::Unpairing { flow, local_qpn }.encode();
+        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+    }
+
+    /// The next side channel the daemon found for one of this client's pairings, oldest
+    /// first; received by [`tick`](Self::tick).
+    pub fn take_paired(&mut self) -> Option<Paired> {
+        self.paired.pop_front()
+    }
+
     /// The flow is gone (its QPs destroyed): tells the daemon, and forgets it. A flow
     /// whose registration is not answered yet is unregistered when the answer arrives;
     /// an unregister the socket cannot take now is sent by a later tick.
@@ -780,11 +819,15 @@ impl AgentClient {
                         gone = true;
                         break;
                     }
-                    Ok((n, _)) => {
-                        if let Ok(reply) = Reply::parse(&buf[..n.min(buf.len())]) {
-                            Self::apply(&mut self.flows, reply, now_ns, &self.config);
+                    Ok((n, _)) => match Reply::parse(&buf[..n.min(buf.len())]) {
+                        Ok(Reply::Paired(p)) => {
+                            if self.paired.len() < MAX_PAIRED_HELD {
+                                self.paired.push_back(p);
+                            }
                         }
-                    }
+                        Ok(reply) => Self::apply(&mut self.flows, reply, now_ns, &self.config),
+                        Err(_) => {}
+                    },
                     Err(rustix::io::Errno::AGAIN) => break,
                     Err(rustix::io::Errno::INTR) => continue,
                     Err(_) => {
@@ -850,7 +893,7 @@ impl AgentClient {
                 slot,
             ),
             Reply::Refused { client_ref, reason } => (client_ref, FlowState::Refused(reason), 0),
-            Reply::Hello { .. } => return,
+            Reply::Hello { .. } | Reply::Paired(_) => return,
         };
         let handle = FlowHandle::from_client_ref(client_ref);
         let Some(e) = flows

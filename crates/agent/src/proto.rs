@@ -8,9 +8,12 @@
 //! allocate beyond the message.
 //!
 //! Version 1's kinds: register (1), usage (2), unregister (3), and remote end (4),
-//! unknown layout (5), control verbs (6), QP turns (7) and latency (8), added later within
-//! the version: a daemon that does not know one of kinds 4 to 8 refuses that message alone
-//! (the flow stays registered and shaped), so a newer shaper works with an older daemon.
+//! unknown layout (5), control verbs (6), QP turns (7), latency (8), pairing (9) and
+//! unpairing (10), added later within the version: a daemon that does not know one of
+//! kinds 4 to 10 refuses that message alone (the flow stays registered and shaped), so a
+//! newer shaper works with an older daemon. The daemon's replies are hello (0x81),
+//! registered (0x82), refused (0x83) and paired (0x84); a daemon sends a paired reply
+//! only on a connection that sent a pairing, so an older shaper never sees one.
 //!
 //! No message carries an identity the daemon trusts: the tenant is the peer's uid from
 //! `SO_PEERCRED`. A registration states the uid its sender believes it runs as only so
@@ -35,9 +38,18 @@ const KIND_UNKNOWN_LAYOUT: u8 = 5;
 const KIND_CONTROL_VERBS: u8 = 6;
 const KIND_QP_TURNS: u8 = 7;
 const KIND_LATENCY: u8 = 8;
+const KIND_PAIRING: u8 = 9;
+const KIND_UNPAIRING: u8 = 10;
 const KIND_HELLO: u8 = 0x81;
 const KIND_REGISTERED: u8 = 0x82;
 const KIND_REFUSED: u8 = 0x83;
+const KIND_PAIRED: u8 = 0x84;
+
+/// Queue pair numbers are 24 bits (InfiniBand and RoCE): a parsed one is below this.
+pub const QPN_LIMIT: u32 = 1 << 24;
+/// A Q_Key with this bit set is a controlled one, which an unprivileged process cannot
+/// send with: a side channel's Q_Key never has it.
+pub const QKEY_CONTROLLED: u32 = 1 << 31;
 
 /// A shaper asks for a flow to be steered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +141,49 @@ pub struct LatencyReport {
     pub longest_ns: [u32; LATENCY_LONGEST],
 }
 
+/// A shaper's RC queue pair that reached RTR, and its process's side channel: the daemon
+/// sends the pair (this queue pair, the remote one) with the side channel to the daemon of
+/// the remote end's host, which matches it against its own shapers' pairings and tells
+/// its shaper the side channel found (see `docs/architecture.md`, "Splitting two-sided
+/// requests"). A pairing replaces an earlier one of the same `local_qpn` (a queue pair
+/// reset and connected again).
+///
+/// Invariants of a parsed pairing: the three queue pair numbers are in
+/// `1..`[`QPN_LIMIT`], the remote end has a GID or a LID, and `side_qkey` is not a
+/// controlled one ([`QKEY_CONTROLLED`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpPairing {
+    /// The daemon's flow id of the flow that posts on the queue pair.
+    pub flow: u64,
+    /// The queue pair's own number.
+    pub local_qpn: u32,
+    /// The destination GID (all zero when the QP is addressed by LID alone).
+    pub remote_gid: [u8; 16],
+    /// The destination LID (0 on RoCE, or when a GID is given).
+    pub remote_lid: u16,
+    /// The remote queue pair's number.
+    pub remote_qpn: u32,
+    /// The process's side channel on the queue pair's device: its UD queue pair's number.
+    pub side_qpn: u32,
+    /// The side channel's Q_Key.
+    pub side_qkey: u32,
+}
+
+/// The daemon found the side channel of the process at the other end of one of the
+/// shaper's queue pairs (its host's daemon matched the two pairings exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paired {
+    /// The flow the pairing was reported for.
+    pub flow: u64,
+    /// The shaper's queue pair it was reported for.
+    pub local_qpn: u32,
+    /// The remote process's side channel: its UD queue pair's number, reached at the
+    /// queue pair's remote GID or LID.
+    pub side_qpn: u32,
+    /// Its Q_Key.
+    pub side_qkey: u32,
+}
+
 /// Client to daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -159,6 +214,15 @@ pub enum Request {
     QpTurns(QpTurnReport),
     /// A latency flow's round trips since its previous report.
     Latency(LatencyReport),
+    /// A queue pair reached RTR and its process's side channel takes part in splitting.
+    Pairing(QpPairing),
+    /// A queue pair's pairing is gone (the queue pair was destroyed or reset).
+    Unpairing {
+        /// The flow it was reported for.
+        flow: u64,
+        /// The queue pair's number.
+        local_qpn: u32,
+    },
 }
 
 /// Soft admission's verdict, as told to the shaper.
@@ -223,6 +287,8 @@ pub enum Reply {
         /// Why.
         reason: RefuseReason,
     },
+    /// A pairing found its other end.
+    Paired(Paired),
 }
 
 /// Why a message was refused.
@@ -339,6 +405,28 @@ fn class_code(class: FlowClass) -> u8 {
     }
 }
 
+/// A queue pair number the wire carries: 24 bits, and not 0 (no queue pair has it).
+fn qpn_field(field: &'static str, qpn: u32) -> Result<u32, ParseError> {
+    if qpn == 0 || qpn >= QPN_LIMIT {
+        return Err(ParseError::BadField {
+            field,
+            reason: format!("{qpn} is not a queue pair number (1 to 2^24 - 1)"),
+        });
+    }
+    Ok(qpn)
+}
+
+/// A side channel's Q_Key: not a controlled one.
+fn qkey_field(qkey: u32) -> Result<u32, ParseError> {
+    if qkey & QKEY_CONTROLLED != 0 {
+        return Err(ParseError::BadField {
+            field: "side_qkey",
+            reason: format!("{qkey:#010x} is a controlled Q_Key"),
+        });
+    }
+    Ok(qkey)
+}
+
 fn bool_field(field: &'static str, b: u8) -> Result<bool, ParseError> {
     match b {
         0 => Ok(false),
@@ -413,6 +501,23 @@ impl Request {
                 }
                 v
             }
+            Request::Pairing(p) => {
+                let mut v = header(KIND_PAIRING);
+                v.extend_from_slice(&p.flow.to_le_bytes());
+                v.extend_from_slice(&p.local_qpn.to_le_bytes());
+                v.extend_from_slice(&p.remote_gid);
+                v.extend_from_slice(&p.remote_lid.to_le_bytes());
+                v.extend_from_slice(&p.remote_qpn.to_le_bytes());
+                v.extend_from_slice(&p.side_qpn.to_le_bytes());
+                v.extend_from_slice(&p.side_qkey.to_le_bytes());
+                v
+            }
+            Request::Unpairing { flow, local_qpn } => {
+                let mut v = header(KIND_UNPAIRING);
+                v.extend_from_slice(&flow.to_le_bytes());
+                v.extend_from_slice(&local_qpn.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -427,6 +532,8 @@ impl Request {
             KIND_CONTROL_VERBS => Some(("control verbs", 24)),
             KIND_QP_TURNS => Some(("qp turns", 16)),
             KIND_LATENCY => Some(("latency", 12 + 4 * LATENCY_LONGEST)),
+            KIND_PAIRING => Some(("pairing", 42)),
+            KIND_UNPAIRING => Some(("unpairing", 12)),
             _ => None,
         })?;
         Ok(match kind {
@@ -546,6 +653,34 @@ impl Request {
                     longest_ns,
                 })
             }
+            KIND_PAIRING => {
+                let flow = c.u64();
+                let local_qpn = qpn_field("local_qpn", c.u32())?;
+                let mut remote_gid = [0u8; 16];
+                for b in &mut remote_gid {
+                    *b = c.u8();
+                }
+                let remote_lid = u16::from(c.u8()) | u16::from(c.u8()) << 8;
+                if remote_gid == [0; 16] && remote_lid == 0 {
+                    return Err(ParseError::BadField {
+                        field: "remote_gid",
+                        reason: "neither a GID nor a LID".into(),
+                    });
+                }
+                Request::Pairing(QpPairing {
+                    flow,
+                    local_qpn,
+                    remote_gid,
+                    remote_lid,
+                    remote_qpn: qpn_field("remote_qpn", c.u32())?,
+                    side_qpn: qpn_field("side_qpn", c.u32())?,
+                    side_qkey: qkey_field(c.u32())?,
+                })
+            }
+            KIND_UNPAIRING => Request::Unpairing {
+                flow: c.u64(),
+                local_qpn: qpn_field("local_qpn", c.u32())?,
+            },
             _ => Request::Unregister { flow: c.u64() },
         })
     }
@@ -588,6 +723,14 @@ impl Reply {
                 });
                 v
             }
+            Reply::Paired(p) => {
+                let mut v = header(KIND_PAIRED);
+                v.extend_from_slice(&p.flow.to_le_bytes());
+                v.extend_from_slice(&p.local_qpn.to_le_bytes());
+                v.extend_from_slice(&p.side_qpn.to_le_bytes());
+                v.extend_from_slice(&p.side_qkey.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -597,10 +740,17 @@ impl Reply {
             KIND_HELLO => Some(("hello", 8)),
             KIND_REGISTERED => Some(("registered", 21)),
             KIND_REFUSED => Some(("refused", 9)),
+            KIND_PAIRED => Some(("paired", 20)),
             _ => None,
         })?;
         Ok(match kind {
             KIND_HELLO => Reply::Hello { boot_id: c.u64() },
+            KIND_PAIRED => Reply::Paired(Paired {
+                flow: c.u64(),
+                local_qpn: qpn_field("local_qpn", c.u32())?,
+                side_qpn: qpn_field("side_qpn", c.u32())?,
+                side_qkey: qkey_field(c.u32())?,
+            }),
             KIND_REGISTERED => {
                 let client_ref = c.u64();
                 let flow = c.u64();
@@ -902,9 +1052,168 @@ mod tests {
                 client_ref: 4,
                 reason: RefuseReason::WrongUid,
             },
+            Reply::Paired(Paired {
+                flow: 6,
+                local_qpn: 0x11,
+                side_qpn: 0x12,
+                side_qkey: 0x1111_2222,
+            }),
         ] {
             assert_eq!(Reply::parse(&r.encode()), Ok(r));
         }
+    }
+
+    fn pairing() -> QpPairing {
+        let mut remote_gid = [0u8; 16];
+        remote_gid[10] = 0xff;
+        remote_gid[11] = 0xff;
+        remote_gid[12..].copy_from_slice(&[10, 0, 0, 2]);
+        QpPairing {
+            flow: 4,
+            local_qpn: 0x11,
+            remote_gid,
+            remote_lid: 0,
+            remote_qpn: 0x22,
+            side_qpn: 0x33,
+            side_qkey: 0x1111_2222,
+        }
+    }
+
+    #[test]
+    fn a_pairing_has_the_documented_layout_and_round_trips() {
+        let p = pairing();
+        let wire = Request::Pairing(p).encode();
+        let mut want = b"JA\x01\x09".to_vec();
+        want.extend_from_slice(&[4, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0x11, 0, 0, 0]);
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2]);
+        want.extend_from_slice(&[0, 0]);
+        want.extend_from_slice(&[0x22, 0, 0, 0, 0x33, 0, 0, 0, 0x22, 0x22, 0x11, 0x11]);
+        assert_eq!(wire, want);
+        assert_eq!(Request::parse(&wire), Ok(Request::Pairing(p)));
+        let by_lid = QpPairing {
+            remote_gid: [0; 16],
+            remote_lid: 9,
+            ..p
+        };
+        assert_eq!(
+            Request::parse(&Request::Pairing(by_lid).encode()),
+            Ok(Request::Pairing(by_lid))
+        );
+        let u = Request::Unpairing {
+            flow: 4,
+            local_qpn: 0x11,
+        };
+        let wire = u.encode();
+        assert_eq!(wire, b"JA\x01\x0a\x04\0\0\0\0\0\0\0\x11\0\0\0");
+        assert_eq!(Request::parse(&wire), Ok(u));
+        let paired = Reply::Paired(Paired {
+            flow: 4,
+            local_qpn: 0x11,
+            side_qpn: 0x44,
+            side_qkey: 7,
+        })
+        .encode();
+        assert_eq!(
+            paired,
+            b"JA\x01\x84\x04\0\0\0\0\0\0\0\x11\0\0\0\x44\0\0\0\x07\0\0\0"
+        );
+    }
+
+    #[test]
+    fn a_pairing_field_out_of_range_is_refused_by_name() {
+        let p = pairing();
+        let bad = |p: QpPairing| match Request::parse(&Request::Pairing(p).encode()) {
+            Err(ParseError::BadField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        for qpn in [0, QPN_LIMIT, u32::MAX] {
+            assert_eq!(
+                bad(QpPairing {
+                    local_qpn: qpn,
+                    ..p
+                }),
+                "local_qpn"
+            );
+            assert_eq!(
+                bad(QpPairing {
+                    remote_qpn: qpn,
+                    ..p
+                }),
+                "remote_qpn"
+            );
+            assert_eq!(bad(QpPairing { side_qpn: qpn, ..p }), "side_qpn");
+            let u = Request::Unpairing {
+                flow: 1,
+                local_qpn: qpn,
+            };
+            assert!(matches!(
+                Request::parse(&u.encode()),
+                Err(ParseError::BadField {
+                    field: "local_qpn",
+                    ..
+                })
+            ));
+        }
+        let top = QpPairing {
+            local_qpn: QPN_LIMIT - 1,
+            remote_qpn: QPN_LIMIT - 1,
+            side_qpn: QPN_LIMIT - 1,
+            side_qkey: QKEY_CONTROLLED - 1,
+            ..p
+        };
+        assert_eq!(
+            Request::parse(&Request::Pairing(top).encode()),
+            Ok(Request::Pairing(top))
+        );
+        assert_eq!(
+            bad(QpPairing {
+                side_qkey: QKEY_CONTROLLED,
+                ..p
+            }),
+            "side_qkey"
+        );
+        assert_eq!(
+            bad(QpPairing {
+                remote_gid: [0; 16],
+                remote_lid: 0,
+                ..p
+            }),
+            "remote_gid"
+        );
+        let paired = |side_qpn, side_qkey| {
+            Reply::parse(
+                &Reply::Paired(Paired {
+                    flow: 1,
+                    local_qpn: 2,
+                    side_qpn,
+                    side_qkey,
+                })
+                .encode(),
+            )
+        };
+        assert!(matches!(
+            paired(0, 1),
+            Err(ParseError::BadField {
+                field: "side_qpn",
+                ..
+            })
+        ));
+        assert!(matches!(
+            paired(3, QKEY_CONTROLLED | 1),
+            Err(ParseError::BadField {
+                field: "side_qkey",
+                ..
+            })
+        ));
+        let wire = Request::Pairing(p).encode();
+        assert!(matches!(
+            Request::parse(&wire[..wire.len() - 1]),
+            Err(ParseError::BadLength {
+                kind: "pairing",
+                ..
+            })
+        ));
     }
 
     /// A bounded fuzz run inside `cargo test` (so in `scripts/test.sh`, on the stable
@@ -940,10 +1249,11 @@ mod tests {
             })
             .encode(),
             Request::Unregister { flow: 1 }.encode(),
+            Request::Pairing(pairing()).encode(),
         ];
         let mut accepted = 0u64;
         for i in 0..cases {
-            let mut msg = seeds[i as usize % 3].clone();
+            let mut msg = seeds[i as usize % seeds.len()].clone();
             match next() % 4 {
                 0 => {
                     let len = (next() % (MAX_MESSAGE as u64 + 8)) as usize;

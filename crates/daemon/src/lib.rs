@@ -13,6 +13,7 @@
 //! | [`kubepods`] | pods as tenants: a process's pod from its cgroup, the pod's namespace from kubelet's log directories |
 //! | [`members_file`] | `[peer] members_file`: the peer channel's members from a file of their own, re-read when it changes |
 //! | [`limits`] | what one local user may take: slots, connections, log lines |
+//! | [`pairing`] | the rendezvous of side channels: shapers' queue pairs paired with their members' ends |
 //! | [`probe`] | the reference flow (verbs loopback, or synthetic) |
 //! | [`server`] | the event loop: sockets, loop, probe, control block, admin |
 //! | [`metrics`] | Prometheus metrics and their HTTP endpoint |
@@ -28,6 +29,7 @@ pub mod kubepods;
 pub mod limits;
 pub mod members_file;
 pub mod metrics;
+pub mod pairing;
 pub mod peer;
 pub mod probe;
 pub mod rdma_netlink;

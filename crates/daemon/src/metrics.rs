@@ -94,6 +94,10 @@ pub struct Metrics {
     pub probes_lost: Counter,
     /// 1 once the reference flow crosses the wire to its peer's daemon, 0 in loopback.
     pub probe_across_wire: Gauge,
+    /// Queue pairs whose pairing is held for the rendezvous of side channels.
+    pub pairings_held: Gauge,
+    /// Side channels found for local queue pairs and told to their shapers.
+    pub pairings_found: Counter,
     /// Registrations by verdict.
     pub registrations: Family<Label, Counter>,
     /// Flows reclaimed after their process went away.
@@ -196,6 +200,8 @@ impl Metrics {
             probe_latency: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             probes_lost: Counter::default(),
             probe_across_wire: Gauge::default(),
+            pairings_held: Gauge::default(),
+            pairings_found: Counter::default(),
             registrations: Family::default(),
             reclaims: Counter::default(),
             refused: Family::default(),
@@ -424,6 +430,16 @@ impl Metrics {
             "probe_across_wire",
             "1 once the reference flow crosses the wire to its peer daemon's queue pair (peer.probe_to), 0 while it runs in loopback",
             self.probe_across_wire.clone(),
+        );
+        r.register(
+            "pairings_held",
+            "Queue pairs whose pairing (queue pair, remote queue pair, side channel) this host holds for the rendezvous of side channels",
+            self.pairings_held.clone(),
+        );
+        r.register(
+            "pairings_found",
+            "Side channels found for this host's queue pairs (a member's pairing matched one exactly, or both ends are here) and told to their shapers",
+            self.pairings_found.clone(),
         );
         r.register(
             "registrations",

@@ -54,7 +54,7 @@ use justitia_core::incast::IncastLimits;
 use justitia_core::remote_read::{ReadGuarantee, RemoteReadUnit};
 use justitia_peer::channel::{Channel, ChannelConfig, ChannelEvent, Member};
 use justitia_peer::keys::{KeyError, PrivateKey, PublicKey};
-use justitia_peer::wire::{DemandEntry, ProbeEndpoint, Role, MAX_DATAGRAM};
+use justitia_peer::wire::{DemandEntry, Pairing, ProbeEndpoint, Role, MAX_DATAGRAM};
 use justitia_peer::{NodeId, Refusal};
 use tracing::{error, info, warn};
 
@@ -786,6 +786,17 @@ impl PeerLink {
         if let Err(reason) = self.channel.set_probe_answer(now, peer, answer) {
             if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
                 warn!(peer = %host_name(peer), %reason, "a member's probe not answered");
+            }
+        }
+    }
+
+    /// The pairings of this host's queue pairs connected to `peer` (see
+    /// [`crate::pairing`]); sent when they change and again in rotation (see
+    /// [`Channel::set_pairings`](justitia_peer::channel::Channel::set_pairings)).
+    pub fn set_pairings(&mut self, now: Duration, peer: NodeId, pairings: &[Pairing]) {
+        if let Err(reason) = self.channel.set_pairings(now, peer, pairings) {
+            if self.logs.allow(LogKind::Refused, now.as_nanos() as u64).0 {
+                warn!(peer = %host_name(peer), %reason, "pairings not sent: their queue pairs' requests go whole");
             }
         }
     }

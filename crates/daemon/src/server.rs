@@ -195,6 +195,12 @@ pub struct Daemon {
     probes_lost: u64,
     /// The answers to members' probe offers made in a pass, kept to reuse its memory.
     probe_answers: Vec<(justitia_peer::NodeId, justitia_peer::wire::ProbeEndpoint)>,
+    /// This host's queue pairs that take part in splitting two-sided requests, for the
+    /// rendezvous of side channels with members (`peering.rs`).
+    pairings: crate::pairing::PairingTable,
+    /// Members this host's pairings went to at the last change: one whose last pairing
+    /// went is sent an empty set once.
+    pairing_sent_to: BTreeSet<justitia_peer::NodeId>,
     block: BlockWriter,
     boot_id: u64,
     listener: OwnedFd,
@@ -563,6 +569,8 @@ impl Daemon {
             probes_ok: 0,
             probes_lost: 0,
             probe_answers: Vec::new(),
+            pairings: crate::pairing::PairingTable::new(),
+            pairing_sent_to: BTreeSet::new(),
             block,
             boot_id,
             listener,

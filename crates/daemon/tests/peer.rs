@@ -12,8 +12,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use justitia_agent::client::{AgentClient, FlowHandle};
-use justitia_agent::proto::{Register, RemoteEnd, Reply, Request, Usage};
+use justitia_agent::client::{AgentClient, FlowHandle, FlowState};
+use justitia_agent::proto::{Paired, QpPairing, Register, RemoteEnd, Reply, Request, Usage};
 use justitia_core::flow::{FlowClass, TenantId};
 use justitia_peer::channel::{Channel, ChannelConfig, Member};
 use justitia_peer::wire::{DemandEntry, Role};
@@ -617,4 +617,146 @@ fn a_key_rotated_on_sighup_takes_over_and_the_old_key_is_refused() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(a.flows()[0].read_guarantee_bytes_per_sec, half);
+}
+
+/// A pairing of `c`'s flow `h`: its queue pair `local_qpn` connected to `remote_qpn` on
+/// host `remote`, its side channel `side`.
+fn report_pairing(
+    c: &mut AgentClient,
+    h: FlowHandle,
+    local_qpn: u32,
+    remote: [u8; 4],
+    remote_qpn: u32,
+    side: (u32, u32),
+) {
+    let p = QpPairing {
+        flow: 0,
+        local_qpn,
+        remote_gid: gid(remote),
+        remote_lid: 0,
+        remote_qpn,
+        side_qpn: side.0,
+        side_qkey: side.1,
+    };
+    assert!(c.report_pairing(h, p));
+}
+
+/// Ticks `c` until the daemon tells it a side channel, for up to `within`.
+fn paired_within(c: &mut AgentClient, within: Duration) -> Option<Paired> {
+    let deadline = Instant::now() + within;
+    loop {
+        c.tick(justitia_agent::block::monotonic_ns());
+        if let Some(p) = c.take_paired() {
+            return Some(p);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Issue 38's rendezvous: a shaper on A and one on B, whose RC queue pairs 0x100 (A) and
+/// 0x200 (B) are connected to each other, each learn the other's side channel through
+/// their daemons, whichever reports first (A does, and its pairing reaches B before B's
+/// shaper reported: B's daemon finds it on the rotation). A pairing naming a queue pair
+/// connected elsewhere finds nothing, and one naming a host that is no member is refused.
+#[test]
+fn two_shapers_whose_queue_pairs_are_connected_learn_each_others_side_channel() {
+    let cluster = PeerCluster::new(2);
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let b = Daemon::start_with(&cluster.config(2), true);
+    let mut on_a = AgentClient::connect(a.socket()).unwrap();
+    let mut on_b = AgentClient::connect(b.socket()).unwrap();
+    let fa = active_flow(&mut on_a);
+    let fb = active_flow(&mut on_b);
+    report_pairing(&mut on_a, fa, 0x100, [127, 0, 0, 2], 0x200, (0x300, 0x1234));
+    // Queue pair 0x101 is connected to B's 0x201, which B's shaper never reports; B's
+    // 0x202 names A's 0x100 but A's 0x100 is connected to 0x200: neither finds anything.
+    report_pairing(&mut on_a, fa, 0x101, [127, 0, 0, 2], 0x201, (0x300, 0x1234));
+    eventually("A's pairings sent", Duration::from_secs(5), || {
+        metric(&a.scrape(), "justitia_pairings_held", None) == Some(2.0)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    report_pairing(&mut on_b, fb, 0x202, [127, 0, 0, 1], 0x100, (0x400, 0x5678));
+    report_pairing(&mut on_b, fb, 0x200, [127, 0, 0, 1], 0x100, (0x400, 0x5678));
+    let on_a_found = paired_within(&mut on_a, Duration::from_secs(5)).expect("A told");
+    let on_b_found = paired_within(&mut on_b, Duration::from_secs(5)).expect("B told");
+    let flow_of = |c: &AgentClient, h| match c.state(h) {
+        FlowState::Registered { flow, .. } => flow,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        on_a_found,
+        Paired {
+            flow: flow_of(&on_a, fa),
+            local_qpn: 0x100,
+            side_qpn: 0x400,
+            side_qkey: 0x5678
+        }
+    );
+    assert_eq!(
+        on_b_found,
+        Paired {
+            flow: flow_of(&on_b, fb),
+            local_qpn: 0x200,
+            side_qpn: 0x300,
+            side_qkey: 0x1234
+        }
+    );
+    // Nothing more: the rotation's refreshes tell nothing again, and the pairings that
+    // match nothing stay unmatched.
+    assert_eq!(paired_within(&mut on_a, Duration::from_millis(600)), None);
+    assert_eq!(paired_within(&mut on_b, Duration::from_millis(100)), None);
+    assert_eq!(
+        metric(&a.scrape(), "justitia_pairings_found_total", None),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&b.scrape(), "justitia_pairings_found_total", None),
+        Some(1.0)
+    );
+
+    report_pairing(&mut on_a, fa, 0x102, [127, 0, 0, 9], 0x200, (0x300, 0x1234));
+    eventually("a non-member refused", Duration::from_secs(5), || {
+        metric(
+            &a.scrape(),
+            "justitia_messages_refused_total",
+            Some(("value", "pairing_not_a_member")),
+        ) == Some(1.0)
+    });
+    assert_eq!(
+        metric(&a.scrape(), "justitia_pairings_held", None),
+        Some(2.0)
+    );
+}
+
+/// Both ends on one host (two processes connected through one device): their daemon
+/// pairs them itself, with no member to ask.
+#[test]
+fn two_shapers_on_one_host_connected_to_each_other_are_paired_by_their_daemon() {
+    let cluster = PeerCluster::new(2);
+    let a = Daemon::start_with(&cluster.config(1), true);
+    let mut one = AgentClient::connect(a.socket()).unwrap();
+    let mut two = AgentClient::connect(a.socket()).unwrap();
+    let f1 = active_flow(&mut one);
+    let f2 = active_flow(&mut two);
+    report_pairing(&mut one, f1, 0x10, [127, 0, 0, 1], 0x20, (0x30, 7));
+    assert_eq!(paired_within(&mut one, Duration::from_millis(200)), None);
+    report_pairing(&mut two, f2, 0x20, [127, 0, 0, 1], 0x10, (0x40, 8));
+    let got_one = paired_within(&mut one, Duration::from_secs(2)).expect("one told");
+    let got_two = paired_within(&mut two, Duration::from_secs(2)).expect("two told");
+    assert_eq!(
+        (got_one.local_qpn, got_one.side_qpn, got_one.side_qkey),
+        (0x10, 0x40, 8)
+    );
+    assert_eq!(
+        (got_two.local_qpn, got_two.side_qpn, got_two.side_qkey),
+        (0x20, 0x30, 7)
+    );
+    // The queue pair destroyed: its pairing goes.
+    assert!(two.withdraw_pairing(f2, 0x20));
+    eventually("the pairing withdrawn", Duration::from_secs(5), || {
+        metric(&a.scrape(), "justitia_pairings_held", None) == Some(1.0)
+    });
 }

@@ -4,9 +4,11 @@
 //! against each peer ([`set_demand`](Channel::set_demand)), its current grant
 //! ([`set_grant`](Channel::set_grant)), the ends of its reference probe's queue pairs
 //! ([`set_probe_offer`](Channel::set_probe_offer),
-//! [`set_probe_answer`](Channel::set_probe_answer)), and the time; it hands out datagrams
-//! to send ([`poll_transmit`](Channel::poll_transmit)) and [`ChannelEvent`]s, and says
-//! when it next needs the time ([`poll_timeout`](Channel::poll_timeout)).
+//! [`set_probe_answer`](Channel::set_probe_answer)), the side channels of its shapers'
+//! queue pairs connected to each peer ([`set_pairings`](Channel::set_pairings)), and the
+//! time; it hands out datagrams to send ([`poll_transmit`](Channel::poll_transmit)) and
+//! [`ChannelEvent`]s, and says when it next needs the time
+//! ([`poll_timeout`](Channel::poll_timeout)).
 //!
 //! # Sending
 //! A demand goes to a peer when it changes and again every [`ChannelConfig::refresh`]
@@ -32,11 +34,34 @@
 //! those back by more than one message. A probe offer or answer to send makes a session
 //! as a demand does; a new session is confirmed by a demand, a grant or a keepalive,
 //! never by a probe message (a host of version 3 that predates the probe refuses those
-//! kinds, and would never take the session). A peer that sends this host probe messages
+//! kinds, and would never take the session).
+//!
+//! Pairings (kind 5) ride the same channel. A shaper splits SENDs and WRITEs with
+//! immediate only when the shaper at the other end of the RC queue pair takes part, and
+//! reaches it over that process's side channel (a UD queue pair), whose number the RC
+//! queue pair's remote end does not give. So this host tells each peer, for every one of
+//! its shapers' bandwidth-classed RC queue pairs connected to that peer, the two queue
+//! pair numbers and the side channel ([`Pairing`]); the peer's daemon matches them
+//! against what its own shapers reported. The caller sets the whole set toward a peer at
+//! once ([`Channel::set_pairings`]). Pairings the last set did not hold are new: they go
+//! first, as soon as the send cap allows, up to [`wire::MAX_PAIRINGS`] a message. Besides,
+//! the whole set goes again in rotation, one message of up to [`wire::MAX_PAIRINGS`]
+//! entries every [`PAIRING_REFRESH`], so that a lost message is made good within one
+//! rotation (at most [`MAX_PAIRINGS_PER_PEER`] / [`wire::MAX_PAIRINGS`] = 32 messages,
+//! 8 s). An empty set sends nothing, and a pairing dropped from the set is not withdrawn
+//! (the peer is not told, as of a probe offer set to `None`). A new session makes the
+//! whole set new again and restarts the rotation from its beginning. Pairings go within
+//! the same per-peer cap and burst, after any demand, grant or probe message due at the
+//! same moment: they are the least urgent (a queue pair whose pairing is late only goes
+//! unsplit a while longer), and a large set never holds the others back by more than one
+//! message. Like a probe message, a pairings message makes a session but never confirms
+//! one.
+//!
+//! A peer that sends this host probe or pairings messages (the rendezvous of queue pairs)
 //! gets a keepalive every half [`UNANSWERED`] while they keep coming, as one whose flows
 //! it counts does: one end may have nothing to send back (an offer not answered yet, an
-//! answer to a prober that stopped), and would otherwise take its session for lost and
-//! handshake every [`UNANSWERED`].
+//! answer to a prober that stopped, pairings toward a host with no shaper of its own),
+//! and would otherwise take its session for lost and handshake every [`UNANSWERED`].
 //!
 //! # Sessions
 //! Every pair of members talks over a Noise session (`Noise_KK_25519_ChaChaPoly_BLAKE2s`
@@ -86,6 +111,11 @@
 //! with the peer's silence, as demands and grants do: the prober learns that its target
 //! is gone from its queue pair (its WRITEs fail), and what a host keeps of a member goes
 //! only with the member ([`Channel::set_members`]).
+//!
+//! A pairings message that passes those checks raises [`ChannelEvent::Pairings`] every
+//! time, its refreshes too, and the channel keeps nothing of it: the daemon's match is
+//! idempotent, and a set that goes over several messages has no one message that holds
+//! it all.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -101,7 +131,8 @@ use snow::{HandshakeState, StatelessTransportState};
 use crate::keys::{PairKey, PrivateKey, PublicKey, KEY_LEN};
 use crate::replay::ReplayWindow;
 use crate::wire::{
-    self, Body, DemandEntry, Grant, Message, ProbeEndpoint, Role, MAX_DEMAND_ENTRIES,
+    self, Body, DemandEntry, Grant, Message, Pairing, ProbeEndpoint, Role, MAX_DEMAND_ENTRIES,
+    MAX_PAIRINGS,
 };
 use crate::{NodeId, Refusal};
 
@@ -160,6 +191,18 @@ pub const SEND_BURST: f64 = 2.0;
 /// is made once per probe, so a lost one is made good within a quarter second, and the
 /// refreshes cost four messages a second per peer and kind.
 pub const PROBE_REFRESH: Duration = Duration::from_millis(250);
+
+/// How often the rotation of the pairings this host sends a peer sends its next message
+/// (up to [`wire::MAX_PAIRINGS`] of them): a new pairing goes at once, so the rotation
+/// only makes lost messages good, and costs at most four messages a second per peer.
+pub const PAIRING_REFRESH: Duration = Duration::from_millis(250);
+
+/// The most pairings this host sends one peer ([`Channel::set_pairings`]): 4,096
+/// bandwidth-classed RC queue pairs between two hosts is far above what shaped
+/// applications open (one per connection, a few per core), and bounds both what the
+/// channel keeps per peer (64 KiB) and the rotation that makes a lost message good (32
+/// messages of [`wire::MAX_PAIRINGS`], 8 s at [`PAIRING_REFRESH`]).
+pub const MAX_PAIRINGS_PER_PEER: usize = 4096;
 
 /// [`ChannelConfig::silence`] by default: 20 ms, the core's own lapse of a READ guarantee
 /// at the paper's RefPeriod (40 x 500 us), four refreshes.
@@ -273,7 +316,7 @@ pub struct Transmit {
 }
 
 /// What the driver acts on.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ChannelEvent {
     /// The flows peers hold against this host changed: read [`Channel::served`] again and
     /// tell the control loop.
@@ -311,6 +354,19 @@ pub enum ChannelEvent {
         peer: NodeId,
         /// Its responder queue pair's end and the memory to WRITE into.
         answer: ProbeEndpoint,
+    },
+    /// Some of a peer's pairings toward this host: the side channels of the processes at
+    /// its end of RC queue pairs connected to this host. Match each exactly against the
+    /// queue pairs this host's shapers reported (`that_qpn` here, connected to the peer's
+    /// `this_qpn`) and tell the shaper its side channel. Raised for every message, new
+    /// pairings and refreshes alike (a set larger than [`wire::MAX_PAIRINGS`] comes over
+    /// several); nothing says a pairing is gone.
+    Pairings {
+        /// The peer.
+        peer: NodeId,
+        /// One message's pairings (1 ..= [`wire::MAX_PAIRINGS`], no two with the same
+        /// queue pairs; see [`Pairing`]'s invariants).
+        pairings: Vec<Pairing>,
     },
 }
 
@@ -461,8 +517,11 @@ struct Peer {
     /// Its latest probe offer and answer to this host (kept through silence).
     offer_from: Option<ProbeEndpoint>,
     answer_from: Option<ProbeEndpoint>,
-    /// When a probe message from it was last accepted (it is owed keepalives a while).
-    probe_heard: Option<Duration>,
+    /// This host's pairings toward it.
+    pairings: PairingSending,
+    /// When a probe or pairings message from it was last accepted: it is owed keepalives
+    /// a while, since it may have nothing to hear back.
+    rendezvous_heard: Option<Duration>,
     /// The sender's token bucket for messages to it: tokens at `send_at`.
     send_tokens: f64,
     send_at: Duration,
@@ -497,7 +556,8 @@ impl Peer {
             probe_answer: ProbeSending::default(),
             offer_from: None,
             answer_from: None,
-            probe_heard: None,
+            pairings: PairingSending::default(),
+            rendezvous_heard: None,
             send_tokens: SEND_BURST,
             send_at: now,
         }
@@ -535,6 +595,7 @@ impl Peer {
         self.granted = None;
         self.probe_offer.resend();
         self.probe_answer.resend();
+        self.pairings.resend(now);
         if let Some(mut old) = self.current.replace(session) {
             let until = now.saturating_add(OVERLAP);
             old.expires = Some(old.expires.map_or(until, |t| t.min(until)));
@@ -715,8 +776,8 @@ impl Channel {
     /// Replaces the member list (a configuration reload). A member kept with the same key
     /// keeps its state; one whose key changed starts afresh (its sessions are dropped); one
     /// no longer listed is forgotten (its flows stop counting here, its grant lapses, and
-    /// the probe offers and answers to and from it go with no event: the caller removed
-    /// it).
+    /// the probe offers and answers to and from it and the pairings toward it go with no
+    /// event: the caller removed it).
     pub fn set_members(&mut self, now: Duration, members: &[Member]) -> Result<(), ConfigError> {
         let now = self.advance(now);
         let listed: Vec<Member> = members
@@ -948,6 +1009,40 @@ impl Channel {
         }
         let i = self.find(peer).ok_or(Refusal::NotMember)?;
         self.peers[i].probe_answer.set(answer);
+        Ok(())
+    }
+
+    /// Every pairing this host sends `peer` now (the set replaces the last one; its order
+    /// does not matter, and an entry listed twice is taken once). Pairings not in the last
+    /// set go as soon as the send cap allows; the whole set goes again in rotation, one
+    /// message every [`PAIRING_REFRESH`]; an empty set sends nothing (the peer is not
+    /// told). Refused, changing nothing, if a pairing is not one the wire carries
+    /// ([`Pairing::check`]), two share (`this_qpn`, `that_qpn`) with different side
+    /// channels, there are more than [`MAX_PAIRINGS_PER_PEER`] entries, or `peer` is not a
+    /// member: so the peer never refuses what this host sends.
+    pub fn set_pairings(
+        &mut self,
+        now: Duration,
+        peer: NodeId,
+        pairings: &[Pairing],
+    ) -> Result<(), Refusal> {
+        let now = self.advance(now);
+        // Counted before the copy and sort: a caller's error costs nothing.
+        if pairings.len() > MAX_PAIRINGS_PER_PEER {
+            return Err(Refusal::OutOfRange("pairing count"));
+        }
+        for e in pairings {
+            e.check()?;
+        }
+        let mut set = pairings.to_vec();
+        set.sort_unstable();
+        set.dedup();
+        // Sorted, the entries with one key are adjacent.
+        if set.windows(2).any(|w| w[0].key() == w[1].key()) {
+            return Err(Refusal::OutOfRange("duplicate pairing"));
+        }
+        let i = self.find(peer).ok_or(Refusal::NotMember)?;
+        self.peers[i].pairings.set(now, set);
         Ok(())
     }
 
@@ -1302,8 +1397,11 @@ impl Channel {
             return Err(Refusal::Unsolicited);
         }
         p.heard_at = now;
-        if matches!(body, Body::ProbeOffer(_) | Body::ProbeAnswer(_)) {
-            p.probe_heard = Some(now);
+        if matches!(
+            body,
+            Body::ProbeOffer(_) | Body::ProbeAnswer(_) | Body::Pairings(_)
+        ) {
+            p.rendezvous_heard = Some(now);
         }
         let mut served_changed = false;
         match body {
@@ -1344,6 +1442,11 @@ impl Channel {
                     self.events
                         .push_back(ChannelEvent::ProbeAnswer { peer, answer });
                 }
+            }
+            Body::Pairings(pairings) => {
+                let peer = p.node;
+                self.events
+                    .push_back(ChannelEvent::Pairings { peer, pairings });
             }
         }
         if served_changed {
@@ -1427,18 +1530,20 @@ impl Channel {
         let confirm = p.confirm_due.then_some(Duration::ZERO);
         let offer = p.probe_offer.due();
         let answer = p.probe_answer.due();
+        let pairings = p.pairings.due();
         // A peer whose flows this host counts hears from it at least every half
         // UNANSWERED, even when there is no grant to give (one sending host's incast),
         // so that it never takes the session for lost and handshakes again; so does one
-        // whose probe messages keep coming (an offer not answered yet, an answer to a
-        // prober that stopped) while they do.
-        let probing = p
-            .probe_heard
+        // whose probe or pairings messages keep coming (an offer not answered yet, an
+        // answer to a prober that stopped, pairings toward a host with no shaper) while
+        // they do.
+        let rendezvous = p
+            .rendezvous_heard
             .is_some_and(|t| t.saturating_add(UNANSWERED) > self.now);
         let keepalive = p
             .current
             .as_ref()
-            .filter(|_| !p.served.is_empty() || probing)
+            .filter(|_| !p.served.is_empty() || rendezvous)
             .map(|s| {
                 s.last_sent
                     .unwrap_or(s.created)
@@ -1451,6 +1556,7 @@ impl Channel {
             .chain(keepalive)
             .chain(offer)
             .chain(answer)
+            .chain(pairings)
             .min()?;
         let allowed = if p.send_tokens >= 1.0 {
             Duration::ZERO
@@ -1531,10 +1637,12 @@ impl Channel {
         let due = |at: Option<Duration>| at.is_some_and(|t| t <= now);
         let offer_due = due(p.probe_offer.due());
         let answer_due = due(p.probe_answer.due());
-        // Demands and grants first: a probe message takes only a token they leave. A grant
-        // that is not due still goes where a keepalive would (any message keeps the
-        // session), and a new session is confirmed by a kind every host of this version
-        // knows, never by a probe message.
+        let pairing_pick = p.pairings.pick(now);
+        // Demands and grants first: a probe message takes only a token they leave, and
+        // pairings only one the probe messages leave. A grant that is not due still goes
+        // where a keepalive would (any message keeps the session), and a new session is
+        // confirmed by a kind every host of this version knows, never by a probe or
+        // pairings message.
         let body = if demand_due {
             Body::Demand(p.demand.clone())
         } else if let Some(g) = grant.filter(|_| grant_due || p.confirm_due) {
@@ -1545,6 +1653,8 @@ impl Channel {
             Body::ProbeOffer(offer)
         } else if let Some(answer) = p.probe_answer.value.filter(|_| answer_due) {
             Body::ProbeAnswer(answer)
+        } else if let Some(pick) = pairing_pick {
+            Body::Pairings(p.pairings.entries(pick).to_vec())
         } else if let Some(g) = grant {
             Body::Grant(g)
         } else {
@@ -1580,6 +1690,12 @@ impl Channel {
             }
             Body::ProbeOffer(_) => p.probe_offer.sent(now),
             Body::ProbeAnswer(_) => p.probe_answer.sent(now),
+            Body::Pairings(_) => {
+                // Only a pick makes a pairings body.
+                if let Some(pick) = pairing_pick {
+                    p.pairings.sent(now, pick);
+                }
+            }
         }
         Some(Transmit { to: p.node, bytes })
     }
@@ -1625,6 +1741,119 @@ impl ProbeSending {
             self.sent
                 .map_or(Duration::ZERO, |t| t.saturating_add(PROBE_REFRESH)),
         )
+    }
+}
+
+/// The pairings this host sends a peer: the whole set, the entries not sent since they
+/// were set (or since a new session), and the rotation that sends the whole set again,
+/// one message every [`PAIRING_REFRESH`].
+///
+/// Invariants: `set` is sorted, and no two of its entries share (`this_qpn`, `that_qpn`);
+/// each is one the wire carries ([`Channel::set_pairings`] checks); `fresh` is sorted and
+/// a subset of `set`.
+#[derive(Debug, Clone, Default)]
+struct PairingSending {
+    set: Vec<Pairing>,
+    fresh: Vec<Pairing>,
+    /// The key the rotation's next message starts at (the first entry at or after it, or
+    /// the set's first when there is none): a key, not an index, so that a set that
+    /// changes under the rotation neither skips nor repeats the entries that stay.
+    cursor: (u32, u32),
+    /// When the rotation last sent, or (re)started: its next message is due
+    /// [`PAIRING_REFRESH`] later.
+    rotated: Duration,
+}
+
+/// Which of a peer's pairings a message carries (taken and spent in one call: the set
+/// cannot change in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PairingPick {
+    /// The first `n` of the fresh ones.
+    Fresh(usize),
+    /// The set's entries `start..end`.
+    Rotation(usize, usize),
+}
+
+impl PairingSending {
+    /// A new set (sorted, one entry per key): the entries not in the last set are fresh,
+    /// as are those still fresh from it. A set that was empty starts the rotation anew,
+    /// its first message a refresh after the fresh ones.
+    fn set(&mut self, now: Duration, set: Vec<Pairing>) {
+        if set == self.set {
+            return;
+        }
+        if self.set.is_empty() {
+            self.cursor = (0, 0);
+            self.rotated = now;
+        }
+        let old = std::mem::replace(&mut self.set, set);
+        let fresh = std::mem::take(&mut self.fresh);
+        // A changed side channel for a queue pair is a new entry: it goes at once.
+        self.fresh = self
+            .set
+            .iter()
+            .copied()
+            .filter(|e| old.binary_search(e).is_err() || fresh.binary_search(e).is_ok())
+            .collect();
+    }
+
+    /// A new session: the whole set goes again at once (the peer may have restarted and
+    /// know none of it), and the rotation starts again from its beginning.
+    fn resend(&mut self, now: Duration) {
+        self.fresh.clone_from(&self.set);
+        self.cursor = (0, 0);
+        self.rotated = now;
+    }
+
+    /// When a message is next due: at once while some are fresh, the rotation's next
+    /// otherwise, never while the set is empty.
+    fn due(&self) -> Option<Duration> {
+        if !self.fresh.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        if self.set.is_empty() {
+            return None;
+        }
+        Some(self.rotated.saturating_add(PAIRING_REFRESH))
+    }
+
+    /// What the message due by `now` carries, if one is: fresh entries first.
+    fn pick(&self, now: Duration) -> Option<PairingPick> {
+        if !self.fresh.is_empty() {
+            return Some(PairingPick::Fresh(self.fresh.len().min(MAX_PAIRINGS)));
+        }
+        if self.due().is_none_or(|t| t > now) {
+            return None;
+        }
+        let start = match self.set.partition_point(|e| e.key() < self.cursor) {
+            end if end == self.set.len() => 0,
+            start => start,
+        };
+        // A message ends at the set's end rather than wrap: each entry goes once a
+        // rotation.
+        let end = self.set.len().min(start + MAX_PAIRINGS);
+        Some(PairingPick::Rotation(start, end))
+    }
+
+    /// The entries of `pick`.
+    fn entries(&self, pick: PairingPick) -> &[Pairing] {
+        match pick {
+            PairingPick::Fresh(n) => &self.fresh[..n],
+            PairingPick::Rotation(start, end) => &self.set[start..end],
+        }
+    }
+
+    /// `pick` went at `now`.
+    fn sent(&mut self, now: Duration, pick: PairingPick) {
+        match pick {
+            PairingPick::Fresh(n) => {
+                self.fresh.drain(..n);
+            }
+            PairingPick::Rotation(_, end) => {
+                self.cursor = self.set.get(end).map_or((0, 0), Pairing::key);
+                self.rotated = now;
+            }
+        }
     }
 }
 
@@ -2470,6 +2699,367 @@ mod tests {
         assert_eq!(b.probe_offer_from(A), None);
         // B's answer went too: nothing due to A.
         assert_eq!(b.poll_timeout(), None);
+    }
+
+    fn pairing(this_qpn: u32, that_qpn: u32) -> Pairing {
+        Pairing {
+            this_qpn,
+            that_qpn,
+            side_qpn: 0x777,
+            side_qkey: 0x1234,
+        }
+    }
+
+    /// `n` pairings, this host's queue pairs 1 ..= n each connected to the peer's 0x500.
+    fn pairings(n: u32) -> Vec<Pairing> {
+        (1..=n).map(|q| pairing(q, 0x500)).collect()
+    }
+
+    /// The bytes of a transport message whose plaintext is `n` pairings.
+    fn pairings_datagram(n: usize) -> usize {
+        wire::TRANSPORT_HEADER_LEN + 1 + 4 + n * wire::PAIRING_LEN + wire::TAG_LEN
+    }
+
+    /// The pairings messages among `c`'s events.
+    fn pairings_taken(c: &mut Channel) -> Vec<Vec<Pairing>> {
+        events(c)
+            .into_iter()
+            .filter_map(|e| match e {
+                ChannelEvent::Pairings { peer, pairings } => {
+                    assert_eq!(peer, A);
+                    Some(pairings)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs A and B in steps of 1 ms (A's send gap) from `from` to `to` ms, delivering
+    /// both ways; returns the pairings messages B took and when.
+    fn run_pairings(
+        a: &mut Channel,
+        b: &mut Channel,
+        from: u64,
+        to: u64,
+    ) -> Vec<(Duration, Vec<Pairing>)> {
+        let mut taken = Vec::new();
+        for t in (from..=to).map(ms) {
+            deliver(a, b, t);
+            deliver(b, a, t);
+            taken.extend(pairings_taken(b).into_iter().map(|m| (t, m)));
+        }
+        taken
+    }
+
+    #[test]
+    fn new_pairings_reach_the_peer_at_once_after_a_keepalive_confirms_the_session() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_pairings(ms(0), B, &[pairing(0x102, 0x202), pairing(0x101, 0x201)])
+            .unwrap();
+        // Pairings make a session as a demand does. The session is confirmed by a keepalive
+        // (a host that predates pairings takes it), the pairings follow at once.
+        let mut sent = Vec::new();
+        while let Some(t) = a.poll_transmit(ms(0)) {
+            b.receive(ms(0), &t.bytes).unwrap();
+            sent.push(t.bytes.len());
+            while let Some(t) = b.poll_transmit(ms(0)) {
+                a.receive(ms(0), &t.bytes).unwrap();
+            }
+        }
+        assert_eq!(
+            sent,
+            vec![
+                wire::INITIATION_LEN,
+                KEEPALIVE_DATAGRAM,
+                pairings_datagram(2)
+            ]
+        );
+        assert_eq!(
+            events(&mut b),
+            vec![ChannelEvent::Pairings {
+                peer: A,
+                pairings: vec![pairing(0x101, 0x201), pairing(0x102, 0x202)],
+            }]
+        );
+        // Nothing else: no demand, no grant; the next is the rotation's.
+        assert_eq!(a.served().count() + b.served().count(), 0);
+        assert_eq!(b.grant_from(A), None);
+        assert_eq!(a.poll_timeout(), Some(PAIRING_REFRESH));
+    }
+
+    /// 300 pairings go at once in three messages (128, 128, 44); then the rotation sends
+    /// one of those every PAIRING_REFRESH, each raising an event, so that the whole set
+    /// goes again within three refreshes, and starts over.
+    #[test]
+    fn an_unchanged_set_goes_again_in_rotation_a_message_per_refresh() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        session(&mut a, &mut b, ms(0));
+        a.send_tokens_full();
+        let set = pairings(300);
+        a.set_pairings(ms(0), B, &set).unwrap();
+        // Two at once (the burst), the third a send gap later.
+        assert_eq!(deliver(&mut a, &mut b, ms(0)), 2);
+        assert_eq!(deliver(&mut a, &mut b, ms(1)), 1);
+        let fresh = pairings_taken(&mut b);
+        assert_eq!(
+            fresh.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![128, 128, 44]
+        );
+        assert_eq!(fresh.concat(), set);
+        assert_eq!(a.poll_timeout(), Some(PAIRING_REFRESH));
+        let rotation = run_pairings(&mut a, &mut b, 2, 1000);
+        let at: Vec<_> = rotation.iter().map(|(t, _)| *t).collect();
+        assert_eq!(at, vec![ms(250), ms(500), ms(750), ms(1000)]);
+        let messages: Vec<_> = rotation.into_iter().map(|(_, m)| m).collect();
+        assert_eq!(
+            messages[..3].concat(),
+            set,
+            "every entry within one rotation"
+        );
+        assert_eq!(messages[3], set[..128], "and again from the start");
+    }
+
+    /// A pairing the peer has not had goes at once, alone, not when the rotation reaches
+    /// it; so does a queue pair's changed side channel. The rotation goes on where it was.
+    #[test]
+    fn a_new_pairing_goes_before_the_rotation_reaches_it() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        session(&mut a, &mut b, ms(0));
+        let mut set = pairings(1000);
+        a.set_pairings(ms(0), B, &set).unwrap();
+        let fresh = run_pairings(&mut a, &mut b, 0, 10);
+        assert_eq!(fresh.len(), 8, "1,000 pairings: 8 messages");
+        let first = run_pairings(&mut a, &mut b, 11, 299);
+        assert_eq!(first, vec![(ms(250), set[..128].to_vec())]);
+        // Sorted last: the rotation would reach it at its eighth message, 2 s on.
+        set.push(pairing(2000, 0x500));
+        a.set_pairings(ms(300), B, &set).unwrap();
+        assert_eq!(deliver(&mut a, &mut b, ms(300)), 1);
+        assert_eq!(pairings_taken(&mut b), vec![vec![pairing(2000, 0x500)]]);
+        set[4].side_qpn = 0x778;
+        a.set_pairings(ms(301), B, &set).unwrap();
+        assert_eq!(deliver(&mut a, &mut b, ms(301)), 1);
+        assert_eq!(pairings_taken(&mut b), vec![vec![set[4]]]);
+        let next = run_pairings(&mut a, &mut b, 302, 500);
+        assert_eq!(next, vec![(ms(500), set[128..256].to_vec())]);
+    }
+
+    /// An empty set stops the pairings: no message at all, and after UNANSWERED none
+    /// due either way.
+    #[test]
+    fn an_empty_set_sends_nothing() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_pairings(ms(0), B, &pairings(3)).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        assert_eq!(pairings_taken(&mut b).len(), 1);
+        a.set_pairings(ms(1), B, &[]).unwrap();
+        assert_eq!(a.poll_timeout(), None);
+        for t in (1..=300).map(|i| ms(10 * i)) {
+            assert_eq!(a.poll_transmit(t), None, "at {t:?}");
+            // B's keepalives, owed for UNANSWERED after A's pairings.
+            deliver(&mut b, &mut a, t);
+            b.handle_timeout(t);
+        }
+        assert!(pairings_taken(&mut b).is_empty());
+        assert_eq!(a.poll_timeout(), None);
+        assert_eq!(b.poll_timeout(), None);
+    }
+
+    #[test]
+    fn pairings_the_wire_would_refuse_or_to_a_non_member_are_refused() {
+        let mut a = channel(A, 1);
+        let stranger = NodeId([0x77; 16]);
+        assert_eq!(
+            a.set_pairings(ms(0), stranger, &[pairing(1, 2)]),
+            Err(Refusal::NotMember)
+        );
+        let too_many = pairings(MAX_PAIRINGS_PER_PEER as u32 + 1);
+        assert_eq!(
+            a.set_pairings(ms(0), B, &too_many),
+            Err(Refusal::OutOfRange("pairing count"))
+        );
+        let cases = [
+            (
+                Pairing {
+                    this_qpn: 0,
+                    ..pairing(1, 2)
+                },
+                "this_qpn",
+            ),
+            (
+                Pairing {
+                    that_qpn: wire::QPN_LIMIT,
+                    ..pairing(1, 2)
+                },
+                "that_qpn",
+            ),
+            (
+                Pairing {
+                    side_qpn: 0,
+                    ..pairing(1, 2)
+                },
+                "side_qpn",
+            ),
+            (
+                Pairing {
+                    side_qkey: 0x8000_0000,
+                    ..pairing(1, 2)
+                },
+                "side_qkey",
+            ),
+        ];
+        for (bad, field) in cases {
+            assert_eq!(
+                a.set_pairings(ms(0), B, &[pairing(3, 4), bad]),
+                Err(Refusal::OutOfRange(field)),
+                "{field}"
+            );
+        }
+        // One queue pair with two side channels: the caller's error.
+        let other_side = Pairing {
+            side_qpn: 0x778,
+            ..pairing(1, 2)
+        };
+        assert_eq!(
+            a.set_pairings(ms(0), B, &[pairing(1, 2), other_side]),
+            Err(Refusal::OutOfRange("duplicate pairing"))
+        );
+        // Refused, nothing to send: no handshake started.
+        assert_eq!(a.poll_transmit(ms(0)), None);
+        assert_eq!(a.poll_timeout(), None);
+        // The same entry twice is taken once; the most a peer is sent is taken whole.
+        let mut b = channel(B, 2);
+        a.set_pairings(ms(0), B, &[pairing(1, 2), pairing(1, 2)])
+            .unwrap();
+        pump(&mut a, &mut b, ms(0));
+        assert_eq!(pairings_taken(&mut b), vec![vec![pairing(1, 2)]]);
+        // A refused set leaves the one set before: nothing new to send.
+        assert!(a
+            .set_pairings(ms(1), B, &[pairing(1, 2), other_side])
+            .is_err());
+        assert_eq!(a.poll_transmit(ms(1)), None);
+        let most = &too_many[..MAX_PAIRINGS_PER_PEER];
+        a.set_pairings(ms(1), B, most).unwrap();
+        // All new: 32 messages, one a send gap.
+        let taken: Vec<_> = run_pairings(&mut a, &mut b, 2, 40)
+            .into_iter()
+            .flat_map(|(_, m)| m)
+            .collect();
+        assert_eq!(taken, most);
+    }
+
+    /// A restarted peer handshakes at start; the whole set goes on the new session at once
+    /// (the session confirmed by a keepalive), not over the next rotation.
+    #[test]
+    fn a_restarted_peer_gets_every_pairing_at_once() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        let set = pairings(200);
+        a.set_pairings(ms(0), B, &set).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        pump(&mut a, &mut b, ms(5));
+        assert_eq!(pairings_taken(&mut b).concat(), set);
+        let mut restarted = channel(B, 3);
+        restarted.greet(ms(10));
+        let mut sent = Vec::new();
+        while let Some(t) = restarted.poll_transmit(ms(10)) {
+            if t.to != A {
+                continue;
+            }
+            a.receive(ms(10), &t.bytes).unwrap();
+            sent.push(t.bytes.len());
+            while let Some(t) = a.poll_transmit(ms(10)) {
+                restarted.receive(ms(10), &t.bytes).unwrap();
+            }
+        }
+        assert_eq!(sent, vec![wire::INITIATION_LEN, KEEPALIVE_DATAGRAM]);
+        assert_eq!(pairings_taken(&mut restarted).concat(), set);
+    }
+
+    /// Pairings and nothing else: the peer, with nothing to send back (no shaper of its
+    /// own), keeps the sender informed with keepalives, so that the sender's session stays
+    /// (no handshake every UNANSWERED).
+    #[test]
+    fn pairings_alone_keep_their_session() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_pairings(ms(0), B, &pairings(2)).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        let mut initiations = 0;
+        let mut keepalives = 0;
+        for t in (1..=300).map(|i| ms(10 * i)) {
+            while let Some(m) = a.poll_transmit(t) {
+                initiations += usize::from(m.bytes.len() == wire::INITIATION_LEN);
+                b.receive(t, &m.bytes).unwrap();
+            }
+            while let Some(m) = b.poll_transmit(t) {
+                keepalives += usize::from(m.bytes.len() == KEEPALIVE_DATAGRAM);
+                a.receive(t, &m.bytes).unwrap();
+            }
+        }
+        assert_eq!(initiations, 0);
+        assert_eq!(keepalives, 6, "every half UNANSWERED for 3 s");
+        assert_eq!(
+            pairings_taken(&mut b).len(),
+            1 + 12,
+            "at once, then every 250 ms"
+        );
+        // A stops: B's keepalives stop within UNANSWERED.
+        a.set_pairings(ms(3000), B, &[]).unwrap();
+        for t in (301..=500).map(|i| ms(10 * i)) {
+            deliver(&mut a, &mut b, t);
+            b.handle_timeout(t);
+            if t > ms(3000) + UNANSWERED {
+                assert_eq!(b.poll_transmit(t), None, "at {t:?}");
+            } else {
+                deliver(&mut b, &mut a, t);
+            }
+        }
+        assert_eq!(b.poll_timeout(), None);
+    }
+
+    /// A demand, a probe offer and pairings due at the same moment: the demand and the
+    /// offer take the burst, the pairings the next token.
+    #[test]
+    fn pairings_go_after_demands_and_probe_messages_due_with_them() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        session(&mut a, &mut b, ms(0));
+        a.send_tokens_full();
+        a.set_pairings(ms(1), B, &pairings(1)).unwrap();
+        a.set_probe_offer(ms(1), B, Some(offer(0x101))).unwrap();
+        a.set_demand(ms(1), B, &[read(1, 1)]).unwrap();
+        let first: Vec<_> = std::iter::from_fn(|| a.poll_transmit(ms(1)))
+            .map(|t| t.bytes.len())
+            .collect();
+        let demand = wire::TRANSPORT_HEADER_LEN + 1 + 4 + wire::ENTRY_LEN + wire::TAG_LEN;
+        assert_eq!(first, vec![demand, PROBE_DATAGRAM]);
+        assert_eq!(a.poll_timeout(), Some(ms(2)));
+        let next = a.poll_transmit(ms(2)).unwrap();
+        assert_eq!(next.bytes.len(), pairings_datagram(1));
+    }
+
+    /// A member dropped from the list takes the pairings toward it (no event, no message);
+    /// listed again, it starts with none.
+    #[test]
+    fn a_removed_member_takes_its_pairings_with_it() {
+        let mut a = channel(A, 1);
+        let mut b = channel(B, 2);
+        a.set_pairings(ms(0), B, &pairings(3)).unwrap();
+        pump(&mut a, &mut b, ms(0));
+        let without_b: Vec<Member> = members().into_iter().filter(|m| m.node != B).collect();
+        a.set_members(ms(1), &without_b).unwrap();
+        assert!(events(&mut a).is_empty());
+        assert_eq!(
+            a.set_pairings(ms(1), B, &pairings(3)),
+            Err(Refusal::NotMember)
+        );
+        a.set_members(ms(2), &members()).unwrap();
+        assert_eq!(a.poll_timeout(), None, "nothing due to B");
     }
 
     #[test]

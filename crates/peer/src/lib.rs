@@ -10,7 +10,10 @@
 //! (`justitia_core::incast`). A paces its READ and bandwidth flows to it. The same channel
 //! carries the ends of the reference probe's queue pairs (a *probe offer* from the host
 //! that times RDMA WRITEs against another, a *probe answer* back), so that the two
-//! daemons can connect them.
+//! daemons can connect them, and *pairings*: for each of a host's shaped RC queue pairs
+//! connected to another host, the side channel (a UD queue pair) of the process that owns
+//! it, so that the shapers at the two ends can find each other and split two-sided
+//! requests.
 //!
 //! | module | what it owns |
 //! | --- | --- |

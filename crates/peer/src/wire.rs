@@ -17,7 +17,7 @@
 //!      8     4  the receiver's session index
 //!     12     8  counter (the ChaCha20-Poly1305 nonce)
 //!     20  n+16  AEAD of the plaintext: kind (0 keepalive, 1 demand, 2 grant, 3 probe offer,
-//!               4 probe answer), then the body
+//!               4 probe answer, 5 pairings), then the body
 //! ```
 //!
 //! The handshake MAC ([`crate::keys::PairKey`]) is keyed by the two members' static keys
@@ -45,7 +45,24 @@
 //!               an answer)
 //! ```
 //!
-//! Kinds 3 and 4 came within version 3 and do not change it: a host that does not know
+//! A pairings body ([`Pairing`]) tells the receiver the side channel of the process at
+//! the sender's end of RC queue pairs connected to it, so that the two hosts' shapers can
+//! reach each other: a count (u16: 1 ..= [`MAX_PAIRINGS`]), two zero bytes, then `count`
+//! entries of 16 bytes:
+//!
+//! ```text
+//!      0     4  this_qpn: the sender's RC queue pair (24 bits: 1 ..= 2^24 - 1)
+//!      4     4  that_qpn: the receiver's RC queue pair it is connected to (24 bits, not 0)
+//!      8     4  side_qpn: the sender's process's side channel, a UD queue pair (24 bits,
+//!               not 0)
+//!     12     4  side_qkey: that queue pair's Q_Key (most significant bit 0)
+//! ```
+//!
+//! No two entries of a message share (this_qpn, that_qpn). At most [`MAX_PAIRINGS`]
+//! entries make the largest pairings body 4 + 128 x 16 = 2,052 bytes, the largest
+//! demand's: [`MAX_PLAINTEXT`] and [`MAX_DATAGRAM`] hold both.
+//!
+//! Kinds 3, 4 and 5 came within version 3 and do not change it: a host that does not know
 //! them refuses those messages alone ([`Refusal::Kind`], after the tag, before its
 //! replay window or bucket is touched), as it refuses any unknown kind, and its session
 //! and the other kinds go on. The channel never confirms a new session with one of them,
@@ -57,8 +74,8 @@
 //!
 //! Invariants: [`parse`] checks the length, the magic, version and type and every fixed
 //! size before anything is looked up or computed; [`parse_body`] (run only on
-//! authenticated plaintext) checks every field's range (see [`Grant`], [`DemandEntry`] and
-//! [`ProbeEndpoint`]);
+//! authenticated plaintext) checks every field's range (see [`Grant`], [`DemandEntry`],
+//! [`ProbeEndpoint`] and [`Pairing`]);
 //! [`encode_body`] of a body [`parse_body`] accepts gives the same bytes back.
 
 use justitia_core::flow::{FlowClass, TenantId};
@@ -89,15 +106,24 @@ pub const ENTRY_LEN: usize = 16;
 pub const GRANT_BODY_LEN: usize = 40;
 /// Bytes of a probe offer's or a probe answer's body.
 pub const PROBE_BODY_LEN: usize = 44;
+/// Bytes of one pairing.
+pub const PAIRING_LEN: usize = 16;
+/// The most pairings one message carries: the largest pairings body (4 + 128 x 16 =
+/// 2,052 bytes) is the largest demand's, so it adds nothing to [`MAX_DATAGRAM`].
+pub const MAX_PAIRINGS: usize = 128;
 /// Queue pair numbers and packet sequence numbers are 24 bits (InfiniBand and RoCE): a
 /// decoded one is below this.
 pub const QPN_LIMIT: u32 = 1 << 24;
 /// The most entries one demand carries: a sender's (tenant, class, role) triples against
 /// one peer. 128 keeps the largest datagram (2,089 bytes) within two Ethernet frames.
 pub const MAX_DEMAND_ENTRIES: usize = 128;
-/// The largest plaintext: a kind byte and the largest demand (a probe body is smaller).
+/// The largest plaintext: a kind byte and the largest demand (a probe body is smaller, the
+/// largest pairings body the same size).
 pub const MAX_PLAINTEXT: usize = 1 + 4 + MAX_DEMAND_ENTRIES * ENTRY_LEN;
-/// The largest datagram of version 2.
+// The largest pairings message fits, so that no message this code sends is refused as
+// oversized.
+const _: () = assert!(1 + 4 + MAX_PAIRINGS * PAIRING_LEN <= MAX_PLAINTEXT);
+/// The largest datagram of this version (a transport message of the largest plaintext).
 pub const MAX_DATAGRAM: usize = TRANSPORT_HEADER_LEN + MAX_PLAINTEXT + TAG_LEN;
 /// The largest weight a demand may declare (the core's weights are relative shares; a
 /// million to one is beyond any configured ratio).
@@ -117,6 +143,10 @@ const KIND_DEMAND: u8 = 1;
 const KIND_GRANT: u8 = 2;
 const KIND_PROBE_OFFER: u8 = 3;
 const KIND_PROBE_ANSWER: u8 = 4;
+const KIND_PAIRINGS: u8 = 5;
+/// A Q_Key with this bit set is "controlled": only a privileged process may give a queue
+/// pair one, so no shaper's side channel (an unprivileged process's) has one.
+const QKEY_CONTROLLED: u32 = 1 << 31;
 
 /// A datagram's framing, parsed (nothing in it is authenticated yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,6 +296,10 @@ pub enum Body {
     /// The sender's responder queue pair for the receiver's probe offer numbered
     /// `answers_qpn`, and the memory the receiver's probe WRITEs into.
     ProbeAnswer(ProbeEndpoint),
+    /// Side channels of the processes at the sender's end of RC queue pairs connected to
+    /// the receiver: some of the sender's pairings toward it (1 ..= [`MAX_PAIRINGS`] of
+    /// them, not necessarily all: the set goes over several messages).
+    Pairings(Vec<Pairing>),
 }
 
 /// Why a flow counts at the peer.
@@ -343,6 +377,55 @@ pub struct ProbeEndpoint {
     pub answers_qpn: u32,
 }
 
+/// One RC queue pair's two ends and the side channel of the process at the sender's end:
+/// a shaper splits SENDs and WRITEs with immediate only when the shaper at the other end
+/// of the queue pair takes part, and reaches it over its side channel (a UD queue pair,
+/// one per process and device), whose number the RC queue pair's remote end does not
+/// give. The receiver matches (`that_qpn`, the sender, `this_qpn`) exactly against the
+/// queue pairs its own shapers reported.
+///
+/// Invariants of a decoded pairing: `this_qpn`, `that_qpn` and `side_qpn` in
+/// 1 ..= [`QPN_LIMIT`] - 1; `side_qkey`'s most significant bit is 0
+/// ([`Pairing::check`]); no two pairings of a message share (`this_qpn`, `that_qpn`).
+/// The order (derived, field by field) sorts by that pair first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pairing {
+    /// The sender's RC queue pair.
+    pub this_qpn: u32,
+    /// The receiver's RC queue pair it is connected to.
+    pub that_qpn: u32,
+    /// The side channel (a UD queue pair) of the sender's process that owns `this_qpn`.
+    pub side_qpn: u32,
+    /// That side channel's Q_Key.
+    pub side_qkey: u32,
+}
+
+impl Pairing {
+    /// Whether it is a pairing the wire carries (see the type's invariants).
+    pub fn check(&self) -> Result<(), Refusal> {
+        // QP 0 is the subnet manager's, never an RC queue pair's or a shaper's UD one: a
+        // zero is a field unset.
+        for (qpn, field) in [
+            (self.this_qpn, "this_qpn"),
+            (self.that_qpn, "that_qpn"),
+            (self.side_qpn, "side_qpn"),
+        ] {
+            if !(1..QPN_LIMIT).contains(&qpn) {
+                return Err(Refusal::OutOfRange(field));
+            }
+        }
+        if self.side_qkey & QKEY_CONTROLLED != 0 {
+            return Err(Refusal::OutOfRange("side_qkey"));
+        }
+        Ok(())
+    }
+
+    /// What no two pairings of a message share.
+    pub fn key(&self) -> (u32, u32) {
+        (self.this_qpn, self.that_qpn)
+    }
+}
+
 impl ProbeEndpoint {
     /// Whether it is a probe offer the wire carries (see the type's invariants).
     pub fn check_offer(&self) -> Result<(), Refusal> {
@@ -382,8 +465,9 @@ impl ProbeEndpoint {
 }
 
 /// A body's plaintext: its kind byte, then its layout. Entries beyond
-/// [`MAX_DEMAND_ENTRIES`] are the caller's error (the channel never builds one): they are
-/// cut.
+/// [`MAX_DEMAND_ENTRIES`] or [`MAX_PAIRINGS`], and a pairings body with none (which
+/// [`parse_body`] refuses), are the caller's error (the channel never builds one): the
+/// entries are cut, the empty body is encoded as it is.
 pub fn encode_body(body: &Body) -> Vec<u8> {
     let mut out = Vec::with_capacity(MAX_PLAINTEXT);
     match body {
@@ -421,6 +505,19 @@ pub fn encode_body(body: &Body) -> Vec<u8> {
         Body::ProbeAnswer(e) => {
             out.push(KIND_PROBE_ANSWER);
             encode_probe(&mut out, e);
+        }
+        Body::Pairings(pairings) => {
+            out.push(KIND_PAIRINGS);
+            let pairings = &pairings[..pairings.len().min(MAX_PAIRINGS)];
+            // At most 128: fits.
+            out.extend_from_slice(&(pairings.len() as u16).to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
+            for e in pairings {
+                out.extend_from_slice(&e.this_qpn.to_be_bytes());
+                out.extend_from_slice(&e.that_qpn.to_be_bytes());
+                out.extend_from_slice(&e.side_qpn.to_be_bytes());
+                out.extend_from_slice(&e.side_qkey.to_be_bytes());
+            }
         }
     }
     out
@@ -461,6 +558,7 @@ pub fn parse_body(kind: u8, body: &[u8]) -> Result<Body, Refusal> {
             answer.check_answer()?;
             Ok(Body::ProbeAnswer(answer))
         }
+        KIND_PAIRINGS => parse_pairings(body).map(Body::Pairings),
         _ => Err(Refusal::Kind),
     }
 }
@@ -517,6 +615,43 @@ fn parse_demand(body: &[u8]) -> Result<Vec<DemandEntry>, Refusal> {
         return Err(Refusal::OutOfRange("duplicate entry"));
     }
     Ok(entries)
+}
+
+fn parse_pairings(body: &[u8]) -> Result<Vec<Pairing>, Refusal> {
+    if body.len() < 4 {
+        return Err(Refusal::Length);
+    }
+    let count = usize::from(u16::from_be_bytes([body[0], body[1]]));
+    // None is never sent: a host with no pairings toward a peer sends no message.
+    if !(1..=MAX_PAIRINGS).contains(&count) {
+        return Err(Refusal::OutOfRange("pairing count"));
+    }
+    if body.len() != 4 + count * PAIRING_LEN {
+        return Err(Refusal::Length);
+    }
+    if body[2..4] != [0, 0] {
+        return Err(Refusal::OutOfRange("pairings reserved"));
+    }
+    let mut pairings = Vec::with_capacity(count);
+    for raw in body[4..].chunks_exact(PAIRING_LEN) {
+        let u32_at =
+            |at: usize| u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+        let pairing = Pairing {
+            this_qpn: u32_at(0),
+            that_qpn: u32_at(4),
+            side_qpn: u32_at(8),
+            side_qkey: u32_at(12),
+        };
+        pairing.check()?;
+        pairings.push(pairing);
+    }
+    // Two side channels for one queue pair: the receiver could not tell which is meant.
+    let mut keys: Vec<_> = pairings.iter().map(Pairing::key).collect();
+    keys.sort_unstable();
+    if keys.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Refusal::OutOfRange("duplicate pairing"));
+    }
+    Ok(pairings)
 }
 
 fn parse_grant(body: &[u8]) -> Result<Grant, Refusal> {
@@ -644,6 +779,15 @@ mod tests {
         }
     }
 
+    fn pairing(this_qpn: u32, that_qpn: u32) -> Pairing {
+        Pairing {
+            this_qpn,
+            that_qpn,
+            side_qpn: 0x0000_0a0b,
+            side_qkey: 0x1111_2222,
+        }
+    }
+
     #[test]
     fn the_layout_is_the_documented_one() {
         let init = initiation(NodeId([1; 16]), 0x0102_0304, &[9; NOISE_HANDSHAKE_LEN]);
@@ -702,6 +846,145 @@ mod tests {
         );
         assert_eq!(decode_body(&a), Ok(Body::ProbeAnswer(answer())));
         assert!(TRANSPORT_HEADER_LEN + a.len() + TAG_LEN <= MAX_DATAGRAM);
+    }
+
+    #[test]
+    fn pairings_have_the_documented_layout_and_round_trip() {
+        let pairings = vec![
+            pairing(0x00ab_cdef, 0x0000_0101),
+            Pairing {
+                this_qpn: QPN_LIMIT - 1,
+                that_qpn: 1,
+                side_qpn: 0x0012_3456,
+                side_qkey: 0x7fff_ffff,
+            },
+        ];
+        let b = encode_body(&Body::Pairings(pairings.clone()));
+        assert_eq!(b.len(), 1 + 4 + 2 * PAIRING_LEN);
+        assert_eq!(
+            &b[..],
+            &[
+                5, // kind
+                0, 2, // count
+                0, 0, // zero
+                0, 0xab, 0xcd, 0xef, // this_qpn
+                0, 0, 1, 1, // that_qpn
+                0, 0, 0x0a, 0x0b, // side_qpn
+                0x11, 0x11, 0x22, 0x22, // side_qkey
+                0, 0xff, 0xff, 0xff, // this_qpn
+                0, 0, 0, 1, // that_qpn
+                0, 0x12, 0x34, 0x56, // side_qpn
+                0x7f, 0xff, 0xff, 0xff, // side_qkey
+            ][..]
+        );
+        assert_eq!(decode_body(&b), Ok(Body::Pairings(pairings)));
+        // The most a message carries is a datagram no larger than the largest demand's.
+        let full: Vec<_> = (1..=MAX_PAIRINGS as u32).map(|q| pairing(q, q)).collect();
+        let b = encode_body(&Body::Pairings(full.clone()));
+        assert_eq!(b.len(), 1 + 4 + MAX_PAIRINGS * PAIRING_LEN);
+        assert_eq!(b.len(), MAX_PLAINTEXT);
+        assert_eq!(decode_body(&b), Ok(Body::Pairings(full)));
+    }
+
+    /// One field of a valid pairings body changed at a time: each is refused by name, and
+    /// the count, length and padding before any entry.
+    #[test]
+    fn pairing_fields_out_of_range_are_refused_by_name() {
+        let body = encode_body(&Body::Pairings(vec![
+            pairing(0x101, 0x202),
+            pairing(0x102, 0x202),
+        ]))[1..]
+            .to_vec();
+        assert!(parse_body(5, &body).is_ok());
+        assert_eq!(parse_body(5, &[]).err(), Some(Refusal::Length));
+        assert_eq!(parse_body(5, &body[..3]).err(), Some(Refusal::Length));
+        assert_eq!(
+            parse_body(5, &body[..body.len() - 1]).err(),
+            Some(Refusal::Length)
+        );
+        let mut long = body.clone();
+        long.push(0);
+        assert_eq!(parse_body(5, &long).err(), Some(Refusal::Length));
+        let mut b = body.clone();
+        b[1] = 1; // claims one entry, holds two
+        assert_eq!(parse_body(5, &b).err(), Some(Refusal::Length));
+        // None is never sent; more than a message carries is refused before the length.
+        for count in [0u16, MAX_PAIRINGS as u16 + 1, u16::MAX] {
+            let mut b = body.clone();
+            b[0..2].copy_from_slice(&count.to_be_bytes());
+            assert_eq!(
+                parse_body(5, &b).err(),
+                Some(Refusal::OutOfRange("pairing count")),
+                "count {count}"
+            );
+        }
+        assert_eq!(
+            parse_body(5, &[0, 0, 0, 0]).err(),
+            Some(Refusal::OutOfRange("pairing count"))
+        );
+        for at in [2, 3] {
+            let mut b = body.clone();
+            b[at] = 1;
+            assert_eq!(
+                parse_body(5, &b).err(),
+                Some(Refusal::OutOfRange("pairings reserved")),
+                "byte {at}"
+            );
+        }
+        // The second entry's fields (the first entry is 4..20).
+        let cases: [(usize, u32, &str); 7] = [
+            (20, 0, "this_qpn"),
+            (20, QPN_LIMIT, "this_qpn"),
+            (24, 0, "that_qpn"),
+            (24, QPN_LIMIT, "that_qpn"),
+            (28, 0, "side_qpn"),
+            (28, u32::MAX, "side_qpn"),
+            (32, 0x8000_0000, "side_qkey"),
+        ];
+        for (at, value, field) in cases {
+            let mut b = body.clone();
+            b[at..at + 4].copy_from_slice(&value.to_be_bytes());
+            assert_eq!(
+                parse_body(5, &b).err(),
+                Some(Refusal::OutOfRange(field)),
+                "{field} {value:#x}"
+            );
+        }
+        // The largest numbers in range, and any Q_Key below the controlled ones, are taken.
+        let mut b = body.clone();
+        for at in [20, 24, 28] {
+            b[at..at + 4].copy_from_slice(&(QPN_LIMIT - 1).to_be_bytes());
+        }
+        b[32..36].copy_from_slice(&0x7fff_ffffu32.to_be_bytes());
+        assert!(parse_body(5, &b).is_ok());
+        // Two entries for one queue pair, with the same side channel or another.
+        let mut b = body.clone();
+        b[23] = 0x01; // this_qpn 0x102 -> 0x101
+        assert_eq!(
+            parse_body(5, &b).err(),
+            Some(Refusal::OutOfRange("duplicate pairing"))
+        );
+        b[31] = 0x0c;
+        assert_eq!(
+            parse_body(5, &b).err(),
+            Some(Refusal::OutOfRange("duplicate pairing"))
+        );
+        // The same queue pair connected to two of the receiver's is no duplicate (only the
+        // receiver's match can say which is real).
+        let mut b = body;
+        b[23] = 0x01;
+        b[27] = 0x03; // that_qpn 0x202 -> 0x203
+        assert!(parse_body(5, &b).is_ok());
+        // The checks the channel runs on what it is asked to send are the same.
+        assert_eq!(pairing(1, 1).check(), Ok(()));
+        assert_eq!(
+            Pairing {
+                side_qkey: 0x8000_0001,
+                ..pairing(1, 1)
+            }
+            .check(),
+            Err(Refusal::OutOfRange("side_qkey"))
+        );
     }
 
     /// One field of a valid offer or answer changed at a time: each is refused by name,
@@ -940,7 +1223,85 @@ mod tests {
             )
     }
 
+    fn arb_pairing() -> impl Strategy<Value = Pairing> {
+        (1..QPN_LIMIT, 1..QPN_LIMIT, 1..QPN_LIMIT, 0..QKEY_CONTROLLED).prop_map(
+            |(this_qpn, that_qpn, side_qpn, side_qkey)| Pairing {
+                this_qpn,
+                that_qpn,
+                side_qpn,
+                side_qkey,
+            },
+        )
+    }
+
+    fn arb_qpn_field() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            Just(0),
+            Just(QPN_LIMIT - 1),
+            Just(QPN_LIMIT),
+            1u32..4,
+            1..QPN_LIMIT,
+            any::<u32>(),
+        ]
+    }
+
+    fn arb_qkey_field() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            Just(QKEY_CONTROLLED - 1),
+            Just(QKEY_CONTROLLED),
+            0..QKEY_CONTROLLED,
+            any::<u32>(),
+        ]
+    }
+
     proptest! {
+        #[test]
+        fn pairings_round_trip_byte_for_byte(
+            pairings in proptest::collection::vec(arb_pairing(), 1..=MAX_PAIRINGS),
+        ) {
+            // Distinct (this_qpn, that_qpn): keep the first of each, in the order drawn.
+            let mut seen = std::collections::BTreeSet::new();
+            let pairings: Vec<_> = pairings.into_iter().filter(|e| seen.insert(e.key())).collect();
+            let bytes = encode_body(&Body::Pairings(pairings.clone()));
+            prop_assert!(TRANSPORT_HEADER_LEN + bytes.len() + TAG_LEN <= MAX_DATAGRAM);
+            let back = decode_body(&bytes).unwrap();
+            prop_assert_eq!(&back, &Body::Pairings(pairings));
+            prop_assert_eq!(encode_body(&back), bytes);
+        }
+
+        /// Entries of edge values and small numbers (so that some share a key): a body is
+        /// taken exactly when every entry is in range and no two share a key, and what is
+        /// taken encodes back to the same bytes.
+        #[test]
+        fn decoded_pairings_are_in_range_and_encode_back(
+            entries in proptest::collection::vec(
+                (arb_qpn_field(), arb_qpn_field(), arb_qpn_field(), arb_qkey_field()),
+                1..=4,
+            ),
+        ) {
+            let mut body = vec![0, entries.len() as u8, 0, 0];
+            for &(this, that, side, qkey) in &entries {
+                for field in [this, that, side, qkey] {
+                    body.extend_from_slice(&field.to_be_bytes());
+                }
+            }
+            let in_range = entries.iter().all(|&(this, that, side, qkey)| {
+                [this, that, side].iter().all(|q| (1..QPN_LIMIT).contains(q))
+                    && qkey < QKEY_CONTROLLED
+            });
+            let keys: std::collections::BTreeSet<_> =
+                entries.iter().map(|&(this, that, ..)| (this, that)).collect();
+            match parse_body(5, &body) {
+                Ok(Body::Pairings(pairings)) => {
+                    prop_assert!(in_range && keys.len() == entries.len());
+                    prop_assert!(pairings.iter().all(|e| e.check().is_ok()));
+                    prop_assert_eq!(&encode_body(&Body::Pairings(pairings))[1..], &body[..]);
+                }
+                Ok(other) => prop_assert!(false, "{other:?}"),
+                Err(_) => prop_assert!(!in_range || keys.len() < entries.len()),
+            }
+        }
+
         #[test]
         fn probe_offers_and_answers_round_trip_byte_for_byte(e in arb_probe()) {
             let offer = ProbeEndpoint { rkey: 0, addr: 0, answers_qpn: 0, ..e };

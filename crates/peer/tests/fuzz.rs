@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use justitia_core::flow::{FlowClass, TenantId};
 use justitia_peer::channel::{Channel, ChannelConfig, Member};
 use justitia_peer::keys::PrivateKey;
-use justitia_peer::wire::{self, Body, DemandEntry, Grant, ProbeEndpoint, Role};
+use justitia_peer::wire::{self, Body, DemandEntry, Grant, Pairing, ProbeEndpoint, Role};
 use justitia_peer::NodeId;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -80,6 +80,23 @@ fn probe_offer() -> ProbeEndpoint {
     }
 }
 
+fn pairings() -> Vec<Pairing> {
+    vec![
+        Pairing {
+            this_qpn: 0x101,
+            that_qpn: 0x202,
+            side_qpn: 0x303,
+            side_qkey: 0x1234_5678,
+        },
+        Pairing {
+            this_qpn: 0x102,
+            that_qpn: 0x202,
+            side_qpn: 0x303,
+            side_qkey: 0x1234_5678,
+        },
+    ]
+}
+
 fn bodies() -> Vec<Body> {
     vec![
         Body::Keepalive,
@@ -104,6 +121,7 @@ fn bodies() -> Vec<Body> {
             answers_qpn: 0x101,
             ..probe_offer()
         }),
+        Body::Pairings(pairings()),
     ]
 }
 
@@ -116,6 +134,7 @@ fn session_datagrams() -> Vec<Vec<u8>> {
     a.set_demand(ms(0), B, &[entry(1, FlowClass::Bandwidth, Role::Read)])
         .unwrap();
     a.set_probe_offer(ms(0), B, Some(probe_offer())).unwrap();
+    a.set_pairings(ms(0), B, &pairings()).unwrap();
     for _ in 0..3 {
         while let Some(t) = a.poll_transmit(ms(0)) {
             b.receive(ms(0), &t.bytes).unwrap();
@@ -273,6 +292,10 @@ fn fuzz_the_peer_parsers_and_channel() {
                 }
                 if let Body::ProbeAnswer(e) = &body {
                     prop_assert_eq!(e.check_answer(), Ok(()));
+                }
+                if let Body::Pairings(pairings) = &body {
+                    prop_assert!(!pairings.is_empty() && pairings.len() <= wire::MAX_PAIRINGS);
+                    prop_assert!(pairings.iter().all(|e| e.check().is_ok()));
                 }
             }
             Ok(())

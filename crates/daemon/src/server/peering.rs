@@ -92,8 +92,12 @@ impl Daemon {
         let now = Duration::from_nanos(now_ns());
         let mut incast_changed = false;
         let mut answers = Vec::new();
+        let mut found = Vec::new();
         while let Some(event) = link.poll_event() {
             match event {
+                ChannelEvent::Pairings { peer, pairings } => {
+                    found.extend(self.pairings.matched(peer, &pairings));
+                }
                 ChannelEvent::ServedChanged => served_changed = true,
                 // Members only: the channel raises nothing for anyone else.
                 ChannelEvent::ProbeOffer { peer, offer } => self.probe.serve_offer(peer, offer),
@@ -117,6 +121,7 @@ impl Daemon {
                 }
             }
         }
+        self.tell_found(&found);
         for (peer, answer) in answers {
             if self.probe.answered(peer, answer) {
                 // Its samples so far measured the loopback: the loop measures anew.
@@ -258,7 +263,7 @@ impl Daemon {
             }
         }
         // `members_file`: read again when it changed (once a second at most).
-        link.poll_members_file(now);
+        let members_changed = link.poll_members_file(now);
         link.set_demands(now, demands(loading));
         // The reference flow across the wire: this host's offer to its reference peer,
         // and answers to the members whose offers were served.
@@ -270,6 +275,29 @@ impl Daemon {
         }
         if let Some((peer, offer)) = self.probe.offer(now.as_nanos() as u64) {
             link.set_probe_offer(now, peer, Some(offer));
+        }
+        // The rendezvous of side channels: each member is sent the pairings of this
+        // host's queue pairs connected to it (none to this host itself: matched at once),
+        // and one whose last went an empty set.
+        let this_host = link.settings().node;
+        if members_changed {
+            // Pairings toward a former member go: its queue pairs' requests go whole.
+            self.pairings
+                .retain_members(|n| n == this_host || link.is_member(n));
+        }
+        if self.pairings.take_changed() {
+            let mut out = self.pairings.outbound();
+            out.remove(&this_host);
+            for peer in std::mem::take(&mut self.pairing_sent_to) {
+                if !out.contains_key(&peer) {
+                    link.set_pairings(now, peer, &[]);
+                }
+            }
+            for (&peer, pairings) in &out {
+                link.set_pairings(now, peer, pairings);
+            }
+            self.pairing_sent_to = out.into_keys().collect();
+            self.metrics.pairings_held.set(self.pairings.len() as i64);
         }
         link.flush(now);
         self.peer_events();
@@ -311,6 +339,9 @@ impl Daemon {
         }
         match link.reload(Duration::from_nanos(now_ns()), new) {
             Ok(()) => {
+                let this_host = link.settings().node;
+                self.pairings
+                    .retain_members(|n| n == this_host || link.is_member(n));
                 info!(members = new.members.len(), "peer key and members reloaded");
                 true
             }

@@ -1,7 +1,8 @@
 //! Registration: accepting shapers on the registration socket and serving their messages.
 //!
 //! Inputs: connections to the registration socket (any local user may connect) and the
-//! messages they send: registrations, usage reports, unregistrations, remote ends.
+//! messages they send: registrations, usage reports, unregistrations, remote ends,
+//! pairings (see [`crate::pairing`]).
 //! Outputs: connections held ([`Client`]), flows registered in the [`ControlLoop`](justitia_core::control_loop::ControlLoop) and
 //! given a slot in their tenant's page ([`Flow`], [`TenantPage`]), replies, and the
 //! reclaim of a connection's flows when it hangs up or its process exits.
@@ -26,6 +27,9 @@
 //!   at most `max_remote_ends_per_tenant` distinct peers: so a local tenant neither fills
 //!   the channel's table of peers nor aims its datagrams, and a refused flow stays paced
 //!   here as a local flow;
+//! - a pairing is held only for a flow the connection owns whose remote end is a member
+//!   or this host, and only within [`crate::pairing`]'s caps; a side channel found is
+//!   told only to the connection that reported the pairing;
 //! - a claimed uid must be the kernel's; every refusal is counted under its reason, and
 //!   every log line a peer can cause is rate-limited;
 //! - a connection that hangs up, or whose process exits, has its flows reclaimed on that
@@ -39,8 +43,8 @@ use std::time::Duration;
 
 use justitia_agent::block::BlockWriter;
 use justitia_agent::proto::{
-    AdmissionReply, LatencyReport, ParseError, RefuseReason, Register, RemoteEnd, Reply, Request,
-    LATENCY_LONGEST, MAX_MESSAGE, NO_UID,
+    AdmissionReply, LatencyReport, Paired, ParseError, QpPairing, RefuseReason, Register,
+    RemoteEnd, Reply, Request, LATENCY_LONGEST, MAX_MESSAGE, NO_UID,
 };
 use justitia_core::control_loop::FlowRegistration;
 use justitia_core::controller::Admission;
@@ -54,6 +58,7 @@ use crate::kubepods::PodName;
 use crate::limits::CapOwner;
 use crate::limits::{LogKind, SlotCounts};
 use crate::metrics::{Label, Tenant, TenantReason};
+use crate::pairing::{Found, LocalPairing};
 
 use super::{
     now_ns, Client, Daemon, Flow, TenantPage, EVENTS, LISTEN_PAUSE, MESSAGES_PER_TURN,
@@ -532,6 +537,16 @@ impl Daemon {
                     self.remote_reported(now_d, client, r);
                 }
             }
+            Request::Pairing(p) => {
+                if self.owns(client, p.flow, "pairing of") {
+                    self.pairing_reported(client, p);
+                }
+            }
+            Request::Unpairing { flow, local_qpn } => {
+                if self.owns(client, flow, "unpairing of") {
+                    self.pairings.remove(flow, local_qpn);
+                }
+            }
             Request::ControlVerbs(r) => self.note_control_verbs(client, r),
             Request::QpTurns(r) => self.note_qp_turns(client, r),
             Request::Latency(r) => self.latency_reported(client, r),
@@ -795,6 +810,81 @@ impl Daemon {
         self.refuse_message(client, reason, &detail);
     }
 
+    /// A shaper's queue pair reached RTR with its side channel: held for the rendezvous
+    /// when its remote end is a member (sent there by the next pass, `peering.rs`) or
+    /// this host (matched here at once: both shapers are local); refused, counted and
+    /// logged within the limit otherwise (no channel, another host, or a cap reached):
+    /// the queue pair's requests then go whole, as natively.
+    fn pairing_reported(&mut self, client: u64, p: QpPairing) {
+        let Some(tenant) = self.flows.get(&p.flow).map(|f| f.tenant) else {
+            return;
+        };
+        let node = match &self.peer {
+            None => None,
+            Some(link) if p.remote_gid == [0; 16] => {
+                link.settings().lids.get(&p.remote_lid).copied()
+            }
+            Some(_) => Some(NodeId(p.remote_gid)),
+        };
+        let this_host = self.peer.as_ref().map(|l| l.settings().node);
+        let member =
+            |n: NodeId| Some(n) == this_host || self.peer.as_ref().is_some_and(|l| l.is_member(n));
+        let Some(peer) = node.filter(|&n| member(n)) else {
+            let detail = match (&self.peer, node) {
+                (None, _) => format!(
+                    "pairing of flow {} queue pair {}: the peer channel is off",
+                    p.flow, p.local_qpn
+                ),
+                (Some(_), Some(n)) => format!(
+                    "pairing of flow {} queue pair {} names {n}, not a member",
+                    p.flow, p.local_qpn
+                ),
+                (Some(_), None) => format!(
+                    "pairing of flow {} queue pair {} names LID {}, which no member has",
+                    p.flow, p.local_qpn, p.remote_lid
+                ),
+            };
+            return self.refuse_message(client, "pairing_not_a_member", &detail);
+        };
+        let local = LocalPairing {
+            client,
+            flow: p.flow,
+            tenant,
+            local_qpn: p.local_qpn,
+            peer,
+            remote_qpn: p.remote_qpn,
+            side: (p.side_qpn, p.side_qkey),
+        };
+        if let Err(reason) = self.pairings.insert(local) {
+            let detail = format!(
+                "pairing of flow {} queue pair {}: {reason}",
+                p.flow, p.local_qpn
+            );
+            return self.refuse_message(client, reason.as_str(), &detail);
+        }
+        if Some(peer) == this_host {
+            // Both ends on this host: no member to ask.
+            let found = self.pairings.matched_here(&local);
+            self.tell_found(&found);
+        }
+    }
+
+    /// Tells each shaper the side channels found for its queue pairs.
+    pub(super) fn tell_found(&mut self, found: &[Found]) {
+        for f in found {
+            self.send_reply(
+                f.client,
+                Reply::Paired(Paired {
+                    flow: f.flow,
+                    local_qpn: f.local_qpn,
+                    side_qpn: f.side.0,
+                    side_qkey: f.side.1,
+                }),
+            );
+            self.metrics.pairings_found.inc();
+        }
+    }
+
     /// Whether flow `r.flow`'s remote end may count; the refusal's reason and the node
     /// named if not. With the channel off, or an end on this host or at an unknown LID,
     /// it may: [`Daemon::remote_end`] then counts the flow as local by itself.
@@ -842,6 +932,7 @@ impl Daemon {
     }
 
     fn drop_flow(&mut self, now: Duration, id: u64) {
+        self.pairings.remove_flow(id);
         if let Some(f) = self.flows.remove(&id) {
             if let std::collections::hash_map::Entry::Occupied(mut e) =
                 self.owner_flows.entry(f.owner)

@@ -870,6 +870,9 @@ impl JustitiaPolicy {
                 // ([`ReferenceProbe::connect`]), towards a latency flow's peer: no
                 // policy here offers one over the channel.
                 ChannelEvent::ProbeOffer { .. } | ChannelEvent::ProbeAnswer { .. } => {}
+                // The simulated hosts' shapers know each other's side channels from the
+                // scenario (`split.rs`): no policy here sends pairings over the channel.
+                ChannelEvent::Pairings { .. } => {}
                 ChannelEvent::Guarantee {
                     peer,
                     guarantee,
