@@ -2647,9 +2647,19 @@ mod tests {
     /// handshake every UNANSWERED).
     #[test]
     fn an_offer_not_answered_yet_keeps_its_session() {
+        rendezvous_alone_keeps_its_session(|a, t, on| {
+            a.set_probe_offer(t, B, on.then(|| offer(0x101))).unwrap();
+        });
+    }
+
+    /// A sends B only what `set` sets (`true`: its rendezvous message; `false`: nothing
+    /// more) for 3 s, then stops: B, with nothing of its own to send, keeps A's session
+    /// with a keepalive every half UNANSWERED (no handshake), and stops within UNANSWERED
+    /// of A's last message. Returns B, its events not taken.
+    fn rendezvous_alone_keeps_its_session(set: impl Fn(&mut Channel, Duration, bool)) -> Channel {
         let mut a = channel(A, 1);
         let mut b = channel(B, 2);
-        a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
+        set(&mut a, ms(0), true);
         pump(&mut a, &mut b, ms(0));
         let mut initiations = 0;
         let mut keepalives = 0;
@@ -2666,7 +2676,7 @@ mod tests {
         assert_eq!(initiations, 0);
         assert_eq!(keepalives, 6, "every half UNANSWERED for 3 s");
         // A stops: B's keepalives stop within UNANSWERED.
-        a.set_probe_offer(ms(3000), B, None).unwrap();
+        set(&mut a, ms(3000), false);
         for t in (301..=500).map(|i| ms(10 * i)) {
             deliver(&mut a, &mut b, t);
             b.handle_timeout(t);
@@ -2677,6 +2687,7 @@ mod tests {
             }
         }
         assert_eq!(b.poll_timeout(), None);
+        b
     }
 
     /// A member dropped from the list takes the probe state with it (no event: the caller
@@ -2982,44 +2993,18 @@ mod tests {
 
     /// Pairings and nothing else: the peer, with nothing to send back (no shaper of its
     /// own), keeps the sender informed with keepalives, so that the sender's session stays
-    /// (no handshake every UNANSWERED).
+    /// (no handshake every UNANSWERED); the pairings went at once, then every 250 ms.
     #[test]
     fn pairings_alone_keep_their_session() {
-        let mut a = channel(A, 1);
-        let mut b = channel(B, 2);
-        a.set_pairings(ms(0), B, &pairings(2)).unwrap();
-        pump(&mut a, &mut b, ms(0));
-        let mut initiations = 0;
-        let mut keepalives = 0;
-        for t in (1..=300).map(|i| ms(10 * i)) {
-            while let Some(m) = a.poll_transmit(t) {
-                initiations += usize::from(m.bytes.len() == wire::INITIATION_LEN);
-                b.receive(t, &m.bytes).unwrap();
-            }
-            while let Some(m) = b.poll_transmit(t) {
-                keepalives += usize::from(m.bytes.len() == KEEPALIVE_DATAGRAM);
-                a.receive(t, &m.bytes).unwrap();
-            }
-        }
-        assert_eq!(initiations, 0);
-        assert_eq!(keepalives, 6, "every half UNANSWERED for 3 s");
+        let mut b = rendezvous_alone_keeps_its_session(|a, t, on| {
+            let set = if on { pairings(2) } else { Vec::new() };
+            a.set_pairings(t, B, &set).unwrap();
+        });
         assert_eq!(
             pairings_taken(&mut b).len(),
             1 + 12,
             "at once, then every 250 ms"
         );
-        // A stops: B's keepalives stop within UNANSWERED.
-        a.set_pairings(ms(3000), B, &[]).unwrap();
-        for t in (301..=500).map(|i| ms(10 * i)) {
-            deliver(&mut a, &mut b, t);
-            b.handle_timeout(t);
-            if t > ms(3000) + UNANSWERED {
-                assert_eq!(b.poll_transmit(t), None, "at {t:?}");
-            } else {
-                deliver(&mut b, &mut a, t);
-            }
-        }
-        assert_eq!(b.poll_timeout(), None);
     }
 
     /// A demand, a probe offer and pairings due at the same moment: the demand and the
