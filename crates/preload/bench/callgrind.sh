@@ -12,7 +12,8 @@
 # bandwidth-class process on a CQ too small to shape its QP (the QP observed, its CQ's
 # polls passed through), and in a latency-class process without a daemon (its QP observed,
 # its polls the provider's) and following one (one request in four timed from its post to
-# the poll that returns its completion, for the adaptive law's tail), counts the instructions
+# the poll that returns its completion, for the adaptive law's tail), and a 16 B SEND on the
+# shaped path beside one straight to the provider (sent whole), counts the instructions
 # executed inside the post and poll calls only, and prints them per request and what the
 # shaper adds, each beside its target.
 # Needs valgrind (apt-get install valgrind). N sets the iteration count (default 100000).
@@ -43,7 +44,9 @@ adaptive=$(count follow-adaptive)
 unshaped=$(count unshaped-cq)
 latency=$(count latency)
 timed=$(count latency-timed)
-awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v a="$adaptive" -v u="$unshaped" -v l="$latency" -v t="$timed" -v n="$n" 'BEGIN {
+direct_send=$(count direct-send)
+shaped_send=$(count shaped-send)
+awk -v ds="$direct_send" -v xs="$shaped_send" -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v a="$adaptive" -v u="$unshaped" -v l="$latency" -v t="$timed" -v n="$n" 'BEGIN {
   printf "instructions per post+poll, %d iterations (callgrind, mock provider)\n", n
   printf "  direct to provider : %8.1f\n", d / n
   printf "  through the shaper : %8.1f\n", s / n
@@ -55,4 +58,5 @@ awk -v d="$direct" -v s="$shaper" -v x="$shaped" -v p="$paced" -v f="$follow" -v
   printf "  unshaped CQ adds   : %8.1f (bandwidth class, a CQ too small to shape its QP: observed, polled through; target: under 65)\n", (u - d) / n
   printf "  latency adds       : %8.1f (latency class, no daemon: observed, the provider'"'"'s poll; target: at most 51)\n", (l - d) / n
   printf "  timed latency adds : %8.1f (latency class following a daemon, one request in four timed; target: under 200)\n", (t - d) / n
+  printf "  shaped SEND adds   : %8.1f (bandwidth class, a 16 B SEND, sent whole; target: under 300)\n", (xs - ds) / n
 }'

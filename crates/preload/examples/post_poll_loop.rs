@@ -13,10 +13,14 @@
 //! phase), or in a bandwidth-class process on a CQ too small to shape its QP
 //! (`unshaped-cq`: the QP is only observed, and the poll passes through with the shaper's
 //! look at the CQ after the provider returns, which a process that shapes nothing skips).
+//! `direct-send` and `shaped-send` are `direct` and `shaped` with a 16-byte SEND instead
+//! of the WRITE: a request that consumes a receive at the peer, which the shaper sends
+//! whole unless the two shapers agreed to split, on the same shaped path (the baseline
+//! of what splitting two-sided requests may add to an unsplit one).
 //! Run by `crates/preload/bench/callgrind.sh`, which counts the instructions spent inside
 //! `justitia_bench_post` and `justitia_bench_poll` under callgrind.
 //!
-//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive|unshaped-cq|latency|latency-timed N`
+//! Usage: `post_poll_loop direct|shaper|shaped|paced|follow|follow-adaptive|unshaped-cq|latency|latency-timed|direct-send|shaped-send N`
 
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
@@ -60,14 +64,16 @@ fn main() -> anyhow::Result<()> {
     let mode = args.next().unwrap_or_else(|| "shaper".into());
     let iterations: u64 = args.next().unwrap_or_else(|| "100000".into()).parse()?;
     let (shaped, class, rate) = match mode.as_str() {
-        "direct" => (false, None, None),
+        "direct" | "direct-send" => (false, None, None),
         "shaper" => (true, None, None),
-        "shaped" | "follow" | "follow-adaptive" | "unshaped-cq" => (true, Some("bandwidth"), None),
+        "shaped" | "follow" | "follow-adaptive" | "unshaped-cq" | "shaped-send" => {
+            (true, Some("bandwidth"), None)
+        }
         "paced" => (true, Some("throughput"), Some("100G:1G")),
         "latency" | "latency-timed" => (true, Some("latency"), None),
         other => {
             anyhow::bail!(
-                "mode must be direct, shaper, shaped, paced, follow, follow-adaptive or unshaped-cq, not {other}"
+                "mode must be direct, shaper, shaped, paced, follow, follow-adaptive, unshaped-cq, latency, latency-timed, direct-send or shaped-send, not {other}"
             )
         }
     };
@@ -147,7 +153,11 @@ fn main() -> anyhow::Result<()> {
         wr_id: 1,
         sg_list: &mut sge,
         num_sge: 1,
-        opcode: IBV_WR_RDMA_WRITE,
+        opcode: if mode.ends_with("-send") {
+            IBV_WR_SEND
+        } else {
+            IBV_WR_RDMA_WRITE
+        },
         send_flags: IBV_SEND_SIGNALED,
         ..Default::default()
     };
