@@ -304,7 +304,12 @@ impl SharedSendCq {
 
 /// Send and receive queue depth (and per-rig CQ depth) for batches of `plan`.
 pub(crate) fn queue_depth(plan: &PlanConfig) -> u32 {
-    4 * u32::try_from(plan.max_batch.max(1)).unwrap_or(u32::MAX / 8) + 16
+    batch_queue_depth(plan.max_batch)
+}
+
+/// Queue depth for batches of up to `max_batch` requests: room for four batches and more.
+pub(crate) fn batch_queue_depth(max_batch: usize) -> u32 {
+    4 * u32::try_from(max_batch.max(1)).unwrap_or(u32::MAX / 8) + 16
 }
 
 impl Rig {
@@ -639,15 +644,27 @@ pub(crate) enum Fault {
     Detail(String),
 }
 
+/// What a completion is awaited for: a request known by the `wr_id` it was posted with.
+pub(crate) trait Awaited {
+    /// The `wr_id` its completion must carry.
+    fn awaited_wr_id(&self) -> u64;
+}
+
+impl Awaited for Transfer {
+    fn awaited_wr_id(&self) -> u64 {
+        self.wr_id
+    }
+}
+
 /// Polls with `poll` until one completion per entry of `expected` has arrived, in order,
 /// each accepted by `check`; wrong details are counted in `report`.
-pub(crate) fn wait_for(
+pub(crate) fn wait_for<T: Awaited>(
     mut poll: impl FnMut(&mut [ibv_wc]) -> Result<usize, VerbsError>,
     queue: &'static str,
-    expected: &[&Transfer],
+    expected: &[&T],
     timeout: Duration,
     report: &mut Report,
-    check: impl Fn(&ibv_wc, &Transfer) -> Result<(), Fault>,
+    check: impl Fn(&ibv_wc, &T) -> Result<(), Fault>,
 ) -> Result<(), CheckError> {
     let start = Instant::now();
     let mut next = 0;
@@ -677,7 +694,7 @@ pub(crate) fn wait_for(
                     queue,
                     waited: timeout,
                     missing: expected.len() - next,
-                    next_wr_id: expected[next].wr_id,
+                    next_wr_id: expected[next].awaited_wr_id(),
                 });
             }
             // Soft-RoCE does its work in kernel threads; leave them the CPU.

@@ -33,7 +33,15 @@
 //! - [`across`] runs the same plans across two hosts, two processes (`--serve` and
 //!   `--connect`): the server holds regions filled with a known pattern, the client READs
 //!   every transfer from them over the link and checks each byte against the pattern at
-//!   the remote offset, the QPs' details exchanged over TCP as perftest does.
+//!   the remote offset, the QPs' details exchanged over TCP as perftest does. With
+//!   `--two-sided send` or `--two-sided write-imm` on the client the data flows the other
+//!   way: SENDs (about half with immediate) or RDMA WRITEs with immediate, which the
+//!   server receives and judges, batch by batch, its receives always posted first.
+//! - [`two_sided`] draws those messages (random sizes from 1 byte to the largest, random
+//!   scatter lists on both ends, receives with slack after the message) from the seed both
+//!   ends share, and judges each received message: completion status, opcode, `byte_len`,
+//!   immediate flag and value, `wr_id` and order, every byte, the guards around every range
+//!   and the rest of the server's region.
 
 pub mod across;
 pub mod checker;
@@ -41,3 +49,4 @@ pub mod ledger;
 pub mod pattern;
 pub mod plan;
 pub mod post_api;
+pub mod two_sided;

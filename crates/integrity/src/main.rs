@@ -7,6 +7,10 @@
 //! `--threads N` runs N rigs at once, one thread each, whose requesters share one send CQ
 //! polled by one more thread that hands every completion to its QP's thread and checks
 //! that every signaled request completes exactly once.
+//! `--serve ADDR:PORT` and `--connect ADDR:PORT` run across two hosts: by default the
+//! client READs from the server's regions; with `--two-sided send` or `--two-sided
+//! write-imm` it sends SENDs (some with immediate) or RDMA WRITEs with immediate, and the
+//! server checks every receive completion and every byte it received.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -18,11 +22,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use justitia_integrity::across::{self, AcrossOptions};
+use justitia_integrity::across::{self, AcrossOptions, Served};
 use justitia_integrity::checker::{CheckError, Report, Rig, RigOptions, SharedSendCq};
 use justitia_integrity::ledger::Ledger;
 use justitia_integrity::plan::{PlanConfig, Planner};
 use justitia_integrity::post_api::PostApi;
+use justitia_integrity::two_sided::{MessageConfig, MessagePlanner, MessageReport, TwoSided};
 use justitia_verbs::sys::ibv_wc;
 use justitia_verbs::CompletionQueue;
 
@@ -39,7 +44,7 @@ struct Args {
     /// GID index (0 is the IPv6 link-local GID on Soft-RoCE).
     #[arg(long, short = 'x', default_value_t = 0)]
     gid_index: u8,
-    /// Transfers (work requests) to run at least.
+    /// Transfers (work requests) to run at least; with --two-sided, messages.
     #[arg(long, short = 'n', default_value_t = 300)]
     transfers: u64,
     /// Seed of the random plan (default: from the clock); printed so a run can be replayed.
@@ -78,16 +83,34 @@ struct Args {
     /// printed seed plus the thread's index).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     threads: u8,
-    /// Across two hosts, this end: hold the remote regions for one client and serve its
-    /// READs, listening for its TCP connection on ADDR:PORT (the plan's settings come
-    /// from the client). Prints whether the regions were left intact.
+    /// Across two hosts, this end: serve one client, listening for its TCP connection on
+    /// ADDR:PORT (the mode and the plan's settings come from the client). In READ mode,
+    /// hold the remote regions while it READs and print whether they were left intact;
+    /// with a `--two-sided` client, post the receives of each batch, check every receive
+    /// completion and every byte received, and print the verdict.
     #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = ["connect", "threads"])]
     serve: Option<SocketAddr>,
     /// Across two hosts, the other end: connect to a `--serve` process at ADDR:PORT and
     /// post every transfer of the plan as an RDMA READ from its regions (`--post-api
-    /// post-send`), checking every byte against the pattern the server filled them with.
+    /// post-send`), checking every byte against the pattern the server filled them with;
+    /// or, with `--two-sided`, send it two-sided messages.
     #[arg(long, value_name = "ADDR:PORT", conflicts_with = "threads")]
     connect: Option<SocketAddr>,
+    /// With --connect: send two-sided messages instead of READing, and let the server
+    /// check them. `send`: SENDs, about half of them SENDs with immediate, each into a
+    /// receive the server posted with a random scatter list; `write-imm`: RDMA WRITEs
+    /// with immediate into the server's region, each consuming a receive. Sizes run from
+    /// 1 byte to --max-size, scatter lists up to --max-sges (at most 32) on both ends,
+    /// batches up to --max-batch messages (at most 64); --transfers counts messages. The
+    /// server needs no flag: the client's hello carries the mode.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        requires = "connect",
+        conflicts_with_all = ["serve", "no_imm"]
+    )]
+    two_sided: Option<TwoSided>,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -337,9 +360,55 @@ fn across_options(options: &RigOptions) -> AcrossOptions {
     }
 }
 
+/// The counts of a two-sided run, for summary lines.
+fn message_summary(r: &MessageReport) -> String {
+    format!(
+        "{} messages ({}), {} bytes in {} batches, {} send + {} receive completions checked, \
+         {} mismatches",
+        r.messages,
+        r.kinds(),
+        r.bytes,
+        r.batches,
+        r.send_completions,
+        r.recv_completions,
+        r.mismatches
+    )
+}
+
+/// The end of a two-sided summary line: whether the server stopped the run, and the
+/// first mismatch.
+fn message_outcome(r: &MessageReport) -> String {
+    let mut out = String::new();
+    if r.stopped {
+        out.push_str("; the server stopped the run");
+    }
+    if let Some(first) = r.problems.first() {
+        out.push_str("; first mismatch: ");
+        out.push_str(first);
+    }
+    out
+}
+
 /// `--serve`: one client's regions, until it is done.
 fn run_server(listen: SocketAddr, options: &AcrossOptions) -> Result<bool> {
-    let r = across::serve(listen, options).context("serving a client across hosts")?;
+    let served = across::serve(listen, options).context("serving a client across hosts")?;
+    let r = match served {
+        Served::Reads(r) => r,
+        Served::Messages { mode, seed, report } => {
+            for p in &report.problems {
+                println!("justitia-integrity: PROBLEM {p}");
+            }
+            println!(
+                "justitia-integrity: {}: two-sided {}: received {}; every completion, byte \
+                 and guard judged here{}; seed {seed}",
+                if report.clean() { "PASS" } else { "FAIL" },
+                mode.as_str(),
+                message_summary(&report),
+                message_outcome(&report)
+            );
+            return Ok(report.clean());
+        }
+    };
     let intact = r.done && r.changed_regions == 0;
     println!(
         "justitia-integrity: {}: the client ran {} batches{}; {} of its regions changed",
@@ -365,6 +434,9 @@ fn run_client(
 ) -> Result<bool> {
     if args.post_api != PostApi::PostSend {
         bail!("--connect posts with ibv_post_send only (--post-api post-send)");
+    }
+    if let Some(mode) = args.two_sided {
+        return run_messages_client(args, server, seed, message_config(args, mode), options);
     }
     let mut client = across::Client::connect(server, &across_options(options), &plan, seed)
         .with_context(|| format!("connecting to the checker serving at {server}"))?;
@@ -398,6 +470,69 @@ fn run_client(
         if intact { "intact" } else { "CHANGED" }
     );
     Ok(clean)
+}
+
+/// The shape of a two-sided run's batches.
+fn message_config(args: &Args, mode: TwoSided) -> MessageConfig {
+    MessageConfig {
+        mode,
+        max_size: args.max_size,
+        max_sges: args.max_sges,
+        max_batch: args.max_batch,
+        boundary: args.boundary,
+    }
+}
+
+/// `--connect` with `--two-sided`: every message of the plan sent to the server, which
+/// judges each and answers per batch.
+fn run_messages_client(
+    args: &Args,
+    server: SocketAddr,
+    seed: u64,
+    config: MessageConfig,
+    options: &RigOptions,
+) -> Result<bool> {
+    let mode = config.mode;
+    if let Err(e) = config.validate() {
+        bail!("--two-sided {}: {e}", mode.as_str());
+    }
+    let mut client =
+        across::MessageClient::connect(server, &across_options(options), &config, seed)
+            .with_context(|| format!("connecting to the checker serving at {server}"))?;
+    println!(
+        "justitia-integrity: device {}, two-sided {} to {server}, up to {} bytes per message, \
+         up to {} SGEs per request and per receive",
+        client.device(),
+        mode.as_str(),
+        args.max_size,
+        args.max_sges
+    );
+    let mut planner = MessagePlanner::new(seed, config);
+    let mut report = MessageReport::default();
+    while report.messages < args.transfers && !report.stopped {
+        if let Err(e) = client.run_batch(&planner.next_batch(), &mut report) {
+            return Err(anyhow::Error::new(e).context(format!(
+                "after {} messages (seed {seed}): {}",
+                report.messages,
+                message_summary(&report)
+            )));
+        }
+    }
+    if !report.stopped {
+        client
+            .finish(&mut report)
+            .with_context(|| format!("after the last batch (seed {seed})"))?;
+    }
+    for p in &report.problems {
+        println!("justitia-integrity: PROBLEM {p}");
+    }
+    println!(
+        "justitia-integrity: {}: {}{}; seed {seed}",
+        if report.clean() { "PASS" } else { "FAIL" },
+        message_summary(&report),
+        message_outcome(&report)
+    );
+    Ok(report.clean())
 }
 
 fn run(args: &Args) -> Result<bool> {
@@ -581,6 +716,68 @@ mod tests {
         for _ in 0..200 {
             assert_eq!(a.next_batch(), b.next_batch());
         }
+    }
+
+    #[test]
+    fn two_sided_takes_send_and_write_imm_with_connect_only() {
+        let connect = ["--connect", "10.0.0.2:18515"];
+        assert_eq!(parse(&connect).map(|a| a.two_sided).ok(), Some(None));
+        for (word, mode) in [("send", TwoSided::Send), ("write-imm", TwoSided::WriteImm)] {
+            let words = [&connect[..], &["--two-sided", word]].concat();
+            assert_eq!(
+                parse(&words).map(|a| a.two_sided).ok(),
+                Some(Some(mode)),
+                "{word}"
+            );
+        }
+        for bad in [
+            &["--connect", "10.0.0.2:18515", "--two-sided", "read"][..],
+            &["--connect", "10.0.0.2:18515", "--two-sided"][..],
+            &[
+                "--connect",
+                "10.0.0.2:18515",
+                "--two-sided",
+                "send",
+                "--no-imm",
+            ][..],
+            // The server takes the mode from the client's hello.
+            &["--serve", "0.0.0.0:18515", "--two-sided", "send"][..],
+            &["--two-sided", "send"][..],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn two_sided_settings_come_from_the_plan_options() {
+        let Ok(args) = parse(&[
+            "--connect",
+            "10.0.0.2:18515",
+            "--two-sided",
+            "write-imm",
+            "--max-size",
+            "1M",
+            "--max-sges",
+            "3",
+            "--max-batch",
+            "8",
+            "--boundary",
+            "64K",
+        ]) else {
+            panic!("the test's arguments were refused");
+        };
+        let c = message_config(&args, TwoSided::WriteImm);
+        assert_eq!(
+            c,
+            MessageConfig {
+                mode: TwoSided::WriteImm,
+                max_size: 1 << 20,
+                max_sges: 3,
+                max_batch: 8,
+                boundary: Some(65536),
+            }
+        );
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

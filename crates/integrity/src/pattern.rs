@@ -94,6 +94,31 @@ pub fn check(seed: u64, start: usize, data: &[u8]) -> Option<Mismatch> {
     result
 }
 
+/// Compares `data` against the complement of the pattern for logical offsets
+/// `start .. start + data.len()`: what a destination must still hold where nothing was to
+/// land (the slack of a receive buffer after the message, say). For short ranges.
+pub fn check_complement(seed: u64, start: usize, data: &[u8]) -> Option<Mismatch> {
+    let mut want = vec![0u8; data.len()];
+    fill_complement(seed, start, &mut want);
+    let mut result: Option<Mismatch> = None;
+    for (k, (&w, &g)) in want.iter().zip(data).enumerate() {
+        if w != g {
+            match result.as_mut() {
+                Some(m) => m.bytes += 1,
+                None => {
+                    result = Some(Mismatch {
+                        first_offset: start + k,
+                        expected: w,
+                        found: g,
+                        bytes: 1,
+                    })
+                }
+            }
+        }
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +178,23 @@ mod tests {
                 expected: byte_at(9, 70_100),
                 found: byte_at(9, 70_100) ^ 0x10,
                 bytes: 2,
+            })
+        );
+    }
+
+    #[test]
+    fn check_complement_accepts_the_complement_and_locates_differences() {
+        let mut buf = vec![0u8; 300];
+        fill_complement(4, 17, &mut buf);
+        assert_eq!(check_complement(4, 17, &buf), None);
+        buf[100] = byte_at(4, 117);
+        assert_eq!(
+            check_complement(4, 17, &buf),
+            Some(Mismatch {
+                first_offset: 117,
+                expected: !byte_at(4, 117),
+                found: byte_at(4, 117),
+                bytes: 1,
             })
         );
     }

@@ -116,13 +116,13 @@ impl PlanConfig {
 
 /// Hands out disjoint ranges, each with at least [`GUARD`] free bytes on both sides, from a
 /// set of equally sized regions.
-struct RegionCursor {
+pub(crate) struct RegionCursor {
     next: Vec<usize>,
     len: usize,
 }
 
 impl RegionCursor {
-    fn new(regions: usize, len: usize) -> Self {
+    pub(crate) fn new(regions: usize, len: usize) -> Self {
         RegionCursor {
             next: vec![0; regions],
             len,
@@ -131,7 +131,7 @@ impl RegionCursor {
 
     /// A range of `len` bytes in a random region that has room, at a random small gap
     /// after the previous range there (so offsets and alignments vary).
-    fn place(&mut self, rng: &mut Pcg64Mcg, len: usize) -> Placement {
+    pub(crate) fn place(&mut self, rng: &mut Pcg64Mcg, len: usize) -> Placement {
         let gap = |rng: &mut Pcg64Mcg| GUARD + below(rng, GUARD as u64) as usize;
         let first = below(rng, self.next.len() as u64) as usize;
         let fits = |start: usize| start + 2 * GUARD + len <= self.len;
@@ -152,7 +152,7 @@ impl RegionCursor {
 }
 
 /// A uniform integer in `0..n` (`n > 0`), by multiply-high: no modulo bias worth the name.
-fn below(rng: &mut Pcg64Mcg, n: u64) -> u64 {
+pub(crate) fn below(rng: &mut Pcg64Mcg, n: u64) -> u64 {
     ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
 }
 
@@ -235,28 +235,39 @@ impl Planner {
 
     /// A size in `1..=budget` whose logarithm is about uniform.
     fn log_uniform(&mut self, budget: usize) -> usize {
-        let bits = u64::from(usize::BITS - budget.leading_zeros()); // budget < 2^bits
-        let low = 1u64 << below(&mut self.rng, bits);
-        let size = low + below(&mut self.rng, low);
-        (size as usize).clamp(1, budget)
+        log_uniform(&mut self.rng, budget)
     }
 
     /// Splits `len` bytes into 1 to `max_sges` non-empty parts at random points.
     fn split(&mut self, len: usize) -> Vec<usize> {
-        let parts = 1 + below(&mut self.rng, self.config.max_sges.clamp(1, len) as u64) as usize;
-        let mut cuts: Vec<usize> = (1..parts)
-            .map(|_| 1 + below(&mut self.rng, (len - 1) as u64) as usize)
-            .collect();
-        cuts.sort_unstable();
-        cuts.dedup();
-        let mut out = Vec::with_capacity(cuts.len() + 1);
-        let mut prev = 0;
-        for cut in cuts.into_iter().chain(std::iter::once(len)) {
-            out.push(cut - prev);
-            prev = cut;
-        }
-        out
+        split(&mut self.rng, len, self.config.max_sges)
     }
+}
+
+/// A size in `1..=budget` (`budget > 0`) whose logarithm is about uniform: as many 10-byte
+/// as 10-megabyte sizes.
+pub(crate) fn log_uniform(rng: &mut Pcg64Mcg, budget: usize) -> usize {
+    let bits = u64::from(usize::BITS - budget.leading_zeros()); // budget < 2^bits
+    let low = 1u64 << below(rng, bits);
+    let size = low + below(rng, low);
+    (size as usize).clamp(1, budget)
+}
+
+/// Splits `len` bytes (`len > 0`) into 1 to `max_parts` non-empty parts at random points.
+pub(crate) fn split(rng: &mut Pcg64Mcg, len: usize, max_parts: usize) -> Vec<usize> {
+    let parts = 1 + below(rng, max_parts.clamp(1, len) as u64) as usize;
+    let mut cuts: Vec<usize> = (1..parts)
+        .map(|_| 1 + below(rng, (len - 1) as u64) as usize)
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out = Vec::with_capacity(cuts.len() + 1);
+    let mut prev = 0;
+    for cut in cuts.into_iter().chain(std::iter::once(len)) {
+        out.push(cut - prev);
+        prev = cut;
+    }
+    out
 }
 
 #[cfg(test)]

@@ -101,7 +101,12 @@ if [ "${TWO_HOSTS_ONLY:-}" != peer ]; then
 # ---------------------------------------------------------------------------------------
 # 2. perftest across the cable: server on B, client on A, natively and under the shaper
 # (bandwidth class, 16 KiB chunks, both sides); the same counts, and the bytes must have
-# crossed eth0 in the direction the data goes (a READ's data comes to A, a WRITE's leaves).
+# crossed eth0 in the direction the data goes (a READ's data comes to A, a WRITE's and a
+# SEND's leave). READs and WRITEs of 64 KiB must be split; SENDs consume a receive at the
+# peer and go whole until the two shapers agree to split them (docs/architecture.md,
+# "Splitting two-sided requests"): their counts must match the native run's, and what the
+# shaper counted is reported. perftest 4.5-0.17 (Debian bookworm) has no
+# --write_with_imm.
 SHAPED="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K"
 # cross NAME ENV TOOL ARGS...: sets COUNTS, FIGURE, MOVED ("rx tx" bytes) or ERROR.
 cross() {
@@ -137,7 +142,8 @@ split_of() { # NAME: the split requests and chunks the shaper on A counted
   cat "$L.$1".*.stats.json 2>/dev/null | tr -d ' \n' \
     | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*' | paste -sd ' '
 }
-for spec in "ib_read_bw -s 65536 -n 300:rx" "ib_write_bw -s 65536 -n 300:tx" "ib_read_lat -s 64 -n 300:rx"; do
+for spec in "ib_read_bw -s 65536 -n 300:rx" "ib_write_bw -s 65536 -n 300:tx" "ib_read_lat -s 64 -n 300:rx" \
+  "ib_send_bw -s 65536 -n 300:tx" "ib_send_lat -s 64 -n 300:tx"; do
   cmd=${spec%:*} dir=${spec##*:}
   tool=${cmd%% *}
   base=""
@@ -156,13 +162,53 @@ for spec in "ib_read_bw -s 65536 -n 300:rx" "ib_write_bw -s 65536 -n 300:tx" "ib
       result FAIL "$tool A -> B ($mode)" "$COUNTS moved but eth0 counted only $on_wire bytes $dir: the data did not cross the cable"
     elif [ "$mode" = shaped ] && [ -z "$stats" ]; then
       result FAIL "$tool A -> B ($mode)" "no statistics from the shaper on A: it was not in the data path"
-    elif [ "$mode" = shaped ] && [ "$tool" != ib_read_lat ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
+    elif [ "$mode" = shaped ] && [[ $tool == ib_read_bw || $tool == ib_write_bw ]] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
       result FAIL "$tool A -> B ($mode)" "64 KiB requests with 16 KiB chunks, but the shaper on A split none: $stats"
     elif [ -n "$base" ] && [ "$COUNTS" != "$base" ]; then
       result FAIL "$tool A -> B ($mode)" "counts $COUNTS differ from the native run's $base"
     else
       [ -z "$base" ] && base=$COUNTS
       result PASS "$tool A -> B ($mode)" "$COUNTS, $FIGURE; eth0 $dir $on_wire bytes${stats:+; shaper on A: $stats}"
+    fi
+  done
+done
+
+# 2b. Two-sided requests across the cable, byte by byte: justitia-integrity --two-sided,
+# its server on B posting a receive per message with a random scatter list, its client on
+# A SENDing (half of them with an immediate) or WRITing with immediate
+# TWO_SIDED_MESSAGES (12, 20 to 40 MB) messages of 1 B to 16 MiB from random scatter
+# lists; the server judges every completion (order, status, opcode, byte_len,
+# immediate) and every byte and guard. Both ends natively, then both under the shaper
+# (bandwidth class, 64 KiB chunks, the sizes drawn to hit the chunk's multiples so that
+# messages fall below, at and above it): both must pass with 0 mismatches. What the shapers counted is reported; they send these
+# requests whole until two shapers agree to split them.
+TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
+for mode in send write-imm; do
+  for how in native shaped; do
+    iport=$((PORT++)) env_words="" slug=two_sided.$mode.$how
+    [ "$how" = shaped ] && env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K"
+    onb 10 "env $env_words ${env_words:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
+      --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
+    if ! b_listen "$iport"; then
+      result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "the server on B did not listen (log: $BLOGS/$slug.server.log)"
+      continue
+    fi
+    # shellcheck disable=SC2086 # NAME=value words without spaces
+    env $env_words ${env_words:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
+      --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
+    rc=$?
+    # [e]: the pattern does not match this shell's own command line.
+    served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
+      grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
+    summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
+    counted=""
+    if [ "$how" = shaped ]; then
+      counted="; shaper on A: $(split_of "$slug" | sed 's/^$/no statistics/'), on B: $(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '\"qps\":[0-9]*' | paste -sd ' '" | sed 's/^$/no statistics/')"
+    fi
+    if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS'; then
+      result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$summary; server: ${served#justitia-integrity: }$counted"
+    else
+      result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served:-none} (logs: $L.$slug.log, $BLOGS/$slug.server.log)$counted"
     fi
   done
 done
