@@ -25,8 +25,9 @@
 //!   queue pair are exactly the pairing's, and only when exactly one does: no guess by
 //!   host alone, so a member can reach only a queue pair connected to one of its own;
 //! - a shaper is told a side channel once for each one found: a member's refreshes of the
-//!   same pairing tell it nothing more, and a changed one (the remote process's side
-//!   channel made again) tells it the new one.
+//!   same pairing tell it nothing more (unless the telling did not reach it,
+//!   [`PairingTable::untell`]), and a changed one (the remote process's side channel made
+//!   again) tells it the new one.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -208,6 +209,14 @@ impl PairingTable {
         }
     }
 
+    /// The side channel found for a local queue pair did not reach its shaper: the next
+    /// match of the same pairing tells it again.
+    pub fn untell(&mut self, flow: u64, local_qpn: u32) {
+        if let Some(h) = self.held.get_mut(&(flow, local_qpn)) {
+            h.told = None;
+        }
+    }
+
     /// Whether what goes to some member changed since the last call (and clears it).
     pub fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
@@ -374,6 +383,10 @@ mod tests {
         assert!(t.matched(node(2), &[theirs(0x20, 0x10, 0x600)]).is_empty());
         let again = t.matched(node(2), &[theirs(0x20, 0x10, 0x601)]);
         assert_eq!(again[0].side, (0x601, 0x99));
+        // Its shaper's socket would not take it: the next refresh tells it again.
+        t.untell(1, 0x10);
+        assert_eq!(t.matched(node(2), &[theirs(0x20, 0x10, 0x601)]).len(), 1);
+        assert!(t.matched(node(2), &[theirs(0x20, 0x10, 0x601)]).is_empty());
         // The queue pair reset and connected again: its shaper is told anew.
         t.insert(LocalPairing {
             side: (0x501, 0x77),

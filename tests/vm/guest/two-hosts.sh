@@ -180,37 +180,43 @@ done
 # lists; the server judges every completion (order, status, opcode, byte_len,
 # immediate) and every byte and guard. Both ends natively, then both under the shaper
 # (bandwidth class, 64 KiB chunks, the sizes drawn to hit the chunk's multiples so that
-# messages fall below, at and above it): both must pass with 0 mismatches. What the shapers counted is reported; they send these
+# messages fall below, at and above it), and for SENDs a shaped sender beside an unshaped
+# receiver and the reverse: every run must pass with 0 mismatches. What the shapers counted is reported; they send these
 # requests whole until two shapers agree to split them.
 TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
-for mode in send write-imm; do
-  for how in native shaped; do
-    iport=$((PORT++)) env_words="" slug=two_sided.$mode.$how
-    [ "$how" = shaped ] && env_words="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K"
-    onb 10 "env $env_words ${env_words:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
-      --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
-    if ! b_listen "$iport"; then
-      result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "the server on B did not listen (log: $BLOGS/$slug.server.log)"
-      continue
-    fi
-    # shellcheck disable=SC2086 # NAME=value words without spaces
-    env $env_words ${env_words:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-      --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
-    rc=$?
-    # [e]: the pattern does not match this shell's own command line.
-    served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
-      grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
-    summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
-    counted=""
-    if [ "$how" = shaped ]; then
-      counted="; shaper on A: $(split_of "$slug" | sed 's/^$/no statistics/'), on B: $(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '\"qps\":[0-9]*' | paste -sd ' '" | sed 's/^$/no statistics/')"
-    fi
-    if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS'; then
-      result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$summary; server: ${served#justitia-integrity: }$counted"
-    else
-      result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served:-none} (logs: $L.$slug.log, $BLOGS/$slug.server.log)$counted"
-    fi
-  done
+SHAPED_2S="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K"
+# MODE HOW: HOW is native, shaped (both ends), sender-shaped or receiver-shaped.
+for run in "send native" "send shaped" "send sender-shaped" "send receiver-shaped" \
+  "write-imm native" "write-imm shaped"; do
+  read -r mode how <<< "$run"
+  iport=$((PORT++)) a_env="" b_env="" slug=two_sided.$mode.$how
+  case $how in
+    shaped) a_env=$SHAPED_2S b_env=$SHAPED_2S ;;
+    sender-shaped) a_env=$SHAPED_2S ;;
+    receiver-shaped) b_env=$SHAPED_2S ;;
+  esac
+  onb 10 "env $b_env ${b_env:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
+    --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
+  if ! b_listen "$iport"; then
+    result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "the server on B did not listen (log: $BLOGS/$slug.server.log)"
+    continue
+  fi
+  # shellcheck disable=SC2086 # NAME=value words without spaces
+  env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
+  rc=$?
+  # [e]: the pattern does not match this shell's own command line.
+  served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
+    grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
+  summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
+  counted=""
+  [ -n "$a_env" ] && counted="; shaper on A: $(split_of "$slug" | sed 's/^$/no statistics/')"
+  [ -n "$b_env" ] && counted="$counted; shaper on B: $(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '\"qps\":[0-9]*' | paste -sd ' '" | sed 's/^$/no statistics/')"
+  if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS'; then
+    result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$summary; server: ${served#justitia-integrity: }$counted"
+  else
+    result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served:-none} (logs: $L.$slug.log, $BLOGS/$slug.server.log)$counted"
+  fi
 done
 
 # ---------------------------------------------------------------------------------------

@@ -426,14 +426,17 @@ impl Daemon {
         self.metrics.round_trips_reported.inc_by(u64::from(r.count));
     }
 
-    fn send_reply(&self, client: u64, reply: Reply) {
-        if let Some(c) = self.clients.get(&client) {
-            let _ = rustix::net::send(
+    /// Sends `reply` on `client`'s connection without waiting; false when it did not go
+    /// (the connection is gone or its socket full).
+    fn send_reply(&self, client: u64, reply: Reply) -> bool {
+        self.clients.get(&client).is_some_and(|c| {
+            rustix::net::send(
                 &c.sock,
                 &reply.encode(),
                 SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
-            );
-        }
+            )
+            .is_ok()
+        })
     }
 
     pub(super) fn read_client(&mut self, now: u64, client: u64) {
@@ -870,9 +873,11 @@ impl Daemon {
     }
 
     /// Tells each shaper the side channels found for its queue pairs.
+    /// A side channel its shaper's socket would not take now (full) is forgotten as told,
+    /// so that the member's next refresh of the pairing tells it again.
     pub(super) fn tell_found(&mut self, found: &[Found]) {
         for f in found {
-            self.send_reply(
+            let sent = self.send_reply(
                 f.client,
                 Reply::Paired(Paired {
                     flow: f.flow,
@@ -881,7 +886,11 @@ impl Daemon {
                     side_qkey: f.side.1,
                 }),
             );
-            self.metrics.pairings_found.inc();
+            if sent {
+                self.metrics.pairings_found.inc();
+            } else {
+                self.pairings.untell(f.flow, f.local_qpn);
+            }
         }
     }
 
