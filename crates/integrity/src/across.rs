@@ -1062,18 +1062,7 @@ impl Client {
             report,
             |wc, t| check_send_completion(&verbs, wc, t, qpn),
         )?;
-        let mut wc = [ibv_wc::default(); 4];
-        let extra = self.cq.poll(&mut wc)?;
-        if extra > 0 {
-            return Err(CheckError::Completion {
-                queue: "send",
-                detail: format!(
-                    "{extra} completion(s) beyond one per signaled request, first wr_id {:#x}",
-                    wc[0].wr_id
-                ),
-            }
-            .into());
-        }
+        no_extra_send_completion(&self.cq, "signaled request")?;
         report.send_completions += signaled.len() as u64;
         for t in &transfers {
             let seed = region_seed(self.seed, t.remote.region);
@@ -1338,18 +1327,7 @@ impl MessageClient {
             &mut seen,
             |wc, m| check_message_send(&verbs, wc, m, qpn),
         )?;
-        let mut wc = [ibv_wc::default(); 4];
-        let extra = self.cq.poll(&mut wc)?;
-        if extra > 0 {
-            return Err(CheckError::Completion {
-                queue: "send",
-                detail: format!(
-                    "{extra} completion(s) beyond one per request, first wr_id {:#x}",
-                    wc[0].wr_id
-                ),
-            }
-            .into());
-        }
+        no_extra_send_completion(&self.cq, "request")?;
         report.send_completions += expected.len() as u64;
         report.mismatches += seen.bad_completions;
         for p in seen.problems {
@@ -1381,6 +1359,23 @@ impl MessageClient {
         verdict.absorb(report);
         Ok(())
     }
+}
+
+/// Fails when `cq` holds a completion beyond the one per `what` already taken.
+fn no_extra_send_completion(cq: &CompletionQueue, what: &str) -> Result<(), AcrossError> {
+    let mut wc = [ibv_wc::default(); 4];
+    let extra = cq.poll(&mut wc)?;
+    if extra > 0 {
+        return Err(CheckError::Completion {
+            queue: "send",
+            detail: format!(
+                "{extra} completion(s) beyond one per {what}, first wr_id {:#x}",
+                wc[0].wr_id
+            ),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Posts `requests` as one list (`as_list`) or one request a post, as the plan drew.

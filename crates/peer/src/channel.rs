@@ -2425,14 +2425,7 @@ mod tests {
         a.set_probe_offer(ms(0), B, Some(offer(0x101))).unwrap();
         // An offer makes a session as a demand does. The session is confirmed by a
         // keepalive (a host that predates the probe takes it), the offer follows at once.
-        let mut sent = Vec::new();
-        while let Some(t) = a.poll_transmit(ms(0)) {
-            b.receive(ms(0), &t.bytes).unwrap();
-            sent.push(t.bytes.len());
-            while let Some(t) = b.poll_transmit(ms(0)) {
-                a.receive(ms(0), &t.bytes).unwrap();
-            }
-        }
+        let sent = lengths_sent(&mut a, &mut b, ms(0));
         assert_eq!(
             sent,
             vec![wire::INITIATION_LEN, KEEPALIVE_DATAGRAM, PROBE_DATAGRAM]
@@ -2722,6 +2715,20 @@ mod tests {
     }
 
     /// `n` pairings, this host's queue pairs 1 ..= n each connected to the peer's 0x500.
+    /// Delivers everything A sends B at `now`, and B's answers to each, until A has
+    /// nothing more; returns the lengths of A's datagrams, in order.
+    fn lengths_sent(a: &mut Channel, b: &mut Channel, now: Duration) -> Vec<usize> {
+        let mut sent = Vec::new();
+        while let Some(t) = a.poll_transmit(now) {
+            b.receive(now, &t.bytes).unwrap();
+            sent.push(t.bytes.len());
+            while let Some(t) = b.poll_transmit(now) {
+                a.receive(now, &t.bytes).unwrap();
+            }
+        }
+        sent
+    }
+
     fn pairings(n: u32) -> Vec<Pairing> {
         (1..=n).map(|q| pairing(q, 0x500)).collect()
     }
@@ -2770,14 +2777,7 @@ mod tests {
             .unwrap();
         // Pairings make a session as a demand does. The session is confirmed by a keepalive
         // (a host that predates pairings takes it), the pairings follow at once.
-        let mut sent = Vec::new();
-        while let Some(t) = a.poll_transmit(ms(0)) {
-            b.receive(ms(0), &t.bytes).unwrap();
-            sent.push(t.bytes.len());
-            while let Some(t) = b.poll_transmit(ms(0)) {
-                a.receive(ms(0), &t.bytes).unwrap();
-            }
-        }
+        let sent = lengths_sent(&mut a, &mut b, ms(0));
         assert_eq!(
             sent,
             vec![
