@@ -289,7 +289,8 @@ impl Daemon {
             let mut out = self.pairings.outbound();
             out.remove(&this_host);
             for peer in std::mem::take(&mut self.pairing_sent_to) {
-                if !out.contains_key(&peer) {
+                // A former member's state went with it: nothing to stop there.
+                if !out.contains_key(&peer) && link.is_member(peer) {
                     link.set_pairings(now, peer, &[]);
                 }
             }
