@@ -676,18 +676,14 @@ impl AgentClient {
     /// non-blocking send; returns false when not sent (not registered, daemon gone, or the
     /// socket buffer full), in which case the caller keeps counting and reports later.
     pub fn report_usage(&mut self, h: FlowHandle, active: bool, bytes: u64, ops: u64) -> bool {
-        let Some(conn) = &self.conn else { return false };
-        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
-            return false;
-        };
-        let wire = Request::Usage(Usage {
-            flow,
-            active,
-            bytes,
-            ops,
+        self.send_for_flow(h, |flow| {
+            Request::Usage(Usage {
+                flow,
+                active,
+                bytes,
+                ops,
+            })
         })
-        .encode();
-        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
     /// Reports a latency flow's round trips since the last report: `count` of them, whose
@@ -701,20 +697,14 @@ impl AgentClient {
         count: u32,
         longest_ns: [u32; crate::proto::LATENCY_LONGEST],
     ) -> bool {
-        let Some(conn) = &self.conn else { return false };
-        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
-            return false;
-        };
-        if count == 0 {
-            return false;
-        }
-        let wire = Request::Latency(crate::proto::LatencyReport {
-            flow,
-            count,
-            longest_ns,
-        })
-        .encode();
-        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+        count > 0
+            && self.send_for_flow(h, |flow| {
+                Request::Latency(crate::proto::LatencyReport {
+                    flow,
+                    count,
+                    longest_ns,
+                })
+            })
     }
 
     /// Tells the daemon where a registered flow's QP goes (`gid`, or `lid` when addressed
@@ -728,19 +718,15 @@ impl AgentClient {
         qpn: u32,
         reads: bool,
     ) -> bool {
-        let Some(conn) = &self.conn else { return false };
-        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
-            return false;
-        };
-        let wire = Request::Remote(crate::proto::RemoteEnd {
-            flow,
-            gid,
-            lid,
-            qpn: qpn & 0xff_ffff,
-            reads,
+        self.send_for_flow(h, |flow| {
+            Request::Remote(crate::proto::RemoteEnd {
+                flow,
+                gid,
+                lid,
+                qpn: qpn & 0xff_ffff,
+                reads,
+            })
         })
-        .encode();
-        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
     /// Tells the daemon that one of a registered flow's RC queue pairs reached RTR, with
@@ -749,22 +735,24 @@ impl AgentClient {
     /// tries again. The daemon's answer, when the other end's is found, comes through
     /// [`take_paired`](Self::take_paired).
     pub fn report_pairing(&mut self, h: FlowHandle, pairing: QpPairing) -> bool {
-        let Some(conn) = &self.conn else { return false };
-        let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
-            return false;
-        };
-        let wire = Request::Pairing(QpPairing { flow, ..pairing }).encode();
-        rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
+        self.send_for_flow(h, |flow| Request::Pairing(QpPairing { flow, ..pairing }))
     }
 
     /// Tells the daemon that a queue pair's pairing is gone (destroyed or reset). False
     /// as for [`report_pairing`](Self::report_pairing).
     pub fn withdraw_pairing(&mut self, h: FlowHandle, local_qpn: u32) -> bool {
+        self.send_for_flow(h, |flow| Request::Unpairing { flow, local_qpn })
+    }
+
+    /// Sends the message `request` makes of flow `h`'s daemon id, without waiting. False
+    /// when not connected, the flow is not registered (yet), or the socket would not take
+    /// it now: the caller tries again.
+    fn send_for_flow(&self, h: FlowHandle, request: impl FnOnce(u64) -> Request) -> bool {
         let Some(conn) = &self.conn else { return false };
         let Some(FlowState::Registered { flow, .. }) = self.entry(h).map(|e| e.state) else {
             return false;
         };
-        let wire = Request::Unpairing { flow, local_qpn }.encode();
+        let wire = request(flow).encode();
         rustix::net::send(&conn.sock, &wire, SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok()
     }
 
