@@ -1,6 +1,6 @@
 //! An owning layer over the verbs objects of RC connections: open a device, allocate a
 //! protection domain, register memory, create completion queues and RC queue pairs, connect
-//! them, post and poll.
+//! them, post and poll. (Unreliable datagrams over the same objects: [`crate::datagram`].)
 //!
 //! Each object holds a reference-counted handle to its parent, so a parent is destroyed only
 //! after its last child. Objects are destroyed on drop; a failure to destroy is ignored there
@@ -390,6 +390,11 @@ impl ProtectionDomain {
     pub fn as_ptr(&self) -> *mut ibv_pd {
         self.inner.pd.as_ptr()
     }
+
+    /// The loaded verbs of the domain's device.
+    pub(crate) fn verbs(&self) -> &Ibverbs {
+        &self.inner.ctx.verbs
+    }
 }
 
 /// A registered buffer that owns its memory (`ibv_reg_mr` over a zeroed allocation).
@@ -739,7 +744,8 @@ impl Drop for QpInner {
     }
 }
 
-/// A reliable-connected queue pair (`ibv_create_qp` with `IBV_QPT_RC`).
+/// A queue pair (`ibv_create_qp`): reliable-connected ([`QueuePair::create_rc`]) or
+/// unreliable-datagram ([`QueuePair::create_ud`]).
 #[derive(Clone)]
 pub struct QueuePair {
     inner: Arc<QpInner>,
@@ -754,19 +760,32 @@ impl QueuePair {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<Self, VerbsError> {
+        Self::create(pd, send_cq, recv_cq, caps, IBV_QPT_RC, "RC")
+    }
+
+    /// Creates a QP of type `qp_type` (`IBV_QPT_*`, called `kind` in errors) with
+    /// `ibv_create_qp`, requests signaled only when they ask to be (`sq_sig_all = 0`).
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        qp_type: ibv_qp_type,
+        kind: &str,
+    ) -> Result<Self, VerbsError> {
         let mut attr = ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
             srq: ptr::null_mut(),
             cap: caps.to_raw(),
-            qp_type: IBV_QPT_RC,
+            qp_type,
             sq_sig_all: 0,
         };
         // SAFETY: live PD and CQs; attr is fully initialised.
         let qp = unsafe { (pd.inner.ctx.verbs.ibv_create_qp)(pd.as_ptr(), &mut attr) };
         let qp = NonNull::new(qp)
-            .ok_or_else(|| VerbsError::from_errno(format!("ibv_create_qp(RC, {caps:?})")))?;
+            .ok_or_else(|| VerbsError::from_errno(format!("ibv_create_qp({kind}, {caps:?})")))?;
         Ok(Self::adopt(pd, qp, attr.cap, send_cq, recv_cq))
     }
 
@@ -890,16 +909,10 @@ impl QueuePair {
                 "ACK timeout {ack_timeout} is above {MAX_ACK_TIMEOUT} (a 5-bit field)"
             )));
         }
-        let verbs = &self.inner.pd.ctx.verbs;
         let ctx = Context {
             inner: Arc::clone(&self.inner.pd.ctx),
         };
         let mtu = ctx.query_port(port)?.active_mtu;
-        let modify = |attr: &mut ibv_qp_attr, mask: u32, state: &str| {
-            // SAFETY: live QP; attr is initialised for every bit in mask.
-            let rc = unsafe { (verbs.ibv_modify_qp)(self.as_ptr(), attr, mask as c_int) };
-            check(rc, &format!("ibv_modify_qp({state})"))
-        };
 
         let mut attr = ibv_qp_attr {
             qp_state: IBV_QPS_INIT,
@@ -911,7 +924,7 @@ impl QueuePair {
                 | IBV_ACCESS_REMOTE_ATOMIC,
             ..Default::default()
         };
-        modify(
+        self.modify(
             &mut attr,
             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
             "INIT",
@@ -934,7 +947,7 @@ impl QueuePair {
             attr.ah_attr.grh.sgid_index = gid_index;
             attr.ah_attr.grh.hop_limit = 1;
         }
-        modify(
+        self.modify(
             &mut attr,
             IBV_QP_STATE
                 | IBV_QP_AV
@@ -955,7 +968,7 @@ impl QueuePair {
             max_rd_atomic: 16,
             ..Default::default()
         };
-        modify(
+        self.modify(
             &mut attr,
             IBV_QP_STATE
                 | IBV_QP_SQ_PSN
@@ -965,6 +978,22 @@ impl QueuePair {
                 | IBV_QP_MAX_QP_RD_ATOMIC,
             "RTS",
         )
+    }
+
+    /// One state transition (`ibv_modify_qp`) with the attributes in `mask`; `state` names
+    /// the target state in the error.
+    pub(crate) fn modify(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: u32,
+        state: &str,
+    ) -> Result<(), VerbsError> {
+        let mask = c_int::try_from(mask).map_err(|_| {
+            VerbsError::InvalidArgument(format!("QP attribute mask {mask:#x} out of range"))
+        })?;
+        // SAFETY: live QP; the caller initialised attr for every bit in mask.
+        let rc = unsafe { (self.inner.pd.ctx.verbs.ibv_modify_qp)(self.as_ptr(), attr, mask) };
+        check(rc, &format!("ibv_modify_qp({state})"))
     }
 
     /// Posts `requests` in order as one list (`ibv_post_send`). On failure nothing from

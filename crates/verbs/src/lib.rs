@@ -14,15 +14,19 @@
 //! - [`device`]: an owning, safe-ish layer over one RC connection's worth of objects (device,
 //!   protection domain, memory region, completion queue and channel, queue pair), with errors
 //!   that say which verb failed and why.
+//! - [`datagram`]: Unreliable Datagram queue pairs, address handles, and the source of a
+//!   received datagram read from its network header.
 //!
 //! The generated layouts are checked at compile time; they describe x86_64 Linux.
 
+pub mod datagram;
 pub mod device;
 mod error;
 pub mod loader;
 pub mod ops;
 pub mod sys;
 
+pub use datagram::{gid_text, grh_source_gid, AddressHandle, DatagramDest, GRH_BYTES};
 pub use device::{
     CompletionChannel, CompletionQueue, Context, DeviceInfo, Endpoint, MemoryRegion,
     ProtectionDomain, QpCaps, QueuePair, RecvRequest, SendRequest, TimedCompletion,

@@ -259,6 +259,10 @@ verbs_table! {
     ibv_query_qp: fn(*mut ibv_qp, *mut ibv_qp_attr, c_int, *mut ibv_qp_init_attr) -> c_int;
     /// `ibv_destroy_qp`.
     ibv_destroy_qp: fn(*mut ibv_qp) -> c_int;
+    /// `ibv_create_ah`.
+    ibv_create_ah: fn(*mut ibv_pd, *mut ibv_ah_attr) -> *mut ibv_ah;
+    /// `ibv_destroy_ah`.
+    ibv_destroy_ah: fn(*mut ibv_ah) -> c_int;
     /// `ibv_qp_to_qp_ex`.
     ibv_qp_to_qp_ex: fn(*mut ibv_qp) -> *mut ibv_qp_ex;
     /// `ibv_wc_status_str`.

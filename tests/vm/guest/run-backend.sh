@@ -152,6 +152,17 @@ else
   result FAIL "run backend: a CQ with NIC completion time stamps is made exactly where the device offers them" "$stamps (ibv_devinfo -v core clock: ${khz:-none})"
 fi
 
+# Unreliable datagrams through justitia-verbs: two UD QPs on rxe0, 16 datagrams of 1 to 64
+# bytes by GID index 0, each checked whole and with its source (the QPN in the completion,
+# the GID in the network header the device writes before the payload); then one with the
+# wrong Q_Key must be dropped, and the next with the right one must arrive.
+ud=$(timeout 60 "$BIN/examples/ud_datagrams" --device "$DEV" 2>&1)
+if [[ $ud == *"ud datagrams: 16 of 16 arrived with their source checked; a wrong Q_Key dropped"* ]]; then
+  result PASS "run backend: UD datagrams arrive with their source checked and a wrong Q_Key is dropped" "$ud"
+else
+  result FAIL "run backend: UD datagrams arrive with their source checked and a wrong Q_Key is dropped" "$(echo "$ud" | tail -n 3 | tr '\n' ' ')"
+fi
+
 # The same 16 B SEND latency by justitia run (ping-pong, half round trip) and ib_send_lat,
 # three times each, interleaved; the lowest median of each tool is compared, as a burst of
 # load on the emulating host lifts every figure of a run (medians from 12 us to several ms
