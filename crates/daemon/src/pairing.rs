@@ -20,7 +20,9 @@
 //! - a pairing is held only for a queue pair whose remote end names a member (the caller
 //!   checks), at most [`MAX_PAIRINGS_PER_TENANT`] per tenant and
 //!   [`MAX_PAIRINGS_PER_PEER`] toward one member, so neither a local tenant nor a member
-//!   grows the table or the datagrams past a cap;
+//!   grows the table or the datagrams past a cap; and one tenant holds at most
+//!   [`MAX_PAIRINGS_PER_TENANT_PEER`] toward one member, so it cannot take a member's whole
+//!   budget from the others;
 //! - a member's pairing matches only a queue pair whose own number, remote host and remote
 //!   queue pair are exactly the pairing's, and only when exactly one does: no guess by
 //!   host alone, so a member can reach only a queue pair connected to one of its own;
@@ -42,6 +44,11 @@ pub const MAX_PAIRINGS_PER_TENANT: usize = 4096;
 /// Pairings held toward one member, at most: what the peer channel sends one member.
 pub const MAX_PAIRINGS_PER_PEER_HELD: usize = MAX_PAIRINGS_PER_PEER;
 
+/// Pairings one tenant holds toward one member, at most: half the member's budget, so a
+/// tenant with thousands of queue pairs to one host leaves the other half to the other
+/// tenants (its queue pairs beyond go whole, as natively).
+pub const MAX_PAIRINGS_PER_TENANT_PEER: usize = MAX_PAIRINGS_PER_PEER_HELD / 2;
+
 /// Why a pairing was not held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PairingRefusal {
@@ -51,6 +58,9 @@ pub enum PairingRefusal {
     /// [`MAX_PAIRINGS_PER_PEER_HELD`] pairings go to that member already.
     #[error("{MAX_PAIRINGS_PER_PEER_HELD} pairings go to that member already")]
     PeerFull,
+    /// The tenant holds [`MAX_PAIRINGS_PER_TENANT_PEER`] toward that member already.
+    #[error("its tenant holds {MAX_PAIRINGS_PER_TENANT_PEER} pairings toward that member already")]
+    TenantPeerFull,
 }
 
 impl PairingRefusal {
@@ -59,6 +69,7 @@ impl PairingRefusal {
         match self {
             PairingRefusal::TenantFull => "too_many_pairings_tenant",
             PairingRefusal::PeerFull => "too_many_pairings_peer",
+            PairingRefusal::TenantPeerFull => "too_many_pairings_tenant_peer",
         }
     }
 }
@@ -113,6 +124,7 @@ pub struct PairingTable {
     by_end: HashMap<(NodeId, u32, u32), Vec<(u64, u32)>>,
     per_tenant: HashMap<u64, usize>,
     per_peer: HashMap<NodeId, usize>,
+    per_tenant_peer: HashMap<(u64, NodeId), usize>,
     /// Set when what goes to some member changed since [`PairingTable::take_changed`].
     changed: bool,
 }
@@ -149,8 +161,13 @@ impl PairingTable {
         if self.per_peer.get(&p.peer).copied().unwrap_or(0) >= MAX_PAIRINGS_PER_PEER_HELD {
             return Err(PairingRefusal::PeerFull);
         }
+        let pair = (p.tenant, p.peer);
+        if self.per_tenant_peer.get(&pair).copied().unwrap_or(0) >= MAX_PAIRINGS_PER_TENANT_PEER {
+            return Err(PairingRefusal::TenantPeerFull);
+        }
         *self.per_tenant.entry(p.tenant).or_insert(0) += 1;
         *self.per_peer.entry(p.peer).or_insert(0) += 1;
+        *self.per_tenant_peer.entry(pair).or_insert(0) += 1;
         self.by_end
             .entry((p.peer, p.local_qpn, p.remote_qpn))
             .or_default()
@@ -181,6 +198,7 @@ impl PairingTable {
         }
         decrement(&mut self.per_tenant, &p.tenant);
         decrement(&mut self.per_peer, &p.peer);
+        decrement(&mut self.per_tenant_peer, &(p.tenant, p.peer));
         self.changed = true;
     }
 
@@ -490,29 +508,74 @@ mod tests {
     #[test]
     fn a_tenant_and_a_member_are_capped_and_a_removal_makes_room() {
         let mut t = PairingTable::new();
+        // Tenant 1 spreads its pairings over two members, half the budget of each.
         for qpn in 1..=MAX_PAIRINGS_PER_TENANT as u32 {
+            let member = if qpn % 2 == 0 { node(2) } else { node(3) };
+            t.insert(LocalPairing {
+                peer: member,
+                ..local(1, qpn, 2, qpn)
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            t.insert(LocalPairing {
+                peer: node(4),
+                ..local(1, 0xffff, 2, 1)
+            }),
+            Err(PairingRefusal::TenantFull)
+        );
+        // Other tenants toward member 2 take its other half, then meet the member's cap.
+        for qpn in 1..=MAX_PAIRINGS_PER_TENANT_PEER as u32 {
+            let tenant = 2 + u64::from(qpn % 3);
+            t.insert(LocalPairing {
+                tenant,
+                ..local(10 + u64::from(qpn % 3), qpn, 2, qpn)
+            })
+            .unwrap();
+        }
+        let other = LocalPairing {
+            tenant: 9,
+            ..local(9, 1, 2, 1)
+        };
+        assert_eq!(t.insert(other), Err(PairingRefusal::PeerFull));
+        t.remove(1, 2);
+        assert_eq!(t.insert(other), Ok(()));
+        assert_eq!(
+            t.len(),
+            MAX_PAIRINGS_PER_TENANT + MAX_PAIRINGS_PER_TENANT_PEER
+        );
+    }
+
+    #[test]
+    fn one_tenant_takes_at_most_half_of_a_members_budget() {
+        let mut t = PairingTable::new();
+        for qpn in 1..=MAX_PAIRINGS_PER_TENANT_PEER as u32 {
             t.insert(local(1, qpn, 2, qpn)).unwrap();
         }
         assert_eq!(
             t.insert(local(1, 0xffff, 2, 1)),
-            Err(PairingRefusal::TenantFull)
+            Err(PairingRefusal::TenantPeerFull)
         );
-        // Another tenant toward the same member meets the member's cap.
-        let other = LocalPairing {
-            tenant: 2,
-            ..local(9, 1, 2, 1)
-        };
-        assert_eq!(t.insert(other), Err(PairingRefusal::PeerFull));
+        // Toward another member, and another tenant toward this one: room.
         assert_eq!(
             t.insert(LocalPairing {
                 peer: node(3),
-                local_qpn: 2,
-                ..other
+                ..local(1, 0xffff, 2, 1)
+            }),
+            Ok(())
+        );
+        assert_eq!(
+            t.insert(LocalPairing {
+                tenant: 7,
+                ..local(7, 1, 2, 1)
             }),
             Ok(())
         );
         t.remove(1, 1);
-        assert_eq!(t.insert(other), Ok(()));
-        assert_eq!(t.len(), MAX_PAIRINGS_PER_TENANT + 1);
+        assert_eq!(
+            t.insert(local(1, 0xfffe, 2, 1)),
+            Ok(()),
+            "a removal makes room"
+        );
     }
 }
