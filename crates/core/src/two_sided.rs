@@ -135,6 +135,16 @@ pub enum SideMessage {
         /// The message.
         message: Announce,
     },
+    /// Either end, once the daemons paired the queue pair: "I shape the other end of your
+    /// queue pair `qp_num` and speak this version" (the version byte every message
+    /// carries). The two hellos are the agreement on the version; the offer follows them.
+    /// `heard`: the sender has had the receiver's hello (so it need not be answered).
+    Hello {
+        /// The application queue pair's number at the receiver.
+        qp_num: u32,
+        /// The sender has had the receiver's hello.
+        heard: bool,
+    },
     /// Receiver to sender: receives posted for message `seq`.
     Credit {
         /// The application queue pair's number at the sender.
@@ -180,9 +190,11 @@ const KIND_OFFER: u8 = 1;
 const KIND_ACCEPT: u8 = 2;
 const KIND_ANNOUNCE: u8 = 3;
 const KIND_CREDIT: u8 = 4;
+const KIND_HELLO: u8 = 5;
 const FLAG_IMM: u8 = 1;
 const FLAG_WRITE: u8 = 2;
 const FLAG_WHOLE: u8 = 4;
+const FLAG_HEARD: u8 = 1;
 
 /// The longest encoded message: an announcement.
 pub const MAX_WIRE_BYTES: usize = 2 + 4 + 8 + 4 + 4 + 4 + 1;
@@ -234,6 +246,11 @@ impl SideMessage {
                 w.put(&posted.to_le_bytes());
                 w.put(&[flags]);
             }
+            SideMessage::Hello { qp_num, heard } => {
+                w.put(&[KIND_HELLO]);
+                w.put(&qp_num.to_le_bytes());
+                w.put(&[if heard { FLAG_HEARD } else { 0 }]);
+            }
         }
         (w.buf, w.len)
     }
@@ -249,6 +266,7 @@ impl SideMessage {
             KIND_OFFER | KIND_ACCEPT => 12,
             KIND_ANNOUNCE => 25,
             KIND_CREDIT => 17,
+            KIND_HELLO => 5,
             other => return Err(WireError::Kind(other)),
         };
         if body.len() != want {
@@ -270,6 +288,17 @@ impl SideMessage {
                 first: r.u64(),
             }),
             KIND_ANNOUNCE => decode_announce(qp_num, &mut r),
+            KIND_HELLO => match r.u8() {
+                0 => Ok(SideMessage::Hello {
+                    qp_num,
+                    heard: false,
+                }),
+                FLAG_HEARD => Ok(SideMessage::Hello {
+                    qp_num,
+                    heard: true,
+                }),
+                other => Err(WireError::Flags(other)),
+            },
             _ => decode_credit(qp_num, &mut r),
         }
     }
@@ -423,6 +452,83 @@ pub fn slice_sges(sges: &[Sge], offset: u64, len: u64, max_sge: usize) -> Option
         skip = 0;
     }
     (want == 0).then_some(out)
+}
+
+/// How long a hello waits for the peer's before it is sent again.
+pub const HELLO_RETRY_NS: u64 = 100_000_000;
+
+/// Hellos sent without hearing the peer's before it is taken as not answering (a shaper
+/// that predates the side channel's messages, one that speaks another version, or one
+/// gone): 5 s at [`HELLO_RETRY_NS`].
+pub const HELLO_TRIES: u32 = 50;
+
+/// The exchange of hellos for one paired queue pair (see [`SideMessage::Hello`]): each end
+/// sends its hello until it has had the peer's and knows the peer has had its own, and
+/// answers a hello that says it has not. It is pure: the caller passes the time and
+/// sends what [`Greeting::due`] returns.
+///
+/// Invariants: at most [`HELLO_TRIES`] hellos are sent on the timer and at most as many
+/// answers, whatever the peer sends; once both ends have heard each other nothing more
+/// is due.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Greeting {
+    heard: bool,
+    peer_heard: bool,
+    /// A hello saying `heard` was sent: the peer will know.
+    told_heard: bool,
+    sent: u32,
+    answers: u32,
+    answer_now: bool,
+    next_ns: Option<u64>,
+}
+
+impl Greeting {
+    /// Nothing sent or heard yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The hello to send at `now_ns`, if one is due: its `heard` flag.
+    pub fn due(&mut self, now_ns: u64) -> Option<bool> {
+        if self.answer_now {
+            self.answer_now = false;
+        } else if (self.heard && self.peer_heard)
+            || self.sent >= HELLO_TRIES
+            || self.next_ns.is_some_and(|at| now_ns < at)
+        {
+            return None;
+        } else {
+            self.sent += 1;
+            self.next_ns = Some(now_ns.saturating_add(HELLO_RETRY_NS));
+        }
+        self.told_heard |= self.heard;
+        Some(self.heard)
+    }
+
+    /// The peer's hello arrived; `peer_heard` is its flag. Returns true the first time
+    /// (the two ends now agree on the version). It is answered when the peer has not had
+    /// this end's hello, or has not been told that this end has had its own.
+    pub fn on_hello(&mut self, peer_heard: bool) -> bool {
+        let first = !self.heard;
+        self.heard = true;
+        self.peer_heard |= peer_heard;
+        if (!peer_heard || !self.told_heard) && self.answers < HELLO_TRIES {
+            self.answers += 1;
+            self.answer_now = true;
+        }
+        first
+    }
+
+    /// The peer's hello has arrived: it shapes its end and speaks [`VERSION`].
+    pub fn agreed(&self) -> bool {
+        self.heard
+    }
+
+    /// Every hello went unanswered: at `now_ns` the last one's wait is over and none of
+    /// the peer's came.
+    pub fn gave_up(&self, now_ns: u64) -> bool {
+        !self.heard && self.sent >= HELLO_TRIES && self.next_ns.is_some_and(|at| now_ns >= at)
+    }
 }
 
 /// The sending shaper's agreement with its peer about one queue pair. Until the receiver

@@ -15,6 +15,7 @@
 //! | `JUSTITIA_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //! | `JUSTITIA_DAEMON` | `auto` (follow `justitiad` when it answers), `on` (the same, and say so when it does not), `off` | `auto` (`on` when `JUSTITIA_SOCKET` is set) |
 //! | `JUSTITIA_SOCKET` | path of `justitiad`'s registration socket | `/run/justitia/justitiad.sock` |
+//! | `JUSTITIA_TWO_SIDED` | `whole` (SENDs and WRITEs with immediate go as posted), `split` (the process keeps a side channel per port and has `justitiad` pair its RC queue pairs with their peers' side channels: the rendezvous that splitting them needs; the requests themselves still go whole) | `whole` |
 //!
 //! With a daemon, `JUSTITIA_RATE` and `JUSTITIA_CHUNK` still win: a rate set here is kept
 //! (the daemon's is not followed), and so is a chunk size set here. `JUSTITIA_CONTROL_RATE`
@@ -116,6 +117,21 @@ pub struct Config {
     /// `JUSTITIA_QP_TURNS`: turns among the process's shaped QPs (`None`: every QP posts
     /// when it has something to).
     pub qp_turns: Option<TurnBudget>,
+    /// `JUSTITIA_TWO_SIDED`: whether two-sided requests are prepared for splitting.
+    pub two_sided: TwoSided,
+}
+
+/// What the shaper does with requests that consume a receive at the peer (SEND, SEND with
+/// immediate, WRITE with immediate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TwoSided {
+    /// They go as posted, whole.
+    Whole,
+    /// The process keeps a side channel on each port its RC queue pairs use and has the
+    /// daemon pair each queue pair with the side channel at its other end
+    /// ([`crate::pairing`]), which the two shapers need to split these requests between
+    /// them. Needs a followed daemon.
+    Split,
 }
 
 impl Default for Config {
@@ -137,6 +153,7 @@ impl Default for Config {
             chunk_set: false,
             control_rate: None,
             qp_turns: None,
+            two_sided: TwoSided::Whole,
         }
     }
 }
@@ -242,6 +259,13 @@ impl Config {
                 )
             })?);
         }
+        if let Some((var, v)) = get("JUSTITIA_TWO_SIDED") {
+            config.two_sided = match v.to_ascii_lowercase().as_str() {
+                "whole" => TwoSided::Whole,
+                "split" => TwoSided::Split,
+                _ => return Err(error(var, &v, "expected whole or split")),
+            };
+        }
         if let Some((var, v)) = get("JUSTITIA_SUBMSG") {
             config.yields.sub_message_bytes = parse_binary_size(&v)
                 .ok_or_else(|| error(var, &v, "expected a size in bytes, e.g. 16K"))?;
@@ -273,6 +297,12 @@ impl Config {
         if self.policy == Policy::Preempt && self.rate.is_some() {
             notes.push(
                 "JUSTITIA_RATE has no effect with JUSTITIA_POLICY=preempt, which yields instead of pacing"
+                    .to_string(),
+            );
+        }
+        if self.two_sided == TwoSided::Split && self.daemon == DaemonSetting::Off {
+            notes.push(
+                "JUSTITIA_TWO_SIDED=split has no effect with JUSTITIA_DAEMON=off: the daemons pair the side channels"
                     .to_string(),
             );
         }
@@ -572,6 +602,16 @@ mod tests {
     }
 
     #[test]
+    fn two_sided_requests_go_whole_unless_split_is_asked_for_under_a_daemon() {
+        assert_eq!(parse(&[]).unwrap().two_sided, TwoSided::Whole);
+        let split = parse(&[("JUSTITIA_TWO_SIDED", "Split")]).unwrap();
+        assert_eq!(split.two_sided, TwoSided::Split);
+        assert!(split.notes().is_empty());
+        let off = parse(&[("JUSTITIA_TWO_SIDED", "split"), ("JUSTITIA_DAEMON", "off")]).unwrap();
+        assert!(off.notes().iter().any(|n| n.contains("JUSTITIA_TWO_SIDED")));
+    }
+
+    #[test]
     fn bad_values_name_their_variable() {
         let cases = [
             ("JUSTITIA_CLASS", "elephant"),
@@ -597,6 +637,7 @@ mod tests {
             ("JUSTITIA_CONTROL_RATE", "500:65537"),
             ("JUSTITIA_CONTROL_RATE", "500:x"),
             ("JUSTITIA_CONTROL_RATE", "fast"),
+            ("JUSTITIA_TWO_SIDED", "halves"),
         ];
         for (var, value) in cases {
             let err = parse(&[(var, value)]).unwrap_err();

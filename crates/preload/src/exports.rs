@@ -427,11 +427,17 @@ pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(qp) };
     };
+    // SAFETY: the caller's live QP, read before it is destroyed.
+    let qpn = unsafe { qp.as_ref() }.map(|q| q.qp_num);
     // SAFETY: the real verb with the caller's arguments.
-    guarded(
+    let rc = guarded(
         || engine::destroy_qp(qp, || unsafe { real(qp) }),
         || libc::EIO,
-    )
+    );
+    if let (0, Some(qpn)) = (rc, qpn) {
+        guarded(|| crate::pairing::on_destroy(qpn), || ());
+    }
+    rc
 }
 
 /// `ibv_modify_qp@@IBVERBS_1.1`: a move that brings a QP up again waits for the
@@ -465,6 +471,7 @@ pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
         // SAFETY: a QP the provider just modified is live.
         if let Some(live) = unsafe { qp.as_ref() } {
             guarded(|| crate::remote::on_modify(live, a, mask as u32), || ());
+            guarded(|| crate::pairing::on_modify(live, a, mask as u32), || ());
         }
         if let Some(q) = engine::qp(qp) {
             guarded(|| q.on_modify(a, mask as u32), || ());

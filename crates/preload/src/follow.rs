@@ -24,15 +24,19 @@ use std::time::Duration;
 use justitia_agent::block::BlockError;
 use justitia_agent::client::ClientError;
 use justitia_agent::client::{AgentClient, Allotment, ClientConfig, FlowHandle, FlowState};
-use justitia_agent::proto::{ControlVerbReport, QpTurnReport, LATENCY_LONGEST};
+use justitia_agent::proto::{ControlVerbReport, QpPairing, QpTurnReport, LATENCY_LONGEST};
 use justitia_core::control_verbs::{ControlVerbBudget, ControlVerbCounts};
 use justitia_core::flow::FlowClass;
 use justitia_core::message_charge::MessageCharge;
 use justitia_core::pacer::{PaceRate, ReleasePhase};
 use justitia_core::queue_turns::TurnBudget;
+use justitia_core::two_sided::{SideMessage, VERSION};
+use justitia_verbs::DatagramDest;
 
-use crate::config::{Config, DaemonSetting};
+use crate::config::{Config, DaemonSetting, TwoSided};
 use crate::log::log;
+use crate::pairing::{self, HelloOutcome, PairingCounts, PeerSide};
+use crate::side_channel::{SideChannels, VerbsSideChannels};
 
 /// How often the engine ticks the follower. A daemon that dies hangs up its socket, which
 /// the next tick sees, so the shaper is back on its static settings within this period (and
@@ -57,6 +61,14 @@ const LATENCY_IDLE_TICKS: u32 = 100;
 
 /// How often an active flow's usage is reported when its activity does not change.
 const REPORT_EVERY_NS: u64 = 10_000_000;
+
+/// The most pairings reported in one tick: a process that connects thousands of queue
+/// pairs at once reports them over a few ticks rather than filling the daemon's socket.
+const PAIRINGS_PER_TICK: usize = 256;
+
+/// Datagrams refused on the side channels that are said (at debug level); the rest are
+/// only counted.
+const REFUSALS_SAID: u64 = 8;
 
 /// How long a connection attempt waits for the daemon's greeting, on the follower's
 /// thread: a daemon that accepts but does not answer delays the next tick by this much.
@@ -152,6 +164,10 @@ pub struct FollowStatus {
     /// that found it gone to the tick that connected again (counted at ticks, so to
     /// within one tick). The shaper's own static settings did that splitting.
     pub split_while_gone: u64,
+    /// Side channels open (`JUSTITIA_TWO_SIDED=split`).
+    pub side_channels: u32,
+    /// The queue pairs' pairings so far.
+    pub pairing: PairingCounts,
 }
 
 /// The shaper's side of `justitiad`. See the module documentation.
@@ -198,6 +214,12 @@ pub struct Follower {
     last_report_ns: u64,
     /// The remote end last reported (see [`crate::remote`]); `None` after (re)registration.
     remote_sent: Option<(crate::remote::End, bool)>,
+    /// The process's side channels, with `JUSTITIA_TWO_SIDED=split`; `None`: queue pairs
+    /// are not paired.
+    sides: Option<Box<dyn SideChannels>>,
+    /// The daemon's id of the flow the pairings were reported under: another one (a new
+    /// registration, or a new daemon) holds none of them.
+    paired_under: Option<u64>,
 }
 
 impl Follower {
@@ -242,7 +264,19 @@ impl Follower {
             reported_active: None,
             last_report_ns: 0,
             remote_sent: None,
+            sides: (config.two_sided == TwoSided::Split).then(|| {
+                pairing::enable();
+                Box::new(VerbsSideChannels::new()) as Box<dyn SideChannels>
+            }),
+            paired_under: None,
         })
+    }
+
+    /// Pairs the queue pairs through `sides` instead of the real verbs' side channels.
+    #[cfg(test)]
+    pub(crate) fn set_side_channels(&mut self, sides: Box<dyn SideChannels>) {
+        pairing::enable();
+        self.sides = Some(sides);
     }
 
     /// Where the follower stands.
@@ -256,6 +290,12 @@ impl Follower {
             stale_periods: self.stale_periods,
             connections: self.client.stats().connections,
             split_while_gone: self.split_while_gone,
+            side_channels: self.sides.as_ref().map_or(0, |s| s.count()),
+            pairing: if self.sides.is_some() {
+                pairing::record().counts()
+            } else {
+                PairingCounts::default()
+            },
         }
     }
 
@@ -396,6 +436,8 @@ impl Follower {
         self.track_connection();
         self.report(now_ns, group);
         self.report_remote();
+        self.report_pairings(now_ns);
+        self.exchange_hellos(now_ns);
         self.report_control_verbs(group);
         self.report_qp_turns(group);
         self.report_round_trips(group);
@@ -485,6 +527,123 @@ impl Follower {
             .report_remote(h, end.gid, end.lid, end.qpn, reads)
         {
             self.remote_sent = Some(now);
+        }
+    }
+
+    /// With side channels: takes the side channels the daemon found, withdraws the
+    /// pairings of queue pairs gone, and reports those due (opening their port's side
+    /// channel first), at most [`PAIRINGS_PER_TICK`] a tick. What the socket does not take
+    /// now stays due for the next tick.
+    fn report_pairings(&mut self, now_ns: u64) {
+        let Some(sides) = self.sides.as_mut() else {
+            return;
+        };
+        let (Some((h, _)), true) = (self.flow, self.connected) else {
+            return;
+        };
+        let FlowState::Registered { flow, .. } = self.client.state(h) else {
+            return;
+        };
+        let due = {
+            let mut record = pairing::record();
+            if self.paired_under != Some(flow) {
+                record.registered_again();
+                self.paired_under = Some(flow);
+            }
+            while let Some(p) = self.client.take_paired() {
+                let peer = PeerSide {
+                    qpn: p.side_qpn,
+                    qkey: p.side_qkey,
+                };
+                if p.flow == flow && record.paired(p.local_qpn, peer) {
+                    log!(
+                        Debug,
+                        "queue pair {:#x} paired with the side channel {:#x} at its other end",
+                        p.local_qpn,
+                        p.side_qpn
+                    );
+                }
+            }
+            let sent = record
+                .withdrawals()
+                .iter()
+                .take_while(|&&qpn| self.client.withdraw_pairing(h, qpn))
+                .count();
+            record.withdrawn(sent);
+            record.due(PAIRINGS_PER_TICK)
+        };
+        // Opening a side channel makes verbs objects: not under the record's lock, which
+        // the verb hooks take.
+        for c in due {
+            match sides.open(&c.port) {
+                Ok(side) => {
+                    let report = QpPairing {
+                        flow: 0,
+                        local_qpn: c.qpn,
+                        remote_gid: c.end.gid,
+                        remote_lid: c.end.lid,
+                        remote_qpn: c.end.qpn,
+                        side_qpn: side.qpn,
+                        side_qkey: side.qkey,
+                    };
+                    if !self.client.report_pairing(h, report) {
+                        break;
+                    }
+                    pairing::record().reported(&c, now_ns);
+                }
+                Err(_) => pairing::record().no_side_channel(&c),
+            }
+        }
+    }
+
+    /// With side channels: takes the hellos that arrived (each checked against the side
+    /// channel paired with the queue pair it names) and sends those due, at most
+    /// [`PAIRINGS_PER_TICK`] each a tick.
+    fn exchange_hellos(&mut self, now_ns: u64) {
+        let Some(sides) = self.sides.as_mut() else {
+            return;
+        };
+        for d in sides.receive(PAIRINGS_PER_TICK) {
+            let mut record = pairing::record();
+            match SideMessage::decode(&d.bytes) {
+                Ok(SideMessage::Hello { qp_num, heard }) => {
+                    match record.on_hello(qp_num, &d.source, heard) {
+                        HelloOutcome::Heard(true) => log!(
+                            Debug,
+                            "queue pair {qp_num:#x}: the shaper at its other end speaks side-channel version {VERSION}"
+                        ),
+                        // Anyone on the fabric can send these: the first few are said.
+                        HelloOutcome::Refused if record.counts().refused <= REFUSALS_SAID => {
+                            log!(
+                                Debug,
+                                "a hello for queue pair {qp_num:#x} from queue pair {:#x} is not from its peer's side channel: dropped",
+                                d.source.qpn
+                            )
+                        }
+                        HelloOutcome::Refused | HelloOutcome::Heard(false) | HelloOutcome::Early => {}
+                    }
+                }
+                // Nothing else is spoken yet; bytes that are no message are dropped.
+                Ok(_) | Err(_) => record.refused(),
+            }
+        }
+        let due = pairing::record().hellos_due(now_ns, PAIRINGS_PER_TICK);
+        for (c, peer, heard) in due {
+            let (bytes, len) = SideMessage::Hello {
+                qp_num: c.end.qpn,
+                heard,
+            }
+            .encode();
+            let to = DatagramDest {
+                gid: c.end.gid,
+                lid: c.end.lid,
+                qpn: peer.qpn,
+                qkey: peer.qkey,
+            };
+            // A hello lost here is sent again on the greeting's timer.
+            if let Err(e) = sides.send(&c.port, c.sgid_index, &to, &bytes[..len]) {
+                log!(Debug, "hello for queue pair {:#x} not sent: {e}", c.qpn);
+            }
         }
     }
 

@@ -34,6 +34,8 @@ pub mod log;
 #[cfg(not(loom))]
 pub mod mock;
 #[cfg(not(loom))]
+pub mod pairing;
+#[cfg(not(loom))]
 pub mod qp_ex;
 #[cfg(not(loom))]
 pub mod registry;
@@ -43,6 +45,8 @@ pub mod remote;
 pub mod round_trips;
 #[cfg(not(loom))]
 pub mod send_queue;
+#[cfg(not(loom))]
+pub mod side_channel;
 #[cfg(not(loom))]
 pub mod stats;
 

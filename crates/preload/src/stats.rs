@@ -45,6 +45,21 @@ pub struct Counters {
     pub turn_waits: AtomicU64,
     /// Times a QP that had spent its turn gave it to one in line, with requests left.
     pub turn_yields: AtomicU64,
+    /// Side channels open ([`FollowStatus::side_channels`]). Published as
+    /// `daemon_connections` is.
+    pub side_channels: AtomicU64,
+    /// Queue pairs' pairings reported to a daemon (`crate::pairing`). Published as
+    /// `daemon_connections` is.
+    pub pairings_reported: AtomicU64,
+    /// Peer side channels the daemon found for the process's queue pairs. Published as
+    /// `daemon_connections` is.
+    pub qps_paired: AtomicU64,
+    /// Of them, those whose peer's hello came on the side channel: the two shapers agree
+    /// on the version. Published as `daemon_connections` is.
+    pub qps_agreed: AtomicU64,
+    /// Datagrams the side channels dropped: not a message, or not from the side channel
+    /// they claim. Published as `daemon_connections` is.
+    pub side_refused: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -89,6 +104,21 @@ pub struct StatsSnapshot {
     /// See [`Counters::turn_yields`].
     #[serde(default)]
     pub turn_yields: u64,
+    /// See [`Counters::side_channels`].
+    #[serde(default)]
+    pub side_channels: u64,
+    /// See [`Counters::pairings_reported`].
+    #[serde(default)]
+    pub pairings_reported: u64,
+    /// See [`Counters::qps_paired`].
+    #[serde(default)]
+    pub qps_paired: u64,
+    /// See [`Counters::qps_agreed`].
+    #[serde(default)]
+    pub qps_agreed: u64,
+    /// See [`Counters::side_refused`].
+    #[serde(default)]
+    pub side_refused: u64,
 }
 
 impl Counters {
@@ -110,6 +140,16 @@ impl Counters {
             .fetch_max(status.fallbacks, Ordering::Relaxed);
         self.split_while_daemon_gone
             .fetch_max(status.split_while_gone, Ordering::Relaxed);
+        self.side_channels
+            .fetch_max(u64::from(status.side_channels), Ordering::Relaxed);
+        self.pairings_reported
+            .fetch_max(status.pairing.reported, Ordering::Relaxed);
+        self.qps_paired
+            .fetch_max(status.pairing.paired, Ordering::Relaxed);
+        self.qps_agreed
+            .fetch_max(status.pairing.agreed, Ordering::Relaxed);
+        self.side_refused
+            .fetch_max(status.pairing.refused, Ordering::Relaxed);
     }
 
     /// The counters now.
@@ -134,6 +174,11 @@ impl Counters {
             control_wait_ns: 0,
             turn_waits: get(&self.turn_waits),
             turn_yields: get(&self.turn_yields),
+            side_channels: get(&self.side_channels),
+            pairings_reported: get(&self.pairings_reported),
+            qps_paired: get(&self.qps_paired),
+            qps_agreed: get(&self.qps_agreed),
+            side_refused: get(&self.side_refused),
         }
     }
 }
@@ -169,7 +214,8 @@ mod tests {
              \"pacing_delay_ns\":0,\"queued_max\":5,\"qps\":0,\"errors\":0,\
              \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0,\
              \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
-             \"turn_waits\":0,\"turn_yields\":0}"
+             \"turn_waits\":0,\"turn_yields\":0,\"side_channels\":0,\"pairings_reported\":0,\
+             \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());
@@ -189,6 +235,13 @@ mod tests {
             stale_periods: 0,
             connections,
             split_while_gone,
+            side_channels: 1,
+            pairing: crate::pairing::PairingCounts {
+                reported: connections,
+                paired: fallbacks,
+                agreed: fallbacks,
+                ..Default::default()
+            },
         };
         c.note_follow(&status(2, 1, 40));
         c.note_follow(&status(1, 0, 7));
@@ -200,6 +253,15 @@ mod tests {
                 s.split_while_daemon_gone
             ),
             (2, 1, 40)
+        );
+        assert_eq!(
+            (
+                s.side_channels,
+                s.pairings_reported,
+                s.qps_paired,
+                s.qps_agreed
+            ),
+            (1, 2, 1, 1)
         );
         assert!(s.to_json().contains(
             "\"daemon_connections\":2,\"daemon_fallbacks\":1,\"split_while_daemon_gone\":40,"

@@ -96,6 +96,42 @@ else
   result FAIL "host C sees only its own device" "C lists '$c_devs' (GID $c_gid)"
 fi
 
+# Messages a run of justitia-integrity --two-sided sends (sections 2b and 6).
+TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
+# two_sided_run MODE SLUG A_ENV B_ENV: one run of MODE (send or write-imm), the server on
+# B under B_ENV, the client on A under A_ENV (empty: native); logs named after SLUG. Sets
+# TS_OK (1 when both ends passed with 0 mismatches), TS_WHAT (both verdicts and what the
+# shapers counted) and TS_LOGS.
+two_sided_run() {
+  local mode=$1 slug=$2 a_env=$3 b_env=$4 iport=$((PORT++)) rc served summary
+  TS_OK=0 TS_LOGS="$L.$slug.log, $BLOGS/$slug.server.log"
+  onb 10 "env $b_env ${b_env:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
+    --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
+  if ! b_listen "$iport"; then
+    TS_WHAT="the server on B did not listen"
+    return
+  fi
+  # shellcheck disable=SC2086 # NAME=value words without spaces
+  env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
+  rc=$?
+  # [e]: the pattern does not match this shell's own command line.
+  served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
+    grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
+  summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
+  TS_A_STATS="" TS_B_STATS=""
+  [ -n "$a_env" ] && TS_A_STATS=$(cat "$L.$slug".*.stats.json 2>/dev/null | tr -d ' \n' \
+    | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*\|"pairings_reported":[0-9]*\|"qps_paired":[0-9]*\|"qps_agreed":[0-9]*\|"side_refused":[0-9]*' | paste -sd ' ')
+  [ -n "$b_env" ] && TS_B_STATS=$(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' \
+    | grep -o '\"qps\":[0-9]*\|\"pairings_reported\":[0-9]*\|\"qps_paired\":[0-9]*\|\"qps_agreed\":[0-9]*\|\"side_refused\":[0-9]*' | paste -sd ' '")
+  TS_WHAT="client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served#justitia-integrity: }"
+  [ -n "$a_env" ] && TS_WHAT="$TS_WHAT; shaper on A: ${TS_A_STATS:-no statistics}"
+  [ -n "$b_env" ] && TS_WHAT="$TS_WHAT; shaper on B: ${TS_B_STATS:-no statistics}"
+  if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS'; then
+    TS_OK=1
+  fi
+}
+
 # TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those.
 if [ "${TWO_HOSTS_ONLY:-}" != peer ]; then
 # ---------------------------------------------------------------------------------------
@@ -183,39 +219,22 @@ done
 # messages fall below, at and above it), and for SENDs a shaped sender beside an unshaped
 # receiver and the reverse: every run must pass with 0 mismatches. What the shapers counted is reported; they send these
 # requests whole until two shapers agree to split them.
-TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
 SHAPED_2S="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K"
 # MODE HOW: HOW is native, shaped (both ends), sender-shaped or receiver-shaped.
 for run in "send native" "send shaped" "send sender-shaped" "send receiver-shaped" \
   "write-imm native" "write-imm shaped"; do
   read -r mode how <<< "$run"
-  iport=$((PORT++)) a_env="" b_env="" slug=two_sided.$mode.$how
+  a_env="" b_env=""
   case $how in
     shaped) a_env=$SHAPED_2S b_env=$SHAPED_2S ;;
     sender-shaped) a_env=$SHAPED_2S ;;
     receiver-shaped) b_env=$SHAPED_2S ;;
   esac
-  onb 10 "env $b_env ${b_env:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
-    --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
-  if ! b_listen "$iport"; then
-    result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "the server on B did not listen (log: $BLOGS/$slug.server.log)"
-    continue
-  fi
-  # shellcheck disable=SC2086 # NAME=value words without spaces
-  env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
-  rc=$?
-  # [e]: the pattern does not match this shell's own command line.
-  served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
-    grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
-  summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
-  counted=""
-  [ -n "$a_env" ] && counted="; shaper on A: $(split_of "$slug" | sed 's/^$/no statistics/')"
-  [ -n "$b_env" ] && counted="$counted; shaper on B: $(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '\"qps\":[0-9]*' | paste -sd ' '" | sed 's/^$/no statistics/')"
-  if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS'; then
-    result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$summary; server: ${served#justitia-integrity: }$counted"
+  two_sided_run "$mode" "two_sided.$mode.$how" "$a_env" "$b_env"
+  if [ "$TS_OK" = 1 ]; then
+    result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$TS_WHAT"
   else
-    result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served:-none} (logs: $L.$slug.log, $BLOGS/$slug.server.log)$counted"
+    result FAIL "justitia-integrity --two-sided $mode A -> B ($how)" "$TS_WHAT (logs: $TS_LOGS)"
   fi
 done
 
@@ -700,6 +719,31 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     pkill -x ib_read_bw
     pkill -x ib_write_bw
     onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
+
+    # The rendezvous of side channels (JUSTITIA_TWO_SIDED=split): justitia-integrity's
+    # SENDs with both ends shaped, each following its own host's daemon. Each shaper opens
+    # a side channel (a UD queue pair of its own) and reports its RC queue pair with it;
+    # the daemons send the pairings to each other over the peer channel, match them, and
+    # each shaper learns the other's side channel (qps_paired 1 on both ends). Then the
+    # two shapers say hello to each other over the cable, from side channel to side
+    # channel, each hello checked against the paired source (GID and queue pair): the two
+    # agree on the version (qps_agreed 1 on both ends, nothing refused). The messages still
+    # go whole, byte-exact. Then a shaped sender beside an unshaped receiver: its pairing
+    # is reported and never matched (qps_paired 0), byte-exact.
+    paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
+    two_sided_run send peer.two_sided.paired "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
+    agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
+    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$agreed"; then
+      result PASS "peer: two shapers pair through their daemons and agree over their side channels" "$TS_WHAT"
+    else
+      result FAIL "peer: two shapers pair through their daemons and agree over their side channels" "both ends must pass and count qps_paired and qps_agreed >= 1, side_refused 0: $TS_WHAT (logs: $TS_LOGS)"
+    fi
+    two_sided_run send peer.two_sided.sender-only "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" ""
+    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"pairings_reported":[1-9]' && echo "$TS_A_STATS" | grep -q '"qps_paired":0'; then
+      result PASS "peer: a shaped sender beside an unshaped receiver is never paired" "$TS_WHAT"
+    else
+      result FAIL "peer: a shaped sender beside an unshaped receiver is never paired" "A must pass, report its pairing and count qps_paired 0: $TS_WHAT (logs: $TS_LOGS)"
+    fi
 
     # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB
     # chunks: see section 5 for why), each following its own daemon; B's perftest servers

@@ -549,6 +549,14 @@ fn every_side_message_round_trips() {
             seq: 5,
             posting: Posting::Split { posted: 16 },
         },
+        SideMessage::Hello {
+            qp_num: 6,
+            heard: false,
+        },
+        SideMessage::Hello {
+            qp_num: 6,
+            heard: true,
+        },
     ] {
         let (buf, len) = m.encode();
         assert_eq!(SideMessage::decode(&buf[..len]), Ok(m));
@@ -581,6 +589,23 @@ fn hostile_bytes_give_typed_errors() {
     assert_eq!(
         SideMessage::decode(&bad[..len]),
         Err(WireError::Flags(0x80))
+    );
+    let (hello, n) = SideMessage::Hello {
+        qp_num: 6,
+        heard: true,
+    }
+    .encode();
+    assert_eq!(&hello[..n], &[1, 5, 6, 0, 0, 0, 1], "the documented layout");
+    let mut bad = hello;
+    bad[n - 1] = 2;
+    assert_eq!(SideMessage::decode(&bad[..n]), Err(WireError::Flags(2)));
+    assert_eq!(
+        SideMessage::decode(&hello[..n - 1]),
+        Err(WireError::Length {
+            kind: 5,
+            want: 5,
+            got: 4
+        })
     );
 }
 
@@ -722,4 +747,94 @@ fn an_announcement_never_plans_more_receives_than_the_queue_holds() {
         rx.on_announce(announce(MAX_ANNOUNCED as u64, 100, 64)),
         Err(TwoSidedError::TooManyAnnounced { held }) if held == MAX_ANNOUNCED
     ));
+}
+
+/// A hello goes at once, again every [`HELLO_RETRY_NS`] while unanswered, at most
+/// [`HELLO_TRIES`] times, and then the peer is given up on.
+#[test]
+fn an_unanswered_hello_is_retried_then_given_up() {
+    let mut g = Greeting::new();
+    assert_eq!(g.due(0), Some(false));
+    assert_eq!(g.due(HELLO_RETRY_NS - 1), None);
+    let mut now = HELLO_RETRY_NS;
+    let mut sent = 1;
+    while let Some(heard) = g.due(now) {
+        assert!(!heard);
+        sent += 1;
+        now += HELLO_RETRY_NS;
+    }
+    assert_eq!(sent, HELLO_TRIES);
+    assert!(!g.agreed());
+    assert!(!g.gave_up(now - HELLO_RETRY_NS - 1));
+    assert!(g.gave_up(now));
+}
+
+/// Two ends that each send a hello, with any of them lost, end agreed on both sides, and
+/// nothing is due after: neither end answers an answer.
+#[test]
+fn two_greetings_agree_and_fall_silent() {
+    for lose_first in [false, true] {
+        let (mut a, mut b) = (Greeting::new(), Greeting::new());
+        let mut now = 0;
+        for round in 0..10 {
+            let to_b = a.due(now);
+            let to_a = b.due(now);
+            if let Some(h) = to_b {
+                if !(lose_first && round == 0) {
+                    b.on_hello(h);
+                }
+            }
+            if let Some(h) = to_a {
+                a.on_hello(h);
+            }
+            // Answers go within the same instant.
+            while let Some(h) = b.due(now) {
+                a.on_hello(h);
+            }
+            while let Some(h) = a.due(now) {
+                b.on_hello(h);
+            }
+            now += HELLO_RETRY_NS;
+        }
+        assert!(a.agreed() && b.agreed(), "lose_first {lose_first}");
+        assert_eq!((a.due(now), b.due(now)), (None, None));
+    }
+}
+
+/// A peer that keeps sending hellos saying it has not heard gets at most
+/// [`HELLO_TRIES`] answers.
+#[test]
+fn a_peer_repeating_hellos_gets_a_bounded_number_of_answers() {
+    let mut g = Greeting::new();
+    let mut answers = 0;
+    for _ in 0..10 * HELLO_TRIES {
+        g.on_hello(false);
+        if g.due(0).is_some() {
+            answers += 1;
+        }
+    }
+    // The first due at time 0 is the timer's own hello, the rest answers.
+    assert!(answers <= HELLO_TRIES + 1, "{answers}");
+    assert!(g.agreed());
+}
+
+proptest! {
+    /// Whatever the peer sends and whenever, one end sends at most [`HELLO_TRIES`]
+    /// hellos on its timer and as many answers.
+    #[test]
+    fn hellos_sent_are_bounded(events in proptest::collection::vec((any::<bool>(), any::<bool>(), 0u64..3), 0..400)) {
+        let mut g = Greeting::new();
+        let mut now = 0;
+        let mut sent = 0;
+        for (arrives, peer_heard, step) in events {
+            if arrives {
+                g.on_hello(peer_heard);
+            }
+            while g.due(now).is_some() {
+                sent += 1;
+                prop_assert!(sent <= 2 * HELLO_TRIES);
+            }
+            now += step * HELLO_RETRY_NS;
+        }
+    }
 }

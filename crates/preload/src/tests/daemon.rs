@@ -792,3 +792,176 @@ fn justitia_daemon_off_never_registers() {
     assert!(d.flows().is_empty());
     assert_eq!(app.paced_at(), None);
 }
+
+/// Datagrams sent, with where to.
+type Sent = Arc<std::sync::Mutex<Vec<(justitia_verbs::DatagramDest, Vec<u8>)>>>;
+
+/// Side channels that are never opened on a device: every port gets the same address,
+/// and what is sent is kept (shared with the test).
+#[derive(Debug)]
+struct FixedSideChannels(crate::side_channel::SideAddress, Sent);
+
+impl crate::side_channel::SideChannels for FixedSideChannels {
+    fn open(
+        &mut self,
+        _port: &crate::pairing::Port,
+    ) -> Result<crate::side_channel::SideAddress, String> {
+        Ok(self.0)
+    }
+
+    fn count(&self) -> u32 {
+        1
+    }
+
+    fn send(
+        &mut self,
+        _port: &crate::pairing::Port,
+        _sgid_index: u8,
+        to: &justitia_verbs::DatagramDest,
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        self.1.lock().unwrap().push((*to, bytes.to_vec()));
+        Ok(())
+    }
+
+    fn receive(&mut self, _max: usize) -> Vec<crate::side_channel::Datagram> {
+        Vec::new()
+    }
+}
+
+/// The GID of 127.0.0.1 (IPv4-mapped), this host as the test's daemon knows it.
+const LOOPBACK_GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1];
+
+/// A daemon with the peer channel on 127.0.0.1 and no member yet: two processes on this
+/// host connected to each other are paired by it.
+fn start_peered_daemon(dir: &Path) -> Daemon {
+    use std::os::unix::fs::PermissionsExt;
+    let key = Command::new(justitiad()).arg("genkey").output().unwrap();
+    assert!(key.status.success(), "justitiad genkey");
+    let key_file = dir.join("peer.key");
+    std::fs::write(&key_file, &key.stdout).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    Daemon::start_with(
+        dir,
+        &format!(
+            "[peer]\nnode = \"127.0.0.1\"\nkey_file = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nport = {port}\nmembers_file = \"{}\"\n",
+            key_file.display(),
+            dir.join("members").display()
+        ),
+    )
+}
+
+/// `JUSTITIA_TWO_SIDED=split`: a queue pair that reaches RTR is reported to the daemon with
+/// the process's side channel, and the side channel of the process at its other end comes
+/// back, once; a queue pair destroyed is withdrawn.
+#[test]
+fn with_two_sided_split_a_connected_queue_pair_learns_its_peers_side_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start_peered_daemon(dir.path());
+    let socket = d.socket();
+    let mut app = App::start(&[
+        ("JUSTITIA_CLASS", "bandwidth"),
+        ("JUSTITIA_TWO_SIDED", "split"),
+        ("JUSTITIA_SOCKET", socket.to_str().unwrap()),
+    ]);
+    let ours = crate::side_channel::SideAddress {
+        qpn: 0x51,
+        qkey: 0x0123_4567,
+    };
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    app.engine
+        .hold_follower()
+        .unwrap()
+        .set_side_channels(Box::new(FixedSideChannels(ours, Arc::clone(&sent))));
+    app.drive_until("registration", Duration::from_secs(5), |a| {
+        a.flow_id().is_some()
+    });
+    // SAFETY: the mock's live QP.
+    let qpn = unsafe { (*app.qp).qp_num };
+    let peer_qpn = 0x7e_0001;
+    crate::pairing::record().connected(crate::pairing::Connection {
+        qpn,
+        end: crate::remote::End {
+            gid: LOOPBACK_GID,
+            lid: 0,
+            qpn: peer_qpn,
+        },
+        port: crate::pairing::Port {
+            device: "mock0".into(),
+            number: 1,
+        },
+        sgid_index: 0,
+    });
+    app.drive_until("the pairing reported", Duration::from_secs(5), |a| {
+        a.engine
+            .follow_status()
+            .is_some_and(|s| s.pairing.reported == 1)
+    });
+    // The other process: its queue pair is the far end of ours.
+    let mut other = AgentClient::connect(d.socket()).unwrap();
+    let h = other.register(FlowClass::Bandwidth, 1, 0);
+    assert!(matches!(
+        other.wait_registered(h, Duration::from_secs(2)),
+        FlowState::Registered { .. }
+    ));
+    assert!(other.report_pairing(
+        h,
+        justitia_agent::proto::QpPairing {
+            flow: 0,
+            local_qpn: peer_qpn,
+            remote_gid: LOOPBACK_GID,
+            remote_lid: 0,
+            remote_qpn: qpn,
+            side_qpn: 0x52,
+            side_qkey: 0x0765_4321,
+        }
+    ));
+    app.drive_until("the peer's side channel", Duration::from_secs(5), |_| {
+        crate::pairing::record().peer(qpn).is_some()
+    });
+    let (end, side) = crate::pairing::record().peer(qpn).unwrap();
+    assert_eq!(
+        (end.qpn, side.qpn, side.qkey),
+        (peer_qpn, 0x52, 0x0765_4321)
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let told = loop {
+        other.tick(0);
+        if let Some(p) = other.take_paired() {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the other process was not told");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(
+        (told.local_qpn, told.side_qpn, told.side_qkey),
+        (peer_qpn, 0x51, 0x0123_4567)
+    );
+    let status = app.engine.follow_status().unwrap();
+    assert_eq!((status.pairing.reported, status.pairing.paired), (1, 1));
+    // Paired: a hello goes to the peer's side channel, naming the peer's queue pair.
+    app.drive_until("a hello sent", Duration::from_secs(5), |_| {
+        !sent.lock().unwrap().is_empty()
+    });
+    let (to, bytes) = sent.lock().unwrap()[0].clone();
+    assert_eq!((to.gid, to.qpn, to.qkey), (LOOPBACK_GID, 0x52, 0x0765_4321));
+    assert_eq!(
+        justitia_core::two_sided::SideMessage::decode(&bytes),
+        Ok(justitia_core::two_sided::SideMessage::Hello {
+            qp_num: peer_qpn,
+            heard: false
+        })
+    );
+    assert_eq!(status.side_channels, 1);
+    // Destroyed: withdrawn, and the record forgets it.
+    crate::pairing::on_destroy(qpn);
+    app.drive_until("the withdrawal sent", Duration::from_secs(5), |_| {
+        crate::pairing::record().withdrawals().is_empty()
+    });
+    assert_eq!(crate::pairing::record().peer(qpn), None);
+}
