@@ -98,12 +98,13 @@ fi
 
 # Messages a run of justitia-integrity --two-sided sends (sections 2b and 6).
 TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
-# two_sided_run MODE SLUG A_ENV B_ENV: one run of MODE (send or write-imm), the server on
-# B under B_ENV, the client on A under A_ENV (empty: native); logs named after SLUG. Sets
+# two_sided_run MODE SLUG A_ENV B_ENV [MESSAGES]: one run of MODE (send or write-imm) of
+# MESSAGES (TWO_SIDED_MESSAGES) messages, the server on B under B_ENV, the client on A
+# under A_ENV (empty: native); logs named after SLUG. Sets
 # TS_OK (1 when both ends passed with 0 mismatches), TS_WHAT (both verdicts and what the
 # shapers counted) and TS_LOGS.
 two_sided_run() {
-  local mode=$1 slug=$2 a_env=$3 b_env=$4 iport=$((PORT++)) rc served summary
+  local mode=$1 slug=$2 a_env=$3 b_env=$4 messages=${5:-$TWO_SIDED_MESSAGES} iport=$((PORT++)) rc served summary
   TS_OK=0 TS_LOGS="$L.$slug.log, $BLOGS/$slug.server.log"
   onb 10 "env $b_env ${b_env:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
     --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
@@ -113,7 +114,7 @@ two_sided_run() {
   fi
   # shellcheck disable=SC2086 # NAME=value words without spaces
   env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$TWO_SIDED_MESSAGES" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
   rc=$?
   # [e]: the pattern does not match this shell's own command line.
   served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
@@ -729,16 +730,17 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # channel, each hello checked against the paired source (GID and queue pair): the two
     # agree on the version (qps_agreed 1 on both ends, nothing refused). The messages still
     # go whole, byte-exact. Then a shaped sender beside an unshaped receiver: its pairing
-    # is reported and never matched (qps_paired 0), byte-exact.
+    # is reported and never matched (qps_paired 0), byte-exact. Six messages a run: the
+    # pairing and the hellos happen at the connection, and each message costs time.
     paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
-    two_sided_run send peer.two_sided.paired "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
+    two_sided_run send peer.two_sided.paired "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 6
     agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$agreed"; then
       result PASS "peer: two shapers pair through their daemons and agree over their side channels" "$TS_WHAT"
     else
       result FAIL "peer: two shapers pair through their daemons and agree over their side channels" "both ends must pass and count qps_paired and qps_agreed >= 1, side_refused 0: $TS_WHAT (logs: $TS_LOGS)"
     fi
-    two_sided_run send peer.two_sided.sender-only "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" ""
+    two_sided_run send peer.two_sided.sender-only "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "" 6
     if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"pairings_reported":[1-9]' && echo "$TS_A_STATS" | grep -q '"qps_paired":0'; then
       result PASS "peer: a shaped sender beside an unshaped receiver is never paired" "$TS_WHAT"
     else
