@@ -75,6 +75,18 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The metrics listener may come up after the registration socket: a scrape right
+        // after the start was refused now and then on a busy machine.
+        if let Some(addr) = &d.metrics {
+            while std::net::TcpStream::connect(addr).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the daemon's metrics listener on {addr} did not open: {}",
+                    d.log()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         d
     }
     /// Opens the temporary directory to other uids and puts a copy of the running test
