@@ -31,7 +31,11 @@
 //! - the application sees one completion per message, with the message's whole length and
 //!   its immediate data, after its last chunk landed (receiver) or completed (sender);
 //! - teardown hands back every application request and receive not yet completed, so the
-//!   caller can flush them: nothing is left pending.
+//!   caller can flush them: nothing is left pending;
+//! - the side channel is a datagram service: a lost announcement is sent again until its
+//!   credit comes ([`SendSide::reannounce`]), a lost credit is sent again when its
+//!   announcement repeats ([`Announced::Repeated`]), and repeats and reorderings change
+//!   nothing ([`RecvSide::on_announce`], [`SendSide::on_credit`]).
 
 use std::collections::VecDeque;
 
@@ -401,9 +405,9 @@ pub enum TwoSidedError {
     /// A chunk size of zero.
     #[error("chunk size must be at least 1 byte")]
     ZeroChunk,
-    /// An announcement out of order (a lost or replayed side-channel message).
-    #[error("announcement {got} out of order, expected {want}")]
-    OutOfOrder {
+    /// An accept that does not answer the offer (below it, without one, or changed).
+    #[error("accept from message {got} does not answer the offer of {want}")]
+    BadAccept {
         /// The number expected next.
         want: u64,
         /// The number that arrived.
@@ -610,10 +614,11 @@ impl ReceiverAgreement {
 
     /// The sender's accept: how many held application receives to post whole first (the
     /// sender's whole messages beyond the offer), after which the caller builds its
-    /// [`RecvSide`] from `first`. An accept below the offer, or without one, is refused.
+    /// [`RecvSide`] from `first`. An accept below the offer, or without one, is refused;
+    /// a repeated accept returns the same count, which the caller acts on once.
     pub fn on_accept(&mut self, first: u64) -> Result<u64, TwoSidedError> {
         if !self.offered || first < self.posted_whole || self.first.is_some_and(|f| f != first) {
-            return Err(TwoSidedError::OutOfOrder {
+            return Err(TwoSidedError::BadAccept {
                 want: self.posted_whole,
                 got: first,
             });
@@ -669,7 +674,21 @@ struct Outgoing {
     done: u32,
     /// Chunks the message goes as, once the credit said how.
     total: u32,
+    /// When [`SendSide::reannounce`] first saw it uncredited, and last sent it again.
+    first_seen_ns: Option<u64>,
+    last_sent_ns: u64,
+    /// Times it was announced again.
+    repeats: u32,
 }
+
+/// How long an announcement waits for its credit before it is sent again; each repeat
+/// waits twice as long as the one before, up to [`ANNOUNCE_RETRY_MAX_NS`]. A credit comes
+/// only once the application posted a receive for the message, which may take long, so
+/// the repeats back off.
+pub const ANNOUNCE_RETRY_NS: u64 = 20_000_000;
+
+/// The longest wait between two repeats of one announcement.
+pub const ANNOUNCE_RETRY_MAX_NS: u64 = 1_000_000_000;
 
 /// The sending shaper's half for one queue pair.
 #[derive(Debug, Default)]
@@ -727,6 +746,9 @@ impl SendSide {
             sent: 0,
             done: 0,
             total: 0,
+            first_seen_ns: None,
+            last_sent_ns: 0,
+            repeats: 0,
         });
         Ok(announce)
     }
@@ -740,8 +762,17 @@ impl SendSide {
         })
     }
 
-    /// The receiver's credit for message `seq`.
+    /// The receiver's credit for message `seq`. A credit for a message already completed
+    /// (a repeat that crossed the last chunk) is ignored; one for a message never
+    /// announced is refused.
     pub fn on_credit(&mut self, seq: u64, posting: Posting) -> Result<(), TwoSidedError> {
+        let oldest = self
+            .outgoing
+            .front()
+            .map_or(self.next_seq, |m| m.announce.seq);
+        if seq < oldest {
+            return Ok(());
+        }
         let message = self
             .outgoing
             .iter_mut()
@@ -831,6 +862,40 @@ impl SendSide {
             imm: None,
             signaled: message.request.flags.signaled || status != WC_SUCCESS,
         })
+    }
+
+    /// The announcements to send again at `now_ns`: those with no credit yet whose wait
+    /// ([`ANNOUNCE_RETRY_NS`], doubling per repeat up to [`ANNOUNCE_RETRY_MAX_NS`]) is
+    /// over. A message is first seen by this call (its first wait starts then).
+    pub fn reannounce(&mut self, now_ns: u64) -> Vec<Announce> {
+        let mut again = Vec::new();
+        for m in self.outgoing.iter_mut().filter(|m| m.posting.is_none()) {
+            if m.first_seen_ns.is_none() {
+                m.first_seen_ns = Some(now_ns);
+                m.last_sent_ns = now_ns;
+                continue;
+            }
+            let wait = ANNOUNCE_RETRY_NS
+                .saturating_mul(1 << m.repeats.min(16))
+                .min(ANNOUNCE_RETRY_MAX_NS);
+            if now_ns.saturating_sub(m.last_sent_ns) >= wait {
+                m.last_sent_ns = now_ns;
+                m.repeats = m.repeats.saturating_add(1);
+                again.push(m.announce);
+            }
+        }
+        again
+    }
+
+    /// Since when the oldest message without a credit has waited for one, as
+    /// [`SendSide::reannounce`] first saw it: what the caller compares with the queue
+    /// pair's transport timeout before it gives up on the peer ([`SendSide::abandon`]).
+    pub fn uncredited_since(&self) -> Option<u64> {
+        self.outgoing
+            .iter()
+            .filter(|m| m.posting.is_none())
+            .filter_map(|m| m.first_seen_ns)
+            .min()
     }
 
     /// Messages announced and not completed.
@@ -933,6 +998,20 @@ struct Landing {
     landed: u32,
 }
 
+/// What an announcement did at the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Announced {
+    /// The next one in order: taken.
+    Taken,
+    /// One taken before: the sender repeats an announcement it has had no credit for, so
+    /// the credit was lost or is still to come. `Some`: the message's receives are
+    /// posted and not all completed, and this credit is to be sent again.
+    Repeated(Option<Posting>),
+    /// Beyond the next one expected (that one was lost): dropped, as the sender repeats
+    /// every announcement it has no credit for, in order.
+    Ahead,
+}
+
 /// The most announcements a receiver holds that no application receive has met yet. An
 /// honest sender announces at most its send queue's depth ahead, which devices keep far
 /// below this; a peer that goes on announcing is refused rather than queued without end.
@@ -977,28 +1056,34 @@ impl RecvSide {
         Ok(())
     }
 
-    /// An announcement arrived. A duplicate of one already taken is ignored; a gap is
-    /// refused (the side channel delivers each message once, in order, or the caller
-    /// gives up on the protocol for the queue pair), and so is one past
-    /// [`MAX_ANNOUNCED`] held.
-    pub fn on_announce(&mut self, announce: Announce) -> Result<(), TwoSidedError> {
+    /// An announcement arrived. The side channel may lose, repeat or reorder datagrams:
+    /// one already taken is answered with its credit again if it was posted
+    /// ([`Announced::Repeated`]), one beyond a gap is dropped ([`Announced::Ahead`]), the
+    /// sender's repeats fill the gap in order. Refused: a chunk size of zero, and one
+    /// past [`MAX_ANNOUNCED`] held.
+    pub fn on_announce(&mut self, announce: Announce) -> Result<Announced, TwoSidedError> {
+        if announce.chunk_bytes == 0 {
+            return Err(TwoSidedError::ZeroChunk);
+        }
         if announce.seq < self.next_seq {
-            return Ok(());
+            let posting = self
+                .landing
+                .iter()
+                .find(|l| l.announce.seq == announce.seq)
+                .map(|l| l.posting);
+            return Ok(Announced::Repeated(posting));
+        }
+        if announce.seq > self.next_seq {
+            return Ok(Announced::Ahead);
         }
         if self.announced.len() >= MAX_ANNOUNCED {
             return Err(TwoSidedError::TooManyAnnounced {
                 held: self.announced.len(),
             });
         }
-        if announce.seq != self.next_seq || announce.chunk_bytes == 0 {
-            return Err(TwoSidedError::OutOfOrder {
-                want: self.next_seq,
-                got: announce.seq,
-            });
-        }
         self.next_seq += 1;
         self.announced.push_back(announce);
-        Ok(())
+        Ok(Announced::Taken)
     }
 
     /// Pairs the next announced message with the next application receive, if both are
