@@ -523,6 +523,23 @@ impl Greeting {
         first
     }
 
+    /// When [`Greeting::due`] may next return a hello (`Some(0)`: now), or, with every
+    /// hello sent unanswered, when [`Greeting::gave_up`] turns true; `None` once both ends
+    /// have heard each other. A hello arriving changes it.
+    pub fn next_event_ns(&self) -> Option<u64> {
+        if self.answer_now {
+            Some(0)
+        } else if self.heard && self.peer_heard {
+            None
+        } else if self.sent < HELLO_TRIES {
+            Some(self.next_ns.unwrap_or(0))
+        } else if !self.heard {
+            self.next_ns
+        } else {
+            None
+        }
+    }
+
     /// The peer's hello has arrived: it shapes its end and speaks [`VERSION`].
     pub fn agreed(&self) -> bool {
         self.heard

@@ -154,6 +154,10 @@ pub struct Pairings {
     /// Queue pairs gone whose pairing was reported: to withdraw.
     withdrawals: Vec<u32>,
     counts: PairingCounts,
+    /// Before this time [`Pairings::hellos_due`] has nothing to do: the earliest hello
+    /// or notice due, so that the follower's ticks do not walk thousands of settled queue
+    /// pairs every 2 ms.
+    wake_ns: u64,
 }
 
 impl Pairings {
@@ -218,6 +222,7 @@ impl Pairings {
             if e.connection == *connection && e.report == Report::Due {
                 e.report = Report::Sent;
                 e.reported_ns = Some(now_ns);
+                self.wake_ns = self.wake_ns.min(now_ns.saturating_add(UNPAIRED_AFTER_NS));
                 self.counts.reported += 1;
             }
         }
@@ -244,6 +249,7 @@ impl Pairings {
             e.greeting = Greeting::new();
             e.reported_ns = None;
         }
+        self.wake_ns = 0;
         self.withdrawals.clear();
     }
 
@@ -267,6 +273,7 @@ impl Pairings {
                     e.peer = Some(peer);
                     e.greeting = Greeting::new();
                     self.counts.paired += 1;
+                    self.wake_ns = 0;
                 }
                 true
             }
@@ -279,26 +286,36 @@ impl Pairings {
     /// are said once per queue pair.
     pub fn hellos_due(&mut self, now_ns: u64, max: usize) -> Vec<(Connection, PeerSide, bool)> {
         let mut due = Vec::new();
+        if now_ns < self.wake_ns {
+            return due;
+        }
+        let mut wake = u64::MAX;
         for e in self.entries.values_mut() {
             let Some(peer) = e.peer else {
-                let late = e
-                    .reported_ns
-                    .is_some_and(|at| now_ns.saturating_sub(at) >= UNPAIRED_AFTER_NS);
-                if late && !e.said_unpaired {
-                    e.said_unpaired = true;
-                    self.counts.unpaired += 1;
-                    log!(
-                        Info,
-                        "queue pair {:#x}: no shaper at its other end was paired with it; its SENDs and WRITEs with immediate go whole",
-                        e.connection.qpn
-                    );
+                let Some(at) = e.reported_ns.filter(|_| !e.said_unpaired) else {
+                    continue;
+                };
+                let late_at = at.saturating_add(UNPAIRED_AFTER_NS);
+                if now_ns < late_at {
+                    wake = wake.min(late_at);
+                    continue;
                 }
+                e.said_unpaired = true;
+                self.counts.unpaired += 1;
+                log!(
+                    Info,
+                    "queue pair {:#x}: no shaper at its other end was paired with it; its SENDs and WRITEs with immediate go whole",
+                    e.connection.qpn
+                );
                 continue;
             };
             if due.len() < max {
                 if let Some(heard) = e.greeting.due(now_ns) {
                     due.push((e.connection.clone(), peer, heard));
                 }
+            } else {
+                // Over this call's share: the rest go at the next one.
+                wake = now_ns;
             }
             if !e.said_unanswered && e.greeting.gave_up(now_ns) {
                 e.said_unanswered = true;
@@ -309,7 +326,13 @@ impl Pairings {
                     e.connection.qpn
                 );
             }
+            if !e.said_unanswered {
+                if let Some(at) = e.greeting.next_event_ns() {
+                    wake = wake.min(at);
+                }
+            }
         }
+        self.wake_ns = wake;
         due
     }
 
@@ -340,6 +363,8 @@ impl Pairings {
         if first {
             self.counts.agreed += 1;
         }
+        // An answer may be due at once.
+        self.wake_ns = 0;
         HelloOutcome::Heard(first)
     }
 
@@ -649,6 +674,29 @@ mod tests {
         p.hellos_due(UNPAIRED_AFTER_NS + 5, 8);
         p.hellos_due(UNPAIRED_AFTER_NS * 3, 8);
         assert_eq!(p.counts().unpaired, 1);
+    }
+
+    #[test]
+    fn between_hellos_a_call_walks_nothing_and_settled_queue_pairs_never_wake_it() {
+        let mut p = Pairings::new();
+        let c = connection(0x11, 0x22);
+        p.connected(c.clone());
+        p.reported(&c, 0);
+        p.paired(0x11, PEER);
+        assert_eq!(p.hellos_due(0, 8).len(), 1);
+        let retry = justitia_core::two_sided::HELLO_RETRY_NS;
+        assert_eq!(p.wake_ns, retry, "next: the retry");
+        assert!(p.hellos_due(retry - 1, 8).is_empty());
+        p.on_hello(0x11, &source(PEER.qpn), false);
+        assert_eq!(p.hellos_due(1, 8).len(), 1, "the answer goes at once");
+        p.on_hello(0x11, &source(PEER.qpn), true);
+        p.hellos_due(2, 8);
+        assert_eq!(p.wake_ns, u64::MAX, "agreed both ways: nothing to wake for");
+        // A queue pair reported and not paired wakes the walk for its notice only.
+        let d = connection(0x33, 0x44);
+        p.connected(d.clone());
+        p.reported(&d, 10);
+        assert_eq!(p.wake_ns, 10 + UNPAIRED_AFTER_NS);
     }
 
     #[test]
