@@ -603,31 +603,45 @@ impl Follower {
         let Some(sides) = self.sides.as_mut() else {
             return;
         };
+        // Said with the record's lock released (see `Pairings::take_notices`): at most
+        // one line a datagram, and refusals, which anyone on the fabric can cause, only
+        // the first few.
+        let mut said = Vec::new();
         for d in sides.receive(PAIRINGS_PER_TICK) {
             let mut record = pairing::record();
             match SideMessage::decode(&d.bytes) {
                 Ok(SideMessage::Hello { qp_num, heard }) => {
                     match record.on_hello(qp_num, &d.source, heard) {
-                        HelloOutcome::Heard(true) => log!(
-                            Debug,
+                        HelloOutcome::Heard(true) => said.push(format!(
                             "queue pair {qp_num:#x}: the shaper at its other end speaks side-channel version {VERSION}"
-                        ),
-                        // Anyone on the fabric can send these: the first few are said.
+                        )),
                         HelloOutcome::Refused if record.counts().refused <= REFUSALS_SAID => {
-                            log!(
-                                Debug,
+                            said.push(format!(
                                 "a hello for queue pair {qp_num:#x} from queue pair {:#x} is not from its peer's side channel: dropped",
                                 d.source.qpn
-                            )
+                            ))
                         }
-                        HelloOutcome::Refused | HelloOutcome::Heard(false) | HelloOutcome::Early => {}
+                        _ => {}
                     }
                 }
                 // Nothing else is spoken yet; bytes that are no message are dropped.
                 Ok(_) | Err(_) => record.refused(),
             }
         }
-        let due = pairing::record().hellos_due(now_ns, PAIRINGS_PER_TICK);
+        for line in said {
+            log!(Debug, "{line}");
+        }
+        let (due, notices) = {
+            let mut record = pairing::record();
+            (
+                record.hellos_due(now_ns, PAIRINGS_PER_TICK),
+                record.take_notices(),
+            )
+        };
+        for line in notices {
+            log!(Info, "{line}");
+        }
+        let mut unsent = 0;
         for (c, peer, heard) in due {
             let (bytes, len) = SideMessage::Hello {
                 qp_num: c.end.qpn,
@@ -642,7 +656,10 @@ impl Follower {
             };
             // A hello lost here is sent again on the greeting's timer.
             if let Err(e) = sides.send(&c.port, c.sgid_index, &to, &bytes[..len]) {
-                log!(Debug, "hello for queue pair {:#x} not sent: {e}", c.qpn);
+                unsent += 1;
+                if unsent == 1 {
+                    log!(Debug, "hello for queue pair {:#x} not sent: {e}", c.qpn);
+                }
             }
         }
     }

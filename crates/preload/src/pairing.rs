@@ -20,7 +20,8 @@
 //!   connected to the end it was reported with (a QP number reused after a destroy starts
 //!   afresh);
 //! - the hooks' part ([`on_modify`], [`on_destroy`]) never fails a verb and holds the
-//!   record's lock only for a map update.
+//!   record's lock only for a map update; nothing is said under that lock (a write to
+//!   stderr may block): what is to be said is queued ([`Pairings::take_notices`]).
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -30,12 +31,14 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use justitia_core::two_sided::Greeting;
 use justitia_verbs::sys::*;
 
-use crate::log::log;
 use crate::remote::End;
 
 /// The most queue pairs a process has paired at once: the daemon's cap per tenant
 /// (`justitia_daemon`'s `MAX_PAIRINGS_PER_TENANT`), which it would refuse beyond.
 pub const MAX_PAIRED_QPS: usize = 4096;
+
+/// Lines said at once by [`Pairings::take_notices`].
+pub const NOTICES_SAID: usize = 16;
 
 /// How long after its report a queue pair that was not paired is taken as having an
 /// unshaped peer (no shaper there reported the other end, or its daemon is not a member)
@@ -158,6 +161,10 @@ pub struct Pairings {
     /// or notice due, so that the follower's ticks do not walk thousands of settled queue
     /// pairs every 2 ms.
     wake_ns: u64,
+    /// What is to be said, taken by [`Pairings::take_notices`]: said by the caller after
+    /// the record's lock is released, as a write to stderr may block and the verb hooks
+    /// take that lock.
+    notices: Vec<String>,
 }
 
 impl Pairings {
@@ -302,11 +309,10 @@ impl Pairings {
                 }
                 e.said_unpaired = true;
                 self.counts.unpaired += 1;
-                log!(
-                    Info,
+                self.notices.push(format!(
                     "queue pair {:#x}: no shaper at its other end was paired with it; its SENDs and WRITEs with immediate go whole",
                     e.connection.qpn
-                );
+                ));
                 continue;
             };
             if due.len() < max {
@@ -320,11 +326,10 @@ impl Pairings {
             if !e.said_unanswered && e.greeting.gave_up(now_ns) {
                 e.said_unanswered = true;
                 self.counts.unanswered += 1;
-                log!(
-                    Info,
+                self.notices.push(format!(
                     "queue pair {:#x}: the side channel at its other end never answered; its SENDs and WRITEs with immediate go whole",
                     e.connection.qpn
-                );
+                ));
             }
             if !e.said_unanswered {
                 if let Some(at) = e.greeting.next_event_ns() {
@@ -366,6 +371,21 @@ impl Pairings {
         // An answer may be due at once.
         self.wake_ns = 0;
         HelloOutcome::Heard(first)
+    }
+
+    /// What is to be said since the last call, at most [`NOTICES_SAID`] lines (one more
+    /// counts the rest): each queue pair is said once, and thousands of them at once make
+    /// one line beyond that.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        let mut notices = std::mem::take(&mut self.notices);
+        if notices.len() > NOTICES_SAID {
+            let more = notices.len() - NOTICES_SAID;
+            notices.truncate(NOTICES_SAID);
+            notices.push(format!(
+                "and {more} more queue pairs whose SENDs and WRITEs with immediate go whole"
+            ));
+        }
+        notices
     }
 
     /// A datagram that is not a message this end takes was dropped.
@@ -674,6 +694,27 @@ mod tests {
         p.hellos_due(UNPAIRED_AFTER_NS + 5, 8);
         p.hellos_due(UNPAIRED_AFTER_NS * 3, 8);
         assert_eq!(p.counts().unpaired, 1);
+        assert_eq!(p.take_notices().len(), 1);
+        assert!(p.take_notices().is_empty(), "said once");
+    }
+
+    #[test]
+    fn thousands_of_notices_at_once_make_a_bounded_number_of_lines() {
+        let mut p = Pairings::new();
+        for q in 1..=1000 {
+            let c = connection(q, q);
+            p.connected(c.clone());
+            p.reported(&c, 0);
+        }
+        p.hellos_due(UNPAIRED_AFTER_NS, 8);
+        assert_eq!(p.counts().unpaired, 1000);
+        let lines = p.take_notices();
+        assert_eq!(lines.len(), NOTICES_SAID + 1);
+        assert!(
+            lines[NOTICES_SAID].contains("984 more"),
+            "{}",
+            lines[NOTICES_SAID]
+        );
     }
 
     #[test]
