@@ -110,7 +110,8 @@ fi
 
 # The guest's binaries, in one directory: release builds of what ships (one cargo
 # invocation, so that both cores stay busy), and the test tools (justitia-daemon's example
-# scrape, justitia-agent's register, justitia-verbs' completion_stamps and ud_datagrams) as the workspace's tests built them: a release build
+# scrape, justitia-agent's register, justitia-verbs' completion_stamps, ud_datagrams and
+# send_datagram) as the workspace's tests built them: a release build
 # of an example compiles its package's dev-dependencies (criterion, proptest, a regex
 # engine) for nothing.
 daemon_bins=-
@@ -123,7 +124,8 @@ if cargo build --release "${locked[@]}" -q -p justitia-daemon --bin justitiad -p
   cp -f "$target/release/justitiad" "$target/release/justitia" "$target/release/justitia-loadgen" \
     "$target/release/justitia-integrity" "$daemon_bins/"
   cp -f "$target/debug/examples/scrape" "$target/debug/examples/register" \
-    "$target/debug/examples/completion_stamps" "$target/debug/examples/ud_datagrams" "$daemon_bins/examples/"
+    "$target/debug/examples/completion_stamps" "$target/debug/examples/ud_datagrams" \
+    "$target/debug/examples/send_datagram" "$daemon_bins/examples/"
 else
   echo "FAIL build justitiad and its test tools"
   fails=$((fails + 1))

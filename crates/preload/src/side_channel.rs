@@ -228,8 +228,10 @@ impl Open {
                         bytes: buf[GRH_BYTES..].to_vec(),
                     });
                 }
-                // A receive flushed (the queue pair in error) is not posted again.
-                if c.status == IBV_WC_SUCCESS {
+                // Posted again after anything but a flush (the queue pair in error, where a
+                // receive posted again would only flush again): a datagram too long for
+                // its slot, which anyone with the Q_Key can send, costs that datagram only.
+                if c.status != IBV_WC_WR_FLUSH_ERR {
                     let _ = self.post_receive(slot);
                 }
             }
