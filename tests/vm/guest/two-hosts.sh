@@ -98,13 +98,14 @@ fi
 
 # Messages a run of justitia-integrity --two-sided sends (sections 2b and 6).
 TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
-# two_sided_run MODE SLUG A_ENV B_ENV [MESSAGES]: one run of MODE (send or write-imm) of
-# MESSAGES (TWO_SIDED_MESSAGES) messages, the server on B under B_ENV, the client on A
-# under A_ENV (empty: native); logs named after SLUG. Sets
+# two_sided_run MODE SLUG A_ENV B_ENV [MESSAGES [DURING]]: one run of MODE (send or
+# write-imm) of MESSAGES (TWO_SIDED_MESSAGES) messages, the server on B under B_ENV, the
+# client on A under A_ENV (empty: native); logs named after SLUG. DURING, a command, runs
+# while the client does, with CLIENT_PID and CLIENT_LOG set. Sets
 # TS_OK (1 when both ends passed with 0 mismatches), TS_WHAT (both verdicts and what the
 # shapers counted) and TS_LOGS.
 two_sided_run() {
-  local mode=$1 slug=$2 a_env=$3 b_env=$4 messages=${5:-$TWO_SIDED_MESSAGES} iport=$((PORT++)) rc served summary
+  local mode=$1 slug=$2 a_env=$3 b_env=$4 messages=${5:-$TWO_SIDED_MESSAGES} during=${6:-} iport=$((PORT++)) rc served summary
   TS_OK=0 TS_LOGS="$L.$slug.log, $BLOGS/$slug.server.log"
   onb 10 "env $b_env ${b_env:+JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json} timeout $STEP $BIN/justitia-integrity -d $B_DEV -x $GID \
     --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
@@ -114,7 +115,11 @@ two_sided_run() {
   fi
   # shellcheck disable=SC2086 # NAME=value words without spaces
   env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1 &
+  CLIENT_PID=$! CLIENT_LOG=$L.$slug.log
+  PIDS+=("$CLIENT_PID")
+  [ -n "$during" ] && $during
+  wait "$CLIENT_PID"
   rc=$?
   # [e]: the pattern does not match this shell's own command line.
   served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
@@ -753,39 +758,27 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # another queue pair). A's shaper must refuse both (side_refused 2: the source is not
     # the side channel the daemons paired) and stay agreed with its true peer; the
     # messages pass byte-exact.
-    iport=$((PORT++)) slug=peer.two_sided.forged
-    onb 10 "env $paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock JUSTITIA_STATS=$BLOGS/$slug.server.%p.stats.json timeout $STEP \
-      $BIN/justitia-integrity -d $B_DEV -x $GID --serve $B_ADDR:$iport > $BLOGS/$slug.server.log 2>&1 &" > /dev/null
-    b_listen "$iport"
-    # shellcheck disable=SC2086 # NAME=value words without spaces
-    env $paired_env JUSTITIA_SOCKET="$pdir/justitiad.sock" JUSTITIA_STATS="$L.$slug.%p.stats.json" timeout "$STEP" "$BIN/justitia-integrity" \
-      -d "$A_DEV" -x "$GID" --connect "$B_ADDR:$iport" --two-sided send -n 24 --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1 &
-    client=$!
-    side="" rc_qpn="" forged="the client's side channel and agreement were not seen in its log"
-    for _ in $(seq 300); do
-      side=$(grep -o 'side channel on [a-z0-9]* port 1: UD queue pair 0x[0-9a-f]*' "$L.$slug.log" | grep -o '0x[0-9a-f]*$' | head -n 1)
-      rc_qpn=$(grep -o 'queue pair 0x[0-9a-f]*: the shaper at its other end speaks' "$L.$slug.log" | grep -o '0x[0-9a-f]*' | head -n 1)
-      [ -n "$side" ] && [ -n "$rc_qpn" ] && break
-      kill -0 "$client" 2>/dev/null || break
-      sleep 0.1
-    done
-    if [ -n "$side" ] && [ -n "$rc_qpn" ]; then
+    forge_hellos() { # sets FORGED
+      local side="" rc_qpn="" hello send
+      FORGED="nothing: the client's side channel and agreement were not seen in its log"
+      for _ in $(seq 300); do
+        side=$(grep -o 'side channel on [a-z0-9]* port 1: UD queue pair 0x[0-9a-f]*' "$CLIENT_LOG" | grep -o '0x[0-9a-f]*$' | head -n 1)
+        rc_qpn=$(grep -o 'queue pair 0x[0-9a-f]*: the shaper at its other end speaks' "$CLIENT_LOG" | grep -o '0x[0-9a-f]*' | head -n 1)
+        [ -n "$side" ] && [ -n "$rc_qpn" ] && break
+        kill -0 "$CLIENT_PID" 2>/dev/null || return
+        sleep 0.1
+      done
+      [ -n "$side" ] && [ -n "$rc_qpn" ] || return
       # Version 1, kind 5 (hello), A's queue pair little-endian, not heard.
       hello=$(printf '0105%02x%02x%02x%02x00' $((rc_qpn & 255)) $(((rc_qpn >> 8) & 255)) $(((rc_qpn >> 16) & 255)) $(((rc_qpn >> 24) & 255)))
       send="$BIN/examples/send_datagram --gid-index $GID --to $A_ADDR --qpn $side --qkey 0x4a555354 --hex $hello"
-      forged="to A's side channel $side naming queue pair $rc_qpn: B: $(onb 20 "$send --device $B_DEV 2>&1" | tail -n 1); C: $(onc 20 "$send --device $C_DEV 2>&1" | tail -n 1)"
-    fi
-    wait "$client"
-    rc=$?
-    served=$(onb 30 "for _ in \$(seq 100); do pgrep -f 'justitia-integrity.*--serv[e] $B_ADDR:$iport' > /dev/null || break; sleep 0.2; done; \
-      grep -m1 'justitia-integrity: \(PASS\|FAIL\)' $BLOGS/$slug.server.log")
-    summary=$(grep -m1 'justitia-integrity: \(PASS\|FAIL\)' "$L.$slug.log" | sed 's/^justitia-integrity: //')
-    a_stats=$(cat "$L.$slug".*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '"qps_agreed":[0-9]*\|"side_refused":[0-9]*' | paste -sd ' ')
-    if [ "$rc" = 0 ] && echo "$summary" | grep -q '^PASS: .* 0 mismatches' && echo "$served" | grep -q 'justitia-integrity: PASS' \
-      && [ "$a_stats" = '"qps_agreed":1 "side_refused":2' ]; then
-      result PASS "peer: hellos from queue pairs the daemons never paired are refused" "sent $forged; shaper on A: $a_stats; client: $summary"
+      FORGED="to A's side channel $side naming queue pair $rc_qpn: B: $(onb 20 "$send --device $B_DEV 2>&1" | tail -n 1); C: $(onc 20 "$send --device $C_DEV 2>&1" | tail -n 1)"
+    }
+    two_sided_run send peer.two_sided.forged "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 24 forge_hellos
+    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"qps_agreed":1 "side_refused":2$'; then
+      result PASS "peer: hellos from queue pairs the daemons never paired are refused" "sent $FORGED; $TS_WHAT"
     else
-      result FAIL "peer: hellos from queue pairs the daemons never paired are refused" "A must pass, stay agreed and refuse both: sent ${forged}; shaper on A: ${a_stats:-no statistics}; client exit $rc: ${summary:-none}; server: ${served:-none} (logs: $L.$slug.log, $BLOGS/$slug.server.log)"
+      result FAIL "peer: hellos from queue pairs the daemons never paired are refused" "A must pass, stay agreed and refuse both: sent $FORGED; $TS_WHAT (logs: $TS_LOGS)"
     fi
 
     # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB
