@@ -427,17 +427,18 @@ pub unsafe extern "C" fn justitia_ibv_destroy_qp_1_1(qp: *mut ibv_qp) -> c_int {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(qp) };
     };
-    // SAFETY: the caller's live QP, read before it is destroyed.
-    let qpn = unsafe { qp.as_ref() }.map(|q| q.qp_num);
+    // Forgotten before the destroy, while its number is still its own: once destroyed, the
+    // number may go to a queue pair another thread creates and connects at once. (A
+    // destroy that fails leaves a queue pair that goes whole from now on.)
+    // SAFETY: the caller's live QP.
+    if let Some(q) = unsafe { qp.as_ref() } {
+        guarded(|| crate::pairing::on_destroy(q.qp_num), || ());
+    }
     // SAFETY: the real verb with the caller's arguments.
-    let rc = guarded(
+    guarded(
         || engine::destroy_qp(qp, || unsafe { real(qp) }),
         || libc::EIO,
-    );
-    if let (0, Some(qpn)) = (rc, qpn) {
-        guarded(|| crate::pairing::on_destroy(qpn), || ());
-    }
-    rc
+    )
 }
 
 /// `ibv_modify_qp@@IBVERBS_1.1`: a move that brings a QP up again waits for the

@@ -587,6 +587,7 @@ impl Follower {
                         side_qkey: side.qkey,
                     };
                     if !self.client.report_pairing(h, report) {
+                        pairing::record().due_again();
                         break;
                     }
                     pairing::record().reported(&c, now_ns);

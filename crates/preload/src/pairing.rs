@@ -156,6 +156,10 @@ pub struct Pairings {
     entries: HashMap<u32, Entry>,
     /// Queue pairs gone whose pairing was reported: to withdraw.
     withdrawals: Vec<u32>,
+    /// Some pairing may be due: set when one becomes due or a report could not go, cleared
+    /// when [`Pairings::due`] returned every one, so that the follower's ticks do not walk
+    /// every queue pair every 2 ms to find none.
+    maybe_due: bool,
     counts: PairingCounts,
     /// Before this time [`Pairings::hellos_due`] has nothing to do: the earliest hello
     /// or notice due, so that the follower's ticks do not walk thousands of settled queue
@@ -187,6 +191,7 @@ impl Pairings {
             self.counts.over_cap += 1;
             return false;
         }
+        self.maybe_due = true;
         self.entries.insert(
             qpn,
             Entry {
@@ -205,21 +210,41 @@ impl Pairings {
     /// Queue pair `qpn` was destroyed or reset.
     pub fn gone(&mut self, qpn: u32) {
         if let Some(e) = self.entries.remove(&qpn) {
-            // Withdrawals are bounded: one per held entry, and each entry is held once.
             if e.report == Report::Sent && !self.withdrawals.contains(&qpn) {
+                // Bounded even if queue pairs churn while the daemon's socket takes
+                // nothing: the oldest is dropped (its pairing stays at the daemon until
+                // the flow goes, where it matches nothing of this process's).
+                if self.withdrawals.len() >= MAX_PAIRED_QPS {
+                    self.withdrawals.remove(0);
+                }
                 self.withdrawals.push(qpn);
             }
         }
     }
 
-    /// Up to `max` connections whose pairing is due, in no particular order.
-    pub fn due(&self, max: usize) -> Vec<Connection> {
-        self.entries
+    /// Up to `max` connections whose pairing is due, in no particular order. The caller
+    /// marks each one it reported ([`Pairings::reported`]), and calls
+    /// [`Pairings::due_again`] if it could not report them all.
+    pub fn due(&mut self, max: usize) -> Vec<Connection> {
+        if !self.maybe_due {
+            return Vec::new();
+        }
+        let due: Vec<Connection> = self
+            .entries
             .values()
             .filter(|e| e.report == Report::Due)
             .take(max)
             .map(|e| e.connection.clone())
-            .collect()
+            .collect();
+        if due.len() < max {
+            self.maybe_due = false;
+        }
+        due
+    }
+
+    /// Some of what [`Pairings::due`] returned was not reported: look again next time.
+    pub fn due_again(&mut self) {
+        self.maybe_due = true;
     }
 
     /// The pairing of `connection` was reported at `now_ns`. Ignored when the queue pair
@@ -251,6 +276,7 @@ impl Pairings {
         for e in self.entries.values_mut() {
             if e.report == Report::Sent {
                 e.report = Report::Due;
+                self.maybe_due = true;
             }
             e.peer = None;
             e.greeting = Greeting::new();
@@ -610,8 +636,10 @@ mod tests {
         assert_eq!(p.counts().over_cap, 1);
         let c = connection(1, 1);
         p.no_side_channel(&c);
-        assert!(p.due(MAX_PAIRED_QPS).iter().all(|d| d.qpn != 1));
         assert_eq!(p.due(10).len(), 10, "due is bounded by its argument");
+        let all = p.due(MAX_PAIRED_QPS);
+        assert_eq!(all.len(), MAX_PAIRED_QPS - 1);
+        assert!(all.iter().all(|d| d.qpn != 1));
     }
 
     fn source(qpn: u32) -> Source {
@@ -681,6 +709,39 @@ mod tests {
         );
         assert_eq!(p.on_hello(0x11, &good, true), HelloOutcome::Heard(false));
         assert!(p.hellos_due(u64::MAX, 8).is_empty(), "both heard: silence");
+    }
+
+    #[test]
+    fn a_report_that_could_not_go_is_due_again_and_nothing_due_is_found_at_once() {
+        let mut p = Pairings::new();
+        let c = connection(0x11, 0x22);
+        p.connected(c.clone());
+        assert_eq!(p.due(8), vec![c.clone()]);
+        assert!(p.due(8).is_empty(), "returned once; not reported");
+        p.due_again();
+        assert_eq!(
+            p.due(8),
+            vec![c.clone()],
+            "the report could not go: due again"
+        );
+        p.reported(&c, 0);
+        p.due_again();
+        assert!(p.due(8).is_empty());
+        p.registered_again();
+        assert_eq!(p.due(8), vec![c]);
+    }
+
+    #[test]
+    fn withdrawals_stay_bounded_while_none_can_go() {
+        let mut p = Pairings::new();
+        for q in 1..=(MAX_PAIRED_QPS as u32 + 10) {
+            let c = connection(q, q);
+            p.connected(c.clone());
+            p.reported(&c, 0);
+            p.gone(q);
+        }
+        assert_eq!(p.withdrawals().len(), MAX_PAIRED_QPS);
+        assert_eq!(p.withdrawals()[0], 11, "the oldest dropped");
     }
 
     #[test]
