@@ -47,12 +47,18 @@ pub const CGROUP_ROOM: (u64, u64) = (1, 4);
 /// The longest datagram a side channel carries.
 pub const MAX_DATAGRAM: usize = 64;
 
-/// Bytes of one slot of the ring: the network header a UD receive starts with, the
-/// datagram, and padding to a cache line.
-const SLOT: usize = 128;
+/// Bytes of one receive slot of the ring: the network header a UD receive starts with
+/// and the largest datagram any path carries (an MTU of 4096), so that no datagram,
+/// whoever sends it, is longer than its receive (which Soft-RoCE answers by moving the
+/// queue pair to the error state).
+const RECV_SLOT: usize = GRH_BYTES + 4096;
+
+/// Bytes of one send slot of the ring.
+const SEND_SLOT: usize = MAX_DATAGRAM;
 
 /// Receives kept posted on a side channel: datagrams beyond them before the next poll are
-/// dropped by the device (UD does not wait), which the senders' retries make good.
+/// dropped by the device (UD does not wait), which the senders' retries make good. With
+/// the send slots, the ring takes 265 KiB a port.
 const RECV_SLOTS: usize = 64;
 
 /// Sends in flight at once on a side channel; one beyond is refused (and retried).
@@ -120,6 +126,8 @@ struct Open {
     _ctx: Context,
     /// Send slots not in flight.
     free_sends: Vec<usize>,
+    /// Times the queue pair was brought back from the error state (the first is said).
+    recoveries: u64,
 }
 
 impl std::fmt::Debug for Open {
@@ -135,7 +143,7 @@ impl Open {
     fn post_receive(&self, slot: usize) -> Result<(), String> {
         let sge = self
             .ring
-            .sge(slot * SLOT, SLOT as u32)
+            .sge(slot * RECV_SLOT, RECV_SLOT as u32)
             .map_err(|e| e.to_string())?;
         self.qp
             .post_recv(&[RecvRequest {
@@ -165,7 +173,7 @@ impl Open {
             self.handles.insert(key, ah);
         }
         let slot = self.free_sends.pop().ok_or("every send is in flight")?;
-        let offset = (RECV_SLOTS + slot) * SLOT;
+        let offset = RECV_SLOTS * RECV_SLOT + slot * SEND_SLOT;
         self.ring.as_mut_slice()[offset..offset + bytes.len()].copy_from_slice(bytes);
         let sent = (|| {
             let ah = self.handles.get(&key).ok_or("no address handle")?;
@@ -191,16 +199,31 @@ impl Open {
         sent
     }
 
+    /// Brings the queue pair back from the error state (same number, so its pairings hold):
+    /// reset, up again, every send slot free and every receive posted anew.
+    fn recover(&mut self, port: u8) -> Result<(), String> {
+        self.qp.reset().map_err(|e| e.to_string())?;
+        self.qp
+            .activate_ud(port, SIDE_QKEY, 0)
+            .map_err(|e| e.to_string())?;
+        self.free_sends = (0..SEND_SLOTS).collect();
+        (0..RECV_SLOTS).try_for_each(|slot| self.post_receive(slot))
+    }
+
     /// Reads completions: frees the slots of sends done, and returns the datagrams that
-    /// arrived (their receives posted again).
+    /// arrived (their receives posted again). A flushed completion means the queue pair
+    /// went to the error state: once the completions are read, it is brought back, at most
+    /// once a call.
     fn receive(&mut self, port: &Port, max: usize, out: &mut Vec<Datagram>) {
         let mut wc = [ibv_wc::default(); POLL_BATCH];
+        let mut flushed = false;
         while out.len() < max {
             let n = match self.cq.poll(&mut wc) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
             for c in &wc[..n] {
+                flushed |= c.status == IBV_WC_WR_FLUSH_ERR;
                 let Ok(slot) = usize::try_from(c.wr_id) else {
                     continue;
                 };
@@ -208,8 +231,10 @@ impl Open {
                     self.free_sends.push(slot - RECV_SLOTS);
                     continue;
                 }
-                let start = slot * SLOT;
+                let start = slot * RECV_SLOT;
                 let len = c.byte_len as usize;
+                // One longer than any message is dropped here, uncounted, as the device
+                // drops one with another Q_Key: neither is a message to judge.
                 if c.status == IBV_WC_SUCCESS
                     && (GRH_BYTES..=GRH_BYTES + MAX_DATAGRAM).contains(&len)
                 {
@@ -229,10 +254,30 @@ impl Open {
                     });
                 }
                 // Posted again after anything but a flush (the queue pair in error, where a
-                // receive posted again would only flush again): a datagram too long for
-                // its slot, which anyone with the Q_Key can send, costs that datagram only.
+                // receive posted again would only flush again: all are posted at the
+                // recovery).
                 if c.status != IBV_WC_WR_FLUSH_ERR {
                     let _ = self.post_receive(slot);
+                }
+            }
+        }
+        if flushed {
+            let recovered = self.recover(port.number);
+            self.recoveries += 1;
+            if self.recoveries == 1 {
+                match recovered {
+                    Ok(()) => log!(
+                        Info,
+                        "side channel on {} port {}: its queue pair went to the error state and was brought back",
+                        port.device,
+                        port.number
+                    ),
+                    Err(e) => log!(
+                        Warn,
+                        "side channel on {} port {}: its queue pair went to the error state and could not be brought back ({e}); its queue pairs' SENDs and WRITEs with immediate go whole",
+                        port.device,
+                        port.number
+                    ),
                 }
             }
         }
@@ -283,7 +328,7 @@ impl VerbsSideChannels {
             .map_err(|e| e.to_string())?;
         let ring = MemoryRegion::new(
             &pd,
-            (RECV_SLOTS + SEND_SLOTS) * SLOT,
+            RECV_SLOTS * RECV_SLOT + SEND_SLOTS * SEND_SLOT,
             IBV_ACCESS_LOCAL_WRITE,
         )
         .map_err(|e| e.to_string())?;
@@ -295,6 +340,7 @@ impl VerbsSideChannels {
             pd,
             _ctx: ctx,
             free_sends: (0..SEND_SLOTS).collect(),
+            recoveries: 0,
         };
         for slot in 0..RECV_SLOTS {
             open.post_receive(slot)?;

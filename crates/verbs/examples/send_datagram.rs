@@ -1,15 +1,17 @@
-//! Sends one datagram from a UD queue pair of its own to a queue pair named on the command
-//! line, and waits for its send to complete: what a host on the fabric that is not the
+//! Sends a datagram (or `--count` of them) from a UD queue pair of its own to a queue pair
+//! named on the command line, and waits for each send to complete: what a host on the fabric that is not the
 //! one a receiver expects can do. The guest suite uses it to send a shaper's side channel
 //! a hello from a queue pair the daemons never paired, which the shaper must refuse.
 //!
 //! ```text
-//! send_datagram --device NAME [--gid-index N] --to GID --qpn QPN --qkey QKEY --hex BYTES
+//! send_datagram --device NAME [--gid-index N] --to GID --qpn QPN --qkey QKEY --hex BYTES [--size N] [--count N]
 //! ```
 //!
 //! `GID` is a GID in the sysfs form (`0000:0000:0000:0000:0000:ffff:0a4d:0001`) or an
 //! IPv4 address (its IPv4-mapped GID); `QPN` and `QKEY` are numbers (`0x` for hex);
-//! `BYTES` is the payload in hex, at most 64 bytes. Prints one line; exits 1 on failure.
+//! `BYTES` is the payload in hex, at most 64 bytes; `--size` pads it with zeros to `N`
+//! bytes (at most 1024: one packet at the smallest RoCE MTU), to send a receiver more
+//! than its receive holds. Prints one line; exits 1 on failure.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,8 +27,10 @@ use justitia_verbs::{
 const PORT: u8 = 1;
 /// The sender's own Q_Key (what it would receive with; irrelevant to what it sends).
 const OWN_QKEY: u32 = 0x0bad_0001;
-/// The longest payload.
+/// The longest payload given in hex.
 const MAX_PAYLOAD: usize = 64;
+/// The longest datagram sent (padded with `--size`).
+const MAX_SIZE: usize = 1024;
 /// How long the send may take to complete.
 const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -38,6 +42,18 @@ struct Args {
     qpn: u32,
     qkey: u32,
     payload: Vec<u8>,
+    count: u32,
+}
+
+/// The payload padded with zeros to `size` bytes, if it fits [`MAX_SIZE`].
+fn padded(mut payload: Vec<u8>, size: Option<usize>) -> Option<Vec<u8>> {
+    if let Some(n) = size {
+        if n < payload.len() || n > MAX_SIZE {
+            return None;
+        }
+        payload.resize(n, 0);
+    }
+    Some(payload)
 }
 
 fn number(text: &str) -> Option<u32> {
@@ -73,8 +89,9 @@ fn bytes(text: &str) -> Option<Vec<u8>> {
 }
 
 fn parse_args() -> Option<Args> {
-    let (mut device, mut gid_index, mut to, mut qpn, mut qkey, mut payload) =
-        (None, 0, None, None, None, None);
+    let (mut device, mut gid_index, mut to, mut qpn, mut qkey, mut payload, mut size) =
+        (None, 0, None, None, None, None, None);
+    let mut count = 1;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args.next()?;
@@ -85,6 +102,8 @@ fn parse_args() -> Option<Args> {
             "--qpn" => qpn = number(&value),
             "--qkey" => qkey = number(&value),
             "--hex" => payload = bytes(&value),
+            "--size" => size = Some(value.parse().ok()?),
+            "--count" => count = value.parse().ok().filter(|n| (1..=10_000).contains(n))?,
             _ => return None,
         }
     }
@@ -94,14 +113,15 @@ fn parse_args() -> Option<Args> {
         to: to?,
         qpn: qpn?,
         qkey: qkey?,
-        payload: payload.filter(|p| !p.is_empty())?,
+        payload: padded(payload.filter(|p| !p.is_empty())?, size)?,
+        count,
     })
 }
 
 fn main() -> ExitCode {
     let Some(args) = parse_args() else {
         eprintln!(
-            "usage: send_datagram --device NAME [--gid-index N] --to GID --qpn QPN --qkey QKEY --hex BYTES (1 to {MAX_PAYLOAD} bytes)"
+            "usage: send_datagram --device NAME [--gid-index N] --to GID --qpn QPN --qkey QKEY --hex BYTES (1 to {MAX_PAYLOAD} bytes) [--size N (at most {MAX_SIZE})] [--count N (at most 10000)]"
         );
         return ExitCode::from(2);
     };
@@ -133,7 +153,7 @@ fn send(args: &Args) -> Result<String, String> {
     qp.activate_ud(PORT, OWN_QKEY, 0)
         .map_err(|e| e.to_string())?;
     let mut buf =
-        MemoryRegion::new(&pd, MAX_PAYLOAD, IBV_ACCESS_LOCAL_WRITE).map_err(|e| e.to_string())?;
+        MemoryRegion::new(&pd, MAX_SIZE, IBV_ACCESS_LOCAL_WRITE).map_err(|e| e.to_string())?;
     buf.as_mut_slice()[..args.payload.len()].copy_from_slice(&args.payload);
     let dest = DatagramDest {
         gid: args.to,
@@ -144,26 +164,35 @@ fn send(args: &Args) -> Result<String, String> {
     let ah = AddressHandle::new(&pd, &dest, PORT, args.gid_index).map_err(|e| e.to_string())?;
     let len = u32::try_from(args.payload.len()).map_err(|e| e.to_string())?;
     let sge = buf.sge(0, len).map_err(|e| e.to_string())?;
-    qp.post_send_datagram(1, sge, &ah, args.qpn, args.qkey, true, false)
-        .map_err(|e| e.to_string())?;
+    for _ in 0..args.count {
+        qp.post_send_datagram(1, sge, &ah, args.qpn, args.qkey, true, false)
+            .map_err(|e| e.to_string())?;
+        wait_sent(&cq)?;
+    }
+    Ok(format!(
+        "sent {} x {} bytes from UD queue pair {:#x} to {} queue pair {:#x} Q_Key {:#x}",
+        args.count,
+        args.payload.len(),
+        qp.qp_num(),
+        gid_text(&args.to),
+        args.qpn,
+        args.qkey
+    ))
+}
+
+/// Waits for the one send in flight to complete, successfully, within [`DEADLINE`].
+fn wait_sent(cq: &CompletionQueue) -> Result<(), String> {
     let deadline = Instant::now() + DEADLINE;
     let mut wc = [ibv_wc::default(); 1];
     loop {
         if cq.poll(&mut wc).map_err(|e| e.to_string())? == 1 {
             if wc[0].status != IBV_WC_SUCCESS {
-                return Err(format!("the send completed with status {}", wc[0].status));
+                return Err(format!("a send completed with status {}", wc[0].status));
             }
-            return Ok(format!(
-                "sent {} bytes from UD queue pair {:#x} to {} queue pair {:#x} Q_Key {:#x}",
-                args.payload.len(),
-                qp.qp_num(),
-                gid_text(&args.to),
-                args.qpn,
-                args.qkey
-            ));
+            return Ok(());
         }
         if Instant::now() > deadline {
-            return Err("the send did not complete within 5 s".into());
+            return Err("a send did not complete within 5 s".into());
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -202,6 +202,18 @@ impl QueuePair {
         self.modify(&mut attr, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS, UD")
     }
 
+    /// Moves the QP back to RESET (`ibv_modify_qp`): what is posted is dropped, and
+    /// [`QueuePair::activate_ud`] brings it up again with the same number. The way back
+    /// from the error state, into which a device may move a UD QP (Soft-RoCE does, on a
+    /// datagram longer than the receive it lands in).
+    pub fn reset(&self) -> Result<(), VerbsError> {
+        let mut attr = ibv_qp_attr {
+            qp_state: IBV_QPS_RESET,
+            ..Default::default()
+        };
+        self.modify(&mut attr, IBV_QP_STATE, "RESET")
+    }
+
     /// Posts one SEND of `sge` over UD (`ibv_post_send`) to queue pair `dest_qpn` behind
     /// `ah`, with Q_Key `qkey` (a Q_Key with its top bit set makes the device send the QP's
     /// own instead). `signaled` asks for a completion; `inline` copies the payload into the

@@ -752,12 +752,16 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
       result FAIL "peer: a shaped sender beside an unshaped receiver is never paired" "A must pass, report its pairing and count qps_paired 0: $TS_WHAT (logs: $TS_LOGS)"
     fi
     # Hellos the daemons never paired: while justitia-integrity's SENDs run with both ends
-    # shaped and agreed, host B sends A's side channel a hello naming A's queue pair from
-    # a UD queue pair of its own (send_datagram, with the side channels' Q_Key 0x4a555354:
-    # B's own GID, another queue pair), and host C the same from its GID (another host,
-    # another queue pair). A's shaper must refuse both (side_refused 2: the source is not
-    # the side channel the daemons paired) and stay agreed with its true peer; the
-    # messages pass byte-exact.
+    # shaped and agreed, host B first sends A's side channel 80 datagrams of 1000 bytes
+    # (send_datagram, with the side channels' Q_Key 0x4a555354), longer than any message
+    # and more than the 64 receives it keeps posted (a receive shorter than its datagram
+    # put Soft-RoCE's queue pair in the error state, which silenced the side channel); then
+    # a hello naming A's queue pair from a UD queue pair of its own (B's own GID, another
+    # queue pair), and host C the same from its GID (another host, another queue pair).
+    # A's shaper must still receive both hellos and refuse them (side_refused 2: the
+    # source is not the side channel the daemons paired; the long datagrams are dropped
+    # uncounted, as a wrong Q_Key's are), and stay agreed with its true peer; the messages
+    # pass byte-exact.
     forge_hellos() { # sets FORGED
       local side="" rc_qpn="" hello send
       FORGED="nothing: the client's side channel and agreement were not seen in its log"
@@ -772,13 +776,13 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
       # Version 1, kind 5 (hello), A's queue pair little-endian, not heard.
       hello=$(printf '0105%02x%02x%02x%02x00' $((rc_qpn & 255)) $(((rc_qpn >> 8) & 255)) $(((rc_qpn >> 16) & 255)) $(((rc_qpn >> 24) & 255)))
       send="$BIN/examples/send_datagram --gid-index $GID --to $A_ADDR --qpn $side --qkey 0x4a555354 --hex $hello"
-      FORGED="to A's side channel $side naming queue pair $rc_qpn: B: $(onb 20 "$send --device $B_DEV 2>&1" | tail -n 1); C: $(onc 20 "$send --device $C_DEV 2>&1" | tail -n 1)"
+      FORGED="to A's side channel $side naming queue pair $rc_qpn: B: $(onb 30 "$send --device $B_DEV --size 1000 --count 80 2>&1 && $send --device $B_DEV 2>&1" | tail -n 2 | paste -sd ' '); C: $(onc 20 "$send --device $C_DEV 2>&1" | tail -n 1)"
     }
     two_sided_run send peer.two_sided.forged "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 24 forge_hellos
     if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"qps_agreed":1 "side_refused":2$'; then
-      result PASS "peer: hellos from queue pairs the daemons never paired are refused" "sent $FORGED; $TS_WHAT"
+      result PASS "peer: hellos from queue pairs the daemons never paired are refused, after a flood of datagrams longer than any message" "sent $FORGED; $TS_WHAT"
     else
-      result FAIL "peer: hellos from queue pairs the daemons never paired are refused" "A must pass, stay agreed and refuse both: sent $FORGED; $TS_WHAT (logs: $TS_LOGS)"
+      result FAIL "peer: hellos from queue pairs the daemons never paired are refused, after a flood of datagrams longer than any message" "A must pass, stay agreed and refuse both: sent $FORGED; $TS_WHAT (logs: $TS_LOGS)"
     fi
 
     # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB
