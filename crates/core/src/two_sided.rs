@@ -143,11 +143,16 @@ pub enum SideMessage {
     /// queue pair `qp_num` and speak this version" (the version byte every message
     /// carries). The two hellos are the agreement on the version; the offer follows them.
     /// `heard`: the sender has had the receiver's hello (so it need not be answered).
+    /// `splits`: the sender would split its two-sided requests on the queue pair, so the
+    /// receiver offers to own its receives (a peer that never splits is never offered,
+    /// and its receiver never holds a receive for it).
     Hello {
         /// The application queue pair's number at the receiver.
         qp_num: u32,
         /// The sender has had the receiver's hello.
         heard: bool,
+        /// The sender splits its SENDs and WRITEs with immediate on the queue pair.
+        splits: bool,
     },
     /// Receiver to sender: receives posted for message `seq`.
     Credit {
@@ -199,6 +204,7 @@ const FLAG_IMM: u8 = 1;
 const FLAG_WRITE: u8 = 2;
 const FLAG_WHOLE: u8 = 4;
 const FLAG_HEARD: u8 = 1;
+const FLAG_SPLITS: u8 = 2;
 
 /// The longest encoded message: an announcement.
 pub const MAX_WIRE_BYTES: usize = 2 + 4 + 8 + 4 + 4 + 4 + 1;
@@ -250,10 +256,21 @@ impl SideMessage {
                 w.put(&posted.to_le_bytes());
                 w.put(&[flags]);
             }
-            SideMessage::Hello { qp_num, heard } => {
+            SideMessage::Hello {
+                qp_num,
+                heard,
+                splits,
+            } => {
                 w.put(&[KIND_HELLO]);
                 w.put(&qp_num.to_le_bytes());
-                w.put(&[if heard { FLAG_HEARD } else { 0 }]);
+                let mut flags = 0;
+                if heard {
+                    flags |= FLAG_HEARD;
+                }
+                if splits {
+                    flags |= FLAG_SPLITS;
+                }
+                w.put(&[flags]);
             }
         }
         (w.buf, w.len)
@@ -293,13 +310,10 @@ impl SideMessage {
             }),
             KIND_ANNOUNCE => decode_announce(qp_num, &mut r),
             KIND_HELLO => match r.u8() {
-                0 => Ok(SideMessage::Hello {
+                flags if flags & !(FLAG_HEARD | FLAG_SPLITS) == 0 => Ok(SideMessage::Hello {
                     qp_num,
-                    heard: false,
-                }),
-                FLAG_HEARD => Ok(SideMessage::Hello {
-                    qp_num,
-                    heard: true,
+                    heard: flags & FLAG_HEARD != 0,
+                    splits: flags & FLAG_SPLITS != 0,
                 }),
                 other => Err(WireError::Flags(other)),
             },
@@ -578,6 +592,13 @@ impl SenderAgreement {
         self.sent_whole += 1;
     }
 
+    /// `n` two-sided requests in all have gone (or will go) whole and unannounced: what
+    /// a caller that counts them itself (the shaper's send queue) says before it passes
+    /// on an offer. Counts never go down.
+    pub fn sent_whole_to(&mut self, n: u64) {
+        self.sent_whole = self.sent_whole.max(n);
+    }
+
     /// The receiver's offer ("I posted `first` receives whole"): messages from the larger
     /// of that and what this end already sent whole are announced. Returns the accept to
     /// send (a repeated offer gets the same answer) and that number, from which the
@@ -814,6 +835,42 @@ impl SendSide {
         message.posting = Some(posting);
         message.total = total;
         Ok(())
+    }
+
+    /// Takes back the newest message, `seq`, whose request the caller did not keep (a
+    /// post call the provider refused part of) and whose announcement it never sent: the
+    /// next message gets its number again. False, changing nothing, when `seq` is not the
+    /// newest message.
+    pub fn withdraw(&mut self, seq: u64) -> bool {
+        let newest = self.outgoing.back().map(|m| m.announce.seq);
+        if newest != Some(seq) || seq + 1 != self.next_seq {
+            return false;
+        }
+        self.outgoing.pop_back();
+        self.next_seq = seq;
+        true
+    }
+
+    /// The oldest message, once its credit has come, taken out: its number and how the
+    /// receiver posted it. For a caller that cuts and completes the messages itself (the
+    /// shaper's send queue, whose chunks are cut to the announced chunk size as
+    /// [`SendSide::next_chunk`] would): from then on this side only keeps the messages
+    /// still waiting for a credit. Messages come out in order, so a later message's
+    /// credit waits for every earlier one's; a credit for fewer receives than a split
+    /// SEND's chunks (the core's receiver never sends one) waits for the rest.
+    pub fn take_credited(&mut self) -> Option<(u64, Posting)> {
+        let front = self.outgoing.front()?;
+        let posting = front.posting?;
+        let complete = match (posting, front.announce.kind) {
+            (Posting::Whole, _) | (Posting::Split { .. }, MessageKind::WriteWithImm) => true,
+            (Posting::Split { posted }, MessageKind::Send) => posted >= front.announce.chunks(),
+        };
+        if !complete || front.sent > 0 {
+            return None;
+        }
+        let seq = front.announce.seq;
+        self.outgoing.pop_front();
+        Some((seq, posting))
     }
 
     /// Bytes of the chunk [`SendSide::next_chunk`] would hand out now, for the pacer.

@@ -15,7 +15,7 @@
 //! | `JUSTITIA_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //! | `JUSTITIA_DAEMON` | `auto` (follow `justitiad` when it answers), `on` (the same, and say so when it does not), `off` | `auto` (`on` when `JUSTITIA_SOCKET` is set) |
 //! | `JUSTITIA_SOCKET` | path of `justitiad`'s registration socket | `/run/justitia/justitiad.sock` |
-//! | `JUSTITIA_TWO_SIDED` | `whole` (SENDs and WRITEs with immediate go as posted), `split` (the process keeps a side channel per port and has `justitiad` pair its RC queue pairs with their peers' side channels: the rendezvous that splitting them needs; the requests themselves still go whole) | `whole` |
+//! | `JUSTITIA_TWO_SIDED` | `whole` (SENDs and WRITEs with immediate go as posted), `split` (the process keeps a side channel per port, has `justitiad` pair its RC queue pairs with their peers' side channels, and splits them where the shaper at the other end agrees) | `whole` |
 //!
 //! With a daemon, `JUSTITIA_RATE` and `JUSTITIA_CHUNK` still win: a rate set here is kept
 //! (the daemon's is not followed), and so is a chunk size set here. `JUSTITIA_CONTROL_RATE`
@@ -117,7 +117,7 @@ pub struct Config {
     /// `JUSTITIA_QP_TURNS`: turns among the process's shaped QPs (`None`: every QP posts
     /// when it has something to).
     pub qp_turns: Option<TurnBudget>,
-    /// `JUSTITIA_TWO_SIDED`: whether two-sided requests are prepared for splitting.
+    /// `JUSTITIA_TWO_SIDED`: whether two-sided requests may be split.
     pub two_sided: TwoSided,
 }
 
@@ -127,10 +127,10 @@ pub struct Config {
 pub enum TwoSided {
     /// They go as posted, whole.
     Whole,
-    /// The process keeps a side channel on each port its RC queue pairs use and has the
+    /// The process keeps a side channel on each port its RC queue pairs use, has the
     /// daemon pair each queue pair with the side channel at its other end
-    /// ([`crate::pairing`]), which the two shapers need to split these requests between
-    /// them. Needs a followed daemon.
+    /// ([`crate::pairing`]), and splits these requests where the shaper there agrees
+    /// ([`crate::engine::two_sided`]). Needs a followed daemon.
     Split,
 }
 

@@ -257,6 +257,7 @@ pub unsafe fn on_create_qp(qp: *mut ibv_qp, attr: *const ibv_qp_init_attr) {
         sig_all: a.sq_sig_all != 0,
         cap: a.cap,
         shapable: true,
+        has_srq: !a.srq.is_null(),
     };
     // SAFETY: qp was just created on its context.
     guarded(

@@ -30,13 +30,13 @@ use justitia_core::flow::FlowClass;
 use justitia_core::message_charge::MessageCharge;
 use justitia_core::pacer::{PaceRate, ReleasePhase};
 use justitia_core::queue_turns::TurnBudget;
-use justitia_core::two_sided::{SideMessage, VERSION};
-use justitia_verbs::DatagramDest;
 
-use crate::config::{Config, DaemonSetting, TwoSided};
+use crate::config::{Config, DaemonSetting};
 use crate::log::log;
-use crate::pairing::{self, HelloOutcome, PairingCounts, PeerSide};
-use crate::side_channel::{SideChannels, VerbsSideChannels};
+use crate::pairing::{self, PairingCounts, PeerSide};
+use crate::side_channel::SharedSideChannels;
+#[cfg(test)]
+use crate::side_channel::SideChannels;
 
 /// How often the engine ticks the follower. A daemon that dies hangs up its socket, which
 /// the next tick sees, so the shaper is back on its static settings within this period (and
@@ -65,10 +65,6 @@ const REPORT_EVERY_NS: u64 = 10_000_000;
 /// The most pairings reported in one tick: a process that connects thousands of queue
 /// pairs at once reports them over a few ticks rather than filling the daemon's socket.
 const PAIRINGS_PER_TICK: usize = 256;
-
-/// Datagrams refused on the side channels that are said (at debug level); the rest are
-/// only counted.
-const REFUSALS_SAID: u64 = 8;
 
 /// How long a connection attempt waits for the daemon's greeting, on the follower's
 /// thread: a daemon that accepts but does not answer delays the next tick by this much.
@@ -216,7 +212,7 @@ pub struct Follower {
     remote_sent: Option<(crate::remote::End, bool)>,
     /// The process's side channels, with `JUSTITIA_TWO_SIDED=split`; `None`: queue pairs
     /// are not paired.
-    sides: Option<Box<dyn SideChannels>>,
+    sides: Option<SharedSideChannels>,
     /// The daemon's id of the flow the pairings were reported under: another one (a new
     /// registration, or a new daemon) holds none of them.
     paired_under: Option<u64>,
@@ -225,8 +221,13 @@ pub struct Follower {
 impl Follower {
     /// A follower for `config`, whose static settings (what the environment asks for) are
     /// `fallback`; `None` when `JUSTITIA_DAEMON=off`. Connects on the first tick that has a
-    /// flow to register.
-    pub fn new(config: &Config, fallback: Settings) -> Option<Follower> {
+    /// flow to register. With `sides`, it pairs the process's queue pairs, opening a side
+    /// channel per port as its first connection is to be reported.
+    pub fn new(
+        config: &Config,
+        fallback: Settings,
+        sides: Option<SharedSideChannels>,
+    ) -> Option<Follower> {
         if config.daemon == DaemonSetting::Off {
             return None;
         }
@@ -264,19 +265,19 @@ impl Follower {
             reported_active: None,
             last_report_ns: 0,
             remote_sent: None,
-            sides: (config.two_sided == TwoSided::Split).then(|| {
-                pairing::enable();
-                Box::new(VerbsSideChannels::new()) as Box<dyn SideChannels>
-            }),
+            sides,
             paired_under: None,
         })
     }
 
-    /// Pairs the queue pairs through `sides` instead of the real verbs' side channels.
+    /// Pairs the queue pairs through `sides` instead of the real verbs' side channels,
+    /// with `JUSTITIA_TWO_SIDED=split` (they replace what the follower shares with the
+    /// engine, which reads them).
     #[cfg(test)]
     pub(crate) fn set_side_channels(&mut self, sides: Box<dyn SideChannels>) {
-        pairing::enable();
-        self.sides = Some(sides);
+        if let Some(shared) = &self.sides {
+            *shared.lock() = sides;
+        }
     }
 
     /// Where the follower stands.
@@ -290,7 +291,7 @@ impl Follower {
             stale_periods: self.stale_periods,
             connections: self.client.stats().connections,
             split_while_gone: self.split_while_gone,
-            side_channels: self.sides.as_ref().map_or(0, |s| s.count()),
+            side_channels: self.sides.as_ref().map_or(0, |s| s.lock().count()),
             pairing: if self.sides.is_some() {
                 pairing::record().counts()
             } else {
@@ -437,7 +438,6 @@ impl Follower {
         self.report(now_ns, group);
         self.report_remote();
         self.report_pairings(now_ns);
-        self.exchange_hellos(now_ns);
         self.report_control_verbs(group);
         self.report_qp_turns(group);
         self.report_round_trips(group);
@@ -535,7 +535,7 @@ impl Follower {
     /// channel first), at most [`PAIRINGS_PER_TICK`] a tick. What the socket does not take
     /// now stays due for the next tick.
     fn report_pairings(&mut self, now_ns: u64) {
-        let Some(sides) = self.sides.as_mut() else {
+        let Some(sides) = self.sides.clone() else {
             return;
         };
         let (Some((h, _)), true) = (self.flow, self.connected) else {
@@ -575,7 +575,8 @@ impl Follower {
         // Opening a side channel makes verbs objects: not under the record's lock, which
         // the verb hooks take.
         for c in due {
-            match sides.open(&c.port) {
+            let opened = sides.lock().open(&c.port);
+            match opened {
                 Ok(side) => {
                     let report = QpPairing {
                         flow: 0,
@@ -593,74 +594,6 @@ impl Follower {
                     pairing::record().reported(&c, now_ns);
                 }
                 Err(_) => pairing::record().no_side_channel(&c),
-            }
-        }
-    }
-
-    /// With side channels: takes the hellos that arrived (each checked against the side
-    /// channel paired with the queue pair it names) and sends those due, at most
-    /// [`PAIRINGS_PER_TICK`] each a tick.
-    fn exchange_hellos(&mut self, now_ns: u64) {
-        let Some(sides) = self.sides.as_mut() else {
-            return;
-        };
-        // Said with the record's lock released (see `Pairings::take_notices`): at most
-        // one line a datagram, and refusals, which anyone on the fabric can cause, only
-        // the first few.
-        let mut said = Vec::new();
-        for d in sides.receive(PAIRINGS_PER_TICK) {
-            let mut record = pairing::record();
-            match SideMessage::decode(&d.bytes) {
-                Ok(SideMessage::Hello { qp_num, heard }) => {
-                    match record.on_hello(qp_num, &d.source, heard) {
-                        HelloOutcome::Heard(true) => said.push(format!(
-                            "queue pair {qp_num:#x}: the shaper at its other end speaks side-channel version {VERSION}"
-                        )),
-                        HelloOutcome::Refused if record.counts().refused <= REFUSALS_SAID => {
-                            said.push(format!(
-                                "a hello for queue pair {qp_num:#x} from queue pair {:#x} is not from its peer's side channel: dropped",
-                                d.source.qpn
-                            ))
-                        }
-                        _ => {}
-                    }
-                }
-                // Nothing else is spoken yet; bytes that are no message are dropped.
-                Ok(_) | Err(_) => record.refused(),
-            }
-        }
-        for line in said {
-            log!(Debug, "{line}");
-        }
-        let (due, notices) = {
-            let mut record = pairing::record();
-            (
-                record.hellos_due(now_ns, PAIRINGS_PER_TICK),
-                record.take_notices(),
-            )
-        };
-        for line in notices {
-            log!(Info, "{line}");
-        }
-        let mut unsent = 0;
-        for (c, peer, heard) in due {
-            let (bytes, len) = SideMessage::Hello {
-                qp_num: c.end.qpn,
-                heard,
-            }
-            .encode();
-            let to = DatagramDest {
-                gid: c.end.gid,
-                lid: c.end.lid,
-                qpn: peer.qpn,
-                qkey: peer.qkey,
-            };
-            // A hello lost here is sent again on the greeting's timer.
-            if let Err(e) = sides.send(&c.port, c.sgid_index, &to, &bytes[..len]) {
-                unsent += 1;
-                if unsent == 1 {
-                    log!(Debug, "hello for queue pair {:#x} not sent: {e}", c.qpn);
-                }
             }
         }
     }
@@ -865,7 +798,7 @@ mod tests {
             charge: MessageCharge::NONE,
             time_round_trips: false,
         };
-        Follower::new(&config, fallback).unwrap()
+        Follower::new(&config, fallback, None).unwrap()
     }
 
     /// A flow whose send queue stays full posts only when a completion frees a slot; on a
@@ -953,7 +886,7 @@ mod tests {
             charge: MessageCharge::NONE,
             time_round_trips: false,
         };
-        let mut f = Follower::new(&config, fallback).unwrap();
+        let mut f = Follower::new(&config, fallback, None).unwrap();
         // Nothing to follow before a QP exists.
         assert_eq!(f.tick(1_000_000_000, group(0)), fallback);
         assert_eq!(f.sleep_after(1_000_000_000), None);

@@ -250,7 +250,9 @@ unsafe fn post_send_observed(
     }
 }
 
-/// `ops.post_recv`: receives are never shaped (two-sided splitting needs the peer).
+/// `ops.post_recv`: passed through, but on a QP with a receiver half
+/// (`JUSTITIA_TWO_SIDED=split`), whose receives the shaper owns once the peer splits its
+/// sends (see [`engine::two_sided`]).
 ///
 /// # Safety
 /// Called by `ibv_post_recv` with a live QP and valid arguments.
@@ -259,6 +261,17 @@ pub unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    let owned = engine::qp(qp).filter(|q| q.receiver.is_some());
+    if let (Some(q), false) = (owned, crate::ffi::in_forked_child()) {
+        if let (Some(r), Some(f)) = (&q.receiver, q.post_recv) {
+            return caught(
+                // SAFETY: guaranteed by the caller.
+                move || unsafe { q.post_recv_owned(r, wr, bad_wr) },
+                // SAFETY: the provider's own post_recv, with the caller's arguments.
+                move || unsafe { f(qp, wr, bad_wr) },
+            );
+        }
+    }
     let f = match engine::qp(qp).and_then(|q| q.post_recv) {
         Some(f) => Some(f),
         // SAFETY: a live QP has a live context.

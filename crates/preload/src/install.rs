@@ -207,6 +207,7 @@ pub unsafe extern "C" fn create_qp_ex(
                 sig_all: a.sq_sig_all != 0,
                 cap: a.cap,
                 shapable,
+                has_srq: !a.srq.is_null(),
             };
             // rdma-core allocates a QP as part of its extended form, whose first member
             // is the ibv_qp (ibv_qp_to_qp_ex is that cast once the send ops were asked for).

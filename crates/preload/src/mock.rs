@@ -73,6 +73,13 @@ struct MockQp {
     batch: Vec<PostedWr>,
     /// Destroyed: a post reaching it is a use after destroy.
     destroyed: bool,
+    recv_cq: *mut ibv_cq,
+    /// Its receive queue: each receive's `wr_id` and SGEs.
+    rq: VecDeque<(u64, Vec<ibv_sge>)>,
+    rq_depth: u32,
+    /// The QP at its other end ([`MockDevice::connect`]): its SENDs and WRITEs with
+    /// immediate consume that QP's receives.
+    peer: Option<usize>,
 }
 
 struct MockCq {
@@ -96,6 +103,9 @@ struct MockState {
     posts_after_destroy: u32,
     /// A destroyed QP's completions stay in its CQ (rxe-like) instead of being purged.
     keeps_stale: bool,
+    /// Receive-consuming requests that found no receive posted at the peer (each an RNR
+    /// the application would not have had natively, if it had posted its receives).
+    rnr: u32,
 }
 
 struct MockInner {
@@ -388,33 +398,130 @@ impl MockDevice {
         }
     }
 
+    /// Connects `a` and `b` as the two ends of an RC connection: a SEND, SEND with
+    /// immediate or WRITE with immediate executed on one consumes the other's next
+    /// receive (its bytes scattered into it, its completion on that QP's receive CQ);
+    /// with none posted it fails with `IBV_WC_RNR_RETRY_EXC_ERR` and is counted
+    /// ([`Self::rnr`]), as a strict peer with `rnr_retry` 0 would.
+    pub fn connect(&self, a: *mut ibv_qp, b: *mut ibv_qp) {
+        let mut st = self.state();
+        let at = |qp| {
+            st.qps
+                .iter()
+                .position(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+        };
+        if let (Some(i), Some(j)) = (at(a), at(b)) {
+            st.qps[i].peer = Some(j);
+            st.qps[j].peer = Some(i);
+        }
+    }
+
+    /// Numbers the QPs created from now on from `first` on (tests that share the
+    /// process's pairing record keep their QP numbers apart).
+    pub fn number_qps_from(&self, first: u32) {
+        self.state().next_qp_num = first.saturating_sub(1);
+    }
+
+    /// Receive-consuming requests that found no receive at the peer.
+    pub fn rnr(&self) -> u32 {
+        self.state().rnr
+    }
+
+    /// Receives posted on `qp` and not consumed.
+    pub fn receives_posted(&self, qp: *mut ibv_qp) -> usize {
+        self.state()
+            .qps
+            .iter()
+            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+            .map_or(0, |q| q.rq.len())
+    }
+
     /// Executes up to `n` queued requests of `qp` in order; returns how many ran.
     pub fn execute(&self, qp: *mut ibv_qp, n: usize) -> usize {
         let mut st = self.state();
-        let MockState { qps, cqs, .. } = &mut *st;
-        let Some(q) = qps.iter_mut().find(|q| q.qpx.get().cast::<ibv_qp>() == qp) else {
+        let MockState { qps, cqs, rnr, .. } = &mut *st;
+        let Some(index) = qps.iter().position(|q| q.qpx.get().cast::<ibv_qp>() == qp) else {
             return 0;
         };
-        let cq = cqs
-            .iter_mut()
-            .find(|c| c.cqx.get().cast::<ibv_cq>() == q.send_cq);
         let mut completions = Vec::new();
+        let mut received: Vec<(*mut ibv_cq, ibv_wc)> = Vec::new();
         let mut ran = 0;
         while ran < n {
-            let Some(wr) = q.sq.pop_front() else {
+            let Some(wr) = qps[index].sq.pop_front() else {
                 break;
             };
             ran += 1;
+            let consumes = matches!(
+                wr.opcode,
+                IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
+            );
+            let peer = qps[index].peer.filter(|_| consumes);
+            let q = &mut qps[index];
             let status = if q.failed {
                 IBV_WC_WR_FLUSH_ERR
             } else if let Some(s) = q.fail_next.take() {
                 q.failed = true;
                 s
+            } else if let Some(p) = peer {
+                let len = u32::try_from(wr.len()).unwrap_or(u32::MAX);
+                let peer_qp = &mut qps[p];
+                let peer_num = peer_qp.qpx.get().cast::<ibv_qp>();
+                // SAFETY: the mock's own QP object.
+                let peer_num = unsafe { (*peer_num).qp_num };
+                match peer_qp.rq.pop_front() {
+                    None => {
+                        *rnr += 1;
+                        qps[index].failed = true;
+                        IBV_WC_RNR_RETRY_EXC_ERR
+                    }
+                    Some((wr_id, sges)) => {
+                        let room: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+                        let write = wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+                        let fits = write || u64::from(len) <= room;
+                        if fits {
+                            // SAFETY: tests post requests over their own live buffers.
+                            unsafe {
+                                if write {
+                                    move_data(&wr);
+                                } else {
+                                    scatter(&wr.sges, &sges);
+                                }
+                            }
+                        }
+                        let imm = wr.opcode != IBV_WR_SEND;
+                        let mut wc = ibv_wc {
+                            wr_id,
+                            status: if fits {
+                                IBV_WC_SUCCESS
+                            } else {
+                                IBV_WC_LOC_LEN_ERR
+                            },
+                            opcode: if write {
+                                IBV_WC_RECV_RDMA_WITH_IMM
+                            } else {
+                                IBV_WC_RECV
+                            },
+                            byte_len: len,
+                            qp_num: peer_num,
+                            wc_flags: if imm { IBV_WC_WITH_IMM } else { 0 },
+                            ..Default::default()
+                        };
+                        wc.__bindgen_anon_1.imm_data = wr.imm_data;
+                        received.push((qps[p].recv_cq, wc));
+                        if fits {
+                            IBV_WC_SUCCESS
+                        } else {
+                            qps[index].failed = true;
+                            IBV_WC_REM_INV_REQ_ERR
+                        }
+                    }
+                }
             } else {
                 // SAFETY: tests post requests over their own live buffers.
                 unsafe { move_data(&wr) };
                 IBV_WC_SUCCESS
             };
+            let q = &mut qps[index];
             if status != IBV_WC_SUCCESS || wr.signaled() || q.sig_all {
                 completions.push(ibv_wc {
                     wr_id: wr.wr_id,
@@ -436,8 +543,20 @@ impl MockDevice {
                 });
             }
         }
-        if let Some(cq) = cq {
+        let send_cq = qps[index].send_cq;
+        if let Some(cq) = cqs
+            .iter_mut()
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == send_cq)
+        {
             cq.entries.extend(completions);
+        }
+        for (recv_cq, wc) in received {
+            if let Some(cq) = cqs
+                .iter_mut()
+                .find(|c| c.cqx.get().cast::<ibv_cq>() == recv_cq)
+            {
+                cq.entries.push_back(wc);
+            }
         }
         ran
     }
@@ -611,6 +730,10 @@ fn create_qp(
         refuse_next: None,
         batch: Vec::new(),
         destroyed: false,
+        recv_cq,
+        rq: VecDeque::new(),
+        rq_depth: cap.max_recv_wr,
+        peer: None,
     });
     p
 }
@@ -753,11 +876,66 @@ unsafe fn post_send_now(
 }
 
 unsafe extern "C" fn mock_post_recv(
-    _qp: *mut ibv_qp,
-    _wr: *mut ibv_recv_wr,
-    _bad_wr: *mut *mut ibv_recv_wr,
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    0
+    with_qp(qp, |q, _| {
+        let mut cur = wr;
+        // SAFETY: the caller's valid list.
+        while let Some(w) = unsafe { cur.as_ref() } {
+            if q.rq.len() >= q.rq_depth as usize {
+                if !bad_wr.is_null() {
+                    // SAFETY: writable by the caller's contract.
+                    unsafe { *bad_wr = cur };
+                }
+                return libc::ENOMEM;
+            }
+            let n = usize::try_from(w.num_sge).unwrap_or(0);
+            let sges = if n == 0 || w.sg_list.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: num_sge readable entries.
+                unsafe { std::slice::from_raw_parts(w.sg_list, n) }.to_vec()
+            };
+            q.rq.push_back((w.wr_id, sges));
+            cur = w.next;
+        }
+        0
+    })
+    .unwrap_or(libc::EINVAL)
+}
+
+/// Copies the bytes of `from` (a gather list) into `to` (a scatter list), which holds
+/// them; this process's memory on both sides.
+///
+/// # Safety
+/// Both lists must be live memory of this process.
+unsafe fn scatter(from: &[ibv_sge], to: &[ibv_sge]) {
+    let mut to = to.iter().map(|s| (s.addr as *mut u8, s.length as usize));
+    let mut cur = to.next();
+    let mut at = 0usize;
+    for s in from {
+        let mut src = s.addr as *const u8;
+        let mut left = s.length as usize;
+        while left > 0 {
+            let Some((dst, len)) = cur else {
+                return;
+            };
+            let take = left.min(len - at);
+            // SAFETY: guaranteed by the caller; within both SGEs.
+            unsafe {
+                std::ptr::copy(src, dst.add(at), take);
+                src = src.add(take);
+            }
+            left -= take;
+            at += take;
+            if at == len {
+                cur = to.next();
+                at = 0;
+            }
+        }
+    }
 }
 
 /// Waits until no extended poll of `cq` is in progress, and begins one if `begin`.

@@ -104,6 +104,21 @@ struct Entry {
     said_unpaired: bool,
 }
 
+impl Entry {
+    /// Whether `source` is `peer`, the side channel paired with this queue pair: its
+    /// queue pair, at the connection's remote GID (or LID), on the connection's port.
+    fn from(&self, peer: &PeerSide, source: &Source) -> bool {
+        let end = self.connection.end;
+        peer.qpn == source.qpn
+            && source.port == self.connection.port
+            && if end.gid == [0; 16] {
+                source.lid == end.lid
+            } else {
+                source.gid == Some(end.gid)
+            }
+    }
+}
+
 /// Where a datagram on a side channel came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Source {
@@ -378,15 +393,7 @@ impl Pairings {
         let Some(peer) = e.peer else {
             return HelloOutcome::Early;
         };
-        let end = e.connection.end;
-        let from_peer = peer.qpn == source.qpn
-            && source.port == e.connection.port
-            && if end.gid == [0; 16] {
-                source.lid == end.lid
-            } else {
-                source.gid == Some(end.gid)
-            };
-        if !from_peer {
+        if !e.from(&peer, source) {
             self.counts.refused += 1;
             return HelloOutcome::Refused;
         }
@@ -417,6 +424,27 @@ impl Pairings {
     /// A datagram that is not a message this end takes was dropped.
     pub fn refused(&mut self) {
         self.counts.refused += 1;
+    }
+
+    /// Whether a datagram from `source` comes from the side channel paired with queue
+    /// pair `qpn` (its peer's), what every message but a hello must come from: `None`
+    /// when it does but the peer's hello has not come yet (the message overtook it; the
+    /// peer repeats it), so that it is dropped without being counted as refused.
+    pub fn from_peer(&self, qpn: u32, source: &Source) -> Option<bool> {
+        let Some(e) = self.entries.get(&qpn) else {
+            return Some(false);
+        };
+        let from = e.peer.is_some_and(|peer| e.from(&peer, source));
+        match (from, e.greeting.agreed()) {
+            (true, false) => None,
+            (from, _) => Some(from),
+        }
+    }
+
+    /// Queue pair `qpn`'s connection and its peer's side channel, once paired.
+    pub fn connection(&self, qpn: u32) -> Option<(Connection, PeerSide)> {
+        let e = self.entries.get(&qpn)?;
+        Some((e.connection.clone(), e.peer?))
     }
 
     /// Whether the two shapers of queue pair `qpn` agree on the version.

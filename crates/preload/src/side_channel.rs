@@ -8,7 +8,9 @@
 //! passed through (the thread holds [`crate::ffi::Reentry`]), so neither the application's
 //! objects nor its device context are touched, and the application closing its context
 //! or freeing its protection domain cannot pull the side channel from under the shaper.
-//! A process pays one device context and three objects per port.
+//! A process pays one device context per port, four objects (a protection domain, a CQ, a
+//! UD queue pair, a memory region) and the CQ's completion channel, which the side thread
+//! waits on.
 //!
 //! Under an rdma cgroup (`rdma.max`), those count against the application's limits. A
 //! limit with no room left would make the creation fail, which is harmless (the queue
@@ -25,7 +27,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use justitia_verbs::device::{
-    CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QueuePair, RecvRequest,
+    CompletionChannel, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
+    RecvRequest,
 };
 use justitia_verbs::loader::Ibverbs;
 use justitia_verbs::sys::*;
@@ -58,11 +61,13 @@ const SEND_SLOT: usize = MAX_DATAGRAM;
 
 /// Receives kept posted on a side channel: datagrams beyond them before the next poll are
 /// dropped by the device (UD does not wait), which the senders' retries make good. With
-/// the send slots, the ring takes 265 KiB a port.
+/// the send slots, the ring takes 267 KiB a port.
 const RECV_SLOTS: usize = 64;
 
-/// Sends in flight at once on a side channel; one beyond is refused (and retried).
-const SEND_SLOTS: usize = 32;
+/// Sends in flight at once on a side channel; when all are, a send first reads the
+/// completions that came (keeping the datagrams among them for the reader), and one
+/// beyond is refused (the protocol repeats it).
+const SEND_SLOTS: usize = 128;
 
 /// The most address handles a side channel caches (one per remote port it talks to);
 /// beyond, the cache starts afresh.
@@ -111,21 +116,44 @@ pub trait SideChannels: Send + std::fmt::Debug {
     ) -> Result<(), String>;
 
     /// Up to `max` datagrams received on any side channel since the last call; without
-    /// waiting.
+    /// waiting. It takes the events pending on the side channels' completion channels
+    /// and asks for the next ones first, so a datagram arriving after it returns makes
+    /// one of [`SideChannels::event_fds`] readable.
     fn receive(&mut self, max: usize) -> Vec<Datagram>;
+
+    /// File descriptors that turn readable when a datagram may have arrived (the side
+    /// channels' completion channels), for the thread that reads them to wait on with
+    /// poll(2) outside the lock that shares the side channels; none for side channels
+    /// that can only be polled (then the thread looks every millisecond).
+    fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
 }
+
+/// The process's side channels, shared by the thread that reads them (`justitia-side`),
+/// the follower that opens them, and the verbs that send on them (an announcement from a
+/// post, a credit from a poll). The lock is a leaf: nothing else is taken under it, and
+/// it is never held while waiting.
+pub type SharedSideChannels = Arc<parking_lot::Mutex<Box<dyn SideChannels>>>;
 
 /// One open side channel. Its fields are dropped in order: the address handles and the
 /// queue pair before the ring, the CQ and the domain they use, the context last.
 struct Open {
+    /// The port it serves.
+    port: Port,
     handles: HashMap<([u8; 16], u16, u8), AddressHandle>,
     qp: QueuePair,
     ring: MemoryRegion,
     cq: CompletionQueue,
+    /// The CQ's completion channel (non-blocking): readable when a completion came.
+    channel: CompletionChannel,
     pd: ProtectionDomain,
     _ctx: Context,
     /// Send slots not in flight.
     free_sends: Vec<usize>,
+    /// Datagrams a send read off the CQ while it looked for a free slot, for the next
+    /// [`SideChannels::receive`] (at most [`RECV_SLOTS`]: each took a receive slot).
+    pending: Vec<Datagram>,
     /// Times the queue pair was brought back from the error state (the first is said).
     recoveries: u64,
 }
@@ -172,6 +200,11 @@ impl Open {
                 AddressHandle::new(&self.pd, to, port, sgid_index).map_err(|e| e.to_string())?;
             self.handles.insert(key, ah);
         }
+        if self.free_sends.is_empty() {
+            let mut read = std::mem::take(&mut self.pending);
+            self.receive(RECV_SLOTS, &mut read);
+            self.pending = read;
+        }
         let slot = self.free_sends.pop().ok_or("every send is in flight")?;
         let offset = RECV_SLOTS * RECV_SLOT + slot * SEND_SLOT;
         self.ring.as_mut_slice()[offset..offset + bytes.len()].copy_from_slice(bytes);
@@ -214,12 +247,18 @@ impl Open {
     /// arrived (their receives posted again). A flushed completion means the queue pair
     /// went to the error state: once the completions are read, it is brought back, at most
     /// once a call.
-    fn receive(&mut self, port: &Port, max: usize, out: &mut Vec<Datagram>) {
+    fn receive(&mut self, max: usize, out: &mut Vec<Datagram>) {
+        let port = self.port.clone();
+        // Events taken and the CQ armed again before it is polled, so that a completion
+        // arriving after the poll raises the next event (none is lost between the two).
+        while let Ok(Some(_)) = self.channel.try_wait() {}
+        let _ = self.cq.req_notify(false);
         let mut wc = [ibv_wc::default(); POLL_BATCH];
         let mut flushed = false;
         while out.len() < max {
             let n = match self.cq.poll(&mut wc) {
-                Ok(0) | Err(_) => return,
+                // Empty: on to the recovery, if a flush was read.
+                Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
             for c in &wc[..n] {
@@ -314,8 +353,11 @@ impl VerbsSideChannels {
         };
         let ctx = Context::open(verbs, Some(&port.device)).map_err(|e| e.to_string())?;
         let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
-        let cq = CompletionQueue::new(&ctx, (RECV_SLOTS + SEND_SLOTS) as u32, None)
+        let channel = CompletionChannel::new(&ctx).map_err(|e| e.to_string())?;
+        channel.set_nonblocking().map_err(|e| e.to_string())?;
+        let cq = CompletionQueue::new(&ctx, (RECV_SLOTS + SEND_SLOTS) as u32, Some(&channel))
             .map_err(|e| e.to_string())?;
+        cq.req_notify(false).map_err(|e| e.to_string())?;
         let caps = QpCaps {
             max_send_wr: SEND_SLOTS as u32,
             max_recv_wr: RECV_SLOTS as u32,
@@ -333,13 +375,16 @@ impl VerbsSideChannels {
         )
         .map_err(|e| e.to_string())?;
         let open = Open {
+            port: port.clone(),
             handles: HashMap::new(),
             qp,
             ring,
             cq,
+            channel,
             pd,
             _ctx: ctx,
             free_sends: (0..SEND_SLOTS).collect(),
+            pending: Vec::new(),
             recoveries: 0,
         };
         for slot in 0..RECV_SLOTS {
@@ -407,12 +452,19 @@ impl SideChannels for VerbsSideChannels {
     fn receive(&mut self, max: usize) -> Vec<Datagram> {
         let _inside = Reentry::enter();
         let mut out = Vec::new();
-        for (port, open) in &mut self.open {
-            if let Ok(o) = open {
-                o.receive(port, max, &mut out);
-            }
+        for o in self.open.values_mut().filter_map(|o| o.as_mut().ok()) {
+            out.append(&mut o.pending);
+            o.receive(max, &mut out);
         }
         out
+    }
+
+    fn event_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.open
+            .values()
+            .filter_map(|o| o.as_ref().ok())
+            .map(|o| o.channel.fd())
+            .collect()
     }
 }
 

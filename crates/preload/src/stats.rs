@@ -60,6 +60,11 @@ pub struct Counters {
     /// Datagrams the side channels dropped: not a message, or not from the side channel
     /// they claim. Published as `daemon_connections` is.
     pub side_refused: AtomicU64,
+    /// Two-sided messages announced to the peer's shaper (each then goes whole or split
+    /// as the peer posted its receives).
+    pub announced: AtomicU64,
+    /// Queue pairs whose receives the shaper owns (the peer splits its sends to them).
+    pub qps_owning_receives: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -119,6 +124,12 @@ pub struct StatsSnapshot {
     /// See [`Counters::side_refused`].
     #[serde(default)]
     pub side_refused: u64,
+    /// See [`Counters::announced`].
+    #[serde(default)]
+    pub announced: u64,
+    /// See [`Counters::qps_owning_receives`].
+    #[serde(default)]
+    pub qps_owning_receives: u64,
 }
 
 impl Counters {
@@ -179,6 +190,8 @@ impl Counters {
             qps_paired: get(&self.qps_paired),
             qps_agreed: get(&self.qps_agreed),
             side_refused: get(&self.side_refused),
+            announced: get(&self.announced),
+            qps_owning_receives: get(&self.qps_owning_receives),
         }
     }
 }
@@ -215,7 +228,8 @@ mod tests {
              \"daemon_connections\":0,\"daemon_fallbacks\":0,\"split_while_daemon_gone\":0,\
              \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
              \"turn_waits\":0,\"turn_yields\":0,\"side_channels\":0,\"pairings_reported\":0,\
-             \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0}"
+             \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0,\"announced\":0,\
+             \"qps_owning_receives\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());

@@ -542,6 +542,35 @@ impl CompletionChannel {
         unsafe { (*self.inner.channel.as_ptr()).fd }
     }
 
+    /// Makes [`CompletionChannel::try_wait`] return at once when no event is pending
+    /// (the channel's file descriptor gets `O_NONBLOCK`, as rdma-core documents for
+    /// event loops); [`CompletionChannel::wait`] then returns `EAGAIN` instead of
+    /// blocking.
+    pub fn set_nonblocking(&self) -> Result<(), VerbsError> {
+        let fd = self.fd();
+        // SAFETY: fcntl on the channel's own descriptor, which is live while self is.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(VerbsError::from_errno(
+                "fcntl(O_NONBLOCK) on a completion channel",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The next completion event if one is pending, acknowledged, on a channel made
+    /// non-blocking ([`CompletionChannel::set_nonblocking`]): `None` when none is.
+    pub fn try_wait(&self) -> Result<Option<*mut ibv_cq>, VerbsError> {
+        match self.wait() {
+            Ok(cq) => Ok(Some(cq)),
+            Err(VerbsError::Verb { source, .. }) if source.raw_os_error() == Some(libc::EAGAIN) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Blocks until the next completion event (`ibv_get_cq_event`), acknowledges it and
     /// returns the CQ it was for.
     pub fn wait(&self) -> Result<*mut ibv_cq, VerbsError> {

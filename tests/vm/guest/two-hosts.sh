@@ -138,25 +138,14 @@ two_sided_run() {
   fi
 }
 
-# TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those.
-if [ "${TWO_HOSTS_ONLY:-}" != peer ]; then
-# ---------------------------------------------------------------------------------------
-# 2. perftest across the cable: server on B, client on A, natively and under the shaper
-# (bandwidth class, 16 KiB chunks, both sides); the same counts, and the bytes must have
-# crossed eth0 in the direction the data goes (a READ's data comes to A, a WRITE's and a
-# SEND's leave). READs and WRITEs of 64 KiB must be split; SENDs consume a receive at the
-# peer and go whole until the two shapers agree to split them (docs/architecture.md,
-# "Splitting two-sided requests"): their counts must match the native run's, and what the
-# shaper counted is reported. perftest 4.5-0.17 (Debian bookworm) has no
-# --write_with_imm.
-SHAPED="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K"
 # cross NAME ENV TOOL ARGS...: sets COUNTS, FIGURE, MOVED ("rx tx" bytes) or ERROR.
 cross() {
   local name=$1 env_words=$2 tool=$3 port=$((PORT++)) before after rc attempt
   shift 3
   for attempt in 1 2; do
     ERROR=""
-    spid=$(onb 10 "env $env_words ${env_words:+JUSTITIA_STATS=$BLOGS/$name.%p.stats.json} timeout $STEP $tool -d $B_DEV -x $GID -p $port $* > $BLOGS/$name.server.log 2>&1 & echo \$!")
+    local b_words=${CROSS_B_ENV-$env_words}
+    spid=$(onb 10 "env $b_words ${b_words:+JUSTITIA_STATS=$BLOGS/$name.%p.stats.json} timeout $STEP $tool -d $B_DEV -x $GID -p $port $* > $BLOGS/$name.server.log 2>&1 & echo \$!")
     if ! b_listen "$port"; then
       ERROR="the server on B did not listen (log: $BLOGS/$name.server.log)"
     else
@@ -180,10 +169,29 @@ cross() {
   done
   return 1
 }
+# cross_envs NAME A_ENV B_ENV TOOL ARGS...: cross with the server on B under B_ENV.
+cross_envs() {
+  local name=$1 a_env=$2 b_env=$3
+  shift 3
+  CROSS_B_ENV=$b_env cross "$name" "$a_env" "$@"
+}
 split_of() { # NAME: the split requests and chunks the shaper on A counted
   cat "$L.$1".*.stats.json 2>/dev/null | tr -d ' \n' \
     | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*' | paste -sd ' '
 }
+
+# TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those.
+if [ "${TWO_HOSTS_ONLY:-}" != peer ]; then
+# ---------------------------------------------------------------------------------------
+# 2. perftest across the cable: server on B, client on A, natively and under the shaper
+# (bandwidth class, 16 KiB chunks, both sides); the same counts, and the bytes must have
+# crossed eth0 in the direction the data goes (a READ's data comes to A, a WRITE's and a
+# SEND's leave). READs and WRITEs of 64 KiB must be split; SENDs consume a receive at the
+# peer and go whole until the two shapers agree to split them (docs/architecture.md,
+# "Splitting two-sided requests"): their counts must match the native run's, and what the
+# shaper counted is reported. perftest 4.5-0.17 (Debian bookworm) has no
+# --write_with_imm.
+SHAPED="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=16K"
 for spec in "ib_read_bw -s 65536 -n 300:rx" "ib_write_bw -s 65536 -n 300:tx" "ib_read_lat -s 64 -n 300:rx" \
   "ib_send_bw -s 65536 -n 300:tx" "ib_send_lat -s 64 -n 300:tx"; do
   cmd=${spec%:*} dir=${spec##*:}
@@ -726,31 +734,76 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     pkill -x ib_write_bw
     onb 20 "pkill -x ib_read_bw; pkill -x ib_write_bw" > /dev/null
 
-    # The rendezvous of side channels (JUSTITIA_TWO_SIDED=split): justitia-integrity's
-    # SENDs with both ends shaped, each following its own host's daemon. Each shaper opens
-    # a side channel (a UD queue pair of its own) and reports its RC queue pair with it;
-    # the daemons send the pairings to each other over the peer channel, match them, and
-    # each shaper learns the other's side channel (qps_paired 1 on both ends). Then the
-    # two shapers say hello to each other over the cable, from side channel to side
-    # channel, each hello checked against the paired source (GID and queue pair): the two
-    # agree on the version (qps_agreed 1 on both ends, nothing refused). The messages still
-    # go whole, byte-exact. Then a shaped sender beside an unshaped receiver: its pairing
-    # is reported and never matched (qps_paired 0), byte-exact. Six messages a run: the
-    # pairing and the hellos happen at the connection, and each message costs time.
+    # Splitting two-sided requests (JUSTITIA_TWO_SIDED=split): justitia-integrity's SENDs
+    # with both ends shaped, each following its own host's daemon. Each shaper opens a
+    # side channel (a UD queue pair of its own) and reports its RC queue pair with it; the
+    # daemons send the pairings to each other over the peer channel, match them, and each
+    # shaper learns the other's side channel (qps_paired 1 on both ends). Then the two
+    # shapers say hello over the cable, from side channel to side channel, each hello
+    # checked against the paired source (GID and queue pair), and agree (qps_agreed 1 on
+    # both ends, nothing refused); B's shaper offers to own its receive queue, A's
+    # accepts, and from then on A announces each message and B posts, for each, the
+    # application's receive whole or one receive per 64 KiB chunk over slices of it: A's
+    # messages longer than a chunk go split (split_requests >= 1), byte-exact, every
+    # completion as native. Then WRITEs with immediate the same way (the data as WRITE
+    # chunks, the last carrying the immediate), and a shaped sender beside an unshaped
+    # receiver and the reverse: never paired, nothing split, byte-exact. Six messages a
+    # run: the pairing and the hellos happen at the connection, and each message costs
+    # time.
     paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
-    two_sided_run send peer.two_sided.paired "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 6
-    agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
-    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$agreed"; then
-      result PASS "peer: two shapers pair through their daemons and agree over their side channels" "$TS_WHAT"
-    else
-      result FAIL "peer: two shapers pair through their daemons and agree over their side channels" "both ends must pass and count qps_paired and qps_agreed >= 1, side_refused 0: $TS_WHAT (logs: $TS_LOGS)"
-    fi
+    agreed='"split_requests":[1-9].*"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
+    b_agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
+    for mode in send write-imm; do
+      two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 6
+      if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed"; then
+        result PASS "peer: two shapers agree over their side channels and split $mode requests" "$TS_WHAT"
+      else
+        result FAIL "peer: two shapers agree over their side channels and split $mode requests" "both ends must pass, count qps_paired and qps_agreed >= 1 and side_refused 0, and A split_requests >= 1: $TS_WHAT (logs: $TS_LOGS)"
+      fi
+    done
     two_sided_run send peer.two_sided.sender-only "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "" 6
-    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"pairings_reported":[1-9]' && echo "$TS_A_STATS" | grep -q '"qps_paired":0'; then
+    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"split_requests":0 .*"pairings_reported":[1-9]' && echo "$TS_A_STATS" | grep -q '"qps_paired":0'; then
       result PASS "peer: a shaped sender beside an unshaped receiver is never paired" "$TS_WHAT"
     else
-      result FAIL "peer: a shaped sender beside an unshaped receiver is never paired" "A must pass, report its pairing and count qps_paired 0: $TS_WHAT (logs: $TS_LOGS)"
+      result FAIL "peer: a shaped sender beside an unshaped receiver is never paired" "A must pass, report its pairing, count qps_paired 0 and split nothing: $TS_WHAT (logs: $TS_LOGS)"
     fi
+    two_sided_run send peer.two_sided.receiver-only "" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 6
+    if [ "$TS_OK" = 1 ] && echo "$TS_B_STATS" | grep -q '"pairings_reported":[1-9].*"qps_paired":0'; then
+      result PASS "peer: an unshaped sender beside a shaped receiver is never paired" "$TS_WHAT"
+    else
+      result FAIL "peer: an unshaped sender beside a shaped receiver is never paired" "B must pass, report its pairing and count qps_paired 0: $TS_WHAT (logs: $TS_LOGS)"
+    fi
+    # Unmodified perftest with both ends shaped and paired, against the same run natively:
+    # the same counts, and A's 256 KiB SENDs split into 64 KiB chunks. The receives the
+    # server posted before the two shapers agreed are at the NIC whole, so as many
+    # messages go whole first (-r 16 keeps them few: perftest posts min(-n, 512) at the
+    # start otherwise). ib_send_lat's 64 B SENDs go whole (each announced, and credited
+    # before it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm.
+    for spec in "ib_send_bw -s 262144 -n 100 -r 16" "ib_send_lat -s 64 -n 100"; do
+      tool=${spec%% *}
+      base=""
+      for how in native paired; do
+        a_env="" b_env=""
+        if [ "$how" = paired ]; then
+          a_env="$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock"
+          b_env="$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
+        fi
+        # shellcheck disable=SC2086 # the tool's arguments
+        if ! cross_envs "peer.$tool.$how" "$a_env" "$b_env" $spec; then
+          result FAIL "peer: $tool A -> B ($how)" "$ERROR"
+          continue
+        fi
+        stats=$(split_of "peer.$tool.$how")
+        if [ -n "$base" ] && [ "$COUNTS" != "$base" ]; then
+          result FAIL "peer: $tool A -> B ($how)" "counts $COUNTS differ from the native run's $base"
+        elif [ "$how" = paired ] && [ "$tool" = ib_send_bw ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
+          result FAIL "peer: $tool A -> B ($how)" "256 KiB SENDs with 64 KiB chunks between paired shapers, but A split none: $stats (logs: $L.peer.$tool.$how.client.log, $BLOGS/peer.$tool.$how.server.log)"
+        else
+          [ -z "$base" ] && base=$COUNTS
+          result PASS "peer: $tool A -> B ($how)" "$COUNTS, $FIGURE${stats:+; shaper on A: $stats}"
+        fi
+      done
+    done
     # Hellos the daemons never paired: while justitia-integrity's SENDs run with both ends
     # shaped and agreed, host B first sends A's side channel 80 datagrams of 1000 bytes
     # (send_datagram, with the side channels' Q_Key 0x4a555354), longer than any message

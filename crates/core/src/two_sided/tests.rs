@@ -359,6 +359,42 @@ fn no_chunk_goes_without_a_credit() {
     assert_eq!(pair.completions[0].byte_len, 9000);
 }
 
+/// A caller that cuts the messages itself takes each one out once its credit has come, in
+/// order: a later message credited first waits for the earlier one, and a split SEND's
+/// credit for fewer receives than its chunks waits for the rest.
+#[test]
+fn credited_messages_are_taken_out_in_order_and_only_when_fully_credited() {
+    let mut tx = SendSide::new(7, 4);
+    let src = source(9000);
+    let a = tx.post(request(1, Opcode::Send, &src, 0), 1000).unwrap();
+    let b = tx.post(request(2, Opcode::Send, &src, 0), 9000).unwrap();
+    let c = tx.post(request(3, Opcode::Send, &src, 0), 3000).unwrap();
+    assert_eq!((a.seq, a.chunks(), b.chunks(), c.chunks()), (7, 9, 1, 3));
+    assert_eq!(tx.take_credited(), None, "nothing credited");
+    tx.on_credit(b.seq, Posting::Whole).unwrap();
+    assert_eq!(tx.take_credited(), None, "the second waits for the first");
+    tx.on_credit(a.seq, Posting::Split { posted: 4 }).unwrap();
+    assert_eq!(tx.take_credited(), None, "4 of 9 receives posted");
+    tx.on_credit(a.seq, Posting::Split { posted: 9 }).unwrap();
+    assert_eq!(tx.take_credited(), Some((7, Posting::Split { posted: 9 })));
+    assert_eq!(tx.take_credited(), Some((8, Posting::Whole)));
+    assert_eq!(tx.take_credited(), None);
+    assert_eq!(tx.outstanding(), 1, "the third still waits for its credit");
+    tx.on_credit(a.seq, Posting::Split { posted: 9 })
+        .expect("a repeated credit for a message taken out is ignored");
+    assert!(tx.reannounce(0).is_empty(), "first seen");
+    assert_eq!(
+        tx.reannounce(ANNOUNCE_RETRY_NS),
+        vec![c],
+        "only the third repeats"
+    );
+    assert!(!tx.withdraw(a.seq), "only the newest is withdrawn");
+    assert!(tx.withdraw(c.seq));
+    assert_eq!(tx.outstanding(), 0);
+    let again = tx.post(request(4, Opcode::Send, &src, 0), 3000).unwrap();
+    assert_eq!(again.seq, c.seq, "the next message takes its number");
+}
+
 /// Entering the protocol mid-stream: the receiver posted 3 receives whole and offers 3;
 /// the sender had sent 5 whole, so it accepts 5 and the receiver posts 2 of its held
 /// receives whole before the first announced message. Before the offer receives go whole;
@@ -371,9 +407,11 @@ fn the_agreement_starts_announcing_after_every_whole_message() {
         assert!(rx.posts_whole());
         rx.posted_whole();
     }
-    for _ in 0..5 {
+    for _ in 0..4 {
         tx.sent_whole();
     }
+    tx.sent_whole_to(5);
+    tx.sent_whole_to(2);
     let offer = rx.offer(9);
     assert!(!rx.posts_whole());
     assert_eq!(
@@ -618,10 +656,12 @@ fn every_side_message_round_trips() {
         SideMessage::Hello {
             qp_num: 6,
             heard: false,
+            splits: true,
         },
         SideMessage::Hello {
             qp_num: 6,
             heard: true,
+            splits: false,
         },
     ] {
         let (buf, len) = m.encode();
@@ -659,12 +699,13 @@ fn hostile_bytes_give_typed_errors() {
     let (hello, n) = SideMessage::Hello {
         qp_num: 6,
         heard: true,
+        splits: true,
     }
     .encode();
-    assert_eq!(&hello[..n], &[1, 5, 6, 0, 0, 0, 1], "the documented layout");
+    assert_eq!(&hello[..n], &[1, 5, 6, 0, 0, 0, 3], "the documented layout");
     let mut bad = hello;
-    bad[n - 1] = 2;
-    assert_eq!(SideMessage::decode(&bad[..n]), Err(WireError::Flags(2)));
+    bad[n - 1] = 4;
+    assert_eq!(SideMessage::decode(&bad[..n]), Err(WireError::Flags(4)));
     assert_eq!(
         SideMessage::decode(&hello[..n - 1]),
         Err(WireError::Length {

@@ -438,6 +438,32 @@ impl CqShared {
         qps.find_sole();
     }
 
+    /// Adds a QP with a receiver half whose receive CQ this is: its receive completions
+    /// are translated from now on, so its polls take the shaped path.
+    pub(super) fn add_receiver(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock();
+        self.add_receiver_locked(&mut qps, qp);
+    }
+
+    /// [`Self::add_receiver`] with the QP list already locked.
+    pub(super) fn add_receiver_locked(&self, qps: &mut CqQps, qp: &Arc<QpShared>) {
+        let at = qps.receivers.partition_point(|q| q.qp_num < qp.qp_num);
+        qps.receivers.insert(at, Arc::clone(qp));
+        qps.find_sole();
+        self.work.fetch_add(SHAPED_QP, Ordering::AcqRel);
+    }
+
+    /// Removes a QP added with [`Self::add_receiver`], which is being destroyed.
+    pub(super) fn remove_receiver(&self, qp: &Arc<QpShared>) {
+        let mut qps = self.qps.lock();
+        let before = qps.receivers.len();
+        qps.receivers.retain(|q| !Arc::ptr_eq(q, qp));
+        if qps.receivers.len() < before {
+            self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
+        }
+        qps.find_sole();
+    }
+
     /// Forgets a departed QP (see [`CqQps::departed`]) once the provider's CQ has been
     /// polled clean of its completions, or when the provider refused its destroy.
     pub(crate) fn forget_departed(&self, ring: &Arc<QuickRing>) {
@@ -448,6 +474,7 @@ impl CqShared {
             self.shaped.fetch_sub(1, Ordering::AcqRel);
             self.work.fetch_sub(SHAPED_QP, Ordering::AcqRel);
         }
+        qps.find_sole();
     }
 
     /// Takes out the completions held for the QP `qp_num`, which is being destroyed.
@@ -490,6 +517,18 @@ impl CqShared {
         held_back: &mut Vec<u32>,
         behind_held: bool,
     ) -> Option<(bool, Option<Arc<QpShared>>)> {
+        // A receive of a QP whose receives the shaper may own (see `super::two_sided`).
+        if let Some(q) = qps.receiver(wc.qp_num).filter(|_| qp_num_known) {
+            if let Some(r) = &q.receiver {
+                let before = synthesized.len();
+                if let Some(deliver) = q.translate_receive(r, wc, synthesized) {
+                    if synthesized.len() > before {
+                        held_back.push(q.qp_num);
+                    }
+                    return Some((deliver, None));
+                }
+            }
+        }
         let owner = if qp_num_known {
             qps.binary_search_by_key(&wc.qp_num, |q| q.qp_num)
                 .ok()
@@ -693,7 +732,7 @@ impl CqShared {
         // took: with nothing queued, the provider's next completions are the oldest. While
         // a QP is departing, its completions may still come, and only the general path
         // knows them.
-        if self.may_hold() || !qps.departed.is_empty() {
+        if self.may_hold() || qps.general {
             // SAFETY: guaranteed by the caller.
             return unsafe { self.poll_general(qps, n, wc, Resume::default()) };
         }
@@ -952,6 +991,11 @@ pub struct CqQps {
     /// The ring of the only QP, so that a poll of a CQ of one shaped QP (the usual case)
     /// reaches it with one load and no search.
     sole: Option<Arc<QuickRing>>,
+    /// QPs with a receiver half whose receive CQ this is, in QP-number order: their
+    /// receive completions are translated (see `super::two_sided`).
+    receivers: Vec<Arc<QpShared>>,
+    /// Polls take the general path: a QP is departing, or QPs have receiver halves.
+    general: bool,
 }
 
 impl CqQps {
@@ -963,12 +1007,26 @@ impl CqQps {
             .any(|(n, r)| (!qp_num_known || wc.qp_num == *n) && r.contains(wc.wr_id))
     }
 
-    /// Sets [`Self::sole`] after a change of the list.
+    /// Sets [`Self::sole`] and [`Self::general`] after a change of the lists.
     fn find_sole(&mut self) {
         self.sole = match self.list.as_slice() {
             [q] => Some(Arc::clone(&q.ring)),
             _ => None,
         };
+        self.general = !self.departed.is_empty() || !self.receivers.is_empty();
+    }
+
+    /// The QP with a receiver half numbered `qp_num`, if any.
+    #[inline]
+    fn receiver(&self, qp_num: u32) -> Option<&Arc<QpShared>> {
+        if self.receivers.is_empty() {
+            return None;
+        }
+        let at = self
+            .receivers
+            .binary_search_by_key(&qp_num, |q| q.qp_num)
+            .ok()?;
+        self.receivers.get(at)
     }
 }
 

@@ -57,6 +57,7 @@ pub mod ex_state;
 pub mod pacer;
 pub mod qp;
 mod turns;
+pub mod two_sided;
 use crate::send_queue::{FastLane, RateGate, Treatment};
 use crate::stats::{Counters, StatsSnapshot};
 pub(crate) use cq::{cq, note_touched, Held};
@@ -205,6 +206,9 @@ pub struct Engine {
     /// observed RC QPs time (through the timing hooks) and the follower reports (`None`
     /// in any other process).
     round_trips: Option<Arc<RoundTrips>>,
+    /// Splitting two-sided requests: the side channels and the QPs with a half, with
+    /// `JUSTITIA_TWO_SIDED=split` under a daemon (`None` otherwise).
+    side: Option<two_sided::SideLink>,
 }
 
 /// How long the process's first control verb waits for the follower's first tick, so that
@@ -229,6 +233,16 @@ impl Engine {
             charge: MessageCharge::NONE,
             time_round_trips: false,
         };
+        let sides: Option<crate::side_channel::SharedSideChannels> = (config.two_sided
+            == crate::config::TwoSided::Split
+            && config.daemon != DaemonSetting::Off)
+            .then(|| {
+                crate::pairing::enable();
+                Arc::new(parking_lot::Mutex::new(Box::new(
+                    crate::side_channel::VerbsSideChannels::new(),
+                )
+                    as Box<dyn crate::side_channel::SideChannels>))
+            });
         // Unpaced, the pacer holds a paused rate that nothing asks.
         let initial = fallback.rate.unwrap_or(PaceRate {
             bytes_per_sec: 0,
@@ -247,7 +261,8 @@ impl Engine {
             members: AtomicU32::new(0),
             member_qps: Mutex::new(Vec::new()),
             auto_class: AtomicU8::new(0),
-            follower: Follower::new(&config, fallback).map(Mutex::new),
+            follower: Follower::new(&config, fallback, sides.clone()).map(Mutex::new),
+            side: sides.map(two_sided::SideLink::new),
             follow_thread: Mutex::new(None),
             control: parking_lot::Mutex::new(ControlVerbPacer::new(config.control_rate)),
             control_seen: AtomicBool::new(false),
@@ -502,6 +517,9 @@ impl Engine {
         // Published where the statistics read them without the follower's lock, which the
         // exit handler that writes them must never wait for.
         self.counters.note_follow(&status);
+        if status.side_channels > 0 {
+            self.start_side_thread();
+        }
         self.apply(settings, self.clock.now());
         let mut ticked = self.ticked.lock().unwrap_or_else(|e| e.into_inner());
         if !*ticked {
@@ -613,6 +631,15 @@ impl Engine {
     /// ever held or synthesized, so a poll has nothing to translate.
     pub(crate) fn shapes_any(&self) -> bool {
         self.shapes(IBV_QPT_RC)
+    }
+
+    /// Whether a shaped QP's two-sided requests may be split: its class may be bandwidth
+    /// (fixed, or the automatic class) under a policy that splits.
+    fn may_split_sends(&self) -> bool {
+        matches!(
+            self.config.class,
+            Some(ClassSetting::Auto) | Some(ClassSetting::Fixed(FlowClass::Bandwidth))
+        ) && matches!(self.config.policy, Policy::Justitia | Policy::Adaptive)
     }
 
     /// Whether a new QP of `qp_type` is shaped (else it is only observed).

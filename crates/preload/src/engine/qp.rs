@@ -50,6 +50,8 @@ pub struct QpInit {
     /// False when the QP uses verbs the shaper does not know (see
     /// [`shapable_send_ops`]): it is then only observed.
     pub shapable: bool,
+    /// It takes its receives from a shared receive queue.
+    pub has_srq: bool,
 }
 
 /// The `ibv_wr_*` send operations the shaper collects and reposts: what an application may
@@ -131,6 +133,12 @@ pub struct QpShared {
     pub(crate) timed: bool,
     /// Every request it posts is signaled (`sq_sig_all`).
     sig_all: bool,
+    /// Its receiver half, when its receives may be owned for a peer that splits its
+    /// sends (see [`super::two_sided`]).
+    pub(crate) receiver: Option<super::two_sided::ReceiverShared>,
+    /// The application set its `rnr_retry` to 0: its sends are never split (a message
+    /// racing the agreement may meet one RNR retry).
+    pub(super) rnr_retry_zero: AtomicBool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -155,6 +163,10 @@ pub struct QpState {
     pub(crate) batch: WrBatch,
     /// Its device is Soft-RoCE (rxe); see [`Self::chunk_bytes_for`].
     pub(super) soft_roce: bool,
+    /// Its sender half, when its sends may be split for a peer that owns its receives
+    /// (see [`super::two_sided`]). Such a QP has no fast lane: every receive-consuming
+    /// request is counted or announced on the general path.
+    pub(super) sender: Option<Box<super::two_sided::SenderHalf>>,
 }
 
 /// [`QpState::fast_epoch`] of a QP without a fast lane (no settings epoch reaches it).
@@ -180,7 +192,9 @@ impl QpState {
     #[inline(never)]
     fn refresh_fast(&mut self, engine: &Engine) -> Option<FastLane> {
         let epoch = engine.settings_epoch.load(Ordering::Acquire);
-        let lane = engine.fast_lane(self.path_mtu, self.soft_roce);
+        let lane = engine
+            .fast_lane(self.path_mtu, self.soft_roce)
+            .filter(|_| self.sender.is_none());
         self.fast_epoch = lane.map_or(NO_LANE, |_| u64::from(epoch));
         self.fast = lane.unwrap_or(FastLane {
             whole_up_to: 0,
@@ -213,7 +227,8 @@ impl QpState {
     /// whose daemon is slow falls back to unpaced. A single-packet WRITE is never half
     /// resent, so rxe's acknowledged PSN never passes one it has not completed.
     pub(super) fn chunk_bytes_for(&self, chunk: u32, opcode: ibv_wr_opcode, bytes: u64) -> u32 {
-        if self.soft_roce && opcode == IBV_WR_RDMA_WRITE {
+        // A WRITE with immediate, split, goes as WRITEs too.
+        if self.soft_roce && matches!(opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM) {
             return self.path_mtu;
         }
         let mut chunk = chunk.max(self.path_mtu);
@@ -307,6 +322,20 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     );
     let ring = Arc::clone(sq.ring());
     let timed = !shaped && init.qp_type == IBV_QPT_RC && engine.round_trips.is_some();
+    // Halves for splitting two-sided requests (see `super::two_sided`): a sender half on
+    // a QP whose sends may be split, a receiver half on one whose receive completions can
+    // be translated.
+    let link = ctx.engine.side.as_ref();
+    let sends_split = link.is_some() && shaped && engine.may_split_sends();
+    let owns_receives = link.is_some()
+        && init.qp_type == IBV_QPT_RC
+        && !init.has_srq
+        && init.cap.max_recv_wr > 0
+        && ctx.post_recv.is_some()
+        && recv_cq
+            .as_deref()
+            .is_some_and(super::two_sided::translates_receives)
+        && (shaped || init.send_cq != init.recv_cq);
     let shared = Arc::new_cyclic(|me| QpShared {
         me: me.clone(),
         qp,
@@ -333,6 +362,8 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
             fast_epoch: NO_LANE,
             batch: WrBatch::default(),
             soft_roce: ctx.soft_roce.load(Ordering::Relaxed),
+            sender: (sends_split && link.is_some_and(|l| l.join(qp_num, me.clone())))
+                .then(Box::default),
         }),
         in_pacer: AtomicBool::new(false),
         ex,
@@ -344,6 +375,10 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         been_ready: AtomicBool::new(false),
         timed,
         sig_all: init.sig_all,
+        receiver: (owns_receives && link.is_some_and(|l| l.join(qp_num, me.clone()))).then(|| {
+            super::two_sided::ReceiverShared::new(init.cap.max_recv_wr, init.cap.max_recv_sge)
+        }),
+        rnr_retry_zero: AtomicBool::new(false),
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     let replaced = match qps.insert(qp.cast(), Arc::clone(&shared)) {
@@ -363,6 +398,16 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     Counters::add(&shared.engine.counters.qps, 1);
     if let (true, Some(cq), Some(qps)) = (shaped, &send_cq, cq_qps.as_mut()) {
         cq.add_qp_locked(qps, &shared);
+    }
+    if let (Some(_), Some(cq)) = (&shared.receiver, &shared.recv_cq) {
+        if shared.recv_cq.as_ref().map(Arc::as_ptr) == shared.send_cq.as_ref().map(Arc::as_ptr) {
+            match cq_qps.as_mut() {
+                Some(qps) => cq.add_receiver_locked(qps, &shared),
+                None => cq.add_receiver(&shared),
+            }
+        } else {
+            cq.add_receiver(&shared);
+        }
     }
     shared.count_receives();
     drop(cq_qps);
@@ -464,6 +509,12 @@ impl QpShared {
             cq.recv_entries
                 .fetch_sub(u64::from(self.recv_depth), Ordering::AcqRel);
         }
+        if let (Some(_), Some(cq)) = (&self.receiver, &self.recv_cq) {
+            cq.remove_receiver(self);
+        }
+        if let Some(link) = &self.engine.side {
+            link.leave(self.qp_num, &self.me);
+        }
         let purged = match &self.send_cq {
             Some(cq) => {
                 cq.remove_qp(self);
@@ -533,7 +584,7 @@ impl QpShared {
 /// What a drain did: the provider's refusal (the index in the running call's list and the
 /// error), the `wr_id`s of requests that completed with an error for it, why posting
 /// stopped, and the QP a turn went to.
-struct Drained {
+pub(super) struct Drained {
     refused: Option<(usize, c_int)>,
     refused_ids: Vec<u64>,
     blocked: Blocked,
@@ -650,7 +701,7 @@ pub(crate) fn qp(qp: *mut ibv_qp) -> Option<&'static QpShared> {
 
 impl QpShared {
     #[inline(always)]
-    fn lock(&self) -> parking_lot::MutexGuard<'_, QpState> {
+    pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, QpState> {
         self.state.lock()
     }
 
@@ -792,6 +843,7 @@ impl QpShared {
         let mut rc = 0;
         let mut index = 0usize;
         let mut cur = wr;
+        let mut announced = Vec::new();
         // SAFETY: guaranteed by the caller.
         while let Some(w) = unsafe { cur.as_ref() } {
             #[cfg(test)]
@@ -801,6 +853,13 @@ impl QpShared {
             let treatment =
                 self.engine
                     .treatment(&mut st, now, owned.opcode(), owned.payload_len());
+            let treatment = match self.announce(&mut st, &owned, treatment, &mut announced) {
+                Ok(t) => t,
+                Err(e) => {
+                    rc = e;
+                    break;
+                }
+            };
             if let Err(e) = st.sq.accept(owned, treatment, index) {
                 rc = e;
                 break;
@@ -818,6 +877,9 @@ impl QpShared {
             }
             None => index,
         };
+        if st.sender.is_some() {
+            self.send_announcements(&mut st, announced);
+        }
         st.sq.end_call();
         settled.set(rc, held);
         drop(st);
@@ -964,6 +1026,7 @@ impl QpShared {
             return libc::ENOMEM;
         }
         let shaping = self.posts_shaped();
+        let mut announced = Vec::new();
         for (index, owned) in batch.into_iter().enumerate() {
             #[cfg(test)]
             fault::hit(fault::PostFault::BeforeAccept(index));
@@ -973,11 +1036,20 @@ impl QpShared {
             } else {
                 Treatment::Whole
             };
-            if let Err(e) = st.sq.accept(owned, treatment, index) {
+            let accepted = self
+                .announce(&mut st, &owned, treatment, &mut announced)
+                .and_then(|t| st.sq.accept(owned, t, index));
+            if let Err(e) = accepted {
+                // The batch is refused whole: what it announced is withdrawn.
+                st.sq.take_back_call();
+                self.send_announcements(&mut st, announced);
                 return e;
             }
         }
         let drained = self.drain_locked(&mut st, now);
+        if st.sender.is_some() {
+            self.send_announcements(&mut st, announced);
+        }
         st.sq.end_call();
         drop(st);
         let rc = drained.refused.map_or(0, |(_, e)| e);
@@ -989,7 +1061,7 @@ impl QpShared {
     /// the QP holds one: a QP in line posts nothing, and is woken when its turn comes; the
     /// QP a drain lets in (this one having nothing left, or its turn spent) is returned, to
     /// be woken once the caller has released this QP's lock ([`Self::after_drain`]).
-    fn drain_locked(&self, st: &mut QpState, now: Duration) -> Drained {
+    pub(super) fn drain_locked(&self, st: &mut QpState, now: Duration) -> Drained {
         if st.sq.destroyed() {
             return Drained::nothing();
         }
@@ -1073,7 +1145,7 @@ impl QpShared {
     /// What follows a drain, outside the QP's lock: a refusal by the provider said on
     /// stderr (`refused`: the `wr_id`s of the requests it failed), the QP a turn went to
     /// woken, and this QP handed to the pacer if blocked.
-    fn after_drain(&self, drained: Drained, now: Duration) {
+    pub(super) fn after_drain(&self, drained: Drained, now: Duration) {
         let Drained {
             refused_ids: refused,
             blocked,
@@ -1093,7 +1165,8 @@ impl QpShared {
         let wait = match blocked {
             Blocked::Tokens(wait) => wait,
             Blocked::Slots => SLOT_POLL_DELAY,
-            Blocked::Idle | Blocked::Failed => return,
+            // A credit's arrival drains the QP (see `super::two_sided`).
+            Blocked::Idle | Blocked::Failed | Blocked::Credit => return,
         };
         if let Some(me) = self.me.upgrade() {
             self.engine.schedule(me, now + wait, now);
@@ -1165,11 +1238,21 @@ impl QpShared {
         if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
             st.max_rd_atomic = u32::from(attr.max_rd_atomic);
         }
+        if mask & IBV_QP_RNR_RETRY != 0 {
+            self.rnr_retry_zero
+                .store(attr.rnr_retry == 0, Ordering::Relaxed);
+        }
         if mask & IBV_QP_STATE != 0 {
             match attr.qp_state {
                 IBV_QPS_RTR => self.been_ready.store(true, Ordering::Relaxed),
-                IBV_QPS_RESET => st.sq.reset(),
-                IBV_QPS_ERR => st.sq.set_failed(&self.engine.counters, &mut synthesized),
+                IBV_QPS_RESET => {
+                    st.sq.reset();
+                    self.two_sided_reset(&mut st);
+                }
+                IBV_QPS_ERR => {
+                    st.sq.set_failed(&self.engine.counters, &mut synthesized);
+                    self.two_sided_failed(&mut st);
+                }
                 _ => {}
             }
         }

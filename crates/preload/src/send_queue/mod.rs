@@ -70,6 +70,18 @@ pub enum Treatment {
     },
     /// Split into sub-messages with yields between them, unpaced (bandwidth, `preempt`).
     Preempt(YieldPlanner),
+    /// A two-sided request announced to the peer's shaper as message `seq` of the QP
+    /// (`justitia_core::two_sided`): held until the peer's credit says how its receives
+    /// are posted ([`SendQueue::credit`]), then posted whole or cut into chunks of
+    /// `chunk_bytes`, paced if `paced`. Nothing behind it on the QP goes before it.
+    Announced {
+        /// Its number among the QP's announced messages.
+        seq: u64,
+        /// The chunk size it was announced with.
+        chunk_bytes: u32,
+        /// Take tokens for every WQE.
+        paced: bool,
+    },
 }
 
 /// What the shaper does with a request of a QP whose treatment needs no clock and no
@@ -190,14 +202,19 @@ impl OwnedWr {
         self.wr.opcode
     }
 
-    /// True when the application asked for a completion.
+    /// True when the payload is inline (copied at post time).
+    pub fn inline(&self) -> bool {
+        self.wr.send_flags & IBV_SEND_INLINE != 0
+    }
+
+    /// True when it asked for a completion.
     pub fn signaled(&self) -> bool {
         self.wr.send_flags & IBV_SEND_SIGNALED != 0
     }
 
     /// The request in the chunk planner's terms, or `None` for what it does not describe
     /// (invalidations, memory-window binds, TSO, driver opcodes, too many SGEs).
-    fn to_work_request(&self) -> Option<WorkRequest> {
+    pub(crate) fn to_work_request(&self) -> Option<WorkRequest> {
         let wr = &self.wr;
         // SAFETY: reading plain-data union fields; which one is meaningful depends on the
         // opcode, and only that one is used below.
@@ -291,12 +308,23 @@ impl SplitBody {
     }
 }
 
+/// A two-sided request waiting for the peer's credit.
+#[derive(Debug)]
+struct Awaiting {
+    wr: OwnedWr,
+    seq: u64,
+    chunk_bytes: u32,
+}
+
 #[derive(Debug)]
 enum Body {
     /// Boxed, so that a request record stays small: every request, posted at once or
     /// not, is moved into the queue and out of it.
     Whole(Box<OwnedWr>),
     Split(Box<SplitBody>),
+    /// Announced to the peer's shaper, waiting for its credit (see
+    /// [`Treatment::Announced`]).
+    AwaitingCredit(Box<Awaiting>),
     /// Posted straight from the application's request by [`SendQueue::post_now`]: nothing
     /// of it is kept but the bookkeeping of its completion.
     Sent,
@@ -324,6 +352,9 @@ struct Request {
     reported: bool,
     /// When the WQE at the head of this request first found no tokens.
     blocked_since: Option<Duration>,
+    /// A request that consumes a receive at the peer, going whole and unannounced:
+    /// counted in [`SendQueue::whole_two_sided`].
+    whole_two_sided: bool,
 }
 
 /// A WQE on the hardware queue.
@@ -367,6 +398,8 @@ pub enum Blocked {
     Slots,
     /// The rate pacer holds the next WQE for this long.
     Tokens(Duration),
+    /// The next request waits for the peer's credit; its arrival drains the queue.
+    Credit,
     /// The QP has failed; nothing more is posted.
     Failed,
 }
@@ -440,6 +473,13 @@ pub struct SendQueue {
     batch_sges: Vec<ibv_sge>,
     /// Payload bytes of the WQEs posted so far (what a QP spends of its turn).
     posted_bytes: u64,
+    /// Requests consuming a receive at the peer (SEND, SEND with immediate, WRITE with
+    /// immediate) accepted to go whole and unannounced, and not taken back: what the
+    /// peer's receive queue has consumed or will, before the first announced message.
+    whole_two_sided: u64,
+    /// Announced messages taken back with the running call's tail, newest first, for the
+    /// caller to withdraw ([`SendQueue::take_withdrawn`]).
+    withdrawn: Vec<u64>,
 }
 
 impl std::fmt::Debug for SendQueue {
@@ -489,6 +529,8 @@ impl SendQueue {
             batch_wrs: Vec::new(),
             batch_sges: Vec::new(),
             posted_bytes: 0,
+            whole_two_sided: 0,
+            withdrawn: Vec::new(),
         }
     }
 
@@ -585,10 +627,16 @@ impl SendQueue {
                 inflight: 1,
                 reported: false,
                 blocked_since: None,
+                whole_two_sided: false,
             });
         }
         self.ring.set_tail(head, true);
         self.cursor = self.requests.len();
+    }
+
+    /// The most SGEs one of its WQEs carries (the QP's `max_send_sge`).
+    pub fn max_sge(&self) -> usize {
+        self.max_sge
     }
 
     /// The application's send capacity.
@@ -613,7 +661,22 @@ impl SendQueue {
         let wr_id = wr.wr_id();
         let visible = self.sig_all || wr.signaled();
         let wc_opcode = wc_opcode_for(wr.opcode());
+        let whole_two_sided =
+            consumes_receive(wr.opcode()) && !matches!(treatment, Treatment::Announced { .. });
         let (body, split, paced) = match treatment {
+            Treatment::Announced {
+                seq,
+                chunk_bytes,
+                paced,
+            } => (
+                Body::AwaitingCredit(Box::new(Awaiting {
+                    wr,
+                    seq,
+                    chunk_bytes,
+                })),
+                false,
+                paced,
+            ),
             Treatment::Whole => (Body::Whole(Box::new(wr)), false, false),
             Treatment::WholePaced => (Body::Whole(Box::new(wr)), false, true),
             Treatment::Split { chunk_bytes, paced } => {
@@ -638,8 +701,102 @@ impl SendQueue {
             inflight: 0,
             reported: false,
             blocked_since: None,
+            whole_two_sided,
         });
+        self.whole_two_sided += u64::from(whole_two_sided);
         Ok(())
+    }
+
+    /// Requests consuming a receive at the peer accepted to go whole and unannounced,
+    /// and not taken back: every one has gone or will go to the NIC, where it consumes
+    /// one of the receives the peer posted whole. What the sending shaper tells the
+    /// core's agreement before it answers the peer's offer.
+    pub fn whole_two_sided(&self) -> u64 {
+        self.whole_two_sided
+    }
+
+    /// The peer's credit for the announced message `seq` came ([`Treatment::Announced`]):
+    /// it goes whole (`split` false) or in chunks of the size it was announced with, cut
+    /// as the peer cut its receives (`justitia_core::two_sided`'s invariant: chunk `i` is
+    /// the bytes `[i * chunk, (i + 1) * chunk)`). Returns false when no request waits for
+    /// that credit (it was flushed or taken back).
+    pub fn credit(&mut self, seq: u64, split: bool) -> bool {
+        let Some(at) = self
+            .requests
+            .iter()
+            .position(|r| matches!(&r.body, Body::AwaitingCredit(a) if a.seq == seq))
+        else {
+            return false;
+        };
+        let body = std::mem::replace(&mut self.requests[at].body, Body::Sent);
+        let Body::AwaitingCredit(a) = body else {
+            return false;
+        };
+        let Awaiting {
+            wr, chunk_bytes, ..
+        } = *a;
+        let (body, is_split) = if split {
+            self.two_sided_body(wr, chunk_bytes)
+        } else {
+            (Body::Whole(Box::new(wr)), false)
+        };
+        let req = &mut self.requests[at];
+        req.body = body;
+        req.split = is_split;
+        true
+    }
+
+    /// The body of a credited two-sided request split into chunks of `chunk_bytes`, or
+    /// whole when it fits one (the peer posted its receives as the announcement said).
+    fn two_sided_body(&self, wr: OwnedWr, chunk_bytes: u32) -> (Body, bool) {
+        let limits = justitia_core::chunk::ChunkLimits {
+            chunk_bytes,
+            max_sge: self.max_sge,
+            split_two_sided: true,
+        };
+        let plan = Some(&wr)
+            .filter(|w| w.payload_len() > u64::from(chunk_bytes))
+            .and_then(OwnedWr::to_work_request)
+            .and_then(|req| ChunkPlan::new(req, limits).ok())
+            .filter(ChunkPlan::is_split);
+        match plan {
+            Some(mut plan) => {
+                let next = plan.next();
+                let body = SplitBody {
+                    plan,
+                    next,
+                    yields_due: 0,
+                    planner: None,
+                };
+                (Body::Split(Box::new(body)), true)
+            }
+            None => (Body::Whole(Box::new(wr)), false),
+        }
+    }
+
+    /// The announced messages among the requests from position `from` on, newest first:
+    /// taken back with them, their announcements must be withdrawn too.
+    fn announced_from(&self, from: usize) -> Vec<u64> {
+        self.requests
+            .range(from.min(self.requests.len())..)
+            .rev()
+            .filter_map(|r| match &r.body {
+                Body::AwaitingCredit(a) => Some(a.seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drops the requests from position `from` on (taken back), uncounting those that
+    /// were to go whole and unannounced.
+    fn truncate_requests(&mut self, from: usize) {
+        let gone = self
+            .requests
+            .range(from.min(self.requests.len())..)
+            .filter(|r| r.whole_two_sided)
+            .count();
+        self.whole_two_sided -= gone as u64;
+        self.requests.truncate(from);
     }
 
     /// Posts one application request straight to the provider when nothing would hold it
@@ -781,6 +938,12 @@ impl SendQueue {
         }
     }
 
+    /// The announced messages the last post call took back (newest first), which were
+    /// never sent: the caller withdraws their announcements.
+    pub fn take_withdrawn(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.withdrawn)
+    }
+
     /// Ends the running post call: its requests can no longer be taken back.
     pub fn end_call(&mut self) {
         // Requests of a running call are never quick ones (accepting one moves those into
@@ -809,7 +972,8 @@ impl SendQueue {
             .range(start..)
             .take_while(|r| r.posted_any)
             .count();
-        self.requests.truncate(start + kept);
+        self.withdrawn = self.announced_from(start + kept);
+        self.truncate_requests(start + kept);
         self.cursor = self.cursor.min(self.requests.len());
         self.end_call();
         kept
@@ -900,6 +1064,8 @@ impl SendQueue {
                 return (why, None);
             }
             let (is_yield, payload) = match &req.body {
+                // Nothing behind it goes before it.
+                Body::AwaitingCredit(_) => return (Blocked::Credit, None),
                 Body::Whole(_) => (false, req.len),
                 Body::Split(s) => match s.peek() {
                     Some(next) => next,
@@ -935,7 +1101,7 @@ impl SendQueue {
             let seq = self.first_seq + index as u64;
             let (kind, sges, is_last, mut wr) = match &mut req.body {
                 Body::Whole(w) => (WqeKind::Whole, (0, 0), true, w.as_wr()),
-                Body::Sent => {
+                Body::Sent | Body::AwaitingCredit(_) => {
                     index += 1;
                     continue;
                 }
@@ -1104,7 +1270,8 @@ impl SendQueue {
         let req = self.requests.get_mut(failed)?;
         if !req.posted_any {
             if let Some(call_index) = req.call_index {
-                self.requests.truncate(failed);
+                self.withdrawn = self.announced_from(failed);
+                self.truncate_requests(failed);
                 return Some((call_index, rc));
             }
         }
@@ -1362,6 +1529,7 @@ impl SendQueue {
     /// The QP was reset: the hardware forgot its queue, so does the shaper.
     pub fn reset(&mut self) {
         self.materialize();
+        self.whole_two_sided = 0;
         self.first_seq += self.requests.len() as u64;
         self.requests.clear();
         self.posted.clear();
@@ -1379,6 +1547,14 @@ impl SendQueue {
         self.failed = true;
         self.flush_settled(counters, synthesized);
     }
+}
+
+/// Whether a request with `opcode` consumes a receive at the peer.
+pub fn consumes_receive(opcode: ibv_wr_opcode) -> bool {
+    matches!(
+        opcode,
+        IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
+    )
 }
 
 /// Sum of the SGE lengths of `wr` (its payload, inline or not).

@@ -206,6 +206,7 @@ fn init_of(a: &ibv_qp_init_attr) -> QpInit {
         sig_all: a.sq_sig_all != 0,
         cap: a.cap,
         shapable: true,
+        has_srq: !a.srq.is_null(),
     }
 }
 

@@ -27,8 +27,17 @@ mod regressions;
 mod stress;
 mod teardown;
 mod turns;
+mod two_sided;
 
 const RKEY: u32 = 0x77;
+
+/// The process's pairing record (`crate::pairing`) is one for every test: a test that
+/// pairs QPs holds this, so that another's registration (which makes every pairing due
+/// again) does not undo its pairings halfway.
+fn pairing_record() -> std::sync::MutexGuard<'static, ()> {
+    static RECORD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RECORD.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A mock device with one RC QP whose send and receive CQ is one CQ, attached to an engine
 /// with a virtual clock and a manual pacer.

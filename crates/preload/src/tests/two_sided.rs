@@ -1,0 +1,548 @@
+//! Splitting two-sided requests between two shaped QPs of this process, connected on the
+//! mock provider (whose SENDs consume the peer's receives, and count an RNR when none is
+//! posted) and paired by hand, over a side channel that loops back in process.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use justitia_core::two_sided::SideMessage;
+
+use super::*;
+use crate::pairing::{self, Connection, PeerSide, Port, Source};
+use crate::remote::End;
+use crate::side_channel::{Datagram, SideAddress, SideChannels};
+
+/// The GID both ends of the loop stand at.
+const GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x22, 0, 1];
+
+/// The side channel's own queue pair number.
+const SIDE_QPN: u32 = 0x0051;
+
+/// Datagrams sent come back from the side channel itself; one in `lose_one_in` (0:
+/// none), drawn at random from a fixed seed, is lost, as UD may lose them.
+#[derive(Debug)]
+struct LoopSideChannels {
+    queue: Arc<Mutex<VecDeque<Datagram>>>,
+    draws: u64,
+    lose_one_in: u64,
+}
+
+impl SideChannels for LoopSideChannels {
+    fn open(&mut self, _port: &Port) -> Result<SideAddress, String> {
+        Ok(SideAddress {
+            qpn: SIDE_QPN,
+            qkey: crate::side_channel::SIDE_QKEY,
+        })
+    }
+
+    fn count(&self) -> u32 {
+        1
+    }
+
+    fn send(
+        &mut self,
+        port: &Port,
+        _sgid_index: u8,
+        _to: &justitia_verbs::DatagramDest,
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        // xorshift64: a fixed sequence, so a failure repeats.
+        self.draws ^= self.draws << 13;
+        self.draws ^= self.draws >> 7;
+        self.draws ^= self.draws << 17;
+        if self.lose_one_in != 0 && self.draws.is_multiple_of(self.lose_one_in) {
+            return Ok(());
+        }
+        self.queue.lock().unwrap().push_back(Datagram {
+            source: Source {
+                port: port.clone(),
+                gid: Some(GID),
+                lid: 0,
+                qpn: SIDE_QPN,
+            },
+            bytes: bytes.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn receive(&mut self, max: usize) -> Vec<Datagram> {
+        let mut q = self.queue.lock().unwrap();
+        let n = q.len().min(max);
+        q.drain(..n).collect()
+    }
+}
+
+/// Two shaped QPs, `a` and `b`, each with its own CQ, connected to each other on one mock
+/// device, paired through a looping side channel.
+struct Pair {
+    _record: std::sync::MutexGuard<'static, ()>,
+    dev: MockDevice,
+    engine: Arc<Engine>,
+    cqs: [*mut ibv_cq; 2],
+    qps: [*mut ibv_qp; 2],
+    now_ns: u64,
+    queue: Arc<Mutex<VecDeque<Datagram>>>,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for qp in self.qps {
+            // SAFETY: the mock's live QP.
+            pairing::on_destroy(unsafe { (*qp).qp_num });
+        }
+        forget(&self.dev, &self.qps, self.cqs[0]);
+        if let Some(t) = engine::cq_token(self.cqs[1]) {
+            engine::unregister_cq(self.cqs[1], t);
+        }
+    }
+}
+
+const CHUNK: u32 = 4096;
+
+impl Pair {
+    /// The pair with QPs numbered from `first` (apart from other tests' in the process's
+    /// pairing record), `depth` receives deep, losing one datagram in `lose_one_in`.
+    fn new(first: u32, depth: u32, lose_one_in: u64) -> Pair {
+        let held = pairing_record();
+        let (engine, dev) = attached(&[
+            ("JUSTITIA_CLASS", "bandwidth"),
+            ("JUSTITIA_TWO_SIDED", "split"),
+            ("JUSTITIA_CHUNK", "4096"),
+        ]);
+        let queue: Arc<Mutex<VecDeque<Datagram>>> = Arc::default();
+        engine
+            .hold_follower()
+            .unwrap()
+            .set_side_channels(Box::new(LoopSideChannels {
+                queue: Arc::clone(&queue),
+                draws: 0x9e37_79b9_7f4a_7c15,
+                lose_one_in,
+            }));
+        dev.number_qps_from(first);
+        let ctx = dev.context();
+        let mut cqs = [std::ptr::null_mut(); 2];
+        let mut qps = [std::ptr::null_mut(); 2];
+        for i in 0..2 {
+            cqs[i] = dev.create_cq();
+            // SAFETY: just created on ctx.
+            unsafe { on_create_cq(ctx, cqs[i]) };
+            qps[i] = create_qp(
+                &dev,
+                ibv_qp_init_attr {
+                    send_cq: cqs[i],
+                    recv_cq: cqs[i],
+                    qp_type: IBV_QPT_RC,
+                    cap: ibv_qp_cap {
+                        max_send_wr: 64,
+                        max_recv_wr: depth,
+                        max_send_sge: 4,
+                        max_recv_sge: 4,
+                        max_inline_data: 64,
+                    },
+                    ..Default::default()
+                },
+            );
+        }
+        dev.connect(qps[0], qps[1]);
+        let port = Port {
+            device: "mock0".into(),
+            number: 1,
+        };
+        // SAFETY: the mock's live QPs.
+        let nums = unsafe { [(*qps[0]).qp_num, (*qps[1]).qp_num] };
+        let mut record = pairing::record();
+        for (me, them) in [(nums[0], nums[1]), (nums[1], nums[0])] {
+            let c = Connection {
+                qpn: me,
+                end: End {
+                    gid: GID,
+                    lid: 0,
+                    qpn: them,
+                },
+                port: port.clone(),
+                sgid_index: 0,
+            };
+            assert!(record.connected(c.clone()));
+            record.reported(&c, 0);
+            assert!(record.paired(
+                me,
+                PeerSide {
+                    qpn: SIDE_QPN,
+                    qkey: crate::side_channel::SIDE_QKEY,
+                }
+            ));
+        }
+        drop(record);
+        Pair {
+            _record: held,
+            dev,
+            engine,
+            cqs,
+            qps,
+            now_ns: 1_000_000,
+            queue,
+        }
+    }
+
+    /// One step: the side thread's turn, every queued request executed, both CQs polled
+    /// into `got`.
+    fn step(&mut self, got: &mut [Vec<ibv_wc>; 2]) {
+        self.now_ns += 1_000_000;
+        self.engine.side_turn(self.now_ns);
+        for (i, qp) in self.qps.iter().enumerate() {
+            self.dev.execute_all(*qp);
+            let mut wc = [ibv_wc::default(); 16];
+            loop {
+                // SAFETY: a live CQ and room for 16.
+                let n = unsafe { ops::poll_cq(self.cqs[i], 16, wc.as_mut_ptr()) };
+                assert!(n >= 0);
+                got[i].extend_from_slice(&wc[..n as usize]);
+                if n < 16 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Steps until `done` (at most 2000 steps).
+    fn run_until(&mut self, got: &mut [Vec<ibv_wc>; 2], done: impl Fn(&[Vec<ibv_wc>; 2]) -> bool) {
+        for _ in 0..2000 {
+            if done(got) {
+                return;
+            }
+            self.step(got);
+        }
+        panic!(
+            "not done after 2000 steps: {} and {} completions, {:?}",
+            got[0].len(),
+            got[1].len(),
+            self.engine.stats()
+        );
+    }
+
+    fn post_recv(&self, qp: usize, wr_id: u64, sges: &mut [ibv_sge]) -> c_int {
+        let mut wr = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: sges.as_mut_ptr(),
+            num_sge: sges.len() as c_int,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP, one request.
+        unsafe { ops::post_recv(self.qps[qp], &mut wr, &mut bad) }
+    }
+}
+
+/// Cuts `len` bytes at `offset` of `buf` into up to `parts` SGEs.
+fn sges_over(buf: &[u8], offset: usize, len: usize, parts: usize) -> Vec<ibv_sge> {
+    let step = len.div_ceil(parts).max(1);
+    (0..len)
+        .step_by(step)
+        .map(|at| sge(buf, offset + at, step.min(len - at)))
+        .collect()
+}
+
+/// SENDs (some with immediate) of 1 B to 5 chunks and a WRITE with immediate, from
+/// scatter lists of up to 3 SGEs into receives of 2 SGEs with slack: once the two ends
+/// agree, every message lands whole in its receive, in order, with its length and
+/// immediate, the ones longer than a chunk split (and the sender's chunks no longer than
+/// one); no RNR is ever caused, and the sender sees one completion per request.
+#[test]
+fn sends_longer_than_a_chunk_are_split_into_the_receives_the_peer_posted_for_them() {
+    let mut pair = Pair::new(0x7a_0100, 64, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    pair.run_until(&mut got, |_| {
+        pairing::record().from_peer(0x7a_0100, &loop_source()) == Some(true)
+            && pairing::record().from_peer(0x7a_0101, &loop_source()) == Some(true)
+    });
+    // Let the offers and accepts go both ways.
+    for _ in 0..5 {
+        pair.step(&mut got);
+    }
+    assert_eq!(pair.engine.stats().qps_owning_receives, 2, "both ends own");
+    let sizes: [usize; 8] = [1, 4096, 4097, 10_000, 20_480, 100, 12_288, 3];
+    let total: usize = sizes.iter().sum();
+    let src = pattern(total, 7);
+    let slack = 64;
+    let dst = vec![0u8; total + sizes.len() * slack];
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let room = len + slack;
+        let mut sges = sges_over(&dst, at + i * slack, room, 2);
+        assert_eq!(pair.post_recv(1, 1000 + i as u64, &mut sges), 0);
+        at += len;
+    }
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let mut sges = sges_over(&src, at, len, 3);
+        let opcode = if i % 3 == 1 {
+            IBV_WR_SEND_WITH_IMM
+        } else {
+            IBV_WR_SEND
+        };
+        let mut wr = rdma(opcode, 2000 + i as u64, &mut sges, 0, true);
+        wr.__bindgen_anon_1.imm_data = 0xabc0 + i as u32;
+        assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+        at += len;
+    }
+    pair.run_until(&mut got, |g| {
+        g[1].len() == sizes.len() && g[0].len() == sizes.len()
+    });
+    assert_eq!(pair.dev.rnr(), 0, "no RNR caused");
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let r = &got[1][i];
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len, r.opcode),
+            (1000 + i as u64, IBV_WC_SUCCESS, len as u32, IBV_WC_RECV),
+            "receive {i}"
+        );
+        let with_imm = i % 3 == 1;
+        assert_eq!(r.wc_flags & IBV_WC_WITH_IMM != 0, with_imm, "receive {i}");
+        if with_imm {
+            // SAFETY: reading the union as the immediate.
+            assert_eq!(unsafe { r.__bindgen_anon_1.imm_data }, 0xabc0 + i as u32);
+        }
+        let start = at + i * slack;
+        assert_eq!(&dst[start..start + len], &src[at..at + len], "bytes of {i}");
+        assert!(
+            dst[start + len..start + len + slack]
+                .iter()
+                .all(|&b| b == 0),
+            "slack of {i} untouched"
+        );
+        let s = &got[0][i];
+        assert_eq!(
+            (s.wr_id, s.status, s.opcode),
+            (2000 + i as u64, IBV_WC_SUCCESS, IBV_WC_SEND)
+        );
+        at += len;
+    }
+    let stats = pair.engine.stats();
+    let longer = sizes.iter().filter(|&&l| l > CHUNK as usize).count() as u64;
+    assert_eq!(stats.split_requests, longer, "{stats:?}");
+    assert_eq!(stats.announced, sizes.len() as u64);
+    assert!(pair
+        .dev
+        .log()
+        .iter()
+        .filter(|w| w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM)
+        .all(|w| w.len() <= u64::from(CHUNK)));
+    // The receiver's queue holds nothing of the shaper's once every message landed.
+    assert_eq!(pair.dev.receives_posted(pair.qps[1]), 0);
+}
+
+/// A WRITE with immediate longer than a chunk goes as WRITEs whose last carries the
+/// immediate: the peer's one receive completes with the whole length and the immediate.
+#[test]
+fn a_write_with_immediate_goes_as_writes_and_completes_the_one_receive_whole() {
+    let mut pair = Pair::new(0x7a_0200, 16, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    pair.run_until(&mut got, |_| {
+        pairing::record().from_peer(0x7a_0200, &loop_source()) == Some(true)
+            && pairing::record().from_peer(0x7a_0201, &loop_source()) == Some(true)
+    });
+    for _ in 0..5 {
+        pair.step(&mut got);
+    }
+    let len = 3 * CHUNK as usize + 5;
+    let src = pattern(len, 3);
+    let dst = vec![0u8; len];
+    let recv_buf = vec![0u8; 8];
+    let mut r = [sge(&recv_buf, 0, 8)];
+    assert_eq!(pair.post_recv(1, 77, &mut r), 0);
+    let mut s = [sge(&src, 0, len)];
+    let mut wr = rdma(
+        IBV_WR_RDMA_WRITE_WITH_IMM,
+        78,
+        &mut s,
+        dst.as_ptr() as u64,
+        true,
+    );
+    wr.__bindgen_anon_1.imm_data = 0x1234;
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.run_until(&mut got, |g| g[1].len() == 1 && g[0].len() == 1);
+    let r = &got[1][0];
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.opcode),
+        (77, IBV_WC_SUCCESS, len as u32, IBV_WC_RECV_RDMA_WITH_IMM)
+    );
+    // SAFETY: reading the union as the immediate.
+    assert_eq!(unsafe { r.__bindgen_anon_1.imm_data }, 0x1234);
+    assert_eq!(dst, src);
+    assert_eq!((got[0][0].wr_id, got[0][0].status), (78, IBV_WC_SUCCESS));
+    assert_eq!(pair.dev.rnr(), 0);
+    let writes = pair
+        .dev
+        .log()
+        .iter()
+        .filter(|w| w.opcode == IBV_WR_RDMA_WRITE)
+        .count();
+    assert_eq!(writes, 3, "the first chunks go as WRITEs");
+}
+
+/// With one datagram in three lost, announcements and credits are repeated until they
+/// come: every message still lands in order, with no RNR.
+#[test]
+fn a_lossy_side_channel_delays_messages_but_loses_none() {
+    let mut pair = Pair::new(0x7a_0300, 32, 3);
+    let mut got = [Vec::new(), Vec::new()];
+    // Until both ends own their receives (offers and accepts repeat as they are lost):
+    // a message sent whole meanwhile would meet no receive, which the mock fails at once
+    // where a NIC retries it.
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let n = 12usize;
+    let len = 2 * CHUNK as usize + 1;
+    let src = pattern(len * n, 9);
+    let dst = vec![0u8; len * n];
+    for i in 0..n {
+        let mut r = [sge(&dst, i * len, len)];
+        assert_eq!(pair.post_recv(1, i as u64, &mut r), 0);
+    }
+    for i in 0..n {
+        let mut s = [sge(&src, i * len, len)];
+        let mut wr = rdma(IBV_WR_SEND, 100 + i as u64, &mut s, 0, true);
+        assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    }
+    pair.run_until(&mut got, |g| g[1].len() == n && g[0].len() == n);
+    assert_eq!(pair.dev.rnr(), 0);
+    assert!(got[1]
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w.wr_id == i as u64 && w.status == IBV_WC_SUCCESS));
+    assert_eq!(dst, src);
+}
+
+fn loop_source() -> Source {
+    Source {
+        port: Port {
+            device: "mock0".into(),
+            number: 1,
+        },
+        gid: Some(GID),
+        lid: 0,
+        qpn: SIDE_QPN,
+    }
+}
+
+/// Only the paired side channel's messages are taken: an announcement from another
+/// side channel is refused and counted, and the receiver posts nothing for it.
+#[test]
+fn a_message_from_another_side_channel_is_refused() {
+    let mut pair = Pair::new(0x7a_0400, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    pair.run_until(&mut got, |_| {
+        pairing::record().from_peer(0x7a_0400, &loop_source()) == Some(true)
+            && pairing::record().from_peer(0x7a_0401, &loop_source()) == Some(true)
+    });
+    for _ in 0..5 {
+        pair.step(&mut got);
+    }
+    let buf = vec![0u8; 64];
+    let mut r = [sge(&buf, 0, 64)];
+    assert_eq!(pair.post_recv(1, 5, &mut r), 0);
+    let refused = pairing::record().counts().refused;
+    let (bytes, n) = SideMessage::Announce {
+        qp_num: 0x7a_0401,
+        message: justitia_core::two_sided::Announce {
+            seq: 0,
+            len: 10,
+            chunk_bytes: 4096,
+            imm: None,
+            kind: justitia_core::two_sided::MessageKind::Send,
+        },
+    }
+    .encode();
+    pair.queue.lock().unwrap().push_back(Datagram {
+        source: Source {
+            qpn: SIDE_QPN + 1,
+            ..loop_source()
+        },
+        bytes: bytes[..n].to_vec(),
+    });
+    pair.step(&mut got);
+    assert!(pairing::record().counts().refused > refused, "counted");
+    assert_eq!(
+        pair.dev.receives_posted(pair.qps[1]),
+        0,
+        "nothing posted for it"
+    );
+    assert!(got[1].is_empty());
+}
+
+/// Moves `qp` to the error state as `ibv_modify_qp` does: at the provider and in the
+/// shaper's view.
+fn to_error(pair: &Pair, qp: usize) {
+    pair.dev.set_error(pair.qps[qp]);
+    let attr = ibv_qp_attr {
+        qp_state: IBV_QPS_ERR,
+        ..Default::default()
+    };
+    engine::qp(pair.qps[qp])
+        .unwrap()
+        .on_modify(&attr, IBV_QP_STATE);
+}
+
+/// A message longer than the receive the peer posted for it goes whole and fails as it
+/// would natively: a local length error at the receiver, a remote error at the sender.
+#[test]
+fn a_message_longer_than_its_receive_fails_as_it_would_natively() {
+    let mut pair = Pair::new(0x7a_0500, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let small = vec![0u8; 100];
+    let mut r = [sge(&small, 0, 100)];
+    assert_eq!(pair.post_recv(1, 9, &mut r), 0);
+    let src = pattern(10_000, 1);
+    let mut s = [sge(&src, 0, 10_000)];
+    let mut wr = rdma(IBV_WR_SEND, 10, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.run_until(&mut got, |g| !g[0].is_empty() && !g[1].is_empty());
+    assert_eq!((got[1][0].wr_id, got[1][0].status), (9, IBV_WC_LOC_LEN_ERR));
+    assert_eq!(
+        (got[0][0].wr_id, got[0][0].status),
+        (10, IBV_WC_REM_INV_REQ_ERR)
+    );
+    assert_eq!(pair.engine.stats().split_requests, 0, "sent whole");
+}
+
+/// A QP moved to the error state flushes every receive the shaper holds for it, and the
+/// sender's requests waiting for a credit: nothing is left pending on either end.
+#[test]
+fn moving_to_the_error_state_flushes_what_the_shaper_holds() {
+    let mut pair = Pair::new(0x7a_0600, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    // Receives on B with nothing announced: held by the shaper, none at the NIC.
+    let buf = vec![0u8; 3 * 64];
+    for i in 0..3 {
+        let mut r = [sge(&buf, i * 64, 64)];
+        assert_eq!(pair.post_recv(1, 20 + i as u64, &mut r), 0);
+    }
+    assert_eq!(pair.dev.receives_posted(pair.qps[1]), 0, "held");
+    // SENDs on B to A, which posted no receive: they wait for A's credit.
+    let src = pattern(64, 2);
+    for i in 0..2 {
+        let mut s = [sge(&src, 0, 64)];
+        let mut wr = rdma(IBV_WR_SEND, 30 + i, &mut s, 0, true);
+        assert_eq!(post_on(pair.qps[1], &mut wr), 0);
+    }
+    pair.step(&mut got);
+    assert!(got[1].is_empty(), "nothing completes before the error");
+    to_error(&pair, 1);
+    pair.run_until(&mut got, |g| g[1].len() == 5);
+    let mut ids: Vec<(u64, u32)> = got[1].iter().map(|w| (w.wr_id, w.status)).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        [20, 21, 22, 30, 31].map(|id| (id, IBV_WC_WR_FLUSH_ERR)),
+        "each receive and send flushed once"
+    );
+    for _ in 0..20 {
+        pair.step(&mut got);
+    }
+    assert_eq!(got[1].len(), 5, "and nothing more");
+}
