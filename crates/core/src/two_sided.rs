@@ -154,6 +154,15 @@ pub enum SideMessage {
         /// The sender splits its SENDs and WRITEs with immediate on the queue pair.
         splits: bool,
     },
+    /// Receiver to sender, answering a repeated announcement of message `seq`: it is
+    /// taken and waits for an application receive. The sender then knows its peer is
+    /// there (and does not give up on it) while the peer's application takes its time.
+    Waiting {
+        /// The application queue pair's number at the sender.
+        qp_num: u32,
+        /// The message.
+        seq: u64,
+    },
     /// Receiver to sender: receives posted for message `seq`.
     Credit {
         /// The application queue pair's number at the sender.
@@ -200,6 +209,7 @@ const KIND_ACCEPT: u8 = 2;
 const KIND_ANNOUNCE: u8 = 3;
 const KIND_CREDIT: u8 = 4;
 const KIND_HELLO: u8 = 5;
+const KIND_WAITING: u8 = 6;
 const FLAG_IMM: u8 = 1;
 const FLAG_WRITE: u8 = 2;
 const FLAG_WHOLE: u8 = 4;
@@ -216,9 +226,12 @@ impl SideMessage {
         let mut w = Writer::default();
         w.put(&[VERSION]);
         match *self {
-            SideMessage::Offer { qp_num, first } | SideMessage::Accept { qp_num, first } => {
+            SideMessage::Offer { qp_num, first }
+            | SideMessage::Accept { qp_num, first }
+            | SideMessage::Waiting { qp_num, seq: first } => {
                 let kind = match self {
                     SideMessage::Offer { .. } => KIND_OFFER,
+                    SideMessage::Waiting { .. } => KIND_WAITING,
                     _ => KIND_ACCEPT,
                 };
                 w.put(&[kind]);
@@ -284,7 +297,7 @@ impl SideMessage {
         }
         let (&kind, body) = rest.split_first().ok_or(WireError::Empty)?;
         let want = match kind {
-            KIND_OFFER | KIND_ACCEPT => 12,
+            KIND_OFFER | KIND_ACCEPT | KIND_WAITING => 12,
             KIND_ANNOUNCE => 25,
             KIND_CREDIT => 17,
             KIND_HELLO => 5,
@@ -307,6 +320,10 @@ impl SideMessage {
             KIND_ACCEPT => Ok(SideMessage::Accept {
                 qp_num,
                 first: r.u64(),
+            }),
+            KIND_WAITING => Ok(SideMessage::Waiting {
+                qp_num,
+                seq: r.u64(),
             }),
             KIND_ANNOUNCE => decode_announce(qp_num, &mut r),
             KIND_HELLO => match r.u8() {
@@ -961,6 +978,20 @@ impl SendSide {
         again
     }
 
+    /// The receiver says message `seq` is taken and waits for an application receive
+    /// ([`SideMessage::Waiting`]) at `now_ns`: its wait for a credit counts from now, as
+    /// far as giving up on the peer goes ([`SendSide::uncredited_since`]); its repeats
+    /// keep their pace.
+    pub fn on_waiting(&mut self, seq: u64, now_ns: u64) {
+        if let Some(m) = self
+            .outgoing
+            .iter_mut()
+            .find(|m| m.announce.seq == seq && m.posting.is_none())
+        {
+            m.first_seen_ns = Some(now_ns);
+        }
+    }
+
     /// Since when the oldest message without a credit has waited for one, as
     /// [`SendSide::reannounce`] first saw it: what the caller compares with the queue
     /// pair's transport timeout before it gives up on the peer ([`SendSide::abandon`]).
@@ -1266,6 +1297,13 @@ impl RecvSide {
             },
             signaled: true,
         })
+    }
+
+    /// Whether message `seq` is announced and still waits for an application receive:
+    /// what the receiver answers a repeated announcement of it with
+    /// ([`SideMessage::Waiting`]).
+    pub fn waiting(&self, seq: u64) -> bool {
+        self.announced.iter().any(|a| a.seq == seq)
     }
 
     /// Messages whose receives are posted and not all completed.

@@ -456,6 +456,7 @@ pub unsafe extern "C" fn justitia_ibv_modify_qp_1_1(
     let Some(real) = real!("ibv_modify_qp", "IBVERBS_1.1", ModifyQp) else {
         return libc::ENOSYS;
     };
+    engine::two_sided::set_modify_qp(real);
     let Some(_inside) = Reentry::enter() else {
         // SAFETY: the real verb with the caller's arguments.
         return unsafe { real(qp, attr, mask) };

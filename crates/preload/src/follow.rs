@@ -544,6 +544,9 @@ impl Follower {
         let FlowState::Registered { flow, .. } = self.client.state(h) else {
             return;
         };
+        // Said once the record's lock is released (the verb hooks take it), at most
+        // NOTICES_SAID lines a tick.
+        let mut said = Vec::new();
         let due = {
             let mut record = pairing::record();
             if self.paired_under != Some(flow) {
@@ -555,13 +558,16 @@ impl Follower {
                     qpn: p.side_qpn,
                     qkey: p.side_qkey,
                 };
-                if p.flow == flow && record.paired(p.local_qpn, peer) {
-                    log!(
-                        Debug,
-                        "queue pair {:#x} paired with the side channel {:#x} at its other end",
+                if p.flow == flow
+                    && record.paired(p.local_qpn, peer)
+                    && said.len() < pairing::NOTICES_SAID
+                {
+                    said.push(format!(
+                        "queue pair {:#x} paired with the side channel {:#x} at its other end ({} ms after its report)",
                         p.local_qpn,
-                        p.side_qpn
-                    );
+                        p.side_qpn,
+                        record.since_report_ns(p.local_qpn, now_ns).unwrap_or(0) / 1_000_000
+                    ));
                 }
             }
             let sent = record
@@ -572,6 +578,9 @@ impl Follower {
             record.withdrawn(sent);
             record.due(PAIRINGS_PER_TICK)
         };
+        for line in said {
+            log!(Debug, "{line}");
+        }
         // Opening a side channel makes verbs objects: not under the record's lock, which
         // the verb hooks take.
         for c in due {

@@ -447,6 +447,12 @@ impl Pairings {
         Some((e.connection.clone(), e.peer?))
     }
 
+    /// How long before `now_ns` queue pair `qpn`'s pairing was reported, if it was.
+    pub fn since_report_ns(&self, qpn: u32, now_ns: u64) -> Option<u64> {
+        let at = self.entries.get(&qpn)?.reported_ns?;
+        Some(now_ns.saturating_sub(at))
+    }
+
     /// Whether the two shapers of queue pair `qpn` agree on the version.
     pub fn agreed(&self, qpn: u32) -> bool {
         self.entries.get(&qpn).is_some_and(|e| e.greeting.agreed())

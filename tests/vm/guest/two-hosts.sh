@@ -230,20 +230,16 @@ done
 # lists; the server judges every completion (order, status, opcode, byte_len,
 # immediate) and every byte and guard. Both ends natively, then both under the shaper
 # (bandwidth class, 64 KiB chunks, the sizes drawn to hit the chunk's multiples so that
-# messages fall below, at and above it), and for SENDs a shaped sender beside an unshaped
-# receiver and the reverse: every run must pass with 0 mismatches. What the shapers counted is reported; they send these
-# requests whole until two shapers agree to split them.
+# messages fall below, at and above it): every run must pass with 0 mismatches. What the
+# shapers counted is reported; with no daemon to pair them they send these requests
+# whole (section 6 splits them between paired shapers, and runs a shaped end beside an
+# unshaped one).
 SHAPED_2S="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K"
-# MODE HOW: HOW is native, shaped (both ends), sender-shaped or receiver-shaped.
-for run in "send native" "send shaped" "send sender-shaped" "send receiver-shaped" \
-  "write-imm native" "write-imm shaped"; do
+# MODE HOW: HOW is native or shaped (both ends).
+for run in "send native" "send shaped" "write-imm native" "write-imm shaped"; do
   read -r mode how <<< "$run"
   a_env="" b_env=""
-  case $how in
-    shaped) a_env=$SHAPED_2S b_env=$SHAPED_2S ;;
-    sender-shaped) a_env=$SHAPED_2S ;;
-    receiver-shaped) b_env=$SHAPED_2S ;;
-  esac
+  [ "$how" = shaped ] && a_env=$SHAPED_2S b_env=$SHAPED_2S
   two_sided_run "$mode" "two_sided.$mode.$how" "$a_env" "$b_env"
   if [ "$TS_OK" = 1 ]; then
     result PASS "justitia-integrity --two-sided $mode A -> B ($how)" "$TS_WHAT"
@@ -779,7 +775,7 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # messages go whole first (-r 16 keeps them few: perftest posts min(-n, 512) at the
     # start otherwise). ib_send_lat's 64 B SENDs go whole (each announced, and credited
     # before it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm.
-    for spec in "ib_send_bw -s 262144 -n 100 -r 16" "ib_send_lat -s 64 -n 100"; do
+    for spec in "ib_send_bw -s 262144 -n 200 -r 16" "ib_send_lat -s 64 -n 100"; do
       tool=${spec%% *}
       base=""
       for how in native paired; do
@@ -829,13 +825,55 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
       # Version 1, kind 5 (hello), A's queue pair little-endian, not heard.
       hello=$(printf '0105%02x%02x%02x%02x00' $((rc_qpn & 255)) $(((rc_qpn >> 8) & 255)) $(((rc_qpn >> 16) & 255)) $(((rc_qpn >> 24) & 255)))
       send="$BIN/examples/send_datagram --gid-index $GID --to $A_ADDR --qpn $side --qkey 0x4a555354 --hex $hello"
-      FORGED="to A's side channel $side naming queue pair $rc_qpn: B: $(onb 30 "$send --device $B_DEV --size 1000 --count 80 2>&1 && $send --device $B_DEV 2>&1" | tail -n 2 | paste -sd ' '); C: $(onc 20 "$send --device $C_DEV 2>&1" | tail -n 1)"
+      # C's at the same time as B's, so that both arrive while the client runs.
+      onc 20 "$send --device $C_DEV 2>&1" > "$L.forged.c.log" 2>&1 &
+      local cpid=$!
+      local from_b
+      from_b=$(onb 30 "$send --device $B_DEV --size 1000 --count 80 2>&1 && $send --device $B_DEV 2>&1" | tail -n 2 | paste -sd ' ')
+      wait "$cpid"
+      FORGED="to A's side channel $side naming queue pair $rc_qpn: B: $from_b; C: $(tail -n 1 "$L.forged.c.log")"
     }
     two_sided_run send peer.two_sided.forged "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 24 forge_hellos
     if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"qps_agreed":1 "side_refused":2$'; then
       result PASS "peer: hellos from queue pairs the daemons never paired are refused, after a flood of datagrams longer than any message" "sent $FORGED; $TS_WHAT"
     else
       result FAIL "peer: hellos from queue pairs the daemons never paired are refused, after a flood of datagrams longer than any message" "A must pass, stay agreed and refuse both: sent $FORGED; $TS_WHAT (logs: $TS_LOGS)"
+    fi
+
+    # The receiving process killed mid-stream: ib_send_bw between paired shapers, and once
+    # A announces its SENDs (B owns its receives), the server on B is killed (-9). A's
+    # requests on the NIC fail there (retries exhausted), and those still waiting for B's
+    # credit fail with them, or, with nothing on the NIC, when B's shaper has not answered
+    # for A's transport timeout (at least 3 s): the client must end with a completion
+    # error, not hang until its timeout.
+    port=$((PORT++))
+    crash_a="$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock"
+    crash_b="$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
+    spid=$(onb 10 "env $crash_b timeout $STEP ib_send_bw -d $B_DEV -x $GID -p $port -s 262144 -n 5000 -r 16 > $BLOGS/peer.crash.server.log 2>&1 & echo \$!")
+    if ! b_listen "$port"; then
+      result FAIL "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "the server on B did not listen (log: $BLOGS/peer.crash.server.log)"
+    else
+      # shellcheck disable=SC2086 # NAME=value words without spaces
+      env $crash_a timeout "$STEP" ib_send_bw -d "$A_DEV" -x "$GID" -p "$port" -s 262144 -n 5000 -r 16 "$B_ADDR" > "$L.peer.crash.client.log" 2>&1 &
+      cpid=$!
+      PIDS+=("$cpid")
+      for _ in $(seq 300); do
+        grep -q 'announcing from message' "$L.peer.crash.client.log" && break
+        kill -0 "$cpid" 2>/dev/null || break
+        sleep 0.1
+      done
+      sleep 1
+      onb 10 "kill -9 $spid" > /dev/null
+      killed=$(date +%s%N)
+      wait "$cpid"
+      rc=$?
+      took=$((($(date +%s%N) - killed) / 1000000))
+      err=$(grep -m1 -i 'completion with error\|failed status\|status' "$L.peer.crash.client.log")
+      if grep -q 'announcing from message' "$L.peer.crash.client.log" && [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$took" -lt 30000 ] && [ -n "$err" ]; then
+        result PASS "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "client exit $rc ${took} ms after the kill: $err"
+      else
+        result FAIL "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "client exit $rc ${took} ms after the kill (124: timed out), error: '${err}' (log: $L.peer.crash.client.log)"
+      fi
     fi
 
     # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB

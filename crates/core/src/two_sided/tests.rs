@@ -388,6 +388,17 @@ fn credited_messages_are_taken_out_in_order_and_only_when_fully_credited() {
         vec![c],
         "only the third repeats"
     );
+    // The receiver says the third waits for an application receive: the wait before
+    // giving up on the peer counts from then.
+    assert_eq!(tx.uncredited_since(), Some(0));
+    tx.on_waiting(c.seq, 5 * ANNOUNCE_RETRY_NS);
+    assert_eq!(tx.uncredited_since(), Some(5 * ANNOUNCE_RETRY_NS));
+    tx.on_waiting(a.seq, 9 * ANNOUNCE_RETRY_NS);
+    assert_eq!(
+        tx.uncredited_since(),
+        Some(5 * ANNOUNCE_RETRY_NS),
+        "a message taken out is not waited for"
+    );
     assert!(!tx.withdraw(a.seq), "only the newest is withdrawn");
     assert!(tx.withdraw(c.seq));
     assert_eq!(tx.outstanding(), 0);
@@ -658,6 +669,7 @@ fn every_side_message_round_trips() {
             heard: false,
             splits: true,
         },
+        SideMessage::Waiting { qp_num: 7, seq: 9 },
         SideMessage::Hello {
             qp_num: 6,
             heard: true,
@@ -997,4 +1009,35 @@ fn announcements_repeat_until_credited_and_a_repeat_brings_the_credit_again() {
         Ok(()),
         "a late repeat of the credit"
     );
+}
+
+/// A message taken and not yet paired with an application receive is waiting: a repeat
+/// of its announcement is answered as such; once posted, with its credit.
+#[test]
+fn a_repeated_announcement_without_an_application_receive_is_answered_as_waiting() {
+    let mut rx = RecvSide::new(0, 4, 64);
+    let a = Announce {
+        seq: 0,
+        len: 10,
+        chunk_bytes: 4096,
+        imm: None,
+        kind: MessageKind::Send,
+    };
+    assert_eq!(rx.on_announce(a), Ok(Announced::Taken));
+    assert!(rx.waiting(0));
+    assert!(!rx.waiting(1), "never announced");
+    assert_eq!(rx.on_announce(a), Ok(Announced::Repeated(None)));
+    rx.post_recv(
+        1,
+        &[Sge {
+            addr: 0,
+            length: 64,
+            lkey: 1,
+        }],
+    )
+    .unwrap();
+    let (_, posting, seq) = rx.next_posting(64).unwrap();
+    assert_eq!((seq, posting), (0, Posting::Whole));
+    assert!(!rx.waiting(0));
+    assert_eq!(rx.on_announce(a), Ok(Announced::Repeated(Some(posting))));
 }

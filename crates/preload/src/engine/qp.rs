@@ -1242,6 +1242,9 @@ impl QpShared {
             self.rnr_retry_zero
                 .store(attr.rnr_retry == 0, Ordering::Relaxed);
         }
+        if let Some(s) = st.sender.as_mut() {
+            s.note_transport(attr, mask);
+        }
         if mask & IBV_QP_STATE != 0 {
             match attr.qp_state {
                 IBV_QPS_RTR => self.been_ready.store(true, Ordering::Relaxed),

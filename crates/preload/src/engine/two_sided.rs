@@ -179,6 +179,43 @@ pub struct SenderHalf {
     route: Option<Route>,
     /// The QP went to the error state: nothing more is announced.
     failed: bool,
+    /// The QP's transport timeout (`timeout`, 0: none) and `retry_cnt`, as the
+    /// application set them: how long its NIC waits for a peer that is gone.
+    timeout: u8,
+    retry_cnt: u8,
+}
+
+/// The shortest wait for a credit before the sender gives up on its peer, whatever the
+/// transport timeout: three of the longest waits between repeats of an announcement, so
+/// that a peer that is there (it answers each repeat, [`SideMessage::Waiting`]) is never
+/// taken for gone.
+const GIVE_UP_FLOOR_NS: u64 = 3 * ANNOUNCE_RETRY_MAX_NS;
+
+impl SenderHalf {
+    /// Notes the transport timeout and retry count an `ibv_modify_qp` sets.
+    pub(super) fn note_transport(&mut self, attr: &ibv_qp_attr, mask: u32) {
+        if mask & IBV_QP_TIMEOUT != 0 {
+            self.timeout = attr.timeout;
+        }
+        if mask & IBV_QP_RETRY_CNT != 0 {
+            self.retry_cnt = attr.retry_cnt;
+        }
+    }
+
+    /// How long a message may wait for its credit, with no word from the peer, before
+    /// the peer is taken for gone: the QP's own transport timeout (4.096 us times 2 to
+    /// the `timeout`, for each of `retry_cnt` + 1 tries), at least [`GIVE_UP_FLOOR_NS`];
+    /// `None` with no transport timeout (the NIC would wait for ever too).
+    fn give_up_after_ns(&self) -> Option<u64> {
+        if self.timeout == 0 {
+            return None;
+        }
+        let one = 4096u64 << self.timeout.min(31);
+        Some(
+            one.saturating_mul(u64::from(self.retry_cnt) + 1)
+                .max(GIVE_UP_FLOOR_NS),
+        )
+    }
 }
 
 /// Where a receiver half stands.
@@ -554,6 +591,42 @@ impl QpShared {
         Some(true)
     }
 
+    /// The peer is gone (see [`SenderHalf::give_up_after_ns`]): the oldest request waiting
+    /// for its credit fails with `IBV_WC_RETRY_EXC_ERR` and everything behind it flushes,
+    /// as the NIC fails requests to a peer that is gone, and the QP is moved to the error
+    /// state at the provider (under its lock, which its destroy waits for), where the
+    /// NIC would have put it.
+    fn give_up(&self, st: &mut QpState) {
+        let mut synthesized = Vec::new();
+        st.sq.give_up_waiting(
+            IBV_WC_RETRY_EXC_ERR,
+            &self.engine.counters,
+            &mut synthesized,
+        );
+        if let Some(s) = st.sender.as_mut() {
+            s.side = None;
+        }
+        self.two_sided_failed(st);
+        if let Some(cq) = &self.send_cq {
+            cq.push_synthesized(synthesized);
+        }
+        let modify = MODIFY_QP.load(Ordering::Acquire);
+        if !modify.is_null() && !st.sq.destroyed() {
+            // SAFETY: MODIFY_QP holds only the real `ibv_modify_qp` (see
+            // `set_modify_qp`); the QP is live (not destroyed, and its destroy waits for
+            // the lock held here).
+            unsafe {
+                let modify: ModifyQp = std::mem::transmute::<*mut (), ModifyQp>(modify);
+                let _inside = crate::ffi::Reentry::enter();
+                let mut attr = ibv_qp_attr {
+                    qp_state: IBV_QPS_ERR,
+                    ..Default::default()
+                };
+                modify(self.qp, &mut attr, IBV_QP_STATE as c_int);
+            }
+        }
+    }
+
     /// The QP moved to the error state: every application receive the receiver half holds
     /// or has paired flushes now (the internal receives in the queue flush at the NIC and
     /// are hidden), and the sender half announces nothing more.
@@ -731,10 +804,36 @@ impl QpShared {
                     );
                 }
             }
+            // Taken, and no application receive for it yet: the peer hears that this end
+            // is there, and does not give up on it.
+            Ok(Announced::Repeated(None)) if side.waiting(message.seq) => {
+                if let Some(route) = route {
+                    drop(half);
+                    self.engine.side_link_send(
+                        &route,
+                        SideMessage::Waiting {
+                            qp_num: route.peer_qpn,
+                            seq: message.seq,
+                        },
+                    );
+                }
+            }
             Ok(Announced::Repeated(None) | Announced::Ahead) => {}
             Err(_) => return false,
         }
         true
+    }
+
+    /// The peer says message `seq` waits for an application receive there: it is alive.
+    fn on_waiting(&self, seq: u64, now_ns: u64) -> bool {
+        let mut st = self.lock();
+        match st.sender.as_mut().and_then(|s| s.side.as_mut()) {
+            Some(side) => {
+                side.on_waiting(seq, now_ns);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A credit from the peer: the messages it completes may go.
@@ -834,12 +933,31 @@ impl QpShared {
     fn two_sided_timers(&self, now_ns: u64) {
         let mut again = Vec::new();
         let mut sender_route = None;
+        let mut gave_up = None;
         if let Some(mut st) = self.state.try_lock() {
             if let Some(s) = st.sender.as_mut() {
+                let limit = s.give_up_after_ns();
                 if let Some(side) = s.side.as_mut() {
                     again = side.reannounce(now_ns);
+                    let since = side.uncredited_since();
+                    if let (Some(since), Some(limit)) = (since, limit) {
+                        if now_ns.saturating_sub(since) >= limit {
+                            gave_up = Some(limit);
+                        }
+                    }
                 }
                 sender_route = s.route.clone();
+            }
+            if let Some(limit) = gave_up {
+                again.clear();
+                self.give_up(&mut st);
+                drop(st);
+                log!(
+                    Warn,
+                    "QP {}: the shaper at its other end has not answered for {} ms; its requests waiting for a credit fail (retries exceeded) and the QP moves to the error state, as toward a peer that is gone",
+                    self.qp_num,
+                    limit / 1_000_000
+                );
             }
         }
         if let Some(route) = sender_route {
@@ -878,6 +996,19 @@ impl QpShared {
         drop(half);
         self.engine.side_link_send(&route, offer);
     }
+}
+
+/// `ibv_modify_qp`.
+pub type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+
+/// The real `ibv_modify_qp`, once the application's first call found it: what moves a QP
+/// whose peer is gone to the error state ([`QpShared::give_up`]).
+static MODIFY_QP: std::sync::atomic::AtomicPtr<()> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Keeps `real`, the real `ibv_modify_qp`.
+pub fn set_modify_qp(real: ModifyQp) {
+    MODIFY_QP.store(real as *mut (), Ordering::Release);
 }
 
 /// A flushed completion of the application's receive `wr_id` on QP `qp_num`.
@@ -948,9 +1079,10 @@ impl Engine {
                 heard,
                 splits,
             } => {
-                let (outcome, route) = {
+                let (outcome, route, since) = {
                     let mut record = pairing::record();
                     let outcome = record.on_hello(qp_num, &d.source, heard);
+                    let since = record.since_report_ns(qp_num, now_ns);
                     let refused = record.counts().refused;
                     let route = matches!(outcome, HelloOutcome::Heard(_))
                         .then(|| route_of(&record, qp_num))
@@ -961,11 +1093,12 @@ impl Engine {
                             d.source.qpn
                         ));
                     }
-                    (outcome, route)
+                    (outcome, route, since)
                 };
                 if outcome == HelloOutcome::Heard(true) {
                     said.push(format!(
-                        "queue pair {qp_num:#x}: the shaper at its other end speaks side-channel version {VERSION}"
+                        "queue pair {qp_num:#x}: the shaper at its other end speaks side-channel version {VERSION} ({} ms after its pairing was reported)",
+                        since.unwrap_or(0) / 1_000_000
                     ));
                 }
                 if let (Some(route), Some(q)) = (route, link.qp(qp_num)) {
@@ -976,6 +1109,7 @@ impl Engine {
             SideMessage::Offer { qp_num, .. }
             | SideMessage::Accept { qp_num, .. }
             | SideMessage::Announce { qp_num, .. }
+            | SideMessage::Waiting { qp_num, .. }
             | SideMessage::Credit { qp_num, .. } => qp_num,
         };
         let from_peer = match pairing::record().from_peer(qp_num, &d.source) {
@@ -995,6 +1129,7 @@ impl Engine {
                 SideMessage::Credit { seq, posting, .. } => {
                     q.on_credit(seq, posting, self.clock.now())
                 }
+                SideMessage::Waiting { seq, .. } => q.on_waiting(seq, now_ns),
                 SideMessage::Hello { .. } => false,
             });
         if !taken {

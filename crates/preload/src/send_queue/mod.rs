@@ -355,6 +355,9 @@ struct Request {
     /// A request that consumes a receive at the peer, going whole and unannounced:
     /// counted in [`SendQueue::whole_two_sided`].
     whole_two_sided: bool,
+    /// The status its completion gets when the queue fails before it is posted, instead
+    /// of a flush ([`SendQueue::give_up_waiting`]).
+    fail_status: Option<ibv_wc_status>,
 }
 
 /// A WQE on the hardware queue.
@@ -628,6 +631,7 @@ impl SendQueue {
                 reported: false,
                 blocked_since: None,
                 whole_two_sided: false,
+                fail_status: None,
             });
         }
         self.ring.set_tail(head, true);
@@ -702,6 +706,7 @@ impl SendQueue {
             reported: false,
             blocked_since: None,
             whole_two_sided,
+            fail_status: None,
         });
         self.whole_two_sided += u64::from(whole_two_sided);
         Ok(())
@@ -1516,7 +1521,7 @@ impl SendQueue {
             Counters::add(&counters.errors, 1);
             synthesized.push(error_wc(
                 r.wr_id,
-                IBV_WC_WR_FLUSH_ERR,
+                r.fail_status.unwrap_or(IBV_WC_WR_FLUSH_ERR),
                 r.wc_opcode,
                 self.qp_num,
             ));
@@ -1537,6 +1542,27 @@ impl SendQueue {
         self.unsignaled_run = 0;
         self.failed = false;
         self.hardware_flushes = false;
+    }
+
+    /// The peer's shaper stopped answering: the oldest request waiting for its credit
+    /// completes with `status` (what the NIC gives a request to a peer that is gone,
+    /// `IBV_WC_RETRY_EXC_ERR`), in its place after the requests before it, and the queue
+    /// fails as in [`Self::set_failed`] (everything behind it flushed).
+    pub fn give_up_waiting(
+        &mut self,
+        status: ibv_wc_status,
+        counters: &Counters,
+        synthesized: &mut Vec<ibv_wc>,
+    ) {
+        self.materialize();
+        if let Some(r) = self
+            .requests
+            .iter_mut()
+            .find(|r| matches!(r.body, Body::AwaitingCredit(_)))
+        {
+            r.fail_status = Some(status);
+        }
+        self.set_failed(counters, synthesized);
     }
 
     /// The QP was moved to the error state (as `rdma_disconnect` does): requests whose

@@ -25,6 +25,8 @@ struct LoopSideChannels {
     queue: Arc<Mutex<VecDeque<Datagram>>>,
     draws: u64,
     lose_one_in: u64,
+    /// Every datagram is lost: the other end is gone.
+    silent: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SideChannels for LoopSideChannels {
@@ -50,7 +52,8 @@ impl SideChannels for LoopSideChannels {
         self.draws ^= self.draws << 13;
         self.draws ^= self.draws >> 7;
         self.draws ^= self.draws << 17;
-        if self.lose_one_in != 0 && self.draws.is_multiple_of(self.lose_one_in) {
+        let silent = self.silent.load(std::sync::atomic::Ordering::Relaxed);
+        if silent || (self.lose_one_in != 0 && self.draws.is_multiple_of(self.lose_one_in)) {
             return Ok(());
         }
         self.queue.lock().unwrap().push_back(Datagram {
@@ -81,7 +84,10 @@ struct Pair {
     cqs: [*mut ibv_cq; 2],
     qps: [*mut ibv_qp; 2],
     now_ns: u64,
+    /// How far the clock moves each step.
+    step_ns: u64,
     queue: Arc<Mutex<VecDeque<Datagram>>>,
+    silent: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Pair {
@@ -110,6 +116,7 @@ impl Pair {
             ("JUSTITIA_CHUNK", "4096"),
         ]);
         let queue: Arc<Mutex<VecDeque<Datagram>>> = Arc::default();
+        let silent: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         engine
             .hold_follower()
             .unwrap()
@@ -117,6 +124,7 @@ impl Pair {
                 queue: Arc::clone(&queue),
                 draws: 0x9e37_79b9_7f4a_7c15,
                 lose_one_in,
+                silent: Arc::clone(&silent),
             }));
         dev.number_qps_from(first);
         let ctx = dev.context();
@@ -180,14 +188,16 @@ impl Pair {
             cqs,
             qps,
             now_ns: 1_000_000,
+            step_ns: 1_000_000,
             queue,
+            silent,
         }
     }
 
     /// One step: the side thread's turn, every queued request executed, both CQs polled
     /// into `got`.
     fn step(&mut self, got: &mut [Vec<ibv_wc>; 2]) {
-        self.now_ns += 1_000_000;
+        self.now_ns += self.step_ns;
         self.engine.side_turn(self.now_ns);
         for (i, qp) in self.qps.iter().enumerate() {
             self.dev.execute_all(*qp);
@@ -545,4 +555,85 @@ fn moving_to_the_error_state_flushes_what_the_shaper_holds() {
         pair.step(&mut got);
     }
     assert_eq!(got[1].len(), 5, "and nothing more");
+}
+
+/// The peer's shaper goes silent (its process gone) while a SEND waits for its credit:
+/// after the QP's transport timeout (at least 3 s), the SEND fails with
+/// `IBV_WC_RETRY_EXC_ERR`, as toward a peer that is gone, and one posted after it
+/// flushes; the application never hangs on a credit.
+#[test]
+fn a_peer_gone_silent_fails_the_waiting_send_instead_of_hanging_it() {
+    let mut pair = Pair::new(0x7a_0700, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let attr = ibv_qp_attr {
+        timeout: 14,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    engine::qp(pair.qps[0])
+        .unwrap()
+        .on_modify(&attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT);
+    pair.silent
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let src = pattern(100, 4);
+    let mut s = [sge(&src, 0, 100)];
+    let mut wr = rdma(IBV_WR_SEND, 40, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.step_ns = 20_000_000;
+    let started = pair.now_ns;
+    pair.run_until(&mut got, |g| !g[0].is_empty());
+    let waited = pair.now_ns - started;
+    assert_eq!(
+        (got[0][0].wr_id, got[0][0].status),
+        (40, IBV_WC_RETRY_EXC_ERR)
+    );
+    assert!(
+        (3_000_000_000..3_100_000_000).contains(&waited),
+        "given up after {waited} ns"
+    );
+    let mut wr = rdma(IBV_WR_SEND, 41, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.run_until(&mut got, |g| g[0].len() == 2);
+    assert_eq!(
+        (got[0][1].wr_id, got[0][1].status),
+        (41, IBV_WC_WR_FLUSH_ERR)
+    );
+    assert_eq!(pair.dev.rnr(), 0, "nothing reached the NIC whole");
+}
+
+/// A peer that is there but whose application has not posted the receive yet answers
+/// each repeated announcement (it waits): the sender never gives up on it, and the
+/// message goes once the receive comes, 10 s later.
+#[test]
+fn a_peer_whose_application_is_slow_to_post_is_never_given_up_on() {
+    let mut pair = Pair::new(0x7a_0800, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let attr = ibv_qp_attr {
+        timeout: 14,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    engine::qp(pair.qps[0])
+        .unwrap()
+        .on_modify(&attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT);
+    let src = pattern(100, 4);
+    let mut s = [sge(&src, 0, 100)];
+    let mut wr = rdma(IBV_WR_SEND, 50, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.step_ns = 20_000_000;
+    for _ in 0..500 {
+        pair.step(&mut got);
+    }
+    assert!(got[0].is_empty(), "still waiting after 10 s");
+    let dst = vec![0u8; 100];
+    let mut r = [sge(&dst, 0, 100)];
+    assert_eq!(pair.post_recv(1, 51, &mut r), 0);
+    pair.run_until(&mut got, |g| g[0].len() == 1 && g[1].len() == 1);
+    assert_eq!((got[0][0].wr_id, got[0][0].status), (50, IBV_WC_SUCCESS));
+    assert_eq!((got[1][0].wr_id, got[1][0].byte_len), (51, 100));
+    assert_eq!(dst, src);
 }
