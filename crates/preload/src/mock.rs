@@ -582,15 +582,31 @@ impl MockDevice {
     }
 
     /// Moves `qp` to the error state as `ibv_modify_qp` does: every WQE it still has, and
-    /// every one posted later, completes with `IBV_WC_WR_FLUSH_ERR`.
+    /// every one posted later, completes with `IBV_WC_WR_FLUSH_ERR`; the receives it has
+    /// posted flush into its receive CQ at once.
     pub fn set_error(&self, qp: *mut ibv_qp) {
-        if let Some(q) = self
-            .state()
-            .qps
+        let mut st = self.state();
+        let MockState { qps, cqs, .. } = &mut *st;
+        let Some(q) = qps.iter_mut().find(|q| q.qpx.get().cast::<ibv_qp>() == qp) else {
+            return;
+        };
+        q.failed = true;
+        // SAFETY: the mock's own QP object.
+        let qp_num = unsafe { (*q.qpx.get()).qp_base.qp_num };
+        let flushed: Vec<ibv_wc> =
+            q.rq.drain(..)
+                .map(|(wr_id, _)| ibv_wc {
+                    wr_id,
+                    status: IBV_WC_WR_FLUSH_ERR,
+                    qp_num,
+                    ..Default::default()
+                })
+                .collect();
+        if let Some(cq) = cqs
             .iter_mut()
-            .find(|q| q.qpx.get().cast::<ibv_qp>() == qp)
+            .find(|c| c.cqx.get().cast::<ibv_cq>() == q.recv_cq)
         {
-            q.failed = true;
+            cq.entries.extend(flushed);
         }
     }
 

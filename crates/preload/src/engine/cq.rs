@@ -438,6 +438,34 @@ impl CqShared {
         qps.find_sole();
     }
 
+    /// The QP `qp`, which has a receiver half and was destroyed, leaves this CQ's receivers
+    /// once the CQ has been polled clean of its internal receives' completions (a provider
+    /// that does not purge a destroyed QP's completions, as rxe, leaves their flushes
+    /// here, and they carry the shaper's tags): those are dropped, the rest held for the
+    /// application. An extended CQ never has receivers.
+    pub(crate) fn drop_stale_receives(&self, qp: &Arc<QpShared>, now: Duration) {
+        let Some(r) = &qp.receiver else {
+            return;
+        };
+        let qp_num = qp.qp_num;
+        let touched = self.poll_aside(
+            None,
+            Some(&|e: &ibv_wc| e.qp_num == qp_num && r.is_tag(e.wr_id)),
+        );
+        {
+            let _polls = self.qps.lock();
+            let mut q = self.held();
+            let before = q.len();
+            q.retain(|h| !(h.wc.qp_num == qp_num && r.is_tag(h.wc.wr_id)));
+            self.work
+                .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
+        }
+        self.remove_receiver(qp);
+        for q in touched {
+            q.drain_or_defer(now);
+        }
+    }
+
     /// Adds a QP with a receiver half whose receive CQ this is: its receive completions
     /// are translated from now on, so its polls take the shaped path.
     pub(super) fn add_receiver(&self, qp: &Arc<QpShared>) {
@@ -611,7 +639,10 @@ impl CqShared {
     pub(crate) fn drop_stale(&self, qp_num: u32, ring: &Arc<QuickRing>, now: Duration) {
         let touched = match self.ex {
             Some(ops) => self.drop_stale_ex(ops, qp_num, ring),
-            None => self.poll_aside(None, Some((qp_num, ring))),
+            None => self.poll_aside(
+                None,
+                Some(&|e: &ibv_wc| e.qp_num == qp_num && ring.contains(e.wr_id)),
+            ),
         };
         {
             // Held as the provider gave them, under the poll lock (which holds them).
@@ -636,12 +667,12 @@ impl CqShared {
     /// Each turn first checks, under the lock, that the CQ is not being destroyed and that
     /// `on_behalf` (if any) is still one of its QPs: [`QpShared::detach`] and
     /// [`destroy_cq`] take the same lock, so a destroy waits for a turn in progress and no
-    /// turn starts after it. Completions of `stale` (its QP number and its ring) carrying
-    /// one of its tags are dropped.
+    /// turn starts after it. Completions `stale` says are a destroyed QP's internal ones
+    /// are dropped.
     fn poll_aside(
         &self,
         on_behalf: Option<&QpShared>,
-        stale: Option<(u32, &QuickRing)>,
+        stale: Option<&dyn Fn(&ibv_wc) -> bool>,
     ) -> Vec<Arc<QpShared>> {
         let mut touched: Vec<Arc<QpShared>> = Vec::new();
         if self.ex.is_some() {
@@ -663,7 +694,7 @@ impl CqShared {
             let mut synthesized = Vec::new();
             let mut held_back = self.held_qps();
             for e in buf.iter_mut().take(got) {
-                if stale.is_some_and(|(n, r)| e.qp_num == n && r.contains(e.wr_id)) {
+                if stale.is_some_and(|is| is(e)) {
                     continue;
                 }
                 match self.translate(&qps, e, true, &mut synthesized, &mut held_back, true) {

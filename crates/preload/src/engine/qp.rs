@@ -282,6 +282,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     if let Some(stale) = qps.get(qp.cast()) {
         if let Some((gone, _)) = unregister_qp_in(qps, qp, stale) {
             gone.forget_departed();
+            gone.forget_receiver();
         }
     }
     let send_cq = CQS.get_arc(init.send_cq.cast());
@@ -466,6 +467,7 @@ pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
         }
         shared.forget_departed();
     }
+    shared.forget_receiver();
     rc
 }
 
@@ -474,6 +476,7 @@ pub fn destroy_qp(qp: *mut ibv_qp, real: impl FnOnce() -> c_int) -> c_int {
 pub fn unregister_qp(qp: *mut ibv_qp, token: NonNull<QpShared>) {
     if let Some((gone, _)) = unregister_qp_in(&QPS, qp, token) {
         gone.forget_departed();
+        gone.forget_receiver();
     }
 }
 
@@ -509,9 +512,6 @@ impl QpShared {
             cq.recv_entries
                 .fetch_sub(u64::from(self.recv_depth), Ordering::AcqRel);
         }
-        if let (Some(_), Some(cq)) = (&self.receiver, &self.recv_cq) {
-            cq.remove_receiver(self);
-        }
         if let Some(link) = &self.engine.side {
             link.leave(self.qp_num, &self.me);
         }
@@ -533,6 +533,18 @@ impl QpShared {
             self.engine.schedule(next, now, now);
         }
         purged
+    }
+
+    /// Takes this destroyed QP's receiver half (if any) out of its receive CQ, once that CQ
+    /// is clean of its internal receives' completions ([`CqShared::drop_stale_receives`]).
+    /// A destroy the provider refused keeps it, with the rest of the QP's state.
+    fn forget_receiver(self: &Arc<Self>) {
+        if !self.lock().sq.destroyed() {
+            return;
+        }
+        if let (Some(_), Some(cq)) = (&self.receiver, &self.recv_cq) {
+            cq.drop_stale_receives(self, self.engine.clock.now());
+        }
     }
 
     /// Forgets this QP's tags in its send CQ (see `CqQps::departed`): its completions have

@@ -306,7 +306,7 @@ impl ReceiverShared {
 
     /// Whether `wr_id` is one of this half's internal receives' tags.
     #[inline]
-    fn is_tag(&self, wr_id: u64) -> bool {
+    pub(super) fn is_tag(&self, wr_id: u64) -> bool {
         wr_id.wrapping_sub(self.base()) < self.tags.len() as u64
     }
 

@@ -637,3 +637,47 @@ fn a_peer_whose_application_is_slow_to_post_is_never_given_up_on() {
     assert_eq!((got[1][0].wr_id, got[1][0].byte_len), (51, 100));
     assert_eq!(dst, src);
 }
+
+/// A QP destroyed with the shaper's receives in its queue, by a provider that leaves a
+/// destroyed QP's completions in its CQ (rxe): their flushes, which carry the shaper's
+/// tags, never reach the application; its own receive's flush does, once.
+#[test]
+fn a_destroyed_qps_internal_receives_never_reach_the_application() {
+    let mut pair = Pair::new(0x7a_0900, 8, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    pair.dev.keep_stale_completions();
+    let dst = vec![0u8; 3 * CHUNK as usize];
+    let mut r = [sge(&dst, 0, dst.len())];
+    assert_eq!(pair.post_recv(1, 60, &mut r), 0);
+    let src = pattern(dst.len(), 5);
+    let mut s = [sge(&src, 0, src.len())];
+    let mut wr = rdma(IBV_WR_SEND, 61, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    // The announcement and the credit, without running A's chunks.
+    pair.now_ns += pair.step_ns;
+    pair.engine.side_turn(pair.now_ns);
+    assert_eq!(
+        pair.dev.receives_posted(pair.qps[1]),
+        3,
+        "one receive per chunk"
+    );
+    to_error(&pair, 1);
+    let qp = pair.qps[1];
+    // SAFETY: the mock's live QP, destroyed through the shaper as ibv_destroy_qp does.
+    let rc = engine::destroy_qp(qp, || {
+        pair.dev.destroy_qp(qp);
+        0
+    });
+    assert_eq!(rc, 0);
+    let mut wc = [ibv_wc::default(); 16];
+    // SAFETY: a live CQ and room for 16.
+    let n = unsafe { ops::poll_cq(pair.cqs[1], 16, wc.as_mut_ptr()) };
+    let seen: Vec<u64> = wc[..n as usize].iter().map(|w| w.wr_id).collect();
+    assert!(
+        seen.iter().all(|&id| id == 60),
+        "only the application's own receive: {seen:x?}"
+    );
+    assert!(seen.len() <= 1);
+}
