@@ -869,10 +869,17 @@ impl QpShared {
         treatment: Treatment,
         out: &mut Vec<Announce>,
     ) -> Result<Treatment, c_int> {
+        if st.sender.is_none() || !consumes_receive(owned.opcode()) {
+            return Ok(treatment);
+        }
+        // Refused as the send queue would refuse it, before the peer hears of it.
+        if st.sq.is_full() {
+            return Err(libc::ENOMEM);
+        }
         let Some(s) = st.sender.as_mut() else {
             return Ok(treatment);
         };
-        if !consumes_receive(owned.opcode()) || s.failed {
+        if s.failed {
             return Ok(treatment);
         }
         let Some(side) = s.side.as_mut() else {

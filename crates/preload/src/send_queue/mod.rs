@@ -712,6 +712,14 @@ impl SendQueue {
         Ok(())
     }
 
+    /// Whether [`Self::accept`] would refuse the next request with `ENOMEM`: the
+    /// application has `capacity` requests outstanding. Asked before a request is
+    /// announced to the peer, which must never hear of one that is then refused.
+    pub fn is_full(&mut self) -> bool {
+        self.materialize();
+        self.requests.len() >= self.capacity as usize
+    }
+
     /// Requests consuming a receive at the peer accepted to go whole and unannounced,
     /// and not taken back: every one has gone or will go to the NIC, where it consumes
     /// one of the receives the peer posted whole. What the sending shaper tells the

@@ -681,3 +681,49 @@ fn a_destroyed_qps_internal_receives_never_reach_the_application() {
     );
     assert!(seen.len() <= 1);
 }
+
+/// A list longer than the send queue: the request past `max_send_wr` is refused with
+/// `ENOMEM` before it is announced, so the peer pairs no receive with a message that
+/// never comes, and every request the call kept lands in its receive.
+#[test]
+fn a_request_refused_for_a_full_queue_is_never_announced() {
+    let mut pair = Pair::new(0x7a_0a00, 128, 0);
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let n = 65usize;
+    let dst = vec![0u8; 100 * n];
+    for i in 0..n {
+        let mut r = [sge(&dst, i * 100, 100)];
+        assert_eq!(pair.post_recv(1, 100 + i as u64, &mut r), 0);
+    }
+    let src = pattern(100 * n, 6);
+    let mut sges: Vec<[ibv_sge; 1]> = (0..n).map(|i| [sge(&src, i * 100, 100)]).collect();
+    let mut wrs: Vec<ibv_send_wr> = sges
+        .iter_mut()
+        .enumerate()
+        .map(|(i, s)| rdma(IBV_WR_SEND, 200 + i as u64, s, 0, true))
+        .collect();
+    let base = wrs.as_mut_ptr();
+    for i in 0..n - 1 {
+        // SAFETY: i + 1 < n, both within the list.
+        unsafe { (*base.add(i)).next = base.add(i + 1) };
+    }
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP and a valid list.
+    let rc = unsafe { ops::post_send(pair.qps[0], base, &mut bad) };
+    assert_eq!(rc, libc::ENOMEM);
+    // SAFETY: within the list.
+    assert_eq!(bad, unsafe { base.add(64) }, "the 65th is refused");
+    assert_eq!(pair.engine.stats().announced, 64);
+    pair.run_until(&mut got, |g| g[0].len() == 64 && g[1].len() == 64);
+    for _ in 0..20 {
+        pair.step(&mut got);
+    }
+    assert_eq!(got[1].len(), 64, "the 65th receive waits for a message");
+    assert!(got[1]
+        .iter()
+        .enumerate()
+        .all(|(i, w)| w.wr_id == 100 + i as u64 && w.status == IBV_WC_SUCCESS));
+    assert_eq!(&dst[..6400], &src[..6400]);
+}
