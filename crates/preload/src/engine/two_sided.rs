@@ -511,11 +511,10 @@ impl QpShared {
             }
             let n = wrs.len();
             let base = wrs.as_mut_ptr();
-            for (i, w) in wrs.iter_mut().enumerate() {
-                if i + 1 < n {
-                    // SAFETY: i + 1 < n, within the list.
-                    w.next = unsafe { base.add(i + 1) };
-                }
+            for i in 1..n {
+                // SAFETY: i < n: both entries within the list, written through the one
+                // pointer the provider is handed.
+                unsafe { (*base.add(i - 1)).next = base.add(i) };
             }
             // SAFETY: a valid list whose SGEs live for the call.
             let (rc, posted) = unsafe { self.post_raw(base, std::ptr::null_mut()) };
