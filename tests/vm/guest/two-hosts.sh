@@ -840,6 +840,45 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
       result FAIL "peer: hellos from queue pairs the daemons never paired are refused, after a flood of datagrams longer than any message" "A must pass, stay agreed and refuse both: sent $FORGED; $TS_WHAT (logs: $TS_LOGS)"
     fi
 
+    # The receiving process killed mid-stream: ib_send_bw between paired shapers, and once
+    # A announces its SENDs (B owns its receives), the server on B is killed (-9). Soft-RoCE
+    # fails none of A's requests then (natively the client spins until its timeout: 40 s
+    # of a 40 s run in a trial), and A's requests waiting for B's credit never get one; A's
+    # shaper, having had no word from B's for its transport timeout (at least 3 s), fails
+    # the oldest with IBV_WC_RETRY_EXC_ERR, flushes the rest and moves the QP to the error
+    # state: the client must end with a completion error well before its timeout.
+    port=$((PORT++))
+    crash_a="$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock"
+    crash_b="$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
+    spid=$(onb 10 "env $crash_b timeout $STEP ib_send_bw -d $B_DEV -x $GID -p $port -s 262144 -n 5000 -r 16 > $BLOGS/peer.crash.server.log 2>&1 & echo \$!")
+    if ! b_listen "$port"; then
+      result FAIL "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "the server on B did not listen (log: $BLOGS/peer.crash.server.log)"
+    else
+      # shellcheck disable=SC2086 # NAME=value words without spaces
+      env $crash_a timeout "$STEP" ib_send_bw -d "$A_DEV" -x "$GID" -p "$port" -s 262144 -n 5000 -r 16 "$B_ADDR" > "$L.peer.crash.client.log" 2>&1 &
+      cpid=$!
+      PIDS+=("$cpid")
+      for _ in $(seq 300); do
+        grep -q 'announcing from message' "$L.peer.crash.client.log" && break
+        kill -0 "$cpid" 2>/dev/null || break
+        sleep 0.1
+      done
+      sleep 1
+      # The server itself (timeout's child), then timeout.
+      onb 10 "pkill -KILL -P $spid; kill -KILL $spid" > /dev/null
+      killed=$(date +%s%N)
+      wait "$cpid"
+      rc=$?
+      took=$((($(date +%s%N) - killed) / 1000000))
+      err=$(grep -m1 'Completion with error\|Failed status' "$L.peer.crash.client.log")
+      why=$(grep -m1 -o 'has not answered for [0-9]* ms' "$L.peer.crash.client.log")
+      if grep -q 'announcing from message' "$L.peer.crash.client.log" && [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$took" -lt 20000 ] && [ -n "$err" ]; then
+        result PASS "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "client exit $rc ${took} ms after the kill ($err; A's shaper: ${why:-its requests failed at the NIC})"
+      else
+        result FAIL "peer: the receiving process killed mid-stream, the paired sender fails instead of hanging" "client exit $rc ${took} ms after the kill (124: timed out), error '$err', '$why' (log: $L.peer.crash.client.log)"
+      fi
+    fi
+
     # Incast: A and C each WRITE into B at once (ib_write_bw, bandwidth class, 16 KiB
     # chunks: see section 5 for why), each following its own daemon; B's perftest servers
     # run unshaped. Each sender's daemon declares its flow to B as an incast unit (host,
