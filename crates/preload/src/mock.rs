@@ -857,13 +857,8 @@ unsafe fn post_send_now(
                 unsafe { *bad_wr = cur };
                 return libc::ENOMEM;
             }
-            let n = usize::try_from(w.num_sge).unwrap_or(0);
-            let sges = if n == 0 || w.sg_list.is_null() {
-                Vec::new()
-            } else {
-                // SAFETY: num_sge readable entries.
-                unsafe { std::slice::from_raw_parts(w.sg_list, n) }.to_vec()
-            };
+            // SAFETY: a request of the caller's valid list.
+            let sges = unsafe { sge_list(w.sg_list, w.num_sge) };
             // SAFETY: plain-data union fields.
             let (remote_addr, rkey, imm_data) = unsafe {
                 (
@@ -907,19 +902,27 @@ unsafe extern "C" fn mock_post_recv(
                 }
                 return libc::ENOMEM;
             }
-            let n = usize::try_from(w.num_sge).unwrap_or(0);
-            let sges = if n == 0 || w.sg_list.is_null() {
-                Vec::new()
-            } else {
-                // SAFETY: num_sge readable entries.
-                unsafe { std::slice::from_raw_parts(w.sg_list, n) }.to_vec()
-            };
+            // SAFETY: a request of the caller's valid list.
+            let sges = unsafe { sge_list(w.sg_list, w.num_sge) };
             q.rq.push_back((w.wr_id, sges));
             cur = w.next;
         }
         0
     })
     .unwrap_or(libc::EINVAL)
+}
+
+/// A copy of the `n` SGEs at `list`.
+///
+/// # Safety
+/// `list` holds `n` readable SGEs (or `n` is 0, or `list` null).
+unsafe fn sge_list(list: *const ibv_sge, n: c_int) -> Vec<ibv_sge> {
+    let n = usize::try_from(n).unwrap_or(0);
+    if n == 0 || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(list, n) }.to_vec()
 }
 
 /// Copies the bytes of `from` (a gather list) into `to` (a scatter list), which holds

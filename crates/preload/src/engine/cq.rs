@@ -438,6 +438,16 @@ impl CqShared {
         qps.find_sole();
     }
 
+    /// Drops the held completions `stale` picks, under the poll lock.
+    fn drop_held(&self, stale: impl Fn(&Held) -> bool) {
+        let _polls = self.qps.lock();
+        let mut q = self.held();
+        let before = q.len();
+        q.retain(|h| !stale(h));
+        self.work
+            .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
+    }
+
     /// The QP `qp`, which has a receiver half and was destroyed, leaves this CQ's receivers
     /// once the CQ has been polled clean of its internal receives' completions (a provider
     /// that does not purge a destroyed QP's completions, as rxe, leaves their flushes
@@ -452,14 +462,7 @@ impl CqShared {
             None,
             Some(&|e: &ibv_wc| e.qp_num == qp_num && r.is_tag(e.wr_id)),
         );
-        {
-            let _polls = self.qps.lock();
-            let mut q = self.held();
-            let before = q.len();
-            q.retain(|h| !(h.wc.qp_num == qp_num && r.is_tag(h.wc.wr_id)));
-            self.work
-                .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
-        }
+        self.drop_held(|h| h.wc.qp_num == qp_num && r.is_tag(h.wc.wr_id));
         self.remove_receiver(qp);
         for q in touched {
             q.drain_or_defer(now);
@@ -644,15 +647,8 @@ impl CqShared {
                 Some(&|e: &ibv_wc| e.qp_num == qp_num && ring.contains(e.wr_id)),
             ),
         };
-        {
-            // Held as the provider gave them, under the poll lock (which holds them).
-            let _polls = self.qps.lock();
-            let mut q = self.held();
-            let before = q.len();
-            q.retain(|h| !h.stale_of(qp_num, ring));
-            self.work
-                .fetch_sub((before - q.len()) as u64, Ordering::AcqRel);
-        }
+        // Held as the provider gave them, under the poll lock (which holds them).
+        self.drop_held(|h| h.stale_of(qp_num, ring));
         // Called from the application's verbs (modify, destroy): never waits for another
         // QP's lock.
         for q in touched {

@@ -684,11 +684,11 @@ impl SendQueue {
             Treatment::Whole => (Body::Whole(Box::new(wr)), false, false),
             Treatment::WholePaced => (Body::Whole(Box::new(wr)), false, true),
             Treatment::Split { chunk_bytes, paced } => {
-                self.split_body(wr, chunk_bytes, None, paced)
+                self.plan_body(wr, chunk_bytes, None, paced, false)
             }
             Treatment::Preempt(planner) => {
                 let bytes = planner.sub_message_bytes();
-                self.split_body(wr, bytes, Some(planner), false)
+                self.plan_body(wr, bytes, Some(planner), false, false)
             }
         };
         self.requests.push_back(Request {
@@ -748,43 +748,17 @@ impl SendQueue {
         let Awaiting {
             wr, chunk_bytes, ..
         } = *a;
-        let (body, is_split) = if split {
-            self.two_sided_body(wr, chunk_bytes)
+        // Cut as the peer cut its receives, when it posted them split (a WRITE with
+        // immediate included: its chunks are WRITEs, the last with the immediate).
+        let (body, is_split, _) = if split {
+            self.plan_body(wr, chunk_bytes, None, false, true)
         } else {
-            (Body::Whole(Box::new(wr)), false)
+            (Body::Whole(Box::new(wr)), false, false)
         };
         let req = &mut self.requests[at];
         req.body = body;
         req.split = is_split;
         true
-    }
-
-    /// The body of a credited two-sided request split into chunks of `chunk_bytes`, or
-    /// whole when it fits one (the peer posted its receives as the announcement said).
-    fn two_sided_body(&self, wr: OwnedWr, chunk_bytes: u32) -> (Body, bool) {
-        let limits = justitia_core::chunk::ChunkLimits {
-            chunk_bytes,
-            max_sge: self.max_sge,
-            split_two_sided: true,
-        };
-        let plan = Some(&wr)
-            .filter(|w| w.payload_len() > u64::from(chunk_bytes))
-            .and_then(OwnedWr::to_work_request)
-            .and_then(|req| ChunkPlan::new(req, limits).ok())
-            .filter(ChunkPlan::is_split);
-        match plan {
-            Some(mut plan) => {
-                let next = plan.next();
-                let body = SplitBody {
-                    plan,
-                    next,
-                    yields_due: 0,
-                    planner: None,
-                };
-                (Body::Split(Box::new(body)), true)
-            }
-            None => (Body::Whole(Box::new(wr)), false),
-        }
     }
 
     /// The announced messages among the requests from position `from` on, newest first:
@@ -915,24 +889,27 @@ impl SendQueue {
     /// The body for a request to split: the chunk plan when the planner splits it, else
     /// the request whole. Returns the body, whether it is split, and whether it is paced.
     ///
-    /// An RDMA WRITE with immediate stays whole: it consumes a receive at the peer, whose
-    /// completion reports the length of the message that carried the immediate, so a split
-    /// would show the peer the last chunk's length instead of the request's.
-    fn split_body(
+    /// Requests that consume a receive at the peer are split only when the peer's shaper
+    /// agreed and posted its receives for the chunks (`two_sided`). Without that, an RDMA
+    /// WRITE with immediate stays whole too: the peer's completion reports the length of
+    /// the message that carried the immediate, so a split would show the peer the last
+    /// chunk's length instead of the request's.
+    fn plan_body(
         &self,
         wr: OwnedWr,
         chunk_bytes: u32,
         planner: Option<YieldPlanner>,
         paced: bool,
+        two_sided: bool,
     ) -> (Body, bool, bool) {
         let limits = justitia_core::chunk::ChunkLimits {
             chunk_bytes,
             max_sge: self.max_sge,
-            split_two_sided: false,
+            split_two_sided: two_sided,
         };
         let plan = Some(&wr)
             .filter(|w| w.payload_len() > u64::from(chunk_bytes))
-            .filter(|w| w.opcode() != IBV_WR_RDMA_WRITE_WITH_IMM)
+            .filter(|w| two_sided || w.opcode() != IBV_WR_RDMA_WRITE_WITH_IMM)
             .and_then(OwnedWr::to_work_request)
             .and_then(|req| ChunkPlan::new(req, limits).ok())
             .filter(ChunkPlan::is_split);

@@ -194,6 +194,17 @@ impl Pair {
         }
     }
 
+    /// [`Pair::new`], run until both ends own their receives (offers and accepts repeat
+    /// as they are lost: a message sent whole meanwhile would meet no receive, which the
+    /// mock fails at once where a NIC retries it); with the completions polled so far.
+    fn agreed(first: u32, depth: u32, lose_one_in: u64) -> (Pair, [Vec<ibv_wc>; 2]) {
+        let mut pair = Pair::new(first, depth, lose_one_in);
+        let mut got = [Vec::new(), Vec::new()];
+        let engine = Arc::clone(&pair.engine);
+        pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+        (pair, got)
+    }
+
     /// One step: the side thread's turn, every queued request executed, both CQs polled
     /// into `got`.
     fn step(&mut self, got: &mut [Vec<ibv_wc>; 2]) {
@@ -230,6 +241,19 @@ impl Pair {
         );
     }
 
+    /// Gives QP `qp` the transport timeout perftest sets (`timeout` 14, `retry_cnt` 7:
+    /// 0.54 s), as `ibv_modify_qp` to RTS does.
+    fn transport_timeout(&self, qp: usize) {
+        let attr = ibv_qp_attr {
+            timeout: 14,
+            retry_cnt: 7,
+            ..Default::default()
+        };
+        engine::qp(self.qps[qp])
+            .unwrap()
+            .on_modify(&attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT);
+    }
+
     fn post_recv(&self, qp: usize, wr_id: u64, sges: &mut [ibv_sge]) -> c_int {
         let mut wr = ibv_recv_wr {
             wr_id,
@@ -259,17 +283,7 @@ fn sges_over(buf: &[u8], offset: usize, len: usize, parts: usize) -> Vec<ibv_sge
 /// one); no RNR is ever caused, and the sender sees one completion per request.
 #[test]
 fn sends_longer_than_a_chunk_are_split_into_the_receives_the_peer_posted_for_them() {
-    let mut pair = Pair::new(0x7a_0100, 64, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    pair.run_until(&mut got, |_| {
-        pairing::record().from_peer(0x7a_0100, &loop_source()) == Some(true)
-            && pairing::record().from_peer(0x7a_0101, &loop_source()) == Some(true)
-    });
-    // Let the offers and accepts go both ways.
-    for _ in 0..5 {
-        pair.step(&mut got);
-    }
-    assert_eq!(pair.engine.stats().qps_owning_receives, 2, "both ends own");
+    let (mut pair, mut got) = Pair::agreed(0x7a_0100, 64, 0);
     let sizes: [usize; 8] = [1, 4096, 4097, 10_000, 20_480, 100, 12_288, 3];
     let total: usize = sizes.iter().sum();
     let src = pattern(total, 7);
@@ -346,15 +360,7 @@ fn sends_longer_than_a_chunk_are_split_into_the_receives_the_peer_posted_for_the
 /// immediate: the peer's one receive completes with the whole length and the immediate.
 #[test]
 fn a_write_with_immediate_goes_as_writes_and_completes_the_one_receive_whole() {
-    let mut pair = Pair::new(0x7a_0200, 16, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    pair.run_until(&mut got, |_| {
-        pairing::record().from_peer(0x7a_0200, &loop_source()) == Some(true)
-            && pairing::record().from_peer(0x7a_0201, &loop_source()) == Some(true)
-    });
-    for _ in 0..5 {
-        pair.step(&mut got);
-    }
+    let (mut pair, mut got) = Pair::agreed(0x7a_0200, 16, 0);
     let len = 3 * CHUNK as usize + 5;
     let src = pattern(len, 3);
     let dst = vec![0u8; len];
@@ -395,13 +401,7 @@ fn a_write_with_immediate_goes_as_writes_and_completes_the_one_receive_whole() {
 /// come: every message still lands in order, with no RNR.
 #[test]
 fn a_lossy_side_channel_delays_messages_but_loses_none() {
-    let mut pair = Pair::new(0x7a_0300, 32, 3);
-    let mut got = [Vec::new(), Vec::new()];
-    // Until both ends own their receives (offers and accepts repeat as they are lost):
-    // a message sent whole meanwhile would meet no receive, which the mock fails at once
-    // where a NIC retries it.
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0300, 32, 3);
     let n = 12usize;
     let len = 2 * CHUNK as usize + 1;
     let src = pattern(len * n, 9);
@@ -440,15 +440,7 @@ fn loop_source() -> Source {
 /// side channel is refused and counted, and the receiver posts nothing for it.
 #[test]
 fn a_message_from_another_side_channel_is_refused() {
-    let mut pair = Pair::new(0x7a_0400, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    pair.run_until(&mut got, |_| {
-        pairing::record().from_peer(0x7a_0400, &loop_source()) == Some(true)
-            && pairing::record().from_peer(0x7a_0401, &loop_source()) == Some(true)
-    });
-    for _ in 0..5 {
-        pair.step(&mut got);
-    }
+    let (mut pair, mut got) = Pair::agreed(0x7a_0400, 8, 0);
     let buf = vec![0u8; 64];
     let mut r = [sge(&buf, 0, 64)];
     assert_eq!(pair.post_recv(1, 5, &mut r), 0);
@@ -498,10 +490,7 @@ fn to_error(pair: &Pair, qp: usize) {
 /// would natively: a local length error at the receiver, a remote error at the sender.
 #[test]
 fn a_message_longer_than_its_receive_fails_as_it_would_natively() {
-    let mut pair = Pair::new(0x7a_0500, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0500, 8, 0);
     let small = vec![0u8; 100];
     let mut r = [sge(&small, 0, 100)];
     assert_eq!(pair.post_recv(1, 9, &mut r), 0);
@@ -522,10 +511,7 @@ fn a_message_longer_than_its_receive_fails_as_it_would_natively() {
 /// sender's requests waiting for a credit: nothing is left pending on either end.
 #[test]
 fn moving_to_the_error_state_flushes_what_the_shaper_holds() {
-    let mut pair = Pair::new(0x7a_0600, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0600, 8, 0);
     // Receives on B with nothing announced: held by the shaper, none at the NIC.
     let buf = vec![0u8; 3 * 64];
     for i in 0..3 {
@@ -563,18 +549,8 @@ fn moving_to_the_error_state_flushes_what_the_shaper_holds() {
 /// flushes; the application never hangs on a credit.
 #[test]
 fn a_peer_gone_silent_fails_the_waiting_send_instead_of_hanging_it() {
-    let mut pair = Pair::new(0x7a_0700, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
-    let attr = ibv_qp_attr {
-        timeout: 14,
-        retry_cnt: 7,
-        ..Default::default()
-    };
-    engine::qp(pair.qps[0])
-        .unwrap()
-        .on_modify(&attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0700, 8, 0);
+    pair.transport_timeout(0);
     pair.silent
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let src = pattern(100, 4);
@@ -608,18 +584,8 @@ fn a_peer_gone_silent_fails_the_waiting_send_instead_of_hanging_it() {
 /// message goes once the receive comes, 10 s later.
 #[test]
 fn a_peer_whose_application_is_slow_to_post_is_never_given_up_on() {
-    let mut pair = Pair::new(0x7a_0800, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
-    let attr = ibv_qp_attr {
-        timeout: 14,
-        retry_cnt: 7,
-        ..Default::default()
-    };
-    engine::qp(pair.qps[0])
-        .unwrap()
-        .on_modify(&attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0800, 8, 0);
+    pair.transport_timeout(0);
     let src = pattern(100, 4);
     let mut s = [sge(&src, 0, 100)];
     let mut wr = rdma(IBV_WR_SEND, 50, &mut s, 0, true);
@@ -643,10 +609,7 @@ fn a_peer_whose_application_is_slow_to_post_is_never_given_up_on() {
 /// tags, never reach the application; its own receive's flush does, once.
 #[test]
 fn a_destroyed_qps_internal_receives_never_reach_the_application() {
-    let mut pair = Pair::new(0x7a_0900, 8, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let (mut pair, _) = Pair::agreed(0x7a_0900, 8, 0);
     pair.dev.keep_stale_completions();
     let dst = vec![0u8; 3 * CHUNK as usize];
     let mut r = [sge(&dst, 0, dst.len())];
@@ -687,10 +650,7 @@ fn a_destroyed_qps_internal_receives_never_reach_the_application() {
 /// never comes, and every request the call kept lands in its receive.
 #[test]
 fn a_request_refused_for_a_full_queue_is_never_announced() {
-    let mut pair = Pair::new(0x7a_0a00, 128, 0);
-    let mut got = [Vec::new(), Vec::new()];
-    let engine = Arc::clone(&pair.engine);
-    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    let (mut pair, mut got) = Pair::agreed(0x7a_0a00, 128, 0);
     let n = 65usize;
     let dst = vec![0u8; 100 * n];
     for i in 0..n {
