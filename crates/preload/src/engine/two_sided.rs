@@ -101,11 +101,6 @@ impl SideLink {
         }
     }
 
-    /// The side channels.
-    pub fn sides(&self) -> &SharedSideChannels {
-        &self.sides
-    }
-
     fn qps(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Weak<QpShared>>> {
         self.qps.lock().unwrap_or_else(|e| e.into_inner())
     }
