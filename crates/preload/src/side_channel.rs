@@ -130,10 +130,9 @@ pub trait SideChannels: Send + std::fmt::Debug {
     }
 }
 
-/// The process's side channels, shared by the thread that reads them (`justitia-side`),
-/// the follower that opens them, and the verbs that send on them (an announcement from a
-/// post, a credit from a poll). The lock is a leaf: nothing else is taken under it, and
-/// it is never held while waiting.
+/// The process's side channels, shared by the thread that reads them and sends what the
+/// verbs leave it (`justitia-side`) and the follower that opens them. The lock is a leaf:
+/// nothing else is taken under it, it is never held while waiting, and no verb takes it.
 pub type SharedSideChannels = Arc<parking_lot::Mutex<Box<dyn SideChannels>>>;
 
 /// One open side channel. Its fields are dropped in order: the address handles and the

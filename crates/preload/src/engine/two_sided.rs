@@ -21,8 +21,12 @@
 //! that CQ carry the shaper's tags (it is shaped, or its send CQ is another).
 //!
 //! Locks, in the order they are taken: a CQ's poll lock, a QP's state lock, a receiver
-//! half's lock, the side channels' lock (a leaf: a datagram is sent under it). The poll
-//! lock is never taken under the others; the pairing record's lock is taken alone.
+//! half's lock (held across the provider's `post_recv` on its own QP, as natively two
+//! verbs on one QP take turns), the outbox's (a leaf). The verbs' paths never take the
+//! side channels' lock, which the side thread holds across its provider calls on the side
+//! channels' own objects: what they send (announcements, credits) goes through the
+//! outbox, and the side thread sends it. The poll lock is never taken under the others;
+//! the pairing record's lock is taken alone.
 //!
 //! Invariants:
 //! - messages are numbered alike at both ends: the sender counts every receive-consuming
@@ -81,6 +85,27 @@ pub struct SideLink {
     timers_ns: AtomicU64,
     /// The QP map was full once (said once).
     full_said: AtomicBool,
+    /// Messages the verbs' paths (a post's announcements, a poll's credits) leave for the
+    /// side thread to send: a verb never waits for the side channels' lock, which the side
+    /// thread holds across its provider calls on the side channels' objects. A leaf; at
+    /// most [`MAX_OUTBOX`] (beyond, a message is dropped, and the protocol repeats it).
+    outbox: Mutex<VecDeque<(Route, SideMessage)>>,
+    /// An eventfd written when the outbox turns non-empty, which the side thread's poll(2)
+    /// waits on too (-1: none could be made; the thread then finds the outbox within its
+    /// 10 ms timer).
+    wake_fd: c_int,
+}
+
+/// The most messages waiting in the outbox.
+const MAX_OUTBOX: usize = 1 << 16;
+
+impl Drop for SideLink {
+    fn drop(&mut self) {
+        if self.wake_fd >= 0 {
+            // SAFETY: the link's own descriptor, closed once.
+            unsafe { libc::close(self.wake_fd) };
+        }
+    }
 }
 
 impl std::fmt::Debug for SideLink {
@@ -98,6 +123,9 @@ impl SideLink {
             thread: Mutex::new(None),
             timers_ns: AtomicU64::new(0),
             full_said: AtomicBool::new(false),
+            outbox: Mutex::new(VecDeque::new()),
+            // SAFETY: eventfd has no preconditions.
+            wake_fd: unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) },
         }
     }
 
@@ -142,14 +170,43 @@ impl SideLink {
         self.qps().values().filter_map(Weak::upgrade).collect()
     }
 
-    /// Sends `message` along `route`; a datagram lost here (every send slot busy) is made
-    /// good by the protocol's repeats.
-    fn send(&self, route: &Route, message: SideMessage) {
-        let (bytes, len) = message.encode();
-        let _ = self
-            .sides
-            .lock()
-            .send(&route.port, route.sgid_index, &route.to, &bytes[..len]);
+    /// Leaves `message` along `route` for the side thread to send, and wakes it.
+    fn queue(&self, route: &Route, message: SideMessage) {
+        let mut outbox = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        if outbox.len() >= MAX_OUTBOX {
+            return;
+        }
+        let was_empty = outbox.is_empty();
+        outbox.push_back((route.clone(), message));
+        drop(outbox);
+        if was_empty && self.wake_fd >= 0 {
+            let one = 1u64;
+            // SAFETY: an 8-byte write from a live u64 to the link's eventfd.
+            unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    /// Sends what the outbox holds (the side thread's part); a datagram lost here (every
+    /// send slot busy) is made good by the protocol's repeats.
+    fn flush_outbox(&self) {
+        let out = std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        if out.is_empty() {
+            return;
+        }
+        let mut sides = self.sides.lock();
+        for (route, message) in out {
+            let (bytes, len) = message.encode();
+            let _ = sides.send(&route.port, route.sgid_index, &route.to, &bytes[..len]);
+        }
+    }
+
+    /// Clears the eventfd after a wake-up.
+    fn take_wake(&self) {
+        if self.wake_fd >= 0 {
+            let mut count = 0u64;
+            // SAFETY: an 8-byte read into a live u64 from the link's (non-blocking) eventfd.
+            unsafe { libc::read(self.wake_fd, (&mut count as *mut u64).cast(), 8) };
+        }
     }
 }
 
@@ -1027,7 +1084,7 @@ impl Engine {
     /// Sends `message` along `route` on the process's side channels.
     fn side_link_send(&self, route: &Route, message: SideMessage) {
         if let Some(link) = &self.side {
-            link.send(route, message);
+            link.queue(route, message);
         }
     }
 
@@ -1038,6 +1095,8 @@ impl Engine {
         let Some(link) = &self.side else {
             return false;
         };
+        link.take_wake();
+        link.flush_outbox();
         let datagrams = link.sides.lock().receive(PER_TURN);
         let more = datagrams.len() >= PER_TURN;
         let mut said = Vec::new();
@@ -1055,6 +1114,7 @@ impl Engine {
                 q.two_sided_timers(now_ns);
             }
         }
+        link.flush_outbox();
         more
     }
 
@@ -1171,7 +1231,7 @@ impl Engine {
                 peer_qpn: c.end.qpn,
             };
             // A hello lost here is sent again on the greeting's timer.
-            link.send(
+            link.queue(
                 &route,
                 SideMessage::Hello {
                     qp_num: c.end.qpn,
@@ -1250,7 +1310,13 @@ fn side_loop(engine: Weak<Engine>) {
         let fds = e
             .side
             .as_ref()
-            .map(|l| l.sides.lock().event_fds())
+            .map(|l| {
+                let mut fds = l.sides.lock().event_fds();
+                if l.wake_fd >= 0 {
+                    fds.push(l.wake_fd);
+                }
+                fds
+            })
             .unwrap_or_default();
         drop(e);
         if more {
