@@ -103,7 +103,7 @@ TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
 # client on A under A_ENV (empty: native); logs named after SLUG. DURING, a command, runs
 # while the client does, with CLIENT_PID and CLIENT_LOG set. Sets
 # TS_OK (1 when both ends passed with 0 mismatches), TS_WHAT (both verdicts and what the
-# shapers counted) and TS_LOGS.
+# shapers counted) and TS_LOGS. TS_MAX_SIZE (16M) is the largest message.
 two_sided_run() {
   local mode=$1 slug=$2 a_env=$3 b_env=$4 messages=${5:-$TWO_SIDED_MESSAGES} during=${6:-} iport=$((PORT++)) rc served summary
   TS_OK=0 TS_LOGS="$L.$slug.log, $BLOGS/$slug.server.log"
@@ -115,7 +115,7 @@ two_sided_run() {
   fi
   # shellcheck disable=SC2086 # NAME=value words without spaces
   env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size 16M --boundary 64K > "$L.$slug.log" 2>&1 &
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size "${TS_MAX_SIZE:-16M}" --boundary 64K > "$L.$slug.log" 2>&1 &
   CLIENT_PID=$! CLIENT_LOG=$L.$slug.log
   PIDS+=("$CLIENT_PID")
   [ -n "$during" ] && $during
@@ -744,13 +744,15 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # completion as native. Then WRITEs with immediate the same way (the data as WRITE
     # chunks, the last carrying the immediate), and a shaped sender beside an unshaped
     # receiver and the reverse: never paired, nothing split, byte-exact. Six messages a
-    # run: the pairing and the hellos happen at the connection, and each message costs
-    # time.
+    # run for those (each message costs time), twelve for the paired ones, of 1 B to
+    # 2 MiB: the server's receive queue holds 32 receives, and a message that needs more
+    # (over 2 MiB in 64 KiB chunks) goes whole, as do those sent before the two shapers
+    # agree (section 2b runs 16 MiB whole).
     paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
     agreed='"split_requests":[1-9].*"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     b_agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     for mode in send write-imm; do
-      two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 6
+      TS_MAX_SIZE=2M two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
       if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed"; then
         result PASS "peer: two shapers agree over their side channels and split $mode requests" "$TS_WHAT"
       else
@@ -841,12 +843,13 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     fi
 
     # The receiving process killed mid-stream: ib_send_bw between paired shapers, and once
-    # A announces its SENDs (B owns its receives), the server on B is killed (-9). Soft-RoCE
-    # fails none of A's requests then (natively the client spins until its timeout: 40 s
-    # of a 40 s run in a trial), and A's requests waiting for B's credit never get one; A's
-    # shaper, having had no word from B's for its transport timeout (at least 3 s), fails
-    # the oldest with IBV_WC_RETRY_EXC_ERR, flushes the rest and moves the QP to the error
-    # state: the client must end with a completion error well before its timeout.
+    # A announces its SENDs (B owns its receives), the server on B is killed (-9). A's
+    # requests on the NIC may fail there (in one trial Soft-RoCE failed none, and natively
+    # the client spun until its timeout), and A's requests waiting for B's credit never
+    # get one: A's shaper, having had no word from B's for its transport timeout (at least
+    # 3 s), fails the oldest with IBV_WC_RETRY_EXC_ERR, flushes the rest and moves the QP
+    # to the error state. Either way the client must end with a completion error well
+    # before its timeout.
     port=$((PORT++))
     crash_a="$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock"
     crash_b="$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
