@@ -490,30 +490,14 @@ pub fn record() -> MutexGuard<'static, Pairings> {
 /// The connection an RC queue pair's successful move to RTR with `attr` and `mask`
 /// makes, if any (the remote end as [`crate::remote`] reads it, and the port).
 pub fn connection_of(qp: &ibv_qp, attr: &ibv_qp_attr, mask: u32) -> Option<Connection> {
-    let wanted = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
-    if qp.qp_type != IBV_QPT_RC || mask & wanted != wanted || attr.qp_state != IBV_QPS_RTR {
-        return None;
-    }
+    let end = crate::remote::end_of(qp, attr, mask)?;
     let ah = &attr.ah_attr;
-    let (end, sgid_index) = if ah.is_global != 0 {
-        let end = End {
-            // SAFETY: every bit pattern of the union is a valid byte array.
-            gid: unsafe { ah.grh.dgid.raw },
-            lid: 0,
-            qpn: attr.dest_qp_num,
-        };
-        (end, ah.grh.sgid_index)
+    // The route's source GID, which datagrams to the peer's side channel use too.
+    let sgid_index = if ah.is_global != 0 {
+        ah.grh.sgid_index
     } else {
-        let end = End {
-            gid: [0; 16],
-            lid: ah.dlid,
-            qpn: attr.dest_qp_num,
-        };
-        (end, 0)
+        0
     };
-    if end.gid == [0; 16] && end.lid == 0 {
-        return None;
-    }
     // SAFETY: a live QP's context and its device are live; the device's name is a
     // NUL-terminated array of its own.
     let device = unsafe {

@@ -39,6 +39,32 @@ pub struct Seen {
 /// The process's record.
 static SEEN: Seen = Seen::new();
 
+/// The remote end an RC queue pair's successful move to RTR with `attr` and `mask` gives
+/// it (its GID when routed globally, else its LID, and its QP number); `None` for any
+/// other move, another QP type, or an end with neither GID nor LID.
+pub fn end_of(qp: &ibv_qp, attr: &ibv_qp_attr, mask: u32) -> Option<End> {
+    let wanted = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
+    if qp.qp_type != IBV_QPT_RC || mask & wanted != wanted || attr.qp_state != IBV_QPS_RTR {
+        return None;
+    }
+    let ah = &attr.ah_attr;
+    let end = if ah.is_global != 0 {
+        End {
+            // SAFETY: every bit pattern of the union is a valid byte array.
+            gid: unsafe { ah.grh.dgid.raw },
+            lid: 0,
+            qpn: attr.dest_qp_num,
+        }
+    } else {
+        End {
+            gid: [0; 16],
+            lid: ah.dlid,
+            qpn: attr.dest_qp_num,
+        }
+    };
+    (end.gid != [0; 16] || end.lid != 0).then_some(end)
+}
+
 impl Seen {
     /// Nothing seen yet.
     pub const fn new() -> Self {
@@ -50,28 +76,9 @@ impl Seen {
 
     /// See [`on_modify`].
     pub fn modified(&self, qp: &ibv_qp, attr: &ibv_qp_attr, mask: u32) {
-        let wanted = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
-        if qp.qp_type != IBV_QPT_RC || mask & wanted != wanted || attr.qp_state != IBV_QPS_RTR {
+        let Some(end) = end_of(qp, attr, mask) else {
             return;
-        }
-        let ah = &attr.ah_attr;
-        let end = if ah.is_global != 0 {
-            End {
-                // SAFETY: every bit pattern of the union is a valid byte array.
-                gid: unsafe { ah.grh.dgid.raw },
-                lid: 0,
-                qpn: attr.dest_qp_num,
-            }
-        } else {
-            End {
-                gid: [0; 16],
-                lid: ah.dlid,
-                qpn: attr.dest_qp_num,
-            }
         };
-        if end.gid == [0; 16] && end.lid == 0 {
-            return;
-        }
         match self.end.lock() {
             Ok(mut g) => *g = Some(end),
             Err(poisoned) => *poisoned.into_inner() = Some(end),
