@@ -721,8 +721,11 @@ pub struct AppCompletion {
 struct Outgoing {
     announce: Announce,
     request: WorkRequest,
-    /// What the receiver posted, once its credit arrived.
+    /// What the receiver posted, once its credit arrived (grown by each later credit
+    /// while it posts the message's receives in parts).
     posting: Option<Posting>,
+    /// The credit [`SendSide::take_credited`] last handed out for it.
+    taken: Option<Posting>,
     /// Chunks handed out (as a whole message: 0 or 1).
     sent: u32,
     /// Chunks completed.
@@ -734,6 +737,21 @@ struct Outgoing {
     last_sent_ns: u64,
     /// Times it was announced again.
     repeats: u32,
+}
+
+impl Outgoing {
+    /// Whether the receiver has posted every receive the message consumes: its credit is
+    /// whole, a WRITE with immediate's one receive, or a SEND's one per chunk.
+    fn fully_credited(&self) -> bool {
+        match (self.posting, self.announce.kind) {
+            (None, _) => false,
+            (Some(Posting::Whole), _) => true,
+            (Some(Posting::Split { posted }), MessageKind::WriteWithImm) => posted >= 1,
+            (Some(Posting::Split { posted }), MessageKind::Send) => {
+                posted >= self.announce.chunks()
+            }
+        }
+    }
 }
 
 /// How long an announcement waits for its credit before it is sent again; each repeat
@@ -798,6 +816,7 @@ impl SendSide {
             announce,
             request,
             posting: None,
+            taken: None,
             sent: 0,
             done: 0,
             total: 0,
@@ -851,6 +870,9 @@ impl SendSide {
         }
         message.posting = Some(posting);
         message.total = total;
+        // The peer is there: the wait for the rest of the credit, if any, starts again
+        // (see `reannounce` and `uncredited_since`).
+        message.first_seen_ns = None;
         Ok(())
     }
 
@@ -868,25 +890,29 @@ impl SendSide {
         true
     }
 
-    /// The oldest message, once its credit has come, taken out: its number and how the
-    /// receiver posted it. For a caller that cuts and completes the messages itself (the
-    /// shaper's send queue, whose chunks are cut to the announced chunk size as
-    /// [`SendSide::next_chunk`] would): from then on this side only keeps the messages
-    /// still waiting for a credit. Messages come out in order, so a later message's
-    /// credit waits for every earlier one's; a credit for fewer receives than a split
-    /// SEND's chunks (the core's receiver never sends one) waits for the rest.
+    /// The oldest message's credit, each time it has come or grown since last taken: its
+    /// number and how the receiver posted it so far. For a caller that cuts and
+    /// completes the messages itself (the shaper's send queue, whose chunks are cut to
+    /// the announced chunk size as [`SendSide::next_chunk`] would, and go no further than
+    /// the receives credited): once the credit is complete the message is taken out, and
+    /// this side keeps only the messages still waiting for all of theirs. Messages come
+    /// out in order, so a later message's credit waits for every earlier one's to be
+    /// complete (the receiver posts the receives in message order anyway).
     pub fn take_credited(&mut self) -> Option<(u64, Posting)> {
-        let front = self.outgoing.front()?;
+        let front = self.outgoing.front_mut()?;
         let posting = front.posting?;
-        let complete = match (posting, front.announce.kind) {
-            (Posting::Whole, _) | (Posting::Split { .. }, MessageKind::WriteWithImm) => true,
-            (Posting::Split { posted }, MessageKind::Send) => posted >= front.announce.chunks(),
-        };
-        if !complete || front.sent > 0 {
+        if front.sent > 0 {
             return None;
         }
         let seq = front.announce.seq;
-        self.outgoing.pop_front();
+        if front.fully_credited() {
+            self.outgoing.pop_front();
+            return Some((seq, posting));
+        }
+        if front.taken == Some(posting) {
+            return None;
+        }
+        front.taken = Some(posting);
         Some((seq, posting))
     }
 
@@ -955,12 +981,14 @@ impl SendSide {
         })
     }
 
-    /// The announcements to send again at `now_ns`: those with no credit yet whose wait
-    /// ([`ANNOUNCE_RETRY_NS`], doubling per repeat up to [`ANNOUNCE_RETRY_MAX_NS`]) is
-    /// over. A message is first seen by this call (its first wait starts then).
+    /// The announcements to send again at `now_ns`: those whose credit is not complete
+    /// (none yet, or receives posted in part, whose next credit may have been lost) and
+    /// whose wait ([`ANNOUNCE_RETRY_NS`], doubling per repeat up to
+    /// [`ANNOUNCE_RETRY_MAX_NS`]) is over. A message is first seen by this call (its
+    /// first wait starts then, and again after each credit).
     pub fn reannounce(&mut self, now_ns: u64) -> Vec<Announce> {
         let mut again = Vec::new();
-        for m in self.outgoing.iter_mut().filter(|m| m.posting.is_none()) {
+        for m in self.outgoing.iter_mut().filter(|m| !m.fully_credited()) {
             if m.first_seen_ns.is_none() {
                 m.first_seen_ns = Some(now_ns);
                 m.last_sent_ns = now_ns;
@@ -986,19 +1014,20 @@ impl SendSide {
         if let Some(m) = self
             .outgoing
             .iter_mut()
-            .find(|m| m.announce.seq == seq && m.posting.is_none())
+            .find(|m| m.announce.seq == seq && !m.fully_credited())
         {
             m.first_seen_ns = Some(now_ns);
         }
     }
 
-    /// Since when the oldest message without a credit has waited for one, as
-    /// [`SendSide::reannounce`] first saw it: what the caller compares with the queue
+    /// Since when the oldest message whose credit is not complete has waited for more of
+    /// it, as [`SendSide::reannounce`] first saw it (every credit, a repeated one too,
+    /// starts the wait again): what the caller compares with the queue
     /// pair's transport timeout before it gives up on the peer ([`SendSide::abandon`]).
     pub fn uncredited_since(&self) -> Option<u64> {
         self.outgoing
             .iter()
-            .filter(|m| m.posting.is_none())
+            .filter(|m| !m.fully_credited())
             .filter_map(|m| m.first_seen_ns)
             .min()
     }
@@ -1096,12 +1125,21 @@ struct AppRecv {
 struct Landing {
     announce: Announce,
     app: AppRecv,
+    /// What is credited so far: updated as the receives are posted part by part.
     posting: Posting,
     /// Receives to post in all (1 when whole).
     receives: u32,
+    /// Receives posted so far: fewer than `receives` only while a message that needs more
+    /// receives than the queue holds is posted in parts, as room frees.
+    posted: u32,
     /// Internal receives completed.
     landed: u32,
 }
+
+/// The most receives one message is split into. A message that would need more (a chunk
+/// size, which the peer controls, tiny against a large receive) goes whole: the receiver
+/// never plans more receives for one message than this.
+pub const MAX_SPLIT_RECEIVES: u32 = 1 << 16;
 
 /// What an announcement did at the receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1136,10 +1174,10 @@ pub struct RecvSide {
 impl RecvSide {
     /// A receiver expecting announcement `first` next, posting receives of at most
     /// `max_sge` SGEs (the queue pair's `max_recv_sge`) into a receive queue of
-    /// `queue_depth` entries (its `max_recv_wr`). A message that would need more split
-    /// receives than the queue holds could never be posted split: it goes whole. So an
-    /// announcement, which the peer controls, never makes the receiver plan more receives
-    /// than its queue holds (a chunk of 1 byte against a 16 MiB receive is posted whole).
+    /// `queue_depth` entries (its `max_recv_wr`). A message that needs more split receives
+    /// than the queue holds is posted in parts as room frees, each part credited (see
+    /// [`RecvSide::next_posting`]); one that would need more than [`MAX_SPLIT_RECEIVES`]
+    /// goes whole.
     pub fn new(first: u64, max_sge: usize, queue_depth: u32) -> Self {
         RecvSide {
             app: VecDeque::new(),
@@ -1191,72 +1229,87 @@ impl RecvSide {
         Ok(Announced::Taken)
     }
 
-    /// Pairs the next announced message with the next application receive, if both are
-    /// there: the receives to post for it, in order, and the credit to return. `room` is
-    /// how many receives the queue has room for; a split message whose receives do not
-    /// all fit waits (whole receives need 1).
+    /// The receives to post next, in order, with the credit to return and the message it
+    /// is for, when the queue's `room` (free receive slots) allows.
+    ///
+    /// A message whose receives are posted in parts comes first: its next part, once room
+    /// for the rest of it or for half the queue has freed (so that the credits, one per
+    /// part, come in batches rather than one per receive). Otherwise the next announced
+    /// message meets the next application receive, if both are there: its receives all
+    /// at once when they fit `room`; when they are more than the whole queue holds, a
+    /// first part once half the queue is free; else it waits for room. Receives go to
+    /// the queue in message order, so a message's parts never interleave with another's.
     pub fn next_posting(&mut self, room: u32) -> Option<(Vec<InternalRecv>, Posting, u64)> {
+        let batch = (self.queue_depth / 2).max(1);
+        let max_sge = self.max_sge;
+        if let Some(landing) = self.landing.back_mut().filter(|l| l.posted < l.receives) {
+            let left = landing.receives - landing.posted;
+            if room < left.min(batch) {
+                return None;
+            }
+            let count = left.min(room);
+            let recvs = receives_of(landing, landing.posted, count, max_sge);
+            landing.posted += count;
+            landing.posting = Posting::Split {
+                posted: landing.posted,
+            };
+            return Some((recvs, landing.posting, landing.announce.seq));
+        }
         let announce = *self.announced.front()?;
         let app = *self.app.front()?;
-        let (recvs, posting) = self.plan(&announce, &app);
-        if u32::try_from(recvs.len()).map_or(true, |n| n > room) {
+        let (posting, receives) = self.plan(&announce, &app);
+        let count = if receives <= room {
+            receives
+        } else if receives > self.queue_depth && room >= batch {
+            room
+        } else {
             return None;
-        }
+        };
         self.announced.pop_front();
         self.app.pop_front();
-        self.landing.push_back(Landing {
+        let mut landing = Landing {
             announce,
             app,
             posting,
-            receives: u32::try_from(recvs.len()).unwrap_or(u32::MAX),
+            receives,
+            posted: count,
             landed: 0,
-        });
+        };
+        if let Posting::Split { .. } = posting {
+            landing.posting = Posting::Split { posted: count };
+        }
+        let recvs = receives_of(&landing, 0, count, max_sge);
+        let posting = landing.posting;
+        self.landing.push_back(landing);
         Some((recvs, posting, announce.seq))
     }
 
-    /// The receives for `announce` into `app`: whole when it fits one chunk, is longer
-    /// than the receive (it then fails at the NIC as natively), needs more receives than
-    /// the queue holds, is a WRITE with immediate (its data needs no receive), or a slice
-    /// needs more SGEs than a receive holds.
-    fn plan(&self, announce: &Announce, app: &AppRecv) -> (Vec<InternalRecv>, Posting) {
-        let whole = || {
-            let recv = InternalRecv {
-                seq: announce.seq,
-                index: 0,
-                sges: app.sges,
-            };
-            (vec![recv], Posting::Whole)
-        };
+    /// How `announce` lands in `app`, and how many receives that takes: whole (1) when it
+    /// fits one chunk, is longer than the receive (it then fails at the NIC as natively),
+    /// would need more than [`MAX_SPLIT_RECEIVES`], or a slice needs more SGEs than a
+    /// receive holds; a WRITE with immediate split takes 1 (its data needs no receive);
+    /// a SEND split takes one per chunk.
+    fn plan(&self, announce: &Announce, app: &AppRecv) -> (Posting, u32) {
         if announce.chunks() <= 1 {
-            return whole();
+            return (Posting::Whole, 1);
         }
         if announce.kind == MessageKind::WriteWithImm {
-            // The data goes as WRITEs; only the last chunk consumes a receive, the
-            // application's as posted (its scatter list takes no bytes of the message).
-            let (mut recvs, _) = whole();
-            recvs.truncate(1);
-            return (recvs, Posting::Split { posted: 1 });
+            return (Posting::Split { posted: 1 }, 1);
         }
-        if u64::from(announce.len) > app.sges.total_bytes() || announce.chunks() > self.queue_depth
-        {
-            return whole();
+        let chunks = announce.chunks();
+        if u64::from(announce.len) > app.sges.total_bytes() || chunks > MAX_SPLIT_RECEIVES {
+            return (Posting::Whole, 1);
         }
         let step = u64::from(announce.chunk_bytes);
-        let mut recvs = Vec::with_capacity(announce.chunks() as usize);
-        for index in 0..announce.chunks() {
-            let offset = u64::from(index) * step;
+        let fits = (0..u64::from(chunks)).all(|index| {
+            let offset = index * step;
             let len = step.min(u64::from(announce.len) - offset);
-            let Some(sges) = slice_sges(&app.sges, offset, len, self.max_sge) else {
-                return whole();
-            };
-            recvs.push(InternalRecv {
-                seq: announce.seq,
-                index,
-                sges,
-            });
+            slice_sges(&app.sges, offset, len, self.max_sge).is_some()
+        });
+        if !fits {
+            return (Posting::Whole, 1);
         }
-        let posted = announce.chunks();
-        (recvs, Posting::Split { posted })
+        (Posting::Split { posted: chunks }, chunks)
     }
 
     /// An internal receive completed (they complete in the order posted) with `status`,
@@ -1331,6 +1384,34 @@ impl RecvSide {
         let held = self.app.drain(..).map(|a| flushed(a.wr_id));
         landing.chain(held).collect()
     }
+}
+
+/// Receives `from .. from + count` of `landing`, as [`RecvSide::plan`] planned them: the
+/// application's receive as posted when whole or a WRITE with immediate, else the
+/// message's slices (every one of which `plan` found to fit).
+fn receives_of(landing: &Landing, from: u32, count: u32, max_sge: usize) -> Vec<InternalRecv> {
+    let a = landing.announce;
+    let whole = matches!(landing.posting, Posting::Whole) || a.kind == MessageKind::WriteWithImm;
+    if whole {
+        return vec![InternalRecv {
+            seq: a.seq,
+            index: 0,
+            sges: landing.app.sges,
+        }];
+    }
+    let step = u64::from(a.chunk_bytes);
+    (from..from.saturating_add(count))
+        .filter_map(|index| {
+            let offset = u64::from(index) * step;
+            let len = step.min(u64::from(a.len).saturating_sub(offset));
+            let sges = slice_sges(&landing.app.sges, offset, len, max_sge)?;
+            Some(InternalRecv {
+                seq: a.seq,
+                index,
+                sges,
+            })
+        })
+        .collect()
 }
 
 /// The byte count the next internal receive of `landing` must report: its slice's, or for

@@ -361,7 +361,8 @@ fn no_chunk_goes_without_a_credit() {
 
 /// A caller that cuts the messages itself takes each one out once its credit has come, in
 /// order: a later message credited first waits for the earlier one, and a split SEND's
-/// credit for fewer receives than its chunks waits for the rest.
+/// credit for fewer receives than its chunks is handed out as it stands (once) and the
+/// message stays until the rest comes.
 #[test]
 fn credited_messages_are_taken_out_in_order_and_only_when_fully_credited() {
     let mut tx = SendSide::new(7, 4);
@@ -374,7 +375,12 @@ fn credited_messages_are_taken_out_in_order_and_only_when_fully_credited() {
     tx.on_credit(b.seq, Posting::Whole).unwrap();
     assert_eq!(tx.take_credited(), None, "the second waits for the first");
     tx.on_credit(a.seq, Posting::Split { posted: 4 }).unwrap();
-    assert_eq!(tx.take_credited(), None, "4 of 9 receives posted");
+    assert_eq!(tx.take_credited(), Some((7, Posting::Split { posted: 4 })));
+    assert_eq!(
+        tx.take_credited(),
+        None,
+        "4 of 9 receives posted, handed out once"
+    );
     tx.on_credit(a.seq, Posting::Split { posted: 9 }).unwrap();
     assert_eq!(tx.take_credited(), Some((7, Posting::Split { posted: 9 })));
     assert_eq!(tx.take_credited(), Some((8, Posting::Whole)));
@@ -799,9 +805,10 @@ proptest! {
                 1 => c.len,
                 _ => c.len.saturating_add(chunk_raw),
             };
-            // Chunks big enough that a message needs at most `room` receives (the
-            // queue's depth), so that it goes split: one needing more would go whole.
-            let chunk = chunk.max(c.len.div_ceil(room.max(1)));
+            // Chunks big enough that a message needs at most four times `room`
+            // receives (the queue's depth): one needing more than the queue holds is
+            // posted in parts, and the run stays short.
+            let chunk = chunk.max(c.len.div_ceil(room.max(1).saturating_mul(4)));
             let src = sges_of(src_base, c.len, &c.src_cuts);
             let dst = sges_of(dst_base, c.len, &c.dst_cuts);
             pair.rx.post_recv(100 + i as u64, &dst).unwrap();
@@ -835,41 +842,159 @@ proptest! {
 }
 
 /// What a peer announces cannot make the receiver build more than its queue holds: a
-/// 1-byte chunk against a 16 MiB receive is posted whole (one receive), as is any message
-/// needing more split receives than the queue's depth; and announcements past
+/// 1-byte chunk against a 16 MiB receive is posted whole (one receive: it would need more
+/// than MAX_SPLIT_RECEIVES), a message needing more receives than the queue's depth is
+/// posted no further than the room the caller gives; and announcements past
 /// MAX_ANNOUNCED held are refused.
 #[test]
 fn an_announcement_never_plans_more_receives_than_the_queue_holds() {
     let mut rx = RecvSide::new(0, 4, 8);
     rx.post_recv(1, &sink(16 << 20)).unwrap();
-    rx.post_recv(2, &sink(16 << 10)).unwrap();
-    rx.post_recv(3, &sink(16 << 10)).unwrap();
-    let announce = |seq, len, chunk_bytes| Announce {
+    rx.post_recv(2, &sink(18 << 10)).unwrap();
+    rx.on_announce(send_announce(0, 16 << 20, 1)).unwrap();
+    let (recvs, posting, _) = rx.next_posting(8).unwrap();
+    assert_eq!((recvs.len(), posting), (1, Posting::Whole));
+    rx.on_announce(send_announce(1, 9 << 11, 1 << 11)).unwrap();
+    let (recvs, posting, _) = rx.next_posting(8).unwrap();
+    assert_eq!((recvs.len(), posting), (8, Posting::Split { posted: 8 }));
+
+    let mut rx = RecvSide::new(0, 4, 8);
+    for seq in 0..MAX_ANNOUNCED as u64 {
+        rx.on_announce(send_announce(seq, 100, 64)).unwrap();
+    }
+    assert!(matches!(
+        rx.on_announce(send_announce(MAX_ANNOUNCED as u64, 100, 64)),
+        Err(TwoSidedError::TooManyAnnounced { held }) if held == MAX_ANNOUNCED
+    ));
+}
+
+/// A SEND announcement of `len` bytes in chunks of `chunk_bytes`.
+fn send_announce(seq: u64, len: u32, chunk_bytes: u32) -> Announce {
+    Announce {
         seq,
         len,
         chunk_bytes,
         imm: None,
         kind: MessageKind::Send,
-    };
-    rx.on_announce(announce(0, 16 << 20, 1)).unwrap();
-    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
-    assert_eq!((recvs.len(), posting), (1, Posting::Whole));
-    // 9 chunks of 2 KiB do not fit a queue of 8: whole; 8 do.
-    rx.on_announce(announce(1, 9 << 11, 1 << 11)).unwrap();
-    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
-    assert_eq!((recvs.len(), posting), (1, Posting::Whole));
-    rx.on_announce(announce(2, 8 << 11, 1 << 11)).unwrap();
-    let (recvs, posting, _) = rx.next_posting(u32::MAX).unwrap();
-    assert_eq!((recvs.len(), posting), (8, Posting::Split { posted: 8 }));
-
-    let mut rx = RecvSide::new(0, 4, 8);
-    for seq in 0..MAX_ANNOUNCED as u64 {
-        rx.on_announce(announce(seq, 100, 64)).unwrap();
     }
+}
+
+/// A message needing more receives than the queue holds (20 chunks, a queue of 8) is
+/// posted in parts: a first part once half the queue is free, each later part once room
+/// for the rest or for half the queue has freed, each part credited with the receives
+/// posted so far; its slices are the receive's in order; the application hears once,
+/// with the whole length, when the last chunk lands; the next message's receives wait
+/// for the last part (they never interleave), and a repeated announcement is answered
+/// with the credit as it stands.
+#[test]
+fn a_message_longer_than_the_queue_is_posted_in_parts_each_credited() {
+    let mut rx = RecvSide::new(0, 4, 8);
+    rx.post_recv(1, &sink(20 << 10)).unwrap();
+    rx.post_recv(2, &sink(4 << 10)).unwrap();
+    rx.on_announce(send_announce(0, 20 << 10, 1 << 10)).unwrap();
+    rx.on_announce(send_announce(1, 4 << 10, 1 << 10)).unwrap();
+    // Less than half the queue free: nothing yet.
+    assert!(rx.next_posting(3).is_none());
+    let (recvs, posting, seq) = rx.next_posting(5).unwrap();
+    assert_eq!(
+        (recvs.len(), posting, seq),
+        (5, Posting::Split { posted: 5 }, 0)
+    );
+    assert_eq!(
+        recvs
+            .iter()
+            .map(|r| (r.index, r.sges[0].addr))
+            .collect::<Vec<_>>(),
+        (0..5).map(|i| (i, u64::from(i) << 10)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rx.on_announce(send_announce(0, 20 << 10, 1 << 10)),
+        Ok(Announced::Repeated(Some(Posting::Split { posted: 5 })))
+    );
+    let mut posted = 5u32;
+    let mut in_queue = 5u32;
+    let mut done = Vec::new();
+    while posted < 20 {
+        // One chunk lands: nothing for the application until the last.
+        done.extend(rx.on_recv_done(WC_SUCCESS, 1 << 10, None));
+        in_queue -= 1;
+        let room = 8 - in_queue;
+        match rx.next_posting(room) {
+            Some((recvs, Posting::Split { posted: now }, 0)) => {
+                assert!(
+                    room >= 4 || 20 - posted <= room,
+                    "a part of {} posted with {room} free",
+                    recvs.len()
+                );
+                assert_eq!(recvs[0].index, posted);
+                posted += recvs.len() as u32;
+                in_queue += recvs.len() as u32;
+                assert_eq!(now, posted);
+                assert!(in_queue <= 8);
+            }
+            None => assert!(room < 4 && 20 - posted > room),
+            other => panic!("not the first message's next part: {other:?}"),
+        }
+    }
+    assert!(done.is_empty());
+    for _ in 0..in_queue - 1 {
+        assert!(rx.on_recv_done(WC_SUCCESS, 1 << 10, None).is_none());
+    }
+    // Every receive of the first message is posted: the second's may go now.
+    let (recvs, posting, seq) = rx.next_posting(7).unwrap();
+    assert_eq!(
+        (recvs.len(), posting, seq),
+        (4, Posting::Split { posted: 4 }, 1)
+    );
+    let first = rx.on_recv_done(WC_SUCCESS, 1 << 10, None).unwrap();
+    assert_eq!(
+        (first.wr_id, first.byte_len, first.status),
+        (1, 20 << 10, WC_SUCCESS)
+    );
+}
+
+/// The sender of a message credited in parts sends no chunk past the receives credited,
+/// hands each new credit to [`SendSide::take_credited`] once and takes the message out
+/// when the credit is complete; a credit that shrinks is refused; while the credit is
+/// partial the announcement is repeated, and each credit starts its wait again.
+#[test]
+fn a_sender_follows_a_credit_given_in_parts() {
+    let mut tx = SendSide::new(0, 4);
+    let a = tx
+        .post(request(9, Opcode::Send, &source(10 << 10), 0), 1 << 10)
+        .unwrap();
+    assert_eq!(a.chunks(), 10);
+    tx.on_credit(0, Posting::Split { posted: 4 }).unwrap();
+    assert_eq!(tx.take_credited(), Some((0, Posting::Split { posted: 4 })));
+    assert_eq!(tx.take_credited(), None);
     assert!(matches!(
-        rx.on_announce(announce(MAX_ANNOUNCED as u64, 100, 64)),
-        Err(TwoSidedError::TooManyAnnounced { held }) if held == MAX_ANNOUNCED
+        tx.on_credit(0, Posting::Split { posted: 3 }),
+        Err(TwoSidedError::BadCredit { seq: 0 })
     ));
+    // Not complete: repeated after its wait, and the give-up clock runs.
+    assert!(tx.reannounce(0).is_empty());
+    assert_eq!(tx.uncredited_since(), Some(0));
+    assert_eq!(tx.reannounce(ANNOUNCE_RETRY_NS), vec![a]);
+    // A credit, even one that adds nothing, says the peer is there.
+    tx.on_credit(0, Posting::Split { posted: 4 }).unwrap();
+    assert_eq!(tx.uncredited_since(), None);
+    assert_eq!(tx.take_credited(), None);
+    tx.on_credit(0, Posting::Split { posted: 10 }).unwrap();
+    assert_eq!(tx.take_credited(), Some((0, Posting::Split { posted: 10 })));
+    assert_eq!(tx.outstanding(), 0);
+    assert!(tx.reannounce(10 * ANNOUNCE_RETRY_MAX_NS).is_empty());
+
+    // Sent chunk by chunk, never past the credit.
+    let mut tx = SendSide::new(0, 4);
+    tx.post(request(9, Opcode::Send, &source(10 << 10), 0), 1 << 10)
+        .unwrap();
+    tx.on_credit(0, Posting::Split { posted: 3 }).unwrap();
+    let sent: Vec<u32> = std::iter::from_fn(|| tx.next_chunk())
+        .map(|c| c.index)
+        .collect();
+    assert_eq!(sent, vec![0, 1, 2]);
+    tx.on_credit(0, Posting::Split { posted: 10 }).unwrap();
+    assert_eq!(std::iter::from_fn(|| tx.next_chunk()).count(), 7);
 }
 
 /// A hello goes at once, again every [`HELLO_RETRY_NS`] while unanswered, at most

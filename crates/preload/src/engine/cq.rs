@@ -1049,11 +1049,7 @@ impl CqQps {
         if self.receivers.is_empty() {
             return None;
         }
-        let at = self
-            .receivers
-            .binary_search_by_key(&qp_num, |q| q.qp_num)
-            .ok()?;
-        self.receivers.get(at)
+        shared_of(&self.receivers, qp_num)
     }
 }
 
@@ -1068,8 +1064,14 @@ impl std::ops::Deref for CqQps {
 /// The ring of the shaped QP `qp_num` among `qps` (in QP-number order), if it is one.
 #[inline(never)]
 fn ring_of(qps: &[Arc<QpShared>], qp_num: u32) -> Option<&QuickRing> {
+    shared_of(qps, qp_num).map(|q| &*q.ring)
+}
+
+/// The QP `qp_num` among `qps` (in QP-number order), if it is there.
+#[inline(always)]
+fn shared_of(qps: &[Arc<QpShared>], qp_num: u32) -> Option<&Arc<QpShared>> {
     let at = qps.binary_search_by_key(&qp_num, |q| q.qp_num).ok()?;
-    qps.get(at).map(|q| &*q.ring)
+    qps.get(at)
 }
 
 /// Where [`CqShared::poll_general`] takes over from [`CqShared::poll_shaped`]: the

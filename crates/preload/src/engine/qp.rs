@@ -136,9 +136,6 @@ pub struct QpShared {
     /// Its receiver half, when its receives may be owned for a peer that splits its
     /// sends (see [`super::two_sided`]).
     pub(crate) receiver: Option<super::two_sided::ReceiverShared>,
-    /// The application set its `rnr_retry` to 0: its sends are never split (a message
-    /// racing the agreement may meet one RNR retry).
-    pub(super) rnr_retry_zero: AtomicBool,
 }
 
 // SAFETY: the QP pointer is only passed to the provider, which allows any thread.
@@ -379,7 +376,6 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         receiver: (owns_receives && link.is_some_and(|l| l.join(qp_num, me.clone()))).then(|| {
             super::two_sided::ReceiverShared::new(init.cap.max_recv_wr, init.cap.max_recv_sge)
         }),
-        rnr_retry_zero: AtomicBool::new(false),
     });
     // Registered first: a QP the map has no room for must leave no trace in its CQ either.
     let replaced = match qps.insert(qp.cast(), Arc::clone(&shared)) {
@@ -1249,10 +1245,6 @@ impl QpShared {
         }
         if mask & IBV_QP_MAX_QP_RD_ATOMIC != 0 {
             st.max_rd_atomic = u32::from(attr.max_rd_atomic);
-        }
-        if mask & IBV_QP_RNR_RETRY != 0 {
-            self.rnr_retry_zero
-                .store(attr.rnr_retry == 0, Ordering::Relaxed);
         }
         if let Some(s) = st.sender.as_mut() {
             s.note_transport(attr, mask);

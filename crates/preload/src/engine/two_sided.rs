@@ -235,6 +235,9 @@ pub struct SenderHalf {
     /// application set them: how long its NIC waits for a peer that is gone.
     timeout: u8,
     retry_cnt: u8,
+    /// The application set `rnr_retry` to 0: its sends are never split (a message racing
+    /// the agreement may meet one RNR retry).
+    rnr_retry_zero: bool,
 }
 
 /// The shortest wait for a credit before the sender gives up on its peer, whatever the
@@ -244,8 +247,12 @@ pub struct SenderHalf {
 const GIVE_UP_FLOOR_NS: u64 = 3 * ANNOUNCE_RETRY_MAX_NS;
 
 impl SenderHalf {
-    /// Notes the transport timeout and retry count an `ibv_modify_qp` sets.
+    /// Notes the transport timeout, retry count and RNR retry count an `ibv_modify_qp`
+    /// sets.
     pub(super) fn note_transport(&mut self, attr: &ibv_qp_attr, mask: u32) {
+        if mask & IBV_QP_RNR_RETRY != 0 {
+            self.rnr_retry_zero = attr.rnr_retry == 0;
+        }
         if mask & IBV_QP_TIMEOUT != 0 {
             self.timeout = attr.timeout;
         }
@@ -409,7 +416,10 @@ impl QpShared {
     /// and the application did not set `rnr_retry` to 0 (a message racing the agreement
     /// may meet one RNR retry).
     fn splits(&self) -> bool {
-        !self.rnr_retry_zero.load(Ordering::Relaxed) && self.lock().sender.is_some()
+        self.lock()
+            .sender
+            .as_ref()
+            .is_some_and(|s| !s.rnr_retry_zero)
     }
 
     /// Posts the application's receive list `wr` on a QP with a receiver half `r`: whole
@@ -899,7 +909,7 @@ impl QpShared {
         }
         let mut moved = false;
         while let Some((seq, posting)) = side.take_credited() {
-            moved |= sq.credit(seq, matches!(posting, Posting::Split { .. }));
+            moved |= sq.credit(seq, posting);
         }
         if moved {
             let drained = self.drain_locked(&mut st, now);

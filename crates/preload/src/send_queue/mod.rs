@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use justitia_core::chunk::{Chunk, ChunkPlan, Opcode, Sge, WorkRequest};
+use justitia_core::two_sided::Posting;
 use justitia_core::yield_plan::{yield_request, YieldPlanner};
 use justitia_verbs::sys::*;
 
@@ -279,9 +280,21 @@ struct SplitBody {
     /// Yields still to post before `next` (`preempt`).
     yields_due: u32,
     planner: Option<YieldPlanner>,
+    /// A split SEND whose receives the peer posts in parts: the number it was announced
+    /// with, and how many of its chunks are credited; only those may go (see
+    /// [`SendQueue::credit`]). `None`: no such limit.
+    credited: Option<(u64, u32)>,
 }
 
 impl SplitBody {
+    /// Whether the next chunk waits for more of the peer's credit.
+    fn waits_for_credit(&self) -> bool {
+        match (self.credited, &self.next) {
+            (Some((_, credited)), Some(chunk)) => self.yields_due == 0 && chunk.index >= credited,
+            _ => false,
+        }
+    }
+
     /// What the next WQE is (a yield or not), and its payload, without taking it.
     fn peek(&self) -> Option<(bool, u32)> {
         if self.yields_due > 0 {
@@ -667,6 +680,7 @@ impl SendQueue {
         let wc_opcode = wc_opcode_for(wr.opcode());
         let whole_two_sided =
             consumes_receive(wr.opcode()) && !matches!(treatment, Treatment::Announced { .. });
+
         let (body, split, paced) = match treatment {
             Treatment::Announced {
                 seq,
@@ -728,20 +742,36 @@ impl SendQueue {
         self.whole_two_sided
     }
 
-    /// The peer's credit for the announced message `seq` came ([`Treatment::Announced`]):
-    /// it goes whole (`split` false) or in chunks of the size it was announced with, cut
-    /// as the peer cut its receives (`justitia_core::two_sided`'s invariant: chunk `i` is
-    /// the bytes `[i * chunk, (i + 1) * chunk)`). Returns false when no request waits for
+    /// The peer's credit for the announced message `seq` came or grew
+    /// ([`Treatment::Announced`]): it goes whole ([`Posting::Whole`]) or in chunks of the
+    /// size it was announced with, cut as the peer cut its receives
+    /// (`justitia_core::two_sided`'s invariant: chunk `i` is the bytes
+    /// `[i * chunk, (i + 1) * chunk)`). A split SEND goes no further than the receives
+    /// credited: the peer posts those of a message longer than its queue in parts, and
+    /// each later credit lets more chunks go. Returns false when no request waits for
     /// that credit (it was flushed or taken back).
-    pub fn credit(&mut self, seq: u64, split: bool) -> bool {
-        let Some(at) = self
-            .requests
-            .iter()
-            .position(|r| matches!(&r.body, Body::AwaitingCredit(a) if a.seq == seq))
-        else {
+    pub fn credit(&mut self, seq: u64, posting: Posting) -> bool {
+        let Some(at) = self.requests.iter().position(|r| match &r.body {
+            Body::AwaitingCredit(a) => a.seq == seq,
+            Body::Split(s) => s.credited.is_some_and(|(announced, _)| announced == seq),
+            _ => false,
+        }) else {
             return false;
         };
-        let body = std::mem::replace(&mut self.requests[at].body, Body::Sent);
+        let req = &mut self.requests[at];
+        let limit = match posting {
+            Posting::Split { posted } if req.wc_opcode == IBV_WC_SEND => Some((seq, posted)),
+            _ => None,
+        };
+        if let Body::Split(s) = &mut req.body {
+            // A later part of the credit: more chunks may go.
+            s.credited = match (s.credited, limit) {
+                (Some((_, old)), Some((_, new))) => Some((seq, old.max(new))),
+                _ => None,
+            };
+            return true;
+        }
+        let body = std::mem::replace(&mut req.body, Body::Sent);
         let Body::AwaitingCredit(a) = body else {
             return false;
         };
@@ -750,11 +780,13 @@ impl SendQueue {
         } = *a;
         // Cut as the peer cut its receives, when it posted them split (a WRITE with
         // immediate included: its chunks are WRITEs, the last with the immediate).
-        let (body, is_split, _) = if split {
-            self.plan_body(wr, chunk_bytes, None, false, true)
-        } else {
-            (Body::Whole(Box::new(wr)), false, false)
+        let (mut body, is_split, _) = match posting {
+            Posting::Split { .. } => self.plan_body(wr, chunk_bytes, None, false, true),
+            Posting::Whole => (Body::Whole(Box::new(wr)), false, false),
         };
+        if let Body::Split(s) = &mut body {
+            s.credited = limit;
+        }
         let req = &mut self.requests[at];
         req.body = body;
         req.split = is_split;
@@ -921,6 +953,7 @@ impl SendQueue {
                     next,
                     yields_due: 0,
                     planner,
+                    credited: None,
                 };
                 (Body::Split(Box::new(body)), true, paced)
             }
@@ -1056,6 +1089,7 @@ impl SendQueue {
             let (is_yield, payload) = match &req.body {
                 // Nothing behind it goes before it.
                 Body::AwaitingCredit(_) => return (Blocked::Credit, None),
+                Body::Split(s) if s.waits_for_credit() => return (Blocked::Credit, None),
                 Body::Whole(_) => (false, req.len),
                 Body::Split(s) => match s.peek() {
                     Some(next) => next,
@@ -1540,11 +1574,11 @@ impl SendQueue {
         synthesized: &mut Vec<ibv_wc>,
     ) {
         self.materialize();
-        if let Some(r) = self
-            .requests
-            .iter_mut()
-            .find(|r| matches!(r.body, Body::AwaitingCredit(_)))
-        {
+        if let Some(r) = self.requests.iter_mut().find(|r| match &r.body {
+            Body::AwaitingCredit(_) => true,
+            Body::Split(s) => s.waits_for_credit(),
+            _ => false,
+        }) {
             r.fail_status = Some(status);
         }
         self.set_failed(counters, synthesized);

@@ -356,6 +356,61 @@ fn sends_longer_than_a_chunk_are_split_into_the_receives_the_peer_posted_for_the
     assert_eq!(pair.dev.receives_posted(pair.qps[1]), 0);
 }
 
+/// SENDs needing more receives than the receiver's queue holds (16 and 10 chunks into a
+/// queue of 6) go split all the same: the receiving shaper posts each message's
+/// receives in parts as room frees, credits each part, and the sender sends no chunk
+/// past the credit. Every byte lands in its receive, with the whole length, no RNR is
+/// caused, the queue is never overfilled (the mock refuses a receive past its depth),
+/// and every SEND on the wire is one chunk.
+#[test]
+fn sends_needing_more_receives_than_the_queue_holds_go_split_in_parts() {
+    let (mut pair, mut got) = Pair::agreed(0x7a_0900, 6, 0);
+    let sizes: [usize; 3] = [16 * 4096, 10 * 4096 - 5, 3 * 4096];
+    let total: usize = sizes.iter().sum();
+    let src = pattern(total, 11);
+    let dst = vec![0u8; total];
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let mut sges = sges_over(&dst, at, len, 2);
+        assert_eq!(pair.post_recv(1, 1000 + i as u64, &mut sges), 0);
+        at += len;
+    }
+    let mut at = 0;
+    for (i, &len) in sizes.iter().enumerate() {
+        let mut sges = sges_over(&src, at, len, 3);
+        let mut wr = rdma(IBV_WR_SEND, 2000 + i as u64, &mut sges, 0, true);
+        assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+        at += len;
+    }
+    pair.run_until(&mut got, |g| {
+        g[1].len() == sizes.len() && g[0].len() == sizes.len()
+    });
+    assert_eq!(pair.dev.rnr(), 0, "no RNR caused");
+    assert_eq!(dst, src, "every byte in its receive");
+    for (i, &len) in sizes.iter().enumerate() {
+        let r = &got[1][i];
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len),
+            (1000 + i as u64, IBV_WC_SUCCESS, len as u32),
+            "receive {i}"
+        );
+        let s = &got[0][i];
+        assert_eq!((s.wr_id, s.status), (2000 + i as u64, IBV_WC_SUCCESS));
+    }
+    let stats = pair.engine.stats();
+    assert_eq!(stats.split_requests, 3, "{stats:?}");
+    let sends: Vec<u64> = pair
+        .dev
+        .log()
+        .iter()
+        .filter(|w| w.opcode == IBV_WR_SEND)
+        .map(|w| w.len())
+        .collect();
+    assert_eq!(sends.len(), 16 + 10 + 3);
+    assert!(sends.iter().all(|&l| l <= u64::from(CHUNK)));
+    assert_eq!(pair.dev.receives_posted(pair.qps[1]), 0);
+}
+
 /// A WRITE with immediate longer than a chunk goes as WRITEs whose last carries the
 /// immediate: the peer's one receive completes with the whole length and the immediate.
 #[test]
