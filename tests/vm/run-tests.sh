@@ -189,11 +189,11 @@ else
   echo "vm: booting the two-host pair (logs in $pair) (at ${SECONDS} s)"
   start=$(date +%s)
   # In the same boot, after the pair's checks: shaped WRITE streams across the cable
-  # (tests/vm/guest/pair-write.sh), three rounds a mode; then isolation measured across
+  # (tests/vm/guest/pair-write.sh), two rounds a mode; then isolation measured across
   # the cable made a wire of 8 Mbit/s (tests/vm/guest/wire.sh).
   tests/vm/two-hosts.sh --timeout "${VM_PAIR_TIMEOUT:-1800}" --out "$pair" -- \
     bash -c 'env STEP_TIMEOUT="$0" tests/vm/guest/two-hosts.sh "$@"; rc=$?
-      PAIR_WRITE_ROUNDS=3 tests/vm/guest/pair-write.sh "$@" || rc=1
+      PAIR_WRITE_ROUNDS=2 tests/vm/guest/pair-write.sh "$@" || rc=1
       tests/vm/guest/wire.sh "$@" || rc=1
       exit $rc' "${STEP_TIMEOUT:-150}" "$pair" "$lib" "$daemon_bins" > "$out/two-hosts.log" 2>&1
   rc=$?

@@ -532,6 +532,8 @@ while :; do
   [ "$SECONDS" -lt "$deadline" ] || break
   sleep 1
 done
+# Each holder would hold its queue pair for 30 s; once seen (or not), they end now.
+for p in "$static_pid" "$unshaped_pid" "$shaped_pid"; do [ -n "$p" ] && kill -TERM "$p" 2> /dev/null; done
 for p in "${holders[@]}"; do wait "$p"; done
 [ -n "$static_pid" ] && [ -n "$unshaped_pid" ] && [ -n "$shaped_pid" ] \
   || fail_rest "the queue pair holders did not all start: $(cat "$L.static.log" "$L.unshaped-device.log" "$L.shaped-device.log" | head -c 400)"

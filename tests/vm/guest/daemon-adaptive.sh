@@ -31,7 +31,7 @@
 #
 # One line per check goes to RESULTS/results.txt as in suite.sh; the tools' output, the
 # daemon's log, each status and flows answer go to RESULTS/logs/daemon-adaptive.*. About
-# two to four minutes under emulation.
+# a minute under emulation.
 set -uo pipefail
 
 RESULTS=$1
@@ -113,7 +113,7 @@ start_pair bw "" bandwidth ib_write_bw -s 1048576 -D 100
 BW=$CPID BW_APP=$CAPP
 # The checker beside them (a second bandwidth flow of the same tenant, niced: between
 # transfers it compares buffers and posts nothing, so its flow comes and goes).
-TRANSFERS=${DAEMON_ADAPTIVE_TRANSFERS:-60}
+TRANSFERS=${DAEMON_ADAPTIVE_TRANSFERS:-20}
 # shellcheck disable=SC2046
 env JUSTITIA_LOG=info JUSTITIA_STATS="$L.integrity.stats.json" $(shaped bandwidth) nice -n 19 timeout 200 "$INTEGRITY" \
   -d "$DEV" -x "$GID" -n "$TRANSFERS" > "$L.integrity.log" 2>&1 &

@@ -180,8 +180,9 @@ split_of() { # NAME: the split requests and chunks the shaper on A counted
     | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*' | paste -sd ' '
 }
 
-# TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those.
-if [ "${TWO_HOSTS_ONLY:-}" != peer ]; then
+# TWO_HOSTS_ONLY=peer runs section 1 and the peer channel (6) alone, to repeat those;
+# TWO_HOSTS_ONLY=setup section 1 alone, for wire.sh's sections (WIRE_ONLY) after it.
+if [ -z "${TWO_HOSTS_ONLY:-}" ]; then
 # ---------------------------------------------------------------------------------------
 # 2. perftest across the cable: server on B, client on A, natively and under the shaper
 # (bandwidth class, 16 KiB chunks, both sides); the same counts, and the bytes must have
@@ -464,7 +465,9 @@ peer_table() { # NODE KEY_FILE [LISTEN_ADDRESS]: the members are A, B and C (A_P
   peer_config "$1" "$2" "${3:-$1}" "$PEER_PORT" "$PEER_SILENCE_MS" \
     "\"$A_ADDR\" = \"$A_PUB\", \"$B_ADDR\" = \"$B_PUB\", \"$C_ADDR\" = \"$C_PUB\""
 }
-if ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
+if [ "${TWO_HOSTS_ONLY:-}" = setup ]; then
+  :
+elif ! grep -q '^# \[peer\]' packaging/justitiad.toml; then
   result SKIP "peer channel" "packaging/justitiad.toml has no [peer] table (the peer channel is not built)"
 else
   # The daemons of section 4 make way for peered ones.
@@ -745,14 +748,14 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # chunks, the last carrying the immediate), and a shaped sender beside an unshaped
     # receiver and the reverse: never paired, nothing split, byte-exact. Six messages a
     # run for those (each message costs time), twelve for the paired ones, of 1 B to
-    # 2 MiB: the server's receive queue holds 32 receives, and a message that needs more
-    # (over 2 MiB in 64 KiB chunks) goes whole, as do those sent before the two shapers
-    # agree (section 2b runs 16 MiB whole).
+    # 16 MiB: the server's receive queue holds 32 receives, so B's shaper posts the
+    # receives of a message over 2 MiB (more than 32 chunks of 64 KiB) in parts as they
+    # land, each part credited. Those sent before the two shapers agree go whole.
     paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
     agreed='"split_requests":[1-9].*"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     b_agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     for mode in send write-imm; do
-      TS_MAX_SIZE=2M two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
+      two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
       if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed"; then
         result PASS "peer: two shapers agree over their side channels and split $mode requests" "$TS_WHAT"
       else
@@ -771,36 +774,30 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     else
       result FAIL "peer: an unshaped sender beside a shaped receiver is never paired" "B must pass, report its pairing and count qps_paired 0: $TS_WHAT (logs: $TS_LOGS)"
     fi
-    # Unmodified perftest with both ends shaped and paired, against the same run natively:
-    # the same counts, and A's 256 KiB SENDs split into 64 KiB chunks. The receives the
-    # server posted before the two shapers agreed are at the NIC whole, so as many
-    # messages go whole first (-r 16 keeps them few: perftest posts min(-n, 512) at the
-    # start otherwise). ib_send_lat's 64 B SENDs go whole (each announced, and credited
-    # before it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm.
-    for spec in "ib_send_bw -s 262144 -n 200 -r 16" "ib_send_lat -s 64 -n 100"; do
+    # Unmodified perftest with both ends shaped and paired: the counts its arguments ask
+    # for (section 2 ran these tools natively across the cable, with the same counts as
+    # asked), and A's 256 KiB SENDs split into 64 KiB chunks. The receives the server
+    # posted before the two shapers agreed are at the NIC whole, so as many messages go
+    # whole first (-r 16 keeps them few: perftest posts min(-n, 512) at the start
+    # otherwise). ib_send_lat's 64 B SENDs go whole (each announced, and credited before
+    # it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm.
+    for spec in "ib_send_bw -s 262144 -n 200 -r 16:262144x200" "ib_send_lat -s 64 -n 100:64x100"; do
+      asked=${spec##*:} spec=${spec%:*}
       tool=${spec%% *}
-      base=""
-      for how in native paired; do
-        a_env="" b_env=""
-        if [ "$how" = paired ]; then
-          a_env="$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock"
-          b_env="$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock"
-        fi
-        # shellcheck disable=SC2086 # the tool's arguments
-        if ! cross_envs "peer.$tool.$how" "$a_env" "$b_env" $spec; then
-          result FAIL "peer: $tool A -> B ($how)" "$ERROR"
-          continue
-        fi
-        stats=$(split_of "peer.$tool.$how")
-        if [ -n "$base" ] && [ "$COUNTS" != "$base" ]; then
-          result FAIL "peer: $tool A -> B ($how)" "counts $COUNTS differ from the native run's $base"
-        elif [ "$how" = paired ] && [ "$tool" = ib_send_bw ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
-          result FAIL "peer: $tool A -> B ($how)" "256 KiB SENDs with 64 KiB chunks between paired shapers, but A split none: $stats (logs: $L.peer.$tool.$how.client.log, $BLOGS/peer.$tool.$how.server.log)"
-        else
-          [ -z "$base" ] && base=$COUNTS
-          result PASS "peer: $tool A -> B ($how)" "$COUNTS, $FIGURE${stats:+; shaper on A: $stats}"
-        fi
-      done
+      # shellcheck disable=SC2086 # the tool's arguments
+      if ! cross_envs "peer.$tool.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" \
+        "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" $spec; then
+        result FAIL "peer: $tool A -> B (paired)" "$ERROR"
+        continue
+      fi
+      stats=$(split_of "peer.$tool.paired")
+      if [ "$COUNTS" != "$asked" ]; then
+        result FAIL "peer: $tool A -> B (paired)" "counts $COUNTS, not the $asked asked for"
+      elif [ "$tool" = ib_send_bw ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
+        result FAIL "peer: $tool A -> B (paired)" "256 KiB SENDs with 64 KiB chunks between paired shapers, but A split none: $stats (logs: $L.peer.$tool.paired.client.log, $BLOGS/peer.$tool.paired.server.log)"
+      else
+        result PASS "peer: $tool A -> B (paired)" "$COUNTS, $FIGURE${stats:+; shaper on A: $stats}"
+      fi
     done
     # Hellos the daemons never paired: while justitia-integrity's SENDs run with both ends
     # shaped and agreed, host B first sends A's side channel 80 datagrams of 1000 bytes

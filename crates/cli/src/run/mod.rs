@@ -40,7 +40,7 @@ use clap::Args;
 use justitia_core::flow::FlowClass;
 use justitia_loadgen::clock::ClockChoice;
 use justitia_loadgen::flow::{Idle, DEFAULT_ACK_TIMEOUT, MAX_ACK_TIMEOUT};
-use justitia_loadgen::plan::{FlowOutcome, FlowPlan, LatencyMethod, Percentiles, Workload};
+use justitia_loadgen::plan::{FlowOutcome, FlowPlan, LatencyMethod, Op, Percentiles, Workload};
 use justitia_sim::report::jain_index;
 use justitia_sim::{FlowReport, LatencyReport, RunReport, ScenarioReport};
 
@@ -870,17 +870,21 @@ impl Runner<'_> {
         c
     }
 
-    /// Starts flow `f`'s responder where its `to` host runs, listening on `listen`.
+    /// Starts flow `f`'s responder where its `to` host runs, listening on `listen`, under
+    /// the shaper when [`shaper_env`] says so.
     fn spawn_responder(
         &self,
         group: &mut Group,
         f: &RealFlow,
         listen: SocketAddr,
+        policy: Option<&str>,
     ) -> Result<usize> {
+        let env = shaper_env(f, policy, Role::Respond);
         match self.place(&f.to) {
             Place::Here => {
                 let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
                 c.args(["respond", "--listen", &listen.to_string()]);
+                self.shape(&mut c, &env);
                 group.spawn(format!("flow {} (responder)", f.plan.name), c)
             }
             Place::Server(n) => group.spawn_remote(
@@ -892,7 +896,7 @@ impl Runner<'_> {
                     plan: f.plan.clone(),
                     listen: Some(listen),
                     connect: None,
-                    env: BTreeMap::new(),
+                    env,
                 },
             ),
         }
@@ -907,40 +911,34 @@ impl Runner<'_> {
         connect: SocketAddr,
         policy: Option<&str>,
     ) -> Result<usize> {
+        let env = shaper_env(f, policy, Role::Request);
         match self.place(&f.from) {
             Place::Here => {
                 let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
                 c.args(["request", "--connect", &connect.to_string()]);
                 self.clock.add_to(&mut c);
-                if let (Some(policy), Some(lib)) = (policy, &self.shaper) {
-                    c.env("LD_PRELOAD", lib)
-                        .env("JUSTITIA_CLASS", class_name(f.class))
-                        .env("JUSTITIA_POLICY", policy);
-                }
+                self.shape(&mut c, &env);
                 group.spawn(format!("flow {} (requester)", f.plan.name), c)
             }
-            Place::Server(n) => {
-                let mut env = BTreeMap::new();
-                if let Some(policy) = policy {
-                    env.insert(
-                        "JUSTITIA_CLASS".to_string(),
-                        class_name(f.class).to_string(),
-                    );
-                    env.insert("JUSTITIA_POLICY".to_string(), policy.to_string());
-                }
-                group.spawn_remote(
-                    format!("flow {} (requester on {})", f.plan.name, f.from),
-                    &self.links[n],
-                    wire::Spawn {
-                        id: 0,
-                        role: Role::Request,
-                        plan: f.plan.clone(),
-                        listen: None,
-                        connect: Some(connect),
-                        env,
-                    },
-                )
-            }
+            Place::Server(n) => group.spawn_remote(
+                format!("flow {} (requester on {})", f.plan.name, f.from),
+                &self.links[n],
+                wire::Spawn {
+                    id: 0,
+                    role: Role::Request,
+                    plan: f.plan.clone(),
+                    listen: None,
+                    connect: Some(connect),
+                    env,
+                },
+            ),
+        }
+    }
+
+    /// Puts a local kid under the shaper with `env`, when there is any (and a shaper).
+    fn shape(&self, c: &mut Command, env: &BTreeMap<String, String>) {
+        if let (false, Some(lib)) = (env.is_empty(), &self.shaper) {
+            c.env("LD_PRELOAD", lib).envs(env);
         }
     }
 
@@ -979,7 +977,7 @@ impl Runner<'_> {
         let mut responders = Vec::with_capacity(n);
         for f in &run.flows {
             let (listen, _) = self.addresses(f);
-            responders.push(self.spawn_responder(&mut group, f, listen)?);
+            responders.push(self.spawn_responder(&mut group, f, listen, policy)?);
         }
         // Each responder says its port.
         let mut ports = vec![None; n];
@@ -1109,11 +1107,97 @@ fn class_name(c: FlowClass) -> &'static str {
     }
 }
 
+/// The shaper's variables for one end of flow `f` in a run with `policy` (empty: the end
+/// runs unshaped). A requester runs under the shaper in every run with a policy, told its
+/// flow's class and the policy. A SEND stream's two ends both do, with
+/// `JUSTITIA_TWO_SIDED=split`: its SENDs are split only between two shapers that agree
+/// (`docs/architecture.md`, "Splitting two-sided requests"), as the simulator's policies
+/// split them, so its responder's shaper must own the receives. Every other responder
+/// runs unshaped, as the applications at the far end of the paper's flows do.
+fn shaper_env(f: &RealFlow, policy: Option<&str>, role: Role) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let Some(policy) = policy else {
+        return env;
+    };
+    let two_sided = matches!(f.plan.workload, Workload::Stream { op: Op::Send, .. });
+    if role == Role::Respond && !two_sided {
+        return env;
+    }
+    env.insert("JUSTITIA_CLASS".into(), class_name(f.class).into());
+    env.insert("JUSTITIA_POLICY".into(), policy.into());
+    if two_sided {
+        env.insert("JUSTITIA_TWO_SIDED".into(), "split".into());
+    }
+    env
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// Under a policy, a requester runs shaped with its class and the policy; both ends of
+    /// a SEND stream run shaped and split its SENDs between them; a WRITE stream's and a
+    /// latency flow's responders run unshaped; without a policy nothing is shaped. Every
+    /// variable set is one the run-server takes.
+    #[test]
+    fn a_send_streams_two_ends_run_shaped_and_split_under_a_policy() {
+        let text = "description = \"d\"\nprofile = \"IB-56\"\nduration_ms = 10\nwarmup_ms = 1\n\
+            [[flows]]\nname = \"lat\"\n[flows.latency]\nsize = 16\n\
+            [[flows]]\nname = \"write\"\n[flows.bandwidth]\nsize = \"1MB\"\n\
+            [[flows]]\nname = \"send\"\n[flows.bandwidth]\nsize = \"1MB\"\nopcode = \"send\"\n";
+        let experiment = justitia_sim::Experiment {
+            name: "t".into(),
+            scenario: justitia_sim::Scenario::from_toml(text, "test").unwrap(),
+            profile: justitia_sim::ModelProfile::builtin("IB-56").unwrap(),
+        };
+        let timing = Timing {
+            duration_ms: 10.0,
+            warmup_ms: 1.0,
+        };
+        let runs = plan::runs(&experiment, timing, None);
+        let flow = |name: &str| {
+            runs[0]
+                .flows
+                .iter()
+                .find(|f| f.plan.name == name)
+                .unwrap()
+                .clone()
+        };
+        let env = |name: &str, policy, role| {
+            shaper_env(&flow(name), policy, role)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+        };
+        let send = [
+            "JUSTITIA_CLASS=bandwidth",
+            "JUSTITIA_POLICY=justitia",
+            "JUSTITIA_TWO_SIDED=split",
+        ];
+        assert_eq!(env("send", Some("justitia"), Role::Request), send);
+        assert_eq!(env("send", Some("justitia"), Role::Respond), send);
+        assert_eq!(
+            env("write", Some("justitia"), Role::Request),
+            ["JUSTITIA_CLASS=bandwidth", "JUSTITIA_POLICY=justitia"]
+        );
+        assert!(env("write", Some("justitia"), Role::Respond).is_empty());
+        assert_eq!(
+            env("lat", Some("adaptive"), Role::Request),
+            ["JUSTITIA_CLASS=latency", "JUSTITIA_POLICY=adaptive"]
+        );
+        assert!(env("lat", Some("adaptive"), Role::Respond).is_empty());
+        for name in ["lat", "write", "send"] {
+            for role in [Role::Request, Role::Respond] {
+                assert!(env(name, None, role).is_empty());
+                let spawned = shaper_env(&flow(name), Some("justitia"), role);
+                assert!(spawned
+                    .keys()
+                    .all(|k| wire::ALLOWED_ENV.contains(&k.as_str())));
+            }
+        }
+    }
 
     /// Each run of `-outcomes.json` says how it was measured: the device, the requesters'
     /// clock with the rate handed to them, the idle mode, and each flow's plan beside its

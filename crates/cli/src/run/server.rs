@@ -1,8 +1,8 @@
 //! `justitia run-server`: the far host's half of a `justitia run` across hosts. It serves
 //! one client at a time over TCP (see [`wire`] for the protocol), starting on request its
 //! own host's `justitia-loadgen` with its own device, port and GID index, and its own
-//! shaper for shaped requesters; it never runs another program, nor hands a kid any
-//! variable but the shaper's class and policy.
+//! shaper for the kids that run shaped; it never runs another program, nor hands a kid
+//! any variable but the shaper's class, policy and two-sided splitting.
 //!
 //! Every kid it starts ends with the client: when the client ends a run, hangs up, falls
 //! silent past [`wire::SILENCE`] or sends anything that is not the protocol, the server
@@ -44,8 +44,9 @@ const TICK: Duration = Duration::from_millis(2);
 Serves one `justitia run` at a time: the client starts, on this host, the ends of its
 flows that the scenario places here (`--host NAME=ADDR:PORT` on the client), and this
 server runs them as its own justitia-loadgen on its own device, with its own shaper for
-requesters of runs with a policy. Only the load generator is ever started, and only the
-shaper's JUSTITIA_CLASS and JUSTITIA_POLICY are taken from the client. Every process
+requesters of runs with a policy (and for a SEND stream's responder, whose shaper owns its
+receives for split SENDs). Only the load generator is ever started, and only the shaper's
+JUSTITIA_CLASS, JUSTITIA_POLICY and JUSTITIA_TWO_SIDED are taken from the client. Every process
 started for a client is ended when it hangs up or is silent for 15 s.
 
 Example (host B at 10.77.0.2; then on host A: justitia run SCENARIO -d rxe0 --host b=10.77.0.2:7771):
@@ -388,7 +389,7 @@ impl Session<'_> {
         }
         let shaped = !spawn.env.is_empty();
         if shaped && self.config.shaper.is_none() {
-            bail!("refused: a shaped requester, and this run-server has no shaper");
+            bail!("refused: a kid to run under the shaper, and this run-server has no shaper");
         }
         let c = self.command(&spawn)?;
         let role = match spawn.role {

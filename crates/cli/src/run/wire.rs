@@ -12,8 +12,8 @@
 //!
 //! A spawn names no program and carries no argument list: the server builds the load
 //! generator's command itself from typed fields, so a client can only start its own host's
-//! configured `justitia-loadgen`, with a plan that parses, and hand it two variables of the
-//! shaper ([`ALLOWED_ENV`]). Every type refuses unknown fields.
+//! configured `justitia-loadgen`, with a plan that parses, and hand it three variables of
+//! the shaper ([`ALLOWED_ENV`]). Every type refuses unknown fields.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, ErrorKind, Write};
@@ -44,9 +44,11 @@ pub const SILENCE: Duration = Duration::from_secs(15);
 /// How often a blocked read wakes to check its deadline.
 pub const READ_TICK: Duration = Duration::from_millis(200);
 
-/// The only variables a client may set in a kid's environment, and only in a requester
-/// that runs under the shaper: the class and policy the shaper applies.
-pub const ALLOWED_ENV: [&str; 2] = ["JUSTITIA_CLASS", "JUSTITIA_POLICY"];
+/// The only variables a client may set in a kid's environment, and only in one that runs
+/// under the shaper: the class and policy the shaper applies, and whether it splits
+/// two-sided requests with the shaper at the other end (a responder runs under the
+/// shaper only for that: see [`Spawn::check`]).
+pub const ALLOWED_ENV: [&str; 3] = ["JUSTITIA_CLASS", "JUSTITIA_POLICY", "JUSTITIA_TWO_SIDED"];
 
 /// Which end of a flow a kid is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,14 +108,16 @@ pub struct Spawn {
     /// A requester's `--connect`.
     #[serde(default)]
     pub connect: Option<SocketAddr>,
-    /// A requester's shaper variables: when present, it runs under this host's shaper.
+    /// The kid's shaper variables: when present, it runs under this host's shaper.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
 impl Spawn {
     /// Refuses what a well-behaved client never sends: a role without its address, a plan
-    /// that does not validate, variables outside [`ALLOWED_ENV`] or on a responder.
+    /// that does not validate, variables outside [`ALLOWED_ENV`], or a responder under the
+    /// shaper for anything but owning its receives for split SENDs
+    /// (`JUSTITIA_TWO_SIDED=split`).
     pub fn check(&self) -> Result<()> {
         match (self.role, self.listen, self.connect) {
             (Role::Respond, Some(_), None) | (Role::Request, None, Some(_)) => {}
@@ -121,8 +125,12 @@ impl Spawn {
             (Role::Request, _, _) => bail!("spawn {}: a requester needs `connect` only", self.id),
         }
         self.plan.validate()?;
-        if !self.env.is_empty() && self.role != Role::Request {
-            bail!("spawn {}: only a requester runs under the shaper", self.id);
+        let splits = self.env.get("JUSTITIA_TWO_SIDED").map(String::as_str) == Some("split");
+        if !self.env.is_empty() && self.role == Role::Respond && !splits {
+            bail!(
+                "spawn {}: a responder runs under the shaper only to split SENDs (JUSTITIA_TWO_SIDED=split)",
+                self.id
+            );
         }
         for (key, value) in &self.env {
             if !ALLOWED_ENV.contains(&key.as_str()) {
@@ -342,7 +350,7 @@ mod tests {
         let preload = err(&spawn(r#","env":{"LD_PRELOAD":"/tmp/evil.so"}"#));
         assert!(
             preload.contains(
-                "variable LD_PRELOAD is not allowed (only JUSTITIA_CLASS, JUSTITIA_POLICY)"
+                "variable LD_PRELOAD is not allowed (only JUSTITIA_CLASS, JUSTITIA_POLICY, JUSTITIA_TWO_SIDED)"
             ),
             "{preload}"
         );
@@ -352,6 +360,26 @@ mod tests {
         assert!(role.contains("a requester needs `connect` only"), "{role}");
         let plan = spawn("").replace("\"stop_ms\":100.0", "\"stop_ms\":-1.0");
         assert!(parse_to_server(&plan).is_err());
+        // A responder runs under the shaper only to own its receives for split SENDs.
+        let responder = |env: &str| {
+            format!(
+                r#"{{"spawn":{{"id":2,"role":"respond","plan":{PLAN},"listen":"0.0.0.0:0","env":{{{env}}}}}}}"#
+            )
+        };
+        let shaped = err(&responder(r#""JUSTITIA_CLASS":"bandwidth""#));
+        assert!(
+            shaped.contains("a responder runs under the shaper only to split SENDs"),
+            "{shaped}"
+        );
+        let whole = err(&responder(
+            r#""JUSTITIA_CLASS":"bandwidth","JUSTITIA_TWO_SIDED":"whole""#,
+        ));
+        assert!(whole.contains("only to split SENDs"), "{whole}");
+        let splits = responder(
+            r#""JUSTITIA_CLASS":"bandwidth","JUSTITIA_POLICY":"justitia","JUSTITIA_TWO_SIDED":"split""#,
+        );
+        assert!(parse_to_server(&splits).is_ok());
+        assert!(parse_to_server(&responder("")).is_ok());
     }
 
     #[test]
