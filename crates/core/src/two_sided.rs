@@ -1169,6 +1169,11 @@ pub struct RecvSide {
     next_seq: u64,
     max_sge: usize,
     queue_depth: u32,
+    /// The plan of the front announcement into the front application receive, by the
+    /// announcement's number, while it waits for room: planning a message checks every
+    /// slice (up to [`MAX_SPLIT_RECEIVES`]), and a message waiting for room is asked
+    /// after each receive that completes.
+    front_plan: Option<(u64, Posting, u32)>,
 }
 
 impl RecvSide {
@@ -1186,6 +1191,7 @@ impl RecvSide {
             next_seq: first,
             max_sge: max_sge.clamp(1, MAX_SGES),
             queue_depth: queue_depth.max(1),
+            front_plan: None,
         }
     }
 
@@ -1257,7 +1263,16 @@ impl RecvSide {
         }
         let announce = *self.announced.front()?;
         let app = *self.app.front()?;
-        let (posting, receives) = self.plan(&announce, &app);
+        // Both queues only grow at the back until the pair is taken below, so a plan of
+        // the same announcement is of the same pair.
+        let (posting, receives) = match self.front_plan {
+            Some((seq, posting, receives)) if seq == announce.seq => (posting, receives),
+            _ => {
+                let (posting, receives) = self.plan(&announce, &app);
+                self.front_plan = Some((announce.seq, posting, receives));
+                (posting, receives)
+            }
+        };
         let count = if receives <= room {
             receives
         } else if receives > self.queue_depth && room >= batch {
@@ -1267,6 +1282,7 @@ impl RecvSide {
         };
         self.announced.pop_front();
         self.app.pop_front();
+        self.front_plan = None;
         let mut landing = Landing {
             announce,
             app,
@@ -1380,6 +1396,7 @@ impl RecvSide {
             signaled: true,
         };
         self.announced.clear();
+        self.front_plan = None;
         let landing = self.landing.drain(..).map(|l| flushed(l.app.wr_id));
         let held = self.app.drain(..).map(|a| flushed(a.wr_id));
         landing.chain(held).collect()
