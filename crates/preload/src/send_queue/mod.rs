@@ -680,7 +680,6 @@ impl SendQueue {
         let wc_opcode = wc_opcode_for(wr.opcode());
         let whole_two_sided =
             consumes_receive(wr.opcode()) && !matches!(treatment, Treatment::Announced { .. });
-
         let (body, split, paced) = match treatment {
             Treatment::Announced {
                 seq,

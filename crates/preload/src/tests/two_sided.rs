@@ -634,6 +634,62 @@ fn a_peer_gone_silent_fails_the_waiting_send_instead_of_hanging_it() {
     assert_eq!(pair.dev.rnr(), 0, "nothing reached the NIC whole");
 }
 
+/// The peer's shaper goes silent in the middle of a SEND whose receives it posts in parts
+/// (16 chunks into a queue of 6): the chunks credited go, and after the transport timeout
+/// with no further credit the SEND fails with `IBV_WC_RETRY_EXC_ERR`, once; the
+/// application never hangs on the rest of the credit.
+#[test]
+fn a_peer_gone_silent_mid_message_fails_the_send_instead_of_hanging_it() {
+    let (mut pair, mut got) = Pair::agreed(0x7a_0a00, 6, 0);
+    pair.transport_timeout(0);
+    let len = 16 * CHUNK as usize;
+    let src = pattern(len, 5);
+    let dst = vec![0u8; len];
+    let mut r = [sge(&dst, 0, len)];
+    assert_eq!(pair.post_recv(1, 1000, &mut r), 0);
+    let mut s = [sge(&src, 0, len)];
+    let mut wr = rdma(IBV_WR_SEND, 2000, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    let sends = |pair: &Pair| {
+        pair.dev
+            .log()
+            .iter()
+            .filter(|w| w.opcode == IBV_WR_SEND)
+            .count()
+    };
+    for _ in 0..2000 {
+        if sends(&pair) >= 3 {
+            break;
+        }
+        pair.step(&mut got);
+    }
+    assert!(
+        (3..16).contains(&sends(&pair)),
+        "{} chunks sent",
+        sends(&pair)
+    );
+    pair.silent
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    pair.step_ns = 20_000_000;
+    let started = pair.now_ns;
+    pair.run_until(&mut got, |g| !g[0].is_empty());
+    let waited = pair.now_ns - started;
+    assert_eq!(
+        (got[0][0].wr_id, got[0][0].status),
+        (2000, IBV_WC_RETRY_EXC_ERR)
+    );
+    assert!(sends(&pair) < 16, "the chunks past the credit never went");
+    assert!(
+        (3_000_000_000..3_200_000_000).contains(&waited),
+        "given up after {waited} ns"
+    );
+    for _ in 0..10 {
+        pair.step(&mut got);
+    }
+    assert_eq!(got[0].len(), 1, "one completion, once");
+    assert_eq!(pair.dev.rnr(), 0);
+}
+
 /// A peer that is there but whose application has not posted the receive yet answers
 /// each repeated announcement (it waits): the sender never gives up on it, and the
 /// message goes once the receive comes, 10 s later.
