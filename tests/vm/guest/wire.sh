@@ -22,8 +22,8 @@
 #              latency flow beside the stream as 64 KiB SENDs, split between the two paired
 #              shapers, the section's runs warmed up past the SENDs that go whole before
 #              the shapers agree (tests/vm/scenarios/wire-lat-vs-write-and-send-softroce.toml):
-#              its p99 beside the SENDs within WIRE_MAX_P99_RATIO (5) times alone and
-#              WIRE_SEND_VS_WRITE (2) times beside the WRITEs;
+#              its p99 beside the SENDs within WIRE_SEND_VS_WRITE (2) times its p99
+#              beside the WRITEs;
 #   tput       a throughput victim (batches of 64 16 B WRITEs) alone, the stream alone,
 #              both natively and under justitiad's justitia policy, WIRE_TPUT_REPEAT (3)
 #              times (tests/vm/scenarios/wire-tput-vs-bw-softroce.toml): each one's rate
@@ -365,11 +365,13 @@ pair_members() {
 # mid-stream"): the section's runs last SEND_DURATION_MS (6.5 s), their first
 # SEND_WARMUP_MS (3.5 s) not measured, which those take
 # (tests/vm/scenarios/wire-lat-vs-write-and-send-softroce.toml). Checked, on the medians:
-# the latency flow's p99 beside the SENDs is at most WIRE_MAX_P99_RATIO times its p99
-# alone and at most WIRE_SEND_VS_WRITE (2) times its p99 beside the same stream as WRITEs
-# (in its first run 1.43: x3.01 of alone beside the SENDs, x2.10 beside the WRITEs; without
-# the warm-up, 2.7: x11.1 against x4.05, a whole 64 KiB SEND holding the wire 65 ms); and
-# A's daemon found side channels for its queue pairs (justitia_pairings_found_total).
+# the latency flow's p99 beside the SENDs is at most WIRE_SEND_VS_WRITE (2) times its p99
+# beside the same stream as WRITEs (1.43, 1.46 and 1.11 in three runs: x3.01, x3.18 and
+# x4.10 of alone beside the SENDs, x2.10, x2.18 and x3.69 beside the WRITEs; without the
+# warm-up, 2.7: x11.1 against x4.05, a whole 64 KiB SEND holding the wire 65 ms), and A's
+# daemon found side channels for its queue pairs (justitia_pairings_found_total). Both
+# ratios to alone are reported (the probe section's verdict, itself reported, judges
+# them against WIRE_MAX_P99_RATIO).
 send_beside_write() {
   local name="the latency flow beside 64 KiB SENDs split between the paired shapers stays as near its p99 alone as beside the same WRITEs, under justitiad on A and B (justitia, medians of $PROBE_REPEAT)"
   local found alone send write detail
@@ -385,8 +387,6 @@ send_beside_write() {
   detail="p99 ${send:-?} us beside the SENDs, ${write:-?} us beside the WRITEs, ${alone:-?} us alone; A's daemon found ${found:-no} side channels"
   if [ -z "$alone" ] || [ -z "$send" ] || [ -z "$write" ]; then
     result FAIL "$name" "$detail ($(tail -n 2 "$L.probe.log" | tr '\n' ' '))"
-  elif ! awk -v s="$send" -v a="$alone" -v k="$MAX_P99" 'BEGIN {exit !(s <= k * a)}'; then
-    result FAIL "$name" "more than $MAX_P99 times its p99 alone beside the SENDs: $detail"
   elif ! awk -v s="$send" -v w="$write" -v k="$SEND_VS_WRITE" 'BEGIN {exit !(s <= k * w)}'; then
     result FAIL "$name" "more than $SEND_VS_WRITE times its p99 beside the WRITEs: $detail"
   elif ! awk -v f="${found:-0}" 'BEGIN {exit !(f >= 1)}'; then
