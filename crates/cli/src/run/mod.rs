@@ -1,7 +1,8 @@
 //! `justitia run`: a scenario file on real verbs. Each flow of each run becomes two
 //! processes of `justitia-loadgen` on the local device (a responder, and a requester that
 //! runs under the shaper when the run has a policy, with its class in `JUSTITIA_CLASS`, so
-//! that it follows `justitiad` when one runs), connected over TCP on loopback. Runs go
+//! that it follows `justitiad` when one runs; a SEND stream's responder too, both ends
+//! with `JUSTITIA_TWO_SIDED=split`, see [`shaper_env`]), connected over TCP on loopback. Runs go
 //! one after another as in the simulator (with `--repeat N`, the whole scenario N times
 //! over, each figure the median of the N); the report is the simulator's, its heading
 //! naming the device. Before any process starts, a run is refused if it needs more
@@ -73,7 +74,9 @@ pub(crate) const DEFAULT_MAX_PROCESSES: u32 = 64;
 #[command(after_help = "\
 Each flow of each run is two processes of justitia-loadgen on the device: the responder,
 and the requester, which runs under the shaper (LD_PRELOAD=libjustitia.so, JUSTITIA_CLASS
-from the flow's class) in runs with a policy, and so follows justitiad when one runs.
+from the flow's class) in runs with a policy, and so follows justitiad when one runs. A
+SEND stream's two ends both run under it then, with JUSTITIA_TWO_SIDED=split, so that
+their shapers split its SENDs when their daemons pair them.
 Connection set-up is over TCP on loopback. Scenarios with service levels, rpc or storage
 flows, pauses or a simulator-only policy are refused by name before anything starts; a
 scenario's topology is the model's (on real verbs the hosts' own network joins them).
