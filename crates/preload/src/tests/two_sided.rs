@@ -241,6 +241,20 @@ impl Pair {
         );
     }
 
+    /// Steps 20 ms at a time until A's first completion, which must be `wr_id` failed with
+    /// `IBV_WC_RETRY_EXC_ERR` (its shaper gave up on a silent peer); returns how long
+    /// that took.
+    fn until_given_up(&mut self, got: &mut [Vec<ibv_wc>; 2], wr_id: u64) -> u64 {
+        self.step_ns = 20_000_000;
+        let started = self.now_ns;
+        self.run_until(got, |g| !g[0].is_empty());
+        assert_eq!(
+            (got[0][0].wr_id, got[0][0].status),
+            (wr_id, IBV_WC_RETRY_EXC_ERR)
+        );
+        self.now_ns - started
+    }
+
     /// Gives QP `qp` the transport timeout perftest sets (`timeout` 14, `retry_cnt` 7:
     /// 0.54 s), as `ibv_modify_qp` to RTS does.
     fn transport_timeout(&self, qp: usize) {
@@ -612,14 +626,7 @@ fn a_peer_gone_silent_fails_the_waiting_send_instead_of_hanging_it() {
     let mut s = [sge(&src, 0, 100)];
     let mut wr = rdma(IBV_WR_SEND, 40, &mut s, 0, true);
     assert_eq!(post_on(pair.qps[0], &mut wr), 0);
-    pair.step_ns = 20_000_000;
-    let started = pair.now_ns;
-    pair.run_until(&mut got, |g| !g[0].is_empty());
-    let waited = pair.now_ns - started;
-    assert_eq!(
-        (got[0][0].wr_id, got[0][0].status),
-        (40, IBV_WC_RETRY_EXC_ERR)
-    );
+    let waited = pair.until_given_up(&mut got, 40);
     assert!(
         (3_000_000_000..3_100_000_000).contains(&waited),
         "given up after {waited} ns"
@@ -670,14 +677,7 @@ fn a_peer_gone_silent_mid_message_fails_the_send_instead_of_hanging_it() {
     );
     pair.silent
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    pair.step_ns = 20_000_000;
-    let started = pair.now_ns;
-    pair.run_until(&mut got, |g| !g[0].is_empty());
-    let waited = pair.now_ns - started;
-    assert_eq!(
-        (got[0][0].wr_id, got[0][0].status),
-        (2000, IBV_WC_RETRY_EXC_ERR)
-    );
+    let waited = pair.until_given_up(&mut got, 2000);
     assert!(sends(&pair) < 16, "the chunks past the credit never went");
     assert!(
         (3_000_000_000..3_200_000_000).contains(&waited),
