@@ -342,19 +342,6 @@ pair_members() {
   echo "\"$A_ADDR\" = \"$a_pub\", \"$B_ADDR\" = \"$b_pub\""
 }
 
-# --- the reference flow across the wire: reported ---------------------------------------
-# As the justitia section, with A's justitiad peered with B's and its reference flow
-# crossing the wire to a queue pair B's daemon makes for it (peer.probe_to; Justitia
-# §4.2.1 sends it to another host): the probes queue at A's bucket as the latency flow's
-# requests do, and Target99 is 1.5 x their idle p99 across the wire, measured again when
-# the probe moved there. The probe timeout is 100 ms, past the bucket's backlog (73 ms).
-# RefPeriod is 5 ms: at the paper's 500 us the probe's 2 000 WRITEs a second took about
-# 1.1 Mbit/s of the 8 with their headers and doubled the latency flow's p99 alone (6.98
-# against 3.4 ms); at 5 ms they take 1.4 % of the wire (the paper's 500 us on 100 Gb/s
-# take a millionth).
-# Checked: A's daemon says its probes cross the wire (its status and its
-# justitia_probe_across_wire metric) and measured its target there. Reported: the verdict
-# and the loop.
 # The same latency flow beside the same stream as SENDs, in the probe section's runs (its
 # daemons peered): under the justitia policy `justitia run` starts both ends of the SEND
 # stream under the shaper with JUSTITIA_TWO_SIDED=split, the daemons pair their queue
@@ -396,6 +383,19 @@ send_beside_write() {
   fi
 }
 
+# --- the reference flow across the wire: reported ---------------------------------------
+# As the justitia section, with A's justitiad peered with B's and its reference flow
+# crossing the wire to a queue pair B's daemon makes for it (peer.probe_to; Justitia
+# §4.2.1 sends it to another host): the probes queue at A's bucket as the latency flow's
+# requests do, and Target99 is 1.5 x their idle p99 across the wire, measured again when
+# the probe moved there. The probe timeout is 100 ms, past the bucket's backlog (73 ms).
+# RefPeriod is 5 ms: at the paper's 500 us the probe's 2 000 WRITEs a second took about
+# 1.1 Mbit/s of the 8 with their headers and doubled the latency flow's p99 alone (6.98
+# against 3.4 ms); at 5 ms they take 1.4 % of the wire (the paper's 500 us on 100 Gb/s
+# take a millionth).
+# Checked: A's daemon says its probes cross the wire (its status and its
+# justitia_probe_across_wire metric) and measured its target there. Reported: the verdict
+# and the loop.
 wire_probe() {
   local adir=/tmp/wire-probe.a bdir=$B_PEER_DIR metrics=127.0.0.1:19474 members rc loop
   local name="the reference flow crosses the wire to B's justitiad, under justitiad on A and B (justitia, medians of $PROBE_REPEAT), reported"
