@@ -1375,6 +1375,17 @@ impl RecvSide {
         self.announced.iter().any(|a| a.seq == seq)
     }
 
+    /// Whether receives wait to be posted for want of room in the queue (what
+    /// [`RecvSide::next_posting`] would post with room enough): the rest of a message
+    /// posted in parts, or an announced message that has met its application receive.
+    /// Room frees only as the queue's receives complete, so a receiver that waits for room
+    /// must have its completions read even when its application does not poll: the peer's
+    /// message, which the application may wait for before it polls, goes no further.
+    pub fn waits_for_room(&self) -> bool {
+        self.landing.back().is_some_and(|l| l.posted < l.receives)
+            || (!self.announced.is_empty() && !self.app.is_empty())
+    }
+
     /// Messages whose receives are posted and not all completed.
     pub fn landing(&self) -> usize {
         self.landing.len()

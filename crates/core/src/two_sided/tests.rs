@@ -895,6 +895,7 @@ fn a_message_longer_than_the_queue_is_posted_in_parts_each_credited() {
     rx.on_announce(send_announce(1, 4 << 10, 1 << 10)).unwrap();
     // Less than half the queue free: nothing yet.
     assert!(rx.next_posting(3).is_none());
+    assert!(rx.waits_for_room());
     let (recvs, posting, seq) = rx.next_posting(5).unwrap();
     assert_eq!(
         (recvs.len(), posting, seq),
@@ -935,6 +936,8 @@ fn a_message_longer_than_the_queue_is_posted_in_parts_each_credited() {
             None => assert!(room < 4 && 20 - posted > room),
             other => panic!("not the first message's next part: {other:?}"),
         }
+        // The second message waits behind the first's parts whatever the room.
+        assert!(rx.waits_for_room());
     }
     assert!(done.is_empty());
     for _ in 0..in_queue - 1 {
@@ -946,10 +949,34 @@ fn a_message_longer_than_the_queue_is_posted_in_parts_each_credited() {
         (recvs.len(), posting, seq),
         (4, Posting::Split { posted: 4 }, 1)
     );
+    // Nothing announced is left to post.
+    assert!(!rx.waits_for_room());
     let first = rx.on_recv_done(WC_SUCCESS, 1 << 10, None).unwrap();
     assert_eq!(
         (first.wr_id, first.byte_len, first.status),
         (1, 20 << 10, WC_SUCCESS)
+    );
+}
+
+/// A receiver waits for room only when it has receives to post: not with an announcement
+/// and no application receive for it, nor with a receive and nothing announced, and no
+/// longer once the message fits and is posted.
+#[test]
+fn waiting_for_room_is_told_apart_from_waiting_for_the_other_side() {
+    let mut rx = RecvSide::new(0, 4, 8);
+    assert!(!rx.waits_for_room());
+    rx.on_announce(send_announce(0, 4 << 10, 1 << 10)).unwrap();
+    assert!(!rx.waits_for_room(), "no application receive yet");
+    rx.post_recv(1, &sink(4 << 10)).unwrap();
+    assert!(rx.waits_for_room());
+    assert!(rx.next_posting(3).is_none());
+    assert!(rx.waits_for_room(), "4 receives need room for 4");
+    assert!(rx.next_posting(4).is_some());
+    assert!(!rx.waits_for_room());
+    rx.post_recv(2, &sink(4 << 10)).unwrap();
+    assert!(
+        !rx.waits_for_room(),
+        "nothing announced for the second receive"
     );
 }
 

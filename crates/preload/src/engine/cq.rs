@@ -4,9 +4,10 @@
 //!
 //! Locks, in the order they are taken:
 //! 1. `CqShared::qps`, the CQ's poll lock: held by every shaped poll of the CQ, by the
-//!    pacer's and the shaper's own polls of it (`CqShared::poll_for_pacer`,
-//!    `CqShared::drop_stale`, one batch per turn), and by whatever changes the CQ's QP
-//!    list (registration, detach, destroy).
+//!    pacer's, the side thread's and the shaper's own polls of it
+//!    (`CqShared::poll_for_pacer`, `CqShared::poll_for_receiver`, `CqShared::drop_stale`,
+//!    one batch per turn), and by whatever changes the CQ's QP list (registration,
+//!    detach, destroy).
 //! 2. A QP's state lock (`QpShared::state`): only *tried* under the poll lock, to settle a
 //!    completion the quick ring cannot (`CqShared::translate`). A poster holds that lock
 //!    across the provider's post, so a poll never waits for it: a completion whose QP's
@@ -634,6 +635,24 @@ impl CqShared {
         }
     }
 
+    /// Polls the provider's CQ aside for the side thread on behalf of `qp`, a QP whose
+    /// receives the shaper owns and whose peer's message waits for room in its receive
+    /// queue (`RecvSide::waits_for_room`): the completed internal receives free that room
+    /// and the next ones are posted and credited, as the application's own poll would do;
+    /// the application's completions are held for its next poll. An application may poll
+    /// its receive CQ only once something sent behind the message has come (a flag
+    /// written after it): natively nothing holds the message back until then, so nothing
+    /// of the shaper's may either.
+    ///
+    /// Nothing is polled once `qp` has left the CQ or the CQ is being destroyed (see
+    /// [`Self::poll_aside`]); the QPs the completions let post more are drained only if
+    /// their lock is free, else left to the pacer.
+    pub(crate) fn poll_for_receiver(&self, qp: &QpShared, now: Duration) {
+        for q in self.poll_aside(Some(qp), None) {
+            q.drain_or_defer(now);
+        }
+    }
+
     /// Drops the completions the provider left in the CQ that carry the tags of `ring`,
     /// the send queue of the QP `qp_num`, which was destroyed or reset (see
     /// [`destroy_qp`]); the other completions are held for the application. An extended
@@ -677,9 +696,7 @@ impl CqShared {
         let mut buf = [ibv_wc::default(); 16];
         loop {
             let qps = self.qps.lock();
-            if self.dead.load(Ordering::Acquire)
-                || on_behalf.is_some_and(|me| !qps.iter().any(|q| std::ptr::eq(&**q, me)))
-            {
+            if self.dead.load(Ordering::Acquire) || on_behalf.is_some_and(|me| !qps.holds(me)) {
                 break;
             }
             // SAFETY: this CQ is live (not being destroyed, checked under the lock its
@@ -1041,6 +1058,13 @@ impl CqQps {
             _ => None,
         };
         self.general = !self.departed.is_empty() || !self.receivers.is_empty();
+    }
+
+    /// Whether `qp` is one of the CQ's shaped QPs or receivers: a QP not (or no longer)
+    /// listed has no completions of its own to poll for here.
+    fn holds(&self, qp: &QpShared) -> bool {
+        let is = |q: &Arc<QpShared>| std::ptr::eq(&**q, qp);
+        self.list.iter().any(is) || self.receivers.iter().any(is)
     }
 
     /// The QP with a receiver half numbered `qp_num`, if any.

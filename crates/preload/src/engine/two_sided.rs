@@ -25,8 +25,9 @@
 //! verbs on one QP take turns), the outbox's (a leaf). The verbs' paths never take the
 //! side channels' lock, which the side thread holds across its provider calls on the side
 //! channels' own objects: what they send (announcements, credits) goes through the
-//! outbox, and the side thread sends it. The poll lock is never taken under the others;
-//! the pairing record's lock is taken alone.
+//! outbox, and the side thread sends it. The poll lock is never taken under the others
+//! (the side thread takes it, to poll a receive CQ aside, holding none of them); the
+//! pairing record's lock is taken alone.
 //!
 //! Invariants:
 //! - messages are numbered alike at both ends: the sender counts every receive-consuming
@@ -997,7 +998,9 @@ impl QpShared {
     }
 
     /// The timers at `now_ns`: announcements without credit repeat, and so does an offer
-    /// without accept. Skipped, for this turn, while another thread holds the QP.
+    /// without accept; a receiver whose peer's message waits for room in its receive queue
+    /// has its receive CQ polled aside ([`CqShared::poll_for_receiver`]). Skipped, for
+    /// this turn, while another thread holds the QP or the receiver half.
     fn two_sided_timers(&self, now_ns: u64) {
         let mut again = Vec::new();
         let mut sender_route = None;
@@ -1045,6 +1048,15 @@ impl QpShared {
         let Some(mut half) = r.half.try_lock() else {
             return;
         };
+        if let RecvMode::Owned(side) = &half.mode {
+            if side.waits_for_room() {
+                drop(half);
+                if let Some(cq) = &self.recv_cq {
+                    cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
+                }
+            }
+            return;
+        }
         let Some(route) = half.route.clone() else {
             return;
         };

@@ -76,12 +76,16 @@ impl SideChannels for LoopSideChannels {
 }
 
 /// Two shaped QPs, `a` and `b`, each with its own CQ, connected to each other on one mock
-/// device, paired through a looping side channel.
+/// device, paired through a looping side channel. `b`'s send completions may go to a CQ
+/// of their own (as perftest's SEND tests have it), never polled: `cqs[1]` is then its
+/// receive CQ only.
 struct Pair {
     _record: std::sync::MutexGuard<'static, ()>,
     dev: MockDevice,
     engine: Arc<Engine>,
     cqs: [*mut ibv_cq; 2],
+    /// `b`'s send CQ, when not `cqs[1]`.
+    b_send_cq: Option<*mut ibv_cq>,
     qps: [*mut ibv_qp; 2],
     now_ns: u64,
     /// How far the clock moves each step.
@@ -97,8 +101,10 @@ impl Drop for Pair {
             pairing::on_destroy(unsafe { (*qp).qp_num });
         }
         forget(&self.dev, &self.qps, self.cqs[0]);
-        if let Some(t) = engine::cq_token(self.cqs[1]) {
-            engine::unregister_cq(self.cqs[1], t);
+        for cq in [Some(self.cqs[1]), self.b_send_cq].into_iter().flatten() {
+            if let Some(t) = engine::cq_token(cq) {
+                engine::unregister_cq(cq, t);
+            }
         }
     }
 }
@@ -107,8 +113,9 @@ const CHUNK: u32 = 4096;
 
 impl Pair {
     /// The pair with QPs numbered from `first` (apart from other tests' in the process's
-    /// pairing record), `depth` receives deep, losing one datagram in `lose_one_in`.
-    fn new(first: u32, depth: u32, lose_one_in: u64) -> Pair {
+    /// pairing record), `depth` receives deep, losing one datagram in `lose_one_in`; with
+    /// `b_send_cq_apart`, `b`'s send completions go to a CQ of their own.
+    fn new(first: u32, depth: u32, lose_one_in: u64, b_send_cq_apart: bool) -> Pair {
         let held = pairing_record();
         let (engine, dev) = attached(&[
             ("JUSTITIA_CLASS", "bandwidth"),
@@ -130,6 +137,12 @@ impl Pair {
         let ctx = dev.context();
         let mut cqs = [std::ptr::null_mut(); 2];
         let mut qps = [std::ptr::null_mut(); 2];
+        let b_send_cq = b_send_cq_apart.then(|| {
+            let cq = dev.create_cq();
+            // SAFETY: just created on ctx.
+            unsafe { on_create_cq(ctx, cq) };
+            cq
+        });
         for i in 0..2 {
             cqs[i] = dev.create_cq();
             // SAFETY: just created on ctx.
@@ -137,7 +150,11 @@ impl Pair {
             qps[i] = create_qp(
                 &dev,
                 ibv_qp_init_attr {
-                    send_cq: cqs[i],
+                    send_cq: if i == 1 {
+                        b_send_cq.unwrap_or(cqs[i])
+                    } else {
+                        cqs[i]
+                    },
                     recv_cq: cqs[i],
                     qp_type: IBV_QPT_RC,
                     cap: ibv_qp_cap {
@@ -186,6 +203,7 @@ impl Pair {
             dev,
             engine,
             cqs,
+            b_send_cq,
             qps,
             now_ns: 1_000_000,
             step_ns: 1_000_000,
@@ -198,7 +216,17 @@ impl Pair {
     /// as they are lost: a message sent whole meanwhile would meet no receive, which the
     /// mock fails at once where a NIC retries it); with the completions polled so far.
     fn agreed(first: u32, depth: u32, lose_one_in: u64) -> (Pair, [Vec<ibv_wc>; 2]) {
-        let mut pair = Pair::new(first, depth, lose_one_in);
+        Pair::agreed_on(first, depth, lose_one_in, false)
+    }
+
+    /// [`Pair::agreed`], with `b`'s send CQ apart as [`Pair::new`] says.
+    fn agreed_on(
+        first: u32,
+        depth: u32,
+        lose_one_in: u64,
+        b_send_cq_apart: bool,
+    ) -> (Pair, [Vec<ibv_wc>; 2]) {
+        let mut pair = Pair::new(first, depth, lose_one_in, b_send_cq_apart);
         let mut got = [Vec::new(), Vec::new()];
         let engine = Arc::clone(&pair.engine);
         pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
@@ -208,10 +236,19 @@ impl Pair {
     /// One step: the side thread's turn, every queued request executed, both CQs polled
     /// into `got`.
     fn step(&mut self, got: &mut [Vec<ibv_wc>; 2]) {
+        self.step_polling(got, [true, true]);
+    }
+
+    /// [`Pair::step`], with only the CQs `polled` says polled (an application that does
+    /// not poll yet).
+    fn step_polling(&mut self, got: &mut [Vec<ibv_wc>; 2], polled: [bool; 2]) {
         self.now_ns += self.step_ns;
         self.engine.side_turn(self.now_ns);
         for (i, qp) in self.qps.iter().enumerate() {
             self.dev.execute_all(*qp);
+            if !polled[i] {
+                continue;
+            }
             let mut wc = [ibv_wc::default(); 16];
             loop {
                 // SAFETY: a live CQ and room for 16.
@@ -423,6 +460,52 @@ fn sends_needing_more_receives_than_the_queue_holds_go_split_in_parts() {
     assert_eq!(sends.len(), 16 + 10 + 3);
     assert!(sends.iter().all(|&l| l <= u64::from(CHUNK)));
     assert_eq!(pair.dev.receives_posted(pair.qps[1]), 0);
+}
+
+/// A receiver whose application polls its receive CQ only once the message is there (as
+/// one that spins on a flag written behind it, then polls): a SEND needing more receives
+/// than the queue holds (16 chunks into a queue of 6) still completes at the sender, the
+/// room it needs freed by the side thread's polls aside; every byte has landed when the
+/// application first polls, and it finds its one completion, whole, and no RNR was caused.
+/// The receiver's send completions go to another CQ, so its receive CQ knows it only as
+/// a receiver.
+#[test]
+fn a_receiver_that_polls_only_once_the_message_came_still_gets_it() {
+    let (mut pair, mut got) = Pair::agreed_on(0x7a_0b00, 6, 0, true);
+    let len = 16 * CHUNK as usize;
+    let src = pattern(len, 9);
+    let dst = vec![0u8; len];
+    let mut r = sges_over(&dst, 0, len, 2);
+    assert_eq!(pair.post_recv(1, 1000, &mut r), 0);
+    let mut s = [sge(&src, 0, len)];
+    let mut wr = rdma(IBV_WR_SEND, 2000, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    for _ in 0..2000 {
+        if !got[0].is_empty() {
+            break;
+        }
+        pair.step_polling(&mut got, [true, false]);
+    }
+    assert_eq!(
+        got[0]
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(2000, IBV_WC_SUCCESS)],
+        "the SEND completed without the receiver's application polling"
+    );
+    assert!(got[1].is_empty());
+    assert_eq!(dst, src, "every byte in its receive");
+    pair.step(&mut got);
+    assert_eq!(
+        got[1]
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(1000, IBV_WC_SUCCESS, len as u32)]
+    );
+    assert_eq!(pair.dev.rnr(), 0);
+    assert_eq!(pair.engine.stats().split_requests, 1);
 }
 
 /// A WRITE with immediate longer than a chunk goes as WRITEs whose last carries the
