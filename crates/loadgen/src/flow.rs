@@ -238,7 +238,9 @@ impl Rig {
                 None,
             ),
         };
-        let recv_cq = CompletionQueue::new(&ctx, cq_entries, None)
+        // On the same channel: a stream responder sleeps on its receives' events (see
+        // `keep_receiving`); a requester arms only its send CQ.
+        let recv_cq = CompletionQueue::new(&ctx, cq_entries, channel.as_ref())
             .context("creating the receive completion queue")?;
         let inline = if inline_wanted(plan) && size <= 128 {
             size as u32
@@ -401,10 +403,11 @@ pub fn respond(
     idle: Idle,
     interrupted: &AtomicBool,
 ) -> Result<()> {
-    let mut rig = Rig::open(options, plan, false, false)?;
+    let receives = responder_receives(plan);
+    let stream_receives = receives && matches!(plan.workload, Workload::Stream { .. });
+    let mut rig = Rig::open(options, plan, stream_receives, false)?;
     let peer = oob::exchange(&mut stream, &rig.side(options)?, plan.wire_qps())
         .context("exchanging endpoints with the requester")?;
-    let receives = responder_receives(plan);
     // Receives can be posted only once a queue pair has left RESET; a SEND that arrives
     // before them waits in the requester's RNR retries (unlimited).
     rig.connect(options, &peer)?;
@@ -443,10 +446,19 @@ pub fn respond(
             }
         }),
         // A latency flow's SENDs wait on RNR if the receives run out, so its responder
-        // polls as the timed loops do; a stream's only slows down, as any application's
-        // with a slow receiver would.
-        Workload::Latency { .. } if receives => keep_receiving(&rig, Patience::new(idle), &stop),
-        _ if receives => keep_receiving(&rig, Patience::new(Idle::Yield), &stop),
+        // polls as the timed loops do. A stream's sleeps on completion events, as a
+        // server of many connections does: it only slows down if late, and a poller
+        // spinning beside a software RNIC takes the CPU the RNIC's own work needs (a
+        // stream of WRITEs has no responder work at all).
+        Workload::Latency { .. } if receives => {
+            keep_receiving(&rig, Patience::new(idle), None, &stop)
+        }
+        _ if receives => keep_receiving(
+            &rig,
+            Patience::new(Idle::Yield),
+            rig.channel.as_ref(),
+            &stop,
+        ),
         _ => {
             while !stop() {
                 std::thread::sleep(Duration::from_millis(20));
@@ -459,18 +471,31 @@ pub fn respond(
     result
 }
 
-/// Reposts a receive for every one consumed, until `stop`.
-fn keep_receiving(rig: &Rig, mut patience: Patience, stop: &dyn Fn() -> bool) -> Result<()> {
+/// Reposts a receive for every one consumed, until `stop`; with `events`, the receive
+/// CQ's completion channel, sleeps on it while the CQ is empty.
+fn keep_receiving(
+    rig: &Rig,
+    mut patience: Patience,
+    events: Option<&CompletionChannel>,
+    stop: &dyn Fn() -> bool,
+) -> Result<()> {
     let mut wcs = vec![ibv_wc::default(); 64];
+    let poll = |wcs: &mut [ibv_wc]| rig.recv_cq.poll(wcs).context("ibv_poll_cq (receives)");
     while !stop() {
-        let n = rig
-            .recv_cq
-            .poll(&mut wcs)
-            .context("ibv_poll_cq (receives)")?;
-        if n == 0 {
-            patience.idle();
-        } else {
-            patience.busy();
+        let mut n = poll(&mut wcs)?;
+        match (n, events) {
+            (0, Some(channel)) => {
+                rig.recv_cq
+                    .req_notify(false)
+                    .context("ibv_req_notify_cq (receives)")?;
+                // A completion that came between the poll and the arming raised no event.
+                n = poll(&mut wcs)?;
+                if n == 0 {
+                    wait_for_event(channel)?;
+                }
+            }
+            (0, None) => patience.idle(),
+            _ => patience.busy(),
         }
         for wc in &wcs[..n] {
             check_status(&rig.verbs, wc, "a receive")?;
@@ -1396,7 +1421,10 @@ fn run_stream(
             }
         }
         match (n, polling, &rig.channel) {
-            (0, Polling::Event, Some(channel)) => wait_event(rig, channel)?,
+            (0, Polling::Event, Some(channel)) => {
+                rig.send_cq.req_notify(false).context("ibv_req_notify_cq")?;
+                wait_for_event(channel)?;
+            }
             (0, _, _) => patience.idle(),
             _ => patience.busy(),
         }
@@ -1419,10 +1447,9 @@ fn run_stream(
     })
 }
 
-/// Sleeps until the send CQ has a completion event, or 50 ms pass (so that the caller's
-/// clock checks still run).
-fn wait_event(rig: &Rig, channel: &CompletionChannel) -> Result<()> {
-    rig.send_cq.req_notify(false).context("ibv_req_notify_cq")?;
+/// Sleeps until an armed CQ of `channel` has a completion event, or 50 ms pass (so that
+/// the caller's clock and stop checks still run).
+fn wait_for_event(channel: &CompletionChannel) -> Result<()> {
     let mut pfd = libc::pollfd {
         fd: channel.fd(),
         events: libc::POLLIN,
