@@ -623,7 +623,7 @@ impl CqShared {
         let mut touched = Vec::new();
         {
             let qps = self.qps.lock();
-            if qps.iter().any(|q| std::ptr::eq(&**q, qp)) {
+            if qps.lists(qp) {
                 self.settle_held(&qps, &mut touched);
             }
         }
@@ -1060,11 +1060,15 @@ impl CqQps {
         self.general = !self.departed.is_empty() || !self.receivers.is_empty();
     }
 
+    /// Whether `qp` is one of the CQ's shaped QPs.
+    fn lists(&self, qp: &QpShared) -> bool {
+        self.list.iter().any(|q| std::ptr::eq(&**q, qp))
+    }
+
     /// Whether `qp` is one of the CQ's shaped QPs or receivers: a QP not (or no longer)
     /// listed has no completions of its own to poll for here.
     fn holds(&self, qp: &QpShared) -> bool {
-        let is = |q: &Arc<QpShared>| std::ptr::eq(&**q, qp);
-        self.list.iter().any(is) || self.receivers.iter().any(is)
+        self.lists(qp) || self.receivers.iter().any(|q| std::ptr::eq(&**q, qp))
     }
 
     /// The QP with a receiver half numbered `qp_num`, if any.
