@@ -7,7 +7,7 @@
 #
 # BIN_DIR holds justitiad, justitia and examples/scrape; SHAPER_LIB is libjustitia.so; APPS
 # holds ctl_storm (tests/vm/apps). The daemon starts from packaging/justitiad.toml with
-# control_verbs_per_sec = BUDGET (200) and control_verb_burst = 16, tenants by uid, and its
+# control_verbs_per_sec = BUDGET and control_verb_burst = 16, tenants by uid, and its
 # metrics on a Unix socket (where the per-tenant series are). Two tenants: the attacker,
 # uid 1000 (setpriv), registering a 4 KiB region and deregistering it back to back for
 # STORM seconds; the victim, root, registering one every 100 ms for as long, while its
@@ -37,6 +37,11 @@
 #    and for registrations through ibv_reg_mr_iova2 looked up with dlvsym on a handle of
 #    libibverbs, as NCCL's verbs wrapper finds it.
 #
+# BUDGET is 200 verbs/s, or less where the emulated CPUs are slow: every storm runs natively
+# first, before the daemon starts, and BUDGET is the slowest storm's rate / 2.5 rounded down
+# to tens (at most 200, at least 40, below which the host is too slow to tell pacing from
+# its own speed), so that each storm has something to pace. CONTROL_BUDGET sets it outright.
+#
 # 6. QP turns: the daemon's qp_turns is 2 (qp_turn_bytes 256 KiB), so uid 1000's one
 #    process (it alone connected) may post on 2 of its QPs at once. Its ib_write_bw -q 8
 #    (bandwidth class, 25 WRITEs of 1 MiB a QP, against an unshaped server of root's)
@@ -60,8 +65,6 @@ L=$LOGS/control-verbs
 DEV=rxe0
 GID=0
 PORT=19750
-BUDGET=${CONTROL_BUDGET:-200}
-SHARE=$((BUDGET / 2))
 BURST=16
 STORM=${CONTROL_STORM_SECONDS:-4}
 ATTACKER=1000
@@ -101,12 +104,38 @@ done
 # as_attacker CMD...: CMD as uid 1000 (its own tenant), with no supplementary groups.
 as_attacker() { setpriv --reuid="$ATTACKER" --regid="$ATTACKER" --clear-groups "$@"; }
 
-# --- native: the storm's own rate ---------------------------------------------------------
+# --- native: each storm's own rate, and the budget -----------------------------------------
 as_attacker "$APPS/ctl_storm" "$DEV" reg "$STORM" > "$L.native.json" 2> "$L.native.err" \
   || fail_rest "the native storm failed ($L.native.err)"
 native=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["per_sec"])' "$L.native.json") \
   || fail_rest "unreadable native result ($L.native.json)"
 echo "control verbs: the storm alone, unshaped: $native registrations/s"
+# The storms of checks 4 and 5, natively, for 2 s each: $L.MODE.native.json, and their
+# exit statuses in $L.MODE.native.rc.
+ALONE_MODES=(qp modify reg-dlvsym)
+for mode in "${ALONE_MODES[@]}"; do
+  as_attacker env CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$mode" 2 > "$L.$mode.native.json" 2> "$L.$mode.native.err"
+  echo $? > "$L.$mode.native.rc"
+done
+if [ -n "${CONTROL_BUDGET:-}" ]; then
+  BUDGET=$CONTROL_BUDGET
+else
+  BUDGET=$(python3 - "$L" "$native" "${ALONE_MODES[@]}" <<'EOF'
+import json, sys
+L, native, *modes = sys.argv[1:]
+rates = [float(native)]
+for mode in modes:
+    try:
+        rates.append(json.load(open(f"{L}.{mode}.native.json"))["per_sec"])
+    except (OSError, ValueError, KeyError):
+        pass  # judged in check 4 or 5, with its exit status
+print(min(200, int(min(rates) / 2.5) // 10 * 10))
+EOF
+  ) || fail_rest "the budget could not be read off the native storms ($L.*.native.json)"
+  [ "$BUDGET" -ge 40 ] || fail_rest "the native storms are too slow to pace (the slowest / 2.5 gives a budget of $BUDGET verbs/s, below 40; $L.*.native.json)"
+fi
+SHARE=$((BUDGET / 2))
+echo "control verbs: budget $BUDGET verbs/s, a share of $SHARE"
 if ! awk -v n="$native" -v s="$SHARE" 'BEGIN { exit !(n > 2 * s) }'; then
   fail_rest "the storm alone makes $native registrations/s, not above twice the share of $SHARE: no storm to pace"
 fi
@@ -161,20 +190,12 @@ cp "$run"/attacker/*.json "$L.attacker.stats.json" 2>/dev/null
 cp "$run"/victim.*.json "$L.victim.stats.json" 2>/dev/null
 "$BIN/justitia" flows --socket "$run/admin.sock" --tenants --json > "$L.tenants.json" 2>&1
 "$BIN/examples/scrape" "unix:$metrics_sock" > "$L.metrics.txt" 2>&1
-# A storm of QP creations, natively and under the daemon, the attacker alone now: its
-# tenant's share is the whole budget.
-# alone_storm MODE: ctl_storm MODE for 2 s as the attacker alone, natively and under the
-# daemon: $L.MODE.native.json and $L.MODE.json, their exit statuses in $L.MODE.rc.
-alone_storm() {
-  local native_rc rc
-  as_attacker env CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$1" 2 > "$L.$1.native.json" 2> "$L.$1.native.err"
-  native_rc=$?
-  as_attacker "${shaped[@]}" CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$1" 2 > "$L.$1.json" 2> "$L.$1.err"
-  rc=$?
-  echo "$native_rc $rc" > "$L.$1.rc"
-}
-for mode in qp modify reg-dlvsym; do
-  alone_storm "$mode"
+# The storms of QP creations, re-bring-ups and registrations under the daemon, the
+# attacker alone now: its tenant's share is the whole budget. $L.MODE.json, and the exit
+# status in $L.MODE.rc.
+for mode in "${ALONE_MODES[@]}"; do
+  as_attacker "${shaped[@]}" CTL_STORM_GID="$GID" "$APPS/ctl_storm" "$DEV" "$mode" 2 > "$L.$mode.json" 2> "$L.$mode.err"
+  echo $? > "$L.$mode.rc"
 done
 # QP turns: uid 1000's ib_write_bw -q 8 against root's unshaped server, the tenant's
 # tables and metrics read while it runs (first seen with its turns) and after.
@@ -329,7 +350,8 @@ names = {"qp": "QP creations", "modify": "QP re-bring-ups", "reg-dlvsym": "regis
 seen = []
 for mode in modes:
     try:
-        native_rc, rc = open(f"{L}.{mode}.rc").read().split()
+        native_rc = open(f"{L}.{mode}.native.rc").read().strip()
+        rc = open(f"{L}.{mode}.rc").read().strip()
         if native_rc != "0" or rc != "0":
             print(f"ctl_storm {mode} exited {native_rc} natively, {rc} shaped ({L}.{mode}*.err)")
             sys.exit()
