@@ -480,20 +480,13 @@ fn keep_receiving(
     stop: &dyn Fn() -> bool,
 ) -> Result<()> {
     let mut wcs = vec![ibv_wc::default(); 64];
-    let poll = |wcs: &mut [ibv_wc]| rig.recv_cq.poll(wcs).context("ibv_poll_cq (receives)");
     while !stop() {
-        let mut n = poll(&mut wcs)?;
+        let mut n = rig
+            .recv_cq
+            .poll(&mut wcs)
+            .context("ibv_poll_cq (receives)")?;
         match (n, events) {
-            (0, Some(channel)) => {
-                rig.recv_cq
-                    .req_notify(false)
-                    .context("ibv_req_notify_cq (receives)")?;
-                // A completion that came between the poll and the arming raised no event.
-                n = poll(&mut wcs)?;
-                if n == 0 {
-                    wait_for_event(channel)?;
-                }
-            }
+            (0, Some(channel)) => n = poll_or_sleep(&rig.recv_cq, channel, &mut wcs)?,
             (0, None) => patience.idle(),
             _ => patience.busy(),
         }
@@ -1406,7 +1399,14 @@ fn run_stream(
                 }
             }
         }
-        let n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
+        let mut n = rig.send_cq.poll(&mut wcs).context("ibv_poll_cq")?;
+        match (n, polling, &rig.channel) {
+            (0, Polling::Event, Some(channel)) => {
+                n = poll_or_sleep(&rig.send_cq, channel, &mut wcs)?;
+            }
+            (0, _, _) => patience.idle(),
+            _ => patience.busy(),
+        }
         let at = ms(begun.elapsed());
         for wc in &wcs[..n] {
             check_status(&rig.verbs, wc, &what)?;
@@ -1419,14 +1419,6 @@ fn run_stream(
             if at >= plan.window_from_ms && at < plan.window_to_ms {
                 messages += 1;
             }
-        }
-        match (n, polling, &rig.channel) {
-            (0, Polling::Event, Some(channel)) => {
-                rig.send_cq.req_notify(false).context("ibv_req_notify_cq")?;
-                wait_for_event(channel)?;
-            }
-            (0, _, _) => patience.idle(),
-            _ => patience.busy(),
         }
     }
     Ok(FlowOutcome {
@@ -1445,6 +1437,23 @@ fn run_stream(
         nic_clock_khz: None,
         nic_stamps_read: false,
     })
+}
+
+/// After an empty poll of `cq`: arms it for its next completion event and polls it again,
+/// since a completion that came between the empty poll and the arming raised no event;
+/// sleeps on `channel` only when that poll is empty too. Returns how many completions the
+/// second poll took into `wcs`.
+fn poll_or_sleep(
+    cq: &CompletionQueue,
+    channel: &CompletionChannel,
+    wcs: &mut [ibv_wc],
+) -> Result<usize> {
+    cq.req_notify(false).context("ibv_req_notify_cq")?;
+    let n = cq.poll(wcs).context("ibv_poll_cq")?;
+    if n == 0 {
+        wait_for_event(channel)?;
+    }
+    Ok(n)
 }
 
 /// Sleeps until an armed CQ of `channel` has a completion event, or 50 ms pass (so that
