@@ -89,6 +89,11 @@ const MODE_READ: u8 = 0;
 const MODE_SEND: u8 = 1;
 /// The mode byte of the hello: WRITEs with immediate.
 const MODE_WRITE_IMM: u8 = 2;
+/// The bit of a two-sided hello's mode byte that asks for late polling
+/// ([`MessageConfig::late_polling`]).
+const MODE_LATE_POLLING: u8 = 0x80;
+/// What a late-polling client sends once every send of a batch completed.
+pub const SENDS_COMPLETED: u8 = b'S';
 
 /// Why a run across two hosts stopped.
 #[derive(Debug, thiserror::Error)]
@@ -200,8 +205,8 @@ fn host_usize(n: u64) -> usize {
 
 impl Hello {
     /// Its bytes on the connection: magic, endpoint (QP number, PSN, LID, GID), seed,
-    /// bytes per region, regions, then the mode (0 READ, 1 SEND, 2 WRITE with immediate)
-    /// and the two-sided shape (largest message, SGEs, messages per batch, boundary or 0;
+    /// bytes per region, regions, then the mode (0 READ, 1 SEND, 2 WRITE with immediate;
+    /// 0x80 added for late polling) and the two-sided shape (largest message, SGEs, messages per batch, boundary or 0;
     /// all 0 in READ mode); big-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HELLO_LEN);
@@ -216,7 +221,7 @@ impl Hello {
                 match c.mode {
                     TwoSided::Send => MODE_SEND,
                     TwoSided::WriteImm => MODE_WRITE_IMM,
-                },
+                } | if c.late_polling { MODE_LATE_POLLING } else { 0 },
                 c.max_size as u64,
                 wire_u32(c.max_sges),
                 wire_u32(c.max_batch),
@@ -261,7 +266,13 @@ impl Hello {
             get_u32(b, m + 13),
             get_u64(b, m + 17),
         );
-        let mode = match b[m] {
+        let late_polling = b[m] & MODE_LATE_POLLING != 0;
+        let mode = match b[m] & !MODE_LATE_POLLING {
+            MODE_READ if late_polling => {
+                return Err(AcrossError::Protocol(
+                    "late polling asked of a READ hello (it is a two-sided mode's)".into(),
+                ))
+            }
             MODE_READ => None,
             MODE_SEND => Some(TwoSided::Send),
             MODE_WRITE_IMM => Some(TwoSided::WriteImm),
@@ -287,6 +298,7 @@ impl Hello {
                     max_sges: host_usize(u64::from(sges)),
                     max_batch: host_usize(u64::from(batch)),
                     boundary: (boundary != 0).then(|| host_usize(boundary)),
+                    late_polling,
                 };
                 c.validate().map_err(AcrossError::Protocol)?;
                 Some(c)
@@ -694,6 +706,7 @@ fn serve_messages(
 
     let status_str = |s: ibv_wc_status| verbs.status_str(s);
     let qpn = qp.qp_num();
+    let late_polling = config.late_polling;
     let mut planner = MessagePlanner::new(hello.seed, config);
     let mut report = MessageReport::default();
     loop {
@@ -745,6 +758,9 @@ fn serve_messages(
         qp.post_recv(&receives)?;
         conn.write_all(&[RECEIVES_POSTED])
             .map_err(io("telling the client the batch's receives are posted"))?;
+        if late_polling {
+            await_sends_completed(&mut conn, report.batches)?;
+        }
 
         let (judged, mut found) = await_receives(&cq, &batch, qpn, options.timeout, &status_str)?;
         let stopped = found.iter().any(|f| f.field.ends_the_run());
@@ -800,6 +816,23 @@ fn serve_messages(
     // The client may already be gone; its own verdict stands then.
     let _ = conn.write_all(&Verdict::new(0, &found, false).encode());
     Ok(report)
+}
+
+/// Reads the late-polling client's word that every send of batch `batch` completed,
+/// within the connection's deadline.
+fn await_sends_completed(conn: &mut TcpStream, batch: u64) -> Result<(), AcrossError> {
+    const WHAT: &str = "waiting for the client's word that the batch's sends completed";
+    match read_byte(conn).map_err(io(WHAT))? {
+        Some(SENDS_COMPLETED) => Ok(()),
+        None => Err(io(WHAT)(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the client went away with the sends of batch {batch} not all completed"),
+        ))),
+        Some(other) => Err(AcrossError::Protocol(format!(
+            "byte {other:#04x} where the word that the sends completed ({SENDS_COMPLETED:#04x}) \
+             was due"
+        ))),
+    }
 }
 
 /// True when the peer has closed `conn` (or it failed): a look without waiting for data.
@@ -1177,6 +1210,8 @@ pub struct MessageClient {
     /// The server's region: address and rkey.
     remote: (u64, u32),
     timeout: Duration,
+    /// Tell the server when a batch's sends completed ([`MessageConfig::late_polling`]).
+    late_polling: bool,
     // Kept alive for the objects above.
     _pd: ProtectionDomain,
     _unused_cq: CompletionQueue,
@@ -1234,6 +1269,7 @@ impl MessageClient {
             buffer,
             remote,
             timeout: options.timeout,
+            late_polling: config.late_polling,
             _pd: pd,
             _unused_cq: unused_cq,
         })
@@ -1328,6 +1364,11 @@ impl MessageClient {
             |wc, m| check_message_send(&verbs, wc, m, qpn),
         )?;
         no_extra_send_completion(&self.cq, "request")?;
+        if self.late_polling {
+            self.conn
+                .write_all(&[SENDS_COMPLETED])
+                .map_err(io("telling the server the batch's sends completed"))?;
+        }
         report.send_completions += expected.len() as u64;
         report.mismatches += seen.bad_completions;
         for p in seen.problems {
@@ -1420,6 +1461,7 @@ mod tests {
             max_sges: 6,
             max_batch: 4,
             boundary: Some(65536),
+            late_polling: false,
         }
     }
 
@@ -1453,9 +1495,18 @@ mod tests {
                     boundary: None,
                     ..messages(mode)
                 }),
-                ..h
+                ..h.clone()
             };
             assert_eq!(Hello::decode(&bytes(&plain)).unwrap(), plain);
+            let late = Hello {
+                messages: Some(MessageConfig {
+                    late_polling: true,
+                    ..messages(mode)
+                }),
+                ..h
+            };
+            assert_eq!(Hello::decode(&bytes(&late)).unwrap(), late);
+            assert_ne!(bytes(&late), bytes(&two_sided(mode)));
         }
     }
 
@@ -1484,6 +1535,14 @@ mod tests {
         let e = refusal(&b);
         assert!(e.contains("mode 7"), "{e}");
         assert!(e.contains("send") && e.contains("write-imm"), "{e}");
+    }
+
+    #[test]
+    fn late_polling_in_a_read_hello_is_refused() {
+        let mut b = bytes(&hello());
+        b[4 + ENDPOINT_LEN + 20] = MODE_LATE_POLLING;
+        let e = refusal(&b);
+        assert!(e.contains("late polling") && e.contains("READ"), "{e}");
     }
 
     #[test]

@@ -111,6 +111,12 @@ struct Args {
         conflicts_with_all = ["serve", "no_imm"]
     )]
     two_sided: Option<TwoSided>,
+    /// With --two-sided: the server polls its receive CQ for a batch only once this client
+    /// says that every send of the batch completed, as an application does that looks for
+    /// its messages only after a later word from the sender (natively the sends complete
+    /// all the same; under a shaper they must too).
+    #[arg(long, requires = "two_sided")]
+    late_polling: bool,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -480,6 +486,7 @@ fn message_config(args: &Args, mode: TwoSided) -> MessageConfig {
         max_sges: args.max_sges,
         max_batch: args.max_batch,
         boundary: args.boundary,
+        late_polling: args.late_polling,
     }
 }
 
@@ -742,6 +749,7 @@ mod tests {
             ][..],
             // The server takes the mode from the client's hello.
             &["--serve", "0.0.0.0:18515", "--two-sided", "send"][..],
+            &["--connect", "10.0.0.2:18515", "--late-polling"][..],
             &["--two-sided", "send"][..],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
@@ -763,6 +771,7 @@ mod tests {
             "8",
             "--boundary",
             "64K",
+            "--late-polling",
         ]) else {
             panic!("the test's arguments were refused");
         };
@@ -775,6 +784,7 @@ mod tests {
                 max_sges: 3,
                 max_batch: 8,
                 boundary: Some(65536),
+                late_polling: true,
             }
         );
         assert_eq!(c.validate(), Ok(()));

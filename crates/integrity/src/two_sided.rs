@@ -93,6 +93,11 @@ pub struct MessageConfig {
     pub max_batch: usize,
     /// If set, some sizes are drawn within a byte of multiples of this (a chunk size).
     pub boundary: Option<usize>,
+    /// The server polls its receive CQ for a batch only once the client says that every
+    /// send of the batch completed, as an application does that looks for its messages
+    /// only after a later word from the sender. Natively a send completes whether or not
+    /// the receiver polls; a shaper must not make it wait for the receiver's poll.
+    pub late_polling: bool,
 }
 
 impl MessageConfig {
@@ -857,6 +862,7 @@ mod tests {
             max_sges: 6,
             max_batch: 4,
             boundary: None,
+            late_polling: false,
         }
     }
 

@@ -65,6 +65,10 @@ pub struct Counters {
     pub announced: AtomicU64,
     /// Queue pairs whose receives the shaper owns (the peer splits its sends to them).
     pub qps_owning_receives: AtomicU64,
+    /// Polls of a receive CQ by the shaper's own thread on its timer, for a queue pair
+    /// whose peer's message waited for room in its receive queue: an application that
+    /// polls only later would otherwise hold the message back.
+    pub receiver_polls_aside: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -130,6 +134,9 @@ pub struct StatsSnapshot {
     /// See [`Counters::qps_owning_receives`].
     #[serde(default)]
     pub qps_owning_receives: u64,
+    /// See [`Counters::receiver_polls_aside`].
+    #[serde(default)]
+    pub receiver_polls_aside: u64,
 }
 
 impl Counters {
@@ -192,6 +199,7 @@ impl Counters {
             side_refused: get(&self.side_refused),
             announced: get(&self.announced),
             qps_owning_receives: get(&self.qps_owning_receives),
+            receiver_polls_aside: get(&self.receiver_polls_aside),
         }
     }
 }
@@ -229,7 +237,7 @@ mod tests {
              \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
              \"turn_waits\":0,\"turn_yields\":0,\"side_channels\":0,\"pairings_reported\":0,\
              \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0,\"announced\":0,\
-             \"qps_owning_receives\":0}"
+             \"qps_owning_receives\":0,\"receiver_polls_aside\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());

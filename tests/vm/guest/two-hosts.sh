@@ -103,7 +103,8 @@ TWO_SIDED_MESSAGES=${TWO_SIDED_MESSAGES:-12}
 # client on A under A_ENV (empty: native); logs named after SLUG. DURING, a command, runs
 # while the client does, with CLIENT_PID and CLIENT_LOG set. Sets
 # TS_OK (1 when both ends passed with 0 mismatches), TS_WHAT (both verdicts and what the
-# shapers counted) and TS_LOGS. TS_MAX_SIZE (16M) is the largest message.
+# shapers counted) and TS_LOGS. TS_MAX_SIZE (16M) is the largest message; TS_CLIENT_ARGS,
+# more options for the client.
 two_sided_run() {
   local mode=$1 slug=$2 a_env=$3 b_env=$4 messages=${5:-$TWO_SIDED_MESSAGES} during=${6:-} iport=$((PORT++)) rc served summary
   TS_OK=0 TS_LOGS="$L.$slug.log, $BLOGS/$slug.server.log"
@@ -115,7 +116,8 @@ two_sided_run() {
   fi
   # shellcheck disable=SC2086 # NAME=value words without spaces
   env $a_env ${a_env:+JUSTITIA_STATS=$L.$slug.%p.stats.json} timeout "$STEP" "$BIN/justitia-integrity" -d "$A_DEV" -x "$GID" \
-    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size "${TS_MAX_SIZE:-16M}" --boundary 64K > "$L.$slug.log" 2>&1 &
+    --connect "$B_ADDR:$iport" --two-sided "$mode" -n "$messages" --max-size "${TS_MAX_SIZE:-16M}" --boundary 64K \
+    ${TS_CLIENT_ARGS:-} > "$L.$slug.log" 2>&1 &
   CLIENT_PID=$! CLIENT_LOG=$L.$slug.log
   PIDS+=("$CLIENT_PID")
   [ -n "$during" ] && $during
@@ -129,7 +131,7 @@ two_sided_run() {
   [ -n "$a_env" ] && TS_A_STATS=$(cat "$L.$slug".*.stats.json 2>/dev/null | tr -d ' \n' \
     | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*\|"pairings_reported":[0-9]*\|"qps_paired":[0-9]*\|"qps_agreed":[0-9]*\|"side_refused":[0-9]*' | paste -sd ' ')
   [ -n "$b_env" ] && TS_B_STATS=$(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' \
-    | grep -o '\"qps\":[0-9]*\|\"pairings_reported\":[0-9]*\|\"qps_paired\":[0-9]*\|\"qps_agreed\":[0-9]*\|\"side_refused\":[0-9]*' | paste -sd ' '")
+    | grep -o '\"qps\":[0-9]*\|\"pairings_reported\":[0-9]*\|\"qps_paired\":[0-9]*\|\"qps_agreed\":[0-9]*\|\"side_refused\":[0-9]*\|\"receiver_polls_aside\":[0-9]*' | paste -sd ' '")
   TS_WHAT="client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served#justitia-integrity: }"
   [ -n "$a_env" ] && TS_WHAT="$TS_WHAT; shaper on A: ${TS_A_STATS:-no statistics}"
   [ -n "$b_env" ] && TS_WHAT="$TS_WHAT; shaper on B: ${TS_B_STATS:-no statistics}"
@@ -762,6 +764,20 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
         result FAIL "peer: two shapers agree over their side channels and split $mode requests" "both ends must pass, count qps_paired and qps_agreed >= 1 and side_refused 0, and A split_requests >= 1: $TS_WHAT (logs: $TS_LOGS)"
       fi
     done
+    # A receiver that looks at its receive CQ only once the sender says its SENDs
+    # completed (justitia-integrity --late-polling), as an application does that polls
+    # after a later word: natively nothing waits for its poll, so nothing may between the
+    # paired shapers either. Seed 9 draws SENDs of 3.2, 5.9 and 14.8 MiB after the first
+    # batch, each more chunks than B's receive queue holds: B's shaper posts their
+    # receives in parts, and its side thread's timer polls the receive CQ aside to free
+    # the room (receiver_polls_aside >= 1).
+    TS_CLIENT_ARGS="--late-polling --seed 9" two_sided_run send peer.two_sided.late-polling \
+      "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
+    if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed.*\"receiver_polls_aside\":[1-9]"; then
+      result PASS "peer: a receiver that polls only once the sender's SENDs completed gets every split message" "$TS_WHAT"
+    else
+      result FAIL "peer: a receiver that polls only once the sender's SENDs completed gets every split message" "both ends must pass, A split_requests >= 1 and B receiver_polls_aside >= 1: $TS_WHAT (logs: $TS_LOGS)"
+    fi
     two_sided_run send peer.two_sided.sender-only "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "" 6
     if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q '"split_requests":0 .*"pairings_reported":[1-9]' && echo "$TS_A_STATS" | grep -q '"qps_paired":0'; then
       result PASS "peer: a shaped sender beside an unshaped receiver is never paired" "$TS_WHAT"

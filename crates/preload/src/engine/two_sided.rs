@@ -1052,6 +1052,7 @@ impl QpShared {
             if side.waits_for_room() {
                 drop(half);
                 if let Some(cq) = &self.recv_cq {
+                    Counters::add(&self.engine.counters.receiver_polls_aside, 1);
                     cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
                 }
             }
