@@ -873,67 +873,41 @@ impl Runner<'_> {
         c
     }
 
-    /// Starts flow `f`'s responder where its `to` host runs, listening on `listen`, under
-    /// the shaper when [`shaper_env`] says so.
-    fn spawn_responder(
+    /// Starts flow `f`'s end `role` where its host runs (the `to` host's responder,
+    /// listening on `addr`; the `from` host's requester, connecting to `addr`), under the
+    /// shaper when [`shaper_env`] says so for `policy`.
+    fn spawn_end(
         &self,
         group: &mut Group,
         f: &RealFlow,
-        listen: SocketAddr,
+        role: Role,
+        addr: SocketAddr,
         policy: Option<&str>,
     ) -> Result<usize> {
-        let env = shaper_env(f, policy, Role::Respond);
-        match self.place(&f.to) {
+        let env = shaper_env(f, policy, role);
+        let (host, what) = match role {
+            Role::Respond => (&f.to, "responder"),
+            Role::Request => (&f.from, "requester"),
+        };
+        match self.place(host) {
             Place::Here => {
                 let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
-                c.args(["respond", "--listen", &listen.to_string()]);
+                match role {
+                    Role::Respond => {
+                        c.args(["respond", "--listen", &addr.to_string()]);
+                    }
+                    Role::Request => {
+                        c.args(["request", "--connect", &addr.to_string()]);
+                        self.clock.add_to(&mut c);
+                    }
+                }
                 self.shape(&mut c, &env);
-                group.spawn(format!("flow {} (responder)", f.plan.name), c)
+                group.spawn(format!("flow {} ({what})", f.plan.name), c)
             }
             Place::Server(n) => group.spawn_remote(
-                format!("flow {} (responder on {})", f.plan.name, f.to),
+                format!("flow {} ({what} on {host})", f.plan.name),
                 &self.links[n],
-                wire::Spawn {
-                    id: 0,
-                    role: Role::Respond,
-                    plan: f.plan.clone(),
-                    listen: Some(listen),
-                    connect: None,
-                    env,
-                },
-            ),
-        }
-    }
-
-    /// Starts flow `f`'s requester where its `from` host runs, connecting to `connect`,
-    /// under the shaper with `policy` when one is given.
-    fn spawn_requester(
-        &self,
-        group: &mut Group,
-        f: &RealFlow,
-        connect: SocketAddr,
-        policy: Option<&str>,
-    ) -> Result<usize> {
-        let env = shaper_env(f, policy, Role::Request);
-        match self.place(&f.from) {
-            Place::Here => {
-                let mut c = self.base_command(&serde_json::to_string(&f.plan)?);
-                c.args(["request", "--connect", &connect.to_string()]);
-                self.clock.add_to(&mut c);
-                self.shape(&mut c, &env);
-                group.spawn(format!("flow {} (requester)", f.plan.name), c)
-            }
-            Place::Server(n) => group.spawn_remote(
-                format!("flow {} (requester on {})", f.plan.name, f.from),
-                &self.links[n],
-                wire::Spawn {
-                    id: 0,
-                    role: Role::Request,
-                    plan: f.plan.clone(),
-                    listen: None,
-                    connect: Some(connect),
-                    env,
-                },
+                wire::Spawn::of_end(role, f.plan.clone(), addr, env),
             ),
         }
     }
@@ -980,7 +954,7 @@ impl Runner<'_> {
         let mut responders = Vec::with_capacity(n);
         for f in &run.flows {
             let (listen, _) = self.addresses(f);
-            responders.push(self.spawn_responder(&mut group, f, listen, policy)?);
+            responders.push(self.spawn_end(&mut group, f, Role::Respond, listen, policy)?);
         }
         // Each responder says its port.
         let mut ports = vec![None; n];
@@ -1016,7 +990,7 @@ impl Runner<'_> {
         for (f, port) in run.flows.iter().zip(&ports) {
             let (_, reach) = self.addresses(f);
             let connect = reach(port.unwrap_or(0));
-            requesters.push(self.spawn_requester(&mut group, f, connect, policy)?);
+            requesters.push(self.spawn_end(&mut group, f, Role::Request, connect, policy)?);
         }
         let mut ready = vec![false; n];
         let mut outcomes: Vec<Option<FlowOutcome>> = vec![None; n];

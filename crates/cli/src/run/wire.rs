@@ -114,6 +114,29 @@ pub struct Spawn {
 }
 
 impl Spawn {
+    /// The spawn of flow end `role` with `plan`, at `addr` (a responder's `listen`, a
+    /// requester's `connect`), under this host's shaper with `env` when it is not empty;
+    /// id 0, which the client sets to its own.
+    pub fn of_end(
+        role: Role,
+        plan: FlowPlan,
+        addr: SocketAddr,
+        env: BTreeMap<String, String>,
+    ) -> Self {
+        let (listen, connect) = match role {
+            Role::Respond => (Some(addr), None),
+            Role::Request => (None, Some(addr)),
+        };
+        Spawn {
+            id: 0,
+            role,
+            plan,
+            listen,
+            connect,
+            env,
+        }
+    }
+
     /// Refuses what a well-behaved client never sends: a role without its address, a plan
     /// that does not validate, variables outside [`ALLOWED_ENV`], or a responder under the
     /// shaper for anything but owning its receives for split SENDs
@@ -334,6 +357,20 @@ mod tests {
         assert_eq!(s.env.len(), 2);
         let again = serde_json::to_string(&message).unwrap();
         assert_eq!(parse_to_server(&again).unwrap(), message);
+    }
+
+    /// Each end gets its own address field, and passes the server's check.
+    #[test]
+    fn a_spawn_of_either_end_carries_its_address_only() {
+        let plan: FlowPlan = serde_json::from_str(PLAN).unwrap();
+        let addr: SocketAddr = "10.0.0.2:4000".parse().unwrap();
+        let respond = Spawn::of_end(Role::Respond, plan.clone(), addr, BTreeMap::new());
+        assert_eq!((respond.listen, respond.connect), (Some(addr), None));
+        let request = Spawn::of_end(Role::Request, plan, addr, BTreeMap::new());
+        assert_eq!((request.listen, request.connect), (None, Some(addr)));
+        for s in [respond, request] {
+            assert!(s.check().is_ok(), "{s:?}");
+        }
     }
 
     #[test]
