@@ -206,8 +206,8 @@ fn host_usize(n: u64) -> usize {
 impl Hello {
     /// Its bytes on the connection: magic, endpoint (QP number, PSN, LID, GID), seed,
     /// bytes per region, regions, then the mode (0 READ, 1 SEND, 2 WRITE with immediate;
-    /// 0x80 added for late polling) and the two-sided shape (largest message, SGEs, messages per batch, boundary or 0;
-    /// all 0 in READ mode); big-endian.
+    /// 0x80 added for late polling) and the two-sided shape (largest message, SGEs,
+    /// messages per batch, boundary or 0; all 0 in READ mode); big-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HELLO_LEN);
         out.extend_from_slice(&MAGIC);
