@@ -32,6 +32,10 @@
 //!   its immediate data, after its last chunk landed (receiver) or completed (sender);
 //! - teardown hands back every application request and receive not yet completed, so the
 //!   caller can flush them: nothing is left pending;
+//! - the sender marks solicited the chunk that ends each message, and an announced message
+//!   that goes whole, so that a receiver may arm its receive CQ for solicited completions
+//!   only and still see each message's completion (the marking is the sending shaper's, on
+//!   the work requests it posts; see `docs/architecture.md`, "Events");
 //! - the side channel is a datagram service: a lost announcement is sent again until its
 //!   credit comes ([`SendSide::reannounce`]), a lost credit is sent again when its
 //!   announcement repeats ([`Announced::Repeated`]), and repeats and reorderings change

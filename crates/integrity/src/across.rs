@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use justitia_verbs::sys::*;
 use justitia_verbs::{
-    CompletionQueue, Context, Endpoint, Ibverbs, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
-    RecvRequest, SendRequest, VerbsError,
+    CompletionChannel, CompletionQueue, Context, Endpoint, Ibverbs, MemoryRegion, ProtectionDomain,
+    QpCaps, QueuePair, RecvRequest, SendRequest, VerbsError,
 };
 
 use crate::checker::{
@@ -51,9 +51,9 @@ use crate::checker::{
 use crate::pattern;
 use crate::plan::{Batch, Operation, Placement, PlanConfig, GUARD};
 use crate::two_sided::{
-    extra_completion, fill_sources, judge_bytes, judge_completion, judge_elsewhere,
-    missing_completion, prepare_region, restore_region, Message, MessageBatch, MessageConfig,
-    MessagePlanner, MessageReport, Mismatch, TwoSided,
+    eventless_completion, extra_completion, fill_sources, judge_bytes, judge_completion,
+    judge_elsewhere, missing_completion, prepare_region, restore_region, Message, MessageBatch,
+    MessageConfig, MessagePlanner, MessageReport, Mismatch, TwoSided,
 };
 
 /// Regions a client may ask for at most.
@@ -92,6 +92,14 @@ const MODE_WRITE_IMM: u8 = 2;
 /// The bit of a two-sided hello's mode byte that asks for late polling
 /// ([`MessageConfig::late_polling`]).
 const MODE_LATE_POLLING: u8 = 0x80;
+/// The bit of a two-sided hello's mode byte that asks the server to wait for completion
+/// events ([`MessageConfig::events`]).
+const MODE_EVENTS: u8 = 0x40;
+/// How long the event-driven server waits for an event before it looks whether a
+/// completion came without one.
+const EVENT_WAIT: Duration = Duration::from_secs(1);
+/// How long it then gives an event raised with the completion it found to show.
+const EVENT_GRACE: Duration = Duration::from_millis(200);
 /// What a late-polling client sends once every send of a batch completed.
 pub const SENDS_COMPLETED: u8 = b'S';
 
@@ -206,7 +214,7 @@ fn host_usize(n: u64) -> usize {
 impl Hello {
     /// Its bytes on the connection: magic, endpoint (QP number, PSN, LID, GID), seed,
     /// bytes per region, regions, then the mode (0 READ, 1 SEND, 2 WRITE with immediate;
-    /// 0x80 added for late polling) and the two-sided shape (largest message, SGEs,
+    /// 0x80 added for late polling, 0x40 for events) and the two-sided shape (largest message, SGEs,
     /// messages per batch, boundary or 0; all 0 in READ mode); big-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HELLO_LEN);
@@ -221,7 +229,8 @@ impl Hello {
                 match c.mode {
                     TwoSided::Send => MODE_SEND,
                     TwoSided::WriteImm => MODE_WRITE_IMM,
-                } | if c.late_polling { MODE_LATE_POLLING } else { 0 },
+                } | if c.late_polling { MODE_LATE_POLLING } else { 0 }
+                    | if c.events { MODE_EVENTS } else { 0 },
                 c.max_size as u64,
                 wire_u32(c.max_sges),
                 wire_u32(c.max_batch),
@@ -267,10 +276,16 @@ impl Hello {
             get_u64(b, m + 17),
         );
         let late_polling = b[m] & MODE_LATE_POLLING != 0;
-        let mode = match b[m] & !MODE_LATE_POLLING {
+        let events = b[m] & MODE_EVENTS != 0;
+        let mode = match b[m] & !(MODE_LATE_POLLING | MODE_EVENTS) {
             MODE_READ if late_polling => {
                 return Err(AcrossError::Protocol(
                     "late polling asked of a READ hello (it is a two-sided mode's)".into(),
+                ))
+            }
+            MODE_READ if events => {
+                return Err(AcrossError::Protocol(
+                    "events asked of a READ hello (they are a two-sided mode's)".into(),
                 ))
             }
             MODE_READ => None,
@@ -299,6 +314,7 @@ impl Hello {
                     max_batch: host_usize(u64::from(batch)),
                     boundary: (boundary != 0).then(|| host_usize(boundary)),
                     late_polling,
+                    events,
                 };
                 c.validate().map_err(AcrossError::Protocol)?;
                 Some(c)
@@ -683,7 +699,21 @@ fn serve_messages(
     let ctx = Context::open(Arc::clone(&verbs), options.device.as_deref())?;
     let pd = ProtectionDomain::new(&ctx)?;
     let depth = batch_queue_depth(config.max_batch);
-    let cq = CompletionQueue::new(&ctx, 2 * depth, None)?;
+    // Event-driven: the receive CQ on a channel of its own, the sends' CQ apart (the
+    // server sends nothing, but an event-driven server's receive CQ commonly carries its
+    // receives alone).
+    let channel = if config.events {
+        let channel = CompletionChannel::new(&ctx)?;
+        channel.set_nonblocking()?;
+        Some(channel)
+    } else {
+        None
+    };
+    let cq = CompletionQueue::new(&ctx, 2 * depth, channel.as_ref())?;
+    let send_cq = match &channel {
+        Some(_) => CompletionQueue::new(&ctx, 16, None)?,
+        None => cq.clone(),
+    };
     let caps = QpCaps {
         max_send_wr: 16,
         max_recv_wr: depth,
@@ -691,7 +721,7 @@ fn serve_messages(
         max_recv_sge: wire_u32(config.max_sges),
         max_inline_data: 0,
     };
-    let qp = QueuePair::create_rc(&pd, &cq, &cq, caps)?;
+    let qp = QueuePair::create_rc(&pd, &send_cq, &cq, caps)?;
     let access = match config.mode {
         TwoSided::Send => IBV_ACCESS_LOCAL_WRITE,
         TwoSided::WriteImm => IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
@@ -762,7 +792,11 @@ fn serve_messages(
             await_sends_completed(&mut conn, report.batches)?;
         }
 
-        let (judged, mut found) = await_receives(&cq, &batch, qpn, options.timeout, &status_str)?;
+        let wait = Wait {
+            timeout: options.timeout,
+            events: channel.as_ref(),
+        };
+        let (judged, mut found) = await_receives(&cq, &batch, qpn, &wait, &status_str)?;
         let stopped = found.iter().any(|f| f.field.ends_the_run());
         if !stopped {
             for m in &batch.messages {
@@ -855,17 +889,41 @@ fn sge_len(p: &Placement) -> Result<u32, VerbsError> {
         .map_err(|_| VerbsError::InvalidArgument(format!("an SGE of {} bytes", p.len)))
 }
 
+/// How the server waits for a batch's receive completions.
+struct Wait<'a> {
+    /// The longest wait with no completion before the next one is reported missing.
+    timeout: Duration,
+    /// The receive CQ's channel (non-blocking) when the server sleeps until events.
+    events: Option<&'a CompletionChannel>,
+}
+
+/// Sleeps until `channel` has an event or `wait` has passed; takes the event. Returns
+/// whether there was one.
+fn take_event(channel: &CompletionChannel, wait: Duration) -> Result<bool, AcrossError> {
+    Ok(channel.wait_timeout(wait)?.is_some())
+}
+
 /// Polls `cq` until one receive completion per message of `batch` has arrived, judging
 /// each against the message it is due for. Stops early, with what it found, at a fault
-/// that ends the run, a completion beyond the batch's, or when none came for `timeout`.
-/// Returns how many completions were judged and the faults.
+/// that ends the run, a completion beyond the batch's, or when none came for the wait's
+/// timeout. With events, the CQ is armed for the next completion and polled once more
+/// before each sleep (a completion before the arm raises no event); a completion found
+/// after [`EVENT_WAIT`] with no event, and none within [`EVENT_GRACE`] after it, is
+/// reported (once a batch) and judged as it is. Returns how many completions were judged
+/// and the faults.
 fn await_receives(
     cq: &CompletionQueue,
     batch: &MessageBatch,
     qp_num: u32,
-    timeout: Duration,
+    wait: &Wait<'_>,
     status_str: &dyn Fn(ibv_wc_status) -> String,
 ) -> Result<(usize, Vec<Mismatch>), AcrossError> {
+    let timeout = wait.timeout;
+    // Armed and polled empty since: only an event (or a completion without one) comes.
+    let mut armed = false;
+    // The last sleep ended with no event: a completion found now came without one.
+    let mut unwoken = false;
+    let mut eventless = false;
     let after = || match (batch.messages.first(), batch.messages.last()) {
         (Some(a), Some(b)) => format!("after the batch of messages {} to {}", a.index, b.index),
         _ => "after an empty batch".to_string(),
@@ -876,6 +934,18 @@ fn await_receives(
     let mut last_seen = Instant::now();
     while next < batch.messages.len() {
         let n = cq.poll(&mut wc)?;
+        if let (true, Some(channel), Some(m)) =
+            (n > 0 && unwoken, wait.events, batch.messages.get(next))
+        {
+            if !eventless && !take_event(channel, EVENT_GRACE)? {
+                eventless = true;
+                found.push(eventless_completion(m, EVENT_WAIT));
+            }
+        }
+        if n > 0 {
+            armed = false;
+            unwoken = false;
+        }
         for c in &wc[..n] {
             let Some(m) = batch.messages.get(next) else {
                 found.push(extra_completion(c, &after(), status_str));
@@ -896,8 +966,19 @@ fn await_receives(
                 found.push(missing_completion(m, timeout, next));
                 return Ok((next, found));
             }
-            // Soft-RoCE does its work in kernel threads; leave them the CPU.
-            std::thread::yield_now();
+            match wait.events {
+                // Soft-RoCE does its work in kernel threads; leave them the CPU.
+                None => std::thread::yield_now(),
+                Some(_) if !armed => {
+                    cq.req_notify(false)?;
+                    armed = true;
+                }
+                Some(channel) => {
+                    let woken = take_event(channel, EVENT_WAIT)?;
+                    unwoken = !woken;
+                    armed = !woken;
+                }
+            }
         }
     }
     // Exactly one completion per receive: nothing may follow.
@@ -1462,6 +1543,7 @@ mod tests {
             max_batch: 4,
             boundary: Some(65536),
             late_polling: false,
+            events: false,
         }
     }
 
@@ -1507,6 +1589,16 @@ mod tests {
             };
             assert_eq!(Hello::decode(&bytes(&late)).unwrap(), late);
             assert_ne!(bytes(&late), bytes(&two_sided(mode)));
+            let evented = Hello {
+                messages: Some(MessageConfig {
+                    late_polling: true,
+                    events: true,
+                    ..messages(mode)
+                }),
+                ..two_sided(mode)
+            };
+            assert_eq!(Hello::decode(&bytes(&evented)).unwrap(), evented);
+            assert_ne!(bytes(&evented), bytes(&late));
         }
     }
 
@@ -1543,6 +1635,14 @@ mod tests {
         b[4 + ENDPOINT_LEN + 20] = MODE_LATE_POLLING;
         let e = refusal(&b);
         assert!(e.contains("late polling") && e.contains("READ"), "{e}");
+    }
+
+    #[test]
+    fn events_in_a_read_hello_are_refused() {
+        let mut b = bytes(&hello());
+        b[4 + ENDPOINT_LEN + 20] = MODE_EVENTS;
+        let e = refusal(&b);
+        assert!(e.contains("events") && e.contains("READ"), "{e}");
     }
 
     #[test]

@@ -117,6 +117,11 @@ struct Args {
     /// all the same; under a shaper they must too).
     #[arg(long, requires = "two_sided")]
     late_polling: bool,
+    /// With --two-sided: the server sleeps until its receive CQ's completion events
+    /// instead of polling, its sends on a CQ of their own (as an event-driven server
+    /// does), and names a completion that arrived without its event.
+    #[arg(long, requires = "two_sided")]
+    events: bool,
 }
 
 /// Bytes with an optional binary suffix: `4096`, `64K`, `16M`.
@@ -487,6 +492,7 @@ fn message_config(args: &Args, mode: TwoSided) -> MessageConfig {
         max_batch: args.max_batch,
         boundary: args.boundary,
         late_polling: args.late_polling,
+        events: args.events,
     }
 }
 
@@ -750,6 +756,7 @@ mod tests {
             // The server takes the mode from the client's hello.
             &["--serve", "0.0.0.0:18515", "--two-sided", "send"][..],
             &["--connect", "10.0.0.2:18515", "--late-polling"][..],
+            &["--connect", "10.0.0.2:18515", "--events"][..],
             &["--two-sided", "send"][..],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
@@ -772,6 +779,7 @@ mod tests {
             "--boundary",
             "64K",
             "--late-polling",
+            "--events",
         ]) else {
             panic!("the test's arguments were refused");
         };
@@ -785,6 +793,7 @@ mod tests {
                 max_batch: 8,
                 boundary: Some(65536),
                 late_polling: true,
+                events: true,
             }
         );
         assert_eq!(c.validate(), Ok(()));

@@ -98,6 +98,10 @@ pub struct MessageConfig {
     /// only after a later word from the sender. Natively a send completes whether or not
     /// the receiver polls; a shaper must not make it wait for the receiver's poll.
     pub late_polling: bool,
+    /// The server sleeps until its receive CQ's completion events (`ibv_req_notify_cq`,
+    /// `ibv_get_cq_event`) instead of polling, with its sends on a CQ of their own, as an
+    /// event-driven server does: a completion that arrives without its event is a fault.
+    pub events: bool,
 }
 
 impl MessageConfig {
@@ -416,6 +420,8 @@ pub enum Field {
     Guard,
     /// A byte of the region outside every range of the batch and its guards.
     Elsewhere,
+    /// The completion event of a CQ armed for the next completion (`--events`).
+    Event,
 }
 
 impl Field {
@@ -435,6 +441,7 @@ impl Field {
             Field::RecvBuffer => "receive buffer",
             Field::Guard => "guard",
             Field::Elsewhere => "region outside every message",
+            Field::Event => "completion event",
         }
     }
 
@@ -593,6 +600,17 @@ pub fn missing_completion(m: &Message, waited: std::time::Duration, arrived: usi
         Field::Completion,
         format!("a receive completion (wr_id {:#x})", m.recv_wr_id),
         format!("none within {waited:?}, after {arrived} of the batch's"),
+    )
+}
+
+/// The completion of `m` was found in a CQ armed for the next completion, with no event
+/// raised for it within `waited` (and a grace after).
+pub fn eventless_completion(m: &Message, waited: std::time::Duration) -> Mismatch {
+    mismatch(
+        m,
+        Field::Event,
+        "an event for its receive completion (the CQ was armed for the next completion)".into(),
+        format!("the completion in the CQ with no event within {waited:?}"),
     )
 }
 
@@ -863,6 +881,7 @@ mod tests {
             max_batch: 4,
             boundary: None,
             late_polling: false,
+            events: false,
         }
     }
 

@@ -213,8 +213,13 @@ impl Rig {
                 sends_per_qp(plan)
             );
         }
+        // Non-blocking: the waits are bounded (see `wait_for_event`).
         let channel = if event_channel {
-            Some(CompletionChannel::new(&ctx).context("creating a completion channel")?)
+            let channel = CompletionChannel::new(&ctx).context("creating a completion channel")?;
+            channel
+                .set_nonblocking()
+                .context("making the completion channel non-blocking")?;
+            Some(channel)
         } else {
             None
         };
@@ -1459,16 +1464,9 @@ fn poll_or_sleep(
 /// Sleeps until an armed CQ of `channel` has a completion event, or 50 ms pass (so that
 /// the caller's clock and stop checks still run).
 fn wait_for_event(channel: &CompletionChannel) -> Result<()> {
-    let mut pfd = libc::pollfd {
-        fd: channel.fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 50) };
-    if rc > 0 && pfd.revents & libc::POLLIN != 0 {
-        channel.wait().context("ibv_get_cq_event")?;
-    }
+    channel
+        .wait_timeout(Duration::from_millis(50))
+        .context("ibv_get_cq_event")?;
     Ok(())
 }
 

@@ -61,7 +61,14 @@ pub unsafe fn get_cq_event(
         .flatten();
     let Some(held) = held else {
         // SAFETY: the real verb with the caller's arguments.
-        return unsafe { real(ch, cq_out, ctx_out) };
+        let rc = unsafe { real(ch, cq_out, ctx_out) };
+        if rc == 0 && !crate::ffi::in_forked_child() {
+            // SAFETY: the real verb wrote the CQ of the event.
+            if let Some(c) = engine::cq(unsafe { *cq_out }) {
+                c.on_event();
+            }
+        }
+        return rc;
     };
     // SAFETY: `held` is a counted reference, given back below.
     let state = unsafe { &*held };
@@ -127,7 +134,7 @@ pub unsafe fn get_cq_event(
     if rc == 0 {
         // SAFETY: the real verb wrote the CQ of the event.
         if let Some(c) = engine::cq(unsafe { *cq_out }) {
-            c.armed.store(false, Ordering::Release);
+            c.on_event();
         }
     }
     rc

@@ -17,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use justitia_verbs::sys::*;
 
 use crate::engine;
-use crate::ffi::caught;
+use crate::ffi::{caught, guarded};
 
 /// `ops.post_send`.
 ///
@@ -393,10 +393,12 @@ unsafe extern "C" fn poll_cq_slow(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) ->
     }
 }
 
-/// `ops.req_notify_cq`: passed through; a hidden completion may wake an event-driven
-/// application, which then polls, finds nothing new and waits again. The shaper notes that
-/// the CQ is armed, so that a synthesized completion can raise an event (see
-/// [`crate::channel`]).
+/// `ops.req_notify_cq`: passed through, except that an arm for the next completion of a
+/// receive CQ whose completions are all of split messages becomes one for the next
+/// solicited completion (see `CqShared::arm_for_application`), so that the internal
+/// receives' completions, which the polls hide, do not wake an event-driven application
+/// once per chunk. The shaper notes that the CQ is armed, so that a synthesized completion
+/// can raise an event (see [`crate::channel`]).
 ///
 /// # Safety
 /// Called by `ibv_req_notify_cq` with a live CQ.
@@ -407,10 +409,17 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         // SAFETY: a live CQ has a live context.
         None => engine::context(unsafe { (*cq).context }).and_then(|c| c.req_notify_cq),
     };
-    let rc = match f {
+    let rc = match (f, shared) {
+        // Passed through in a forked child (`guarded`): the choice takes the shaper's locks.
+        (Some(f), Some(c)) if solicited_only == 0 => guarded(
+            // SAFETY: the provider's own req_notify_cq, for this live CQ.
+            || unsafe { c.arm_for_application(f) },
+            // SAFETY: as above.
+            || unsafe { f(cq, 0) },
+        ),
         // SAFETY: the provider's own req_notify_cq.
-        Some(f) => unsafe { f(cq, solicited_only) },
-        None => libc::EOPNOTSUPP,
+        (Some(f), _) => unsafe { f(cq, solicited_only) },
+        (None, _) => libc::EOPNOTSUPP,
     };
     // Not in a forked child: noting it takes the shaper's locks.
     if let (0, Some(c), false) = (rc, shared, crate::ffi::in_forked_child()) {

@@ -95,6 +95,8 @@ struct MockState {
     log: Vec<PostedWr>,
     next_qp_num: u32,
     notify_calls: u32,
+    /// Each `ibv_req_notify_cq` call's CQ and `solicited_only`, in order.
+    arms: Vec<(usize, c_int)>,
     post_calls: u32,
     end_polls: u32,
     /// `ibv_create_cq_ex` refuses to report QP numbers.
@@ -366,6 +368,17 @@ impl MockDevice {
     /// `ibv_req_notify_cq` calls that reached the provider.
     pub fn notify_calls(&self) -> u32 {
         self.state().notify_calls
+    }
+
+    /// The `solicited_only` argument of each `ibv_req_notify_cq` call on `cq` that reached
+    /// the provider, in order.
+    pub fn arms_of(&self, cq: *mut ibv_cq) -> Vec<c_int> {
+        self.state()
+            .arms
+            .iter()
+            .filter(|(c, _)| *c == cq as usize)
+            .map(|(_, solicited)| *solicited)
+            .collect()
     }
 
     /// The next executed request of `qp` fails with `status`; the QP then flushes.
@@ -1024,14 +1037,12 @@ unsafe extern "C" fn mock_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) ->
     .unwrap_or(-libc::EINVAL)
 }
 
-unsafe extern "C" fn mock_req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+unsafe extern "C" fn mock_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: a mock CQ points to its mock context.
     let inner = inner_of(unsafe { (*cq).context });
-    inner
-        .state
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .notify_calls += 1;
+    let mut state = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    state.notify_calls += 1;
+    state.arms.push((cq as usize, solicited_only));
     0
 }
 

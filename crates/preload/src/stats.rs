@@ -69,6 +69,11 @@ pub struct Counters {
     /// whose peer's message waited for room in its receive queue: an application that
     /// polls only later would otherwise hold the message back.
     pub receiver_polls_aside: AtomicU64,
+    /// Arms of a receive CQ for the application's next completion that the shaper made
+    /// arms for the next solicited one: the CQ's completions were all of split messages
+    /// whose ends the peer's shaper marks, so an event-driven receiver wakes per message
+    /// rather than per chunk.
+    pub cq_arms_solicited: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -137,6 +142,9 @@ pub struct StatsSnapshot {
     /// See [`Counters::receiver_polls_aside`].
     #[serde(default)]
     pub receiver_polls_aside: u64,
+    /// See [`Counters::cq_arms_solicited`].
+    #[serde(default)]
+    pub cq_arms_solicited: u64,
 }
 
 impl Counters {
@@ -200,6 +208,7 @@ impl Counters {
             announced: get(&self.announced),
             qps_owning_receives: get(&self.qps_owning_receives),
             receiver_polls_aside: get(&self.receiver_polls_aside),
+            cq_arms_solicited: get(&self.cq_arms_solicited),
         }
     }
 }
@@ -237,7 +246,7 @@ mod tests {
              \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
              \"turn_waits\":0,\"turn_yields\":0,\"side_channels\":0,\"pairings_reported\":0,\
              \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0,\"announced\":0,\
-             \"qps_owning_receives\":0,\"receiver_polls_aside\":0}"
+             \"qps_owning_receives\":0,\"receiver_polls_aside\":0,\"cq_arms_solicited\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());

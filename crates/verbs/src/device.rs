@@ -571,6 +571,25 @@ impl CompletionChannel {
         }
     }
 
+    /// The next completion event, acknowledged, on a channel made non-blocking
+    /// ([`CompletionChannel::set_nonblocking`]), waiting up to `timeout` for one to be
+    /// pending: `None` when none came.
+    pub fn wait_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<*mut ibv_cq>, VerbsError> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
+        // SAFETY: one valid pollfd for the call. Its result is not needed: an event
+        // pending or not is what `try_wait` finds.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.try_wait()
+    }
+
     /// Blocks until the next completion event (`ibv_get_cq_event`), acknowledges it and
     /// returns the CQ it was for.
     pub fn wait(&self) -> Result<*mut ibv_cq, VerbsError> {

@@ -131,7 +131,7 @@ two_sided_run() {
   [ -n "$a_env" ] && TS_A_STATS=$(cat "$L.$slug".*.stats.json 2>/dev/null | tr -d ' \n' \
     | grep -o '"split_requests":[0-9]*\|"chunks":[0-9]*\|"pairings_reported":[0-9]*\|"qps_paired":[0-9]*\|"qps_agreed":[0-9]*\|"side_refused":[0-9]*' | paste -sd ' ')
   [ -n "$b_env" ] && TS_B_STATS=$(onb 10 "cat $BLOGS/$slug.server.*.stats.json 2>/dev/null | tr -d ' \n' \
-    | grep -o '\"qps\":[0-9]*\|\"pairings_reported\":[0-9]*\|\"qps_paired\":[0-9]*\|\"qps_agreed\":[0-9]*\|\"side_refused\":[0-9]*\|\"receiver_polls_aside\":[0-9]*' | paste -sd ' '")
+    | grep -o '\"qps\":[0-9]*\|\"pairings_reported\":[0-9]*\|\"qps_paired\":[0-9]*\|\"qps_agreed\":[0-9]*\|\"side_refused\":[0-9]*\|\"receiver_polls_aside\":[0-9]*\|\"cq_arms_solicited\":[0-9]*' | paste -sd ' '")
   TS_WHAT="client exit $rc: ${summary:-$(tail -n 1 "$L.$slug.log")}; server: ${served#justitia-integrity: }"
   [ -n "$a_env" ] && TS_WHAT="$TS_WHAT; shaper on A: ${TS_A_STATS:-no statistics}"
   [ -n "$b_env" ] && TS_WHAT="$TS_WHAT; shaper on B: ${TS_B_STATS:-no statistics}"
@@ -752,16 +752,22 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # run for those (each message costs time), twelve for the paired ones, of 1 B to
     # 16 MiB: the server's receive queue holds 32 receives, so B's shaper posts the
     # receives of a message over 2 MiB (more than 32 chunks of 64 KiB) in parts as they
-    # land, each part credited. Those sent before the two shapers agree go whole.
+    # land, each part credited. Those sent before the two shapers agree go whole. The
+    # server sleeps until its receive CQ's events (--events: the CQ armed for the next
+    # completion, its sends on another CQ): B's shaper arms it for solicited completions
+    # only once it owns the receives (cq_arms_solicited >= 1), A's marks the last chunk of
+    # each message and of each half of a credited part, and a completion found without
+    # its event within 1 s is a mismatch.
     paired_env="LD_PRELOAD=$LIB JUSTITIA_CLASS=bandwidth JUSTITIA_CHUNK=64K JUSTITIA_TWO_SIDED=split JUSTITIA_LOG=debug"
     agreed='"split_requests":[1-9].*"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     b_agreed='"qps_paired":[1-9].*"qps_agreed":[1-9][0-9]* "side_refused":0'
     for mode in send write-imm; do
-      two_sided_run "$mode" "peer.two_sided.$mode.paired" "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
-      if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed"; then
-        result PASS "peer: two shapers agree over their side channels and split $mode requests" "$TS_WHAT"
+      TS_CLIENT_ARGS="--events" two_sided_run "$mode" "peer.two_sided.$mode.paired" \
+        "$paired_env JUSTITIA_SOCKET=$pdir/justitiad.sock" "$paired_env JUSTITIA_SOCKET=$bpdir/justitiad.sock" 12
+      if [ "$TS_OK" = 1 ] && echo "$TS_A_STATS" | grep -q "$agreed" && echo "$TS_B_STATS" | grep -q "$b_agreed.*\"cq_arms_solicited\":[1-9]"; then
+        result PASS "peer: two shapers agree over their side channels and split $mode requests to an event-driven receiver" "$TS_WHAT"
       else
-        result FAIL "peer: two shapers agree over their side channels and split $mode requests" "both ends must pass, count qps_paired and qps_agreed >= 1 and side_refused 0, and A split_requests >= 1: $TS_WHAT (logs: $TS_LOGS)"
+        result FAIL "peer: two shapers agree over their side channels and split $mode requests to an event-driven receiver" "both ends must pass, count qps_paired and qps_agreed >= 1 and side_refused 0, A split_requests >= 1 and B cq_arms_solicited >= 1: $TS_WHAT (logs: $TS_LOGS)"
       fi
     done
     # A receiver that looks at its receive CQ only once the sender says its SENDs
@@ -796,8 +802,11 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
     # posted before the two shapers agreed are at the NIC whole, so as many messages go
     # whole first (-r 16 keeps them few: perftest posts min(-n, 512) at the start
     # otherwise). ib_send_lat's 64 B SENDs go whole (each announced, and credited before
-    # it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm.
-    for spec in "ib_send_bw -s 262144 -n 200 -r 16:262144x200" "ib_send_lat -s 64 -n 100:64x100"; do
+    # it goes). perftest 4.5-0.17 (Debian bookworm) has no --write_with_imm. ib_send_bw
+    # waits for its completions' events (-e): B's shaper arms its receive CQ, which carries
+    # only the split messages, for solicited completions only (cq_arms_solicited), and A's
+    # marks each message's last chunk so; an event missed would hang the server.
+    for spec in "ib_send_bw -s 262144 -n 200 -r 16 -e:262144x200" "ib_send_lat -s 64 -n 100:64x100"; do
       asked=${spec##*:} spec=${spec%:*}
       tool=${spec%% *}
       # shellcheck disable=SC2086 # the tool's arguments
@@ -807,12 +816,18 @@ $(onc 90 "$key_lib && new_key $ipdir > /dev/null && source tests/vm/guest/daemon
         continue
       fi
       stats=$(split_of "peer.$tool.paired")
+      b_arms=""
+      if [ "$tool" = ib_send_bw ]; then
+        b_arms=$(onb 10 "cat $BLOGS/peer.$tool.paired.*.stats.json 2>/dev/null | tr -d ' \n' | grep -o '\"cq_arms_solicited\":[0-9]*'")
+      fi
       if [ "$COUNTS" != "$asked" ]; then
         result FAIL "peer: $tool A -> B (paired)" "counts $COUNTS, not the $asked asked for"
       elif [ "$tool" = ib_send_bw ] && ! echo "$stats" | grep -q '"split_requests":[1-9]'; then
         result FAIL "peer: $tool A -> B (paired)" "256 KiB SENDs with 64 KiB chunks between paired shapers, but A split none: $stats (logs: $L.peer.$tool.paired.client.log, $BLOGS/peer.$tool.paired.server.log)"
+      elif [ "$tool" = ib_send_bw ] && ! echo "$b_arms" | grep -q ':[1-9]'; then
+        result FAIL "peer: $tool A -> B (paired)" "the server waits for events on a receive CQ of split messages only, but B's shaper never armed it for solicited completions: ${b_arms:-no statistics} (logs: $BLOGS/peer.$tool.paired.server.log)"
       else
-        result PASS "peer: $tool A -> B (paired)" "$COUNTS, $FIGURE${stats:+; shaper on A: $stats}"
+        result PASS "peer: $tool A -> B (paired)" "$COUNTS, $FIGURE${stats:+; shaper on A: $stats}${b_arms:+; shaper on B: $b_arms}"
       fi
     done
     # Hellos the daemons never paired: while justitia-integrity's SENDs run with both ends

@@ -182,9 +182,11 @@ loop_of() { # LOG
 
 # far_run_server RUN ADDR DEV DAEMON_DIR LOG_DIR: a `justitia run-server` on the host RUN
 # (onb or onc) reaches, listening on ADDR, its shaped requesters following the justitiad
-# of DAEMON_DIR when one runs there; waits until it listens, or prints its log and fails.
+# of DAEMON_DIR when one runs there, its shaped processes' statistics in
+# LOG_DIR/wire.stats; waits until it listens, or prints its log and fails.
 far_run_server() {
-  "$1" 30 "(JUSTITIA_SOCKET=$4/justitiad.sock setsid $BIN/justitia run-server --listen $2:$SERVER_PORT -d $3 -x $GID \
+  "$1" 30 "mkdir -p $5/wire.stats; (JUSTITIA_SOCKET=$4/justitiad.sock JUSTITIA_STATS=$5/wire.stats/%p.json \
+      setsid $BIN/justitia run-server --listen $2:$SERVER_PORT -d $3 -x $GID \
       --ack-timeout $ACK_TIMEOUT --shaper $LIB > $5/wire.run-server.log 2>&1 &) ; \
       for i in \$(seq 100); do grep -q listening $5/wire.run-server.log && exit 0; sleep 0.2; done; \
       cat $5/wire.run-server.log; exit 1"
@@ -391,13 +393,20 @@ for path in glob.glob(f"{sys.argv[1]}/*.json"):
 print(f"{split} of {requests} SENDs split in {runs} runs' shapers, the rest whole before agreement")
 EOF
   )
-  detail="p99 ${send:-?} us beside the SENDs, ${write:-?} us beside the WRITEs, ${alone:-?} us alone; A's daemon found ${found:-no} side channels; $sends"
+  # B's SEND responders wait for their receive CQ's events: their shapers arm it for
+  # solicited completions only, so that they wake per message and credited part rather
+  # than per 1 KiB chunk (docs/architecture.md, "Events").
+  arms=$(onb 10 "cat $BLOGS/wire.stats/*.json 2>/dev/null" | grep -o '"cq_arms_solicited":[0-9]*' \
+    | awk -F: '{n += $2} END {print n + 0}')
+  detail="p99 ${send:-?} us beside the SENDs, ${write:-?} us beside the WRITEs, ${alone:-?} us alone; A's daemon found ${found:-no} side channels; $sends; B's shapers armed the responders' receive CQs for solicited completions $arms times"
   if [ -z "$alone" ] || [ -z "$send" ] || [ -z "$write" ]; then
     result FAIL "$name" "$detail ($(tail -n 2 "$L.probe.log" | tr '\n' ' '))"
   elif ! awk -v s="$send" -v w="$write" -v k="$SEND_VS_WRITE" 'BEGIN {exit !(s <= k * w)}'; then
     result FAIL "$name" "more than $SEND_VS_WRITE times its p99 beside the WRITEs: $detail"
   elif ! awk -v f="${found:-0}" 'BEGIN {exit !(f >= 1)}'; then
     result FAIL "$name" "the SEND stream's queue pairs were never paired: $detail"
+  elif [ "$arms" -lt 1 ]; then
+    result FAIL "$name" "B's shapers never armed the SEND responders' receive CQs for solicited completions: $detail"
   else
     result PASS "$name" "$(awk -v s="$send" -v w="$write" -v a="$alone" 'BEGIN {printf "x%.2f of alone beside the SENDs, x%.2f beside the WRITEs", s / a, w / a}'); $detail"
   fi

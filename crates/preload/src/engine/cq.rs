@@ -40,6 +40,7 @@ use super::{
 };
 use crate::log::log;
 use crate::send_queue::{QuickRing, Verdict};
+use crate::stats::Counters;
 
 /// Destroys a CQ with `real` (the provider's destroy), the shaper's hold on it first: the
 /// CQ is marked destroyed under its poll lock, which waits for a poll of the pacer's in
@@ -102,6 +103,13 @@ pub struct CqShared {
     pub(crate) channel: *mut ibv_comp_channel,
     /// The application asked for an event on the next completion and has not had it.
     pub(crate) armed: AtomicBool,
+    /// The application's request for an event on the next completion went to the provider
+    /// as one for the next solicited completion (see [`Self::arm_for_application`]), and
+    /// no event has come since.
+    solicited_armed: AtomicBool,
+    /// Bumped by every change that may end the CQ's quiet (see [`Self::unquiet`]), so that
+    /// an arm racing one finds out.
+    quiet_epoch: AtomicU64,
     /// Events the shaper delivered for synthesized completions, not yet acknowledged.
     pub(crate) synthetic_events: AtomicU32,
     /// The application is destroying the CQ: the shaper polls it no more (see
@@ -154,6 +162,8 @@ pub unsafe fn register_cq(
         // SAFETY: the caller guarantees cq is live.
         channel: unsafe { (*cq).channel },
         armed: AtomicBool::new(false),
+        solicited_armed: AtomicBool::new(false),
+        quiet_epoch: AtomicU64::new(0),
         synthetic_events: AtomicU32::new(0),
         dead: AtomicBool::new(false),
         sessions: AtomicU32::new(0),
@@ -517,6 +527,95 @@ impl CqShared {
         *q = kept;
         self.work.fetch_sub(purged.len() as u64, Ordering::AcqRel);
         purged.into()
+    }
+
+    /// Arms the CQ for the application's `ibv_req_notify_cq(cq, 0)` with the provider's
+    /// `arm`: for the next solicited completion when the CQ is quiet, else for the next
+    /// completion, as asked.
+    ///
+    /// A CQ is *quiet* when every QP that names it is a receiver half that owns its
+    /// receives under the agreed protocol, sends its completions elsewhere, and has no
+    /// receive of the application's own at the NIC (see
+    /// `QpShared::receives_are_marked`): then every completion the application would see
+    /// is the last of a message (or of a credited part) that the peer's shaper marked
+    /// solicited, and the internal receives' completions, which the polls hide, raise no
+    /// event. An event-driven receiver thus wakes once per message and credit, not once per
+    /// chunk. A change that ends the quiet while the arm stands ([`Self::unquiet`]) arms
+    /// the CQ again for the next completion; one that races this arm is seen by its second
+    /// look at [`Self::quiet_epoch`].
+    ///
+    /// # Safety
+    /// `arm` must be the provider's `req_notify_cq` for this live CQ.
+    pub(crate) unsafe fn arm_for_application(&self, arm: ReqNotifyFn) -> c_int {
+        let epoch = self.quiet_epoch.load(Ordering::SeqCst);
+        if !self.quiet() {
+            // SAFETY: guaranteed by the caller.
+            return unsafe { arm(self.cq, 0) };
+        }
+        // SAFETY: guaranteed by the caller.
+        if unsafe { arm(self.cq, 1) } != 0 {
+            // SAFETY: as above.
+            return unsafe { arm(self.cq, 0) };
+        }
+        self.solicited_armed.store(true, Ordering::SeqCst);
+        if self.quiet_epoch.load(Ordering::SeqCst) != epoch
+            && self.solicited_armed.swap(false, Ordering::SeqCst)
+        {
+            // SAFETY: as above.
+            return unsafe { arm(self.cq, 0) };
+        }
+        Counters::add(&self.engine.counters.cq_arms_solicited, 1);
+        0
+    }
+
+    /// Whether the CQ is quiet (see [`Self::arm_for_application`]).
+    fn quiet(&self) -> bool {
+        let qps = self.qps.lock();
+        !qps.unobserved
+            && !qps.receivers.is_empty()
+            && qps.users == qps.receivers.len()
+            && qps.receivers.iter().all(|q| q.receives_are_marked(self))
+    }
+
+    /// Something changed that may end the CQ's quiet (a QP names it, a receiver half
+    /// failed or was reset): an arm for the next solicited completion standing for the
+    /// application becomes one for the next completion.
+    pub(crate) fn unquiet(&self) {
+        self.quiet_epoch.fetch_add(1, Ordering::SeqCst);
+        if self.solicited_armed.swap(false, Ordering::SeqCst) {
+            if let Some(arm) = self.req_notify_cq {
+                // SAFETY: the provider's own req_notify_cq, on this live CQ (a QP that
+                // names it or a receiver half of one holds its state).
+                unsafe { arm(self.cq, 0) };
+            }
+        }
+    }
+
+    /// Whether the application's arm stands as one for the next solicited completion.
+    pub(crate) fn armed_solicited(&self) -> bool {
+        self.solicited_armed.load(Ordering::Acquire)
+    }
+
+    /// The CQ's event came: the arm, whatever it was, is spent.
+    pub(crate) fn on_event(&self) {
+        self.armed.store(false, Ordering::Release);
+        self.solicited_armed.store(false, Ordering::SeqCst);
+    }
+
+    /// A QP that names this CQ (as its send or receive CQ, once per QP) was registered
+    /// (`observed`) or could not be (the shaper knows nothing of its completions).
+    pub(super) fn add_user(&self, observed: bool) {
+        let mut qps = self.qps.lock();
+        qps.users += 1;
+        qps.unobserved |= !observed;
+        drop(qps);
+        self.unquiet();
+    }
+
+    /// A QP added with [`Self::add_user`] was destroyed.
+    pub(super) fn remove_user(&self) {
+        let mut qps = self.qps.lock();
+        qps.users = qps.users.saturating_sub(1);
     }
 
     /// The application armed the CQ: an event is due now if synthesized completions wait.
@@ -1040,6 +1139,11 @@ pub struct CqQps {
     receivers: Vec<Arc<QpShared>>,
     /// Polls take the general path: a QP is departing, or QPs have receiver halves.
     general: bool,
+    /// Registered QPs that name this CQ, as their send or receive CQ (once per QP).
+    users: usize,
+    /// A QP names this CQ that the shaper could not register: the CQ is never quiet
+    /// (see [`CqShared::arm_for_application`]).
+    unobserved: bool,
 }
 
 impl CqQps {

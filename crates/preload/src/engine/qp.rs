@@ -112,6 +112,9 @@ pub struct QpShared {
     pub(super) recv_cq: Option<Arc<CqShared>>,
     pub(super) recv_depth: u32,
     pub(super) recv_counted: AtomicBool,
+    /// Counted among the users of the CQs it names (see `CqShared::add_user`), from
+    /// registration to destroy.
+    pub(super) uses_counted: AtomicBool,
     pub(crate) state: parking_lot::Mutex<QpState>,
     pub(super) in_pacer: AtomicBool,
     pub(crate) ex: Option<QpExOps>,
@@ -347,6 +350,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         recv_cq,
         recv_depth: init.cap.max_recv_wr,
         recv_counted: AtomicBool::new(false),
+        uses_counted: AtomicBool::new(false),
         state: parking_lot::Mutex::new(QpState {
             sq,
             path_mtu: MIN_PATH_MTU,
@@ -383,6 +387,11 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
         // CQ's QP list is unlocked.
         Ok(old) => old,
         Err(_) => {
+            drop(cq_qps);
+            // Its completions reach its CQs unobserved: they are never quiet.
+            for cq in shared.named_cqs() {
+                cq.add_user(false);
+            }
             if !QPS_FULL_SAID.swap(true, Ordering::Relaxed) {
                 log!(
                     Warn,
@@ -408,6 +417,7 @@ pub(crate) unsafe fn register_qp_in<const N: usize>(
     }
     shared.count_receives();
     drop(cq_qps);
+    shared.count_uses();
     // Said outside the CQ's lock.
     if let (Some(needed), Some(cq)) = (too_small, &send_cq) {
         cq.say_too_small(needed);
@@ -508,6 +518,11 @@ impl QpShared {
             cq.recv_entries
                 .fetch_sub(u64::from(self.recv_depth), Ordering::AcqRel);
         }
+        if self.uses_counted.swap(false, Ordering::AcqRel) {
+            for cq in self.named_cqs() {
+                cq.remove_user();
+            }
+        }
         if let Some(link) = &self.engine.side {
             link.leave(self.qp_num, &self.me);
         }
@@ -562,6 +577,25 @@ impl QpShared {
         }
     }
 
+    /// The registered CQs this QP names, each once: its send CQ and, when another, its
+    /// receive CQ.
+    fn named_cqs(&self) -> impl Iterator<Item = &Arc<CqShared>> {
+        let recv = self
+            .recv_cq
+            .as_ref()
+            .filter(|r| !self.send_cq.as_ref().is_some_and(|s| Arc::ptr_eq(s, r)));
+        self.send_cq.iter().chain(recv)
+    }
+
+    /// Counts a registered QP among the users of the CQs it names.
+    fn count_uses(&self) {
+        if !self.uses_counted.swap(true, Ordering::AcqRel) {
+            for cq in self.named_cqs() {
+                cq.add_user(true);
+            }
+        }
+    }
+
     /// Counts a registered member QP in the daemon's flow.
     fn count_member(&self) {
         if self.member && !self.counted.swap(true, Ordering::AcqRel) {
@@ -578,6 +612,7 @@ impl QpShared {
         }
         self.count_member();
         self.count_receives();
+        self.count_uses();
         if let Some(cq) = &self.send_cq {
             if self.shaped {
                 self.forget_departed();

@@ -39,6 +39,10 @@
 //!   application's own receives posted whole keep their `wr_id` and pass untouched;
 //! - the application never has more receives outstanding than its `max_recv_wr`, held
 //!   ones included, and internal receives never exceed what the queue has room for.
+//! - a receive CQ stands armed for solicited completions only (for an event-driven
+//!   application, see `CqShared::arm_for_application`) only while every completion its
+//!   application would see there is one the peer's shaper marked solicited: a receiver
+//!   half that leaves the agreed protocol re-arms it for the next completion.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
@@ -413,6 +417,34 @@ unsafe fn sges_of(wr: &ibv_recv_wr) -> Vec<Sge> {
 }
 
 impl QpShared {
+    /// Whether every completion this QP puts on `cq` that its application would see is
+    /// one the peer's shaper marked solicited (see `CqShared::arm_for_application`): it
+    /// sends its completions to another CQ, its receiver half owns the receives under the
+    /// agreed protocol (the peer's shaper marks the last chunk of each message and of each
+    /// credited part), and no receive of the application's own is at the NIC, for a
+    /// message sent whole before the agreement.
+    pub(super) fn receives_are_marked(&self, cq: &CqShared) -> bool {
+        if self.send_cq.as_deref().is_some_and(|s| std::ptr::eq(s, cq)) {
+            return false;
+        }
+        let Some(r) = &self.receiver else {
+            return false;
+        };
+        let half = r.half.lock();
+        matches!(half.mode, RecvMode::Owned(_))
+            && half.whole_due == 0
+            && half.raw_posted == r.raw_done.load(Ordering::Acquire)
+    }
+
+    /// The receiver half left the agreed protocol (it failed, or the QP was reset): its
+    /// receive CQ's application arm, if it stands for solicited completions only, goes
+    /// back to the next completion.
+    fn receives_unmarked(&self) {
+        if let Some(cq) = &self.recv_cq {
+            cq.unquiet();
+        }
+    }
+
     /// Whether this QP's sends may be split (what its hellos say): its sender half exists
     /// and the application did not set `rnr_retry` to 0 (a message racing the agreement
     /// may meet one RNR retry).
@@ -592,6 +624,7 @@ impl QpShared {
                     self.qp_num
                 );
                 half.mode = RecvMode::Failed;
+                self.receives_unmarked();
                 return;
             }
             self.engine.side_link_send(
@@ -646,6 +679,7 @@ impl QpShared {
         if app.status != IBV_WC_SUCCESS {
             let rest = side.teardown();
             half.mode = RecvMode::Failed;
+            self.receives_unmarked();
             synthesized.extend(rest.iter().map(|c| flushed_receive(c.wr_id, self.qp_num)));
             return Some(true);
         }
@@ -706,6 +740,7 @@ impl QpShared {
             RecvMode::Whole | RecvMode::Failed => Vec::new(),
         };
         drop(half);
+        self.receives_unmarked();
         if let (false, Some(cq)) = (flushed.is_empty(), &self.recv_cq) {
             cq.push_synthesized(
                 flushed
@@ -726,6 +761,8 @@ impl QpShared {
             let mut half = r.half.lock();
             *half = ReceiverHalf::new(half.next_tag);
             r.raw_done.store(0, Ordering::Release);
+            drop(half);
+            self.receives_unmarked();
         }
     }
 
@@ -1049,6 +1086,19 @@ impl QpShared {
             return;
         };
         if let RecvMode::Owned(side) = &half.mode {
+            // A CQ armed for solicited completions only raises no event for a message's
+            // chunks: a chunk that failed (an RNIC need not report that as solicited)
+            // is found here within a timer period, and its error held for the
+            // application, whose arm the holding wakes.
+            let landing_unwatched =
+                side.landing() > 0 && self.recv_cq.as_ref().is_some_and(|cq| cq.armed_solicited());
+            if landing_unwatched && !side.waits_for_room() {
+                drop(half);
+                if let Some(cq) = &self.recv_cq {
+                    cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
+                }
+                return;
+            }
             if side.waits_for_room() {
                 drop(half);
                 if let Some(cq) = &self.recv_cq {

@@ -284,9 +284,37 @@ struct SplitBody {
     /// with, and how many of its chunks are credited; only those may go (see
     /// [`SendQueue::credit`]). `None`: no such limit.
     credited: Option<(u64, u32)>,
+    /// The credit before its last growth: chunks from there to `credited` are the part
+    /// the last credit let go.
+    credit_from: u32,
 }
 
 impl SplitBody {
+    /// Whether `chunk` goes marked solicited, so that its receive completion at the peer
+    /// raises an event there even when the peer's shaper armed the CQ for solicited
+    /// completions only (`CqShared::arm_for_application`): a chunk that consumes a
+    /// receive and ends its message, or ends or halves the part of the receives the last
+    /// credit let go. The peer's application then wakes once per message and twice per
+    /// credited part, in time to post the next part while the sender still has half of
+    /// this one to send, rather than once per chunk.
+    fn marks_solicited(&self, chunk: &Chunk) -> bool {
+        if !matches!(
+            chunk.request.opcode,
+            Opcode::Send | Opcode::SendWithImm { .. } | Opcode::WriteWithImm { .. }
+        ) {
+            return false;
+        }
+        if chunk.is_last {
+            return true;
+        }
+        let Some((_, to)) = self.credited else {
+            return false;
+        };
+        let from = self.credit_from.min(to);
+        let done = chunk.index + 1;
+        done == to || done == from + (to - from).div_ceil(2)
+    }
+
     /// Whether the next chunk waits for more of the peer's credit.
     fn waits_for_credit(&self) -> bool {
         match (self.credited, &self.next) {
@@ -765,7 +793,12 @@ impl SendQueue {
         if let Body::Split(s) = &mut req.body {
             // A later part of the credit: more chunks may go.
             s.credited = match (s.credited, limit) {
-                (Some((_, old)), Some((_, new))) => Some((seq, old.max(new))),
+                (Some((_, old)), Some((_, new))) => {
+                    if new > old {
+                        s.credit_from = old;
+                    }
+                    Some((seq, old.max(new)))
+                }
                 _ => None,
             };
             return true;
@@ -775,8 +808,13 @@ impl SendQueue {
             return false;
         };
         let Awaiting {
-            wr, chunk_bytes, ..
+            mut wr,
+            chunk_bytes,
+            ..
         } = *a;
+        // Announced, so the peer's shaper owns the receive it lands in: marked as its
+        // split chunks' last is (see `SplitBody::marks_solicited`).
+        wr.wr.send_flags |= IBV_SEND_SOLICITED;
         // Cut as the peer cut its receives, when it posted them split (a WRITE with
         // immediate included: its chunks are WRITEs, the last with the immediate).
         let (mut body, is_split, _) = match posting {
@@ -953,6 +991,7 @@ impl SendQueue {
                     yields_due: 0,
                     planner,
                     credited: None,
+                    credit_from: 0,
                 };
                 (Body::Split(Box::new(body)), true, paced)
             }
@@ -1152,7 +1191,11 @@ impl SendQueue {
                                 lkey: s.lkey,
                             }));
                         let range = (start, self.batch_sges.len());
-                        (WqeKind::Chunk, range, chunk.is_last, chunk_to_wr(&chunk))
+                        let mut wr = chunk_to_wr(&chunk);
+                        if s.marks_solicited(&chunk) {
+                            wr.send_flags |= IBV_SEND_SOLICITED;
+                        }
+                        (WqeKind::Chunk, range, chunk.is_last, wr)
                     }
                 }
             };

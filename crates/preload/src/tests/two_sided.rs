@@ -883,3 +883,100 @@ fn a_request_refused_for_a_full_queue_is_never_announced() {
         .all(|(i, w)| w.wr_id == 100 + i as u64 && w.status == IBV_WC_SUCCESS));
     assert_eq!(&dst[..6400], &src[..6400]);
 }
+
+/// An event-driven receiver: its receive CQ, which carries only its split messages, is
+/// armed for solicited completions only once its QP owns its receives (before, and on a CQ
+/// that carries send completions too, an arm stays one for the next completion); the
+/// sender marks solicited the end of each message and of each half of a credited part, so
+/// a SEND of 16 chunks into a queue of 6 leaves chunks unmarked but never half a queue's
+/// worth in a row (the receiver wakes in time to post the next part). A QP that names the CQ later turns the standing arm
+/// back into one for the next completion, and so does the receiver's failure.
+#[test]
+fn a_receive_cq_of_split_messages_only_is_armed_for_their_marked_ends() {
+    let mut pair = Pair::new(0x7a_0f00, 6, 0, true);
+    let arm = |cq| {
+        // SAFETY: a live CQ.
+        assert_eq!(unsafe { ops::req_notify_cq(cq, 0) }, 0);
+    };
+    arm(pair.cqs[1]);
+    assert_eq!(pair.dev.arms_of(pair.cqs[1]), [0], "before the agreement");
+    let mut got = [Vec::new(), Vec::new()];
+    let engine = Arc::clone(&pair.engine);
+    pair.run_until(&mut got, |_| engine.stats().qps_owning_receives == 2);
+    arm(pair.cqs[1]);
+    arm(pair.cqs[0]);
+    assert_eq!(
+        pair.dev.arms_of(pair.cqs[1]),
+        [0, 1],
+        "owned, receives only"
+    );
+    assert_eq!(
+        pair.dev.arms_of(pair.cqs[0]),
+        [0],
+        "A's sends complete there too"
+    );
+    assert_eq!(pair.engine.stats().cq_arms_solicited, 1);
+
+    let len = 16 * CHUNK as usize;
+    let src = pattern(len, 5);
+    let dst = vec![0u8; len];
+    let mut r = sges_over(&dst, 0, len, 2);
+    assert_eq!(pair.post_recv(1, 70, &mut r), 0);
+    let mut s = sges_over(&src, 0, len, 3);
+    let mut wr = rdma(IBV_WR_SEND, 71, &mut s, 0, true);
+    assert_eq!(post_on(pair.qps[0], &mut wr), 0);
+    pair.run_until(&mut got, |g| g[0].len() == 1 && g[1].len() == 1);
+    assert_eq!(dst, src);
+    assert_eq!((got[1][0].wr_id, got[1][0].byte_len), (70, len as u32));
+    let marks: Vec<bool> = pair
+        .dev
+        .log()
+        .iter()
+        .filter(|w| w.opcode == IBV_WR_SEND)
+        .map(|w| w.send_flags & IBV_SEND_SOLICITED != 0)
+        .collect();
+    assert_eq!(marks.len(), 16);
+    assert_eq!(marks.last(), Some(&true), "the message's end: {marks:?}");
+    assert!(marks.contains(&false), "not every chunk: {marks:?}");
+    let longest_unmarked = marks.split(|&m| m).map(<[bool]>::len).max().unwrap_or(0);
+    assert!(
+        longest_unmarked < 3,
+        "a mark within every half queue's worth of chunks: {marks:?}"
+    );
+
+    // Another QP names the CQ (its receives): the standing solicited arm goes back.
+    let other = create_qp(
+        &pair.dev,
+        ibv_qp_init_attr {
+            send_cq: pair.b_send_cq.unwrap(),
+            recv_cq: pair.cqs[1],
+            qp_type: IBV_QPT_RC,
+            cap: ibv_qp_cap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(pair.dev.arms_of(pair.cqs[1]), [0, 1, 0], "re-armed");
+    arm(pair.cqs[1]);
+    assert_eq!(pair.dev.arms_of(pair.cqs[1]), [0, 1, 0, 0], "not quiet");
+    if let Some(t) = engine::qp_token(other) {
+        engine::unregister_qp(other, t);
+    }
+    arm(pair.cqs[1]);
+    assert_eq!(
+        pair.dev.arms_of(pair.cqs[1]),
+        [0, 1, 0, 0, 1],
+        "quiet again"
+    );
+    to_error(&pair, 1);
+    assert_eq!(
+        pair.dev.arms_of(pair.cqs[1]),
+        [0, 1, 0, 0, 1, 0],
+        "the receiver failed"
+    );
+}
