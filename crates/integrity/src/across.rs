@@ -1630,19 +1630,13 @@ mod tests {
     }
 
     #[test]
-    fn late_polling_in_a_read_hello_is_refused() {
-        let mut b = bytes(&hello());
-        b[4 + ENDPOINT_LEN + 20] = MODE_LATE_POLLING;
-        let e = refusal(&b);
-        assert!(e.contains("late polling") && e.contains("READ"), "{e}");
-    }
-
-    #[test]
-    fn events_in_a_read_hello_are_refused() {
-        let mut b = bytes(&hello());
-        b[4 + ENDPOINT_LEN + 20] = MODE_EVENTS;
-        let e = refusal(&b);
-        assert!(e.contains("events") && e.contains("READ"), "{e}");
+    fn two_sided_bits_in_a_read_hello_are_refused_naming_them() {
+        for (bit, named) in [(MODE_LATE_POLLING, "late polling"), (MODE_EVENTS, "events")] {
+            let mut b = bytes(&hello());
+            b[4 + ENDPOINT_LEN + 20] = bit;
+            let e = refusal(&b);
+            assert!(e.contains(named) && e.contains("READ"), "{e}");
+        }
     }
 
     #[test]
