@@ -573,6 +573,21 @@ impl Pacer {
         }
     }
 
+    /// The flow's requests were held by something other than this pacer (a split SEND
+    /// waiting for its peer's credit) and may go again at `now`: the credit that accrued
+    /// while they were held, and what was owed for lateness, is dropped, so they resume at
+    /// the rate. The burst is for an enforcer's lateness and a flow coming back from idle;
+    /// a hold that recurs every few chunks would turn it into a burst every few chunks
+    /// (three chunks back to back, where the flow's paced chunks went one at a time). A
+    /// debt stands.
+    pub fn resume_after_hold(&mut self, now: Duration) {
+        self.refill(nanos(now));
+        for lane in std::iter::once(&mut self.bytes).chain(self.ops.as_mut()) {
+            lane.balance = lane.balance.min(0);
+            lane.owed = 0;
+        }
+    }
+
     /// Releases a request of `bytes` and `ops` operations if the balances allow it at
     /// `now`, charging it; otherwise returns how long until they will (at most
     /// [`MAX_WAIT`]), rounded up to the nanosecond so that coming back then succeeds.
@@ -1564,5 +1579,30 @@ mod tests {
         let wait = after.try_release(Duration::ZERO, 64, 1);
         assert!(wait.is_err(), "{wait:?}");
         assert_eq!(wait, at_once.try_release(Duration::ZERO, 64, 1));
+    }
+
+    /// After a hold, one chunk goes at once and the next a chunk's time later, where a
+    /// flow back from idle has its burst; a debt from before the hold stands.
+    #[test]
+    fn a_flow_resuming_after_a_hold_goes_at_the_rate_without_its_burst() {
+        let chunk = u64::from(KIB);
+        let start = Duration::from_secs(1);
+        let mut p = Pacer::new(rate(1_000_000, KIB), start);
+        let later = start + Duration::from_millis(50);
+        let mut idle = p.clone();
+        assert_eq!(
+            drain(&mut idle, later, chunk),
+            3 * chunk,
+            "the burst after idle"
+        );
+        p.resume_after_hold(later);
+        assert_eq!(drain(&mut p, later, chunk), chunk, "one chunk after a hold");
+        let wait = p.try_release(later, chunk, 1).unwrap_err();
+        assert_eq!(wait, Duration::from_nanos(1_024_000), "then a chunk's time");
+        // In debt when held: the debt is not forgiven.
+        let mut owing = Pacer::new(rate(1_000_000, KIB), start);
+        drain(&mut owing, start, chunk);
+        owing.resume_after_hold(start);
+        assert!(owing.try_release(start, chunk, 1).is_err());
     }
 }

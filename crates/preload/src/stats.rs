@@ -74,6 +74,10 @@ pub struct Counters {
     /// whose ends the peer's shaper marks, so an event-driven receiver wakes per message
     /// rather than per chunk.
     pub cq_arms_solicited: AtomicU64,
+    /// Times a two-sided message waited for its peer's credit before its next chunk (or
+    /// the message itself) could go: the receiver had not posted its receives yet. The
+    /// flow then goes on at its rate, without the burst it would have after idling.
+    pub credit_holds: AtomicU64,
 }
 
 /// A copy of the counters, in the JSON form written at exit.
@@ -145,6 +149,9 @@ pub struct StatsSnapshot {
     /// See [`Counters::cq_arms_solicited`].
     #[serde(default)]
     pub cq_arms_solicited: u64,
+    /// See [`Counters::credit_holds`].
+    #[serde(default)]
+    pub credit_holds: u64,
 }
 
 impl Counters {
@@ -209,6 +216,7 @@ impl Counters {
             qps_owning_receives: get(&self.qps_owning_receives),
             receiver_polls_aside: get(&self.receiver_polls_aside),
             cq_arms_solicited: get(&self.cq_arms_solicited),
+            credit_holds: get(&self.credit_holds),
         }
     }
 }
@@ -246,7 +254,7 @@ mod tests {
              \"control_verbs\":0,\"control_verbs_delayed\":0,\"control_wait_ns\":0,\
              \"turn_waits\":0,\"turn_yields\":0,\"side_channels\":0,\"pairings_reported\":0,\
              \"qps_paired\":0,\"qps_agreed\":0,\"side_refused\":0,\"announced\":0,\
-             \"qps_owning_receives\":0,\"receiver_polls_aside\":0,\"cq_arms_solicited\":0}"
+             \"qps_owning_receives\":0,\"receiver_polls_aside\":0,\"cq_arms_solicited\":0,\"credit_holds\":0}"
         );
         let back: StatsSnapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.snapshot());

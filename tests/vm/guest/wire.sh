@@ -355,15 +355,19 @@ pair_members() {
 # SEND_WARMUP_MS (3.5 s) not measured, which those take
 # (tests/vm/scenarios/wire-lat-vs-write-and-send-softroce.toml). Checked, on the medians:
 # the latency flow's p99 beside the SENDs is at most WIRE_SEND_VS_WRITE (2) times its p99
-# beside the same stream as WRITEs (1.43, 1.46 and 1.11 in three runs: x3.01, x3.18 and
-# x4.10 of alone beside the SENDs, x2.10, x2.18 and x3.69 beside the WRITEs; without the
-# warm-up, 2.7: x11.1 against x4.05, a whole 64 KiB SEND holding the wire 65 ms), and A's
-# daemon found side channels for its queue pairs (justitia_pairings_found_total). Both
+# beside the same stream as WRITEs (1.09 to 1.32 in seven sections: x2.78 to x3.36 of
+# alone beside the SENDs, x2.35 to x2.75 beside the WRITEs; without the warm-up, 2.7:
+# x11.1 against x4.05, a whole 64 KiB SEND holding the wire 65 ms), A's daemon found side
+# channels for its queue pairs (justitia_pairings_found_total), and B's shapers armed the
+# event-driven responders' receive CQs for solicited completions only (cq_arms_solicited
+# in the run-server's statistics, $BLOGS/wire.stats/ on B), so that a responder wakes
+# once per message and per half of a credited part rather than once per chunk. Both
 # ratios to alone are reported (the probe section's verdict, itself reported, judges
 # them against WIRE_MAX_P99_RATIO), and so are the SENDs A's shapers split against those
 # that went whole before the two shapers agreed (their statistics in $L.probe.stats/): 22
 # to 25 of 70 to 88 a run went whole, in about its first 3 s, and a 7 s warm-up left the
-# ratio where it was (1.30), so those do not make it.
+# ratio where it was (1.30), so those do not make it; and the waits for B's credit
+# (credit_holds: 17 to 111 in three runs).
 send_beside_write() {
   local name="the latency flow beside 64 KiB SENDs split between the paired shapers stays as near its p99 alone as beside the same WRITEs, under justitiad on A and B (justitia, medians of $PROBE_REPEAT)"
   local found alone send write detail sends
@@ -380,7 +384,7 @@ send_beside_write() {
   # pairs).
   sends=$(python3 - "$L.probe.stats" <<'EOF' 2>&1
 import glob, json, sys
-requests = split = runs = 0
+requests = split = holds = runs = 0
 for path in glob.glob(f"{sys.argv[1]}/*.json"):
     try:
         s = json.load(open(path))
@@ -390,7 +394,8 @@ for path in glob.glob(f"{sys.argv[1]}/*.json"):
         runs += 1
         requests += s.get("requests", 0)
         split += s.get("split_requests", 0)
-print(f"{split} of {requests} SENDs split in {runs} runs' shapers, the rest whole before agreement")
+        holds += s.get("credit_holds", 0)
+print(f"{split} of {requests} SENDs split in {runs} runs' shapers, the rest whole before agreement; {holds} waits for B's credit")
 EOF
   )
   # B's SEND responders wait for their receive CQ's events: their shapers arm it for

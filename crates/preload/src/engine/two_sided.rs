@@ -945,9 +945,18 @@ impl QpShared {
         if side.on_credit(seq, posting).is_err() {
             return false;
         }
+        let held = sq.waits_for_credit();
         let mut moved = false;
         while let Some((seq, posting)) = side.take_credited() {
             moved |= sq.credit(seq, posting);
+        }
+        if held && !sq.waits_for_credit() {
+            // The peer held the flow; it goes on at the rate, not with the burst it would
+            // have after idling (see `Pacer::resume_after_hold`).
+            Counters::add(&self.engine.counters.credit_holds, 1);
+            if self.engine.paced() {
+                self.engine.rate.lock().resume_after_hold(now);
+            }
         }
         if moved {
             let drained = self.drain_locked(&mut st, now);

@@ -761,6 +761,16 @@ impl SendQueue {
         self.requests.len() >= self.capacity as usize
     }
 
+    /// Whether the next request to post waits for the peer's credit: an announced message
+    /// not credited yet, or a split SEND whose credited chunks have all gone.
+    pub fn waits_for_credit(&self) -> bool {
+        match self.requests.get(self.cursor).map(|r| &r.body) {
+            Some(Body::AwaitingCredit(_)) => true,
+            Some(Body::Split(s)) => s.waits_for_credit(),
+            _ => false,
+        }
+    }
+
     /// Requests consuming a receive at the peer accepted to go whole and unannounced,
     /// and not taken back: every one has gone or will go to the NIC, where it consumes
     /// one of the receives the peer posted whole. What the sending shaper tells the

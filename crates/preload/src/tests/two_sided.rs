@@ -928,6 +928,12 @@ fn a_receive_cq_of_split_messages_only_is_armed_for_their_marked_ends() {
     pair.run_until(&mut got, |g| g[0].len() == 1 && g[1].len() == 1);
     assert_eq!(dst, src);
     assert_eq!((got[1][0].wr_id, got[1][0].byte_len), (70, len as u32));
+    // It waited for its first credit and for later parts of it.
+    assert!(
+        pair.engine.stats().credit_holds >= 2,
+        "{:?}",
+        pair.engine.stats()
+    );
     let marks: Vec<bool> = pair
         .dev
         .log()
