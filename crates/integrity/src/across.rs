@@ -214,8 +214,8 @@ fn host_usize(n: u64) -> usize {
 impl Hello {
     /// Its bytes on the connection: magic, endpoint (QP number, PSN, LID, GID), seed,
     /// bytes per region, regions, then the mode (0 READ, 1 SEND, 2 WRITE with immediate;
-    /// 0x80 added for late polling, 0x40 for events) and the two-sided shape (largest message, SGEs,
-    /// messages per batch, boundary or 0; all 0 in READ mode); big-endian.
+    /// 0x80 added for late polling, 0x40 for events) and the two-sided shape (largest
+    /// message, SGEs, messages per batch, boundary or 0; all 0 in READ mode); big-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HELLO_LEN);
         out.extend_from_slice(&MAGIC);
@@ -897,12 +897,6 @@ struct Wait<'a> {
     events: Option<&'a CompletionChannel>,
 }
 
-/// Sleeps until `channel` has an event or `wait` has passed; takes the event. Returns
-/// whether there was one.
-fn take_event(channel: &CompletionChannel, wait: Duration) -> Result<bool, AcrossError> {
-    Ok(channel.wait_timeout(wait)?.is_some())
-}
-
 /// Polls `cq` until one receive completion per message of `batch` has arrived, judging
 /// each against the message it is due for. Stops early, with what it found, at a fault
 /// that ends the run, a completion beyond the batch's, or when none came for the wait's
@@ -937,7 +931,7 @@ fn await_receives(
         if let (true, Some(channel), Some(m)) =
             (n > 0 && unwoken, wait.events, batch.messages.get(next))
         {
-            if !eventless && !take_event(channel, EVENT_GRACE)? {
+            if !eventless && channel.wait_timeout(EVENT_GRACE)?.is_none() {
                 eventless = true;
                 found.push(eventless_completion(m, EVENT_WAIT));
             }
@@ -974,7 +968,7 @@ fn await_receives(
                     armed = true;
                 }
                 Some(channel) => {
-                    let woken = take_event(channel, EVENT_WAIT)?;
+                    let woken = channel.wait_timeout(EVENT_WAIT)?.is_some();
                     unwoken = !woken;
                     armed = !woken;
                 }

@@ -60,15 +60,9 @@ pub unsafe fn get_cq_event(
         .then(|| CHANNELS.get_arc(ch.cast()).map(Arc::into_raw))
         .flatten();
     let Some(held) = held else {
-        // SAFETY: the real verb with the caller's arguments.
-        let rc = unsafe { real(ch, cq_out, ctx_out) };
-        if rc == 0 && !crate::ffi::in_forked_child() {
-            // SAFETY: the real verb wrote the CQ of the event.
-            if let Some(c) = engine::cq(unsafe { *cq_out }) {
-                c.on_event();
-            }
-        }
-        return rc;
+        // SAFETY: the real verb with the caller's arguments; in a forked child the
+        // shaper's state is not touched.
+        return unsafe { real_event(ch, cq_out, ctx_out, real, !crate::ffi::in_forked_child()) };
     };
     // SAFETY: `held` is a counted reference, given back below.
     let state = unsafe { &*held };
@@ -130,8 +124,24 @@ pub unsafe fn get_cq_event(
     // SAFETY: the reference taken above; the wait is over.
     drop(unsafe { Arc::from_raw(held) });
     // SAFETY: the real verb with the caller's arguments.
+    unsafe { real_event(ch, cq_out, ctx_out, real, true) }
+}
+
+/// The kernel's next event on the channel (`real`), its CQ's arm noted as spent when
+/// `note` (see `CqShared::on_event`).
+///
+/// # Safety
+/// As [`get_cq_event`].
+unsafe fn real_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+    real: GetCqEventFn,
+    note: bool,
+) -> c_int {
+    // SAFETY: guaranteed by the caller.
     let rc = unsafe { real(ch, cq_out, ctx_out) };
-    if rc == 0 {
+    if rc == 0 && note {
         // SAFETY: the real verb wrote the CQ of the event.
         if let Some(c) = engine::cq(unsafe { *cq_out }) {
             c.on_event();

@@ -1095,25 +1095,19 @@ impl QpShared {
             return;
         };
         if let RecvMode::Owned(side) = &half.mode {
+            let waits = side.waits_for_room();
             // A CQ armed for solicited completions only raises no event for a message's
             // chunks: a chunk that failed (an RNIC need not report that as solicited)
             // is found here within a timer period, and its error held for the
             // application, whose arm the holding wakes.
-            let landing_unwatched =
+            let unwatched =
                 side.landing() > 0 && self.recv_cq.as_ref().is_some_and(|cq| cq.armed_solicited());
-            if landing_unwatched && !side.waits_for_room() {
-                drop(half);
-                if let Some(cq) = &self.recv_cq {
-                    cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
-                }
-                return;
-            }
-            if side.waits_for_room() {
-                drop(half);
-                if let Some(cq) = &self.recv_cq {
+            drop(half);
+            if let (true, Some(cq)) = (waits || unwatched, &self.recv_cq) {
+                if waits {
                     Counters::add(&self.engine.counters.receiver_polls_aside, 1);
-                    cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
                 }
+                cq.poll_for_receiver(self, Duration::from_nanos(now_ns));
             }
             return;
         }
